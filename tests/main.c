@@ -1,0 +1,26 @@
+/* The test runner: one translation unit holding the implementation and every
+   test file. Prints one line per test; the last line is "N passed, N failed". */
+#define HOSTIR_IMPLEMENTATION
+#include "../hostir.h"
+#include "test.h"
+
+int hir_test_failures;
+
+#include "test_build.c"
+#include "test_print.c"
+
+static const hir_test all_tests[] = {BUILD_TESTS PRINT_TESTS};
+
+int main(int argc, char **argv) {
+  int i, passed = 0, failed = 0, n = (int)(sizeof all_tests / sizeof all_tests[0]);
+  for (i = 0; i < n; i++) {
+    if (argc > 1 && !strstr(all_tests[i].name, argv[1])) continue;
+    hir_test_failures = 0;
+    all_tests[i].fn();
+    printf("%s %s\n", hir_test_failures ? "FAIL" : "ok  ", all_tests[i].name);
+    fflush(stdout);
+    if (hir_test_failures) failed++; else passed++;
+  }
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
