@@ -7,7 +7,7 @@ CFLAGS  ?= -O2 -g
 WARN    := -Wall -Wextra -Wpedantic
 PREFIX  ?= /usr/local
 BUILD   := build
-LDLIBS  := -lm
+LDLIBS  := -lm -lpthread
 
 NVCC_PATH := $(shell command -v nvcc 2>/dev/null)
 CUDA_HOME ?= $(if $(NVCC_PATH),$(patsubst %/bin/,%,$(dir $(NVCC_PATH))))
@@ -46,8 +46,13 @@ examples: $(patsubst examples/%.c,$(BUILD)/%,$(wildcard examples/*.c))
 test-gpu:
 	@echo "test-gpu: needs the CUDA backend (issue 6); nothing to run yet"; exit 1
 
-bench:
-	@echo "bench: no benchmarks yet"
+BENCHES := $(patsubst bench/%.c,$(BUILD)/bench-%,$(wildcard bench/*.c))
+
+$(BUILD)/bench-%: bench/%.c $(HEADERS) | $(BUILD)
+	$(CC) -std=c11 $(WARN) -O2 -g -o $@ $< $(LDLIBS)
+
+bench: $(BENCHES)
+	@for b in $(BENCHES); do echo "== $$b"; ./$$b || exit 1; echo; done
 
 install:
 	install -d $(DESTDIR)$(PREFIX)/include

@@ -34,6 +34,12 @@
        // >>build      the fusion builder (hir_input, hir_set, hir_matmul, ...)
        // >>host       building host programs by hand (hir_host_*)
        // >>print      the printer (nvFuser's dump format)
+       // >>analysis   axis maps, sharding queries, resharding detection
+       // >>segment    copy, sharding propagation, decomposition, segmenter
+       // >>lower      building the program, resharding ops to communications
+       // >>pass_dealloc  Deallocate after last uses
+       // >>verify     the program verifier run between passes
+       // >>pipeline   hir_lower: the passes in order, HOSTIR_DUMP
 
    Compile-time options (define before the implementation include):
        HOSTIR_STATIC                  every function static (private copy per file)
@@ -246,6 +252,46 @@ HIRDEF hir_expr *hir_host_wait(hir_program *p, hir_expr *communication);
    them, and the PostOnStream that runs it. */
 HIRDEF hir_expr *hir_host_post_on_stream(hir_program *p, int nin, hir_tv *const *ins, int nout, hir_tv *const *outs);
 
+
+/* ---- lowering: fusion in, the host program of one device out ---- */
+typedef int (*hir_merge_fn)(const hir_group *a, const hir_group *b, void *user);
+HIRDEF int             hir_group_nexprs(const hir_group *g);
+HIRDEF const hir_expr *hir_group_expr(const hir_group *g, int i);
+HIRDEF int             hir_group_is_standalone(const hir_group *g);  /* one standalone host op */
+HIRDEF int             hir_expr_is_resharding(const hir_expr *e);
+HIRDEF int             hir_merge_default(const hir_group *a, const hir_group *b, void *user);
+typedef struct hir_lower_desc {     /* zero-initialized = defaults */
+  int my_device;                    /* this rank's device id */
+  hir_merge_fn should_merge;        /* NULL: hir_merge_default */
+  void *merge_user;
+  int skip_stream_lowering, skip_deallocations;
+} hir_lower_desc;
+/* On failure *out still receives a program holding only the error (read it
+   with hir_program_error, free it), or NULL when even that allocation failed.
+   Safe to call from several threads on one fusion: the fusion is only read.
+   HOSTIR_DUMP=host_ir prints the program after lowering, HOSTIR_DUMP=passes
+   after every pass (comma-separated; HOSTIR_DUMP_FILE=path appends there
+   instead of stderr). */
+HIRDEF hir_status      hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out);
+HIRDEF int             hir_program_device(const hir_program *p);
+
+/* Segmentation alone: sharding propagation and resharding decomposition on a
+   copy of the fusion, then the merge-predicate segmenter; inspect the groups. */
+typedef struct hir_segmentation hir_segmentation;
+HIRDEF hir_status       hir_segment(const hir_fusion *f, const hir_lower_desc *d, hir_segmentation **out);
+HIRDEF int              hir_segmentation_ngroups(const hir_segmentation *s);
+HIRDEF const hir_group *hir_segmentation_group(const hir_segmentation *s, int i);
+HIRDEF const char      *hir_segmentation_error(const hir_segmentation *s);
+HIRDEF void             hir_segmentation_free(hir_segmentation *s);
+
+/* Passes: plain functions on a program, in the order hir_lower runs them.
+   Each records its error in the program and returns the status. */
+HIRDEF hir_status hir_pass_convert_communications(hir_program *p);
+HIRDEF hir_status hir_pass_insert_deallocations(hir_program *p);
+/* Checks the program's structure: operands defined before use, waits after
+   what they wait on, coalescing pairs, no use after Deallocate, no nested loops. */
+HIRDEF hir_status hir_program_verify(hir_program *p);   /* records the reason in the program */
+
 #ifdef __cplusplus
 }
 #endif
@@ -257,6 +303,7 @@ HIRDEF hir_expr *hir_host_post_on_stream(hir_program *p, int nin, hir_tv *const 
 #define HOSTIR_IMPLEMENTATION_DONE
 
 #include <stdarg.h>
+#include <stdlib.h> /* getenv */
 #include <string.h>
 
 #if defined(HIR_MALLOC) && defined(HIR_FREE) && defined(HIR_REALLOC)
@@ -446,7 +493,8 @@ enum {
   HIR__OP_HOST = 2,       /* a host IR node */
   HIR__OP_COMM = 4,       /* talks to other ranks */
   HIR__OP_SCOPED = 8,     /* has a body */
-  HIR__OP_WAITABLE = 16   /* a Wait may name it */
+  HIR__OP_WAITABLE = 16,  /* a Wait may name it */
+  HIR__OP_STANDALONE = 32 /* a host op of its own: never merged into a HostUnit by default */
 };
 typedef struct hir__op_info {
   hir_expr_kind kind;
@@ -469,11 +517,11 @@ static const hir__op_info hir__ops[] = {
     {HIR_EXPR_START_COALESCING, 0, 0, HIR__OP_HOST | HIR__OP_COMM},
     {HIR_EXPR_END_COALESCING, 0, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE},
     {HIR_EXPR_ALIAS_SELECT, 1, 1, HIR__OP_HOST},
-    {HIR_EXPR_LOAD_STORE, 1, 1, HIR__OP_COMPUTE},
-    {HIR_EXPR_BINARY, 2, 1, HIR__OP_COMPUTE},
-    {HIR_EXPR_REDUCTION, 1, 1, HIR__OP_COMPUTE},
+    {HIR_EXPR_LOAD_STORE, 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE},
+    {HIR_EXPR_BINARY, 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE},
+    {HIR_EXPR_REDUCTION, 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE},
     {HIR_EXPR_BROADCAST, 1, 1, HIR__OP_COMPUTE},
-    {HIR_EXPR_MATMUL, 2, 1, HIR__OP_COMPUTE},
+    {HIR_EXPR_MATMUL, 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE},
 };
 HIR__STATIC_ASSERT(op_table, sizeof(hir__ops) / sizeof(hir__ops[0]) == HIR_EXPR_KIND_COUNT);
 
@@ -512,6 +560,7 @@ struct hir_program {
   hir_scope top;
   hir__vec units;
   int next_stream;
+  int my_device;          /* the device the program was lowered for */
 };
 
 static void hir__vfail(hir_fusion *f, hir_status s, const char *fmt, va_list ap) {
@@ -722,20 +771,26 @@ HIRDEF hir_status hir_output(hir_fusion *f, hir_tv *tv) {
   return hir__push(f, &f->outputs, tv) ? HIR_OK : f->status;
 }
 
-HIRDEF hir_tv *hir_set(hir_fusion *f, hir_tv *in) {
+/* out = set(in): the expr, not yet placed in the fusion's expr list. */
+static hir_expr *hir__set_expr(hir_fusion *f, hir_tv *in) {
   hir_id *ids[HIR_MAX_DIMS];
   hir_tv *out;
   hir_expr *e;
-  int i, n;
-  if (!hir__live(f) || !hir__check_tv(f, in, "hir_set", "in")) return NULL;
-  n = hir__data_axes(in, ids);
+  int i, n = hir__data_axes(in, ids);
   if (!(out = hir__new_tv(f, in->dtype, HIR_MEM_GLOBAL, n))) return NULL;
   for (i = 0; i < n; i++)
     if (!(out->ids[i] = hir__clone_id(f, ids[i], 0))) return NULL;
   if (!(e = hir__new_expr(f, HIR_EXPR_LOAD_STORE, 1, 1))) return NULL;
   e->in[0] = in;
   e->out[0] = out;
-  return hir__finish_op(f, e, out);
+  out->definition = e;
+  return e;
+}
+
+HIRDEF hir_tv *hir_set(hir_fusion *f, hir_tv *in) {
+  hir_expr *e;
+  if (!hir__live(f) || !hir__check_tv(f, in, "hir_set", "in") || !(e = hir__set_expr(f, in))) return NULL;
+  return hir__finish_op(f, e, e->out[0]);
 }
 
 static hir_tv *hir__binary(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_tv *b) {
@@ -1243,20 +1298,36 @@ static int hir__check_team(hir_fusion *f, int n, const int *team, const char *fn
   return 1;
 }
 
+/* A Communication, arguments trusted. A collective's buffers are
+   device-global memory (nvFuser marks them so). */
+static hir_expr *hir__comm_expr(hir_fusion *f, hir_collective type, int nteam, const int *team, int root, hir_tv *in,
+                                hir_tv *out) {
+  hir_expr *e;
+  int *copy;
+  if (!(e = hir__new_expr(f, HIR_EXPR_COMMUNICATION, in ? 1 : 0, out ? 1 : 0))) return NULL;
+  if (!(copy = (int *)hir__alloc(f, (size_t)nteam * sizeof(int)))) return NULL;
+  memcpy(copy, team, (size_t)nteam * sizeof(int));
+  if (in) (e->in[0] = in)->mem = HIR_MEM_GLOBAL;
+  if (out) (e->out[0] = out)->mem = HIR_MEM_GLOBAL;
+  e->sub = (int)type;
+  e->team = copy;
+  e->team_size = nteam;
+  e->root = hir__collective_has_root(type) ? root : -1;
+  return e;
+}
+
 HIRDEF hir_expr *hir_host_communication(hir_program *p, hir_collective type, int nteam, const int *team, int root,
                                         hir_tv *in, hir_tv *out) {
   const char *fn = "hir_host_communication";
   hir_fusion *f = hir__host(p);
-  hir_expr *e;
-  int *copy, i, has_root;
+  int i;
   if (!f) return NULL;
   if ((unsigned)type >= HIR_COLLECTIVE_COUNT) {
     hir__fail(f, HIR_ERR_INVALID, "%s: unknown collective type %d", fn, (int)type);
     return NULL;
   }
   if (!hir__check_team(f, nteam, team, fn)) return NULL;
-  has_root = hir__collective_has_root(type);
-  if (has_root) {
+  if (hir__collective_has_root(type)) {
     for (i = 0; i < nteam && team[i] != root; i++) {}
     if (i == nteam) {
       hir__fail(f, HIR_ERR_INVALID, "%s: the root %d of the %s is not in its team", fn, root, hir__collective_names[type]);
@@ -1268,17 +1339,7 @@ HIRDEF hir_expr *hir_host_communication(hir_program *p, hir_collective type, int
     return NULL;
   }
   if ((in && !hir__check_tv(f, in, fn, "in")) || (out && !hir__check_tv(f, out, fn, "out"))) return NULL;
-  if (!(e = hir__new_expr(f, HIR_EXPR_COMMUNICATION, in ? 1 : 0, out ? 1 : 0))) return NULL;
-  /* A collective's buffers are device-global memory (nvFuser marks them so). */
-  if (in) (e->in[0] = in)->mem = HIR_MEM_GLOBAL;
-  if (out) (e->out[0] = out)->mem = HIR_MEM_GLOBAL;
-  if (!(copy = (int *)hir__alloc(f, (size_t)nteam * sizeof(int)))) return NULL;
-  memcpy(copy, team, (size_t)nteam * sizeof(int));
-  e->sub = (int)type;
-  e->team = copy;
-  e->team_size = nteam;
-  e->root = has_root ? root : -1;
-  return e;
+  return hir__comm_expr(f, type, nteam, team, root, in, out);
 }
 
 HIRDEF hir_expr *hir_host_p2p(hir_program *p, hir_p2p_type type, hir_tv *buffer, hir_val *peer) {
@@ -1352,11 +1413,23 @@ static int hir__unit_collect(hir_fusion *f, hir__host_unit *u, hir_tv *tv) {
   return 1;
 }
 
+/* The PostOnStream running a unit (its ins, outs and exprs already filled). */
+static hir_expr *hir__post_unit(hir_program *p, hir__host_unit *u) {
+  hir_fusion *f = &p->ir;
+  hir_expr *e;
+  int i;
+  u->name = p->units.n;
+  if (!hir__push(f, &p->units, u) || !(e = hir__new_expr(f, HIR_EXPR_POST_ON_STREAM, u->ins.n, u->outs.n))) return NULL;
+  for (i = 0; i < u->ins.n; i++) e->in[i] = (hir_tv *)u->ins.items[i];
+  for (i = 0; i < u->outs.n; i++) e->out[i] = (hir_tv *)u->outs.items[i];
+  e->unit = u;
+  return e;
+}
+
 HIRDEF hir_expr *hir_host_post_on_stream(hir_program *p, int nin, hir_tv *const *ins, int nout, hir_tv *const *outs) {
   const char *fn = "hir_host_post_on_stream";
   hir_fusion *f = hir__host(p);
   hir__host_unit *u;
-  hir_expr *e;
   int i;
   if (!f) return NULL;
   if (nin < 0 || nout < 1 || (nin > 0 && !ins) || !outs) {
@@ -1364,7 +1437,6 @@ HIRDEF hir_expr *hir_host_post_on_stream(hir_program *p, int nin, hir_tv *const 
     return NULL;
   }
   if (!(u = (hir__host_unit *)hir__alloc(f, sizeof(hir__host_unit)))) return NULL;
-  u->name = p->units.n;
   for (i = 0; i < nin; i++)
     if (!hir__check_tv(f, ins[i], fn, "ins[i]") || !hir__push(f, &u->ins, ins[i])) return NULL;
   for (i = 0; i < nout; i++) {
@@ -1375,11 +1447,7 @@ HIRDEF hir_expr *hir_host_post_on_stream(hir_program *p, int nin, hir_tv *const 
     hir__fail(f, HIR_ERR_INVALID, "%s: the unit computes nothing: its outputs are its inputs", fn);
     return NULL;
   }
-  if (!hir__push(f, &p->units, u) || !(e = hir__new_expr(f, HIR_EXPR_POST_ON_STREAM, nin, nout))) return NULL;
-  for (i = 0; i < nin; i++) e->in[i] = ins[i];
-  for (i = 0; i < nout; i++) e->out[i] = outs[i];
-  e->unit = u;
-  return e;
+  return hir__post_unit(p, u);
 }
 
 // >>print
@@ -1740,6 +1808,1046 @@ HIRDEF size_t hir_val_snprint(const hir_val *v, char *buf, size_t cap) {
   hir__writer w = hir__buffer_writer(buf, cap);
   if (v) hir__print_val(&w, v);
   return w.len;
+}
+
+// >>analysis
+/* Where each axis of input k of an op lands in its output: map[i] is the
+   output axis of input axis i, -1 when none (reduction axes, a selected axis).
+   The one description of every op's axis mapping, read by propagation,
+   resharding detection, decomposition and the communication planner. */
+static void hir__axis_map(const hir_expr *e, int k, int *map) {
+  const hir_tv *in = e->in[k];
+  int i, d = 0, o = 0;
+  for (i = 0; i < HIR_MAX_DIMS; i++) map[i] = -1;
+  switch (e->kind) {
+  case HIR_EXPR_LOAD_STORE:
+  case HIR_EXPR_BINARY:
+  case HIR_EXPR_REDUCTION:
+    for (i = 0; i < in->ndims; i++)
+      if (in->ids[i]->iter != HIR_REDUCTION) map[i] = d++;
+    break;
+  case HIR_EXPR_BROADCAST:
+    for (i = 0; i < in->ndims; i++) {
+      if (in->ids[i]->iter == HIR_REDUCTION) continue;
+      while ((e->flags >> o) & 1u) o++;
+      map[i] = o++;
+    }
+    break;
+  case HIR_EXPR_MATMUL: {
+    int da[HIR_MAX_DIMS], db[HIR_MAX_DIMS], na = 0, nb = 0, nbatch;
+    const hir_tv *a = e->in[0], *b = e->in[1];
+    for (i = 0; i < a->ndims; i++)
+      if (a->ids[i]->iter != HIR_REDUCTION) da[na++] = i;
+    for (i = 0; i < b->ndims; i++)
+      if (b->ids[i]->iter != HIR_REDUCTION) db[nb++] = i;
+    if (na >= 2 && nb >= 2) {
+      nbatch = na - 2 > nb - 2 ? na - 2 : nb - 2;
+      if (k == 0) {
+        for (i = 0; i < na - 2; i++) map[da[i]] = i + nbatch - (na - 2);
+        map[da[na - 2]] = nbatch;
+        map[da[na - 1]] = nbatch + 2;
+      } else {
+        for (i = 0; i < nb - 2; i++) map[db[i]] = i + nbatch - (nb - 2);
+        map[db[nb - 2]] = nbatch + 2;
+        map[db[nb - 1]] = nbatch + 1;
+      }
+    } else if (na >= 2 && nb == 1) {
+      if (k == 0)
+        for (i = 0; i < na; i++) map[da[i]] = i;
+      else
+        map[db[0]] = na - 1;
+    } else if (na == 1 && nb >= 2) {
+      if (k == 0) {
+        map[da[0]] = nb - 1;
+      } else {
+        for (i = 0; i < nb - 2; i++) map[db[i]] = i;
+        map[db[nb - 2]] = nb - 1;
+        map[db[nb - 1]] = nb - 2;
+      }
+    } else if (na == 1 && nb == 1) {
+      map[k == 0 ? da[0] : db[0]] = 0;
+    }
+    break;
+  }
+  case HIR_EXPR_ALIAS_SELECT:
+    for (i = 0; i < in->ndims; i++) map[i] = i < e->axis ? i : i > e->axis ? i - 1 : -1;
+    break;
+  default: break;
+  }
+}
+
+/* The DIDx axis among the axes holding data, or -1. */
+static int hir__didx_axis(const hir_tv *tv) {
+  int i;
+  for (i = 0; i < tv->ndims; i++)
+    if (tv->ids[i]->ptype == HIR_DIDX && tv->ids[i]->iter != HIR_REDUCTION) return i;
+  return -1;
+}
+
+/* "Sharded" = a DIDx axis on a mesh of more than one device. */
+static int hir__sharded(const hir_tv *tv) { return tv->mesh_size > 1 && hir__didx_axis(tv) >= 0; }
+
+/* A tensor without a mesh lives wherever it is used. */
+static int hir__same_mesh(const hir_tv *a, const hir_tv *b) {
+  if (!a->mesh_size || !b->mesh_size) return 1;
+  return a->mesh_size == b->mesh_size && memcmp(a->mesh, b->mesh, (size_t)a->mesh_size * sizeof(int)) == 0;
+}
+
+static int hir__in_mesh(const hir_tv *tv, int device) {
+  int i;
+  if (!tv->mesh_size) return 1;
+  for (i = 0; i < tv->mesh_size; i++)
+    if (tv->mesh[i] == device) return 1;
+  return 0;
+}
+
+/* Does moving input k of e into e's output change where its data lives? */
+static int hir__input_reshards(const hir_expr *e, int k) {
+  const hir_tv *in = e->in[k], *out = e->out[0];
+  int map[HIR_MAX_DIMS], din, dout, i;
+  if (!hir__same_mesh(in, out)) return 1;
+  hir__axis_map(e, k, map);
+  din = hir__sharded(in) ? hir__didx_axis(in) : -1;
+  dout = hir__sharded(out) ? hir__didx_axis(out) : -1;
+  if (din >= 0) return map[din] != dout;
+  if (dout >= 0) /* the output is split along an axis the input holds whole */
+    for (i = 0; i < in->ndims; i++)
+      if (map[i] == dout && in->ids[i]->iter == HIR_ITERATION) return 1;
+  return 0;
+}
+
+HIRDEF int hir_expr_is_resharding(const hir_expr *e) {
+  int k;
+  if (!e || !(hir__ops[e->kind].flags & HIR__OP_COMPUTE) || e->nout != 1) return 0;
+  for (k = 0; k < e->nin; k++)
+    if (hir__input_reshards(e, k)) return 1;
+  return 0;
+}
+
+static int hir__expr_is_standalone(const hir_expr *e) {
+  return (hir__ops[e->kind].flags & HIR__OP_STANDALONE) || hir_expr_is_resharding(e);
+}
+
+/* Calls fn on every tensor an expr names (nested scopes not included). */
+static void hir__expr_tvs(const hir_expr *e, void (*fn)(hir_tv *tv, int writes, void *ctx), void *ctx) {
+  int i;
+  for (i = 0; i < e->nin; i++)
+    if (e->in[i]) fn(e->in[i], e->kind == HIR_EXPR_ALLOCATE || (e->kind == HIR_EXPR_P2P_COMMUNICATION && e->sub == HIR_P2P_RECV), ctx);
+  for (i = 0; i < e->nout; i++)
+    if (e->out[i]) fn(e->out[i], 1, ctx);
+}
+
+// >>segment
+/* Copies a fusion into a program's IR, names kept: the lowering works on the
+   copy, so the fusion is only read (several threads may lower it at once). */
+typedef struct hir__cloner {
+  hir_fusion *dst;
+  hir_val **vals;
+  hir_id **ids;
+  hir_tv **tvs;
+} hir__cloner;
+
+static hir_val *hir__clone_val(hir__cloner *c, const hir_val *v) {
+  hir_val *n;
+  if (!v) return NULL;
+  if (v->kind == HIR__VAL_NAMED) return hir__named(c->dst, (hir_named_scalar)v->which);
+  if (c->vals[v->name]) return c->vals[v->name];
+  if (!(n = (hir_val *)hir__alloc(c->dst, sizeof(hir_val)))) return NULL;
+  *n = *v;
+  n->ir = c->dst;
+  if (v->kind == HIR__VAL_BINARY && (!(n->lhs = hir__clone_val(c, v->lhs)) || !(n->rhs = hir__clone_val(c, v->rhs))))
+    return NULL;
+  return c->vals[v->name] = n;
+}
+
+static hir_tv *hir__clone_tv(hir__cloner *c, const hir_tv *tv) {
+  hir_fusion *f = c->dst;
+  hir_tv *n;
+  int i;
+  if (c->tvs[tv->name]) return c->tvs[tv->name];
+  if (!(n = (hir_tv *)hir__alloc(f, sizeof(hir_tv)))) return NULL;
+  *n = *tv;
+  n->ir = f;
+  n->definition = NULL;
+  for (i = 0; i < tv->ndims; i++) {
+    const hir_id *id = tv->ids[i];
+    if (!(n->ids[i] = (hir_id *)hir__alloc(f, sizeof(hir_id)))) return NULL;
+    *n->ids[i] = *id;
+    if (!(n->ids[i]->extent = hir__clone_val(c, id->extent))) return NULL;
+  }
+  if (tv->mesh_size) {
+    int *mesh = (int *)hir__alloc(f, (size_t)tv->mesh_size * sizeof(int));
+    if (!mesh) return NULL;
+    memcpy(mesh, tv->mesh, (size_t)tv->mesh_size * sizeof(int));
+    n->mesh = mesh;
+  }
+  if (!hir__push(f, &f->tvs, n)) return NULL;
+  return c->tvs[tv->name] = n;
+}
+
+static int hir__clone_fusion(hir_program *p, const hir_fusion *src) {
+  hir_fusion *f = &p->ir;
+  hir__cloner c;
+  int i, k, ok = 0;
+  c.dst = f;
+  c.vals = (hir_val **)HIR_MALLOC(((size_t)src->next_val + 1) * sizeof(hir_val *));
+  c.ids = NULL;
+  c.tvs = (hir_tv **)HIR_MALLOC(((size_t)src->next_tv + 1) * sizeof(hir_tv *));
+  if (!c.vals || !c.tvs) {
+    hir__fail(f, HIR_ERR_NOMEM, "hir_lower: out of memory copying the fusion");
+    goto done;
+  }
+  memset(c.vals, 0, ((size_t)src->next_val + 1) * sizeof(hir_val *));
+  memset(c.tvs, 0, ((size_t)src->next_tv + 1) * sizeof(hir_tv *));
+  f->next_tv = src->next_tv;
+  f->next_id = src->next_id;
+  f->next_val = src->next_val;
+  f->next_expr = src->next_expr;
+  if ((src->zero && !(f->zero = hir__clone_val(&c, src->zero))) || (src->one && !(f->one = hir__clone_val(&c, src->one))))
+    goto done;
+  for (i = 0; i < src->tvs.n; i++)
+    if (!hir__clone_tv(&c, (const hir_tv *)src->tvs.items[i])) goto done;
+  for (i = 0; i < src->inputs.n; i++)
+    if (!hir__push(f, &f->inputs, c.tvs[((const hir_tv *)src->inputs.items[i])->name])) goto done;
+  for (i = 0; i < src->outputs.n; i++)
+    if (!hir__push(f, &f->outputs, c.tvs[((const hir_tv *)src->outputs.items[i])->name])) goto done;
+  for (i = 0; i < src->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)src->exprs.items[i];
+    hir_expr *n = (hir_expr *)hir__alloc(f, sizeof(hir_expr));
+    if (!n) goto done;
+    *n = *e;
+    n->ir = f;
+    n->body.ir = n->orelse.ir = f;
+    if (!(n->in = (hir_tv **)hir__alloc(f, (size_t)e->nin * sizeof(hir_tv *))) ||
+        !(n->out = (hir_tv **)hir__alloc(f, (size_t)e->nout * sizeof(hir_tv *))))
+      goto done;
+    for (k = 0; k < e->nin; k++) n->in[k] = c.tvs[e->in[k]->name];
+    for (k = 0; k < e->nout; k++) (n->out[k] = c.tvs[e->out[k]->name])->definition = n;
+    if (!hir__push(f, &f->exprs, n)) goto done;
+  }
+  ok = 1;
+done:
+  HIR_FREE(c.vals);
+  HIR_FREE(c.tvs);
+  return ok;
+}
+
+/* 1. A tensor with no mesh inherits its producers' mesh, and their DIDx axis
+   mapped through the op. Stream axes are never propagated. */
+static void hir__propagate_shardings(hir_program *p) {
+  hir_fusion *f = &p->ir;
+  int i, k;
+  for (i = 0; i < f->exprs.n; i++) {
+    hir_expr *e = (hir_expr *)f->exprs.items[i];
+    hir_tv *out = e->out[0];
+    if (out->mesh_size) continue;
+    for (k = 0; k < e->nin && !out->mesh_size; k++)
+      if (e->in[k]->mesh_size) {
+        out->mesh = e->in[k]->mesh;
+        out->mesh_size = e->in[k]->mesh_size;
+      }
+    if (hir__didx_axis(out) >= 0) continue;
+    for (k = 0; k < e->nin; k++) {
+      int map[HIR_MAX_DIMS], d = hir__didx_axis(e->in[k]);
+      if (d < 0) continue;
+      hir__axis_map(e, k, map);
+      if (map[d] >= 0 && out->ids[map[d]]->iter == HIR_ITERATION) {
+        out->ids[map[d]]->ptype = HIR_DIDX;
+        break;
+      }
+    }
+  }
+}
+
+/* Checks what the lowering needs of a fusion. */
+static int hir__validate_fusion(hir_program *p) {
+  hir_fusion *f = &p->ir;
+  int i;
+  if (!f->outputs.n) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_lower: the fusion has no outputs; mark them with hir_output");
+    return 0;
+  }
+  for (i = 0; i < f->tvs.n; i++) {
+    const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
+    if (hir__didx_axis(tv) >= 0 && !tv->mesh_size) {
+      hir__fail(f, HIR_ERR_INVALID, "hir_lower: T%d has a DIDx axis but no device mesh, and none to inherit; give it one with hir_set_mesh",
+                tv->name);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* 2. A resharding expr other than set and sum: each offending input first
+   moves with a resharding set into the consumer's sharding (DIDx and Stream
+   axes taken from the consumer), then the op runs locally. */
+static int hir__decompose_reshardings(hir_program *p) {
+  hir_fusion *f = &p->ir;
+  hir__vec exprs = {NULL, 0, 0};
+  int i, k, j, at;
+  for (i = 0; i < f->exprs.n; i++) {
+    hir_expr *e = (hir_expr *)f->exprs.items[i];
+    if (e->kind != HIR_EXPR_LOAD_STORE && e->kind != HIR_EXPR_REDUCTION && hir_expr_is_resharding(e)) {
+      for (k = 0; k < e->nin; k++) {
+        int map[HIR_MAX_DIMS];
+        hir_tv *in = e->in[k], *out = e->out[0], *moved;
+        hir_expr *set;
+        if (!hir__input_reshards(e, k)) continue;
+        hir__axis_map(e, k, map);
+        if (!(set = hir__set_expr(f, in))) return 0;
+        moved = set->out[0];
+        moved->mesh = out->mesh;
+        moved->mesh_size = out->mesh_size;
+        for (j = 0, at = 0; j < in->ndims; j++) { /* `at`: j's position among the data axes */
+          if (in->ids[j]->iter == HIR_REDUCTION) continue;
+          if (map[j] >= 0 && out->ids[map[j]]->iter != HIR_REDUCTION) moved->ids[at]->ptype = out->ids[map[j]]->ptype;
+          at++;
+        }
+        e->in[k] = moved;
+        if (!hir__push(f, &exprs, set)) return 0;
+      }
+    }
+    if (!hir__push(f, &exprs, e)) return 0;
+  }
+  f->exprs = exprs;
+  return 1;
+}
+
+struct hir_group {
+  int index;
+  hir__vec exprs;
+  int standalone;         /* one standalone host op: lowered as a top-level expr */
+  int resharding;
+};
+
+HIRDEF int hir_group_nexprs(const hir_group *g) { return g ? g->exprs.n : 0; }
+HIRDEF const hir_expr *hir_group_expr(const hir_group *g, int i) {
+  return (g && i >= 0 && i < g->exprs.n) ? (const hir_expr *)g->exprs.items[i] : NULL;
+}
+HIRDEF int hir_group_is_standalone(const hir_group *g) { return g ? g->standalone : 0; }
+
+static int hir__group_has_standalone(const hir_group *g) {
+  int i;
+  for (i = 0; i < g->exprs.n; i++)
+    if (hir__expr_is_standalone((const hir_expr *)g->exprs.items[i])) return 1;
+  return 0;
+}
+
+HIRDEF int hir_merge_default(const hir_group *a, const hir_group *b, void *user) {
+  (void)user;
+  return a && b && !hir__group_has_standalone(a) && !hir__group_has_standalone(b);
+}
+
+/* Marks, by tensor name, what the outputs need; dead exprs are not lowered. */
+static unsigned char *hir__needed_exprs(hir_program *p) {
+  hir_fusion *f = &p->ir;
+  unsigned char *tv_needed = (unsigned char *)HIR_MALLOC((size_t)f->next_tv + 1);
+  unsigned char *needed = (unsigned char *)HIR_MALLOC((size_t)f->exprs.n + 1);
+  int i, k;
+  if (!tv_needed || !needed) {
+    HIR_FREE(tv_needed);
+    HIR_FREE(needed);
+    hir__fail(f, HIR_ERR_NOMEM, "hir_lower: out of memory");
+    return NULL;
+  }
+  memset(tv_needed, 0, (size_t)f->next_tv + 1);
+  for (i = 0; i < f->outputs.n; i++) tv_needed[((hir_tv *)f->outputs.items[i])->name] = 1;
+  for (i = f->exprs.n - 1; i >= 0; i--) {
+    const hir_expr *e = (const hir_expr *)f->exprs.items[i];
+    needed[i] = tv_needed[e->out[0]->name];
+    if (needed[i])
+      for (k = 0; k < e->nin; k++) tv_needed[e->in[k]->name] = 1;
+  }
+  HIR_FREE(tv_needed);
+  return needed;
+}
+
+/* 3. Segmentation, after ggml_backend_sched: walk the exprs in topological
+   order and cut once wherever the predicate refuses to merge a group with its
+   neighbour. Groups are runs of one topological order, which keeps the group
+   graph acyclic. Resharding exprs stand alone whatever the predicate. */
+static int hir__segment(hir_program *p, hir_merge_fn should_merge, void *user, hir__vec *groups) {
+  hir_fusion *f = &p->ir;
+  unsigned char *needed = hir__needed_exprs(p);
+  hir_group *last = NULL;
+  int i, ok = 0;
+  if (!needed) return 0;
+  if (!should_merge) should_merge = hir_merge_default;
+  for (i = 0; i < f->exprs.n; i++) {
+    hir_expr *e = (hir_expr *)f->exprs.items[i];
+    hir_group *g;
+    if (!needed[i]) continue;
+    if (!(g = (hir_group *)hir__alloc(f, sizeof(hir_group))) || !hir__push(f, &g->exprs, e)) goto done;
+    g->resharding = hir_expr_is_resharding(e);
+    g->standalone = hir__expr_is_standalone(e);
+    if (last && !last->resharding && !g->resharding && should_merge(last, g, user)) {
+      if (!hir__push(f, &last->exprs, e)) goto done;
+      last->standalone = 0;
+      continue;
+    }
+    g->index = groups->n;
+    if (!hir__push(f, groups, g)) goto done;
+    last = g;
+  }
+  ok = 1;
+done:
+  HIR_FREE(needed);
+  return ok;
+}
+
+struct hir_segmentation {
+  hir_program *p;
+  hir__vec groups;
+};
+
+/* Steps 1-3 on a program holding a copy of the fusion. */
+static int hir__front_end(hir_program *p, const hir_fusion *f, const hir_lower_desc *d, hir__vec *groups) {
+  if (!hir__clone_fusion(p, f)) return 0;
+  hir__propagate_shardings(p);
+  return hir__validate_fusion(p) && hir__decompose_reshardings(p) &&
+         hir__segment(p, d->should_merge, d->merge_user, groups);
+}
+
+/* The arguments of hir_lower and hir_segment; a failure is recorded in p. */
+static int hir__check_lower_args(hir_program *p, const hir_fusion *f, const hir_lower_desc *d, const char *fn) {
+  if (!f) {
+    hir__fail(&p->ir, HIR_ERR_INVALID, "%s: the fusion is NULL", fn);
+    return 0;
+  }
+  if (f->status != HIR_OK) {
+    hir__fail(&p->ir, HIR_ERR_INVALID, "%s: the fusion has an error: %s", fn, f->error);
+    return 0;
+  }
+  if (d->my_device < 0) {
+    hir__fail(&p->ir, HIR_ERR_INVALID, "%s: my_device %d is negative; give this rank's device id", fn, d->my_device);
+    return 0;
+  }
+  return 1;
+}
+
+HIRDEF hir_status hir_segment(const hir_fusion *f, const hir_lower_desc *d, hir_segmentation **out) {
+  hir_lower_desc defaults;
+  hir_segmentation *s;
+  if (!out) return HIR_ERR_INVALID;
+  memset(&defaults, 0, sizeof defaults);
+  if (!d) d = &defaults;
+  if (!(s = *out = (hir_segmentation *)HIR_MALLOC(sizeof(hir_segmentation)))) return HIR_ERR_NOMEM;
+  memset(s, 0, sizeof *s);
+  if (!(s->p = hir_program_create())) {
+    HIR_FREE(s);
+    *out = NULL;
+    return HIR_ERR_NOMEM;
+  }
+  s->p->my_device = d->my_device;
+  if (hir__check_lower_args(s->p, f, d, "hir_segment")) hir__front_end(s->p, f, d, &s->groups);
+  return s->p->ir.status;
+}
+
+HIRDEF int hir_segmentation_ngroups(const hir_segmentation *s) { return s ? s->groups.n : 0; }
+HIRDEF const hir_group *hir_segmentation_group(const hir_segmentation *s, int i) {
+  return (s && i >= 0 && i < s->groups.n) ? (const hir_group *)s->groups.items[i] : NULL;
+}
+HIRDEF const char *hir_segmentation_error(const hir_segmentation *s) { return s ? s->p->ir.error : "segmentation is NULL"; }
+HIRDEF void hir_segmentation_free(hir_segmentation *s) {
+  if (!s) return;
+  hir_program_free(s->p);
+  HIR_FREE(s);
+}
+
+// >>lower
+static int hir__group_involves(const hir_group *g, int device) {
+  int i, k;
+  for (i = 0; i < g->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)g->exprs.items[i];
+    for (k = 0; k < e->nin; k++)
+      if (hir__in_mesh(e->in[k], device)) return 1;
+    if (hir__in_mesh(e->out[0], device)) return 1;
+  }
+  return 0;
+}
+
+/* 4. Groups in order: standalone ones become top-level exprs, the others
+   PostOnStream of a HostUnit; groups not involving this device are skipped. */
+static int hir__build_program(hir_program *p, const hir__vec *groups) {
+  hir_fusion *f = &p->ir;
+  int *group_of = (int *)HIR_MALLOC(((size_t)f->next_tv + 1) * sizeof(int));
+  unsigned char *escapes = (unsigned char *)HIR_MALLOC((size_t)f->next_tv + 1);
+  int i, j, k, ok = 0;
+  if (!group_of || !escapes) {
+    hir__fail(f, HIR_ERR_NOMEM, "hir_lower: out of memory");
+    goto done;
+  }
+  for (i = 0; i <= f->next_tv; i++) group_of[i] = -1;
+  memset(escapes, 0, (size_t)f->next_tv + 1);
+  for (i = 0; i < groups->n; i++) {
+    const hir_group *g = (const hir_group *)groups->items[i];
+    for (j = 0; j < g->exprs.n; j++) group_of[((const hir_expr *)g->exprs.items[j])->out[0]->name] = i;
+  }
+  for (i = 0; i < groups->n; i++) {
+    const hir_group *g = (const hir_group *)groups->items[i];
+    for (j = 0; j < g->exprs.n; j++) {
+      const hir_expr *e = (const hir_expr *)g->exprs.items[j];
+      for (k = 0; k < e->nin; k++)
+        if (group_of[e->in[k]->name] != i) escapes[e->in[k]->name] = 1;
+    }
+  }
+  for (i = 0; i < f->outputs.n; i++) escapes[((hir_tv *)f->outputs.items[i])->name] = 1;
+  for (i = 0; i < groups->n; i++) {
+    const hir_group *g = (const hir_group *)groups->items[i];
+    hir__host_unit *u;
+    hir_expr *post;
+    if (!hir__group_involves(g, p->my_device)) continue;
+    if (g->standalone) {
+      if (hir_scope_append(&p->top, (hir_expr *)g->exprs.items[0]) != HIR_OK) goto done;
+      continue;
+    }
+    if (!(u = (hir__host_unit *)hir__alloc(f, sizeof(hir__host_unit)))) goto done;
+    for (j = 0; j < g->exprs.n; j++) {
+      hir_expr *e = (hir_expr *)g->exprs.items[j];
+      if (!hir__push(f, &u->exprs, e)) goto done;
+      for (k = 0; k < e->nin; k++)
+        if (group_of[e->in[k]->name] != i && !hir__vec_has(&u->ins, e->in[k]) && !hir__push(f, &u->ins, e->in[k])) goto done;
+      if (escapes[e->out[0]->name] && !hir__push(f, &u->outs, e->out[0])) goto done;
+    }
+    if (!(post = hir__post_unit(p, u)) || hir_scope_append(&p->top, post) != HIR_OK) goto done;
+  }
+  ok = 1;
+done:
+  HIR_FREE(group_of);
+  HIR_FREE(escapes);
+  return ok;
+}
+
+/* Layout rule of the communication table: the moved axis must be outermost
+   among the axes of local size > 1 (local size 1: DIDx, broadcast, extent 1). */
+static int hir__outermost(const hir_tv *tv, int axis) {
+  int i;
+  for (i = 0; i < axis; i++) {
+    const hir_id *id = tv->ids[i];
+    if (id->iter == HIR_REDUCTION || id->iter == HIR_BROADCAST || id->ptype == HIR_DIDX) continue;
+    if (id->extent->kind == HIR__VAL_CONST && id->extent->value == 1) continue;
+    return 0;
+  }
+  return 1;
+}
+
+static int hir__inner_axis(hir_program *p, const hir_expr *e, const hir_tv *tv, int axis) {
+  hir__fail(&p->ir, HIR_ERR_UNSUPPORTED,
+            "Resharding on an inner axis is not lowerable: T%d (%s %d) moves axis %d of T%d, but axes before it hold "
+            "data; make that axis outermost, or stream-parallelize the axes before it",
+            e->out[0]->name, hir__expr_kind_names[e->kind], e->name, axis, tv->name);
+  return 0;
+}
+
+typedef struct hir__comm_plan {
+  hir_program *p;
+  hir__vec *out;          /* the exprs replacing the resharding one */
+  hir__vec waits;
+  hir_tv *in, *dst;
+} hir__comm_plan;
+
+/* Emits a Communication if this device is in its team, and its Wait later. */
+static int hir__plan_comm(hir__comm_plan *c, hir_collective type, int n, const int *team, int root) {
+  hir_fusion *f = &c->p->ir;
+  hir_expr *comm, *wait;
+  int i;
+  for (i = 0; i < n && team[i] != c->p->my_device; i++) {}
+  if (i == n) return 1;
+  if (!(comm = hir__comm_expr(f, type, n, team, root, c->in, c->dst)) || !hir__push(f, c->out, comm)) return 0;
+  if (!(wait = hir__new_expr(f, HIR_EXPR_WAIT, 0, 0))) return 0;
+  wait->target = comm;
+  return hir__push(f, &c->waits, wait);
+}
+
+/* team = mesh, plus `extra` at the end unless already there. */
+static int hir__team_plus(const hir_tv *tv, int extra, int *team) {
+  int i, n = tv->mesh_size, found = 0;
+  for (i = 0; i < n; i++) {
+    team[i] = tv->mesh[i];
+    found |= team[i] == extra;
+  }
+  if (!found) team[n++] = extra;
+  return n;
+}
+
+static int hir__unlowerable(hir_program *p, const hir_expr *e, const char *why) {
+  hir__fail(&p->ir, HIR_ERR_UNSUPPORTED, "T%d = %s(T%d) (%s %d) is not lowerable to communications: %s", e->out[0]->name,
+            e->kind == HIR_EXPR_LOAD_STORE ? "set" : e->kind == HIR_EXPR_REDUCTION ? "sum" : hir__expr_kind_names[e->kind],
+            e->in[0]->name, hir__expr_kind_names[e->kind], e->name, why);
+  return 0;
+}
+
+/* 6. One resharding set or sum: the decision table of DESIGN.md §3. */
+static int hir__lower_resharding(hir_program *p, hir_expr *e, hir__vec *out) {
+  hir_fusion *f = &p->ir;
+  hir__comm_plan c;
+  hir_tv *in, *dst;
+  int in_sh, out_sh, same, din, dout, map[HIR_MAX_DIMS], i, n, *team;
+  if (e->kind != HIR_EXPR_LOAD_STORE && e->kind != HIR_EXPR_REDUCTION)
+    return hir__unlowerable(p, e, "only set and sum move data; decompose the op into a resharding set and a local op "
+                                  "(hir_lower does)");
+  in = e->in[0];
+  dst = e->out[0];
+  in_sh = hir__sharded(in);
+  out_sh = hir__sharded(dst);
+  same = hir__same_mesh(in, dst);
+  din = in_sh ? hir__didx_axis(in) : -1;
+  dout = out_sh ? hir__didx_axis(dst) : -1;
+  hir__axis_map(e, 0, map);
+  memset(&c, 0, sizeof c);
+  c.p = p;
+  c.out = out;
+  c.in = in;
+  c.dst = dst;
+  n = (in->mesh_size > dst->mesh_size ? in->mesh_size : dst->mesh_size) + 2;
+  if (!(team = (int *)hir__alloc(f, (size_t)n * sizeof(int)))) return 0;
+  if (hir__in_mesh(dst, p->my_device)) {
+    hir_expr *alloc = hir__new_expr(f, HIR_EXPR_ALLOCATE, 1, 0);
+    if (!alloc || !hir__push(f, out, alloc)) return 0;
+    alloc->in[0] = dst;
+  }
+  if (e->kind == HIR_EXPR_LOAD_STORE) {
+    if (!in_sh && out_sh) { /* Scatter */
+      const int *from = in->mesh_size ? in->mesh : dst->mesh;
+      int nfrom = in->mesh_size ? in->mesh_size : dst->mesh_size, root = -1;
+      for (i = 0; i < nfrom && root < 0; i++)
+        if (hir__in_mesh(dst, from[i])) root = from[i];
+      if (root < 0) return hir__unlowerable(p, e, "a Scatter needs a sender inside the receivers' mesh");
+      if (!hir__outermost(dst, dout)) return hir__inner_axis(p, e, dst, dout);
+      if (!hir__plan_comm(&c, HIR_COLL_SCATTER, dst->mesh_size, dst->mesh, root)) return 0;
+    } else if (in_sh && !out_sh && same) {
+      if (!hir__outermost(in, din)) return hir__inner_axis(p, e, in, din);
+      if (!hir__plan_comm(&c, HIR_COLL_ALLGATHER, in->mesh_size, in->mesh, -1)) return 0;
+    } else if (in_sh && !out_sh) { /* one Gather per receiver */
+      if (!hir__outermost(in, din)) return hir__inner_axis(p, e, in, din);
+      for (i = 0; i < dst->mesh_size; i++) {
+        int nteam = hir__team_plus(in, dst->mesh[i], team);
+        if (!hir__plan_comm(&c, HIR_COLL_GATHER, nteam, team, dst->mesh[i])) return 0;
+      }
+    } else if (in_sh && out_sh && !same && in->mesh_size == dst->mesh_size && map[din] == dout) {
+      for (i = 0; i < in->mesh_size; i++) { /* one SendRecv per index */
+        int pair[2], npair = 1;
+        pair[0] = in->mesh[i];
+        if (dst->mesh[i] != in->mesh[i]) pair[npair++] = dst->mesh[i];
+        if (!hir__plan_comm(&c, HIR_COLL_SENDRECV, npair, pair, in->mesh[i])) return 0;
+      }
+    } else if (!in_sh && !out_sh && !same && in->mesh_size) {
+      int root = in->mesh[0], nteam = hir__team_plus(dst, root, team);
+      if (!hir__plan_comm(&c, HIR_COLL_BROADCAST, nteam, team, root)) return 0;
+    } else {
+      return hir__unlowerable(p, e, in_sh && out_sh && same ? "moving the DIDx axis to another axis on one mesh (an all-to-all) is not supported"
+                                                            : "the two meshes or DIDx axes do not match a collective");
+    }
+  } else { /* a sum */
+    for (i = 0; i < in->ndims; i++)
+      if (map[i] >= 0 && dst->ids[map[i]]->iter == HIR_REDUCTION && i != din)
+        return hir__unlowerable(p, e, "a resharding sum reduces only the DIDx axis; sum the other axes with a separate hir_sum");
+    if (din < 0 || map[din] < 0 || dst->ids[map[din]]->iter != HIR_REDUCTION)
+      return hir__unlowerable(p, e, "a resharding sum must reduce the input's DIDx axis");
+    if (out_sh && same) {
+      int src_axis = -1;
+      for (i = 0; i < in->ndims; i++)
+        if (map[i] == dout) src_axis = i;
+      if (src_axis < 0 || !hir__outermost(in, src_axis)) return hir__inner_axis(p, e, in, src_axis < 0 ? dout : src_axis);
+      if (!hir__plan_comm(&c, HIR_COLL_REDUCESCATTER, in->mesh_size, in->mesh, -1)) return 0;
+    } else if (!out_sh && same) {
+      if (!hir__plan_comm(&c, HIR_COLL_ALLREDUCE, in->mesh_size, in->mesh, -1)) return 0;
+    } else if (!out_sh) {
+      for (i = 0; i < dst->mesh_size; i++) {
+        int nteam = hir__team_plus(in, dst->mesh[i], team);
+        if (!hir__plan_comm(&c, HIR_COLL_REDUCE, nteam, team, dst->mesh[i])) return 0;
+      }
+    } else {
+      return hir__unlowerable(p, e, "reduce-scattering onto another mesh is not supported");
+    }
+  }
+  for (i = 0; i < c.waits.n; i++)
+    if (!hir__push(f, out, c.waits.items[i])) return 0;
+  return 1;
+}
+
+/* Replaces a scope's contents, keeping each expr's scope pointer right. */
+static void hir__scope_reset(hir_scope *s, hir__vec *exprs) {
+  int i;
+  for (i = 0; i < s->exprs.n; i++) ((hir_expr *)s->exprs.items[i])->scope = NULL;
+  s->exprs = *exprs;
+  for (i = 0; i < s->exprs.n; i++) ((hir_expr *)s->exprs.items[i])->scope = s;
+}
+
+static int hir__convert_scope(hir_program *p, hir_scope *s) {
+  hir__vec out = {NULL, 0, 0};
+  int i;
+  for (i = 0; i < s->exprs.n; i++) {
+    hir_expr *e = (hir_expr *)s->exprs.items[i];
+    if (hir_expr_is_resharding(e)) {
+      if (!hir__lower_resharding(p, e, &out)) return 0;
+    } else if (!hir__push(&p->ir, &out, e)) {
+      return 0;
+    }
+  }
+  hir__scope_reset(s, &out);
+  return 1;
+}
+
+HIRDEF hir_status hir_pass_convert_communications(hir_program *p) {
+  int i;
+  if (!p) return HIR_ERR_INVALID;
+  if (p->ir.status != HIR_OK) return p->ir.status;
+  if (!hir__convert_scope(p, &p->top)) return p->ir.status;
+  for (i = 0; i < p->top.exprs.n; i++) { /* and one loop deep */
+    hir_expr *e = (hir_expr *)p->top.exprs.items[i];
+    if (e->kind == HIR_EXPR_FOR_LOOP && !hir__convert_scope(p, &e->body)) return p->ir.status;
+  }
+  return HIR_OK;
+}
+
+HIRDEF int hir_program_device(const hir_program *p) { return p ? p->my_device : -1; }
+
+// >>pass_dealloc
+enum { HIR__TV_NONE, HIR__TV_BUFFER, HIR__TV_VIEW, HIR__TV_KEEP };
+
+typedef struct hir__uses {
+  int *last;              /* by tensor name: the position of its last use */
+  int pos;
+} hir__uses;
+
+static void hir__note_use(hir_tv *tv, int writes, void *ctx) {
+  hir__uses *u = (hir__uses *)ctx;
+  (void)writes;
+  u->last[tv->name] = u->pos;
+}
+
+static void hir__note_uses_deep(const hir_expr *e, hir__uses *u) {
+  int i;
+  hir__expr_tvs(e, hir__note_use, u);
+  if (e->kind == HIR_EXPR_WAIT) hir__expr_tvs(e->target, hir__note_use, u); /* in flight until then */
+  for (i = 0; i < e->body.exprs.n; i++) hir__note_uses_deep((const hir_expr *)e->body.exprs.items[i], u);
+  for (i = 0; i < e->orelse.exprs.n; i++) hir__note_uses_deep((const hir_expr *)e->orelse.exprs.items[i], u);
+}
+
+/* What a tensor is to the program: a buffer to release, a view of one, or
+   something kept (inputs, outputs, tensors already released). */
+static void hir__classify(const hir_expr *e, unsigned char *kind) {
+  int i;
+  if (e->kind == HIR_EXPR_ALIAS_SELECT) kind[e->out[0]->name] = HIR__TV_VIEW;
+  if (e->kind == HIR_EXPR_DEALLOCATE) kind[e->in[0]->name] = HIR__TV_KEEP;
+  if (e->kind == HIR_EXPR_ALLOCATE && !kind[e->in[0]->name]) kind[e->in[0]->name] = HIR__TV_BUFFER;
+  if (e->kind == HIR_EXPR_P2P_COMMUNICATION && e->sub == HIR_P2P_RECV && !kind[e->in[0]->name])
+    kind[e->in[0]->name] = HIR__TV_BUFFER;
+  for (i = 0; i < e->nout; i++)
+    if (e->out[i] && !kind[e->out[i]->name]) kind[e->out[i]->name] = HIR__TV_BUFFER;
+  for (i = 0; i < e->body.exprs.n; i++) hir__classify((const hir_expr *)e->body.exprs.items[i], kind);
+  for (i = 0; i < e->orelse.exprs.n; i++) hir__classify((const hir_expr *)e->orelse.exprs.items[i], kind);
+}
+
+/* First and last position in s where each tensor is used (nested scopes count
+   as their parent's position). */
+static void hir__use_span(const hir_scope *s, int *first, int *last, int nt) {
+  hir__uses u;
+  int i;
+  for (i = 0; i < nt; i++) last[i] = -1;
+  u.last = last;
+  for (i = s->exprs.n - 1; i >= 0; i--) { /* backwards: `last` ends up holding first uses */
+    u.pos = i;
+    hir__note_uses_deep((const hir_expr *)s->exprs.items[i], &u);
+  }
+  memcpy(first, last, (size_t)nt * sizeof(int));
+  for (i = 0; i < nt; i++) last[i] = -1;
+  for (i = 0; i < s->exprs.n; i++) {
+    u.pos = i;
+    hir__note_uses_deep((const hir_expr *)s->exprs.items[i], &u);
+  }
+}
+
+typedef struct hir__release {
+  int pos, tv;
+} hir__release;
+
+static int hir__cmp_release(const void *a, const void *b) {
+  const hir__release *x = (const hir__release *)a, *y = (const hir__release *)b;
+  return x->pos != y->pos ? (x->pos > y->pos) - (x->pos < y->pos) : (x->tv > y->tv) - (x->tv < y->tv);
+}
+
+/* Inserts a Deallocate of each rel[i].tv right after the expr at rel[i].pos. */
+static int hir__release_in(hir_program *p, hir_scope *s, hir__release *rel, int n) {
+  hir_fusion *f = &p->ir;
+  hir__vec out = {NULL, 0, 0};
+  int i, r = 0;
+  qsort(rel, (size_t)n, sizeof *rel, hir__cmp_release);
+  if (!hir__vec_reserve(&f->arena, &out, s->exprs.n + n)) {
+    hir__fail(f, HIR_ERR_NOMEM, "hir_pass_insert_deallocations: out of memory");
+    return 0;
+  }
+  for (i = 0; i < s->exprs.n; i++) {
+    out.items[out.n++] = s->exprs.items[i];
+    for (; r < n && rel[r].pos == i; r++) {
+      hir_expr *d = hir__new_expr(f, HIR_EXPR_DEALLOCATE, 1, 0);
+      if (!d) return 0;
+      d->in[0] = (hir_tv *)f->tvs.items[rel[r].tv];
+      out.items[out.n++] = d;
+    }
+  }
+  hir__scope_reset(s, &out);
+  return 1;
+}
+
+/* 7. Every buffer that is neither a program input nor output is released
+   after its last use: inside a loop body when only that body uses it (a
+   per-iteration buffer), else at top level. */
+HIRDEF hir_status hir_pass_insert_deallocations(hir_program *p) {
+  hir_fusion *f;
+  unsigned char *kind;
+  int *first, *last, *body_last, nt, i, t, n, ok = 0;
+  hir__release *rel;
+  if (!p) return HIR_ERR_INVALID;
+  f = &p->ir;
+  if (f->status != HIR_OK) return f->status;
+  nt = f->next_tv;
+  HIR_ASSERT(nt == f->tvs.n); /* tensors are listed in name order */
+  kind = (unsigned char *)HIR_MALLOC((size_t)nt + 1);
+  first = (int *)HIR_MALLOC(((size_t)nt + 1) * sizeof(int));
+  last = (int *)HIR_MALLOC(((size_t)nt + 1) * sizeof(int));
+  body_last = (int *)HIR_MALLOC(((size_t)nt + 1) * sizeof(int));
+  rel = (hir__release *)HIR_MALLOC(((size_t)nt + 1) * sizeof(hir__release));
+  if (!kind || !first || !last || !body_last || !rel) {
+    hir__fail(f, HIR_ERR_NOMEM, "hir_pass_insert_deallocations: out of memory");
+    goto done;
+  }
+  memset(kind, 0, (size_t)nt + 1);
+  for (i = 0; i < f->inputs.n; i++) kind[((hir_tv *)f->inputs.items[i])->name] = HIR__TV_KEEP;
+  for (i = 0; i < f->outputs.n; i++) kind[((hir_tv *)f->outputs.items[i])->name] = HIR__TV_KEEP;
+  for (i = 0; i < p->top.exprs.n; i++) hir__classify((const hir_expr *)p->top.exprs.items[i], kind);
+  hir__use_span(&p->top, first, last, nt);
+  for (t = 0; t < nt; t++) body_last[t] = -1;
+  for (i = 0; i < p->top.exprs.n; i++) {
+    hir_expr *loop = (hir_expr *)p->top.exprs.items[i];
+    hir__uses u;
+    int j, k;
+    if (loop->kind != HIR_EXPR_FOR_LOOP) continue;
+    u.last = body_last;
+    for (j = 0; j < loop->body.exprs.n; j++) {
+      u.pos = j;
+      hir__note_uses_deep((const hir_expr *)loop->body.exprs.items[j], &u);
+    }
+    n = 0; /* buffers only this loop uses are per-iteration: released in its body */
+    for (j = 0; j < loop->body.exprs.n; j++) {
+      const hir_expr *b = (const hir_expr *)loop->body.exprs.items[j];
+      for (k = 0; k < b->nout + b->nin; k++) {
+        hir_tv *tv = k < b->nout ? b->out[k] : b->in[k - b->nout];
+        if (!tv || kind[tv->name] != HIR__TV_BUFFER || first[tv->name] != i || last[tv->name] != i) continue;
+        kind[tv->name] = HIR__TV_KEEP;
+        rel[n].pos = body_last[tv->name];
+        rel[n++].tv = tv->name;
+      }
+    }
+    if (!hir__release_in(p, &loop->body, rel, n)) goto done;
+  }
+  for (t = 0, n = 0; t < nt; t++)
+    if (kind[t] == HIR__TV_BUFFER && last[t] >= 0) {
+      rel[n].pos = last[t];
+      rel[n++].tv = t;
+    }
+  if (!hir__release_in(p, &p->top, rel, n)) goto done;
+  ok = 1;
+done:
+  HIR_FREE(kind);
+  HIR_FREE(first);
+  HIR_FREE(last);
+  HIR_FREE(body_last);
+  HIR_FREE(rel);
+  return ok ? HIR_OK : f->status;
+}
+
+// >>verify
+typedef struct hir__verifier {
+  const hir_program *p;
+  unsigned char *state;   /* by tensor name: 0 undefined, 1 defined, 2 released */
+  unsigned char *seen;    /* by expr name */
+  char *msg;
+  size_t cap;
+} hir__verifier;
+
+static int hir__verify_fail(hir__verifier *v, const char *fmt, ...) HIR__PRINTF(2, 3);
+static int hir__verify_fail(hir__verifier *v, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(v->msg, v->cap, fmt, ap);
+  va_end(ap);
+  return 0;
+}
+
+static int hir__verify_read(hir__verifier *v, const hir_expr *e, const hir_tv *tv) {
+  if (v->state[tv->name] == 1) return 1;
+  return hir__verify_fail(v, "%s %d reads T%d %s", hir__expr_kind_names[e->kind], e->name, tv->name,
+                    v->state[tv->name] ? "after its Deallocate" : "before anything defines or allocates it");
+}
+
+static int hir__verify_write(hir__verifier *v, const hir_expr *e, const hir_tv *tv) {
+  if (v->state[tv->name] == 2)
+    return hir__verify_fail(v, "%s %d writes T%d after its Deallocate", hir__expr_kind_names[e->kind], e->name, tv->name);
+  v->state[tv->name] = 1;
+  return 1;
+}
+
+static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) {
+  const hir_fusion *f = &v->p->ir;
+  int i, k, coalescing = 0;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    const char *kind = hir__expr_kind_names[e->kind];
+    if (e->ir != f) return hir__verify_fail(v, "%s %d belongs to another program", kind, e->name);
+    if (v->seen[e->name] || e->scope != s) return hir__verify_fail(v, "%s %d is placed twice", kind, e->name);
+    v->seen[e->name] = 1;
+    for (k = 0; k < e->nin; k++)
+      if (e->in[k] && e->in[k]->ir != f) return hir__verify_fail(v, "%s %d names a tensor of another program", kind, e->name);
+    if (coalescing && e->kind != HIR_EXPR_P2P_COMMUNICATION && e->kind != HIR_EXPR_COMMUNICATION &&
+        e->kind != HIR_EXPR_END_COALESCING)
+      return hir__verify_fail(v, "%s %d stands between StartCoalescing and EndCoalescing; only communications may", kind, e->name);
+    switch (e->kind) {
+    case HIR_EXPR_ALLOCATE:
+      if (!hir__verify_write(v, e, e->in[0])) return 0;
+      break;
+    case HIR_EXPR_DEALLOCATE:
+      if (e->in[0]->is_input || e->in[0]->is_output)
+        return hir__verify_fail(v, "Deallocate %d releases T%d, a program %s", e->name, e->in[0]->name,
+                          e->in[0]->is_input ? "input" : "output");
+      if (!hir__verify_read(v, e, e->in[0])) return 0;
+      v->state[e->in[0]->name] = 2;
+      break;
+    case HIR_EXPR_FOR_LOOP:
+      if (in_loop) return hir__verify_fail(v, "ForLoop %d is nested in another loop; one StreamIdx is bound at a time", e->name);
+      if (!hir__verify_scope(v, &e->body, 1)) return 0;
+      break;
+    case HIR_EXPR_IF_THEN_ELSE:
+      if (!hir__verify_scope(v, &e->body, in_loop) || !hir__verify_scope(v, &e->orelse, in_loop)) return 0;
+      break;
+    case HIR_EXPR_WAIT:
+      if (!v->seen[e->target->name])
+        return hir__verify_fail(v, "Wait %d waits on %s %d, which does not come before it", e->name,
+                          hir__expr_kind_names[e->target->kind], e->target->name);
+      break;
+    case HIR_EXPR_START_COALESCING:
+      coalescing = 1;
+      break;
+    case HIR_EXPR_END_COALESCING:
+      if (!coalescing) return hir__verify_fail(v, "EndCoalescing %d has no StartCoalescing before it", e->name);
+      coalescing = 0;
+      break;
+    case HIR_EXPR_COMMUNICATION: /* its input may live on another device */
+      if (e->nout && !hir__verify_write(v, e, e->out[0])) return 0;
+      break;
+    case HIR_EXPR_P2P_COMMUNICATION:
+      if (!(e->sub == HIR_P2P_RECV ? hir__verify_write(v, e, e->in[0]) : hir__verify_read(v, e, e->in[0]))) return 0;
+      break;
+    default: /* compute ops, HirAliasSelect, PostOnStream: read ins, write outs */
+      for (k = 0; k < e->nin; k++)
+        if (!hir__verify_read(v, e, e->in[k])) return 0;
+      for (k = 0; k < e->nout; k++)
+        if (!hir__verify_write(v, e, e->out[k])) return 0;
+      break;
+    }
+  }
+  if (coalescing) return hir__verify_fail(v, "StartCoalescing without EndCoalescing in the same scope");
+  return 1;
+}
+
+/* 1 if p is well formed; else 0 with the reason in msg. */
+static int hir__verify(const hir_program *p, char *msg, size_t cap) {
+  const hir_fusion *f = &p->ir;
+  hir__verifier v;
+  int i, ok;
+  v.p = p;
+  v.msg = msg;
+  v.cap = cap;
+  v.state = (unsigned char *)HIR_MALLOC((size_t)f->next_tv + 1);
+  v.seen = (unsigned char *)HIR_MALLOC((size_t)f->next_expr + 1);
+  if (!v.state || !v.seen) {
+    HIR_FREE(v.state);
+    HIR_FREE(v.seen);
+    return hir__verify_fail(&v, "out of memory verifying the program");
+  }
+  memset(v.state, 0, (size_t)f->next_tv + 1);
+  memset(v.seen, 0, (size_t)f->next_expr + 1);
+  for (i = 0; i < f->inputs.n; i++) v.state[((const hir_tv *)f->inputs.items[i])->name] = 1;
+  ok = hir__verify_scope(&v, &p->top, 0);
+  HIR_FREE(v.state);
+  HIR_FREE(v.seen);
+  return ok;
+}
+
+HIRDEF hir_status hir_program_verify(hir_program *p) {
+  char msg[sizeof p->ir.error];
+  if (!p) return HIR_ERR_INVALID;
+  if (p->ir.status != HIR_OK) return p->ir.status;
+  if (hir__verify(p, msg, sizeof msg)) return HIR_OK;
+  hir__fail(&p->ir, HIR_ERR_INVALID, "hir_program_verify: %s", msg);
+  return p->ir.status;
+}
+
+// >>pipeline
+enum { HIR__DUMP_HOST_IR = 1, HIR__DUMP_PASSES = 2 };
+
+/* HOSTIR_DUMP=host_ir,passes (or all). */
+static unsigned hir__dump_flags(void) {
+  const char *s = getenv("HOSTIR_DUMP");
+  unsigned flags = 0;
+  if (!s) return 0;
+  if (strstr(s, "host_ir")) flags |= HIR__DUMP_HOST_IR;
+  if (strstr(s, "passes")) flags |= HIR__DUMP_PASSES;
+  if (strstr(s, "all")) flags |= HIR__DUMP_HOST_IR | HIR__DUMP_PASSES;
+  return flags;
+}
+
+/* One write per program, so the dumps of ranks lowering at once do not mix. */
+static void hir__dump(const hir_program *p, const char *what) {
+  const char *path = getenv("HOSTIR_DUMP_FILE");
+  size_t n = hir_program_snprint(p, NULL, 0);
+  char *buf = (char *)HIR_MALLOC(n + 128);
+  FILE *fp;
+  int head;
+  if (!buf) return;
+  head = snprintf(buf, 128, "=== HOSTIR_DUMP %s (device %d) ===", what, p->my_device);
+  hir_program_snprint(p, buf + head, n + 1);
+  fp = path ? fopen(path, "a") : stderr;
+  if (fp) {
+    fwrite(buf, 1, (size_t)head + n, fp);
+    if (path) fclose(fp);
+  }
+  HIR_FREE(buf);
+}
+
+/* Runs a pass, then the verifier; a pass leaving a broken program is our bug. */
+static int hir__pipeline_step(hir_program *p, hir_status (*pass)(hir_program *), const char *name, unsigned dump) {
+  char msg[sizeof p->ir.error];
+  if (pass && pass(p) != HIR_OK) return 0;
+  if (!hir__verify(p, msg, sizeof msg)) {
+    hir__fail(&p->ir, HIR_ERR_INTERNAL, "hir_lower: after %s the program is malformed (a hostir bug; please report it): %s",
+              name, msg);
+    return 0;
+  }
+  if (dump & HIR__DUMP_PASSES) hir__dump(p, name);
+  return 1;
+}
+
+HIRDEF hir_status hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out) {
+  hir_lower_desc defaults;
+  hir__vec groups = {NULL, 0, 0};
+  hir_program *p;
+  unsigned dump;
+  if (!out) return HIR_ERR_INVALID;
+  memset(&defaults, 0, sizeof defaults);
+  if (!d) d = &defaults;
+  if (!(p = *out = hir_program_create())) return HIR_ERR_NOMEM;
+  p->my_device = d->my_device;
+  if (!hir__check_lower_args(p, f, d, "hir_lower")) return p->ir.status;
+  dump = hir__dump_flags();
+  if (!hir__front_end(p, f, d, &groups) || !hir__build_program(p, &groups) ||
+      !hir__pipeline_step(p, NULL, "segmentation", dump) ||
+      !hir__pipeline_step(p, hir_pass_convert_communications, "convert_communications", dump) ||
+      (!d->skip_deallocations && !hir__pipeline_step(p, hir_pass_insert_deallocations, "insert_deallocations", dump)))
+    return p->ir.status;
+  if (dump & HIR__DUMP_HOST_IR) hir__dump(p, "host_ir");
+  return HIR_OK;
 }
 
 #endif /* HOSTIR_IMPLEMENTATION_DONE */

@@ -1,15 +1,18 @@
 /* The test runner: one translation unit holding the implementation and every
    test file. Prints one line per test; the last line is "N passed, N failed". */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkstemp */
 #define HOSTIR_IMPLEMENTATION
 #include "../hostir.h"
 #include "test.h"
+#include <unistd.h>
 
 int hir_test_failures;
 
 #include "test_build.c"
 #include "test_print.c"
+#include "test_lower.c"
 
-static const hir_test all_tests[] = {BUILD_TESTS PRINT_TESTS};
+static const hir_test all_tests[] = {BUILD_TESTS PRINT_TESTS LOWER_TESTS};
 
 int main(int argc, char **argv) {
   int i, passed = 0, failed = 0, n = (int)(sizeof all_tests / sizeof all_tests[0]);

@@ -1,0 +1,469 @@
+/* Lowering: sharding propagation, decomposition, segmentation, the
+   communication decision table (goldens reviewed against DESIGN.md §3), the
+   passes alone, the verifier, HOSTIR_DUMP and concurrent lowering. */
+#include <pthread.h>
+#include "seeds.h"
+#include "test.h"
+
+static const int m8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+
+/* The program text of f lowered for `device`, or "error: <status>: <message>". */
+static char *lower_text(const hir_fusion *f, const hir_lower_desc *desc, int device) {
+  hir_lower_desc d;
+  hir_program *p;
+  hir_status s;
+  char *buf;
+  size_t n;
+  if (desc) d = *desc; else memset(&d, 0, sizeof d);
+  d.my_device = device;
+  s = hir_lower(f, &d, &p);
+  if (s != HIR_OK) {
+    n = strlen(hir_program_error(p)) + 64;
+    buf = (char *)malloc(n);
+    snprintf(buf, n, "error: %s: %s", hir_status_str(s), hir_program_error(p));
+  } else {
+    n = hir_program_snprint(p, NULL, 0);
+    buf = (char *)malloc(n + 1);
+    hir_program_snprint(p, buf, n + 1);
+  }
+  hir_program_free(p);
+  return buf;
+}
+
+static void check_lower_golden(const hir_fusion *f, int device, const char *name, int line) {
+  char *text = lower_text(f, NULL, device);
+  check_golden(text, name, line);
+  free(text);
+}
+#define CHECK_LOWER_GOLDEN(f, dev, name) check_lower_golden(f, dev, name, __LINE__)
+
+static void check_lower_error(const hir_fusion *f, int device, hir_status want, const char *needle, int line) {
+  char *text = lower_text(f, NULL, device);
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "error: %s: ", hir_status_str(want));
+  if (strncmp(text, prefix, strlen(prefix)) != 0 || !strstr(text, needle)) {
+    fprintf(stderr, "  test_lower.c:%d: got \"%.300s\"; wanted %s with \"%s\"\n", line, text, hir_status_str(want), needle);
+    hir_test_failures++;
+  }
+  free(text);
+}
+#define CHECK_LOWER_ERROR(f, dev, want, needle) check_lower_error(f, dev, want, needle, __LINE__)
+
+/* AG+GEMM without streams: the matmul on a sharded A is decomposed into
+   T3 = set(T0) (an Allgather) and a local matmul; T3 is released after. */
+static void test_lower_allgather_matmul(void) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_input(f, HIR_F32, 2), *c = hir_matmul(f, a, b);
+  char before[4096], after[4096];
+  hir_output(f, c);
+  hir_set_mesh(a, 8, m8);
+  hir_set_mesh(b, 8, m8);
+  hir_set_mesh(c, 8, m8);
+  hir_parallelize(a, 0, HIR_DIDX);
+  hir_fusion_snprint(f, before, sizeof before);
+  CHECK_LOWER_GOLDEN(f, 3, "lower_allgather_matmul");
+  hir_fusion_snprint(f, after, sizeof after);
+  CHECK_STR(after, before); /* the fusion is only read */
+  hir_fusion_free(f);
+}
+
+/* Row-parallel matmul: local partial products, then an Allreduce; the
+   partial buffer is released after the Wait, not before. */
+static void test_lower_matmul_allreduce(void) {
+  hir_fusion *f = hir_fusion_create();
+  int axis = 0;
+  hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_input(f, HIR_F32, 3), *c = hir_matmul(f, a, b);
+  hir_tv *d = hir_sum(f, c, 1, &axis);
+  hir_output(f, d);
+  hir_set_mesh(a, 8, m8); /* c and d inherit the mesh; c inherits DIDx */
+  hir_set_mesh(b, 8, m8);
+  hir_parallelize(a, 0, HIR_DIDX);
+  hir_parallelize(b, 0, HIR_DIDX);
+  CHECK_LOWER_GOLDEN(f, 3, "lower_matmul_allreduce");
+  hir_fusion_free(f);
+}
+
+/* Gather, SendRecv, Broadcast and Reduce between meshes {0..3}, {4..7}, {2}, {5}. */
+static hir_fusion *cross_mesh_fusion(void) {
+  hir_fusion *f = hir_fusion_create();
+  int A[4] = {0, 1, 2, 3}, B[4] = {4, 5, 6, 7}, two = 2, five = 5, axis = 0;
+  hir_tv *a = hir_input(f, HIR_F32, 2);
+  hir_tv *gathered = hir_set(f, a), *moved = hir_set(f, a);
+  hir_tv *u = hir_input(f, HIR_F32, 2), *bcast = hir_set(f, u), *reduced = hir_sum(f, a, 1, &axis);
+  hir_output(f, gathered);
+  hir_output(f, moved);
+  hir_output(f, bcast);
+  hir_output(f, reduced);
+  hir_set_mesh(a, 4, A);
+  hir_parallelize(a, 0, HIR_DIDX);
+  hir_set_mesh(gathered, 4, B);
+  hir_set_mesh(moved, 4, B);
+  hir_parallelize(moved, 0, HIR_DIDX);
+  hir_set_mesh(u, 1, &two);
+  hir_set_mesh(bcast, 4, B);
+  hir_set_mesh(reduced, 1, &five);
+  return f;
+}
+
+static void test_lower_cross_mesh(void) {
+  hir_fusion *f = cross_mesh_fusion();
+  CHECK_LOWER_GOLDEN(f, 1, "lower_cross_mesh_d1"); /* a sender: every Gather, its SendRecv, the Reduce */
+  CHECK_LOWER_GOLDEN(f, 5, "lower_cross_mesh_d5"); /* a receiver of everything */
+  CHECK_LOWER_GOLDEN(f, 2, "lower_cross_mesh_d2"); /* a sender and the Broadcast root */
+  hir_fusion_free(f);
+}
+
+/* On mesh {3 1 7 5}: a Scatter, a broadcast HostUnit, a matmul and a
+   ReduceScatter; device 0 is in no mesh and gets an empty program. */
+static hir_fusion *scatter_rs_fusion(void) {
+  hir_fusion *f = hir_fusion_create();
+  int mesh[4] = {3, 1, 7, 5}, flags[4] = {0, 1, 0, 0}, axis = 0;
+  hir_tv *x = hir_input(f, HIR_F32, 4);  /* [D, D2, M, K/D], replicated */
+  hir_tv *a = hir_set(f, x);             /* scattered on D */
+  hir_tv *b = hir_input(f, HIR_F32, 3);  /* [DIDx(D), K/D, N] */
+  hir_tv *bb = hir_broadcast(f, b, 4, flags);
+  hir_tv *c = hir_matmul(f, a, bb);      /* [DIDx(D), D2, M, N, rK] */
+  hir_tv *d = hir_sum(f, c, 1, &axis);   /* [rD, DIDx(D2), M, N] */
+  hir_output(f, d);
+  hir_set_mesh(x, 4, mesh);
+  hir_set_mesh(a, 4, mesh);
+  hir_set_mesh(b, 4, mesh);
+  hir_set_mesh(d, 4, mesh);
+  hir_parallelize(a, 0, HIR_DIDX);
+  hir_parallelize(b, 0, HIR_DIDX);
+  hir_parallelize(d, 1, HIR_DIDX);
+  return f;
+}
+
+static void test_lower_scatter_reduce_scatter(void) {
+  hir_fusion *f = scatter_rs_fusion();
+  CHECK_LOWER_GOLDEN(f, 7, "lower_scatter_rs_d7");
+  CHECK_LOWER_GOLDEN(f, 0, "lower_empty_d0");
+  hir_fusion_free(f);
+}
+
+/* bcast, bcast, add, bcast: the predicate decides how many HostUnits. */
+static int merge_never(const hir_group *a, const hir_group *b, void *user) {
+  (void)a; (void)b;
+  ++*(int *)user;
+  return 0;
+}
+static int merge_always(const hir_group *a, const hir_group *b, void *user) {
+  (void)a; (void)b; (void)user;
+  return 1;
+}
+
+static int count_kind(const hir_program *p, hir_expr_kind kind) {
+  int i, n = 0;
+  for (i = 0; i < hir_program_ntop(p); i++) n += hir_expr_kind_of(hir_program_top(p, i)) == kind;
+  return n;
+}
+
+static void test_lower_merge_predicate(void) {
+  hir_fusion *f = hir_fusion_create();
+  int f1[3] = {1, 0, 0}, f2[4] = {1, 0, 0, 0};
+  hir_tv *a = hir_input(f, HIR_F32, 2);
+  hir_tv *b = hir_broadcast(f, a, 3, f1), *c = hir_broadcast(f, b, 4, f2);
+  int f3[5] = {1, 0, 0, 0, 0};
+  hir_tv *d = hir_add(f, c, c), *e = hir_broadcast(f, d, 5, f3);
+  hir_lower_desc desc;
+  hir_program *p;
+  hir_segmentation *s;
+  int calls = 0;
+  hir_output(f, e);
+  memset(&desc, 0, sizeof desc);
+  CHECK(hir_lower(f, &desc, &p) == HIR_OK);
+  CHECK(count_kind(p, HIR_EXPR_POST_ON_STREAM) == 2 && count_kind(p, HIR_EXPR_BINARY) == 1);
+  hir_program_free(p);
+  desc.should_merge = merge_never;
+  desc.merge_user = &calls;
+  CHECK(hir_lower(f, &desc, &p) == HIR_OK);
+  CHECK(count_kind(p, HIR_EXPR_POST_ON_STREAM) == 3 && count_kind(p, HIR_EXPR_BINARY) == 1);
+  CHECK(calls == 3);
+  hir_program_free(p);
+  desc.should_merge = merge_always;
+  CHECK(hir_lower(f, &desc, &p) == HIR_OK);
+  CHECK(count_kind(p, HIR_EXPR_POST_ON_STREAM) == 1 && hir_program_ntop(p) == 1);
+  hir_program_free(p);
+  /* the segmentation alone, inspected */
+  desc.should_merge = NULL;
+  CHECK(hir_segment(f, &desc, &s) == HIR_OK);
+  CHECK(hir_segmentation_ngroups(s) == 3);
+  CHECK(hir_group_nexprs(hir_segmentation_group(s, 0)) == 2);
+  CHECK(!hir_group_is_standalone(hir_segmentation_group(s, 0)));
+  CHECK(hir_group_is_standalone(hir_segmentation_group(s, 1)));
+  CHECK_STR(hir_expr_kind_name(hir_group_expr(hir_segmentation_group(s, 1), 0)), "BinaryOp");
+  CHECK(hir_merge_default(hir_segmentation_group(s, 0), hir_segmentation_group(s, 2), NULL) == 1);
+  CHECK(hir_merge_default(hir_segmentation_group(s, 0), hir_segmentation_group(s, 1), NULL) == 0);
+  hir_segmentation_free(s);
+  hir_fusion_free(f);
+}
+
+/* Resharding exprs stand alone even when the predicate would merge them. */
+static void test_lower_resharding_alone(void) {
+  hir_fusion *f = hir_fusion_create();
+  int flags[3] = {1, 0, 0};
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a), *c = hir_broadcast(f, b, 3, flags);
+  hir_lower_desc desc;
+  hir_segmentation *s;
+  hir_output(f, c);
+  hir_set_mesh(a, 8, m8);
+  hir_parallelize(a, 0, HIR_DIDX);
+  hir_set_mesh(b, 8, m8); /* b unsharded: the set is an Allgather */
+  memset(&desc, 0, sizeof desc);
+  desc.should_merge = merge_always;
+  CHECK(hir_segment(f, &desc, &s) == HIR_OK);
+  CHECK(hir_segmentation_ngroups(s) == 2);
+  CHECK(hir_expr_is_resharding(hir_group_expr(hir_segmentation_group(s, 0), 0)));
+  CHECK(!hir_expr_is_resharding(hir_group_expr(hir_segmentation_group(s, 1), 0)));
+  hir_segmentation_free(s);
+  CHECK(hir_expr_is_resharding(hir_tv_definition(b)));
+  CHECK(!hir_expr_is_resharding(hir_tv_definition(c)));
+  CHECK(!hir_expr_is_resharding(NULL));
+  hir_fusion_free(f);
+}
+
+static void test_lower_errors(void) {
+  hir_fusion *f;
+  hir_tv *a, *b, *c;
+  int axis = 1, both[2] = {0, 1}, zero = 0, one_two[2] = {1, 2};
+  hir_program *p;
+  hir_lower_desc d;
+  /* inner-axis resharding */
+  f = hir_fusion_create();
+  a = hir_input(f, HIR_F32, 3);
+  b = hir_set(f, a);
+  hir_output(f, b);
+  hir_set_mesh(a, 8, m8);
+  hir_set_mesh(b, 8, m8); /* unsharded: an Allgather of axis 1 */
+  hir_parallelize(a, 1, HIR_DIDX);
+  CHECK_LOWER_ERROR(f, 0, HIR_ERR_UNSUPPORTED, "Resharding on an inner axis is not lowerable");
+  hir_fusion_free(f);
+  /* all-to-all */
+  f = hir_fusion_create();
+  a = hir_input(f, HIR_F32, 2);
+  b = hir_set(f, a);
+  hir_output(f, b);
+  hir_set_mesh(a, 8, m8);
+  hir_set_mesh(b, 8, m8);
+  hir_parallelize(a, 0, HIR_DIDX);
+  hir_parallelize(b, 1, HIR_DIDX);
+  CHECK_LOWER_ERROR(f, 0, HIR_ERR_UNSUPPORTED, "an all-to-all");
+  hir_fusion_free(f);
+  /* a resharding sum over more than the DIDx axis */
+  f = hir_fusion_create();
+  a = hir_input(f, HIR_F32, 3);
+  b = hir_sum(f, a, 2, both);
+  hir_output(f, b);
+  hir_set_mesh(a, 8, m8);
+  hir_parallelize(a, 0, HIR_DIDX);
+  CHECK_LOWER_ERROR(f, 0, HIR_ERR_UNSUPPORTED, "a resharding sum reduces only the DIDx axis");
+  hir_fusion_free(f);
+  /* a Scatter with no sender among the receivers */
+  f = hir_fusion_create();
+  a = hir_input(f, HIR_F32, 2);
+  b = hir_set(f, a);
+  hir_output(f, b);
+  hir_set_mesh(a, 1, &zero);
+  hir_set_mesh(b, 2, one_two);
+  hir_parallelize(b, 0, HIR_DIDX);
+  CHECK_LOWER_ERROR(f, 1, HIR_ERR_UNSUPPORTED, "a Scatter needs a sender inside the receivers' mesh");
+  hir_fusion_free(f);
+  /* a fusion with an error, no outputs, DIDx without a mesh, a bad device */
+  f = hir_fusion_create();
+  a = hir_input(f, HIR_F32, 2);
+  c = hir_input(f, HIR_F16, 2);
+  hir_add(f, a, c);
+  CHECK_LOWER_ERROR(f, 0, HIR_ERR_INVALID, "the fusion has an error: hir_add: mixed dtypes");
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  hir_set(f, hir_input(f, HIR_F32, 2));
+  CHECK_LOWER_ERROR(f, 0, HIR_ERR_INVALID, "the fusion has no outputs");
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  a = hir_input(f, HIR_F32, 2);
+  hir_output(f, hir_sum(f, a, 1, &axis));
+  hir_parallelize(a, 0, HIR_DIDX);
+  CHECK_LOWER_ERROR(f, 0, HIR_ERR_INVALID, "T0 has a DIDx axis but no device mesh");
+  CHECK_LOWER_ERROR(f, -2, HIR_ERR_INVALID, "my_device -2 is negative");
+  memset(&d, 0, sizeof d);
+  CHECK(hir_lower(NULL, &d, &p) == HIR_ERR_INVALID);
+  CHECK(strstr(hir_program_error(p), "the fusion is NULL") != NULL);
+  hir_program_free(p);
+  CHECK(hir_lower(f, &d, NULL) == HIR_ERR_INVALID);
+  hir_fusion_free(f);
+}
+
+/* The passes alone on a hand-built program, then the verifier. */
+static void test_lower_passes_alone(void) {
+  hir_program *p = hir_program_create();
+  hir_fusion *f = hir_program_fusion(p);
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a), *c = hir_add(f, b, b);
+  char buf[4096];
+  hir_output(f, c);
+  hir_set_mesh(a, 4, m8);
+  hir_set_mesh(b, 4, m8);
+  hir_set_mesh(c, 4, m8);
+  hir_parallelize(a, 0, HIR_DIDX);
+  hir_scope_append(hir_program_body(p), hir_tv_definition(b));
+  hir_scope_append(hir_program_body(p), hir_tv_definition(c));
+  CHECK(hir_program_verify(p) == HIR_OK);
+  CHECK(hir_pass_convert_communications(p) == HIR_OK);
+  CHECK(hir_pass_insert_deallocations(p) == HIR_OK);
+  CHECK(hir_pass_insert_deallocations(p) == HIR_OK); /* idempotent */
+  CHECK(hir_program_verify(p) == HIR_OK);
+  hir_program_snprint(p, buf, sizeof buf);
+  CHECK_STR(buf,
+            "\n%HostIrContainer { (T0_g_float[ideviceIdx.x0{i0}, iS1{i2}] (DeviceMesh{0 1 2 3})) -> "
+            "(T2_g_float[iS4{i0}, iS5{i2}] (DeviceMesh{0 1 2 3})) :\n"
+            "  T1_g_float[iS2{i0}, iS3{i2}] (DeviceMesh{0 1 2 3}) = ALLOCATE(buffer=T1_g_float[iS2{i0}, iS3{i2}] "
+            "(DeviceMesh{0 1 2 3}), mem_type=global, size=( i0 * i2 ), zero_init=false, resets_to_zero=false)\n"
+            "  Communication 3 (type=Allgather, team=(0 1 2 3), input=T0_g_float[ideviceIdx.x0{i0}, iS1{i2}] "
+            "(DeviceMesh{0 1 2 3}), output=T1_g_float[iS2{i0}, iS3{i2}] (DeviceMesh{0 1 2 3}), backend=NCCL)\n"
+            "  Wait Communication 3\n"
+            "  T2_g_float[iS4{i0}, iS5{i2}] (DeviceMesh{0 1 2 3})\n"
+            "     = T1_g_float[iS2{i0}, iS3{i2}] (DeviceMesh{0 1 2 3})\n"
+            "     + T1_g_float[iS2{i0}, iS3{i2}] (DeviceMesh{0 1 2 3});\n"
+            "  Deallocate {\n"
+            "    T1_g_float[iS2{i0}, iS3{i2}] (DeviceMesh{0 1 2 3})\n"
+            "  }\n"
+            "} // %HostIrContainer\n\n");
+  hir_program_free(p);
+}
+
+/* Malformed programs the verifier rejects, each with its reason. */
+static void expect_verify_error(hir_program *p, const char *needle, int line) {
+  if (hir_program_verify(p) != HIR_ERR_INVALID || !strstr(hir_program_error(p), needle)) {
+    fprintf(stderr, "  test_lower.c:%d: verify said \"%s\"; wanted \"%s\"\n", line, hir_program_error(p), needle);
+    hir_test_failures++;
+  }
+  hir_program_free(p);
+}
+
+static void test_verifier(void) {
+  hir_program *p;
+  hir_fusion *f;
+  hir_tv *a, *b;
+  hir_expr *comm, *loop;
+  int team[2] = {0, 1};
+#define VERIFY_SETUP()                 \
+  p = hir_program_create();            \
+  f = hir_program_fusion(p);           \
+  a = hir_input(f, HIR_F32, 2);        \
+  b = hir_set(f, a);                   \
+  hir_output(f, b)
+  VERIFY_SETUP();
+  comm = hir_host_communication(p, HIR_COLL_ALLGATHER, 2, team, 0, a, b);
+  hir_scope_append(hir_program_body(p), hir_host_wait(p, comm));
+  hir_scope_append(hir_program_body(p), comm);
+  expect_verify_error(p, "waits on Communication 1, which does not come before it", __LINE__);
+  VERIFY_SETUP();
+  {
+    hir_tv *t = hir_set(f, a), *u = hir_set(f, t);
+    hir_scope_append(hir_program_body(p), hir_tv_definition(t));
+    hir_scope_append(hir_program_body(p), hir_host_deallocate(p, t));
+    hir_scope_append(hir_program_body(p), hir_tv_definition(u));
+    expect_verify_error(p, "reads T2 after its Deallocate", __LINE__);
+  }
+  VERIFY_SETUP();
+  hir_scope_append(hir_program_body(p), hir_tv_definition(hir_set(f, hir_set(f, a))));
+  expect_verify_error(p, "LoadStoreOp 2 reads T2 before anything defines or allocates it", __LINE__);
+  VERIFY_SETUP();
+  loop = hir_host_for_loop(p, b, 0);
+  hir_scope_append(hir_expr_body(loop), hir_host_for_loop(p, b, 0));
+  hir_scope_append(hir_program_body(p), loop);
+  expect_verify_error(p, "is nested in another loop", __LINE__);
+  VERIFY_SETUP();
+  hir_scope_append(hir_program_body(p), hir_host_start_coalescing(p));
+  hir_scope_append(hir_program_body(p), hir_host_p2p(p, HIR_P2P_SEND, a, hir_val_const(f, 1)));
+  expect_verify_error(p, "StartCoalescing without EndCoalescing", __LINE__);
+  VERIFY_SETUP();
+  hir_scope_append(hir_program_body(p), hir_host_start_coalescing(p));
+  hir_scope_append(hir_program_body(p), hir_tv_definition(b));
+  expect_verify_error(p, "stands between StartCoalescing and EndCoalescing", __LINE__);
+  VERIFY_SETUP();
+  hir_scope_append(hir_program_body(p), hir_host_deallocate(p, a));
+  expect_verify_error(p, "releases T0, a program input", __LINE__);
+#undef VERIFY_SETUP
+}
+
+/* HOSTIR_DUMP=host_ir,passes with HOSTIR_DUMP_FILE. */
+static void test_lower_dump(void) {
+  hir_fusion *f = cross_mesh_fusion();
+  char path[] = "/tmp/hostir_dump_XXXXXX";
+  char *text, *got;
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  if (fd >= 0) close(fd);
+  setenv("HOSTIR_DUMP", "host_ir,passes", 1);
+  setenv("HOSTIR_DUMP_FILE", path, 1);
+  text = lower_text(f, NULL, 5);
+  unsetenv("HOSTIR_DUMP");
+  unsetenv("HOSTIR_DUMP_FILE");
+  got = read_file(path);
+  CHECK(got != NULL);
+  if (got) {
+    const char *last = strstr(got, "=== HOSTIR_DUMP host_ir (device 5) ===");
+    CHECK(strstr(got, "=== HOSTIR_DUMP segmentation (device 5) ===") != NULL);
+    CHECK(strstr(got, "=== HOSTIR_DUMP convert_communications (device 5) ===") != NULL);
+    CHECK(strstr(got, "=== HOSTIR_DUMP insert_deallocations (device 5) ===") != NULL);
+    CHECK(last != NULL && strcmp(last + strlen("=== HOSTIR_DUMP host_ir (device 5) ==="), text) == 0);
+  }
+  free(got);
+  free(text);
+  remove(path);
+  hir_fusion_free(f);
+}
+
+/* One fusion lowered for 8 devices from 8 threads at once gives the same
+   programs as one after the other. */
+typedef struct lower_job {
+  const hir_fusion *f;
+  int device;
+  char *text;
+} lower_job;
+
+static void *lower_thread(void *arg) {
+  lower_job *j = (lower_job *)arg;
+  int k;
+  for (k = 0; k < 20; k++) {
+    free(j->text);
+    j->text = lower_text(j->f, NULL, j->device);
+  }
+  return NULL;
+}
+
+static void test_lower_concurrent(void) {
+  hir_fusion *f = cross_mesh_fusion();
+  pthread_t th[8];
+  lower_job jobs[8];
+  int i;
+  for (i = 0; i < 8; i++) {
+    jobs[i].f = f;
+    jobs[i].device = i;
+    jobs[i].text = NULL;
+    CHECK(pthread_create(&th[i], NULL, lower_thread, &jobs[i]) == 0);
+  }
+  for (i = 0; i < 8; i++) pthread_join(th[i], NULL);
+  for (i = 0; i < 8; i++) {
+    char *serial = lower_text(f, NULL, i);
+    CHECK(jobs[i].text && strcmp(jobs[i].text, serial) == 0);
+    CHECK(strncmp(serial, "error", 5) != 0);
+    free(serial);
+    free(jobs[i].text);
+  }
+  hir_fusion_free(f);
+}
+
+#define LOWER_TESTS                                                          \
+  {"lower/allgather_matmul", test_lower_allgather_matmul},                  \
+  {"lower/matmul_allreduce", test_lower_matmul_allreduce},                  \
+  {"lower/cross_mesh", test_lower_cross_mesh},                              \
+  {"lower/scatter_reduce_scatter", test_lower_scatter_reduce_scatter},      \
+  {"lower/merge_predicate", test_lower_merge_predicate},                    \
+  {"lower/resharding_alone", test_lower_resharding_alone},                  \
+  {"lower/errors", test_lower_errors},                                      \
+  {"lower/passes_alone", test_lower_passes_alone},                          \
+  {"lower/verifier", test_verifier},                                        \
+  {"lower/dump", test_lower_dump},                                          \
+  {"lower/concurrent", test_lower_concurrent},
