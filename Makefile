@@ -15,7 +15,7 @@ CUDA_HOME ?= $(if $(NVCC_PATH),$(patsubst %/bin/,%,$(dir $(NVCC_PATH))))
 HEADERS := hostir.h
 TEST_SRC := $(wildcard tests/*.c tests/*.h) $(wildcard tests/golden/*.txt)
 
-.PHONY: all run test test-asan test-gpu bench examples install clean
+.PHONY: all run test test-asan test-gpu bench bench-build examples install clean
 
 all: $(BUILD)/test $(BUILD)/main
 
@@ -49,7 +49,9 @@ test-gpu:
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench-%,$(wildcard bench/*.c))
 
 $(BUILD)/bench-%: bench/%.c $(HEADERS) | $(BUILD)
-	$(CC) -std=c11 $(WARN) -O2 -g -o $@ $< $(LDLIBS)
+	$(CC) -std=c11 $(WARN) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+bench-build: $(BENCHES)
 
 bench: $(BENCHES)
 	@for b in $(BENCHES); do echo "== $$b"; ./$$b || exit 1; echo; done

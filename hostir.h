@@ -40,6 +40,10 @@
        // >>pass_dealloc  Deallocate after last uses
        // >>verify     the program verifier run between passes
        // >>pipeline   hir_lower: the passes in order, HOSTIR_DUMP
+       // >>half       f16/bf16 conversions (round to nearest even)
+       // >>backend_cpu   the CPU backend: host memory, in-order streams
+       // >>comm_local    the local world: N ranks as threads, hir_spmd
+       // >>eval       the evaluator: plan, buffers, hir_run
 
    Compile-time options (define before the implementation include):
        HOSTIR_STATIC                  every function static (private copy per file)
@@ -213,6 +217,10 @@ HIRDEF const char     *hir_program_error(const hir_program *p);   /* "" if none 
 HIRDEF hir_status      hir_program_print(const hir_program *p, FILE *out);
 HIRDEF size_t          hir_program_snprint(const hir_program *p, char *buf, size_t cap);
 HIRDEF int             hir_program_ntop(const hir_program *p);
+HIRDEF int             hir_program_ninputs(const hir_program *p);
+HIRDEF hir_tv         *hir_program_input(const hir_program *p, int i);
+HIRDEF int             hir_program_noutputs(const hir_program *p);
+HIRDEF hir_tv         *hir_program_output(const hir_program *p, int i);
 HIRDEF const hir_expr *hir_program_top(const hir_program *p, int i);
 /* The IR the program's tensors live in: hir_input and hir_output declare the
    program's inputs and outputs, hir_set/hir_matmul/... make compute exprs
@@ -292,6 +300,109 @@ HIRDEF hir_status hir_pass_insert_deallocations(hir_program *p);
    what they wait on, coalescing pairs, no use after Deallocate, no nested loops. */
 HIRDEF hir_status hir_program_verify(hir_program *p);   /* records the reason in the program */
 
+/* ---- evaluation ---- */
+typedef struct hir_tensor {
+  void *data; hir_dtype dtype; int ndims;
+  int64_t sizes[HIR_MAX_DIMS];
+  int64_t strides[HIR_MAX_DIMS];    /* elements; all zero = contiguous */
+} hir_tensor;
+
+/* A backend: memory, streams, events and the compute ops, as function
+   pointers over a context (implement one to run hostir elsewhere). Tensors
+   given to the ops carry explicit strides; a stride of 0 repeats an element
+   (broadcasting); dst never overlaps a source. Streams and events are opaque
+   handles; NULL is the caller's stream. A failing op writes `error`. */
+struct hir_backend {
+  void *ctx;
+  const char *name;
+  int host_memory;                  /* 1: buffers are host-accessible */
+  char error[256];
+  void (*destroy)(hir_backend *self);
+  hir_status (*alloc)(hir_backend *self, size_t bytes, void **ptr);
+  void (*release)(hir_backend *self, void *ptr);
+  void *(*current_stream)(hir_backend *self);           /* what GetCurrentStream captures */
+  hir_status (*stream_create)(hir_backend *self, void **stream);
+  void (*stream_destroy)(hir_backend *self, void *stream);
+  hir_status (*event_create)(hir_backend *self, void **event);
+  void (*event_destroy)(hir_backend *self, void *event);
+  hir_status (*event_record)(hir_backend *self, void *event, void *stream);
+  hir_status (*stream_wait_event)(hir_backend *self, void *stream, void *event);  /* no host block */
+  hir_status (*stream_synchronize)(hir_backend *self, void *stream);               /* host blocks */
+  hir_status (*copy)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *src);
+  hir_status (*binary)(hir_backend *self, void *stream, hir_binary_op op, const hir_tensor *dst,
+                       const hir_tensor *a, const hir_tensor *b);       /* a, b shaped like dst */
+  hir_status (*sum)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *src);
+                                    /* dst: src's shape with size 1 on the reduced axes */
+  hir_status (*matmul)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *a,
+                       const hir_tensor *b);  /* [..., M, N] = [..., M, K] x [..., K, N], one ndims */
+  hir_status (*upload)(hir_backend *self, void *dst, const void *src, size_t bytes);    /* host -> backend */
+  hir_status (*download)(hir_backend *self, void *dst, const void *src, size_t bytes);  /* backend -> host */
+};
+
+/* A communicator: this rank's device id in a world of `size` ranks, teams of
+   device ids, the collectives over a team, send/recv to a device, coalescing
+   groups. `root` and `peer` are device ids; a team handle is created once per
+   team, by its members only. Reductions sum. In gather and reduce the root
+   may pass send = NULL when it holds no data: gather then receives the other
+   members' chunks in team order. A failing call writes `error`. */
+struct hir_comm {
+  void *ctx;
+  int rank, size;
+  char error[256];
+  hir_status (*team)(hir_comm *self, const int *devices, int n, void **team);
+  hir_status (*allgather)(hir_comm *self, void *team, const void *send, void *recv, size_t bytes, void *stream);
+  hir_status (*allreduce)(hir_comm *self, void *team, const void *send, void *recv, size_t count, hir_dtype dtype,
+                          void *stream);
+  hir_status (*reduce_scatter)(hir_comm *self, void *team, const void *send, void *recv, size_t count,
+                               hir_dtype dtype, void *stream);   /* count: elements each member receives */
+  hir_status (*reduce)(hir_comm *self, void *team, const void *send, void *recv, size_t count, hir_dtype dtype,
+                       int root, void *stream);
+  hir_status (*broadcast)(hir_comm *self, void *team, const void *send, void *recv, size_t bytes, int root,
+                          void *stream);
+  hir_status (*gather)(hir_comm *self, void *team, const void *send, void *recv, size_t bytes, int root,
+                       void *stream);    /* bytes: each sender's chunk */
+  hir_status (*scatter)(hir_comm *self, void *team, const void *send, void *recv, size_t bytes, int root,
+                        void *stream);   /* bytes: each member's chunk */
+  hir_status (*send)(hir_comm *self, const void *buf, size_t bytes, int peer, void *stream);
+  hir_status (*recv)(hir_comm *self, void *buf, size_t bytes, int peer, void *stream);
+  hir_status (*group_start)(hir_comm *self);
+  hir_status (*group_end)(hir_comm *self);
+  void (*abort)(hir_comm *self);
+};
+
+HIRDEF hir_backend     *hir_backend_cpu_create(void);
+HIRDEF void             hir_backend_free(hir_backend *b);
+/* N ranks as N threads of one process: collectives through shared memory. */
+HIRDEF hir_local_world *hir_local_world_create(int nranks);
+HIRDEF void             hir_local_world_set_timeout(hir_local_world *w, int milliseconds); /* default 60000 */
+HIRDEF hir_comm        *hir_local_comm(hir_local_world *w, int rank);   /* owned by the world */
+HIRDEF void             hir_local_world_free(hir_local_world *w);
+/* Runs fn(rank, user) on nranks threads; returns the first failure. */
+HIRDEF hir_status       hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), void *user);
+
+typedef struct hir_eval_desc { hir_backend *backend; hir_comm *comm; int number_of_streams; } hir_eval_desc;
+/* One evaluator per rank per program; the program must outlive it. A NULL
+   backend means a CPU backend owned by the evaluator; comm may be NULL for a
+   program without communications. On failure *out holds only the error. */
+HIRDEF hir_status  hir_evaluator_create(const hir_program *p, const hir_eval_desc *d, hir_evaluator **out);
+/* Inputs by position. An input whose mesh does not hold this rank is passed
+   empty (data NULL, ndims 0), or shape-only (data NULL, sizes set) when this
+   rank needs its sizes (say, to receive a tensor shaped like it). Outputs
+   with data set are written in place; else they receive the evaluator's
+   buffers, valid until the next hir_run or hir_evaluator_free (passing those
+   back, as when the same array is reused, asks for them again). */
+HIRDEF hir_status  hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout);
+HIRDEF hir_status  hir_evaluator_sync(hir_evaluator *ev);
+HIRDEF const char *hir_evaluator_error(const hir_evaluator *ev);
+HIRDEF void        hir_evaluator_free(hir_evaluator *ev);
+HIRDEF hir_backend *hir_evaluator_backend(const hir_evaluator *ev);
+
+/* Half precision, round to nearest even. */
+HIRDEF uint16_t hir_float_to_half(float f);
+HIRDEF float    hir_half_to_float(uint16_t h);
+HIRDEF uint16_t hir_float_to_bf16(float f);
+HIRDEF float    hir_bf16_to_float(uint16_t b);
+
 #ifdef __cplusplus
 }
 #endif
@@ -302,9 +413,11 @@ HIRDEF hir_status hir_program_verify(hir_program *p);   /* records the reason in
 #ifndef HOSTIR_IMPLEMENTATION_DONE
 #define HOSTIR_IMPLEMENTATION_DONE
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h> /* getenv */
 #include <string.h>
+#include <time.h>
 
 #if defined(HIR_MALLOC) && defined(HIR_FREE) && defined(HIR_REALLOC)
 /* all three given */
@@ -560,7 +673,7 @@ struct hir_program {
   hir_scope top;
   hir__vec units;
   int next_stream;
-  int my_device;          /* the device the program was lowered for */
+  int my_device;          /* the device the program was lowered for; -1 if built by hand */
 };
 
 static void hir__vfail(hir_fusion *f, hir_status s, const char *fmt, va_list ap) {
@@ -1083,6 +1196,7 @@ HIRDEF hir_program *hir_program_create(void) {
   memset(p, 0, sizeof *p);
   p->ir.program = p;
   p->top.ir = &p->ir;
+  p->my_device = -1; /* built by hand: runs on any rank */
   return p;
 }
 
@@ -1096,6 +1210,14 @@ HIRDEF const char *hir_program_error(const hir_program *p) { return p ? p->ir.er
 HIRDEF hir_fusion *hir_program_fusion(hir_program *p) { return p ? &p->ir : NULL; }
 HIRDEF hir_scope *hir_program_body(hir_program *p) { return p ? &p->top : NULL; }
 HIRDEF int hir_program_ntop(const hir_program *p) { return p ? p->top.exprs.n : 0; }
+HIRDEF int hir_program_ninputs(const hir_program *p) { return p ? p->ir.inputs.n : 0; }
+HIRDEF hir_tv *hir_program_input(const hir_program *p, int i) {
+  return (p && i >= 0 && i < p->ir.inputs.n) ? (hir_tv *)p->ir.inputs.items[i] : NULL;
+}
+HIRDEF int hir_program_noutputs(const hir_program *p) { return p ? p->ir.outputs.n : 0; }
+HIRDEF hir_tv *hir_program_output(const hir_program *p, int i) {
+  return (p && i >= 0 && i < p->ir.outputs.n) ? (hir_tv *)p->ir.outputs.items[i] : NULL;
+}
 HIRDEF const hir_expr *hir_program_top(const hir_program *p, int i) { return p ? hir_scope_at(&p->top, i) : NULL; }
 
 HIRDEF hir_status hir_scope_append(hir_scope *s, hir_expr *e) {
@@ -2352,7 +2474,7 @@ static int hir__plan_comm(hir__comm_plan *c, hir_collective type, int n, const i
   hir_expr *comm, *wait;
   int i;
   for (i = 0; i < n && team[i] != c->p->my_device; i++) {}
-  if (i == n) return 1;
+  if (i == n && c->p->my_device >= 0) return 1; /* a program for any rank keeps them all */
   if (!(comm = hir__comm_expr(f, type, n, team, root, c->in, c->dst)) || !hir__push(f, c->out, comm)) return 0;
   if (!(wait = hir__new_expr(f, HIR_EXPR_WAIT, 0, 0))) return 0;
   wait->target = comm;
@@ -2401,7 +2523,7 @@ static int hir__lower_resharding(hir_program *p, hir_expr *e, hir__vec *out) {
   c.dst = dst;
   n = (in->mesh_size > dst->mesh_size ? in->mesh_size : dst->mesh_size) + 2;
   if (!(team = (int *)hir__alloc(f, (size_t)n * sizeof(int)))) return 0;
-  if (hir__in_mesh(dst, p->my_device)) {
+  if (p->my_device < 0 || hir__in_mesh(dst, p->my_device)) {
     hir_expr *alloc = hir__new_expr(f, HIR_EXPR_ALLOCATE, 1, 0);
     if (!alloc || !hir__push(f, out, alloc)) return 0;
     alloc->in[0] = dst;
@@ -2501,7 +2623,7 @@ HIRDEF hir_status hir_pass_convert_communications(hir_program *p) {
   return HIR_OK;
 }
 
-HIRDEF int hir_program_device(const hir_program *p) { return p ? p->my_device : -1; }
+HIRDEF int hir_program_device(const hir_program *p) { return p ? p->my_device : -1; }   /* -1: built by hand */
 
 // >>pass_dealloc
 enum { HIR__TV_NONE, HIR__TV_BUFFER, HIR__TV_VIEW, HIR__TV_KEEP };
@@ -2847,6 +2969,1970 @@ HIRDEF hir_status hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_pr
       (!d->skip_deallocations && !hir__pipeline_step(p, hir_pass_insert_deallocations, "insert_deallocations", dump)))
     return p->ir.status;
   if (dump & HIR__DUMP_HOST_IR) hir__dump(p, "host_ir");
+  return HIR_OK;
+}
+
+// >>half
+static uint32_t hir__f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+static float hir__bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+HIRDEF uint16_t hir_float_to_bf16(float f) {
+  uint32_t u = hir__f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+HIRDEF float hir_bf16_to_float(uint16_t b) { return hir__bits_f32((uint32_t)b << 16); }
+
+HIRDEF uint16_t hir_float_to_half(float f) {
+  uint32_t u = hir__f32_bits(f), sign = (u >> 16) & 0x8000u, mant;
+  int32_t exp;
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);        /* NaN */
+  if (u >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);       /* rounds to inf */
+  exp = (int32_t)(u >> 23) - 127;
+  mant = u & 0x7fffffu;
+  if (exp < -14) { /* subnormal half (or zero) */
+    uint32_t shift, m, rest, half_way;
+    if (exp < -25) return (uint16_t)sign;
+    m = mant | 0x800000u;
+    shift = (uint32_t)(-exp - 14 + 13);
+    rest = m & ((1u << shift) - 1u);
+    half_way = 1u << (shift - 1);
+    m >>= shift;
+    if (rest > half_way || (rest == half_way && (m & 1u))) m++;
+    return (uint16_t)(sign | m);
+  }
+  {
+    uint32_t h = ((uint32_t)(exp + 15) << 10) | (mant >> 13), rest = mant & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++; /* may carry into the exponent: fine */
+    return (uint16_t)(sign | h);
+  }
+}
+
+HIRDEF float hir_half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0x1fu) return hir__bits_f32(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0) { /* subnormal or zero */
+    float v = (float)mant * (1.0f / 16777216.0f); /* mant * 2^-24 */
+    return sign ? -v : v;
+  }
+  return hir__bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+static double hir__load(const void *base, hir_dtype dt, int64_t i) {
+  switch (dt) {
+  case HIR_F32: return ((const float *)base)[i];
+  case HIR_F64: return ((const double *)base)[i];
+  case HIR_F16: return hir_half_to_float(((const uint16_t *)base)[i]);
+  default: return hir_bf16_to_float(((const uint16_t *)base)[i]);
+  }
+}
+
+static void hir__store(void *base, hir_dtype dt, int64_t i, double v) {
+  switch (dt) {
+  case HIR_F32: ((float *)base)[i] = (float)v; break;
+  case HIR_F64: ((double *)base)[i] = v; break;
+  case HIR_F16: ((uint16_t *)base)[i] = hir_float_to_half((float)v); break;
+  default: ((uint16_t *)base)[i] = hir_float_to_bf16((float)v); break;
+  }
+}
+
+static int64_t hir__numel(int nd, const int64_t *sizes) {
+  int64_t n = 1;
+  int i;
+  for (i = 0; i < nd; i++) n *= sizes[i];
+  return n;
+}
+
+static int hir__is_contiguous(const hir_tensor *t) {
+  int64_t expect = 1;
+  int i;
+  for (i = t->ndims - 1; i >= 0; i--) {
+    if (t->sizes[i] != 1 && t->strides[i] != expect) return 0;
+    expect *= t->sizes[i];
+  }
+  return 1;
+}
+
+static void hir__contiguous_strides(hir_tensor *t) {
+  int64_t s = 1;
+  int i;
+  for (i = t->ndims - 1; i >= 0; i--) {
+    t->strides[i] = s;
+    s *= t->sizes[i];
+  }
+}
+
+// >>backend_cpu
+/* Odometer over a shape, carrying the element offsets of up to 3 tensors. */
+typedef struct hir__iter {
+  int nd, nt;
+  int64_t sizes[HIR_MAX_DIMS], idx[HIR_MAX_DIMS], strides[3][HIR_MAX_DIMS], off[3];
+} hir__iter;
+
+static void hir__iter_init(hir__iter *it, int nd, const int64_t *sizes, int nt, const hir_tensor *const *ts) {
+  int d, k;
+  memset(it, 0, sizeof *it);
+  it->nd = nd;
+  it->nt = nt;
+  for (d = 0; d < nd; d++) it->sizes[d] = sizes[d];
+  for (k = 0; k < nt; k++)
+    for (d = 0; d < nd; d++) it->strides[k][d] = ts[k]->strides[d];
+}
+
+/* Advances to the next index of the outer nd-1 axes; 0 when done. */
+static int hir__iter_next_outer(hir__iter *it) {
+  int d, k;
+  for (d = it->nd - 2; d >= 0; d--) {
+    if (++it->idx[d] < it->sizes[d]) {
+      for (k = 0; k < it->nt; k++) it->off[k] += it->strides[k][d];
+      return 1;
+    }
+    for (k = 0; k < it->nt; k++) it->off[k] -= it->strides[k][d] * (it->sizes[d] - 1);
+    it->idx[d] = 0;
+  }
+  return 0;
+}
+
+typedef struct hir__cpu {
+  float *row;             /* matmul accumulator row */
+  size_t row_cap;
+  double *acc;            /* sum accumulators */
+  size_t acc_cap;
+  int streams;            /* handles are addresses inside this struct */
+} hir__cpu;
+
+static int hir__cpu_grow(hir_backend *b, void **buf, size_t *cap, size_t need) {
+  void *p;
+  if (need <= *cap) return 1;
+  if (!(p = HIR_REALLOC(*buf, need))) {
+    snprintf(b->error, sizeof b->error, "cpu backend: out of memory growing a %zu-byte scratch buffer", need);
+    return 0;
+  }
+  *buf = p;
+  *cap = need;
+  return 1;
+}
+
+static void hir__cpu_destroy(hir_backend *b) {
+  hir__cpu *c = (hir__cpu *)b->ctx;
+  HIR_FREE(c->row);
+  HIR_FREE(c->acc);
+  HIR_FREE(c);
+  HIR_FREE(b);
+}
+
+static hir_status hir__cpu_alloc(hir_backend *b, size_t bytes, void **ptr) {
+  *ptr = HIR_MALLOC(bytes ? bytes : 1);
+  if (*ptr) return HIR_OK;
+  snprintf(b->error, sizeof b->error, "cpu backend: out of memory allocating %zu bytes", bytes);
+  return HIR_ERR_NOMEM;
+}
+static void hir__cpu_release(hir_backend *b, void *ptr) {
+  (void)b;
+  HIR_FREE(ptr);
+}
+/* Streams run in order on the host: every handle is the same no-op. */
+static void *hir__cpu_current(hir_backend *b) {
+  (void)b;
+  return NULL;
+}
+static hir_status hir__cpu_handle(hir_backend *b, void **h) {
+  *h = &((hir__cpu *)b->ctx)->streams;
+  return HIR_OK;
+}
+static void hir__cpu_drop(hir_backend *b, void *h) { (void)b; (void)h; }
+static hir_status hir__cpu_pair(hir_backend *b, void *x, void *y) {
+  (void)b; (void)x; (void)y;
+  return HIR_OK;
+}
+static hir_status hir__cpu_sync(hir_backend *b, void *s) {
+  (void)b; (void)s;
+  return HIR_OK;
+}
+
+static hir_status hir__cpu_copy(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
+  const hir_tensor *ts[2];
+  size_t es = hir_dtype_size(dst->dtype);
+  hir__iter it;
+  int64_t n, j;
+  (void)stream;
+  if (dst->dtype != src->dtype) {
+    snprintf(b->error, sizeof b->error, "cpu backend: copy from %s to %s; dtypes must match", hir_dtype_name(src->dtype),
+             hir_dtype_name(dst->dtype));
+    return HIR_ERR_INVALID;
+  }
+  if (dst->ndims == 0 || hir__numel(dst->ndims, dst->sizes) == 0) {
+    if (dst->ndims == 0) memcpy(dst->data, src->data, es);
+    return HIR_OK;
+  }
+  if (hir__is_contiguous(dst) && hir__is_contiguous(src)) {
+    memmove(dst->data, src->data, (size_t)hir__numel(dst->ndims, dst->sizes) * es);
+    return HIR_OK;
+  }
+  ts[0] = dst;
+  ts[1] = src;
+  hir__iter_init(&it, dst->ndims, dst->sizes, 2, ts);
+  n = dst->sizes[dst->ndims - 1];
+  do {
+    char *d = (char *)dst->data + it.off[0] * (int64_t)es;
+    const char *s = (const char *)src->data + it.off[1] * (int64_t)es;
+    int64_t ds = dst->strides[dst->ndims - 1] * (int64_t)es, ss = src->strides[src->ndims - 1] * (int64_t)es;
+    if (ds == (int64_t)es && ss == (int64_t)es)
+      memmove(d, s, (size_t)n * es);
+    else
+      for (j = 0; j < n; j++) memcpy(d + j * ds, s + j * ss, es);
+  } while (hir__iter_next_outer(&it));
+  return HIR_OK;
+}
+
+static double hir__apply_binary(hir_binary_op op, double x, double y) {
+  return op == HIR_BINARY_ADD ? x + y : op == HIR_BINARY_SUB ? x - y : x * y;
+}
+
+static hir_status hir__cpu_binary(hir_backend *b, void *stream, hir_binary_op op, const hir_tensor *dst,
+                                  const hir_tensor *a, const hir_tensor *x) {
+  const hir_tensor *ts[3];
+  hir__iter it;
+  int nd = dst->ndims;
+  int64_t n, j;
+  (void)b; (void)stream;
+  if (nd == 0) {
+    hir__store(dst->data, dst->dtype, 0, hir__apply_binary(op, hir__load(a->data, a->dtype, 0), hir__load(x->data, x->dtype, 0)));
+    return HIR_OK;
+  }
+  if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
+  ts[0] = dst;
+  ts[1] = a;
+  ts[2] = x;
+  hir__iter_init(&it, nd, dst->sizes, 3, ts);
+  n = dst->sizes[nd - 1];
+  do {
+    int64_t sd = dst->strides[nd - 1], sa = a->strides[nd - 1], sx = x->strides[nd - 1];
+    if (dst->dtype == HIR_F32 && sd == 1 && sa == 1 && sx == 1) {
+      float *d = (float *)dst->data + it.off[0];
+      const float *p = (const float *)a->data + it.off[1], *q = (const float *)x->data + it.off[2];
+      if (op == HIR_BINARY_ADD) for (j = 0; j < n; j++) d[j] = p[j] + q[j];
+      else if (op == HIR_BINARY_SUB) for (j = 0; j < n; j++) d[j] = p[j] - q[j];
+      else for (j = 0; j < n; j++) d[j] = p[j] * q[j];
+    } else {
+      for (j = 0; j < n; j++)
+        hir__store(dst->data, dst->dtype, it.off[0] + j * sd,
+                   hir__apply_binary(op, hir__load(a->data, a->dtype, it.off[1] + j * sa),
+                                     hir__load(x->data, x->dtype, it.off[2] + j * sx)));
+    }
+  } while (hir__iter_next_outer(&it));
+  return HIR_OK;
+}
+
+/* Sums in double, stores once: the reference the other backends are tested against. */
+static hir_status hir__cpu_sum(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
+  hir__cpu *c = (hir__cpu *)b->ctx;
+  hir_tensor acc_view;
+  const hir_tensor *ts[2];
+  hir__iter it;
+  int nd = src->ndims, d;
+  int64_t nout = hir__numel(nd, dst->sizes), n, j, k;
+  (void)stream;
+  if (!hir__cpu_grow(b, (void **)&c->acc, &c->acc_cap, (size_t)(nout ? nout : 1) * sizeof(double))) return HIR_ERR_NOMEM;
+  for (k = 0; k < nout; k++) c->acc[k] = 0;
+  if (nd == 0 || hir__numel(nd, src->sizes) == 0) goto store;
+  acc_view = *dst; /* accumulators laid out contiguously over dst's shape, 0 stride on reduced axes */
+  {
+    int64_t s = 1;
+    for (d = nd - 1; d >= 0; d--) {
+      acc_view.strides[d] = dst->sizes[d] == 1 ? 0 : s;
+      s *= dst->sizes[d];
+    }
+  }
+  ts[0] = &acc_view;
+  ts[1] = src;
+  hir__iter_init(&it, nd, src->sizes, 2, ts);
+  n = src->sizes[nd - 1];
+  do {
+    for (j = 0; j < n; j++)
+      c->acc[it.off[0] + j * acc_view.strides[nd - 1]] += hir__load(src->data, src->dtype, it.off[1] + j * src->strides[nd - 1]);
+  } while (hir__iter_next_outer(&it));
+store:
+  if (nd == 0) {
+    hir__store(dst->data, dst->dtype, 0, c->acc[0] + hir__load(src->data, src->dtype, 0));
+    return HIR_OK;
+  }
+  { /* write the accumulators through dst's strides */
+    int64_t idx[HIR_MAX_DIMS] = {0};
+    for (k = 0; k < nout; k++) {
+      int64_t off = 0, r = k;
+      for (d = nd - 1; d >= 0; d--) {
+        idx[d] = r % dst->sizes[d];
+        r /= dst->sizes[d];
+        off += idx[d] * dst->strides[d];
+      }
+      hir__store(dst->data, dst->dtype, off, c->acc[k]);
+    }
+  }
+  return HIR_OK;
+}
+
+/* One GEMM: C[M,N] = A[M,K] B[K,N], strided; row-wise i-k-j with a float (or
+   double for f64) accumulator row, the inner loop contiguous when B's and C's
+   rows are. Half types accumulate in float, like cuBLAS. */
+static void hir__cpu_gemm(hir__cpu *c, hir_dtype dt, int64_t M, int64_t N, int64_t K, const char *A, int64_t ars,
+                          int64_t acs, const char *B, int64_t brs, int64_t bcs, char *C, int64_t crs, int64_t ccs) {
+  int64_t i, j, k;
+  if (dt == HIR_F32 && bcs == 1) {
+    const float *a = (const float *)A, *bm = (const float *)B;
+    float *row = c->row;
+    for (i = 0; i < M; i++) {
+      for (j = 0; j < N; j++) row[j] = 0;
+      for (k = 0; k < K; k++) {
+        float aik = a[i * ars + k * acs];
+        const float *brow = bm + k * brs;
+        for (j = 0; j < N; j++) row[j] += aik * brow[j];
+      }
+      for (j = 0; j < N; j++) ((float *)C)[i * crs + j * ccs] = row[j];
+    }
+    return;
+  }
+  if (dt == HIR_F64) {
+    for (i = 0; i < M; i++)
+      for (j = 0; j < N; j++) {
+        double s = 0;
+        for (k = 0; k < K; k++) s += ((const double *)A)[i * ars + k * acs] * ((const double *)B)[k * brs + j * bcs];
+        ((double *)C)[i * crs + j * ccs] = s;
+      }
+    return;
+  }
+  {
+    float *row = c->row;
+    for (i = 0; i < M; i++) {
+      for (j = 0; j < N; j++) row[j] = 0;
+      for (k = 0; k < K; k++) {
+        float aik = (float)hir__load(A, dt, i * ars + k * acs);
+        for (j = 0; j < N; j++) row[j] += aik * (float)hir__load(B, dt, k * brs + j * bcs);
+      }
+      for (j = 0; j < N; j++) hir__store(C, dt, i * crs + j * ccs, row[j]);
+    }
+  }
+}
+
+static hir_status hir__cpu_matmul(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
+                                  const hir_tensor *x) {
+  hir__cpu *c = (hir__cpu *)b->ctx;
+  const hir_tensor *ts[3];
+  hir__iter it;
+  int nd = dst->ndims, nb = nd - 2;
+  int64_t M = dst->sizes[nd - 2], N = dst->sizes[nd - 1], K = a->sizes[nd - 1];
+  size_t es = hir_dtype_size(dst->dtype);
+  (void)stream;
+  if (!hir__cpu_grow(b, (void **)&c->row, &c->row_cap, (size_t)(N ? N : 1) * sizeof(float))) return HIR_ERR_NOMEM;
+  if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
+  ts[0] = dst;
+  ts[1] = a;
+  ts[2] = x;
+  /* iterate the batch axes (plus a dummy inner one) */
+  {
+    int64_t sizes[HIR_MAX_DIMS + 1];
+    hir_tensor d1 = *dst, a1 = *a, b1 = *x;
+    int k;
+    for (k = 0; k < nb; k++) sizes[k] = dst->sizes[k];
+    sizes[nb] = 1;
+    d1.strides[nb] = a1.strides[nb] = b1.strides[nb] = 0;
+    ts[0] = &d1;
+    ts[1] = &a1;
+    ts[2] = &b1;
+    hir__iter_init(&it, nb + 1, sizes, 3, ts);
+    do {
+      hir__cpu_gemm(c, dst->dtype, M, N, K, (const char *)a->data + it.off[1] * (int64_t)es, a->strides[nd - 2],
+                    a->strides[nd - 1], (const char *)x->data + it.off[2] * (int64_t)es, x->strides[nd - 2],
+                    x->strides[nd - 1], (char *)dst->data + it.off[0] * (int64_t)es, dst->strides[nd - 2],
+                    dst->strides[nd - 1]);
+    } while (hir__iter_next_outer(&it));
+  }
+  return HIR_OK;
+}
+
+static hir_status hir__cpu_memcpy(hir_backend *b, void *dst, const void *src, size_t bytes) {
+  (void)b;
+  memcpy(dst, src, bytes);
+  return HIR_OK;
+}
+
+HIRDEF hir_backend *hir_backend_cpu_create(void) {
+  hir_backend *b = (hir_backend *)HIR_MALLOC(sizeof(hir_backend));
+  hir__cpu *c = (hir__cpu *)HIR_MALLOC(sizeof(hir__cpu));
+  if (!b || !c) {
+    HIR_FREE(b);
+    HIR_FREE(c);
+    return NULL;
+  }
+  memset(b, 0, sizeof *b);
+  memset(c, 0, sizeof *c);
+  b->ctx = c;
+  b->name = "cpu";
+  b->host_memory = 1;
+  b->destroy = hir__cpu_destroy;
+  b->alloc = hir__cpu_alloc;
+  b->release = hir__cpu_release;
+  b->current_stream = hir__cpu_current;
+  b->stream_create = hir__cpu_handle;
+  b->stream_destroy = hir__cpu_drop;
+  b->event_create = hir__cpu_handle;
+  b->event_destroy = hir__cpu_drop;
+  b->event_record = hir__cpu_pair;
+  b->stream_wait_event = hir__cpu_pair;
+  b->stream_synchronize = hir__cpu_sync;
+  b->copy = hir__cpu_copy;
+  b->binary = hir__cpu_binary;
+  b->sum = hir__cpu_sum;
+  b->matmul = hir__cpu_matmul;
+  b->upload = hir__cpu_memcpy;
+  b->download = hir__cpu_memcpy;
+  return b;
+}
+
+HIRDEF void hir_backend_free(hir_backend *b) {
+  if (b && b->destroy) b->destroy(b);
+}
+
+// >>comm_local
+/* N ranks as N threads. One mutex guards the world; each team is a reusable
+   two-phase rendezvous (publish buffers, move data, all done), P2P goes
+   through per-pair mailboxes. Every wait has a deadline: a missing peer
+   becomes HIR_ERR_TIMEOUT and aborts the world, so no rank hangs. */
+typedef struct hir__lw_team {
+  struct hir__lw_team *next;
+  int n, *devices;
+  int arrived;
+  unsigned long gen;
+  const void **send;
+  void **recv;
+  void *scratch;
+  size_t scratch_cap;
+} hir__lw_team;
+
+typedef struct hir__lw_post {  /* a send waiting for its recv */
+  const void *buf;
+  size_t bytes;
+  int src, dst, taken;
+} hir__lw_post;
+
+#define HIR__LW_GROUP_MAX 256
+typedef struct hir__lw_op {
+  int is_send, peer;
+  void *buf;
+  size_t bytes;
+} hir__lw_op;
+
+typedef struct hir__lw_rank {
+  hir_local_world *w;
+  int grouping, nops;
+  hir__lw_op ops[HIR__LW_GROUP_MAX];
+  hir__lw_post posts[HIR__LW_GROUP_MAX];
+} hir__lw_rank;
+
+struct hir_local_world {
+  int n, timeout_ms, aborted;
+  char abort_msg[256];
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  hir_comm *comms;
+  hir__lw_rank *ranks;
+  hir__lw_team *teams;
+  hir__lw_post ***mail;    /* posted sends, a list per rank pair (src * n + dst) */
+  int *nmail, *cap_mail;
+};
+
+static struct timespec hir__deadline(int ms) {
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
+/* Marks the world dead and wakes every waiter. Called with mu held. */
+static void hir__lw_abort_locked(hir_local_world *w, const char *msg) {
+  if (!w->aborted) {
+    w->aborted = 1;
+    snprintf(w->abort_msg, sizeof w->abort_msg, "%s", msg);
+  }
+  pthread_cond_broadcast(&w->cv);
+}
+
+/* Waits on the world's condition until *cond changes from `was` (mu held). */
+static hir_status hir__lw_wait(hir_comm *c, const struct timespec *deadline, const char *what) {
+  hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
+  int rc = w->aborted ? 0 : pthread_cond_timedwait(&w->cv, &w->mu, deadline);
+  if (w->aborted) {
+    snprintf(c->error, sizeof c->error, "local world: rank %d in %s: the world was aborted: %.170s", c->rank, what,
+             w->abort_msg);
+    return HIR_ERR_COMM;
+  }
+  if (rc != 0) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "rank %d waited %d ms in %s for peers that never came", c->rank, w->timeout_ms, what);
+    snprintf(c->error, sizeof c->error, "local world: %.180s (raise it with hir_local_world_set_timeout)", msg);
+    hir__lw_abort_locked(w, msg);
+    return HIR_ERR_TIMEOUT;
+  }
+  return HIR_OK;
+}
+
+/* All members arrive, then all leave (mu held). The last to arrive grows the
+   team scratch to `scratch_need`: every member has then finished the
+   previous op, so nobody still reads the old one. */
+static hir_status hir__lw_barrier(hir_comm *c, hir__lw_team *t, const char *what, size_t scratch_need) {
+  hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
+  unsigned long gen = t->gen;
+  struct timespec deadline = hir__deadline(w->timeout_ms);
+  if (w->aborted) return hir__lw_wait(c, &deadline, what);
+  if (++t->arrived == t->n) {
+    if (t->scratch_cap < scratch_need) {
+      void *p = HIR_REALLOC(t->scratch, scratch_need);
+      if (p) {
+        t->scratch = p;
+        t->scratch_cap = scratch_need;
+      }
+    }
+    t->arrived = 0;
+    t->gen++;
+    pthread_cond_broadcast(&w->cv);
+    return HIR_OK;
+  }
+  while (t->gen == gen) {
+    hir_status s = hir__lw_wait(c, &deadline, what);
+    if (s != HIR_OK) return s;
+  }
+  return HIR_OK;
+}
+
+static int hir__lw_index(const hir__lw_team *t, int device) {
+  int i;
+  for (i = 0; i < t->n; i++)
+    if (t->devices[i] == device) return i;
+  return -1;
+}
+
+static hir_status hir__lw_make_team(hir_comm *c, const int *devices, int n, void **out) {
+  hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
+  hir__lw_team *t;
+  int i;
+  if (n < 1 || !devices) {
+    snprintf(c->error, sizeof c->error, "local world: empty team");
+    return HIR_ERR_INVALID;
+  }
+  for (i = 0; i < n; i++)
+    if (devices[i] < 0 || devices[i] >= w->n) {
+      snprintf(c->error, sizeof c->error, "local world: device %d of a team is outside the world of %d ranks", devices[i], w->n);
+      return HIR_ERR_INVALID;
+    }
+  pthread_mutex_lock(&w->mu);
+  for (t = w->teams; t; t = t->next)
+    if (t->n == n && memcmp(t->devices, devices, (size_t)n * sizeof(int)) == 0) break;
+  if (!t && (t = (hir__lw_team *)HIR_MALLOC(sizeof(hir__lw_team)))) {
+    memset(t, 0, sizeof *t);
+    t->n = n;
+    t->devices = (int *)HIR_MALLOC((size_t)n * sizeof(int));
+    t->send = (const void **)HIR_MALLOC((size_t)n * sizeof(void *));
+    t->recv = (void **)HIR_MALLOC((size_t)n * sizeof(void *));
+    if (!t->devices || !t->send || !t->recv) {
+      HIR_FREE(t->devices);
+      HIR_FREE((void *)t->send);
+      HIR_FREE(t->recv);
+      HIR_FREE(t);
+      t = NULL;
+    } else {
+      memcpy(t->devices, devices, (size_t)n * sizeof(int));
+      t->next = w->teams;
+      w->teams = t;
+    }
+  }
+  pthread_mutex_unlock(&w->mu);
+  if (!t) {
+    snprintf(c->error, sizeof c->error, "local world: out of memory creating a team");
+    return HIR_ERR_NOMEM;
+  }
+  if (hir__lw_index(t, c->rank) < 0) {
+    snprintf(c->error, sizeof c->error, "local world: rank %d asked for a team it is not in", c->rank);
+    return HIR_ERR_INVALID;
+  }
+  *out = t;
+  return HIR_OK;
+}
+
+/* The collectives share one shape: publish, barrier, move data, barrier.
+   `scratch_bytes` > 0 makes sure the team scratch holds that much first. */
+typedef enum { HIR__LW_ALLGATHER, HIR__LW_ALLREDUCE, HIR__LW_REDUCE_SCATTER, HIR__LW_REDUCE, HIR__LW_BROADCAST,
+               HIR__LW_GATHER, HIR__LW_SCATTER } hir__lw_kind;
+static const char *const hir__lw_names[] = {"Allgather", "Allreduce", "ReduceScatter", "Reduce", "Broadcast", "Gather", "Scatter"};
+
+static hir_status hir__lw_collective(hir_comm *c, void *team, hir__lw_kind kind, const void *send, void *recv,
+                                     size_t count, hir_dtype dt, int root, size_t bytes) {
+  hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
+  hir__lw_team *t = (hir__lw_team *)team;
+  const char *what = hir__lw_names[kind];
+  size_t es = hir_dtype_size(dt);
+  int me = hir__lw_index(t, c->rank), r = root >= 0 ? hir__lw_index(t, root) : -1, i;
+  hir_status s;
+  if (me < 0 || (root >= 0 && r < 0)) {
+    snprintf(c->error, sizeof c->error, "local world: %s: rank %d or root %d is not in the team", what, c->rank, root);
+    return HIR_ERR_INVALID;
+  }
+  pthread_mutex_lock(&w->mu);
+  t->send[me] = send;
+  t->recv[me] = recv;
+  s = hir__lw_barrier(c, t, what, kind == HIR__LW_ALLREDUCE ? count * es : 0);
+  pthread_mutex_unlock(&w->mu);
+  if (s != HIR_OK) return s;
+  switch (kind) {
+  case HIR__LW_ALLGATHER:
+    for (i = 0; i < t->n; i++)
+      if ((char *)recv + (size_t)i * bytes != t->send[i]) memcpy((char *)recv + (size_t)i * bytes, t->send[i], bytes);
+    break;
+  case HIR__LW_ALLREDUCE: { /* my share of the elements into the scratch; all copy it after the barrier */
+    size_t lo = count * (size_t)me / (size_t)t->n, hi = count * (size_t)(me + 1) / (size_t)t->n, e;
+    if (t->scratch_cap < count * es) break;
+    for (e = lo; e < hi; e++) {
+      double acc = 0;
+      for (i = 0; i < t->n; i++) acc += hir__load(t->send[i], dt, (int64_t)e);
+      hir__store(t->scratch, dt, (int64_t)e, acc);
+    }
+    break;
+  }
+  case HIR__LW_REDUCE_SCATTER: { /* reads then writes each of my elements: in place is safe */
+    size_t e;
+    for (e = 0; e < count; e++) {
+      double acc = 0;
+      for (i = 0; i < t->n; i++) acc += hir__load(t->send[i], dt, (int64_t)((size_t)me * count + e));
+      hir__store(recv, dt, (int64_t)e, acc);
+    }
+    break;
+  }
+  case HIR__LW_REDUCE:
+    if (me == r) {
+      size_t e;
+      for (e = 0; e < count; e++) {
+        double acc = 0;
+        for (i = 0; i < t->n; i++)
+          if (t->send[i]) acc += hir__load(t->send[i], dt, (int64_t)e);
+        hir__store(recv, dt, (int64_t)e, acc);
+      }
+    }
+    break;
+  case HIR__LW_BROADCAST:
+    if (recv && recv != t->send[r]) memcpy(recv, t->send[r], bytes);
+    break;
+  case HIR__LW_GATHER:
+    if (me == r) {
+      size_t at = 0;
+      for (i = 0; i < t->n; i++)
+        if (t->send[i]) {
+          if ((char *)recv + at != t->send[i]) memcpy((char *)recv + at, t->send[i], bytes);
+          at += bytes;
+        }
+    }
+    break;
+  case HIR__LW_SCATTER:
+    if ((const char *)t->send[r] + (size_t)me * bytes != recv) memcpy(recv, (const char *)t->send[r] + (size_t)me * bytes, bytes);
+    break;
+  }
+  pthread_mutex_lock(&w->mu);
+  s = hir__lw_barrier(c, t, what, 0);
+  pthread_mutex_unlock(&w->mu);
+  if (s == HIR_OK && kind == HIR__LW_ALLREDUCE) {
+    if (t->scratch_cap < count * es) {
+      snprintf(c->error, sizeof c->error, "local world: Allreduce: out of memory for a %zu-byte scratch", count * es);
+      return HIR_ERR_NOMEM;
+    }
+    memcpy(recv, t->scratch, count * es); /* nobody writes the scratch before all arrive at the next op */
+  }
+  return s;
+}
+
+static hir_status hir__lw_allgather(hir_comm *c, void *t, const void *s, void *r, size_t bytes, void *st) {
+  (void)st;
+  return hir__lw_collective(c, t, HIR__LW_ALLGATHER, s, r, 0, HIR_F32, -1, bytes);
+}
+static hir_status hir__lw_allreduce(hir_comm *c, void *t, const void *s, void *r, size_t n, hir_dtype dt, void *st) {
+  (void)st;
+  return hir__lw_collective(c, t, HIR__LW_ALLREDUCE, s, r, n, dt, -1, 0);
+}
+static hir_status hir__lw_reduce_scatter(hir_comm *c, void *t, const void *s, void *r, size_t n, hir_dtype dt, void *st) {
+  (void)st;
+  return hir__lw_collective(c, t, HIR__LW_REDUCE_SCATTER, s, r, n, dt, -1, 0);
+}
+static hir_status hir__lw_reduce(hir_comm *c, void *t, const void *s, void *r, size_t n, hir_dtype dt, int root, void *st) {
+  (void)st;
+  return hir__lw_collective(c, t, HIR__LW_REDUCE, s, r, n, dt, root, 0);
+}
+static hir_status hir__lw_broadcast(hir_comm *c, void *t, const void *s, void *r, size_t bytes, int root, void *st) {
+  (void)st;
+  return hir__lw_collective(c, t, HIR__LW_BROADCAST, s, r, 0, HIR_F32, root, bytes);
+}
+static hir_status hir__lw_gather(hir_comm *c, void *t, const void *s, void *r, size_t bytes, int root, void *st) {
+  (void)st;
+  return hir__lw_collective(c, t, HIR__LW_GATHER, s, r, 0, HIR_F32, root, bytes);
+}
+static hir_status hir__lw_scatter(hir_comm *c, void *t, const void *s, void *r, size_t bytes, int root, void *st) {
+  (void)st;
+  return hir__lw_collective(c, t, HIR__LW_SCATTER, s, r, 0, HIR_F32, root, bytes);
+}
+
+/* Mailboxes (mu held): post a send; take the oldest post from src to dst. */
+static int hir__lw_post_send(hir_local_world *w, hir__lw_post *post) {
+  int box = post->src * w->n + post->dst;
+  if (w->nmail[box] == w->cap_mail[box]) {
+    int cap = w->cap_mail[box] ? w->cap_mail[box] * 2 : 8;
+    hir__lw_post **m = (hir__lw_post **)HIR_REALLOC(w->mail[box], (size_t)cap * sizeof(hir__lw_post *));
+    if (!m) return 0;
+    w->mail[box] = m;
+    w->cap_mail[box] = cap;
+  }
+  w->mail[box][w->nmail[box]++] = post;
+  pthread_cond_broadcast(&w->cv);
+  return 1;
+}
+
+static hir_status hir__lw_take(hir_comm *c, void *buf, size_t bytes, int src, const struct timespec *deadline) {
+  hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
+  int box = src * w->n + c->rank;
+  hir__lw_post *post;
+  while (!w->nmail[box]) {
+    hir_status s = hir__lw_wait(c, deadline, "recv");
+    if (s != HIR_OK) return s;
+  }
+  post = w->mail[box][0];
+  memmove(w->mail[box], w->mail[box] + 1, (size_t)(--w->nmail[box]) * sizeof(hir__lw_post *));
+  post->taken = 1;
+  pthread_cond_broadcast(&w->cv);
+  if (post->bytes != bytes) {
+    snprintf(c->error, sizeof c->error, "local world: rank %d receives %zu bytes from rank %d, which sends %zu", c->rank,
+             bytes, src, post->bytes);
+    hir__lw_abort_locked(w, c->error);
+    return HIR_ERR_COMM;
+  }
+  memcpy(buf, post->buf, bytes);
+  return HIR_OK;
+}
+
+static hir_status hir__lw_wait_taken(hir_comm *c, hir__lw_post *post, const struct timespec *deadline) {
+  while (!post->taken) {
+    hir_status s = hir__lw_wait(c, deadline, "send");
+    if (s != HIR_OK) return s;
+  }
+  return HIR_OK;
+}
+
+static hir_status hir__lw_check_peer(hir_comm *c, int peer) {
+  hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
+  if (peer >= 0 && peer < w->n) return HIR_OK;
+  snprintf(c->error, sizeof c->error, "local world: peer %d is outside the world of %d ranks", peer, w->n);
+  return HIR_ERR_INVALID;
+}
+
+/* In a group, ops are queued and run at group_end: all sends posted first,
+   then the recvs, then the sends awaited, so exchanges never deadlock. */
+static hir_status hir__lw_queue(hir_comm *c, int is_send, void *buf, size_t bytes, int peer) {
+  hir__lw_rank *r = (hir__lw_rank *)c->ctx;
+  hir_status s = hir__lw_check_peer(c, peer);
+  if (s != HIR_OK) return s;
+  if (r->nops == HIR__LW_GROUP_MAX) {
+    snprintf(c->error, sizeof c->error, "local world: more than %d sends and recvs in one group", HIR__LW_GROUP_MAX);
+    return HIR_ERR_UNSUPPORTED;
+  }
+  r->ops[r->nops].is_send = is_send;
+  r->ops[r->nops].buf = buf;
+  r->ops[r->nops].bytes = bytes;
+  r->ops[r->nops++].peer = peer;
+  return HIR_OK;
+}
+
+static hir_status hir__lw_group_start(hir_comm *c) {
+  hir__lw_rank *r = (hir__lw_rank *)c->ctx;
+  if (!r->grouping++) r->nops = 0;
+  return HIR_OK;
+}
+
+static hir_status hir__lw_group_end(hir_comm *c) {
+  hir__lw_rank *r = (hir__lw_rank *)c->ctx;
+  hir_local_world *w = r->w;
+  struct timespec deadline;
+  hir_status s = HIR_OK;
+  int i;
+  if (r->grouping == 0) {
+    snprintf(c->error, sizeof c->error, "local world: group_end without group_start");
+    return HIR_ERR_INVALID;
+  }
+  if (--r->grouping) return HIR_OK;
+  deadline = hir__deadline(w->timeout_ms);
+  pthread_mutex_lock(&w->mu);
+  for (i = 0; i < r->nops && s == HIR_OK; i++)
+    if (r->ops[i].is_send) {
+      hir__lw_post *post = &r->posts[i];
+      post->buf = r->ops[i].buf;
+      post->bytes = r->ops[i].bytes;
+      post->src = c->rank;
+      post->dst = r->ops[i].peer;
+      post->taken = 0;
+      if (!hir__lw_post_send(w, post)) {
+        snprintf(c->error, sizeof c->error, "local world: out of memory posting a send");
+        s = HIR_ERR_NOMEM;
+      }
+    }
+  for (i = 0; i < r->nops && s == HIR_OK; i++)
+    if (!r->ops[i].is_send) s = hir__lw_take(c, r->ops[i].buf, r->ops[i].bytes, r->ops[i].peer, &deadline);
+  for (i = 0; i < r->nops && s == HIR_OK; i++)
+    if (r->ops[i].is_send) s = hir__lw_wait_taken(c, &r->posts[i], &deadline);
+  pthread_mutex_unlock(&w->mu);
+  r->nops = 0;
+  return s;
+}
+
+static hir_status hir__lw_send(hir_comm *c, const void *buf, size_t bytes, int peer, void *stream) {
+  hir__lw_rank *r = (hir__lw_rank *)c->ctx;
+  hir_status s;
+  (void)stream;
+  if (r->grouping) return hir__lw_queue(c, 1, (void *)buf, bytes, peer);
+  if (peer == c->rank) {
+    snprintf(c->error, sizeof c->error, "local world: rank %d sends to itself outside a group; it would wait forever", peer);
+    return HIR_ERR_INVALID;
+  }
+  hir__lw_group_start(c);
+  s = hir__lw_queue(c, 1, (void *)buf, bytes, peer);
+  return s == HIR_OK ? hir__lw_group_end(c) : (r->grouping = 0, s);
+}
+
+static hir_status hir__lw_recv(hir_comm *c, void *buf, size_t bytes, int peer, void *stream) {
+  hir__lw_rank *r = (hir__lw_rank *)c->ctx;
+  hir_status s;
+  (void)stream;
+  if (r->grouping) return hir__lw_queue(c, 0, buf, bytes, peer);
+  hir__lw_group_start(c);
+  s = hir__lw_queue(c, 0, buf, bytes, peer);
+  return s == HIR_OK ? hir__lw_group_end(c) : (r->grouping = 0, s);
+}
+
+static void hir__lw_abort(hir_comm *c) {
+  hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
+  char msg[64];
+  snprintf(msg, sizeof msg, "rank %d aborted", c->rank);
+  pthread_mutex_lock(&w->mu);
+  hir__lw_abort_locked(w, msg);
+  pthread_mutex_unlock(&w->mu);
+}
+
+HIRDEF hir_local_world *hir_local_world_create(int nranks) {
+  hir_local_world *w;
+  int i;
+  if (nranks < 1) return NULL;
+  if (!(w = (hir_local_world *)HIR_MALLOC(sizeof(hir_local_world)))) return NULL;
+  memset(w, 0, sizeof *w);
+  w->n = nranks;
+  w->timeout_ms = 60000;
+  w->comms = (hir_comm *)HIR_MALLOC((size_t)nranks * sizeof(hir_comm));
+  w->ranks = (hir__lw_rank *)HIR_MALLOC((size_t)nranks * sizeof(hir__lw_rank));
+  w->mail = (hir__lw_post ***)HIR_MALLOC((size_t)nranks * (size_t)nranks * sizeof(hir__lw_post **));
+  w->nmail = (int *)HIR_MALLOC((size_t)nranks * (size_t)nranks * sizeof(int));
+  w->cap_mail = (int *)HIR_MALLOC((size_t)nranks * (size_t)nranks * sizeof(int));
+  if (!w->comms || !w->ranks || !w->mail || !w->nmail || !w->cap_mail) {
+    HIR_FREE(w->comms);
+    HIR_FREE(w->ranks);
+    HIR_FREE(w->mail);
+    HIR_FREE(w->nmail);
+    HIR_FREE(w->cap_mail);
+    HIR_FREE(w);
+    return NULL;
+  }
+  memset(w->comms, 0, (size_t)nranks * sizeof(hir_comm));
+  memset(w->ranks, 0, (size_t)nranks * sizeof(hir__lw_rank));
+  memset(w->mail, 0, (size_t)nranks * (size_t)nranks * sizeof(hir__lw_post **));
+  memset(w->nmail, 0, (size_t)nranks * (size_t)nranks * sizeof(int));
+  memset(w->cap_mail, 0, (size_t)nranks * (size_t)nranks * sizeof(int));
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  for (i = 0; i < nranks; i++) {
+    hir_comm *c = &w->comms[i];
+    w->ranks[i].w = w;
+    c->ctx = &w->ranks[i];
+    c->rank = i;
+    c->size = nranks;
+    c->team = hir__lw_make_team;
+    c->allgather = hir__lw_allgather;
+    c->allreduce = hir__lw_allreduce;
+    c->reduce_scatter = hir__lw_reduce_scatter;
+    c->reduce = hir__lw_reduce;
+    c->broadcast = hir__lw_broadcast;
+    c->gather = hir__lw_gather;
+    c->scatter = hir__lw_scatter;
+    c->send = hir__lw_send;
+    c->recv = hir__lw_recv;
+    c->group_start = hir__lw_group_start;
+    c->group_end = hir__lw_group_end;
+    c->abort = hir__lw_abort;
+  }
+  return w;
+}
+
+HIRDEF void hir_local_world_set_timeout(hir_local_world *w, int milliseconds) {
+  if (w && milliseconds > 0) w->timeout_ms = milliseconds;
+}
+
+HIRDEF hir_comm *hir_local_comm(hir_local_world *w, int rank) {
+  return (w && rank >= 0 && rank < w->n) ? &w->comms[rank] : NULL;
+}
+
+HIRDEF void hir_local_world_free(hir_local_world *w) {
+  int i;
+  if (!w) return;
+  while (w->teams) {
+    hir__lw_team *t = w->teams;
+    w->teams = t->next;
+    HIR_FREE(t->devices);
+    HIR_FREE((void *)t->send);
+    HIR_FREE(t->recv);
+    HIR_FREE(t->scratch);
+    HIR_FREE(t);
+  }
+  for (i = 0; i < w->n * w->n; i++) HIR_FREE(w->mail[i]);
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  HIR_FREE(w->comms);
+  HIR_FREE(w->ranks);
+  HIR_FREE(w->mail);
+  HIR_FREE(w->nmail);
+  HIR_FREE(w->cap_mail);
+  HIR_FREE(w);
+}
+
+typedef struct hir__spmd_arg {
+  int rank;
+  hir_status (*fn)(int rank, void *user);
+  void *user;
+  hir_status status;
+} hir__spmd_arg;
+
+static void *hir__spmd_main(void *p) {
+  hir__spmd_arg *a = (hir__spmd_arg *)p;
+  a->status = a->fn(a->rank, a->user);
+  return NULL;
+}
+
+HIRDEF hir_status hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), void *user) {
+  hir__spmd_arg *args;
+  pthread_t *threads;
+  hir_status result = HIR_OK;
+  int i, started = 0;
+  if (nranks < 1 || !fn) return HIR_ERR_INVALID;
+  args = (hir__spmd_arg *)HIR_MALLOC((size_t)nranks * sizeof(hir__spmd_arg));
+  threads = (pthread_t *)HIR_MALLOC((size_t)nranks * sizeof(pthread_t));
+  if (!args || !threads) {
+    HIR_FREE(args);
+    HIR_FREE(threads);
+    return HIR_ERR_NOMEM;
+  }
+  for (i = 0; i < nranks; i++) {
+    args[i].rank = i;
+    args[i].fn = fn;
+    args[i].user = user;
+    args[i].status = HIR_ERR_INTERNAL;
+    if (pthread_create(&threads[i], NULL, hir__spmd_main, &args[i]) != 0) break;
+    started++;
+  }
+  for (i = 0; i < started; i++) pthread_join(threads[i], NULL);
+  for (i = 0; i < nranks && result == HIR_OK; i++) result = i < started ? args[i].status : HIR_ERR_BACKEND;
+  HIR_FREE(args);
+  HIR_FREE(threads);
+  return result;
+}
+
+// >>eval
+typedef struct hir__block {
+  void *ptr;
+  size_t bytes;
+  int in_use;
+} hir__block;
+
+typedef struct hir__shape {  /* a tensor's local shape on this rank (axes holding data) */
+  int nd, known;
+  int64_t sizes[HIR_MAX_DIMS];
+} hir__shape;
+
+struct hir_evaluator {
+  const hir_program *p;
+  hir_backend *b;
+  int owns_backend;
+  hir_comm *comm;
+  int device, nstreams, ntv, nval, nexpr, nvars;
+  void **pool, **pool_ev;       /* the stream pool and an event per stream */
+  void **vars, **vars_ev;       /* stream variables ("Stream 0") and their events */
+  void *current;
+  void **team, **done;          /* by expr name: team handle; event recorded after it */
+  int64_t *sym;                 /* by val name */
+  unsigned char *sym_bound;
+  int64_t named[HIR_NAMED_COUNT];
+  hir_tensor *slot;             /* by tensor name */
+  int *slot_block;
+  unsigned char *bound;
+  hir__shape *shape;
+  hir__block *blocks;
+  int nblocks, cap_blocks;
+  int64_t *key;                 /* the input shapes the plan was made for */
+  int key_n, planned, started_comm;
+  hir_status status;
+  int broken;
+  char error[512];
+};
+
+static int hir__ev_fail(hir_evaluator *ev, hir_status s, const char *fmt, ...) HIR__PRINTF(3, 4);
+static int hir__ev_fail(hir_evaluator *ev, hir_status s, const char *fmt, ...) {
+  va_list ap;
+  if (ev->status != HIR_OK) return 0; /* keep the first */
+  ev->status = s;
+  va_start(ap, fmt);
+  vsnprintf(ev->error, sizeof ev->error, fmt, ap);
+  va_end(ap);
+  return 0;
+}
+
+static int hir__ev_backend(hir_evaluator *ev, hir_status s, const hir_expr *e) {
+  if (s == HIR_OK) return 1;
+  return hir__ev_fail(ev, s, "hir_run: %s %d failed on the %s backend: %s", hir__expr_kind_names[e->kind], e->name,
+                      ev->b->name, ev->b->error);
+}
+
+static int hir__ev_comm(hir_evaluator *ev, hir_status s, const hir_expr *e) {
+  if (s == HIR_OK) return 1;
+  ev->broken = 1;
+  return hir__ev_fail(ev, s, "hir_run: %s %d failed: %s", hir__expr_kind_names[e->kind], e->name, ev->comm->error);
+}
+
+static int64_t hir__eval_val(const hir_evaluator *ev, const hir_val *v) {
+  int64_t a, b;
+  switch (v->kind) {
+  case HIR__VAL_CONST: return v->value;
+  case HIR__VAL_SYMBOL: return ev->sym[v->name];
+  case HIR__VAL_NAMED: return ev->named[v->which];
+  default: break;
+  }
+  a = hir__eval_val(ev, v->lhs);
+  b = hir__eval_val(ev, v->rhs);
+  switch (v->op) {
+  case HIR_SCALAR_ADD: return a + b;
+  case HIR_SCALAR_SUB: return a - b;
+  case HIR_SCALAR_MUL: return a * b;
+  case HIR_SCALAR_DIV: return b ? a / b : 0;
+  case HIR_SCALAR_MOD: return b ? a % b : 0;
+  case HIR_SCALAR_EQ: return a == b;
+  case HIR_SCALAR_NE: return a != b;
+  case HIR_SCALAR_LT: return a < b;
+  case HIR_SCALAR_LE: return a <= b;
+  case HIR_SCALAR_GT: return a > b;
+  case HIR_SCALAR_GE: return a >= b;
+  case HIR_SCALAR_AND: return a && b;
+  default: return a || b;
+  }
+}
+
+/* The first symbol v needs that no input bound, or NULL. */
+static const hir_val *hir__unbound(const hir_evaluator *ev, const hir_val *v) {
+  const hir_val *u;
+  if (v->kind == HIR__VAL_SYMBOL) return ev->sym_bound[v->name] ? NULL : v;
+  if (v->kind != HIR__VAL_BINARY) return NULL;
+  return (u = hir__unbound(ev, v->lhs)) ? u : hir__unbound(ev, v->rhs);
+}
+
+static int hir__local_size(const hir_evaluator *ev, const hir_tv *tv, const hir_id *id, int64_t *size) {
+  if ((id->ptype == HIR_DIDX && tv->mesh_size > 1) || id->iter == HIR_BROADCAST) {
+    *size = 1;
+    return 1;
+  }
+  if (hir__unbound(ev, id->extent)) return 0;
+  *size = hir__eval_val(ev, id->extent);
+  return 1;
+}
+
+static void hir__compute_shape(hir_evaluator *ev, const hir_tv *tv) {
+  hir__shape *sh = &ev->shape[tv->name];
+  int i;
+  sh->nd = 0;
+  sh->known = 1;
+  for (i = 0; i < tv->ndims; i++) {
+    if (tv->ids[i]->iter == HIR_REDUCTION) continue;
+    if (!hir__local_size(ev, tv, tv->ids[i], &sh->sizes[sh->nd])) sh->known = 0;
+    sh->nd++;
+  }
+}
+
+/* Names the input whose sizes this rank lacks. */
+static int hir__unknown_shape(hir_evaluator *ev, const hir_tv *tv) {
+  const hir_fusion *f = &ev->p->ir;
+  const hir_val *u = NULL;
+  int i, a;
+  for (i = 0; i < tv->ndims && !u; i++)
+    if (tv->ids[i]->iter != HIR_REDUCTION) u = hir__unbound(ev, tv->ids[i]->extent);
+  for (i = 0; u && i < f->inputs.n; i++) {
+    const hir_tv *in = (const hir_tv *)f->inputs.items[i];
+    for (a = 0; a < in->ndims; a++)
+      if (in->ids[a]->extent == u)
+        return hir__ev_fail(ev, HIR_ERR_SHAPE,
+                            "hir_run: this rank needs the sizes of T%d, which come from input %d (T%d) axis %d (i%d); "
+                            "that input lives elsewhere and was passed empty: pass it shape-only (data NULL, ndims "
+                            "and sizes set)",
+                            tv->name, i, in->name, a, u->name);
+  }
+  return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: the sizes of T%d are unknown on this rank", tv->name);
+}
+
+static const hir__shape *hir__need_shape(hir_evaluator *ev, const hir_tv *tv) {
+  const hir__shape *sh = &ev->shape[tv->name];
+  if (!sh->known) {
+    hir__unknown_shape(ev, tv);
+    return NULL;
+  }
+  return sh;
+}
+
+static int hir__shapes_equal(const hir__shape *a, const hir__shape *b) {
+  return a->nd == b->nd && memcmp(a->sizes, b->sizes, (size_t)a->nd * sizeof(int64_t)) == 0;
+}
+
+static void hir__shape_str(const hir__shape *sh, char *buf, size_t cap) {
+  size_t n = 0;
+  int i;
+  n += (size_t)snprintf(buf, cap, "[");
+  for (i = 0; i < sh->nd && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)sh->sizes[i]);
+  if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+static int hir__shape_mismatch(hir_evaluator *ev, const hir_expr *e, const hir_tv *x, const hir__shape *sx,
+                               const hir_tv *y, const hir__shape *sy, const char *why) {
+  char a[160], b[160];
+  hir__shape_str(sx, a, sizeof a);
+  hir__shape_str(sy, b, sizeof b);
+  return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d (T%d): T%d is %s and T%d is %s; %s", hir__expr_kind_names[e->kind],
+                      e->name, e->nout ? e->out[0]->name : x->name, x->name, a, y->name, b, why);
+}
+
+static int64_t hir__shape_numel(const hir__shape *sh) { return hir__numel(sh->nd, sh->sizes); }
+
+/* Plan-time check of one expr's local shapes on this rank. */
+static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
+  const hir__shape *a, *b, *o;
+  int i, j, k;
+  switch (e->kind) {
+  case HIR_EXPR_ALLOCATE:
+    return !hir__in_mesh(e->in[0], ev->device) || hir__need_shape(ev, e->in[0]) != NULL;
+  case HIR_EXPR_FOR_LOOP:
+    if (hir__unbound(ev, e->id->extent)) return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: the extent of ForLoop %d is unknown on this rank", e->name);
+    return 1;
+  case HIR_EXPR_ALIAS_SELECT: {
+    hir__shape want;
+    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+    if (e->in[0]->ids[e->axis]->iter == HIR_REDUCTION)
+      return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: HirAliasSelect %d selects a reduction axis of T%d", e->name, e->in[0]->name);
+    want.nd = 0;
+    for (i = 0, k = 0; i < e->in[0]->ndims; i++) {
+      if (e->in[0]->ids[i]->iter == HIR_REDUCTION) continue;
+      if (i != e->axis) want.sizes[want.nd++] = a->sizes[k];
+      k++;
+    }
+    return hir__shapes_equal(&want, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the view drops one axis of its source");
+  }
+  case HIR_EXPR_LOAD_STORE:
+    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+    return hir__shapes_equal(a, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a set copies one shape");
+  case HIR_EXPR_BINARY:
+    if (!(a = hir__need_shape(ev, e->in[0])) || !(b = hir__need_shape(ev, e->in[1])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+    if (a->nd != o->nd || b->nd != o->nd) return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "operands need the output's number of axes");
+    for (i = 0; i < o->nd; i++)
+      if ((a->sizes[i] != o->sizes[i] && a->sizes[i] != 1) || (b->sizes[i] != o->sizes[i] && b->sizes[i] != 1) ||
+          (a->sizes[i] != o->sizes[i] && b->sizes[i] != o->sizes[i])) {
+        char why[96];
+        snprintf(why, sizeof why, "axis %d differs and neither side is size 1 (output size %lld)", i, (long long)o->sizes[i]);
+        return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, why);
+      }
+    return 1;
+  case HIR_EXPR_REDUCTION: {
+    int map[HIR_MAX_DIMS];
+    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+    hir__axis_map(e, 0, map);
+    for (i = 0, j = 0, k = 0; i < e->in[0]->ndims; i++) {
+      if (e->in[0]->ids[i]->iter == HIR_REDUCTION) continue;
+      if (e->out[0]->ids[map[i]]->iter != HIR_REDUCTION && (j >= o->nd || o->sizes[j++] != a->sizes[k]))
+        return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the sum keeps the unreduced axes");
+      k++;
+    }
+    return 1;
+  }
+  case HIR_EXPR_BROADCAST:
+    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+    for (i = 0, k = 0; i < o->nd; i++)
+      if (!((e->flags >> i) & 1u) && (k >= a->nd || a->sizes[k++] != o->sizes[i]))
+        return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a broadcast only adds size-1 axes");
+    return 1;
+  case HIR_EXPR_MATMUL: {
+    int64_t ka, kb;
+    if (!(a = hir__need_shape(ev, e->in[0])) || !(b = hir__need_shape(ev, e->in[1])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+    ka = a->sizes[a->nd - 1];
+    kb = b->nd == 1 ? b->sizes[0] : b->sizes[b->nd - 2];
+    if (ka != kb) {
+      char why[128];
+      snprintf(why, sizeof why, "the contracted sizes differ (%lld vs %lld)", (long long)ka, (long long)kb);
+      return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, why);
+    }
+    if (a->nd >= 2 && b->nd >= 2) {
+      int nbatch = o->nd - 2;
+      for (i = 0; i < nbatch; i++) {
+        int ia = i - (nbatch - (a->nd - 2)), ib = i - (nbatch - (b->nd - 2));
+        int64_t sa = ia >= 0 ? a->sizes[ia] : 1, sb = ib >= 0 ? b->sizes[ib] : 1;
+        if ((sa != o->sizes[i] && sa != 1) || (sb != o->sizes[i] && sb != 1))
+          return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "batch axes differ and neither is size 1");
+      }
+      if (o->sizes[nbatch] != a->sizes[a->nd - 2] || o->sizes[nbatch + 1] != b->sizes[b->nd - 1])
+        return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the output is [..., M, N]");
+    }
+    return 1;
+  }
+  case HIR_EXPR_COMMUNICATION: {
+    int in_here = e->nin && hir__in_mesh(e->in[0], ev->device), out_here = e->nout && hir__in_mesh(e->out[0], ev->device);
+    int64_t ni, no, n = e->team_size, senders = n;
+    if (!ev->team[e->name]) return 1;
+    if ((in_here && !hir__need_shape(ev, e->in[0])) || (out_here && !hir__need_shape(ev, e->out[0]))) return 0;
+    if (!in_here || !out_here) return 1;
+    ni = hir__shape_numel(&ev->shape[e->in[0]->name]);
+    no = hir__shape_numel(&ev->shape[e->out[0]->name]);
+    if ((e->sub == HIR_COLL_GATHER || e->sub == HIR_COLL_REDUCE) && !hir__in_mesh(e->in[0], e->root)) senders--;
+    if ((e->sub == HIR_COLL_ALLGATHER && no != n * ni) || (e->sub == HIR_COLL_GATHER && no != senders * ni) ||
+        ((e->sub == HIR_COLL_REDUCESCATTER || e->sub == HIR_COLL_SCATTER) && ni != n * no) ||
+        ((e->sub == HIR_COLL_ALLREDUCE || e->sub == HIR_COLL_REDUCE || e->sub == HIR_COLL_BROADCAST ||
+          e->sub == HIR_COLL_SENDRECV) && ni != no))
+      return hir__shape_mismatch(ev, e, e->in[0], &ev->shape[e->in[0]->name], e->out[0], &ev->shape[e->out[0]->name],
+                                 "their element counts do not fit the collective over its team (a DIDx axis must have the mesh size as extent)");
+    return 1;
+  }
+  case HIR_EXPR_P2P_COMMUNICATION:
+  case HIR_EXPR_DEALLOCATE:
+    return hir__need_shape(ev, e->in[0]) != NULL;
+  case HIR_EXPR_POST_ON_STREAM:
+    for (i = 0; i < e->unit->exprs.n; i++)
+      if (!hir__check_expr(ev, (const hir_expr *)e->unit->exprs.items[i])) return 0;
+    return 1;
+  default:
+    return 1;
+  }
+}
+
+/* Visits every expr of a scope, nested bodies and HostUnits included. */
+static int hir__walk(const hir_scope *s, int (*fn)(hir_evaluator *ev, const hir_expr *e), hir_evaluator *ev) {
+  int i;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    if (!fn(ev, e) || !hir__walk(&e->body, fn, ev) || !hir__walk(&e->orelse, fn, ev)) return 0;
+  }
+  return 1;
+}
+
+static int hir__bind_symbol(hir_evaluator *ev, const hir_id *id, int64_t value, int input, const hir_tv *tv, int axis) {
+  const hir_val *x = id->extent;
+  int64_t have;
+  if (x->kind == HIR__VAL_SYMBOL && !ev->sym_bound[x->name]) {
+    ev->sym[x->name] = value;
+    ev->sym_bound[x->name] = 1;
+    return 1;
+  }
+  if (hir__unbound(ev, x)) return 1; /* an expression of unknowns: checked by use */
+  have = hir__eval_val(ev, x);
+  if (have == value) return 1;
+  return hir__ev_fail(ev, HIR_ERR_SHAPE,
+                      "hir_run: input %d (T%d) axis %d has size %lld, but its extent is %lld (set by an earlier input "
+                      "or the mesh)",
+                      input, tv->name, axis, (long long)value, (long long)have);
+}
+
+/* Binds the sizes of the inputs, then derives and checks every local shape.
+   Runs when the input shapes change; later runs reuse it. */
+static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
+  const hir_fusion *f = &ev->p->ir;
+  int i, a, k;
+  memset(ev->sym_bound, 0, (size_t)ev->nval + 1);
+  for (i = 0; i < f->inputs.n; i++) {
+    const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
+    if (in[i].ndims == 0) continue;
+    for (a = 0, k = 0; a < tv->ndims; a++) {
+      const hir_id *id = tv->ids[a];
+      int64_t size;
+      if (id->iter == HIR_REDUCTION) continue;
+      size = in[i].sizes[k++];
+      if (id->ptype == HIR_DIDX && tv->mesh_size > 1) {
+        if (size != 1)
+          return hir__ev_fail(ev, HIR_ERR_SHAPE,
+                              "hir_run: input %d (T%d) axis %d is split across %d devices (DIDx): this rank's shard has "
+                              "size 1 there, got %lld",
+                              i, tv->name, a, tv->mesh_size, (long long)size);
+        if (!hir__bind_symbol(ev, id, tv->mesh_size, i, tv, a)) return 0;
+      } else if (id->iter == HIR_BROADCAST) {
+        if (size != 1)
+          return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: input %d (T%d) axis %d is a broadcast axis: size 1, got %lld", i,
+                              tv->name, a, (long long)size);
+      } else if (!hir__bind_symbol(ev, id, size, i, tv, a)) {
+        return 0;
+      }
+    }
+  }
+  for (i = 0; i < f->tvs.n; i++) hir__compute_shape(ev, (const hir_tv *)f->tvs.items[i]);
+  for (i = 0; i < f->tvs.n; i++) { /* a sharded axis spans the mesh: extent D */
+    const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
+    int d = hir__didx_axis(tv);
+    if (d >= 0 && tv->mesh_size > 1 && hir__in_mesh(tv, ev->device) && !hir__unbound(ev, tv->ids[d]->extent) &&
+        hir__eval_val(ev, tv->ids[d]->extent) != tv->mesh_size)
+      return hir__ev_fail(ev, HIR_ERR_SHAPE,
+                          "hir_run: T%d axis %d is split across %d devices (DIDx) but has extent %lld; a DIDx axis has "
+                          "the mesh size as extent (reshape to [D, n/D] first)",
+                          tv->name, d, tv->mesh_size, (long long)hir__eval_val(ev, tv->ids[d]->extent));
+  }
+  return hir__walk(&ev->p->top, hir__check_expr, ev);
+}
+
+/* ---- buffers ---- */
+static int hir__bind_new(hir_evaluator *ev, const hir_tv *tv) {
+  const hir__shape *sh = &ev->shape[tv->name];
+  hir_tensor *t = &ev->slot[tv->name];
+  size_t bytes = (size_t)hir__shape_numel(sh) * hir_dtype_size(tv->dtype);
+  int i;
+  for (i = 0; i < ev->nblocks; i++) /* same program, same order: same addresses every run */
+    if (!ev->blocks[i].in_use && ev->blocks[i].bytes == bytes) break;
+  if (i == ev->nblocks) {
+    hir_status s;
+    if (ev->nblocks == ev->cap_blocks)
+      return hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: more live buffers than tensors (a hostir bug)");
+    s = ev->b->alloc(ev->b, bytes, &ev->blocks[i].ptr);
+    if (s != HIR_OK)
+      return hir__ev_fail(ev, s, "hir_run: allocating %zu bytes for T%d failed: %s", bytes, tv->name, ev->b->error);
+    ev->blocks[i].bytes = bytes;
+    ev->nblocks++;
+  }
+  ev->blocks[i].in_use = 1;
+  t->data = ev->blocks[i].ptr;
+  t->dtype = tv->dtype;
+  t->ndims = sh->nd;
+  memcpy(t->sizes, sh->sizes, (size_t)sh->nd * sizeof(int64_t));
+  hir__contiguous_strides(t);
+  ev->bound[tv->name] = 1;
+  ev->slot_block[tv->name] = i;
+  return 1;
+}
+
+static void hir__unbind(hir_evaluator *ev, const hir_tv *tv) {
+  int blk = ev->slot_block[tv->name];
+  if (blk >= 0) ev->blocks[blk].in_use = 0;
+  ev->slot_block[tv->name] = -1;
+  ev->bound[tv->name] = 0;
+}
+
+static void hir__free_blocks(hir_evaluator *ev) {
+  int i;
+  for (i = 0; i < ev->nblocks; i++) ev->b->release(ev->b, ev->blocks[i].ptr);
+  ev->nblocks = 0;
+}
+
+static const hir_tensor *hir__get(hir_evaluator *ev, const hir_tv *tv, const hir_expr *e) {
+  if (ev->bound[tv->name]) return &ev->slot[tv->name];
+  hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: %s %d reads T%d, which holds no data on this rank", hir__expr_kind_names[e->kind],
+               e->name, tv->name);
+  return NULL;
+}
+
+static const hir_tensor *hir__get_out(hir_evaluator *ev, const hir_tv *tv) {
+  if (!ev->bound[tv->name] && !hir__bind_new(ev, tv)) return NULL;
+  return &ev->slot[tv->name];
+}
+
+/* ---- views handed to the backend ---- */
+static void hir__insert_dim(hir_tensor *t, int at, int64_t size, int64_t stride) {
+  int i;
+  for (i = t->ndims; i > at; i--) {
+    t->sizes[i] = t->sizes[i - 1];
+    t->strides[i] = t->strides[i - 1];
+  }
+  t->sizes[at] = size;
+  t->strides[at] = stride;
+  t->ndims++;
+}
+
+/* t's batch axes right-aligned onto c's, size-1 and missing ones broadcast. */
+static void hir__expand_batch(hir_tensor *t, const hir_tensor *c) {
+  hir_tensor r = *t;
+  int nbatch = c->ndims - 2, tb = t->ndims - 2, i;
+  r.ndims = c->ndims;
+  for (i = 0; i < nbatch; i++) {
+    int k = i - (nbatch - tb);
+    r.sizes[i] = c->sizes[i];
+    r.strides[i] = (k < 0 || t->sizes[k] == 1) ? 0 : t->strides[k];
+  }
+  for (i = 0; i < 2; i++) {
+    r.sizes[nbatch + i] = t->sizes[tb + i];
+    r.strides[nbatch + i] = t->strides[tb + i];
+  }
+  *t = r;
+}
+
+static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
+  hir_backend *b = ev->b;
+  const hir_tensor *x, *y = NULL, *o;
+  hir_tensor av, bv, ov;
+  int i, j, k;
+  if (!(x = hir__get(ev, e->in[0], e)) || (e->nin > 1 && !(y = hir__get(ev, e->in[1], e))) || !(o = hir__get_out(ev, e->out[0])))
+    return 0;
+  ov = *o;
+  av = *x;
+  switch (e->kind) {
+  case HIR_EXPR_LOAD_STORE:
+    return hir__ev_backend(ev, b->copy(b, ev->current, &ov, &av), e);
+  case HIR_EXPR_BINARY:
+    bv = *y;
+    for (i = 0; i < ov.ndims; i++) {
+      if (av.sizes[i] != ov.sizes[i]) { av.sizes[i] = ov.sizes[i]; av.strides[i] = 0; }
+      if (bv.sizes[i] != ov.sizes[i]) { bv.sizes[i] = ov.sizes[i]; bv.strides[i] = 0; }
+    }
+    return hir__ev_backend(ev, b->binary(b, ev->current, (hir_binary_op)e->sub, &ov, &av, &bv), e);
+  case HIR_EXPR_REDUCTION: { /* dst with the reduced axes kept at size 1 */
+    int map[HIR_MAX_DIMS];
+    hir_tensor keep = ov;
+    hir__axis_map(e, 0, map);
+    keep.ndims = av.ndims;
+    for (i = 0, j = 0, k = 0; i < e->in[0]->ndims; i++) {
+      if (e->in[0]->ids[i]->iter == HIR_REDUCTION) continue;
+      if (e->out[0]->ids[map[i]]->iter == HIR_REDUCTION) {
+        keep.sizes[k] = 1;
+        keep.strides[k] = 0;
+      } else {
+        keep.sizes[k] = ov.sizes[j];
+        keep.strides[k] = ov.strides[j];
+        j++;
+      }
+      k++;
+    }
+    return hir__ev_backend(ev, b->sum(b, ev->current, &keep, &av), e);
+  }
+  case HIR_EXPR_BROADCAST: { /* the source seen through the output's axes */
+    hir_tensor src = ov;
+    src.data = av.data;
+    for (i = 0, k = 0; i < ov.ndims; i++) {
+      if ((e->flags >> i) & 1u) {
+        src.strides[i] = 0;
+      } else {
+        src.strides[i] = av.strides[k++];
+      }
+    }
+    return hir__ev_backend(ev, b->copy(b, ev->current, &ov, &src), e);
+  }
+  case HIR_EXPR_MATMUL: {
+    int na = av.ndims, nb;
+    bv = *y;
+    nb = bv.ndims;
+    if (na == 1) hir__insert_dim(&av, 0, 1, 0);                 /* [K] -> [1, K] */
+    if (nb == 1) hir__insert_dim(&bv, 1, 1, 0);                 /* [K] -> [K, 1] */
+    if (na == 1 && nb == 1) {
+      ov.ndims = 0;
+      hir__insert_dim(&ov, 0, 1, 0);
+      hir__insert_dim(&ov, 0, 1, 0);
+    } else if (na == 1) {
+      hir__insert_dim(&ov, ov.ndims - 1, 1, 0);                 /* [.., N] -> [.., 1, N] */
+    } else if (nb == 1) {
+      hir__insert_dim(&ov, ov.ndims, 1, 0);                     /* [.., M] -> [.., M, 1] */
+    }
+    hir__expand_batch(&av, &ov);
+    hir__expand_batch(&bv, &ov);
+    return hir__ev_backend(ev, b->matmul(b, ev->current, &ov, &av, &bv), e);
+  }
+  default:
+    return hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: %s %d is not a compute op", hir__expr_kind_names[e->kind], e->name);
+  }
+}
+
+static int hir__contiguous_buffer(hir_evaluator *ev, const hir_tensor *t, const hir_tv *tv, const hir_expr *e) {
+  if (hir__is_contiguous(t)) return 1;
+  return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED,
+                      "hir_run: %s %d moves T%d, a strided view; communications need contiguous buffers (slice "
+                      "the outermost axis)",
+                      hir__expr_kind_names[e->kind], e->name, tv->name);
+}
+
+static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {
+  hir_comm *c = ev->comm;
+  void *team = ev->team[e->name];
+  const hir_tensor *in = NULL, *out = NULL;
+  int in_here = e->nin && hir__in_mesh(e->in[0], ev->device), out_here = e->nout && hir__in_mesh(e->out[0], ev->device);
+  size_t es = hir_dtype_size(e->nin ? e->in[0]->dtype : e->out[0]->dtype), ni = 0, no = 0;
+  hir_status s = HIR_OK;
+  if (in_here && (!(in = hir__get(ev, e->in[0], e)) || !hir__contiguous_buffer(ev, in, e->in[0], e))) return 0;
+  if (out_here && (!(out = hir__get_out(ev, e->out[0])) || !hir__contiguous_buffer(ev, out, e->out[0], e))) return 0;
+  if (in) ni = (size_t)hir__numel(in->ndims, in->sizes);
+  if (out) no = (size_t)hir__numel(out->ndims, out->sizes);
+  ev->started_comm = 1;
+  switch (e->sub) {
+  case HIR_COLL_ALLGATHER:
+    s = c->allgather(c, team, in->data, out->data, ni * es, ev->current);
+    break;
+  case HIR_COLL_ALLREDUCE:
+    s = c->allreduce(c, team, in->data, out->data, no, e->out[0]->dtype, ev->current);
+    break;
+  case HIR_COLL_REDUCESCATTER:
+    s = c->reduce_scatter(c, team, in->data, out->data, no, e->out[0]->dtype, ev->current);
+    break;
+  case HIR_COLL_REDUCE:
+    s = c->reduce(c, team, in ? in->data : NULL, out ? out->data : NULL, in ? ni : no, e->in[0]->dtype, e->root, ev->current);
+    break;
+  case HIR_COLL_BROADCAST:
+    s = c->broadcast(c, team, in ? in->data : NULL, out ? out->data : NULL, (in ? ni : no) * es, e->root, ev->current);
+    break;
+  case HIR_COLL_GATHER: {
+    int senders = e->team_size - !hir__in_mesh(e->in[0], e->root);
+    s = c->gather(c, team, in ? in->data : NULL, out ? out->data : NULL, (in ? ni : no / (size_t)senders) * es, e->root,
+                  ev->current);
+    break;
+  }
+  case HIR_COLL_SCATTER:
+    s = c->scatter(c, team, ev->device == e->root ? in->data : NULL, out->data, no * es, e->root, ev->current);
+    break;
+  case HIR_COLL_SENDRECV:
+    if (e->team_size == 1) { /* sender and receiver are one device: a copy */
+      hir_tensor dst = *out, src = *in;
+      s = ev->b->copy(ev->b, ev->current, &dst, &src);
+      if (s != HIR_OK) return hir__ev_backend(ev, s, e);
+    } else if (ev->device == e->root) {
+      s = c->send(c, in->data, ni * es, e->team[1], ev->current);
+    } else {
+      s = c->recv(c, out->data, no * es, e->root, ev->current);
+    }
+    break;
+  default:
+    return hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: unknown collective %d", e->sub);
+  }
+  if (!hir__ev_comm(ev, s, e)) return 0;
+  return hir__ev_backend(ev, ev->b->event_record(ev->b, ev->done[e->name], ev->current), e);
+}
+
+static int hir__resolve_stream(hir_evaluator *ev, const hir_stream *s, void **handle, void **event) {
+  int64_t i;
+  if (!s->index) {
+    *handle = ev->vars[s->name];
+    *event = ev->vars_ev[s->name];
+    return 1;
+  }
+  i = hir__eval_val(ev, s->index);
+  if (i < 0 || i >= ev->nstreams)
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: stream index %lld is outside the pool of %d streams (numberOfStreams)",
+                        (long long)i, ev->nstreams);
+  *handle = ev->pool[i];
+  *event = ev->pool_ev[i];
+  return 1;
+}
+
+static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s);
+
+static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
+  hir_backend *b = ev->b;
+  void *h, *evt;
+  int64_t i, n;
+  switch (e->kind) {
+  case HIR_EXPR_ALLOCATE:
+    return ev->bound[e->in[0]->name] || !hir__in_mesh(e->in[0], ev->device) || hir__bind_new(ev, e->in[0]);
+  case HIR_EXPR_DEALLOCATE:
+    hir__unbind(ev, e->in[0]);
+    return 1;
+  case HIR_EXPR_GET_CURRENT_STREAM:
+    ev->vars[e->stream->name] = ev->current;
+    return 1;
+  case HIR_EXPR_SET_CURRENT_STREAM:
+    if (!hir__resolve_stream(ev, e->stream, &h, &evt)) return 0;
+    ev->current = h;
+    return 1;
+  case HIR_EXPR_SYNCHRONIZE: /* the current stream waits for S's work so far; the host does not block */
+    if (!hir__resolve_stream(ev, e->stream, &h, &evt)) return 0;
+    if (h == ev->current) return 1;
+    return hir__ev_backend(ev, b->event_record(b, evt, h), e) &&
+           hir__ev_backend(ev, b->stream_wait_event(b, ev->current, evt), e);
+  case HIR_EXPR_FOR_LOOP:
+    n = hir__eval_val(ev, e->id->extent);
+    for (i = 0; i < n; i++) {
+      ev->named[HIR_NAMED_STREAM_IDX] = i;
+      if (!hir__exec_scope(ev, &e->body)) return 0;
+    }
+    return 1;
+  case HIR_EXPR_IF_THEN_ELSE:
+    return hir__exec_scope(ev, hir__eval_val(ev, e->val) ? &e->body : &e->orelse);
+  case HIR_EXPR_POST_ON_STREAM: {
+    const hir__host_unit *u = e->unit;
+    int k, m;
+    for (k = 0; k < u->exprs.n; k++)
+      if (!hir__exec_compute(ev, (const hir_expr *)u->exprs.items[k])) return 0;
+    for (k = 0; k < u->exprs.n; k++) { /* the unit's intermediates die with it */
+      const hir_tv *t = ((const hir_expr *)u->exprs.items[k])->out[0];
+      for (m = 0; m < u->outs.n && u->outs.items[m] != t; m++) {}
+      if (m == u->outs.n) hir__unbind(ev, t);
+    }
+    return 1;
+  }
+  case HIR_EXPR_COMMUNICATION:
+    return !ev->team[e->name] || hir__exec_comm(ev, e); /* no team handle: this rank is not in it */
+  case HIR_EXPR_P2P_COMMUNICATION: {
+    const hir_tensor *t = e->sub == HIR_P2P_SEND ? hir__get(ev, e->in[0], e) : hir__get_out(ev, e->in[0]);
+    int64_t peer = hir__eval_val(ev, e->val);
+    size_t bytes;
+    hir_status s;
+    if (!t || !hir__contiguous_buffer(ev, t, e->in[0], e)) return 0;
+    bytes = (size_t)hir__numel(t->ndims, t->sizes) * hir_dtype_size(t->dtype);
+    ev->started_comm = 1;
+    s = e->sub == HIR_P2P_SEND ? ev->comm->send(ev->comm, t->data, bytes, (int)peer, ev->current)
+                               : ev->comm->recv(ev->comm, t->data, bytes, (int)peer, ev->current);
+    if (!hir__ev_comm(ev, s, e)) return 0;
+    return hir__ev_backend(ev, b->event_record(b, ev->done[e->name], ev->current), e);
+  }
+  case HIR_EXPR_START_COALESCING:
+    return hir__ev_comm(ev, ev->comm->group_start(ev->comm), e);
+  case HIR_EXPR_END_COALESCING:
+    if (!hir__ev_comm(ev, ev->comm->group_end(ev->comm), e)) return 0;
+    return hir__ev_backend(ev, b->event_record(b, ev->done[e->name], ev->current), e);
+  case HIR_EXPR_WAIT: /* the current stream waits for the communication; no host block */
+    return hir__ev_backend(ev, b->stream_wait_event(b, ev->current, ev->done[e->target->name]), e);
+  case HIR_EXPR_ALIAS_SELECT: {
+    const hir_tensor *src = hir__get(ev, e->in[0], e);
+    hir_tensor *view = &ev->slot[e->out[0]->name];
+    int a = 0, k;
+    if (!src) return 0;
+    for (k = 0; k < e->axis; k++) a += e->in[0]->ids[k]->iter != HIR_REDUCTION;
+    i = hir__eval_val(ev, e->val);
+    if (i < 0 || i >= src->sizes[a])
+      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSelect %d: index %lld is outside T%d's axis %d of size %lld",
+                          e->name, (long long)i, e->in[0]->name, e->axis, (long long)src->sizes[a]);
+    *view = *src;
+    view->data = (char *)src->data + i * src->strides[a] * (int64_t)hir_dtype_size(src->dtype);
+    for (k = a; k + 1 < src->ndims; k++) {
+      view->sizes[k] = src->sizes[k + 1];
+      view->strides[k] = src->strides[k + 1];
+    }
+    view->ndims = src->ndims - 1;
+    ev->bound[e->out[0]->name] = 1;
+    ev->slot_block[e->out[0]->name] = -1;
+    return 1;
+  }
+  default:
+    return hir__exec_compute(ev, e);
+  }
+}
+
+static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
+  int i;
+  for (i = 0; i < s->exprs.n; i++)
+    if (!hir__exec(ev, (const hir_expr *)s->exprs.items[i])) return 0;
+  return 1;
+}
+
+/* ---- creation ---- */
+static int hir__setup_expr(hir_evaluator *ev, const hir_expr *e) {
+  hir_status s;
+  if (e->kind == HIR_EXPR_COMMUNICATION || e->kind == HIR_EXPR_P2P_COMMUNICATION || e->kind == HIR_EXPR_START_COALESCING ||
+      e->kind == HIR_EXPR_END_COALESCING) {
+    int i;
+    if (!ev->comm)
+      return hir__ev_fail(ev, HIR_ERR_INVALID,
+                          "hir_evaluator_create: the program communicates (%s %d); give a communicator in hir_eval_desc.comm",
+                          hir__expr_kind_names[e->kind], e->name);
+    for (i = 0; e->kind == HIR_EXPR_COMMUNICATION && i < e->team_size; i++)
+      if (e->team[i] >= ev->comm->size)
+        return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: Communication %d names device %d, outside the world of %d ranks",
+                            e->name, e->team[i], ev->comm->size);
+  }
+  if (e->kind == HIR_EXPR_COMMUNICATION) {
+    int member = 0, i;
+    for (i = 0; i < e->team_size; i++) member |= e->team[i] == ev->device;
+    if (member && (s = ev->comm->team(ev->comm, e->team, e->team_size, &ev->team[e->name])) != HIR_OK)
+      return hir__ev_fail(ev, s, "hir_evaluator_create: the team of Communication %d: %s", e->name, ev->comm->error);
+  }
+  if (hir__ops[e->kind].flags & HIR__OP_WAITABLE) {
+    if ((s = ev->b->event_create(ev->b, &ev->done[e->name])) != HIR_OK)
+      return hir__ev_fail(ev, s, "hir_evaluator_create: creating an event: %s", ev->b->error);
+  }
+  return 1;
+}
+
+static hir_evaluator *hir__evaluator_new(void) {
+  hir_evaluator *ev = (hir_evaluator *)HIR_MALLOC(sizeof(hir_evaluator));
+  if (ev) memset(ev, 0, sizeof *ev);
+  return ev;
+}
+
+HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc *d, hir_evaluator **out) {
+  hir_eval_desc defaults;
+  hir_evaluator *ev;
+  char msg[sizeof ev->error];
+  int i, ok;
+  if (!out) return HIR_ERR_INVALID;
+  if (!(ev = *out = hir__evaluator_new())) return HIR_ERR_NOMEM;
+  memset(&defaults, 0, sizeof defaults);
+  if (!d) d = &defaults;
+  if (!p) return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: the program is NULL"), ev->status;
+  ev->p = p;
+  if (p->ir.status != HIR_OK)
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: the program has an error: %s", p->ir.error), ev->status;
+  if (!hir__verify(p, msg, sizeof msg))
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: the program is malformed: %s", msg), ev->status;
+  if (d->number_of_streams < 0)
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: number_of_streams is %d; give 1 or more (0: 4)",
+                        d->number_of_streams), ev->status;
+  ev->nstreams = d->number_of_streams ? d->number_of_streams : 4;
+  ev->comm = d->comm;
+  ev->device = d->comm ? d->comm->rank : p->my_device > 0 ? p->my_device : 0;
+  if (d->comm && p->my_device >= 0 && d->comm->rank != p->my_device)
+    return hir__ev_fail(ev, HIR_ERR_INVALID,
+                        "hir_evaluator_create: the program was lowered for device %d but the communicator is rank %d",
+                        p->my_device, d->comm->rank), ev->status;
+  ev->b = d->backend;
+  if (!ev->b) {
+    if (!(ev->b = hir_backend_cpu_create())) return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
+    ev->owns_backend = 1;
+  }
+  ev->ntv = p->ir.next_tv;
+  ev->nval = p->ir.next_val;
+  ev->nexpr = p->ir.next_expr;
+  ev->nvars = p->next_stream;
+  ev->cap_blocks = ev->ntv + 1;
+  ev->key_n = p->ir.inputs.n * (HIR_MAX_DIMS + 1);
+  ok = (ev->pool = (void **)HIR_MALLOC((size_t)ev->nstreams * sizeof(void *))) != NULL;
+  ok = ok && (ev->pool_ev = (void **)HIR_MALLOC((size_t)ev->nstreams * sizeof(void *))) != NULL;
+  ok = ok && (ev->vars = (void **)HIR_MALLOC(((size_t)ev->nvars + 1) * sizeof(void *))) != NULL;
+  ok = ok && (ev->vars_ev = (void **)HIR_MALLOC(((size_t)ev->nvars + 1) * sizeof(void *))) != NULL;
+  ok = ok && (ev->team = (void **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
+  ok = ok && (ev->done = (void **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
+  ok = ok && (ev->sym = (int64_t *)HIR_MALLOC(((size_t)ev->nval + 1) * sizeof(int64_t))) != NULL;
+  ok = ok && (ev->sym_bound = (unsigned char *)HIR_MALLOC((size_t)ev->nval + 1)) != NULL;
+  ok = ok && (ev->slot = (hir_tensor *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(hir_tensor))) != NULL;
+  ok = ok && (ev->slot_block = (int *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(int))) != NULL;
+  ok = ok && (ev->bound = (unsigned char *)HIR_MALLOC((size_t)ev->ntv + 1)) != NULL;
+  ok = ok && (ev->shape = (hir__shape *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(hir__shape))) != NULL;
+  ok = ok && (ev->blocks = (hir__block *)HIR_MALLOC((size_t)ev->cap_blocks * sizeof(hir__block))) != NULL;
+  ok = ok && (ev->key = (int64_t *)HIR_MALLOC(((size_t)ev->key_n + 1) * sizeof(int64_t))) != NULL;
+  if (!ok) return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
+  memset(ev->pool, 0, (size_t)ev->nstreams * sizeof(void *));
+  memset(ev->pool_ev, 0, (size_t)ev->nstreams * sizeof(void *));
+  memset(ev->vars, 0, ((size_t)ev->nvars + 1) * sizeof(void *));
+  memset(ev->vars_ev, 0, ((size_t)ev->nvars + 1) * sizeof(void *));
+  memset(ev->team, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
+  memset(ev->done, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
+  memset(ev->bound, 0, (size_t)ev->ntv + 1);
+  for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
+  for (i = 0; i < ev->nstreams; i++)
+    if (ev->b->stream_create(ev->b, &ev->pool[i]) != HIR_OK || ev->b->event_create(ev->b, &ev->pool_ev[i]) != HIR_OK)
+      return hir__ev_fail(ev, HIR_ERR_BACKEND, "hir_evaluator_create: creating stream %d: %s", i, ev->b->error), ev->status;
+  for (i = 0; i < ev->nvars; i++)
+    if (ev->b->event_create(ev->b, &ev->vars_ev[i]) != HIR_OK)
+      return hir__ev_fail(ev, HIR_ERR_BACKEND, "hir_evaluator_create: creating an event: %s", ev->b->error), ev->status;
+  hir__walk(&p->top, hir__setup_expr, ev);
+  return ev->status;
+}
+
+HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
+  int i;
+  if (!ev) return;
+  if (ev->b) {
+    if (ev->blocks) hir__free_blocks(ev);
+    for (i = 0; ev->pool && i < ev->nstreams; i++)
+      if (ev->pool[i]) ev->b->stream_destroy(ev->b, ev->pool[i]);
+    for (i = 0; ev->pool_ev && i < ev->nstreams; i++)
+      if (ev->pool_ev[i]) ev->b->event_destroy(ev->b, ev->pool_ev[i]);
+    for (i = 0; ev->vars_ev && i < ev->nvars; i++)
+      if (ev->vars_ev[i]) ev->b->event_destroy(ev->b, ev->vars_ev[i]);
+    for (i = 0; ev->done && i <= ev->nexpr; i++)
+      if (ev->done[i]) ev->b->event_destroy(ev->b, ev->done[i]);
+    if (ev->owns_backend) hir_backend_free(ev->b);
+  }
+  HIR_FREE(ev->pool);
+  HIR_FREE(ev->pool_ev);
+  HIR_FREE(ev->vars);
+  HIR_FREE(ev->vars_ev);
+  HIR_FREE(ev->team);
+  HIR_FREE(ev->done);
+  HIR_FREE(ev->sym);
+  HIR_FREE(ev->sym_bound);
+  HIR_FREE(ev->slot);
+  HIR_FREE(ev->slot_block);
+  HIR_FREE(ev->bound);
+  HIR_FREE(ev->shape);
+  HIR_FREE(ev->blocks);
+  HIR_FREE(ev->key);
+  HIR_FREE(ev);
+}
+
+HIRDEF const char *hir_evaluator_error(const hir_evaluator *ev) { return ev ? ev->error : "hir_evaluator_error: evaluator is NULL"; }
+HIRDEF hir_backend *hir_evaluator_backend(const hir_evaluator *ev) { return ev ? ev->b : NULL; }
+
+HIRDEF hir_status hir_evaluator_sync(hir_evaluator *ev) {
+  hir_status s;
+  int i;
+  if (!ev || !ev->b) return HIR_ERR_INVALID;
+  for (i = 0; i < ev->nstreams; i++)
+    if ((s = ev->b->stream_synchronize(ev->b, ev->pool[i])) != HIR_OK)
+      return hir__ev_fail(ev, s, "hir_evaluator_sync: %s", ev->b->error), s;
+  if ((s = ev->b->stream_synchronize(ev->b, ev->b->current_stream(ev->b))) != HIR_OK)
+    return hir__ev_fail(ev, s, "hir_evaluator_sync: %s", ev->b->error), s;
+  return HIR_OK;
+}
+
+/* ---- hir_run ---- */
+static int hir__check_input(hir_evaluator *ev, int i, const hir_tensor *t) {
+  const hir_tv *tv = (const hir_tv *)ev->p->ir.inputs.items[i];
+  int nd = 0, a, here = hir__in_mesh(tv, ev->device);
+  for (a = 0; a < tv->ndims; a++) nd += tv->ids[a]->iter != HIR_REDUCTION;
+  if (!here && t->data)
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: input %d (T%d) does not live on device %d; pass it empty (data NULL) "
+                        "or shape-only", i, tv->name, ev->device);
+  if (!here && t->ndims == 0) return 1;
+  if (t->ndims != nd)
+    return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: input %d (T%d) has %d axes; the program expects %d", i, tv->name, t->ndims, nd);
+  if (t->dtype != tv->dtype)
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: input %d (T%d) is %s; the program expects %s", i, tv->name,
+                        hir_dtype_name(t->dtype), hir_dtype_name(tv->dtype));
+  for (a = 0; a < nd; a++)
+    if (t->sizes[a] < 0)
+      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: input %d (T%d) axis %d has negative size %lld", i, tv->name, a, (long long)t->sizes[a]);
+  if (here && !t->data && hir__numel(nd, t->sizes) > 0)
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: input %d (T%d) has NULL data", i, tv->name);
+  if (here) {
+    hir_tensor c = *t;
+    int zero = 1;
+    for (a = 0; a < nd; a++) zero &= t->strides[a] == 0;
+    if (!zero && (hir__contiguous_strides(&c), memcmp(c.strides, t->strides, (size_t)nd * sizeof(int64_t)) != 0))
+      return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: input %d (T%d) is strided; pass a contiguous tensor", i, tv->name);
+  }
+  return 1;
+}
+
+static int hir__check_output(hir_evaluator *ev, int i, const hir_tensor *t) {
+  const hir_tv *tv = (const hir_tv *)ev->p->ir.outputs.items[i];
+  const hir__shape *sh;
+  hir_tensor c;
+  int a, zero = 1;
+  if (!t->data) return 1;
+  if (!hir__in_mesh(tv, ev->device))
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: output %d (T%d) does not live on device %d; pass it empty", i, tv->name, ev->device);
+  if (!(sh = hir__need_shape(ev, tv))) return 0;
+  if (t->dtype != tv->dtype)
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: output %d (T%d) is %s; the program writes %s", i, tv->name,
+                        hir_dtype_name(t->dtype), hir_dtype_name(tv->dtype));
+  if (t->ndims != sh->nd || memcmp(t->sizes, sh->sizes, (size_t)sh->nd * sizeof(int64_t)) != 0) {
+    hir__shape got;
+    char a1[160], a2[160];
+    got.nd = t->ndims < 0 || t->ndims > HIR_MAX_DIMS ? 0 : t->ndims;
+    memcpy(got.sizes, t->sizes, (size_t)got.nd * sizeof(int64_t));
+    hir__shape_str(&got, a1, sizeof a1);
+    hir__shape_str(sh, a2, sizeof a2);
+    return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: output %d (T%d) is %s; the program writes %s here", i, tv->name, a1, a2);
+  }
+  c = *t;
+  hir__contiguous_strides(&c);
+  for (a = 0; a < t->ndims; a++) zero &= t->strides[a] == 0;
+  if (!zero && memcmp(c.strides, t->strides, (size_t)t->ndims * sizeof(int64_t)) != 0)
+    return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: output %d (T%d) is strided; pass a contiguous tensor", i, tv->name);
+  return 1;
+}
+
+HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  const hir_fusion *f;
+  int i, a, changed = 0;
+  if (!ev) return HIR_ERR_INVALID;
+  if (!ev->p || !ev->b) return ev->status ? ev->status : HIR_ERR_INVALID; /* a failed create */
+  if (ev->broken) {
+    ev->status = HIR_OK;
+    hir__ev_fail(ev, HIR_ERR_COMM, "hir_run: an earlier run failed while communicating; the world is unusable (%s)",
+                 ev->comm ? ev->comm->error : "");
+    return ev->status;
+  }
+  f = &ev->p->ir;
+  ev->status = HIR_OK;
+  ev->error[0] = '\0';
+  ev->started_comm = 0;
+  if (nin != f->inputs.n || nout != f->outputs.n || (nin && !in) || (nout && !out))
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: got %d inputs and %d outputs%s; the program takes %d and %d", nin, nout,
+                        (nin && !in) || (nout && !out) ? " (a NULL array)" : "", f->inputs.n, f->outputs.n), ev->status;
+  for (i = 0; i < nin; i++)
+    if (!hir__check_input(ev, i, &in[i])) return ev->status;
+  for (i = 0; i < nout; i++) { /* an output holding a buffer of ours (the last run's) asks for a new one */
+    for (a = 0; out[i].data && a < ev->nblocks; a++)
+      if (out[i].data == ev->blocks[a].ptr) out[i].data = NULL;
+  }
+  for (i = 0; i < nin; i++) { /* replan when the shapes change */
+    int64_t *k = ev->key + i * (HIR_MAX_DIMS + 1);
+    if (k[0] != in[i].ndims) changed = 1;
+    k[0] = in[i].ndims;
+    for (a = 0; a < in[i].ndims; a++) {
+      if (k[1 + a] != in[i].sizes[a]) changed = 1;
+      k[1 + a] = in[i].sizes[a];
+    }
+  }
+  if (changed || !ev->planned) {
+    ev->planned = 0;
+    hir__free_blocks(ev);
+    if (!hir__plan(ev, in)) return ev->status;
+    ev->planned = 1;
+  }
+  for (i = 0; i < nout; i++)
+    if (!hir__check_output(ev, i, &out[i])) return ev->status;
+  memset(ev->bound, 0, (size_t)ev->ntv + 1);
+  for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
+  for (i = 0; i < ev->nblocks; i++) ev->blocks[i].in_use = 0;
+  for (i = 0; i < nin; i++) {
+    const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
+    if (!in[i].data && hir__numel(in[i].ndims, in[i].sizes) > 0) continue; /* lives elsewhere */
+    if (!hir__in_mesh(tv, ev->device)) continue;
+    ev->slot[tv->name] = in[i];
+    hir__contiguous_strides(&ev->slot[tv->name]);
+    ev->bound[tv->name] = 1;
+  }
+  for (i = 0; i < nout; i++)
+    if (out[i].data) {
+      const hir_tv *tv = (const hir_tv *)f->outputs.items[i];
+      ev->slot[tv->name] = out[i];
+      hir__contiguous_strides(&ev->slot[tv->name]);
+      ev->bound[tv->name] = 1;
+    }
+  ev->current = ev->b->current_stream(ev->b);
+  ev->named[HIR_NAMED_RANK] = ev->device;
+  ev->named[HIR_NAMED_NUM_STREAMS] = ev->nstreams;
+  if (!hir__exec_scope(ev, &ev->p->top)) {
+    if (ev->started_comm && nout) {
+      size_t n = strlen(ev->error);
+      snprintf(ev->error + n, sizeof ev->error - n, " (the outputs of this run are incomplete)");
+    }
+    return ev->status;
+  }
+  for (i = 0; i < nout; i++) {
+    const hir_tv *tv = (const hir_tv *)f->outputs.items[i];
+    if (out[i].data) continue;
+    if (!hir__in_mesh(tv, ev->device)) { /* lives elsewhere */
+      memset(&out[i], 0, sizeof out[i]);
+      out[i].dtype = tv->dtype;
+      continue;
+    }
+    if (!ev->bound[tv->name])
+      return hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: output %d (T%d) lives here but the program never wrote it", i, tv->name),
+             ev->status;
+    out[i] = ev->slot[tv->name];
+  }
   return HIR_OK;
 }
 

@@ -4,6 +4,7 @@
 #define HOSTIR_IMPLEMENTATION
 #include "../hostir.h"
 #include "test.h"
+#include <math.h>
 #include <unistd.h>
 
 int hir_test_failures;
@@ -11,8 +12,9 @@ int hir_test_failures;
 #include "test_build.c"
 #include "test_print.c"
 #include "test_lower.c"
+#include "test_eval.c"
 
-static const hir_test all_tests[] = {BUILD_TESTS PRINT_TESTS LOWER_TESTS};
+static const hir_test all_tests[] = {BUILD_TESTS PRINT_TESTS LOWER_TESTS EVAL_TESTS};
 
 int main(int argc, char **argv) {
   int i, passed = 0, failed = 0, n = (int)(sizeof all_tests / sizeof all_tests[0]);

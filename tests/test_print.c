@@ -114,13 +114,13 @@ static hir_expr *p2p_exchange(streams *s, hir_tv *in, hir_tv *out_slice, hir_exp
 static const int mesh8p[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 
 /* Seed 003, AllgatherP2p, as lowered by nvFuser. */
-static void test_print_allgather_p2p(void) {
+static hir_program *prog_allgather_p2p(int D, const int *mesh) {
   hir_program *p = hir_program_create();
   hir_fusion *f = hir_program_fusion(p);
   hir_expr *loop, *in_slice, *out_slice;
   streams s;
   seed sd;
-  seed_allgather_p2p(&sd, f, 8, mesh8p);
+  seed_allgather_p2p(&sd, f, D, mesh);
   hir_scope_append(hir_program_body(p), hir_host_allocate(p, sd.t[1]));
   s = stream_prologue(p, sd.t[1]);
   loop = loop_begin(&s, sd.t[1]);
@@ -129,26 +129,20 @@ static void test_print_allgather_p2p(void) {
   hir_scope_append(hir_expr_body(loop), out_slice);
   hir_scope_append(hir_expr_body(loop), p2p_exchange(&s, sd.t[0], view(out_slice), in_slice));
   loop_end(&s, loop);
-  CHECK_GOLDEN(p, "allgather_p2p");
-  CHECK(hir_program_ntop(p) == 4);
-  CHECK_STR(hir_expr_kind_name(hir_program_top(p, 0)), "Allocate");
-  CHECK_STR(hir_expr_kind_name(hir_program_top(p, 3)), "ForLoop");
-  CHECK_STR(hir_expr_kind_name(hir_scope_at(hir_expr_else(hir_scope_at(hir_expr_body(hir_program_top(p, 3)), 2)), 1)),
-            "P2PCommunication");
-  hir_program_free(p);
+  return p;
 }
 
 /* Seed 003, AG_matmul_P2p: the gathered T3 feeds a matmul per chunk. */
-static void test_print_ag_matmul_p2p(void) {
+static hir_program *prog_ag_matmul_p2p(int D, const int *mesh) {
   hir_program *p = hir_program_create();
   hir_fusion *f = hir_program_fusion(p);
   hir_expr *loop, *in_slice, *buf_slice, *out_slice;
   hir_tv *gathered;
   streams s;
   seed sd;
-  seed_ag_matmul_p2p(&sd, f, 8, mesh8p);
+  seed_ag_matmul_p2p(&sd, f, D, mesh);
   gathered = hir_set(f, sd.t[0]);
-  hir_set_mesh(gathered, 8, mesh8p);
+  hir_set_mesh(gathered, D, mesh);
   hir_parallelize(gathered, 0, HIR_STREAM);
   hir_scope_append(hir_program_body(p), hir_host_allocate(p, gathered));
   hir_scope_append(hir_program_body(p), hir_host_allocate(p, sd.t[2]));
@@ -162,18 +156,17 @@ static void test_print_ag_matmul_p2p(void) {
   hir_scope_append(hir_expr_body(loop), out_slice);
   hir_scope_append(hir_expr_body(loop), hir_host_matmul(p, view(out_slice), view(buf_slice), sd.t[1]));
   loop_end(&s, loop);
-  CHECK_GOLDEN(p, "ag_matmul_p2p");
-  hir_program_free(p);
+  return p;
 }
 
 /* Seed 004, Allgather: a collective per chunk. */
-static void test_print_allgather_collective(void) {
+static hir_program *prog_allgather_collective(int D, const int *mesh) {
   hir_program *p = hir_program_create();
   hir_fusion *f = hir_program_fusion(p);
   hir_expr *loop, *in_slice, *out_slice, *comm;
   streams s;
   seed sd;
-  seed_allgather(&sd, f, 8, mesh8p);
+  seed_allgather(&sd, f, D, mesh);
   hir_scope_append(hir_program_body(p), hir_host_allocate(p, sd.t[1]));
   s = stream_prologue(p, sd.t[1]);
   loop = loop_begin(&s, sd.t[1]);
@@ -182,23 +175,23 @@ static void test_print_allgather_collective(void) {
   hir_scope_append(hir_expr_body(loop), in_slice);
   hir_scope_append(hir_expr_body(loop), out_slice);
   hir_scope_append(hir_expr_body(loop), hir_host_allocate(p, view(out_slice)));
-  comm = hir_host_communication(p, HIR_COLL_ALLGATHER, 8, mesh8p, 0, view(in_slice), view(out_slice));
+  comm = hir_host_communication(p, HIR_COLL_ALLGATHER, D, mesh, 0, view(in_slice), view(out_slice));
   hir_scope_append(hir_expr_body(loop), comm);
   hir_scope_append(hir_expr_body(loop), hir_host_wait(p, comm));
   loop_end(&s, loop);
-  CHECK_GOLDEN(p, "allgather_collective");
-  hir_program_free(p);
+  (void)f;
+  return p;
 }
 
 /* Seed 004, matmul_RS_through_bcast: a PostOnStream of a broadcast HostUnit,
    a matmul and a ReduceScatter per chunk, then Deallocates. */
-static void test_print_post_on_stream(void) {
+static hir_program *prog_post_on_stream(int D, const int *mesh) {
   hir_program *p = hir_program_create();
   hir_fusion *f = hir_program_fusion(p);
   hir_expr *loop, *a, *b, *mm, *rs_out, *comm;
   streams s;
   seed sd;
-  seed_matmul_rs_through_bcast(&sd, f, 8, mesh8p);
+  seed_matmul_rs_through_bcast(&sd, f, D, mesh);
   hir_scope_append(hir_program_body(p), hir_host_post_on_stream(p, 1, &sd.t[1], 1, &sd.t[2]));
   hir_scope_append(hir_program_body(p), hir_host_allocate(p, sd.t[3]));
   hir_scope_append(hir_program_body(p), hir_host_allocate(p, sd.t[4]));
@@ -210,12 +203,40 @@ static void test_print_post_on_stream(void) {
   hir_scope_append(hir_expr_body(loop), hir_host_matmul(p, view(mm), view(a), view(b)));
   hir_scope_append(hir_expr_body(loop), rs_out = hir_host_alias_select(p, sd.t[4], 0, s.idx));
   hir_scope_append(hir_expr_body(loop), hir_host_allocate(p, view(rs_out)));
-  comm = hir_host_communication(p, HIR_COLL_REDUCESCATTER, 8, mesh8p, 0, view(mm), view(rs_out));
+  comm = hir_host_communication(p, HIR_COLL_REDUCESCATTER, D, mesh, 0, view(mm), view(rs_out));
   hir_scope_append(hir_expr_body(loop), comm);
   hir_scope_append(hir_expr_body(loop), hir_host_wait(p, comm));
   loop_end(&s, loop);
   hir_scope_append(hir_program_body(p), hir_host_deallocate(p, sd.t[2]));
   hir_scope_append(hir_program_body(p), hir_host_deallocate(p, sd.t[3]));
+  return p;
+}
+
+static void test_print_allgather_p2p(void) {
+  hir_program *p = prog_allgather_p2p(8, mesh8p);
+  CHECK_GOLDEN(p, "allgather_p2p");
+  CHECK(hir_program_ntop(p) == 4);
+  CHECK_STR(hir_expr_kind_name(hir_program_top(p, 0)), "Allocate");
+  CHECK_STR(hir_expr_kind_name(hir_program_top(p, 3)), "ForLoop");
+  CHECK_STR(hir_expr_kind_name(hir_scope_at(hir_expr_else(hir_scope_at(hir_expr_body(hir_program_top(p, 3)), 2)), 1)),
+            "P2PCommunication");
+  hir_program_free(p);
+}
+
+static void test_print_ag_matmul_p2p(void) {
+  hir_program *p = prog_ag_matmul_p2p(8, mesh8p);
+  CHECK_GOLDEN(p, "ag_matmul_p2p");
+  hir_program_free(p);
+}
+
+static void test_print_allgather_collective(void) {
+  hir_program *p = prog_allgather_collective(8, mesh8p);
+  CHECK_GOLDEN(p, "allgather_collective");
+  hir_program_free(p);
+}
+
+static void test_print_post_on_stream(void) {
+  hir_program *p = prog_post_on_stream(8, mesh8p);
   CHECK_GOLDEN(p, "post_on_stream");
   CHECK_STR(hir_expr_kind_name(hir_program_top(p, 0)), "PostOnStream");
   hir_program_free(p);

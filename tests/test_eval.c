@@ -1,0 +1,1088 @@
+/* The evaluator on the CPU backend and the local world: every collective
+   type and the seed programs on worlds of 1, 2, 3, 4 and 8 ranks and on meshes
+   that are not 0..D-1, checked against references computed here from the
+   unsharded random inputs; bad inputs; buffer reuse; a dead peer. */
+#include "seeds.h"
+#include "test.h"
+
+/* ---- host tensors ---- */
+static hir_tensor tn(hir_dtype dt, int nd, const int64_t *sizes) {
+  hir_tensor t;
+  int i;
+  int64_t n = 1;
+  memset(&t, 0, sizeof t);
+  t.dtype = dt;
+  t.ndims = nd;
+  for (i = 0; i < nd; i++) n *= (t.sizes[i] = sizes[i]);
+  t.data = calloc((size_t)(n ? n : 1), hir_dtype_size(dt));
+  return t;
+}
+static int64_t tnumel(const hir_tensor *t) {
+  int64_t n = 1;
+  int i;
+  for (i = 0; i < t->ndims; i++) n *= t->sizes[i];
+  return n;
+}
+static double tget(const hir_tensor *t, int64_t i) {
+  switch (t->dtype) {
+  case HIR_F32: return ((float *)t->data)[i];
+  case HIR_F64: return ((double *)t->data)[i];
+  case HIR_F16: return hir_half_to_float(((uint16_t *)t->data)[i]);
+  default: return hir_bf16_to_float(((uint16_t *)t->data)[i]);
+  }
+}
+static void tset(hir_tensor *t, int64_t i, double v) {
+  switch (t->dtype) {
+  case HIR_F32: ((float *)t->data)[i] = (float)v; break;
+  case HIR_F64: ((double *)t->data)[i] = v; break;
+  case HIR_F16: ((uint16_t *)t->data)[i] = hir_float_to_half((float)v); break;
+  default: ((uint16_t *)t->data)[i] = hir_float_to_bf16((float)v); break;
+  }
+}
+static unsigned test_seed = 12345u;
+static double urand(void) { /* in [-1, 1], never near 0 */
+  double v;
+  do {
+    test_seed = test_seed * 1103515245u + 12345u;
+    v = ((double)((test_seed >> 8) & 0xffff) / 32768.0) - 1.0;
+  } while (v > -0.05 && v < 0.05);
+  return v;
+}
+static hir_tensor trand(hir_dtype dt, int nd, const int64_t *sizes) {
+  hir_tensor t = tn(dt, nd, sizes);
+  int64_t i;
+  for (i = 0; i < tnumel(&t); i++) tset(&t, i, urand());
+  return t;
+}
+static void tfree(hir_tensor *t) {
+  free(t->data);
+  t->data = NULL;
+}
+/* Row-major index of `idx` in t. */
+static int64_t toff(const hir_tensor *t, const int64_t *idx) {
+  int64_t off = 0;
+  int d;
+  for (d = 0; d < t->ndims; d++) off = off * t->sizes[d] + idx[d];
+  return off;
+}
+static int tnext(const hir_tensor *t, int64_t *idx) {
+  int d;
+  for (d = t->ndims - 1; d >= 0; d--) {
+    if (++idx[d] < t->sizes[d]) return 1;
+    idx[d] = 0;
+  }
+  return 0;
+}
+
+/* The local shard of `full` (the global tensor of tv's data axes) on `device`:
+   a copy of slice p along the DIDx axis (size 1 kept), the whole tensor when
+   unsharded, shape-only (data NULL) when tv does not live there. */
+static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
+  int nmesh, p = -1, i, d = -1, k = 0;
+  const int *mesh = hir_tv_mesh(tv, &nmesh);
+  hir_tensor t;
+  int64_t idx[HIR_MAX_DIMS] = {0};
+  for (i = 0; i < nmesh; i++)
+    if (mesh[i] == device) p = i;
+  for (i = 0; i < hir_tv_ndims(tv); i++) {
+    if (hir_tv_iter_type(tv, i) == HIR_REDUCTION) continue;
+    if (hir_tv_ptype(tv, i) == HIR_DIDX && nmesh > 1) d = k;
+    k++;
+  }
+  t = *full;
+  if (d >= 0) t.sizes[d] = 1;
+  if (nmesh && p < 0) { /* lives elsewhere: shape only */
+    t.data = NULL;
+    return t;
+  }
+  t = tn(full->dtype, full->ndims, t.sizes);
+  if (tnumel(&t) == 0) return t;
+  do {
+    int64_t src[HIR_MAX_DIMS];
+    memcpy(src, idx, sizeof src);
+    if (d >= 0) src[d] = p;
+    tset(&t, toff(&t, idx), tget(full, toff(full, src)));
+  } while (tnext(&t, idx));
+  return t;
+}
+
+/* ---- the SPMD harness ---- */
+#define MAXR 8
+#define MAXT 4
+typedef hir_program *(*build_fn)(void *user, int rank);
+typedef struct spmd_case {
+  int world, nstreams, prealloc, nin, nout;
+  double tol;
+  build_fn build;
+  void *user;
+  hir_tensor in[MAXT], out[MAXT];  /* global (unsharded) */
+  hir_local_world *w;
+  char err[MAXR][600];
+} spmd_case;
+
+static int compare(const hir_tensor *got, const hir_tensor *want, double tol, char *err, size_t cap, const char *what) {
+  int64_t i;
+  if (got->ndims != want->ndims || memcmp(got->sizes, want->sizes, (size_t)got->ndims * sizeof(int64_t)) != 0) {
+    snprintf(err, cap, "%s: shape differs (ndims %d vs %d)", what, got->ndims, want->ndims);
+    return 0;
+  }
+  if (!got->data) {
+    snprintf(err, cap, "%s: no data", what);
+    return 0;
+  }
+  for (i = 0; i < tnumel(want); i++) {
+    double g = tget(got, i), w = tget(want, i);
+    if (!(fabs(g - w) <= tol * (1.0 + fabs(w)))) {
+      snprintf(err, cap, "%s: element %lld is %.6g, want %.6g", what, (long long)i, g, w);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static hir_status spmd_rank(int rank, void *user) {
+  spmd_case *c = (spmd_case *)user;
+  char *err = c->err[rank];
+  hir_program *p = c->build(c->user, rank);
+  hir_evaluator *ev = NULL;
+  hir_eval_desc d;
+  hir_tensor in[MAXT], out[MAXT], want[MAXT];
+  void *first_addr[MAXT] = {0};
+  int i, run;
+  memset(&d, 0, sizeof d);
+  memset(in, 0, sizeof in);
+  memset(want, 0, sizeof want);
+  if (!p || hir_program_error(p)[0]) {
+    snprintf(err, 600, "build: %s", p ? hir_program_error(p) : "NULL program");
+    hir_program_free(p);
+    return HIR_ERR_INVALID;
+  }
+  d.comm = hir_local_comm(c->w, rank);
+  d.number_of_streams = c->nstreams;
+  if (hir_evaluator_create(p, &d, &ev) != HIR_OK) {
+    snprintf(err, 600, "create: %s", hir_evaluator_error(ev));
+    goto done;
+  }
+  for (i = 0; i < c->nin; i++) in[i] = shard(&c->in[i], hir_program_input(p, i), rank);
+  for (i = 0; i < c->nout; i++) want[i] = shard(&c->out[i], hir_program_output(p, i), rank);
+  for (run = 0; run < 2; run++) {
+    for (i = 0; i < c->nout; i++) {
+      memset(&out[i], 0, sizeof out[i]);
+      if (c->prealloc && want[i].data) { /* preallocated and poisoned */
+        int64_t k;
+        out[i] = tn(want[i].dtype, want[i].ndims, want[i].sizes);
+        for (k = 0; k < tnumel(&out[i]); k++) tset(&out[i], k, 1e30);
+      }
+    }
+    if (hir_run(ev, in, c->nin, out, c->nout) != HIR_OK) {
+      snprintf(err, 600, "run %d: %s", run, hir_evaluator_error(ev));
+      goto done;
+    }
+    for (i = 0; i < c->nout; i++) {
+      char what[64];
+      snprintf(what, sizeof what, "rank %d run %d output %d", rank, run, i);
+      if (!want[i].data) {
+        if (out[i].data || out[i].ndims) snprintf(err, 600, "%s: should be empty here", what);
+      } else if (!compare(&out[i], &want[i], c->tol, err, 600, what)) {
+        goto done;
+      }
+      if (!c->prealloc && want[i].data) { /* evaluator-owned: same buffer every run */
+        if (run == 0) first_addr[i] = out[i].data;
+        else if (out[i].data != first_addr[i]) snprintf(err, 600, "%s: moved from %p to %p", what, first_addr[i], out[i].data);
+      }
+      if (c->prealloc) tfree(&out[i]);
+    }
+  }
+done:
+  for (i = 0; i < c->nin; i++) tfree(&in[i]);
+  for (i = 0; i < c->nout; i++) tfree(&want[i]);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  return err[0] ? HIR_ERR_INTERNAL : HIR_OK;
+}
+
+/* Runs the case on every rank; reports each rank's failure. */
+static void run_case(spmd_case *c, const char *name, int line) {
+  int r, i;
+  memset(c->err, 0, sizeof c->err);
+  c->w = hir_local_world_create(c->world);
+  hir_local_world_set_timeout(c->w, 20000);
+  hir_spmd(c->world, spmd_rank, c);
+  for (r = 0; r < c->world; r++)
+    if (c->err[r][0]) {
+      fprintf(stderr, "  test_eval.c:%d: %s (world %d, %d streams%s): rank %d: %s\n", line, name, c->world, c->nstreams,
+              c->prealloc ? ", preallocated" : "", r, c->err[r]);
+      hir_test_failures++;
+      break;
+    }
+  hir_local_world_free(c->w);
+  for (i = 0; i < c->nin; i++) tfree(&c->in[i]);
+  for (i = 0; i < c->nout; i++) tfree(&c->out[i]);
+}
+#define RUN_CASE(c, name) run_case(c, name, __LINE__)
+
+/* Lowering as the program builder: the fusion, lowered for each rank. */
+static hir_program *build_lowered(void *user, int rank) {
+  hir_lower_desc d;
+  hir_program *p;
+  memset(&d, 0, sizeof d);
+  d.my_device = rank;
+  hir_lower((const hir_fusion *)user, &d, &p);
+  return p;
+}
+
+static void case_init(spmd_case *c, int world) {
+  memset(c, 0, sizeof *c);
+  c->world = world;
+  c->nstreams = 2;
+  c->tol = 1e-5;
+}
+
+static const int worlds[5] = {1, 2, 3, 4, 8};
+static int iota_mesh[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};
+
+/* ---- references ---- */
+/* out[b..., m, n] = sum_k a[b..., m, k] * x[b..., k, n] for 3-D [B, M, K] x [B or 1, K, N] */
+static hir_tensor ref_bmm(const hir_tensor *a, const hir_tensor *x, int b_broadcast) {
+  int64_t B = a->sizes[0], M = a->sizes[1], K = a->sizes[2], N = x->sizes[x->ndims - 1], sz[3], i, m, n, k;
+  hir_tensor o;
+  sz[0] = B; sz[1] = M; sz[2] = N;
+  o = tn(a->dtype, 3, sz);
+  for (i = 0; i < B; i++)
+    for (m = 0; m < M; m++)
+      for (n = 0; n < N; n++) {
+        double s = 0;
+        for (k = 0; k < K; k++)
+          s += tget(a, (i * M + m) * K + k) * tget(x, ((b_broadcast ? 0 : i) * K + k) * N + n);
+        tset(&o, (i * M + m) * N + n, s);
+      }
+  return o;
+}
+
+/* ---- collectives through lowering ---- */
+static hir_fusion *fusion_allgather(int n, const int *mesh, int64_t rows, int64_t cols) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_set(f, a);
+  hir_output(f, b);
+  hir_set_mesh(a, n, mesh);
+  hir_set_mesh(b, n, mesh);
+  hir_parallelize(a, 0, HIR_DIDX);
+  (void)rows; (void)cols;
+  return f;
+}
+
+static void test_eval_allgather_scatter(void) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi];
+    int64_t sz[3] = {D, 3, 5};
+    spmd_case c;
+    hir_fusion *f = fusion_allgather(D, iota_mesh, 3, 5);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = c.nout = 1;
+    c.in[0] = trand(HIR_F32, 3, sz);
+    c.out[0] = tn(HIR_F32, 3, sz);
+    memcpy(c.out[0].data, c.in[0].data, (size_t)tnumel(&c.in[0]) * 4);
+    c.prealloc = wi & 1;
+    RUN_CASE(&c, "allgather");
+    hir_fusion_free(f);
+    { /* scatter: the replicated tensor split on axis 0 */
+      hir_tv *a, *b;
+      f = hir_fusion_create();
+      a = hir_input(f, HIR_F64, 3);
+      b = hir_set(f, a);
+      hir_output(f, b);
+      hir_set_mesh(a, D, iota_mesh);
+      hir_set_mesh(b, D, iota_mesh);
+      hir_parallelize(b, 0, HIR_DIDX);
+      case_init(&c, D);
+      c.build = build_lowered;
+      c.user = f;
+      c.nin = c.nout = 1;
+      c.in[0] = trand(HIR_F64, 3, sz);
+      c.out[0] = tn(HIR_F64, 3, sz);
+      memcpy(c.out[0].data, c.in[0].data, (size_t)tnumel(&c.in[0]) * 8);
+      RUN_CASE(&c, "scatter");
+      hir_fusion_free(f);
+    }
+  }
+}
+
+static void test_eval_allreduce_reduce_scatter(void) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi], axis = 0;
+    int64_t sz[3] = {D, 4, 6}, rs[3] = {D, D, 7}, i, j, k;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_sum(f, a, 1, &axis);
+    hir_output(f, b);
+    hir_set_mesh(a, D, iota_mesh);
+    hir_set_mesh(b, D, iota_mesh);
+    hir_parallelize(a, 0, HIR_DIDX);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = c.nout = 1;
+    c.in[0] = trand(HIR_F32, 3, sz);
+    c.out[0] = tn(HIR_F32, 2, sz + 1);
+    for (j = 0; j < 24; j++) {
+      double s = 0;
+      for (i = 0; i < D; i++) s += tget(&c.in[0], i * 24 + j);
+      tset(&c.out[0], j, s);
+    }
+    c.prealloc = wi & 1;
+    RUN_CASE(&c, "allreduce");
+    hir_fusion_free(f);
+    /* reduce-scatter: sum over the DIDx axis, the result split on the next */
+    f = hir_fusion_create();
+    a = hir_input(f, HIR_BF16, 3);
+    b = hir_sum(f, a, 1, &axis);
+    hir_output(f, b);
+    hir_set_mesh(a, D, iota_mesh);
+    hir_set_mesh(b, D, iota_mesh);
+    hir_parallelize(a, 0, HIR_DIDX);
+    hir_parallelize(b, 1, HIR_DIDX);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = c.nout = 1;
+    c.tol = 1e-2; /* bf16 */
+    c.in[0] = trand(HIR_BF16, 3, rs);
+    c.out[0] = tn(HIR_BF16, 2, rs + 1);
+    for (j = 0; j < D; j++)
+      for (k = 0; k < 7; k++) {
+        double s = 0;
+        for (i = 0; i < D; i++) s += tget(&c.in[0], (i * D + j) * 7 + k);
+        tset(&c.out[0], j * 7 + k, s);
+      }
+    RUN_CASE(&c, "reduce_scatter");
+    hir_fusion_free(f);
+  }
+}
+
+/* AG+GEMM (decomposed into an Allgather and a local matmul) and the row-parallel
+   GEMM+Allreduce, through lowering. */
+static void test_eval_matmul_patterns(void) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi], axis = 0;
+    int64_t sa[3] = {D, 4, 8}, sb[2] = {8, 5}, ra[3] = {D, 3, 4}, rb[3] = {D, 4, 5}, so2[2] = {3, 5}, j;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_input(f, HIR_F32, 2), *o = hir_matmul(f, a, b), *s;
+    hir_tensor full;
+    hir_output(f, o);
+    hir_set_mesh(a, D, iota_mesh);
+    hir_set_mesh(b, D, iota_mesh);
+    hir_set_mesh(o, D, iota_mesh);
+    hir_parallelize(a, 0, HIR_DIDX);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = 2;
+    c.nout = 1;
+    c.in[0] = trand(HIR_F32, 3, sa);
+    c.in[1] = trand(HIR_F32, 2, sb);
+    c.out[0] = ref_bmm(&c.in[0], &c.in[1], 1);
+    RUN_CASE(&c, "allgather_matmul");
+    hir_fusion_free(f);
+
+    f = hir_fusion_create();
+    a = hir_input(f, HIR_F64, 3);
+    b = hir_input(f, HIR_F64, 3);
+    o = hir_matmul(f, a, b);
+    s = hir_sum(f, o, 1, &axis);
+    hir_output(f, s);
+    hir_set_mesh(a, D, iota_mesh);
+    hir_set_mesh(b, D, iota_mesh);
+    hir_parallelize(a, 0, HIR_DIDX);
+    hir_parallelize(b, 0, HIR_DIDX);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = 2;
+    c.nout = 1;
+    c.in[0] = trand(HIR_F64, 3, ra);
+    c.in[1] = trand(HIR_F64, 3, rb);
+    full = ref_bmm(&c.in[0], &c.in[1], 0);
+    c.out[0] = tn(HIR_F64, 2, so2);
+    for (j = 0; j < 15; j++) {
+      double t = 0;
+      int64_t d;
+      for (d = 0; d < D; d++) t += tget(&full, d * 15 + j);
+      tset(&c.out[0], j, t);
+    }
+    tfree(&full);
+    c.prealloc = 1;
+    RUN_CASE(&c, "matmul_allreduce");
+    hir_fusion_free(f);
+  }
+}
+
+/* Gather, SendRecv, Broadcast and Reduce between meshes {0..3}, {4..7}, {2},
+   {5} in a world of 8 (the fusion of the lowering tests). */
+static void test_eval_cross_mesh(void) {
+  int64_t sa[2] = {4, 6}, su[2] = {3, 2}, j, i;
+  spmd_case c;
+  hir_fusion *f = cross_mesh_fusion();
+  case_init(&c, 8);
+  c.build = build_lowered;
+  c.user = f;
+  c.nin = 2;
+  c.nout = 4;
+  c.in[0] = trand(HIR_F32, 2, sa);
+  c.in[1] = trand(HIR_F32, 2, su);
+  c.out[0] = trand(HIR_F32, 2, sa); /* gathered: a itself */
+  memcpy(c.out[0].data, c.in[0].data, 24 * 4);
+  c.out[1] = trand(HIR_F32, 2, sa); /* moved: a, sharded the same way elsewhere */
+  memcpy(c.out[1].data, c.in[0].data, 24 * 4);
+  c.out[2] = trand(HIR_F32, 2, su); /* broadcast */
+  memcpy(c.out[2].data, c.in[1].data, 6 * 4);
+  c.out[3] = tn(HIR_F32, 1, sa + 1); /* reduced over the 4 shards */
+  for (j = 0; j < 6; j++) {
+    double s = 0;
+    for (i = 0; i < 4; i++) s += tget(&c.in[0], i * 6 + j);
+    tset(&c.out[3], j, s);
+  }
+  RUN_CASE(&c, "cross_mesh");
+  hir_fusion_free(f);
+}
+
+/* Scatter, a broadcast HostUnit, a matmul and a ReduceScatter on the mesh
+   {3 1 7 5} of a world of 8; ranks 0, 2, 4, 6 hold nothing. */
+static void test_eval_scatter_unit_reduce_scatter(void) {
+  int64_t sx[4] = {4, 4, 3, 5}, sb[3] = {4, 5, 2}, so[3] = {4, 3, 2}, i, j, m, n, k;
+  spmd_case c;
+  hir_fusion *f = scatter_rs_fusion();
+  case_init(&c, 8);
+  c.build = build_lowered;
+  c.user = f;
+  c.nin = 2;
+  c.nout = 1;
+  c.in[0] = trand(HIR_F32, 4, sx);
+  c.in[1] = trand(HIR_F32, 3, sb);
+  c.out[0] = tn(HIR_F32, 3, so);
+  for (j = 0; j < 4; j++)
+    for (m = 0; m < 3; m++)
+      for (n = 0; n < 2; n++) {
+        double s = 0;
+        for (i = 0; i < 4; i++)
+          for (k = 0; k < 5; k++) s += tget(&c.in[0], ((i * 4 + j) * 3 + m) * 5 + k) * tget(&c.in[1], (i * 5 + k) * 2 + n);
+        tset(&c.out[0], (j * 3 + m) * 2 + n, s);
+      }
+  c.tol = 1e-4;
+  RUN_CASE(&c, "scatter_unit_reduce_scatter");
+  hir_fusion_free(f);
+}
+
+/* Meshes that are not 0..D-1: {2 1} in a world of 3; rank 0 holds nothing. */
+static void test_eval_odd_mesh(void) {
+  int mesh[2] = {2, 1}, axis = 0;
+  int64_t sz[3] = {2, 3, 4}, j;
+  spmd_case c;
+  hir_fusion *f = fusion_allgather(2, mesh, 3, 4);
+  case_init(&c, 3);
+  c.build = build_lowered;
+  c.user = f;
+  c.nin = c.nout = 1;
+  c.in[0] = trand(HIR_F32, 3, sz);
+  c.out[0] = tn(HIR_F32, 3, sz);
+  memcpy(c.out[0].data, c.in[0].data, 24 * 4);
+  RUN_CASE(&c, "allgather on {2 1}");
+  hir_fusion_free(f);
+  {
+    hir_tv *a, *b;
+    f = hir_fusion_create();
+    a = hir_input(f, HIR_F16, 3);
+    b = hir_sum(f, a, 1, &axis);
+    hir_output(f, b);
+    hir_set_mesh(a, 2, mesh);
+    hir_set_mesh(b, 2, mesh);
+    hir_parallelize(a, 0, HIR_DIDX);
+    case_init(&c, 3);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = c.nout = 1;
+    c.tol = 2e-3; /* f16 */
+    c.in[0] = trand(HIR_F16, 3, sz);
+    c.out[0] = tn(HIR_F16, 2, sz + 1);
+    for (j = 0; j < 12; j++) tset(&c.out[0], j, tget(&c.in[0], j) + tget(&c.in[0], 12 + j));
+    c.prealloc = 1;
+    RUN_CASE(&c, "allreduce on {2 1}");
+    hir_fusion_free(f);
+  }
+}
+
+/* ---- the seeds' programs ---- */
+typedef hir_program *(*prog_fn)(int D, const int *mesh);
+typedef struct prog_case {
+  prog_fn fn;
+  int D;
+} prog_case;
+static hir_program *build_hand(void *user, int rank) {
+  prog_case *pc = (prog_case *)user;
+  (void)rank;
+  return pc->fn(pc->D, iota_mesh);
+}
+
+/* Seed 003's AllgatherP2p and seed 004's per-chunk Allgather, built by hand
+   exactly as printed in the golden tests, on every world and stream count. */
+static void test_eval_seed_allgather_programs(void) {
+  int wi, ns;
+  for (wi = 0; wi < 5; wi++)
+    for (ns = 1; ns <= 4; ns++) {
+      int D = worlds[wi];
+      int64_t sp[2] = {D, 6}, sc[2] = {5, D};
+      prog_case pc;
+      spmd_case c;
+      pc.D = D;
+      pc.fn = prog_allgather_p2p;
+      case_init(&c, D);
+      c.nstreams = ns;
+      c.build = build_hand;
+      c.user = &pc;
+      c.nin = c.nout = 1;
+      c.in[0] = trand(HIR_F32, 2, sp);
+      c.out[0] = tn(HIR_F32, 2, sp);
+      memcpy(c.out[0].data, c.in[0].data, (size_t)D * 6 * 4);
+      c.prealloc = ns & 1;
+      RUN_CASE(&c, "seed AllgatherP2p");
+      pc.fn = prog_allgather_collective;
+      case_init(&c, D);
+      c.nstreams = ns;
+      c.build = build_hand;
+      c.user = &pc;
+      c.nin = c.nout = 1;
+      c.in[0] = trand(HIR_F32, 2, sc);
+      c.out[0] = tn(HIR_F32, 2, sc);
+      memcpy(c.out[0].data, c.in[0].data, (size_t)D * 5 * 4);
+      RUN_CASE(&c, "seed Allgather (per chunk)");
+    }
+}
+
+/* Seed 003's AG_matmul_P2p and seed 004's matmul_RS_through_bcast by hand. */
+static void test_eval_seed_matmul_programs(void) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi];
+    int64_t sa[3] = {D, 3, 4}, sb[2] = {4, 5}, s0[5] = {2, D, D, 3, 4}, s1[3] = {D, 4, 5}, so[4] = {2, D, 3, 5};
+    int64_t s, j, m, n, d, k;
+    prog_case pc;
+    spmd_case c;
+    pc.D = D;
+    pc.fn = prog_ag_matmul_p2p;
+    case_init(&c, D);
+    c.nstreams = 1 + wi % 4;
+    c.build = build_hand;
+    c.user = &pc;
+    c.nin = 2;
+    c.nout = 1;
+    c.in[0] = trand(HIR_F32, 3, sa);
+    c.in[1] = trand(HIR_F32, 2, sb);
+    c.out[0] = ref_bmm(&c.in[0], &c.in[1], 1);
+    RUN_CASE(&c, "seed AG_matmul_P2p");
+    pc.fn = prog_post_on_stream;
+    case_init(&c, D);
+    c.nstreams = 1 + (wi + 2) % 4;
+    c.build = build_hand;
+    c.user = &pc;
+    c.nin = 2;
+    c.nout = 1;
+    c.tol = 1e-4;
+    c.in[0] = trand(HIR_F32, 5, s0);
+    c.in[1] = trand(HIR_F32, 3, s1);
+    c.out[0] = tn(HIR_F32, 4, so);
+    for (s = 0; s < 2; s++)
+      for (j = 0; j < D; j++)
+        for (m = 0; m < 3; m++)
+          for (n = 0; n < 5; n++) {
+            double t = 0;
+            for (d = 0; d < D; d++)
+              for (k = 0; k < 4; k++)
+                t += tget(&c.in[0], (((s * D + d) * D + j) * 3 + m) * 4 + k) * tget(&c.in[1], (d * 4 + k) * 5 + n);
+            tset(&c.out[0], ((s * D + j) * 3 + m) * 5 + n, t);
+          }
+    c.prealloc = 1;
+    RUN_CASE(&c, "seed matmul_RS_through_bcast");
+  }
+}
+
+/* The seed fusions that lower without stream lowering, through hir_lower. */
+static void test_eval_seed_fusions_lowered(void) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi];
+    int64_t s2[2] = {5, 3}, sg[2] = {D, 6}, sa[3] = {D, 3, 4}, sb[2] = {4, 5};
+    int64_t m0[4] = {2, D, 3, 4}, m1[3] = {D, 4, 5}, mo[3] = {2, 3, 5}, r0[3] = {3, D, 4}, ro[2] = {3, 4}, s, m, n, d, k;
+    spmd_case c;
+    seed sd;
+    /* single device, each rank alone */
+    seed_three_set_ops(&sd, hir_fusion_create());
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = sd.f;
+    c.nin = c.nout = 1;
+    c.in[0] = trand(HIR_F32, 2, s2);
+    c.out[0] = tn(HIR_F32, 2, s2);
+    memcpy(c.out[0].data, c.in[0].data, 15 * 4);
+    RUN_CASE(&c, "seed ThreeSetOpsWithDisjointsForLoops");
+    hir_fusion_free(sd.f);
+    seed_allgather_p2p(&sd, hir_fusion_create(), D, iota_mesh);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = sd.f;
+    c.nin = c.nout = 1;
+    c.in[0] = trand(HIR_F32, 2, sg);
+    c.out[0] = tn(HIR_F32, 2, sg);
+    memcpy(c.out[0].data, c.in[0].data, (size_t)D * 6 * 4);
+    RUN_CASE(&c, "seed AllgatherP2p lowered");
+    hir_fusion_free(sd.f);
+    seed_ag_matmul_p2p(&sd, hir_fusion_create(), D, iota_mesh);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = sd.f;
+    c.nin = 2;
+    c.nout = 1;
+    c.in[0] = trand(HIR_F32, 3, sa);
+    c.in[1] = trand(HIR_F32, 2, sb);
+    c.out[0] = ref_bmm(&c.in[0], &c.in[1], 1);
+    RUN_CASE(&c, "seed AG_matmul_P2p lowered");
+    hir_fusion_free(sd.f);
+    seed_matmul_ar(&sd, hir_fusion_create(), D, iota_mesh);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = sd.f;
+    c.nin = 2;
+    c.nout = 1;
+    c.tol = 1e-4;
+    c.in[0] = trand(HIR_F32, 4, m0);
+    c.in[1] = trand(HIR_F32, 3, m1);
+    c.out[0] = tn(HIR_F32, 3, mo);
+    for (s = 0; s < 2; s++)
+      for (m = 0; m < 3; m++)
+        for (n = 0; n < 5; n++) {
+          double t = 0;
+          for (d = 0; d < D; d++)
+            for (k = 0; k < 4; k++) t += tget(&c.in[0], ((s * D + d) * 3 + m) * 4 + k) * tget(&c.in[1], (d * 4 + k) * 5 + n);
+          tset(&c.out[0], (s * 3 + m) * 5 + n, t);
+        }
+    RUN_CASE(&c, "seed matmul_AR lowered");
+    hir_fusion_free(sd.f);
+    seed_allreduce(&sd, hir_fusion_create(), D, iota_mesh);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = sd.f;
+    c.nin = c.nout = 1;
+    c.in[0] = trand(HIR_F32, 3, r0);
+    c.out[0] = tn(HIR_F32, 2, ro);
+    for (s = 0; s < 3; s++)
+      for (k = 0; k < 4; k++) {
+        double t = 0;
+        for (d = 0; d < D; d++) t += tget(&c.in[0], (s * D + d) * 4 + k);
+        tset(&c.out[0], s * 4 + k, t);
+      }
+    RUN_CASE(&c, "seed Allreduce lowered");
+    hir_fusion_free(sd.f);
+  }
+}
+
+/* ---- one rank: bad inputs, then a good run ---- */
+static void test_eval_bad_inputs(void) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2), *c = hir_matmul(f, a, b);
+  hir_program *p;
+  hir_evaluator *ev;
+  hir_lower_desc d;
+  int64_t sa[2] = {3, 4}, sb[2] = {4, 2}, sk[2] = {5, 2}, so[2] = {3, 2}, sd3[3] = {3, 4, 1};
+  hir_tensor in[2], out[1], good_a = trand(HIR_F32, 2, sa), good_b = trand(HIR_F32, 2, sb), bad;
+  hir_output(f, c);
+  memset(&d, 0, sizeof d);
+  CHECK(hir_lower(f, &d, &p) == HIR_OK);
+  CHECK(hir_evaluator_create(p, NULL, &ev) == HIR_OK);
+#define RUN_EXPECT(want, needle)                                                                            \
+  do {                                                                                                      \
+    hir_status s_ = hir_run(ev, in, 2, out, 1);                                                             \
+    if (s_ != (want) || !strstr(hir_evaluator_error(ev), needle)) {                                         \
+      fprintf(stderr, "  test_eval.c:%d: %s \"%s\"; wanted %s with \"%s\"\n", __LINE__, hir_status_str(s_), \
+              hir_evaluator_error(ev), hir_status_str(want), needle);                                       \
+      hir_test_failures++;                                                                                  \
+    }                                                                                                       \
+  } while (0)
+  in[0] = good_a;
+  in[1] = good_b;
+  memset(out, 0, sizeof out);
+  CHECK(hir_run(ev, in, 1, out, 1) == HIR_ERR_INVALID);
+  CHECK(strstr(hir_evaluator_error(ev), "got 1 inputs and 1 outputs; the program takes 2 and 1") != NULL);
+  bad = tn(HIR_F64, 2, sb);
+  in[1] = bad;
+  RUN_EXPECT(HIR_ERR_INVALID, "input 1 (T1) is double; the program expects float");
+  tfree(&bad);
+  bad = tn(HIR_F32, 3, sd3);
+  in[1] = bad;
+  RUN_EXPECT(HIR_ERR_SHAPE, "input 1 (T1) has 3 axes; the program expects 2");
+  tfree(&bad);
+  bad = tn(HIR_F32, 2, sk);
+  in[1] = bad;
+  RUN_EXPECT(HIR_ERR_SHAPE, "the contracted sizes differ (4 vs 5)");
+  tfree(&bad);
+  in[1] = good_b;
+  in[1].data = NULL;
+  RUN_EXPECT(HIR_ERR_INVALID, "input 1 (T1) has NULL data");
+  in[1] = good_b;
+  in[1].strides[0] = 1;
+  in[1].strides[1] = 4;
+  RUN_EXPECT(HIR_ERR_UNSUPPORTED, "input 1 (T1) is strided");
+  in[1] = good_b;
+  out[0] = tn(HIR_F32, 2, sb);
+  RUN_EXPECT(HIR_ERR_SHAPE, "output 0 (T2) is [4, 2]; the program writes [3, 2] here");
+  tfree(&out[0]);
+  { /* and a good run still works, into a poisoned preallocated output */
+    int64_t i, k, j;
+    out[0] = tn(HIR_F32, 2, so);
+    for (i = 0; i < 6; i++) tset(&out[0], i, 1e30);
+    CHECK(hir_run(ev, in, 2, out, 1) == HIR_OK);
+    CHECK_STR(hir_evaluator_error(ev), "");
+    for (i = 0; i < 3; i++)
+      for (j = 0; j < 2; j++) {
+        double s = 0;
+        for (k = 0; k < 4; k++) s += tget(&good_a, i * 4 + k) * tget(&good_b, k * 2 + j);
+        CHECK(fabs(tget(&out[0], i * 2 + j) - s) < 1e-5);
+      }
+    tfree(&out[0]);
+  }
+#undef RUN_EXPECT
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  tfree(&good_a);
+  tfree(&good_b);
+  hir_fusion_free(f);
+  /* a sharded input's DIDx axis has local size 1 */
+  {
+    hir_local_world *w = hir_local_world_create(1);
+    int64_t s3[3] = {2, 3, 4};
+    hir_eval_desc ed;
+    f = fusion_allgather(2, iota_mesh, 3, 4);
+    d.my_device = 0;
+    CHECK(hir_lower(f, &d, &p) == HIR_OK);
+    memset(&ed, 0, sizeof ed);
+    ed.comm = hir_local_comm(w, 0);
+    CHECK(hir_evaluator_create(p, &ed, &ev) == HIR_ERR_INVALID); /* mesh {0 1}, a world of 1 */
+    CHECK(strstr(hir_evaluator_error(ev), "names device 1, outside the world of 1 ranks") != NULL);
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_fusion_free(f);
+    f = fusion_allgather(1, iota_mesh, 3, 4);
+    CHECK(hir_lower(f, &d, &p) == HIR_OK);
+    CHECK(hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+    in[0] = tn(HIR_F32, 3, s3);
+    memset(out, 0, sizeof out);
+    CHECK(hir_run(ev, in, 1, out, 1) == HIR_OK); /* a mesh of one device holds the whole tensor */
+    tfree(&in[0]);
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_fusion_free(f);
+    hir_local_world_free(w);
+  }
+}
+
+static void test_eval_create_errors(void) {
+  hir_evaluator *ev;
+  hir_program *p = hir_program_create();
+  hir_eval_desc d;
+  memset(&d, 0, sizeof d);
+  CHECK(hir_evaluator_create(NULL, NULL, &ev) == HIR_ERR_INVALID);
+  CHECK(strstr(hir_evaluator_error(ev), "the program is NULL") != NULL);
+  CHECK(hir_run(ev, NULL, 0, NULL, 0) == HIR_ERR_INVALID);
+  hir_evaluator_free(ev);
+  d.number_of_streams = -1;
+  CHECK(hir_evaluator_create(p, &d, &ev) == HIR_ERR_INVALID);
+  CHECK(strstr(hir_evaluator_error(ev), "number_of_streams is -1") != NULL);
+  hir_evaluator_free(ev);
+  { /* communicating without a communicator */
+    hir_fusion *f = hir_program_fusion(p);
+    hir_tv *a = hir_input(f, HIR_F32, 1), *b = hir_set(f, a);
+    int team[2] = {0, 1};
+    hir_output(f, b);
+    hir_scope_append(hir_program_body(p), hir_host_communication(p, HIR_COLL_ALLGATHER, 2, team, 0, a, b));
+    d.number_of_streams = 0;
+    CHECK(hir_evaluator_create(p, &d, &ev) == HIR_ERR_INVALID);
+    CHECK(strstr(hir_evaluator_error(ev), "give a communicator") != NULL);
+    hir_evaluator_free(ev);
+  }
+  hir_program_free(p);
+  CHECK(hir_evaluator_create(NULL, NULL, NULL) == HIR_ERR_INVALID);
+  hir_evaluator_free(NULL);
+}
+
+/* ---- buffers are allocated on the first run only ---- */
+static int alloc_calls;
+static hir_status (*cpu_alloc)(hir_backend *, size_t, void **);
+static hir_status counting_alloc(hir_backend *b, size_t bytes, void **ptr) {
+  alloc_calls++;
+  return cpu_alloc(b, bytes, ptr);
+}
+
+static void test_eval_buffer_reuse(void) {
+  hir_fusion *f = hir_fusion_create();
+  int axis = 0;
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_add(f, a, a), *c = hir_mul(f, b, a), *s = hir_sum(f, c, 1, &axis);
+  hir_program *p;
+  hir_evaluator *ev;
+  hir_lower_desc d;
+  hir_eval_desc ed;
+  hir_backend *be = hir_backend_cpu_create();
+  int64_t sz[2] = {16, 8}, sz2[2] = {4, 3}, j, i;
+  hir_tensor in = trand(HIR_F32, 2, sz), out;
+  void *addr;
+  hir_output(f, s);
+  memset(&d, 0, sizeof d);
+  memset(&ed, 0, sizeof ed);
+  cpu_alloc = be->alloc;
+  be->alloc = counting_alloc;
+  ed.backend = be;
+  CHECK(hir_lower(f, &d, &p) == HIR_OK);
+  CHECK(hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  alloc_calls = 0;
+  memset(&out, 0, sizeof out);
+  CHECK(hir_run(ev, &in, 1, &out, 1) == HIR_OK);
+  CHECK(alloc_calls > 0);
+  addr = out.data;
+  for (j = 0; j < 8; j++) {
+    double want = 0;
+    for (i = 0; i < 16; i++) want += 2 * tget(&in, i * 8 + j) * tget(&in, i * 8 + j);
+    CHECK(fabs(tget(&out, j) - want) < 1e-4);
+  }
+  alloc_calls = 0;
+  CHECK(hir_run(ev, &in, 1, &out, 1) == HIR_OK);
+  CHECK(alloc_calls == 0); /* same shapes: same buffers */
+  CHECK(out.data == addr);
+  tfree(&in);
+  in = trand(HIR_F32, 2, sz2);
+  CHECK(hir_run(ev, &in, 1, &out, 1) == HIR_OK); /* new shapes: a new plan */
+  CHECK(out.ndims == 1 && out.sizes[0] == 3);
+  {
+    double want = 0;
+    for (i = 0; i < 4; i++) want += 2 * tget(&in, i * 3 + 1) * tget(&in, i * 3 + 1);
+    CHECK(fabs(tget(&out, 1) - want) < 1e-5);
+  }
+  tfree(&in);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(be);
+  hir_fusion_free(f);
+}
+
+/* ---- a dead peer: a timeout, not a hang ---- */
+typedef struct dead_ctx {
+  hir_local_world *w;
+  hir_program *p;
+  hir_status first, second;
+  char msg[600];
+} dead_ctx;
+
+static hir_status dead_rank(int rank, void *user) {
+  dead_ctx *c = (dead_ctx *)user;
+  hir_evaluator *ev;
+  hir_eval_desc d;
+  int64_t sz[3] = {1, 3, 4};
+  hir_tensor in, out;
+  if (rank != 0) return HIR_OK; /* rank 1 never shows up */
+  memset(&d, 0, sizeof d);
+  d.comm = hir_local_comm(c->w, 0);
+  if (hir_evaluator_create(c->p, &d, &ev) != HIR_OK) {
+    snprintf(c->msg, sizeof c->msg, "%s", hir_evaluator_error(ev));
+    hir_evaluator_free(ev);
+    return HIR_OK;
+  }
+  in = trand(HIR_F32, 3, sz);
+  memset(&out, 0, sizeof out);
+  c->first = hir_run(ev, &in, 1, &out, 1);
+  snprintf(c->msg, sizeof c->msg, "%s", hir_evaluator_error(ev));
+  c->second = hir_run(ev, &in, 1, &out, 1);
+  tfree(&in);
+  hir_evaluator_free(ev);
+  return HIR_OK;
+}
+
+static void test_eval_dead_peer(void) {
+  dead_ctx c;
+  {
+    hir_fusion *f = fusion_allgather(2, iota_mesh, 3, 4);
+    hir_lower_desc d;
+    memset(&c, 0, sizeof c);
+    memset(&d, 0, sizeof d);
+    CHECK(hir_lower(f, &d, &c.p) == HIR_OK);
+    c.w = hir_local_world_create(2);
+    hir_local_world_set_timeout(c.w, 150);
+    CHECK(hir_spmd(2, dead_rank, &c) == HIR_OK);
+    CHECK(c.first == HIR_ERR_TIMEOUT);
+    CHECK(strstr(c.msg, "rank 0 waited 150 ms in Allgather") != NULL);
+    CHECK(c.second == HIR_ERR_COMM);
+    hir_local_world_free(c.w);
+    hir_program_free(c.p);
+    hir_fusion_free(f);
+  }
+}
+
+/* ---- the local world's collectives directly: NCCL's semantics ---- */
+typedef struct lw_ctx {
+  hir_local_world *w;
+  int n;
+  char err[MAXR][400];
+} lw_ctx;
+
+static hir_status lw_rank(int rank, void *user) {
+  lw_ctx *x = (lw_ctx *)user;
+  hir_comm *c = hir_local_comm(x->w, rank);
+  int n = x->n, i, team[MAXR], rev[MAXR];
+  void *t, *tr;
+  float buf[64], send[8], expect;
+  uint16_t h[8];
+  char *err = x->err[rank];
+  for (i = 0; i < n; i++) {
+    team[i] = i;
+    rev[i] = n - 1 - i;
+  }
+  if (c->team(c, team, n, &t) != HIR_OK || c->team(c, rev, n, &tr) != HIR_OK) {
+    snprintf(err, 400, "team: %s", c->error);
+    return HIR_ERR_COMM;
+  }
+  /* in-place allgather, in team order: the reversed team reverses the order */
+  for (i = 0; i < 2; i++) buf[(n - 1 - rank) * 2 + i] = (float)(rank * 10 + i);
+  if (c->allgather(c, tr, buf + (n - 1 - rank) * 2, buf, 8, NULL) != HIR_OK) snprintf(err, 400, "allgather: %s", c->error);
+  for (i = 0; i < n && !err[0]; i++)
+    if (buf[2 * i] != (float)((n - 1 - i) * 10) || buf[2 * i + 1] != (float)((n - 1 - i) * 10 + 1))
+      snprintf(err, 400, "allgather: chunk %d is %g", i, buf[2 * i]);
+  /* in-place allreduce in f16: sums rounded once */
+  for (i = 0; i < 8; i++) h[i] = hir_float_to_half(0.25f * (float)(rank + 1) + (float)i);
+  if (!err[0] && c->allreduce(c, t, h, h, 8, HIR_F16, NULL) != HIR_OK) snprintf(err, 400, "allreduce: %s", c->error);
+  for (i = 0; i < 8 && !err[0]; i++) {
+    float want = 0;
+    int r;
+    for (r = 0; r < n; r++) want += hir_half_to_float(hir_float_to_half(0.25f * (float)(r + 1) + (float)i));
+    if (h[i] != hir_float_to_half(want)) snprintf(err, 400, "allreduce f16: element %d is %g, want %g", i, hir_half_to_float(h[i]), want);
+  }
+  /* in-place reduce-scatter: member r receives the sum of chunk r */
+  for (i = 0; i < n * 2; i++) buf[i] = (float)(rank + i);
+  if (!err[0] && c->reduce_scatter(c, t, buf, buf + rank * 2, 2, HIR_F32, NULL) != HIR_OK) snprintf(err, 400, "rs: %s", c->error);
+  expect = 0;
+  for (i = 0; i < n; i++) expect += (float)(i + rank * 2 + 1);
+  if (!err[0] && buf[rank * 2 + 1] != expect) snprintf(err, 400, "reduce_scatter: %g, want %g", buf[rank * 2 + 1], expect);
+  /* reduce and gather where the root holds no data */
+  send[0] = (float)(rank + 1);
+  if (!err[0] && c->reduce(c, t, rank == n - 1 ? NULL : send, buf, 1, HIR_F32, n - 1, NULL) != HIR_OK)
+    snprintf(err, 400, "reduce: %s", c->error);
+  if (!err[0] && rank == n - 1 && buf[0] != (float)((n - 1) * n / 2)) snprintf(err, 400, "reduce: %g", buf[0]);
+  if (!err[0] && c->gather(c, t, rank == n - 1 ? NULL : send, buf, 4, n - 1, NULL) != HIR_OK) snprintf(err, 400, "gather: %s", c->error);
+  for (i = 0; !err[0] && rank == n - 1 && i < n - 1; i++)
+    if (buf[i] != (float)(i + 1)) snprintf(err, 400, "gather: chunk %d is %g", i, buf[i]);
+  /* scatter and broadcast from root 0 */
+  for (i = 0; i < n; i++) buf[i] = (float)(100 + i);
+  if (!err[0] && c->scatter(c, t, rank == 0 ? buf : NULL, send, 4, 0, NULL) != HIR_OK) snprintf(err, 400, "scatter: %s", c->error);
+  if (!err[0] && send[0] != (float)(100 + rank)) snprintf(err, 400, "scatter: got %g", send[0]);
+  send[1] = rank == 0 ? 7.5f : 0.0f;
+  if (!err[0] && c->broadcast(c, t, rank == 0 ? send + 1 : NULL, send + 2, 4, 0, NULL) != HIR_OK) snprintf(err, 400, "bcast: %s", c->error);
+  if (!err[0] && send[2] != 7.5f) snprintf(err, 400, "broadcast: got %g", send[2]);
+  /* a ring exchange in one group: send right, receive from the left */
+  send[3] = (float)rank;
+  if (!err[0]) {
+    c->group_start(c);
+    c->recv(c, send + 4, 4, (rank + n - 1) % n, NULL);
+    c->send(c, send + 3, 4, (rank + 1) % n, NULL);
+    if (c->group_end(c) != HIR_OK) snprintf(err, 400, "ring: %s", c->error);
+    else if (send[4] != (float)((rank + n - 1) % n)) snprintf(err, 400, "ring: got %g", send[4]);
+  }
+  /* plain send/recv pairs: evens send to the next odd rank */
+  if (!err[0] && n > 1 && !(rank == n - 1 && rank % 2 == 0)) {
+    hir_status s = rank % 2 == 0 ? c->send(c, send + 3, 4, rank + 1, NULL) : c->recv(c, send + 5, 4, rank - 1, NULL);
+    if (s != HIR_OK) snprintf(err, 400, "p2p: %s", c->error);
+    else if (rank % 2 && send[5] != (float)(rank - 1)) snprintf(err, 400, "p2p: got %g", send[5]);
+  }
+  if (!err[0] && c->send(c, send, 4, rank, NULL) != HIR_ERR_INVALID) snprintf(err, 400, "a send to self outside a group must fail");
+  if (!err[0] && c->send(c, send, 4, n + 3, NULL) != HIR_ERR_INVALID) snprintf(err, 400, "a send outside the world must fail");
+  return err[0] ? HIR_ERR_COMM : HIR_OK;
+}
+
+static void test_local_world_collectives(void) {
+  int wi, r;
+  for (wi = 0; wi < 5; wi++) {
+    lw_ctx x;
+    memset(&x, 0, sizeof x);
+    x.n = worlds[wi];
+    x.w = hir_local_world_create(x.n);
+    hir_local_world_set_timeout(x.w, 10000);
+    hir_spmd(x.n, lw_rank, &x);
+    for (r = 0; r < x.n; r++)
+      if (x.err[r][0]) {
+        fprintf(stderr, "  test_eval.c: local world of %d: rank %d: %s\n", x.n, r, x.err[r]);
+        hir_test_failures++;
+        break;
+      }
+    hir_local_world_free(x.w);
+  }
+  CHECK(hir_local_world_create(0) == NULL);
+  CHECK(hir_local_comm(NULL, 0) == NULL);
+  CHECK(hir_spmd(0, NULL, NULL) == HIR_ERR_INVALID);
+}
+
+/* ---- half precision ---- */
+static void test_half_conversions(void) {
+  uint32_t i;
+  CHECK(hir_float_to_half(1.0f) == 0x3c00);
+  CHECK(hir_float_to_half(-2.0f) == 0xc000);
+  CHECK(hir_float_to_half(65504.0f) == 0x7bff);
+  CHECK(hir_float_to_half(65519.0f) == 0x7bff);
+  CHECK(hir_float_to_half(65520.0f) == 0x7c00);         /* the tie rounds to even: infinity */
+  CHECK(hir_float_to_half(1.0f + 1.0f / 2048) == 0x3c00);   /* tie: to even */
+  CHECK(hir_float_to_half(1.0f + 3.0f / 2048) == 0x3c02);   /* tie: to even, up */
+  CHECK(hir_float_to_half(5.9604644775390625e-08f) == 0x0001); /* 2^-24, the smallest subnormal */
+  CHECK(hir_float_to_half(2.98023223876953125e-08f) == 0x0000); /* 2^-25: tie to even zero */
+  CHECK(hir_float_to_half(8.94069671630859375e-08f) == 0x0002); /* 1.5 * 2^-24: tie to even two */
+  CHECK(hir_float_to_half(6.097555160522461e-05f) == 0x03ff);   /* the largest subnormal */
+  CHECK(hir_float_to_half(-0.0f) == 0x8000);
+  CHECK(hir_half_to_float(0x0001) == 5.9604644775390625e-08f);
+  CHECK(hir_half_to_float(0x7c00) > 1e30f);
+  {
+    float nan = hir_half_to_float(0x7e00);
+    CHECK(nan != nan);
+    CHECK((hir_float_to_half(nan) & 0x7c00) == 0x7c00 && (hir_float_to_half(nan) & 0x3ff));
+  }
+  for (i = 0; i < 65536; i++) { /* every half survives a round trip */
+    uint16_t h = (uint16_t)i;
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue;
+    if (hir_float_to_half(hir_half_to_float(h)) != h) {
+      fprintf(stderr, "  half 0x%04x does not round-trip\n", h);
+      hir_test_failures++;
+      break;
+    }
+  }
+  CHECK(hir_float_to_bf16(1.0f) == 0x3f80);
+  CHECK(hir_float_to_bf16(1.0f + 1.0f / 256) == 0x3f80);   /* tie: to even */
+  CHECK(hir_float_to_bf16(1.0f + 3.0f / 256) == 0x3f82);   /* tie: to even, up */
+  CHECK(hir_float_to_bf16(1.0f + 1.5f / 256) == 0x3f81);   /* above the tie: up */
+  CHECK(hir_bf16_to_float(0x4049) == 3.140625f);
+  {
+    float nan = hir_bf16_to_float(hir_float_to_bf16(hir_half_to_float(0x7e00)));
+    CHECK(nan != nan);
+  }
+}
+
+#define EVAL_TESTS                                                                 \
+  {"eval/half_conversions", test_half_conversions},                               \
+  {"eval/local_world_collectives", test_local_world_collectives},                 \
+  {"eval/allgather_scatter", test_eval_allgather_scatter},                        \
+  {"eval/allreduce_reduce_scatter", test_eval_allreduce_reduce_scatter},          \
+  {"eval/matmul_patterns", test_eval_matmul_patterns},                            \
+  {"eval/cross_mesh", test_eval_cross_mesh},                                      \
+  {"eval/scatter_unit_reduce_scatter", test_eval_scatter_unit_reduce_scatter},    \
+  {"eval/odd_mesh", test_eval_odd_mesh},                                          \
+  {"eval/seed_allgather_programs", test_eval_seed_allgather_programs},            \
+  {"eval/seed_matmul_programs", test_eval_seed_matmul_programs},                  \
+  {"eval/seed_fusions_lowered", test_eval_seed_fusions_lowered},                  \
+  {"eval/bad_inputs", test_eval_bad_inputs},                                      \
+  {"eval/create_errors", test_eval_create_errors},                                \
+  {"eval/buffer_reuse", test_eval_buffer_reuse},                                  \
+  {"eval/dead_peer", test_eval_dead_peer},
