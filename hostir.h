@@ -38,12 +38,14 @@
        // >>segment    copy, sharding propagation, decomposition, segmenter
        // >>lower      building the program, resharding ops to communications
        // >>pass_dealloc  Deallocate after last uses
+       // >>pass_stream   stream lowering: loops over chunks, P2P schedules
        // >>verify     the program verifier run between passes
        // >>pipeline   hir_lower: the passes in order, HOSTIR_DUMP
        // >>half       f16/bf16 conversions (round to nearest even)
        // >>backend_cpu   the CPU backend: host memory, in-order streams
        // >>comm_local    the local world: N ranks as threads, hir_spmd
        // >>eval       the evaluator: plan, buffers, hir_run
+       // >>schedule   the cross-rank schedule verifier
 
    Compile-time options (define before the implementation include):
        HOSTIR_STATIC                  every function static (private copy per file)
@@ -268,11 +270,20 @@ HIRDEF const hir_expr *hir_group_expr(const hir_group *g, int i);
 HIRDEF int             hir_group_is_standalone(const hir_group *g);  /* one standalone host op */
 HIRDEF int             hir_expr_is_resharding(const hir_expr *e);
 HIRDEF int             hir_merge_default(const hir_group *a, const hir_group *b, void *user);
+/* How stream-lowered P2P loops visit peers: LINEAR, step i talks to mesh[i]
+   (the seeds' schedule); RING, step i receives from position pos-i and sends
+   to pos+i, so every rank is busy every step and none hears from all at once. */
+typedef enum hir_p2p_schedule { HIR_P2P_LINEAR, HIR_P2P_RING } hir_p2p_schedule;
+typedef struct hir_stream_options {  /* zero-initialized = defaults */
+  hir_p2p_schedule schedule;
+  int bounded_buffers;  /* an intermediate only its loop uses keeps numberOfStreams slices, reused round-robin */
+} hir_stream_options;
 typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   int my_device;                    /* this rank's device id */
   hir_merge_fn should_merge;        /* NULL: hir_merge_default */
   void *merge_user;
   int skip_stream_lowering, skip_deallocations;
+  hir_stream_options stream;        /* options of the stream-lowering pass */
 } hir_lower_desc;
 /* On failure *out still receives a program holding only the error (read it
    with hir_program_error, free it), or NULL when even that allocation failed.
@@ -294,8 +305,15 @@ HIRDEF void             hir_segmentation_free(hir_segmentation *s);
 
 /* Passes: plain functions on a program, in the order hir_lower runs them.
    Each records its error in the program and returns the status. */
+HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_options *options);
 HIRDEF hir_status hir_pass_convert_communications(hir_program *p);
 HIRDEF hir_status hir_pass_insert_deallocations(hir_program *p);
+/* The schedule verifier: the programs of all ranks (programs[r] runs on
+   device r), their collectives matched per team and their send/recv matched
+   per coalescing group, as the communicators would; HIR_ERR_COMM with the
+   mismatch or the deadlock in msg. Loops are unrolled: a DIDx extent is the
+   mesh size, any other extent taken as 3. */
+HIRDEF hir_status hir_verify_schedule(hir_program *const *programs, int nranks, int number_of_streams, char *msg, size_t cap);
 /* Checks the program's structure: operands defined before use, waits after
    what they wait on, coalescing pairs, no use after Deallocate, no nested loops. */
 HIRDEF hir_status hir_program_verify(hir_program *p);   /* records the reason in the program */
@@ -396,6 +414,7 @@ HIRDEF hir_status  hir_evaluator_sync(hir_evaluator *ev);
 HIRDEF const char *hir_evaluator_error(const hir_evaluator *ev);
 HIRDEF void        hir_evaluator_free(hir_evaluator *ev);
 HIRDEF hir_backend *hir_evaluator_backend(const hir_evaluator *ev);
+HIRDEF size_t      hir_evaluator_memory(const hir_evaluator *ev);  /* bytes of buffers it holds now */
 
 /* Half precision, round to nearest even. */
 HIRDEF uint16_t hir_float_to_half(float f);
@@ -532,8 +551,20 @@ static int hir__vec_push(hir__arena *a, hir__vec *v, void *item) {
   return 1;
 }
 
+/* Room for `need` elements in a heap array that doubles (outside arenas). */
+static int hir__grow_heap(void **items, int *cap, int need, size_t elem) {
+  void *p;
+  int n = *cap ? *cap : 8;
+  if (need <= *cap) return 1;
+  while (n < need) n *= 2;
+  if (!(p = HIR_REALLOC(*items, (size_t)n * elem))) return 0;
+  *items = p;
+  *cap = n;
+  return 1;
+}
+
 // >>ir
-typedef enum hir__val_kind { HIR__VAL_CONST, HIR__VAL_SYMBOL, HIR__VAL_NAMED, HIR__VAL_BINARY } hir__val_kind;
+typedef enum hir__val_kind { HIR__VAL_CONST, HIR__VAL_SYMBOL, HIR__VAL_NAMED, HIR__VAL_BINARY, HIR__VAL_MESH_AT } hir__val_kind;
 
 struct hir_val {
   hir_fusion *ir;
@@ -542,7 +573,9 @@ struct hir_val {
   int64_t value;          /* constants */
   int which;              /* named scalars: hir_named_scalar */
   int op;                 /* binary: hir_scalar_op */
-  hir_val *lhs, *rhs;
+  hir_val *lhs, *rhs;     /* binary operands; MESH_AT: lhs is the index */
+  const int *mesh;        /* MESH_AT: the device at position lhs of this mesh */
+  int mesh_size;
 };
 
 struct hir_id {
@@ -1619,6 +1652,15 @@ static void hir__print_val(hir__writer *w, const hir_val *v) {
     hir__print_val(w, v->rhs);
     hir__w(w, " )");
     break;
+  case HIR__VAL_MESH_AT: {
+    int i;
+    hir__w(w, "DeviceMesh{");
+    for (i = 0; i < v->mesh_size; i++) hir__w(w, i ? " %d" : "%d", v->mesh[i]);
+    hir__w(w, "}[");
+    hir__print_val(w, v->lhs);
+    hir__w(w, "]");
+    break;
+  }
   }
 }
 
@@ -2079,6 +2121,12 @@ static hir_val *hir__clone_val(hir__cloner *c, const hir_val *v) {
   n->ir = c->dst;
   if (v->kind == HIR__VAL_BINARY && (!(n->lhs = hir__clone_val(c, v->lhs)) || !(n->rhs = hir__clone_val(c, v->rhs))))
     return NULL;
+  if (v->kind == HIR__VAL_MESH_AT) {
+    int *mesh = (int *)hir__alloc(c->dst, (size_t)v->mesh_size * sizeof(int));
+    if (!mesh || !(n->lhs = hir__clone_val(c, v->lhs))) return NULL;
+    memcpy(mesh, v->mesh, (size_t)v->mesh_size * sizeof(int));
+    n->mesh = mesh;
+  }
   return c->vals[v->name] = n;
 }
 
@@ -2780,6 +2828,420 @@ done:
   return ok ? HIR_OK : f->status;
 }
 
+// >>pass_stream
+/* Stream lowering (DESIGN.md §5). Top-level exprs whose outputs have a Stream
+   axis form chains (neighbours whose Stream axes have one extent); each chain
+   becomes one loop over chunks, every tensor seen through HirAliasSelect
+   views along the axis mapped to the Stream axis. Two resharding patterns
+   become point-to-point schedules in the loop: the P2P allgather (a set whose
+   DIDx axis becomes the Stream axis) and its mirror, the P2P reduce-scatter
+   (a sum over DIDx whose input's Stream axis becomes the output's DIDx axis). */
+enum { HIR__P2P_NONE, HIR__P2P_ALLGATHER, HIR__P2P_REDUCE_SCATTER };
+
+/* The Stream axis of a tensor among its data axes, or -1. */
+static int hir__stream_axis(const hir_tv *tv) {
+  int i;
+  for (i = 0; i < tv->ndims; i++)
+    if (tv->ids[i]->ptype == HIR_STREAM) return tv->ids[i]->iter == HIR_REDUCTION ? -2 : i;
+  return -1;
+}
+
+/* Which P2P pattern e is, if any; *in_axis: the input axis that streams. */
+static int hir__p2p_kind(const hir_expr *e, int *in_axis) {
+  int map[HIR_MAX_DIMS], s, d, i;
+  if (e->kind != HIR_EXPR_LOAD_STORE && e->kind != HIR_EXPR_REDUCTION) return HIR__P2P_NONE;
+  if (!hir__sharded(e->in[0]) || !hir__same_mesh(e->in[0], e->out[0])) return HIR__P2P_NONE;
+  hir__axis_map(e, 0, map);
+  d = hir__didx_axis(e->in[0]);
+  if (e->kind == HIR_EXPR_LOAD_STORE && (s = hir__stream_axis(e->out[0])) >= 0 && map[d] == s) {
+    *in_axis = d;
+    return HIR__P2P_ALLGATHER;
+  }
+  if (e->kind == HIR_EXPR_REDUCTION && (s = hir__stream_axis(e->in[0])) >= 0 && map[s] >= 0 && map[s] == hir__didx_axis(e->out[0]) &&
+      e->out[0]->ids[map[d]]->iter == HIR_REDUCTION) {
+    for (i = 0; i < e->in[0]->ndims; i++) /* only the DIDx axis may be reduced */
+      if (i != d && map[i] >= 0 && e->out[0]->ids[map[i]]->iter == HIR_REDUCTION && e->in[0]->ids[i]->iter != HIR_REDUCTION)
+        return HIR__P2P_NONE;
+    *in_axis = s;
+    return HIR__P2P_REDUCE_SCATTER;
+  }
+  return HIR__P2P_NONE;
+}
+
+/* The ID a chain loops over for expr e (its Stream axis), or NULL. */
+static hir_id *hir__stream_id(const hir_expr *e) {
+  int a, s;
+  if (e->kind == HIR_EXPR_POST_ON_STREAM || !(hir__ops[e->kind].flags & HIR__OP_COMPUTE)) return NULL;
+  if (hir__p2p_kind(e, &a) == HIR__P2P_REDUCE_SCATTER) return e->in[0]->ids[a];
+  s = hir__stream_axis(e->out[0]);
+  return s >= 0 ? e->out[0]->ids[s] : NULL;
+}
+
+typedef struct hir__slice {
+  const hir_tv *tv;
+  int axis;
+  const hir_val *index;
+  hir_tv *view;
+} hir__slice;
+
+typedef struct hir__chain {
+  hir_program *p;
+  const hir_stream_options *opt;
+  hir_expr **exprs;
+  int n, p2p, ring;
+  hir_id *id;                   /* the loop's axis */
+  const int *mesh;              /* the P2P mesh and my position in it */
+  int mesh_size, pos;
+  hir_val *i, *chunk, *slot, *pos_val;
+  hir_scope *body;
+  hir__vec allocs, after, slices;
+  unsigned char *bounded;       /* by tensor name */
+} hir__chain;
+
+static hir_val *hir__v(hir__chain *c, hir_scalar_op op, hir_val *a, hir_val *b) { return hir__binary_val(&c->p->ir, op, a, b); }
+
+/* The device at chunk position `index` of the loop's mesh. */
+static hir_val *hir__mesh_at(hir__chain *c, hir_val *index) {
+  hir_val *v;
+  int i, iota = 1;
+  for (i = 0; i < c->mesh_size; i++) iota &= c->mesh[i] == i;
+  if (iota) return index;
+  if (!(v = hir__new_val(&c->p->ir, HIR__VAL_MESH_AT))) return NULL;
+  v->lhs = index;
+  v->mesh = c->mesh;
+  v->mesh_size = c->mesh_size;
+  return v;
+}
+
+static int hir__append(hir_scope *s, hir_expr *e) { return e && hir_scope_append(s, e) == HIR_OK; }
+
+/* A view of tv at `index` along `axis`, made once per (tv, axis, index) and
+   placed in the loop body. */
+static hir_tv *hir__slice_of(hir__chain *c, hir_tv *tv, int axis, hir_val *index) {
+  hir_fusion *f = &c->p->ir;
+  hir__slice *s;
+  hir_expr *sel;
+  int i;
+  for (i = 0; i < c->slices.n; i++) {
+    s = (hir__slice *)c->slices.items[i];
+    if (s->tv == tv && s->axis == axis && s->index == index) return s->view;
+  }
+  if (!(sel = hir__alias_select(f, tv, axis, index)) || !hir__append(c->body, sel)) return NULL;
+  if (!(s = (hir__slice *)hir__alloc(f, sizeof(hir__slice)))) return NULL;
+  s->tv = tv;
+  s->axis = axis;
+  s->index = index;
+  s->view = sel->out[0];
+  return hir__push(f, &c->slices, s) ? s->view : NULL;
+}
+
+/* tv seen at this iteration along `axis`: a broadcast axis at 0, a bounded
+   buffer at its slot, anything else at the chunk. */
+static hir_tv *hir__chunk_view(hir__chain *c, hir_tv *tv, int axis) {
+  hir_val *index = tv->ids[axis]->iter == HIR_BROADCAST ? hir__const(&c->p->ir, 0) : c->bounded[tv->name] ? c->slot : c->chunk;
+  return index ? hir__slice_of(c, tv, axis, index) : NULL;
+}
+
+/* e applied to other tensors (views). */
+static hir_expr *hir__clone_onto(hir_fusion *f, const hir_expr *e, hir_tv **ins, hir_tv *out, int dropped_out_axis) {
+  hir_expr *n = hir__new_expr(f, e->kind, e->nin, 1);
+  int k;
+  if (!n) return NULL;
+  n->sub = e->sub;
+  n->flags = e->flags;
+  if (e->kind == HIR_EXPR_BROADCAST && dropped_out_axis >= 0) { /* the flags of the remaining axes */
+    uint32_t low = e->flags & ((1u << dropped_out_axis) - 1u);
+    n->flags = low | ((e->flags >> (dropped_out_axis + 1)) << dropped_out_axis);
+  }
+  for (k = 0; k < e->nin; k++) n->in[k] = ins[k];
+  n->out[0] = out;
+  return n;
+}
+
+/* An ordinary op of the chain, rewritten onto this iteration's views. */
+static int hir__stream_op(hir__chain *c, const hir_expr *e) {
+  hir_fusion *f = &c->p->ir;
+  hir_tv *ins[2], *out;
+  int s = hir__stream_axis(e->out[0]), k, j;
+  for (k = 0; k < e->nin; k++) {
+    int map[HIR_MAX_DIMS], axis = -1;
+    hir__axis_map(e, k, map);
+    for (j = 0; j < e->in[k]->ndims; j++)
+      if (map[j] == s) axis = j;
+    ins[k] = axis >= 0 ? hir__chunk_view(c, e->in[k], axis) : e->in[k];
+    if (!ins[k]) return 0;
+  }
+  if (!(out = hir__chunk_view(c, e->out[0], s))) return 0;
+  return hir__append(c->body, hir__clone_onto(f, e, ins, out, s));
+}
+
+/* The P2P allgather: the chunk of peer mesh[c] lands in out's slice c. */
+static int hir__stream_allgather(hir__chain *c, const hir_expr *e, int in_axis) {
+  hir_program *p = c->p;
+  hir_fusion *f = &p->ir;
+  hir_tv *in = e->in[0], *dst;
+  hir_val *mine = c->ring ? hir__v(c, HIR_SCALAR_EQ, c->i, hir__const(f, 0))
+                          : hir__v(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
+  hir_val *to = c->ring ? hir__mesh_at(c, hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_ADD, c->pos_val, c->i),
+                                                 hir__const(f, c->mesh_size)))
+                        : hir__mesh_at(c, c->chunk);
+  /* my shard's view first, as nvFuser numbers them */
+  hir_expr *ite, *end, *sel = hir__alias_select(f, in, in_axis, hir__const(f, 0));
+  if (!sel || !(dst = hir__chunk_view(c, e->out[0], hir__stream_axis(e->out[0]))) || !mine || !to ||
+      !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)))
+    return 0;
+  ite->val = mine;
+  if (!hir__append(&ite->body, sel) ||
+      !hir__append(&ite->body, hir__host_compute(p, HIR_EXPR_LOAD_STORE, 0, dst, sel->out[0], NULL, "stream lowering")) ||
+      !hir__append(&ite->orelse, hir_host_start_coalescing(p)) ||
+      !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_RECV, dst, hir__mesh_at(c, c->chunk))) ||
+      !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_SEND, in, to)) ||
+      !hir__append(&ite->orelse, end = hir_host_end_coalescing(p)) || !hir__append(&ite->orelse, hir_host_wait(p, end)))
+    return 0;
+  return hir__append(c->body, ite);
+}
+
+/* The P2P reduce-scatter: each step sends this device's partial of chunk c
+   to its owner mesh[c] and receives a partial of its own chunk into a
+   buffer shaped like the output with the reduced axis kept (one slot per
+   position); after the loop one local sum over the slots. */
+static int hir__stream_reduce_scatter(hir__chain *c, const hir_expr *e, int in_axis) {
+  hir_program *p = c->p;
+  hir_fusion *f = &p->ir;
+  hir_tv *out = e->out[0], *parts, *part = hir__chunk_view(c, e->in[0], in_axis);
+  hir_expr *ite, *sum, *end;
+  hir_val *from, *mine;
+  int map[HIR_MAX_DIMS], r, q;
+  if (!part || !(parts = hir__new_tv(f, out->dtype, HIR_MEM_GLOBAL, out->ndims))) return 0;
+  hir__axis_map(e, 0, map);
+  r = map[hir__didx_axis(e->in[0])];
+  for (q = 0; q < out->ndims; q++) /* like out, the reduced axis kept: one slot per mesh position */
+    if (!(parts->ids[q] = hir__clone_id(f, out->ids[q], 1))) return 0;
+  parts->ids[r]->iter = HIR_ITERATION;
+  parts->mesh = out->mesh;
+  parts->mesh_size = out->mesh_size;
+  if (!hir__push(f, &c->allocs, parts) || !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0))) return 0;
+  if (c->ring) { /* step i: send chunk pos+i, receive from pos-i */
+    from = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->i),
+                  hir__const(f, c->mesh_size));
+    mine = hir__v(c, HIR_SCALAR_EQ, c->i, hir__const(f, 0));
+  } else { /* step i: everybody sends chunk i to its owner, who receives from all */
+    from = NULL;
+    mine = hir__v(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
+  }
+  if (!mine) return 0;
+  ite->val = mine;
+  { /* my own partial goes into my slot */
+    hir_expr *sel = hir__alias_select(f, parts, r, c->pos_val);
+    if (!sel || !hir__append(&ite->body, sel) ||
+        !hir__append(&ite->body, hir__host_compute(p, HIR_EXPR_LOAD_STORE, 0, sel->out[0], part, NULL, "stream lowering")))
+      return 0;
+  }
+  if (c->ring) {
+    hir_expr *sel = hir__alias_select(f, parts, r, from);
+    if (!sel || !hir__append(&ite->orelse, sel) || !hir__append(&ite->orelse, hir_host_start_coalescing(p)) ||
+        !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_RECV, sel->out[0], hir__mesh_at(c, from))) ||
+        !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_SEND, part, hir__mesh_at(c, c->chunk))))
+      return 0;
+  } else {
+    hir_scope *then = &ite->body;
+    int first_view = then->exprs.n;
+    if (c->pos >= c->mesh_size) {
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "stream lowering: the linear P2P reduce-scatter needs the program's device; lower "
+                "with hir_lower, or use the ring schedule");
+      return 0;
+    }
+    for (q = 0; q < c->mesh_size; q++) { /* the owner receives every other position's partial */
+      hir_expr *sel;
+      if (q == c->pos) continue;
+      if (!(sel = hir__alias_select(f, parts, r, hir__const(f, q))) || !hir__append(then, sel)) return 0;
+    }
+    if (!hir__append(then, hir_host_start_coalescing(p))) return 0;
+    for (q = 0; q < c->mesh_size; q++) {
+      hir_expr *sel;
+      if (q == c->pos) continue;
+      sel = (hir_expr *)then->exprs.items[first_view++];
+      if (!hir__append(then, hir_host_p2p(p, HIR_P2P_RECV, sel->out[0], hir__const(f, c->mesh[q])))) return 0;
+    }
+    if (!hir__append(then, end = hir_host_end_coalescing(p)) || !hir__append(then, hir_host_wait(p, end)) ||
+        !hir__append(&ite->orelse, hir_host_start_coalescing(p)) ||
+        !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_SEND, part, hir__mesh_at(c, c->chunk))))
+      return 0;
+  }
+  if (!hir__append(&ite->orelse, end = hir_host_end_coalescing(p)) || !hir__append(&ite->orelse, hir_host_wait(p, end)) ||
+      !hir__append(c->body, ite))
+    return 0;
+  if (!(sum = hir__new_expr(f, HIR_EXPR_REDUCTION, 1, 1))) return 0; /* out = sum over the slots, after the loop */
+  sum->in[0] = parts;
+  sum->out[0] = out;
+  return hir__push(f, &c->after, sum);
+}
+
+/* Lowers one chain into [Allocates, GetCurrentStream, sync loop, main loop,
+   what follows the loop] appended to `out`. `uses_first/last` give each
+   tensor's top-level use span; the chain occupies [at, at + n). */
+static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, const int *last, int at) {
+  hir_program *p = c->p;
+  hir_fusion *f = &p->ir;
+  hir_stream *caller, *pool;
+  hir_expr *sync, *loop;
+  int k, t, a;
+  c->i = hir__named(f, HIR_NAMED_STREAM_IDX);
+  c->slot = hir__v(c, HIR_SCALAR_MOD, c->i, hir__named(f, HIR_NAMED_NUM_STREAMS));
+  c->chunk = c->i;
+  c->pos_val = hir__named(f, HIR_NAMED_RANK);
+  c->ring = 0;
+  if (c->p2p) {
+    int iota = 1;
+    for (k = 0; k < c->mesh_size; k++) iota &= c->mesh[k] == k;
+    for (c->pos = 0; c->pos < c->mesh_size && c->mesh[c->pos] != p->my_device; c->pos++) {}
+    if (!iota) c->pos_val = hir__const(f, c->pos); /* this device's position in the mesh */
+    c->ring = c->opt->schedule == HIR_P2P_RING && c->p2p != (HIR__P2P_ALLGATHER | HIR__P2P_REDUCE_SCATTER);
+    if (c->ring && c->p2p == HIR__P2P_ALLGATHER) /* receive from pos - i */
+      c->chunk = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->i),
+                        hir__const(f, c->mesh_size));
+    else if (c->ring) /* compute and send chunk pos + i */
+      c->chunk = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_ADD, c->pos_val, c->i), hir__const(f, c->mesh_size));
+  }
+  if (!c->slot || !c->chunk || !c->pos_val) return 0;
+  for (k = 0; k < c->n; k++) { /* the full buffers the loop writes into, allocated before it */
+    const hir_expr *e = c->exprs[k];
+    int s = hir__stream_axis(e->out[0]);
+    if (s < 0) continue;
+    if (c->opt->bounded_buffers && !e->out[0]->is_output && first[e->out[0]->name] >= at && last[e->out[0]->name] < at + c->n) {
+      /* only this loop uses it: numberOfStreams slices, slot k used on stream k only, so reuse is in order */
+      const hir_id *id = e->out[0]->ids[s];
+      hir_val *ns = hir__named(f, HIR_NAMED_NUM_STREAMS);
+      if (!ns || !(e->out[0]->ids[s] = hir__new_id(f, ns, id->iter, id->ptype))) return 0;
+      c->bounded[e->out[0]->name] = 1;
+    }
+    if (!hir__push(f, &c->allocs, e->out[0])) return 0;
+  }
+  if (!(loop = hir__new_expr(f, HIR_EXPR_FOR_LOOP, 0, 0)) || !(sync = hir__new_expr(f, HIR_EXPR_FOR_LOOP, 0, 0))) return 0;
+  loop->id = sync->id = c->id;
+  loop->val = sync->val = c->i;
+  c->body = &loop->body;
+  if (!(caller = hir_stream_new(p)) || !(pool = hir_stream_indexed(p, c->slot))) return 0;
+  if (!hir__append(c->body, hir_host_set_current_stream(p, pool))) return 0;
+  for (k = 0; k < c->n; k++) {
+    const hir_expr *e = c->exprs[k];
+    int kind = hir__p2p_kind(e, &a), ok;
+    ok = kind == HIR__P2P_ALLGATHER ? hir__stream_allgather(c, e, a)
+         : kind == HIR__P2P_REDUCE_SCATTER ? hir__stream_reduce_scatter(c, e, a)
+                                           : hir__stream_op(c, e);
+    if (!ok) return 0;
+  }
+  if (!hir__append(c->body, hir_host_set_current_stream(p, caller)) || !hir__append(c->body, hir_host_synchronize(p, pool)))
+    return 0;
+  for (t = 0; t < c->allocs.n; t++) {
+    hir_expr *alloc = hir__new_expr(f, HIR_EXPR_ALLOCATE, 1, 0);
+    if (!alloc || !hir__push(f, out, alloc)) return 0;
+    alloc->in[0] = (hir_tv *)c->allocs.items[t];
+  }
+  { /* every pool stream first waits for the caller's stream */
+    hir_expr *get = hir_host_get_current_stream(p, caller);
+    if (!get || !hir__push(f, out, get)) return 0;
+    if (!hir__append(&sync->body, hir_host_set_current_stream(p, pool)) || !hir__append(&sync->body, hir_host_synchronize(p, caller)))
+      return 0;
+  }
+  if (!hir__push(f, out, sync) || !hir__push(f, out, loop)) return 0;
+  for (t = 0; t < c->after.n; t++)
+    if (!hir__push(f, out, c->after.items[t])) return 0;
+  return 1;
+}
+
+static int hir__stream_fail(hir_program *p, const hir_expr *e, const char *why) {
+  hir__fail(&p->ir, HIR_ERR_UNSUPPORTED, "stream lowering: %s %d (T%d): %s", hir__expr_kind_names[e->kind], e->name,
+            e->nout ? e->out[0]->name : -1, why);
+  return 0;
+}
+
+HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_options *opt) {
+  hir_stream_options defaults;
+  hir_fusion *f;
+  hir__vec out = {NULL, 0, 0};
+  hir__chain c;
+  int *first = NULL, *last = NULL, i, j, k, ok = 0, nt;
+  if (!p) return HIR_ERR_INVALID;
+  f = &p->ir;
+  if (f->status != HIR_OK) return f->status;
+  memset(&defaults, 0, sizeof defaults);
+  if (!opt) opt = &defaults;
+  for (i = 0; i < f->inputs.n; i++) {
+    const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
+    if (hir__stream_axis(tv) != -1) {
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "stream lowering: T%d is a program input with a Stream axis; inputs arrive whole, so "
+                "stream-parallelize a tensor computed from it instead", tv->name);
+      return f->status;
+    }
+  }
+  nt = f->next_tv;
+  memset(&c, 0, sizeof c);
+  first = (int *)HIR_MALLOC(((size_t)nt + 1) * sizeof(int));
+  last = (int *)HIR_MALLOC(((size_t)nt + 1) * sizeof(int));
+  c.bounded = (unsigned char *)HIR_MALLOC((size_t)nt + 1);
+  c.exprs = (hir_expr **)HIR_MALLOC(((size_t)p->top.exprs.n + 1) * sizeof(hir_expr *));
+  if (!first || !last || !c.bounded || !c.exprs) {
+    hir__fail(f, HIR_ERR_NOMEM, "stream lowering: out of memory");
+    goto done;
+  }
+  memset(c.bounded, 0, (size_t)nt + 1);
+  hir__use_span(&p->top, first, last, nt);
+  for (i = 0; i < p->top.exprs.n; i = j) {
+    hir_expr *e = (hir_expr *)p->top.exprs.items[i];
+    hir_id *id = hir__stream_id(e);
+    int a;
+    for (k = 0; k < e->nout; k++)
+      if (e->out[k] && hir__stream_axis(e->out[k]) == -2) {
+        hir__stream_fail(p, e, "the Stream axis is a reduction axis; stream-parallelize an iteration axis");
+        goto done;
+      }
+    if (e->kind == HIR_EXPR_POST_ON_STREAM)
+      for (k = 0; k < e->nout; k++)
+        if (hir__stream_axis(e->out[k]) >= 0) {
+          hir__stream_fail(p, e, "a PostOnStream (HostUnit) cannot be stream-lowered; make the op standalone or drop the Stream axis");
+          goto done;
+        }
+    j = i + 1;
+    if (!id) { /* not streamed: stays at top level and ends a chain */
+      if (!hir__push(f, &out, e)) goto done;
+      continue;
+    }
+    memset(&c.allocs, 0, sizeof c.allocs);
+    memset(&c.after, 0, sizeof c.after);
+    memset(&c.slices, 0, sizeof c.slices);
+    c.p = p;
+    c.opt = opt;
+    c.id = id;
+    c.n = 0;
+    c.p2p = HIR__P2P_NONE;
+    c.mesh = NULL;
+    c.mesh_size = 0;
+    for (j = i; j < p->top.exprs.n; j++) { /* the chain: neighbours streaming over one extent */
+      hir_expr *x = (hir_expr *)p->top.exprs.items[j];
+      hir_id *xid = hir__stream_id(x);
+      int kind;
+      if (!xid || xid->extent != id->extent) break;
+      c.exprs[c.n++] = x;
+      if ((kind = hir__p2p_kind(x, &a)) != HIR__P2P_NONE) {
+        c.p2p |= kind;
+        c.mesh = x->in[0]->mesh;
+        c.mesh_size = x->in[0]->mesh_size;
+      }
+    }
+    if (!hir__lower_chain(&c, &out, first, last, i)) goto done;
+  }
+  hir__scope_reset(&p->top, &out);
+  ok = 1;
+done:
+  HIR_FREE(first);
+  HIR_FREE(last);
+  HIR_FREE(c.bounded);
+  HIR_FREE(c.exprs);
+  if (!ok && f->status == HIR_OK) hir__fail(f, HIR_ERR_NOMEM, "stream lowering: out of memory");
+  return f->status;
+}
+
 // >>verify
 typedef struct hir__verifier {
   const hir_program *p;
@@ -2938,10 +3400,11 @@ static void hir__dump(const hir_program *p, const char *what) {
   HIR_FREE(buf);
 }
 
-/* Runs a pass, then the verifier; a pass leaving a broken program is our bug. */
-static int hir__pipeline_step(hir_program *p, hir_status (*pass)(hir_program *), const char *name, unsigned dump) {
+/* After a pass: the verifier (a pass leaving a broken program is our bug),
+   then the dump. */
+static int hir__pipeline_check(hir_program *p, const char *name, unsigned dump) {
   char msg[sizeof p->ir.error];
-  if (pass && pass(p) != HIR_OK) return 0;
+  if (p->ir.status != HIR_OK) return 0;
   if (!hir__verify(p, msg, sizeof msg)) {
     hir__fail(&p->ir, HIR_ERR_INTERNAL, "hir_lower: after %s the program is malformed (a hostir bug; please report it): %s",
               name, msg);
@@ -2963,10 +3426,15 @@ HIRDEF hir_status hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_pr
   p->my_device = d->my_device;
   if (!hir__check_lower_args(p, f, d, "hir_lower")) return p->ir.status;
   dump = hir__dump_flags();
-  if (!hir__front_end(p, f, d, &groups) || !hir__build_program(p, &groups) ||
-      !hir__pipeline_step(p, NULL, "segmentation", dump) ||
-      !hir__pipeline_step(p, hir_pass_convert_communications, "convert_communications", dump) ||
-      (!d->skip_deallocations && !hir__pipeline_step(p, hir_pass_insert_deallocations, "insert_deallocations", dump)))
+  /* the pipeline, written out: each pass, then the verifier */
+  if (!hir__front_end(p, f, d, &groups) || !hir__build_program(p, &groups) || !hir__pipeline_check(p, "segmentation", dump))
+    return p->ir.status;
+  if (!d->skip_stream_lowering &&
+      (hir_pass_stream_lowering(p, &d->stream), !hir__pipeline_check(p, "stream_lowering", dump)))
+    return p->ir.status;
+  if ((hir_pass_convert_communications(p), !hir__pipeline_check(p, "convert_communications", dump))) return p->ir.status;
+  if (!d->skip_deallocations &&
+      (hir_pass_insert_deallocations(p), !hir__pipeline_check(p, "insert_deallocations", dump)))
     return p->ir.status;
   if (dump & HIR__DUMP_HOST_IR) hir__dump(p, "host_ir");
   return HIR_OK;
@@ -3695,13 +4163,7 @@ static hir_status hir__lw_scatter(hir_comm *c, void *t, const void *s, void *r, 
 /* Mailboxes (mu held): post a send; take the oldest post from src to dst. */
 static int hir__lw_post_send(hir_local_world *w, hir__lw_post *post) {
   int box = post->src * w->n + post->dst;
-  if (w->nmail[box] == w->cap_mail[box]) {
-    int cap = w->cap_mail[box] ? w->cap_mail[box] * 2 : 8;
-    hir__lw_post **m = (hir__lw_post **)HIR_REALLOC(w->mail[box], (size_t)cap * sizeof(hir__lw_post *));
-    if (!m) return 0;
-    w->mail[box] = m;
-    w->cap_mail[box] = cap;
-  }
+  if (!hir__grow_heap((void **)&w->mail[box], &w->cap_mail[box], w->nmail[box] + 1, sizeof(hir__lw_post *))) return 0;
   w->mail[box][w->nmail[box]++] = post;
   pthread_cond_broadcast(&w->cv);
   return 1;
@@ -3960,6 +4422,13 @@ HIRDEF hir_status hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), v
 }
 
 // >>eval
+/* Values of the symbols and named scalars: what scalar expressions read. */
+typedef struct hir__env {
+  int64_t *sym;                 /* by val name */
+  unsigned char *sym_bound;
+  int64_t named[HIR_NAMED_COUNT];
+} hir__env;
+
 typedef struct hir__block {
   void *ptr;
   size_t bytes;
@@ -3981,9 +4450,7 @@ struct hir_evaluator {
   void **vars, **vars_ev;       /* stream variables ("Stream 0") and their events */
   void *current;
   void **team, **done;          /* by expr name: team handle; event recorded after it */
-  int64_t *sym;                 /* by val name */
-  unsigned char *sym_bound;
-  int64_t named[HIR_NAMED_COUNT];
+  hir__env env;
   hir_tensor *slot;             /* by tensor name */
   int *slot_block;
   unsigned char *bound;
@@ -4020,16 +4487,19 @@ static int hir__ev_comm(hir_evaluator *ev, hir_status s, const hir_expr *e) {
   return hir__ev_fail(ev, s, "hir_run: %s %d failed: %s", hir__expr_kind_names[e->kind], e->name, ev->comm->error);
 }
 
-static int64_t hir__eval_val(const hir_evaluator *ev, const hir_val *v) {
+static int64_t hir__eval_val(const hir__env *env, const hir_val *v) {
   int64_t a, b;
   switch (v->kind) {
   case HIR__VAL_CONST: return v->value;
-  case HIR__VAL_SYMBOL: return ev->sym[v->name];
-  case HIR__VAL_NAMED: return ev->named[v->which];
+  case HIR__VAL_SYMBOL: return env->sym[v->name];
+  case HIR__VAL_NAMED: return env->named[v->which];
+  case HIR__VAL_MESH_AT:
+    a = hir__eval_val(env, v->lhs);
+    return (a >= 0 && a < v->mesh_size) ? v->mesh[a] : -1;
   default: break;
   }
-  a = hir__eval_val(ev, v->lhs);
-  b = hir__eval_val(ev, v->rhs);
+  a = hir__eval_val(env, v->lhs);
+  b = hir__eval_val(env, v->rhs);
   switch (v->op) {
   case HIR_SCALAR_ADD: return a + b;
   case HIR_SCALAR_SUB: return a - b;
@@ -4047,12 +4517,13 @@ static int64_t hir__eval_val(const hir_evaluator *ev, const hir_val *v) {
   }
 }
 
-/* The first symbol v needs that no input bound, or NULL. */
-static const hir_val *hir__unbound(const hir_evaluator *ev, const hir_val *v) {
+/* The first symbol v needs that is not bound, or NULL. */
+static const hir_val *hir__unbound(const hir__env *env, const hir_val *v) {
   const hir_val *u;
-  if (v->kind == HIR__VAL_SYMBOL) return ev->sym_bound[v->name] ? NULL : v;
+  if (v->kind == HIR__VAL_SYMBOL) return env->sym_bound[v->name] ? NULL : v;
+  if (v->kind == HIR__VAL_MESH_AT) return hir__unbound(env, v->lhs);
   if (v->kind != HIR__VAL_BINARY) return NULL;
-  return (u = hir__unbound(ev, v->lhs)) ? u : hir__unbound(ev, v->rhs);
+  return (u = hir__unbound(env, v->lhs)) ? u : hir__unbound(env, v->rhs);
 }
 
 static int hir__local_size(const hir_evaluator *ev, const hir_tv *tv, const hir_id *id, int64_t *size) {
@@ -4060,8 +4531,8 @@ static int hir__local_size(const hir_evaluator *ev, const hir_tv *tv, const hir_
     *size = 1;
     return 1;
   }
-  if (hir__unbound(ev, id->extent)) return 0;
-  *size = hir__eval_val(ev, id->extent);
+  if (hir__unbound(&ev->env, id->extent)) return 0;
+  *size = hir__eval_val(&ev->env, id->extent);
   return 1;
 }
 
@@ -4083,7 +4554,7 @@ static int hir__unknown_shape(hir_evaluator *ev, const hir_tv *tv) {
   const hir_val *u = NULL;
   int i, a;
   for (i = 0; i < tv->ndims && !u; i++)
-    if (tv->ids[i]->iter != HIR_REDUCTION) u = hir__unbound(ev, tv->ids[i]->extent);
+    if (tv->ids[i]->iter != HIR_REDUCTION) u = hir__unbound(&ev->env, tv->ids[i]->extent);
   for (i = 0; u && i < f->inputs.n; i++) {
     const hir_tv *in = (const hir_tv *)f->inputs.items[i];
     for (a = 0; a < in->ndims; a++)
@@ -4137,7 +4608,7 @@ static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
   case HIR_EXPR_ALLOCATE:
     return !hir__in_mesh(e->in[0], ev->device) || hir__need_shape(ev, e->in[0]) != NULL;
   case HIR_EXPR_FOR_LOOP:
-    if (hir__unbound(ev, e->id->extent)) return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: the extent of ForLoop %d is unknown on this rank", e->name);
+    if (hir__unbound(&ev->env, e->id->extent)) return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: the extent of ForLoop %d is unknown on this rank", e->name);
     return 1;
   case HIR_EXPR_ALIAS_SELECT: {
     hir__shape want;
@@ -4249,13 +4720,13 @@ static int hir__walk(const hir_scope *s, int (*fn)(hir_evaluator *ev, const hir_
 static int hir__bind_symbol(hir_evaluator *ev, const hir_id *id, int64_t value, int input, const hir_tv *tv, int axis) {
   const hir_val *x = id->extent;
   int64_t have;
-  if (x->kind == HIR__VAL_SYMBOL && !ev->sym_bound[x->name]) {
-    ev->sym[x->name] = value;
-    ev->sym_bound[x->name] = 1;
+  if (x->kind == HIR__VAL_SYMBOL && !ev->env.sym_bound[x->name]) {
+    ev->env.sym[x->name] = value;
+    ev->env.sym_bound[x->name] = 1;
     return 1;
   }
-  if (hir__unbound(ev, x)) return 1; /* an expression of unknowns: checked by use */
-  have = hir__eval_val(ev, x);
+  if (hir__unbound(&ev->env, x)) return 1; /* an expression of unknowns: checked by use */
+  have = hir__eval_val(&ev->env, x);
   if (have == value) return 1;
   return hir__ev_fail(ev, HIR_ERR_SHAPE,
                       "hir_run: input %d (T%d) axis %d has size %lld, but its extent is %lld (set by an earlier input "
@@ -4268,7 +4739,7 @@ static int hir__bind_symbol(hir_evaluator *ev, const hir_id *id, int64_t value, 
 static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
   const hir_fusion *f = &ev->p->ir;
   int i, a, k;
-  memset(ev->sym_bound, 0, (size_t)ev->nval + 1);
+  memset(ev->env.sym_bound, 0, (size_t)ev->nval + 1);
   for (i = 0; i < f->inputs.n; i++) {
     const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
     if (in[i].ndims == 0) continue;
@@ -4297,12 +4768,12 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
   for (i = 0; i < f->tvs.n; i++) { /* a sharded axis spans the mesh: extent D */
     const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
     int d = hir__didx_axis(tv);
-    if (d >= 0 && tv->mesh_size > 1 && hir__in_mesh(tv, ev->device) && !hir__unbound(ev, tv->ids[d]->extent) &&
-        hir__eval_val(ev, tv->ids[d]->extent) != tv->mesh_size)
+    if (d >= 0 && tv->mesh_size > 1 && hir__in_mesh(tv, ev->device) && !hir__unbound(&ev->env, tv->ids[d]->extent) &&
+        hir__eval_val(&ev->env, tv->ids[d]->extent) != tv->mesh_size)
       return hir__ev_fail(ev, HIR_ERR_SHAPE,
                           "hir_run: T%d axis %d is split across %d devices (DIDx) but has extent %lld; a DIDx axis has "
                           "the mesh size as extent (reshape to [D, n/D] first)",
-                          tv->name, d, tv->mesh_size, (long long)hir__eval_val(ev, tv->ids[d]->extent));
+                          tv->name, d, tv->mesh_size, (long long)hir__eval_val(&ev->env, tv->ids[d]->extent));
   }
   return hir__walk(&ev->p->top, hir__check_expr, ev);
 }
@@ -4534,7 +5005,7 @@ static int hir__resolve_stream(hir_evaluator *ev, const hir_stream *s, void **ha
     *event = ev->vars_ev[s->name];
     return 1;
   }
-  i = hir__eval_val(ev, s->index);
+  i = hir__eval_val(&ev->env, s->index);
   if (i < 0 || i >= ev->nstreams)
     return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: stream index %lld is outside the pool of %d streams (numberOfStreams)",
                         (long long)i, ev->nstreams);
@@ -4568,14 +5039,14 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
     return hir__ev_backend(ev, b->event_record(b, evt, h), e) &&
            hir__ev_backend(ev, b->stream_wait_event(b, ev->current, evt), e);
   case HIR_EXPR_FOR_LOOP:
-    n = hir__eval_val(ev, e->id->extent);
+    n = hir__eval_val(&ev->env, e->id->extent);
     for (i = 0; i < n; i++) {
-      ev->named[HIR_NAMED_STREAM_IDX] = i;
+      ev->env.named[HIR_NAMED_STREAM_IDX] = i;
       if (!hir__exec_scope(ev, &e->body)) return 0;
     }
     return 1;
   case HIR_EXPR_IF_THEN_ELSE:
-    return hir__exec_scope(ev, hir__eval_val(ev, e->val) ? &e->body : &e->orelse);
+    return hir__exec_scope(ev, hir__eval_val(&ev->env, e->val) ? &e->body : &e->orelse);
   case HIR_EXPR_POST_ON_STREAM: {
     const hir__host_unit *u = e->unit;
     int k, m;
@@ -4592,7 +5063,7 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
     return !ev->team[e->name] || hir__exec_comm(ev, e); /* no team handle: this rank is not in it */
   case HIR_EXPR_P2P_COMMUNICATION: {
     const hir_tensor *t = e->sub == HIR_P2P_SEND ? hir__get(ev, e->in[0], e) : hir__get_out(ev, e->in[0]);
-    int64_t peer = hir__eval_val(ev, e->val);
+    int64_t peer = hir__eval_val(&ev->env, e->val);
     size_t bytes;
     hir_status s;
     if (!t || !hir__contiguous_buffer(ev, t, e->in[0], e)) return 0;
@@ -4616,7 +5087,7 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
     int a = 0, k;
     if (!src) return 0;
     for (k = 0; k < e->axis; k++) a += e->in[0]->ids[k]->iter != HIR_REDUCTION;
-    i = hir__eval_val(ev, e->val);
+    i = hir__eval_val(&ev->env, e->val);
     if (i < 0 || i >= src->sizes[a])
       return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSelect %d: index %lld is outside T%d's axis %d of size %lld",
                           e->name, (long long)i, e->in[0]->name, e->axis, (long long)src->sizes[a]);
@@ -4696,8 +5167,10 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
     return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: number_of_streams is %d; give 1 or more (0: 4)",
                         d->number_of_streams), ev->status;
   ev->nstreams = d->number_of_streams ? d->number_of_streams : 4;
+  ev->env.named[HIR_NAMED_NUM_STREAMS] = ev->nstreams;
   ev->comm = d->comm;
   ev->device = d->comm ? d->comm->rank : p->my_device > 0 ? p->my_device : 0;
+  ev->env.named[HIR_NAMED_RANK] = ev->device;
   if (d->comm && p->my_device >= 0 && d->comm->rank != p->my_device)
     return hir__ev_fail(ev, HIR_ERR_INVALID,
                         "hir_evaluator_create: the program was lowered for device %d but the communicator is rank %d",
@@ -4719,8 +5192,8 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
   ok = ok && (ev->vars_ev = (void **)HIR_MALLOC(((size_t)ev->nvars + 1) * sizeof(void *))) != NULL;
   ok = ok && (ev->team = (void **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
   ok = ok && (ev->done = (void **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
-  ok = ok && (ev->sym = (int64_t *)HIR_MALLOC(((size_t)ev->nval + 1) * sizeof(int64_t))) != NULL;
-  ok = ok && (ev->sym_bound = (unsigned char *)HIR_MALLOC((size_t)ev->nval + 1)) != NULL;
+  ok = ok && (ev->env.sym = (int64_t *)HIR_MALLOC(((size_t)ev->nval + 1) * sizeof(int64_t))) != NULL;
+  ok = ok && (ev->env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)ev->nval + 1)) != NULL;
   ok = ok && (ev->slot = (hir_tensor *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(hir_tensor))) != NULL;
   ok = ok && (ev->slot_block = (int *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(int))) != NULL;
   ok = ok && (ev->bound = (unsigned char *)HIR_MALLOC((size_t)ev->ntv + 1)) != NULL;
@@ -4767,8 +5240,8 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->vars_ev);
   HIR_FREE(ev->team);
   HIR_FREE(ev->done);
-  HIR_FREE(ev->sym);
-  HIR_FREE(ev->sym_bound);
+  HIR_FREE(ev->env.sym);
+  HIR_FREE(ev->env.sym_bound);
   HIR_FREE(ev->slot);
   HIR_FREE(ev->slot_block);
   HIR_FREE(ev->bound);
@@ -4780,6 +5253,13 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
 
 HIRDEF const char *hir_evaluator_error(const hir_evaluator *ev) { return ev ? ev->error : "hir_evaluator_error: evaluator is NULL"; }
 HIRDEF hir_backend *hir_evaluator_backend(const hir_evaluator *ev) { return ev ? ev->b : NULL; }
+
+HIRDEF size_t hir_evaluator_memory(const hir_evaluator *ev) {
+  size_t n = 0;
+  int i;
+  for (i = 0; ev && i < ev->nblocks; i++) n += ev->blocks[i].bytes;
+  return n;
+}
 
 HIRDEF hir_status hir_evaluator_sync(hir_evaluator *ev) {
   hir_status s;
@@ -4911,8 +5391,6 @@ HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_
       ev->bound[tv->name] = 1;
     }
   ev->current = ev->b->current_stream(ev->b);
-  ev->named[HIR_NAMED_RANK] = ev->device;
-  ev->named[HIR_NAMED_NUM_STREAMS] = ev->nstreams;
   if (!hir__exec_scope(ev, &ev->p->top)) {
     if (ev->started_comm && nout) {
       size_t n = strlen(ev->error);
@@ -4934,6 +5412,246 @@ HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_
     out[i] = ev->slot[tv->name];
   }
   return HIR_OK;
+}
+
+
+// >>schedule
+/* The schedule verifier: every rank's program run symbolically (loops
+   unrolled, predicates evaluated with that rank), its collectives and
+   coalesced send/recv groups matched across ranks the way the communicators
+   would, before anything runs. */
+typedef struct hir__sched_op {
+  int is_send, peer, matched;
+} hir__sched_op;
+
+typedef struct hir__sched_ev {
+  int is_group;                 /* a coalesced group of send/recv, else a collective */
+  int expr, type, root, team_size, first_op, nops, matched;
+  const int *team;
+} hir__sched_ev;
+
+typedef struct hir__sched_rank {
+  hir__sched_ev *ev;
+  int n, cap, pc;
+  hir__sched_op *ops;
+  int nops, cap_ops;
+  hir__env env;
+  int open_group;               /* index of the group being filled, -1 outside StartCoalescing */
+} hir__sched_rank;
+
+static int hir__sched_push_ev(hir__sched_rank *r, hir__sched_ev ev) {
+  if (!hir__grow_heap((void **)&r->ev, &r->cap, r->n + 1, sizeof ev)) return 0;
+  r->ev[r->n++] = ev;
+  return 1;
+}
+
+static int hir__sched_push_op(hir__sched_rank *r, int is_send, int peer) {
+  if (!hir__grow_heap((void **)&r->ops, &r->cap_ops, r->nops + 1, sizeof *r->ops)) return 0;
+  r->ops[r->nops].is_send = is_send;
+  r->ops[r->nops].peer = peer;
+  r->ops[r->nops++].matched = 0;
+  return 1;
+}
+
+/* Records the communication events of one rank's scope. */
+static int hir__sched_walk(hir__sched_rank *r, const hir_scope *s, int me) {
+  int i, k;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    hir__sched_ev ev;
+    memset(&ev, 0, sizeof ev);
+    ev.expr = e->name;
+    switch (e->kind) {
+    case HIR_EXPR_FOR_LOOP: {
+      int64_t n = hir__eval_val(&r->env, e->id->extent), it;
+      for (it = 0; it < n; it++) {
+        r->env.named[HIR_NAMED_STREAM_IDX] = it;
+        if (!hir__sched_walk(r, &e->body, me)) return 0;
+      }
+      break;
+    }
+    case HIR_EXPR_IF_THEN_ELSE:
+      if (!hir__sched_walk(r, hir__eval_val(&r->env, e->val) ? &e->body : &e->orelse, me)) return 0;
+      break;
+    case HIR_EXPR_COMMUNICATION:
+      for (k = 0; k < e->team_size && e->team[k] != me; k++) {}
+      if (k == e->team_size) break; /* not in its team */
+      ev.type = e->sub;
+      ev.root = e->root;
+      ev.team = e->team;
+      ev.team_size = e->team_size;
+      if (!hir__sched_push_ev(r, ev)) return 0;
+      break;
+    case HIR_EXPR_START_COALESCING:
+      ev.is_group = 1;
+      ev.first_op = r->nops;
+      if (!hir__sched_push_ev(r, ev)) return 0;
+      r->open_group = r->n - 1;
+      break;
+    case HIR_EXPR_END_COALESCING:
+      r->open_group = -1;
+      break;
+    case HIR_EXPR_P2P_COMMUNICATION:
+      if (r->open_group < 0) { /* alone: a group of one */
+        ev.is_group = 1;
+        ev.first_op = r->nops;
+        ev.nops = 1;
+        if (!hir__sched_push_ev(r, ev)) return 0;
+      } else {
+        r->ev[r->open_group].nops++;
+      }
+      if (!hir__sched_push_op(r, e->sub == HIR_P2P_SEND, (int)hir__eval_val(&r->env, e->val))) return 0;
+      break;
+    default: break;
+    }
+  }
+  return 1;
+}
+
+static int hir__same_team(const hir__sched_ev *a, const hir__sched_ev *b) {
+  return a->team_size == b->team_size && memcmp(a->team, b->team, (size_t)a->team_size * sizeof(int)) == 0;
+}
+
+static void hir__sched_describe(const hir__sched_rank *r, int rank, char *buf, size_t cap) {
+  const hir__sched_ev *ev = &r->ev[r->pc];
+  size_t n;
+  int k;
+  if (!ev->is_group) {
+    n = (size_t)snprintf(buf, cap, "rank %d at Communication %d (%s, team (", rank, ev->expr, hir__collective_names[ev->type]);
+    for (k = 0; k < ev->team_size && n < cap; k++) n += (size_t)snprintf(buf + n, cap - n, k ? " %d" : "%d", ev->team[k]);
+    if (n < cap) snprintf(buf + n, cap - n, "))");
+    return;
+  }
+  n = (size_t)snprintf(buf, cap, "rank %d at a send/recv group (", rank);
+  for (k = 0; k < ev->nops && n < cap; k++) {
+    const hir__sched_op *op = &r->ops[ev->first_op + k];
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s %s %d", k ? ", " : "", op->is_send ? "send" : "recv", op->is_send ? "to" : "from",
+                          op->peer);
+  }
+  if (n < cap) snprintf(buf + n, cap - n, ")");
+}
+
+HIRDEF hir_status hir_verify_schedule(hir_program *const *programs, int nranks, int number_of_streams, char *msg, size_t cap) {
+  hir__sched_rank *r;
+  hir_status status = HIR_OK;
+  int i, k, q, done, progress;
+  char tmp[256];
+  if (msg && cap) msg[0] = '\0';
+  if (!programs || nranks < 1) return HIR_ERR_INVALID;
+  if (!(r = (hir__sched_rank *)HIR_MALLOC((size_t)nranks * sizeof *r))) return HIR_ERR_NOMEM;
+  memset(r, 0, (size_t)nranks * sizeof *r);
+  for (i = 0; i < nranks && status == HIR_OK; i++) {
+    const hir_program *p = programs[i];
+    const hir_fusion *f;
+    if (!p || p->ir.status != HIR_OK) {
+      if (msg) snprintf(msg, cap, "hir_verify_schedule: the program of rank %d is %s", i, p ? "in error" : "NULL");
+      status = HIR_ERR_INVALID;
+      break;
+    }
+    f = &p->ir;
+    r[i].env.sym = (int64_t *)HIR_MALLOC(((size_t)f->next_val + 1) * sizeof(int64_t));
+    r[i].env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)f->next_val + 1);
+    if (!r[i].env.sym || !r[i].env.sym_bound) {
+      status = HIR_ERR_NOMEM;
+      break;
+    }
+    for (k = 0; k <= f->next_val; k++) r[i].env.sym[k] = 3; /* any extent but a DIDx one: the schedule does not depend on it */
+    memset(r[i].env.sym_bound, 1, (size_t)f->next_val + 1);
+    for (k = 0; k < f->tvs.n; k++) { /* a DIDx axis has the mesh size as extent */
+      const hir_tv *tv = (const hir_tv *)f->tvs.items[k];
+      int d = hir__didx_axis(tv);
+      if (d >= 0 && tv->mesh_size && tv->ids[d]->extent->kind == HIR__VAL_SYMBOL) r[i].env.sym[tv->ids[d]->extent->name] = tv->mesh_size;
+    }
+    r[i].env.named[HIR_NAMED_RANK] = i;
+    r[i].env.named[HIR_NAMED_NUM_STREAMS] = number_of_streams > 0 ? number_of_streams : 4;
+    r[i].open_group = -1;
+    if (!hir__sched_walk(&r[i], &p->top, i)) status = HIR_ERR_NOMEM;
+  }
+  for (progress = 1; status == HIR_OK && progress;) {
+    progress = 0;
+    for (i = 0; i < nranks && status == HIR_OK; i++) {
+      hir__sched_ev *ev;
+      if (r[i].pc >= r[i].n) continue;
+      ev = &r[i].ev[r[i].pc];
+      if (!ev->is_group) { /* a collective: every member must be at it */
+        int ready = 1;
+        for (k = 0; k < ev->team_size && ready; k++) {
+          int m = ev->team[k];
+          hir__sched_ev *other;
+          if (m < 0 || m >= nranks) {
+            if (msg) snprintf(msg, cap, "schedule: Communication %d of rank %d names device %d, outside the %d ranks", ev->expr, i, m, nranks);
+            status = HIR_ERR_INVALID;
+            break;
+          }
+          if (r[m].pc >= r[m].n) {
+            ready = 0;
+            break;
+          }
+          other = &r[m].ev[r[m].pc];
+          if (other->is_group || !hir__same_team(ev, other)) {
+            ready = 0;
+          } else if (other->type != ev->type || other->root != ev->root) {
+            if (msg) snprintf(msg, cap, "schedule mismatch on team of Communication %d: rank %d runs %s (root %d), rank %d runs %s (root %d)",
+                              ev->expr, i, hir__collective_names[ev->type], ev->root, m, hir__collective_names[other->type], other->root);
+            status = HIR_ERR_COMM;
+          }
+        }
+        if (ready && status == HIR_OK) {
+          for (k = 0; k < ev->team_size; k++) r[ev->team[k]].pc++;
+          progress = 1;
+        }
+        continue;
+      }
+      /* a group: match each op with the opposite op in the peer's current group */
+      for (k = 0; k < ev->nops; k++) {
+        hir__sched_op *op = &r[i].ops[ev->first_op + k];
+        hir__sched_ev *pev;
+        int j;
+        if (op->matched) continue;
+        if (op->peer < 0 || op->peer >= nranks) {
+          if (msg) snprintf(msg, cap, "schedule: rank %d %s device %d, outside the %d ranks", i, op->is_send ? "sends to" : "receives from",
+                            op->peer, nranks);
+          status = HIR_ERR_INVALID;
+          break;
+        }
+        q = op->peer;
+        if (r[q].pc >= r[q].n || !(pev = &r[q].ev[r[q].pc])->is_group) continue;
+        for (j = 0; j < pev->nops; j++) {
+          hir__sched_op *o = &r[q].ops[pev->first_op + j];
+          if (!o->matched && o->peer == i && o->is_send != op->is_send) {
+            o->matched = op->matched = 1;
+            pev->matched++;
+            ev->matched++;
+            progress = 1;
+            break;
+          }
+        }
+      }
+      if (ev->matched == ev->nops) {
+        r[i].pc++;
+        progress = 1;
+      }
+    }
+  }
+  for (done = 1, i = 0; i < nranks && status == HIR_OK; i++) done &= r[i].pc >= r[i].n;
+  if (status == HIR_OK && !done) {
+    size_t n = 0;
+    if (msg) n = (size_t)snprintf(msg, cap, "schedule deadlock: no rank can go on:");
+    for (i = 0; msg && i < nranks && n < cap; i++)
+      if (r[i].pc < r[i].n) {
+        hir__sched_describe(&r[i], i, tmp, sizeof tmp);
+        n += (size_t)snprintf(msg + n, cap - n, " %s;", tmp);
+      }
+    status = HIR_ERR_COMM;
+  }
+  for (i = 0; i < nranks; i++) {
+    HIR_FREE(r[i].ev);
+    HIR_FREE(r[i].ops);
+    HIR_FREE(r[i].env.sym);
+    HIR_FREE(r[i].env.sym_bound);
+  }
+  HIR_FREE(r);
+  return status;
 }
 
 #endif /* HOSTIR_IMPLEMENTATION_DONE */

@@ -13,8 +13,9 @@ int hir_test_failures;
 #include "test_print.c"
 #include "test_lower.c"
 #include "test_eval.c"
+#include "test_stream.c"
 
-static const hir_test all_tests[] = {BUILD_TESTS PRINT_TESTS LOWER_TESTS EVAL_TESTS};
+static const hir_test all_tests[] = {BUILD_TESTS PRINT_TESTS LOWER_TESTS EVAL_TESTS STREAM_TESTS};
 
 int main(int argc, char **argv) {
   int i, passed = 0, failed = 0, n = (int)(sizeof all_tests / sizeof all_tests[0]);

@@ -1,0 +1,490 @@
+/* Stream lowering: the seeds' programs (goldens; tests/seed_compare.py checks
+   them against nvFuser's dumps), the numbers of every stream-lowered program
+   for each schedule, bounded buffers and stream count on worlds of 1, 2, 3,
+   4 and 8, the memory bounded buffers save, and the schedule verifier. */
+#include "seeds.h"
+#include "test.h"
+
+typedef void (*seed_fn)(seed *s, hir_fusion *f, int nmesh, const int *mesh);
+static void seed1(seed *s, hir_fusion *f, int n, const int *m) { (void)n; (void)m; seed_single_set_op(s, f); }
+static void seed2(seed *s, hir_fusion *f, int n, const int *m) { (void)n; (void)m; seed_two_set_ops(s, f); }
+static void seed3(seed *s, hir_fusion *f, int n, const int *m) { (void)n; (void)m; seed_three_set_ops(s, f); }
+
+/* GEMM + P2P reduce-scatter: A [DIDx(D), D2, M, K/D] x B [DIDx(D), 1, K/D, N],
+   the partial products stream-parallel over D2 and reduce-scattered on it. */
+static void seed_matmul_rs_p2p(seed *s, hir_fusion *f, int n, const int *mesh) {
+  int flags[4] = {0, 1, 0, 0}, axis = 0;
+  seed_begin(s, f);
+  seed_tv(s, hir_input(f, HIR_F32, 4));
+  seed_tv(s, hir_input(f, HIR_F32, 3));
+  seed_tv(s, hir_broadcast(f, s->t[1], 4, flags));
+  seed_tv(s, hir_matmul(f, s->t[0], s->t[2]));
+  seed_tv(s, hir_sum(f, s->t[3], 1, &axis));
+  hir_output(f, s->t[4]);
+  hir_set_mesh(s->t[0], n, mesh);
+  hir_set_mesh(s->t[1], n, mesh);
+  hir_set_mesh(s->t[4], n, mesh);
+  hir_parallelize(s->t[0], 0, HIR_DIDX);
+  hir_parallelize(s->t[1], 0, HIR_DIDX);
+  hir_parallelize(s->t[3], 1, HIR_STREAM);
+  hir_parallelize(s->t[4], 1, HIR_DIDX);
+}
+
+static const struct {
+  const char *name;
+  seed_fn fn;
+} seed_table[] = {
+    {"SingleSetOp", seed1},        {"TwoSetOps", seed2},         {"ThreeSetOps", seed3},
+    {"Allgather", seed_allgather}, {"Allreduce", seed_allreduce}, {"ReduceScatter", seed_reduce_scatter},
+    {"AG_matmul", seed_ag_matmul}, {"AllgatherP2p", seed_allgather_p2p}, {"AG_matmul_P2p", seed_ag_matmul_p2p},
+    {"matmul_AR", seed_matmul_ar}, {"matmul_RS_through_bcast", seed_matmul_rs_through_bcast},
+};
+
+/* Each seed lowered for device 0 of 8 prints as its golden. */
+static void test_stream_seed_goldens(void) {
+  static const int m8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  size_t i;
+  for (i = 0; i < sizeof seed_table / sizeof seed_table[0]; i++) {
+    char name[64];
+    seed s;
+    seed_table[i].fn(&s, hir_fusion_create(), 8, m8);
+    snprintf(name, sizeof name, "seed_%s", seed_table[i].name);
+    check_lower_golden(s.f, 0, name, __LINE__);
+    hir_fusion_free(s.f);
+  }
+}
+
+/* matmul_AR and matmul_RS_through_bcast: DESIGN.md §5's top-level structure. */
+static void test_stream_structure(void) {
+  static const int m8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  static const hir_expr_kind ar[] = {HIR_EXPR_ALLOCATE, HIR_EXPR_ALLOCATE, HIR_EXPR_GET_CURRENT_STREAM, HIR_EXPR_FOR_LOOP,
+                                     HIR_EXPR_FOR_LOOP, HIR_EXPR_DEALLOCATE};
+  static const hir_expr_kind rs[] = {HIR_EXPR_POST_ON_STREAM, HIR_EXPR_ALLOCATE, HIR_EXPR_ALLOCATE, HIR_EXPR_GET_CURRENT_STREAM,
+                                     HIR_EXPR_FOR_LOOP, HIR_EXPR_FOR_LOOP, HIR_EXPR_DEALLOCATE, HIR_EXPR_DEALLOCATE};
+  hir_lower_desc d;
+  hir_program *p;
+  seed s;
+  int i;
+  memset(&d, 0, sizeof d);
+  seed_matmul_ar(&s, hir_fusion_create(), 8, m8);
+  CHECK(hir_lower(s.f, &d, &p) == HIR_OK);
+  CHECK(hir_program_ntop(p) == 6);
+  for (i = 0; i < hir_program_ntop(p) && i < 6; i++) CHECK(hir_expr_kind_of(hir_program_top(p, i)) == ar[i]);
+  { /* the loop body ends with the Allreduce, its Wait, and the stream switch back */
+    hir_scope *body = hir_expr_body(hir_program_top(p, 4));
+    int n = hir_scope_size(body);
+    CHECK(hir_expr_kind_of(hir_scope_at(body, n - 4)) == HIR_EXPR_COMMUNICATION);
+    CHECK(hir_expr_kind_of(hir_scope_at(body, n - 3)) == HIR_EXPR_WAIT);
+    CHECK(hir_expr_kind_of(hir_scope_at(body, n - 2)) == HIR_EXPR_SET_CURRENT_STREAM);
+    CHECK(hir_expr_kind_of(hir_scope_at(body, n - 1)) == HIR_EXPR_SYNCHRONIZE);
+  }
+  hir_program_free(p);
+  hir_fusion_free(s.f);
+  seed_matmul_rs_through_bcast(&s, hir_fusion_create(), 8, m8);
+  CHECK(hir_lower(s.f, &d, &p) == HIR_OK);
+  CHECK(hir_program_ntop(p) == 8);
+  for (i = 0; i < hir_program_ntop(p) && i < 8; i++) CHECK(hir_expr_kind_of(hir_program_top(p, i)) == rs[i]);
+  hir_program_free(p);
+  hir_fusion_free(s.f);
+}
+
+/* The ring and bounded-buffer programs on the mesh {3 1 7 5}, as device 7. */
+static void test_stream_schedule_goldens(void) {
+  static const int mesh[4] = {3, 1, 7, 5};
+  hir_lower_desc d;
+  seed s;
+  char *text;
+  memset(&d, 0, sizeof d);
+  d.stream.schedule = HIR_P2P_RING;
+  d.stream.bounded_buffers = 1;
+  seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, mesh);
+  text = lower_text(s.f, &d, 7);
+  check_golden(text, "stream_ag_matmul_ring_bounded_d7", __LINE__);
+  free(text);
+  hir_fusion_free(s.f);
+  d.stream.bounded_buffers = 0;
+  seed_matmul_rs_p2p(&s, hir_fusion_create(), 4, mesh);
+  text = lower_text(s.f, &d, 7);
+  check_golden(text, "stream_matmul_rs_ring_d7", __LINE__);
+  free(text);
+  d.stream.schedule = HIR_P2P_LINEAR;
+  text = lower_text(s.f, &d, 7);
+  check_golden(text, "stream_matmul_rs_linear_d7", __LINE__);
+  free(text);
+  hir_fusion_free(s.f);
+}
+
+/* ---- the numbers ---- */
+typedef struct lowered_case {
+  const hir_fusion *f;
+  hir_lower_desc d;
+} lowered_case;
+
+static hir_program *build_lowered_with(void *user, int rank) {
+  lowered_case *lc = (lowered_case *)user;
+  hir_lower_desc d = lc->d;
+  hir_program *p;
+  d.my_device = rank;
+  hir_lower(lc->f, &d, &p);
+  return p;
+}
+
+/* y[rows, n] = x[rows, k] w[k, n] */
+static void gemm_ref(const hir_tensor *x, int64_t xo, const hir_tensor *w, int64_t wo, double *y, int64_t rows, int64_t k,
+                     int64_t n) {
+  int64_t i, j, q;
+  for (i = 0; i < rows; i++)
+    for (j = 0; j < n; j++) {
+      double s = 0;
+      for (q = 0; q < k; q++) s += tget(x, xo + i * k + q) * tget(w, wo + q * n + j);
+      y[i * n + j] += s;
+    }
+}
+
+/* Fills c with random inputs for seed `which` on D devices and computes the
+   expected outputs from them. */
+static void seed_data(spmd_case *c, const char *which, int D) {
+  int64_t S = 3, M = 3, K = 4, N = 5, s, d, j, i;
+  double *y;
+  if (!strcmp(which, "SingleSetOp") || !strcmp(which, "TwoSetOps") || !strcmp(which, "ThreeSetOps")) {
+    int64_t sz[2] = {5, 3};
+    c->in[0] = trand(HIR_F32, 2, sz);
+    c->out[0] = tn(HIR_F32, 2, sz);
+    memcpy(c->out[0].data, c->in[0].data, 15 * 4);
+    c->nin = c->nout = 1;
+  } else if (!strcmp(which, "Allgather")) {
+    int64_t sz[2] = {S, D};
+    c->in[0] = trand(HIR_F32, 2, sz);
+    c->out[0] = tn(HIR_F32, 2, sz);
+    memcpy(c->out[0].data, c->in[0].data, (size_t)(S * D) * 4);
+    c->nin = c->nout = 1;
+  } else if (!strcmp(which, "Allreduce")) {
+    int64_t sz[3] = {S, D, N}, so[2] = {S, N};
+    c->in[0] = trand(HIR_F32, 3, sz);
+    c->out[0] = tn(HIR_F32, 2, so);
+    for (s = 0; s < S; s++)
+      for (j = 0; j < N; j++) {
+        double t = 0;
+        for (d = 0; d < D; d++) t += tget(&c->in[0], (s * D + d) * N + j);
+        tset(&c->out[0], s * N + j, t);
+      }
+    c->nin = c->nout = 1;
+  } else if (!strcmp(which, "ReduceScatter")) {
+    int64_t sz[4] = {S, D, D, N}, so[3] = {S, D, N};
+    c->in[0] = trand(HIR_F32, 4, sz);
+    c->out[0] = tn(HIR_F32, 3, so);
+    for (s = 0; s < S; s++)
+      for (i = 0; i < D * N; i++) {
+        double t = 0;
+        for (d = 0; d < D; d++) t += tget(&c->in[0], (s * D + d) * D * N + i);
+        tset(&c->out[0], s * D * N + i, t);
+      }
+    c->nin = c->nout = 1;
+  } else if (!strcmp(which, "AG_matmul") || !strcmp(which, "AllgatherP2p") || !strcmp(which, "AG_matmul_P2p")) {
+    int p2p = strcmp(which, "AG_matmul") != 0, mm = strcmp(which, "AllgatherP2p") != 0;
+    int64_t sa[4] = {S, D, M, K}, sp[3] = {D, M, K}, sb[2] = {K, N}, rows = (p2p ? 1 : S) * D * M;
+    c->in[0] = p2p ? trand(HIR_F32, 3, sp) : trand(HIR_F32, 4, sa);
+    if (!mm) { /* AllgatherP2p: [D, N] */
+      int64_t s2[2] = {D, N};
+      tfree(&c->in[0]);
+      c->in[0] = trand(HIR_F32, 2, s2);
+      c->out[0] = tn(HIR_F32, 2, s2);
+      memcpy(c->out[0].data, c->in[0].data, (size_t)tnumel(&c->in[0]) * 4);
+      c->nin = c->nout = 1;
+      return;
+    }
+    c->in[1] = trand(HIR_F32, 2, sb);
+    y = (double *)calloc((size_t)(rows * N), sizeof(double));
+    gemm_ref(&c->in[0], 0, &c->in[1], 0, y, rows, K, N);
+    if (p2p) {
+      int64_t so[3] = {D, M, N};
+      c->out[0] = tn(HIR_F32, 3, so);
+    } else {
+      int64_t so[4] = {S, D, M, N};
+      c->out[0] = tn(HIR_F32, 4, so);
+    }
+    for (i = 0; i < rows * N; i++) tset(&c->out[0], i, y[i]);
+    free(y);
+    c->nin = 2;
+    c->nout = 1;
+  } else if (!strcmp(which, "matmul_AR")) {
+    int64_t sa[4] = {S, D, M, K}, sb[3] = {D, K, N}, so[3] = {S, M, N};
+    c->in[0] = trand(HIR_F32, 4, sa);
+    c->in[1] = trand(HIR_F32, 3, sb);
+    c->out[0] = tn(HIR_F32, 3, so);
+    y = (double *)calloc((size_t)(S * M * N), sizeof(double));
+    for (s = 0; s < S; s++)
+      for (d = 0; d < D; d++) gemm_ref(&c->in[0], (s * D + d) * M * K, &c->in[1], d * K * N, y + s * M * N, M, K, N);
+    for (i = 0; i < S * M * N; i++) tset(&c->out[0], i, y[i]);
+    free(y);
+    c->nin = 2;
+    c->nout = 1;
+  } else { /* matmul_RS_through_bcast [S, D, D, M, K] and the P2P RS [D, D, M, K]: out[s, j] = sum_d A[s, d, j] B[d] */
+    int bcast = !strcmp(which, "matmul_RS_through_bcast");
+    int64_t s0 = bcast ? S : 1, sa[5] = {S, D, D, M, K}, sb[3] = {D, K, N}, so[4] = {S, D, M, N};
+    c->in[0] = bcast ? trand(HIR_F32, 5, sa) : trand(HIR_F32, 4, sa + 1);
+    c->in[1] = trand(HIR_F32, 3, sb);
+    c->out[0] = bcast ? tn(HIR_F32, 4, so) : tn(HIR_F32, 3, so + 1);
+    y = (double *)calloc((size_t)(s0 * D * M * N), sizeof(double));
+    for (s = 0; s < s0; s++)
+      for (j = 0; j < D; j++)
+        for (d = 0; d < D; d++)
+          gemm_ref(&c->in[0], ((s * D + d) * D + j) * M * K, &c->in[1], d * K * N, y + (s * D + j) * M * N, M, K, N);
+    for (i = 0; i < s0 * D * M * N; i++) tset(&c->out[0], i, y[i]);
+    free(y);
+    c->nin = 2;
+    c->nout = 1;
+  }
+}
+
+/* Every stream-lowered seed, plus the GEMM + P2P reduce-scatter, gives the
+   right numbers for both schedules, with and without bounded buffers, with
+   1..4 streams, on worlds of 1, 2, 3, 4 and 8 (and a mesh {3 1 7 5}). */
+static void test_stream_numbers(void) {
+  static const char *names[] = {"SingleSetOp", "TwoSetOps", "ThreeSetOps", "Allgather", "Allreduce", "ReduceScatter",
+                                "AG_matmul", "AllgatherP2p", "AG_matmul_P2p", "matmul_AR", "matmul_RS_through_bcast", "matmul_RS_p2p"};
+  static const seed_fn fns[] = {seed1, seed2, seed3, seed_allgather, seed_allreduce, seed_reduce_scatter, seed_ag_matmul,
+                                seed_allgather_p2p, seed_ag_matmul_p2p, seed_matmul_ar, seed_matmul_rs_through_bcast,
+                                seed_matmul_rs_p2p};
+  static const int odd[4] = {3, 1, 7, 5};
+  int k, wi, ring, bounded, ns, runs = 0;
+  for (k = 0; k < 12; k++)
+    for (wi = 0; wi < 6; wi++)
+      for (ring = 0; ring < 2; ring++)
+        for (bounded = 0; bounded < 2; bounded++)
+          for (ns = 1; ns <= 4; ns++) {
+            int D = wi < 5 ? worlds[wi] : 4, world = wi < 5 ? D : 8;
+            const int *mesh = wi < 5 ? iota_mesh : odd;
+            char what[160];
+            lowered_case lc;
+            spmd_case c;
+            seed s;
+            if (wi == 5 && k < 3) continue; /* single-device seeds: no mesh */
+            if (ns > 2 && (wi == 1 || wi == 3)) continue; /* keep the matrix small: 3-4 streams on 1, 3, 8 and the odd mesh */
+            fns[k](&s, hir_fusion_create(), D, mesh);
+            memset(&lc, 0, sizeof lc);
+            lc.f = s.f;
+            lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+            lc.d.stream.bounded_buffers = bounded;
+            case_init(&c, world);
+            c.nstreams = ns;
+            c.tol = 1e-4;
+            c.prealloc = (ns + ring) & 1;
+            c.build = build_lowered_with;
+            c.user = &lc;
+            seed_data(&c, names[k], D);
+            snprintf(what, sizeof what, "%s (%s%s, mesh %s)", names[k], ring ? "ring" : "linear", bounded ? ", bounded" : "",
+                     wi < 5 ? "0..D-1" : "{3 1 7 5}");
+            RUN_CASE(&c, what);
+            hir_fusion_free(s.f);
+            runs++;
+            if (hir_test_failures) return;
+          }
+  CHECK(runs > 500);
+}
+
+/* Bounded buffers keep numberOfStreams slices of the gathered A instead of
+   D: each rank holds exactly (D - numberOfStreams) chunks less. */
+typedef struct mem_ctx {
+  hir_local_world *w;
+  const hir_fusion *f;
+  int bounded, D, ns;
+  hir_tensor a, b;
+  size_t bytes[8];
+  hir_status status[8];
+} mem_ctx;
+
+static hir_status mem_rank(int rank, void *user) {
+  mem_ctx *m = (mem_ctx *)user;
+  hir_lower_desc d;
+  hir_eval_desc ed;
+  hir_program *p;
+  hir_evaluator *ev = NULL;
+  hir_tensor in[2], out;
+  memset(&d, 0, sizeof d);
+  memset(&ed, 0, sizeof ed);
+  d.my_device = rank;
+  d.stream.bounded_buffers = m->bounded;
+  ed.comm = hir_local_comm(m->w, rank);
+  ed.number_of_streams = m->ns;
+  m->status[rank] = hir_lower(m->f, &d, &p);
+  if (m->status[rank] == HIR_OK) m->status[rank] = hir_evaluator_create(p, &ed, &ev);
+  if (m->status[rank] == HIR_OK) {
+    in[0] = shard(&m->a, hir_program_input(p, 0), rank);
+    in[1] = m->b;
+    memset(&out, 0, sizeof out);
+    m->status[rank] = hir_run(ev, in, 2, &out, 1);
+    m->bytes[rank] = hir_evaluator_memory(ev);
+    tfree(&in[0]);
+  }
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  return m->status[rank];
+}
+
+static void test_stream_bounded_memory(void) {
+  int64_t D = 8, M = 16, K = 32, N = 8, sa[3] = {8, 16, 32}, sb[2] = {32, 8};
+  size_t held[2];
+  mem_ctx m;
+  seed s;
+  int bounded, r;
+  memset(&m, 0, sizeof m);
+  seed_ag_matmul_p2p(&s, hir_fusion_create(), (int)D, iota_mesh);
+  m.f = s.f;
+  m.D = (int)D;
+  m.ns = 2;
+  m.a = trand(HIR_F32, 3, sa);
+  m.b = trand(HIR_F32, 2, sb);
+  for (bounded = 0; bounded < 2; bounded++) {
+    m.bounded = bounded;
+    m.w = hir_local_world_create((int)D);
+    CHECK(hir_spmd((int)D, mem_rank, &m) == HIR_OK);
+    for (r = 1; r < D; r++) CHECK(m.bytes[r] == m.bytes[0]);
+    held[bounded] = m.bytes[0];
+    hir_local_world_free(m.w);
+  }
+  /* the gathered A: [D, M/D rows, K] against [numberOfStreams, M/D, K] */
+  CHECK(held[0] - held[1] == (size_t)((D - m.ns) * M * K * 4));
+  CHECK(held[1] > (size_t)(D * M * N * 4)); /* it still holds the output [D, M, N] */
+  if (held[0] - held[1] != (size_t)((D - m.ns) * M * K * 4))
+    fprintf(stderr, "  bounded buffers: %zu bytes held vs %zu\n", held[1], held[0]);
+  tfree(&m.a);
+  tfree(&m.b);
+  hir_fusion_free(s.f);
+}
+
+/* ---- the schedule verifier ---- */
+static void lower_all(const hir_fusion *f, const hir_lower_desc *d0, int n, hir_program **ps) {
+  int r;
+  for (r = 0; r < n; r++) {
+    hir_lower_desc d = *d0;
+    d.my_device = r;
+    hir_lower(f, &d, &ps[r]);
+  }
+}
+
+static void test_schedule_verifier_accepts(void) {
+  static const int m8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  size_t i;
+  int wi, ring, k, ok = 0;
+  for (i = 0; i < sizeof seed_table / sizeof seed_table[0]; i++)
+    for (wi = 0; wi < 5; wi++)
+      for (ring = 0; ring < 2; ring++) {
+        int D = worlds[wi];
+        hir_program *ps[8];
+        hir_lower_desc d;
+        char msg[512];
+        seed s;
+        seed_table[i].fn(&s, hir_fusion_create(), D, m8);
+        memset(&d, 0, sizeof d);
+        d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+        lower_all(s.f, &d, D, ps);
+        if (hir_verify_schedule(ps, D, 3, msg, sizeof msg) != HIR_OK) {
+          fprintf(stderr, "  test_stream.c: %s on %d ranks (%s): %s\n", seed_table[i].name, D, ring ? "ring" : "linear", msg);
+          hir_test_failures++;
+        } else {
+          ok++;
+        }
+        for (k = 0; k < D; k++) hir_program_free(ps[k]);
+        hir_fusion_free(s.f);
+      }
+  { /* the cross-mesh programs of the lowering tests */
+    hir_fusion *f = cross_mesh_fusion();
+    hir_program *ps[8];
+    hir_lower_desc d;
+    char msg[512];
+    memset(&d, 0, sizeof d);
+    lower_all(f, &d, 8, ps);
+    CHECK(hir_verify_schedule(ps, 8, 4, msg, sizeof msg) == HIR_OK);
+    for (k = 0; k < 8; k++) hir_program_free(ps[k]);
+    hir_fusion_free(f);
+  }
+  CHECK(ok == (int)(sizeof seed_table / sizeof seed_table[0]) * 10);
+}
+
+/* Hand-made schedules the verifier must reject. */
+static hir_program *two_rank_program(int kind, int rank) {
+  hir_program *p = hir_program_create();
+  hir_fusion *f = hir_program_fusion(p);
+  hir_tv *a = hir_input(f, HIR_F32, 1), *b = hir_set(f, a);
+  int team[2] = {0, 1}, other[2] = {1, 0};
+  hir_scope *top = hir_program_body(p);
+  hir_output(f, b);
+  if (kind == 0) { /* rank 0 allgathers while rank 1 allreduces on the same team */
+    hir_scope_append(top, hir_host_communication(p, rank == 0 ? HIR_COLL_ALLGATHER : HIR_COLL_ALLREDUCE, 2, team, 0, a, b));
+  } else if (kind == 1) { /* both receive first, outside a group: each waits for the other */
+    hir_val *peer = hir_val_const(f, 1 - rank);
+    hir_scope_append(top, hir_host_p2p(p, HIR_P2P_RECV, b, peer));
+    hir_scope_append(top, hir_host_p2p(p, HIR_P2P_SEND, a, peer));
+  } else if (kind == 2) { /* two teams entered in opposite orders */
+    hir_expr *x = hir_host_communication(p, HIR_COLL_ALLREDUCE, 2, team, 0, a, b);
+    hir_expr *y = hir_host_communication(p, HIR_COLL_ALLREDUCE, 2, other, 0, a, b);
+    hir_scope_append(top, rank == 0 ? x : y);
+    hir_scope_append(top, rank == 0 ? y : x);
+  } else { /* the same exchange, coalesced: fine */
+    hir_val *peer = hir_val_const(f, 1 - rank);
+    hir_expr *end;
+    hir_scope_append(top, hir_host_start_coalescing(p));
+    hir_scope_append(top, hir_host_p2p(p, HIR_P2P_RECV, b, peer));
+    hir_scope_append(top, hir_host_p2p(p, HIR_P2P_SEND, a, peer));
+    hir_scope_append(top, end = hir_host_end_coalescing(p));
+    hir_scope_append(top, hir_host_wait(p, end));
+  }
+  return p;
+}
+
+static void test_schedule_verifier_rejects(void) {
+  static const char *want[] = {"schedule mismatch on team of Communication 1: rank 0 runs Allgather (root -1), rank 1 runs Allreduce",
+                               "schedule deadlock: no rank can go on: rank 0 at a send/recv group (recv from 1); rank 1 at a send/recv group (recv from 0);",
+                               "schedule deadlock: no rank can go on: rank 0 at Communication 1 (Allreduce, team (0 1)); rank 1 at Communication 2 (Allreduce, team (1 0));",
+                               ""};
+  int kind;
+  for (kind = 0; kind < 4; kind++) {
+    hir_program *ps[2];
+    char msg[512];
+    hir_status s;
+    ps[0] = two_rank_program(kind, 0);
+    ps[1] = two_rank_program(kind, 1);
+    s = hir_verify_schedule(ps, 2, 2, msg, sizeof msg);
+    if ((s == HIR_OK) != (kind == 3) || strstr(msg, want[kind]) == NULL) {
+      fprintf(stderr, "  test_stream.c: schedule %d: %s \"%s\"; wanted \"%s\"\n", kind, hir_status_str(s), msg, want[kind]);
+      hir_test_failures++;
+    }
+    hir_program_free(ps[0]);
+    hir_program_free(ps[1]);
+  }
+}
+
+static void test_stream_errors(void) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a);
+  int axis = 1, flags[3] = {1, 0, 0};
+  hir_output(f, b);
+  hir_parallelize(a, 0, HIR_STREAM);
+  CHECK_LOWER_ERROR(f, 0, HIR_ERR_UNSUPPORTED, "T0 is a program input with a Stream axis");
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  a = hir_input(f, HIR_F32, 2);
+  b = hir_sum(f, a, 1, &axis);
+  hir_output(f, b);
+  hir_parallelize(b, 1, HIR_STREAM);
+  CHECK_LOWER_ERROR(f, 0, HIR_ERR_UNSUPPORTED, "the Stream axis is a reduction axis");
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  a = hir_input(f, HIR_F32, 2);
+  b = hir_broadcast(f, a, 3, flags);
+  hir_output(f, b);
+  hir_parallelize(b, 1, HIR_STREAM);
+  CHECK_LOWER_ERROR(f, 0, HIR_ERR_UNSUPPORTED, "a PostOnStream (HostUnit) cannot be stream-lowered");
+  hir_fusion_free(f);
+}
+
+#define STREAM_TESTS                                                            \
+  {"stream/seed_goldens", test_stream_seed_goldens},                           \
+  {"stream/structure", test_stream_structure},                                 \
+  {"stream/schedule_goldens", test_stream_schedule_goldens},                   \
+  {"stream/numbers", test_stream_numbers},                                     \
+  {"stream/bounded_memory", test_stream_bounded_memory},                       \
+  {"stream/verifier_accepts", test_schedule_verifier_accepts},                 \
+  {"stream/verifier_rejects", test_schedule_verifier_rejects},                 \
+  {"stream/errors", test_stream_errors},
