@@ -11,11 +11,18 @@ LDLIBS  := -lm -lpthread
 
 NVCC_PATH := $(shell command -v nvcc 2>/dev/null)
 CUDA_HOME ?= $(if $(NVCC_PATH),$(patsubst %/bin/,%,$(dir $(NVCC_PATH))))
+# With CUDA found, examples get the CUDA backend and NCCL (and still run on the
+# CPU where no GPU is visible).
+ifneq ($(CUDA_HOME),)
+CUDA_CFLAGS := -DHOSTIR_CUDA -I$(CUDA_HOME)/include
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart
+NVCC_LDLIBS := -L$(CUDA_HOME)/lib64 -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart
+endif
 
-HEADERS := hostir.h
+HEADERS := hostir.h hostir_nccl.h
 TEST_SRC := $(wildcard tests/*.c tests/*.h) $(wildcard tests/golden/*.txt)
 
-.PHONY: all run test test-asan test-gpu bench bench-build examples install clean
+.PHONY: all run test test-asan test-gpu bench bench-build examples examples-nvcc install clean
 
 all: $(BUILD)/test $(BUILD)/main
 
@@ -30,7 +37,15 @@ $(BUILD)/test-asan: $(TEST_SRC) $(HEADERS) | $(BUILD)
 	  -fno-omit-frame-pointer -o $@ tests/main.c $(LDLIBS)
 
 $(BUILD)/%: examples/%.c $(HEADERS) | $(BUILD)
-	$(CC) -std=c11 $(WARN) $(CFLAGS) -o $@ $< $(LDLIBS)
+	$(CC) $(WARN) $(CFLAGS) $(CUDA_CFLAGS) -o $@ $< $(CUDA_LDLIBS) $(LDLIBS)
+
+$(BUILD)/test-gpu: tests/gpu/main.c $(TEST_SRC) $(HEADERS) | $(BUILD)
+	@test -n "$(CUDA_HOME)" || { echo "test-gpu: needs CUDA (set CUDA_HOME or put nvcc on PATH)"; exit 1; }
+	$(CC) $(WARN) -Wno-unused-function -O2 -g $(CUDA_CFLAGS) -o $@ tests/gpu/main.c $(CUDA_LDLIBS) $(LDLIBS)
+
+examples-nvcc: | $(BUILD)
+	@for e in examples/*.c; do n=$$(basename $$e .c); \
+	  nvcc -x cu -O2 $(CUDA_CFLAGS) -o $(BUILD)/$$n-nvcc $$e $(NVCC_LDLIBS) -lpthread || exit 1; done
 
 run: $(BUILD)/main
 	./$(BUILD)/main
@@ -43,8 +58,8 @@ test-asan: $(BUILD)/test-asan
 
 examples: $(patsubst examples/%.c,$(BUILD)/%,$(wildcard examples/*.c))
 
-test-gpu:
-	@echo "test-gpu: needs the CUDA backend (issue 6); nothing to run yet"; exit 1
+test-gpu: $(BUILD)/test-gpu
+	tests/gpu/run.sh
 
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench-%,$(wildcard bench/*.c))
 

@@ -43,6 +43,7 @@
        // >>pipeline   hir_lower: the passes in order, HOSTIR_DUMP
        // >>half       f16/bf16 conversions (round to nearest even)
        // >>backend_cpu   the CPU backend: host memory, in-order streams
+       // >>backend_cuda  the CUDA backend (HOSTIR_CUDA): cudart, cuBLAS, cuBLASLt
        // >>comm_local    the local world: N ranks as threads, hir_spmd
        // >>eval       the evaluator: plan, buffers, hir_run
        // >>schedule   the cross-rank schedule verifier
@@ -346,6 +347,7 @@ struct hir_backend {
   hir_status (*event_record)(hir_backend *self, void *event, void *stream);
   hir_status (*stream_wait_event)(hir_backend *self, void *stream, void *event);  /* no host block */
   hir_status (*stream_synchronize)(hir_backend *self, void *stream);               /* host blocks */
+  hir_status (*stream_query)(hir_backend *self, void *stream);   /* HIR_OK: done; HIR_ERR_TIMEOUT: still busy */
   hir_status (*copy)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *src);
   hir_status (*binary)(hir_backend *self, void *stream, hir_binary_op op, const hir_tensor *dst,
                        const hir_tensor *a, const hir_tensor *b);       /* a, b shaped like dst */
@@ -386,9 +388,19 @@ struct hir_comm {
   hir_status (*group_start)(hir_comm *self);
   hir_status (*group_end)(hir_comm *self);
   void (*abort)(hir_comm *self);
+  hir_status (*poll)(hir_comm *self);  /* optional: an error raised by work in flight (a dead peer) */
 };
 
 HIRDEF hir_backend     *hir_backend_cpu_create(void);
+/* CUDA (compile the implementation with HOSTIR_CUDA; link cudart, cublas,
+   cublasLt). NULL if the device cannot be used. Ops run on the caller's
+   stream set here (default: the legacy default stream); TF32 is off unless
+   enabled. The calling thread's current device becomes `device`. */
+#if defined(HOSTIR_CUDA) || !defined(HOSTIR_STATIC)
+HIRDEF hir_backend     *hir_backend_cuda_create(int device);
+HIRDEF void             hir_backend_cuda_set_stream(hir_backend *b, void *cuda_stream);
+HIRDEF void             hir_backend_cuda_set_tf32(hir_backend *b, int enable);
+#endif
 HIRDEF void             hir_backend_free(hir_backend *b);
 /* N ranks as N threads of one process: collectives through shared memory. */
 HIRDEF hir_local_world *hir_local_world_create(int nranks);
@@ -398,7 +410,10 @@ HIRDEF void             hir_local_world_free(hir_local_world *w);
 /* Runs fn(rank, user) on nranks threads; returns the first failure. */
 HIRDEF hir_status       hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), void *user);
 
-typedef struct hir_eval_desc { hir_backend *backend; hir_comm *comm; int number_of_streams; } hir_eval_desc;
+typedef struct hir_eval_desc {
+  hir_backend *backend; hir_comm *comm; int number_of_streams;
+  int timeout_ms;   /* hir_evaluator_sync gives up (and aborts the communicator) after this; 0: 600000 */
+} hir_eval_desc;
 /* One evaluator per rank per program; the program must outlive it. A NULL
    backend means a CPU backend owned by the evaluator; comm may be NULL for a
    program without communications. On failure *out holds only the error. */
@@ -432,6 +447,11 @@ HIRDEF float    hir_bf16_to_float(uint16_t b);
 #ifndef HOSTIR_IMPLEMENTATION_DONE
 #define HOSTIR_IMPLEMENTATION_DONE
 
+#ifdef HOSTIR_CUDA
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#endif
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h> /* getenv */
@@ -3859,6 +3879,7 @@ HIRDEF hir_backend *hir_backend_cpu_create(void) {
   b->event_record = hir__cpu_pair;
   b->stream_wait_event = hir__cpu_pair;
   b->stream_synchronize = hir__cpu_sync;
+  b->stream_query = hir__cpu_sync;
   b->copy = hir__cpu_copy;
   b->binary = hir__cpu_binary;
   b->sum = hir__cpu_sum;
@@ -3871,6 +3892,517 @@ HIRDEF hir_backend *hir_backend_cpu_create(void) {
 HIRDEF void hir_backend_free(hir_backend *b) {
   if (b && b->destroy) b->destroy(b);
 }
+
+// >>backend_cuda
+#ifdef HOSTIR_CUDA
+/* The CUDA backend: device memory, non-blocking streams, events, and the ops
+   through the CUDA runtime, cuBLAS and cuBLASLt only (no kernels of ours, so
+   a plain C compiler builds it). Each stream gets its own cuBLAS handle and
+   scratch, so ops on different streams never share a workspace. */
+typedef struct hir__cuda_lane {  /* what one stream needs */
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  void *scratch[3];
+  size_t scratch_cap[3];
+} hir__cuda_lane;
+
+#define HIR__CUDA_LANES 64
+typedef struct hir__cuda {
+  int device, tf32;
+  cudaStream_t caller;
+  cublasLtHandle_t lt;
+  hir__cuda_lane lanes[HIR__CUDA_LANES];
+  int nlanes;
+  void *ones;                   /* a vector of ones per dtype, for sums */
+  size_t ones_len[HIR_DTYPE_COUNT];
+  void *ones_by_type[HIR_DTYPE_COUNT];
+} hir__cuda;
+
+static hir_status hir__cuda_fail(hir_backend *b, const char *what, const char *detail, const char *file, int line) {
+  snprintf(b->error, sizeof b->error, "%.120s failed: %.80s (%s:%d)", what, detail, file, line);
+  return HIR_ERR_BACKEND;
+}
+static hir_status hir__cuda_unsupported(hir_backend *b, const char *what, const char *file, int line) {
+  snprintf(b->error, sizeof b->error, "%.120s: not supported by cuBLAS for this dtype (%s:%d)", what, file, line);
+  return HIR_ERR_UNSUPPORTED;
+}
+#define HIR__CU(b, call)                                                                                    \
+  do {                                                                                                       \
+    cudaError_t e_ = (call);                                                                                 \
+    if (e_ != cudaSuccess) return hir__cuda_fail(b, #call, cudaGetErrorString(e_), __FILE__, __LINE__);     \
+  } while (0)
+#define HIR__BLAS(b, call)                                                                                   \
+  do {                                                                                                       \
+    cublasStatus_t s_ = (call);                                                                              \
+    if (s_ == CUBLAS_STATUS_NOT_SUPPORTED) return hir__cuda_unsupported(b, #call, __FILE__, __LINE__);        \
+    if (s_ != CUBLAS_STATUS_SUCCESS) return hir__cuda_fail(b, #call, cublasGetStatusString(s_), __FILE__, __LINE__); \
+  } while (0)
+
+static cudaDataType hir__cuda_type(hir_dtype d) {
+  return d == HIR_F32 ? CUDA_R_32F : d == HIR_F64 ? CUDA_R_64F : d == HIR_F16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+/* The lane of a stream, made on first use. */
+static hir_status hir__cuda_lane_of(hir_backend *b, void *stream, hir__cuda_lane **out) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  cudaStream_t s = stream ? (cudaStream_t)stream : c->caller;
+  int i;
+  for (i = 0; i < c->nlanes; i++)
+    if (c->lanes[i].stream == s) {
+      *out = &c->lanes[i];
+      return HIR_OK;
+    }
+  if (c->nlanes == HIR__CUDA_LANES) {
+    snprintf(b->error, sizeof b->error, "cuda backend: more than %d streams in use", HIR__CUDA_LANES);
+    return HIR_ERR_UNSUPPORTED;
+  }
+  memset(&c->lanes[i], 0, sizeof c->lanes[i]);
+  HIR__BLAS(b, cublasCreate(&c->lanes[i].blas));
+  HIR__BLAS(b, cublasSetStream(c->lanes[i].blas, s));
+  HIR__BLAS(b, cublasSetMathMode(c->lanes[i].blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  c->lanes[i].stream = s;
+  c->nlanes++;
+  *out = &c->lanes[i];
+  return HIR_OK;
+}
+
+/* Scratch k of a lane, at least `bytes` (grows on first runs only). */
+static hir_status hir__cuda_scratch(hir_backend *b, hir__cuda_lane *l, int k, size_t bytes, void **out) {
+  if (l->scratch_cap[k] < bytes) {
+    if (l->scratch[k]) {
+      HIR__CU(b, cudaStreamSynchronize(l->stream));
+      HIR__CU(b, cudaFree(l->scratch[k]));
+      l->scratch[k] = NULL;
+    }
+    HIR__CU(b, cudaMalloc(&l->scratch[k], bytes));
+    l->scratch_cap[k] = bytes;
+  }
+  *out = l->scratch[k];
+  return HIR_OK;
+}
+
+static void hir__cuda_destroy(hir_backend *b) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  int i, k;
+  cudaSetDevice(c->device);
+  for (i = 0; i < c->nlanes; i++) {
+    cublasDestroy(c->lanes[i].blas);
+    for (k = 0; k < 3; k++)
+      if (c->lanes[i].scratch[k]) cudaFree(c->lanes[i].scratch[k]);
+  }
+  for (k = 0; k < HIR_DTYPE_COUNT; k++)
+    if (c->ones_by_type[k]) cudaFree(c->ones_by_type[k]);
+  if (c->lt) cublasLtDestroy(c->lt);
+  HIR_FREE(c);
+  HIR_FREE(b);
+}
+
+static hir_status hir__cuda_alloc(hir_backend *b, size_t bytes, void **ptr) {
+  cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
+  if (e == cudaSuccess) return HIR_OK;
+  snprintf(b->error, sizeof b->error, "cudaMalloc of %zu bytes failed on device %d: %s", bytes,
+           ((hir__cuda *)b->ctx)->device, cudaGetErrorString(e));
+  return e == cudaErrorMemoryAllocation ? HIR_ERR_NOMEM : HIR_ERR_BACKEND;
+}
+static void hir__cuda_release(hir_backend *b, void *ptr) {
+  (void)b;
+  cudaFree(ptr);
+}
+static void *hir__cuda_current(hir_backend *b) { return (void *)((hir__cuda *)b->ctx)->caller; }
+static hir_status hir__cuda_stream_create(hir_backend *b, void **s) {
+  HIR__CU(b, cudaStreamCreateWithFlags((cudaStream_t *)s, cudaStreamNonBlocking));
+  return HIR_OK;
+}
+static void hir__cuda_stream_destroy(hir_backend *b, void *s) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  int i;
+  for (i = 0; i < c->nlanes; i++) /* the stream's lane goes with it */
+    if (c->lanes[i].stream == (cudaStream_t)s) {
+      int k;
+      cublasDestroy(c->lanes[i].blas);
+      for (k = 0; k < 3; k++)
+        if (c->lanes[i].scratch[k]) cudaFree(c->lanes[i].scratch[k]);
+      c->lanes[i] = c->lanes[--c->nlanes];
+      break;
+    }
+  cudaStreamDestroy((cudaStream_t)s);
+}
+static hir_status hir__cuda_event_create(hir_backend *b, void **e) {
+  HIR__CU(b, cudaEventCreateWithFlags((cudaEvent_t *)e, cudaEventDisableTiming));
+  return HIR_OK;
+}
+static void hir__cuda_event_destroy(hir_backend *b, void *e) {
+  (void)b;
+  cudaEventDestroy((cudaEvent_t)e);
+}
+static hir_status hir__cuda_record(hir_backend *b, void *e, void *s) {
+  HIR__CU(b, cudaEventRecord((cudaEvent_t)e, (cudaStream_t)s));
+  return HIR_OK;
+}
+static hir_status hir__cuda_wait(hir_backend *b, void *s, void *e) {
+  HIR__CU(b, cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)e, 0));
+  return HIR_OK;
+}
+static hir_status hir__cuda_sync(hir_backend *b, void *s) {
+  HIR__CU(b, cudaStreamSynchronize((cudaStream_t)s));
+  return HIR_OK;
+}
+static hir_status hir__cuda_query(hir_backend *b, void *s) {
+  cudaError_t e = cudaStreamQuery((cudaStream_t)s);
+  if (e == cudaSuccess) return HIR_OK;
+  if (e == cudaErrorNotReady) return HIR_ERR_TIMEOUT;
+  return hir__cuda_fail(b, "cudaStreamQuery", cudaGetErrorString(e), __FILE__, __LINE__);
+}
+
+/* Merges neighbouring axes that are contiguous in every tensor given. */
+static void hir__collapse(int *nd, int64_t *sizes, int64_t (*strides)[HIR_MAX_DIMS], int nt) {
+  int i, k, n = 0;
+  int64_t s[HIR_MAX_DIMS], st[3][HIR_MAX_DIMS];
+  for (i = 0; i < *nd; i++) {
+    if (sizes[i] == 1) continue; /* size-1 axes carry no layout */
+    if (n > 0) {
+      int merge = 1;
+      for (k = 0; k < nt; k++) merge &= st[k][n - 1] == strides[k][i] * sizes[i];
+      if (merge) {
+        s[n - 1] *= sizes[i];
+        for (k = 0; k < nt; k++) st[k][n - 1] = strides[k][i];
+        continue;
+      }
+    }
+    s[n] = sizes[i];
+    for (k = 0; k < nt; k++) st[k][n] = strides[k][i];
+    n++;
+  }
+  *nd = n;
+  for (i = 0; i < n; i++) {
+    sizes[i] = s[i];
+    for (k = 0; k < nt; k++) strides[k][i] = st[k][i];
+  }
+}
+
+/* dst <- src for any strides (a stride of 0 in src repeats): the innermost
+   axis as runs (filled by doubling when it repeats one element), the next
+   axis through 2D copies, the rest as a host loop. */
+static hir_status hir__cuda_copy(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
+  cudaStream_t s = (cudaStream_t)stream;
+  size_t es = hir_dtype_size(dst->dtype);
+  int64_t sizes[HIR_MAX_DIMS], strides[2][HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, calls = 0, run;
+  int nd = dst->ndims, d;
+  if (dst->dtype != src->dtype) {
+    snprintf(b->error, sizeof b->error, "cuda backend: copy from %s to %s; dtypes must match", hir_dtype_name(src->dtype),
+             hir_dtype_name(dst->dtype));
+    return HIR_ERR_INVALID;
+  }
+  for (d = 0; d < nd; d++) {
+    sizes[d] = dst->sizes[d];
+    strides[0][d] = dst->strides[d];
+    strides[1][d] = src->strides[d];
+  }
+  if (hir__numel(nd, sizes) == 0) return HIR_OK;
+  hir__collapse(&nd, sizes, strides, 2);
+  if (nd == 0) { /* one element */
+    HIR__CU(b, cudaMemcpyAsync(dst->data, src->data, es, cudaMemcpyDeviceToDevice, s));
+    return HIR_OK;
+  }
+  run = (strides[0][nd - 1] == 1 && strides[1][nd - 1] <= 1) ? sizes[nd - 1] : 1;
+  for (;;) {
+    char *dp = (char *)dst->data, *sp = (char *)src->data;
+    int inner = run > 1 ? nd - 1 : nd; /* axes iterated here */
+    for (d = 0; d < inner; d++) {
+      dp += idx[d] * strides[0][d] * (int64_t)es;
+      sp += idx[d] * strides[1][d] * (int64_t)es;
+    }
+    if (run > 1 && strides[1][nd - 1] == 0) { /* one element repeated: copy it, then double */
+      int64_t have = 1;
+      HIR__CU(b, cudaMemcpyAsync(dp, sp, es, cudaMemcpyDeviceToDevice, s));
+      while (have < run) {
+        int64_t n = have < run - have ? have : run - have;
+        HIR__CU(b, cudaMemcpyAsync(dp + have * (int64_t)es, dp, (size_t)n * es, cudaMemcpyDeviceToDevice, s));
+        have += n;
+        calls++;
+      }
+    } else if (run > 1) {
+      HIR__CU(b, cudaMemcpyAsync(dp, sp, (size_t)run * es, cudaMemcpyDeviceToDevice, s));
+    } else {
+      HIR__CU(b, cudaMemcpyAsync(dp, sp, es, cudaMemcpyDeviceToDevice, s));
+    }
+    if (++calls > 65536) {
+      snprintf(b->error, sizeof b->error, "cuda backend: a strided copy of %lld elements needs more than 65536 copy calls; "
+               "make the tensors contiguous", (long long)hir__numel(dst->ndims, dst->sizes));
+      return HIR_ERR_UNSUPPORTED;
+    }
+    for (d = (run > 1 ? nd - 2 : nd - 1); d >= 0; d--) {
+      if (++idx[d] < sizes[d]) break;
+      idx[d] = 0;
+    }
+    if (d < 0) break;
+  }
+  return HIR_OK;
+}
+
+/* t contiguous: itself, or a copy into scratch k of the lane. */
+static hir_status hir__cuda_dense(hir_backend *b, hir__cuda_lane *l, int k, const hir_tensor *t, const hir_tensor *shape,
+                                  hir_tensor *out) {
+  hir_status st;
+  void *p;
+  *out = *t;
+  if (hir__is_contiguous(t)) return HIR_OK;
+  if ((st = hir__cuda_scratch(b, l, k, (size_t)hir__numel(shape->ndims, shape->sizes) * hir_dtype_size(t->dtype), &p)) != HIR_OK)
+    return st;
+  out->data = p;
+  hir__contiguous_strides(out);
+  return hir__cuda_copy(b, l->stream, out, t);
+}
+
+static hir_status hir__cuda_binary(hir_backend *b, void *stream, hir_binary_op op, const hir_tensor *dst, const hir_tensor *a,
+                                   const hir_tensor *x) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__cuda_lane *l;
+  hir_tensor da, dx, dd;
+  hir_status st;
+  int64_t n = hir__numel(dst->ndims, dst->sizes);
+  if (n == 0) return HIR_OK;
+  if (op == HIR_BINARY_MUL && (dst->dtype == HIR_F16 || dst->dtype == HIR_BF16)) {
+    snprintf(b->error, sizeof b->error, "cuda backend: mul of %s tensors: cuBLAS has no elementwise product for %s "
+             "(dgmm is f32/f64 only); compute it in float", hir_dtype_name(dst->dtype), hir_dtype_name(dst->dtype));
+    return HIR_ERR_UNSUPPORTED;
+  }
+  if ((st = hir__cuda_lane_of(b, stream, &l)) != HIR_OK || (st = hir__cuda_dense(b, l, 0, a, dst, &da)) != HIR_OK ||
+      (st = hir__cuda_dense(b, l, 1, x, dst, &dx)) != HIR_OK || (st = hir__cuda_dense(b, l, 2, dst, dst, &dd)) != HIR_OK)
+    return st;
+  if (op == HIR_BINARY_MUL) { /* [1, n] times diag(x) */
+    if (dst->dtype == HIR_F32)
+      HIR__BLAS(b, cublasSdgmm(l->blas, CUBLAS_SIDE_RIGHT, 1, (int)n, (const float *)da.data, 1, (const float *)dx.data, 1,
+                               (float *)dd.data, 1));
+    else
+      HIR__BLAS(b, cublasDdgmm(l->blas, CUBLAS_SIDE_RIGHT, 1, (int)n, (const double *)da.data, 1, (const double *)dx.data, 1,
+                               (double *)dd.data, 1));
+  } else { /* C = A + (+-1) B as one column of n */
+    cublasLtMatrixTransformDesc_t desc;
+    cublasLtMatrixLayout_t lay;
+    cudaDataType scale = dst->dtype == HIR_F64 ? CUDA_R_64F : CUDA_R_32F;
+    float one_f = 1.0f, sign_f = op == HIR_BINARY_SUB ? -1.0f : 1.0f;
+    double one_d = 1.0, sign_d = sign_f;
+    const void *alpha = dst->dtype == HIR_F64 ? (const void *)&one_d : (const void *)&one_f;
+    const void *beta = dst->dtype == HIR_F64 ? (const void *)&sign_d : (const void *)&sign_f;
+    cublasStatus_t s1, s2, s3;
+    if (!c->lt) HIR__BLAS(b, cublasLtCreate(&c->lt));
+    HIR__BLAS(b, cublasLtMatrixTransformDescCreate(&desc, scale));
+    s1 = cublasLtMatrixLayoutCreate(&lay, hir__cuda_type(dst->dtype), (uint64_t)n, 1, n);
+    s2 = s1 == CUBLAS_STATUS_SUCCESS ? cublasLtMatrixTransform(c->lt, desc, alpha, da.data, lay, beta, dx.data, lay, dd.data, lay,
+                                                               l->stream)
+                                     : s1;
+    if (s1 == CUBLAS_STATUS_SUCCESS) cublasLtMatrixLayoutDestroy(lay);
+    s3 = cublasLtMatrixTransformDescDestroy(desc);
+    HIR__BLAS(b, s2);
+    HIR__BLAS(b, s3);
+  }
+  return dd.data == dst->data ? HIR_OK : hir__cuda_copy(b, l->stream, dst, &dd);
+}
+
+/* A vector of `n` ones of the dtype (kept, grown). */
+static hir_status hir__cuda_ones(hir_backend *b, hir_dtype dt, int64_t n, void **out) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  if ((int64_t)c->ones_len[dt] < n) {
+    size_t es = hir_dtype_size(dt);
+    char *host = (char *)HIR_MALLOC((size_t)n * es);
+    int64_t i;
+    if (!host) {
+      snprintf(b->error, sizeof b->error, "cuda backend: out of host memory");
+      return HIR_ERR_NOMEM;
+    }
+    for (i = 0; i < n; i++) hir__store(host, dt, i, 1.0);
+    if (c->ones_by_type[dt]) {
+      HIR__CU(b, cudaDeviceSynchronize());
+      cudaFree(c->ones_by_type[dt]);
+      c->ones_by_type[dt] = NULL;
+    }
+    if (cudaMalloc(&c->ones_by_type[dt], (size_t)n * es) != cudaSuccess ||
+        cudaMemcpy(c->ones_by_type[dt], host, (size_t)n * es, cudaMemcpyHostToDevice) != cudaSuccess) {
+      HIR_FREE(host);
+      return hir__cuda_fail(b, "allocating the ones vector", "cudaMalloc/cudaMemcpy", __FILE__, __LINE__);
+    }
+    HIR_FREE(host);
+    c->ones_len[dt] = (size_t)n;
+  }
+  *out = c->ones_by_type[dt];
+  return HIR_OK;
+}
+
+/* dst (src's shape, 1 on reduced axes) = sum of src: one reduced axis at a
+   time as a strided-batched GEMM against ones, accumulating in f32 (f64). */
+static hir_status hir__cuda_sum(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
+  hir__cuda_lane *l;
+  hir_tensor cur, next;
+  hir_status st;
+  size_t es = hir_dtype_size(src->dtype);
+  int d;
+  cudaDataType t = hir__cuda_type(src->dtype);
+  cublasComputeType_t ct = src->dtype == HIR_F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+  float one_f = 1, zero_f = 0;
+  double one_d = 1, zero_d = 0;
+  const void *one = src->dtype == HIR_F64 ? (const void *)&one_d : (const void *)&one_f;
+  const void *zero = src->dtype == HIR_F64 ? (const void *)&zero_d : (const void *)&zero_f;
+  if ((st = hir__cuda_lane_of(b, stream, &l)) != HIR_OK || (st = hir__cuda_dense(b, l, 0, src, src, &cur)) != HIR_OK) return st;
+  for (d = 0; d < src->ndims; d++) {
+    int64_t O = 1, R = cur.sizes[d], I = 1, q;
+    void *ones, *p;
+    if (dst->sizes[d] != 1 || R == 1) continue;
+    for (q = 0; q < d; q++) O *= cur.sizes[q];
+    for (q = d + 1; q < cur.ndims; q++) I *= cur.sizes[q];
+    next = cur;
+    next.sizes[d] = 1;
+    /* results alternate between scratch 1 and 2, never the buffer being read */
+    if ((st = hir__cuda_ones(b, src->dtype, R, &ones)) != HIR_OK ||
+        (st = hir__cuda_scratch(b, l, cur.data == l->scratch[1] ? 2 : 1, (size_t)(O * I) * es, &p)) != HIR_OK)
+      return st;
+    next.data = p;
+    hir__contiguous_strides(&next);
+    /* column-major: C[I x 1] = A[I x R] (ld I) x ones[R x 1], batched over O */
+    HIR__BLAS(b, cublasGemmStridedBatchedEx(l->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)I, 1, (int)R, one, cur.data, t, (int)I,
+                                            (long long)(R * I), ones, t, (int)R, 0, zero, next.data, t, (int)I, (long long)I,
+                                            (int)O, ct, CUBLAS_GEMM_DEFAULT));
+    cur = next;
+  }
+  return hir__cuda_copy(b, l->stream, dst, &cur);
+}
+
+/* One operand of a GEMM in cuBLAS terms: a pointer, whether it is read
+   transposed, and its leading dimension. Row-major [R, C] with unit column
+   stride is column-major C x R; unit row stride reads it transposed. */
+static int hir__gemm_operand(const hir_tensor *t, int nd, int *trans, int64_t *ld) {
+  int64_t rs = t->strides[nd - 2], cs = t->strides[nd - 1], R = t->sizes[nd - 2], C = t->sizes[nd - 1];
+  if ((rs == 0 && R > 1) || (cs == 0 && C > 1)) return 0; /* a repeated row or column: made dense first */
+  if (cs == 1 || C == 1) {
+    *trans = 0;
+    *ld = (R == 1 || rs < C) ? (C > 1 ? C : 1) : rs;
+    return rs >= C || R == 1;
+  }
+  if (rs == 1 || R == 1) {
+    *trans = 1;
+    *ld = cs >= R ? cs : R;
+    return 1;
+  }
+  return 0;
+}
+
+static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__cuda_lane *l;
+  hir_tensor A = *a, B = *x, C = *dst;
+  hir_status st;
+  int nd = dst->ndims, nb = nd - 2, ta, tb, tc, d, k;
+  int64_t lda, ldb, ldc, M = dst->sizes[nd - 2], N = dst->sizes[nd - 1], K = a->sizes[nd - 1];
+  int64_t bsz[HIR_MAX_DIMS], bst[3][HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0};
+  int nbd = nb;
+  cudaDataType t = hir__cuda_type(dst->dtype);
+  cublasComputeType_t ct = dst->dtype == HIR_F64 ? CUBLAS_COMPUTE_64F : (dst->dtype == HIR_F32 && c->tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                                                          : CUBLAS_COMPUTE_32F;
+  float one_f = 1, zero_f = 0;
+  double one_d = 1, zero_d = 0;
+  const void *one = dst->dtype == HIR_F64 ? (const void *)&one_d : (const void *)&one_f;
+  const void *zero = dst->dtype == HIR_F64 ? (const void *)&zero_d : (const void *)&zero_f;
+  size_t es = hir_dtype_size(dst->dtype);
+  if ((st = hir__cuda_lane_of(b, stream, &l)) != HIR_OK) return st;
+  if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
+  if (!hir__gemm_operand(&A, nd, &ta, &lda) && (st = hir__cuda_dense(b, l, 0, a, a, &A)) != HIR_OK) return st;
+  if (!hir__gemm_operand(&B, nd, &tb, &ldb) && (st = hir__cuda_dense(b, l, 1, x, x, &B)) != HIR_OK) return st;
+  hir__gemm_operand(&A, nd, &ta, &lda);
+  hir__gemm_operand(&B, nd, &tb, &ldb);
+  if (!hir__gemm_operand(&C, nd, &tc, &ldc) || tc) {
+    snprintf(b->error, sizeof b->error, "cuda backend: matmul output must have rows of unit stride");
+    return HIR_ERR_UNSUPPORTED;
+  }
+  if (K == 0) { /* an empty contraction: zeros */
+    HIR__CU(b, cudaMemsetAsync(C.data, 0, (size_t)hir__numel(nd, dst->sizes) * es, l->stream));
+    return HIR_OK;
+  }
+  for (d = 0; d < nb; d++) {
+    bsz[d] = dst->sizes[d];
+    bst[0][d] = C.strides[d];
+    bst[1][d] = A.strides[d];
+    bst[2][d] = B.strides[d];
+  }
+  hir__collapse(&nbd, bsz, bst, 3); /* batch axes that flatten into one stride each */
+  for (;;) { /* the innermost batch axis in one strided-batched call, the rest looped */
+    const char *pa = (const char *)A.data, *pb = (const char *)B.data;
+    char *pc = (char *)C.data;
+    int64_t count = nbd ? bsz[nbd - 1] : 1;
+    long long sa = nbd ? bst[1][nbd - 1] : 0, sb = nbd ? bst[2][nbd - 1] : 0, sc = nbd ? bst[0][nbd - 1] : 0;
+    for (k = 0; k + 1 < nbd; k++) {
+      pc += idx[k] * bst[0][k] * (int64_t)es;
+      pa += idx[k] * bst[1][k] * (int64_t)es;
+      pb += idx[k] * bst[2][k] * (int64_t)es;
+    }
+    /* row-major C = A B is column-major C^T = B^T A^T */
+    HIR__BLAS(b, cublasGemmStridedBatchedEx(l->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M,
+                                            (int)K, one, pb, t, (int)ldb, sb, pa, t, (int)lda, sa, zero, pc, t, (int)ldc, sc,
+                                            (int)count, ct, CUBLAS_GEMM_DEFAULT));
+    for (k = nbd - 2; k >= 0; k--) {
+      if (++idx[k] < bsz[k]) break;
+      idx[k] = 0;
+    }
+    if (k < 0) break;
+  }
+  return HIR_OK;
+}
+
+static hir_status hir__cuda_upload(hir_backend *b, void *dst, const void *src, size_t bytes) {
+  HIR__CU(b, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  return HIR_OK;
+}
+static hir_status hir__cuda_download(hir_backend *b, void *dst, const void *src, size_t bytes) {
+  HIR__CU(b, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  return HIR_OK;
+}
+
+HIRDEF hir_backend *hir_backend_cuda_create(int device) {
+  hir_backend *b = (hir_backend *)HIR_MALLOC(sizeof(hir_backend));
+  hir__cuda *c = (hir__cuda *)HIR_MALLOC(sizeof(hir__cuda));
+  if (!b || !c || cudaSetDevice(device) != cudaSuccess) {
+    HIR_FREE(b);
+    HIR_FREE(c);
+    return NULL;
+  }
+  memset(b, 0, sizeof *b);
+  memset(c, 0, sizeof *c);
+  c->device = device;
+  b->ctx = c;
+  b->name = "cuda";
+  b->destroy = hir__cuda_destroy;
+  b->alloc = hir__cuda_alloc;
+  b->release = hir__cuda_release;
+  b->current_stream = hir__cuda_current;
+  b->stream_create = hir__cuda_stream_create;
+  b->stream_destroy = hir__cuda_stream_destroy;
+  b->event_create = hir__cuda_event_create;
+  b->event_destroy = hir__cuda_event_destroy;
+  b->event_record = hir__cuda_record;
+  b->stream_wait_event = hir__cuda_wait;
+  b->stream_synchronize = hir__cuda_sync;
+  b->stream_query = hir__cuda_query;
+  b->copy = hir__cuda_copy;
+  b->binary = hir__cuda_binary;
+  b->sum = hir__cuda_sum;
+  b->matmul = hir__cuda_matmul;
+  b->upload = hir__cuda_upload;
+  b->download = hir__cuda_download;
+  return b;
+}
+
+HIRDEF void hir_backend_cuda_set_stream(hir_backend *b, void *stream) {
+  if (b && b->destroy == hir__cuda_destroy) ((hir__cuda *)b->ctx)->caller = (cudaStream_t)stream;
+}
+
+HIRDEF void hir_backend_cuda_set_tf32(hir_backend *b, int enable) {
+  hir__cuda *c;
+  int i;
+  if (!b || b->destroy != hir__cuda_destroy) return;
+  c = (hir__cuda *)b->ctx;
+  c->tf32 = enable != 0;
+  for (i = 0; i < c->nlanes; i++) cublasSetMathMode(c->lanes[i].blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+}
+#endif /* HOSTIR_CUDA */
 
 // >>comm_local
 /* N ranks as N threads. One mutex guards the world; each team is a reusable
@@ -4460,7 +4992,9 @@ struct hir_evaluator {
   int64_t *key;                 /* the input shapes the plan was made for */
   int key_n, planned, started_comm;
   hir_status status;
-  int broken;
+  int broken, timeout_ms;
+  pthread_mutex_t nap_mu;       /* for short sleeps while polling */
+  pthread_cond_t nap_cv;
   char error[512];
 };
 
@@ -5144,7 +5678,10 @@ static int hir__setup_expr(hir_evaluator *ev, const hir_expr *e) {
 
 static hir_evaluator *hir__evaluator_new(void) {
   hir_evaluator *ev = (hir_evaluator *)HIR_MALLOC(sizeof(hir_evaluator));
-  if (ev) memset(ev, 0, sizeof *ev);
+  if (!ev) return NULL;
+  memset(ev, 0, sizeof *ev);
+  pthread_mutex_init(&ev->nap_mu, NULL);
+  pthread_cond_init(&ev->nap_cv, NULL);
   return ev;
 }
 
@@ -5167,6 +5704,7 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
     return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: number_of_streams is %d; give 1 or more (0: 4)",
                         d->number_of_streams), ev->status;
   ev->nstreams = d->number_of_streams ? d->number_of_streams : 4;
+  ev->timeout_ms = d->timeout_ms > 0 ? d->timeout_ms : 600000;
   ev->env.named[HIR_NAMED_NUM_STREAMS] = ev->nstreams;
   ev->comm = d->comm;
   ev->device = d->comm ? d->comm->rank : p->my_device > 0 ? p->my_device : 0;
@@ -5248,6 +5786,8 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->shape);
   HIR_FREE(ev->blocks);
   HIR_FREE(ev->key);
+  pthread_mutex_destroy(&ev->nap_mu);
+  pthread_cond_destroy(&ev->nap_cv);
   HIR_FREE(ev);
 }
 
@@ -5261,15 +5801,51 @@ HIRDEF size_t hir_evaluator_memory(const hir_evaluator *ev) {
   return n;
 }
 
-HIRDEF hir_status hir_evaluator_sync(hir_evaluator *ev) {
+static double hir__now_ms(void) {
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Waits for a stream without trusting it to finish: polls it and the
+   communicator; past the deadline the communicator is aborted. */
+static int hir__sync_stream(hir_evaluator *ev, void *stream, double deadline) {
   hir_status s;
+  while ((s = ev->b->stream_query(ev->b, stream)) == HIR_ERR_TIMEOUT) {
+    struct timespec nap = hir__deadline(0);
+    if (ev->comm && ev->comm->poll && (s = ev->comm->poll(ev->comm)) != HIR_OK) {
+      ev->broken = 1;
+      return hir__ev_fail(ev, s, "hir_evaluator_sync: a communication failed: %s", ev->comm->error);
+    }
+    if (hir__now_ms() > deadline) {
+      if (ev->comm) ev->comm->abort(ev->comm);
+      ev->broken = 1;
+      return hir__ev_fail(ev, HIR_ERR_TIMEOUT,
+                          "hir_evaluator_sync: the streams were still busy after %d ms; a peer is dead or stuck, so the "
+                          "communicator was aborted (raise hir_eval_desc.timeout_ms if the work is that long)",
+                          ev->timeout_ms);
+    }
+    nap.tv_nsec += 50000; /* 50 us */
+    if (nap.tv_nsec >= 1000000000L) {
+      nap.tv_sec++;
+      nap.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&ev->nap_mu);
+    pthread_cond_timedwait(&ev->nap_cv, &ev->nap_mu, &nap);
+    pthread_mutex_unlock(&ev->nap_mu);
+  }
+  return s == HIR_OK ? 1 : hir__ev_fail(ev, s, "hir_evaluator_sync: %s", ev->b->error);
+}
+
+HIRDEF hir_status hir_evaluator_sync(hir_evaluator *ev) {
+  double deadline;
   int i;
   if (!ev || !ev->b) return HIR_ERR_INVALID;
+  ev->status = HIR_OK;
+  deadline = hir__now_ms() + ev->timeout_ms;
   for (i = 0; i < ev->nstreams; i++)
-    if ((s = ev->b->stream_synchronize(ev->b, ev->pool[i])) != HIR_OK)
-      return hir__ev_fail(ev, s, "hir_evaluator_sync: %s", ev->b->error), s;
-  if ((s = ev->b->stream_synchronize(ev->b, ev->b->current_stream(ev->b))) != HIR_OK)
-    return hir__ev_fail(ev, s, "hir_evaluator_sync: %s", ev->b->error), s;
+    if (!hir__sync_stream(ev, ev->pool[i], deadline)) return ev->status;
+  if (!hir__sync_stream(ev, ev->b->current_stream(ev->b), deadline)) return ev->status;
   return HIR_OK;
 }
 

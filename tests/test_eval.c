@@ -109,6 +109,50 @@ static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
 /* ---- the SPMD harness ---- */
 #define MAXR 8
 #define MAXT 4
+
+/* Where the ranks run: the CPU and the local world by default; the GPU tests
+   plug in CUDA and NCCL (threads, or one process per GPU) and run the same
+   cases. */
+typedef struct test_platform {
+  const char *name;
+  int min_world, max_world;            /* cases of other sizes are skipped */
+  void *(*world_create)(int n);
+  void (*world_free)(void *w);
+  hir_comm *(*comm)(void *w, int rank);
+  hir_backend *(*backend)(int rank);   /* NULL: the evaluator's own CPU backend */
+  hir_status (*run)(int n, hir_status (*fn)(int rank, void *user), void *user);
+} test_platform;
+
+static void *cpu_world_create(int n) {
+  hir_local_world *w = hir_local_world_create(n);
+  hir_local_world_set_timeout(w, 20000);
+  return w;
+}
+static void cpu_world_free(void *w) { hir_local_world_free((hir_local_world *)w); }
+static hir_comm *cpu_comm(void *w, int rank) { return hir_local_comm((hir_local_world *)w, rank); }
+static const test_platform cpu_platform = {"cpu", 1, 1 << 20, cpu_world_create, cpu_world_free, cpu_comm, NULL, hir_spmd};
+static const test_platform *platform = &cpu_platform;
+
+/* A host tensor's copy in the backend's memory, or the tensor itself. */
+static hir_tensor to_backend(hir_backend *b, const hir_tensor *t) {
+  hir_tensor d = *t;
+  size_t bytes = (size_t)tnumel(t) * hir_dtype_size(t->dtype);
+  if (!b || b->host_memory || !t->data) return d;
+  if (b->alloc(b, bytes, &d.data) != HIR_OK || b->upload(b, d.data, t->data, bytes) != HIR_OK) d.data = NULL;
+  return d;
+}
+static void backend_free(hir_backend *b, const hir_tensor *host, hir_tensor *d) {
+  if (b && !b->host_memory && d->data && d->data != host->data) b->release(b, d->data);
+}
+/* A host copy of a tensor in the backend's memory. */
+static hir_tensor to_host(hir_backend *b, const hir_tensor *d) {
+  hir_tensor h;
+  if (!b || b->host_memory || !d->data) return *d;
+  h = tn(d->dtype, d->ndims, d->sizes);
+  b->download(b, h.data, d->data, (size_t)tnumel(&h) * hir_dtype_size(h.dtype));
+  return h;
+}
+
 typedef hir_program *(*build_fn)(void *user, int rank);
 typedef struct spmd_case {
   int world, nstreams, prealloc, nin, nout;
@@ -116,7 +160,7 @@ typedef struct spmd_case {
   build_fn build;
   void *user;
   hir_tensor in[MAXT], out[MAXT];  /* global (unsharded) */
-  hir_local_world *w;
+  void *w;
   char err[MAXR][600];
 } spmd_case;
 
@@ -146,76 +190,106 @@ static hir_status spmd_rank(int rank, void *user) {
   hir_program *p = c->build(c->user, rank);
   hir_evaluator *ev = NULL;
   hir_eval_desc d;
-  hir_tensor in[MAXT], out[MAXT], want[MAXT];
+  hir_backend *b = platform->backend ? platform->backend(rank) : NULL;
+  hir_tensor in[MAXT], din[MAXT], out[MAXT], poison[MAXT], want[MAXT];
   void *first_addr[MAXT] = {0};
   int i, run;
   memset(&d, 0, sizeof d);
   memset(in, 0, sizeof in);
+  memset(din, 0, sizeof din);
+  memset(poison, 0, sizeof poison);
   memset(want, 0, sizeof want);
   if (!p || hir_program_error(p)[0]) {
     snprintf(err, 600, "build: %s", p ? hir_program_error(p) : "NULL program");
     hir_program_free(p);
+    hir_backend_free(b);
     return HIR_ERR_INVALID;
   }
-  d.comm = hir_local_comm(c->w, rank);
+  d.comm = platform->comm(c->w, rank);
+  d.backend = b;
   d.number_of_streams = c->nstreams;
+  d.timeout_ms = 60000;
   if (hir_evaluator_create(p, &d, &ev) != HIR_OK) {
     snprintf(err, 600, "create: %s", hir_evaluator_error(ev));
     goto done;
   }
-  for (i = 0; i < c->nin; i++) in[i] = shard(&c->in[i], hir_program_input(p, i), rank);
+  for (i = 0; i < c->nin; i++) {
+    in[i] = shard(&c->in[i], hir_program_input(p, i), rank);
+    din[i] = to_backend(b, &in[i]);
+  }
   for (i = 0; i < c->nout; i++) want[i] = shard(&c->out[i], hir_program_output(p, i), rank);
   for (run = 0; run < 2; run++) {
     for (i = 0; i < c->nout; i++) {
       memset(&out[i], 0, sizeof out[i]);
       if (c->prealloc && want[i].data) { /* preallocated and poisoned */
         int64_t k;
-        out[i] = tn(want[i].dtype, want[i].ndims, want[i].sizes);
-        for (k = 0; k < tnumel(&out[i]); k++) tset(&out[i], k, 1e30);
+        poison[i] = tn(want[i].dtype, want[i].ndims, want[i].sizes);
+        for (k = 0; k < tnumel(&poison[i]); k++) tset(&poison[i], k, 1e30);
+        out[i] = to_backend(b, &poison[i]);
       }
     }
-    if (hir_run(ev, in, c->nin, out, c->nout) != HIR_OK) {
+    if (hir_run(ev, din, c->nin, out, c->nout) != HIR_OK || hir_evaluator_sync(ev) != HIR_OK) {
       snprintf(err, 600, "run %d: %s", run, hir_evaluator_error(ev));
       goto done;
     }
     for (i = 0; i < c->nout; i++) {
       char what[64];
+      hir_tensor got = to_host(b, &out[i]);
+      int ok = 1;
       snprintf(what, sizeof what, "rank %d run %d output %d", rank, run, i);
       if (!want[i].data) {
         if (out[i].data || out[i].ndims) snprintf(err, 600, "%s: should be empty here", what);
-      } else if (!compare(&out[i], &want[i], c->tol, err, 600, what)) {
-        goto done;
+      } else {
+        ok = compare(&got, &want[i], c->tol, err, 600, what);
       }
+      if (got.data != out[i].data) tfree(&got);
       if (!c->prealloc && want[i].data) { /* evaluator-owned: same buffer every run */
         if (run == 0) first_addr[i] = out[i].data;
         else if (out[i].data != first_addr[i]) snprintf(err, 600, "%s: moved from %p to %p", what, first_addr[i], out[i].data);
       }
-      if (c->prealloc) tfree(&out[i]);
+      if (c->prealloc && want[i].data) {
+        backend_free(b, &poison[i], &out[i]);
+        tfree(&poison[i]);
+      }
+      if (!ok) goto done;
     }
   }
 done:
-  for (i = 0; i < c->nin; i++) tfree(&in[i]);
-  for (i = 0; i < c->nout; i++) tfree(&want[i]);
+  for (i = 0; i < c->nin; i++) {
+    backend_free(b, &in[i], &din[i]);
+    tfree(&in[i]);
+  }
+  for (i = 0; i < c->nout; i++) {
+    tfree(&want[i]);
+    tfree(&poison[i]);
+  }
   hir_evaluator_free(ev);
   hir_program_free(p);
+  hir_backend_free(b);
   return err[0] ? HIR_ERR_INTERNAL : HIR_OK;
 }
 
-/* Runs the case on every rank; reports each rank's failure. */
+/* Runs the case on every rank; reports each rank's failure. Cases of a
+   world size the platform cannot host are skipped. */
+static int cases_run, cases_skipped;
 static void run_case(spmd_case *c, const char *name, int line) {
   int r, i;
   memset(c->err, 0, sizeof c->err);
-  c->w = hir_local_world_create(c->world);
-  hir_local_world_set_timeout(c->w, 20000);
-  hir_spmd(c->world, spmd_rank, c);
-  for (r = 0; r < c->world; r++)
-    if (c->err[r][0]) {
-      fprintf(stderr, "  test_eval.c:%d: %s (world %d, %d streams%s): rank %d: %s\n", line, name, c->world, c->nstreams,
-              c->prealloc ? ", preallocated" : "", r, c->err[r]);
-      hir_test_failures++;
-      break;
-    }
-  hir_local_world_free(c->w);
+  if (c->world < platform->min_world || c->world > platform->max_world) {
+    cases_skipped++;
+  } else {
+    cases_run++;
+    c->w = platform->world_create(c->world);
+    platform->run(c->world, spmd_rank, c);
+    for (r = 0; r < c->world; r++)
+      if (c->err[r][0]) {
+        fprintf(stderr, "  test_eval.c:%d: %s (%s, world %d, %d streams%s): rank %d: %s\n", line, name, platform->name, c->world,
+                c->nstreams, c->prealloc ? ", preallocated" : "", r, c->err[r]);
+        hir_test_failures++;
+        break;
+      }
+    platform->world_free(c->w);
+  }
   for (i = 0; i < c->nin; i++) tfree(&c->in[i]);
   for (i = 0; i < c->nout; i++) tfree(&c->out[i]);
 }

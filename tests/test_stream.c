@@ -280,7 +280,7 @@ static void test_stream_numbers(void) {
             runs++;
             if (hir_test_failures) return;
           }
-  CHECK(runs > 500);
+  CHECK(runs > 500 && (platform != &cpu_platform || cases_skipped == 0));
 }
 
 /* Bounded buffers keep numberOfStreams slices of the gathered A instead of

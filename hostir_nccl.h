@@ -1,0 +1,729 @@
+/* hostir_nccl.h - hostir's communicator (hir_comm) on NCCL, and its bootstrap.
+   No warranty implied; MIT license (see hostir.h).
+
+   Do this:
+       #define HOSTIR_IMPLEMENTATION        (in one file, as for hostir.h)
+       #define HOSTIR_NCCL_IMPLEMENTATION   (in one file)
+       #include "hostir_nccl.h"
+   and link -lnccl -lcudart. The implementation uses POSIX sockets and
+   threads: compile it with POSIX features (the default of gcc, clang and
+   nvcc; with -std=c11 add -D_POSIX_C_SOURCE=200809L).
+
+   Two ways to start:
+     - one process driving every local GPU, one thread per rank:
+           hir_nccl_world *w; hir_nccl_world_create(4, &w);
+           ... on thread r: hir_comm *c = hir_nccl_world_comm(w, r);
+     - one process per GPU (torchrun, mpirun, srun): rank, world size and
+       local rank come from RANK/WORLD_SIZE/LOCAL_RANK, OMPI_COMM_WORLD_*, or
+       SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; rank 0 hands out NCCL's ids
+       over TCP at MASTER_ADDR:MASTER_PORT (default 127.0.0.1:29500):
+           hir_nccl_env env; hir_comm *c;
+           if (hir_nccl_env_read(&env, err, sizeof err) != HIR_OK ||
+               hir_nccl_comm_create(&env, 60000, &c) != HIR_OK) ...
+
+   A rank's device id is its rank in the world. Collectives run on the stream
+   the evaluator passes (the current stream); a team other than the whole
+   world gets its own NCCL communicator, made by its members only. Every wait
+   of the bootstrap has a deadline, and hir_evaluator_sync polls
+   ncclCommGetAsyncError and aborts the communicators when a peer is dead.
+   Nothing assumes one host. */
+#ifndef HOSTIR_NCCL_H
+#define HOSTIR_NCCL_H
+#include "hostir.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hir_nccl_world hir_nccl_world;
+/* One process, `nranks` local GPUs (rank r on GPU r). On failure *out holds
+   only the error (hir_nccl_world_error; free it), or is NULL. */
+HIRDEF hir_status  hir_nccl_world_create(int nranks, hir_nccl_world **out);
+HIRDEF hir_comm   *hir_nccl_world_comm(hir_nccl_world *w, int rank);  /* owned by the world */
+HIRDEF const char *hir_nccl_world_error(const hir_nccl_world *w);
+HIRDEF void        hir_nccl_world_free(hir_nccl_world *w);
+
+/* One process per GPU. */
+typedef struct hir_nccl_env {
+  int rank, size, local_rank;
+  char master_addr[256];
+  int master_port;
+} hir_nccl_env;
+HIRDEF hir_status hir_nccl_env_read(hir_nccl_env *env, char *error, size_t cap);
+/* Sets the device local_rank and joins the world (collective over all
+   ranks). On failure *out holds only the error (its `error`; free it). */
+HIRDEF hir_status hir_nccl_comm_create(const hir_nccl_env *env, int timeout_ms, hir_comm **out);
+HIRDEF void       hir_nccl_comm_free(hir_comm *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HOSTIR_NCCL_H */
+
+/* ======================================================================== */
+#ifdef HOSTIR_NCCL_IMPLEMENTATION
+#ifndef HOSTIR_NCCL_IMPLEMENTATION_DONE
+#define HOSTIR_NCCL_IMPLEMENTATION_DONE
+
+#include <arpa/inet.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <nccl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+// >>nccl_store
+/* A tiny key-value store over TCP, served by rank 0, for NCCL's ids: a
+   request is one fixed-size message (SET or GET), the answer one too. */
+#define HIR__KEY_BYTES 200
+typedef struct hir__msg {
+  char op;                      /* 'S' set, 'G' get, 'V' value, 'N' none yet */
+  char key[HIR__KEY_BYTES];
+  unsigned char value[NCCL_UNIQUE_ID_BYTES];
+} hir__msg;
+
+typedef struct hir__kv {
+  char key[HIR__KEY_BYTES];
+  unsigned char value[NCCL_UNIQUE_ID_BYTES];
+} hir__kv;
+
+typedef struct hir__kvstore {
+  char addr[256];
+  int port, listen_fd, serving;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  hir__kv *kv;
+  int nkv, cap;
+} hir__kvstore;
+
+static int hir__io(int fd, void *buf, size_t n, int writing) {
+  char *p = (char *)buf;
+  while (n) {
+    ssize_t k = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+    if (k <= 0) {
+      if (k < 0 && errno == EINTR) continue;
+      return 0;
+    }
+    p += k;
+    n -= (size_t)k;
+  }
+  return 1;
+}
+
+static void *hir__store_serve(void *arg) {
+  hir__kvstore *s = (hir__kvstore *)arg;
+  for (;;) {
+    hir__msg m;
+    int fd = accept(s->listen_fd, NULL, NULL), i;
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      return NULL; /* the listening socket was shut down */
+    }
+    if (hir__io(fd, &m, sizeof m, 0)) {
+      m.key[HIR__KEY_BYTES - 1] = '\0';
+      pthread_mutex_lock(&s->mu);
+      for (i = 0; i < s->nkv && strcmp(s->kv[i].key, m.key) != 0; i++) {}
+      if (m.op == 'S') {
+        if (i == s->nkv && s->nkv == s->cap) {
+          int cap = s->cap ? 2 * s->cap : 16;
+          hir__kv *kv = (hir__kv *)realloc(s->kv, (size_t)cap * sizeof *kv);
+          if (kv) {
+            s->kv = kv;
+            s->cap = cap;
+          }
+        }
+        if (i < s->cap) {
+          memcpy(s->kv[i].key, m.key, HIR__KEY_BYTES);
+          memcpy(s->kv[i].value, m.value, NCCL_UNIQUE_ID_BYTES);
+          if (i == s->nkv) s->nkv++;
+        }
+        m.op = 'V';
+      } else if (i < s->nkv) {
+        memcpy(m.value, s->kv[i].value, NCCL_UNIQUE_ID_BYTES);
+        m.op = 'V';
+      } else {
+        m.op = 'N';
+      }
+      pthread_mutex_unlock(&s->mu);
+      hir__io(fd, &m, sizeof m, 1);
+    }
+    close(fd);
+  }
+}
+
+static double hir__wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void hir__sleep_ms(int ms) {
+  struct timespec ts;
+  ts.tv_sec = ms / 1000;
+  ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+  nanosleep(&ts, NULL);
+}
+
+static hir_status hir__store_serve_start(hir__kvstore *s, char *err, size_t cap) {
+  struct sockaddr_in a;
+  int one = 1;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_port = htons((unsigned short)s->port);
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  if ((s->listen_fd = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
+      setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      bind(s->listen_fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(s->listen_fd, 128) != 0) {
+    snprintf(err, cap, "hostir_nccl: rank 0 cannot listen on port %d for the bootstrap: %s (is MASTER_PORT in use?)", s->port,
+             strerror(errno));
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    s->listen_fd = -1;
+    return HIR_ERR_COMM;
+  }
+  pthread_mutex_init(&s->mu, NULL);
+  if (pthread_create(&s->thread, NULL, hir__store_serve, s) != 0) {
+    snprintf(err, cap, "hostir_nccl: cannot start the bootstrap thread");
+    close(s->listen_fd);
+    s->listen_fd = -1;
+    return HIR_ERR_COMM;
+  }
+  s->serving = 1;
+  return HIR_OK;
+}
+
+static void hir__store_stop(hir__kvstore *s) {
+  if (!s->serving) return;
+  shutdown(s->listen_fd, SHUT_RDWR);
+  close(s->listen_fd);
+  pthread_join(s->thread, NULL);
+  pthread_mutex_destroy(&s->mu);
+  free(s->kv);
+  s->serving = 0;
+}
+
+/* One request to the store; 1 with the answer in *m, 0 when unreachable. */
+static int hir__store_ask(const hir__kvstore *s, hir__msg *m) {
+  struct addrinfo hints, *res = NULL;
+  char port[16];
+  int fd, ok;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  snprintf(port, sizeof port, "%d", s->port);
+  if (getaddrinfo(s->addr, port, &hints, &res) != 0 || !res) return 0;
+  fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 && hir__io(fd, m, sizeof *m, 1) && hir__io(fd, m, sizeof *m, 0);
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return ok;
+}
+
+static hir_status hir__store_set(const hir__kvstore *s, const char *key, const void *value, int timeout_ms, char *err, size_t cap) {
+  double deadline = hir__wall_ms() + timeout_ms;
+  hir__msg m;
+  for (;;) {
+    memset(&m, 0, sizeof m);
+    m.op = 'S';
+    snprintf(m.key, sizeof m.key, "%s", key);
+    memcpy(m.value, value, NCCL_UNIQUE_ID_BYTES);
+    if (hir__store_ask(s, &m) && m.op == 'V') return HIR_OK;
+    if (hir__wall_ms() > deadline) break;
+    hir__sleep_ms(20);
+  }
+  snprintf(err, cap, "hostir_nccl: cannot reach rank 0 at %.64s:%d within %d ms to publish '%.40s' (check MASTER_ADDR/MASTER_PORT)",
+           s->addr, s->port, timeout_ms, key);
+  return HIR_ERR_TIMEOUT;
+}
+
+static hir_status hir__store_get(const hir__kvstore *s, const char *key, void *value, int timeout_ms, char *err, size_t cap) {
+  double deadline = hir__wall_ms() + timeout_ms;
+  hir__msg m;
+  int reached = 0;
+  for (;;) {
+    memset(&m, 0, sizeof m);
+    m.op = 'G';
+    snprintf(m.key, sizeof m.key, "%s", key);
+    if (hir__store_ask(s, &m)) {
+      reached = 1;
+      if (m.op == 'V') {
+        memcpy(value, m.value, NCCL_UNIQUE_ID_BYTES);
+        return HIR_OK;
+      }
+    }
+    if (hir__wall_ms() > deadline) break;
+    hir__sleep_ms(20);
+  }
+  snprintf(err, cap, "hostir_nccl: %s '%.40s' within %d ms (%.64s:%d); is every rank started?",
+           reached ? "rank 0 never published" : "cannot reach rank 0 to fetch", key, timeout_ms, s->addr, s->port);
+  return HIR_ERR_TIMEOUT;
+}
+
+// >>nccl_comm
+typedef struct hir__nccl_team {
+  struct hir__nccl_team *next;
+  int n, me, *devices;
+  ncclComm_t comm;
+} hir__nccl_team;
+
+typedef struct hir__nccl {
+  hir_comm comm;                /* what the evaluator sees; ctx points back here */
+  ncclComm_t world;
+  int device, timeout_ms, aborted;
+  hir__nccl_team world_team;    /* the team of every rank in order: the world itself */
+  hir__nccl_team *teams;
+  hir_nccl_world *shared;       /* threaded: the ids of teams, shared by the ranks */
+  hir__kvstore store;             /* one process per GPU: rank 0's id store */
+  void *zeros;                  /* what a reduce root without data contributes */
+  size_t zeros_cap;
+} hir__nccl;
+
+struct hir_nccl_world {
+  int n;
+  hir__nccl *ranks;
+  pthread_mutex_t mu;
+  hir__kv *ids;                 /* team key -> ncclUniqueId */
+  int nids, cap;
+  char error[256];
+};
+
+static ncclDataType_t hir__nccl_type(hir_dtype d) {
+  return d == HIR_F32 ? ncclFloat32 : d == HIR_F64 ? ncclFloat64 : d == HIR_F16 ? ncclFloat16 : ncclBfloat16;
+}
+
+static hir_status hir__nccl_check(hir_comm *c, ncclResult_t r, const char *what, int line) {
+  if (r == ncclSuccess) return HIR_OK;
+  snprintf(c->error, sizeof c->error, "%s failed on rank %d: %s (hostir_nccl.h:%d)", what, c->rank, ncclGetErrorString(r), line);
+  return HIR_ERR_COMM;
+}
+#define HIR__NC(c, call) hir__nccl_check(c, (call), #call, __LINE__)
+
+static hir__nccl *hir__nc(hir_comm *c) { return (hir__nccl *)c->ctx; }
+
+static int hir__team_index(const hir__nccl_team *t, int device) {
+  int i;
+  for (i = 0; i < t->n; i++)
+    if (t->devices[i] == device) return i;
+  return -1;
+}
+
+/* The id of a team's communicator: made by its first member, shared through
+   the world (threads) or rank 0's store (processes). */
+static hir_status hir__team_id(hir__nccl *nc, const int *devices, int n, ncclUniqueId *id) {
+  char key[HIR__KEY_BYTES];
+  size_t k = 0;
+  int i;
+  k += (size_t)snprintf(key, sizeof key, "team");
+  for (i = 0; i < n && k < sizeof key - 12; i++) k += (size_t)snprintf(key + k, sizeof key - k, ":%d", devices[i]);
+  if (nc->shared) {
+    hir_nccl_world *w = nc->shared;
+    hir_status s = HIR_OK;
+    pthread_mutex_lock(&w->mu);
+    for (i = 0; i < w->nids && strcmp(w->ids[i].key, key) != 0; i++) {}
+    if (i == w->nids) {
+      if (w->nids == w->cap) {
+        int cap = w->cap ? 2 * w->cap : 16;
+        hir__kv *ids = (hir__kv *)realloc(w->ids, (size_t)cap * sizeof *ids);
+        if (ids) {
+          w->ids = ids;
+          w->cap = cap;
+        }
+      }
+      if (w->nids < w->cap && ncclGetUniqueId((ncclUniqueId *)w->ids[i].value) == ncclSuccess) {
+        snprintf(w->ids[i].key, sizeof w->ids[i].key, "%s", key);
+        w->nids++;
+      } else {
+        snprintf(nc->comm.error, sizeof nc->comm.error, "hostir_nccl: cannot make an id for team %s", key);
+        s = HIR_ERR_COMM;
+      }
+    }
+    if (s == HIR_OK) memcpy(id, w->ids[i].value, sizeof *id);
+    pthread_mutex_unlock(&w->mu);
+    return s;
+  }
+  if (devices[0] == nc->comm.rank) {
+    hir_status s = HIR__NC(&nc->comm, ncclGetUniqueId(id));
+    return s != HIR_OK ? s : hir__store_set(&nc->store, key, id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error);
+  }
+  return hir__store_get(&nc->store, key, id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error);
+}
+
+static hir_status hir__nccl_make_team(hir_comm *c, const int *devices, int n, void **out) {
+  hir__nccl *nc = hir__nc(c);
+  hir__nccl_team *t;
+  ncclUniqueId id;
+  hir_status s;
+  int i, me = -1, whole = n == c->size;
+  for (i = 0; i < n; i++) {
+    if (devices[i] < 0 || devices[i] >= c->size) {
+      snprintf(c->error, sizeof c->error, "hostir_nccl: device %d of a team is outside the world of %d ranks", devices[i], c->size);
+      return HIR_ERR_INVALID;
+    }
+    if (devices[i] == c->rank) me = i;
+    whole &= devices[i] == i;
+  }
+  if (me < 0) {
+    snprintf(c->error, sizeof c->error, "hostir_nccl: rank %d asked for a team it is not in", c->rank);
+    return HIR_ERR_INVALID;
+  }
+  if (whole) { /* the world itself, in rank order */
+    *out = &nc->world_team;
+    return HIR_OK;
+  }
+  for (t = nc->teams; t; t = t->next)
+    if (t->n == n && memcmp(t->devices, devices, (size_t)n * sizeof(int)) == 0) {
+      *out = t;
+      return HIR_OK;
+    }
+  if ((s = hir__team_id(nc, devices, n, &id)) != HIR_OK) return s;
+  if (!(t = (hir__nccl_team *)calloc(1, sizeof *t)) || !(t->devices = (int *)malloc((size_t)n * sizeof(int)))) {
+    free(t);
+    snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
+    return HIR_ERR_NOMEM;
+  }
+  memcpy(t->devices, devices, (size_t)n * sizeof(int));
+  t->n = n;
+  t->me = me;
+  cudaSetDevice(nc->device);
+  if ((s = HIR__NC(c, ncclCommInitRank(&t->comm, n, id, me))) != HIR_OK) {
+    free(t->devices);
+    free(t);
+    return s;
+  }
+  t->next = nc->teams;
+  nc->teams = t;
+  *out = t;
+  return HIR_OK;
+}
+
+static hir_status hir__nccl_root(hir_comm *c, const hir__nccl_team *t, int root, int *index) {
+  if ((*index = hir__team_index(t, root)) >= 0) return HIR_OK;
+  snprintf(c->error, sizeof c->error, "hostir_nccl: the root %d is not in the team", root);
+  return HIR_ERR_INVALID;
+}
+
+static hir_status hir__nccl_allgather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, void *stream) {
+  hir__nccl_team *t = (hir__nccl_team *)team;
+  return HIR__NC(c, ncclAllGather(send, recv, bytes, ncclUint8, t->comm, (cudaStream_t)stream));
+}
+
+static hir_status hir__nccl_allreduce(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
+                                      void *stream) {
+  hir__nccl_team *t = (hir__nccl_team *)team;
+  return HIR__NC(c, ncclAllReduce(send, recv, count, hir__nccl_type(dt), ncclSum, t->comm, (cudaStream_t)stream));
+}
+
+static hir_status hir__nccl_reduce_scatter(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
+                                           void *stream) {
+  hir__nccl_team *t = (hir__nccl_team *)team;
+  return HIR__NC(c, ncclReduceScatter(send, recv, count, hir__nccl_type(dt), ncclSum, t->comm, (cudaStream_t)stream));
+}
+
+static hir_status hir__nccl_reduce(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt, int root,
+                                   void *stream) {
+  hir__nccl *nc = hir__nc(c);
+  hir__nccl_team *t = (hir__nccl_team *)team;
+  size_t bytes = count * hir_dtype_size(dt);
+  hir_status s;
+  int r;
+  if ((s = hir__nccl_root(c, t, root, &r)) != HIR_OK) return s;
+  if (!send) { /* a root that holds no data contributes zeros */
+    if (nc->zeros_cap < bytes) {
+      if (nc->zeros) {
+        cudaStreamSynchronize((cudaStream_t)stream);
+        cudaFree(nc->zeros);
+        nc->zeros = NULL;
+        nc->zeros_cap = 0;
+      }
+      if (cudaMalloc(&nc->zeros, bytes) != cudaSuccess) {
+        snprintf(c->error, sizeof c->error, "hostir_nccl: cudaMalloc of %zu bytes for a reduce failed", bytes);
+        return HIR_ERR_NOMEM;
+      }
+      nc->zeros_cap = bytes;
+    }
+    if (cudaMemsetAsync(nc->zeros, 0, bytes, (cudaStream_t)stream) != cudaSuccess) {
+      snprintf(c->error, sizeof c->error, "hostir_nccl: cudaMemsetAsync failed");
+      return HIR_ERR_BACKEND;
+    }
+    send = nc->zeros;
+  }
+  return HIR__NC(c, ncclReduce(send, recv, count, hir__nccl_type(dt), ncclSum, r, t->comm, (cudaStream_t)stream));
+}
+
+static hir_status hir__nccl_broadcast(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, int root, void *stream) {
+  hir__nccl_team *t = (hir__nccl_team *)team;
+  hir_status s;
+  int r;
+  if ((s = hir__nccl_root(c, t, root, &r)) != HIR_OK) return s;
+  if (!recv) recv = (void *)send; /* the root need not keep a copy */
+  return HIR__NC(c, ncclBroadcast(send, recv, bytes, ncclUint8, r, t->comm, (cudaStream_t)stream));
+}
+
+/* Gather and scatter as grouped send/recv in the team's communicator. */
+static hir_status hir__nccl_gather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, int root, void *stream) {
+  hir__nccl_team *t = (hir__nccl_team *)team;
+  cudaStream_t st = (cudaStream_t)stream;
+  hir_status s;
+  int r, i;
+  size_t at = 0;
+  if ((s = hir__nccl_root(c, t, root, &r)) != HIR_OK) return s;
+  if (t->me != r) return HIR__NC(c, ncclSend(send, bytes, ncclUint8, r, t->comm, st));
+  if ((s = HIR__NC(c, ncclGroupStart())) != HIR_OK) return s;
+  for (i = 0; i < t->n && s == HIR_OK; i++) {
+    if (i == r && !send) continue; /* the root holds no chunk */
+    if (i == r)
+      s = cudaMemcpyAsync((char *)recv + at, send, bytes, cudaMemcpyDeviceToDevice, st) == cudaSuccess ? HIR_OK : HIR_ERR_BACKEND;
+    else
+      s = HIR__NC(c, ncclRecv((char *)recv + at, bytes, ncclUint8, i, t->comm, st));
+    at += bytes;
+  }
+  if (s == HIR_ERR_BACKEND) snprintf(c->error, sizeof c->error, "hostir_nccl: cudaMemcpyAsync in a gather failed");
+  return s == HIR_OK ? HIR__NC(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
+}
+
+static hir_status hir__nccl_scatter(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, int root, void *stream) {
+  hir__nccl_team *t = (hir__nccl_team *)team;
+  cudaStream_t st = (cudaStream_t)stream;
+  hir_status s;
+  int r, i;
+  if ((s = hir__nccl_root(c, t, root, &r)) != HIR_OK) return s;
+  if (t->me != r) return HIR__NC(c, ncclRecv(recv, bytes, ncclUint8, r, t->comm, st));
+  if ((s = HIR__NC(c, ncclGroupStart())) != HIR_OK) return s;
+  for (i = 0; i < t->n && s == HIR_OK; i++) {
+    const char *chunk = (const char *)send + (size_t)i * bytes;
+    if (i == r)
+      s = cudaMemcpyAsync(recv, chunk, bytes, cudaMemcpyDeviceToDevice, st) == cudaSuccess ? HIR_OK : HIR_ERR_BACKEND;
+    else
+      s = HIR__NC(c, ncclSend(chunk, bytes, ncclUint8, i, t->comm, st));
+  }
+  if (s == HIR_ERR_BACKEND) snprintf(c->error, sizeof c->error, "hostir_nccl: cudaMemcpyAsync in a scatter failed");
+  return s == HIR_OK ? HIR__NC(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
+}
+
+static hir_status hir__nccl_send(hir_comm *c, const void *buf, size_t bytes, int peer, void *stream) {
+  return HIR__NC(c, ncclSend(buf, bytes, ncclUint8, peer, hir__nc(c)->world, (cudaStream_t)stream));
+}
+static hir_status hir__nccl_recv(hir_comm *c, void *buf, size_t bytes, int peer, void *stream) {
+  return HIR__NC(c, ncclRecv(buf, bytes, ncclUint8, peer, hir__nc(c)->world, (cudaStream_t)stream));
+}
+static hir_status hir__nccl_group_start(hir_comm *c) { return HIR__NC(c, ncclGroupStart()); }
+static hir_status hir__nccl_group_end(hir_comm *c) { return HIR__NC(c, ncclGroupEnd()); }
+
+static void hir__nccl_abort(hir_comm *c) {
+  hir__nccl *nc = hir__nc(c);
+  hir__nccl_team *t;
+  if (nc->aborted) return;
+  nc->aborted = 1;
+  for (t = nc->teams; t; t = t->next) ncclCommAbort(t->comm);
+  if (nc->world) ncclCommAbort(nc->world);
+}
+
+/* An error raised asynchronously by work in flight (a peer that died). */
+static hir_status hir__nccl_poll(hir_comm *c) {
+  hir__nccl *nc = hir__nc(c);
+  hir__nccl_team *t;
+  ncclResult_t r = ncclSuccess;
+  if (nc->aborted) {
+    snprintf(c->error, sizeof c->error, "hostir_nccl: the communicator of rank %d was aborted", c->rank);
+    return HIR_ERR_COMM;
+  }
+  if (ncclCommGetAsyncError(nc->world, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
+    return hir__nccl_check(c, r, "NCCL (asynchronous, world)", __LINE__);
+  for (t = nc->teams; t; t = t->next)
+    if (ncclCommGetAsyncError(t->comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
+      return hir__nccl_check(c, r, "NCCL (asynchronous, team)", __LINE__);
+  return HIR_OK;
+}
+
+static void hir__nccl_init(hir__nccl *nc, int rank, int size, int device) {
+  hir_comm *c = &nc->comm;
+  memset(nc, 0, sizeof *nc);
+  nc->device = device;
+  nc->timeout_ms = 60000;
+  c->ctx = nc;
+  c->rank = rank;
+  c->size = size;
+  c->team = hir__nccl_make_team;
+  c->allgather = hir__nccl_allgather;
+  c->allreduce = hir__nccl_allreduce;
+  c->reduce_scatter = hir__nccl_reduce_scatter;
+  c->reduce = hir__nccl_reduce;
+  c->broadcast = hir__nccl_broadcast;
+  c->gather = hir__nccl_gather;
+  c->scatter = hir__nccl_scatter;
+  c->send = hir__nccl_send;
+  c->recv = hir__nccl_recv;
+  c->group_start = hir__nccl_group_start;
+  c->group_end = hir__nccl_group_end;
+  c->abort = hir__nccl_abort;
+  c->poll = hir__nccl_poll;
+}
+
+static void hir__nccl_release(hir__nccl *nc) {
+  while (nc->teams) {
+    hir__nccl_team *t = nc->teams;
+    nc->teams = t->next;
+    if (!nc->aborted) ncclCommDestroy(t->comm);
+    free(t->devices);
+    free(t);
+  }
+  if (nc->world && !nc->aborted) ncclCommDestroy(nc->world);
+  if (nc->zeros) cudaFree(nc->zeros);
+  free(nc->world_team.devices);
+}
+
+static hir_status hir__world_team(hir__nccl *nc) {
+  int i;
+  if (!(nc->world_team.devices = (int *)malloc((size_t)nc->comm.size * sizeof(int)))) {
+    snprintf(nc->comm.error, sizeof nc->comm.error, "hostir_nccl: out of memory");
+    return HIR_ERR_NOMEM;
+  }
+  for (i = 0; i < nc->comm.size; i++) nc->world_team.devices[i] = i;
+  nc->world_team.n = nc->comm.size;
+  nc->world_team.me = nc->comm.rank;
+  nc->world_team.comm = nc->world;
+  return HIR_OK;
+}
+
+// >>nccl_bootstrap
+HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
+  hir_nccl_world *w;
+  ncclComm_t *comms;
+  int *devs, i, ndev = 0;
+  hir_status s = HIR_OK;
+  if (!out) return HIR_ERR_INVALID;
+  if (!(w = *out = (hir_nccl_world *)calloc(1, sizeof *w))) return HIR_ERR_NOMEM;
+  pthread_mutex_init(&w->mu, NULL);
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || nranks < 1 || nranks > ndev) {
+    snprintf(w->error, sizeof w->error, "hir_nccl_world_create: %d ranks asked, %d GPUs visible", nranks, ndev);
+    return HIR_ERR_INVALID;
+  }
+  comms = (ncclComm_t *)calloc((size_t)nranks, sizeof *comms);
+  devs = (int *)calloc((size_t)nranks, sizeof *devs);
+  w->ranks = (hir__nccl *)calloc((size_t)nranks, sizeof *w->ranks);
+  if (!comms || !devs || !w->ranks) {
+    free(comms);
+    free(devs);
+    snprintf(w->error, sizeof w->error, "hir_nccl_world_create: out of memory");
+    return HIR_ERR_NOMEM;
+  }
+  for (i = 0; i < nranks; i++) devs[i] = i;
+  if (ncclCommInitAll(comms, nranks, devs) != ncclSuccess) {
+    snprintf(w->error, sizeof w->error, "hir_nccl_world_create: ncclCommInitAll over %d GPUs failed", nranks);
+    s = HIR_ERR_COMM;
+  }
+  for (i = 0; i < nranks && s == HIR_OK; i++) {
+    hir__nccl_init(&w->ranks[i], i, nranks, i);
+    w->ranks[i].world = comms[i];
+    w->ranks[i].shared = w;
+    if ((s = hir__world_team(&w->ranks[i])) != HIR_OK) snprintf(w->error, sizeof w->error, "%s", w->ranks[i].comm.error);
+  }
+  w->n = s == HIR_OK ? nranks : 0;
+  free(comms);
+  free(devs);
+  return s;
+}
+
+HIRDEF hir_comm *hir_nccl_world_comm(hir_nccl_world *w, int rank) {
+  return (w && rank >= 0 && rank < w->n) ? &w->ranks[rank].comm : NULL;
+}
+HIRDEF const char *hir_nccl_world_error(const hir_nccl_world *w) { return w ? w->error : "hir_nccl_world: NULL"; }
+
+HIRDEF void hir_nccl_world_free(hir_nccl_world *w) {
+  int i;
+  if (!w) return;
+  for (i = 0; i < w->n; i++) {
+    cudaSetDevice(w->ranks[i].device);
+    hir__nccl_release(&w->ranks[i]);
+  }
+  free(w->ranks);
+  free(w->ids);
+  pthread_mutex_destroy(&w->mu);
+  free(w);
+}
+
+static int hir__env_int(const char *const *names, int *value) {
+  int i;
+  for (i = 0; names[i]; i++) {
+    const char *v = getenv(names[i]);
+    if (v && *v) {
+      *value = atoi(v);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+HIRDEF hir_status hir_nccl_env_read(hir_nccl_env *env, char *error, size_t cap) {
+  static const char *const rank[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
+  static const char *const size[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", NULL};
+  static const char *const local[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", NULL};
+  static const char *const port[] = {"MASTER_PORT", NULL};
+  const char *addr = getenv("MASTER_ADDR");
+  if (!env) return HIR_ERR_INVALID;
+  memset(env, 0, sizeof *env);
+  if (!hir__env_int(rank, &env->rank) || !hir__env_int(size, &env->size)) {
+    if (error && cap)
+      snprintf(error, cap, "hir_nccl_env_read: no rank or world size in the environment (RANK/WORLD_SIZE, "
+               "OMPI_COMM_WORLD_RANK/SIZE or SLURM_PROCID/NTASKS); start with torchrun, mpirun or srun");
+    return HIR_ERR_INVALID;
+  }
+  if (!hir__env_int(local, &env->local_rank)) env->local_rank = env->rank;
+  if (!hir__env_int(port, &env->master_port)) env->master_port = 29500;
+  snprintf(env->master_addr, sizeof env->master_addr, "%s", addr && *addr ? addr : "127.0.0.1");
+  if (env->size < 1 || env->rank < 0 || env->rank >= env->size || env->local_rank < 0) {
+    if (error && cap)
+      snprintf(error, cap, "hir_nccl_env_read: rank %d, world size %d and local rank %d do not fit", env->rank, env->size,
+               env->local_rank);
+    return HIR_ERR_INVALID;
+  }
+  return HIR_OK;
+}
+
+HIRDEF hir_status hir_nccl_comm_create(const hir_nccl_env *env, int timeout_ms, hir_comm **out) {
+  hir__nccl *nc;
+  ncclUniqueId id;
+  hir_status s;
+  int ndev = 0;
+  if (!env || !out) return HIR_ERR_INVALID;
+  if (!(nc = (hir__nccl *)malloc(sizeof *nc))) return HIR_ERR_NOMEM;
+  hir__nccl_init(nc, env->rank, env->size, env->local_rank);
+  *out = &nc->comm;
+  if (timeout_ms > 0) nc->timeout_ms = timeout_ms;
+  snprintf(nc->store.addr, sizeof nc->store.addr, "%s", env->master_addr);
+  nc->store.port = env->master_port;
+  nc->store.listen_fd = -1;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || env->local_rank >= ndev || cudaSetDevice(env->local_rank) != cudaSuccess) {
+    snprintf(nc->comm.error, sizeof nc->comm.error, "hir_nccl_comm_create: rank %d wants GPU %d, %d visible", env->rank,
+             env->local_rank, ndev);
+    return HIR_ERR_INVALID;
+  }
+  if (env->rank == 0) {
+    if ((s = hir__store_serve_start(&nc->store, nc->comm.error, sizeof nc->comm.error)) != HIR_OK) return s;
+    if ((s = HIR__NC(&nc->comm, ncclGetUniqueId(&id))) != HIR_OK ||
+        (s = hir__store_set(&nc->store, "world", &id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error)) != HIR_OK)
+      return s;
+  } else if ((s = hir__store_get(&nc->store, "world", &id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error)) != HIR_OK) {
+    return s;
+  }
+  if ((s = HIR__NC(&nc->comm, ncclCommInitRank(&nc->world, env->size, id, env->rank))) != HIR_OK) return s;
+  return hir__world_team(nc);
+}
+
+HIRDEF void hir_nccl_comm_free(hir_comm *c) {
+  hir__nccl *nc;
+  if (!c) return;
+  nc = hir__nc(c);
+  cudaSetDevice(nc->device);
+  hir__nccl_release(nc);
+  hir__store_stop(&nc->store);
+  free(nc);
+}
+
+#endif /* HOSTIR_NCCL_IMPLEMENTATION_DONE */
+#endif /* HOSTIR_NCCL_IMPLEMENTATION */

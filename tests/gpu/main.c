@@ -1,0 +1,310 @@
+/* make test-gpu: the CUDA backend against the CPU backend op by op, then the
+   seed programs and every collective through NCCL on the visible GPUs: one
+   process with a thread per GPU, or (with --processes, under torchrun,
+   mpirun or srun) one process per GPU. The cases are the CPU suite's, on
+   another platform. The last line is "N passed, N failed". */
+#ifndef HOSTIR_CUDA
+#define HOSTIR_CUDA
+#endif
+#define HOSTIR_IMPLEMENTATION
+#define HOSTIR_NCCL_IMPLEMENTATION
+#include "../../hostir_nccl.h"
+#include "../test.h"
+#include <math.h>
+#include <unistd.h>
+
+int hir_test_failures;
+
+#include "../test_build.c"
+#include "../test_print.c"
+#include "../test_lower.c"
+#include "../test_eval.c"
+#include "../test_stream.c"
+
+/* ---- the CUDA backend against the CPU backend ---- */
+static double dtype_tol(hir_dtype d) { return d == HIR_F64 ? 1e-11 : d == HIR_F32 ? 2e-5 : d == HIR_F16 ? 2e-2 : 6e-2; }
+
+/* Runs f on one device with `b` (NULL: CPU), inputs from host, outputs back to host. */
+static hir_status run_single(const hir_fusion *f, hir_backend *b, int nin, const hir_tensor *in, int nout, hir_tensor *out,
+                             char *err, size_t cap) {
+  hir_lower_desc ld;
+  hir_program *p;
+  hir_evaluator *ev = NULL;
+  hir_eval_desc ed;
+  hir_tensor din[8], dout[8];
+  hir_status s;
+  int i;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  memset(dout, 0, sizeof dout);
+  ed.backend = b;
+  if ((s = hir_lower(f, &ld, &p)) != HIR_OK) {
+    snprintf(err, cap, "lower: %s", hir_program_error(p));
+    hir_program_free(p);
+    return s;
+  }
+  for (i = 0; i < nin; i++) din[i] = to_backend(b, &in[i]);
+  if ((s = hir_evaluator_create(p, &ed, &ev)) == HIR_OK && (s = hir_run(ev, din, nin, dout, nout)) == HIR_OK &&
+      (s = hir_evaluator_sync(ev)) == HIR_OK) {
+    for (i = 0; i < nout; i++) {
+      hir_tensor h = to_host(b, &dout[i]);
+      out[i] = tn(h.dtype, h.ndims, h.sizes);
+      memcpy(out[i].data, h.data, (size_t)tnumel(&h) * hir_dtype_size(h.dtype));
+      if (h.data != dout[i].data) tfree(&h);
+    }
+  } else {
+    snprintf(err, cap, "%s", hir_evaluator_error(ev));
+  }
+  for (i = 0; i < nin; i++) backend_free(b, &in[i], &din[i]);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  return s;
+}
+
+/* Every op (set, add, sub with broadcasting, sum over one and two axes,
+   broadcast, matmul 2-D / batched / broadcast batch / 1-D) in every dtype. */
+static void test_gpu_ops(void) {
+  int dt;
+  for (dt = 0; dt < HIR_DTYPE_COUNT; dt++) {
+    hir_fusion *f = hir_fusion_create();
+    hir_dtype d = (hir_dtype)dt;
+    int64_t s46[2] = {4, 6}, s6[1] = {6}, s345[3] = {3, 4, 5}, s65[2] = {6, 5}, s246[3] = {2, 4, 6}, s263[3] = {2, 6, 3};
+    int f1[2] = {1, 0}, ax0 = 0, ax02[2] = {0, 2}, k, i;
+    hir_tv *a = hir_input(f, d, 2), *b = hir_input(f, d, 2), *v = hir_input(f, d, 1), *c3 = hir_input(f, d, 3);
+    hir_tv *w = hir_input(f, d, 2), *x = hir_input(f, d, 3), *y = hir_input(f, d, 3);
+    hir_tv *vb = hir_broadcast(f, v, 2, f1);
+    hir_tv *outs[10];
+    hir_tensor in[7], cpu[10], gpu[10];
+    char err[512] = "";
+    hir_backend *be = hir_backend_cuda_create(0);
+    outs[0] = hir_add(f, a, b);
+    outs[1] = hir_sub(f, a, vb);                      /* a broadcast operand */
+    outs[2] = hir_sum(f, a, 1, &ax0);
+    outs[3] = hir_sum(f, c3, 2, ax02);
+    outs[4] = hir_matmul(f, a, w);
+    outs[5] = hir_matmul(f, x, w);                    /* a broadcast batch */
+    outs[6] = hir_matmul(f, v, w);                    /* 1-D x 2-D */
+    outs[7] = hir_set(f, c3);
+    outs[8] = hir_matmul(f, x, y);                    /* batched */
+    outs[9] = hir_add(f, vb, b);
+    for (k = 0; k < 10; k++) hir_output(f, outs[k]);
+    in[0] = trand(d, 2, s46);
+    in[1] = trand(d, 2, s46);
+    in[2] = trand(d, 1, s6);
+    in[3] = trand(d, 3, s345);
+    in[4] = trand(d, 2, s65);
+    in[5] = trand(d, 3, s246);
+    in[6] = trand(d, 3, s263);
+    CHECK(be != NULL);
+    if (run_single(f, NULL, 7, in, 10, cpu, err, sizeof err) != HIR_OK || run_single(f, be, 7, in, 10, gpu, err, sizeof err) != HIR_OK) {
+      fprintf(stderr, "  gpu ops (%s): %s\n", hir_dtype_name(d), err);
+      hir_test_failures++;
+    } else {
+      for (k = 0; k < 10; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s output %d", hir_dtype_name(d), k);
+        if (!compare(&gpu[k], &cpu[k], dtype_tol(d), err, sizeof err, what)) {
+          fprintf(stderr, "  gpu ops: %s\n", err);
+          hir_test_failures++;
+        }
+        tfree(&cpu[k]);
+        tfree(&gpu[k]);
+      }
+    }
+    { /* mul: cuBLAS has it for f32/f64 only */
+      hir_fusion *g = hir_fusion_create();
+      hir_tv *p = hir_input(g, d, 2), *q = hir_input(g, d, 2);
+      hir_tensor o1[1], o2[1];
+      hir_status s1, s2;
+      hir_output(g, hir_mul(g, p, q));
+      s1 = run_single(g, NULL, 2, in, 1, o1, err, sizeof err);
+      s2 = run_single(g, be, 2, in, 1, o2, err, sizeof err);
+      if (d == HIR_F16 || d == HIR_BF16) {
+        CHECK(s1 == HIR_OK && s2 == HIR_ERR_UNSUPPORTED);
+        CHECK(strstr(err, "mul of ") != NULL && strstr(err, hir_dtype_name(d)) != NULL);
+        if (s1 == HIR_OK) tfree(&o1[0]);
+      } else {
+        CHECK(s1 == HIR_OK && s2 == HIR_OK);
+        if (s1 == HIR_OK && s2 == HIR_OK && !compare(&o2[0], &o1[0], dtype_tol(d), err, sizeof err, "mul")) {
+          fprintf(stderr, "  gpu ops (%s): %s\n", hir_dtype_name(d), err);
+          hir_test_failures++;
+        }
+        if (s1 == HIR_OK) tfree(&o1[0]);
+        if (s2 == HIR_OK) tfree(&o2[0]);
+      }
+      hir_fusion_free(g);
+    }
+    for (i = 0; i < 7; i++) tfree(&in[i]);
+    hir_backend_free(be);
+    hir_fusion_free(f);
+  }
+}
+
+/* TF32 is off by default (f32 matmuls exact to f32), and the option turns it on. */
+static void test_gpu_tf32(void) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2);
+  int64_t sa[2] = {64, 512}, sb[2] = {512, 64};
+  hir_tensor in[2], ref[1], off[1], on[1];
+  char err[512];
+  hir_backend *be = hir_backend_cuda_create(0);
+  double e_off = 0, e_on = 0, norm = 0;
+  int64_t i;
+  hir_output(f, hir_matmul(f, a, b));
+  in[0] = trand(HIR_F32, 2, sa);
+  in[1] = trand(HIR_F32, 2, sb);
+  CHECK(run_single(f, NULL, 2, in, 1, ref, err, sizeof err) == HIR_OK);
+  CHECK(run_single(f, be, 2, in, 1, off, err, sizeof err) == HIR_OK);
+  hir_backend_cuda_set_tf32(be, 1);
+  CHECK(run_single(f, be, 2, in, 1, on, err, sizeof err) == HIR_OK);
+  for (i = 0; i < 64 * 64; i++) {
+    double r = tget(&ref[0], i);
+    e_off += (tget(&off[0], i) - r) * (tget(&off[0], i) - r);
+    e_on += (tget(&on[0], i) - r) * (tget(&on[0], i) - r);
+    norm += r * r;
+  }
+  e_off = sqrt(e_off / norm);
+  e_on = sqrt(e_on / norm);
+  printf("  tf32: relative error %.2e off, %.2e on\n", e_off, e_on);
+  CHECK(e_off < 1e-6);
+  CHECK(e_on > 1e-5 && e_on < 1e-2);
+  tfree(&in[0]);
+  tfree(&in[1]);
+  tfree(&ref[0]);
+  tfree(&off[0]);
+  tfree(&on[0]);
+  hir_backend_free(be);
+  hir_fusion_free(f);
+}
+
+/* The P2P schedules on a mesh that is not 0..D-1. */
+static void test_gpu_odd_mesh_p2p(void) {
+  static const int mesh[4] = {2, 0, 3, 1};
+  static const char *names[2] = {"AG_matmul_P2p", "matmul_RS_p2p"};
+  static const seed_fn fns[2] = {seed_ag_matmul_p2p, seed_matmul_rs_p2p};
+  int k, ring, bounded;
+  for (k = 0; k < 2; k++)
+    for (ring = 0; ring < 2; ring++)
+      for (bounded = 0; bounded < 2; bounded++) {
+        lowered_case lc;
+        spmd_case c;
+        seed s;
+        char what[128];
+        fns[k](&s, hir_fusion_create(), 4, mesh);
+        memset(&lc, 0, sizeof lc);
+        lc.f = s.f;
+        lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+        lc.d.stream.bounded_buffers = bounded;
+        case_init(&c, 4);
+        c.nstreams = 2;
+        c.tol = 1e-4;
+        c.build = build_lowered_with;
+        c.user = &lc;
+        seed_data(&c, names[k], 4);
+        snprintf(what, sizeof what, "%s on {2 0 3 1} (%s%s)", names[k], ring ? "ring" : "linear", bounded ? ", bounded" : "");
+        RUN_CASE(&c, what);
+        hir_fusion_free(s.f);
+      }
+}
+
+/* ---- platforms ---- */
+static hir_nccl_world *gpu_worlds[MAXR + 1];
+static void *gpu_world_create(int n) {
+  if (!gpu_worlds[n] && hir_nccl_world_create(n, &gpu_worlds[n]) != HIR_OK) {
+    fprintf(stderr, "  %s\n", hir_nccl_world_error(gpu_worlds[n]));
+    hir_nccl_world_free(gpu_worlds[n]);
+    gpu_worlds[n] = NULL;
+  }
+  return gpu_worlds[n];
+}
+static void gpu_world_keep(void *w) { (void)w; } /* NCCL worlds are kept for the whole run */
+static hir_comm *gpu_comm(void *w, int rank) { return hir_nccl_world_comm((hir_nccl_world *)w, rank); }
+static hir_backend *gpu_backend(int rank) { return hir_backend_cuda_create(rank); }
+
+static hir_comm *mp_comm;
+static hir_nccl_env mp_env;
+static void *mp_world(int n) {
+  (void)n;
+  return mp_comm;
+}
+static hir_comm *mp_comm_of(void *w, int rank) {
+  (void)rank;
+  return (hir_comm *)w;
+}
+static hir_backend *mp_backend(int rank) {
+  (void)rank;
+  return hir_backend_cuda_create(mp_env.local_rank);
+}
+static hir_status mp_run(int n, hir_status (*fn)(int rank, void *user), void *user) {
+  (void)n;
+  return fn(mp_env.rank, user);
+}
+
+static const hir_test gpu_tests[] = {
+    {"gpu/ops", test_gpu_ops},
+    {"gpu/tf32", test_gpu_tf32},
+};
+static const hir_test multi_tests[] = {
+    {"eval/allgather_scatter", test_eval_allgather_scatter},
+    {"eval/allreduce_reduce_scatter", test_eval_allreduce_reduce_scatter},
+    {"eval/matmul_patterns", test_eval_matmul_patterns},
+    {"eval/odd_mesh", test_eval_odd_mesh},
+    {"eval/seed_allgather_programs", test_eval_seed_allgather_programs},
+    {"eval/seed_matmul_programs", test_eval_seed_matmul_programs},
+    {"eval/seed_fusions_lowered", test_eval_seed_fusions_lowered},
+    {"stream/numbers", test_stream_numbers},
+    {"gpu/odd_mesh_p2p", test_gpu_odd_mesh_p2p},
+};
+
+static void run_tests(const hir_test *t, int n, const char *filter, int *passed, int *failed, const char *prefix) {
+  int i;
+  for (i = 0; i < n; i++) {
+    int before = cases_run;
+    if (filter && !strstr(t[i].name, filter)) continue;
+    hir_test_failures = 0;
+    t[i].fn();
+    printf("%s%s %s (%d cases run)\n", prefix, hir_test_failures ? "FAIL" : "ok  ", t[i].name, cases_run - before);
+    fflush(stdout);
+    if (hir_test_failures) ++*failed; else ++*passed;
+  }
+}
+
+int main(int argc, char **argv) {
+  int ngpu = 0, passed = 0, failed = 0, i;
+  int processes = argc > 1 && !strcmp(argv[1], "--processes");
+  const char *filter = argc > (processes ? 2 : 1) ? argv[processes ? 2 : 1] : NULL;
+  char prefix[32] = "", err[256];
+  static test_platform gpu = {"cuda+nccl threads", 1, 1, gpu_world_create, gpu_world_keep, gpu_comm, gpu_backend, hir_spmd};
+  static test_platform mp = {"cuda+nccl processes", 1, 1, mp_world, gpu_world_keep, mp_comm_of, mp_backend, mp_run};
+  if (cudaGetDeviceCount(&ngpu) != cudaSuccess || ngpu < 1) {
+    printf("test-gpu: no GPU visible\n0 passed, 1 failed\n");
+    return 1;
+  }
+  if (!processes) {
+    printf("test-gpu: %d GPUs, one process, a thread per GPU\n", ngpu);
+    run_tests(gpu_tests, (int)(sizeof gpu_tests / sizeof gpu_tests[0]), filter, &passed, &failed, "");
+    gpu.max_world = ngpu < MAXR ? ngpu : MAXR;
+    platform = &gpu;
+    run_tests(multi_tests, (int)(sizeof multi_tests / sizeof multi_tests[0]), filter, &passed, &failed, "");
+    for (i = 0; i <= MAXR; i++) hir_nccl_world_free(gpu_worlds[i]);
+  } else {
+    if (hir_nccl_env_read(&mp_env, err, sizeof err) != HIR_OK) {
+      printf("%s\n0 passed, 1 failed\n", err);
+      return 1;
+    }
+    snprintf(prefix, sizeof prefix, "rank%d: ", mp_env.rank);
+    if (hir_nccl_comm_create(&mp_env, 60000, &mp_comm) != HIR_OK) {
+      printf("%s%s\n%s0 passed, 1 failed\n", prefix, mp_comm ? mp_comm->error : "no memory", prefix);
+      hir_nccl_comm_free(mp_comm);
+      return 1;
+    }
+    mp.min_world = mp.max_world = mp_env.size;
+    platform = &mp;
+    if (mp_env.rank == 0) printf("test-gpu: %d processes, one GPU each\n", mp_env.size);
+    run_tests(multi_tests, (int)(sizeof multi_tests / sizeof multi_tests[0]), filter, &passed, &failed, prefix);
+    hir_nccl_comm_free(mp_comm);
+  }
+  printf("%s%d passed, %d failed\n", prefix, passed, failed);
+  (void)build_lowered;
+  return failed ? 1 : 0;
+}

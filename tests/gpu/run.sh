@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# make test-gpu: the GPU suite in one process (a thread per GPU), then with one
+# process per GPU under torchrun and mpirun (2 GPUs, and all when more), then
+# the examples built with nvcc. The last line is "N passed, N failed" over
+# these stages.
+set -u
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+bin=${TEST_GPU_BIN:-build/test-gpu}
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+passed=0 failed=0
+stage() { # name, command...
+  local name=$1; shift
+  echo "== $name"
+  if timeout 900 "$@"; then passed=$((passed + 1)); echo "== $name: ok"; else failed=$((failed + 1)); echo "== $name: FAILED"; fi
+}
+stage "one process, $ngpu GPUs" "$bin"
+sizes="2"; [ "$ngpu" -gt 2 ] && sizes="2 $ngpu"
+for n in $sizes; do
+  [ "$n" -le "$ngpu" ] || continue
+  if command -v torchrun >/dev/null; then
+    stage "torchrun, $n processes" torchrun --standalone --nproc_per_node="$n" --no-python "$bin" --processes
+  fi
+  if command -v mpirun >/dev/null; then
+    stage "mpirun, $n processes" mpirun --allow-run-as-root --oversubscribe -np "$n" -x NCCL_NVLS_ENABLE \
+      -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29600 + n)) "$bin" --processes
+  fi
+done
+if command -v nvcc >/dev/null; then
+  stage "examples built with nvcc" make -s examples-nvcc
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
