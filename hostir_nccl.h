@@ -16,7 +16,9 @@
      - one process per GPU (torchrun, mpirun, srun): rank, world size and
        local rank come from RANK/WORLD_SIZE/LOCAL_RANK, OMPI_COMM_WORLD_*, or
        SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; rank 0 hands out NCCL's ids
-       over TCP at MASTER_ADDR:MASTER_PORT (default 127.0.0.1:29500):
+       over TCP at MASTER_ADDR:MASTER_PORT (default 127.0.0.1:29500; under
+       torchrun, whose own store holds MASTER_PORT, the port after it;
+       HOSTIR_PORT overrides):
            hir_nccl_env env; hir_comm *c;
            if (hir_nccl_env_read(&env, err, sizeof err) != HIR_OK ||
                hir_nccl_comm_create(&env, 60000, &c) != HIR_OK) ...
@@ -47,7 +49,7 @@ HIRDEF void        hir_nccl_world_free(hir_nccl_world *w);
 typedef struct hir_nccl_env {
   int rank, size, local_rank;
   char master_addr[256];
-  int master_port;
+  int master_port;              /* where rank 0 serves the bootstrap */
 } hir_nccl_env;
 HIRDEF hir_status hir_nccl_env_read(hir_nccl_env *env, char *error, size_t cap);
 /* Sets the device local_rank and joins the world (collective over all
@@ -664,6 +666,7 @@ HIRDEF hir_status hir_nccl_env_read(hir_nccl_env *env, char *error, size_t cap) 
   static const char *const size[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", NULL};
   static const char *const local[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", NULL};
   static const char *const port[] = {"MASTER_PORT", NULL};
+  static const char *const hostir_port[] = {"HOSTIR_PORT", NULL};
   const char *addr = getenv("MASTER_ADDR");
   if (!env) return HIR_ERR_INVALID;
   memset(env, 0, sizeof *env);
@@ -675,6 +678,9 @@ HIRDEF hir_status hir_nccl_env_read(hir_nccl_env *env, char *error, size_t cap) 
   }
   if (!hir__env_int(local, &env->local_rank)) env->local_rank = env->rank;
   if (!hir__env_int(port, &env->master_port)) env->master_port = 29500;
+  /* torchrun's own store listens on MASTER_PORT: ours takes the next port */
+  if (getenv("TORCHELASTIC_RUN_ID")) env->master_port++;
+  hir__env_int(hostir_port, &env->master_port);
   snprintf(env->master_addr, sizeof env->master_addr, "%s", addr && *addr ? addr : "127.0.0.1");
   if (env->size < 1 || env->rank < 0 || env->rank >= env->size || env->local_rank < 0) {
     if (error && cap)

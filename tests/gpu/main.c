@@ -31,7 +31,7 @@ static hir_status run_single(const hir_fusion *f, hir_backend *b, int nin, const
   hir_program *p;
   hir_evaluator *ev = NULL;
   hir_eval_desc ed;
-  hir_tensor din[8], dout[8];
+  hir_tensor din[16], dout[16];
   hir_status s;
   int i;
   memset(&ld, 0, sizeof ld);
@@ -39,7 +39,7 @@ static hir_status run_single(const hir_fusion *f, hir_backend *b, int nin, const
   memset(dout, 0, sizeof dout);
   ed.backend = b;
   if ((s = hir_lower(f, &ld, &p)) != HIR_OK) {
-    snprintf(err, cap, "lower: %s", hir_program_error(p));
+    snprintf(err, cap, "lower: %.400s", hir_program_error(p));
     hir_program_free(p);
     return s;
   }
