@@ -389,6 +389,10 @@ struct hir_comm {
   hir_status (*group_end)(hir_comm *self);
   void (*abort)(hir_comm *self);
   hir_status (*poll)(hir_comm *self);  /* optional: an error raised by work in flight (a dead peer) */
+  /* optional: the evaluator's buffers live until freed; a communicator may
+     register them (NCCL user-buffer registration) to skip internal copies */
+  void (*register_buffer)(hir_comm *self, void *ptr, size_t bytes);
+  void (*deregister_buffer)(hir_comm *self, void *ptr);
 };
 
 HIRDEF hir_backend     *hir_backend_cpu_create(void);
@@ -5329,6 +5333,7 @@ static int hir__bind_new(hir_evaluator *ev, const hir_tv *tv) {
       return hir__ev_fail(ev, s, "hir_run: allocating %zu bytes for T%d failed: %s", bytes, tv->name, ev->b->error);
     ev->blocks[i].bytes = bytes;
     ev->nblocks++;
+    if (ev->comm && ev->comm->register_buffer && !ev->b->host_memory) ev->comm->register_buffer(ev->comm, ev->blocks[i].ptr, bytes);
   }
   ev->blocks[i].in_use = 1;
   t->data = ev->blocks[i].ptr;
@@ -5350,7 +5355,10 @@ static void hir__unbind(hir_evaluator *ev, const hir_tv *tv) {
 
 static void hir__free_blocks(hir_evaluator *ev) {
   int i;
-  for (i = 0; i < ev->nblocks; i++) ev->b->release(ev->b, ev->blocks[i].ptr);
+  for (i = 0; i < ev->nblocks; i++) {
+    if (ev->comm && ev->comm->deregister_buffer && !ev->b->host_memory) ev->comm->deregister_buffer(ev->comm, ev->blocks[i].ptr);
+    ev->b->release(ev->b, ev->blocks[i].ptr);
+  }
   ev->nblocks = 0;
 }
 

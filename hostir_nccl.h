@@ -273,8 +273,17 @@ typedef struct hir__nccl_team {
   ncclComm_t comm;
 } hir__nccl_team;
 
+typedef struct hir__nccl_reg {  /* a registered buffer: a handle per communicator */
+  struct hir__nccl_reg *next;
+  void *ptr;
+  int n;
+  ncclComm_t comms[16];
+  void *handles[16];
+} hir__nccl_reg;
+
 typedef struct hir__nccl {
   hir_comm comm;                /* what the evaluator sees; ctx points back here */
+  hir__nccl_reg *regs;
   ncclComm_t world;
   int device, timeout_ms, aborted;
   hir__nccl_team world_team;    /* the team of every rank in order: the world itself */
@@ -525,6 +534,32 @@ static void hir__nccl_abort(hir_comm *c) {
   if (nc->world) ncclCommAbort(nc->world);
 }
 
+/* User-buffer registration (where NCCL supports it; a buffer it refuses
+   still works, through NCCL's own staging): with the world and each team. */
+static void hir__nccl_register(hir_comm *c, void *ptr, size_t bytes) {
+  hir__nccl *nc = hir__nc(c);
+  hir__nccl_reg *r;
+  hir__nccl_team *t;
+  if (bytes < ((size_t)1 << 20) || nc->aborted || !(r = (hir__nccl_reg *)calloc(1, sizeof *r))) return;
+  r->ptr = ptr;
+  if (ncclCommRegister(nc->world, ptr, bytes, &r->handles[r->n]) == ncclSuccess) r->comms[r->n++] = nc->world;
+  for (t = nc->teams; t && r->n < 16; t = t->next)
+    if (ncclCommRegister(t->comm, ptr, bytes, &r->handles[r->n]) == ncclSuccess) r->comms[r->n++] = t->comm;
+  r->next = nc->regs;
+  nc->regs = r;
+}
+
+static void hir__nccl_deregister(hir_comm *c, void *ptr) {
+  hir__nccl *nc = hir__nc(c);
+  hir__nccl_reg **p, *r;
+  int i;
+  for (p = &nc->regs; (r = *p) && r->ptr != ptr; p = &r->next) {}
+  if (!r) return;
+  *p = r->next;
+  for (i = 0; i < r->n && !nc->aborted; i++) ncclCommDeregister(r->comms[i], r->handles[i]);
+  free(r);
+}
+
 /* An error raised asynchronously by work in flight (a peer that died). */
 static hir_status hir__nccl_poll(hir_comm *c) {
   hir__nccl *nc = hir__nc(c);
@@ -564,9 +599,12 @@ static void hir__nccl_init(hir__nccl *nc, int rank, int size, int device) {
   c->group_end = hir__nccl_group_end;
   c->abort = hir__nccl_abort;
   c->poll = hir__nccl_poll;
+  c->register_buffer = hir__nccl_register;
+  c->deregister_buffer = hir__nccl_deregister;
 }
 
 static void hir__nccl_release(hir__nccl *nc) {
+  while (nc->regs) hir__nccl_deregister(&nc->comm, nc->regs->ptr);
   while (nc->teams) {
     hir__nccl_team *t = nc->teams;
     nc->teams = t->next;

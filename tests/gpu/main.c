@@ -240,6 +240,52 @@ static hir_status mp_run(int n, hir_status (*fn)(int rank, void *user), void *us
   return fn(mp_env.rank, user);
 }
 
+/* A peer that never comes: rank 1 leaves at once; rank 0's allgather must
+   end in a timeout or a communication error within its deadline, not hang. */
+static int dead_peer(void) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a);
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p;
+  hir_evaluator *ev = NULL;
+  hir_tensor in, out;
+  int64_t sz[2] = {1, 1 << 20};
+  hir_status s;
+  double t0, dt;
+  int mesh[2] = {0, 1}, ok;
+  hir_output(f, b);
+  hir_set_mesh(a, 2, mesh);
+  hir_set_mesh(b, 2, mesh);
+  hir_parallelize(a, 0, HIR_DIDX);
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  ld.my_device = mp_env.rank;
+  ed.comm = mp_comm;
+  ed.backend = hir_backend_cuda_create(mp_env.local_rank);
+  ed.timeout_ms = 3000;
+  if (hir_lower(f, &ld, &p) != HIR_OK || hir_evaluator_create(p, &ed, &ev) != HIR_OK) {
+    printf("rank%d: setup failed: %s\n", mp_env.rank, ev ? hir_evaluator_error(ev) : hir_program_error(p));
+    return 0;
+  }
+  in = tn(HIR_F32, 2, sz);
+  memset(&out, 0, sizeof out);
+  { hir_tensor d = to_backend(ed.backend, &in);
+    t0 = hir__now_ms();
+    s = hir_run(ev, &d, 1, &out, 1);
+    if (s == HIR_OK) s = hir_evaluator_sync(ev);
+    dt = hir__now_ms() - t0;
+    backend_free(ed.backend, &in, &d); }
+  ok = (s == HIR_ERR_TIMEOUT || s == HIR_ERR_COMM) && dt < 20000;
+  printf("rank0: dead peer: %s after %.0f ms: %s\n", hir_status_str(s), dt, hir_evaluator_error(ev));
+  tfree(&in);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(ed.backend);
+  hir_fusion_free(f);
+  return ok;
+}
+
 static const hir_test gpu_tests[] = {
     {"gpu/ops", test_gpu_ops},
     {"gpu/tf32", test_gpu_tf32},
@@ -272,7 +318,7 @@ static void run_tests(const hir_test *t, int n, const char *filter, int *passed,
 int main(int argc, char **argv) {
   int ngpu = 0, passed = 0, failed = 0, i;
   int processes = argc > 1 && !strcmp(argv[1], "--processes");
-  const char *filter = argc > (processes ? 2 : 1) ? argv[processes ? 2 : 1] : NULL;
+  const char *filter = argc > (processes ? 2 : 1) && argv[processes ? 2 : 1][0] != '-' ? argv[processes ? 2 : 1] : NULL;
   char prefix[32] = "", err[256];
   static test_platform gpu = {"cuda+nccl threads", 1, 1, gpu_world_create, gpu_world_keep, gpu_comm, gpu_backend, hir_spmd};
   static test_platform mp = {"cuda+nccl processes", 1, 1, mp_world, gpu_world_keep, mp_comm_of, mp_backend, mp_run};
@@ -297,6 +343,12 @@ int main(int argc, char **argv) {
       printf("%s%s\n%s0 passed, 1 failed\n", prefix, mp_comm ? mp_comm->error : "no memory", prefix);
       hir_nccl_comm_free(mp_comm);
       return 1;
+    }
+    if (argc > 2 && !strcmp(argv[2], "--dead-peer")) { /* rank 1 leaves; rank 0 must not hang */
+      int ok = mp_env.rank != 0 || dead_peer();
+      printf("%s%d passed, %d failed\n", prefix, ok, !ok);
+      if (mp_env.rank == 0) _exit(ok ? 0 : 1); /* the aborted world is not torn down */
+      _exit(0);
     }
     mp.min_world = mp.max_world = mp_env.size;
     platform = &mp;

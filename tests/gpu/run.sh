@@ -26,6 +26,10 @@ for n in $sizes; do
       -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29600 + n)) "$bin" --processes
   fi
 done
+if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
+  stage "a dead peer (2 processes, rank 1 exits after joining)" timeout 120 mpirun --allow-run-as-root -np 2 \
+    -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29650 "$bin" --processes --dead-peer
+fi
 if command -v nvcc >/dev/null; then
   stage "examples built with nvcc" make -s examples-nvcc
 fi
