@@ -63,8 +63,8 @@ test-gpu: $(BUILD)/test-gpu
 
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench-%,$(wildcard bench/*.c))
 
-$(BUILD)/bench-%: bench/%.c $(HEADERS) | $(BUILD)
-	$(CC) -std=c11 $(WARN) $(CFLAGS) -o $@ $< $(LDLIBS)
+$(BUILD)/bench-%: bench/%.c bench/bench.h $(HEADERS) | $(BUILD)
+	$(CC) -std=c11 $(WARN) $(CFLAGS) $(CUDA_CFLAGS) -o $@ $< $(CUDA_LDLIBS) $(LDLIBS)
 
 bench-build: $(BENCHES)
 

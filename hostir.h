@@ -5819,6 +5819,7 @@ static double hir__now_ms(void) {
    communicator; past the deadline the communicator is aborted. */
 static int hir__sync_stream(hir_evaluator *ev, void *stream, double deadline) {
   hir_status s;
+  double spin_until = hir__now_ms() + 2; /* short waits spin, as cudaStreamSynchronize does; a nap costs ~60 us */
   while ((s = ev->b->stream_query(ev->b, stream)) == HIR_ERR_TIMEOUT) {
     struct timespec nap = hir__deadline(0);
     if (ev->comm && ev->comm->poll && (s = ev->comm->poll(ev->comm)) != HIR_OK) {
@@ -5833,6 +5834,7 @@ static int hir__sync_stream(hir_evaluator *ev, void *stream, double deadline) {
                           "communicator was aborted (raise hir_eval_desc.timeout_ms if the work is that long)",
                           ev->timeout_ms);
     }
+    if (hir__now_ms() < spin_until) continue;
     nap.tv_nsec += 50000; /* 50 us */
     if (nap.tv_nsec >= 1000000000L) {
       nap.tv_sec++;

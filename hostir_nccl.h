@@ -44,6 +44,11 @@ HIRDEF hir_status  hir_nccl_world_create(int nranks, hir_nccl_world **out);
 HIRDEF hir_comm   *hir_nccl_world_comm(hir_nccl_world *w, int rank);  /* owned by the world */
 HIRDEF const char *hir_nccl_world_error(const hir_nccl_world *w);
 HIRDEF void        hir_nccl_world_free(hir_nccl_world *w);
+/* Send/recv between the world's ranks on the GPUs' copy engines
+   (cudaMemcpyPeerAsync over NVLink) instead of NCCL's kernels, which wait
+   for SMs while a GEMM holds them all; collectives stay on NCCL. Off by
+   default; switch it only while no rank is running a program. */
+HIRDEF void        hir_nccl_world_set_copy_engine(hir_nccl_world *w, int enable);
 
 /* One process per GPU. */
 typedef struct hir_nccl_env {
@@ -281,8 +286,34 @@ typedef struct hir__nccl_reg {  /* a registered buffer: a handle per communicato
   void *handles[16];
 } hir__nccl_reg;
 
+enum { HIR__CE_SLOTS = 64, HIR__CE_GROUP = 256 };
+
+/* Copy-engine P2P: a receive posts its buffer with an event that marks it
+   writable; the matching send (in order, per pair of ranks) waits on that
+   event on its stream, copies, and records `done`, on which the receiver's
+   stream then waits. The events are made by the device that records them. */
+typedef struct hir__ce_post {
+  void *buf;
+  size_t bytes;
+  cudaEvent_t ready, done;
+} hir__ce_post;
+
+typedef struct hir__ce_box {    /* receives that rank `to` posted for sender `from` */
+  hir__ce_post slot[HIR__CE_SLOTS];
+  unsigned long long posted, sent, received;
+} hir__ce_box;
+
+typedef struct hir__ce_op {     /* a send or receive held until its group ends */
+  int send, peer;
+  void *buf, *stream;
+  size_t bytes;
+  unsigned long long seq;
+} hir__ce_op;
+
 typedef struct hir__nccl {
   hir_comm comm;                /* what the evaluator sees; ctx points back here */
+  hir__ce_op ce_ops[HIR__CE_GROUP];
+  int ce_nops, ce_group;
   hir__nccl_reg *regs;
   ncclComm_t world;
   int device, timeout_ms, aborted;
@@ -295,8 +326,10 @@ typedef struct hir__nccl {
 } hir__nccl;
 
 struct hir_nccl_world {
-  int n;
+  int n, copy_engine;
   hir__nccl *ranks;
+  hir__ce_box *boxes;           /* [from * n + to] */
+  pthread_cond_t ce_cv;         /* with mu: a post was made or taken */
   pthread_mutex_t mu;
   hir__kv *ids;                 /* team key -> ncclUniqueId */
   int nids, cap;
@@ -307,14 +340,36 @@ static ncclDataType_t hir__nccl_type(hir_dtype d) {
   return d == HIR_F32 ? ncclFloat32 : d == HIR_F64 ? ncclFloat64 : d == HIR_F16 ? ncclFloat16 : ncclBfloat16;
 }
 
+static hir_status hir__nccl_settle(hir_comm *c, ncclComm_t pending, const char *what);
+
+/* A call on a nonblocking communicator that has to wait for its peers (the
+   connections NCCL makes on first use, a group) returns ncclInProgress
+   instead of blocking: settle waits for it under the communicator's
+   deadline. */
 static hir_status hir__nccl_check(hir_comm *c, ncclResult_t r, const char *what, int line) {
   if (r == ncclSuccess) return HIR_OK;
+  if (r == ncclInProgress) return hir__nccl_settle(c, NULL, what);
   snprintf(c->error, sizeof c->error, "%s failed on rank %d: %s (hostir_nccl.h:%d)", what, c->rank, ncclGetErrorString(r), line);
   return HIR_ERR_COMM;
 }
 #define HIR__NC(c, call) hir__nccl_check(c, (call), #call, __LINE__)
 
 static hir__nccl *hir__nc(hir_comm *c) { return (hir__nccl *)c->ctx; }
+
+/* Our communicators are nonblocking, so that a dead peer cannot hold the
+   caller inside NCCL (connecting to it, say) past any deadline. */
+static ncclConfig_t hir__nccl_config(void) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+static hir_status hir__nccl_init_comm(hir_comm *c, ncclComm_t *comm, int n, ncclUniqueId id, int me) {
+  ncclConfig_t config = hir__nccl_config();
+  ncclResult_t r = ncclCommInitRankConfig(comm, n, id, me, &config);
+  if (r == ncclInProgress) return hir__nccl_settle(c, *comm, "ncclCommInitRankConfig");
+  return HIR__NC(c, r);
+}
 
 static int hir__team_index(const hir__nccl_team *t, int device) {
   int i;
@@ -401,7 +456,7 @@ static hir_status hir__nccl_make_team(hir_comm *c, const int *devices, int n, vo
   t->n = n;
   t->me = me;
   cudaSetDevice(nc->device);
-  if ((s = HIR__NC(c, ncclCommInitRank(&t->comm, n, id, me))) != HIR_OK) {
+  if ((s = hir__nccl_init_comm(c, &t->comm, n, id, me)) != HIR_OK) {
     free(t->devices);
     free(t);
     return s;
@@ -516,14 +571,172 @@ static hir_status hir__nccl_scatter(hir_comm *c, void *team, const void *send, v
   return s == HIR_OK ? HIR__NC(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
 }
 
+static hir_status hir__ce_queue(hir_comm *c, int send, const void *buf, size_t bytes, int peer, void *stream);
+static hir_status hir__ce_run(hir_comm *c, hir__ce_op *ops, int n);
+static int hir__ce_on(hir_comm *c);
+
 static hir_status hir__nccl_send(hir_comm *c, const void *buf, size_t bytes, int peer, void *stream) {
+  if (hir__ce_on(c)) return hir__ce_queue(c, 1, buf, bytes, peer, stream);
   return HIR__NC(c, ncclSend(buf, bytes, ncclUint8, peer, hir__nc(c)->world, (cudaStream_t)stream));
 }
 static hir_status hir__nccl_recv(hir_comm *c, void *buf, size_t bytes, int peer, void *stream) {
+  if (hir__ce_on(c)) return hir__ce_queue(c, 0, buf, bytes, peer, stream);
   return HIR__NC(c, ncclRecv(buf, bytes, ncclUint8, peer, hir__nc(c)->world, (cudaStream_t)stream));
 }
-static hir_status hir__nccl_group_start(hir_comm *c) { return HIR__NC(c, ncclGroupStart()); }
-static hir_status hir__nccl_group_end(hir_comm *c) { return HIR__NC(c, ncclGroupEnd()); }
+static hir_status hir__nccl_group_start(hir_comm *c) {
+  hir__nc(c)->ce_group++;
+  return HIR__NC(c, ncclGroupStart());
+}
+static hir_status hir__nccl_group_end(hir_comm *c) { /* the copies of the outermost group, then NCCL's */
+  hir__nccl *nc = hir__nc(c);
+  hir_status s = HIR_OK;
+  if (nc->ce_group > 0 && --nc->ce_group == 0 && nc->ce_nops) {
+    s = hir__ce_run(c, nc->ce_ops, nc->ce_nops);
+    nc->ce_nops = 0;
+  }
+  return s == HIR_OK ? HIR__NC(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
+}
+
+/* ---- copy-engine send/recv (threaded world) ---- */
+
+static int hir__ce_on(hir_comm *c) { return hir__nc(c)->shared && hir__nc(c)->shared->copy_engine; }
+
+static hir_status hir__ce_fail(hir_comm *c, hir_status s, const char *what, const char *detail) {
+  snprintf(c->error, sizeof c->error, "hostir_nccl (copy engine): %s on rank %d: %s", what, c->rank, detail);
+  return s;
+}
+
+/* Waits (mu held) until the counter *have reaches want, or the deadline. */
+static hir_status hir__ce_wait(hir_comm *c, const unsigned long long *have, unsigned long long want, const char *what) {
+  hir_nccl_world *w = hir__nc(c)->shared;
+  double deadline = hir__wall_ms() + hir__nc(c)->timeout_ms;
+  while (*have < want) {
+    struct timespec ts;
+    double now = hir__wall_ms();
+    if (now > deadline || hir__nc(c)->aborted) {
+      snprintf(c->error, sizeof c->error,
+               "hostir_nccl (copy engine): %s on rank %d: its peer did not come within %d ms (a peer is dead or stuck, "
+               "or its sends and receives do not match)", what, c->rank, hir__nc(c)->timeout_ms);
+      return HIR_ERR_TIMEOUT;
+    }
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 1000000L; /* wake at least every ms to check the deadline */
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&w->ce_cv, &w->mu, &ts);
+  }
+  return HIR_OK;
+}
+
+static void hir__ce_advance(hir_nccl_world *w, unsigned long long *counter) {
+  pthread_mutex_lock(&w->mu);
+  ++*counter;
+  pthread_cond_broadcast(&w->ce_cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+static hir_status hir__ce_post_recv(hir_comm *c, hir__ce_op *op) {
+  hir_nccl_world *w = hir__nc(c)->shared;
+  hir__ce_box *box = &w->boxes[op->peer * w->n + c->rank];
+  hir__ce_post *slot;
+  hir_status s;
+  unsigned long long room;
+  pthread_mutex_lock(&w->mu);
+  room = box->posted + 1 > HIR__CE_SLOTS ? box->posted + 1 - HIR__CE_SLOTS : 0; /* the slot's last use is done */
+  s = hir__ce_wait(c, &box->received, room, "a receive");
+  slot = &box->slot[box->posted % HIR__CE_SLOTS];
+  pthread_mutex_unlock(&w->mu);
+  if (s != HIR_OK) return s;
+  if ((!slot->ready && cudaEventCreateWithFlags(&slot->ready, cudaEventDisableTiming) != cudaSuccess) ||
+      cudaEventRecord(slot->ready, (cudaStream_t)op->stream) != cudaSuccess)
+    return hir__ce_fail(c, HIR_ERR_BACKEND, "recording a receive", cudaGetErrorString(cudaGetLastError()));
+  pthread_mutex_lock(&w->mu);
+  slot->buf = op->buf;
+  slot->bytes = op->bytes;
+  op->seq = box->posted++;
+  pthread_cond_broadcast(&w->ce_cv);
+  pthread_mutex_unlock(&w->mu);
+  return HIR_OK;
+}
+
+static hir_status hir__ce_send(hir_comm *c, const hir__ce_op *op) {
+  hir__nccl *nc = hir__nc(c);
+  hir_nccl_world *w = nc->shared;
+  hir__ce_box *box = &w->boxes[c->rank * w->n + op->peer];
+  hir__ce_post *slot;
+  hir_status s;
+  cudaError_t e;
+  char detail[160];
+  pthread_mutex_lock(&w->mu);
+  s = hir__ce_wait(c, &box->posted, box->sent + 1, "a send");
+  slot = &box->slot[box->sent % HIR__CE_SLOTS];
+  pthread_mutex_unlock(&w->mu);
+  if (s != HIR_OK) return s;
+  if (slot->bytes != op->bytes) {
+    snprintf(detail, sizeof detail, "it sends %zu bytes to rank %d, which receives %zu; match the sizes", op->bytes,
+             op->peer, slot->bytes);
+    return hir__ce_fail(c, HIR_ERR_SHAPE, "a send", detail);
+  }
+  if (!slot->done && cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming) != cudaSuccess)
+    return hir__ce_fail(c, HIR_ERR_BACKEND, "a send", cudaGetErrorString(cudaGetLastError()));
+  if ((e = cudaStreamWaitEvent((cudaStream_t)op->stream, slot->ready, 0)) != cudaSuccess ||
+      (e = cudaMemcpyPeerAsync(slot->buf, w->ranks[op->peer].device, op->buf, nc->device, op->bytes,
+                               (cudaStream_t)op->stream)) != cudaSuccess ||
+      (e = cudaEventRecord(slot->done, (cudaStream_t)op->stream)) != cudaSuccess)
+    return hir__ce_fail(c, HIR_ERR_BACKEND, "a peer copy", cudaGetErrorString(e));
+  hir__ce_advance(w, &box->sent);
+  return HIR_OK;
+}
+
+static hir_status hir__ce_finish_recv(hir_comm *c, const hir__ce_op *op) {
+  hir_nccl_world *w = hir__nc(c)->shared;
+  hir__ce_box *box = &w->boxes[op->peer * w->n + c->rank];
+  hir_status s;
+  cudaError_t e;
+  pthread_mutex_lock(&w->mu);
+  s = hir__ce_wait(c, &box->sent, op->seq + 1, "a receive");
+  pthread_mutex_unlock(&w->mu);
+  if (s != HIR_OK) return s;
+  if ((e = cudaStreamWaitEvent((cudaStream_t)op->stream, box->slot[op->seq % HIR__CE_SLOTS].done, 0)) != cudaSuccess)
+    return hir__ce_fail(c, HIR_ERR_BACKEND, "a receive", cudaGetErrorString(e));
+  hir__ce_advance(w, &box->received);
+  return HIR_OK;
+}
+
+/* Receives are posted first, so that every send of the group, in any order
+   on any rank, finds its match. */
+static hir_status hir__ce_run(hir_comm *c, hir__ce_op *ops, int n) {
+  hir_status s = HIR_OK;
+  int i;
+  cudaSetDevice(hir__nc(c)->device);
+  for (i = 0; i < n && s == HIR_OK; i++)
+    if (!ops[i].send) s = hir__ce_post_recv(c, &ops[i]);
+  for (i = 0; i < n && s == HIR_OK; i++)
+    if (ops[i].send) s = hir__ce_send(c, &ops[i]);
+  for (i = 0; i < n && s == HIR_OK; i++)
+    if (!ops[i].send) s = hir__ce_finish_recv(c, &ops[i]);
+  return s;
+}
+
+static hir_status hir__ce_queue(hir_comm *c, int send, const void *buf, size_t bytes, int peer, void *stream) {
+  hir__nccl *nc = hir__nc(c);
+  hir__ce_op op;
+  if (peer < 0 || peer >= c->size || peer == c->rank) {
+    char detail[96];
+    snprintf(detail, sizeof detail, "peer %d is not another rank of the world of %d", peer, c->size);
+    return hir__ce_fail(c, HIR_ERR_INVALID, send ? "a send" : "a receive", detail);
+  }
+  op.send = send;
+  op.peer = peer;
+  op.buf = (void *)buf;
+  op.bytes = bytes;
+  op.stream = stream;
+  op.seq = 0;
+  if (!nc->ce_group) return hir__ce_run(c, &op, 1);
+  if (nc->ce_nops == HIR__CE_GROUP)
+    return hir__ce_fail(c, HIR_ERR_UNSUPPORTED, "a group", "more than 256 sends and receives in one group");
+  nc->ce_ops[nc->ce_nops++] = op;
+  return HIR_OK;
+}
 
 static void hir__nccl_abort(hir_comm *c) {
   hir__nccl *nc = hir__nc(c);
@@ -534,6 +747,43 @@ static void hir__nccl_abort(hir_comm *c) {
   if (nc->world) ncclCommAbort(nc->world);
 }
 
+/* Waits while `comm` is busy with a nonblocking call; its state after, or
+   ncclInProgress past the deadline. */
+static ncclResult_t hir__nccl_wait(ncclComm_t comm, double deadline) {
+  ncclResult_t r = ncclSuccess, q;
+  struct timespec nap = {0, 50000}; /* 50 us */
+  while ((q = ncclCommGetAsyncError(comm, &r)) == ncclSuccess && r == ncclInProgress && hir__wall_ms() < deadline)
+    nanosleep(&nap, NULL);
+  return q != ncclSuccess ? q : r;
+}
+
+static hir_status hir__nccl_settle(hir_comm *c, ncclComm_t pending, const char *what) {
+  hir__nccl *nc = hir__nc(c);
+  double deadline = hir__wall_ms() + nc->timeout_ms;
+  hir__nccl_team *t = nc->teams;
+  ncclComm_t comm = pending ? pending : nc->world;
+  for (;;) {
+    ncclResult_t r = comm ? hir__nccl_wait(comm, deadline) : ncclSuccess;
+    if (r == ncclInProgress) {
+      if (pending && pending != nc->world) ncclCommAbort(pending);
+      hir__nccl_abort(c);
+      snprintf(c->error, sizeof c->error,
+               "%s on rank %d still waited for its peers after %d ms: a peer is dead or stuck, so the communicator was "
+               "aborted (raise the timeout of hir_nccl_comm_create if they are only slow)",
+               what, c->rank, nc->timeout_ms);
+      return HIR_ERR_TIMEOUT;
+    }
+    if (r != ncclSuccess) {
+      if (pending && pending != nc->world) ncclCommAbort(pending);
+      snprintf(c->error, sizeof c->error, "%s failed on rank %d: %s", what, c->rank, ncclGetErrorString(r));
+      return HIR_ERR_COMM;
+    }
+    if (pending) pending = NULL, comm = nc->world; /* then every other communicator */
+    else if (t) comm = t->comm, t = t->next;
+    else return HIR_OK;
+  }
+}
+
 /* User-buffer registration (where NCCL supports it; a buffer it refuses
    still works, through NCCL's own staging): with the world and each team. */
 static void hir__nccl_register(hir_comm *c, void *ptr, size_t bytes) {
@@ -542,9 +792,9 @@ static void hir__nccl_register(hir_comm *c, void *ptr, size_t bytes) {
   hir__nccl_team *t;
   if (bytes < ((size_t)1 << 20) || nc->aborted || !(r = (hir__nccl_reg *)calloc(1, sizeof *r))) return;
   r->ptr = ptr;
-  if (ncclCommRegister(nc->world, ptr, bytes, &r->handles[r->n]) == ncclSuccess) r->comms[r->n++] = nc->world;
+  if (HIR__NC(c, ncclCommRegister(nc->world, ptr, bytes, &r->handles[r->n])) == HIR_OK) r->comms[r->n++] = nc->world;
   for (t = nc->teams; t && r->n < 16; t = t->next)
-    if (ncclCommRegister(t->comm, ptr, bytes, &r->handles[r->n]) == ncclSuccess) r->comms[r->n++] = t->comm;
+    if (HIR__NC(c, ncclCommRegister(t->comm, ptr, bytes, &r->handles[r->n])) == HIR_OK) r->comms[r->n++] = t->comm;
   r->next = nc->regs;
   nc->regs = r;
 }
@@ -556,7 +806,7 @@ static void hir__nccl_deregister(hir_comm *c, void *ptr) {
   for (p = &nc->regs; (r = *p) && r->ptr != ptr; p = &r->next) {}
   if (!r) return;
   *p = r->next;
-  for (i = 0; i < r->n && !nc->aborted; i++) ncclCommDeregister(r->comms[i], r->handles[i]);
+  for (i = 0; i < r->n && !nc->aborted; i++) HIR__NC(c, ncclCommDeregister(r->comms[i], r->handles[i]));
   free(r);
 }
 
@@ -639,6 +889,7 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
   if (!out) return HIR_ERR_INVALID;
   if (!(w = *out = (hir_nccl_world *)calloc(1, sizeof *w))) return HIR_ERR_NOMEM;
   pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->ce_cv, NULL);
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || nranks < 1 || nranks > ndev) {
     snprintf(w->error, sizeof w->error, "hir_nccl_world_create: %d ranks asked, %d GPUs visible", nranks, ndev);
     return HIR_ERR_INVALID;
@@ -663,6 +914,10 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
     w->ranks[i].shared = w;
     if ((s = hir__world_team(&w->ranks[i])) != HIR_OK) snprintf(w->error, sizeof w->error, "%s", w->ranks[i].comm.error);
   }
+  if (s == HIR_OK && !(w->boxes = (hir__ce_box *)calloc((size_t)(nranks * nranks), sizeof *w->boxes))) {
+    snprintf(w->error, sizeof w->error, "hir_nccl_world_create: out of memory");
+    s = HIR_ERR_NOMEM;
+  }
   w->n = s == HIR_OK ? nranks : 0;
   free(comms);
   free(devs);
@@ -674,13 +929,35 @@ HIRDEF hir_comm *hir_nccl_world_comm(hir_nccl_world *w, int rank) {
 }
 HIRDEF const char *hir_nccl_world_error(const hir_nccl_world *w) { return w ? w->error : "hir_nccl_world: NULL"; }
 
+/* Direct peer copies where the GPUs can reach each other (else CUDA stages
+   them through the host, still off the SMs). */
+HIRDEF void hir_nccl_world_set_copy_engine(hir_nccl_world *w, int enable) {
+  int i, j, can, current = 0;
+  if (!w || !w->n) return;
+  cudaGetDevice(&current);
+  for (i = 0; enable && !w->copy_engine && i < w->n; i++)
+    for (j = 0; j < w->n; j++)
+      if (i != j && cudaSetDevice(i) == cudaSuccess && cudaDeviceCanAccessPeer(&can, i, j) == cudaSuccess && can &&
+          cudaDeviceEnablePeerAccess(j, 0) != cudaSuccess)
+        cudaGetLastError(); /* already enabled */
+  cudaSetDevice(current);
+  w->copy_engine = enable != 0;
+}
+
 HIRDEF void hir_nccl_world_free(hir_nccl_world *w) {
-  int i;
+  int i, k;
   if (!w) return;
   for (i = 0; i < w->n; i++) {
     cudaSetDevice(w->ranks[i].device);
     hir__nccl_release(&w->ranks[i]);
   }
+  for (i = 0; w->boxes && i < w->n * w->n; i++) /* a box's events: ready on the receiver, done on the sender */
+    for (k = 0; k < HIR__CE_SLOTS; k++) {
+      if (w->boxes[i].slot[k].ready) cudaSetDevice(i % w->n), cudaEventDestroy(w->boxes[i].slot[k].ready);
+      if (w->boxes[i].slot[k].done) cudaSetDevice(i / w->n), cudaEventDestroy(w->boxes[i].slot[k].done);
+    }
+  free(w->boxes);
+  pthread_cond_destroy(&w->ce_cv);
   free(w->ranks);
   free(w->ids);
   pthread_mutex_destroy(&w->mu);
@@ -755,7 +1032,7 @@ HIRDEF hir_status hir_nccl_comm_create(const hir_nccl_env *env, int timeout_ms, 
   } else if ((s = hir__store_get(&nc->store, "world", &id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error)) != HIR_OK) {
     return s;
   }
-  if ((s = HIR__NC(&nc->comm, ncclCommInitRank(&nc->world, env->size, id, env->rank))) != HIR_OK) return s;
+  if ((s = hir__nccl_init_comm(&nc->comm, &nc->world, env->size, id, env->rank)) != HIR_OK) return s;
   return hir__world_team(nc);
 }
 

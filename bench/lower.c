@@ -4,19 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define HOSTIR_IMPLEMENTATION
 #include "../hostir.h"
-#include <stdlib.h>
-#include <time.h>
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
+#include "bench.h"
 
 int main(int argc, char **argv) {
   enum { RUNS = 11 };

@@ -209,13 +209,24 @@ static void test_gpu_odd_mesh_p2p(void) {
 
 /* ---- platforms ---- */
 static hir_nccl_world *gpu_worlds[MAXR + 1];
+static int gpu_copy_engine; /* send/recv on the copy engines */
 static void *gpu_world_create(int n) {
   if (!gpu_worlds[n] && hir_nccl_world_create(n, &gpu_worlds[n]) != HIR_OK) {
     fprintf(stderr, "  %s\n", hir_nccl_world_error(gpu_worlds[n]));
     hir_nccl_world_free(gpu_worlds[n]);
     gpu_worlds[n] = NULL;
   }
+  hir_nccl_world_set_copy_engine(gpu_worlds[n], gpu_copy_engine);
   return gpu_worlds[n];
+}
+
+/* Every stream-lowered program again (P2P allgather, GEMM + P2P
+   reduce-scatter, both schedules, bounded buffers), their sends and receives
+   on the copy engines. */
+static void test_gpu_copy_engine(void) {
+  gpu_copy_engine = 1;
+  test_stream_numbers();
+  gpu_copy_engine = 0;
 }
 static void gpu_world_keep(void *w) { (void)w; } /* NCCL worlds are kept for the whole run */
 static hir_comm *gpu_comm(void *w, int rank) { return hir_nccl_world_comm((hir_nccl_world *)w, rank); }
@@ -301,6 +312,9 @@ static const hir_test multi_tests[] = {
     {"stream/numbers", test_stream_numbers},
     {"gpu/odd_mesh_p2p", test_gpu_odd_mesh_p2p},
 };
+static const hir_test thread_tests[] = {
+    {"gpu/copy_engine_p2p", test_gpu_copy_engine},
+};
 
 static void run_tests(const hir_test *t, int n, const char *filter, int *passed, int *failed, const char *prefix) {
   int i;
@@ -332,6 +346,7 @@ int main(int argc, char **argv) {
     gpu.max_world = ngpu < MAXR ? ngpu : MAXR;
     platform = &gpu;
     run_tests(multi_tests, (int)(sizeof multi_tests / sizeof multi_tests[0]), filter, &passed, &failed, "");
+    run_tests(thread_tests, (int)(sizeof thread_tests / sizeof thread_tests[0]), filter, &passed, &failed, "");
     for (i = 0; i <= MAXR; i++) hir_nccl_world_free(gpu_worlds[i]);
   } else {
     if (hir_nccl_env_read(&mp_env, err, sizeof err) != HIR_OK) {
@@ -339,12 +354,13 @@ int main(int argc, char **argv) {
       return 1;
     }
     snprintf(prefix, sizeof prefix, "rank%d: ", mp_env.rank);
-    if (hir_nccl_comm_create(&mp_env, 60000, &mp_comm) != HIR_OK) {
+    int dead = argc > 2 && !strcmp(argv[2], "--dead-peer");
+    if (hir_nccl_comm_create(&mp_env, dead ? 5000 : 60000, &mp_comm) != HIR_OK) {
       printf("%s%s\n%s0 passed, 1 failed\n", prefix, mp_comm ? mp_comm->error : "no memory", prefix);
       hir_nccl_comm_free(mp_comm);
       return 1;
     }
-    if (argc > 2 && !strcmp(argv[2], "--dead-peer")) { /* rank 1 leaves; rank 0 must not hang */
+    if (dead) { /* rank 1 leaves; rank 0 must not hang */
       int ok = mp_env.rank != 0 || dead_peer();
       printf("%s%d passed, %d failed\n", prefix, ok, !ok);
       if (mp_env.rank == 0) _exit(ok ? 0 : 1); /* the aborted world is not torn down */

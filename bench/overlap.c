@@ -1,0 +1,609 @@
+/* Overlap of communication and GEMM (issue 7): AllGather+GEMM and
+   GEMM+ReduceScatter, each built as a hostir fusion and run through every
+   applicable pipeline on every visible GPU (one thread per GPU, NCCL), or on
+   the CPU backend and the local world when there is no GPU:
+
+     serial        the collective, then one GEMM (no Stream axis)
+     collective    the A rows split into `chunks` Stream chunks, one
+                   collective and one GEMM per chunk (nvFuser's AG_matmul and
+                   matmul_RS_through_bcast)
+     p2p linear    a chunk per peer, send/recv instead of collectives
+     p2p ring      the same, each rank starting with its ring neighbour
+                   (on GPUs both p2p again with send/recv on the copy
+                   engines: hir_nccl_world_set_copy_engine)
+
+   beside the collective alone and the GEMM alone (their max is the floor),
+   all in one run. Per pipeline: the median time, its ratio to the floor, the
+   overlap efficiency E = (serial - T) / min(comm, GEMM), the buffers the
+   evaluator holds (peak), and the largest difference from the serial result
+   relative to its largest value. Times are wall clock on the host: ranks
+   meet at a barrier, run, and hir_evaluator_sync; an iteration takes its
+   slowest rank. bf16 inputs from a fixed-seed generator.
+
+     build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
+                         [ag M K N] [rs M K N] ...
+   Default shapes: issue 7's on GPUs, small ones on the CPU. */
+#define _POSIX_C_SOURCE 200809L
+#define HOSTIR_IMPLEMENTATION
+#ifdef HOSTIR_CUDA
+#define HOSTIR_NCCL_IMPLEMENTATION
+#include "../hostir_nccl.h"
+#include <cuda_runtime.h>
+#else
+#include "../hostir.h"
+#endif
+#include "bench.h"
+#include <math.h>
+#include <pthread.h>
+
+enum { MAXR = 8, MAXIT = 100, MAXCFG = 24 };
+
+typedef enum { AG, RS } pattern;
+typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_LINEAR, P2P_RING } pipeline;
+static const char *pipeline_names[] = {"comm alone", "GEMM alone", "serial", "collective", "p2p linear", "p2p ring"};
+
+typedef struct config {
+  pipeline pipe;
+  int chunks, streams, copy_engine; /* copy_engine: p2p sends and receives as peer copies (GPUs) */
+} config;
+
+typedef struct shape {
+  pattern pat;
+  int64_t M, K, N;
+} shape;
+
+typedef struct result {
+  double ms, err;
+  size_t mem;
+  int ok;
+  char msg[512];
+} result;
+
+typedef struct bench {
+  int D, gpu, iters, warmup;
+  shape sh;
+  config cfg;
+  hir_fusion *f;
+  /* host data of each rank: A in the serial/p2p layout, B, the serial output */
+  uint16_t *a[MAXR], *b[MAXR], *ref[MAXR];
+  int64_t ref_numel;
+  double ms[MAXR][MAXIT];
+  size_t mem[MAXR];
+  double err[MAXR];
+  char msg[MAXR][512];
+  hir_local_world *local;
+#ifdef HOSTIR_CUDA
+  hir_nccl_world *nccl;
+#endif
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int arrived, generation;
+} bench;
+
+static void barrier(bench *B) {
+  int gen;
+  pthread_mutex_lock(&B->mu);
+  gen = B->generation;
+  if (++B->arrived == B->D) {
+    B->arrived = 0;
+    B->generation++;
+    pthread_cond_broadcast(&B->cv);
+  } else
+    while (gen == B->generation) pthread_cond_wait(&B->cv, &B->mu);
+  pthread_mutex_unlock(&B->mu);
+}
+
+/* ---- the fusions ---- */
+
+static void mesh_all(hir_tv **t, int n, int D) {
+  static const int iota[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};
+  int i;
+  for (i = 0; i < n; i++) hir_set_mesh(t[i], D, iota);
+}
+
+/* One device's GEMM: [rows, k] x [k, N]. */
+static hir_fusion *build_gemm(void) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_BF16, 2), *b = hir_input(f, HIR_BF16, 2);
+  hir_output(f, hir_matmul(f, a, b));
+  return f;
+}
+
+/* AG+GEMM. m = M/D rows per rank. comm alone: A [DIDx D, m, K] gathered.
+   serial: matmul(A [DIDx D, m, K], B [K, N]) replicated. collective: A
+   [Stream S, DIDx D, m/S, K] (nvFuser's AG_matmul). p2p: A [DIDx D, m, K],
+   the output's D axis on Stream (AG_matmul_P2p). */
+static hir_fusion *build_ag(pipeline pipe, int D) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *t[3];
+  if (pipe == COMM_ALONE) {
+    t[0] = hir_input(f, HIR_BF16, 3);
+    t[1] = hir_set(f, t[0]);
+    hir_output(f, t[1]);
+    mesh_all(t, 2, D);
+    hir_parallelize(t[0], 0, HIR_DIDX);
+    return f;
+  }
+  t[0] = hir_input(f, HIR_BF16, pipe == COLLECTIVE ? 4 : 3);
+  t[1] = hir_input(f, HIR_BF16, 2);
+  t[2] = hir_matmul(f, t[0], t[1]);
+  hir_output(f, t[2]);
+  mesh_all(t, 3, D);
+  hir_parallelize(t[0], pipe == COLLECTIVE ? 1 : 0, HIR_DIDX);
+  if (pipe != SERIAL) hir_parallelize(t[2], 0, HIR_STREAM);
+  return f;
+}
+
+/* GEMM+RS. A rank holds A [M, K/D] and B [K/D, N]; the output rows are
+   scattered, m = M/D to a rank. comm alone: sum(P [DIDx D, D, m, N], {0})
+   scattered on axis 1. serial and p2p: A [DIDx D, D, m, K/D] x B [DIDx D,
+   K/D, N] broadcast on axis 1, summed over axis 0, scattered on axis 1; p2p
+   puts the product's axis 1 on Stream. collective: A [Stream S, DIDx D, D,
+   m/S, K/D] (nvFuser's matmul_RS_through_bcast). */
+static hir_fusion *build_rs(pipeline pipe, int D) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *t[5];
+  int axis0 = 0, axis1 = 1;
+  if (pipe == COMM_ALONE) {
+    t[0] = hir_input(f, HIR_BF16, 4);
+    t[1] = hir_sum(f, t[0], 1, &axis0);
+    hir_output(f, t[1]);
+    mesh_all(t, 2, D);
+    hir_parallelize(t[0], 0, HIR_DIDX);
+    hir_parallelize(t[1], 1, HIR_DIDX);
+    return f;
+  }
+  if (pipe == COLLECTIVE) {
+    int flags[5] = {1, 0, 1, 0, 0};
+    t[0] = hir_input(f, HIR_BF16, 5);
+    t[1] = hir_input(f, HIR_BF16, 3);
+    t[2] = hir_broadcast(f, t[1], 5, flags);
+    t[3] = hir_matmul(f, t[0], t[2]);
+    t[4] = hir_sum(f, t[3], 1, &axis1);
+    hir_output(f, t[4]);
+    mesh_all(t, 5, D);
+    hir_parallelize(t[0], 1, HIR_DIDX);
+    hir_parallelize(t[1], 0, HIR_DIDX);
+    hir_parallelize(t[2], 1, HIR_DIDX);
+    hir_parallelize(t[3], 0, HIR_STREAM);
+    hir_parallelize(t[3], 1, HIR_DIDX);
+    hir_parallelize(t[4], 0, HIR_STREAM);
+    hir_parallelize(t[4], 2, HIR_DIDX);
+  } else {
+    int flags[4] = {0, 1, 0, 0};
+    t[0] = hir_input(f, HIR_BF16, 4);
+    t[1] = hir_input(f, HIR_BF16, 3);
+    t[2] = hir_broadcast(f, t[1], 4, flags);
+    t[3] = hir_matmul(f, t[0], t[2]);
+    t[4] = hir_sum(f, t[3], 1, &axis0);
+    hir_output(f, t[4]);
+    hir_tv *meshed[3];
+    meshed[0] = t[0], meshed[1] = t[1], meshed[2] = t[4];
+    mesh_all(meshed, 3, D); /* the product takes its sharding from them */
+    hir_parallelize(t[0], 0, HIR_DIDX);
+    hir_parallelize(t[1], 0, HIR_DIDX);
+    if (pipe != SERIAL) hir_parallelize(t[3], 1, HIR_STREAM);
+    hir_parallelize(t[4], 1, HIR_DIDX);
+  }
+  return f;
+}
+
+/* ---- data ---- */
+
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static uint16_t *random_bf16(int64_t n, uint64_t seed) {
+  uint16_t *x = (uint16_t *)malloc((size_t)n * 2);
+  int64_t i;
+  if (!x) return NULL;
+  for (i = 0; i < n; i++) x[i] = hir_float_to_bf16((float)((double)(rng_next(&seed) >> 11) * 0x1.0p-52 - 1.0));
+  return x;
+}
+
+static int64_t a_numel(const shape *s, int D) { return s->pat == AG ? s->M / D * s->K : s->M * (s->K / D); }
+static int64_t b_numel(const shape *s, int D) { return s->pat == AG ? s->K * s->N : s->K / D * s->N; }
+
+static hir_status gen_rank(int rank, void *user) {
+  bench *B = (bench *)user;
+  B->a[rank] = random_bf16(a_numel(&B->sh, B->D), 1000 + (uint64_t)rank);
+  B->b[rank] = random_bf16(b_numel(&B->sh, B->D), B->sh.pat == AG ? 7 : 2000 + (uint64_t)rank); /* AG: B replicated */
+  return B->a[rank] && B->b[rank] ? HIR_OK : HIR_ERR_NOMEM;
+}
+
+static hir_tensor tensor(void *data, int ndims, const int64_t *sizes) {
+  hir_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = HIR_BF16;
+  t.ndims = ndims;
+  memcpy(t.sizes, sizes, (size_t)ndims * sizeof *sizes);
+  return t;
+}
+
+static int64_t numel(const hir_tensor *t) {
+  int64_t n = 1;
+  int i;
+  for (i = 0; i < t->ndims; i++) n *= t->sizes[i];
+  return n;
+}
+
+/* The inputs of `rank` for the current pipeline, in host memory (*owned is
+   what to free). A's rows are permuted where the pipeline splits them. */
+static int host_inputs(bench *B, int rank, hir_tensor in[2], void **owned) {
+  const shape *s = &B->sh;
+  int64_t D = B->D, m = s->M / D, S = B->cfg.chunks, M = s->M, K = s->K, N = s->N, kd = K / D;
+  *owned = NULL;
+  if (s->pat == AG) {
+    switch (B->cfg.pipe) {
+    case COMM_ALONE: in[0] = tensor(B->a[rank], 3, (int64_t[]){1, m, K}); return 1;
+    case GEMM_ALONE: /* every rank's rows: this rank's D times (the time does not depend on the values) */
+      in[0] = tensor(NULL, 2, (int64_t[]){M, K});
+      in[1] = tensor(B->b[rank], 2, (int64_t[]){K, N});
+      return 2;
+    case COLLECTIVE: in[0] = tensor(B->a[rank], 4, (int64_t[]){S, 1, m / S, K}); break;
+    default: in[0] = tensor(B->a[rank], 3, (int64_t[]){1, m, K}); break;
+    }
+    in[1] = tensor(B->b[rank], 2, (int64_t[]){K, N});
+    return 2;
+  }
+  switch (B->cfg.pipe) {
+  case COMM_ALONE: /* the serial GEMM's output: any values */
+    in[0] = tensor(NULL, 4, (int64_t[]){1, D, m, N});
+    return 1;
+  case GEMM_ALONE:
+    in[0] = tensor(B->a[rank], 2, (int64_t[]){M, kd});
+    in[1] = tensor(B->b[rank], 2, (int64_t[]){kd, N});
+    return 2;
+  case COLLECTIVE: { /* rows (j, s, i) -> (s, j, i): chunk s of every destination j together */
+    uint16_t *p = (uint16_t *)malloc((size_t)(M * kd) * 2);
+    int64_t j, c, rows = m / S;
+    if (!p) return -1;
+    for (c = 0; c < S; c++)
+      for (j = 0; j < D; j++)
+        memcpy(p + (c * D + j) * rows * kd, B->a[rank] + (j * m + c * rows) * kd, (size_t)(rows * kd) * 2);
+    *owned = p;
+    in[0] = tensor(p, 5, (int64_t[]){S, 1, D, rows, kd});
+    break;
+  }
+  default: in[0] = tensor(B->a[rank], 4, (int64_t[]){1, D, m, kd}); break;
+  }
+  in[1] = tensor(B->b[rank], 3, (int64_t[]){1, kd, N});
+  return 2;
+}
+
+/* Index in the serial output of element i of this pipeline's output: the
+   AG collective pipeline's rows come out (s, d, i) instead of (d, s, i). */
+static int64_t serial_index(const bench *B, int64_t i) {
+  int64_t D = B->D, N = B->sh.N, m = B->sh.M / D, S = B->cfg.chunks, rows = m / S, row, col, c, d, r;
+  if (B->sh.pat != AG || B->cfg.pipe != COLLECTIVE) return i;
+  row = i / N;
+  col = i % N;
+  c = row / (D * rows);
+  d = row / rows % D;
+  r = row % rows;
+  return (d * m + c * rows + r) * N + col;
+}
+
+/* ---- one pipeline on one rank ---- */
+
+static hir_status fail(bench *B, int rank, hir_status s, const char *what, const char *detail) {
+  snprintf(B->msg[rank], sizeof B->msg[rank], "rank %d: %s: %.440s", rank, what, detail);
+  return s;
+}
+
+/* A backend copy of h; a host tensor without data only gets the memory. */
+static hir_status upload(hir_backend *b, const hir_tensor *h, hir_tensor *d) {
+  size_t bytes = (size_t)numel(h) * 2;
+  hir_status s;
+  *d = *h;
+  d->data = NULL;
+  if ((s = b->alloc(b, bytes, &d->data)) != HIR_OK) return s;
+  if (h->data) return b->upload(b, d->data, h->data, bytes);
+  return HIR_OK;
+}
+
+static hir_status run_rank(int rank, void *user) {
+  bench *B = (bench *)user;
+  hir_backend *be;
+  hir_comm *comm = NULL;
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_tensor hin[2], din[2], out;
+  void *owned = NULL;
+  int nin, i, k;
+  hir_status s = HIR_OK;
+  memset(din, 0, sizeof din);
+  B->msg[rank][0] = 0;
+  B->err[rank] = 0;
+#ifdef HOSTIR_CUDA
+  be = B->gpu ? hir_backend_cuda_create(rank) : hir_backend_cpu_create();
+  if (B->cfg.pipe != GEMM_ALONE) comm = B->gpu ? hir_nccl_world_comm(B->nccl, rank) : hir_local_comm(B->local, rank);
+#else
+  be = hir_backend_cpu_create();
+  if (B->cfg.pipe != GEMM_ALONE) comm = hir_local_comm(B->local, rank);
+#endif
+  if (!be) return fail(B, rank, HIR_ERR_BACKEND, "backend", "cannot be created");
+  memset(&ld, 0, sizeof ld);
+  ld.my_device = rank;
+  ld.stream.schedule = B->cfg.pipe == P2P_RING ? HIR_P2P_RING : HIR_P2P_LINEAR;
+  if ((s = hir_lower(B->f, &ld, &p)) != HIR_OK) {
+    fail(B, rank, s, "hir_lower", p ? hir_program_error(p) : "out of memory");
+    goto done;
+  }
+  memset(&ed, 0, sizeof ed);
+  ed.backend = be;
+  ed.comm = comm;
+  ed.number_of_streams = B->cfg.streams;
+  if ((s = hir_evaluator_create(p, &ed, &ev)) != HIR_OK) {
+    fail(B, rank, s, "hir_evaluator_create", ev ? hir_evaluator_error(ev) : "out of memory");
+    goto done;
+  }
+  nin = host_inputs(B, rank, hin, &owned);
+  if (nin < 0) {
+    s = fail(B, rank, HIR_ERR_NOMEM, "inputs", "out of host memory");
+    goto done;
+  }
+  for (i = 0; i < nin; i++)
+    if ((s = upload(be, &hin[i], &din[i])) != HIR_OK) {
+      fail(B, rank, s, "upload", be->error);
+      goto done;
+    }
+  if (B->cfg.pipe == GEMM_ALONE && B->sh.pat == AG) /* this rank's rows D times */
+    for (k = 0; k < B->D && s == HIR_OK; k++)
+      s = be->upload(be, (char *)din[0].data + (size_t)(k * a_numel(&B->sh, B->D)) * 2, B->a[rank],
+                     (size_t)a_numel(&B->sh, B->D) * 2);
+  if (s != HIR_OK) {
+    fail(B, rank, s, "upload", be->error);
+    goto done;
+  }
+  memset(&out, 0, sizeof out);
+  for (k = 0; k < B->warmup + B->iters; k++) {
+    double t0;
+    barrier(B);
+    t0 = now_ms();
+    s = hir_run(ev, din, nin, &out, 1);
+    if (s == HIR_OK) s = hir_evaluator_sync(ev);
+    if (k >= B->warmup) B->ms[rank][k - B->warmup] = now_ms() - t0;
+    if (s != HIR_OK) { /* the other ranks would wait at the barrier: this one still arrives */
+      fail(B, rank, s, "hir_run", hir_evaluator_error(ev));
+      for (k++; k < B->warmup + B->iters; k++) barrier(B);
+      goto done;
+    }
+  }
+  B->mem[rank] = hir_evaluator_memory(ev);
+  if (B->cfg.pipe >= SERIAL) { /* the result, against the serial one */
+    int64_t n = numel(&out);
+    uint16_t *h = (uint16_t *)malloc((size_t)n * 2);
+    if (!h || (s = be->download(be, h, out.data, (size_t)n * 2)) != HIR_OK) {
+      free(h);
+      s = fail(B, rank, h ? s : HIR_ERR_NOMEM, "download", h ? be->error : "out of host memory");
+      goto done;
+    }
+    if (B->cfg.pipe == SERIAL) {
+      free(B->ref[rank]);
+      B->ref[rank] = h;
+      B->ref_numel = n;
+    } else if (n != B->ref_numel) {
+      free(h);
+      s = fail(B, rank, HIR_ERR_SHAPE, "output", "its size differs from the serial output's");
+      goto done;
+    } else {
+      double worst = 0, scale = 0;
+      int64_t j;
+      for (j = 0; j < n; j++) {
+        double r = hir_bf16_to_float(B->ref[rank][serial_index(B, j)]), d = fabs(hir_bf16_to_float(h[j]) - r);
+        if (!(d <= worst)) worst = d; /* NaN counts as the worst */
+        if (fabs(r) > scale) scale = fabs(r);
+      }
+      B->err[rank] = worst / (scale > 0 ? scale : 1);
+      free(h);
+    }
+  }
+done:
+  for (i = 0; i < 2; i++)
+    if (din[i].data) be->release(be, din[i].data);
+  free(owned);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(be);
+  return s;
+}
+
+/* ---- the table ---- */
+
+static int run_config(bench *B, config cfg, result *r) {
+  double it[MAXIT];
+  int i, k;
+  hir_status s;
+  B->cfg = cfg;
+  B->f = cfg.pipe == GEMM_ALONE ? build_gemm() : B->sh.pat == AG ? build_ag(cfg.pipe, B->D) : build_rs(cfg.pipe, B->D);
+  memset(r, 0, sizeof *r);
+#ifdef HOSTIR_CUDA
+  if (B->gpu) hir_nccl_world_set_copy_engine(B->nccl, cfg.copy_engine);
+#endif
+  s = hir_spmd(B->D, run_rank, B);
+  hir_fusion_free(B->f);
+  if (s != HIR_OK) {
+    for (i = 0; i < B->D && !B->msg[i][0]; i++) {}
+    snprintf(r->msg, sizeof r->msg, "%s", i < B->D ? B->msg[i] : hir_status_str(s));
+    return 0;
+  }
+  for (k = 0; k < B->iters; k++) {
+    it[k] = 0;
+    for (i = 0; i < B->D; i++) it[k] = B->ms[i][k] > it[k] ? B->ms[i][k] : it[k];
+  }
+  qsort(it, (size_t)B->iters, sizeof *it, cmp_double);
+  r->ms = B->iters % 2 ? it[B->iters / 2] : 0.5 * (it[B->iters / 2 - 1] + it[B->iters / 2]);
+  for (i = 0; i < B->D; i++) {
+    if (B->mem[i] > r->mem) r->mem = B->mem[i];
+    if (!(B->err[i] <= r->err)) r->err = B->err[i];
+  }
+  r->ok = 1;
+  return 1;
+}
+
+static void config_name(const config *c, char *buf, size_t cap) {
+  if (c->pipe == COLLECTIVE)
+    snprintf(buf, cap, "%s, %d chunks, %d streams", pipeline_names[c->pipe], c->chunks, c->streams);
+  else if (c->pipe >= P2P_LINEAR)
+    snprintf(buf, cap, "%s%s, %d streams", pipeline_names[c->pipe], c->copy_engine ? " (copy eng.)" : "", c->streams);
+  else
+    snprintf(buf, cap, "%s", c->pipe == COMM_ALONE ? (pipeline_names[0]) : pipeline_names[c->pipe]);
+}
+
+/* Every pipeline for one shape; returns the number that failed. */
+static int bench_shape(bench *B, const int *streams, int nstreams, const int *chunks, int nchunks) {
+  config cfgs[MAXCFG];
+  result res[MAXCFG];
+  int n = 0, i, j, failed = 0, best = -1;
+  double comm, gemm, floor_ms, serial;
+  const char *cname = B->sh.pat == AG ? "AG" : "RS";
+  int64_t m = B->sh.M / B->D;
+  int ce;
+  cfgs[n++] = (config){COMM_ALONE, 1, 1, 0};
+  cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0};
+  cfgs[n++] = (config){SERIAL, 1, 1, 0}; /* first of the checked ones: their reference */
+  for (i = 0; i < nchunks; i++)
+    for (j = 0; j < nstreams && n < MAXCFG; j++)
+      if (m % chunks[i] == 0) cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0};
+  for (ce = 0; ce <= B->gpu; ce++)
+    for (i = P2P_LINEAR; i <= P2P_RING; i++)
+      for (j = 0; j < nstreams && n < MAXCFG; j++) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce};
+  for (B->generation = B->arrived = 0, i = 0; i < B->D; i++) B->a[i] = B->b[i] = B->ref[i] = NULL;
+  if (hir_spmd(B->D, gen_rank, B) != HIR_OK) {
+    printf("%s+GEMM: out of host memory for the inputs\n", cname);
+    return 1;
+  }
+  for (i = 0; i < n; i++) run_config(B, cfgs[i], &res[i]);
+  comm = res[0].ms;
+  gemm = res[1].ms;
+  floor_ms = comm > gemm ? comm : gemm;
+  serial = res[2].ms;
+  printf("%s M=%lld K=%lld N=%lld bf16, %d %s, median of %d after %d warm-up (ms)\n",
+         B->sh.pat == AG ? "AllGather+GEMM" : "GEMM+ReduceScatter", (long long)B->sh.M, (long long)B->sh.K,
+         (long long)B->sh.N, B->D, B->gpu ? "GPUs (CUDA, NCCL, a thread each)" : "CPU ranks (local world)", B->iters,
+         B->warmup);
+  printf("  %-38s %9s %8s %7s %10s %9s\n", "pipeline", "ms", "x floor", "E", "peak MiB", "max err");
+  for (i = 0; i < n; i++) {
+    char name[64];
+    config_name(&cfgs[i], name, sizeof name);
+    if (cfgs[i].pipe == COMM_ALONE) snprintf(name, sizeof name, "%s alone", cname);
+    if (!res[i].ok) {
+      printf("  %-38s FAILED: %s\n", name, res[i].msg);
+      failed++;
+      continue;
+    }
+    printf("  %-38s %9.3f %8.2f", name, res[i].ms, res[i].ms / floor_ms);
+    if (cfgs[i].pipe >= SERIAL && res[2].ok)
+      printf(" %7.2f", (serial - res[i].ms) / (comm < gemm ? comm : gemm));
+    else
+      printf(" %7s", "-");
+    printf(" %10.1f", (double)res[i].mem / (1 << 20));
+    if (cfgs[i].pipe > SERIAL) {
+      printf(" %9.1e%s", res[i].err, res[i].err < 3e-2 ? "" : "  WRONG");
+      if (!(res[i].err < 3e-2)) failed++;
+    }
+    printf("\n");
+    if (cfgs[i].pipe >= SERIAL && (best < 0 || res[i].ms < res[best].ms)) best = i;
+  }
+  if (res[0].ok && res[1].ok) printf("  %-38s %9.3f %8.2f\n", "floor = max(comm, GEMM)", floor_ms, 1.0);
+  if (best >= 0) {
+    char name[64];
+    config_name(&cfgs[best], name, sizeof name);
+    printf("  best: %s, %.3f ms = %.2fx floor, %.2fx serial\n", name, res[best].ms, res[best].ms / floor_ms,
+           res[best].ms / serial);
+  }
+  printf("\n");
+  fflush(stdout);
+  for (i = 0; i < B->D; i++) {
+    free(B->a[i]);
+    free(B->b[i]);
+    free(B->ref[i]);
+  }
+  return failed;
+}
+
+static int parse_list(const char *s, int *out, int cap) {
+  int n = 0;
+  while (*s && n < cap) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || v < 1) return 0;
+    out[n++] = (int)v;
+    s = *end == ',' ? end + 1 : end;
+  }
+  return n;
+}
+
+int main(int argc, char **argv) {
+  static bench B;
+  static const shape gpu_shapes[] = {{AG, 32768, 32768, 1024}, {AG, 16384, 8192, 7168}, {AG, 4096, 4096, 1024},
+                                     {RS, 32768, 32768, 1024}, {RS, 16384, 28672, 8192}, {RS, 4096, 4096, 1024}};
+  static const shape cpu_shapes[] = {{AG, 256, 128, 64}, {RS, 256, 128, 64}};
+  shape shapes[32];
+  int nshapes = 0, streams[4] = {2, 4}, nstreams = 2, chunks[4] = {4, 8}, nchunks = 2, i, failed = 0;
+  B.iters = 10;
+  B.warmup = 3;
+  for (i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--iters") && i + 1 < argc) B.iters = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) B.warmup = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--streams") && i + 1 < argc) nstreams = parse_list(argv[++i], streams, 4);
+    else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) nchunks = parse_list(argv[++i], chunks, 4);
+    else if ((!strcmp(argv[i], "ag") || !strcmp(argv[i], "rs")) && i + 3 < argc && nshapes < 32) {
+      shapes[nshapes].pat = argv[i][0] == 'a' ? AG : RS;
+      shapes[nshapes].M = atoll(argv[i + 1]);
+      shapes[nshapes].K = atoll(argv[i + 2]);
+      shapes[nshapes++].N = atoll(argv[i + 3]);
+      i += 3;
+    } else {
+      fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [ag|rs M K N]...\n", argv[0]);
+      return 2;
+    }
+  }
+  if (B.iters < 1 || B.iters > MAXIT || B.warmup < 0 || !nstreams || !nchunks) {
+    fprintf(stderr, "%s: --iters takes 1..%d, --warmup 0 or more, --streams and --chunks positive lists\n", argv[0], MAXIT);
+    return 2;
+  }
+#ifdef HOSTIR_CUDA
+  if (cudaGetDeviceCount(&B.D) != cudaSuccess) B.D = 0;
+  B.D = B.D > 4 ? 4 : B.D;
+  B.gpu = B.D >= 2;
+#endif
+  if (!B.gpu) B.D = 4;
+  if (!nshapes) {
+    const shape *d = B.gpu ? gpu_shapes : cpu_shapes;
+    nshapes = B.gpu ? 6 : 2;
+    memcpy(shapes, d, (size_t)nshapes * sizeof *d);
+  }
+  for (i = 0; i < nshapes; i++)
+    if (shapes[i].M % B.D || shapes[i].K % B.D || shapes[i].M < B.D || shapes[i].N < 1) {
+      fprintf(stderr, "%s: M and K must be positive multiples of the world size %d\n", argv[0], B.D);
+      return 2;
+    }
+  pthread_mutex_init(&B.mu, NULL);
+  pthread_cond_init(&B.cv, NULL);
+#ifdef HOSTIR_CUDA
+  if (B.gpu && hir_nccl_world_create(B.D, &B.nccl) != HIR_OK) {
+    fprintf(stderr, "%s: NCCL: %s\n", argv[0], hir_nccl_world_error(B.nccl));
+    return 1;
+  }
+#endif
+  if (!B.gpu && !(B.local = hir_local_world_create(B.D))) return 1;
+  for (i = 0; i < nshapes; i++) {
+    B.sh = shapes[i];
+    failed += bench_shape(&B, streams, nstreams, chunks, nchunks);
+  }
+#ifdef HOSTIR_CUDA
+  hir_nccl_world_free(B.nccl);
+#endif
+  hir_local_world_free(B.local);
+  printf("%s\n", failed ? "some pipelines FAILED or were WRONG" : "every pipeline ran and matched serial");
+  return failed != 0;
+}

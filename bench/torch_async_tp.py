@@ -1,0 +1,102 @@
+# PyTorch's async tensor parallelism on the shapes of bench/overlap.c, timed
+# the same way (ranks meet at a barrier, run, synchronize; an iteration takes
+# its slowest rank; median of 10 after 3 warm-up), for the comparison issue 7
+# asks for. Run beside build/bench-overlap on the same machine:
+#   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+#   torchrun --nproc-per-node 4 bench/torch_async_tp.py
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+SHAPES = [("ag", 32768, 32768, 1024), ("ag", 16384, 8192, 7168), ("ag", 4096, 4096, 1024),
+          ("rs", 32768, 32768, 1024), ("rs", 16384, 28672, 8192), ("rs", 4096, 4096, 1024)]
+ITERS, WARMUP = 10, 3
+
+
+def timed(fn, group):
+    times = []
+    for it in range(WARMUP + ITERS):
+        dist.barrier(group=group)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        if it >= WARMUP:
+            times.append((time.perf_counter() - t0) * 1e3)
+    t = torch.tensor(times, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return statistics.median(t.tolist())
+
+
+def main():
+    dist.init_process_group("nccl")
+    rank, D = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    group = dist.group.WORLD
+    try:
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+        enable_symm_mem_for_group(group.group_name)
+    except Exception:
+        pass  # newer PyTorch enables it on first use
+    symm = torch.ops.symm_mem
+    torch.manual_seed(1234 + rank)
+    for kind, M, K, N in SHAPES:
+        m = M // D
+        if kind == "ag":
+            a = torch.rand(m, K, device="cuda", dtype=torch.bfloat16) * 2 - 1
+            torch.manual_seed(7)
+            b = torch.rand(K, N, device="cuda", dtype=torch.bfloat16) * 2 - 1
+            gathered = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
+            comm = lambda: dist.all_gather_into_tensor(gathered, a)
+            gemm = lambda: torch.mm(gathered, b)
+
+            def serial():
+                dist.all_gather_into_tensor(gathered, a)
+                return torch.mm(gathered, b)
+
+            fused = lambda: symm.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=group.group_name)[1][0]
+        else:
+            a = torch.rand(M, K // D, device="cuda", dtype=torch.bfloat16) * 2 - 1
+            b = torch.rand(K // D, N, device="cuda", dtype=torch.bfloat16) * 2 - 1
+            partial = torch.mm(a, b)
+            scattered = torch.empty(m, N, device="cuda", dtype=torch.bfloat16)
+            comm = lambda: dist.reduce_scatter_tensor(scattered, partial)
+            gemm = lambda: torch.mm(a, b)
+
+            def serial():
+                out = torch.empty(m, N, device="cuda", dtype=torch.bfloat16)
+                dist.reduce_scatter_tensor(out, torch.mm(a, b))
+                return out
+
+            fused = lambda: symm.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=group.group_name)
+        t_comm, t_gemm, t_serial = timed(comm, group), timed(gemm, group), timed(serial, group)
+        ref = serial().float()
+        try:
+            t_fused = timed(fused, group)
+            got = fused().float()
+            err = ((got - ref).abs().max() / ref.abs().max()).item()
+            fused_note = ""
+        except Exception as e:  # report it, do not hide the row
+            t_fused, err, fused_note = float("nan"), float("nan"), f"  FAILED: {type(e).__name__}: {e}"[:300]
+        floor = max(t_comm, t_gemm)
+        if rank == 0:
+            name = "AllGather+GEMM" if kind == "ag" else "GEMM+ReduceScatter"
+            print(f"PyTorch {torch.__version__} {name} M={M} K={K} N={N} bf16, {D} GPUs, median of {ITERS} (ms)")
+            print(f"  {'pipeline':34} {'ms':>9} {'x floor':>8} {'E':>7} {'max err':>9}")
+            print(f"  {kind.upper() + ' alone':34} {t_comm:9.3f} {t_comm / floor:8.2f}")
+            print(f"  {'GEMM alone':34} {t_gemm:9.3f} {t_gemm / floor:8.2f}")
+            print(f"  {'serial':34} {t_serial:9.3f} {t_serial / floor:8.2f} {0:7.2f}")
+            e = (t_serial - t_fused) / min(t_comm, t_gemm)
+            print(f"  {'async-TP (symm_mem fused)':34} {t_fused:9.3f} {t_fused / floor:8.2f} {e:7.2f} {err:9.1e}{fused_note}")
+            print(f"  {'floor = max(comm, GEMM)':34} {floor:9.3f} {1:8.2f}\n", flush=True)
+        del a, b
+        torch.cuda.empty_cache()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
