@@ -4086,12 +4086,13 @@ static void hir__collapse(int *nd, int64_t *sizes, int64_t (*strides)[HIR_MAX_DI
 
 /* dst <- src for any strides (a stride of 0 in src repeats): the innermost
    axis as runs (filled by doubling when it repeats one element), the next
-   axis through 2D copies, the rest as a host loop. */
+   axis with them in one 2-D copy where both tensors keep a row pitch, the
+   rest as a host loop. */
 static hir_status hir__cuda_copy(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
   cudaStream_t s = (cudaStream_t)stream;
   size_t es = hir_dtype_size(dst->dtype);
-  int64_t sizes[HIR_MAX_DIMS], strides[2][HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, calls = 0, run;
-  int nd = dst->ndims, d;
+  int64_t sizes[HIR_MAX_DIMS], strides[2][HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, calls = 0, run, rows;
+  int nd = dst->ndims, d, inner;
   if (dst->dtype != src->dtype) {
     snprintf(b->error, sizeof b->error, "cuda backend: copy from %s to %s; dtypes must match", hir_dtype_name(src->dtype),
              hir_dtype_name(dst->dtype));
@@ -4109,14 +4110,20 @@ static hir_status hir__cuda_copy(hir_backend *b, void *stream, const hir_tensor 
     return HIR_OK;
   }
   run = (strides[0][nd - 1] == 1 && strides[1][nd - 1] <= 1) ? sizes[nd - 1] : 1;
+  /* contiguous runs at a fixed pitch in both tensors: one 2-D copy for all of them */
+  rows = run > 1 && strides[1][nd - 1] == 1 && nd >= 2 && strides[0][nd - 2] >= run && strides[1][nd - 2] >= run
+             ? sizes[nd - 2] : 1;
+  inner = nd - (run > 1) - (rows > 1); /* the axes iterated here */
   for (;;) {
     char *dp = (char *)dst->data, *sp = (char *)src->data;
-    int inner = run > 1 ? nd - 1 : nd; /* axes iterated here */
     for (d = 0; d < inner; d++) {
       dp += idx[d] * strides[0][d] * (int64_t)es;
       sp += idx[d] * strides[1][d] * (int64_t)es;
     }
-    if (run > 1 && strides[1][nd - 1] == 0) { /* one element repeated: copy it, then double */
+    if (rows > 1) {
+      HIR__CU(b, cudaMemcpy2DAsync(dp, (size_t)(strides[0][nd - 2] * (int64_t)es), sp, (size_t)(strides[1][nd - 2] * (int64_t)es),
+                                   (size_t)run * es, (size_t)rows, cudaMemcpyDeviceToDevice, s));
+    } else if (run > 1 && strides[1][nd - 1] == 0) { /* one element repeated: copy it, then double */
       int64_t have = 1;
       HIR__CU(b, cudaMemcpyAsync(dp, sp, es, cudaMemcpyDeviceToDevice, s));
       while (have < run) {
@@ -4135,7 +4142,7 @@ static hir_status hir__cuda_copy(hir_backend *b, void *stream, const hir_tensor 
                "make the tensors contiguous", (long long)hir__numel(dst->ndims, dst->sizes));
       return HIR_ERR_UNSUPPORTED;
     }
-    for (d = (run > 1 ? nd - 2 : nd - 1); d >= 0; d--) {
+    for (d = inner - 1; d >= 0; d--) {
       if (++idx[d] < sizes[d]) break;
       idx[d] = 0;
     }
