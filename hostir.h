@@ -46,6 +46,7 @@
        // >>backend_cuda  the CUDA backend (HOSTIR_CUDA): cudart, cuBLAS, cuBLASLt
        // >>comm_local    the local world: N ranks as threads, hir_spmd
        // >>eval       the evaluator: plan, buffers, hir_run
+       // >>automatic  the automatic choice: pipeline or serial, by a cost model
        // >>schedule   the cross-rank schedule verifier
 
    Compile-time options (define before the implementation include):
@@ -278,6 +279,19 @@ typedef enum hir_p2p_schedule { HIR_P2P_LINEAR, HIR_P2P_RING } hir_p2p_schedule;
 typedef struct hir_stream_options {  /* zero-initialized = defaults */
   hir_p2p_schedule schedule;
   int bounded_buffers;  /* an intermediate only its loop uses keeps numberOfStreams slices, reused round-robin */
+  /* automatic = 1: keep the fusion's Stream axes only where a cost model says
+     the pipeline beats the serial program by 3% for these local input shapes
+     (as hir_run will get them; data ignored); else lower it serial. The
+     model: GEMM time = flops / gemm_flops_per_s, communication = bytes moved
+     / link_bytes_per_s, each chunk costs chunk_overhead_s, and the pipeline
+     hides all but one chunk of the shorter of the two. Zeros take defaults
+     measured on H200 with copy-engine P2P (bench/RESULTS.md): 750e12 flop/s
+     in f16/bf16, 50e12 in f32/f64, 300e9 B/s, 20 us. hir_program_plan says
+     what was chosen and why. */
+  int automatic;
+  const struct hir_tensor *input_shapes;
+  int ninput_shapes;
+  double gemm_flops_per_s, link_bytes_per_s, chunk_overhead_s;
 } hir_stream_options;
 typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   int my_device;                    /* this rank's device id */
@@ -294,6 +308,7 @@ typedef struct hir_lower_desc {     /* zero-initialized = defaults */
    instead of stderr). */
 HIRDEF hir_status      hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out);
 HIRDEF int             hir_program_device(const hir_program *p);
+HIRDEF const char     *hir_program_plan(const hir_program *p);  /* the automatic choice, "" if none was made */
 
 /* Segmentation alone: sharding propagation and resharding decomposition on a
    copy of the fusion, then the merge-predicate segmenter; inspect the groups. */
@@ -731,6 +746,7 @@ struct hir_program {
   hir__vec units;
   int next_stream;
   int my_device;          /* the device the program was lowered for; -1 if built by hand */
+  char plan[160];         /* the automatic choice of hir_stream_options */
 };
 
 static void hir__vfail(hir_fusion *f, hir_status s, const char *fmt, va_list ap) {
@@ -1264,6 +1280,7 @@ HIRDEF void hir_program_free(hir_program *p) {
 }
 
 HIRDEF const char *hir_program_error(const hir_program *p) { return p ? p->ir.error : "hir_program_error: program is NULL"; }
+HIRDEF const char *hir_program_plan(const hir_program *p) { return p ? p->plan : ""; }
 HIRDEF hir_fusion *hir_program_fusion(hir_program *p) { return p ? &p->ir : NULL; }
 HIRDEF hir_scope *hir_program_body(hir_program *p) { return p ? &p->top : NULL; }
 HIRDEF int hir_program_ntop(const hir_program *p) { return p ? p->top.exprs.n : 0; }
@@ -2395,8 +2412,11 @@ struct hir_segmentation {
 };
 
 /* Steps 1-3 on a program holding a copy of the fusion. */
+static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_stream_options *o);
+
 static int hir__front_end(hir_program *p, const hir_fusion *f, const hir_lower_desc *d, hir__vec *groups) {
   if (!hir__clone_fusion(p, f)) return 0;
+  if (d->stream.automatic && !hir__choose_pipeline(p, f, &d->stream)) return 0;
   hir__propagate_shardings(p);
   return hir__validate_fusion(p) && hir__decompose_reshardings(p) &&
          hir__segment(p, d->should_merge, d->merge_user, groups);
@@ -5069,6 +5089,150 @@ static const hir_val *hir__unbound(const hir__env *env, const hir_val *v) {
   if (v->kind == HIR__VAL_MESH_AT) return hir__unbound(env, v->lhs);
   if (v->kind != HIR__VAL_BINARY) return NULL;
   return (u = hir__unbound(env, v->lhs)) ? u : hir__unbound(env, v->rhs);
+}
+
+// >>automatic
+/* The automatic choice between a fusion's pipeline and its serial form: a
+   scratch copy without Stream axes is propagated and decomposed, its GEMM
+   flops and resharding bytes counted for the given shapes, and the two
+   times predicted. Every rank computes the same numbers from the same
+   shapes, so every rank chooses alike. */
+static void hir__strip_streams(hir_fusion *ir) {
+  int i, a;
+  for (i = 0; i < ir->tvs.n; i++) {
+    hir_tv *tv = (hir_tv *)ir->tvs.items[i];
+    for (a = 0; a < tv->ndims; a++)
+      if (tv->ids[a]->ptype == HIR_STREAM) tv->ids[a]->ptype = HIR_SERIAL;
+  }
+}
+
+/* The product of tv's extents: of its reduction axes (reduced = 1), or of
+   the others as this rank holds them; 0 and a message if one is unknown. */
+static int64_t hir__model_numel(hir_program *p, const hir__env *env, const hir_tv *tv, int reduced) {
+  int64_t n = 1;
+  int a;
+  for (a = 0; a < tv->ndims; a++) {
+    const hir_id *id = tv->ids[a];
+    if ((id->iter == HIR_REDUCTION) != reduced || id->iter == HIR_BROADCAST) continue;
+    if (id->ptype == HIR_DIDX && tv->mesh_size > 1) continue; /* one shard here */
+    if (hir__unbound(env, id->extent)) {
+      hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower (automatic): the size of T%d axis %d does not follow from "
+                "input_shapes; give every input's shape", tv->name, a);
+      return 0;
+    }
+    n *= hir__eval_val(env, id->extent);
+  }
+  return n;
+}
+
+static int hir__model(hir_program *p, hir_program *s, const hir_stream_options *o, double *gemm_s, double *comm_s,
+                      int64_t *chunks) {
+  hir__env env;
+  int i, a, k, ok = 1;
+  double flops[2] = {0, 0}, bytes = 0; /* GEMM flops in f16/bf16, in f32/f64 */
+  memset(&env, 0, sizeof env);
+  env.sym = (int64_t *)HIR_MALLOC(((size_t)s->ir.next_val + 1) * sizeof(int64_t));
+  env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)s->ir.next_val + 1);
+  if (!env.sym || !env.sym_bound) {
+    hir__fail(&p->ir, HIR_ERR_NOMEM, "hir_lower (automatic): out of memory");
+    ok = 0;
+  } else
+    memset(env.sym_bound, 0, (size_t)s->ir.next_val + 1);
+  if (ok && o->ninput_shapes != s->ir.inputs.n) {
+    hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower (automatic): %d input_shapes given for a fusion of %d inputs",
+              o->ninput_shapes, s->ir.inputs.n);
+    ok = 0;
+  }
+  for (i = 0; ok && i < s->ir.inputs.n; i++) { /* bind the extents, as hir_run will */
+    const hir_tv *tv = (const hir_tv *)s->ir.inputs.items[i];
+    for (a = 0, k = 0; ok && a < tv->ndims; a++) {
+      const hir_val *x = tv->ids[a]->extent;
+      int64_t size;
+      if (tv->ids[a]->iter == HIR_REDUCTION) continue;
+      if (k >= o->input_shapes[i].ndims) {
+        hir__fail(&p->ir, HIR_ERR_SHAPE, "hir_lower (automatic): input_shapes[%d] has %d axes; T%d has more", i,
+                  o->input_shapes[i].ndims, tv->name);
+        ok = 0;
+        break;
+      }
+      size = o->input_shapes[i].sizes[k++];
+      if (tv->ids[a]->ptype == HIR_DIDX && tv->mesh_size > 1) size = tv->mesh_size; /* the shard stands for them all */
+      if (x->kind == HIR__VAL_SYMBOL && !env.sym_bound[x->name]) env.sym[x->name] = size, env.sym_bound[x->name] = 1;
+    }
+    if (ok && k != o->input_shapes[i].ndims) {
+      hir__fail(&p->ir, HIR_ERR_SHAPE, "hir_lower (automatic): input_shapes[%d] has %d axes; T%d has %d", i,
+                o->input_shapes[i].ndims, tv->name, k);
+      ok = 0;
+    }
+  }
+  for (i = 0; ok && i < s->ir.exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->ir.exprs.items[i];
+    if (e->kind == HIR_EXPR_MATMUL) {
+      int64_t out = hir__model_numel(p, &env, e->out[0], 0), depth = hir__model_numel(p, &env, e->out[0], 1);
+      ok = out && depth;
+      flops[hir_dtype_size(e->out[0]->dtype) > 2] += 2.0 * (double)out * (double)depth;
+    } else if ((e->kind == HIR_EXPR_LOAD_STORE || e->kind == HIR_EXPR_REDUCTION) && hir_expr_is_resharding(e)) {
+      const hir_tv *big = e->kind == HIR_EXPR_LOAD_STORE ? e->out[0] : e->in[0]; /* gathered, or reduced */
+      int64_t n = hir__model_numel(p, &env, big, 0);
+      int d = big->mesh_size > 1 ? big->mesh_size : e->in[0]->mesh_size;
+      ok = n != 0;
+      if (d > 1) bytes += (double)n * (double)hir_dtype_size(big->dtype) * (d - 1) / d;
+    }
+  }
+  *chunks = 1;
+  for (i = 0; ok && i < p->ir.tvs.n; i++) { /* the Stream axis of the user's fusion: its extent is the chunk count */
+    const hir_tv *tv = (const hir_tv *)p->ir.tvs.items[i];
+    for (a = 0; a < tv->ndims; a++)
+      if (tv->ids[a]->ptype == HIR_STREAM && tv->ids[a]->extent->kind == HIR__VAL_SYMBOL &&
+          tv->ids[a]->extent->name <= s->ir.next_val && env.sym_bound[tv->ids[a]->extent->name])
+        *chunks = env.sym[tv->ids[a]->extent->name] > *chunks ? env.sym[tv->ids[a]->extent->name] : *chunks;
+      else if (tv->ids[a]->ptype == HIR_STREAM && tv->ids[a]->extent->kind == HIR__VAL_CONST)
+        *chunks = tv->ids[a]->extent->value > *chunks ? tv->ids[a]->extent->value : *chunks;
+  }
+  *gemm_s = o->gemm_flops_per_s > 0 ? (flops[0] + flops[1]) / o->gemm_flops_per_s : flops[0] / 750e12 + flops[1] / 50e12;
+  *comm_s = bytes / (o->link_bytes_per_s > 0 ? o->link_bytes_per_s : 300e9);
+  HIR_FREE(env.sym);
+  HIR_FREE(env.sym_bound);
+  return ok;
+}
+
+static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_stream_options *o) {
+  hir_program *s = hir_program_create();
+  double gemm = 0, comm = 0, overhead = o->chunk_overhead_s > 0 ? o->chunk_overhead_s : 20e-6, serial, piped;
+  int64_t chunks = 1;
+  int ok;
+  if (!o->input_shapes) {
+    hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower: stream.automatic needs stream.input_shapes (the local shapes of the "
+              "inputs, as hir_run will get them)");
+    hir_program_free(s);
+    return 0;
+  }
+  if (!s) {
+    hir__fail(&p->ir, HIR_ERR_NOMEM, "hir_lower (automatic): out of memory");
+    return 0;
+  }
+  s->my_device = p->my_device;
+  ok = hir__clone_fusion(s, f);
+  if (ok) {
+    hir__strip_streams(&s->ir);
+    hir__propagate_shardings(s);
+    ok = hir__validate_fusion(s) && hir__decompose_reshardings(s);
+  }
+  if (!ok) hir__fail(&p->ir, s->ir.status, "%s", s->ir.error);
+  ok = ok && hir__model(p, s, o, &gemm, &comm, &chunks);
+  hir_program_free(s);
+  if (!ok) return 0;
+  serial = gemm + comm + overhead;
+  piped = (gemm > comm ? gemm : comm) + (gemm < comm ? gemm : comm) / (double)chunks + (double)chunks * overhead;
+  if (chunks > 1 && piped < 0.97 * serial) {
+    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, predicted %.3f ms (serial %.3f; GEMM %.3f, communication %.3f)",
+             (long long)chunks, piped * 1e3, serial * 1e3, gemm * 1e3, comm * 1e3);
+  } else {
+    snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks %.3f; GEMM %.3f, communication %.3f)",
+             serial * 1e3, (long long)chunks, piped * 1e3, gemm * 1e3, comm * 1e3);
+    hir__strip_streams(&p->ir);
+  }
+  return 1;
 }
 
 static int hir__local_size(const hir_evaluator *ev, const hir_tv *tv, const hir_id *id, int64_t *size) {

@@ -11,6 +11,8 @@
      p2p ring      the same, each rank starting with its ring neighbour
                    (on GPUs both p2p again with send/recv on the copy
                    engines: hir_nccl_world_set_copy_engine)
+     automatic     the p2p ring fusion lowered with stream.automatic: its
+                   pipeline or its serial form, as the cost model predicts
 
    beside the collective alone and the GEMM alone (their max is the floor),
    all in one run. Per pipeline: the median time, its ratio to the floor, the
@@ -39,8 +41,9 @@
 enum { MAXR = 8, MAXIT = 100, MAXCFG = 24 };
 
 typedef enum { AG, RS } pattern;
-typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_LINEAR, P2P_RING } pipeline;
-static const char *pipeline_names[] = {"comm alone", "GEMM alone", "serial", "collective", "p2p linear", "p2p ring"};
+typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_LINEAR, P2P_RING, AUTO } pipeline;
+static const char *pipeline_names[] = {"comm alone", "GEMM alone", "serial", "collective", "p2p linear", "p2p ring",
+                                       "automatic (p2p ring"};
 
 typedef struct config {
   pipeline pipe;
@@ -67,6 +70,7 @@ typedef struct bench {
   /* host data of each rank: A in the serial/p2p layout, B, the serial output */
   uint16_t *a[MAXR], *b[MAXR], *ref[MAXR];
   int64_t ref_numel;
+  char plan[160];               /* rank 0's automatic choice */
   double ms[MAXR][MAXIT];
   size_t mem[MAXR];
   double err[MAXR];
@@ -330,24 +334,28 @@ static hir_status run_rank(int rank, void *user) {
   if (B->cfg.pipe != GEMM_ALONE) comm = hir_local_comm(B->local, rank);
 #endif
   if (!be) return fail(B, rank, HIR_ERR_BACKEND, "backend", "cannot be created");
+  nin = host_inputs(B, rank, hin, &owned);
+  if (nin < 0) {
+    s = fail(B, rank, HIR_ERR_NOMEM, "inputs", "out of host memory");
+    goto done;
+  }
   memset(&ld, 0, sizeof ld);
   ld.my_device = rank;
-  ld.stream.schedule = B->cfg.pipe == P2P_RING ? HIR_P2P_RING : HIR_P2P_LINEAR;
+  ld.stream.schedule = B->cfg.pipe == P2P_RING || B->cfg.pipe == AUTO ? HIR_P2P_RING : HIR_P2P_LINEAR;
+  ld.stream.automatic = B->cfg.pipe == AUTO; /* pipeline or serial, for these shapes */
+  ld.stream.input_shapes = hin;
+  ld.stream.ninput_shapes = nin;
   if ((s = hir_lower(B->f, &ld, &p)) != HIR_OK) {
     fail(B, rank, s, "hir_lower", p ? hir_program_error(p) : "out of memory");
     goto done;
   }
+  if (rank == 0) snprintf(B->plan, sizeof B->plan, "%s", hir_program_plan(p));
   memset(&ed, 0, sizeof ed);
   ed.backend = be;
   ed.comm = comm;
   ed.number_of_streams = B->cfg.streams;
   if ((s = hir_evaluator_create(p, &ed, &ev)) != HIR_OK) {
     fail(B, rank, s, "hir_evaluator_create", ev ? hir_evaluator_error(ev) : "out of memory");
-    goto done;
-  }
-  nin = host_inputs(B, rank, hin, &owned);
-  if (nin < 0) {
-    s = fail(B, rank, HIR_ERR_NOMEM, "inputs", "out of host memory");
     goto done;
   }
   for (i = 0; i < nin; i++)
@@ -452,6 +460,8 @@ static int run_config(bench *B, config cfg, result *r) {
 static void config_name(const config *c, char *buf, size_t cap) {
   if (c->pipe == COLLECTIVE)
     snprintf(buf, cap, "%s, %d chunks, %d streams", pipeline_names[c->pipe], c->chunks, c->streams);
+  else if (c->pipe == AUTO)
+    snprintf(buf, cap, "%s%s)", pipeline_names[c->pipe], c->copy_engine ? ", copy eng." : "");
   else if (c->pipe >= P2P_LINEAR)
     snprintf(buf, cap, "%s%s, %d streams", pipeline_names[c->pipe], c->copy_engine ? " (copy eng.)" : "", c->streams);
   else
@@ -466,7 +476,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   double comm, gemm, floor_ms, serial;
   const char *cname = B->sh.pat == AG ? "AG" : "RS";
   int64_t m = B->sh.M / B->D;
-  int ce;
+  int ce, auto_at;
   cfgs[n++] = (config){COMM_ALONE, 1, 1, 0};
   cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0};
   cfgs[n++] = (config){SERIAL, 1, 1, 0}; /* first of the checked ones: their reference */
@@ -476,6 +486,8 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   for (ce = 0; ce <= B->gpu; ce++)
     for (i = P2P_LINEAR; i <= P2P_RING; i++)
       for (j = 0; j < nstreams && n < MAXCFG; j++) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce};
+  auto_at = n;
+  cfgs[n++] = (config){AUTO, B->D, 2, B->gpu}; /* last: the plan it prints is its own */
   for (B->generation = B->arrived = 0, i = 0; i < B->D; i++) B->a[i] = B->b[i] = B->ref[i] = NULL;
   if (hir_spmd(B->D, gen_rank, B) != HIR_OK) {
     printf("%s+GEMM: out of host memory for the inputs\n", cname);
@@ -520,6 +532,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     printf("  best: %s, %.3f ms = %.2fx floor, %.2fx serial\n", name, res[best].ms, res[best].ms / floor_ms,
            res[best].ms / serial);
   }
+  if (res[auto_at].ok) printf("  automatic: %.3f ms = %.3fx serial; it chose %s\n", res[auto_at].ms, res[auto_at].ms / serial, B->plan);
   printf("\n");
   fflush(stdout);
   for (i = 0; i < B->D; i++) {

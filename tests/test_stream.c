@@ -479,6 +479,71 @@ static void test_stream_errors(void) {
   hir_fusion_free(f);
 }
 
+/* The automatic choice: a small AG+GEMM (P2P) lowers serial and still gives
+   the right numbers; a large one keeps its pipeline of D chunks; a GEMM +
+   P2P reduce-scatter alike; shapes missing or miscounted are errors. */
+static void test_stream_automatic(void) {
+  static const int m4[4] = {0, 1, 2, 3};
+  int64_t small_a[3] = {1, 3, 4}, small_b[2] = {4, 5}, big_a[3] = {1, 4096, 8192}, big_b[2] = {8192, 512};
+  int64_t rs_a[4] = {1, 4, 4096, 1024}, rs_b[3] = {1, 1024, 8192};
+  hir_tensor shapes[2];
+  hir_program *p;
+  char text[16384];
+  lowered_case lc;
+  spmd_case c;
+  seed sd;
+  int k;
+  seed_ag_matmul_p2p(&sd, hir_fusion_create(), 4, m4);
+  memset(&lc, 0, sizeof lc);
+  memset(shapes, 0, sizeof shapes);
+  lc.f = sd.f;
+  lc.d.stream.automatic = 1;
+  lc.d.stream.input_shapes = shapes;
+  lc.d.stream.ninput_shapes = 2;
+  for (k = 0; k < 2; k++) { /* small, then large */
+    shapes[0].dtype = shapes[1].dtype = HIR_F32;
+    shapes[0].ndims = 3;
+    shapes[1].ndims = 2;
+    memcpy(shapes[0].sizes, k ? big_a : small_a, sizeof small_a);
+    memcpy(shapes[1].sizes, k ? big_b : small_b, sizeof small_b);
+    CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK);
+    hir_program_snprint(p, text, sizeof text);
+    if (k == 0) CHECK(!strncmp(hir_program_plan(p), "serial: ", 8) && !strstr(text, "FOR ") && strstr(text, "Allgather"));
+    else CHECK(!strncmp(hir_program_plan(p), "pipelined: 4 chunks", 19) && strstr(text, "FOR StreamIdx"));
+    hir_program_free(p);
+  }
+  memcpy(shapes[0].sizes, small_a, sizeof small_a); /* the serial program's numbers */
+  memcpy(shapes[1].sizes, small_b, sizeof small_b);
+  case_init(&c, 4);
+  c.build = build_lowered_with;
+  c.user = &lc;
+  seed_data(&c, "AG_matmul_P2p", 4);
+  RUN_CASE(&c, "AG_matmul_P2p, automatic (serial)");
+  shapes[1].ndims = 3; /* one axis too many */
+  CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_ERR_SHAPE && strstr(hir_program_error(p), "input_shapes[1] has 3 axes; T1 has 2"));
+  hir_program_free(p);
+  shapes[1].ndims = 2;
+  lc.d.stream.ninput_shapes = 1;
+  CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "1 input_shapes given for a fusion of 2"));
+  hir_program_free(p);
+  lc.d.stream.input_shapes = NULL;
+  CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "needs stream.input_shapes"));
+  hir_program_free(p);
+  hir_fusion_free(sd.f);
+
+  seed_matmul_rs_p2p(&sd, hir_fusion_create(), 4, m4); /* f32: 5.5 ms of GEMM, 1.3 of communication */
+  lc.f = sd.f;
+  lc.d.stream.input_shapes = shapes;
+  lc.d.stream.ninput_shapes = 2;
+  shapes[0].ndims = 4;
+  shapes[1].ndims = 3;
+  memcpy(shapes[0].sizes, rs_a, sizeof rs_a);
+  memcpy(shapes[1].sizes, rs_b, sizeof rs_b);
+  CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK && !strncmp(hir_program_plan(p), "pipelined: 4 chunks", 19));
+  hir_program_free(p);
+  hir_fusion_free(sd.f);
+}
+
 #define STREAM_TESTS                                                            \
   {"stream/seed_goldens", test_stream_seed_goldens},                           \
   {"stream/structure", test_stream_structure},                                 \
@@ -487,4 +552,5 @@ static void test_stream_errors(void) {
   {"stream/bounded_memory", test_stream_bounded_memory},                       \
   {"stream/verifier_accepts", test_schedule_verifier_accepts},                 \
   {"stream/verifier_rejects", test_schedule_verifier_rejects},                 \
-  {"stream/errors", test_stream_errors},
+  {"stream/errors", test_stream_errors},                                       \
+  {"stream/automatic", test_stream_automatic},
