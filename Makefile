@@ -22,7 +22,7 @@ endif
 HEADERS := hostir.h hostir_nccl.h
 TEST_SRC := $(wildcard tests/*.c tests/*.h) $(wildcard tests/golden/*.txt)
 
-.PHONY: all run test test-asan test-gpu bench bench-build examples examples-nvcc install clean
+.PHONY: all run run-examples test test-asan test-gpu bench bench-build examples examples-nvcc install clean
 
 all: $(BUILD)/test $(BUILD)/main
 
@@ -50,6 +50,11 @@ examples-nvcc: | $(BUILD)
 run: $(BUILD)/main
 	./$(BUILD)/main
 
+# The examples that run without a launcher (launch_processes wants torchrun, mpirun or srun).
+run-examples: $(BUILD)/main $(BUILD)/matmul_reduce_scatter $(BUILD)/host_program
+	./$(BUILD)/matmul_reduce_scatter
+	./$(BUILD)/host_program > /dev/null && echo "host_program: ok"
+
 test: $(BUILD)/test
 	./$(BUILD)/test
 
@@ -71,9 +76,15 @@ bench-build: $(BENCHES)
 bench: $(BENCHES)
 	@for b in $(BENCHES); do echo "== $$b"; ./$$b || exit 1; echo; done
 
+# Headers, and pkg-config files: hostir (the CPU backend) and, where CUDA was
+# found, hostir-cuda (HOSTIR_CUDA, cuBLAS, NCCL).
+PC_DIR = $(DESTDIR)$(PREFIX)/lib/pkgconfig
 install:
-	install -d $(DESTDIR)$(PREFIX)/include
+	install -d $(DESTDIR)$(PREFIX)/include $(PC_DIR)
 	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@SUFFIX@||; s|@CFLAGS@||; s|@LIBS@||' hostir.pc.in > $(PC_DIR)/hostir.pc
+	$(if $(CUDA_HOME),sed -e 's|@PREFIX@|$(PREFIX)|; s|@SUFFIX@|-cuda|; s|@CFLAGS@| $(CUDA_CFLAGS)|; s|@LIBS@|$(CUDA_LDLIBS) |' \
+	  hostir.pc.in > $(PC_DIR)/hostir-cuda.pc)
 
 clean:
 	rm -rf $(BUILD)

@@ -318,6 +318,11 @@ HIRDEF int              hir_segmentation_ngroups(const hir_segmentation *s);
 HIRDEF const hir_group *hir_segmentation_group(const hir_segmentation *s, int i);
 HIRDEF const char      *hir_segmentation_error(const hir_segmentation *s);
 HIRDEF void             hir_segmentation_free(hir_segmentation *s);
+/* Graphviz DOT: a cluster per group (grey: a resharding group, lowered to
+   communications), exprs as boxes, tensors as ellipses (inputs and outputs
+   doubled), edges along the data. `dot -Tsvg` draws it. */
+HIRDEF hir_status       hir_segmentation_print_dot(const hir_segmentation *s, FILE *out);
+HIRDEF size_t           hir_segmentation_snprint_dot(const hir_segmentation *s, char *buf, size_t cap);
 
 /* Passes: plain functions on a program, in the order hir_lower runs them.
    Each records its error in the program and returns the status. */
@@ -2466,6 +2471,64 @@ HIRDEF void hir_segmentation_free(hir_segmentation *s) {
   if (!s) return;
   hir_program_free(s->p);
   HIR_FREE(s);
+}
+
+static void hir__dot_tv(hir__writer *w, const hir_tv *tv, unsigned char *seen) {
+  if (seen[tv->name]) return;
+  seen[tv->name] = 1;
+  hir__w(w, "  t%d [shape=ellipse%s, label=\"", tv->name, tv->is_input || tv->is_output ? ", peripheries=2" : "");
+  hir__print_tv(w, tv);
+  hir__w(w, "\"];\n");
+}
+
+static void hir__print_segmentation_dot(hir__writer *w, const hir_segmentation *s) {
+  const hir_fusion *f = &s->p->ir;
+  unsigned char *seen = (unsigned char *)HIR_MALLOC((size_t)f->next_tv + 1);
+  int g, i, k;
+  if (!seen) return;
+  memset(seen, 0, (size_t)f->next_tv + 1);
+  hir__w(w, "digraph segmentation {\n  node [fontname=\"monospace\", fontsize=10];\n");
+  for (g = 0; g < s->groups.n; g++) {
+    const hir_group *grp = (const hir_group *)s->groups.items[g];
+    hir__w(w, "  subgraph cluster_%d {\n    label=\"group %d%s\";%s\n", g, g,
+           grp->resharding ? " (resharding)" : grp->standalone ? " (host op)" : "",
+           grp->resharding ? " style=filled; color=lightgrey;" : "");
+    for (i = 0; i < grp->exprs.n; i++) {
+      const hir_expr *e = (const hir_expr *)grp->exprs.items[i];
+      hir__w(w, "    e%d [shape=box, label=\"%s %d\"];\n", e->name, hir__expr_kind_names[e->kind], e->name);
+    }
+    hir__w(w, "  }\n");
+  }
+  for (g = 0; g < s->groups.n; g++) {
+    const hir_group *grp = (const hir_group *)s->groups.items[g];
+    for (i = 0; i < grp->exprs.n; i++) {
+      const hir_expr *e = (const hir_expr *)grp->exprs.items[i];
+      for (k = 0; k < e->nin; k++) {
+        hir__dot_tv(w, e->in[k], seen);
+        hir__w(w, "  t%d -> e%d;\n", e->in[k]->name, e->name);
+      }
+      for (k = 0; k < e->nout; k++) {
+        hir__dot_tv(w, e->out[k], seen);
+        hir__w(w, "  e%d -> t%d;\n", e->name, e->out[k]->name);
+      }
+    }
+  }
+  hir__w(w, "}\n");
+  HIR_FREE(seen);
+}
+
+HIRDEF hir_status hir_segmentation_print_dot(const hir_segmentation *s, FILE *out) {
+  hir__writer w = {NULL, NULL, 0, 0};
+  if (!s || !out || s->p->ir.status != HIR_OK) return HIR_ERR_INVALID;
+  w.fp = out;
+  hir__print_segmentation_dot(&w, s);
+  return ferror(out) ? HIR_ERR_INVALID : HIR_OK;
+}
+
+HIRDEF size_t hir_segmentation_snprint_dot(const hir_segmentation *s, char *buf, size_t cap) {
+  hir__writer w = hir__buffer_writer(buf, cap);
+  if (s && s->p->ir.status == HIR_OK) hir__print_segmentation_dot(&w, s);
+  return w.len;
 }
 
 // >>lower

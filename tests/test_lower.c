@@ -216,6 +216,13 @@ static void test_lower_resharding_alone(void) {
   CHECK(hir_segmentation_ngroups(s) == 2);
   CHECK(hir_expr_is_resharding(hir_group_expr(hir_segmentation_group(s, 0), 0)));
   CHECK(!hir_expr_is_resharding(hir_group_expr(hir_segmentation_group(s, 1), 0)));
+  { /* its DOT export (tests/golden/segmentation_dot.txt; `dot -Tsvg` draws it) */
+    char dot[4096];
+    size_t n = hir_segmentation_snprint_dot(s, dot, sizeof dot);
+    CHECK(n > 0 && n < sizeof dot && hir_segmentation_snprint_dot(s, NULL, 0) == n);
+    check_golden(dot, "segmentation_dot", __LINE__);
+    CHECK(hir_segmentation_print_dot(NULL, stderr) == HIR_ERR_INVALID);
+  }
   hir_segmentation_free(s);
   CHECK(hir_expr_is_resharding(hir_tv_definition(b)));
   CHECK(!hir_expr_is_resharding(hir_tv_definition(c)));
