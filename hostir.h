@@ -454,6 +454,15 @@ HIRDEF const char *hir_evaluator_error(const hir_evaluator *ev);
 HIRDEF void        hir_evaluator_free(hir_evaluator *ev);
 HIRDEF hir_backend *hir_evaluator_backend(const hir_evaluator *ev);
 HIRDEF size_t      hir_evaluator_memory(const hir_evaluator *ev);  /* bytes of buffers it holds now */
+/* A timeline: with record = 1 the evaluator notes, for every host IR node it
+   executes (loops and branches by their bodies), when the host ran it and
+   on which stream (on the CPU backend that is when the work ran; on a GPU,
+   when it was issued). Records add up over runs until cleared (up to 2^20).
+   hir_timeline_write writes the evaluators' records - one per rank - as a
+   Chrome trace / Perfetto JSON file: a process per rank, a track per stream. */
+HIRDEF void        hir_evaluator_record_timeline(hir_evaluator *ev, int record);
+HIRDEF int         hir_evaluator_timeline_size(const hir_evaluator *ev);
+HIRDEF hir_status  hir_timeline_write(hir_evaluator *const *evs, int n, FILE *out);
 
 /* Half precision, round to nearest even. */
 HIRDEF uint16_t hir_float_to_half(float f);
@@ -5066,6 +5075,12 @@ typedef struct hir__shape {  /* a tensor's local shape on this rank (axes holdin
   int64_t sizes[HIR_MAX_DIMS];
 } hir__shape;
 
+typedef struct hir__span {   /* one executed host IR node: host clock, microseconds */
+  const hir_expr *e;
+  int track;                    /* 0: the caller's stream; k + 1: pool stream k */
+  double t0, t1;
+} hir__span;
+
 struct hir_evaluator {
   const hir_program *p;
   hir_backend *b;
@@ -5087,6 +5102,8 @@ struct hir_evaluator {
   int key_n, planned, started_comm;
   hir_status status;
   int broken, timeout_ms;
+  struct hir__span *spans;      /* the timeline, when recording */
+  int nspans, cap_spans, recording, current_track;
   pthread_mutex_t nap_mu;       /* for short sleeps while polling */
   pthread_cond_t nap_cv;
   char error[512];
@@ -5808,6 +5825,7 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
   case HIR_EXPR_SET_CURRENT_STREAM:
     if (!hir__resolve_stream(ev, e->stream, &h, &evt)) return 0;
     ev->current = h;
+    ev->current_track = e->stream->index ? (int)hir__eval_val(&ev->env, e->stream->index) + 1 : 0;
     return 1;
   case HIR_EXPR_SYNCHRONIZE: /* the current stream waits for S's work so far; the host does not block */
     if (!hir__resolve_stream(ev, e->stream, &h, &evt)) return 0;
@@ -5883,10 +5901,33 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
   }
 }
 
+static double hir__now_ms(void);
+
+static void hir__note_span(hir_evaluator *ev, const hir_expr *e, int track, double t0) {
+  hir__span *sp;
+  if (ev->nspans == ev->cap_spans) {
+    int cap = ev->cap_spans ? 2 * ev->cap_spans : 1024;
+    hir__span *grown = cap <= (1 << 20) ? (hir__span *)HIR_REALLOC(ev->spans, (size_t)cap * sizeof *grown) : NULL;
+    if (!grown) return; /* full: the timeline stops growing, the run goes on */
+    ev->spans = grown;
+    ev->cap_spans = cap;
+  }
+  sp = &ev->spans[ev->nspans++];
+  sp->e = e;
+  sp->track = track;
+  sp->t0 = t0;
+  sp->t1 = hir__now_ms() * 1e3;
+}
+
 static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
   int i;
-  for (i = 0; i < s->exprs.n; i++)
-    if (!hir__exec(ev, (const hir_expr *)s->exprs.items[i])) return 0;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    int track = ev->current_track; /* the stream it runs on, before it switches */
+    double t0 = ev->recording ? hir__now_ms() * 1e3 : 0;
+    if (!hir__exec(ev, e)) return 0;
+    if (ev->recording && !(hir__ops[e->kind].flags & HIR__OP_SCOPED)) hir__note_span(ev, e, track, t0);
+  }
   return 1;
 }
 
@@ -5999,6 +6040,46 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
   return ev->status;
 }
 
+HIRDEF void hir_evaluator_record_timeline(hir_evaluator *ev, int record) {
+  if (!ev) return;
+  ev->recording = record != 0;
+  if (!record) ev->nspans = 0;
+}
+
+HIRDEF int hir_evaluator_timeline_size(const hir_evaluator *ev) { return ev ? ev->nspans : 0; }
+
+HIRDEF hir_status hir_timeline_write(hir_evaluator *const *evs, int n, FILE *out) {
+  double epoch = 0;
+  int r, k, first = 1, any = 0;
+  if (!evs || n < 1 || !out) return HIR_ERR_INVALID;
+  for (r = 0; r < n; r++) /* times from the earliest record */
+    for (k = 0; evs[r] && k < evs[r]->nspans; k++)
+      if (!any++ || evs[r]->spans[k].t0 < epoch) epoch = evs[r]->spans[k].t0;
+  fprintf(out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+  for (r = 0; r < n; r++) {
+    const hir_evaluator *ev = evs[r];
+    if (!ev) continue;
+    fprintf(out, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d (%s)\"}}",
+            first ? "" : ",\n", ev->device, ev->device, ev->b ? ev->b->name : "?");
+    first = 0;
+    for (k = 0; k <= ev->nstreams; k++)
+      if (k)
+        fprintf(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"stream %d\"}}",
+                ev->device, k, k - 1);
+      else
+        fprintf(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"the caller's stream\"}}",
+                ev->device);
+    for (k = 0; k < ev->nspans; k++) {
+      const hir__span *sp = &ev->spans[k];
+      fprintf(out, ",\n{\"name\": \"%s %d\", \"cat\": \"host_ir\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
+              "\"ts\": %.3f, \"dur\": %.3f}",
+              hir__expr_kind_names[sp->e->kind], sp->e->name, ev->device, sp->track, sp->t0 - epoch, sp->t1 - sp->t0);
+    }
+  }
+  fprintf(out, "\n]}\n");
+  return ferror(out) ? HIR_ERR_INVALID : HIR_OK;
+}
+
 HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   int i;
   if (!ev) return;
@@ -6014,6 +6095,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
       if (ev->done[i]) ev->b->event_destroy(ev->b, ev->done[i]);
     if (ev->owns_backend) hir_backend_free(ev->b);
   }
+  HIR_FREE(ev->spans);
   HIR_FREE(ev->pool);
   HIR_FREE(ev->pool_ev);
   HIR_FREE(ev->vars);
@@ -6211,6 +6293,7 @@ HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_
       ev->bound[tv->name] = 1;
     }
   ev->current = ev->b->current_stream(ev->b);
+  ev->current_track = 0;
   if (!hir__exec_scope(ev, &ev->p->top)) {
     if (ev->started_comm && nout) {
       size_t n = strlen(ev->error);

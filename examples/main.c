@@ -4,7 +4,9 @@
    transfer of chunk i+1. hostir lowers the fusion to each device's host
    program and runs the D programs: on D GPUs through CUDA and NCCL when the
    build found CUDA and GPUs are visible, else on D in-process ranks (CPU
-   backend, local world). C is checked against a plain reference. */
+   backend, local world). C is checked against a plain reference.
+   `main --trace run.json` also writes the run's timeline (chrome://tracing,
+   ui.perfetto.dev): a process per device, a track per stream. */
 #define HOSTIR_IMPLEMENTATION
 #ifdef HOSTIR_CUDA
 #define HOSTIR_NCCL_IMPLEMENTATION
@@ -27,6 +29,10 @@ typedef struct job {
   float a[M * K], b[K * N], c_ref[M * N];
   double max_err[MAXD];
   char error[MAXD][600];
+  const char *trace;                   /* where to write the timeline, or NULL */
+  hir_program *programs[MAXD];         /* kept for the timeline */
+  hir_evaluator *evaluators[MAXD];
+  hir_backend *backends[MAXD];
 } job;
 
 /* A host array as the backend's tensor (a device copy on a GPU). */
@@ -78,6 +84,7 @@ static hir_status run_rank(int rank, void *user) {
     snprintf(j->error[rank], sizeof j->error[rank], "evaluator: %s", hir_evaluator_error(ev));
     goto done;
   }
+  hir_evaluator_record_timeline(ev, j->trace != NULL);
   in[0] = tensor(be, j->a + rank * (M / j->D) * K, 3, sa); /* this device's rows of A: [1, M/D, K] */
   in[1] = tensor(be, j->b, 2, sb);                         /* all of B: [K, N] */
   if ((s = hir_run(ev, in, 2, out, 1)) != HIR_OK || (s = hir_evaluator_sync(ev)) != HIR_OK) {
@@ -98,13 +105,19 @@ static hir_status run_rank(int rank, void *user) {
     be->release(be, in[1].data);
   }
 done:
+  if (s == HIR_OK && j->trace) { /* main writes the timeline, then frees them */
+    j->evaluators[rank] = ev;
+    j->programs[rank] = p;
+    j->backends[rank] = be;
+    return s;
+  }
   hir_evaluator_free(ev);
   hir_program_free(p);
   hir_backend_free(be);
   return s;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   static job j;
   int mesh[MAXD] = {0, 1, 2, 3}, i, r, k;
   unsigned seed = 7;
@@ -113,6 +126,12 @@ int main(void) {
   const char *why = "built without CUDA";
 
   j.D = MAXD;
+  if (argc == 3 && !strcmp(argv[1], "--trace")) {
+    j.trace = argv[2];
+  } else if (argc != 1) {
+    fprintf(stderr, "usage: %s [--trace timeline.json]\n", argv[0]);
+    return 2;
+  }
 #ifdef HOSTIR_CUDA
   {
     int ngpu = 0;
@@ -171,6 +190,21 @@ int main(void) {
     else
       printf("\nRan on %d in-process ranks (CPU backend, local world; %s). C = A x B on every device;\n", j.D, why);
     for (r = 0; r < j.D; r++) printf("  device %d: max |C - reference| = %.2e\n", r, j.max_err[r]);
+  }
+  if (s == HIR_OK && j.trace) {
+    FILE *fp = fopen(j.trace, "w");
+    if (!fp || hir_timeline_write(j.evaluators, j.D, fp) != HIR_OK) {
+      fprintf(stderr, "cannot write the timeline to %s\n", j.trace);
+      s = HIR_ERR_INVALID;
+    } else {
+      printf("The timeline: %s (open it in ui.perfetto.dev or chrome://tracing)\n", j.trace);
+    }
+    if (fp) fclose(fp);
+  }
+  for (r = 0; r < j.D; r++) { /* kept for the timeline */
+    hir_evaluator_free(j.evaluators[r]);
+    hir_program_free(j.programs[r]);
+    hir_backend_free(j.backends[r]);
   }
   hir_local_world_free(j.world);
 #ifdef HOSTIR_CUDA

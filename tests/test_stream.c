@@ -544,6 +544,87 @@ static void test_stream_automatic(void) {
   hir_fusion_free(sd.f);
 }
 
+/* The timeline: each rank's evaluator records the nodes it runs, runs add
+   up, the JSON has a process per rank and a track per stream; clearing and
+   bad arguments. */
+typedef struct timeline_ctx {
+  hir_local_world *w;
+  const hir_fusion *f;
+  hir_tensor a[2], b;
+  hir_program *p[2];
+  hir_evaluator *ev[2];
+  int after_one[2];
+} timeline_ctx;
+
+static hir_status timeline_rank(int rank, void *user) {
+  timeline_ctx *x = (timeline_ctx *)user;
+  hir_lower_desc d;
+  hir_eval_desc ed;
+  hir_tensor in[2], out = {0};
+  hir_status s;
+  memset(&d, 0, sizeof d);
+  memset(&ed, 0, sizeof ed);
+  d.my_device = rank;
+  ed.comm = hir_local_comm(x->w, rank);
+  ed.number_of_streams = 2;
+  if ((s = hir_lower(x->f, &d, &x->p[rank])) != HIR_OK || (s = hir_evaluator_create(x->p[rank], &ed, &x->ev[rank])) != HIR_OK)
+    return s;
+  hir_evaluator_record_timeline(x->ev[rank], 1);
+  in[0] = x->a[rank];
+  in[1] = x->b;
+  if ((s = hir_run(x->ev[rank], in, 2, &out, 1)) != HIR_OK || (s = hir_evaluator_sync(x->ev[rank])) != HIR_OK) return s;
+  x->after_one[rank] = hir_evaluator_timeline_size(x->ev[rank]);
+  if ((s = hir_run(x->ev[rank], in, 2, &out, 1)) != HIR_OK) return s;
+  return hir_evaluator_sync(x->ev[rank]);
+}
+
+static void test_stream_timeline(void) {
+  static const int m2[2] = {0, 1};
+  int64_t sa[3] = {1, 3, 4}, sb[2] = {4, 5};
+  timeline_ctx x;
+  seed sd;
+  FILE *fp = tmpfile();
+  char *text = NULL;
+  long n = 0;
+  int r, spans = 0, xs = 0;
+  const char *c;
+  memset(&x, 0, sizeof x);
+  seed_ag_matmul_p2p(&sd, hir_fusion_create(), 2, m2);
+  x.f = sd.f;
+  x.w = hir_local_world_create(2);
+  x.a[0] = trand(HIR_F32, 3, sa);
+  x.a[1] = trand(HIR_F32, 3, sa);
+  x.b = trand(HIR_F32, 2, sb);
+  CHECK(fp != NULL && hir_spmd(2, timeline_rank, &x) == HIR_OK);
+  for (r = 0; r < 2; r++) {
+    CHECK(x.after_one[r] > 10 && hir_evaluator_timeline_size(x.ev[r]) == 2 * x.after_one[r]); /* runs add up */
+    spans += hir_evaluator_timeline_size(x.ev[r]);
+  }
+  CHECK(fp && hir_timeline_write(x.ev, 2, fp) == HIR_OK);
+  if (fp && (n = ftell(fp)) > 0 && (text = (char *)malloc((size_t)n + 1)) != NULL) {
+    rewind(fp);
+    n = (long)fread(text, 1, (size_t)n, fp);
+    text[n] = 0;
+    for (c = text; (c = strstr(c, "\"ph\": \"X\"")) != NULL; c++) xs++;
+    CHECK(xs == spans);
+    CHECK(!strncmp(text, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [", 42) && strstr(text, "\n]}\n") == text + n - 4);
+    CHECK(strstr(text, "\"name\": \"rank 1 (cpu)\"") && strstr(text, "\"pid\": 1, \"tid\": 2, ") && strstr(text, "MatmulOp"));
+  }
+  CHECK(hir_timeline_write(NULL, 2, stderr) == HIR_ERR_INVALID && hir_timeline_write(x.ev, 0, stderr) == HIR_ERR_INVALID);
+  hir_evaluator_record_timeline(x.ev[0], 0); /* stopping clears */
+  CHECK(hir_evaluator_timeline_size(x.ev[0]) == 0);
+  free(text);
+  if (fp) fclose(fp);
+  for (r = 0; r < 2; r++) {
+    hir_evaluator_free(x.ev[r]);
+    hir_program_free(x.p[r]);
+    tfree(&x.a[r]);
+  }
+  tfree(&x.b);
+  hir_local_world_free(x.w);
+  hir_fusion_free(sd.f);
+}
+
 #define STREAM_TESTS                                                            \
   {"stream/seed_goldens", test_stream_seed_goldens},                           \
   {"stream/structure", test_stream_structure},                                 \
@@ -553,4 +634,5 @@ static void test_stream_automatic(void) {
   {"stream/verifier_accepts", test_schedule_verifier_accepts},                 \
   {"stream/verifier_rejects", test_schedule_verifier_rejects},                 \
   {"stream/errors", test_stream_errors},                                       \
-  {"stream/automatic", test_stream_automatic},
+  {"stream/automatic", test_stream_automatic},                                 \
+  {"stream/timeline", test_stream_timeline},
