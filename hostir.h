@@ -51,6 +51,8 @@
 
    Compile-time options (define before the implementation include):
        HOSTIR_STATIC                  every function static (private copy per file)
+       HOSTIR_CUDA                    the CUDA backend (cudart, cuBLAS, cuBLASLt)
+       HOSTIR_NO_NVTX                 with HOSTIR_CUDA: no NVTX ranges around host IR nodes
        HIR_MALLOC(sz) / HIR_REALLOC(p, sz) / HIR_FREE(p)
                                       all three or none; default: the C library
        HIR_ASSERT(x)                  internal invariants only; default assert()
@@ -484,6 +486,22 @@ HIRDEF float    hir_bf16_to_float(uint16_t b);
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#ifndef HOSTIR_NO_NVTX /* NVTX ranges around host IR nodes: Nsight Systems shows the host program */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic" /* nvtx3 casts dlsym's result to a function pointer */
+#endif
+#include <nvtx3/nvToolsExt.h>
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+#define HIR__RANGE_PUSH(name) nvtxRangePushA(name)
+#define HIR__RANGE_POP() nvtxRangePop()
+#endif
+#endif
+#ifndef HIR__RANGE_PUSH
+#define HIR__RANGE_PUSH(name) ((void)0)
+#define HIR__RANGE_POP() ((void)0)
 #endif
 #include <pthread.h>
 #include <stdarg.h>
@@ -5925,7 +5943,11 @@ static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
     int track = ev->current_track; /* the stream it runs on, before it switches */
     double t0 = ev->recording ? hir__now_ms() * 1e3 : 0;
-    if (!hir__exec(ev, e)) return 0;
+    int ok;
+    HIR__RANGE_PUSH(hir__expr_kind_names[e->kind]);
+    ok = hir__exec(ev, e);
+    HIR__RANGE_POP();
+    if (!ok) return 0;
     if (ev->recording && !(hir__ops[e->kind].flags & HIR__OP_SCOPED)) hir__note_span(ev, e, track, t0);
   }
   return 1;
