@@ -42,6 +42,7 @@
        // >>verify     the program verifier run between passes
        // >>pipeline   hir_lower: the passes in order, HOSTIR_DUMP
        // >>half       f16/bf16 conversions (round to nearest even)
+       // >>dlpack     DLTensor views in and out (when dlpack.h came first)
        // >>backend_cpu   the CPU backend: host memory, in-order streams
        // >>backend_cuda  the CUDA backend (HOSTIR_CUDA): cudart, cuBLAS, cuBLASLt
        // >>comm_local    the local world: N ranks as threads, hir_spmd
@@ -465,6 +466,18 @@ HIRDEF size_t      hir_evaluator_memory(const hir_evaluator *ev);  /* bytes of b
 HIRDEF void        hir_evaluator_record_timeline(hir_evaluator *ev, int record);
 HIRDEF int         hir_evaluator_timeline_size(const hir_evaluator *ev);
 HIRDEF hir_status  hir_timeline_write(hir_evaluator *const *evs, int n, FILE *out);
+
+/* DLPack (include dlpack.h before hostir.h, in the implementation file too):
+   tensors of PyTorch, JAX or CuPy in and out without copies. from: a view of
+   t (its byte_offset applied; strides kept). to: a DLManagedTensor that
+   borrows t's data (keep the data alive while it is used; its deleter frees
+   only what this call allocated); device_type and device_id say where the
+   data lives (kDLCPU, 0 for the CPU backend; kDLCUDA, device for CUDA). */
+#if defined(DLPACK_VERSION) || defined(DLPACK_MAJOR_VERSION)
+HIRDEF hir_status hir_tensor_from_dlpack(const DLTensor *t, hir_tensor *out, char *error, size_t cap);
+HIRDEF hir_status hir_tensor_to_dlpack(const hir_tensor *t, int device_type, int device_id, DLManagedTensor **out);
+#define HOSTIR_DLPACK
+#endif
 
 /* Half precision, round to nearest even. */
 HIRDEF uint16_t hir_float_to_half(float f);
@@ -3594,6 +3607,87 @@ HIRDEF uint16_t hir_float_to_bf16(float f) {
 }
 
 HIRDEF float hir_bf16_to_float(uint16_t b) { return hir__bits_f32((uint32_t)b << 16); }
+
+#ifdef HOSTIR_DLPACK
+// >>dlpack
+HIRDEF hir_status hir_tensor_from_dlpack(const DLTensor *t, hir_tensor *out, char *error, size_t cap) {
+  static const struct { int code, bits; hir_dtype dtype; } types[] = {
+      {kDLFloat, 32, HIR_F32}, {kDLFloat, 64, HIR_F64}, {kDLFloat, 16, HIR_F16}, {kDLBfloat, 16, HIR_BF16}};
+  int i, k, zero = 1;
+  int64_t numel = 1;
+  if (!t || !out) {
+    if (error && cap) snprintf(error, cap, "hir_tensor_from_dlpack: %s is NULL", t ? "out" : "the DLTensor");
+    return HIR_ERR_INVALID;
+  }
+  memset(out, 0, sizeof *out);
+  for (k = 0; k < 4 && !(types[k].code == t->dtype.code && types[k].bits == t->dtype.bits); k++) {}
+  if (k == 4 || t->dtype.lanes != 1) {
+    if (error && cap)
+      snprintf(error, cap, "hir_tensor_from_dlpack: dtype code %d, %d bits, %d lanes is not one of f32, f64, f16, bf16",
+               t->dtype.code, t->dtype.bits, t->dtype.lanes);
+    return HIR_ERR_UNSUPPORTED;
+  }
+  if (t->ndim < 0 || t->ndim > HIR_MAX_DIMS) {
+    if (error && cap) snprintf(error, cap, "hir_tensor_from_dlpack: %d dimensions; hostir takes 0 to %d", t->ndim, HIR_MAX_DIMS);
+    return HIR_ERR_UNSUPPORTED;
+  }
+  for (i = 0; i < t->ndim; i++) {
+    numel *= t->shape[i];
+    if (t->strides && t->strides[i]) zero = 0;
+  }
+  if (t->strides && zero && numel > 1) { /* hostir reads all-zero strides as contiguous */
+    if (error && cap) snprintf(error, cap, "hir_tensor_from_dlpack: every stride is 0 (an expanded tensor); pass a contiguous copy");
+    return HIR_ERR_UNSUPPORTED;
+  }
+  out->data = t->data ? (char *)t->data + t->byte_offset : NULL;
+  out->dtype = types[k].dtype;
+  out->ndims = t->ndim;
+  for (i = 0; i < t->ndim; i++) {
+    out->sizes[i] = t->shape[i];
+    out->strides[i] = t->strides ? t->strides[i] : 0;
+  }
+  return HIR_OK;
+}
+
+typedef struct hir__dlpack { /* a DLManagedTensor and the arrays it points at, in one allocation */
+  DLManagedTensor m;
+  int64_t shape[HIR_MAX_DIMS], strides[HIR_MAX_DIMS];
+} hir__dlpack;
+
+static void hir__dlpack_delete(DLManagedTensor *self) { HIR_FREE(self); }
+
+HIRDEF hir_status hir_tensor_to_dlpack(const hir_tensor *t, int device_type, int device_id, DLManagedTensor **out) {
+  static const struct { uint8_t code, bits; } types[] = {{kDLFloat, 32}, {kDLFloat, 64}, {kDLFloat, 16}, {kDLBfloat, 16}};
+  hir__dlpack *d;
+  int i, contiguous = 1;
+  if (!out) return HIR_ERR_INVALID;
+  *out = NULL;
+  if (!t || (unsigned)t->dtype >= HIR_DTYPE_COUNT || t->ndims < 0 || t->ndims > HIR_MAX_DIMS) return HIR_ERR_INVALID;
+  if (!(d = (hir__dlpack *)HIR_MALLOC(sizeof *d))) return HIR_ERR_NOMEM;
+  memset(d, 0, sizeof *d);
+  for (i = 0; i < t->ndims; i++) {
+    d->shape[i] = t->sizes[i];
+    d->strides[i] = t->strides[i];
+    contiguous &= t->strides[i] == 0;
+  }
+  for (i = t->ndims - 1; contiguous && i >= 0; i--) /* hostir's all-zero strides: row-major, written out */
+    d->strides[i] = i == t->ndims - 1 ? 1 : d->strides[i + 1] * t->sizes[i + 1];
+  d->m.dl_tensor.data = t->data;
+  d->m.dl_tensor.device.device_type = (DLDeviceType)device_type;
+  d->m.dl_tensor.device.device_id = device_id;
+  d->m.dl_tensor.ndim = t->ndims;
+  d->m.dl_tensor.dtype.code = types[t->dtype].code;
+  d->m.dl_tensor.dtype.bits = types[t->dtype].bits;
+  d->m.dl_tensor.dtype.lanes = 1;
+  d->m.dl_tensor.shape = d->shape;
+  d->m.dl_tensor.strides = d->strides;
+  d->m.dl_tensor.byte_offset = 0;
+  d->m.manager_ctx = NULL;
+  d->m.deleter = hir__dlpack_delete;
+  *out = &d->m;
+  return HIR_OK;
+}
+#endif
 
 HIRDEF uint16_t hir_float_to_half(float f) {
   uint32_t u = hir__f32_bits(f), sign = (u >> 16) & 0x8000u, mant;

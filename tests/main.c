@@ -2,6 +2,7 @@
    test file. Prints one line per test; the last line is "N passed, N failed". */
 #define _POSIX_C_SOURCE 200809L /* setenv, mkstemp */
 #define HOSTIR_IMPLEMENTATION
+#include "dlpack_abi.h" /* before hostir.h: the DLPack functions */
 #include "../hostir.h"
 #include "test.h"
 #include <math.h>
@@ -14,8 +15,9 @@ int hir_test_failures;
 #include "test_lower.c"
 #include "test_eval.c"
 #include "test_stream.c"
+#include "test_dlpack.c"
 
-static const hir_test all_tests[] = {BUILD_TESTS PRINT_TESTS LOWER_TESTS EVAL_TESTS STREAM_TESTS};
+static const hir_test all_tests[] = {BUILD_TESTS PRINT_TESTS LOWER_TESTS EVAL_TESTS STREAM_TESTS DLPACK_TESTS};
 
 int main(int argc, char **argv) {
   int i, passed = 0, failed = 0, n = (int)(sizeof all_tests / sizeof all_tests[0]);
