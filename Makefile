@@ -63,7 +63,7 @@ test-asan: $(BUILD)/test-asan
 
 examples: $(patsubst examples/%.c,$(BUILD)/%,$(wildcard examples/*.c))
 
-test-gpu: $(BUILD)/test-gpu
+test-gpu: $(BUILD)/test-gpu examples
 	tests/gpu/run.sh
 
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench-%,$(wildcard bench/*.c))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make test-gpu: the GPU suite in one process (a thread per GPU), then with one
-# process per GPU under torchrun and mpirun (2 GPUs, and all when more), then
-# the examples built with nvcc. The last line is "N passed, N failed" over
-# these stages.
+# process per GPU under torchrun and mpirun (2 GPUs, and all when more), a
+# dead peer, then the examples: built with nvcc, run on the GPUs, and
+# launch_processes under torchrun and mpirun. The last line is "N passed,
+# N failed" over these stages.
 set -u
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -32,6 +33,15 @@ if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
 fi
 if command -v nvcc >/dev/null; then
   stage "examples built with nvcc" make -s examples-nvcc
+fi
+stage "the examples on the GPUs (make run, make run-examples)" make -s run run-examples
+if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null; then
+  stage "examples/launch_processes under torchrun, $ngpu processes" \
+    torchrun --standalone --nproc_per_node="$ngpu" --no-python build/launch_processes
+fi
+if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
+  stage "examples/launch_processes under mpirun, 2 processes" mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE \
+    -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29660 build/launch_processes
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
