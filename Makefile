@@ -15,8 +15,8 @@ CUDA_HOME ?= $(if $(NVCC_PATH),$(patsubst %/bin/,%,$(dir $(NVCC_PATH))))
 # CPU where no GPU is visible).
 ifneq ($(CUDA_HOME),)
 CUDA_CFLAGS := -DHOSTIR_CUDA -I$(CUDA_HOME)/include
-CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart
-NVCC_LDLIBS := -L$(CUDA_HOME)/lib64 -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart -ldl
+NVCC_LDLIBS := -L$(CUDA_HOME)/lib64 -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart -ldl
 endif
 
 HEADERS := hostir.h hostir_nccl.h

@@ -420,7 +420,7 @@ struct hir_comm {
 
 HIRDEF hir_backend     *hir_backend_cpu_create(void);
 /* CUDA (compile the implementation with HOSTIR_CUDA; link cudart, cublas,
-   cublasLt). NULL if the device cannot be used. Ops run on the caller's
+   cublasLt, and dl for NVTX unless HOSTIR_NO_NVTX). NULL if the device cannot be used. Ops run on the caller's
    stream set here (default: the legacy default stream); TF32 is off unless
    enabled. The calling thread's current device becomes `device`. */
 #if defined(HOSTIR_CUDA) || !defined(HOSTIR_STATIC)
