@@ -460,10 +460,12 @@ HIRDEF size_t      hir_evaluator_memory(const hir_evaluator *ev);  /* bytes of b
 /* A timeline: with record = 1 the evaluator notes, for every host IR node it
    executes (loops and branches by their bodies), when the host ran it and
    on which stream (on the CPU backend that is when the work ran; on a GPU,
-   when it was issued). Records add up over runs until cleared (up to 2^20).
+   when it was issued). Records add up over runs until cleared; the buffer
+   for 65536 of them is allocated here, so the runs never allocate: later
+   nodes are not recorded (HIR_ERR_NOMEM if even that buffer cannot be had).
    hir_timeline_write writes the evaluators' records - one per rank - as a
    Chrome trace / Perfetto JSON file: a process per rank, a track per stream. */
-HIRDEF void        hir_evaluator_record_timeline(hir_evaluator *ev, int record);
+HIRDEF hir_status  hir_evaluator_record_timeline(hir_evaluator *ev, int record);
 HIRDEF int         hir_evaluator_timeline_size(const hir_evaluator *ev);
 HIRDEF hir_status  hir_timeline_write(hir_evaluator *const *evs, int n, FILE *out);
 
@@ -5215,7 +5217,7 @@ struct hir_evaluator {
   hir_status status;
   int broken, timeout_ms;
   struct hir__span *spans;      /* the timeline, when recording */
-  int nspans, cap_spans, recording, current_track;
+  int nspans, recording, current_track;
   pthread_mutex_t nap_mu;       /* for short sleeps while polling */
   pthread_cond_t nap_cv;
   char error[512];
@@ -5903,8 +5905,10 @@ static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {
   return hir__ev_backend(ev, ev->b->event_record(ev->b, ev->done[e->name], ev->current), e);
 }
 
-static int hir__resolve_stream(hir_evaluator *ev, const hir_stream *s, void **handle, void **event) {
+/* 0: a stream variable; k + 1: pool stream k (the timeline's track). */
+static int hir__resolve_stream(hir_evaluator *ev, const hir_stream *s, void **handle, void **event, int *track) {
   int64_t i;
+  *track = 0;
   if (!s->index) {
     *handle = ev->vars[s->name];
     *event = ev->vars_ev[s->name];
@@ -5916,6 +5920,7 @@ static int hir__resolve_stream(hir_evaluator *ev, const hir_stream *s, void **ha
                         (long long)i, ev->nstreams);
   *handle = ev->pool[i];
   *event = ev->pool_ev[i];
+  *track = (int)i + 1;
   return 1;
 }
 
@@ -5925,6 +5930,7 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
   hir_backend *b = ev->b;
   void *h, *evt;
   int64_t i, n;
+  int track;
   switch (e->kind) {
   case HIR_EXPR_ALLOCATE:
     return ev->bound[e->in[0]->name] || !hir__in_mesh(e->in[0], ev->device) || hir__bind_new(ev, e->in[0]);
@@ -5935,12 +5941,12 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
     ev->vars[e->stream->name] = ev->current;
     return 1;
   case HIR_EXPR_SET_CURRENT_STREAM:
-    if (!hir__resolve_stream(ev, e->stream, &h, &evt)) return 0;
+    if (!hir__resolve_stream(ev, e->stream, &h, &evt, &track)) return 0;
     ev->current = h;
-    ev->current_track = e->stream->index ? (int)hir__eval_val(&ev->env, e->stream->index) + 1 : 0;
+    ev->current_track = track;
     return 1;
   case HIR_EXPR_SYNCHRONIZE: /* the current stream waits for S's work so far; the host does not block */
-    if (!hir__resolve_stream(ev, e->stream, &h, &evt)) return 0;
+    if (!hir__resolve_stream(ev, e->stream, &h, &evt, &track)) return 0;
     if (h == ev->current) return 1;
     return hir__ev_backend(ev, b->event_record(b, evt, h), e) &&
            hir__ev_backend(ev, b->stream_wait_event(b, ev->current, evt), e);
@@ -6015,15 +6021,11 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
 
 static double hir__now_ms(void);
 
+enum { HIR__TIMELINE_CAP = 1 << 16 };
+
 static void hir__note_span(hir_evaluator *ev, const hir_expr *e, int track, double t0) {
   hir__span *sp;
-  if (ev->nspans == ev->cap_spans) {
-    int cap = ev->cap_spans ? 2 * ev->cap_spans : 1024;
-    hir__span *grown = cap <= (1 << 20) ? (hir__span *)HIR_REALLOC(ev->spans, (size_t)cap * sizeof *grown) : NULL;
-    if (!grown) return; /* full: the timeline stops growing, the run goes on */
-    ev->spans = grown;
-    ev->cap_spans = cap;
-  }
+  if (ev->nspans == HIR__TIMELINE_CAP) return; /* full: the run goes on unrecorded */
   sp = &ev->spans[ev->nspans++];
   sp->e = e;
   sp->track = track;
@@ -6156,10 +6158,13 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
   return ev->status;
 }
 
-HIRDEF void hir_evaluator_record_timeline(hir_evaluator *ev, int record) {
-  if (!ev) return;
+HIRDEF hir_status hir_evaluator_record_timeline(hir_evaluator *ev, int record) {
+  if (!ev) return HIR_ERR_INVALID;
+  if (record && !ev->spans && !(ev->spans = (hir__span *)HIR_MALLOC(HIR__TIMELINE_CAP * sizeof *ev->spans)))
+    return HIR_ERR_NOMEM;
   ev->recording = record != 0;
   if (!record) ev->nspans = 0;
+  return HIR_OK;
 }
 
 HIRDEF int hir_evaluator_timeline_size(const hir_evaluator *ev) { return ev ? ev->nspans : 0; }

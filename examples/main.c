@@ -84,7 +84,10 @@ static hir_status run_rank(int rank, void *user) {
     snprintf(j->error[rank], sizeof j->error[rank], "evaluator: %s", hir_evaluator_error(ev));
     goto done;
   }
-  hir_evaluator_record_timeline(ev, j->trace != NULL);
+  if (j->trace && (s = hir_evaluator_record_timeline(ev, 1)) != HIR_OK) {
+    snprintf(j->error[rank], sizeof j->error[rank], "timeline: out of memory");
+    goto done;
+  }
   in[0] = tensor(be, j->a + rank * (M / j->D) * K, 3, sa); /* this device's rows of A: [1, M/D, K] */
   in[1] = tensor(be, j->b, 2, sb);                         /* all of B: [K, N] */
   if ((s = hir_run(ev, in, 2, out, 1)) != HIR_OK || (s = hir_evaluator_sync(ev)) != HIR_OK) {

@@ -569,7 +569,7 @@ static hir_status timeline_rank(int rank, void *user) {
   ed.number_of_streams = 2;
   if ((s = hir_lower(x->f, &d, &x->p[rank])) != HIR_OK || (s = hir_evaluator_create(x->p[rank], &ed, &x->ev[rank])) != HIR_OK)
     return s;
-  hir_evaluator_record_timeline(x->ev[rank], 1);
+  if ((s = hir_evaluator_record_timeline(x->ev[rank], 1)) != HIR_OK) return s;
   in[0] = x->a[rank];
   in[1] = x->b;
   if ((s = hir_run(x->ev[rank], in, 2, &out, 1)) != HIR_OK || (s = hir_evaluator_sync(x->ev[rank])) != HIR_OK) return s;
@@ -611,7 +611,8 @@ static void test_stream_timeline(void) {
     CHECK(strstr(text, "\"name\": \"rank 1 (cpu)\"") && strstr(text, "\"pid\": 1, \"tid\": 2, ") && strstr(text, "MatmulOp"));
   }
   CHECK(hir_timeline_write(NULL, 2, stderr) == HIR_ERR_INVALID && hir_timeline_write(x.ev, 0, stderr) == HIR_ERR_INVALID);
-  hir_evaluator_record_timeline(x.ev[0], 0); /* stopping clears */
+  CHECK(hir_evaluator_record_timeline(x.ev[0], 0) == HIR_OK); /* stopping clears */
+  CHECK(hir_evaluator_record_timeline(NULL, 1) == HIR_ERR_INVALID);
   CHECK(hir_evaluator_timeline_size(x.ev[0]) == 0);
   free(text);
   if (fp) fclose(fp);
