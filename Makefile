@@ -43,6 +43,10 @@ $(BUILD)/test-gpu: tests/gpu/main.c $(TEST_SRC) $(HEADERS) | $(BUILD)
 	@test -n "$(CUDA_HOME)" || { echo "test-gpu: needs CUDA (set CUDA_HOME or put nvcc on PATH)"; exit 1; }
 	$(CC) $(WARN) -Wno-unused-function -O2 -g $(CUDA_CFLAGS) -o $@ tests/gpu/main.c $(CUDA_LDLIBS) $(LDLIBS)
 
+# An NVTX injection library that counts ranges, as Nsight Systems would see them.
+$(BUILD)/nvtx_probe.so: tests/gpu/nvtx_probe.c | $(BUILD)
+	$(CC) $(WARN) -O2 -shared -fPIC -I$(CUDA_HOME)/include -o $@ $< -lpthread
+
 examples-nvcc: | $(BUILD)
 	@for e in examples/*.c; do n=$$(basename $$e .c); \
 	  nvcc -x cu -O2 $(CUDA_CFLAGS) -o $(BUILD)/$$n-nvcc $$e $(NVCC_LDLIBS) -lpthread || exit 1; done
@@ -63,7 +67,7 @@ test-asan: $(BUILD)/test-asan
 
 examples: $(patsubst examples/%.c,$(BUILD)/%,$(wildcard examples/*.c))
 
-test-gpu: $(BUILD)/test-gpu examples
+test-gpu: $(BUILD)/test-gpu $(BUILD)/nvtx_probe.so examples
 	tests/gpu/run.sh
 
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench-%,$(wildcard bench/*.c))

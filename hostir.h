@@ -380,6 +380,11 @@ struct hir_backend {
                        const hir_tensor *b);  /* [..., M, N] = [..., M, K] x [..., K, N], one ndims */
   hir_status (*upload)(hir_backend *self, void *dst, const void *src, size_t bytes);    /* host -> backend */
   hir_status (*download)(hir_backend *self, void *dst, const void *src, size_t bytes);  /* backend -> host */
+  /* Optional; NULL where work runs when it is issued (the CPU). Events that
+     keep time, and the milliseconds from one to another once both have
+     passed (HIR_ERR_TIMEOUT while one has not): the timeline's GPU spans. */
+  hir_status (*timer_create)(hir_backend *self, void **event);
+  hir_status (*timer_elapsed)(hir_backend *self, void *from, void *to, double *ms);
 };
 
 /* A communicator: this rank's device id in a world of `size` ranks, teams of
@@ -460,11 +465,16 @@ HIRDEF size_t      hir_evaluator_memory(const hir_evaluator *ev);  /* bytes of b
 /* A timeline: with record = 1 the evaluator notes, for every host IR node it
    executes (loops and branches by their bodies), when the host ran it and
    on which stream (on the CPU backend that is when the work ran; on a GPU,
-   when it was issued). Records add up over runs until cleared; the buffer
-   for 65536 of them is allocated here, so the runs never allocate: later
-   nodes are not recorded (HIR_ERR_NOMEM if even that buffer cannot be had).
-   hir_timeline_write writes the evaluators' records - one per rank - as a
-   Chrome trace / Perfetto JSON file: a process per rank, a track per stream. */
+   when it was issued). Where the backend keeps time (CUDA), it also notes
+   when the stream ran each node's work: timing events around it, on the
+   host's clock from an event passed when recording starts (which drains
+   the caller's stream once). Records add up over runs until cleared
+   (record = 0); buffers for 65536 nodes and 8192 GPU spans are made here,
+   so runs never allocate, and later nodes go unrecorded. hir_timeline_write
+   writes the evaluators' records - one per rank - as a Chrome trace /
+   Perfetto JSON file: a process per rank, a track per stream, host and GPU.
+   Call it after hir_evaluator_sync: while a GPU span has not passed it
+   returns HIR_ERR_TIMEOUT and writes nothing. */
 HIRDEF hir_status  hir_evaluator_record_timeline(hir_evaluator *ev, int record);
 HIRDEF int         hir_evaluator_timeline_size(const hir_evaluator *ev);
 HIRDEF hir_status  hir_timeline_write(hir_evaluator *const *evs, int n, FILE *out);
@@ -726,7 +736,8 @@ enum {
   HIR__OP_COMM = 4,       /* talks to other ranks */
   HIR__OP_SCOPED = 8,     /* has a body */
   HIR__OP_WAITABLE = 16,  /* a Wait may name it */
-  HIR__OP_STANDALONE = 32 /* a host op of its own: never merged into a HostUnit by default */
+  HIR__OP_STANDALONE = 32, /* a host op of its own: never merged into a HostUnit by default */
+  HIR__OP_ON_STREAM = 64   /* puts work (or a wait) on the current stream: the GPU timeline times it */
 };
 typedef struct hir__op_info {
   hir_expr_kind kind;
@@ -739,21 +750,21 @@ static const hir__op_info hir__ops[] = {
     {HIR_EXPR_DEALLOCATE, 1, 0, HIR__OP_HOST},
     {HIR_EXPR_GET_CURRENT_STREAM, 0, 0, HIR__OP_HOST},
     {HIR_EXPR_SET_CURRENT_STREAM, 0, 0, HIR__OP_HOST},
-    {HIR_EXPR_SYNCHRONIZE, 0, 0, HIR__OP_HOST},
+    {HIR_EXPR_SYNCHRONIZE, 0, 0, HIR__OP_HOST | HIR__OP_ON_STREAM},
     {HIR_EXPR_FOR_LOOP, 0, 0, HIR__OP_HOST | HIR__OP_SCOPED},
     {HIR_EXPR_IF_THEN_ELSE, 0, 0, HIR__OP_HOST | HIR__OP_SCOPED},
-    {HIR_EXPR_POST_ON_STREAM, -1, -1, HIR__OP_HOST},
-    {HIR_EXPR_COMMUNICATION, -1, -1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE},
-    {HIR_EXPR_P2P_COMMUNICATION, 1, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE},
-    {HIR_EXPR_WAIT, 0, 0, HIR__OP_HOST},
+    {HIR_EXPR_POST_ON_STREAM, -1, -1, HIR__OP_HOST | HIR__OP_ON_STREAM},
+    {HIR_EXPR_COMMUNICATION, -1, -1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM},
+    {HIR_EXPR_P2P_COMMUNICATION, 1, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM},
+    {HIR_EXPR_WAIT, 0, 0, HIR__OP_HOST | HIR__OP_ON_STREAM},
     {HIR_EXPR_START_COALESCING, 0, 0, HIR__OP_HOST | HIR__OP_COMM},
-    {HIR_EXPR_END_COALESCING, 0, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE},
+    {HIR_EXPR_END_COALESCING, 0, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM},
     {HIR_EXPR_ALIAS_SELECT, 1, 1, HIR__OP_HOST},
-    {HIR_EXPR_LOAD_STORE, 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE},
-    {HIR_EXPR_BINARY, 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE},
-    {HIR_EXPR_REDUCTION, 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE},
-    {HIR_EXPR_BROADCAST, 1, 1, HIR__OP_COMPUTE},
-    {HIR_EXPR_MATMUL, 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE},
+    {HIR_EXPR_LOAD_STORE, 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM},
+    {HIR_EXPR_BINARY, 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM},
+    {HIR_EXPR_REDUCTION, 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM},
+    {HIR_EXPR_BROADCAST, 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM},
+    {HIR_EXPR_MATMUL, 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM},
 };
 HIR__STATIC_ASSERT(op_table, sizeof(hir__ops) / sizeof(hir__ops[0]) == HIR_EXPR_KIND_COUNT);
 
@@ -3170,10 +3181,10 @@ static int hir__stream_reduce_scatter(hir__chain *c, const hir_expr *e, int in_a
   parts->mesh = out->mesh;
   parts->mesh_size = out->mesh_size;
   if (!hir__push(f, &c->allocs, parts) || !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0))) return 0;
-  if (c->ring) { /* step i: send chunk pos+i, receive from pos-i */
-    from = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->i),
+  if (c->ring) { /* step i: send chunk pos+i+1, receive from pos-i-1; the last step keeps its own chunk */
+    from = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size - 1)), c->i),
                   hir__const(f, c->mesh_size));
-    mine = hir__v(c, HIR_SCALAR_EQ, c->i, hir__const(f, 0));
+    mine = hir__v(c, HIR_SCALAR_EQ, c->i, hir__const(f, c->mesh_size - 1));
   } else { /* step i: everybody sends chunk i to its owner, who receives from all */
     from = NULL;
     mine = hir__v(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
@@ -3249,8 +3260,10 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
     if (c->ring && c->p2p == HIR__P2P_ALLGATHER) /* receive from pos - i */
       c->chunk = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->i),
                         hir__const(f, c->mesh_size));
-    else if (c->ring) /* compute and send chunk pos + i */
-      c->chunk = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_ADD, c->pos_val, c->i), hir__const(f, c->mesh_size));
+    else if (c->ring) /* compute and send chunk pos + i + 1: the own chunk last, so no transfer is left at the end */
+      c->chunk = hir__v(c, HIR_SCALAR_MOD,
+                        hir__v(c, HIR_SCALAR_ADD, iota ? hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, 1)) : hir__const(f, c->pos + 1), c->i),
+                        hir__const(f, c->mesh_size));
   }
   if (!c->slot || !c->chunk || !c->pos_val) return 0;
   for (k = 0; k < c->n; k++) { /* the full buffers the loop writes into, allocated before it */
@@ -4129,7 +4142,7 @@ typedef struct hir__cuda {
 } hir__cuda;
 
 static hir_status hir__cuda_fail(hir_backend *b, const char *what, const char *detail, const char *file, int line) {
-  snprintf(b->error, sizeof b->error, "%.120s failed: %.80s (%s:%d)", what, detail, file, line);
+  snprintf(b->error, sizeof b->error, "%.100s failed: %.80s (%.40s:%d)", what, detail, file, line);
   return HIR_ERR_BACKEND;
 }
 static hir_status hir__cuda_unsupported(hir_backend *b, const char *what, const char *file, int line) {
@@ -4240,6 +4253,23 @@ static void hir__cuda_stream_destroy(hir_backend *b, void *s) {
 static hir_status hir__cuda_event_create(hir_backend *b, void **e) {
   HIR__CU(b, cudaEventCreateWithFlags((cudaEvent_t *)e, cudaEventDisableTiming));
   return HIR_OK;
+}
+static hir_status hir__cuda_timer_create(hir_backend *b, void **e) {
+  HIR__CU(b, cudaEventCreate((cudaEvent_t *)e));
+  return HIR_OK;
+}
+static hir_status hir__cuda_timer_elapsed(hir_backend *b, void *from, void *to, double *ms) {
+  float f = 0;
+  int was = 0;
+  cudaError_t e;
+  cudaGetDevice(&was); /* the caller's thread may be on another device */
+  cudaSetDevice(((hir__cuda *)b->ctx)->device);
+  e = cudaEventElapsedTime(&f, (cudaEvent_t)from, (cudaEvent_t)to);
+  cudaSetDevice(was);
+  *ms = f;
+  if (e == cudaSuccess) return HIR_OK;
+  if (e == cudaErrorNotReady) return (void)cudaGetLastError(), HIR_ERR_TIMEOUT;
+  return hir__cuda_fail(b, "cudaEventElapsedTime", cudaGetErrorString(e), __FILE__, __LINE__);
 }
 static void hir__cuda_event_destroy(hir_backend *b, void *e) {
   (void)b;
@@ -4604,6 +4634,8 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   b->matmul = hir__cuda_matmul;
   b->upload = hir__cuda_upload;
   b->download = hir__cuda_download;
+  b->timer_create = hir__cuda_timer_create;
+  b->timer_elapsed = hir__cuda_timer_elapsed;
   return b;
 }
 
@@ -5193,6 +5225,7 @@ typedef struct hir__span {   /* one executed host IR node: host clock, microseco
   const hir_expr *e;
   int track;                    /* 0: the caller's stream; k + 1: pool stream k */
   double t0, t1;
+  void *start, *end;            /* GPU spans: timing events around the node's work */
 } hir__span;
 
 struct hir_evaluator {
@@ -5218,6 +5251,10 @@ struct hir_evaluator {
   int broken, timeout_ms;
   struct hir__span *spans;      /* the timeline, when recording */
   int nspans, recording, current_track;
+  struct hir__span *gpu_spans;  /* when the backend keeps time: when each stream ran the work */
+  int ngpu_spans, in_group;
+  void *epoch;                  /* a timing event passed at host time epoch_us */
+  double epoch_us;
   pthread_mutex_t nap_mu;       /* for short sleeps while polling */
   pthread_cond_t nap_cv;
   char error[512];
@@ -5768,13 +5805,38 @@ static void hir__expand_batch(hir_tensor *t, const hir_tensor *c) {
   *t = r;
 }
 
+/* A broadcast that only inserts size-1 axes into a program input changes no
+   bytes: its output is bound as a view of the input, no copy and no buffer
+   (an input outlives the run; a program output is always written). */
+static int hir__broadcast_view(hir_evaluator *ev, const hir_expr *e, const hir_tensor *x) {
+  const hir_fusion *f = &ev->p->ir;
+  const hir__shape *sh = &ev->shape[e->out[0]->name];
+  hir_tensor *t = &ev->slot[e->out[0]->name];
+  int i, input = 0;
+  if (ev->bound[e->out[0]->name] || !hir__is_contiguous(x)) return 0;
+  for (i = 0; i < f->inputs.n; i++) input |= f->inputs.items[i] == (void *)e->in[0];
+  for (i = 0; i < f->outputs.n; i++)
+    if (f->outputs.items[i] == (void *)e->out[0]) return 0;
+  for (i = 0; i < sh->nd; i++)
+    if (((e->flags >> i) & 1u) && sh->sizes[i] != 1) return 0;
+  if (!input) return 0;
+  *t = *x;
+  t->ndims = sh->nd;
+  memcpy(t->sizes, sh->sizes, (size_t)sh->nd * sizeof(int64_t));
+  hir__contiguous_strides(t);
+  ev->bound[e->out[0]->name] = 1;
+  ev->slot_block[e->out[0]->name] = -1;
+  return 1;
+}
+
 static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   hir_backend *b = ev->b;
   const hir_tensor *x, *y = NULL, *o;
   hir_tensor av, bv, ov;
   int i, j, k;
-  if (!(x = hir__get(ev, e->in[0], e)) || (e->nin > 1 && !(y = hir__get(ev, e->in[1], e))) || !(o = hir__get_out(ev, e->out[0])))
-    return 0;
+  if (!(x = hir__get(ev, e->in[0], e)) || (e->nin > 1 && !(y = hir__get(ev, e->in[1], e)))) return 0;
+  if (e->kind == HIR_EXPR_BROADCAST && hir__broadcast_view(ev, e, x)) return 1;
+  if (!(o = hir__get_out(ev, e->out[0]))) return 0;
   ov = *o;
   av = *x;
   switch (e->kind) {
@@ -6021,7 +6083,7 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
 
 static double hir__now_ms(void);
 
-enum { HIR__TIMELINE_CAP = 1 << 16 };
+enum { HIR__TIMELINE_CAP = 1 << 16, HIR__GPU_TIMELINE_CAP = 1 << 13 };
 
 static void hir__note_span(hir_evaluator *ev, const hir_expr *e, int track, double t0) {
   hir__span *sp;
@@ -6033,17 +6095,36 @@ static void hir__note_span(hir_evaluator *ev, const hir_expr *e, int track, doub
   sp->t1 = hir__now_ms() * 1e3;
 }
 
+/* Inside StartCoalescing .. EndCoalescing nothing reaches a stream until the
+   end, so only EndCoalescing gets a GPU span. */
+static hir__span *hir__gpu_span_begin(hir_evaluator *ev, const hir_expr *e) {
+  hir__span *sp;
+  if (e->kind == HIR_EXPR_END_COALESCING) ev->in_group = 0;
+  else if (e->kind == HIR_EXPR_START_COALESCING) ev->in_group = 1;
+  if (!(hir__ops[e->kind].flags & HIR__OP_ON_STREAM) || ev->in_group || ev->ngpu_spans == HIR__GPU_TIMELINE_CAP) return NULL;
+  sp = &ev->gpu_spans[ev->ngpu_spans];
+  sp->e = e;
+  sp->track = ev->current_track;
+  return hir__ev_backend(ev, ev->b->event_record(ev->b, sp->start, ev->current), e) ? sp : NULL;
+}
+
 static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
   int i;
   for (i = 0; i < s->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
     int track = ev->current_track; /* the stream it runs on, before it switches */
     double t0 = ev->recording ? hir__now_ms() * 1e3 : 0;
+    hir__span *gpu = NULL;
     int ok;
+    if (ev->recording && ev->gpu_spans && !(gpu = hir__gpu_span_begin(ev, e)) && ev->status != HIR_OK) return 0;
     HIR__RANGE_PUSH(hir__expr_kind_names[e->kind]);
     ok = hir__exec(ev, e);
     HIR__RANGE_POP();
     if (!ok) return 0;
+    if (gpu) {
+      if (!hir__ev_backend(ev, ev->b->event_record(ev->b, gpu->end, ev->current), e)) return 0;
+      ev->ngpu_spans++;
+    }
     if (ev->recording && !(hir__ops[e->kind].flags & HIR__OP_SCOPED)) hir__note_span(ev, e, track, t0);
   }
   return 1;
@@ -6158,24 +6239,85 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
   return ev->status;
 }
 
+/* GPU spans need timing events, made here so that runs only record them;
+   the epoch event ties the GPU's clock to the host's: the caller's stream
+   is drained, the event passes at once, and the host notes the time. */
+static void hir__gpu_timeline_free(hir_evaluator *ev) {
+  int i;
+  for (i = 0; ev->gpu_spans && i < HIR__GPU_TIMELINE_CAP; i++) {
+    if (ev->gpu_spans[i].start) ev->b->event_destroy(ev->b, ev->gpu_spans[i].start);
+    if (ev->gpu_spans[i].end) ev->b->event_destroy(ev->b, ev->gpu_spans[i].end);
+  }
+  if (ev->epoch) ev->b->event_destroy(ev->b, ev->epoch);
+  HIR_FREE(ev->gpu_spans);
+  ev->gpu_spans = NULL;
+  ev->epoch = NULL;
+  ev->ngpu_spans = 0;
+}
+
+static hir_status hir__gpu_timeline_start(hir_evaluator *ev) {
+  hir_backend *b = ev->b;
+  void *s = b->current_stream(b);
+  hir_status st = HIR_OK;
+  int i;
+  if (!ev->gpu_spans) {
+    if (!(ev->gpu_spans = (hir__span *)HIR_MALLOC(HIR__GPU_TIMELINE_CAP * sizeof *ev->gpu_spans))) return HIR_ERR_NOMEM;
+    memset(ev->gpu_spans, 0, HIR__GPU_TIMELINE_CAP * sizeof *ev->gpu_spans);
+    st = b->timer_create(b, &ev->epoch);
+    for (i = 0; st == HIR_OK && i < HIR__GPU_TIMELINE_CAP; i++)
+      if ((st = b->timer_create(b, &ev->gpu_spans[i].start)) == HIR_OK) st = b->timer_create(b, &ev->gpu_spans[i].end);
+    if (st != HIR_OK) return hir__gpu_timeline_free(ev), st;
+  }
+  if ((st = b->stream_synchronize(b, s)) != HIR_OK || (st = b->event_record(b, ev->epoch, s)) != HIR_OK ||
+      (st = b->stream_synchronize(b, s)) != HIR_OK)
+    return st;
+  ev->epoch_us = hir__now_ms() * 1e3;
+  return HIR_OK;
+}
+
 HIRDEF hir_status hir_evaluator_record_timeline(hir_evaluator *ev, int record) {
+  hir_status s;
   if (!ev) return HIR_ERR_INVALID;
+  if (!ev->b) return ev->status ? ev->status : HIR_ERR_INVALID; /* a failed create */
   if (record && !ev->spans && !(ev->spans = (hir__span *)HIR_MALLOC(HIR__TIMELINE_CAP * sizeof *ev->spans)))
     return HIR_ERR_NOMEM;
+  if (record && !ev->recording && ev->b->timer_create && ev->b->timer_elapsed && (s = hir__gpu_timeline_start(ev)) != HIR_OK) {
+    snprintf(ev->error, sizeof ev->error, "hir_evaluator_record_timeline: GPU timing events: %s", ev->b->error);
+    return s;
+  }
   ev->recording = record != 0;
-  if (!record) ev->nspans = 0;
+  ev->in_group = 0;
+  if (!record) ev->nspans = ev->ngpu_spans = 0;
   return HIR_OK;
 }
 
 HIRDEF int hir_evaluator_timeline_size(const hir_evaluator *ev) { return ev ? ev->nspans : 0; }
 
+/* A GPU span's times on the host clock, from its events. */
+static hir_status hir__gpu_span_times(hir_evaluator *ev, hir__span *sp) {
+  double a, b;
+  hir_status s;
+  if ((s = ev->b->timer_elapsed(ev->b, ev->epoch, sp->start, &a)) != HIR_OK ||
+      (s = ev->b->timer_elapsed(ev->b, ev->epoch, sp->end, &b)) != HIR_OK)
+    return s;
+  sp->t0 = ev->epoch_us + a * 1e3;
+  sp->t1 = ev->epoch_us + b * 1e3;
+  return HIR_OK;
+}
+
 HIRDEF hir_status hir_timeline_write(hir_evaluator *const *evs, int n, FILE *out) {
   double epoch = 0;
-  int r, k, first = 1, any = 0;
+  int r, k, g, first = 1, any = 0;
+  hir_status s;
   if (!evs || n < 1 || !out) return HIR_ERR_INVALID;
+  for (r = 0; r < n; r++) /* the GPU's times first: nothing is written unless all have passed */
+    for (k = 0; evs[r] && k < evs[r]->ngpu_spans; k++)
+      if ((s = hir__gpu_span_times(evs[r], &evs[r]->gpu_spans[k])) != HIR_OK) return s;
   for (r = 0; r < n; r++) /* times from the earliest record */
-    for (k = 0; evs[r] && k < evs[r]->nspans; k++)
-      if (!any++ || evs[r]->spans[k].t0 < epoch) epoch = evs[r]->spans[k].t0;
+    for (k = 0; evs[r] && k < evs[r]->nspans + evs[r]->ngpu_spans; k++) {
+      double t0 = k < evs[r]->nspans ? evs[r]->spans[k].t0 : evs[r]->gpu_spans[k - evs[r]->nspans].t0;
+      if (!any++ || t0 < epoch) epoch = t0;
+    }
   fprintf(out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
   for (r = 0; r < n; r++) {
     const hir_evaluator *ev = evs[r];
@@ -6183,18 +6325,23 @@ HIRDEF hir_status hir_timeline_write(hir_evaluator *const *evs, int n, FILE *out
     fprintf(out, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d (%s)\"}}",
             first ? "" : ",\n", ev->device, ev->device, ev->b ? ev->b->name : "?");
     first = 0;
-    for (k = 0; k <= ev->nstreams; k++)
-      if (k)
-        fprintf(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"stream %d\"}}",
-                ev->device, k, k - 1);
-      else
-        fprintf(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"the caller's stream\"}}",
-                ev->device);
-    for (k = 0; k < ev->nspans; k++) {
-      const hir__span *sp = &ev->spans[k];
-      fprintf(out, ",\n{\"name\": \"%s %d\", \"cat\": \"host_ir\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
-              "\"ts\": %.3f, \"dur\": %.3f}",
-              hir__expr_kind_names[sp->e->kind], sp->e->name, ev->device, sp->track, sp->t0 - epoch, sp->t1 - sp->t0);
+    /* tracks: 0 the caller's stream, k + 1 pool stream k, as the host issued
+       them; then the same again as the GPU ran them (when it keeps time) */
+    for (g = 0; g < (ev->gpu_spans ? 2 : 1); g++) {
+      int base = g * (ev->nstreams + 1);
+      for (k = 0; k <= ev->nstreams; k++) {
+        char name[48] = "the caller's stream";
+        if (k) snprintf(name, sizeof name, "stream %d", k - 1);
+        fprintf(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s%s\"}}",
+                ev->device, base + k, name, !ev->gpu_spans ? "" : g ? " (GPU)" : " (host)");
+      }
+      for (k = 0; k < (g ? ev->ngpu_spans : ev->nspans); k++) {
+        const hir__span *sp = g ? &ev->gpu_spans[k] : &ev->spans[k];
+        fprintf(out, ",\n{\"name\": \"%s %d\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
+                "\"ts\": %.3f, \"dur\": %.3f}",
+                hir__expr_kind_names[sp->e->kind], sp->e->name, g ? "gpu" : "host_ir", ev->device, base + sp->track,
+                sp->t0 - epoch, sp->t1 - sp->t0);
+      }
     }
   }
   fprintf(out, "\n]}\n");
@@ -6214,6 +6361,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
       if (ev->vars_ev[i]) ev->b->event_destroy(ev->b, ev->vars_ev[i]);
     for (i = 0; ev->done && i <= ev->nexpr; i++)
       if (ev->done[i]) ev->b->event_destroy(ev->b, ev->done[i]);
+    hir__gpu_timeline_free(ev);
     if (ev->owns_backend) hir_backend_free(ev->b);
   }
   HIR_FREE(ev->spans);

@@ -23,8 +23,10 @@
    slowest rank. bf16 inputs from a fixed-seed generator.
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
-                         [ag M K N] [rs M K N] ...
-   Default shapes: issue 7's on GPUs, small ones on the CPU. */
+                         [--trace DIR] [ag M K N] [rs M K N] ...
+   Default shapes: issue 7's on GPUs, small ones on the CPU. --trace: after
+   its timed runs, each pipeline runs once more recording a timeline, written
+   to DIR/<ag|rs>_M_K_N_<pipeline>.json (tools/timeline_svg.py draws them). */
 #define _POSIX_C_SOURCE 200809L
 #define HOSTIR_IMPLEMENTATION
 #ifdef HOSTIR_CUDA
@@ -71,6 +73,8 @@ typedef struct bench {
   uint16_t *a[MAXR], *b[MAXR], *ref[MAXR];
   int64_t ref_numel;
   char plan[160];               /* rank 0's automatic choice */
+  const char *trace_dir;        /* --trace */
+  hir_evaluator *trace_ev[MAXR];
   double ms[MAXR][MAXIT];
   size_t mem[MAXR];
   double err[MAXR];
@@ -311,6 +315,27 @@ static hir_status upload(hir_backend *b, const hir_tensor *h, hir_tensor *d) {
   return HIR_OK;
 }
 
+static void config_name(const config *c, char *buf, size_t cap);
+
+static void write_trace(bench *B) {
+  char name[64], path[512];
+  FILE *f;
+  int i, k = 0;
+  for (i = 0; i < B->D; i++)
+    if (!B->trace_ev[i]) return; /* a rank failed: it says why */
+  config_name(&B->cfg, name, sizeof name);
+  k = snprintf(path, sizeof path, "%s/%s_%lld_%lld_%lld_", B->trace_dir, B->sh.pat == AG ? "ag" : "rs", (long long)B->sh.M,
+               (long long)B->sh.K, (long long)B->sh.N);
+  for (i = 0; name[i] && k + 1 < (int)sizeof path; i++) { /* the pipeline's name, as a file name */
+    char c = name[i] == ' ' || name[i] == ',' ? '_' : name[i];
+    if (c != '(' && c != ')' && c != '.' && (c != '_' || path[k - 1] != '_')) path[k++] = c;
+  }
+  snprintf(path + k, sizeof path - (size_t)k, ".json");
+  if (!(f = fopen(path, "w")) || hir_timeline_write(B->trace_ev, B->D, f) != HIR_OK)
+    fprintf(stderr, "bench-overlap: cannot write the timeline %s\n", path);
+  if (f) fclose(f);
+}
+
 static hir_status run_rank(int rank, void *user) {
   bench *B = (bench *)user;
   hir_backend *be;
@@ -386,6 +411,18 @@ static hir_status run_rank(int rank, void *user) {
     }
   }
   B->mem[rank] = hir_evaluator_memory(ev);
+  if (B->trace_dir && B->cfg.pipe >= SERIAL) { /* one more run, recorded; every rank meets every barrier */
+    hir_status t = hir_evaluator_record_timeline(ev, 1);
+    barrier(B);
+    if (t == HIR_OK && (t = hir_run(ev, din, nin, &out, 1)) == HIR_OK) t = hir_evaluator_sync(ev);
+    B->trace_ev[rank] = t == HIR_OK ? ev : NULL;
+    if (t != HIR_OK) fail(B, rank, t, "the recorded run", hir_evaluator_error(ev));
+    barrier(B);
+    if (rank == 0) write_trace(B);
+    barrier(B);
+    hir_evaluator_record_timeline(ev, 0);
+    if ((s = t) != HIR_OK) goto done;
+  }
   if (B->cfg.pipe >= SERIAL) { /* the result, against the serial one */
     int64_t n = numel(&out);
     uint16_t *h = (uint16_t *)malloc((size_t)n * 2);
@@ -569,6 +606,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) B.warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--streams") && i + 1 < argc) nstreams = parse_list(argv[++i], streams, 4);
     else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) nchunks = parse_list(argv[++i], chunks, 4);
+    else if (!strcmp(argv[i], "--trace") && i + 1 < argc) B.trace_dir = argv[++i];
     else if ((!strcmp(argv[i], "ag") || !strcmp(argv[i], "rs")) && i + 3 < argc && nshapes < 32) {
       shapes[nshapes].pat = argv[i][0] == 'a' ? AG : RS;
       shapes[nshapes].M = atoll(argv[i + 1]);
@@ -576,7 +614,7 @@ int main(int argc, char **argv) {
       shapes[nshapes++].N = atoll(argv[i + 3]);
       i += 3;
     } else {
-      fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [ag|rs M K N]...\n", argv[0]);
+      fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--trace DIR] [ag|rs M K N]...\n", argv[0]);
       return 2;
     }
   }

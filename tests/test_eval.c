@@ -899,6 +899,42 @@ static hir_status counting_alloc(hir_backend *b, size_t bytes, void **ptr) {
   return cpu_alloc(b, bytes, ptr);
 }
 
+/* A broadcast that only inserts a size-1 axis into an input is a view: no
+   copy, no buffer; when it is also a program output it is written out. */
+static void test_eval_broadcast_view(void) {
+  int also_output;
+  for (also_output = 0; also_output < 2; also_output++) {
+    hir_fusion *f = hir_fusion_create();
+    int flags[3] = {1, 0, 0};
+    hir_tv *x = hir_input(f, HIR_F32, 2), *y = hir_input(f, HIR_F32, 3), *bx = hir_broadcast(f, x, 3, flags);
+    hir_tv *z = hir_add(f, bx, y);
+    hir_program *p = NULL;
+    hir_evaluator *ev = NULL;
+    hir_lower_desc d;
+    int64_t sx[2] = {5, 7}, sy[3] = {2, 5, 7}, i;
+    hir_tensor in[2], out[2];
+    memset(&d, 0, sizeof d);
+    memset(out, 0, sizeof out);
+    hir_output(f, z);
+    if (also_output) hir_output(f, bx);
+    in[0] = trand(HIR_F32, 2, sx);
+    in[1] = trand(HIR_F32, 3, sy);
+    CHECK(hir_lower(f, &d, &p) == HIR_OK && hir_evaluator_create(p, NULL, &ev) == HIR_OK);
+    CHECK(hir_run(ev, in, 2, out, 1 + also_output) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+    for (i = 0; out[0].data && i < 70; i++) CHECK(fabs(tget(&out[0], i) - tget(&in[0], i % 35) - tget(&in[1], i)) < 1e-6);
+    if (also_output) {
+      CHECK(out[1].data && out[1].data != in[0].data && out[1].ndims == 3 && out[1].sizes[0] == 1);
+      for (i = 0; out[1].data && i < 35; i++) CHECK(tget(&out[1], i) == tget(&in[0], i));
+    }
+    CHECK(hir_evaluator_memory(ev) == (size_t)(70 + 35 * also_output) * sizeof(float));
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_fusion_free(f);
+    tfree(&in[0]);
+    tfree(&in[1]);
+  }
+}
+
 static void test_eval_buffer_reuse(void) {
   hir_fusion *f = hir_fusion_create();
   int axis = 0;
@@ -1159,4 +1195,5 @@ static void test_half_conversions(void) {
   {"eval/bad_inputs", test_eval_bad_inputs},                                      \
   {"eval/create_errors", test_eval_create_errors},                                \
   {"eval/buffer_reuse", test_eval_buffer_reuse},                                  \
+  {"eval/broadcast_view", test_eval_broadcast_view},                              \
   {"eval/dead_peer", test_eval_dead_peer},

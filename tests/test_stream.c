@@ -549,10 +549,12 @@ static void test_stream_automatic(void) {
    bad arguments. */
 typedef struct timeline_ctx {
   hir_local_world *w;
+  hir_comm *comm[2];       /* NULL: the local world's */
   const hir_fusion *f;
-  hir_tensor a[2], b;
+  hir_tensor a[2], b[2];
   hir_program *p[2];
   hir_evaluator *ev[2];
+  hir_backend *backend[2]; /* NULL: the CPU's */
   int after_one[2];
 } timeline_ctx;
 
@@ -565,13 +567,14 @@ static hir_status timeline_rank(int rank, void *user) {
   memset(&d, 0, sizeof d);
   memset(&ed, 0, sizeof ed);
   d.my_device = rank;
-  ed.comm = hir_local_comm(x->w, rank);
+  ed.comm = x->comm[rank] ? x->comm[rank] : hir_local_comm(x->w, rank);
   ed.number_of_streams = 2;
+  ed.backend = x->backend[rank];
   if ((s = hir_lower(x->f, &d, &x->p[rank])) != HIR_OK || (s = hir_evaluator_create(x->p[rank], &ed, &x->ev[rank])) != HIR_OK)
     return s;
   if ((s = hir_evaluator_record_timeline(x->ev[rank], 1)) != HIR_OK) return s;
   in[0] = x->a[rank];
-  in[1] = x->b;
+  in[1] = x->b[rank];
   if ((s = hir_run(x->ev[rank], in, 2, &out, 1)) != HIR_OK || (s = hir_evaluator_sync(x->ev[rank])) != HIR_OK) return s;
   x->after_one[rank] = hir_evaluator_timeline_size(x->ev[rank]);
   if ((s = hir_run(x->ev[rank], in, 2, &out, 1)) != HIR_OK) return s;
@@ -594,7 +597,7 @@ static void test_stream_timeline(void) {
   x.w = hir_local_world_create(2);
   x.a[0] = trand(HIR_F32, 3, sa);
   x.a[1] = trand(HIR_F32, 3, sa);
-  x.b = trand(HIR_F32, 2, sb);
+  x.b[0] = x.b[1] = trand(HIR_F32, 2, sb);
   CHECK(fp != NULL && hir_spmd(2, timeline_rank, &x) == HIR_OK);
   for (r = 0; r < 2; r++) {
     CHECK(x.after_one[r] > 10 && hir_evaluator_timeline_size(x.ev[r]) == 2 * x.after_one[r]); /* runs add up */
@@ -621,7 +624,121 @@ static void test_stream_timeline(void) {
     hir_program_free(x.p[r]);
     tfree(&x.a[r]);
   }
-  tfree(&x.b);
+  tfree(&x.b[0]);
+  hir_local_world_free(x.w);
+  hir_fusion_free(sd.f);
+}
+
+/* GPU spans, on the CPU: a backend that keeps time the way a GPU's events do
+   (an event notes the clock when recorded; elapsed is refused until both
+   events have passed) lets the timeline's GPU half run here. Checked: spans
+   exist per stream, lie inside the run, never inside a coalescing group
+   (EndCoalescing times the group), and a pending event fails the write
+   before anything is written. */
+typedef struct tick { double t; int passed; } tick;
+typedef struct clocked {
+  hir_backend b; /* the CPU backend's table with timing added; first, so self casts back */
+  hir_backend *cpu;
+  tick *ticks;
+  int nticks, cap, pending;
+} clocked;
+
+static double wall_us(void) {
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+static int is_tick(clocked *c, void *e) { return (tick *)e >= c->ticks && (tick *)e < c->ticks + c->cap; }
+static hir_status clocked_timer(hir_backend *b, void **e) {
+  clocked *c = (clocked *)b;
+  if (c->nticks == c->cap) return HIR_ERR_NOMEM;
+  c->ticks[c->nticks].passed = 0;
+  *e = &c->ticks[c->nticks++];
+  return HIR_OK;
+}
+static hir_status clocked_elapsed(hir_backend *b, void *from, void *to, double *ms) {
+  clocked *c = (clocked *)b;
+  if (c->pending || !((tick *)from)->passed || !((tick *)to)->passed) return HIR_ERR_TIMEOUT;
+  *ms = (((tick *)to)->t - ((tick *)from)->t) * 1e-3;
+  return HIR_OK;
+}
+static hir_status clocked_record(hir_backend *b, void *e, void *stream) {
+  clocked *c = (clocked *)b;
+  if (!is_tick(c, e)) return c->cpu->event_record(c->cpu, e, stream);
+  ((tick *)e)->t = wall_us(); /* the CPU's work is done when it is issued */
+  ((tick *)e)->passed = 1;
+  return HIR_OK;
+}
+static void clocked_destroy_event(hir_backend *b, void *e) {
+  clocked *c = (clocked *)b;
+  if (!is_tick(c, e)) c->cpu->event_destroy(c->cpu, e);
+}
+
+static void test_stream_timeline_gpu_spans(void) {
+  static const int m2[2] = {0, 1};
+  int64_t sa[3] = {1, 3, 4}, sb[2] = {4, 5};
+  clocked c[2];
+  timeline_ctx x;
+  seed sd;
+  FILE *fp = tmpfile();
+  char line[512];
+  int r, k, gpu = 0, host = 0, matmuls = 0, ends = 0, names = 0;
+  double start = wall_us(), stop;
+  memset(&x, 0, sizeof x);
+  seed_ag_matmul_p2p(&sd, hir_fusion_create(), 2, m2);
+  x.f = sd.f;
+  x.w = hir_local_world_create(2);
+  for (r = 0; r < 2; r++) {
+    memset(&c[r], 0, sizeof c[r]);
+    c[r].cpu = hir_backend_cpu_create();
+    c[r].cap = 1 << 15;
+    c[r].ticks = (tick *)malloc((size_t)c[r].cap * sizeof(tick));
+    if (c[r].cpu) c[r].b = *c[r].cpu;
+    c[r].b.timer_create = clocked_timer;
+    c[r].b.timer_elapsed = clocked_elapsed;
+    c[r].b.event_record = clocked_record;
+    c[r].b.event_destroy = clocked_destroy_event;
+    x.backend[r] = &c[r].b;
+    x.a[r] = trand(HIR_F32, 3, sa);
+  }
+  x.b[0] = x.b[1] = trand(HIR_F32, 2, sb);
+  CHECK(fp && c[0].cpu && c[1].cpu && c[0].ticks && c[1].ticks && hir_spmd(2, timeline_rank, &x) == HIR_OK);
+  stop = wall_us();
+  c[0].pending = 1; /* an event not yet passed: nothing is written */
+  CHECK(fp && hir_timeline_write(x.ev, 2, fp) == HIR_ERR_TIMEOUT && ftell(fp) == 0);
+  c[0].pending = 0;
+  CHECK(fp && hir_timeline_write(x.ev, 2, fp) == HIR_OK);
+  if (fp) rewind(fp);
+  while (fp && fgets(line, sizeof line, fp)) { /* one event per line */
+    double ts, dur;
+    const char *t = strstr(line, "\"ts\": ");
+    names += strstr(line, "\"tid\": 5, \"args\": {\"name\": \"stream 1 (GPU)\"}") != NULL;
+    names += strstr(line, "\"tid\": 0, \"args\": {\"name\": \"the caller's stream (host)\"}") != NULL;
+    if (!strstr(line, "\"ph\": \"X\"")) continue;
+    if (!strstr(line, "\"cat\": \"gpu\"")) {
+      host++;
+      continue;
+    }
+    gpu++;
+    matmuls += strstr(line, "MatmulOp") != NULL;
+    ends += strstr(line, "EndCoalescing") != NULL;
+    CHECK(!strstr(line, "P2PCommunication") && !strstr(line, "StartCoalescing") && !strstr(line, "HirAliasSelect") &&
+          !strstr(line, "SetCurrentStream"));
+    CHECK(t && sscanf(t, "\"ts\": %lf, \"dur\": %lf", &ts, &dur) == 2 && ts >= 0 && dur >= 0 && ts + dur <= stop - start);
+    CHECK(strstr(line, "\"tid\": 3,") || strstr(line, "\"tid\": 4,") || strstr(line, "\"tid\": 5,")); /* GPU tracks */
+  }
+  CHECK(gpu > 0 && gpu < host && names == 2 * 2);
+  CHECK(matmuls == 2 * 2 * 2 && ends == 2 * 2 * 1); /* ranks x runs x chunks; one group per peer */
+  for (k = 0; k < 2; k++) CHECK(hir_evaluator_record_timeline(x.ev[k], 0) == HIR_OK);
+  for (r = 0; r < 2; r++) {
+    hir_evaluator_free(x.ev[r]);
+    hir_program_free(x.p[r]);
+    tfree(&x.a[r]);
+    hir_backend_free(c[r].cpu);
+    free(c[r].ticks);
+  }
+  if (fp) fclose(fp);
+  tfree(&x.b[0]);
   hir_local_world_free(x.w);
   hir_fusion_free(sd.f);
 }
@@ -636,4 +753,5 @@ static void test_stream_timeline(void) {
   {"stream/verifier_rejects", test_schedule_verifier_rejects},                 \
   {"stream/errors", test_stream_errors},                                       \
   {"stream/automatic", test_stream_automatic},                                 \
-  {"stream/timeline", test_stream_timeline},
+  {"stream/timeline", test_stream_timeline},                                   \
+  {"stream/timeline_gpu_spans", test_stream_timeline_gpu_spans},

@@ -275,6 +275,93 @@ static void test_gpu_strided_copy(void) {
   hir_backend_free(be);
 }
 
+/* The timeline on two GPUs: the pipelined AG+GEMM runs twice while
+   recording; the GPU spans (timing events) must lie on the stream tracks in
+   order, start no earlier than the host issued them, and the matmuls must
+   take GPU time (their host spans only issue them). */
+typedef struct span_row { char name[64], cat[16]; int pid, tid; double ts, dur; } span_row;
+typedef struct gpu_timeline_ctx { timeline_ctx x; hir_tensor ha[2], hb; } gpu_timeline_ctx;
+
+static hir_status gpu_timeline_rank(int rank, void *user) { /* a backend made on the thread that uses it */
+  gpu_timeline_ctx *g = (gpu_timeline_ctx *)user;
+  if (!(g->x.backend[rank] = hir_backend_cuda_create(rank))) return HIR_ERR_BACKEND;
+  g->x.a[rank] = to_backend(g->x.backend[rank], &g->ha[rank]);
+  g->x.b[rank] = to_backend(g->x.backend[rank], &g->hb);
+  if (!g->x.a[rank].data || !g->x.b[rank].data) return HIR_ERR_BACKEND;
+  return timeline_rank(rank, &g->x);
+}
+
+static void test_gpu_timeline(void) {
+  static const int m2[2] = {0, 1};
+  enum { ROWS = 4096 };
+  int64_t sa[3] = {1, 1024, 4096}, sb[2] = {4096, 2048};
+  static span_row rows[ROWS];
+  hir_nccl_world *w = NULL;
+  static gpu_timeline_ctx g;
+  timeline_ctx *x = &g.x;
+  seed sd;
+  FILE *fp;
+  char line[512];
+  int n = 0, r, i, k, ngpu = 0, gpu_matmuls = 0, ordered = 1, after_issue = 1, worked = 0, quick_issue = 0;
+  cudaGetDeviceCount(&ngpu);
+  if (ngpu < 2) {
+    printf("  (skipped: one GPU)\n");
+    return;
+  }
+  fp = tmpfile();
+  memset(&g, 0, sizeof g);
+  seed_ag_matmul_p2p(&sd, hir_fusion_create(), 2, m2);
+  x->f = sd.f;
+  CHECK(hir_nccl_world_create(2, &w) == HIR_OK);
+  g.hb = trand(HIR_F32, 2, sb);
+  for (r = 0; r < 2; r++) {
+    g.ha[r] = trand(HIR_F32, 3, sa);
+    x->comm[r] = w ? hir_nccl_world_comm(w, r) : NULL;
+  }
+  CHECK(fp && w && hir_spmd(2, gpu_timeline_rank, &g) == HIR_OK);
+  CHECK(fp && hir_timeline_write(x->ev, 2, fp) == HIR_OK);
+  if (fp) rewind(fp);
+  while (fp && n < ROWS && fgets(line, sizeof line, fp))
+    if (sscanf(line, "{\"name\": \"%63[^\"]\", \"cat\": \"%15[^\"]\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %lf, \"dur\": %lf}",
+               rows[n].name, rows[n].cat, &rows[n].pid, &rows[n].tid, &rows[n].ts, &rows[n].dur) == 6)
+      n++;
+  for (i = 0; i < n; i++) {
+    int seen = 0, j = -1;
+    if (strcmp(rows[i].cat, "gpu")) continue;
+    for (k = i - 1; k >= 0; k--) /* the span before it on its track */
+      if (!strcmp(rows[k].cat, "gpu") && rows[k].pid == rows[i].pid && rows[k].tid == rows[i].tid) break;
+    if (k >= 0 && rows[i].ts < rows[k].ts + rows[k].dur - 1.0) ordered = 0;
+    for (k = 0; k < i; k++) /* the how-many-th of its name on its rank: the same-numbered host span issued it */
+      seen += !strcmp(rows[k].cat, "gpu") && rows[k].pid == rows[i].pid && !strcmp(rows[k].name, rows[i].name);
+    for (k = 0; k < n && seen >= 0; k++)
+      if (!strcmp(rows[k].cat, "host_ir") && rows[k].pid == rows[i].pid && !strcmp(rows[k].name, rows[i].name) && !seen--) j = k;
+    if (j < 0 || rows[i].ts < rows[j].ts - 20.0) after_issue = 0;
+    if (!strncmp(rows[i].name, "MatmulOp", 8)) {
+      gpu_matmuls++;
+      worked += rows[i].dur > 50.0;
+      quick_issue += j >= 0 && rows[j].dur < rows[i].dur / 4; /* not the first run's: it sets up cuBLAS */
+    }
+  }
+  if (!(gpu_matmuls == 2 * 2 * 2 && worked == gpu_matmuls && quick_issue > 0 && ordered && after_issue))
+    printf("  %d rows, %d GPU matmul spans (want 8), %d over 50 us, %d issued in a quarter of their GPU time; "
+           "in order on each stream: %d; none before the host issued it: %d\n",
+           n, gpu_matmuls, worked, quick_issue, ordered, after_issue);
+  CHECK(n > 0 && n < ROWS);
+  CHECK(gpu_matmuls == 2 * 2 * 2 && worked == gpu_matmuls && quick_issue > 0); /* ranks x runs x chunks */
+  CHECK(ordered && after_issue);
+  for (r = 0; r < 2; r++) {
+    hir_evaluator_free(x->ev[r]);
+    hir_program_free(x->p[r]);
+    if (x->backend[r]) backend_free(x->backend[r], &g.ha[r], &x->a[r]), backend_free(x->backend[r], &g.hb, &x->b[r]);
+    hir_backend_free(x->backend[r]);
+    tfree(&g.ha[r]);
+  }
+  tfree(&g.hb);
+  if (fp) fclose(fp);
+  hir_nccl_world_free(w);
+  hir_fusion_free(sd.f);
+}
+
 /* ---- platforms ---- */
 static hir_nccl_world *gpu_worlds[MAXR + 1];
 static int gpu_copy_engine; /* send/recv on the copy engines */
@@ -369,6 +456,7 @@ static const hir_test gpu_tests[] = {
     {"gpu/ops", test_gpu_ops},
     {"gpu/tf32", test_gpu_tf32},
     {"gpu/strided_copy", test_gpu_strided_copy},
+    {"gpu/timeline", test_gpu_timeline},
 };
 static const hir_test multi_tests[] = {
     {"eval/allgather_scatter", test_eval_allgather_scatter},

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make test-gpu: the GPU suite in one process (a thread per GPU), then with one
 # process per GPU under torchrun and mpirun (2 GPUs, and all when more), a
-# dead peer, then the examples: built with nvcc, run on the GPUs, and
-# launch_processes under torchrun and mpirun. The last line is "N passed,
+# dead peer, then the examples: built with nvcc, run on the GPUs, NVTX ranges
+# as a tool sees them, launch_processes under torchrun and mpirun, and
+# hostir driven from PyTorch through DLPack. The last line is "N passed,
 # N failed" over these stages.
 set -u
 cd "$(dirname "$0")/../.."
@@ -35,6 +36,13 @@ if command -v nvcc >/dev/null; then
   stage "examples built with nvcc" make -s examples-nvcc
 fi
 stage "the examples on the GPUs (make run, make run-examples)" make -s run run-examples
+# make run under an NVTX tool (the probe, loaded as Nsight loads its own): a range per host IR node
+nvtx_ranges='rm -f build/nvtx.txt
+  NVTX_INJECTION64_PATH="$PWD/build/nvtx_probe.so" HIR_NVTX_PROBE_OUT=build/nvtx.txt ./build/main > /dev/null || exit 1
+  cat build/nvtx.txt
+  awk "/^pushes/ {p = \$2} /^pops/ {q = \$2} /^range MatmulOp/ {m = \$3} /^range P2PCommunication/ {c = \$3}
+       END {exit !(p > 0 && p == q && m > 0 && c > 0)}" build/nvtx.txt'
+stage "NVTX ranges seen by an injected tool (make run)" bash -c "$nvtx_ranges"
 if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null; then
   stage "examples/launch_processes under torchrun, $ngpu processes" \
     torchrun --standalone --nproc_per_node="$ngpu" --no-python build/launch_processes
@@ -42,6 +50,10 @@ fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   stage "examples/launch_processes under mpirun, 2 processes" mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE \
     -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29660 build/launch_processes
+fi
+if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null && python3 -c "import torch" 2>/dev/null; then
+  stage "examples/torch/torch_dlpack.py: hostir from PyTorch through DLPack, $ngpu processes" \
+    torchrun --standalone --nproc_per_node="$ngpu" examples/torch/torch_dlpack.py
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
