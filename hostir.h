@@ -4424,9 +4424,10 @@ static hir_status hir__cuda_binary(hir_backend *b, void *stream, hir_binary_op o
     else
       HIR__BLAS(b, cublasDdgmm(l->blas, CUBLAS_SIDE_RIGHT, 1, (int)n, (const double *)da.data, 1, (const double *)dx.data, 1,
                                (double *)dd.data, 1));
-  } else { /* C = A + (+-1) B as one column of n */
+  } else { /* C = A + (+-1) B as a matrix of n elements: 65536 rows where n allows (one long column is slow) */
     cublasLtMatrixTransformDesc_t desc;
     cublasLtMatrixLayout_t lay;
+    int64_t rows = n;
     cudaDataType scale = dst->dtype == HIR_F64 ? CUDA_R_64F : CUDA_R_32F;
     float one_f = 1.0f, sign_f = op == HIR_BINARY_SUB ? -1.0f : 1.0f;
     double one_d = 1.0, sign_d = sign_f;
@@ -4435,7 +4436,9 @@ static hir_status hir__cuda_binary(hir_backend *b, void *stream, hir_binary_op o
     cublasStatus_t s1, s2, s3;
     if (!c->lt) HIR__BLAS(b, cublasLtCreate(&c->lt));
     HIR__BLAS(b, cublasLtMatrixTransformDescCreate(&desc, scale));
-    s1 = cublasLtMatrixLayoutCreate(&lay, hir__cuda_type(dst->dtype), (uint64_t)n, 1, n);
+    while (rows > 65536 && rows % 2 == 0) rows /= 2;
+    if (rows > 65536 || n / rows == 1) rows = n;
+    s1 = cublasLtMatrixLayoutCreate(&lay, hir__cuda_type(dst->dtype), (uint64_t)rows, (uint64_t)(n / rows), rows);
     s2 = s1 == CUBLAS_STATUS_SUCCESS ? cublasLtMatrixTransform(c->lt, desc, alpha, da.data, lay, beta, dx.data, lay, dd.data, lay,
                                                                l->stream)
                                      : s1;

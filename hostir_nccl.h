@@ -187,7 +187,7 @@ static hir_status hir__store_serve_start(hir__kvstore *s, char *err, size_t cap)
   if ((s->listen_fd = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
       setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
       bind(s->listen_fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(s->listen_fd, 128) != 0) {
-    snprintf(err, cap, "hostir_nccl: rank 0 cannot listen on port %d for the bootstrap: %s (is MASTER_PORT in use?)", s->port,
+    snprintf(err, cap, "hostir_nccl: rank 0 cannot listen on port %d for the bootstrap: %s (set HOSTIR_PORT to a free port, the same on every rank)", s->port,
              strerror(errno));
     if (s->listen_fd >= 0) close(s->listen_fd);
     s->listen_fd = -1;
@@ -289,9 +289,13 @@ typedef struct hir__nccl_reg {  /* a registered buffer: a handle per communicato
 enum { HIR__CE_SLOTS = 64, HIR__CE_GROUP = 256 };
 
 /* Copy-engine P2P: a receive posts its buffer with an event that marks it
-   writable; the matching send (in order, per pair of ranks) waits on that
-   event on its stream, copies, and records `done`, on which the receiver's
-   stream then waits. The events are made by the device that records them. */
+   writable; the matching send (in order, per pair of ranks) copies on the
+   sender's copy stream once that event and the sender's own stream have
+   reached it, and records `done`, on which both ranks' streams then wait.
+   One copy stream per rank runs its sends one after another, each at the
+   link's full rate, and starts them without waiting for the GEMMs queued on
+   the pipeline's streams. The events are made by the device that records
+   them. */
 typedef struct hir__ce_post {
   void *buf;
   size_t bytes;
@@ -314,6 +318,8 @@ typedef struct hir__nccl {
   hir_comm comm;                /* what the evaluator sees; ctx points back here */
   hir__ce_op ce_ops[HIR__CE_GROUP];
   int ce_nops, ce_group;
+  cudaStream_t ce_stream;       /* this rank's sends, in order */
+  cudaEvent_t ce_source;        /* a send's data is ready on the sender's stream */
   hir__nccl_reg *regs;
   ncclComm_t world;
   int device, timeout_ms, aborted;
@@ -676,12 +682,16 @@ static hir_status hir__ce_send(hir_comm *c, const hir__ce_op *op) {
              op->peer, slot->bytes);
     return hir__ce_fail(c, HIR_ERR_SHAPE, "a send", detail);
   }
-  if (!slot->done && cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming) != cudaSuccess)
+  if ((!slot->done && cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming) != cudaSuccess) ||
+      (!nc->ce_stream && cudaStreamCreateWithFlags(&nc->ce_stream, cudaStreamNonBlocking) != cudaSuccess) ||
+      (!nc->ce_source && cudaEventCreateWithFlags(&nc->ce_source, cudaEventDisableTiming) != cudaSuccess))
     return hir__ce_fail(c, HIR_ERR_BACKEND, "a send", cudaGetErrorString(cudaGetLastError()));
-  if ((e = cudaStreamWaitEvent((cudaStream_t)op->stream, slot->ready, 0)) != cudaSuccess ||
-      (e = cudaMemcpyPeerAsync(slot->buf, w->ranks[op->peer].device, op->buf, nc->device, op->bytes,
-                               (cudaStream_t)op->stream)) != cudaSuccess ||
-      (e = cudaEventRecord(slot->done, (cudaStream_t)op->stream)) != cudaSuccess)
+  if ((e = cudaEventRecord(nc->ce_source, (cudaStream_t)op->stream)) != cudaSuccess ||
+      (e = cudaStreamWaitEvent(nc->ce_stream, nc->ce_source, 0)) != cudaSuccess ||
+      (e = cudaStreamWaitEvent(nc->ce_stream, slot->ready, 0)) != cudaSuccess ||
+      (e = cudaMemcpyPeerAsync(slot->buf, w->ranks[op->peer].device, op->buf, nc->device, op->bytes, nc->ce_stream)) != cudaSuccess ||
+      (e = cudaEventRecord(slot->done, nc->ce_stream)) != cudaSuccess ||
+      (e = cudaStreamWaitEvent((cudaStream_t)op->stream, slot->done, 0)) != cudaSuccess) /* the buffer is the sender's again */
     return hir__ce_fail(c, HIR_ERR_BACKEND, "a peer copy", cudaGetErrorString(e));
   hir__ce_advance(w, &box->sent);
   return HIR_OK;
@@ -864,6 +874,8 @@ static void hir__nccl_release(hir__nccl *nc) {
   }
   if (nc->world && !nc->aborted) ncclCommDestroy(nc->world);
   if (nc->zeros) cudaFree(nc->zeros);
+  if (nc->ce_stream) cudaStreamDestroy(nc->ce_stream);
+  if (nc->ce_source) cudaEventDestroy(nc->ce_source);
   free(nc->world_team.devices);
 }
 

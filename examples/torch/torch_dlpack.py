@@ -3,6 +3,9 @@
 
     torchrun --nproc-per-node 4 examples/torch/torch_dlpack.py
 
+(hostir's bootstrap listens on the port after torchrun's MASTER_PORT; if that
+one is taken, set HOSTIR_PORT to a free port.)
+
 Each rank holds its rows of A and all of B as torch tensors; hostir gathers
 A and multiplies (the AG+GEMM of examples/main.c) on torch's current stream,
 writing into a torch tensor, then into its own buffer handed back to torch.

@@ -73,8 +73,8 @@ static void test_gpu_ops(void) {
     hir_tv *a = hir_input(f, d, 2), *b = hir_input(f, d, 2), *v = hir_input(f, d, 1), *c3 = hir_input(f, d, 3);
     hir_tv *w = hir_input(f, d, 2), *x = hir_input(f, d, 3), *y = hir_input(f, d, 3);
     hir_tv *vb = hir_broadcast(f, v, 2, f1);
-    hir_tv *outs[10];
-    hir_tensor in[7], cpu[10], gpu[10];
+    hir_tv *outs[11];
+    hir_tensor in[7], cpu[11], gpu[11];
     char err[512] = "";
     hir_backend *be = hir_backend_cuda_create(0);
     outs[0] = hir_add(f, a, b);
@@ -87,7 +87,8 @@ static void test_gpu_ops(void) {
     outs[7] = hir_set(f, c3);
     outs[8] = hir_matmul(f, x, y);                    /* batched */
     outs[9] = hir_add(f, vb, b);
-    for (k = 0; k < 10; k++) hir_output(f, outs[k]);
+    outs[10] = hir_sum(f, c3, 1, &ax0);               /* the outermost axis, as the P2P reduce-scatter sums */
+    for (k = 0; k < 11; k++) hir_output(f, outs[k]);
     in[0] = trand(d, 2, s46);
     in[1] = trand(d, 2, s46);
     in[2] = trand(d, 1, s6);
@@ -96,11 +97,11 @@ static void test_gpu_ops(void) {
     in[5] = trand(d, 3, s246);
     in[6] = trand(d, 3, s263);
     CHECK(be != NULL);
-    if (run_single(f, NULL, 7, in, 10, cpu, err, sizeof err) != HIR_OK || run_single(f, be, 7, in, 10, gpu, err, sizeof err) != HIR_OK) {
+    if (run_single(f, NULL, 7, in, 11, cpu, err, sizeof err) != HIR_OK || run_single(f, be, 7, in, 11, gpu, err, sizeof err) != HIR_OK) {
       fprintf(stderr, "  gpu ops (%s): %s\n", hir_dtype_name(d), err);
       hir_test_failures++;
     } else {
-      for (k = 0; k < 10; k++) {
+      for (k = 0; k < 11; k++) {
         char what[64];
         snprintf(what, sizeof what, "%s output %d", hir_dtype_name(d), k);
         if (!compare(&gpu[k], &cpu[k], dtype_tol(d), err, sizeof err, what)) {
@@ -141,6 +142,43 @@ static void test_gpu_ops(void) {
 }
 
 /* TF32 is off by default (f32 matmuls exact to f32), and the option turns it on. */
+/* add and sub of long tensors: cublasLt's transform sees them as matrices of
+   65536 rows where the length allows (2^18 elements), else as one column (an
+   odd length). */
+static void test_gpu_long_binary(void) {
+  int64_t sizes[2][2] = {{4, 65536}, {3, 100003}};
+  int k;
+  for (k = 0; k < 2; k++) {
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2);
+    hir_tensor in[2], cpu[2], gpu[2];
+    hir_backend *be = hir_backend_cuda_create(0);
+    char err[512] = "";
+    int i;
+    hir_output(f, hir_add(f, a, b));
+    hir_output(f, hir_sub(f, a, b));
+    in[0] = trand(HIR_F32, 2, sizes[k]);
+    in[1] = trand(HIR_F32, 2, sizes[k]);
+    if (!be || run_single(f, NULL, 2, in, 2, cpu, err, sizeof err) != HIR_OK || run_single(f, be, 2, in, 2, gpu, err, sizeof err) != HIR_OK) {
+      fprintf(stderr, "  long binary: %s\n", be ? err : "no GPU");
+      hir_test_failures++;
+    } else {
+      for (i = 0; i < 2; i++) {
+        if (!compare(&gpu[i], &cpu[i], dtype_tol(HIR_F32), err, sizeof err, i ? "long sub" : "long add")) {
+          fprintf(stderr, "  %s\n", err);
+          hir_test_failures++;
+        }
+        tfree(&cpu[i]);
+        tfree(&gpu[i]);
+      }
+    }
+    tfree(&in[0]);
+    tfree(&in[1]);
+    hir_backend_free(be);
+    hir_fusion_free(f);
+  }
+}
+
 static void test_gpu_tf32(void) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2);
@@ -456,6 +494,7 @@ static const hir_test gpu_tests[] = {
     {"gpu/ops", test_gpu_ops},
     {"gpu/tf32", test_gpu_tf32},
     {"gpu/strided_copy", test_gpu_strided_copy},
+    {"gpu/long_binary", test_gpu_long_binary},
     {"gpu/timeline", test_gpu_timeline},
 };
 static const hir_test multi_tests[] = {

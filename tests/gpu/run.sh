@@ -3,7 +3,9 @@
 # process per GPU under torchrun and mpirun (2 GPUs, and all when more), a
 # dead peer, then the examples: built with nvcc, run on the GPUs, NVTX ranges
 # as a tool sees them, launch_processes under torchrun and mpirun, and
-# hostir driven from PyTorch through DLPack. The last line is "N passed,
+# hostir driven from PyTorch through DLPack. Under torchrun --standalone the
+# bootstrap port is set (HOSTIR_PORT) below the ephemeral range: the port after
+# torchrun's random one can be taken by a connection. The last line is "N passed,
 # N failed" over these stages.
 set -u
 cd "$(dirname "$0")/../.."
@@ -21,7 +23,7 @@ sizes="2"; [ "$ngpu" -gt 2 ] && sizes="2 $ngpu"
 for n in $sizes; do
   [ "$n" -le "$ngpu" ] || continue
   if command -v torchrun >/dev/null; then
-    stage "torchrun, $n processes" torchrun --standalone --nproc_per_node="$n" --no-python "$bin" --processes
+    stage "torchrun, $n processes" env HOSTIR_PORT=$((29610 + n)) torchrun --standalone --nproc_per_node="$n" --no-python "$bin" --processes
   fi
   if command -v mpirun >/dev/null; then
     stage "mpirun, $n processes" mpirun --allow-run-as-root --oversubscribe -np "$n" -x NCCL_NVLS_ENABLE \
@@ -45,7 +47,7 @@ nvtx_ranges='rm -f build/nvtx.txt
 stage "NVTX ranges seen by an injected tool (make run)" bash -c "$nvtx_ranges"
 if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null; then
   stage "examples/launch_processes under torchrun, $ngpu processes" \
-    torchrun --standalone --nproc_per_node="$ngpu" --no-python build/launch_processes
+    env HOSTIR_PORT=29670 torchrun --standalone --nproc_per_node="$ngpu" --no-python build/launch_processes
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   stage "examples/launch_processes under mpirun, 2 processes" mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE \
@@ -53,7 +55,7 @@ if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
 fi
 if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null && python3 -c "import torch" 2>/dev/null; then
   stage "examples/torch/torch_dlpack.py: hostir from PyTorch through DLPack, $ngpu processes" \
-    torchrun --standalone --nproc_per_node="$ngpu" examples/torch/torch_dlpack.py
+    env HOSTIR_PORT=29680 torchrun --standalone --nproc_per_node="$ngpu" examples/torch/torch_dlpack.py
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
