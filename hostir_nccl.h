@@ -187,8 +187,8 @@ static hir_status hir__store_serve_start(hir__kvstore *s, char *err, size_t cap)
   if ((s->listen_fd = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
       setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
       bind(s->listen_fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(s->listen_fd, 128) != 0) {
-    snprintf(err, cap, "hostir_nccl: rank 0 cannot listen on port %d for the bootstrap: %s (set HOSTIR_PORT to a free port, the same on every rank)", s->port,
-             strerror(errno));
+    snprintf(err, cap, "hostir_nccl: rank 0 cannot listen on port %d for the bootstrap: %s (set HOSTIR_PORT to a free port, "
+             "the same on every rank)", s->port, strerror(errno));
     if (s->listen_fd >= 0) close(s->listen_fd);
     s->listen_fd = -1;
     return HIR_ERR_COMM;
@@ -689,7 +689,8 @@ static hir_status hir__ce_send(hir_comm *c, const hir__ce_op *op) {
   if ((e = cudaEventRecord(nc->ce_source, (cudaStream_t)op->stream)) != cudaSuccess ||
       (e = cudaStreamWaitEvent(nc->ce_stream, nc->ce_source, 0)) != cudaSuccess ||
       (e = cudaStreamWaitEvent(nc->ce_stream, slot->ready, 0)) != cudaSuccess ||
-      (e = cudaMemcpyPeerAsync(slot->buf, w->ranks[op->peer].device, op->buf, nc->device, op->bytes, nc->ce_stream)) != cudaSuccess ||
+      (e = cudaMemcpyPeerAsync(slot->buf, w->ranks[op->peer].device, op->buf, nc->device, op->bytes, nc->ce_stream)) !=
+          cudaSuccess ||
       (e = cudaEventRecord(slot->done, nc->ce_stream)) != cudaSuccess ||
       (e = cudaStreamWaitEvent((cudaStream_t)op->stream, slot->done, 0)) != cudaSuccess) /* the buffer is the sender's again */
     return hir__ce_fail(c, HIR_ERR_BACKEND, "a peer copy", cudaGetErrorString(e));
