@@ -468,7 +468,7 @@ HIRDEF size_t      hir_evaluator_memory(const hir_evaluator *ev);  /* bytes of b
    when it was issued). Where the backend keeps time (CUDA), it also notes
    when the stream ran each node's work: timing events around it, on the
    host's clock from an event passed when recording starts (which drains
-   the caller's stream once). Records add up over runs until cleared
+   the caller's stream once; call it on the thread that runs the evaluator). Records add up over runs until cleared
    (record = 0); buffers for 65536 nodes and 8192 GPU spans are made here,
    so runs never allocate, and later nodes go unrecorded. hir_timeline_write
    writes the evaluators' records - one per rank - as a Chrome trace /
