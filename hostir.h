@@ -4424,7 +4424,7 @@ static hir_status hir__cuda_binary(hir_backend *b, void *stream, hir_binary_op o
     else
       HIR__BLAS(b, cublasDdgmm(l->blas, CUBLAS_SIDE_RIGHT, 1, (int)n, (const double *)da.data, 1, (const double *)dx.data, 1,
                                (double *)dd.data, 1));
-  } else { /* C = A + (+-1) B as a matrix of n elements: 65536 rows where n allows (one long column is slow) */
+  } else { /* C = A + (+-1) B as a matrix of n elements: n halved to 65536 rows where it can be (one long column is slow) */
     cublasLtMatrixTransformDesc_t desc;
     cublasLtMatrixLayout_t lay;
     int64_t rows = n;
@@ -4437,7 +4437,6 @@ static hir_status hir__cuda_binary(hir_backend *b, void *stream, hir_binary_op o
     if (!c->lt) HIR__BLAS(b, cublasLtCreate(&c->lt));
     HIR__BLAS(b, cublasLtMatrixTransformDescCreate(&desc, scale));
     while (rows > 65536 && rows % 2 == 0) rows /= 2;
-    if (rows > 65536 || n / rows == 1) rows = n;
     s1 = cublasLtMatrixLayoutCreate(&lay, hir__cuda_type(dst->dtype), (uint64_t)rows, (uint64_t)(n / rows), rows);
     s2 = s1 == CUBLAS_STATUS_SUCCESS ? cublasLtMatrixTransform(c->lt, desc, alpha, da.data, lay, beta, dx.data, lay, dd.data, lay,
                                                                l->stream)

@@ -143,7 +143,7 @@ static void test_gpu_ops(void) {
 
 /* TF32 is off by default (f32 matmuls exact to f32), and the option turns it on. */
 /* add and sub of long tensors: cublasLt's transform sees them as matrices of
-   65536 rows where the length allows (2^18 elements), else as one column (an
+   65536 rows where halving allows (2^18 elements), else as one column (an
    odd length). */
 static void test_gpu_long_binary(void) {
   int64_t sizes[2][2] = {{4, 65536}, {3, 100003}};

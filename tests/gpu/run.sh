@@ -38,13 +38,7 @@ if command -v nvcc >/dev/null; then
   stage "examples built with nvcc" make -s examples-nvcc
 fi
 stage "the examples on the GPUs (make run, make run-examples)" make -s run run-examples
-# make run under an NVTX tool (the probe, loaded as Nsight loads its own): a range per host IR node
-nvtx_ranges='rm -f build/nvtx.txt
-  NVTX_INJECTION64_PATH="$PWD/build/nvtx_probe.so" HIR_NVTX_PROBE_OUT=build/nvtx.txt ./build/main > /dev/null || exit 1
-  cat build/nvtx.txt
-  awk "/^pushes/ {p = \$2} /^pops/ {q = \$2} /^range MatmulOp/ {m = \$3} /^range P2PCommunication/ {c = \$3}
-       END {exit !(p > 0 && p == q && m > 0 && c > 0)}" build/nvtx.txt'
-stage "NVTX ranges seen by an injected tool (make run)" bash -c "$nvtx_ranges"
+stage "NVTX ranges seen by an injected tool (build/main)" tests/gpu/nvtx_check.sh
 if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null; then
   stage "examples/launch_processes under torchrun, $ngpu processes" \
     env HOSTIR_PORT=29670 torchrun --standalone --nproc_per_node="$ngpu" --no-python build/launch_processes
