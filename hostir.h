@@ -3053,6 +3053,10 @@ typedef struct hir__chain {
   const int *mesh;              /* the P2P mesh and my position in it */
   int mesh_size, pos;
   hir_val *i, *chunk, *slot, *pos_val;
+  hir_tv *parts;                /* the reduce-scatter's partials of the own chunk, a slot per mesh position */
+  int parts_axis;
+  hir_val *mine;                /* whether this step's chunk is the device's own */
+  const hir_tv *partials;       /* the reduce-scatter's input where the own chunk is computed straight into parts */
   hir_scope *body;
   hir__vec allocs, after, slices;
   unsigned char *bounded;       /* by tensor name */
@@ -3118,10 +3122,13 @@ static hir_expr *hir__clone_onto(hir_fusion *f, const hir_expr *e, hir_tv **ins,
   return n;
 }
 
-/* An ordinary op of the chain, rewritten onto this iteration's views. */
+/* An ordinary op of the chain, rewritten onto this iteration's views. The
+   producer of the reduce-scatter's partials writes the own chunk straight
+   into its slot of the partials (no copy before the sum). */
 static int hir__stream_op(hir__chain *c, const hir_expr *e) {
   hir_fusion *f = &c->p->ir;
   hir_tv *ins[2], *out;
+  hir_expr *ite, *sel;
   int s = hir__stream_axis(e->out[0]), k, j;
   for (k = 0; k < e->nin; k++) {
     int map[HIR_MAX_DIMS], axis = -1;
@@ -3132,7 +3139,12 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
     if (!ins[k]) return 0;
   }
   if (!(out = hir__chunk_view(c, e->out[0], s))) return 0;
-  return hir__append(c->body, hir__clone_onto(f, e, ins, out, s));
+  if (e->out[0] != c->partials) return hir__append(c->body, hir__clone_onto(f, e, ins, out, s));
+  if (!(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)) || !(sel = hir__alias_select(f, c->parts, c->parts_axis, c->pos_val)))
+    return 0;
+  ite->val = c->mine;
+  return hir__append(&ite->body, sel) && hir__append(&ite->body, hir__clone_onto(f, e, ins, sel->out[0], s)) &&
+         hir__append(&ite->orelse, hir__clone_onto(f, e, ins, out, s)) && hir__append(c->body, ite);
 }
 
 /* The P2P allgather: the chunk of peer mesh[c] lands in out's slice c. */
@@ -3161,49 +3173,70 @@ static int hir__stream_allgather(hir__chain *c, const hir_expr *e, int in_axis) 
   return hir__append(c->body, ite);
 }
 
+/* The P2P reduce-scatter's buffer: shaped like the output with the reduced
+   axis kept, a slot per mesh position, for the partials of the own chunk.
+   The ring makes it before the chain's ops: when only the reduce-scatter
+   reads its input (not a program output, not used outside the chain), the
+   input's producer writes the own chunk straight into the own slot
+   (hir__stream_op). The linear schedule makes it at the reduce-scatter and
+   copies the own chunk there, as nvFuser's programs do. */
+static int hir__stream_partials(hir__chain *c, const hir_expr *e, const int *first, const int *last, int at) {
+  hir_fusion *f = &c->p->ir;
+  const hir_tv *in = e->in[0], *out = e->out[0];
+  int map[HIR_MAX_DIMS], q, k, readers = 0;
+  if (c->parts) return 1;
+  if (!(c->parts = hir__new_tv(f, out->dtype, HIR_MEM_GLOBAL, out->ndims))) return 0;
+  hir__axis_map(e, 0, map);
+  c->parts_axis = map[hir__didx_axis(in)];
+  for (q = 0; q < out->ndims; q++)
+    if (!(c->parts->ids[q] = hir__clone_id(f, out->ids[q], 1))) return 0;
+  c->parts->ids[c->parts_axis]->iter = HIR_ITERATION;
+  c->parts->mesh = out->mesh;
+  c->parts->mesh_size = out->mesh_size;
+  c->mine = c->ring ? hir__v(c, HIR_SCALAR_EQ, c->i, hir__const(f, c->mesh_size - 1)) /* the ring keeps its own chunk last */
+                    : hir__v(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
+  for (k = 0; k < c->n; k++)
+    for (q = 0; q < c->exprs[k]->nin; q++) readers += c->exprs[k]->in[q] == in;
+  c->partials = c->ring && !in->is_output && readers == 1 && first && first[in->name] >= at && last[in->name] < at + c->n ? in : NULL;
+  return c->mine && hir__push(f, &c->allocs, c->parts);
+}
+
 /* The P2P reduce-scatter: each step sends this device's partial of chunk c
-   to its owner mesh[c] and receives a partial of its own chunk into a
-   buffer shaped like the output with the reduced axis kept (one slot per
-   position); after the loop one local sum over the slots. */
+   to its owner mesh[c] and receives a partial of its own chunk into its
+   slot of the partials; after the loop one local sum over the slots. */
 static int hir__stream_reduce_scatter(hir__chain *c, const hir_expr *e, int in_axis) {
   hir_program *p = c->p;
   hir_fusion *f = &p->ir;
   hir_tv *out = e->out[0], *parts, *part = hir__chunk_view(c, e->in[0], in_axis);
   hir_expr *ite, *sum, *end;
-  hir_val *from, *mine;
-  int map[HIR_MAX_DIMS], r, q;
-  if (!part || !(parts = hir__new_tv(f, out->dtype, HIR_MEM_GLOBAL, out->ndims))) return 0;
-  hir__axis_map(e, 0, map);
-  r = map[hir__didx_axis(e->in[0])];
-  for (q = 0; q < out->ndims; q++) /* like out, the reduced axis kept: one slot per mesh position */
-    if (!(parts->ids[q] = hir__clone_id(f, out->ids[q], 1))) return 0;
-  parts->ids[r]->iter = HIR_ITERATION;
-  parts->mesh = out->mesh;
-  parts->mesh_size = out->mesh_size;
-  if (!hir__push(f, &c->allocs, parts) || !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0))) return 0;
-  if (c->ring) { /* step i: send chunk pos+i+1, receive from pos-i-1; the last step keeps its own chunk */
-    from = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size - 1)), c->i),
-                  hir__const(f, c->mesh_size));
-    mine = hir__v(c, HIR_SCALAR_EQ, c->i, hir__const(f, c->mesh_size - 1));
-  } else { /* step i: everybody sends chunk i to its owner, who receives from all */
-    from = NULL;
-    mine = hir__v(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
+  hir_scope *others;            /* the steps of the peers' chunks */
+  int r, q;
+  if (!part || !hir__stream_partials(c, e, NULL, NULL, 0) || !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0))) return 0;
+  parts = c->parts;
+  r = c->parts_axis;
+  if (c->partials) { /* nothing to do at the own step: IF not mine */
+    ite->val = hir__v(c, HIR_SCALAR_NE, c->i, hir__const(f, c->mesh_size - 1));
+    others = &ite->body;
+  } else {
+    ite->val = c->mine;
+    others = &ite->orelse;
   }
-  if (!mine) return 0;
-  ite->val = mine;
-  { /* my own partial goes into my slot */
+  if (!ite->val) return 0;
+  if (!c->partials) { /* my own partial goes into my slot */
     hir_expr *sel = hir__alias_select(f, parts, r, c->pos_val);
     if (!sel || !hir__append(&ite->body, sel) ||
         !hir__append(&ite->body, hir__host_compute(p, HIR_EXPR_LOAD_STORE, 0, sel->out[0], part, NULL, "stream lowering")))
       return 0;
   }
-  if (c->ring) {
+  if (c->ring) { /* step i: send chunk pos+i+1, receive from pos-i-1 */
+    hir_val *from = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size - 1)), c->i),
+                           hir__const(f, c->mesh_size));
     hir_expr *sel = hir__alias_select(f, parts, r, from);
-    if (!sel || !hir__append(&ite->orelse, sel) || !hir__append(&ite->orelse, hir_host_start_coalescing(p)) ||
-        !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_RECV, sel->out[0], hir__mesh_at(c, from))) ||
-        !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_SEND, part, hir__mesh_at(c, c->chunk))))
+    if (!from || !sel || !hir__append(others, sel) || !hir__append(others, hir_host_start_coalescing(p)) ||
+        !hir__append(others, hir_host_p2p(p, HIR_P2P_RECV, sel->out[0], hir__mesh_at(c, from))) ||
+        !hir__append(others, hir_host_p2p(p, HIR_P2P_SEND, part, hir__mesh_at(c, c->chunk))))
       return 0;
-  } else {
+  } else { /* step i: everybody sends chunk i to its owner, who receives from all */
     hir_scope *then = &ite->body;
     int first_view = then->exprs.n;
     if (c->pos >= c->mesh_size) {
@@ -3224,11 +3257,11 @@ static int hir__stream_reduce_scatter(hir__chain *c, const hir_expr *e, int in_a
       if (!hir__append(then, hir_host_p2p(p, HIR_P2P_RECV, sel->out[0], hir__const(f, c->mesh[q])))) return 0;
     }
     if (!hir__append(then, end = hir_host_end_coalescing(p)) || !hir__append(then, hir_host_wait(p, end)) ||
-        !hir__append(&ite->orelse, hir_host_start_coalescing(p)) ||
-        !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_SEND, part, hir__mesh_at(c, c->chunk))))
+        !hir__append(others, hir_host_start_coalescing(p)) ||
+        !hir__append(others, hir_host_p2p(p, HIR_P2P_SEND, part, hir__mesh_at(c, c->chunk))))
       return 0;
   }
-  if (!hir__append(&ite->orelse, end = hir_host_end_coalescing(p)) || !hir__append(&ite->orelse, hir_host_wait(p, end)) ||
+  if (!hir__append(others, end = hir_host_end_coalescing(p)) || !hir__append(others, hir_host_wait(p, end)) ||
       !hir__append(c->body, ite))
     return 0;
   if (!(sum = hir__new_expr(f, HIR_EXPR_REDUCTION, 1, 1))) return 0; /* out = sum over the slots, after the loop */
@@ -3285,6 +3318,11 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   c->body = &loop->body;
   if (!(caller = hir_stream_new(p)) || !(pool = hir_stream_indexed(p, c->slot))) return 0;
   if (!hir__append(c->body, hir_host_set_current_stream(p, pool))) return 0;
+  c->parts = NULL;
+  c->partials = NULL;
+  for (k = 0; k < c->n; k++)
+    if (c->ring && hir__p2p_kind(c->exprs[k], &a) == HIR__P2P_REDUCE_SCATTER && !hir__stream_partials(c, c->exprs[k], first, last, at))
+      return 0;
   for (k = 0; k < c->n; k++) {
     const hir_expr *e = c->exprs[k];
     int kind = hir__p2p_kind(e, &a), ok;
@@ -4119,9 +4157,10 @@ HIRDEF void hir_backend_free(hir_backend *b) {
 // >>backend_cuda
 #ifdef HOSTIR_CUDA
 /* The CUDA backend: device memory, non-blocking streams, events, and the ops
-   through the CUDA runtime, cuBLAS and cuBLASLt only (no kernels of ours, so
-   a plain C compiler builds it). Each stream gets its own cuBLAS handle and
-   scratch, so ops on different streams never share a workspace. */
+   through the CUDA runtime, cuBLAS and cuBLASLt, plus one kernel of ours
+   written in PTX (the driver compiles it when loaded, so a plain C compiler
+   still builds hostir). Each stream gets its own cuBLAS handle and scratch,
+   so ops on different streams never share a workspace. */
 typedef struct hir__cuda_lane {  /* what one stream needs */
   cudaStream_t stream;
   cublasHandle_t blas;
@@ -4136,9 +4175,11 @@ typedef struct hir__cuda {
   cublasLtHandle_t lt;
   hir__cuda_lane lanes[HIR__CUDA_LANES];
   int nlanes;
-  void *ones;                   /* a vector of ones per dtype, for sums */
-  size_t ones_len[HIR_DTYPE_COUNT];
+  size_t ones_len[HIR_DTYPE_COUNT]; /* a vector of ones per dtype, for long sums */
   void *ones_by_type[HIR_DTYPE_COUNT];
+  int kernels_state;                /* 0: not loaded yet, 1: loaded, -1: failed to load (cuBLAS only) */
+  cudaLibrary_t kernels;
+  cudaKernel_t sum_kernel[HIR_DTYPE_COUNT]; /* the short-axis sum per dtype, NULL where none */
 } hir__cuda;
 
 static hir_status hir__cuda_fail(hir_backend *b, const char *what, const char *detail, const char *file, int line) {
@@ -4215,6 +4256,7 @@ static void hir__cuda_destroy(hir_backend *b) {
   }
   for (k = 0; k < HIR_DTYPE_COUNT; k++)
     if (c->ones_by_type[k]) cudaFree(c->ones_by_type[k]);
+  if (c->kernels_state == 1) cudaLibraryUnload(c->kernels);
   if (c->lt) cublasLtDestroy(c->lt);
   HIR_FREE(c);
   HIR_FREE(b);
@@ -4478,8 +4520,110 @@ static hir_status hir__cuda_ones(hir_backend *b, hir_dtype dt, int64_t n, void *
   return HIR_OK;
 }
 
-/* dst (src's shape, 1 on reduced axes) = sum of src: one reduced axis at a
-   time as a strided-batched GEMM against ones, accumulating in f32 (f64). */
+/* The sum over a short axis, the tail of a reduce-scatter (the partials of
+   the peers added up): dst[o, i] = sum over r < R of src[o, r, i], both
+   dense, 16 bytes a thread (4 f32 or 8 f16/bf16 values) read once and
+   accumulated in f32, rounded once; blockIdx.y is o. PTX 7.0 for sm_80 and
+   later: the driver compiles it for the GPU it runs on. */
+#define HIR__PTX_SUM_KERNEL(name, ACC, PACK)                                                                   \
+  ".visible .entry " name "(.param .u64 p_dst, .param .u64 p_src, .param .u64 p_nvec, .param .u32 p_r,\n"    \
+  "    .param .u64 p_rstride, .param .u64 p_osrc, .param .u64 p_odst)\n{\n"                                   \
+  "  .reg .pred %p;\n  .reg .b16 %h<2>;\n  .reg .b32 %r, %bx, %bw, %tx, %by, %w<4>, %t<2>;\n"                 \
+  "  .reg .f32 %a<8>;\n  .reg .b64 %dst, %src, %nvec, %rs, %os, %od, %i, %o;\n"                               \
+  "  ld.param.u64 %dst, [p_dst];\n  ld.param.u64 %src, [p_src];\n  ld.param.u64 %nvec, [p_nvec];\n"          \
+  "  ld.param.u32 %r, [p_r];\n  ld.param.u64 %rs, [p_rstride];\n  ld.param.u64 %os, [p_osrc];\n"              \
+  "  ld.param.u64 %od, [p_odst];\n"                                                                           \
+  "  mov.u32 %bx, %ctaid.x;\n  mov.u32 %bw, %ntid.x;\n  mov.u32 %tx, %tid.x;\n  mov.u32 %by, %ctaid.y;\n"     \
+  "  mul.wide.u32 %i, %bx, %bw;\n  cvt.u64.u32 %o, %tx;\n  add.u64 %i, %i, %o;\n"                             \
+  "  setp.ge.u64 %p, %i, %nvec;\n  @%p bra DONE;\n"                                                           \
+  "  cvt.u64.u32 %o, %by;\n  shl.b64 %i, %i, 4;\n"                                                            \
+  "  mad.lo.u64 %src, %o, %os, %src;\n  add.u64 %src, %src, %i;\n"                                            \
+  "  mad.lo.u64 %dst, %o, %od, %dst;\n  add.u64 %dst, %dst, %i;\n"                                            \
+  "  mov.f32 %a0, 0f00000000;\n  mov.f32 %a1, %a0;\n  mov.f32 %a2, %a0;\n  mov.f32 %a3, %a0;\n"              \
+  "  mov.f32 %a4, %a0;\n  mov.f32 %a5, %a0;\n  mov.f32 %a6, %a0;\n  mov.f32 %a7, %a0;\n"                      \
+  "LOOP:\n  ld.global.nc.v4.b32 {%w0, %w1, %w2, %w3}, [%src];\n"                                              \
+  ACC("0", "0", "1") ACC("1", "2", "3") ACC("2", "4", "5") ACC("3", "6", "7")                                \
+  "  add.u64 %src, %src, %rs;\n  sub.u32 %r, %r, 1;\n  setp.ne.u32 %p, %r, 0;\n  @%p bra LOOP;\n"             \
+  PACK("0", "0", "1") PACK("1", "2", "3") PACK("2", "4", "5") PACK("3", "6", "7")                            \
+  "  st.global.v4.b32 [%dst], {%w0, %w1, %w2, %w3};\nDONE:\n  ret;\n}\n"
+/* word w of a vector into accumulators lo and hi (f32: one value, in w's own) */
+#define HIR__PTX_ACC_F32(w, lo, hi) "  add.f32 %a" w ", %a" w ", %w" w ";\n"
+#define HIR__PTX_PACK_F32(w, lo, hi) "  mov.b32 %w" w ", %a" w ";\n"
+#define HIR__PTX_ACC_F16(w, lo, hi)                                                                           \
+  "  mov.b32 {%h0, %h1}, %w" w ";\n  cvt.f32.f16 %t0, %h0;\n  cvt.f32.f16 %t1, %h1;\n"                        \
+  "  add.f32 %a" lo ", %a" lo ", %t0;\n  add.f32 %a" hi ", %a" hi ", %t1;\n"
+#define HIR__PTX_PACK_F16(w, lo, hi) "  cvt.rn.f16x2.f32 %w" w ", %a" hi ", %a" lo ";\n"
+#define HIR__PTX_ACC_BF16(w, lo, hi) /* a bf16 is the top half of an f32 */                                  \
+  "  shl.b32 %t0, %w" w ", 16;\n  and.b32 %t1, %w" w ", -65536;\n"                                             \
+  "  add.f32 %a" lo ", %a" lo ", %t0;\n  add.f32 %a" hi ", %a" hi ", %t1;\n"
+#define HIR__PTX_PACK_BF16(w, lo, hi) "  cvt.rn.bf16x2.f32 %w" w ", %a" hi ", %a" lo ";\n"
+
+static const char *const hir__cuda_ptx[] = { /* pieces under C's 4095-character limit, joined when loaded */
+    ".version 7.0\n.target sm_80\n.address_size 64\n",
+    HIR__PTX_SUM_KERNEL("hir_sum_f32", HIR__PTX_ACC_F32, HIR__PTX_PACK_F32),
+    HIR__PTX_SUM_KERNEL("hir_sum_f16", HIR__PTX_ACC_F16, HIR__PTX_PACK_F16),
+    HIR__PTX_SUM_KERNEL("hir_sum_bf16", HIR__PTX_ACC_BF16, HIR__PTX_PACK_BF16)};
+
+/* Loads the kernels once; where the driver or GPU cannot take them (older
+   than sm_80), sums stay on cuBLAS. */
+static void hir__cuda_load_kernels(hir__cuda *c) {
+  static const struct { hir_dtype dtype; const char *name; } sums[] = {
+      {HIR_F32, "hir_sum_f32"}, {HIR_F16, "hir_sum_f16"}, {HIR_BF16, "hir_sum_bf16"}};
+  size_t i, len = 1;
+  char *ptx;
+  cudaError_t e;
+  if (c->kernels_state) return;
+  c->kernels_state = -1;
+  for (i = 0; i < sizeof hir__cuda_ptx / sizeof hir__cuda_ptx[0]; i++) len += strlen(hir__cuda_ptx[i]);
+  if (!(ptx = (char *)HIR_MALLOC(len))) return;
+  for (ptx[0] = 0, i = 0; i < sizeof hir__cuda_ptx / sizeof hir__cuda_ptx[0]; i++) strcat(ptx, hir__cuda_ptx[i]);
+  e = cudaLibraryLoadData(&c->kernels, ptx, NULL, NULL, 0, NULL, NULL, 0);
+  HIR_FREE(ptx);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  c->kernels_state = 1;
+  for (i = 0; i < sizeof sums / sizeof sums[0]; i++)
+    if (cudaLibraryGetKernel(&c->sum_kernel[sums[i].dtype], c->kernels, sums[i].name) != cudaSuccess) {
+      cudaGetLastError();
+      c->sum_kernel[sums[i].dtype] = NULL;
+    }
+}
+
+/* next[O, I] = sum over R of cur[O, R, I] by the kernel, where it applies:
+   a loaded kernel for the dtype, an axis of at most 256 (longer ones keep
+   the GEMM, whose threads share an axis), rows of whole 16-byte vectors. */
+static int hir__cuda_sum_kernel(hir_backend *b, cudaStream_t s, void *next, const void *cur, hir_dtype dt, int64_t O, int64_t R,
+                                int64_t I, hir_status *st) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  int64_t es = (int64_t)hir_dtype_size(dt), o;
+  uint64_t nvec = (uint64_t)(I * es / 16), rstride = (uint64_t)(I * es), osrc = (uint64_t)(R * I * es), odst = rstride;
+  unsigned r = (unsigned)R;
+  hir__cuda_load_kernels(c);
+  if (!c->sum_kernel[dt] || R < 1 || R > 256 || (I * es) % 16 || ((uintptr_t)next | (uintptr_t)cur) % 16) return 0;
+  for (o = 0; o < O; o += 65535) { /* blockIdx.y is o: at most 65535 a launch */
+    void *dp = (char *)next + o * (int64_t)odst;
+    const void *sp = (const char *)cur + o * (int64_t)osrc;
+    void *args[7];
+    dim3 grid, block;
+    cudaError_t e;
+    args[0] = &dp, args[1] = &sp, args[2] = &nvec, args[3] = &r, args[4] = &rstride, args[5] = &osrc, args[6] = &odst;
+    grid.x = (unsigned)((nvec + 255) / 256), grid.y = (unsigned)(O - o < 65535 ? O - o : 65535), grid.z = 1;
+    block.x = 256, block.y = 1, block.z = 1;
+    if ((e = cudaLaunchKernel((const void *)c->sum_kernel[dt], grid, block, args, 0, s)) != cudaSuccess) {
+      *st = hir__cuda_fail(b, "cudaLaunchKernel (sum)", cudaGetErrorString(e), __FILE__, __LINE__);
+      return 1;
+    }
+  }
+  *st = HIR_OK;
+  return 1;
+}
+
+/* dst (src's shape, 1 on reduced axes) = sum of src, one reduced axis at a
+   time: short axes by the kernel above, the rest as a strided-batched GEMM
+   against ones; both accumulate in f32 (f64). The last axis writes straight
+   into dst where dst is dense. */
 static hir_status hir__cuda_sum(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
   hir__cuda_lane *l;
   hir_tensor cur, next;
@@ -4492,8 +4636,12 @@ static hir_status hir__cuda_sum(hir_backend *b, void *stream, const hir_tensor *
   double one_d = 1, zero_d = 0;
   const void *one = src->dtype == HIR_F64 ? (const void *)&one_d : (const void *)&one_f;
   const void *zero = src->dtype == HIR_F64 ? (const void *)&zero_d : (const void *)&zero_f;
+  int last = -1;
+  if (hir__numel(dst->ndims, dst->sizes) == 0) return HIR_OK;
   if ((st = hir__cuda_lane_of(b, stream, &l)) != HIR_OK || (st = hir__cuda_dense(b, l, 0, src, src, &cur)) != HIR_OK) return st;
-  for (d = 0; d < src->ndims; d++) {
+  for (d = 0; d < src->ndims; d++)
+    if (dst->sizes[d] == 1 && src->sizes[d] != 1) last = d;
+  for (d = 0; d <= last; d++) {
     int64_t O = 1, R = cur.sizes[d], I = 1, q;
     void *ones, *p;
     if (dst->sizes[d] != 1 || R == 1) continue;
@@ -4501,19 +4649,25 @@ static hir_status hir__cuda_sum(hir_backend *b, void *stream, const hir_tensor *
     for (q = d + 1; q < cur.ndims; q++) I *= cur.sizes[q];
     next = cur;
     next.sizes[d] = 1;
-    /* results alternate between scratch 1 and 2, never the buffer being read */
-    if ((st = hir__cuda_ones(b, src->dtype, R, &ones)) != HIR_OK ||
-        (st = hir__cuda_scratch(b, l, cur.data == l->scratch[1] ? 2 : 1, (size_t)(O * I) * es, &p)) != HIR_OK)
-      return st;
-    next.data = p;
     hir__contiguous_strides(&next);
-    /* column-major: C[I x 1] = A[I x R] (ld I) x ones[R x 1], batched over O */
-    HIR__BLAS(b, cublasGemmStridedBatchedEx(l->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)I, 1, (int)R, one, cur.data, t, (int)I,
-                                            (long long)(R * I), ones, t, (int)R, 0, zero, next.data, t, (int)I, (long long)I,
-                                            (int)O, ct, CUBLAS_GEMM_DEFAULT));
+    if (d == last && hir__is_contiguous(dst)) {
+      p = dst->data;
+    } else if ((st = hir__cuda_scratch(b, l, cur.data == l->scratch[1] ? 2 : 1, (size_t)(O * I) * es, &p)) != HIR_OK) {
+      return st; /* results alternate between scratch 1 and 2, never the buffer being read */
+    }
+    next.data = p;
+    if (hir__cuda_sum_kernel(b, l->stream, next.data, cur.data, src->dtype, O, R, I, &st)) {
+      if (st != HIR_OK) return st;
+    } else {
+      if ((st = hir__cuda_ones(b, src->dtype, R, &ones)) != HIR_OK) return st;
+      /* column-major: C[I x 1] = A[I x R] (ld I) x ones[R x 1], batched over O */
+      HIR__BLAS(b, cublasGemmStridedBatchedEx(l->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)I, 1, (int)R, one, cur.data, t, (int)I,
+                                              (long long)(R * I), ones, t, (int)R, 0, zero, next.data, t, (int)I, (long long)I,
+                                              (int)O, ct, CUBLAS_GEMM_DEFAULT));
+    }
     cur = next;
   }
-  return hir__cuda_copy(b, l->stream, dst, &cur);
+  return cur.data == dst->data ? HIR_OK : hir__cuda_copy(b, l->stream, dst, &cur);
 }
 
 /* One operand of a GEMM in cuBLAS terms: a pointer, whether it is read

@@ -141,7 +141,6 @@ static void test_gpu_ops(void) {
   }
 }
 
-/* TF32 is off by default (f32 matmuls exact to f32), and the option turns it on. */
 /* add and sub of long tensors: cublasLt's transform sees them as matrices of
    65536 rows where halving allows (2^18 elements), else as one column (an
    odd length). */
@@ -179,6 +178,49 @@ static void test_gpu_long_binary(void) {
   }
 }
 
+/* Sums on both paths of the CUDA backend, in every dtype: short axes of
+   whole 16-byte rows by hostir's kernel (one launch, several for more than
+   65535 rows outside, two axes in a row), long axes (over 256) and rows of an
+   odd length by the GEMM against ones. */
+static void test_gpu_sum(void) {
+  static const struct { int nd; int64_t sizes[3]; int naxes, axes[2]; } cases[] = {
+      {2, {4, 2048}, 1, {0}},        /* the partials of a reduce-scatter */
+      {3, {3, 5, 264}, 1, {1}},      /* rows outside and inside */
+      {3, {70000, 2, 8}, 1, {1}},    /* more than 65535 rows outside: two launches */
+      {3, {4, 6, 16}, 2, {0, 2}},    /* the kernel, then the GEMM (rows of one value) */
+      {3, {2, 300, 64}, 1, {1}},     /* a long axis: the GEMM */
+      {3, {3, 7, 1001}, 1, {1}},     /* odd rows: the GEMM */
+  };
+  int dt, k;
+  hir_backend *be = hir_backend_cuda_create(0);
+  CHECK(be != NULL);
+  for (dt = 0; be && dt < HIR_DTYPE_COUNT; dt++)
+    for (k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *a = hir_input(f, (hir_dtype)dt, cases[k].nd);
+      hir_tensor in = trand((hir_dtype)dt, cases[k].nd, cases[k].sizes), cpu, gpu;
+      char err[512] = "", what[96];
+      hir_output(f, hir_sum(f, a, cases[k].naxes, cases[k].axes));
+      snprintf(what, sizeof what, "%s sum, case %d", hir_dtype_name((hir_dtype)dt), k);
+      if (run_single(f, NULL, 1, &in, 1, &cpu, err, sizeof err) != HIR_OK) {
+        fprintf(stderr, "  %s on the CPU: %s\n", what, err);
+        hir_test_failures++;
+      } else {
+        if (run_single(f, be, 1, &in, 1, &gpu, err, sizeof err) != HIR_OK || !compare(&gpu, &cpu, dtype_tol((hir_dtype)dt), err, sizeof err, what)) {
+          fprintf(stderr, "  %s\n", err);
+          hir_test_failures++;
+        } else {
+          tfree(&gpu);
+        }
+        tfree(&cpu);
+      }
+      tfree(&in);
+      hir_fusion_free(f);
+    }
+  hir_backend_free(be);
+}
+
+/* TF32 is off by default (f32 matmuls exact to f32), and the option turns it on. */
 static void test_gpu_tf32(void) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2);
@@ -495,6 +537,7 @@ static const hir_test gpu_tests[] = {
     {"gpu/tf32", test_gpu_tf32},
     {"gpu/strided_copy", test_gpu_strided_copy},
     {"gpu/long_binary", test_gpu_long_binary},
+    {"gpu/sum", test_gpu_sum},
     {"gpu/timeline", test_gpu_timeline},
 };
 static const hir_test multi_tests[] = {
