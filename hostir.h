@@ -287,14 +287,19 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
      (as hir_run will get them; data ignored); else lower it serial. The
      model: GEMM time = flops / gemm_flops_per_s, communication = bytes moved
      / link_bytes_per_s, each chunk costs chunk_overhead_s, and the pipeline
-     hides all but one chunk of the shorter of the two. Zeros take defaults
-     measured on H200 with copy-engine P2P (bench/RESULTS.md): 750e12 flop/s
-     in f16/bf16, 50e12 in f32/f64, 300e9 B/s, 20 us. hir_program_plan says
-     what was chosen and why. */
+     hides all but one chunk of the shorter of the two - only where it is a
+     P2P pipeline whose send/recv run on copy engines (p2p_copy_engine = 1,
+     with hir_nccl_world_set_copy_engine). Otherwise the communication runs
+     as NCCL kernels that wait for the SMs a GEMM holds (bench/NOTES.md,
+     sections 0-1), and the model, expecting no overlap, lowers serial. Zeros
+     take defaults measured on H200 with copy-engine P2P (bench/RESULTS.md):
+     750e12 flop/s in f16/bf16, 50e12 in f32/f64, 300e9 B/s, 20 us.
+     hir_program_plan says what was chosen and why. */
   int automatic;
   const struct hir_tensor *input_shapes;
   int ninput_shapes;
   double gemm_flops_per_s, link_bytes_per_s, chunk_overhead_s;
+  int p2p_copy_engine;
 } hir_stream_options;
 typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   int my_device;                    /* this rank's device id */
@@ -804,7 +809,7 @@ struct hir_program {
   hir__vec units;
   int next_stream;
   int my_device;          /* the device the program was lowered for; -1 if built by hand */
-  char plan[160];         /* the automatic choice of hir_stream_options */
+  char plan[256];         /* the automatic choice of hir_stream_options */
 };
 
 static void hir__vfail(hir_fusion *f, hir_status s, const char *fmt, va_list ap) {
@@ -2471,6 +2476,7 @@ struct hir_segmentation {
 
 /* Steps 1-3 on a program holding a copy of the fusion. */
 static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_stream_options *o);
+static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, unsigned dump);
 
 static int hir__front_end(hir_program *p, const hir_fusion *f, const hir_lower_desc *d, hir__vec *groups) {
   if (!hir__clone_fusion(p, f)) return 0;
@@ -3614,18 +3620,17 @@ static int hir__pipeline_check(hir_program *p, const char *name, unsigned dump) 
   return 1;
 }
 
-HIRDEF hir_status hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out) {
+/* hir_lower with the passes dumped as `dump` says (none for scratch lowerings). */
+static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, unsigned dump) {
   hir_lower_desc defaults;
   hir__vec groups = {NULL, 0, 0};
   hir_program *p;
-  unsigned dump;
   if (!out) return HIR_ERR_INVALID;
   memset(&defaults, 0, sizeof defaults);
   if (!d) d = &defaults;
   if (!(p = *out = hir_program_create())) return HIR_ERR_NOMEM;
   p->my_device = d->my_device;
   if (!hir__check_lower_args(p, f, d, "hir_lower")) return p->ir.status;
-  dump = hir__dump_flags();
   /* the pipeline, written out: each pass, then the verifier */
   if (!hir__front_end(p, f, d, &groups) || !hir__build_program(p, &groups) || !hir__pipeline_check(p, "segmentation", dump))
     return p->ir.status;
@@ -3638,6 +3643,10 @@ HIRDEF hir_status hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_pr
     return p->ir.status;
   if (dump & HIR__DUMP_HOST_IR) hir__dump(p, "host_ir");
   return HIR_OK;
+}
+
+HIRDEF hir_status hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out) {
+  return hir__lower(f, d, out, hir__dump_flags());
 }
 
 // >>half
@@ -5583,11 +5592,46 @@ static int hir__model(hir_program *p, hir_program *s, const hir_stream_options *
   return ok;
 }
 
+/* Whether the pipeline would send and receive point to point: a scratch
+   copy with its Stream axes, propagated and decomposed, has a P2P pattern. */
+static int hir__pipeline_is_p2p(const hir_fusion *f, int my_device) {
+  hir_program *s = hir_program_create();
+  int i, a, p2p = 0;
+  if (!s) return 0;
+  s->my_device = my_device;
+  if (hir__clone_fusion(s, f)) {
+    hir__propagate_shardings(s);
+    if (hir__validate_fusion(s) && hir__decompose_reshardings(s))
+      for (i = 0; i < s->ir.exprs.n; i++) p2p |= hir__p2p_kind((const hir_expr *)s->ir.exprs.items[i], &a) != HIR__P2P_NONE;
+  }
+  hir_program_free(s);
+  return p2p;
+}
+
+/* Whether the fusion without its Stream axes lowers; if not, why (some
+   layouts gather an inner axis only chunk by chunk). */
+static int hir__serial_lowers(const hir_fusion *f, int my_device, char *why, size_t cap) {
+  hir_program *s = hir_program_create(), *q = NULL;
+  hir_lower_desc d;
+  int ok = 0;
+  memset(&d, 0, sizeof d);
+  d.my_device = my_device;
+  if (s && hir__clone_fusion(s, f)) {
+    hir__strip_streams(&s->ir);
+    ok = hir__lower(&s->ir, &d, &q, 0) == HIR_OK;
+    if (!ok) snprintf(why, cap, "%.*s", (int)cap - 1, q ? hir_program_error(q) : "out of memory");
+  }
+  hir_program_free(q);
+  hir_program_free(s);
+  return ok;
+}
+
 static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_stream_options *o) {
   hir_program *s = hir_program_create();
   double gemm = 0, comm = 0, overhead = o->chunk_overhead_s > 0 ? o->chunk_overhead_s : 20e-6, serial, piped;
   int64_t chunks = 1;
-  int ok;
+  int ok, overlap;
+  const char *why;
   if (!o->input_shapes) {
     hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower: stream.automatic needs stream.input_shapes (the local shapes of the "
               "inputs, as hir_run will get them)");
@@ -5609,14 +5653,28 @@ static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_s
   ok = ok && hir__model(p, s, o, &gemm, &comm, &chunks);
   hir_program_free(s);
   if (!ok) return 0;
+  overlap = o->p2p_copy_engine && hir__pipeline_is_p2p(f, p->my_device);
+  why = overlap || chunks < 2 ? ""
+        : o->p2p_copy_engine ? "; no overlap: its communication is collectives, NCCL kernels"
+                             : "; no overlap: send/recv as NCCL kernels (stream.p2p_copy_engine = 0)";
   serial = gemm + comm + overhead;
-  piped = (gemm > comm ? gemm : comm) + (gemm < comm ? gemm : comm) / (double)chunks + (double)chunks * overhead;
+  piped = overlap ? (gemm > comm ? gemm : comm) + (gemm < comm ? gemm : comm) / (double)chunks + (double)chunks * overhead
+                  : gemm + comm + (double)chunks * overhead;
   if (chunks > 1 && piped < 0.97 * serial) {
     snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, predicted %.3f ms (serial %.3f; GEMM %.3f, communication %.3f)",
              (long long)chunks, piped * 1e3, serial * 1e3, gemm * 1e3, comm * 1e3);
+  } else if (chunks > 1 && !hir__serial_lowers(f, p->my_device, p->plan, sizeof p->plan)) {
+    char reason[sizeof p->plan];
+    memcpy(reason, p->plan, sizeof reason);
+    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, as the serial form does not lower: %.180s", (long long)chunks, reason);
   } else {
+    size_t n;
     snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks %.3f; GEMM %.3f, communication %.3f)",
              serial * 1e3, (long long)chunks, piped * 1e3, gemm * 1e3, comm * 1e3);
+    if ((n = strlen(p->plan)) + strlen(why) < sizeof p->plan) { /* the reason inside the parentheses */
+      memcpy(p->plan + n - 1, why, strlen(why));
+      memcpy(p->plan + n - 1 + strlen(why), ")", 2);
+    }
     hir__strip_streams(&p->ir);
   }
   return 1;

@@ -11,8 +11,9 @@
      p2p ring      the same, each rank starting with its ring neighbour
                    (on GPUs both p2p again with send/recv on the copy
                    engines: hir_nccl_world_set_copy_engine)
-     automatic     the p2p ring fusion lowered with stream.automatic: its
-                   pipeline or its serial form, as the cost model predicts
+     automatic     the p2p ring fusion lowered with stream.automatic (and
+                   p2p_copy_engine with the copy engines): its pipeline or
+                   its serial form, as the cost model predicts
 
    beside the collective alone and the GEMM alone (their max is the floor),
    all in one run. Per pipeline: the median time, its ratio to the floor, the
@@ -72,7 +73,7 @@ typedef struct bench {
   /* host data of each rank: A in the serial/p2p layout, B, the serial output */
   uint16_t *a[MAXR], *b[MAXR], *ref[MAXR];
   int64_t ref_numel;
-  char plan[160];               /* rank 0's automatic choice */
+  char plan[256];               /* rank 0's automatic choice */
   const char *trace_dir;        /* --trace */
   hir_evaluator *trace_ev[MAXR];
   double ms[MAXR][MAXIT];
@@ -368,6 +369,7 @@ static hir_status run_rank(int rank, void *user) {
   ld.my_device = rank;
   ld.stream.schedule = B->cfg.pipe == P2P_RING || B->cfg.pipe == AUTO ? HIR_P2P_RING : HIR_P2P_LINEAR;
   ld.stream.automatic = B->cfg.pipe == AUTO; /* pipeline or serial, for these shapes */
+  ld.stream.p2p_copy_engine = B->cfg.copy_engine;
   ld.stream.input_shapes = hin;
   ld.stream.ninput_shapes = nin;
   if ((s = hir_lower(B->f, &ld, &p)) != HIR_OK) {

@@ -29,6 +29,12 @@ static void seed_matmul_rs_p2p(seed *s, hir_fusion *f, int n, const int *mesh) {
   hir_parallelize(s->t[3], 1, HIR_STREAM);
   hir_parallelize(s->t[4], 1, HIR_DIDX);
 }
+/* The same with the partial products an output too: the ring copies the own
+   chunk into the partials (its producer cannot write there). */
+static void seed_matmul_rs_p2p_partials_out(seed *s, hir_fusion *f, int n, const int *mesh) {
+  seed_matmul_rs_p2p(s, f, n, mesh);
+  hir_output(f, s->t[3]);
+}
 
 static const struct {
   const char *name;
@@ -234,6 +240,16 @@ static void seed_data(spmd_case *c, const char *which, int D) {
     free(y);
     c->nin = 2;
     c->nout = 1;
+    if (!strcmp(which, "matmul_RS_p2p_partials_out")) { /* partials[d, j] = A[d, j] B[d] */
+      int64_t sp[4] = {D, D, M, N};
+      c->out[1] = tn(HIR_F32, 4, sp);
+      y = (double *)calloc((size_t)(D * D * M * N), sizeof(double));
+      for (d = 0; d < D; d++)
+        for (j = 0; j < D; j++) gemm_ref(&c->in[0], (d * D + j) * M * K, &c->in[1], d * K * N, y + (d * D + j) * M * N, M, K, N);
+      for (i = 0; i < D * D * M * N; i++) tset(&c->out[1], i, y[i]);
+      free(y);
+      c->nout = 2;
+    }
   }
 }
 
@@ -242,13 +258,14 @@ static void seed_data(spmd_case *c, const char *which, int D) {
    1..4 streams, on worlds of 1, 2, 3, 4 and 8 (and a mesh {3 1 7 5}). */
 static void test_stream_numbers(void) {
   static const char *names[] = {"SingleSetOp", "TwoSetOps", "ThreeSetOps", "Allgather", "Allreduce", "ReduceScatter",
-                                "AG_matmul", "AllgatherP2p", "AG_matmul_P2p", "matmul_AR", "matmul_RS_through_bcast", "matmul_RS_p2p"};
+                                "AG_matmul", "AllgatherP2p", "AG_matmul_P2p", "matmul_AR", "matmul_RS_through_bcast", "matmul_RS_p2p",
+                                "matmul_RS_p2p_partials_out"};
   static const seed_fn fns[] = {seed1, seed2, seed3, seed_allgather, seed_allreduce, seed_reduce_scatter, seed_ag_matmul,
                                 seed_allgather_p2p, seed_ag_matmul_p2p, seed_matmul_ar, seed_matmul_rs_through_bcast,
-                                seed_matmul_rs_p2p};
+                                seed_matmul_rs_p2p, seed_matmul_rs_p2p_partials_out};
   static const int odd[4] = {3, 1, 7, 5};
   int k, wi, ring, bounded, ns, runs = 0;
-  for (k = 0; k < 12; k++)
+  for (k = 0; k < 13; k++)
     for (wi = 0; wi < 6; wi++)
       for (ring = 0; ring < 2; ring++)
         for (bounded = 0; bounded < 2; bounded++)
@@ -485,7 +502,7 @@ static void test_stream_errors(void) {
 static void test_stream_automatic(void) {
   static const int m4[4] = {0, 1, 2, 3};
   int64_t small_a[3] = {1, 3, 4}, small_b[2] = {4, 5}, big_a[3] = {1, 4096, 8192}, big_b[2] = {8192, 512};
-  int64_t rs_a[4] = {1, 4, 4096, 1024}, rs_b[3] = {1, 1024, 8192};
+  int64_t rs_a[4] = {1, 4, 4096, 1024}, rs_b[3] = {1, 1024, 8192}, ag_a[4] = {4, 1, 1024, 8192};
   hir_tensor shapes[2];
   hir_program *p;
   char text[16384];
@@ -498,20 +515,24 @@ static void test_stream_automatic(void) {
   memset(shapes, 0, sizeof shapes);
   lc.f = sd.f;
   lc.d.stream.automatic = 1;
+  lc.d.stream.p2p_copy_engine = 1;
   lc.d.stream.input_shapes = shapes;
   lc.d.stream.ninput_shapes = 2;
-  for (k = 0; k < 2; k++) { /* small, then large */
+  for (k = 0; k < 3; k++) { /* small, large, large with send/recv as NCCL kernels */
     shapes[0].dtype = shapes[1].dtype = HIR_F32;
     shapes[0].ndims = 3;
     shapes[1].ndims = 2;
     memcpy(shapes[0].sizes, k ? big_a : small_a, sizeof small_a);
     memcpy(shapes[1].sizes, k ? big_b : small_b, sizeof small_b);
+    lc.d.stream.p2p_copy_engine = k < 2;
     CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK);
     hir_program_snprint(p, text, sizeof text);
-    if (k == 0) CHECK(!strncmp(hir_program_plan(p), "serial: ", 8) && !strstr(text, "FOR ") && strstr(text, "Allgather"));
+    if (k != 1) CHECK(!strncmp(hir_program_plan(p), "serial: ", 8) && !strstr(text, "FOR ") && strstr(text, "Allgather"));
     else CHECK(!strncmp(hir_program_plan(p), "pipelined: 4 chunks", 19) && strstr(text, "FOR StreamIdx"));
+    if (k == 2) CHECK(strstr(hir_program_plan(p), "no overlap: send/recv as NCCL kernels (stream.p2p_copy_engine = 0)") != NULL);
     hir_program_free(p);
   }
+  lc.d.stream.p2p_copy_engine = 1;
   memcpy(shapes[0].sizes, small_a, sizeof small_a); /* the serial program's numbers */
   memcpy(shapes[1].sizes, small_b, sizeof small_b);
   case_init(&c, 4);
@@ -540,6 +561,21 @@ static void test_stream_automatic(void) {
   memcpy(shapes[0].sizes, rs_a, sizeof rs_a);
   memcpy(shapes[1].sizes, rs_b, sizeof rs_b);
   CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK && !strncmp(hir_program_plan(p), "pipelined: 4 chunks", 19));
+  hir_program_free(p);
+  hir_fusion_free(sd.f);
+
+  /* collectives per chunk do not overlap, but this layout gathers an inner
+     axis, which only the pipeline can: it stays, and the plan says why */
+  seed_ag_matmul(&sd, hir_fusion_create(), 4, m4);
+  lc.f = sd.f;
+  shapes[0].ndims = 4;
+  shapes[1].ndims = 2;
+  memcpy(shapes[0].sizes, ag_a, sizeof ag_a);
+  memcpy(shapes[1].sizes, big_b, sizeof big_b);
+  CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK &&
+        strstr(hir_program_plan(p), "pipelined: 4 chunks, as the serial form does not lower: Resharding on an inner axis") != NULL);
+  hir_program_snprint(p, text, sizeof text);
+  CHECK(strstr(text, "FOR StreamIdx") != NULL);
   hir_program_free(p);
   hir_fusion_free(sd.f);
 }
