@@ -4254,15 +4254,18 @@ static hir_status hir__cuda_scratch(hir_backend *b, hir__cuda_lane *l, int k, si
   return HIR_OK;
 }
 
+static void hir__cuda_lane_free(hir__cuda_lane *l) {
+  int k;
+  cublasDestroy(l->blas);
+  for (k = 0; k < 3; k++)
+    if (l->scratch[k]) cudaFree(l->scratch[k]);
+}
+
 static void hir__cuda_destroy(hir_backend *b) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   int i, k;
   cudaSetDevice(c->device);
-  for (i = 0; i < c->nlanes; i++) {
-    cublasDestroy(c->lanes[i].blas);
-    for (k = 0; k < 3; k++)
-      if (c->lanes[i].scratch[k]) cudaFree(c->lanes[i].scratch[k]);
-  }
+  for (i = 0; i < c->nlanes; i++) hir__cuda_lane_free(&c->lanes[i]);
   for (k = 0; k < HIR_DTYPE_COUNT; k++)
     if (c->ones_by_type[k]) cudaFree(c->ones_by_type[k]);
   if (c->kernels_state == 1) cudaLibraryUnload(c->kernels);
@@ -4292,10 +4295,7 @@ static void hir__cuda_stream_destroy(hir_backend *b, void *s) {
   int i;
   for (i = 0; i < c->nlanes; i++) /* the stream's lane goes with it */
     if (c->lanes[i].stream == (cudaStream_t)s) {
-      int k;
-      cublasDestroy(c->lanes[i].blas);
-      for (k = 0; k < 3; k++)
-        if (c->lanes[i].scratch[k]) cudaFree(c->lanes[i].scratch[k]);
+      hir__cuda_lane_free(&c->lanes[i]);
       c->lanes[i] = c->lanes[--c->nlanes];
       break;
     }
@@ -5668,13 +5668,8 @@ static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_s
     memcpy(reason, p->plan, sizeof reason);
     snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, as the serial form does not lower: %.180s", (long long)chunks, reason);
   } else {
-    size_t n;
-    snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks %.3f; GEMM %.3f, communication %.3f)",
-             serial * 1e3, (long long)chunks, piped * 1e3, gemm * 1e3, comm * 1e3);
-    if ((n = strlen(p->plan)) + strlen(why) < sizeof p->plan) { /* the reason inside the parentheses */
-      memcpy(p->plan + n - 1, why, strlen(why));
-      memcpy(p->plan + n - 1 + strlen(why), ")", 2);
-    }
+    snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks %.3f; GEMM %.3f, communication %.3f%s)",
+             serial * 1e3, (long long)chunks, piped * 1e3, gemm * 1e3, comm * 1e3, why);
     hir__strip_streams(&p->ir);
   }
   return 1;
