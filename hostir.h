@@ -126,6 +126,7 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_START_COALESCING, "StartCoalescing")                            \
   X(HIR_EXPR_END_COALESCING, "EndCoalescing")                                \
   X(HIR_EXPR_ALIAS_SELECT, "HirAliasSelect")                                 \
+  X(HIR_EXPR_ALIAS_SLICE, "HirAliasSlice")                                   \
   X(HIR_EXPR_LOAD_STORE, "LoadStoreOp")                                      \
   X(HIR_EXPR_BINARY, "BinaryOp")                                             \
   X(HIR_EXPR_REDUCTION, "ReductionOp")                                       \
@@ -254,6 +255,9 @@ HIRDEF hir_expr *hir_host_synchronize(hir_program *p, hir_stream *s);
 HIRDEF hir_expr *hir_host_for_loop(hir_program *p, hir_tv *tv, int axis);   /* FOR StreamIdx in tv's axis */
 HIRDEF hir_expr *hir_host_if(hir_program *p, hir_val *predicate);
 HIRDEF hir_expr *hir_host_alias_select(hir_program *p, hir_tv *in, int axis, hir_val *index); /* output 0: the view */
+/* A view of part `index` of `in` cut into `parts` equal parts along `axis`
+   (kept, size/parts long); hir_run says so if the size does not divide. */
+HIRDEF hir_expr *hir_host_alias_slice(hir_program *p, hir_tv *in, int axis, hir_val *index, int parts);
 HIRDEF hir_expr *hir_host_set(hir_program *p, hir_tv *out, hir_tv *in);
 HIRDEF hir_expr *hir_host_binary(hir_program *p, hir_binary_op op, hir_tv *out, hir_tv *a, hir_tv *b);
 HIRDEF hir_expr *hir_host_matmul(hir_program *p, hir_tv *out, hir_tv *a, hir_tv *b);
@@ -281,6 +285,14 @@ HIRDEF int             hir_merge_default(const hir_group *a, const hir_group *b,
 typedef enum hir_p2p_schedule { HIR_P2P_LINEAR, HIR_P2P_RING } hir_p2p_schedule;
 typedef struct hir_stream_options {  /* zero-initialized = defaults */
   hir_p2p_schedule schedule;
+  /* P2P pipelines: each peer's chunk cut into this many parts along its first
+     axis after the Stream axis, one part an iteration (part-major: the first
+     parts of all peers, then the second ...), so the GEMM left exposed at the
+     end is that much shorter; that axis's local size must divide. Measured
+     to pay only where communication is the longer side, and with
+     number_of_streams >= the mesh size (bench/NOTES.md, section 14). 0 = 1,
+     or with `automatic` the model's choice. */
+  int chunks_per_peer;
   int bounded_buffers;  /* an intermediate only its loop uses keeps numberOfStreams slices, reused round-robin */
   /* automatic = 1: keep the fusion's Stream axes only where a cost model says
      the pipeline beats the serial program by 3% for these local input shapes
@@ -291,14 +303,17 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
      P2P pipeline whose send/recv run on copy engines (p2p_copy_engine = 1,
      with hir_nccl_world_set_copy_engine). Otherwise the communication runs
      as NCCL kernels that wait for the SMs a GEMM holds (bench/NOTES.md,
-     sections 0-1), and the model, expecting no overlap, lowers serial. Zeros
-     take defaults measured on H200 with copy-engine P2P (bench/RESULTS.md):
-     750e12 flop/s in f16/bf16, 50e12 in f32/f64, 300e9 B/s, 20 us.
-     hir_program_plan says what was chosen and why. */
+     sections 0-1), and the model, expecting no overlap, lowers serial. With
+     overlap it also picks chunks_per_peer (unless given): each part beyond
+     one a peer costs part_overhead_s more (smaller GEMMs, one more wait).
+     Zeros take defaults measured on H200 with copy-engine P2P
+     (bench/RESULTS.md): 750e12 flop/s in f16/bf16, 50e12 in f32/f64, 300e9
+     B/s, 20 us a chunk, 40 us a part. hir_program_plan says what was chosen
+     and why. */
   int automatic;
   const struct hir_tensor *input_shapes;
   int ninput_shapes;
-  double gemm_flops_per_s, link_bytes_per_s, chunk_overhead_s;
+  double gemm_flops_per_s, link_bytes_per_s, chunk_overhead_s, part_overhead_s;
   int p2p_copy_engine;
 } hir_stream_options;
 typedef struct hir_lower_desc {     /* zero-initialized = defaults */
@@ -721,9 +736,10 @@ struct hir_expr {
   int sub;                /* hir_binary_op, hir_collective or hir_p2p_type */
   int nin, nout;
   hir_tv **in, **out;
-  hir_val *val;           /* ForLoop index, IfThenElse predicate, P2P peer, AliasSelect index */
-  hir_id *id;             /* ForLoop and AliasSelect axis */
-  int axis;               /* AliasSelect axis */
+  hir_val *val;           /* ForLoop index, IfThenElse predicate, P2P peer, AliasSelect/Slice index */
+  hir_id *id;             /* ForLoop and AliasSelect/Slice axis */
+  int axis;               /* AliasSelect/Slice axis */
+  int parts;              /* AliasSlice: into how many equal parts the axis is cut */
   uint32_t flags;         /* BroadcastOp: bit i set = output axis i is new */
   int root, team_size;
   const int *team;
@@ -765,6 +781,7 @@ static const hir__op_info hir__ops[] = {
     {HIR_EXPR_START_COALESCING, 0, 0, HIR__OP_HOST | HIR__OP_COMM},
     {HIR_EXPR_END_COALESCING, 0, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM},
     {HIR_EXPR_ALIAS_SELECT, 1, 1, HIR__OP_HOST},
+    {HIR_EXPR_ALIAS_SLICE, 1, 1, HIR__OP_HOST},
     {HIR_EXPR_LOAD_STORE, 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM},
     {HIR_EXPR_BINARY, 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM},
     {HIR_EXPR_REDUCTION, 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM},
@@ -1503,6 +1520,51 @@ HIRDEF hir_expr *hir_host_alias_select(hir_program *p, hir_tv *in, int axis, hir
   return hir__alias_select(f, in, a, index);
 }
 
+/* A view of part `index` of `in` cut into `parts` along `axis`. */
+static hir_expr *hir__alias_slice(hir_fusion *f, hir_tv *in, int axis, hir_val *index, int parts) {
+  hir_tv *out;
+  hir_expr *e;
+  const hir_id *cut = in->ids[axis];
+  int i;
+  if (!(out = hir__new_tv(f, in->dtype, HIR_MEM_LOCAL, in->ndims))) return NULL;
+  for (i = 0; i < in->ndims; i++)
+    if (!(out->ids[i] = i != axis ? hir__clone_id(f, in->ids[i], 1)
+                                  : hir__new_id(f, hir__binary_val(f, HIR_SCALAR_DIV, cut->extent, hir__const(f, parts)),
+                                                cut->iter, cut->ptype)))
+      return NULL;
+  out->mesh = in->mesh;
+  out->mesh_size = in->mesh_size;
+  if (!(e = hir__new_expr(f, HIR_EXPR_ALIAS_SLICE, 1, 1))) return NULL;
+  e->in[0] = in;
+  e->out[0] = out;
+  e->axis = axis;
+  e->id = in->ids[axis];
+  e->val = index;
+  e->parts = parts;
+  return e;
+}
+
+HIRDEF hir_expr *hir_host_alias_slice(hir_program *p, hir_tv *in, int axis, hir_val *index, int parts) {
+  hir_fusion *f = hir__host(p);
+  int a;
+  if (!f || !hir__check_tv(f, in, "hir_host_alias_slice", "in")) return NULL;
+  if ((a = hir__norm_axis(f, axis, in->ndims, "hir_host_alias_slice", in)) < 0) return NULL;
+  if (parts < 1) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_host_alias_slice: parts is %d; cut into 1 or more parts", parts);
+    return NULL;
+  }
+  if (in->ids[a]->iter != HIR_ITERATION) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_host_alias_slice: T%d axis %d is a %s axis; slice an iteration axis", in->name, a,
+              in->ids[a]->iter == HIR_REDUCTION ? "reduction" : "broadcast");
+    return NULL;
+  }
+  if (!index || index->ir != f) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_host_alias_slice: index is %s", index ? "from another program" : "NULL");
+    return NULL;
+  }
+  return hir__alias_slice(f, in, a, index, parts);
+}
+
 static hir_expr *hir__host_compute(hir_program *p, hir_expr_kind kind, int sub, hir_tv *out, hir_tv *a, hir_tv *b,
                                    const char *fn) {
   hir_fusion *f = hir__host(p);
@@ -1932,13 +1994,15 @@ static void hir__print_expr(hir__writer *w, const hir_expr *e, int ind) {
     hir__w(w, "EndCoalescing %d\n", e->name);
     break;
   case HIR_EXPR_ALIAS_SELECT:
+  case HIR_EXPR_ALIAS_SLICE:
     hir__print_assign(w, e->out[0], ind);
-    hir__w(w, " = HirAliasSelect( ");
+    hir__w(w, " = %s( ", hir__expr_kind_names[e->kind]);
     hir__print_tv(w, e->in[0]);
     hir__w(w, ", axis = ");
     hir__print_id(w, e->id);
     hir__w(w, ", index = ");
     hir__print_val(w, e->val);
+    if (e->kind == HIR_EXPR_ALIAS_SLICE) hir__w(w, ", parts = %d", e->parts);
     hir__w(w, " )\n");
     break;
   case HIR_EXPR_LOAD_STORE:
@@ -2139,6 +2203,9 @@ static void hir__axis_map(const hir_expr *e, int k, int *map) {
   }
   case HIR_EXPR_ALIAS_SELECT:
     for (i = 0; i < in->ndims; i++) map[i] = i < e->axis ? i : i > e->axis ? i - 1 : -1;
+    break;
+  case HIR_EXPR_ALIAS_SLICE:
+    for (i = 0; i < in->ndims; i++) map[i] = i;
     break;
   default: break;
   }
@@ -2475,12 +2542,15 @@ struct hir_segmentation {
 };
 
 /* Steps 1-3 on a program holding a copy of the fusion. */
-static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_stream_options *o);
+static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, hir_stream_options *o);
 static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, unsigned dump);
 
-static int hir__front_end(hir_program *p, const hir_fusion *f, const hir_lower_desc *d, hir__vec *groups) {
+/* `stream`: d->stream, with what the automatic choice chose. */
+static int hir__front_end(hir_program *p, const hir_fusion *f, const hir_lower_desc *d, hir__vec *groups,
+                          hir_stream_options *stream) {
+  *stream = d->stream;
   if (!hir__clone_fusion(p, f)) return 0;
-  if (d->stream.automatic && !hir__choose_pipeline(p, f, &d->stream)) return 0;
+  if (d->stream.automatic && !hir__choose_pipeline(p, f, stream)) return 0;
   hir__propagate_shardings(p);
   return hir__validate_fusion(p) && hir__decompose_reshardings(p) &&
          hir__segment(p, d->should_merge, d->merge_user, groups);
@@ -2505,6 +2575,7 @@ static int hir__check_lower_args(hir_program *p, const hir_fusion *f, const hir_
 
 HIRDEF hir_status hir_segment(const hir_fusion *f, const hir_lower_desc *d, hir_segmentation **out) {
   hir_lower_desc defaults;
+  hir_stream_options stream;
   hir_segmentation *s;
   if (!out) return HIR_ERR_INVALID;
   memset(&defaults, 0, sizeof defaults);
@@ -2517,7 +2588,7 @@ HIRDEF hir_status hir_segment(const hir_fusion *f, const hir_lower_desc *d, hir_
     return HIR_ERR_NOMEM;
   }
   s->p->my_device = d->my_device;
-  if (hir__check_lower_args(s->p, f, d, "hir_segment")) hir__front_end(s->p, f, d, &s->groups);
+  if (hir__check_lower_args(s->p, f, d, "hir_segment")) hir__front_end(s->p, f, d, &s->groups, &stream);
   return s->p->ir.status;
 }
 
@@ -2865,7 +2936,7 @@ static void hir__note_uses_deep(const hir_expr *e, hir__uses *u) {
    something kept (inputs, outputs, tensors already released). */
 static void hir__classify(const hir_expr *e, unsigned char *kind) {
   int i;
-  if (e->kind == HIR_EXPR_ALIAS_SELECT) kind[e->out[0]->name] = HIR__TV_VIEW;
+  if (e->kind == HIR_EXPR_ALIAS_SELECT || e->kind == HIR_EXPR_ALIAS_SLICE) kind[e->out[0]->name] = HIR__TV_VIEW;
   if (e->kind == HIR_EXPR_DEALLOCATE) kind[e->in[0]->name] = HIR__TV_KEEP;
   if (e->kind == HIR_EXPR_ALLOCATE && !kind[e->in[0]->name]) kind[e->in[0]->name] = HIR__TV_BUFFER;
   if (e->kind == HIR_EXPR_P2P_COMMUNICATION && e->sub == HIR_P2P_RECV && !kind[e->in[0]->name])
@@ -3045,7 +3116,7 @@ static hir_id *hir__stream_id(const hir_expr *e) {
 
 typedef struct hir__slice {
   const hir_tv *tv;
-  int axis;
+  int axis, parts;              /* parts 0: HirAliasSelect, else HirAliasSlice */
   const hir_val *index;
   hir_tv *view;
 } hir__slice;
@@ -3059,8 +3130,11 @@ typedef struct hir__chain {
   const int *mesh;              /* the P2P mesh and my position in it */
   int mesh_size, pos;
   hir_val *i, *chunk, *slot, *pos_val;
+  int cut;                      /* P2P chains: each peer's chunk cut into this many parts, one an iteration */
+  hir_val *step, *part;         /* the iteration's peer step (i % D) and part (i / D) */
+  unsigned char *cut_of;        /* by tensor name: 0 unseen, else 2 + the axis a loop write cuts (1: none) */
   hir_tv *parts;                /* the reduce-scatter's partials of the own chunk, a slot per mesh position */
-  int parts_axis;
+  int parts_axis, parts_cut;    /* its slot axis; the axis cut into parts (-1: none) */
   hir_val *mine;                /* whether this step's chunk is the device's own */
   const hir_tv *partials;       /* the reduce-scatter's input where the own chunk is computed straight into parts */
   hir_scope *body;
@@ -3085,21 +3159,24 @@ static hir_val *hir__mesh_at(hir__chain *c, hir_val *index) {
 
 static int hir__append(hir_scope *s, hir_expr *e) { return e && hir_scope_append(s, e) == HIR_OK; }
 
-/* A view of tv at `index` along `axis`, made once per (tv, axis, index) and
+/* A view of tv at `index` along `axis` (of `parts` equal parts of it; 0:
+   that axis selected away), made once per (tv, axis, index, parts) and
    placed in the loop body. */
-static hir_tv *hir__slice_of(hir__chain *c, hir_tv *tv, int axis, hir_val *index) {
+static hir_tv *hir__slice_of(hir__chain *c, hir_tv *tv, int axis, hir_val *index, int parts) {
   hir_fusion *f = &c->p->ir;
   hir__slice *s;
   hir_expr *sel;
   int i;
   for (i = 0; i < c->slices.n; i++) {
     s = (hir__slice *)c->slices.items[i];
-    if (s->tv == tv && s->axis == axis && s->index == index) return s->view;
+    if (s->tv == tv && s->axis == axis && s->index == index && s->parts == parts) return s->view;
   }
-  if (!(sel = hir__alias_select(f, tv, axis, index)) || !hir__append(c->body, sel)) return NULL;
+  sel = parts ? hir__alias_slice(f, tv, axis, index, parts) : hir__alias_select(f, tv, axis, index);
+  if (!sel || !hir__append(c->body, sel)) return NULL;
   if (!(s = (hir__slice *)hir__alloc(f, sizeof(hir__slice)))) return NULL;
   s->tv = tv;
   s->axis = axis;
+  s->parts = parts;
   s->index = index;
   s->view = sel->out[0];
   return hir__push(f, &c->slices, s) ? s->view : NULL;
@@ -3109,7 +3186,52 @@ static hir_tv *hir__slice_of(hir__chain *c, hir_tv *tv, int axis, hir_val *index
    buffer at its slot, anything else at the chunk. */
 static hir_tv *hir__chunk_view(hir__chain *c, hir_tv *tv, int axis) {
   hir_val *index = tv->ids[axis]->iter == HIR_BROADCAST ? hir__const(&c->p->ir, 0) : c->bounded[tv->name] ? c->slot : c->chunk;
-  return index ? hir__slice_of(c, tv, axis, index) : NULL;
+  return index ? hir__slice_of(c, tv, axis, index, 0) : NULL;
+}
+
+/* The axis a P2P chain cuts into parts: tv's first axis holding data after
+   its Stream-mapped axis s, so that a part of a row-major chunk is one
+   contiguous block; -1 if there is none. */
+static int hir__cut_axis(const hir_tv *tv, int s) {
+  int i;
+  for (i = s + 1; i < tv->ndims; i++)
+    if (tv->ids[i]->iter == HIR_ITERATION && !(tv->ids[i]->ptype == HIR_DIDX && tv->mesh_size > 1)) return i;
+  return -1;
+}
+
+static int hir__stream_fail(hir_program *p, const hir_expr *e, const char *why);
+
+/* Ops of a cut loop must all cut a tensor the loop writes along one axis,
+   or one would read parts not written yet. `writes`: e writes tv. */
+static int hir__same_cut(hir__chain *c, const hir_expr *e, const hir_tv *tv, int axis, int writes) {
+  unsigned char *seen = &c->cut_of[tv->name];
+  char why[200];
+  if (c->cut < 2) return 1;
+  if (writes && axis < 0) {
+    snprintf(why, sizeof why, "chunks_per_peer = %d cuts the first axis after the Stream axis, and T%d has none; use "
+             "chunks_per_peer = 1", c->cut, tv->name);
+    return hir__stream_fail(c->p, e, why);
+  }
+  if (writes && !*seen) *seen = (unsigned char)(axis + 2);
+  if (!*seen || *seen == axis + 2) return 1;
+  snprintf(why, sizeof why, "with chunks_per_peer = %d, T%d would be cut along axis %d here and axis %d where it is "
+           "written, so this op would read parts not written yet; use chunks_per_peer = 1", c->cut, tv->name, axis, *seen - 2);
+  return hir__stream_fail(c->p, e, why);
+}
+
+/* view cut to this iteration's part along `axis` (not cut: -1), placed in
+   the loop body; in `scope` instead when given. */
+static hir_tv *hir__part_of(hir__chain *c, hir_scope *scope, hir_tv *view, int axis) {
+  hir_expr *e;
+  if (!view || c->cut < 2 || axis < 0) return view;
+  if (!scope) return hir__slice_of(c, view, axis, c->part, c->cut);
+  e = hir__alias_slice(&c->p->ir, view, axis, c->part, c->cut);
+  return e && hir__append(scope, e) ? e->out[0] : NULL;
+}
+
+/* tv's chunk view along `axis`, cut along `cut` (tv's numbering). */
+static hir_tv *hir__chunk_part(hir__chain *c, hir_tv *tv, int axis, int cut) {
+  return hir__part_of(c, NULL, hir__chunk_view(c, tv, axis), cut < 0 ? -1 : cut - (cut > axis));
 }
 
 /* e applied to other tensors (views). */
@@ -3128,28 +3250,39 @@ static hir_expr *hir__clone_onto(hir_fusion *f, const hir_expr *e, hir_tv **ins,
   return n;
 }
 
+/* Slot `index` of the reduce-scatter's partials, cut to this iteration's
+   part, placed in `scope`. */
+static hir_tv *hir__parts_slot(hir__chain *c, hir_scope *scope, hir_val *index) {
+  hir_expr *sel = index ? hir__alias_select(&c->p->ir, c->parts, c->parts_axis, index) : NULL;
+  if (!sel || !hir__append(scope, sel)) return NULL;
+  return hir__part_of(c, scope, sel->out[0], c->parts_cut < 0 ? -1 : c->parts_cut - (c->parts_cut > c->parts_axis));
+}
+
 /* An ordinary op of the chain, rewritten onto this iteration's views. The
    producer of the reduce-scatter's partials writes the own chunk straight
    into its slot of the partials (no copy before the sum). */
 static int hir__stream_op(hir__chain *c, const hir_expr *e) {
   hir_fusion *f = &c->p->ir;
-  hir_tv *ins[2], *out;
-  hir_expr *ite, *sel;
-  int s = hir__stream_axis(e->out[0]), k, j;
+  hir_tv *ins[2], *out, *slot;
+  hir_expr *ite;
+  int s = hir__stream_axis(e->out[0]), cut = hir__cut_axis(e->out[0], s), k, j;
+  if (!hir__same_cut(c, e, e->out[0], cut, 1)) return 0;
   for (k = 0; k < e->nin; k++) {
-    int map[HIR_MAX_DIMS], axis = -1;
+    int map[HIR_MAX_DIMS], axis = -1, in_cut = -1;
     hir__axis_map(e, k, map);
-    for (j = 0; j < e->in[k]->ndims; j++)
+    for (j = 0; j < e->in[k]->ndims; j++) {
       if (map[j] == s) axis = j;
-    ins[k] = axis >= 0 ? hir__chunk_view(c, e->in[k], axis) : e->in[k];
+      if (cut >= 0 && map[j] == cut) in_cut = j;
+    }
+    if (!hir__same_cut(c, e, e->in[k], in_cut, 0)) return 0;
+    ins[k] = axis >= 0 ? hir__chunk_part(c, e->in[k], axis, in_cut) : hir__part_of(c, NULL, e->in[k], in_cut);
     if (!ins[k]) return 0;
   }
-  if (!(out = hir__chunk_view(c, e->out[0], s))) return 0;
+  if (!(out = hir__chunk_part(c, e->out[0], s, cut))) return 0;
   if (e->out[0] != c->partials) return hir__append(c->body, hir__clone_onto(f, e, ins, out, s));
-  if (!(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)) || !(sel = hir__alias_select(f, c->parts, c->parts_axis, c->pos_val)))
-    return 0;
+  if (!(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)) || !(slot = hir__parts_slot(c, &ite->body, c->pos_val))) return 0;
   ite->val = c->mine;
-  return hir__append(&ite->body, sel) && hir__append(&ite->body, hir__clone_onto(f, e, ins, sel->out[0], s)) &&
+  return hir__append(&ite->body, hir__clone_onto(f, e, ins, slot, s)) &&
          hir__append(&ite->orelse, hir__clone_onto(f, e, ins, out, s)) && hir__append(c->body, ite);
 }
 
@@ -3157,23 +3290,28 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
 static int hir__stream_allgather(hir__chain *c, const hir_expr *e, int in_axis) {
   hir_program *p = c->p;
   hir_fusion *f = &p->ir;
-  hir_tv *in = e->in[0], *dst;
-  hir_val *mine = c->ring ? hir__v(c, HIR_SCALAR_EQ, c->i, hir__const(f, 0))
+  hir_tv *in = e->in[0], *dst, *own, *send;
+  int map[HIR_MAX_DIMS], s = hir__stream_axis(e->out[0]), cut = hir__cut_axis(e->out[0], s), in_cut = -1, j;
+  hir_val *mine = c->ring ? hir__v(c, HIR_SCALAR_EQ, c->step, hir__const(f, 0))
                           : hir__v(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
-  hir_val *to = c->ring ? hir__mesh_at(c, hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_ADD, c->pos_val, c->i),
+  hir_val *to = c->ring ? hir__mesh_at(c, hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_ADD, c->pos_val, c->step),
                                                  hir__const(f, c->mesh_size)))
                         : hir__mesh_at(c, c->chunk);
   /* my shard's view first, as nvFuser numbers them */
   hir_expr *ite, *end, *sel = hir__alias_select(f, in, in_axis, hir__const(f, 0));
-  if (!sel || !(dst = hir__chunk_view(c, e->out[0], hir__stream_axis(e->out[0]))) || !mine || !to ||
+  hir__axis_map(e, 0, map);
+  for (j = 0; j < in->ndims; j++)
+    if (cut >= 0 && map[j] == cut) in_cut = j;
+  if (!hir__same_cut(c, e, e->out[0], cut, 1)) return 0;
+  if (!sel || !(dst = hir__chunk_part(c, e->out[0], s, cut)) || !(send = hir__part_of(c, NULL, in, in_cut)) || !mine || !to ||
       !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)))
     return 0;
   ite->val = mine;
-  if (!hir__append(&ite->body, sel) ||
-      !hir__append(&ite->body, hir__host_compute(p, HIR_EXPR_LOAD_STORE, 0, dst, sel->out[0], NULL, "stream lowering")) ||
+  if (!hir__append(&ite->body, sel) || !(own = hir__part_of(c, &ite->body, sel->out[0], in_cut - (in_cut > in_axis))) ||
+      !hir__append(&ite->body, hir__host_compute(p, HIR_EXPR_LOAD_STORE, 0, dst, own, NULL, "stream lowering")) ||
       !hir__append(&ite->orelse, hir_host_start_coalescing(p)) ||
       !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_RECV, dst, hir__mesh_at(c, c->chunk))) ||
-      !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_SEND, in, to)) ||
+      !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_SEND, send, to)) ||
       !hir__append(&ite->orelse, end = hir_host_end_coalescing(p)) || !hir__append(&ite->orelse, hir_host_wait(p, end)))
     return 0;
   return hir__append(c->body, ite);
@@ -3189,17 +3327,18 @@ static int hir__stream_allgather(hir__chain *c, const hir_expr *e, int in_axis) 
 static int hir__stream_partials(hir__chain *c, const hir_expr *e, const int *first, const int *last, int at) {
   hir_fusion *f = &c->p->ir;
   const hir_tv *in = e->in[0], *out = e->out[0];
-  int map[HIR_MAX_DIMS], q, k, readers = 0;
+  int map[HIR_MAX_DIMS], q, k, readers = 0, cut = hir__cut_axis(in, hir__stream_axis(in));
   if (c->parts) return 1;
   if (!(c->parts = hir__new_tv(f, out->dtype, HIR_MEM_GLOBAL, out->ndims))) return 0;
   hir__axis_map(e, 0, map);
   c->parts_axis = map[hir__didx_axis(in)];
+  c->parts_cut = cut >= 0 ? map[cut] : -1;
   for (q = 0; q < out->ndims; q++)
     if (!(c->parts->ids[q] = hir__clone_id(f, out->ids[q], 1))) return 0;
   c->parts->ids[c->parts_axis]->iter = HIR_ITERATION;
   c->parts->mesh = out->mesh;
   c->parts->mesh_size = out->mesh_size;
-  c->mine = c->ring ? hir__v(c, HIR_SCALAR_EQ, c->i, hir__const(f, c->mesh_size - 1)) /* the ring keeps its own chunk last */
+  c->mine = c->ring ? hir__v(c, HIR_SCALAR_EQ, c->step, hir__const(f, c->mesh_size - 1)) /* the ring keeps its own chunk last */
                     : hir__v(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
   for (k = 0; k < c->n; k++)
     for (q = 0; q < c->exprs[k]->nin; q++) readers += c->exprs[k]->in[q] == in;
@@ -3213,54 +3352,49 @@ static int hir__stream_partials(hir__chain *c, const hir_expr *e, const int *fir
 static int hir__stream_reduce_scatter(hir__chain *c, const hir_expr *e, int in_axis) {
   hir_program *p = c->p;
   hir_fusion *f = &p->ir;
-  hir_tv *out = e->out[0], *parts, *part = hir__chunk_view(c, e->in[0], in_axis);
+  int cut = hir__cut_axis(e->in[0], in_axis), q;
+  hir_tv *out = e->out[0], *slot, *part;
   hir_expr *ite, *sum, *end;
   hir_scope *others;            /* the steps of the peers' chunks */
-  int r, q;
-  if (!part || !hir__stream_partials(c, e, NULL, NULL, 0) || !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0))) return 0;
-  parts = c->parts;
-  r = c->parts_axis;
+  if (!hir__same_cut(c, e, e->in[0], cut, 0) || !(part = hir__chunk_part(c, e->in[0], in_axis, cut)) ||
+      !hir__stream_partials(c, e, NULL, NULL, 0) || !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)))
+    return 0;
   if (c->partials) { /* nothing to do at the own step: IF not mine */
-    ite->val = hir__v(c, HIR_SCALAR_NE, c->i, hir__const(f, c->mesh_size - 1));
+    ite->val = hir__v(c, HIR_SCALAR_NE, c->step, hir__const(f, c->mesh_size - 1));
     others = &ite->body;
   } else {
     ite->val = c->mine;
     others = &ite->orelse;
   }
   if (!ite->val) return 0;
-  if (!c->partials) { /* my own partial goes into my slot */
-    hir_expr *sel = hir__alias_select(f, parts, r, c->pos_val);
-    if (!sel || !hir__append(&ite->body, sel) ||
-        !hir__append(&ite->body, hir__host_compute(p, HIR_EXPR_LOAD_STORE, 0, sel->out[0], part, NULL, "stream lowering")))
-      return 0;
-  }
+  if (!c->partials && /* my own partial goes into my slot */
+      (!(slot = hir__parts_slot(c, &ite->body, c->pos_val)) ||
+       !hir__append(&ite->body, hir__host_compute(p, HIR_EXPR_LOAD_STORE, 0, slot, part, NULL, "stream lowering"))))
+    return 0;
   if (c->ring) { /* step i: send chunk pos+i+1, receive from pos-i-1 */
-    hir_val *from = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size - 1)), c->i),
+    hir_val *from = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size - 1)), c->step),
                            hir__const(f, c->mesh_size));
-    hir_expr *sel = hir__alias_select(f, parts, r, from);
-    if (!from || !sel || !hir__append(others, sel) || !hir__append(others, hir_host_start_coalescing(p)) ||
-        !hir__append(others, hir_host_p2p(p, HIR_P2P_RECV, sel->out[0], hir__mesh_at(c, from))) ||
+    if (!(slot = hir__parts_slot(c, others, from)) || !hir__append(others, hir_host_start_coalescing(p)) ||
+        !hir__append(others, hir_host_p2p(p, HIR_P2P_RECV, slot, hir__mesh_at(c, from))) ||
         !hir__append(others, hir_host_p2p(p, HIR_P2P_SEND, part, hir__mesh_at(c, c->chunk))))
       return 0;
   } else { /* step i: everybody sends chunk i to its owner, who receives from all */
     hir_scope *then = &ite->body;
-    int first_view = then->exprs.n;
+    int view = then->exprs.n, per_slot;
     if (c->pos >= c->mesh_size) {
       hir__fail(f, HIR_ERR_UNSUPPORTED, "stream lowering: the linear P2P reduce-scatter needs the program's device; lower "
                 "with hir_lower, or use the ring schedule");
       return 0;
     }
-    for (q = 0; q < c->mesh_size; q++) { /* the owner receives every other position's partial */
-      hir_expr *sel;
-      if (q == c->pos) continue;
-      if (!(sel = hir__alias_select(f, parts, r, hir__const(f, q))) || !hir__append(then, sel)) return 0;
-    }
+    for (q = 0; q < c->mesh_size; q++) /* the owner receives every other position's partial */
+      if (q != c->pos && !hir__parts_slot(c, then, hir__const(f, q))) return 0;
+    per_slot = c->mesh_size > 1 ? (then->exprs.n - view) / (c->mesh_size - 1) : 1; /* a slot's views: select, maybe cut */
     if (!hir__append(then, hir_host_start_coalescing(p))) return 0;
     for (q = 0; q < c->mesh_size; q++) {
-      hir_expr *sel;
       if (q == c->pos) continue;
-      sel = (hir_expr *)then->exprs.items[first_view++];
-      if (!hir__append(then, hir_host_p2p(p, HIR_P2P_RECV, sel->out[0], hir__const(f, c->mesh[q])))) return 0;
+      view += per_slot;
+      slot = ((hir_expr *)then->exprs.items[view - 1])->out[0];
+      if (!hir__append(then, hir_host_p2p(p, HIR_P2P_RECV, slot, hir__const(f, c->mesh[q])))) return 0;
     }
     if (!hir__append(then, end = hir_host_end_coalescing(p)) || !hir__append(then, hir_host_wait(p, end)) ||
         !hir__append(others, hir_host_start_coalescing(p)) ||
@@ -3271,7 +3405,7 @@ static int hir__stream_reduce_scatter(hir__chain *c, const hir_expr *e, int in_a
       !hir__append(c->body, ite))
     return 0;
   if (!(sum = hir__new_expr(f, HIR_EXPR_REDUCTION, 1, 1))) return 0; /* out = sum over the slots, after the loop */
-  sum->in[0] = parts;
+  sum->in[0] = c->parts;
   sum->out[0] = out;
   return hir__push(f, &c->after, sum);
 }
@@ -3285,9 +3419,17 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   hir_stream *caller, *pool;
   hir_expr *sync, *loop;
   int k, t, a;
-  c->i = hir__named(f, HIR_NAMED_STREAM_IDX);
+  hir_id *id = c->id;
+  c->i = c->step = hir__named(f, HIR_NAMED_STREAM_IDX);
   c->slot = hir__v(c, HIR_SCALAR_MOD, c->i, hir__named(f, HIR_NAMED_NUM_STREAMS));
-  c->chunk = c->i;
+  c->cut = c->p2p && c->opt->chunks_per_peer > 1 ? c->opt->chunks_per_peer : 1;
+  if (c->cut > 1) { /* iteration i: step i % D, part i / D: every round of steps moves the first parts of all chunks */
+    hir_val *steps = hir__const(f, c->mesh_size), *n = hir__v(c, HIR_SCALAR_MUL, c->id->extent, hir__const(f, c->cut));
+    c->step = hir__v(c, HIR_SCALAR_MOD, c->i, steps);
+    c->part = hir__v(c, HIR_SCALAR_DIV, c->i, steps);
+    if (!c->step || !c->part || !n || !(id = hir__new_id(f, n, HIR_ITERATION, HIR_STREAM))) return 0;
+  }
+  c->chunk = c->step;
   c->pos_val = hir__named(f, HIR_NAMED_RANK);
   c->ring = 0;
   if (c->p2p) {
@@ -3297,11 +3439,11 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
     if (!iota) c->pos_val = hir__const(f, c->pos); /* this device's position in the mesh */
     c->ring = c->opt->schedule == HIR_P2P_RING && c->p2p != (HIR__P2P_ALLGATHER | HIR__P2P_REDUCE_SCATTER);
     if (c->ring && c->p2p == HIR__P2P_ALLGATHER) /* receive from pos - i */
-      c->chunk = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->i),
+      c->chunk = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->step),
                         hir__const(f, c->mesh_size));
     else if (c->ring) /* compute and send chunk pos + i + 1: the own chunk last, so no transfer is left at the end */
       c->chunk = hir__v(c, HIR_SCALAR_MOD,
-                        hir__v(c, HIR_SCALAR_ADD, iota ? hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, 1)) : hir__const(f, c->pos + 1), c->i),
+                        hir__v(c, HIR_SCALAR_ADD, iota ? hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, 1)) : hir__const(f, c->pos + 1), c->step),
                         hir__const(f, c->mesh_size));
   }
   if (!c->slot || !c->chunk || !c->pos_val) return 0;
@@ -3319,7 +3461,7 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
     if (!hir__push(f, &c->allocs, e->out[0])) return 0;
   }
   if (!(loop = hir__new_expr(f, HIR_EXPR_FOR_LOOP, 0, 0)) || !(sync = hir__new_expr(f, HIR_EXPR_FOR_LOOP, 0, 0))) return 0;
-  loop->id = sync->id = c->id;
+  loop->id = sync->id = id;
   loop->val = sync->val = c->i;
   c->body = &loop->body;
   if (!(caller = hir_stream_new(p)) || !(pool = hir_stream_indexed(p, c->slot))) return 0;
@@ -3373,6 +3515,11 @@ HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_opti
   if (f->status != HIR_OK) return f->status;
   memset(&defaults, 0, sizeof defaults);
   if (!opt) opt = &defaults;
+  if (opt->chunks_per_peer < 0 || opt->chunks_per_peer > 1024) {
+    hir__fail(f, HIR_ERR_INVALID, "stream lowering: chunks_per_peer is %d; give 1 to 1024 (0: one chunk per peer)",
+              opt->chunks_per_peer);
+    return f->status;
+  }
   for (i = 0; i < f->inputs.n; i++) {
     const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
     if (hir__stream_axis(tv) != -1) {
@@ -3386,12 +3533,14 @@ HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_opti
   first = (int *)HIR_MALLOC(((size_t)nt + 1) * sizeof(int));
   last = (int *)HIR_MALLOC(((size_t)nt + 1) * sizeof(int));
   c.bounded = (unsigned char *)HIR_MALLOC((size_t)nt + 1);
+  c.cut_of = (unsigned char *)HIR_MALLOC((size_t)nt + 1);
   c.exprs = (hir_expr **)HIR_MALLOC(((size_t)p->top.exprs.n + 1) * sizeof(hir_expr *));
-  if (!first || !last || !c.bounded || !c.exprs) {
+  if (!first || !last || !c.bounded || !c.cut_of || !c.exprs) {
     hir__fail(f, HIR_ERR_NOMEM, "stream lowering: out of memory");
     goto done;
   }
   memset(c.bounded, 0, (size_t)nt + 1);
+  memset(c.cut_of, 0, (size_t)nt + 1);
   hir__use_span(&p->top, first, last, nt);
   for (i = 0; i < p->top.exprs.n; i = j) {
     hir_expr *e = (hir_expr *)p->top.exprs.items[i];
@@ -3443,6 +3592,7 @@ done:
   HIR_FREE(first);
   HIR_FREE(last);
   HIR_FREE(c.bounded);
+  HIR_FREE(c.cut_of);
   HIR_FREE(c.exprs);
   if (!ok && f->status == HIR_OK) hir__fail(f, HIR_ERR_NOMEM, "stream lowering: out of memory");
   return f->status;
@@ -3623,6 +3773,7 @@ static int hir__pipeline_check(hir_program *p, const char *name, unsigned dump) 
 /* hir_lower with the passes dumped as `dump` says (none for scratch lowerings). */
 static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, unsigned dump) {
   hir_lower_desc defaults;
+  hir_stream_options stream;
   hir__vec groups = {NULL, 0, 0};
   hir_program *p;
   if (!out) return HIR_ERR_INVALID;
@@ -3632,10 +3783,11 @@ static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_p
   p->my_device = d->my_device;
   if (!hir__check_lower_args(p, f, d, "hir_lower")) return p->ir.status;
   /* the pipeline, written out: each pass, then the verifier */
-  if (!hir__front_end(p, f, d, &groups) || !hir__build_program(p, &groups) || !hir__pipeline_check(p, "segmentation", dump))
+  if (!hir__front_end(p, f, d, &groups, &stream) || !hir__build_program(p, &groups) ||
+      !hir__pipeline_check(p, "segmentation", dump))
     return p->ir.status;
   if (!d->skip_stream_lowering &&
-      (hir_pass_stream_lowering(p, &d->stream), !hir__pipeline_check(p, "stream_lowering", dump)))
+      (hir_pass_stream_lowering(p, &stream), !hir__pipeline_check(p, "stream_lowering", dump)))
     return p->ir.status;
   if ((hir_pass_convert_communications(p), !hir__pipeline_check(p, "convert_communications", dump))) return p->ir.status;
   if (!d->skip_deallocations &&
@@ -5502,6 +5654,12 @@ static void hir__strip_streams(hir_fusion *ir) {
   }
 }
 
+/* An extent of p's fusion as the model's shapes make it, or 0 if unknown. */
+static int64_t hir__model_extent(const hir__env *env, const hir_program *s, const hir_val *v) {
+  if (v->kind == HIR__VAL_SYMBOL && v->name > s->ir.next_val) return 0; /* made after the scratch copy */
+  return hir__unbound(env, v) ? 0 : hir__eval_val(env, v);
+}
+
 /* The product of tv's extents: of its reduction axes (reduced = 1), or of
    the others as this rank holds them; 0 and a message if one is unknown. */
 static int64_t hir__model_numel(hir_program *p, const hir__env *env, const hir_tv *tv, int reduced) {
@@ -5521,8 +5679,12 @@ static int64_t hir__model_numel(hir_program *p, const hir__env *env, const hir_t
   return n;
 }
 
+/* The sizes of the GEMMs and transfers in s (the fusion without Stream
+   axes); from p (with them) the chunk count and the largest number of parts
+   that every cut axis of a P2P pipeline divides into (*rows: their gcd, 0
+   when some Stream axis has nothing after it to cut). */
 static int hir__model(hir_program *p, hir_program *s, const hir_stream_options *o, double *gemm_s, double *comm_s,
-                      int64_t *chunks) {
+                      int64_t *chunks, int64_t *rows) {
   hir__env env;
   int i, a, k, ok = 1;
   double flops[2] = {0, 0}, bytes = 0; /* GEMM flops in f16/bf16, in f32/f64 */
@@ -5576,15 +5738,25 @@ static int hir__model(hir_program *p, hir_program *s, const hir_stream_options *
     }
   }
   *chunks = 1;
-  for (i = 0; ok && i < p->ir.tvs.n; i++) { /* the Stream axis of the user's fusion: its extent is the chunk count */
+  *rows = -1;
+  for (i = 0; ok && i < p->ir.tvs.n; i++) { /* the Stream axes of the user's fusion: their extent is the chunk count */
     const hir_tv *tv = (const hir_tv *)p->ir.tvs.items[i];
-    for (a = 0; a < tv->ndims; a++)
-      if (tv->ids[a]->ptype == HIR_STREAM && tv->ids[a]->extent->kind == HIR__VAL_SYMBOL &&
-          tv->ids[a]->extent->name <= s->ir.next_val && env.sym_bound[tv->ids[a]->extent->name])
-        *chunks = env.sym[tv->ids[a]->extent->name] > *chunks ? env.sym[tv->ids[a]->extent->name] : *chunks;
-      else if (tv->ids[a]->ptype == HIR_STREAM && tv->ids[a]->extent->kind == HIR__VAL_CONST)
-        *chunks = tv->ids[a]->extent->value > *chunks ? tv->ids[a]->extent->value : *chunks;
+    for (a = 0; a < tv->ndims; a++) {
+      int cut = hir__cut_axis(tv, a);
+      int64_t n = hir__model_extent(&env, s, tv->ids[a]->extent), r = cut >= 0 ? hir__model_extent(&env, s, tv->ids[cut]->extent) : 0;
+      if (tv->ids[a]->ptype != HIR_STREAM) continue;
+      *chunks = n > *chunks ? n : *chunks;
+      if (r <= 0) *rows = 0; /* nothing to cut after this Stream axis */
+      else if (*rows < 0) *rows = r;
+      else
+        while (r > 0 && *rows > 0) { /* gcd; 0 stays */
+          int64_t t = *rows % r;
+          *rows = r;
+          r = t;
+        }
+    }
   }
+  if (*rows < 0) *rows = 0;
   *gemm_s = o->gemm_flops_per_s > 0 ? (flops[0] + flops[1]) / o->gemm_flops_per_s : flops[0] / 750e12 + flops[1] / 50e12;
   *comm_s = bytes / (o->link_bytes_per_s > 0 ? o->link_bytes_per_s : 300e9);
   HIR_FREE(env.sym);
@@ -5626,11 +5798,25 @@ static int hir__serial_lowers(const hir_fusion *f, int my_device, char *why, siz
   return ok;
 }
 
-static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_stream_options *o) {
+/* The predicted time of the pipeline of `chunks` chunks in `parts` parts
+   each: with overlap, all but one part's share of the shorter of GEMM and
+   communication hidden. */
+static double hir__piped_time(const hir_stream_options *o, double gemm, double comm, int overlap, int64_t chunks,
+                              int64_t parts) {
+  double longer = gemm > comm ? gemm : comm, shorter = gemm < comm ? gemm : comm;
+  double per_chunk = o->chunk_overhead_s > 0 ? o->chunk_overhead_s : 20e-6, per_part = o->part_overhead_s > 0 ? o->part_overhead_s : 40e-6;
+  return (overlap ? longer + shorter / (double)(chunks * parts) : gemm + comm) + (double)chunks * per_chunk +
+         (double)(chunks * (parts - 1)) * per_part;
+}
+
+/* Chooses into o: the Stream axes kept or dropped, and for a P2P pipeline
+   the parts a peer's chunk is cut into (unless the caller gave them). */
+static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, hir_stream_options *o) {
   hir_program *s = hir_program_create();
-  double gemm = 0, comm = 0, overhead = o->chunk_overhead_s > 0 ? o->chunk_overhead_s : 20e-6, serial, piped;
-  int64_t chunks = 1;
-  int ok, overlap;
+  double gemm = 0, comm = 0, serial, piped;
+  int64_t chunks = 1, rows = 0, parts, k;
+  int ok, overlap, p2p;
+  char cut[40] = "";
   const char *why;
   if (!o->input_shapes) {
     hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower: stream.automatic needs stream.input_shapes (the local shapes of the "
@@ -5650,26 +5836,32 @@ static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_s
     ok = hir__validate_fusion(s) && hir__decompose_reshardings(s);
   }
   if (!ok) hir__fail(&p->ir, s->ir.status, "%s", s->ir.error);
-  ok = ok && hir__model(p, s, o, &gemm, &comm, &chunks);
+  ok = ok && hir__model(p, s, o, &gemm, &comm, &chunks, &rows);
   hir_program_free(s);
   if (!ok) return 0;
-  overlap = o->p2p_copy_engine && hir__pipeline_is_p2p(f, p->my_device);
+  p2p = hir__pipeline_is_p2p(f, p->my_device);
+  overlap = o->p2p_copy_engine && p2p;
+  parts = p2p && o->chunks_per_peer > 1 ? o->chunks_per_peer : 1;
+  for (k = 2; overlap && o->chunks_per_peer == 0 && k <= 16; k++) /* the parts the cut axes divide into */
+    if (rows % k == 0 && hir__piped_time(o, gemm, comm, 1, chunks, k) < hir__piped_time(o, gemm, comm, 1, chunks, parts))
+      parts = k;
+  if (parts > 1) snprintf(cut, sizeof cut, " x %lld parts", (long long)parts);
   why = overlap || chunks < 2 ? ""
         : o->p2p_copy_engine ? "; no overlap: its communication is collectives, NCCL kernels"
                              : "; no overlap: send/recv as NCCL kernels (stream.p2p_copy_engine = 0)";
-  serial = gemm + comm + overhead;
-  piped = overlap ? (gemm > comm ? gemm : comm) + (gemm < comm ? gemm : comm) / (double)chunks + (double)chunks * overhead
-                  : gemm + comm + (double)chunks * overhead;
+  serial = hir__piped_time(o, gemm, comm, 0, 1, 1);
+  piped = hir__piped_time(o, gemm, comm, overlap, chunks, parts);
   if (chunks > 1 && piped < 0.97 * serial) {
-    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, predicted %.3f ms (serial %.3f; GEMM %.3f, communication %.3f)",
-             (long long)chunks, piped * 1e3, serial * 1e3, gemm * 1e3, comm * 1e3);
+    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks%s, predicted %.3f ms (serial %.3f; GEMM %.3f, communication %.3f)",
+             (long long)chunks, cut, piped * 1e3, serial * 1e3, gemm * 1e3, comm * 1e3);
+    o->chunks_per_peer = (int)parts;
   } else if (chunks > 1 && !hir__serial_lowers(f, p->my_device, p->plan, sizeof p->plan)) {
     char reason[sizeof p->plan];
     memcpy(reason, p->plan, sizeof reason);
     snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, as the serial form does not lower: %.180s", (long long)chunks, reason);
   } else {
-    snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks %.3f; GEMM %.3f, communication %.3f%s)",
-             serial * 1e3, (long long)chunks, piped * 1e3, gemm * 1e3, comm * 1e3, why);
+    snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks%s %.3f; GEMM %.3f, communication %.3f%s)",
+             serial * 1e3, (long long)chunks, cut, piped * 1e3, gemm * 1e3, comm * 1e3, why);
     hir__strip_streams(&p->ir);
   }
   return 1;
@@ -5697,6 +5889,16 @@ static void hir__compute_shape(hir_evaluator *ev, const hir_tv *tv) {
   }
 }
 
+/* The program input and axis a size comes from, or 0. */
+static int hir__size_source(const hir_fusion *f, const hir_val *size, int *input, int *axis) {
+  for (*input = 0; *input < f->inputs.n; (*input)++) {
+    const hir_tv *in = (const hir_tv *)f->inputs.items[*input];
+    for (*axis = 0; *axis < in->ndims; (*axis)++)
+      if (in->ids[*axis]->extent == size) return 1;
+  }
+  return 0;
+}
+
 /* Names the input whose sizes this rank lacks. */
 static int hir__unknown_shape(hir_evaluator *ev, const hir_tv *tv) {
   const hir_fusion *f = &ev->p->ir;
@@ -5704,16 +5906,12 @@ static int hir__unknown_shape(hir_evaluator *ev, const hir_tv *tv) {
   int i, a;
   for (i = 0; i < tv->ndims && !u; i++)
     if (tv->ids[i]->iter != HIR_REDUCTION) u = hir__unbound(&ev->env, tv->ids[i]->extent);
-  for (i = 0; u && i < f->inputs.n; i++) {
-    const hir_tv *in = (const hir_tv *)f->inputs.items[i];
-    for (a = 0; a < in->ndims; a++)
-      if (in->ids[a]->extent == u)
-        return hir__ev_fail(ev, HIR_ERR_SHAPE,
-                            "hir_run: this rank needs the sizes of T%d, which come from input %d (T%d) axis %d (i%d); "
-                            "that input lives elsewhere and was passed empty: pass it shape-only (data NULL, ndims "
-                            "and sizes set)",
-                            tv->name, i, in->name, a, u->name);
-  }
+  if (u && hir__size_source(f, u, &i, &a))
+    return hir__ev_fail(ev, HIR_ERR_SHAPE,
+                        "hir_run: this rank needs the sizes of T%d, which come from input %d (T%d) axis %d (i%d); "
+                        "that input lives elsewhere and was passed empty: pass it shape-only (data NULL, ndims "
+                        "and sizes set)",
+                        tv->name, i, ((const hir_tv *)f->inputs.items[i])->name, a, u->name);
   return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: the sizes of T%d are unknown on this rank", tv->name);
 }
 
@@ -5771,6 +5969,25 @@ static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
       k++;
     }
     return hir__shapes_equal(&want, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the view drops one axis of its source");
+  }
+  case HIR_EXPR_ALIAS_SLICE: {
+    hir__shape want;
+    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+    for (i = 0, k = 0; i < e->axis; i++) k += e->in[0]->ids[i]->iter != HIR_REDUCTION;
+    if (a->sizes[k] % e->parts) {
+      int input, axis;
+      char from[96] = "";
+      if (hir__size_source(&ev->p->ir, e->id->extent, &input, &axis))
+        snprintf(from, sizeof from, ", the size of input %d (T%d) axis %d,", input,
+                 ((const hir_tv *)ev->p->ir.inputs.items[input])->name, axis);
+      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSlice %d: T%d axis %d has size %lld%s which does not cut "
+                          "into %d equal parts; give it a size that %d divides, or cut it into fewer parts "
+                          "(stream.chunks_per_peer)",
+                          e->name, e->in[0]->name, e->axis, (long long)a->sizes[k], from, e->parts, e->parts);
+    }
+    want = *a;
+    want.sizes[k] /= e->parts;
+    return hir__shapes_equal(&want, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the view cuts one axis of its source");
   }
   case HIR_EXPR_LOAD_STORE:
     if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
@@ -6281,6 +6498,25 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
       view->strides[k] = src->strides[k + 1];
     }
     view->ndims = src->ndims - 1;
+    ev->bound[e->out[0]->name] = 1;
+    ev->slot_block[e->out[0]->name] = -1;
+    return 1;
+  }
+  case HIR_EXPR_ALIAS_SLICE: {
+    const hir_tensor *src = hir__get(ev, e->in[0], e);
+    hir_tensor *view = &ev->slot[e->out[0]->name];
+    int a = 0, k;
+    int64_t len;
+    if (!src) return 0;
+    for (k = 0; k < e->axis; k++) a += e->in[0]->ids[k]->iter != HIR_REDUCTION;
+    len = src->sizes[a] / e->parts;
+    i = hir__eval_val(&ev->env, e->val);
+    if (i < 0 || i >= e->parts)
+      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSlice %d: part %lld of T%d does not exist; it has %d parts",
+                          e->name, (long long)i, e->in[0]->name, e->parts);
+    *view = *src;
+    view->data = (char *)src->data + i * len * src->strides[a] * (int64_t)hir_dtype_size(src->dtype);
+    view->sizes[a] = len;
     ev->bound[e->out[0]->name] = 1;
     ev->slot_block[e->out[0]->name] = -1;
     return 1;

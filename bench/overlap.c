@@ -7,13 +7,14 @@
      collective    the A rows split into `chunks` Stream chunks, one
                    collective and one GEMM per chunk (nvFuser's AG_matmul and
                    matmul_RS_through_bcast)
-     p2p linear    a chunk per peer, send/recv instead of collectives
+     p2p linear    a chunk per peer, send/recv instead of collectives,
+                   each chunk cut into `parts` (stream.chunks_per_peer)
      p2p ring      the same, each rank starting with its ring neighbour
                    (on GPUs both p2p again with send/recv on the copy
                    engines: hir_nccl_world_set_copy_engine)
      automatic     the p2p ring fusion lowered with stream.automatic (and
                    p2p_copy_engine with the copy engines): its pipeline or
-                   its serial form, as the cost model predicts
+                   its serial form, and the parts, as the cost model predicts
 
    beside the collective alone and the GEMM alone (their max is the floor),
    all in one run. Per pipeline: the median time, its ratio to the floor, the
@@ -24,7 +25,7 @@
    slowest rank. bf16 inputs from a fixed-seed generator.
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
-                         [--trace DIR] [ag M K N] [rs M K N] ...
+                         [--parts 1,2,4] [--trace DIR] [ag M K N] [rs M K N] ...
    Default shapes: issue 7's on GPUs, small ones on the CPU. --trace: after
    its timed runs, each pipeline runs once more recording a timeline, written
    to DIR/<ag|rs>_M_K_N_<pipeline>.json (tools/timeline_svg.py draws them). */
@@ -41,7 +42,7 @@
 #include <math.h>
 #include <pthread.h>
 
-enum { MAXR = 8, MAXIT = 100, MAXCFG = 24 };
+enum { MAXR = 8, MAXIT = 100, MAXCFG = 48 };
 
 typedef enum { AG, RS } pattern;
 typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_LINEAR, P2P_RING, AUTO } pipeline;
@@ -51,6 +52,7 @@ static const char *pipeline_names[] = {"comm alone", "GEMM alone", "serial", "co
 typedef struct config {
   pipeline pipe;
   int chunks, streams, copy_engine; /* copy_engine: p2p sends and receives as peer copies (GPUs) */
+  int parts;                        /* p2p: each peer's chunk cut into this many (0: automatic) */
 } config;
 
 typedef struct shape {
@@ -370,6 +372,7 @@ static hir_status run_rank(int rank, void *user) {
   ld.stream.schedule = B->cfg.pipe == P2P_RING || B->cfg.pipe == AUTO ? HIR_P2P_RING : HIR_P2P_LINEAR;
   ld.stream.automatic = B->cfg.pipe == AUTO; /* pipeline or serial, for these shapes */
   ld.stream.p2p_copy_engine = B->cfg.copy_engine;
+  ld.stream.chunks_per_peer = B->cfg.parts;
   ld.stream.input_shapes = hin;
   ld.stream.ninput_shapes = nin;
   if ((s = hir_lower(B->f, &ld, &p)) != HIR_OK) {
@@ -501,6 +504,9 @@ static void config_name(const config *c, char *buf, size_t cap) {
     snprintf(buf, cap, "%s, %d chunks, %d streams", pipeline_names[c->pipe], c->chunks, c->streams);
   else if (c->pipe == AUTO)
     snprintf(buf, cap, "%s%s)", pipeline_names[c->pipe], c->copy_engine ? ", copy eng." : "");
+  else if (c->pipe >= P2P_LINEAR && c->parts > 1)
+    snprintf(buf, cap, "%s%s, %d parts, %d streams", pipeline_names[c->pipe], c->copy_engine ? " (copy eng.)" : "", c->parts,
+             c->streams);
   else if (c->pipe >= P2P_LINEAR)
     snprintf(buf, cap, "%s%s, %d streams", pipeline_names[c->pipe], c->copy_engine ? " (copy eng.)" : "", c->streams);
   else
@@ -508,25 +514,28 @@ static void config_name(const config *c, char *buf, size_t cap) {
 }
 
 /* Every pipeline for one shape; returns the number that failed. */
-static int bench_shape(bench *B, const int *streams, int nstreams, const int *chunks, int nchunks) {
+static int bench_shape(bench *B, const int *streams, int nstreams, const int *chunks, int nchunks, const int *parts,
+                       int nparts) {
   config cfgs[MAXCFG];
   result res[MAXCFG];
   int n = 0, i, j, failed = 0, best = -1;
   double comm, gemm, floor_ms, serial;
   const char *cname = B->sh.pat == AG ? "AG" : "RS";
   int64_t m = B->sh.M / B->D;
-  int ce, auto_at;
-  cfgs[n++] = (config){COMM_ALONE, 1, 1, 0};
-  cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0};
-  cfgs[n++] = (config){SERIAL, 1, 1, 0}; /* first of the checked ones: their reference */
+  int ce, auto_at, k;
+  cfgs[n++] = (config){COMM_ALONE, 1, 1, 0, 1};
+  cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0, 1};
+  cfgs[n++] = (config){SERIAL, 1, 1, 0, 1}; /* first of the checked ones: their reference */
   for (i = 0; i < nchunks; i++)
     for (j = 0; j < nstreams && n < MAXCFG; j++)
-      if (m % chunks[i] == 0) cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0};
+      if (m % chunks[i] == 0) cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1};
   for (ce = 0; ce <= B->gpu; ce++)
     for (i = P2P_LINEAR; i <= P2P_RING; i++)
-      for (j = 0; j < nstreams && n < MAXCFG; j++) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce};
+      for (k = 0; k < nparts; k++)
+        for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
+          if (m % parts[k] == 0) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce, parts[k]};
   auto_at = n;
-  cfgs[n++] = (config){AUTO, B->D, 2, B->gpu}; /* last: the plan it prints is its own */
+  cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0}; /* last: the plan it prints is its own; parts pay with 4 streams */
   for (B->generation = B->arrived = 0, i = 0; i < B->D; i++) B->a[i] = B->b[i] = B->ref[i] = NULL;
   if (hir_spmd(B->D, gen_rank, B) != HIR_OK) {
     printf("%s+GEMM: out of host memory for the inputs\n", cname);
@@ -541,17 +550,17 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
          B->sh.pat == AG ? "AllGather+GEMM" : "GEMM+ReduceScatter", (long long)B->sh.M, (long long)B->sh.K,
          (long long)B->sh.N, B->D, B->gpu ? "GPUs (CUDA, NCCL, a thread each)" : "CPU ranks (local world)", B->iters,
          B->warmup);
-  printf("  %-38s %9s %8s %7s %10s %9s\n", "pipeline", "ms", "x floor", "E", "peak MiB", "max err");
+  printf("  %-44s %9s %8s %7s %10s %9s\n", "pipeline", "ms", "x floor", "E", "peak MiB", "max err");
   for (i = 0; i < n; i++) {
     char name[64];
     config_name(&cfgs[i], name, sizeof name);
     if (cfgs[i].pipe == COMM_ALONE) snprintf(name, sizeof name, "%s alone", cname);
     if (!res[i].ok) {
-      printf("  %-38s FAILED: %s\n", name, res[i].msg);
+      printf("  %-44s FAILED: %s\n", name, res[i].msg);
       failed++;
       continue;
     }
-    printf("  %-38s %9.3f %8.2f", name, res[i].ms, res[i].ms / floor_ms);
+    printf("  %-44s %9.3f %8.2f", name, res[i].ms, res[i].ms / floor_ms);
     if (cfgs[i].pipe >= SERIAL && res[2].ok)
       printf(" %7.2f", (serial - res[i].ms) / (comm < gemm ? comm : gemm));
     else
@@ -564,7 +573,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     printf("\n");
     if (cfgs[i].pipe >= SERIAL && (best < 0 || res[i].ms < res[best].ms)) best = i;
   }
-  if (res[0].ok && res[1].ok) printf("  %-38s %9.3f %8.2f\n", "floor = max(comm, GEMM)", floor_ms, 1.0);
+  if (res[0].ok && res[1].ok) printf("  %-44s %9.3f %8.2f\n", "floor = max(comm, GEMM)", floor_ms, 1.0);
   if (best >= 0) {
     char name[64];
     config_name(&cfgs[best], name, sizeof name);
@@ -600,7 +609,8 @@ int main(int argc, char **argv) {
                                      {RS, 32768, 32768, 1024}, {RS, 16384, 28672, 8192}, {RS, 4096, 4096, 1024}};
   static const shape cpu_shapes[] = {{AG, 256, 128, 64}, {RS, 256, 128, 64}};
   shape shapes[32];
-  int nshapes = 0, streams[4] = {2, 4}, nstreams = 2, chunks[4] = {4, 8}, nchunks = 2, i, failed = 0;
+  int nshapes = 0, streams[4] = {2, 4}, nstreams = 2, chunks[4] = {4, 8}, nchunks = 2, parts[4] = {1, 2, 4}, nparts = 3, i,
+      failed = 0;
   B.iters = 10;
   B.warmup = 3;
   for (i = 1; i < argc; i++) {
@@ -608,6 +618,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) B.warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--streams") && i + 1 < argc) nstreams = parse_list(argv[++i], streams, 4);
     else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) nchunks = parse_list(argv[++i], chunks, 4);
+    else if (!strcmp(argv[i], "--parts") && i + 1 < argc) nparts = parse_list(argv[++i], parts, 4);
     else if (!strcmp(argv[i], "--trace") && i + 1 < argc) B.trace_dir = argv[++i];
     else if ((!strcmp(argv[i], "ag") || !strcmp(argv[i], "rs")) && i + 3 < argc && nshapes < 32) {
       shapes[nshapes].pat = argv[i][0] == 'a' ? AG : RS;
@@ -616,12 +627,14 @@ int main(int argc, char **argv) {
       shapes[nshapes++].N = atoll(argv[i + 3]);
       i += 3;
     } else {
-      fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--trace DIR] [ag|rs M K N]...\n", argv[0]);
+      fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--trace DIR] "
+                      "[ag|rs M K N]...\n", argv[0]);
       return 2;
     }
   }
-  if (B.iters < 1 || B.iters > MAXIT || B.warmup < 0 || !nstreams || !nchunks) {
-    fprintf(stderr, "%s: --iters takes 1..%d, --warmup 0 or more, --streams and --chunks positive lists\n", argv[0], MAXIT);
+  if (B.iters < 1 || B.iters > MAXIT || B.warmup < 0 || !nstreams || !nchunks || !nparts) {
+    fprintf(stderr, "%s: --iters takes 1..%d, --warmup 0 or more, --streams, --chunks and --parts positive lists\n", argv[0],
+            MAXIT);
     return 2;
   }
 #ifdef HOSTIR_CUDA
@@ -651,7 +664,7 @@ int main(int argc, char **argv) {
   if (!B.gpu && !(B.local = hir_local_world_create(B.D))) return 1;
   for (i = 0; i < nshapes; i++) {
     B.sh = shapes[i];
-    failed += bench_shape(&B, streams, nstreams, chunks, nchunks);
+    failed += bench_shape(&B, streams, nstreams, chunks, nchunks, parts, nparts);
   }
 #ifdef HOSTIR_CUDA
   hir_nccl_world_free(B.nccl);

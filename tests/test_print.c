@@ -335,6 +335,9 @@ static void test_host_misuse(void) {
   HOST_ERROR(hir_host_communication(p, HIR_COLL_ALLGATHER, 2, team, 0, NULL, NULL), "neither an input nor an output");
   HOST_ERROR(hir_host_alias_select(p, a, 5, hir_val_const(f, 0)), "axis 5 is out of range for T0");
   HOST_ERROR(hir_host_alias_select(p, a, 0, NULL), "index is NULL");
+  HOST_ERROR(hir_host_alias_slice(p, a, 0, hir_val_const(f, 0), 0), "parts is 0; cut into 1 or more parts");
+  HOST_ERROR(hir_host_alias_slice(p, a, -3, hir_val_const(f, 0), 2), "axis -3 is out of range for T0");
+  HOST_ERROR(hir_host_alias_slice(p, a, 1, NULL, 2), "hir_host_alias_slice: index is NULL");
   HOST_ERROR(hir_host_p2p(p, HIR_P2P_SEND, a, NULL), "peer is NULL");
   HOST_ERROR(hir_host_p2p(p, (hir_p2p_type)9, a, hir_val_const(f, 0)), "unknown type 9");
   HOST_ERROR(hir_host_for_loop(p, NULL, 0), "hir_host_for_loop: argument 'tv' is NULL");

@@ -94,7 +94,7 @@ static void test_stream_structure(void) {
   hir_fusion_free(s.f);
 }
 
-/* The ring and bounded-buffer programs on the mesh {3 1 7 5}, as device 7. */
+/* The ring, bounded-buffer and cut programs on the mesh {3 1 7 5}, as device 7. */
 static void test_stream_schedule_goldens(void) {
   static const int mesh[4] = {3, 1, 7, 5};
   hir_lower_desc d;
@@ -116,6 +116,16 @@ static void test_stream_schedule_goldens(void) {
   d.stream.schedule = HIR_P2P_LINEAR;
   text = lower_text(s.f, &d, 7);
   check_golden(text, "stream_matmul_rs_linear_d7", __LINE__);
+  free(text);
+  d.stream.schedule = HIR_P2P_RING; /* each peer's chunk in 2 parts */
+  d.stream.chunks_per_peer = 2;
+  text = lower_text(s.f, &d, 7);
+  check_golden(text, "stream_matmul_rs_ring_2parts_d7", __LINE__);
+  free(text);
+  hir_fusion_free(s.f);
+  seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, mesh);
+  text = lower_text(s.f, &d, 7);
+  check_golden(text, "stream_ag_matmul_ring_2parts_d7", __LINE__);
   free(text);
   hir_fusion_free(s.f);
 }
@@ -255,7 +265,8 @@ static void seed_data(spmd_case *c, const char *which, int D) {
 
 /* Every stream-lowered seed, plus the GEMM + P2P reduce-scatter, gives the
    right numbers for both schedules, with and without bounded buffers, with
-   1..4 streams, on worlds of 1, 2, 3, 4 and 8 (and a mesh {3 1 7 5}). */
+   1..4 streams, on worlds of 1, 2, 3, 4 and 8 (and a mesh {3 1 7 5}); the
+   P2P GEMMs also with each peer's 3 rows cut into 3 parts. */
 static void test_stream_numbers(void) {
   static const char *names[] = {"SingleSetOp", "TwoSetOps", "ThreeSetOps", "Allgather", "Allreduce", "ReduceScatter",
                                 "AG_matmul", "AllgatherP2p", "AG_matmul_P2p", "matmul_AR", "matmul_RS_through_bcast", "matmul_RS_p2p",
@@ -264,12 +275,13 @@ static void test_stream_numbers(void) {
                                 seed_allgather_p2p, seed_ag_matmul_p2p, seed_matmul_ar, seed_matmul_rs_through_bcast,
                                 seed_matmul_rs_p2p, seed_matmul_rs_p2p_partials_out};
   static const int odd[4] = {3, 1, 7, 5};
-  int k, wi, ring, bounded, ns, runs = 0;
+  int k, wi, ring, bounded, ns, cut, runs = 0;
   for (k = 0; k < 13; k++)
     for (wi = 0; wi < 6; wi++)
       for (ring = 0; ring < 2; ring++)
         for (bounded = 0; bounded < 2; bounded++)
-          for (ns = 1; ns <= 4; ns++) {
+          for (ns = 1; ns <= 4; ns++)
+            for (cut = 1; cut <= 3; cut += 2) {
             int D = wi < 5 ? worlds[wi] : 4, world = wi < 5 ? D : 8;
             const int *mesh = wi < 5 ? iota_mesh : odd;
             char what[160];
@@ -278,11 +290,13 @@ static void test_stream_numbers(void) {
             seed s;
             if (wi == 5 && k < 3) continue; /* single-device seeds: no mesh */
             if (ns > 2 && (wi == 1 || wi == 3)) continue; /* keep the matrix small: 3-4 streams on 1, 3, 8 and the odd mesh */
+            if (cut > 1 && k != 8 && k < 11) continue;      /* cut: the P2P GEMMs */
             fns[k](&s, hir_fusion_create(), D, mesh);
             memset(&lc, 0, sizeof lc);
             lc.f = s.f;
             lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
             lc.d.stream.bounded_buffers = bounded;
+            lc.d.stream.chunks_per_peer = cut;
             case_init(&c, world);
             c.nstreams = ns;
             c.tol = 1e-4;
@@ -290,8 +304,8 @@ static void test_stream_numbers(void) {
             c.build = build_lowered_with;
             c.user = &lc;
             seed_data(&c, names[k], D);
-            snprintf(what, sizeof what, "%s (%s%s, mesh %s)", names[k], ring ? "ring" : "linear", bounded ? ", bounded" : "",
-                     wi < 5 ? "0..D-1" : "{3 1 7 5}");
+            snprintf(what, sizeof what, "%s (%s%s%s, mesh %s)", names[k], ring ? "ring" : "linear", bounded ? ", bounded" : "",
+                     cut > 1 ? ", 3 parts per peer" : "", wi < 5 ? "0..D-1" : "{3 1 7 5}");
             RUN_CASE(&c, what);
             hir_fusion_free(s.f);
             runs++;
@@ -472,6 +486,62 @@ static void test_schedule_verifier_rejects(void) {
   }
 }
 
+/* Chunks per peer that cannot be: out of range, nothing to cut, and (at
+   run time, before anything is written) a size the parts do not divide. */
+static void test_stream_cut_errors(void) {
+  static const int m2[2] = {0, 1};
+  int64_t sa[3] = {1, 3, 4}, sb[2] = {4, 5}, so[3] = {2, 3, 5};
+  hir_lower_desc d;
+  hir_program *p;
+  hir_evaluator *ev = NULL;
+  hir_eval_desc ed;
+  hir_local_world *w = hir_local_world_create(2); /* rank 0 alone: the check comes before any transfer */
+  hir_tensor in[2], out;
+  int64_t k;
+  seed sd;
+  memset(&d, 0, sizeof d);
+  seed_ag_matmul_p2p(&sd, hir_fusion_create(), 2, m2);
+  d.stream.chunks_per_peer = -1;
+  CHECK(hir_lower(sd.f, &d, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "chunks_per_peer is -1; give 1 to 1024"));
+  hir_program_free(p);
+  d.stream.chunks_per_peer = 2; /* the 3 rows of a peer's chunk do not cut in 2 */
+  CHECK(hir_lower(sd.f, &d, &p) == HIR_OK);
+  memset(&ed, 0, sizeof ed);
+  ed.comm = hir_local_comm(w, 0);
+  CHECK(hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  in[0] = trand(HIR_F32, 3, sa);
+  in[1] = trand(HIR_F32, 2, sb);
+  out = tn(HIR_F32, 3, so);
+  for (k = 0; k < tnumel(&out); k++) tset(&out, k, 7.0); /* poison */
+  CHECK(hir_run(ev, in, 2, &out, 1) == HIR_ERR_SHAPE &&
+        strstr(hir_evaluator_error(ev), "has size 3, the size of input 0 (T0) axis 1, which does not cut into 2 equal parts"));
+  for (k = 0; k < tnumel(&out); k++) CHECK(tget(&out, k) == 7.0); /* nothing written */
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  tfree(&in[0]);
+  tfree(&in[1]);
+  tfree(&out);
+  hir_local_world_free(w);
+  hir_fusion_free(sd.f);
+  seed_allgather_p2p(&sd, hir_fusion_create(), 2, m2); /* [D, N] gathered into [Stream D, N]: N is cut */
+  d.stream.chunks_per_peer = 5;
+  CHECK(hir_lower(sd.f, &d, &p) == HIR_OK);
+  hir_program_free(p);
+  hir_fusion_free(sd.f);
+  sd.f = hir_fusion_create(); /* [D] gathered: nothing after the Stream axis */
+  sd.t[0] = hir_input(sd.f, HIR_F32, 1);
+  sd.t[1] = hir_set(sd.f, sd.t[0]);
+  hir_output(sd.f, sd.t[1]);
+  hir_set_mesh(sd.t[0], 2, m2);
+  hir_set_mesh(sd.t[1], 2, m2);
+  hir_parallelize(sd.t[0], 0, HIR_DIDX);
+  hir_parallelize(sd.t[1], 0, HIR_STREAM);
+  CHECK(hir_lower(sd.f, &d, &p) == HIR_ERR_UNSUPPORTED &&
+        strstr(hir_program_error(p), "chunks_per_peer = 5 cuts the first axis after the Stream axis, and T1 has none"));
+  hir_program_free(p);
+  hir_fusion_free(sd.f);
+}
+
 static void test_stream_errors(void) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a);
@@ -494,11 +564,14 @@ static void test_stream_errors(void) {
   hir_parallelize(b, 1, HIR_STREAM);
   CHECK_LOWER_ERROR(f, 0, HIR_ERR_UNSUPPORTED, "a PostOnStream (HostUnit) cannot be stream-lowered");
   hir_fusion_free(f);
+  test_stream_cut_errors();
 }
 
 /* The automatic choice: a small AG+GEMM (P2P) lowers serial and still gives
-   the right numbers; a large one keeps its pipeline of D chunks; a GEMM +
-   P2P reduce-scatter alike; shapes missing or miscounted are errors. */
+   the right numbers; a large one keeps its pipeline of D chunks, cut into
+   parts where communication is much the longer side (and then again the
+   right numbers); a GEMM + P2P reduce-scatter alike, uncut when little
+   communication is left to hide; shapes missing or miscounted are errors. */
 static void test_stream_automatic(void) {
   static const int m4[4] = {0, 1, 2, 3};
   int64_t small_a[3] = {1, 3, 4}, small_b[2] = {4, 5}, big_a[3] = {1, 4096, 8192}, big_b[2] = {8192, 512};
@@ -529,6 +602,14 @@ static void test_stream_automatic(void) {
     hir_program_snprint(p, text, sizeof text);
     if (k != 1) CHECK(!strncmp(hir_program_plan(p), "serial: ", 8) && !strstr(text, "FOR ") && strstr(text, "Allgather"));
     else CHECK(!strncmp(hir_program_plan(p), "pipelined: 4 chunks", 19) && strstr(text, "FOR StreamIdx"));
+    if (k == 1) { /* links 10x slower: the exposed GEMM at the end is worth cutting */
+      hir_program_free(p);
+      lc.d.stream.link_bytes_per_s = 30e9;
+      CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK && !strncmp(hir_program_plan(p), "pipelined: 4 chunks x 2 parts", 29));
+      hir_program_snprint(p, text, sizeof text);
+      CHECK(strstr(text, "parts = 2 )") != NULL);
+      lc.d.stream.link_bytes_per_s = 0;
+    }
     if (k == 2) CHECK(strstr(hir_program_plan(p), "no overlap: send/recv as NCCL kernels (stream.p2p_copy_engine = 0)") != NULL);
     hir_program_free(p);
   }
@@ -540,6 +621,22 @@ static void test_stream_automatic(void) {
   c.user = &lc;
   seed_data(&c, "AG_matmul_P2p", 4);
   RUN_CASE(&c, "AG_matmul_P2p, automatic (serial)");
+  lc.d.stream.gemm_flops_per_s = lc.d.stream.link_bytes_per_s = 1e3; /* slow GEMMs and links, free chunks: cut all 3 rows */
+  lc.d.stream.chunk_overhead_s = 1e-9;
+  CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK && strstr(hir_program_plan(p), "pipelined: 4 chunks x 3 parts") != NULL);
+  hir_program_snprint(p, text, sizeof text);
+  CHECK(strstr(text, "FOR StreamIdx in iStreamIdx") && strstr(text, "* 3 )}") && strstr(text, "parts = 3 )"));
+  hir_program_free(p);
+  case_init(&c, 4);
+  c.build = build_lowered_with;
+  c.user = &lc;
+  seed_data(&c, "AG_matmul_P2p", 4);
+  RUN_CASE(&c, "AG_matmul_P2p, automatic (4 chunks x 3 parts)");
+  lc.d.stream.chunks_per_peer = 1; /* the caller's count stands */
+  CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK && !strncmp(hir_program_plan(p), "pipelined: 4 chunks, ", 21));
+  hir_program_free(p);
+  lc.d.stream.chunks_per_peer = 0;
+  lc.d.stream.gemm_flops_per_s = lc.d.stream.link_bytes_per_s = lc.d.stream.chunk_overhead_s = 0;
   shapes[1].ndims = 3; /* one axis too many */
   CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_ERR_SHAPE && strstr(hir_program_error(p), "input_shapes[1] has 3 axes; T1 has 2"));
   hir_program_free(p);
@@ -561,6 +658,10 @@ static void test_stream_automatic(void) {
   memcpy(shapes[0].sizes, rs_a, sizeof rs_a);
   memcpy(shapes[1].sizes, rs_b, sizeof rs_b);
   CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK && !strncmp(hir_program_plan(p), "pipelined: 4 chunks", 19));
+  hir_program_free(p);
+  memcpy(shapes[0].sizes, rs_a, sizeof rs_a); /* a quarter of the rows: too little communication left to hide to pay for parts */
+  shapes[0].sizes[2] /= 4;
+  CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK && !strncmp(hir_program_plan(p), "pipelined: 4 chunks, predicted", 30));
   hir_program_free(p);
   hir_fusion_free(sd.f);
 
