@@ -1485,56 +1485,24 @@ HIRDEF hir_expr *hir_host_if(hir_program *p, hir_val *predicate) {
   return e;
 }
 
-/* A view of `in` at `index` along `axis`, that axis dropped. */
-static hir_expr *hir__alias_select(hir_fusion *f, hir_tv *in, int axis, hir_val *index) {
+/* A view of `in` at `index` along `axis`: parts 0, that axis selected away
+   (HirAliasSelect); else part `index` of `parts` equal parts, the axis kept
+   (HirAliasSlice). */
+static hir_expr *hir__alias_view(hir_fusion *f, hir_tv *in, int axis, hir_val *index, int parts) {
+  const hir_id *cut = in->ids[axis];
   hir_tv *out;
   hir_expr *e;
   int i, n = 0;
-  if (!(out = hir__new_tv(f, in->dtype, HIR_MEM_LOCAL, in->ndims - 1))) return NULL;
+  if (!(out = hir__new_tv(f, in->dtype, HIR_MEM_LOCAL, parts ? in->ndims : in->ndims - 1))) return NULL;
   for (i = 0; i < in->ndims; i++)
-    if (i != axis && !(out->ids[n++] = hir__clone_id(f, in->ids[i], 1))) return NULL;
-  out->mesh = in->mesh;
-  out->mesh_size = in->mesh_size;
-  if (!(e = hir__new_expr(f, HIR_EXPR_ALIAS_SELECT, 1, 1))) return NULL;
-  e->in[0] = in;
-  e->out[0] = out;
-  e->axis = axis;
-  e->id = in->ids[axis];
-  e->val = index;
-  return e;
-}
-
-HIRDEF hir_expr *hir_host_alias_select(hir_program *p, hir_tv *in, int axis, hir_val *index) {
-  hir_fusion *f = hir__host(p);
-  int a;
-  if (!f || !hir__check_tv(f, in, "hir_host_alias_select", "in")) return NULL;
-  if ((a = hir__norm_axis(f, axis, in->ndims, "hir_host_alias_select", in)) < 0) return NULL;
-  if (in->ndims < 2) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_host_alias_select: T%d has one axis; selecting it would leave no axes", in->name);
-    return NULL;
-  }
-  if (!index || index->ir != f) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_host_alias_select: index is %s", index ? "from another program" : "NULL");
-    return NULL;
-  }
-  return hir__alias_select(f, in, a, index);
-}
-
-/* A view of part `index` of `in` cut into `parts` along `axis`. */
-static hir_expr *hir__alias_slice(hir_fusion *f, hir_tv *in, int axis, hir_val *index, int parts) {
-  hir_tv *out;
-  hir_expr *e;
-  const hir_id *cut = in->ids[axis];
-  int i;
-  if (!(out = hir__new_tv(f, in->dtype, HIR_MEM_LOCAL, in->ndims))) return NULL;
-  for (i = 0; i < in->ndims; i++)
-    if (!(out->ids[i] = i != axis ? hir__clone_id(f, in->ids[i], 1)
-                                  : hir__new_id(f, hir__binary_val(f, HIR_SCALAR_DIV, cut->extent, hir__const(f, parts)),
-                                                cut->iter, cut->ptype)))
+    if ((i != axis || parts) &&
+        !(out->ids[n++] = i != axis ? hir__clone_id(f, in->ids[i], 1)
+                                    : hir__new_id(f, hir__binary_val(f, HIR_SCALAR_DIV, cut->extent, hir__const(f, parts)),
+                                                  cut->iter, cut->ptype)))
       return NULL;
   out->mesh = in->mesh;
   out->mesh_size = in->mesh_size;
-  if (!(e = hir__new_expr(f, HIR_EXPR_ALIAS_SLICE, 1, 1))) return NULL;
+  if (!(e = hir__new_expr(f, parts ? HIR_EXPR_ALIAS_SLICE : HIR_EXPR_ALIAS_SELECT, 1, 1))) return NULL;
   e->in[0] = in;
   e->out[0] = out;
   e->axis = axis;
@@ -1544,11 +1512,33 @@ static hir_expr *hir__alias_slice(hir_fusion *f, hir_tv *in, int axis, hir_val *
   return e;
 }
 
+/* The arguments of hir_host_alias_select/slice; the axis, or -1. */
+static int hir__view_args(hir_fusion *f, hir_tv *in, int axis, hir_val *index, const char *fn) {
+  int a;
+  if (!f || !hir__check_tv(f, in, fn, "in")) return -1;
+  if ((a = hir__norm_axis(f, axis, in->ndims, fn, in)) < 0) return -1;
+  if (!index || index->ir != f) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: index is %s", fn, index ? "from another program" : "NULL");
+    return -1;
+  }
+  return a;
+}
+
+HIRDEF hir_expr *hir_host_alias_select(hir_program *p, hir_tv *in, int axis, hir_val *index) {
+  hir_fusion *f = hir__host(p);
+  int a = hir__view_args(f, in, axis, index, "hir_host_alias_select");
+  if (a < 0) return NULL;
+  if (in->ndims < 2) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_host_alias_select: T%d has one axis; selecting it would leave no axes", in->name);
+    return NULL;
+  }
+  return hir__alias_view(f, in, a, index, 0);
+}
+
 HIRDEF hir_expr *hir_host_alias_slice(hir_program *p, hir_tv *in, int axis, hir_val *index, int parts) {
   hir_fusion *f = hir__host(p);
-  int a;
-  if (!f || !hir__check_tv(f, in, "hir_host_alias_slice", "in")) return NULL;
-  if ((a = hir__norm_axis(f, axis, in->ndims, "hir_host_alias_slice", in)) < 0) return NULL;
+  int a = hir__view_args(f, in, axis, index, "hir_host_alias_slice");
+  if (a < 0) return NULL;
   if (parts < 1) {
     hir__fail(f, HIR_ERR_INVALID, "hir_host_alias_slice: parts is %d; cut into 1 or more parts", parts);
     return NULL;
@@ -1558,11 +1548,7 @@ HIRDEF hir_expr *hir_host_alias_slice(hir_program *p, hir_tv *in, int axis, hir_
               in->ids[a]->iter == HIR_REDUCTION ? "reduction" : "broadcast");
     return NULL;
   }
-  if (!index || index->ir != f) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_host_alias_slice: index is %s", index ? "from another program" : "NULL");
-    return NULL;
-  }
-  return hir__alias_slice(f, in, a, index, parts);
+  return hir__alias_view(f, in, a, index, parts);
 }
 
 static hir_expr *hir__host_compute(hir_program *p, hir_expr_kind kind, int sub, hir_tv *out, hir_tv *a, hir_tv *b,
@@ -3171,7 +3157,7 @@ static hir_tv *hir__slice_of(hir__chain *c, hir_tv *tv, int axis, hir_val *index
     s = (hir__slice *)c->slices.items[i];
     if (s->tv == tv && s->axis == axis && s->index == index && s->parts == parts) return s->view;
   }
-  sel = parts ? hir__alias_slice(f, tv, axis, index, parts) : hir__alias_select(f, tv, axis, index);
+  sel = hir__alias_view(f, tv, axis, index, parts);
   if (!sel || !hir__append(c->body, sel)) return NULL;
   if (!(s = (hir__slice *)hir__alloc(f, sizeof(hir__slice)))) return NULL;
   s->tv = tv;
@@ -3225,7 +3211,7 @@ static hir_tv *hir__part_of(hir__chain *c, hir_scope *scope, hir_tv *view, int a
   hir_expr *e;
   if (!view || c->cut < 2 || axis < 0) return view;
   if (!scope) return hir__slice_of(c, view, axis, c->part, c->cut);
-  e = hir__alias_slice(&c->p->ir, view, axis, c->part, c->cut);
+  e = hir__alias_view(&c->p->ir, view, axis, c->part, c->cut);
   return e && hir__append(scope, e) ? e->out[0] : NULL;
 }
 
@@ -3253,7 +3239,7 @@ static hir_expr *hir__clone_onto(hir_fusion *f, const hir_expr *e, hir_tv **ins,
 /* Slot `index` of the reduce-scatter's partials, cut to this iteration's
    part, placed in `scope`. */
 static hir_tv *hir__parts_slot(hir__chain *c, hir_scope *scope, hir_val *index) {
-  hir_expr *sel = index ? hir__alias_select(&c->p->ir, c->parts, c->parts_axis, index) : NULL;
+  hir_expr *sel = index ? hir__alias_view(&c->p->ir, c->parts, c->parts_axis, index, 0) : NULL;
   if (!sel || !hir__append(scope, sel)) return NULL;
   return hir__part_of(c, scope, sel->out[0], c->parts_cut < 0 ? -1 : c->parts_cut - (c->parts_cut > c->parts_axis));
 }
@@ -3298,7 +3284,7 @@ static int hir__stream_allgather(hir__chain *c, const hir_expr *e, int in_axis) 
                                                  hir__const(f, c->mesh_size)))
                         : hir__mesh_at(c, c->chunk);
   /* my shard's view first, as nvFuser numbers them */
-  hir_expr *ite, *end, *sel = hir__alias_select(f, in, in_axis, hir__const(f, 0));
+  hir_expr *ite, *end, *sel = hir__alias_view(f, in, in_axis, hir__const(f, 0), 0);
   hir__axis_map(e, 0, map);
   for (j = 0; j < in->ndims; j++)
     if (cut >= 0 && map[j] == cut) in_cut = j;
