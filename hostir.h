@@ -28,27 +28,28 @@
        hir_fusion_free(f);
 
    Table of contents (grep the markers):
-       // >>api        public declarations
-       // >>arena      chunked arena: one free releases a whole fusion or program
-       // >>ir         scalars, IterDomains, TensorViews, exprs; the op table
-       // >>build      the fusion builder (hir_input, hir_set, hir_matmul, ...)
-       // >>host       building host programs by hand (hir_host_*)
-       // >>print      the printer (nvFuser's dump format)
-       // >>analysis   axis maps, sharding queries, resharding detection
-       // >>segment    copy, sharding propagation, decomposition, segmenter
-       // >>lower      building the program, resharding ops to communications
+       // >>api           public declarations
+       // >>base          includes, allocator macros, names, the arena, growable arrays, clocks
+       // >>ir            scalars and their evaluation, IterDomains, TensorViews, exprs; the op table
+       // >>build         the fusion builder (hir_input, hir_set, hir_matmul, ...)
+       // >>host          building host programs by hand (hir_host_*)
+       // >>print         the printer (nvFuser's dump format) and the DOT export
+       // >>analysis      axis maps, sharding queries, resharding detection
+       // >>segment       copy, sharding propagation, decomposition, segmenter
+       // >>lower         building the program, resharding ops to communications
        // >>pass_dealloc  Deallocate after last uses
        // >>pass_stream   stream lowering: loops over chunks, P2P schedules
-       // >>verify     the program verifier run between passes
-       // >>pipeline   hir_lower: the passes in order, HOSTIR_DUMP
-       // >>half       f16/bf16 conversions (round to nearest even)
-       // >>dlpack     DLTensor views in and out (when dlpack.h came first)
+       // >>verify        the program verifier run between passes
+       // >>schedule      the cross-rank schedule verifier
+       // >>automatic     the automatic choice: pipeline or serial, by a cost model
+       // >>pipeline      hir_lower: the passes in order, HOSTIR_DUMP
+       // >>half          f16/bf16 conversions, element loads and stores, tensor layouts
+       // >>dlpack        DLTensor views in and out (when dlpack.h came first)
        // >>backend_cpu   the CPU backend: host memory, in-order streams
        // >>backend_cuda  the CUDA backend (HOSTIR_CUDA): cudart, cuBLAS, cuBLASLt
        // >>comm_local    the local world: N ranks as threads, hir_spmd
-       // >>eval       the evaluator: plan, buffers, hir_run
-       // >>automatic  the automatic choice: pipeline or serial, by a cost model
-       // >>schedule   the cross-rank schedule verifier
+       // >>eval          the evaluator: plan, buffers, the run loop, hir_run
+       // >>timeline      recording host and GPU spans, Chrome-trace output
 
    Compile-time options (define before the implementation include):
        HOSTIR_STATIC                  every function static (private copy per file)
@@ -526,6 +527,7 @@ HIRDEF float    hir_bf16_to_float(uint16_t b);
 #ifdef HOSTIR_IMPLEMENTATION
 #ifndef HOSTIR_IMPLEMENTATION_DONE
 #define HOSTIR_IMPLEMENTATION_DONE
+// >>base
 
 #ifdef HOSTIR_CUDA
 #include <cublasLt.h>
@@ -593,7 +595,6 @@ HIR__STATIC_ASSERT(dtype_names, sizeof(hir__dtype_names) / sizeof(hir__dtype_nam
 HIRDEF const char *hir_dtype_name(hir_dtype d) { return ((unsigned)d < HIR_DTYPE_COUNT) ? hir__dtype_names[d] : "?"; }
 HIRDEF size_t hir_dtype_size(hir_dtype d) { return ((unsigned)d < HIR_DTYPE_COUNT) ? hir__dtype_sizes[d] : 0; }
 
-// >>arena
 /* Chunked arena: node pointers stay valid (chunks never move), no per-node
    malloc, one free releases everything. Allocations are zeroed. */
 typedef struct hir__chunk {
@@ -678,6 +679,25 @@ static int hir__grow_heap(void **items, int *cap, int need, size_t elem) {
   *cap = n;
   return 1;
 }
+
+static struct timespec hir__deadline(int ms) {
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
+static double hir__now_ms(void) {
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
 
 // >>ir
 typedef enum hir__val_kind { HIR__VAL_CONST, HIR__VAL_SYMBOL, HIR__VAL_NAMED, HIR__VAL_BINARY, HIR__VAL_MESH_AT } hir__val_kind;
@@ -947,6 +967,64 @@ static int hir__data_axes(const hir_tv *tv, hir_id **ids) {
     if (tv->ids[i]->iter != HIR_REDUCTION) ids[n++] = tv->ids[i];
   return n;
 }
+
+/* Values of the symbols and named scalars: what scalar expressions read. */
+typedef struct hir__env {
+  int64_t *sym;                 /* by val name */
+  unsigned char *sym_bound;
+  int64_t named[HIR_NAMED_COUNT];
+} hir__env;
+
+static int64_t hir__eval_val(const hir__env *env, const hir_val *v) {
+  int64_t a, b;
+  switch (v->kind) {
+  case HIR__VAL_CONST: return v->value;
+  case HIR__VAL_SYMBOL: return env->sym[v->name];
+  case HIR__VAL_NAMED: return env->named[v->which];
+  case HIR__VAL_MESH_AT:
+    a = hir__eval_val(env, v->lhs);
+    return (a >= 0 && a < v->mesh_size) ? v->mesh[a] : -1;
+  default: break;
+  }
+  a = hir__eval_val(env, v->lhs);
+  b = hir__eval_val(env, v->rhs);
+  switch (v->op) {
+  case HIR_SCALAR_ADD: return a + b;
+  case HIR_SCALAR_SUB: return a - b;
+  case HIR_SCALAR_MUL: return a * b;
+  case HIR_SCALAR_DIV: return b ? a / b : 0;
+  case HIR_SCALAR_MOD: return b ? a % b : 0;
+  case HIR_SCALAR_EQ: return a == b;
+  case HIR_SCALAR_NE: return a != b;
+  case HIR_SCALAR_LT: return a < b;
+  case HIR_SCALAR_LE: return a <= b;
+  case HIR_SCALAR_GT: return a > b;
+  case HIR_SCALAR_GE: return a >= b;
+  case HIR_SCALAR_AND: return a && b;
+  default: return a || b;
+  }
+}
+
+/* The first symbol v needs that is not bound, or NULL. */
+static const hir_val *hir__unbound(const hir__env *env, const hir_val *v) {
+  const hir_val *u;
+  if (v->kind == HIR__VAL_SYMBOL) return env->sym_bound[v->name] ? NULL : v;
+  if (v->kind == HIR__VAL_MESH_AT) return hir__unbound(env, v->lhs);
+  if (v->kind != HIR__VAL_BINARY) return NULL;
+  return (u = hir__unbound(env, v->lhs)) ? u : hir__unbound(env, v->rhs);
+}
+
+struct hir_group {
+  int index;
+  hir__vec exprs;
+  int standalone;         /* one standalone host op: lowered as a top-level expr */
+  int resharding;
+};
+
+struct hir_segmentation {
+  hir_program *p;
+  hir__vec groups;
+};
 
 // >>build
 /* Argument checks shared by every builder. They record the first error only:
@@ -2128,6 +2206,64 @@ HIRDEF size_t hir_val_snprint(const hir_val *v, char *buf, size_t cap) {
   return w.len;
 }
 
+static void hir__dot_tv(hir__writer *w, const hir_tv *tv, unsigned char *seen) {
+  if (seen[tv->name]) return;
+  seen[tv->name] = 1;
+  hir__w(w, "  t%d [shape=ellipse%s, label=\"", tv->name, tv->is_input || tv->is_output ? ", peripheries=2" : "");
+  hir__print_tv(w, tv);
+  hir__w(w, "\"];\n");
+}
+
+static void hir__print_segmentation_dot(hir__writer *w, const hir_segmentation *s) {
+  const hir_fusion *f = &s->p->ir;
+  unsigned char *seen = (unsigned char *)HIR_MALLOC((size_t)f->next_tv + 1);
+  int g, i, k;
+  if (!seen) return;
+  memset(seen, 0, (size_t)f->next_tv + 1);
+  hir__w(w, "digraph segmentation {\n  node [fontname=\"monospace\", fontsize=10];\n");
+  for (g = 0; g < s->groups.n; g++) {
+    const hir_group *grp = (const hir_group *)s->groups.items[g];
+    hir__w(w, "  subgraph cluster_%d {\n    label=\"group %d%s\";%s\n", g, g,
+           grp->resharding ? " (resharding)" : grp->standalone ? " (host op)" : "",
+           grp->resharding ? " style=filled; color=lightgrey;" : "");
+    for (i = 0; i < grp->exprs.n; i++) {
+      const hir_expr *e = (const hir_expr *)grp->exprs.items[i];
+      hir__w(w, "    e%d [shape=box, label=\"%s %d\"];\n", e->name, hir__expr_kind_names[e->kind], e->name);
+    }
+    hir__w(w, "  }\n");
+  }
+  for (g = 0; g < s->groups.n; g++) {
+    const hir_group *grp = (const hir_group *)s->groups.items[g];
+    for (i = 0; i < grp->exprs.n; i++) {
+      const hir_expr *e = (const hir_expr *)grp->exprs.items[i];
+      for (k = 0; k < e->nin; k++) {
+        hir__dot_tv(w, e->in[k], seen);
+        hir__w(w, "  t%d -> e%d;\n", e->in[k]->name, e->name);
+      }
+      for (k = 0; k < e->nout; k++) {
+        hir__dot_tv(w, e->out[k], seen);
+        hir__w(w, "  e%d -> t%d;\n", e->name, e->out[k]->name);
+      }
+    }
+  }
+  hir__w(w, "}\n");
+  HIR_FREE(seen);
+}
+
+HIRDEF hir_status hir_segmentation_print_dot(const hir_segmentation *s, FILE *out) {
+  hir__writer w = {NULL, NULL, 0, 0};
+  if (!s || !out || s->p->ir.status != HIR_OK) return HIR_ERR_INVALID;
+  w.fp = out;
+  hir__print_segmentation_dot(&w, s);
+  return ferror(out) ? HIR_ERR_INVALID : HIR_OK;
+}
+
+HIRDEF size_t hir_segmentation_snprint_dot(const hir_segmentation *s, char *buf, size_t cap) {
+  hir__writer w = hir__buffer_writer(buf, cap);
+  if (s && s->p->ir.status == HIR_OK) hir__print_segmentation_dot(&w, s);
+  return w.len;
+}
+
 // >>analysis
 /* Where each axis of input k of an op lands in its output: map[i] is the
    output axis of input axis i, -1 when none (reduction axes, a selected axis).
@@ -2440,13 +2576,6 @@ static int hir__decompose_reshardings(hir_program *p) {
   return 1;
 }
 
-struct hir_group {
-  int index;
-  hir__vec exprs;
-  int standalone;         /* one standalone host op: lowered as a top-level expr */
-  int resharding;
-};
-
 HIRDEF int hir_group_nexprs(const hir_group *g) { return g ? g->exprs.n : 0; }
 HIRDEF const hir_expr *hir_group_expr(const hir_group *g, int i) {
   return (g && i >= 0 && i < g->exprs.n) ? (const hir_expr *)g->exprs.items[i] : NULL;
@@ -2522,11 +2651,6 @@ done:
   return ok;
 }
 
-struct hir_segmentation {
-  hir_program *p;
-  hir__vec groups;
-};
-
 /* Steps 1-3 on a program holding a copy of the fusion. */
 static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, hir_stream_options *o);
 static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, unsigned dump);
@@ -2589,63 +2713,6 @@ HIRDEF void hir_segmentation_free(hir_segmentation *s) {
   HIR_FREE(s);
 }
 
-static void hir__dot_tv(hir__writer *w, const hir_tv *tv, unsigned char *seen) {
-  if (seen[tv->name]) return;
-  seen[tv->name] = 1;
-  hir__w(w, "  t%d [shape=ellipse%s, label=\"", tv->name, tv->is_input || tv->is_output ? ", peripheries=2" : "");
-  hir__print_tv(w, tv);
-  hir__w(w, "\"];\n");
-}
-
-static void hir__print_segmentation_dot(hir__writer *w, const hir_segmentation *s) {
-  const hir_fusion *f = &s->p->ir;
-  unsigned char *seen = (unsigned char *)HIR_MALLOC((size_t)f->next_tv + 1);
-  int g, i, k;
-  if (!seen) return;
-  memset(seen, 0, (size_t)f->next_tv + 1);
-  hir__w(w, "digraph segmentation {\n  node [fontname=\"monospace\", fontsize=10];\n");
-  for (g = 0; g < s->groups.n; g++) {
-    const hir_group *grp = (const hir_group *)s->groups.items[g];
-    hir__w(w, "  subgraph cluster_%d {\n    label=\"group %d%s\";%s\n", g, g,
-           grp->resharding ? " (resharding)" : grp->standalone ? " (host op)" : "",
-           grp->resharding ? " style=filled; color=lightgrey;" : "");
-    for (i = 0; i < grp->exprs.n; i++) {
-      const hir_expr *e = (const hir_expr *)grp->exprs.items[i];
-      hir__w(w, "    e%d [shape=box, label=\"%s %d\"];\n", e->name, hir__expr_kind_names[e->kind], e->name);
-    }
-    hir__w(w, "  }\n");
-  }
-  for (g = 0; g < s->groups.n; g++) {
-    const hir_group *grp = (const hir_group *)s->groups.items[g];
-    for (i = 0; i < grp->exprs.n; i++) {
-      const hir_expr *e = (const hir_expr *)grp->exprs.items[i];
-      for (k = 0; k < e->nin; k++) {
-        hir__dot_tv(w, e->in[k], seen);
-        hir__w(w, "  t%d -> e%d;\n", e->in[k]->name, e->name);
-      }
-      for (k = 0; k < e->nout; k++) {
-        hir__dot_tv(w, e->out[k], seen);
-        hir__w(w, "  e%d -> t%d;\n", e->name, e->out[k]->name);
-      }
-    }
-  }
-  hir__w(w, "}\n");
-  HIR_FREE(seen);
-}
-
-HIRDEF hir_status hir_segmentation_print_dot(const hir_segmentation *s, FILE *out) {
-  hir__writer w = {NULL, NULL, 0, 0};
-  if (!s || !out || s->p->ir.status != HIR_OK) return HIR_ERR_INVALID;
-  w.fp = out;
-  hir__print_segmentation_dot(&w, s);
-  return ferror(out) ? HIR_ERR_INVALID : HIR_OK;
-}
-
-HIRDEF size_t hir_segmentation_snprint_dot(const hir_segmentation *s, char *buf, size_t cap) {
-  hir__writer w = hir__buffer_writer(buf, cap);
-  if (s && s->p->ir.status == HIR_OK) hir__print_segmentation_dot(&w, s);
-  return w.len;
-}
 
 // >>lower
 static int hir__group_involves(const hir_group *g, int device) {
@@ -3710,6 +3777,473 @@ HIRDEF hir_status hir_program_verify(hir_program *p) {
   return p->ir.status;
 }
 
+// >>schedule
+/* The schedule verifier: every rank's program run symbolically (loops
+   unrolled, predicates evaluated with that rank), its collectives and
+   coalesced send/recv groups matched across ranks the way the communicators
+   would, before anything runs. */
+typedef struct hir__sched_op {
+  int is_send, peer, matched;
+} hir__sched_op;
+
+typedef struct hir__sched_ev {
+  int is_group;                 /* a coalesced group of send/recv, else a collective */
+  int expr, type, root, team_size, first_op, nops, matched;
+  const int *team;
+} hir__sched_ev;
+
+typedef struct hir__sched_rank {
+  hir__sched_ev *ev;
+  int n, cap, pc;
+  hir__sched_op *ops;
+  int nops, cap_ops;
+  hir__env env;
+  int open_group;               /* index of the group being filled, -1 outside StartCoalescing */
+} hir__sched_rank;
+
+static int hir__sched_push_ev(hir__sched_rank *r, hir__sched_ev ev) {
+  if (!hir__grow_heap((void **)&r->ev, &r->cap, r->n + 1, sizeof ev)) return 0;
+  r->ev[r->n++] = ev;
+  return 1;
+}
+
+static int hir__sched_push_op(hir__sched_rank *r, int is_send, int peer) {
+  if (!hir__grow_heap((void **)&r->ops, &r->cap_ops, r->nops + 1, sizeof *r->ops)) return 0;
+  r->ops[r->nops].is_send = is_send;
+  r->ops[r->nops].peer = peer;
+  r->ops[r->nops++].matched = 0;
+  return 1;
+}
+
+/* Records the communication events of one rank's scope. */
+static int hir__sched_walk(hir__sched_rank *r, const hir_scope *s, int me) {
+  int i, k;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    hir__sched_ev ev;
+    memset(&ev, 0, sizeof ev);
+    ev.expr = e->name;
+    switch (e->kind) {
+    case HIR_EXPR_FOR_LOOP: {
+      int64_t n = hir__eval_val(&r->env, e->id->extent), it;
+      for (it = 0; it < n; it++) {
+        r->env.named[HIR_NAMED_STREAM_IDX] = it;
+        if (!hir__sched_walk(r, &e->body, me)) return 0;
+      }
+      break;
+    }
+    case HIR_EXPR_IF_THEN_ELSE:
+      if (!hir__sched_walk(r, hir__eval_val(&r->env, e->val) ? &e->body : &e->orelse, me)) return 0;
+      break;
+    case HIR_EXPR_COMMUNICATION:
+      for (k = 0; k < e->team_size && e->team[k] != me; k++) {}
+      if (k == e->team_size) break; /* not in its team */
+      ev.type = e->sub;
+      ev.root = e->root;
+      ev.team = e->team;
+      ev.team_size = e->team_size;
+      if (!hir__sched_push_ev(r, ev)) return 0;
+      break;
+    case HIR_EXPR_START_COALESCING:
+      ev.is_group = 1;
+      ev.first_op = r->nops;
+      if (!hir__sched_push_ev(r, ev)) return 0;
+      r->open_group = r->n - 1;
+      break;
+    case HIR_EXPR_END_COALESCING:
+      r->open_group = -1;
+      break;
+    case HIR_EXPR_P2P_COMMUNICATION:
+      if (r->open_group < 0) { /* alone: a group of one */
+        ev.is_group = 1;
+        ev.first_op = r->nops;
+        ev.nops = 1;
+        if (!hir__sched_push_ev(r, ev)) return 0;
+      } else {
+        r->ev[r->open_group].nops++;
+      }
+      if (!hir__sched_push_op(r, e->sub == HIR_P2P_SEND, (int)hir__eval_val(&r->env, e->val))) return 0;
+      break;
+    default: break;
+    }
+  }
+  return 1;
+}
+
+static int hir__same_team(const hir__sched_ev *a, const hir__sched_ev *b) {
+  return a->team_size == b->team_size && memcmp(a->team, b->team, (size_t)a->team_size * sizeof(int)) == 0;
+}
+
+static void hir__sched_describe(const hir__sched_rank *r, int rank, char *buf, size_t cap) {
+  const hir__sched_ev *ev = &r->ev[r->pc];
+  size_t n;
+  int k;
+  if (!ev->is_group) {
+    n = (size_t)snprintf(buf, cap, "rank %d at Communication %d (%s, team (", rank, ev->expr, hir__collective_names[ev->type]);
+    for (k = 0; k < ev->team_size && n < cap; k++) n += (size_t)snprintf(buf + n, cap - n, k ? " %d" : "%d", ev->team[k]);
+    if (n < cap) snprintf(buf + n, cap - n, "))");
+    return;
+  }
+  n = (size_t)snprintf(buf, cap, "rank %d at a send/recv group (", rank);
+  for (k = 0; k < ev->nops && n < cap; k++) {
+    const hir__sched_op *op = &r->ops[ev->first_op + k];
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s %s %d", k ? ", " : "", op->is_send ? "send" : "recv", op->is_send ? "to" : "from",
+                          op->peer);
+  }
+  if (n < cap) snprintf(buf + n, cap - n, ")");
+}
+
+HIRDEF hir_status hir_verify_schedule(hir_program *const *programs, int nranks, int number_of_streams, char *msg, size_t cap) {
+  hir__sched_rank *r;
+  hir_status status = HIR_OK;
+  int i, k, q, done, progress;
+  char tmp[256];
+  if (msg && cap) msg[0] = '\0';
+  if (!programs || nranks < 1) return HIR_ERR_INVALID;
+  if (!(r = (hir__sched_rank *)HIR_MALLOC((size_t)nranks * sizeof *r))) return HIR_ERR_NOMEM;
+  memset(r, 0, (size_t)nranks * sizeof *r);
+  for (i = 0; i < nranks && status == HIR_OK; i++) {
+    const hir_program *p = programs[i];
+    const hir_fusion *f;
+    if (!p || p->ir.status != HIR_OK) {
+      if (msg) snprintf(msg, cap, "hir_verify_schedule: the program of rank %d is %s", i, p ? "in error" : "NULL");
+      status = HIR_ERR_INVALID;
+      break;
+    }
+    f = &p->ir;
+    r[i].env.sym = (int64_t *)HIR_MALLOC(((size_t)f->next_val + 1) * sizeof(int64_t));
+    r[i].env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)f->next_val + 1);
+    if (!r[i].env.sym || !r[i].env.sym_bound) {
+      status = HIR_ERR_NOMEM;
+      break;
+    }
+    for (k = 0; k <= f->next_val; k++) r[i].env.sym[k] = 3; /* any extent but a DIDx one: the schedule does not depend on it */
+    memset(r[i].env.sym_bound, 1, (size_t)f->next_val + 1);
+    for (k = 0; k < f->tvs.n; k++) { /* a DIDx axis has the mesh size as extent */
+      const hir_tv *tv = (const hir_tv *)f->tvs.items[k];
+      int d = hir__didx_axis(tv);
+      if (d >= 0 && tv->mesh_size && tv->ids[d]->extent->kind == HIR__VAL_SYMBOL) r[i].env.sym[tv->ids[d]->extent->name] = tv->mesh_size;
+    }
+    r[i].env.named[HIR_NAMED_RANK] = i;
+    r[i].env.named[HIR_NAMED_NUM_STREAMS] = number_of_streams > 0 ? number_of_streams : 4;
+    r[i].open_group = -1;
+    if (!hir__sched_walk(&r[i], &p->top, i)) status = HIR_ERR_NOMEM;
+  }
+  for (progress = 1; status == HIR_OK && progress;) {
+    progress = 0;
+    for (i = 0; i < nranks && status == HIR_OK; i++) {
+      hir__sched_ev *ev;
+      if (r[i].pc >= r[i].n) continue;
+      ev = &r[i].ev[r[i].pc];
+      if (!ev->is_group) { /* a collective: every member must be at it */
+        int ready = 1;
+        for (k = 0; k < ev->team_size && ready; k++) {
+          int m = ev->team[k];
+          hir__sched_ev *other;
+          if (m < 0 || m >= nranks) {
+            if (msg) snprintf(msg, cap, "schedule: Communication %d of rank %d names device %d, outside the %d ranks", ev->expr, i, m, nranks);
+            status = HIR_ERR_INVALID;
+            break;
+          }
+          if (r[m].pc >= r[m].n) {
+            ready = 0;
+            break;
+          }
+          other = &r[m].ev[r[m].pc];
+          if (other->is_group || !hir__same_team(ev, other)) {
+            ready = 0;
+          } else if (other->type != ev->type || other->root != ev->root) {
+            if (msg) snprintf(msg, cap, "schedule mismatch on team of Communication %d: rank %d runs %s (root %d), rank %d runs %s (root %d)",
+                              ev->expr, i, hir__collective_names[ev->type], ev->root, m, hir__collective_names[other->type], other->root);
+            status = HIR_ERR_COMM;
+          }
+        }
+        if (ready && status == HIR_OK) {
+          for (k = 0; k < ev->team_size; k++) r[ev->team[k]].pc++;
+          progress = 1;
+        }
+        continue;
+      }
+      /* a group: match each op with the opposite op in the peer's current group */
+      for (k = 0; k < ev->nops; k++) {
+        hir__sched_op *op = &r[i].ops[ev->first_op + k];
+        hir__sched_ev *pev;
+        int j;
+        if (op->matched) continue;
+        if (op->peer < 0 || op->peer >= nranks) {
+          if (msg) snprintf(msg, cap, "schedule: rank %d %s device %d, outside the %d ranks", i, op->is_send ? "sends to" : "receives from",
+                            op->peer, nranks);
+          status = HIR_ERR_INVALID;
+          break;
+        }
+        q = op->peer;
+        if (r[q].pc >= r[q].n || !(pev = &r[q].ev[r[q].pc])->is_group) continue;
+        for (j = 0; j < pev->nops; j++) {
+          hir__sched_op *o = &r[q].ops[pev->first_op + j];
+          if (!o->matched && o->peer == i && o->is_send != op->is_send) {
+            o->matched = op->matched = 1;
+            pev->matched++;
+            ev->matched++;
+            progress = 1;
+            break;
+          }
+        }
+      }
+      if (ev->matched == ev->nops) {
+        r[i].pc++;
+        progress = 1;
+      }
+    }
+  }
+  for (done = 1, i = 0; i < nranks && status == HIR_OK; i++) done &= r[i].pc >= r[i].n;
+  if (status == HIR_OK && !done) {
+    size_t n = 0;
+    if (msg) n = (size_t)snprintf(msg, cap, "schedule deadlock: no rank can go on:");
+    for (i = 0; msg && i < nranks && n < cap; i++)
+      if (r[i].pc < r[i].n) {
+        hir__sched_describe(&r[i], i, tmp, sizeof tmp);
+        n += (size_t)snprintf(msg + n, cap - n, " %s;", tmp);
+      }
+    status = HIR_ERR_COMM;
+  }
+  for (i = 0; i < nranks; i++) {
+    HIR_FREE(r[i].ev);
+    HIR_FREE(r[i].ops);
+    HIR_FREE(r[i].env.sym);
+    HIR_FREE(r[i].env.sym_bound);
+  }
+  HIR_FREE(r);
+  return status;
+}
+
+// >>automatic
+/* The automatic choice between a fusion's pipeline and its serial form: a
+   scratch copy without Stream axes is propagated and decomposed, its GEMM
+   flops and resharding bytes counted for the given shapes, and the two
+   times predicted. Every rank computes the same numbers from the same
+   shapes, so every rank chooses alike. */
+static void hir__strip_streams(hir_fusion *ir) {
+  int i, a;
+  for (i = 0; i < ir->tvs.n; i++) {
+    hir_tv *tv = (hir_tv *)ir->tvs.items[i];
+    for (a = 0; a < tv->ndims; a++)
+      if (tv->ids[a]->ptype == HIR_STREAM) tv->ids[a]->ptype = HIR_SERIAL;
+  }
+}
+
+/* An extent of p's fusion as the model's shapes make it, or 0 if unknown. */
+static int64_t hir__model_extent(const hir__env *env, const hir_program *s, const hir_val *v) {
+  if (v->kind == HIR__VAL_SYMBOL && v->name > s->ir.next_val) return 0; /* made after the scratch copy */
+  return hir__unbound(env, v) ? 0 : hir__eval_val(env, v);
+}
+
+/* The product of tv's extents: of its reduction axes (reduced = 1), or of
+   the others as this rank holds them; 0 and a message if one is unknown. */
+static int64_t hir__model_numel(hir_program *p, const hir__env *env, const hir_tv *tv, int reduced) {
+  int64_t n = 1;
+  int a;
+  for (a = 0; a < tv->ndims; a++) {
+    const hir_id *id = tv->ids[a];
+    if ((id->iter == HIR_REDUCTION) != reduced || id->iter == HIR_BROADCAST) continue;
+    if (id->ptype == HIR_DIDX && tv->mesh_size > 1) continue; /* one shard here */
+    if (hir__unbound(env, id->extent)) {
+      hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower (automatic): the size of T%d axis %d does not follow from "
+                "input_shapes; give every input's shape", tv->name, a);
+      return 0;
+    }
+    n *= hir__eval_val(env, id->extent);
+  }
+  return n;
+}
+
+/* The sizes of the GEMMs and transfers in s (the fusion without Stream
+   axes); from p (with them) the chunk count and the largest number of parts
+   that every cut axis of a P2P pipeline divides into (*rows: their gcd, 0
+   when some Stream axis has nothing after it to cut). */
+static int hir__model(hir_program *p, hir_program *s, const hir_stream_options *o, double *gemm_s, double *comm_s,
+                      int64_t *chunks, int64_t *rows) {
+  hir__env env;
+  int i, a, k, ok = 1;
+  double flops[2] = {0, 0}, bytes = 0; /* GEMM flops in f16/bf16, in f32/f64 */
+  memset(&env, 0, sizeof env);
+  env.sym = (int64_t *)HIR_MALLOC(((size_t)s->ir.next_val + 1) * sizeof(int64_t));
+  env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)s->ir.next_val + 1);
+  if (!env.sym || !env.sym_bound) {
+    hir__fail(&p->ir, HIR_ERR_NOMEM, "hir_lower (automatic): out of memory");
+    ok = 0;
+  } else
+    memset(env.sym_bound, 0, (size_t)s->ir.next_val + 1);
+  if (ok && o->ninput_shapes != s->ir.inputs.n) {
+    hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower (automatic): %d input_shapes given for a fusion of %d inputs",
+              o->ninput_shapes, s->ir.inputs.n);
+    ok = 0;
+  }
+  for (i = 0; ok && i < s->ir.inputs.n; i++) { /* bind the extents, as hir_run will */
+    const hir_tv *tv = (const hir_tv *)s->ir.inputs.items[i];
+    for (a = 0, k = 0; ok && a < tv->ndims; a++) {
+      const hir_val *x = tv->ids[a]->extent;
+      int64_t size;
+      if (tv->ids[a]->iter == HIR_REDUCTION) continue;
+      if (k >= o->input_shapes[i].ndims) {
+        hir__fail(&p->ir, HIR_ERR_SHAPE, "hir_lower (automatic): input_shapes[%d] has %d axes; T%d has more", i,
+                  o->input_shapes[i].ndims, tv->name);
+        ok = 0;
+        break;
+      }
+      size = o->input_shapes[i].sizes[k++];
+      if (tv->ids[a]->ptype == HIR_DIDX && tv->mesh_size > 1) size = tv->mesh_size; /* the shard stands for them all */
+      if (x->kind == HIR__VAL_SYMBOL && !env.sym_bound[x->name]) env.sym[x->name] = size, env.sym_bound[x->name] = 1;
+    }
+    if (ok && k != o->input_shapes[i].ndims) {
+      hir__fail(&p->ir, HIR_ERR_SHAPE, "hir_lower (automatic): input_shapes[%d] has %d axes; T%d has %d", i,
+                o->input_shapes[i].ndims, tv->name, k);
+      ok = 0;
+    }
+  }
+  for (i = 0; ok && i < s->ir.exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->ir.exprs.items[i];
+    if (e->kind == HIR_EXPR_MATMUL) {
+      int64_t out = hir__model_numel(p, &env, e->out[0], 0), depth = hir__model_numel(p, &env, e->out[0], 1);
+      ok = out && depth;
+      flops[hir_dtype_size(e->out[0]->dtype) > 2] += 2.0 * (double)out * (double)depth;
+    } else if ((e->kind == HIR_EXPR_LOAD_STORE || e->kind == HIR_EXPR_REDUCTION) && hir_expr_is_resharding(e)) {
+      const hir_tv *big = e->kind == HIR_EXPR_LOAD_STORE ? e->out[0] : e->in[0]; /* gathered, or reduced */
+      int64_t n = hir__model_numel(p, &env, big, 0);
+      int d = big->mesh_size > 1 ? big->mesh_size : e->in[0]->mesh_size;
+      ok = n != 0;
+      if (d > 1) bytes += (double)n * (double)hir_dtype_size(big->dtype) * (d - 1) / d;
+    }
+  }
+  *chunks = 1;
+  *rows = -1;
+  for (i = 0; ok && i < p->ir.tvs.n; i++) { /* the Stream axes of the user's fusion: their extent is the chunk count */
+    const hir_tv *tv = (const hir_tv *)p->ir.tvs.items[i];
+    for (a = 0; a < tv->ndims; a++) {
+      int cut = hir__cut_axis(tv, a);
+      int64_t n = hir__model_extent(&env, s, tv->ids[a]->extent), r = cut >= 0 ? hir__model_extent(&env, s, tv->ids[cut]->extent) : 0;
+      if (tv->ids[a]->ptype != HIR_STREAM) continue;
+      *chunks = n > *chunks ? n : *chunks;
+      if (r <= 0) *rows = 0; /* nothing to cut after this Stream axis */
+      else if (*rows < 0) *rows = r;
+      else
+        while (r > 0 && *rows > 0) { /* gcd; 0 stays */
+          int64_t t = *rows % r;
+          *rows = r;
+          r = t;
+        }
+    }
+  }
+  if (*rows < 0) *rows = 0;
+  *gemm_s = o->gemm_flops_per_s > 0 ? (flops[0] + flops[1]) / o->gemm_flops_per_s : flops[0] / 750e12 + flops[1] / 50e12;
+  *comm_s = bytes / (o->link_bytes_per_s > 0 ? o->link_bytes_per_s : 300e9);
+  HIR_FREE(env.sym);
+  HIR_FREE(env.sym_bound);
+  return ok;
+}
+
+/* Whether the pipeline would send and receive point to point: a scratch
+   copy with its Stream axes, propagated and decomposed, has a P2P pattern. */
+static int hir__pipeline_is_p2p(const hir_fusion *f, int my_device) {
+  hir_program *s = hir_program_create();
+  int i, a, p2p = 0;
+  if (!s) return 0;
+  s->my_device = my_device;
+  if (hir__clone_fusion(s, f)) {
+    hir__propagate_shardings(s);
+    if (hir__validate_fusion(s) && hir__decompose_reshardings(s))
+      for (i = 0; i < s->ir.exprs.n; i++) p2p |= hir__p2p_kind((const hir_expr *)s->ir.exprs.items[i], &a) != HIR__P2P_NONE;
+  }
+  hir_program_free(s);
+  return p2p;
+}
+
+/* Whether the fusion without its Stream axes lowers; if not, why (some
+   layouts gather an inner axis only chunk by chunk). */
+static int hir__serial_lowers(const hir_fusion *f, int my_device, char *why, size_t cap) {
+  hir_program *s = hir_program_create(), *q = NULL;
+  hir_lower_desc d;
+  int ok = 0;
+  memset(&d, 0, sizeof d);
+  d.my_device = my_device;
+  if (s && hir__clone_fusion(s, f)) {
+    hir__strip_streams(&s->ir);
+    ok = hir__lower(&s->ir, &d, &q, 0) == HIR_OK;
+    if (!ok) snprintf(why, cap, "%.*s", (int)cap - 1, q ? hir_program_error(q) : "out of memory");
+  }
+  hir_program_free(q);
+  hir_program_free(s);
+  return ok;
+}
+
+/* The predicted time of the pipeline of `chunks` chunks in `parts` parts
+   each: with overlap, all but one part's share of the shorter of GEMM and
+   communication hidden. */
+static double hir__piped_time(const hir_stream_options *o, double gemm, double comm, int overlap, int64_t chunks,
+                              int64_t parts) {
+  double longer = gemm > comm ? gemm : comm, shorter = gemm < comm ? gemm : comm;
+  double per_chunk = o->chunk_overhead_s > 0 ? o->chunk_overhead_s : 20e-6, per_part = o->part_overhead_s > 0 ? o->part_overhead_s : 40e-6;
+  return (overlap ? longer + shorter / (double)(chunks * parts) : gemm + comm) + (double)chunks * per_chunk +
+         (double)(chunks * (parts - 1)) * per_part;
+}
+
+/* Chooses into o: the Stream axes kept or dropped, and for a P2P pipeline
+   the parts a peer's chunk is cut into (unless the caller gave them). */
+static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, hir_stream_options *o) {
+  hir_program *s = hir_program_create();
+  double gemm = 0, comm = 0, serial, piped;
+  int64_t chunks = 1, rows = 0, parts, k;
+  int ok, overlap, p2p;
+  char cut[40] = "";
+  const char *why;
+  if (!o->input_shapes) {
+    hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower: stream.automatic needs stream.input_shapes (the local shapes of the "
+              "inputs, as hir_run will get them)");
+    hir_program_free(s);
+    return 0;
+  }
+  if (!s) {
+    hir__fail(&p->ir, HIR_ERR_NOMEM, "hir_lower (automatic): out of memory");
+    return 0;
+  }
+  s->my_device = p->my_device;
+  ok = hir__clone_fusion(s, f);
+  if (ok) {
+    hir__strip_streams(&s->ir);
+    hir__propagate_shardings(s);
+    ok = hir__validate_fusion(s) && hir__decompose_reshardings(s);
+  }
+  if (!ok) hir__fail(&p->ir, s->ir.status, "%s", s->ir.error);
+  ok = ok && hir__model(p, s, o, &gemm, &comm, &chunks, &rows);
+  hir_program_free(s);
+  if (!ok) return 0;
+  p2p = hir__pipeline_is_p2p(f, p->my_device);
+  overlap = o->p2p_copy_engine && p2p;
+  parts = p2p && o->chunks_per_peer > 1 ? o->chunks_per_peer : 1;
+  for (k = 2; overlap && o->chunks_per_peer == 0 && k <= 16; k++) /* the parts the cut axes divide into */
+    if (rows % k == 0 && hir__piped_time(o, gemm, comm, 1, chunks, k) < hir__piped_time(o, gemm, comm, 1, chunks, parts))
+      parts = k;
+  if (parts > 1) snprintf(cut, sizeof cut, " x %lld parts", (long long)parts);
+  why = overlap || chunks < 2 ? ""
+        : o->p2p_copy_engine ? "; no overlap: its communication is collectives, NCCL kernels"
+                             : "; no overlap: send/recv as NCCL kernels (stream.p2p_copy_engine = 0)";
+  serial = hir__piped_time(o, gemm, comm, 0, 1, 1);
+  piped = hir__piped_time(o, gemm, comm, overlap, chunks, parts);
+  if (chunks > 1 && piped < 0.97 * serial) {
+    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks%s, predicted %.3f ms (serial %.3f; GEMM %.3f, communication %.3f)",
+             (long long)chunks, cut, piped * 1e3, serial * 1e3, gemm * 1e3, comm * 1e3);
+    o->chunks_per_peer = (int)parts;
+  } else if (chunks > 1 && !hir__serial_lowers(f, p->my_device, p->plan, sizeof p->plan)) {
+    char reason[sizeof p->plan];
+    memcpy(reason, p->plan, sizeof reason);
+    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, as the serial form does not lower: %.180s", (long long)chunks, reason);
+  } else {
+    snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks%s %.3f; GEMM %.3f, communication %.3f%s)",
+             serial * 1e3, (long long)chunks, cut, piped * 1e3, gemm * 1e3, comm * 1e3, why);
+    hir__strip_streams(&p->ir);
+  }
+  return 1;
+}
+
 // >>pipeline
 enum { HIR__DUMP_HOST_IR = 1, HIR__DUMP_PASSES = 2 };
 
@@ -3808,86 +4342,6 @@ HIRDEF uint16_t hir_float_to_bf16(float f) {
 
 HIRDEF float hir_bf16_to_float(uint16_t b) { return hir__bits_f32((uint32_t)b << 16); }
 
-#ifdef HOSTIR_DLPACK
-// >>dlpack
-HIRDEF hir_status hir_tensor_from_dlpack(const DLTensor *t, hir_tensor *out, char *error, size_t cap) {
-  static const struct { int code, bits; hir_dtype dtype; } types[] = {
-      {kDLFloat, 32, HIR_F32}, {kDLFloat, 64, HIR_F64}, {kDLFloat, 16, HIR_F16}, {kDLBfloat, 16, HIR_BF16}};
-  int i, k, zero = 1;
-  int64_t numel = 1;
-  if (!t || !out) {
-    if (error && cap) snprintf(error, cap, "hir_tensor_from_dlpack: %s is NULL", t ? "out" : "the DLTensor");
-    return HIR_ERR_INVALID;
-  }
-  memset(out, 0, sizeof *out);
-  for (k = 0; k < 4 && !(types[k].code == t->dtype.code && types[k].bits == t->dtype.bits); k++) {}
-  if (k == 4 || t->dtype.lanes != 1) {
-    if (error && cap)
-      snprintf(error, cap, "hir_tensor_from_dlpack: dtype code %d, %d bits, %d lanes is not one of f32, f64, f16, bf16",
-               t->dtype.code, t->dtype.bits, t->dtype.lanes);
-    return HIR_ERR_UNSUPPORTED;
-  }
-  if (t->ndim < 0 || t->ndim > HIR_MAX_DIMS) {
-    if (error && cap) snprintf(error, cap, "hir_tensor_from_dlpack: %d dimensions; hostir takes 0 to %d", t->ndim, HIR_MAX_DIMS);
-    return HIR_ERR_UNSUPPORTED;
-  }
-  for (i = 0; i < t->ndim; i++) {
-    numel *= t->shape[i];
-    if (t->strides && t->strides[i]) zero = 0;
-  }
-  if (t->strides && zero && numel > 1) { /* hostir reads all-zero strides as contiguous */
-    if (error && cap) snprintf(error, cap, "hir_tensor_from_dlpack: every stride is 0 (an expanded tensor); pass a contiguous copy");
-    return HIR_ERR_UNSUPPORTED;
-  }
-  out->data = t->data ? (char *)t->data + t->byte_offset : NULL;
-  out->dtype = types[k].dtype;
-  out->ndims = t->ndim;
-  for (i = 0; i < t->ndim; i++) {
-    out->sizes[i] = t->shape[i];
-    out->strides[i] = t->strides ? t->strides[i] : 0;
-  }
-  return HIR_OK;
-}
-
-typedef struct hir__dlpack { /* a DLManagedTensor and the arrays it points at, in one allocation */
-  DLManagedTensor m;
-  int64_t shape[HIR_MAX_DIMS], strides[HIR_MAX_DIMS];
-} hir__dlpack;
-
-static void hir__dlpack_delete(DLManagedTensor *self) { HIR_FREE(self); }
-
-HIRDEF hir_status hir_tensor_to_dlpack(const hir_tensor *t, int device_type, int device_id, DLManagedTensor **out) {
-  static const struct { uint8_t code, bits; } types[] = {{kDLFloat, 32}, {kDLFloat, 64}, {kDLFloat, 16}, {kDLBfloat, 16}};
-  hir__dlpack *d;
-  int i, contiguous = 1;
-  if (!out) return HIR_ERR_INVALID;
-  *out = NULL;
-  if (!t || (unsigned)t->dtype >= HIR_DTYPE_COUNT || t->ndims < 0 || t->ndims > HIR_MAX_DIMS) return HIR_ERR_INVALID;
-  if (!(d = (hir__dlpack *)HIR_MALLOC(sizeof *d))) return HIR_ERR_NOMEM;
-  memset(d, 0, sizeof *d);
-  for (i = 0; i < t->ndims; i++) {
-    d->shape[i] = t->sizes[i];
-    d->strides[i] = t->strides[i];
-    contiguous &= t->strides[i] == 0;
-  }
-  for (i = t->ndims - 1; contiguous && i >= 0; i--) /* hostir's all-zero strides: row-major, written out */
-    d->strides[i] = i == t->ndims - 1 ? 1 : d->strides[i + 1] * t->sizes[i + 1];
-  d->m.dl_tensor.data = t->data;
-  d->m.dl_tensor.device.device_type = (DLDeviceType)device_type;
-  d->m.dl_tensor.device.device_id = device_id;
-  d->m.dl_tensor.ndim = t->ndims;
-  d->m.dl_tensor.dtype.code = types[t->dtype].code;
-  d->m.dl_tensor.dtype.bits = types[t->dtype].bits;
-  d->m.dl_tensor.dtype.lanes = 1;
-  d->m.dl_tensor.shape = d->shape;
-  d->m.dl_tensor.strides = d->strides;
-  d->m.dl_tensor.byte_offset = 0;
-  d->m.manager_ctx = NULL;
-  d->m.deleter = hir__dlpack_delete;
-  *out = &d->m;
-  return HIR_OK;
-}
-#endif
 
 HIRDEF uint16_t hir_float_to_half(float f) {
   uint32_t u = hir__f32_bits(f), sign = (u >> 16) & 0x8000u, mant;
@@ -3968,6 +4422,87 @@ static void hir__contiguous_strides(hir_tensor *t) {
     s *= t->sizes[i];
   }
 }
+
+// >>dlpack
+#ifdef HOSTIR_DLPACK
+HIRDEF hir_status hir_tensor_from_dlpack(const DLTensor *t, hir_tensor *out, char *error, size_t cap) {
+  static const struct { int code, bits; hir_dtype dtype; } types[] = {
+      {kDLFloat, 32, HIR_F32}, {kDLFloat, 64, HIR_F64}, {kDLFloat, 16, HIR_F16}, {kDLBfloat, 16, HIR_BF16}};
+  int i, k, zero = 1;
+  int64_t numel = 1;
+  if (!t || !out) {
+    if (error && cap) snprintf(error, cap, "hir_tensor_from_dlpack: %s is NULL", t ? "out" : "the DLTensor");
+    return HIR_ERR_INVALID;
+  }
+  memset(out, 0, sizeof *out);
+  for (k = 0; k < 4 && !(types[k].code == t->dtype.code && types[k].bits == t->dtype.bits); k++) {}
+  if (k == 4 || t->dtype.lanes != 1) {
+    if (error && cap)
+      snprintf(error, cap, "hir_tensor_from_dlpack: dtype code %d, %d bits, %d lanes is not one of f32, f64, f16, bf16",
+               t->dtype.code, t->dtype.bits, t->dtype.lanes);
+    return HIR_ERR_UNSUPPORTED;
+  }
+  if (t->ndim < 0 || t->ndim > HIR_MAX_DIMS) {
+    if (error && cap) snprintf(error, cap, "hir_tensor_from_dlpack: %d dimensions; hostir takes 0 to %d", t->ndim, HIR_MAX_DIMS);
+    return HIR_ERR_UNSUPPORTED;
+  }
+  for (i = 0; i < t->ndim; i++) {
+    numel *= t->shape[i];
+    if (t->strides && t->strides[i]) zero = 0;
+  }
+  if (t->strides && zero && numel > 1) { /* hostir reads all-zero strides as contiguous */
+    if (error && cap) snprintf(error, cap, "hir_tensor_from_dlpack: every stride is 0 (an expanded tensor); pass a contiguous copy");
+    return HIR_ERR_UNSUPPORTED;
+  }
+  out->data = t->data ? (char *)t->data + t->byte_offset : NULL;
+  out->dtype = types[k].dtype;
+  out->ndims = t->ndim;
+  for (i = 0; i < t->ndim; i++) {
+    out->sizes[i] = t->shape[i];
+    out->strides[i] = t->strides ? t->strides[i] : 0;
+  }
+  return HIR_OK;
+}
+
+typedef struct hir__dlpack { /* a DLManagedTensor and the arrays it points at, in one allocation */
+  DLManagedTensor m;
+  int64_t shape[HIR_MAX_DIMS], strides[HIR_MAX_DIMS];
+} hir__dlpack;
+
+static void hir__dlpack_delete(DLManagedTensor *self) { HIR_FREE(self); }
+
+HIRDEF hir_status hir_tensor_to_dlpack(const hir_tensor *t, int device_type, int device_id, DLManagedTensor **out) {
+  static const struct { uint8_t code, bits; } types[] = {{kDLFloat, 32}, {kDLFloat, 64}, {kDLFloat, 16}, {kDLBfloat, 16}};
+  hir__dlpack *d;
+  int i, contiguous = 1;
+  if (!out) return HIR_ERR_INVALID;
+  *out = NULL;
+  if (!t || (unsigned)t->dtype >= HIR_DTYPE_COUNT || t->ndims < 0 || t->ndims > HIR_MAX_DIMS) return HIR_ERR_INVALID;
+  if (!(d = (hir__dlpack *)HIR_MALLOC(sizeof *d))) return HIR_ERR_NOMEM;
+  memset(d, 0, sizeof *d);
+  for (i = 0; i < t->ndims; i++) {
+    d->shape[i] = t->sizes[i];
+    d->strides[i] = t->strides[i];
+    contiguous &= t->strides[i] == 0;
+  }
+  for (i = t->ndims - 1; contiguous && i >= 0; i--) /* hostir's all-zero strides: row-major, written out */
+    d->strides[i] = i == t->ndims - 1 ? 1 : d->strides[i + 1] * t->sizes[i + 1];
+  d->m.dl_tensor.data = t->data;
+  d->m.dl_tensor.device.device_type = (DLDeviceType)device_type;
+  d->m.dl_tensor.device.device_id = device_id;
+  d->m.dl_tensor.ndim = t->ndims;
+  d->m.dl_tensor.dtype.code = types[t->dtype].code;
+  d->m.dl_tensor.dtype.bits = types[t->dtype].bits;
+  d->m.dl_tensor.dtype.lanes = 1;
+  d->m.dl_tensor.shape = d->shape;
+  d->m.dl_tensor.strides = d->strides;
+  d->m.dl_tensor.byte_offset = 0;
+  d->m.manager_ctx = NULL;
+  d->m.deleter = hir__dlpack_delete;
+  *out = &d->m;
+  return HIR_OK;
+}
+#endif
 
 // >>backend_cpu
 /* Odometer over a shape, carrying the element offsets of up to 3 tensors. */
@@ -5004,18 +5539,6 @@ struct hir_local_world {
   int *nmail, *cap_mail;
 };
 
-static struct timespec hir__deadline(int ms) {
-  struct timespec ts;
-  timespec_get(&ts, TIME_UTC);
-  ts.tv_sec += ms / 1000;
-  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
-  return ts;
-}
-
 /* Marks the world dead and wakes every waiter. Called with mu held. */
 static void hir__lw_abort_locked(hir_local_world *w, const char *msg) {
   if (!w->aborted) {
@@ -5506,12 +6029,6 @@ HIRDEF hir_status hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), v
 }
 
 // >>eval
-/* Values of the symbols and named scalars: what scalar expressions read. */
-typedef struct hir__env {
-  int64_t *sym;                 /* by val name */
-  unsigned char *sym_bound;
-  int64_t named[HIR_NAMED_COUNT];
-} hir__env;
 
 typedef struct hir__block {
   void *ptr;
@@ -5584,273 +6101,6 @@ static int hir__ev_comm(hir_evaluator *ev, hir_status s, const hir_expr *e) {
   if (s == HIR_OK) return 1;
   ev->broken = 1;
   return hir__ev_fail(ev, s, "hir_run: %s %d failed: %s", hir__expr_kind_names[e->kind], e->name, ev->comm->error);
-}
-
-static int64_t hir__eval_val(const hir__env *env, const hir_val *v) {
-  int64_t a, b;
-  switch (v->kind) {
-  case HIR__VAL_CONST: return v->value;
-  case HIR__VAL_SYMBOL: return env->sym[v->name];
-  case HIR__VAL_NAMED: return env->named[v->which];
-  case HIR__VAL_MESH_AT:
-    a = hir__eval_val(env, v->lhs);
-    return (a >= 0 && a < v->mesh_size) ? v->mesh[a] : -1;
-  default: break;
-  }
-  a = hir__eval_val(env, v->lhs);
-  b = hir__eval_val(env, v->rhs);
-  switch (v->op) {
-  case HIR_SCALAR_ADD: return a + b;
-  case HIR_SCALAR_SUB: return a - b;
-  case HIR_SCALAR_MUL: return a * b;
-  case HIR_SCALAR_DIV: return b ? a / b : 0;
-  case HIR_SCALAR_MOD: return b ? a % b : 0;
-  case HIR_SCALAR_EQ: return a == b;
-  case HIR_SCALAR_NE: return a != b;
-  case HIR_SCALAR_LT: return a < b;
-  case HIR_SCALAR_LE: return a <= b;
-  case HIR_SCALAR_GT: return a > b;
-  case HIR_SCALAR_GE: return a >= b;
-  case HIR_SCALAR_AND: return a && b;
-  default: return a || b;
-  }
-}
-
-/* The first symbol v needs that is not bound, or NULL. */
-static const hir_val *hir__unbound(const hir__env *env, const hir_val *v) {
-  const hir_val *u;
-  if (v->kind == HIR__VAL_SYMBOL) return env->sym_bound[v->name] ? NULL : v;
-  if (v->kind == HIR__VAL_MESH_AT) return hir__unbound(env, v->lhs);
-  if (v->kind != HIR__VAL_BINARY) return NULL;
-  return (u = hir__unbound(env, v->lhs)) ? u : hir__unbound(env, v->rhs);
-}
-
-// >>automatic
-/* The automatic choice between a fusion's pipeline and its serial form: a
-   scratch copy without Stream axes is propagated and decomposed, its GEMM
-   flops and resharding bytes counted for the given shapes, and the two
-   times predicted. Every rank computes the same numbers from the same
-   shapes, so every rank chooses alike. */
-static void hir__strip_streams(hir_fusion *ir) {
-  int i, a;
-  for (i = 0; i < ir->tvs.n; i++) {
-    hir_tv *tv = (hir_tv *)ir->tvs.items[i];
-    for (a = 0; a < tv->ndims; a++)
-      if (tv->ids[a]->ptype == HIR_STREAM) tv->ids[a]->ptype = HIR_SERIAL;
-  }
-}
-
-/* An extent of p's fusion as the model's shapes make it, or 0 if unknown. */
-static int64_t hir__model_extent(const hir__env *env, const hir_program *s, const hir_val *v) {
-  if (v->kind == HIR__VAL_SYMBOL && v->name > s->ir.next_val) return 0; /* made after the scratch copy */
-  return hir__unbound(env, v) ? 0 : hir__eval_val(env, v);
-}
-
-/* The product of tv's extents: of its reduction axes (reduced = 1), or of
-   the others as this rank holds them; 0 and a message if one is unknown. */
-static int64_t hir__model_numel(hir_program *p, const hir__env *env, const hir_tv *tv, int reduced) {
-  int64_t n = 1;
-  int a;
-  for (a = 0; a < tv->ndims; a++) {
-    const hir_id *id = tv->ids[a];
-    if ((id->iter == HIR_REDUCTION) != reduced || id->iter == HIR_BROADCAST) continue;
-    if (id->ptype == HIR_DIDX && tv->mesh_size > 1) continue; /* one shard here */
-    if (hir__unbound(env, id->extent)) {
-      hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower (automatic): the size of T%d axis %d does not follow from "
-                "input_shapes; give every input's shape", tv->name, a);
-      return 0;
-    }
-    n *= hir__eval_val(env, id->extent);
-  }
-  return n;
-}
-
-/* The sizes of the GEMMs and transfers in s (the fusion without Stream
-   axes); from p (with them) the chunk count and the largest number of parts
-   that every cut axis of a P2P pipeline divides into (*rows: their gcd, 0
-   when some Stream axis has nothing after it to cut). */
-static int hir__model(hir_program *p, hir_program *s, const hir_stream_options *o, double *gemm_s, double *comm_s,
-                      int64_t *chunks, int64_t *rows) {
-  hir__env env;
-  int i, a, k, ok = 1;
-  double flops[2] = {0, 0}, bytes = 0; /* GEMM flops in f16/bf16, in f32/f64 */
-  memset(&env, 0, sizeof env);
-  env.sym = (int64_t *)HIR_MALLOC(((size_t)s->ir.next_val + 1) * sizeof(int64_t));
-  env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)s->ir.next_val + 1);
-  if (!env.sym || !env.sym_bound) {
-    hir__fail(&p->ir, HIR_ERR_NOMEM, "hir_lower (automatic): out of memory");
-    ok = 0;
-  } else
-    memset(env.sym_bound, 0, (size_t)s->ir.next_val + 1);
-  if (ok && o->ninput_shapes != s->ir.inputs.n) {
-    hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower (automatic): %d input_shapes given for a fusion of %d inputs",
-              o->ninput_shapes, s->ir.inputs.n);
-    ok = 0;
-  }
-  for (i = 0; ok && i < s->ir.inputs.n; i++) { /* bind the extents, as hir_run will */
-    const hir_tv *tv = (const hir_tv *)s->ir.inputs.items[i];
-    for (a = 0, k = 0; ok && a < tv->ndims; a++) {
-      const hir_val *x = tv->ids[a]->extent;
-      int64_t size;
-      if (tv->ids[a]->iter == HIR_REDUCTION) continue;
-      if (k >= o->input_shapes[i].ndims) {
-        hir__fail(&p->ir, HIR_ERR_SHAPE, "hir_lower (automatic): input_shapes[%d] has %d axes; T%d has more", i,
-                  o->input_shapes[i].ndims, tv->name);
-        ok = 0;
-        break;
-      }
-      size = o->input_shapes[i].sizes[k++];
-      if (tv->ids[a]->ptype == HIR_DIDX && tv->mesh_size > 1) size = tv->mesh_size; /* the shard stands for them all */
-      if (x->kind == HIR__VAL_SYMBOL && !env.sym_bound[x->name]) env.sym[x->name] = size, env.sym_bound[x->name] = 1;
-    }
-    if (ok && k != o->input_shapes[i].ndims) {
-      hir__fail(&p->ir, HIR_ERR_SHAPE, "hir_lower (automatic): input_shapes[%d] has %d axes; T%d has %d", i,
-                o->input_shapes[i].ndims, tv->name, k);
-      ok = 0;
-    }
-  }
-  for (i = 0; ok && i < s->ir.exprs.n; i++) {
-    const hir_expr *e = (const hir_expr *)s->ir.exprs.items[i];
-    if (e->kind == HIR_EXPR_MATMUL) {
-      int64_t out = hir__model_numel(p, &env, e->out[0], 0), depth = hir__model_numel(p, &env, e->out[0], 1);
-      ok = out && depth;
-      flops[hir_dtype_size(e->out[0]->dtype) > 2] += 2.0 * (double)out * (double)depth;
-    } else if ((e->kind == HIR_EXPR_LOAD_STORE || e->kind == HIR_EXPR_REDUCTION) && hir_expr_is_resharding(e)) {
-      const hir_tv *big = e->kind == HIR_EXPR_LOAD_STORE ? e->out[0] : e->in[0]; /* gathered, or reduced */
-      int64_t n = hir__model_numel(p, &env, big, 0);
-      int d = big->mesh_size > 1 ? big->mesh_size : e->in[0]->mesh_size;
-      ok = n != 0;
-      if (d > 1) bytes += (double)n * (double)hir_dtype_size(big->dtype) * (d - 1) / d;
-    }
-  }
-  *chunks = 1;
-  *rows = -1;
-  for (i = 0; ok && i < p->ir.tvs.n; i++) { /* the Stream axes of the user's fusion: their extent is the chunk count */
-    const hir_tv *tv = (const hir_tv *)p->ir.tvs.items[i];
-    for (a = 0; a < tv->ndims; a++) {
-      int cut = hir__cut_axis(tv, a);
-      int64_t n = hir__model_extent(&env, s, tv->ids[a]->extent), r = cut >= 0 ? hir__model_extent(&env, s, tv->ids[cut]->extent) : 0;
-      if (tv->ids[a]->ptype != HIR_STREAM) continue;
-      *chunks = n > *chunks ? n : *chunks;
-      if (r <= 0) *rows = 0; /* nothing to cut after this Stream axis */
-      else if (*rows < 0) *rows = r;
-      else
-        while (r > 0 && *rows > 0) { /* gcd; 0 stays */
-          int64_t t = *rows % r;
-          *rows = r;
-          r = t;
-        }
-    }
-  }
-  if (*rows < 0) *rows = 0;
-  *gemm_s = o->gemm_flops_per_s > 0 ? (flops[0] + flops[1]) / o->gemm_flops_per_s : flops[0] / 750e12 + flops[1] / 50e12;
-  *comm_s = bytes / (o->link_bytes_per_s > 0 ? o->link_bytes_per_s : 300e9);
-  HIR_FREE(env.sym);
-  HIR_FREE(env.sym_bound);
-  return ok;
-}
-
-/* Whether the pipeline would send and receive point to point: a scratch
-   copy with its Stream axes, propagated and decomposed, has a P2P pattern. */
-static int hir__pipeline_is_p2p(const hir_fusion *f, int my_device) {
-  hir_program *s = hir_program_create();
-  int i, a, p2p = 0;
-  if (!s) return 0;
-  s->my_device = my_device;
-  if (hir__clone_fusion(s, f)) {
-    hir__propagate_shardings(s);
-    if (hir__validate_fusion(s) && hir__decompose_reshardings(s))
-      for (i = 0; i < s->ir.exprs.n; i++) p2p |= hir__p2p_kind((const hir_expr *)s->ir.exprs.items[i], &a) != HIR__P2P_NONE;
-  }
-  hir_program_free(s);
-  return p2p;
-}
-
-/* Whether the fusion without its Stream axes lowers; if not, why (some
-   layouts gather an inner axis only chunk by chunk). */
-static int hir__serial_lowers(const hir_fusion *f, int my_device, char *why, size_t cap) {
-  hir_program *s = hir_program_create(), *q = NULL;
-  hir_lower_desc d;
-  int ok = 0;
-  memset(&d, 0, sizeof d);
-  d.my_device = my_device;
-  if (s && hir__clone_fusion(s, f)) {
-    hir__strip_streams(&s->ir);
-    ok = hir__lower(&s->ir, &d, &q, 0) == HIR_OK;
-    if (!ok) snprintf(why, cap, "%.*s", (int)cap - 1, q ? hir_program_error(q) : "out of memory");
-  }
-  hir_program_free(q);
-  hir_program_free(s);
-  return ok;
-}
-
-/* The predicted time of the pipeline of `chunks` chunks in `parts` parts
-   each: with overlap, all but one part's share of the shorter of GEMM and
-   communication hidden. */
-static double hir__piped_time(const hir_stream_options *o, double gemm, double comm, int overlap, int64_t chunks,
-                              int64_t parts) {
-  double longer = gemm > comm ? gemm : comm, shorter = gemm < comm ? gemm : comm;
-  double per_chunk = o->chunk_overhead_s > 0 ? o->chunk_overhead_s : 20e-6, per_part = o->part_overhead_s > 0 ? o->part_overhead_s : 40e-6;
-  return (overlap ? longer + shorter / (double)(chunks * parts) : gemm + comm) + (double)chunks * per_chunk +
-         (double)(chunks * (parts - 1)) * per_part;
-}
-
-/* Chooses into o: the Stream axes kept or dropped, and for a P2P pipeline
-   the parts a peer's chunk is cut into (unless the caller gave them). */
-static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, hir_stream_options *o) {
-  hir_program *s = hir_program_create();
-  double gemm = 0, comm = 0, serial, piped;
-  int64_t chunks = 1, rows = 0, parts, k;
-  int ok, overlap, p2p;
-  char cut[40] = "";
-  const char *why;
-  if (!o->input_shapes) {
-    hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower: stream.automatic needs stream.input_shapes (the local shapes of the "
-              "inputs, as hir_run will get them)");
-    hir_program_free(s);
-    return 0;
-  }
-  if (!s) {
-    hir__fail(&p->ir, HIR_ERR_NOMEM, "hir_lower (automatic): out of memory");
-    return 0;
-  }
-  s->my_device = p->my_device;
-  ok = hir__clone_fusion(s, f);
-  if (ok) {
-    hir__strip_streams(&s->ir);
-    hir__propagate_shardings(s);
-    ok = hir__validate_fusion(s) && hir__decompose_reshardings(s);
-  }
-  if (!ok) hir__fail(&p->ir, s->ir.status, "%s", s->ir.error);
-  ok = ok && hir__model(p, s, o, &gemm, &comm, &chunks, &rows);
-  hir_program_free(s);
-  if (!ok) return 0;
-  p2p = hir__pipeline_is_p2p(f, p->my_device);
-  overlap = o->p2p_copy_engine && p2p;
-  parts = p2p && o->chunks_per_peer > 1 ? o->chunks_per_peer : 1;
-  for (k = 2; overlap && o->chunks_per_peer == 0 && k <= 16; k++) /* the parts the cut axes divide into */
-    if (rows % k == 0 && hir__piped_time(o, gemm, comm, 1, chunks, k) < hir__piped_time(o, gemm, comm, 1, chunks, parts))
-      parts = k;
-  if (parts > 1) snprintf(cut, sizeof cut, " x %lld parts", (long long)parts);
-  why = overlap || chunks < 2 ? ""
-        : o->p2p_copy_engine ? "; no overlap: its communication is collectives, NCCL kernels"
-                             : "; no overlap: send/recv as NCCL kernels (stream.p2p_copy_engine = 0)";
-  serial = hir__piped_time(o, gemm, comm, 0, 1, 1);
-  piped = hir__piped_time(o, gemm, comm, overlap, chunks, parts);
-  if (chunks > 1 && piped < 0.97 * serial) {
-    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks%s, predicted %.3f ms (serial %.3f; GEMM %.3f, communication %.3f)",
-             (long long)chunks, cut, piped * 1e3, serial * 1e3, gemm * 1e3, comm * 1e3);
-    o->chunks_per_peer = (int)parts;
-  } else if (chunks > 1 && !hir__serial_lowers(f, p->my_device, p->plan, sizeof p->plan)) {
-    char reason[sizeof p->plan];
-    memcpy(reason, p->plan, sizeof reason);
-    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, as the serial form does not lower: %.180s", (long long)chunks, reason);
-  } else {
-    snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks%s %.3f; GEMM %.3f, communication %.3f%s)",
-             serial * 1e3, (long long)chunks, cut, piped * 1e3, gemm * 1e3, comm * 1e3, why);
-    hir__strip_streams(&p->ir);
-  }
-  return 1;
 }
 
 static int hir__local_size(const hir_evaluator *ev, const hir_tv *tv, const hir_id *id, int64_t *size) {
@@ -6512,8 +6762,6 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
   }
 }
 
-static double hir__now_ms(void);
-
 enum { HIR__TIMELINE_CAP = 1 << 16, HIR__GPU_TIMELINE_CAP = 1 << 13 };
 
 static void hir__note_span(hir_evaluator *ev, const hir_expr *e, int track, double t0) {
@@ -6670,9 +6918,6 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
   return ev->status;
 }
 
-/* GPU spans need timing events, made here so that runs only record them;
-   the epoch event ties the GPU's clock to the host's: the caller's stream
-   is drained, the event passes at once, and the host notes the time. */
 static void hir__gpu_timeline_free(hir_evaluator *ev) {
   int i;
   for (i = 0; ev->gpu_spans && i < HIR__GPU_TIMELINE_CAP; i++) {
@@ -6684,99 +6929,6 @@ static void hir__gpu_timeline_free(hir_evaluator *ev) {
   ev->gpu_spans = NULL;
   ev->epoch = NULL;
   ev->ngpu_spans = 0;
-}
-
-static hir_status hir__gpu_timeline_start(hir_evaluator *ev) {
-  hir_backend *b = ev->b;
-  void *s = b->current_stream(b);
-  hir_status st = HIR_OK;
-  int i;
-  if (!ev->gpu_spans) {
-    if (!(ev->gpu_spans = (hir__span *)HIR_MALLOC(HIR__GPU_TIMELINE_CAP * sizeof *ev->gpu_spans))) return HIR_ERR_NOMEM;
-    memset(ev->gpu_spans, 0, HIR__GPU_TIMELINE_CAP * sizeof *ev->gpu_spans);
-    st = b->timer_create(b, &ev->epoch);
-    for (i = 0; st == HIR_OK && i < HIR__GPU_TIMELINE_CAP; i++)
-      if ((st = b->timer_create(b, &ev->gpu_spans[i].start)) == HIR_OK) st = b->timer_create(b, &ev->gpu_spans[i].end);
-    if (st != HIR_OK) return hir__gpu_timeline_free(ev), st;
-  }
-  if ((st = b->stream_synchronize(b, s)) != HIR_OK || (st = b->event_record(b, ev->epoch, s)) != HIR_OK ||
-      (st = b->stream_synchronize(b, s)) != HIR_OK)
-    return st;
-  ev->epoch_us = hir__now_ms() * 1e3;
-  return HIR_OK;
-}
-
-HIRDEF hir_status hir_evaluator_record_timeline(hir_evaluator *ev, int record) {
-  hir_status s;
-  if (!ev) return HIR_ERR_INVALID;
-  if (!ev->b) return ev->status ? ev->status : HIR_ERR_INVALID; /* a failed create */
-  if (record && !ev->spans && !(ev->spans = (hir__span *)HIR_MALLOC(HIR__TIMELINE_CAP * sizeof *ev->spans)))
-    return HIR_ERR_NOMEM;
-  if (record && !ev->recording && ev->b->timer_create && ev->b->timer_elapsed && (s = hir__gpu_timeline_start(ev)) != HIR_OK) {
-    snprintf(ev->error, sizeof ev->error, "hir_evaluator_record_timeline: GPU timing events: %s", ev->b->error);
-    return s;
-  }
-  ev->recording = record != 0;
-  ev->in_group = 0;
-  if (!record) ev->nspans = ev->ngpu_spans = 0;
-  return HIR_OK;
-}
-
-HIRDEF int hir_evaluator_timeline_size(const hir_evaluator *ev) { return ev ? ev->nspans : 0; }
-
-/* A GPU span's times on the host clock, from its events. */
-static hir_status hir__gpu_span_times(hir_evaluator *ev, hir__span *sp) {
-  double a, b;
-  hir_status s;
-  if ((s = ev->b->timer_elapsed(ev->b, ev->epoch, sp->start, &a)) != HIR_OK ||
-      (s = ev->b->timer_elapsed(ev->b, ev->epoch, sp->end, &b)) != HIR_OK)
-    return s;
-  sp->t0 = ev->epoch_us + a * 1e3;
-  sp->t1 = ev->epoch_us + b * 1e3;
-  return HIR_OK;
-}
-
-HIRDEF hir_status hir_timeline_write(hir_evaluator *const *evs, int n, FILE *out) {
-  double epoch = 0;
-  int r, k, g, first = 1, any = 0;
-  hir_status s;
-  if (!evs || n < 1 || !out) return HIR_ERR_INVALID;
-  for (r = 0; r < n; r++) /* the GPU's times first: nothing is written unless all have passed */
-    for (k = 0; evs[r] && k < evs[r]->ngpu_spans; k++)
-      if ((s = hir__gpu_span_times(evs[r], &evs[r]->gpu_spans[k])) != HIR_OK) return s;
-  for (r = 0; r < n; r++) /* times from the earliest record */
-    for (k = 0; evs[r] && k < evs[r]->nspans + evs[r]->ngpu_spans; k++) {
-      double t0 = k < evs[r]->nspans ? evs[r]->spans[k].t0 : evs[r]->gpu_spans[k - evs[r]->nspans].t0;
-      if (!any++ || t0 < epoch) epoch = t0;
-    }
-  fprintf(out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-  for (r = 0; r < n; r++) {
-    const hir_evaluator *ev = evs[r];
-    if (!ev) continue;
-    fprintf(out, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d (%s)\"}}",
-            first ? "" : ",\n", ev->device, ev->device, ev->b ? ev->b->name : "?");
-    first = 0;
-    /* tracks: 0 the caller's stream, k + 1 pool stream k, as the host issued
-       them; then the same again as the GPU ran them (when it keeps time) */
-    for (g = 0; g < (ev->gpu_spans ? 2 : 1); g++) {
-      int base = g * (ev->nstreams + 1);
-      for (k = 0; k <= ev->nstreams; k++) {
-        char name[48] = "the caller's stream";
-        if (k) snprintf(name, sizeof name, "stream %d", k - 1);
-        fprintf(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s%s\"}}",
-                ev->device, base + k, name, !ev->gpu_spans ? "" : g ? " (GPU)" : " (host)");
-      }
-      for (k = 0; k < (g ? ev->ngpu_spans : ev->nspans); k++) {
-        const hir__span *sp = g ? &ev->gpu_spans[k] : &ev->spans[k];
-        fprintf(out, ",\n{\"name\": \"%s %d\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
-                "\"ts\": %.3f, \"dur\": %.3f}",
-                hir__expr_kind_names[sp->e->kind], sp->e->name, g ? "gpu" : "host_ir", ev->device, base + sp->track,
-                sp->t0 - epoch, sp->t1 - sp->t0);
-      }
-    }
-  }
-  fprintf(out, "\n]}\n");
-  return ferror(out) ? HIR_ERR_INVALID : HIR_OK;
 }
 
 HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
@@ -6823,12 +6975,6 @@ HIRDEF size_t hir_evaluator_memory(const hir_evaluator *ev) {
   int i;
   for (i = 0; ev && i < ev->nblocks; i++) n += ev->blocks[i].bytes;
   return n;
-}
-
-static double hir__now_ms(void) {
-  struct timespec ts;
-  timespec_get(&ts, TIME_UTC);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
 /* Waits for a stream without trusting it to finish: polls it and the
@@ -7017,245 +7163,103 @@ HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_
   return HIR_OK;
 }
 
-
-// >>schedule
-/* The schedule verifier: every rank's program run symbolically (loops
-   unrolled, predicates evaluated with that rank), its collectives and
-   coalesced send/recv groups matched across ranks the way the communicators
-   would, before anything runs. */
-typedef struct hir__sched_op {
-  int is_send, peer, matched;
-} hir__sched_op;
-
-typedef struct hir__sched_ev {
-  int is_group;                 /* a coalesced group of send/recv, else a collective */
-  int expr, type, root, team_size, first_op, nops, matched;
-  const int *team;
-} hir__sched_ev;
-
-typedef struct hir__sched_rank {
-  hir__sched_ev *ev;
-  int n, cap, pc;
-  hir__sched_op *ops;
-  int nops, cap_ops;
-  hir__env env;
-  int open_group;               /* index of the group being filled, -1 outside StartCoalescing */
-} hir__sched_rank;
-
-static int hir__sched_push_ev(hir__sched_rank *r, hir__sched_ev ev) {
-  if (!hir__grow_heap((void **)&r->ev, &r->cap, r->n + 1, sizeof ev)) return 0;
-  r->ev[r->n++] = ev;
-  return 1;
-}
-
-static int hir__sched_push_op(hir__sched_rank *r, int is_send, int peer) {
-  if (!hir__grow_heap((void **)&r->ops, &r->cap_ops, r->nops + 1, sizeof *r->ops)) return 0;
-  r->ops[r->nops].is_send = is_send;
-  r->ops[r->nops].peer = peer;
-  r->ops[r->nops++].matched = 0;
-  return 1;
-}
-
-/* Records the communication events of one rank's scope. */
-static int hir__sched_walk(hir__sched_rank *r, const hir_scope *s, int me) {
-  int i, k;
-  for (i = 0; i < s->exprs.n; i++) {
-    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
-    hir__sched_ev ev;
-    memset(&ev, 0, sizeof ev);
-    ev.expr = e->name;
-    switch (e->kind) {
-    case HIR_EXPR_FOR_LOOP: {
-      int64_t n = hir__eval_val(&r->env, e->id->extent), it;
-      for (it = 0; it < n; it++) {
-        r->env.named[HIR_NAMED_STREAM_IDX] = it;
-        if (!hir__sched_walk(r, &e->body, me)) return 0;
-      }
-      break;
-    }
-    case HIR_EXPR_IF_THEN_ELSE:
-      if (!hir__sched_walk(r, hir__eval_val(&r->env, e->val) ? &e->body : &e->orelse, me)) return 0;
-      break;
-    case HIR_EXPR_COMMUNICATION:
-      for (k = 0; k < e->team_size && e->team[k] != me; k++) {}
-      if (k == e->team_size) break; /* not in its team */
-      ev.type = e->sub;
-      ev.root = e->root;
-      ev.team = e->team;
-      ev.team_size = e->team_size;
-      if (!hir__sched_push_ev(r, ev)) return 0;
-      break;
-    case HIR_EXPR_START_COALESCING:
-      ev.is_group = 1;
-      ev.first_op = r->nops;
-      if (!hir__sched_push_ev(r, ev)) return 0;
-      r->open_group = r->n - 1;
-      break;
-    case HIR_EXPR_END_COALESCING:
-      r->open_group = -1;
-      break;
-    case HIR_EXPR_P2P_COMMUNICATION:
-      if (r->open_group < 0) { /* alone: a group of one */
-        ev.is_group = 1;
-        ev.first_op = r->nops;
-        ev.nops = 1;
-        if (!hir__sched_push_ev(r, ev)) return 0;
-      } else {
-        r->ev[r->open_group].nops++;
-      }
-      if (!hir__sched_push_op(r, e->sub == HIR_P2P_SEND, (int)hir__eval_val(&r->env, e->val))) return 0;
-      break;
-    default: break;
-    }
+// >>timeline
+/* GPU spans need timing events, made here so that runs only record them;
+   the epoch event ties the GPU's clock to the host's: the caller's stream
+   is drained, the event passes at once, and the host notes the time. */
+static hir_status hir__gpu_timeline_start(hir_evaluator *ev) {
+  hir_backend *b = ev->b;
+  void *s = b->current_stream(b);
+  hir_status st = HIR_OK;
+  int i;
+  if (!ev->gpu_spans) {
+    if (!(ev->gpu_spans = (hir__span *)HIR_MALLOC(HIR__GPU_TIMELINE_CAP * sizeof *ev->gpu_spans))) return HIR_ERR_NOMEM;
+    memset(ev->gpu_spans, 0, HIR__GPU_TIMELINE_CAP * sizeof *ev->gpu_spans);
+    st = b->timer_create(b, &ev->epoch);
+    for (i = 0; st == HIR_OK && i < HIR__GPU_TIMELINE_CAP; i++)
+      if ((st = b->timer_create(b, &ev->gpu_spans[i].start)) == HIR_OK) st = b->timer_create(b, &ev->gpu_spans[i].end);
+    if (st != HIR_OK) return hir__gpu_timeline_free(ev), st;
   }
-  return 1;
+  if ((st = b->stream_synchronize(b, s)) != HIR_OK || (st = b->event_record(b, ev->epoch, s)) != HIR_OK ||
+      (st = b->stream_synchronize(b, s)) != HIR_OK)
+    return st;
+  ev->epoch_us = hir__now_ms() * 1e3;
+  return HIR_OK;
 }
 
-static int hir__same_team(const hir__sched_ev *a, const hir__sched_ev *b) {
-  return a->team_size == b->team_size && memcmp(a->team, b->team, (size_t)a->team_size * sizeof(int)) == 0;
+HIRDEF hir_status hir_evaluator_record_timeline(hir_evaluator *ev, int record) {
+  hir_status s;
+  if (!ev) return HIR_ERR_INVALID;
+  if (!ev->b) return ev->status ? ev->status : HIR_ERR_INVALID; /* a failed create */
+  if (record && !ev->spans && !(ev->spans = (hir__span *)HIR_MALLOC(HIR__TIMELINE_CAP * sizeof *ev->spans)))
+    return HIR_ERR_NOMEM;
+  if (record && !ev->recording && ev->b->timer_create && ev->b->timer_elapsed && (s = hir__gpu_timeline_start(ev)) != HIR_OK) {
+    snprintf(ev->error, sizeof ev->error, "hir_evaluator_record_timeline: GPU timing events: %s", ev->b->error);
+    return s;
+  }
+  ev->recording = record != 0;
+  ev->in_group = 0;
+  if (!record) ev->nspans = ev->ngpu_spans = 0;
+  return HIR_OK;
 }
 
-static void hir__sched_describe(const hir__sched_rank *r, int rank, char *buf, size_t cap) {
-  const hir__sched_ev *ev = &r->ev[r->pc];
-  size_t n;
-  int k;
-  if (!ev->is_group) {
-    n = (size_t)snprintf(buf, cap, "rank %d at Communication %d (%s, team (", rank, ev->expr, hir__collective_names[ev->type]);
-    for (k = 0; k < ev->team_size && n < cap; k++) n += (size_t)snprintf(buf + n, cap - n, k ? " %d" : "%d", ev->team[k]);
-    if (n < cap) snprintf(buf + n, cap - n, "))");
-    return;
-  }
-  n = (size_t)snprintf(buf, cap, "rank %d at a send/recv group (", rank);
-  for (k = 0; k < ev->nops && n < cap; k++) {
-    const hir__sched_op *op = &r->ops[ev->first_op + k];
-    n += (size_t)snprintf(buf + n, cap - n, "%s%s %s %d", k ? ", " : "", op->is_send ? "send" : "recv", op->is_send ? "to" : "from",
-                          op->peer);
-  }
-  if (n < cap) snprintf(buf + n, cap - n, ")");
+HIRDEF int hir_evaluator_timeline_size(const hir_evaluator *ev) { return ev ? ev->nspans : 0; }
+
+/* A GPU span's times on the host clock, from its events. */
+static hir_status hir__gpu_span_times(hir_evaluator *ev, hir__span *sp) {
+  double a, b;
+  hir_status s;
+  if ((s = ev->b->timer_elapsed(ev->b, ev->epoch, sp->start, &a)) != HIR_OK ||
+      (s = ev->b->timer_elapsed(ev->b, ev->epoch, sp->end, &b)) != HIR_OK)
+    return s;
+  sp->t0 = ev->epoch_us + a * 1e3;
+  sp->t1 = ev->epoch_us + b * 1e3;
+  return HIR_OK;
 }
 
-HIRDEF hir_status hir_verify_schedule(hir_program *const *programs, int nranks, int number_of_streams, char *msg, size_t cap) {
-  hir__sched_rank *r;
-  hir_status status = HIR_OK;
-  int i, k, q, done, progress;
-  char tmp[256];
-  if (msg && cap) msg[0] = '\0';
-  if (!programs || nranks < 1) return HIR_ERR_INVALID;
-  if (!(r = (hir__sched_rank *)HIR_MALLOC((size_t)nranks * sizeof *r))) return HIR_ERR_NOMEM;
-  memset(r, 0, (size_t)nranks * sizeof *r);
-  for (i = 0; i < nranks && status == HIR_OK; i++) {
-    const hir_program *p = programs[i];
-    const hir_fusion *f;
-    if (!p || p->ir.status != HIR_OK) {
-      if (msg) snprintf(msg, cap, "hir_verify_schedule: the program of rank %d is %s", i, p ? "in error" : "NULL");
-      status = HIR_ERR_INVALID;
-      break;
+HIRDEF hir_status hir_timeline_write(hir_evaluator *const *evs, int n, FILE *out) {
+  double epoch = 0;
+  int r, k, g, first = 1, any = 0;
+  hir_status s;
+  if (!evs || n < 1 || !out) return HIR_ERR_INVALID;
+  for (r = 0; r < n; r++) /* the GPU's times first: nothing is written unless all have passed */
+    for (k = 0; evs[r] && k < evs[r]->ngpu_spans; k++)
+      if ((s = hir__gpu_span_times(evs[r], &evs[r]->gpu_spans[k])) != HIR_OK) return s;
+  for (r = 0; r < n; r++) /* times from the earliest record */
+    for (k = 0; evs[r] && k < evs[r]->nspans + evs[r]->ngpu_spans; k++) {
+      double t0 = k < evs[r]->nspans ? evs[r]->spans[k].t0 : evs[r]->gpu_spans[k - evs[r]->nspans].t0;
+      if (!any++ || t0 < epoch) epoch = t0;
     }
-    f = &p->ir;
-    r[i].env.sym = (int64_t *)HIR_MALLOC(((size_t)f->next_val + 1) * sizeof(int64_t));
-    r[i].env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)f->next_val + 1);
-    if (!r[i].env.sym || !r[i].env.sym_bound) {
-      status = HIR_ERR_NOMEM;
-      break;
-    }
-    for (k = 0; k <= f->next_val; k++) r[i].env.sym[k] = 3; /* any extent but a DIDx one: the schedule does not depend on it */
-    memset(r[i].env.sym_bound, 1, (size_t)f->next_val + 1);
-    for (k = 0; k < f->tvs.n; k++) { /* a DIDx axis has the mesh size as extent */
-      const hir_tv *tv = (const hir_tv *)f->tvs.items[k];
-      int d = hir__didx_axis(tv);
-      if (d >= 0 && tv->mesh_size && tv->ids[d]->extent->kind == HIR__VAL_SYMBOL) r[i].env.sym[tv->ids[d]->extent->name] = tv->mesh_size;
-    }
-    r[i].env.named[HIR_NAMED_RANK] = i;
-    r[i].env.named[HIR_NAMED_NUM_STREAMS] = number_of_streams > 0 ? number_of_streams : 4;
-    r[i].open_group = -1;
-    if (!hir__sched_walk(&r[i], &p->top, i)) status = HIR_ERR_NOMEM;
-  }
-  for (progress = 1; status == HIR_OK && progress;) {
-    progress = 0;
-    for (i = 0; i < nranks && status == HIR_OK; i++) {
-      hir__sched_ev *ev;
-      if (r[i].pc >= r[i].n) continue;
-      ev = &r[i].ev[r[i].pc];
-      if (!ev->is_group) { /* a collective: every member must be at it */
-        int ready = 1;
-        for (k = 0; k < ev->team_size && ready; k++) {
-          int m = ev->team[k];
-          hir__sched_ev *other;
-          if (m < 0 || m >= nranks) {
-            if (msg) snprintf(msg, cap, "schedule: Communication %d of rank %d names device %d, outside the %d ranks", ev->expr, i, m, nranks);
-            status = HIR_ERR_INVALID;
-            break;
-          }
-          if (r[m].pc >= r[m].n) {
-            ready = 0;
-            break;
-          }
-          other = &r[m].ev[r[m].pc];
-          if (other->is_group || !hir__same_team(ev, other)) {
-            ready = 0;
-          } else if (other->type != ev->type || other->root != ev->root) {
-            if (msg) snprintf(msg, cap, "schedule mismatch on team of Communication %d: rank %d runs %s (root %d), rank %d runs %s (root %d)",
-                              ev->expr, i, hir__collective_names[ev->type], ev->root, m, hir__collective_names[other->type], other->root);
-            status = HIR_ERR_COMM;
-          }
-        }
-        if (ready && status == HIR_OK) {
-          for (k = 0; k < ev->team_size; k++) r[ev->team[k]].pc++;
-          progress = 1;
-        }
-        continue;
+  fprintf(out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+  for (r = 0; r < n; r++) {
+    const hir_evaluator *ev = evs[r];
+    if (!ev) continue;
+    fprintf(out, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d (%s)\"}}",
+            first ? "" : ",\n", ev->device, ev->device, ev->b ? ev->b->name : "?");
+    first = 0;
+    /* tracks: 0 the caller's stream, k + 1 pool stream k, as the host issued
+       them; then the same again as the GPU ran them (when it keeps time) */
+    for (g = 0; g < (ev->gpu_spans ? 2 : 1); g++) {
+      int base = g * (ev->nstreams + 1);
+      for (k = 0; k <= ev->nstreams; k++) {
+        char name[48] = "the caller's stream";
+        if (k) snprintf(name, sizeof name, "stream %d", k - 1);
+        fprintf(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s%s\"}}",
+                ev->device, base + k, name, !ev->gpu_spans ? "" : g ? " (GPU)" : " (host)");
       }
-      /* a group: match each op with the opposite op in the peer's current group */
-      for (k = 0; k < ev->nops; k++) {
-        hir__sched_op *op = &r[i].ops[ev->first_op + k];
-        hir__sched_ev *pev;
-        int j;
-        if (op->matched) continue;
-        if (op->peer < 0 || op->peer >= nranks) {
-          if (msg) snprintf(msg, cap, "schedule: rank %d %s device %d, outside the %d ranks", i, op->is_send ? "sends to" : "receives from",
-                            op->peer, nranks);
-          status = HIR_ERR_INVALID;
-          break;
-        }
-        q = op->peer;
-        if (r[q].pc >= r[q].n || !(pev = &r[q].ev[r[q].pc])->is_group) continue;
-        for (j = 0; j < pev->nops; j++) {
-          hir__sched_op *o = &r[q].ops[pev->first_op + j];
-          if (!o->matched && o->peer == i && o->is_send != op->is_send) {
-            o->matched = op->matched = 1;
-            pev->matched++;
-            ev->matched++;
-            progress = 1;
-            break;
-          }
-        }
-      }
-      if (ev->matched == ev->nops) {
-        r[i].pc++;
-        progress = 1;
+      for (k = 0; k < (g ? ev->ngpu_spans : ev->nspans); k++) {
+        const hir__span *sp = g ? &ev->gpu_spans[k] : &ev->spans[k];
+        fprintf(out, ",\n{\"name\": \"%s %d\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
+                "\"ts\": %.3f, \"dur\": %.3f}",
+                hir__expr_kind_names[sp->e->kind], sp->e->name, g ? "gpu" : "host_ir", ev->device, base + sp->track,
+                sp->t0 - epoch, sp->t1 - sp->t0);
       }
     }
   }
-  for (done = 1, i = 0; i < nranks && status == HIR_OK; i++) done &= r[i].pc >= r[i].n;
-  if (status == HIR_OK && !done) {
-    size_t n = 0;
-    if (msg) n = (size_t)snprintf(msg, cap, "schedule deadlock: no rank can go on:");
-    for (i = 0; msg && i < nranks && n < cap; i++)
-      if (r[i].pc < r[i].n) {
-        hir__sched_describe(&r[i], i, tmp, sizeof tmp);
-        n += (size_t)snprintf(msg + n, cap - n, " %s;", tmp);
-      }
-    status = HIR_ERR_COMM;
-  }
-  for (i = 0; i < nranks; i++) {
-    HIR_FREE(r[i].ev);
-    HIR_FREE(r[i].ops);
-    HIR_FREE(r[i].env.sym);
-    HIR_FREE(r[i].env.sym_bound);
-  }
-  HIR_FREE(r);
-  return status;
+  fprintf(out, "\n]}\n");
+  return ferror(out) ? HIR_ERR_INVALID : HIR_OK;
 }
+
 
 #endif /* HOSTIR_IMPLEMENTATION_DONE */
 #endif /* HOSTIR_IMPLEMENTATION */
