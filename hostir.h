@@ -27,7 +27,7 @@
        hir_fusion_print(f, stderr);
        hir_fusion_free(f);
 
-   Table of contents (grep the markers):
+   Table of contents (grep the markers); a section calls only the ones above it:
        // >>api           public declarations
        // >>base          includes, allocator macros, names, the arena, growable arrays, clocks
        // >>ir            scalars and their evaluation, IterDomains, TensorViews, exprs; the op table
@@ -2651,19 +2651,23 @@ done:
   return ok;
 }
 
-/* Steps 1-3 on a program holding a copy of the fusion. */
-static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, hir_stream_options *o);
-static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, unsigned dump);
+/* The serial form of a fusion: its Stream axes made serial. */
+static void hir__strip_streams(hir_fusion *ir) {
+  int i, a;
+  for (i = 0; i < ir->tvs.n; i++) {
+    hir_tv *tv = (hir_tv *)ir->tvs.items[i];
+    for (a = 0; a < tv->ndims; a++)
+      if (tv->ids[a]->ptype == HIR_STREAM) tv->ids[a]->ptype = HIR_SERIAL;
+  }
+}
 
-/* `stream`: d->stream, with what the automatic choice chose. */
-static int hir__front_end(hir_program *p, const hir_fusion *f, const hir_lower_desc *d, hir__vec *groups,
-                          hir_stream_options *stream) {
-  *stream = d->stream;
+/* Steps 1-2 into p, a fresh program: a copy of the fusion (its serial form
+   if asked), shardings propagated, reshardings decomposed. */
+static int hir__front_end(hir_program *p, const hir_fusion *f, int serial) {
   if (!hir__clone_fusion(p, f)) return 0;
-  if (d->stream.automatic && !hir__choose_pipeline(p, f, stream)) return 0;
+  if (serial) hir__strip_streams(&p->ir);
   hir__propagate_shardings(p);
-  return hir__validate_fusion(p) && hir__decompose_reshardings(p) &&
-         hir__segment(p, d->should_merge, d->merge_user, groups);
+  return hir__validate_fusion(p) && hir__decompose_reshardings(p);
 }
 
 /* The arguments of hir_lower and hir_segment; a failure is recorded in p. */
@@ -2680,12 +2684,16 @@ static int hir__check_lower_args(hir_program *p, const hir_fusion *f, const hir_
     hir__fail(&p->ir, HIR_ERR_INVALID, "%s: my_device %d is negative; give this rank's device id", fn, d->my_device);
     return 0;
   }
+  if (d->stream.automatic && !d->stream.input_shapes) {
+    hir__fail(&p->ir, HIR_ERR_INVALID, "%s: stream.automatic needs stream.input_shapes (the local shapes of the "
+              "inputs, as hir_run will get them)", fn);
+    return 0;
+  }
   return 1;
 }
 
 HIRDEF hir_status hir_segment(const hir_fusion *f, const hir_lower_desc *d, hir_segmentation **out) {
   hir_lower_desc defaults;
-  hir_stream_options stream;
   hir_segmentation *s;
   if (!out) return HIR_ERR_INVALID;
   memset(&defaults, 0, sizeof defaults);
@@ -2698,7 +2706,8 @@ HIRDEF hir_status hir_segment(const hir_fusion *f, const hir_lower_desc *d, hir_
     return HIR_ERR_NOMEM;
   }
   s->p->my_device = d->my_device;
-  if (hir__check_lower_args(s->p, f, d, "hir_segment")) hir__front_end(s->p, f, d, &s->groups, &stream);
+  if (hir__check_lower_args(s->p, f, d, "hir_segment") && hir__front_end(s->p, f, 0))
+    hir__segment(s->p, d->should_merge, d->merge_user, &s->groups);
   return s->p->ir.status;
 }
 
@@ -3252,7 +3261,11 @@ static int hir__cut_axis(const hir_tv *tv, int s) {
   return -1;
 }
 
-static int hir__stream_fail(hir_program *p, const hir_expr *e, const char *why);
+static int hir__stream_fail(hir_program *p, const hir_expr *e, const char *why) {
+  hir__fail(&p->ir, HIR_ERR_UNSUPPORTED, "stream lowering: %s %d (T%d): %s", hir__expr_kind_names[e->kind], e->name,
+            e->nout ? e->out[0]->name : -1, why);
+  return 0;
+}
 
 /* Ops of a cut loop must all cut a tensor the loop writes along one axis,
    or one would read parts not written yet. `writes`: e writes tv. */
@@ -3549,12 +3562,6 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   for (t = 0; t < c->after.n; t++)
     if (!hir__push(f, out, c->after.items[t])) return 0;
   return 1;
-}
-
-static int hir__stream_fail(hir_program *p, const hir_expr *e, const char *why) {
-  hir__fail(&p->ir, HIR_ERR_UNSUPPORTED, "stream lowering: %s %d (T%d): %s", hir__expr_kind_names[e->kind], e->name,
-            e->nout ? e->out[0]->name : -1, why);
-  return 0;
 }
 
 HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_options *opt) {
@@ -4017,23 +4024,14 @@ HIRDEF hir_status hir_verify_schedule(hir_program *const *programs, int nranks, 
 }
 
 // >>automatic
-/* The automatic choice between a fusion's pipeline and its serial form: a
-   scratch copy without Stream axes is propagated and decomposed, its GEMM
-   flops and resharding bytes counted for the given shapes, and the two
-   times predicted. Every rank computes the same numbers from the same
-   shapes, so every rank chooses alike. */
-static void hir__strip_streams(hir_fusion *ir) {
-  int i, a;
-  for (i = 0; i < ir->tvs.n; i++) {
-    hir_tv *tv = (hir_tv *)ir->tvs.items[i];
-    for (a = 0; a < tv->ndims; a++)
-      if (tv->ids[a]->ptype == HIR_STREAM) tv->ids[a]->ptype = HIR_SERIAL;
-  }
-}
+/* The automatic choice between a fusion's pipeline and its serial form, a
+   step of hir_lower after the front end: the GEMM flops and resharding
+   bytes of the propagated, decomposed fusion counted for the given shapes,
+   and the two times predicted. Every rank computes the same numbers from
+   the same shapes, so every rank chooses alike. */
 
-/* An extent of p's fusion as the model's shapes make it, or 0 if unknown. */
-static int64_t hir__model_extent(const hir__env *env, const hir_program *s, const hir_val *v) {
-  if (v->kind == HIR__VAL_SYMBOL && v->name > s->ir.next_val) return 0; /* made after the scratch copy */
+/* An extent as the model's shapes make it, or 0 if unknown. */
+static int64_t hir__model_extent(const hir__env *env, const hir_val *v) {
   return hir__unbound(env, v) ? 0 : hir__eval_val(env, v);
 }
 
@@ -4056,30 +4054,31 @@ static int64_t hir__model_numel(hir_program *p, const hir__env *env, const hir_t
   return n;
 }
 
-/* The sizes of the GEMMs and transfers in s (the fusion without Stream
-   axes); from p (with them) the chunk count and the largest number of parts
-   that every cut axis of a P2P pipeline divides into (*rows: their gcd, 0
-   when some Stream axis has nothing after it to cut). */
-static int hir__model(hir_program *p, hir_program *s, const hir_stream_options *o, double *gemm_s, double *comm_s,
+/* The sizes of the GEMMs and transfers in p (the front end's output); from
+   the user's fusion f the chunk count (the extent of its Stream axes) and
+   the largest number of parts that every cut axis of a P2P pipeline divides
+   into (*rows: their gcd, 0 when some Stream axis has nothing after it to
+   cut). */
+static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_options *o, double *gemm_s, double *comm_s,
                       int64_t *chunks, int64_t *rows) {
   hir__env env;
   int i, a, k, ok = 1;
   double flops[2] = {0, 0}, bytes = 0; /* GEMM flops in f16/bf16, in f32/f64 */
   memset(&env, 0, sizeof env);
-  env.sym = (int64_t *)HIR_MALLOC(((size_t)s->ir.next_val + 1) * sizeof(int64_t));
-  env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)s->ir.next_val + 1);
+  env.sym = (int64_t *)HIR_MALLOC(((size_t)p->ir.next_val + 1) * sizeof(int64_t));
+  env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)p->ir.next_val + 1);
   if (!env.sym || !env.sym_bound) {
     hir__fail(&p->ir, HIR_ERR_NOMEM, "hir_lower (automatic): out of memory");
     ok = 0;
   } else
-    memset(env.sym_bound, 0, (size_t)s->ir.next_val + 1);
-  if (ok && o->ninput_shapes != s->ir.inputs.n) {
+    memset(env.sym_bound, 0, (size_t)p->ir.next_val + 1);
+  if (ok && o->ninput_shapes != p->ir.inputs.n) {
     hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower (automatic): %d input_shapes given for a fusion of %d inputs",
-              o->ninput_shapes, s->ir.inputs.n);
+              o->ninput_shapes, p->ir.inputs.n);
     ok = 0;
   }
-  for (i = 0; ok && i < s->ir.inputs.n; i++) { /* bind the extents, as hir_run will */
-    const hir_tv *tv = (const hir_tv *)s->ir.inputs.items[i];
+  for (i = 0; ok && i < p->ir.inputs.n; i++) { /* bind the extents, as hir_run will */
+    const hir_tv *tv = (const hir_tv *)p->ir.inputs.items[i];
     for (a = 0, k = 0; ok && a < tv->ndims; a++) {
       const hir_val *x = tv->ids[a]->extent;
       int64_t size;
@@ -4100,8 +4099,8 @@ static int hir__model(hir_program *p, hir_program *s, const hir_stream_options *
       ok = 0;
     }
   }
-  for (i = 0; ok && i < s->ir.exprs.n; i++) {
-    const hir_expr *e = (const hir_expr *)s->ir.exprs.items[i];
+  for (i = 0; ok && i < p->ir.exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)p->ir.exprs.items[i];
     if (e->kind == HIR_EXPR_MATMUL) {
       int64_t out = hir__model_numel(p, &env, e->out[0], 0), depth = hir__model_numel(p, &env, e->out[0], 1);
       ok = out && depth;
@@ -4116,11 +4115,11 @@ static int hir__model(hir_program *p, hir_program *s, const hir_stream_options *
   }
   *chunks = 1;
   *rows = -1;
-  for (i = 0; ok && i < p->ir.tvs.n; i++) { /* the Stream axes of the user's fusion: their extent is the chunk count */
-    const hir_tv *tv = (const hir_tv *)p->ir.tvs.items[i];
+  for (i = 0; ok && i < f->tvs.n; i++) {
+    const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
     for (a = 0; a < tv->ndims; a++) {
       int cut = hir__cut_axis(tv, a);
-      int64_t n = hir__model_extent(&env, s, tv->ids[a]->extent), r = cut >= 0 ? hir__model_extent(&env, s, tv->ids[cut]->extent) : 0;
+      int64_t n = hir__model_extent(&env, tv->ids[a]->extent), r = cut >= 0 ? hir__model_extent(&env, tv->ids[cut]->extent) : 0;
       if (tv->ids[a]->ptype != HIR_STREAM) continue;
       *chunks = n > *chunks ? n : *chunks;
       if (r <= 0) *rows = 0; /* nothing to cut after this Stream axis */
@@ -4141,40 +4140,6 @@ static int hir__model(hir_program *p, hir_program *s, const hir_stream_options *
   return ok;
 }
 
-/* Whether the pipeline would send and receive point to point: a scratch
-   copy with its Stream axes, propagated and decomposed, has a P2P pattern. */
-static int hir__pipeline_is_p2p(const hir_fusion *f, int my_device) {
-  hir_program *s = hir_program_create();
-  int i, a, p2p = 0;
-  if (!s) return 0;
-  s->my_device = my_device;
-  if (hir__clone_fusion(s, f)) {
-    hir__propagate_shardings(s);
-    if (hir__validate_fusion(s) && hir__decompose_reshardings(s))
-      for (i = 0; i < s->ir.exprs.n; i++) p2p |= hir__p2p_kind((const hir_expr *)s->ir.exprs.items[i], &a) != HIR__P2P_NONE;
-  }
-  hir_program_free(s);
-  return p2p;
-}
-
-/* Whether the fusion without its Stream axes lowers; if not, why (some
-   layouts gather an inner axis only chunk by chunk). */
-static int hir__serial_lowers(const hir_fusion *f, int my_device, char *why, size_t cap) {
-  hir_program *s = hir_program_create(), *q = NULL;
-  hir_lower_desc d;
-  int ok = 0;
-  memset(&d, 0, sizeof d);
-  d.my_device = my_device;
-  if (s && hir__clone_fusion(s, f)) {
-    hir__strip_streams(&s->ir);
-    ok = hir__lower(&s->ir, &d, &q, 0) == HIR_OK;
-    if (!ok) snprintf(why, cap, "%.*s", (int)cap - 1, q ? hir_program_error(q) : "out of memory");
-  }
-  hir_program_free(q);
-  hir_program_free(s);
-  return ok;
-}
-
 /* The predicted time of the pipeline of `chunks` chunks in `parts` parts
    each: with overlap, all but one part's share of the shorter of GEMM and
    communication hidden. */
@@ -4186,60 +4151,38 @@ static double hir__piped_time(const hir_stream_options *o, double gemm, double c
          (double)(chunks * (parts - 1)) * per_part;
 }
 
-/* Chooses into o: the Stream axes kept or dropped, and for a P2P pipeline
-   the parts a peer's chunk is cut into (unless the caller gave them). */
-static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, hir_stream_options *o) {
-  hir_program *s = hir_program_create();
-  double gemm = 0, comm = 0, serial, piped;
-  int64_t chunks = 1, rows = 0, parts, k;
-  int ok, overlap, p2p;
+/* Chooses, for p after the front end (f: the user's fusion): *serial = 1
+   where the serial form is predicted faster (it has *chunks > 1 to lose),
+   else the parts a P2P pipeline's peer chunk is cut into, into o (unless
+   the caller gave them). The reason goes to p's plan. */
+static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, hir_stream_options *o, int64_t *chunks, int *serial) {
+  double gemm = 0, comm = 0, serial_s, piped_s;
+  int64_t rows = 0, parts, k;
+  int i, a, overlap, p2p = 0;
   char cut[40] = "";
   const char *why;
-  if (!o->input_shapes) {
-    hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower: stream.automatic needs stream.input_shapes (the local shapes of the "
-              "inputs, as hir_run will get them)");
-    hir_program_free(s);
-    return 0;
-  }
-  if (!s) {
-    hir__fail(&p->ir, HIR_ERR_NOMEM, "hir_lower (automatic): out of memory");
-    return 0;
-  }
-  s->my_device = p->my_device;
-  ok = hir__clone_fusion(s, f);
-  if (ok) {
-    hir__strip_streams(&s->ir);
-    hir__propagate_shardings(s);
-    ok = hir__validate_fusion(s) && hir__decompose_reshardings(s);
-  }
-  if (!ok) hir__fail(&p->ir, s->ir.status, "%s", s->ir.error);
-  ok = ok && hir__model(p, s, o, &gemm, &comm, &chunks, &rows);
-  hir_program_free(s);
-  if (!ok) return 0;
-  p2p = hir__pipeline_is_p2p(f, p->my_device);
+  *chunks = 1;
+  if (!hir__model(p, f, o, &gemm, &comm, chunks, &rows)) return 0;
+  for (i = 0; i < p->ir.exprs.n; i++) p2p |= hir__p2p_kind((const hir_expr *)p->ir.exprs.items[i], &a) != HIR__P2P_NONE;
   overlap = o->p2p_copy_engine && p2p;
   parts = p2p && o->chunks_per_peer > 1 ? o->chunks_per_peer : 1;
   for (k = 2; overlap && o->chunks_per_peer == 0 && k <= 16; k++) /* the parts the cut axes divide into */
-    if (rows % k == 0 && hir__piped_time(o, gemm, comm, 1, chunks, k) < hir__piped_time(o, gemm, comm, 1, chunks, parts))
+    if (rows % k == 0 && hir__piped_time(o, gemm, comm, 1, *chunks, k) < hir__piped_time(o, gemm, comm, 1, *chunks, parts))
       parts = k;
   if (parts > 1) snprintf(cut, sizeof cut, " x %lld parts", (long long)parts);
-  why = overlap || chunks < 2 ? ""
+  why = overlap || *chunks < 2 ? ""
         : o->p2p_copy_engine ? "; no overlap: its communication is collectives, NCCL kernels"
                              : "; no overlap: send/recv as NCCL kernels (stream.p2p_copy_engine = 0)";
-  serial = hir__piped_time(o, gemm, comm, 0, 1, 1);
-  piped = hir__piped_time(o, gemm, comm, overlap, chunks, parts);
-  if (chunks > 1 && piped < 0.97 * serial) {
-    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks%s, predicted %.3f ms (serial %.3f; GEMM %.3f, communication %.3f)",
-             (long long)chunks, cut, piped * 1e3, serial * 1e3, gemm * 1e3, comm * 1e3);
-    o->chunks_per_peer = (int)parts;
-  } else if (chunks > 1 && !hir__serial_lowers(f, p->my_device, p->plan, sizeof p->plan)) {
-    char reason[sizeof p->plan];
-    memcpy(reason, p->plan, sizeof reason);
-    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, as the serial form does not lower: %.180s", (long long)chunks, reason);
-  } else {
+  serial_s = hir__piped_time(o, gemm, comm, 0, 1, 1);
+  piped_s = hir__piped_time(o, gemm, comm, overlap, *chunks, parts);
+  *serial = !(*chunks > 1 && piped_s < 0.97 * serial_s);
+  if (*serial) {
     snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks%s %.3f; GEMM %.3f, communication %.3f%s)",
-             serial * 1e3, (long long)chunks, cut, piped * 1e3, gemm * 1e3, comm * 1e3, why);
-    hir__strip_streams(&p->ir);
+             serial_s * 1e3, (long long)*chunks, cut, piped_s * 1e3, gemm * 1e3, comm * 1e3, why);
+  } else {
+    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks%s, predicted %.3f ms (serial %.3f; GEMM %.3f, communication %.3f)",
+             (long long)*chunks, cut, piped_s * 1e3, serial_s * 1e3, gemm * 1e3, comm * 1e3);
+    o->chunks_per_peer = (int)parts;
   }
   return 1;
 }
@@ -4290,8 +4233,9 @@ static int hir__pipeline_check(hir_program *p, const char *name, unsigned dump) 
   return 1;
 }
 
-/* hir_lower with the passes dumped as `dump` says (none for scratch lowerings). */
-static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, unsigned dump) {
+/* hir_lower with the passes dumped as `dump` says (none for scratch
+   lowerings), of the fusion's serial form if asked. */
+static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, unsigned dump, int serial) {
   hir_lower_desc defaults;
   hir_stream_options stream;
   hir__vec groups = {NULL, 0, 0};
@@ -4301,9 +4245,26 @@ static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_p
   if (!d) d = &defaults;
   if (!(p = *out = hir_program_create())) return HIR_ERR_NOMEM;
   p->my_device = d->my_device;
+  stream = d->stream;
   if (!hir__check_lower_args(p, f, d, "hir_lower")) return p->ir.status;
   /* the pipeline, written out: each pass, then the verifier */
-  if (!hir__front_end(p, f, d, &groups, &stream) || !hir__build_program(p, &groups) ||
+  if (!hir__front_end(p, f, serial)) return p->ir.status;
+  if (stream.automatic && !serial) { /* the pipeline, or the serial form where it is predicted faster and lowers */
+    int64_t chunks;
+    if (!hir__choose_pipeline(p, f, &stream, &chunks, &serial)) return p->ir.status;
+    if (serial && chunks > 1) { /* some layouts gather an inner axis only chunk by chunk */
+      hir_lower_desc plain;
+      hir_program *q = NULL;
+      memset(&plain, 0, sizeof plain);
+      plain.my_device = d->my_device;
+      if (hir__lower(f, &plain, &q, 0, 1) != HIR_OK)
+        serial = 0, snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, as the serial form does not lower: %.180s",
+                             (long long)chunks, q ? hir_program_error(q) : "out of memory");
+      hir_program_free(q);
+    }
+    if (serial) hir__strip_streams(&p->ir);
+  }
+  if (!hir__segment(p, d->should_merge, d->merge_user, &groups) || !hir__build_program(p, &groups) ||
       !hir__pipeline_check(p, "segmentation", dump))
     return p->ir.status;
   if (!d->skip_stream_lowering &&
@@ -4318,7 +4279,7 @@ static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_p
 }
 
 HIRDEF hir_status hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out) {
-  return hir__lower(f, d, out, hir__dump_flags());
+  return hir__lower(f, d, out, hir__dump_flags(), 0);
 }
 
 // >>half
