@@ -111,29 +111,41 @@ typedef enum hir_ptype { HIR_SERIAL, HIR_DIDX, HIR_STREAM, HIR_PTYPE_COUNT } hir
 typedef enum hir_iter_type { HIR_ITERATION, HIR_REDUCTION, HIR_BROADCAST } hir_iter_type;
 typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
 
-/* Every expr kind; the string is what hir_expr_kind_name returns. */
-#define HIR_EXPR_KIND_LIST(X)                                                \
-  X(HIR_EXPR_ALLOCATE, "Allocate")                                           \
-  X(HIR_EXPR_DEALLOCATE, "Deallocate")                                       \
-  X(HIR_EXPR_GET_CURRENT_STREAM, "GetCurrentStream")                         \
-  X(HIR_EXPR_SET_CURRENT_STREAM, "SetCurrentStream")                         \
-  X(HIR_EXPR_SYNCHRONIZE, "Synchronize")                                     \
-  X(HIR_EXPR_FOR_LOOP, "ForLoop")                                            \
-  X(HIR_EXPR_IF_THEN_ELSE, "IfThenElse")                                     \
-  X(HIR_EXPR_POST_ON_STREAM, "PostOnStream")                                 \
-  X(HIR_EXPR_COMMUNICATION, "Communication")                                 \
-  X(HIR_EXPR_P2P_COMMUNICATION, "P2PCommunication")                          \
-  X(HIR_EXPR_WAIT, "Wait")                                                   \
-  X(HIR_EXPR_START_COALESCING, "StartCoalescing")                            \
-  X(HIR_EXPR_END_COALESCING, "EndCoalescing")                                \
-  X(HIR_EXPR_ALIAS_SELECT, "HirAliasSelect")                                 \
-  X(HIR_EXPR_ALIAS_SLICE, "HirAliasSlice")                                   \
-  X(HIR_EXPR_LOAD_STORE, "LoadStoreOp")                                      \
-  X(HIR_EXPR_BINARY, "BinaryOp")                                             \
-  X(HIR_EXPR_REDUCTION, "ReductionOp")                                       \
-  X(HIR_EXPR_BROADCAST, "BroadcastOp")                                       \
-  X(HIR_EXPR_MATMUL, "MatmulOp")
-typedef enum hir_expr_kind { HIR_EXPR_KIND_LIST(HIR__ENUM_NAME) HIR_EXPR_KIND_COUNT } hir_expr_kind;
+/* Every expr kind, described once: its enum, its name (hir_expr_kind_name,
+   messages, the timeline), its tensor operands (inputs, outputs; -1: any
+   number; the verifier checks them) and what it is (HIR__OP_* flags, defined
+   and read by the implementation's passes). To add an op:
+     1. a row here, and a HIR__OP_ flag where the passes need to know a new thing;
+     2. its builder: hir_<op> in >>build (a fusion op) or hir_host_<op> in >>host;
+     3. its printed form: a case of hir__print_expr (>>print);
+     4. for a compute op, where its inputs' axes land: hir__axis_map (>>analysis);
+     5. its shape check (hir__check_expr) and its run (hir__exec, or hir__exec_compute
+        with a hir_backend function in every backend) in >>eval;
+     6. tests: its printed form, its numbers against a reference on random data on
+        the local world, and on the CUDA backend in the GPU suite. */
+#define HIR_EXPR_KIND_LIST(X)                                                                                     \
+  X(HIR_EXPR_ALLOCATE, "Allocate", 1, 0, HIR__OP_HOST)                                                            \
+  X(HIR_EXPR_DEALLOCATE, "Deallocate", 1, 0, HIR__OP_HOST)                                                        \
+  X(HIR_EXPR_GET_CURRENT_STREAM, "GetCurrentStream", 0, 0, HIR__OP_HOST)                                          \
+  X(HIR_EXPR_SET_CURRENT_STREAM, "SetCurrentStream", 0, 0, HIR__OP_HOST)                                          \
+  X(HIR_EXPR_SYNCHRONIZE, "Synchronize", 0, 0, HIR__OP_HOST | HIR__OP_ON_STREAM)                                  \
+  X(HIR_EXPR_FOR_LOOP, "ForLoop", 0, 0, HIR__OP_HOST | HIR__OP_SCOPED)                                            \
+  X(HIR_EXPR_IF_THEN_ELSE, "IfThenElse", 0, 0, HIR__OP_HOST | HIR__OP_SCOPED)                                     \
+  X(HIR_EXPR_POST_ON_STREAM, "PostOnStream", -1, -1, HIR__OP_HOST | HIR__OP_ON_STREAM)                            \
+  X(HIR_EXPR_COMMUNICATION, "Communication", -1, -1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
+  X(HIR_EXPR_P2P_COMMUNICATION, "P2PCommunication", 1, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
+  X(HIR_EXPR_WAIT, "Wait", 0, 0, HIR__OP_HOST | HIR__OP_ON_STREAM)                                                \
+  X(HIR_EXPR_START_COALESCING, "StartCoalescing", 0, 0, HIR__OP_HOST | HIR__OP_COMM)                              \
+  X(HIR_EXPR_END_COALESCING, "EndCoalescing", 0, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
+  X(HIR_EXPR_ALIAS_SELECT, "HirAliasSelect", 1, 1, HIR__OP_HOST | HIR__OP_VIEW)                                   \
+  X(HIR_EXPR_ALIAS_SLICE, "HirAliasSlice", 1, 1, HIR__OP_HOST | HIR__OP_VIEW)                                     \
+  X(HIR_EXPR_LOAD_STORE, "LoadStoreOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES) \
+  X(HIR_EXPR_BINARY, "BinaryOp", 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                  \
+  X(HIR_EXPR_REDUCTION, "ReductionOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES) \
+  X(HIR_EXPR_BROADCAST, "BroadcastOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM)                                 \
+  X(HIR_EXPR_MATMUL, "MatmulOp", 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)
+#define HIR__EXPR_ENUM(e, name, nin, nout, flags) e,
+typedef enum hir_expr_kind { HIR_EXPR_KIND_LIST(HIR__EXPR_ENUM) HIR_EXPR_KIND_COUNT } hir_expr_kind;
 
 typedef enum hir_binary_op { HIR_BINARY_ADD, HIR_BINARY_SUB, HIR_BINARY_MUL, HIR_BINARY_COUNT } hir_binary_op;
 
@@ -770,47 +782,28 @@ struct hir_expr {
   hir_scope body, orelse;
 };
 
-/* The op table: what every pass knows about an expr kind. */
+/* The op table, from HIR_EXPR_KIND_LIST: what every pass knows about an expr kind. */
 enum {
-  HIR__OP_COMPUTE = 1,    /* a tensor op of the fusion language */
-  HIR__OP_HOST = 2,       /* a host IR node */
-  HIR__OP_COMM = 4,       /* talks to other ranks */
-  HIR__OP_SCOPED = 8,     /* has a body */
-  HIR__OP_WAITABLE = 16,  /* a Wait may name it */
+  HIR__OP_COMPUTE = 1,     /* a tensor op of the fusion language */
+  HIR__OP_HOST = 2,        /* a host IR node */
+  HIR__OP_COMM = 4,        /* talks to other ranks */
+  HIR__OP_SCOPED = 8,      /* has a body */
+  HIR__OP_WAITABLE = 16,   /* a Wait may name it */
   HIR__OP_STANDALONE = 32, /* a host op of its own: never merged into a HostUnit by default */
-  HIR__OP_ON_STREAM = 64   /* puts work (or a wait) on the current stream: the GPU timeline times it */
+  HIR__OP_ON_STREAM = 64,  /* puts work (or a wait) on the current stream: the GPU timeline times it */
+  HIR__OP_VIEW = 128,      /* its output is a view of its input: no buffer, no copy */
+  HIR__OP_MOVES = 256      /* set and sum: as a resharding expr, it lowers to communications */
 };
 typedef struct hir__op_info {
-  hir_expr_kind kind;
-  int nin, nout;          /* tensor operands; -1: any number */
+  const char *name;
+  int nin, nout;           /* tensor operands; -1: any number */
   unsigned flags;
 } hir__op_info;
 
-static const hir__op_info hir__ops[] = {
-    {HIR_EXPR_ALLOCATE, 1, 0, HIR__OP_HOST},
-    {HIR_EXPR_DEALLOCATE, 1, 0, HIR__OP_HOST},
-    {HIR_EXPR_GET_CURRENT_STREAM, 0, 0, HIR__OP_HOST},
-    {HIR_EXPR_SET_CURRENT_STREAM, 0, 0, HIR__OP_HOST},
-    {HIR_EXPR_SYNCHRONIZE, 0, 0, HIR__OP_HOST | HIR__OP_ON_STREAM},
-    {HIR_EXPR_FOR_LOOP, 0, 0, HIR__OP_HOST | HIR__OP_SCOPED},
-    {HIR_EXPR_IF_THEN_ELSE, 0, 0, HIR__OP_HOST | HIR__OP_SCOPED},
-    {HIR_EXPR_POST_ON_STREAM, -1, -1, HIR__OP_HOST | HIR__OP_ON_STREAM},
-    {HIR_EXPR_COMMUNICATION, -1, -1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM},
-    {HIR_EXPR_P2P_COMMUNICATION, 1, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM},
-    {HIR_EXPR_WAIT, 0, 0, HIR__OP_HOST | HIR__OP_ON_STREAM},
-    {HIR_EXPR_START_COALESCING, 0, 0, HIR__OP_HOST | HIR__OP_COMM},
-    {HIR_EXPR_END_COALESCING, 0, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM},
-    {HIR_EXPR_ALIAS_SELECT, 1, 1, HIR__OP_HOST},
-    {HIR_EXPR_ALIAS_SLICE, 1, 1, HIR__OP_HOST},
-    {HIR_EXPR_LOAD_STORE, 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM},
-    {HIR_EXPR_BINARY, 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM},
-    {HIR_EXPR_REDUCTION, 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM},
-    {HIR_EXPR_BROADCAST, 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM},
-    {HIR_EXPR_MATMUL, 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM},
-};
+#define HIR__OP_INFO(e, name, nin, nout, flags) {name, nin, nout, flags},
+static const hir__op_info hir__ops[] = {HIR_EXPR_KIND_LIST(HIR__OP_INFO)};
 HIR__STATIC_ASSERT(op_table, sizeof(hir__ops) / sizeof(hir__ops[0]) == HIR_EXPR_KIND_COUNT);
 
-static const char *const hir__expr_kind_names[] = {HIR_EXPR_KIND_LIST(HIR__ENUM_STRING)};
 static const char *const hir__scalar_op_names[] = {HIR_SCALAR_OP_LIST(HIR__ENUM_STRING)};
 static const char *const hir__collective_names[] = {HIR_COLLECTIVE_LIST(HIR__ENUM_STRING)};
 static const char *const hir__named_names[] = {"StreamIdx", "rank", "numberOfStreams"};
@@ -958,6 +951,13 @@ static hir_expr *hir__new_expr(hir_fusion *f, hir_expr_kind kind, int nin, int n
   e->body.ir = f;
   e->orelse.ir = f;
   return e;
+}
+
+/* The position of `axis` among tv's axes that hold data. */
+static int hir__data_index(const hir_tv *tv, int axis) {
+  int i, k = 0;
+  for (i = 0; i < axis; i++) k += tv->ids[i]->iter != HIR_REDUCTION;
+  return k;
 }
 
 /* The axes that hold data: all but reduction axes. */
@@ -1378,7 +1378,7 @@ HIRDEF const int *hir_tv_mesh(const hir_tv *tv, int *ndevices) {
 HIRDEF hir_expr *hir_tv_definition(const hir_tv *tv) { return tv ? tv->definition : NULL; }
 
 HIRDEF hir_expr_kind hir_expr_kind_of(const hir_expr *e) { return e ? e->kind : HIR_EXPR_KIND_COUNT; }
-HIRDEF const char *hir_expr_kind_name(const hir_expr *e) { return e ? hir__expr_kind_names[e->kind] : "(null)"; }
+HIRDEF const char *hir_expr_kind_name(const hir_expr *e) { return e ? hir__ops[e->kind].name : "(null)"; }
 HIRDEF int hir_expr_name(const hir_expr *e) { return e ? e->name : -1; }
 HIRDEF int hir_expr_ninputs(const hir_expr *e) { return e ? e->nin : 0; }
 HIRDEF hir_tv *hir_expr_input(const hir_expr *e, int i) { return (e && i >= 0 && i < e->nin) ? e->in[i] : NULL; }
@@ -1463,7 +1463,7 @@ HIRDEF hir_status hir_scope_append(hir_scope *s, hir_expr *e) {
   }
   if (e->scope) {
     hir__fail(f, HIR_ERR_INVALID, "hir_scope_append: %s %d is already in a scope; an expr is placed once",
-              hir__expr_kind_names[e->kind], e->name);
+              hir__ops[e->kind].name, e->name);
     return f->status;
   }
   if (!hir__push(f, &s->exprs, e)) return f->status;
@@ -1955,160 +1955,177 @@ static void hir__print_assign(hir__writer *w, const hir_tv *out, int ind) {
   hir__indent(w, ind + 1);
 }
 
-static void hir__print_expr(hir__writer *w, const hir_expr *e, int ind) {
+static void hir__print_allocate(hir__writer *w, const hir_expr *e, int ind) {
+  hir__indent(w, ind);
+  hir__print_tv(w, e->in[0]);
+  hir__w(w, " = ALLOCATE(buffer=");
+  hir__print_tv(w, e->in[0]);
+  hir__w(w, ", mem_type=%s, size=", e->in[0]->mem == HIR_MEM_GLOBAL ? "global" : "local");
+  hir__print_alloc_size(w, e->in[0]);
+  hir__w(w, ", zero_init=false, resets_to_zero=false)\n");
+}
+
+static void hir__print_deallocate(hir__writer *w, const hir_expr *e, int ind) {
+  hir__indent(w, ind);
+  hir__w(w, "Deallocate {\n");
+  hir__indent(w, ind + 1);
+  hir__print_tv(w, e->in[0]);
+  hir__w(w, "\n");
+  hir__indent(w, ind);
+  hir__w(w, "}\n");
+}
+
+/* GetCurrentStream, SetCurrentStream, Synchronize. */
+static void hir__print_stream_op(hir__writer *w, const hir_expr *e, int ind) {
+  hir__indent(w, ind);
+  hir__w(w, "%s", e->kind == HIR_EXPR_GET_CURRENT_STREAM   ? "GetCurrentStream into "
+                  : e->kind == HIR_EXPR_SET_CURRENT_STREAM ? "SetCurrentStream to "
+                                                           : "Synchronize ");
+  hir__print_stream(w, e->stream);
+  hir__w(w, "\n");
+}
+
+static void hir__print_for(hir__writer *w, const hir_expr *e, int ind) {
+  hir__indent(w, ind);
+  hir__w(w, "FOR ");
+  hir__print_val(w, e->val);
+  hir__w(w, " in ");
+  hir__print_id(w, e->id);
+  hir__w(w, ":\n");
+  hir__print_scope(w, &e->body, ind + 1);
+}
+
+static void hir__print_if(hir__writer *w, const hir_expr *e, int ind) {
+  hir__indent(w, ind);
+  hir__w(w, "IF Manual ");
+  hir__print_val(w, e->val);
+  hir__w(w, ":\n");
+  hir__print_scope(w, &e->body, ind + 1);
+  if (e->orelse.exprs.n) {
+    hir__indent(w, ind);
+    hir__w(w, "ELSE:\n");
+    hir__print_scope(w, &e->orelse, ind + 1);
+  }
+}
+
+static void hir__print_post(hir__writer *w, const hir_expr *e, int ind) {
   int i;
+  hir__indent(w, ind);
+  hir__w(w, "PostOnStream (HostUnit%d, Inputs:{", e->unit->name);
+  for (i = 0; i < e->nin; i++) {
+    hir__print_tv(w, e->in[i]);
+    hir__w(w, ", ");
+  }
+  hir__w(w, "}, Outputs:{");
+  for (i = 0; i < e->nout; i++) {
+    hir__print_tv(w, e->out[i]);
+    hir__w(w, ", ");
+  }
+  hir__w(w, "})\n");
+}
+
+static void hir__print_communication(hir__writer *w, const hir_expr *e, int ind) {
+  int i;
+  hir__indent(w, ind);
+  hir__w(w, "Communication %d (type=%s, team=(", e->name, hir__collective_names[e->sub]);
+  for (i = 0; i < e->team_size; i++) hir__w(w, i ? " %d" : "%d", e->team[i]);
+  hir__w(w, ")");
+  if (hir__collective_has_root(e->sub)) hir__w(w, ", root=%d", e->root);
+  if (e->nin) {
+    hir__w(w, ", input=");
+    hir__print_tv(w, e->in[0]);
+  }
+  if (e->nout) {
+    hir__w(w, ", output=");
+    hir__print_tv(w, e->out[0]);
+  }
+  hir__w(w, ", backend=NCCL)\n");
+}
+
+static void hir__print_p2p(hir__writer *w, const hir_expr *e, int ind) {
+  hir__indent(w, ind);
+  hir__w(w, "P2PCommunication %d (type=%s, buffer=", e->name, e->sub == HIR_P2P_SEND ? "send" : "recv");
+  hir__print_tv(w, e->in[0]);
+  hir__w(w, ", peer=");
+  hir__print_val(w, e->val);
+  hir__w(w, ", backend=NCCL)\n");
+}
+
+/* HirAliasSelect, HirAliasSlice. */
+static void hir__print_view(hir__writer *w, const hir_expr *e, int ind) {
+  hir__print_assign(w, e->out[0], ind);
+  hir__w(w, " = %s( ", hir__ops[e->kind].name);
+  hir__print_tv(w, e->in[0]);
+  hir__w(w, ", axis = ");
+  hir__print_id(w, e->id);
+  hir__w(w, ", index = ");
+  hir__print_val(w, e->val);
+  if (e->kind == HIR_EXPR_ALIAS_SLICE) hir__w(w, ", parts = %d", e->parts);
+  hir__w(w, " )\n");
+}
+
+static void hir__print_binary(hir__writer *w, const hir_expr *e, int ind) {
+  hir__print_assign(w, e->out[0], ind);
+  hir__w(w, " = ");
+  hir__print_tv(w, e->in[0]);
+  hir__w(w, "\n");
+  hir__indent(w, ind + 1);
+  hir__w(w, " %s ", hir__binary_symbols[e->sub]);
+  hir__print_tv(w, e->in[1]);
+  hir__w(w, ";\n");
+}
+
+static void hir__print_broadcast(hir__writer *w, const hir_expr *e, int ind) {
+  int i;
+  hir__print_assign(w, e->out[0], ind);
+  hir__w(w, " = broadcast( ");
+  hir__print_tv(w, e->in[0]);
+  hir__w(w, ", flags = {");
+  for (i = 0; i < e->out[0]->ndims; i++) hir__w(w, "%s%s", i ? ", " : "", (e->flags >> i) & 1u ? "true" : "false");
+  hir__w(w, "} )\n");
+}
+
+static void hir__print_matmul(hir__writer *w, const hir_expr *e, int ind) {
+  hir__print_assign(w, e->out[0], ind);
+  hir__w(w, " = matmul(");
+  hir__print_tv(w, e->in[0]);
+  hir__w(w, ",\n");
+  hir__indent(w, ind + 1);
+  hir__w(w, "          ");
+  hir__print_tv(w, e->in[1]);
+  hir__w(w, ")\n");
+}
+
+/* "<out>" newline " = <op>( <in>, <what> )": Set, reduction. */
+static void hir__print_unary(hir__writer *w, const hir_expr *e, int ind, const char *op, const char *what) {
+  hir__print_assign(w, e->out[0], ind);
+  hir__w(w, " = %s( ", op);
+  hir__print_tv(w, e->in[0]);
+  hir__w(w, ", %s )\n", what);
+}
+
+static void hir__print_expr(hir__writer *w, const hir_expr *e, int ind) {
   switch (e->kind) {
-  case HIR_EXPR_ALLOCATE:
-    hir__indent(w, ind);
-    hir__print_tv(w, e->in[0]);
-    hir__w(w, " = ALLOCATE(buffer=");
-    hir__print_tv(w, e->in[0]);
-    hir__w(w, ", mem_type=%s, size=", e->in[0]->mem == HIR_MEM_GLOBAL ? "global" : "local");
-    hir__print_alloc_size(w, e->in[0]);
-    hir__w(w, ", zero_init=false, resets_to_zero=false)\n");
-    break;
-  case HIR_EXPR_DEALLOCATE:
-    hir__indent(w, ind);
-    hir__w(w, "Deallocate {\n");
-    hir__indent(w, ind + 1);
-    hir__print_tv(w, e->in[0]);
-    hir__w(w, "\n");
-    hir__indent(w, ind);
-    hir__w(w, "}\n");
-    break;
+  case HIR_EXPR_ALLOCATE: hir__print_allocate(w, e, ind); break;
+  case HIR_EXPR_DEALLOCATE: hir__print_deallocate(w, e, ind); break;
   case HIR_EXPR_GET_CURRENT_STREAM:
   case HIR_EXPR_SET_CURRENT_STREAM:
-  case HIR_EXPR_SYNCHRONIZE:
-    hir__indent(w, ind);
-    hir__w(w, "%s", e->kind == HIR_EXPR_GET_CURRENT_STREAM   ? "GetCurrentStream into "
-                    : e->kind == HIR_EXPR_SET_CURRENT_STREAM ? "SetCurrentStream to "
-                                                             : "Synchronize ");
-    hir__print_stream(w, e->stream);
-    hir__w(w, "\n");
-    break;
-  case HIR_EXPR_FOR_LOOP:
-    hir__indent(w, ind);
-    hir__w(w, "FOR ");
-    hir__print_val(w, e->val);
-    hir__w(w, " in ");
-    hir__print_id(w, e->id);
-    hir__w(w, ":\n");
-    hir__print_scope(w, &e->body, ind + 1);
-    break;
-  case HIR_EXPR_IF_THEN_ELSE:
-    hir__indent(w, ind);
-    hir__w(w, "IF Manual ");
-    hir__print_val(w, e->val);
-    hir__w(w, ":\n");
-    hir__print_scope(w, &e->body, ind + 1);
-    if (e->orelse.exprs.n) {
-      hir__indent(w, ind);
-      hir__w(w, "ELSE:\n");
-      hir__print_scope(w, &e->orelse, ind + 1);
-    }
-    break;
-  case HIR_EXPR_POST_ON_STREAM:
-    hir__indent(w, ind);
-    hir__w(w, "PostOnStream (HostUnit%d, Inputs:{", e->unit->name);
-    for (i = 0; i < e->nin; i++) {
-      hir__print_tv(w, e->in[i]);
-      hir__w(w, ", ");
-    }
-    hir__w(w, "}, Outputs:{");
-    for (i = 0; i < e->nout; i++) {
-      hir__print_tv(w, e->out[i]);
-      hir__w(w, ", ");
-    }
-    hir__w(w, "})\n");
-    break;
-  case HIR_EXPR_COMMUNICATION:
-    hir__indent(w, ind);
-    hir__w(w, "Communication %d (type=%s, team=(", e->name, hir__collective_names[e->sub]);
-    for (i = 0; i < e->team_size; i++) hir__w(w, i ? " %d" : "%d", e->team[i]);
-    hir__w(w, ")");
-    if (hir__collective_has_root(e->sub)) hir__w(w, ", root=%d", e->root);
-    if (e->nin) {
-      hir__w(w, ", input=");
-      hir__print_tv(w, e->in[0]);
-    }
-    if (e->nout) {
-      hir__w(w, ", output=");
-      hir__print_tv(w, e->out[0]);
-    }
-    hir__w(w, ", backend=NCCL)\n");
-    break;
-  case HIR_EXPR_P2P_COMMUNICATION:
-    hir__indent(w, ind);
-    hir__w(w, "P2PCommunication %d (type=%s, buffer=", e->name, e->sub == HIR_P2P_SEND ? "send" : "recv");
-    hir__print_tv(w, e->in[0]);
-    hir__w(w, ", peer=");
-    hir__print_val(w, e->val);
-    hir__w(w, ", backend=NCCL)\n");
-    break;
-  case HIR_EXPR_WAIT:
-    hir__indent(w, ind);
-    hir__w(w, "Wait Communication %d\n", e->target->name);
-    break;
-  case HIR_EXPR_START_COALESCING:
-    hir__indent(w, ind);
-    hir__w(w, "StartCoalescing\n");
-    break;
-  case HIR_EXPR_END_COALESCING:
-    hir__indent(w, ind);
-    hir__w(w, "EndCoalescing %d\n", e->name);
-    break;
+  case HIR_EXPR_SYNCHRONIZE: hir__print_stream_op(w, e, ind); break;
+  case HIR_EXPR_FOR_LOOP: hir__print_for(w, e, ind); break;
+  case HIR_EXPR_IF_THEN_ELSE: hir__print_if(w, e, ind); break;
+  case HIR_EXPR_POST_ON_STREAM: hir__print_post(w, e, ind); break;
+  case HIR_EXPR_COMMUNICATION: hir__print_communication(w, e, ind); break;
+  case HIR_EXPR_P2P_COMMUNICATION: hir__print_p2p(w, e, ind); break;
+  case HIR_EXPR_WAIT: hir__indent(w, ind), hir__w(w, "Wait Communication %d\n", e->target->name); break;
+  case HIR_EXPR_START_COALESCING: hir__indent(w, ind), hir__w(w, "StartCoalescing\n"); break;
+  case HIR_EXPR_END_COALESCING: hir__indent(w, ind), hir__w(w, "EndCoalescing %d\n", e->name); break;
   case HIR_EXPR_ALIAS_SELECT:
-  case HIR_EXPR_ALIAS_SLICE:
-    hir__print_assign(w, e->out[0], ind);
-    hir__w(w, " = %s( ", hir__expr_kind_names[e->kind]);
-    hir__print_tv(w, e->in[0]);
-    hir__w(w, ", axis = ");
-    hir__print_id(w, e->id);
-    hir__w(w, ", index = ");
-    hir__print_val(w, e->val);
-    if (e->kind == HIR_EXPR_ALIAS_SLICE) hir__w(w, ", parts = %d", e->parts);
-    hir__w(w, " )\n");
-    break;
-  case HIR_EXPR_LOAD_STORE:
-    hir__print_assign(w, e->out[0], ind);
-    hir__w(w, " = Set( ");
-    hir__print_tv(w, e->in[0]);
-    hir__w(w, ", cache_op=Streaming )\n");
-    break;
-  case HIR_EXPR_BINARY:
-    hir__print_assign(w, e->out[0], ind);
-    hir__w(w, " = ");
-    hir__print_tv(w, e->in[0]);
-    hir__w(w, "\n");
-    hir__indent(w, ind + 1);
-    hir__w(w, " %s ", hir__binary_symbols[e->sub]);
-    hir__print_tv(w, e->in[1]);
-    hir__w(w, ";\n");
-    break;
-  case HIR_EXPR_REDUCTION:
-    hir__print_assign(w, e->out[0], ind);
-    hir__w(w, " = reduction( ");
-    hir__print_tv(w, e->in[0]);
-    hir__w(w, ", op = add, initial value = 0, allreduce = false )\n");
-    break;
-  case HIR_EXPR_BROADCAST:
-    hir__print_assign(w, e->out[0], ind);
-    hir__w(w, " = broadcast( ");
-    hir__print_tv(w, e->in[0]);
-    hir__w(w, ", flags = {");
-    for (i = 0; i < e->out[0]->ndims; i++) hir__w(w, "%s%s", i ? ", " : "", (e->flags >> i) & 1u ? "true" : "false");
-    hir__w(w, "} )\n");
-    break;
-  case HIR_EXPR_MATMUL:
-    hir__print_assign(w, e->out[0], ind);
-    hir__w(w, " = matmul(");
-    hir__print_tv(w, e->in[0]);
-    hir__w(w, ",\n");
-    hir__indent(w, ind + 1);
-    hir__w(w, "          ");
-    hir__print_tv(w, e->in[1]);
-    hir__w(w, ")\n");
-    break;
+  case HIR_EXPR_ALIAS_SLICE: hir__print_view(w, e, ind); break;
+  case HIR_EXPR_LOAD_STORE: hir__print_unary(w, e, ind, "Set", "cache_op=Streaming"); break;
+  case HIR_EXPR_BINARY: hir__print_binary(w, e, ind); break;
+  case HIR_EXPR_REDUCTION: hir__print_unary(w, e, ind, "reduction", "op = add, initial value = 0, allreduce = false"); break;
+  case HIR_EXPR_BROADCAST: hir__print_broadcast(w, e, ind); break;
+  case HIR_EXPR_MATMUL: hir__print_matmul(w, e, ind); break;
   case HIR_EXPR_KIND_COUNT: break;
   }
 }
@@ -2228,7 +2245,7 @@ static void hir__print_segmentation_dot(hir__writer *w, const hir_segmentation *
            grp->resharding ? " style=filled; color=lightgrey;" : "");
     for (i = 0; i < grp->exprs.n; i++) {
       const hir_expr *e = (const hir_expr *)grp->exprs.items[i];
-      hir__w(w, "    e%d [shape=box, label=\"%s %d\"];\n", e->name, hir__expr_kind_names[e->kind], e->name);
+      hir__w(w, "    e%d [shape=box, label=\"%s %d\"];\n", e->name, hir__ops[e->kind].name, e->name);
     }
     hir__w(w, "  }\n");
   }
@@ -2265,6 +2282,44 @@ HIRDEF size_t hir_segmentation_snprint_dot(const hir_segmentation *s, char *buf,
 }
 
 // >>analysis
+/* hir__axis_map of a matmul (torch.matmul): batch axes right-aligned, M and
+   N kept, K onto the trailing rK; a 1-D operand has no M or N. */
+static void hir__matmul_axis_map(const hir_expr *e, int k, int *map) {
+  int i, da[HIR_MAX_DIMS], db[HIR_MAX_DIMS], na = 0, nb = 0, nbatch;
+  const hir_tv *a = e->in[0], *b = e->in[1];
+  for (i = 0; i < a->ndims; i++)
+    if (a->ids[i]->iter != HIR_REDUCTION) da[na++] = i;
+  for (i = 0; i < b->ndims; i++)
+    if (b->ids[i]->iter != HIR_REDUCTION) db[nb++] = i;
+  if (na >= 2 && nb >= 2) {
+    nbatch = na - 2 > nb - 2 ? na - 2 : nb - 2;
+    if (k == 0) {
+      for (i = 0; i < na - 2; i++) map[da[i]] = i + nbatch - (na - 2);
+      map[da[na - 2]] = nbatch;
+      map[da[na - 1]] = nbatch + 2;
+    } else {
+      for (i = 0; i < nb - 2; i++) map[db[i]] = i + nbatch - (nb - 2);
+      map[db[nb - 2]] = nbatch + 2;
+      map[db[nb - 1]] = nbatch + 1;
+    }
+  } else if (na >= 2 && nb == 1) {
+    if (k == 0)
+      for (i = 0; i < na; i++) map[da[i]] = i;
+    else
+      map[db[0]] = na - 1;
+  } else if (na == 1 && nb >= 2) {
+    if (k == 0) {
+      map[da[0]] = nb - 1;
+    } else {
+      for (i = 0; i < nb - 2; i++) map[db[i]] = i;
+      map[db[nb - 2]] = nb - 1;
+      map[db[nb - 1]] = nb - 2;
+    }
+  } else if (na == 1 && nb == 1) {
+    map[k == 0 ? da[0] : db[0]] = 0;
+  }
+}
+
 /* Where each axis of input k of an op lands in its output: map[i] is the
    output axis of input axis i, -1 when none (reduction axes, a selected axis).
    The one description of every op's axis mapping, read by propagation,
@@ -2287,42 +2342,7 @@ static void hir__axis_map(const hir_expr *e, int k, int *map) {
       map[i] = o++;
     }
     break;
-  case HIR_EXPR_MATMUL: {
-    int da[HIR_MAX_DIMS], db[HIR_MAX_DIMS], na = 0, nb = 0, nbatch;
-    const hir_tv *a = e->in[0], *b = e->in[1];
-    for (i = 0; i < a->ndims; i++)
-      if (a->ids[i]->iter != HIR_REDUCTION) da[na++] = i;
-    for (i = 0; i < b->ndims; i++)
-      if (b->ids[i]->iter != HIR_REDUCTION) db[nb++] = i;
-    if (na >= 2 && nb >= 2) {
-      nbatch = na - 2 > nb - 2 ? na - 2 : nb - 2;
-      if (k == 0) {
-        for (i = 0; i < na - 2; i++) map[da[i]] = i + nbatch - (na - 2);
-        map[da[na - 2]] = nbatch;
-        map[da[na - 1]] = nbatch + 2;
-      } else {
-        for (i = 0; i < nb - 2; i++) map[db[i]] = i + nbatch - (nb - 2);
-        map[db[nb - 2]] = nbatch + 2;
-        map[db[nb - 1]] = nbatch + 1;
-      }
-    } else if (na >= 2 && nb == 1) {
-      if (k == 0)
-        for (i = 0; i < na; i++) map[da[i]] = i;
-      else
-        map[db[0]] = na - 1;
-    } else if (na == 1 && nb >= 2) {
-      if (k == 0) {
-        map[da[0]] = nb - 1;
-      } else {
-        for (i = 0; i < nb - 2; i++) map[db[i]] = i;
-        map[db[nb - 2]] = nb - 1;
-        map[db[nb - 1]] = nb - 2;
-      }
-    } else if (na == 1 && nb == 1) {
-      map[k == 0 ? da[0] : db[0]] = 0;
-    }
-    break;
-  }
+  case HIR_EXPR_MATMUL: hir__matmul_axis_map(e, k, map); break;
   case HIR_EXPR_ALIAS_SELECT:
     for (i = 0; i < in->ndims; i++) map[i] = i < e->axis ? i : i > e->axis ? i - 1 : -1;
     break;
@@ -2550,7 +2570,7 @@ static int hir__decompose_reshardings(hir_program *p) {
   int i, k, j, at;
   for (i = 0; i < f->exprs.n; i++) {
     hir_expr *e = (hir_expr *)f->exprs.items[i];
-    if (e->kind != HIR_EXPR_LOAD_STORE && e->kind != HIR_EXPR_REDUCTION && hir_expr_is_resharding(e)) {
+    if (!(hir__ops[e->kind].flags & HIR__OP_MOVES) && hir_expr_is_resharding(e)) {
       for (k = 0; k < e->nin; k++) {
         int map[HIR_MAX_DIMS];
         hir_tv *in = e->in[k], *out = e->out[0], *moved;
@@ -2804,7 +2824,7 @@ static int hir__inner_axis(hir_program *p, const hir_expr *e, const hir_tv *tv, 
   hir__fail(&p->ir, HIR_ERR_UNSUPPORTED,
             "Resharding on an inner axis is not lowerable: T%d (%s %d) moves axis %d of T%d, but axes before it hold "
             "data; make that axis outermost, or stream-parallelize the axes before it",
-            e->out[0]->name, hir__expr_kind_names[e->kind], e->name, axis, tv->name);
+            e->out[0]->name, hir__ops[e->kind].name, e->name, axis, tv->name);
   return 0;
 }
 
@@ -2841,8 +2861,8 @@ static int hir__team_plus(const hir_tv *tv, int extra, int *team) {
 
 static int hir__unlowerable(hir_program *p, const hir_expr *e, const char *why) {
   hir__fail(&p->ir, HIR_ERR_UNSUPPORTED, "T%d = %s(T%d) (%s %d) is not lowerable to communications: %s", e->out[0]->name,
-            e->kind == HIR_EXPR_LOAD_STORE ? "set" : e->kind == HIR_EXPR_REDUCTION ? "sum" : hir__expr_kind_names[e->kind],
-            e->in[0]->name, hir__expr_kind_names[e->kind], e->name, why);
+            e->kind == HIR_EXPR_LOAD_STORE ? "set" : e->kind == HIR_EXPR_REDUCTION ? "sum" : hir__ops[e->kind].name,
+            e->in[0]->name, hir__ops[e->kind].name, e->name, why);
   return 0;
 }
 
@@ -2852,7 +2872,7 @@ static int hir__lower_resharding(hir_program *p, hir_expr *e, hir__vec *out) {
   hir__comm_plan c;
   hir_tv *in, *dst;
   int in_sh, out_sh, same, din, dout, map[HIR_MAX_DIMS], i, n, *team;
-  if (e->kind != HIR_EXPR_LOAD_STORE && e->kind != HIR_EXPR_REDUCTION)
+  if (!(hir__ops[e->kind].flags & HIR__OP_MOVES))
     return hir__unlowerable(p, e, "only set and sum move data; decompose the op into a resharding set and a local op "
                                   "(hir_lower does)");
   in = e->in[0];
@@ -2998,7 +3018,7 @@ static void hir__note_uses_deep(const hir_expr *e, hir__uses *u) {
    something kept (inputs, outputs, tensors already released). */
 static void hir__classify(const hir_expr *e, unsigned char *kind) {
   int i;
-  if (e->kind == HIR_EXPR_ALIAS_SELECT || e->kind == HIR_EXPR_ALIAS_SLICE) kind[e->out[0]->name] = HIR__TV_VIEW;
+  if (hir__ops[e->kind].flags & HIR__OP_VIEW) kind[e->out[0]->name] = HIR__TV_VIEW;
   if (e->kind == HIR_EXPR_DEALLOCATE) kind[e->in[0]->name] = HIR__TV_KEEP;
   if (e->kind == HIR_EXPR_ALLOCATE && !kind[e->in[0]->name]) kind[e->in[0]->name] = HIR__TV_BUFFER;
   if (e->kind == HIR_EXPR_P2P_COMMUNICATION && e->sub == HIR_P2P_RECV && !kind[e->in[0]->name])
@@ -3148,7 +3168,7 @@ static int hir__stream_axis(const hir_tv *tv) {
 /* Which P2P pattern e is, if any; *in_axis: the input axis that streams. */
 static int hir__p2p_kind(const hir_expr *e, int *in_axis) {
   int map[HIR_MAX_DIMS], s, d, i;
-  if (e->kind != HIR_EXPR_LOAD_STORE && e->kind != HIR_EXPR_REDUCTION) return HIR__P2P_NONE;
+  if (!(hir__ops[e->kind].flags & HIR__OP_MOVES)) return HIR__P2P_NONE;
   if (!hir__sharded(e->in[0]) || !hir__same_mesh(e->in[0], e->out[0])) return HIR__P2P_NONE;
   hir__axis_map(e, 0, map);
   d = hir__didx_axis(e->in[0]);
@@ -3262,7 +3282,7 @@ static int hir__cut_axis(const hir_tv *tv, int s) {
 }
 
 static int hir__stream_fail(hir_program *p, const hir_expr *e, const char *why) {
-  hir__fail(&p->ir, HIR_ERR_UNSUPPORTED, "stream lowering: %s %d (T%d): %s", hir__expr_kind_names[e->kind], e->name,
+  hir__fail(&p->ir, HIR_ERR_UNSUPPORTED, "stream lowering: %s %d (T%d): %s", hir__ops[e->kind].name, e->name,
             e->nout ? e->out[0]->name : -1, why);
   return 0;
 }
@@ -3678,13 +3698,13 @@ static int hir__verify_fail(hir__verifier *v, const char *fmt, ...) {
 
 static int hir__verify_read(hir__verifier *v, const hir_expr *e, const hir_tv *tv) {
   if (v->state[tv->name] == 1) return 1;
-  return hir__verify_fail(v, "%s %d reads T%d %s", hir__expr_kind_names[e->kind], e->name, tv->name,
+  return hir__verify_fail(v, "%s %d reads T%d %s", hir__ops[e->kind].name, e->name, tv->name,
                     v->state[tv->name] ? "after its Deallocate" : "before anything defines or allocates it");
 }
 
 static int hir__verify_write(hir__verifier *v, const hir_expr *e, const hir_tv *tv) {
   if (v->state[tv->name] == 2)
-    return hir__verify_fail(v, "%s %d writes T%d after its Deallocate", hir__expr_kind_names[e->kind], e->name, tv->name);
+    return hir__verify_fail(v, "%s %d writes T%d after its Deallocate", hir__ops[e->kind].name, e->name, tv->name);
   v->state[tv->name] = 1;
   return 1;
 }
@@ -3694,14 +3714,21 @@ static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) 
   int i, k, coalescing = 0;
   for (i = 0; i < s->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
-    const char *kind = hir__expr_kind_names[e->kind];
+    const hir__op_info *op = &hir__ops[e->kind];
+    const char *kind = op->name;
     if (e->ir != f) return hir__verify_fail(v, "%s %d belongs to another program", kind, e->name);
     if (v->seen[e->name] || e->scope != s) return hir__verify_fail(v, "%s %d is placed twice", kind, e->name);
     v->seen[e->name] = 1;
-    for (k = 0; k < e->nin; k++)
-      if (e->in[k] && e->in[k]->ir != f) return hir__verify_fail(v, "%s %d names a tensor of another program", kind, e->name);
-    if (coalescing && e->kind != HIR_EXPR_P2P_COMMUNICATION && e->kind != HIR_EXPR_COMMUNICATION &&
-        e->kind != HIR_EXPR_END_COALESCING)
+    if ((op->nin >= 0 && e->nin != op->nin) || (op->nout >= 0 && e->nout != op->nout))
+      return hir__verify_fail(v, "%s %d has %d inputs and %d outputs; a %s has %d and %d", kind, e->name, e->nin, e->nout,
+                              kind, op->nin, op->nout);
+    for (k = 0; k < e->nin + e->nout; k++) {
+      const hir_tv *tv = k < e->nin ? e->in[k] : e->out[k - e->nin];
+      if (!tv) return hir__verify_fail(v, "%s %d lacks its %s %d", kind, e->name, k < e->nin ? "input" : "output",
+                                       k < e->nin ? k : k - e->nin);
+      if (tv->ir != f) return hir__verify_fail(v, "%s %d names a tensor of another program", kind, e->name);
+    }
+    if (coalescing && (!(hir__ops[e->kind].flags & HIR__OP_COMM) || e->kind == HIR_EXPR_START_COALESCING))
       return hir__verify_fail(v, "%s %d stands between StartCoalescing and EndCoalescing; only communications may", kind, e->name);
     switch (e->kind) {
     case HIR_EXPR_ALLOCATE:
@@ -3724,7 +3751,7 @@ static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) 
     case HIR_EXPR_WAIT:
       if (!v->seen[e->target->name])
         return hir__verify_fail(v, "Wait %d waits on %s %d, which does not come before it", e->name,
-                          hir__expr_kind_names[e->target->kind], e->target->name);
+                          hir__ops[e->target->kind].name, e->target->name);
       break;
     case HIR_EXPR_START_COALESCING:
       coalescing = 1;
@@ -4105,7 +4132,7 @@ static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_opti
       int64_t out = hir__model_numel(p, &env, e->out[0], 0), depth = hir__model_numel(p, &env, e->out[0], 1);
       ok = out && depth;
       flops[hir_dtype_size(e->out[0]->dtype) > 2] += 2.0 * (double)out * (double)depth;
-    } else if ((e->kind == HIR_EXPR_LOAD_STORE || e->kind == HIR_EXPR_REDUCTION) && hir_expr_is_resharding(e)) {
+    } else if ((hir__ops[e->kind].flags & HIR__OP_MOVES) && hir_expr_is_resharding(e)) {
       const hir_tv *big = e->kind == HIR_EXPR_LOAD_STORE ? e->out[0] : e->in[0]; /* gathered, or reduced */
       int64_t n = hir__model_numel(p, &env, big, 0);
       int d = big->mesh_size > 1 ? big->mesh_size : e->in[0]->mesh_size;
@@ -6054,14 +6081,14 @@ static int hir__ev_fail(hir_evaluator *ev, hir_status s, const char *fmt, ...) {
 
 static int hir__ev_backend(hir_evaluator *ev, hir_status s, const hir_expr *e) {
   if (s == HIR_OK) return 1;
-  return hir__ev_fail(ev, s, "hir_run: %s %d failed on the %s backend: %s", hir__expr_kind_names[e->kind], e->name,
+  return hir__ev_fail(ev, s, "hir_run: %s %d failed on the %s backend: %s", hir__ops[e->kind].name, e->name,
                       ev->b->name, ev->b->error);
 }
 
 static int hir__ev_comm(hir_evaluator *ev, hir_status s, const hir_expr *e) {
   if (s == HIR_OK) return 1;
   ev->broken = 1;
-  return hir__ev_fail(ev, s, "hir_run: %s %d failed: %s", hir__expr_kind_names[e->kind], e->name, ev->comm->error);
+  return hir__ev_fail(ev, s, "hir_run: %s %d failed: %s", hir__ops[e->kind].name, e->name, ev->comm->error);
 }
 
 static int hir__local_size(const hir_evaluator *ev, const hir_tv *tv, const hir_id *id, int64_t *size) {
@@ -6138,126 +6165,149 @@ static int hir__shape_mismatch(hir_evaluator *ev, const hir_expr *e, const hir_t
   char a[160], b[160];
   hir__shape_str(sx, a, sizeof a);
   hir__shape_str(sy, b, sizeof b);
-  return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d (T%d): T%d is %s and T%d is %s; %s", hir__expr_kind_names[e->kind],
+  return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d (T%d): T%d is %s and T%d is %s; %s", hir__ops[e->kind].name,
                       e->name, e->nout ? e->out[0]->name : x->name, x->name, a, y->name, b, why);
 }
 
 static int64_t hir__shape_numel(const hir__shape *sh) { return hir__numel(sh->nd, sh->sizes); }
 
+/* HirAliasSelect drops `axis` of its source; HirAliasSlice (parts > 0) cuts
+   it into equal parts. */
+static int hir__check_view(hir_evaluator *ev, const hir_expr *e) {
+  const hir__shape *a, *o;
+  hir__shape want;
+  int i, k = hir__data_index(e->in[0], e->axis);
+  if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+  if (e->in[0]->ids[e->axis]->iter == HIR_REDUCTION)
+    return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: %s %d selects a reduction axis of T%d", hir__ops[e->kind].name,
+                        e->name, e->in[0]->name);
+  want = *a;
+  if (!e->parts) {
+    for (i = k; i + 1 < a->nd; i++) want.sizes[i] = a->sizes[i + 1];
+    want.nd--;
+  } else if (a->sizes[k] % e->parts) {
+    int input, axis;
+    char from[96] = "";
+    if (hir__size_source(&ev->p->ir, e->id->extent, &input, &axis))
+      snprintf(from, sizeof from, ", the size of input %d (T%d) axis %d,", input,
+               ((const hir_tv *)ev->p->ir.inputs.items[input])->name, axis);
+    return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSlice %d: T%d axis %d has size %lld%s which does not cut "
+                        "into %d equal parts; give it a size that %d divides, or cut it into fewer parts "
+                        "(stream.chunks_per_peer)",
+                        e->name, e->in[0]->name, e->axis, (long long)a->sizes[k], from, e->parts, e->parts);
+  } else {
+    want.sizes[k] /= e->parts;
+  }
+  if (hir__shapes_equal(&want, o)) return 1;
+  return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o,
+                             e->parts ? "the view cuts one axis of its source" : "the view drops one axis of its source");
+}
+
+static int hir__check_binary(hir_evaluator *ev, const hir_expr *e) {
+  const hir__shape *a, *b, *o;
+  int i;
+  if (!(a = hir__need_shape(ev, e->in[0])) || !(b = hir__need_shape(ev, e->in[1])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+  if (a->nd != o->nd || b->nd != o->nd) return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "operands need the output's number of axes");
+  for (i = 0; i < o->nd; i++)
+    if ((a->sizes[i] != o->sizes[i] && a->sizes[i] != 1) || (b->sizes[i] != o->sizes[i] && b->sizes[i] != 1) ||
+        (a->sizes[i] != o->sizes[i] && b->sizes[i] != o->sizes[i])) {
+      char why[96];
+      snprintf(why, sizeof why, "axis %d differs and neither side is size 1 (output size %lld)", i, (long long)o->sizes[i]);
+      return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, why);
+    }
+  return 1;
+}
+
+static int hir__check_reduction(hir_evaluator *ev, const hir_expr *e) {
+  const hir__shape *a, *o;
+  int map[HIR_MAX_DIMS], i, j, k;
+  if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+  hir__axis_map(e, 0, map);
+  for (i = 0, j = 0, k = 0; i < e->in[0]->ndims; i++) {
+    if (e->in[0]->ids[i]->iter == HIR_REDUCTION) continue;
+    if (e->out[0]->ids[map[i]]->iter != HIR_REDUCTION && (j >= o->nd || o->sizes[j++] != a->sizes[k]))
+      return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the sum keeps the unreduced axes");
+    k++;
+  }
+  return 1;
+}
+
+static int hir__check_broadcast(hir_evaluator *ev, const hir_expr *e) {
+  const hir__shape *a, *o;
+  int i, k;
+  if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+  for (i = 0, k = 0; i < o->nd; i++)
+    if (!((e->flags >> i) & 1u) && (k >= a->nd || a->sizes[k++] != o->sizes[i]))
+      return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a broadcast only adds size-1 axes");
+  return 1;
+}
+
+static int hir__check_matmul(hir_evaluator *ev, const hir_expr *e) {
+  const hir__shape *a, *b, *o;
+  int64_t ka, kb;
+  int i;
+  if (!(a = hir__need_shape(ev, e->in[0])) || !(b = hir__need_shape(ev, e->in[1])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+  ka = a->sizes[a->nd - 1];
+  kb = b->nd == 1 ? b->sizes[0] : b->sizes[b->nd - 2];
+  if (ka != kb) {
+    char why[128];
+    snprintf(why, sizeof why, "the contracted sizes differ (%lld vs %lld)", (long long)ka, (long long)kb);
+    return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, why);
+  }
+  if (a->nd >= 2 && b->nd >= 2) {
+    int nbatch = o->nd - 2;
+    for (i = 0; i < nbatch; i++) {
+      int ia = i - (nbatch - (a->nd - 2)), ib = i - (nbatch - (b->nd - 2));
+      int64_t sa = ia >= 0 ? a->sizes[ia] : 1, sb = ib >= 0 ? b->sizes[ib] : 1;
+      if ((sa != o->sizes[i] && sa != 1) || (sb != o->sizes[i] && sb != 1))
+        return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "batch axes differ and neither is size 1");
+    }
+    if (o->sizes[nbatch] != a->sizes[a->nd - 2] || o->sizes[nbatch + 1] != b->sizes[b->nd - 1])
+      return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the output is [..., M, N]");
+  }
+  return 1;
+}
+
+/* The element counts of a collective's input and output on this rank fit its
+   type over its team. */
+static int hir__check_communication(hir_evaluator *ev, const hir_expr *e) {
+  int in_here = e->nin && hir__in_mesh(e->in[0], ev->device), out_here = e->nout && hir__in_mesh(e->out[0], ev->device);
+  int64_t ni, no, n = e->team_size, senders = n;
+  if (!ev->team[e->name]) return 1;
+  if ((in_here && !hir__need_shape(ev, e->in[0])) || (out_here && !hir__need_shape(ev, e->out[0]))) return 0;
+  if (!in_here || !out_here) return 1;
+  ni = hir__shape_numel(&ev->shape[e->in[0]->name]);
+  no = hir__shape_numel(&ev->shape[e->out[0]->name]);
+  if ((e->sub == HIR_COLL_GATHER || e->sub == HIR_COLL_REDUCE) && !hir__in_mesh(e->in[0], e->root)) senders--;
+  if ((e->sub == HIR_COLL_ALLGATHER && no != n * ni) || (e->sub == HIR_COLL_GATHER && no != senders * ni) ||
+      ((e->sub == HIR_COLL_REDUCESCATTER || e->sub == HIR_COLL_SCATTER) && ni != n * no) ||
+      ((e->sub == HIR_COLL_ALLREDUCE || e->sub == HIR_COLL_REDUCE || e->sub == HIR_COLL_BROADCAST ||
+        e->sub == HIR_COLL_SENDRECV) && ni != no))
+    return hir__shape_mismatch(ev, e, e->in[0], &ev->shape[e->in[0]->name], e->out[0], &ev->shape[e->out[0]->name],
+                               "their element counts do not fit the collective over its team (a DIDx axis must have the mesh size as extent)");
+  return 1;
+}
+
 /* Plan-time check of one expr's local shapes on this rank. */
 static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
-  const hir__shape *a, *b, *o;
-  int i, j, k;
+  const hir__shape *a, *o;
+  int i;
   switch (e->kind) {
   case HIR_EXPR_ALLOCATE:
     return !hir__in_mesh(e->in[0], ev->device) || hir__need_shape(ev, e->in[0]) != NULL;
   case HIR_EXPR_FOR_LOOP:
     if (hir__unbound(&ev->env, e->id->extent)) return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: the extent of ForLoop %d is unknown on this rank", e->name);
     return 1;
-  case HIR_EXPR_ALIAS_SELECT: {
-    hir__shape want;
-    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
-    if (e->in[0]->ids[e->axis]->iter == HIR_REDUCTION)
-      return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: HirAliasSelect %d selects a reduction axis of T%d", e->name, e->in[0]->name);
-    want.nd = 0;
-    for (i = 0, k = 0; i < e->in[0]->ndims; i++) {
-      if (e->in[0]->ids[i]->iter == HIR_REDUCTION) continue;
-      if (i != e->axis) want.sizes[want.nd++] = a->sizes[k];
-      k++;
-    }
-    return hir__shapes_equal(&want, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the view drops one axis of its source");
-  }
-  case HIR_EXPR_ALIAS_SLICE: {
-    hir__shape want;
-    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
-    for (i = 0, k = 0; i < e->axis; i++) k += e->in[0]->ids[i]->iter != HIR_REDUCTION;
-    if (a->sizes[k] % e->parts) {
-      int input, axis;
-      char from[96] = "";
-      if (hir__size_source(&ev->p->ir, e->id->extent, &input, &axis))
-        snprintf(from, sizeof from, ", the size of input %d (T%d) axis %d,", input,
-                 ((const hir_tv *)ev->p->ir.inputs.items[input])->name, axis);
-      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSlice %d: T%d axis %d has size %lld%s which does not cut "
-                          "into %d equal parts; give it a size that %d divides, or cut it into fewer parts "
-                          "(stream.chunks_per_peer)",
-                          e->name, e->in[0]->name, e->axis, (long long)a->sizes[k], from, e->parts, e->parts);
-    }
-    want = *a;
-    want.sizes[k] /= e->parts;
-    return hir__shapes_equal(&want, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the view cuts one axis of its source");
-  }
+  case HIR_EXPR_ALIAS_SELECT:
+  case HIR_EXPR_ALIAS_SLICE: return hir__check_view(ev, e);
   case HIR_EXPR_LOAD_STORE:
     if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
     return hir__shapes_equal(a, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a set copies one shape");
-  case HIR_EXPR_BINARY:
-    if (!(a = hir__need_shape(ev, e->in[0])) || !(b = hir__need_shape(ev, e->in[1])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
-    if (a->nd != o->nd || b->nd != o->nd) return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "operands need the output's number of axes");
-    for (i = 0; i < o->nd; i++)
-      if ((a->sizes[i] != o->sizes[i] && a->sizes[i] != 1) || (b->sizes[i] != o->sizes[i] && b->sizes[i] != 1) ||
-          (a->sizes[i] != o->sizes[i] && b->sizes[i] != o->sizes[i])) {
-        char why[96];
-        snprintf(why, sizeof why, "axis %d differs and neither side is size 1 (output size %lld)", i, (long long)o->sizes[i]);
-        return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, why);
-      }
-    return 1;
-  case HIR_EXPR_REDUCTION: {
-    int map[HIR_MAX_DIMS];
-    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
-    hir__axis_map(e, 0, map);
-    for (i = 0, j = 0, k = 0; i < e->in[0]->ndims; i++) {
-      if (e->in[0]->ids[i]->iter == HIR_REDUCTION) continue;
-      if (e->out[0]->ids[map[i]]->iter != HIR_REDUCTION && (j >= o->nd || o->sizes[j++] != a->sizes[k]))
-        return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the sum keeps the unreduced axes");
-      k++;
-    }
-    return 1;
-  }
-  case HIR_EXPR_BROADCAST:
-    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
-    for (i = 0, k = 0; i < o->nd; i++)
-      if (!((e->flags >> i) & 1u) && (k >= a->nd || a->sizes[k++] != o->sizes[i]))
-        return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a broadcast only adds size-1 axes");
-    return 1;
-  case HIR_EXPR_MATMUL: {
-    int64_t ka, kb;
-    if (!(a = hir__need_shape(ev, e->in[0])) || !(b = hir__need_shape(ev, e->in[1])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
-    ka = a->sizes[a->nd - 1];
-    kb = b->nd == 1 ? b->sizes[0] : b->sizes[b->nd - 2];
-    if (ka != kb) {
-      char why[128];
-      snprintf(why, sizeof why, "the contracted sizes differ (%lld vs %lld)", (long long)ka, (long long)kb);
-      return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, why);
-    }
-    if (a->nd >= 2 && b->nd >= 2) {
-      int nbatch = o->nd - 2;
-      for (i = 0; i < nbatch; i++) {
-        int ia = i - (nbatch - (a->nd - 2)), ib = i - (nbatch - (b->nd - 2));
-        int64_t sa = ia >= 0 ? a->sizes[ia] : 1, sb = ib >= 0 ? b->sizes[ib] : 1;
-        if ((sa != o->sizes[i] && sa != 1) || (sb != o->sizes[i] && sb != 1))
-          return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "batch axes differ and neither is size 1");
-      }
-      if (o->sizes[nbatch] != a->sizes[a->nd - 2] || o->sizes[nbatch + 1] != b->sizes[b->nd - 1])
-        return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the output is [..., M, N]");
-    }
-    return 1;
-  }
-  case HIR_EXPR_COMMUNICATION: {
-    int in_here = e->nin && hir__in_mesh(e->in[0], ev->device), out_here = e->nout && hir__in_mesh(e->out[0], ev->device);
-    int64_t ni, no, n = e->team_size, senders = n;
-    if (!ev->team[e->name]) return 1;
-    if ((in_here && !hir__need_shape(ev, e->in[0])) || (out_here && !hir__need_shape(ev, e->out[0]))) return 0;
-    if (!in_here || !out_here) return 1;
-    ni = hir__shape_numel(&ev->shape[e->in[0]->name]);
-    no = hir__shape_numel(&ev->shape[e->out[0]->name]);
-    if ((e->sub == HIR_COLL_GATHER || e->sub == HIR_COLL_REDUCE) && !hir__in_mesh(e->in[0], e->root)) senders--;
-    if ((e->sub == HIR_COLL_ALLGATHER && no != n * ni) || (e->sub == HIR_COLL_GATHER && no != senders * ni) ||
-        ((e->sub == HIR_COLL_REDUCESCATTER || e->sub == HIR_COLL_SCATTER) && ni != n * no) ||
-        ((e->sub == HIR_COLL_ALLREDUCE || e->sub == HIR_COLL_REDUCE || e->sub == HIR_COLL_BROADCAST ||
-          e->sub == HIR_COLL_SENDRECV) && ni != no))
-      return hir__shape_mismatch(ev, e, e->in[0], &ev->shape[e->in[0]->name], e->out[0], &ev->shape[e->out[0]->name],
-                                 "their element counts do not fit the collective over its team (a DIDx axis must have the mesh size as extent)");
-    return 1;
-  }
+  case HIR_EXPR_BINARY: return hir__check_binary(ev, e);
+  case HIR_EXPR_REDUCTION: return hir__check_reduction(ev, e);
+  case HIR_EXPR_BROADCAST: return hir__check_broadcast(ev, e);
+  case HIR_EXPR_MATMUL: return hir__check_matmul(ev, e);
+  case HIR_EXPR_COMMUNICATION: return hir__check_communication(ev, e);
   case HIR_EXPR_P2P_COMMUNICATION:
   case HIR_EXPR_DEALLOCATE:
     return hir__need_shape(ev, e->in[0]) != NULL;
@@ -6389,7 +6439,7 @@ static void hir__free_blocks(hir_evaluator *ev) {
 
 static const hir_tensor *hir__get(hir_evaluator *ev, const hir_tv *tv, const hir_expr *e) {
   if (ev->bound[tv->name]) return &ev->slot[tv->name];
-  hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: %s %d reads T%d, which holds no data on this rank", hir__expr_kind_names[e->kind],
+  hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: %s %d reads T%d, which holds no data on this rank", hir__ops[e->kind].name,
                e->name, tv->name);
   return NULL;
 }
@@ -6452,78 +6502,82 @@ static int hir__broadcast_view(hir_evaluator *ev, const hir_expr *e, const hir_t
   return 1;
 }
 
+static int hir__exec_binary(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov, hir_tensor *av, hir_tensor *bv) {
+  int i;
+  for (i = 0; i < ov->ndims; i++) { /* size-1 axes broadcast */
+    if (av->sizes[i] != ov->sizes[i]) av->sizes[i] = ov->sizes[i], av->strides[i] = 0;
+    if (bv->sizes[i] != ov->sizes[i]) bv->sizes[i] = ov->sizes[i], bv->strides[i] = 0;
+  }
+  return hir__ev_backend(ev, ev->b->binary(ev->b, ev->current, (hir_binary_op)e->sub, ov, av, bv), e);
+}
+
+/* The backend sums into dst with the reduced axes kept at size 1. */
+static int hir__exec_sum(hir_evaluator *ev, const hir_expr *e, const hir_tensor *ov, const hir_tensor *av) {
+  int map[HIR_MAX_DIMS], i, j, k;
+  hir_tensor keep = *ov;
+  hir__axis_map(e, 0, map);
+  keep.ndims = av->ndims;
+  for (i = 0, j = 0, k = 0; i < e->in[0]->ndims; i++) {
+    if (e->in[0]->ids[i]->iter == HIR_REDUCTION) continue;
+    if (e->out[0]->ids[map[i]]->iter == HIR_REDUCTION) {
+      keep.sizes[k] = 1;
+      keep.strides[k] = 0;
+    } else {
+      keep.sizes[k] = ov->sizes[j];
+      keep.strides[k] = ov->strides[j];
+      j++;
+    }
+    k++;
+  }
+  return hir__ev_backend(ev, ev->b->sum(ev->b, ev->current, &keep, av), e);
+}
+
+/* A copy of the source seen through the output's axes (stride 0 on the new ones). */
+static int hir__exec_broadcast(hir_evaluator *ev, const hir_expr *e, const hir_tensor *ov, const hir_tensor *av) {
+  hir_tensor src = *ov;
+  int i, k;
+  src.data = av->data;
+  for (i = 0, k = 0; i < ov->ndims; i++) src.strides[i] = (e->flags >> i) & 1u ? 0 : av->strides[k++];
+  return hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, ov, &src), e);
+}
+
+/* torch.matmul on the backend's [..., M, K] x [..., K, N]: 1-D operands get
+   their size-1 axis back, batch axes are broadcast to the output's. */
+static int hir__exec_matmul(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov, hir_tensor *av, hir_tensor *bv) {
+  int na = av->ndims, nb = bv->ndims;
+  if (na == 1) hir__insert_dim(av, 0, 1, 0);                  /* [K] -> [1, K] */
+  if (nb == 1) hir__insert_dim(bv, 1, 1, 0);                  /* [K] -> [K, 1] */
+  if (na == 1 && nb == 1) {
+    ov->ndims = 0;
+    hir__insert_dim(ov, 0, 1, 0);
+    hir__insert_dim(ov, 0, 1, 0);
+  } else if (na == 1) {
+    hir__insert_dim(ov, ov->ndims - 1, 1, 0);                 /* [.., N] -> [.., 1, N] */
+  } else if (nb == 1) {
+    hir__insert_dim(ov, ov->ndims, 1, 0);                     /* [.., M] -> [.., M, 1] */
+  }
+  hir__expand_batch(av, ov);
+  hir__expand_batch(bv, ov);
+  return hir__ev_backend(ev, ev->b->matmul(ev->b, ev->current, ov, av, bv), e);
+}
+
 static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
-  hir_backend *b = ev->b;
   const hir_tensor *x, *y = NULL, *o;
   hir_tensor av, bv, ov;
-  int i, j, k;
   if (!(x = hir__get(ev, e->in[0], e)) || (e->nin > 1 && !(y = hir__get(ev, e->in[1], e)))) return 0;
   if (e->kind == HIR_EXPR_BROADCAST && hir__broadcast_view(ev, e, x)) return 1;
   if (!(o = hir__get_out(ev, e->out[0]))) return 0;
   ov = *o;
   av = *x;
+  bv = y ? *y : av;
   switch (e->kind) {
-  case HIR_EXPR_LOAD_STORE:
-    return hir__ev_backend(ev, b->copy(b, ev->current, &ov, &av), e);
-  case HIR_EXPR_BINARY:
-    bv = *y;
-    for (i = 0; i < ov.ndims; i++) {
-      if (av.sizes[i] != ov.sizes[i]) { av.sizes[i] = ov.sizes[i]; av.strides[i] = 0; }
-      if (bv.sizes[i] != ov.sizes[i]) { bv.sizes[i] = ov.sizes[i]; bv.strides[i] = 0; }
-    }
-    return hir__ev_backend(ev, b->binary(b, ev->current, (hir_binary_op)e->sub, &ov, &av, &bv), e);
-  case HIR_EXPR_REDUCTION: { /* dst with the reduced axes kept at size 1 */
-    int map[HIR_MAX_DIMS];
-    hir_tensor keep = ov;
-    hir__axis_map(e, 0, map);
-    keep.ndims = av.ndims;
-    for (i = 0, j = 0, k = 0; i < e->in[0]->ndims; i++) {
-      if (e->in[0]->ids[i]->iter == HIR_REDUCTION) continue;
-      if (e->out[0]->ids[map[i]]->iter == HIR_REDUCTION) {
-        keep.sizes[k] = 1;
-        keep.strides[k] = 0;
-      } else {
-        keep.sizes[k] = ov.sizes[j];
-        keep.strides[k] = ov.strides[j];
-        j++;
-      }
-      k++;
-    }
-    return hir__ev_backend(ev, b->sum(b, ev->current, &keep, &av), e);
-  }
-  case HIR_EXPR_BROADCAST: { /* the source seen through the output's axes */
-    hir_tensor src = ov;
-    src.data = av.data;
-    for (i = 0, k = 0; i < ov.ndims; i++) {
-      if ((e->flags >> i) & 1u) {
-        src.strides[i] = 0;
-      } else {
-        src.strides[i] = av.strides[k++];
-      }
-    }
-    return hir__ev_backend(ev, b->copy(b, ev->current, &ov, &src), e);
-  }
-  case HIR_EXPR_MATMUL: {
-    int na = av.ndims, nb;
-    bv = *y;
-    nb = bv.ndims;
-    if (na == 1) hir__insert_dim(&av, 0, 1, 0);                 /* [K] -> [1, K] */
-    if (nb == 1) hir__insert_dim(&bv, 1, 1, 0);                 /* [K] -> [K, 1] */
-    if (na == 1 && nb == 1) {
-      ov.ndims = 0;
-      hir__insert_dim(&ov, 0, 1, 0);
-      hir__insert_dim(&ov, 0, 1, 0);
-    } else if (na == 1) {
-      hir__insert_dim(&ov, ov.ndims - 1, 1, 0);                 /* [.., N] -> [.., 1, N] */
-    } else if (nb == 1) {
-      hir__insert_dim(&ov, ov.ndims, 1, 0);                     /* [.., M] -> [.., M, 1] */
-    }
-    hir__expand_batch(&av, &ov);
-    hir__expand_batch(&bv, &ov);
-    return hir__ev_backend(ev, b->matmul(b, ev->current, &ov, &av, &bv), e);
-  }
+  case HIR_EXPR_LOAD_STORE: return hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, &ov, &av), e);
+  case HIR_EXPR_BINARY: return hir__exec_binary(ev, e, &ov, &av, &bv);
+  case HIR_EXPR_REDUCTION: return hir__exec_sum(ev, e, &ov, &av);
+  case HIR_EXPR_BROADCAST: return hir__exec_broadcast(ev, e, &ov, &av);
+  case HIR_EXPR_MATMUL: return hir__exec_matmul(ev, e, &ov, &av, &bv);
   default:
-    return hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: %s %d is not a compute op", hir__expr_kind_names[e->kind], e->name);
+    return hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: %s %d is not a compute op", hir__ops[e->kind].name, e->name);
   }
 }
 
@@ -6532,7 +6586,7 @@ static int hir__contiguous_buffer(hir_evaluator *ev, const hir_tensor *t, const 
   return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED,
                       "hir_run: %s %d moves T%d, a strided view; communications need contiguous buffers (slice "
                       "the outermost axis)",
-                      hir__expr_kind_names[e->kind], e->name, tv->name);
+                      hir__ops[e->kind].name, e->name, tv->name);
 }
 
 static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {
@@ -6611,11 +6665,88 @@ static int hir__resolve_stream(hir_evaluator *ev, const hir_stream *s, void **ha
 
 static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s);
 
+/* The current stream waits for S's work so far; the host does not block. */
+static int hir__exec_synchronize(hir_evaluator *ev, const hir_expr *e) {
+  void *h, *evt;
+  int track;
+  if (!hir__resolve_stream(ev, e->stream, &h, &evt, &track)) return 0;
+  if (h == ev->current) return 1;
+  return hir__ev_backend(ev, ev->b->event_record(ev->b, evt, h), e) &&
+         hir__ev_backend(ev, ev->b->stream_wait_event(ev->b, ev->current, evt), e);
+}
+
+static int hir__exec_for(hir_evaluator *ev, const hir_expr *e) {
+  int64_t i, n = hir__eval_val(&ev->env, e->id->extent);
+  for (i = 0; i < n; i++) {
+    ev->env.named[HIR_NAMED_STREAM_IDX] = i;
+    if (!hir__exec_scope(ev, &e->body)) return 0;
+  }
+  return 1;
+}
+
+/* A HostUnit's exprs in order; its intermediates die with it. */
+static int hir__exec_post(hir_evaluator *ev, const hir_expr *e) {
+  const hir__host_unit *u = e->unit;
+  int k, m;
+  for (k = 0; k < u->exprs.n; k++)
+    if (!hir__exec_compute(ev, (const hir_expr *)u->exprs.items[k])) return 0;
+  for (k = 0; k < u->exprs.n; k++) {
+    const hir_tv *t = ((const hir_expr *)u->exprs.items[k])->out[0];
+    for (m = 0; m < u->outs.n && u->outs.items[m] != t; m++) {}
+    if (m == u->outs.n) hir__unbind(ev, t);
+  }
+  return 1;
+}
+
+static int hir__exec_p2p(hir_evaluator *ev, const hir_expr *e) {
+  const hir_tensor *t = e->sub == HIR_P2P_SEND ? hir__get(ev, e->in[0], e) : hir__get_out(ev, e->in[0]);
+  int64_t peer = hir__eval_val(&ev->env, e->val);
+  size_t bytes;
+  hir_status s;
+  if (!t || !hir__contiguous_buffer(ev, t, e->in[0], e)) return 0;
+  bytes = (size_t)hir__numel(t->ndims, t->sizes) * hir_dtype_size(t->dtype);
+  ev->started_comm = 1;
+  s = e->sub == HIR_P2P_SEND ? ev->comm->send(ev->comm, t->data, bytes, (int)peer, ev->current)
+                             : ev->comm->recv(ev->comm, t->data, bytes, (int)peer, ev->current);
+  if (!hir__ev_comm(ev, s, e)) return 0;
+  return hir__ev_backend(ev, ev->b->event_record(ev->b, ev->done[e->name], ev->current), e);
+}
+
+/* HirAliasSelect (index `i` of the axis, which goes) or HirAliasSlice (part
+   `i` of `parts`, the axis kept): pointer arithmetic on the source. */
+static int hir__exec_view(hir_evaluator *ev, const hir_expr *e) {
+  const hir_tensor *src = hir__get(ev, e->in[0], e);
+  hir_tensor *view = &ev->slot[e->out[0]->name];
+  int a = hir__data_index(e->in[0], e->axis), k;
+  int64_t i = hir__eval_val(&ev->env, e->val), len;
+  if (!src) return 0;
+  len = e->parts ? src->sizes[a] / e->parts : 1;
+  if (i < 0 || i >= (e->parts ? e->parts : src->sizes[a])) {
+    if (e->parts)
+      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSlice %d: part %lld of T%d does not exist; it has %d parts",
+                          e->name, (long long)i, e->in[0]->name, e->parts);
+    return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSelect %d: index %lld is outside T%d's axis %d of size %lld",
+                        e->name, (long long)i, e->in[0]->name, e->axis, (long long)src->sizes[a]);
+  }
+  *view = *src;
+  view->data = (char *)src->data + i * len * src->strides[a] * (int64_t)hir_dtype_size(src->dtype);
+  if (e->parts) {
+    view->sizes[a] = len;
+  } else {
+    for (k = a; k + 1 < src->ndims; k++) {
+      view->sizes[k] = src->sizes[k + 1];
+      view->strides[k] = src->strides[k + 1];
+    }
+    view->ndims = src->ndims - 1;
+  }
+  ev->bound[e->out[0]->name] = 1;
+  ev->slot_block[e->out[0]->name] = -1;
+  return 1;
+}
+
 static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
   hir_backend *b = ev->b;
-  void *h, *evt;
-  int64_t i, n;
-  int track;
+  void *evt;
   switch (e->kind) {
   case HIR_EXPR_ALLOCATE:
     return ev->bound[e->in[0]->name] || !hir__in_mesh(e->in[0], ev->device) || hir__bind_new(ev, e->in[0]);
@@ -6626,51 +6757,14 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
     ev->vars[e->stream->name] = ev->current;
     return 1;
   case HIR_EXPR_SET_CURRENT_STREAM:
-    if (!hir__resolve_stream(ev, e->stream, &h, &evt, &track)) return 0;
-    ev->current = h;
-    ev->current_track = track;
-    return 1;
-  case HIR_EXPR_SYNCHRONIZE: /* the current stream waits for S's work so far; the host does not block */
-    if (!hir__resolve_stream(ev, e->stream, &h, &evt, &track)) return 0;
-    if (h == ev->current) return 1;
-    return hir__ev_backend(ev, b->event_record(b, evt, h), e) &&
-           hir__ev_backend(ev, b->stream_wait_event(b, ev->current, evt), e);
-  case HIR_EXPR_FOR_LOOP:
-    n = hir__eval_val(&ev->env, e->id->extent);
-    for (i = 0; i < n; i++) {
-      ev->env.named[HIR_NAMED_STREAM_IDX] = i;
-      if (!hir__exec_scope(ev, &e->body)) return 0;
-    }
-    return 1;
-  case HIR_EXPR_IF_THEN_ELSE:
-    return hir__exec_scope(ev, hir__eval_val(&ev->env, e->val) ? &e->body : &e->orelse);
-  case HIR_EXPR_POST_ON_STREAM: {
-    const hir__host_unit *u = e->unit;
-    int k, m;
-    for (k = 0; k < u->exprs.n; k++)
-      if (!hir__exec_compute(ev, (const hir_expr *)u->exprs.items[k])) return 0;
-    for (k = 0; k < u->exprs.n; k++) { /* the unit's intermediates die with it */
-      const hir_tv *t = ((const hir_expr *)u->exprs.items[k])->out[0];
-      for (m = 0; m < u->outs.n && u->outs.items[m] != t; m++) {}
-      if (m == u->outs.n) hir__unbind(ev, t);
-    }
-    return 1;
-  }
+    return hir__resolve_stream(ev, e->stream, &ev->current, &evt, &ev->current_track);
+  case HIR_EXPR_SYNCHRONIZE: return hir__exec_synchronize(ev, e);
+  case HIR_EXPR_FOR_LOOP: return hir__exec_for(ev, e);
+  case HIR_EXPR_IF_THEN_ELSE: return hir__exec_scope(ev, hir__eval_val(&ev->env, e->val) ? &e->body : &e->orelse);
+  case HIR_EXPR_POST_ON_STREAM: return hir__exec_post(ev, e);
   case HIR_EXPR_COMMUNICATION:
     return !ev->team[e->name] || hir__exec_comm(ev, e); /* no team handle: this rank is not in it */
-  case HIR_EXPR_P2P_COMMUNICATION: {
-    const hir_tensor *t = e->sub == HIR_P2P_SEND ? hir__get(ev, e->in[0], e) : hir__get_out(ev, e->in[0]);
-    int64_t peer = hir__eval_val(&ev->env, e->val);
-    size_t bytes;
-    hir_status s;
-    if (!t || !hir__contiguous_buffer(ev, t, e->in[0], e)) return 0;
-    bytes = (size_t)hir__numel(t->ndims, t->sizes) * hir_dtype_size(t->dtype);
-    ev->started_comm = 1;
-    s = e->sub == HIR_P2P_SEND ? ev->comm->send(ev->comm, t->data, bytes, (int)peer, ev->current)
-                               : ev->comm->recv(ev->comm, t->data, bytes, (int)peer, ev->current);
-    if (!hir__ev_comm(ev, s, e)) return 0;
-    return hir__ev_backend(ev, b->event_record(b, ev->done[e->name], ev->current), e);
-  }
+  case HIR_EXPR_P2P_COMMUNICATION: return hir__exec_p2p(ev, e);
   case HIR_EXPR_START_COALESCING:
     return hir__ev_comm(ev, ev->comm->group_start(ev->comm), e);
   case HIR_EXPR_END_COALESCING:
@@ -6678,46 +6772,8 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
     return hir__ev_backend(ev, b->event_record(b, ev->done[e->name], ev->current), e);
   case HIR_EXPR_WAIT: /* the current stream waits for the communication; no host block */
     return hir__ev_backend(ev, b->stream_wait_event(b, ev->current, ev->done[e->target->name]), e);
-  case HIR_EXPR_ALIAS_SELECT: {
-    const hir_tensor *src = hir__get(ev, e->in[0], e);
-    hir_tensor *view = &ev->slot[e->out[0]->name];
-    int a = 0, k;
-    if (!src) return 0;
-    for (k = 0; k < e->axis; k++) a += e->in[0]->ids[k]->iter != HIR_REDUCTION;
-    i = hir__eval_val(&ev->env, e->val);
-    if (i < 0 || i >= src->sizes[a])
-      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSelect %d: index %lld is outside T%d's axis %d of size %lld",
-                          e->name, (long long)i, e->in[0]->name, e->axis, (long long)src->sizes[a]);
-    *view = *src;
-    view->data = (char *)src->data + i * src->strides[a] * (int64_t)hir_dtype_size(src->dtype);
-    for (k = a; k + 1 < src->ndims; k++) {
-      view->sizes[k] = src->sizes[k + 1];
-      view->strides[k] = src->strides[k + 1];
-    }
-    view->ndims = src->ndims - 1;
-    ev->bound[e->out[0]->name] = 1;
-    ev->slot_block[e->out[0]->name] = -1;
-    return 1;
-  }
-  case HIR_EXPR_ALIAS_SLICE: {
-    const hir_tensor *src = hir__get(ev, e->in[0], e);
-    hir_tensor *view = &ev->slot[e->out[0]->name];
-    int a = 0, k;
-    int64_t len;
-    if (!src) return 0;
-    for (k = 0; k < e->axis; k++) a += e->in[0]->ids[k]->iter != HIR_REDUCTION;
-    len = src->sizes[a] / e->parts;
-    i = hir__eval_val(&ev->env, e->val);
-    if (i < 0 || i >= e->parts)
-      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSlice %d: part %lld of T%d does not exist; it has %d parts",
-                          e->name, (long long)i, e->in[0]->name, e->parts);
-    *view = *src;
-    view->data = (char *)src->data + i * len * src->strides[a] * (int64_t)hir_dtype_size(src->dtype);
-    view->sizes[a] = len;
-    ev->bound[e->out[0]->name] = 1;
-    ev->slot_block[e->out[0]->name] = -1;
-    return 1;
-  }
+  case HIR_EXPR_ALIAS_SELECT:
+  case HIR_EXPR_ALIAS_SLICE: return hir__exec_view(ev, e);
   default:
     return hir__exec_compute(ev, e);
   }
@@ -6757,7 +6813,7 @@ static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
     hir__span *gpu = NULL;
     int ok;
     if (ev->recording && ev->gpu_spans && !(gpu = hir__gpu_span_begin(ev, e)) && ev->status != HIR_OK) return 0;
-    HIR__RANGE_PUSH(hir__expr_kind_names[e->kind]);
+    HIR__RANGE_PUSH(hir__ops[e->kind].name);
     ok = hir__exec(ev, e);
     HIR__RANGE_POP();
     if (!ok) return 0;
@@ -6773,13 +6829,12 @@ static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
 /* ---- creation ---- */
 static int hir__setup_expr(hir_evaluator *ev, const hir_expr *e) {
   hir_status s;
-  if (e->kind == HIR_EXPR_COMMUNICATION || e->kind == HIR_EXPR_P2P_COMMUNICATION || e->kind == HIR_EXPR_START_COALESCING ||
-      e->kind == HIR_EXPR_END_COALESCING) {
+  if (hir__ops[e->kind].flags & HIR__OP_COMM) {
     int i;
     if (!ev->comm)
       return hir__ev_fail(ev, HIR_ERR_INVALID,
                           "hir_evaluator_create: the program communicates (%s %d); give a communicator in hir_eval_desc.comm",
-                          hir__expr_kind_names[e->kind], e->name);
+                          hir__ops[e->kind].name, e->name);
     for (i = 0; e->kind == HIR_EXPR_COMMUNICATION && i < e->team_size; i++)
       if (e->team[i] >= ev->comm->size)
         return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: Communication %d names device %d, outside the world of %d ranks",
@@ -7212,7 +7267,7 @@ HIRDEF hir_status hir_timeline_write(hir_evaluator *const *evs, int n, FILE *out
         const hir__span *sp = g ? &ev->gpu_spans[k] : &ev->spans[k];
         fprintf(out, ",\n{\"name\": \"%s %d\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
                 "\"ts\": %.3f, \"dur\": %.3f}",
-                hir__expr_kind_names[sp->e->kind], sp->e->name, g ? "gpu" : "host_ir", ev->device, base + sp->track,
+                hir__ops[sp->e->kind].name, sp->e->name, g ? "gpu" : "host_ir", ev->device, base + sp->track,
                 sp->t0 - epoch, sp->t1 - sp->t0);
       }
     }

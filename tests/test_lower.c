@@ -391,6 +391,14 @@ static void test_verifier(void) {
   VERIFY_SETUP();
   hir_scope_append(hir_program_body(p), hir_host_deallocate(p, a));
   expect_verify_error(p, "releases T0, a program input", __LINE__);
+  VERIFY_SETUP(); /* operands against the op table: only a hostir bug makes these, so reach into the expr */
+  hir_scope_append(hir_program_body(p), hir_tv_definition(b));
+  hir_tv_definition(b)->nin = 2;
+  expect_verify_error(p, "LoadStoreOp 0 has 2 inputs and 1 outputs; a LoadStoreOp has 1 and 1", __LINE__);
+  VERIFY_SETUP();
+  hir_scope_append(hir_program_body(p), hir_tv_definition(b));
+  hir_tv_definition(b)->in[0] = NULL;
+  expect_verify_error(p, "LoadStoreOp 0 lacks its input 0", __LINE__);
 #undef VERIFY_SETUP
 }
 
