@@ -456,6 +456,10 @@ struct hir_comm {
   void (*deregister_buffer)(hir_comm *self, void *ptr);
 };
 
+/* The position of `device` in a team (or mesh) of n device ids, -1 if it is
+   not there: what a communicator needs to map a team's devices to its ranks. */
+HIRDEF int              hir_team_index(const int *team, int n, int device);
+
 HIRDEF hir_backend     *hir_backend_cpu_create(void);
 /* CUDA (compile the implementation with HOSTIR_CUDA; link cudart, cublas,
    cublasLt, and dl for NVTX unless HOSTIR_NO_NVTX). NULL if the device cannot be used. Ops run on the caller's
@@ -607,6 +611,13 @@ HIR__STATIC_ASSERT(dtype_names, sizeof(hir__dtype_names) / sizeof(hir__dtype_nam
 HIRDEF const char *hir_dtype_name(hir_dtype d) { return ((unsigned)d < HIR_DTYPE_COUNT) ? hir__dtype_names[d] : "?"; }
 HIRDEF size_t hir_dtype_size(hir_dtype d) { return ((unsigned)d < HIR_DTYPE_COUNT) ? hir__dtype_sizes[d] : 0; }
 
+HIRDEF int hir_team_index(const int *team, int n, int device) {
+  int i;
+  for (i = 0; team && i < n; i++)
+    if (team[i] == device) return i;
+  return -1;
+}
+
 /* Chunked arena: node pointers stay valid (chunks never move), no per-node
    malloc, one free releases everything. Allocations are zeroed. */
 typedef struct hir__chunk {
@@ -692,24 +703,25 @@ static int hir__grow_heap(void **items, int *cap, int need, size_t elem) {
   return 1;
 }
 
-static struct timespec hir__deadline(int ms) {
-  struct timespec ts;
-  timespec_get(&ts, TIME_UTC);
-  ts.tv_sec += ms / 1000;
-  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
-  return ts;
-}
-
+/* Clocks, both on TIME_UTC (C11's): now in milliseconds, and the absolute
+   time `ms` from now, as pthread_cond_timedwait takes it. */
 static double hir__now_ms(void) {
   struct timespec ts;
   timespec_get(&ts, TIME_UTC);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+static struct timespec hir__deadline(double ms) {
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  ts.tv_sec += (time_t)(ms / 1e3);
+  ts.tv_nsec += (long)((int64_t)(ms * 1e6) % 1000000000);
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
 
 // >>ir
 typedef enum hir__val_kind { HIR__VAL_CONST, HIR__VAL_SYMBOL, HIR__VAL_NAMED, HIR__VAL_BINARY, HIR__VAL_MESH_AT } hir__val_kind;
@@ -1316,12 +1328,11 @@ HIRDEF hir_status hir_set_mesh(hir_tv *tv, int ndevices, const int *devices) {
       hir__fail(f, HIR_ERR_INVALID, "hir_set_mesh: T%d: device id %d at position %d is negative", tv->name, devices[i], i);
       return f->status;
     }
-    for (j = 0; j < i; j++)
-      if (devices[j] == devices[i]) {
-        hir__fail(f, HIR_ERR_INVALID, "hir_set_mesh: T%d: device %d appears twice in the mesh (positions %d and %d)",
-                  tv->name, devices[i], j, i);
-        return f->status;
-      }
+    if ((j = hir_team_index(devices, i, devices[i])) >= 0) {
+      hir__fail(f, HIR_ERR_INVALID, "hir_set_mesh: T%d: device %d appears twice in the mesh (positions %d and %d)",
+                tv->name, devices[i], j, i);
+      return f->status;
+    }
   }
   if (!(mesh = (int *)hir__alloc(f, (size_t)ndevices * sizeof(int)))) return f->status;
   memcpy(mesh, devices, (size_t)ndevices * sizeof(int));
@@ -1664,7 +1675,7 @@ HIRDEF hir_expr *hir_host_matmul(hir_program *p, hir_tv *out, hir_tv *a, hir_tv 
 }
 
 static int hir__check_team(hir_fusion *f, int n, const int *team, const char *fn) {
-  int i, j;
+  int i;
   if (n < 1 || !team) {
     hir__fail(f, HIR_ERR_INVALID, "%s: empty team; give the device ids taking part", fn);
     return 0;
@@ -1674,11 +1685,10 @@ static int hir__check_team(hir_fusion *f, int n, const int *team, const char *fn
       hir__fail(f, HIR_ERR_INVALID, "%s: device id %d in the team is negative", fn, team[i]);
       return 0;
     }
-    for (j = 0; j < i; j++)
-      if (team[i] == team[j]) {
-        hir__fail(f, HIR_ERR_INVALID, "%s: device %d appears twice in the team", fn, team[i]);
-        return 0;
-      }
+    if (hir_team_index(team, i, team[i]) >= 0) {
+      hir__fail(f, HIR_ERR_INVALID, "%s: device %d appears twice in the team", fn, team[i]);
+      return 0;
+    }
   }
   return 1;
 }
@@ -1705,19 +1715,15 @@ HIRDEF hir_expr *hir_host_communication(hir_program *p, hir_collective type, int
                                         hir_tv *in, hir_tv *out) {
   const char *fn = "hir_host_communication";
   hir_fusion *f = hir__host(p);
-  int i;
   if (!f) return NULL;
   if ((unsigned)type >= HIR_COLLECTIVE_COUNT) {
     hir__fail(f, HIR_ERR_INVALID, "%s: unknown collective type %d", fn, (int)type);
     return NULL;
   }
   if (!hir__check_team(f, nteam, team, fn)) return NULL;
-  if (hir__collective_has_root(type)) {
-    for (i = 0; i < nteam && team[i] != root; i++) {}
-    if (i == nteam) {
-      hir__fail(f, HIR_ERR_INVALID, "%s: the root %d of the %s is not in its team", fn, root, hir__collective_names[type]);
-      return NULL;
-    }
+  if (hir__collective_has_root(type) && hir_team_index(team, nteam, root) < 0) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: the root %d of the %s is not in its team", fn, root, hir__collective_names[type]);
+    return NULL;
   }
   if (!in && !out) {
     hir__fail(f, HIR_ERR_INVALID, "%s: the %s has neither an input nor an output", fn, hir__collective_names[type]);
@@ -1843,8 +1849,8 @@ typedef struct hir__writer {
   size_t cap, len;
 } hir__writer;
 
-static void hir__w(hir__writer *w, const char *fmt, ...) HIR__PRINTF(2, 3);
-static void hir__w(hir__writer *w, const char *fmt, ...) {
+static void hir__emit(hir__writer *w, const char *fmt, ...) HIR__PRINTF(2, 3);
+static void hir__emit(hir__writer *w, const char *fmt, ...) {
   va_list ap;
   int n;
   va_start(ap, fmt);
@@ -1867,60 +1873,60 @@ static hir__writer hir__buffer_writer(char *buf, size_t cap) {
 }
 
 static void hir__indent(hir__writer *w, int n) {
-  for (; n > 0; n--) hir__w(w, "  ");
+  for (; n > 0; n--) hir__emit(w, "  ");
 }
 
 static void hir__print_val(hir__writer *w, const hir_val *v) {
   switch (v->kind) {
-  case HIR__VAL_CONST: hir__w(w, "%lld", (long long)v->value); break;
-  case HIR__VAL_SYMBOL: hir__w(w, "i%d", v->name); break;
-  case HIR__VAL_NAMED: hir__w(w, "%s", hir__named_names[v->which]); break;
+  case HIR__VAL_CONST: hir__emit(w, "%lld", (long long)v->value); break;
+  case HIR__VAL_SYMBOL: hir__emit(w, "i%d", v->name); break;
+  case HIR__VAL_NAMED: hir__emit(w, "%s", hir__named_names[v->which]); break;
   case HIR__VAL_BINARY:
-    hir__w(w, "( ");
+    hir__emit(w, "( ");
     hir__print_val(w, v->lhs);
-    hir__w(w, " %s ", hir__scalar_op_names[v->op]);
+    hir__emit(w, " %s ", hir__scalar_op_names[v->op]);
     hir__print_val(w, v->rhs);
-    hir__w(w, " )");
+    hir__emit(w, " )");
     break;
   case HIR__VAL_MESH_AT: {
     int i;
-    hir__w(w, "DeviceMesh{");
-    for (i = 0; i < v->mesh_size; i++) hir__w(w, i ? " %d" : "%d", v->mesh[i]);
-    hir__w(w, "}[");
+    hir__emit(w, "DeviceMesh{");
+    for (i = 0; i < v->mesh_size; i++) hir__emit(w, i ? " %d" : "%d", v->mesh[i]);
+    hir__emit(w, "}[");
     hir__print_val(w, v->lhs);
-    hir__w(w, "]");
+    hir__emit(w, "]");
     break;
   }
   }
 }
 
 static void hir__print_id(hir__writer *w, const hir_id *id) {
-  hir__w(w, "%c%s%d{", hir__iter_chars[id->iter], hir__ptype_names[id->ptype], id->name);
+  hir__emit(w, "%c%s%d{", hir__iter_chars[id->iter], hir__ptype_names[id->ptype], id->name);
   hir__print_val(w, id->extent);
-  hir__w(w, "}");
+  hir__emit(w, "}");
 }
 
 static void hir__print_tv(hir__writer *w, const hir_tv *tv) {
   int i;
-  hir__w(w, "T%d_%c_%s[", tv->name, tv->mem == HIR_MEM_GLOBAL ? 'g' : 'l', hir__dtype_names[tv->dtype]);
+  hir__emit(w, "T%d_%c_%s[", tv->name, tv->mem == HIR_MEM_GLOBAL ? 'g' : 'l', hir__dtype_names[tv->dtype]);
   for (i = 0; i < tv->ndims; i++) {
-    if (i) hir__w(w, ", ");
+    if (i) hir__emit(w, ", ");
     hir__print_id(w, tv->ids[i]);
   }
-  hir__w(w, "]");
+  hir__emit(w, "]");
   if (tv->mesh_size) {
-    hir__w(w, " (DeviceMesh{");
-    for (i = 0; i < tv->mesh_size; i++) hir__w(w, i ? " %d" : "%d", tv->mesh[i]);
-    hir__w(w, "})");
+    hir__emit(w, " (DeviceMesh{");
+    for (i = 0; i < tv->mesh_size; i++) hir__emit(w, i ? " %d" : "%d", tv->mesh[i]);
+    hir__emit(w, "})");
   }
 }
 
 static void hir__print_stream(hir__writer *w, const hir_stream *s) {
-  hir__w(w, "Stream ");
+  hir__emit(w, "Stream ");
   if (s->index)
     hir__print_val(w, s->index);
   else
-    hir__w(w, "%d", s->name);
+    hir__emit(w, "%d", s->name);
 }
 
 /* size=: the product of the extents holding data, left-nested; 1s dropped. */
@@ -1933,15 +1939,15 @@ static void hir__print_alloc_size(hir__writer *w, const hir_tv *tv) {
     ext[n++] = x;
   }
   if (!n) {
-    hir__w(w, "1");
+    hir__emit(w, "1");
     return;
   }
-  for (i = 1; i < n; i++) hir__w(w, "( ");
+  for (i = 1; i < n; i++) hir__emit(w, "( ");
   hir__print_val(w, ext[0]);
   for (i = 1; i < n; i++) {
-    hir__w(w, " * ");
+    hir__emit(w, " * ");
     hir__print_val(w, ext[i]);
-    hir__w(w, " )");
+    hir__emit(w, " )");
   }
 }
 
@@ -1951,59 +1957,59 @@ static void hir__print_scope(hir__writer *w, const hir_scope *s, int ind);
 static void hir__print_assign(hir__writer *w, const hir_tv *out, int ind) {
   hir__indent(w, ind);
   hir__print_tv(w, out);
-  hir__w(w, "\n");
+  hir__emit(w, "\n");
   hir__indent(w, ind + 1);
 }
 
 static void hir__print_allocate(hir__writer *w, const hir_expr *e, int ind) {
   hir__indent(w, ind);
   hir__print_tv(w, e->in[0]);
-  hir__w(w, " = ALLOCATE(buffer=");
+  hir__emit(w, " = ALLOCATE(buffer=");
   hir__print_tv(w, e->in[0]);
-  hir__w(w, ", mem_type=%s, size=", e->in[0]->mem == HIR_MEM_GLOBAL ? "global" : "local");
+  hir__emit(w, ", mem_type=%s, size=", e->in[0]->mem == HIR_MEM_GLOBAL ? "global" : "local");
   hir__print_alloc_size(w, e->in[0]);
-  hir__w(w, ", zero_init=false, resets_to_zero=false)\n");
+  hir__emit(w, ", zero_init=false, resets_to_zero=false)\n");
 }
 
 static void hir__print_deallocate(hir__writer *w, const hir_expr *e, int ind) {
   hir__indent(w, ind);
-  hir__w(w, "Deallocate {\n");
+  hir__emit(w, "Deallocate {\n");
   hir__indent(w, ind + 1);
   hir__print_tv(w, e->in[0]);
-  hir__w(w, "\n");
+  hir__emit(w, "\n");
   hir__indent(w, ind);
-  hir__w(w, "}\n");
+  hir__emit(w, "}\n");
 }
 
 /* GetCurrentStream, SetCurrentStream, Synchronize. */
 static void hir__print_stream_op(hir__writer *w, const hir_expr *e, int ind) {
   hir__indent(w, ind);
-  hir__w(w, "%s", e->kind == HIR_EXPR_GET_CURRENT_STREAM   ? "GetCurrentStream into "
+  hir__emit(w, "%s", e->kind == HIR_EXPR_GET_CURRENT_STREAM   ? "GetCurrentStream into "
                   : e->kind == HIR_EXPR_SET_CURRENT_STREAM ? "SetCurrentStream to "
                                                            : "Synchronize ");
   hir__print_stream(w, e->stream);
-  hir__w(w, "\n");
+  hir__emit(w, "\n");
 }
 
 static void hir__print_for(hir__writer *w, const hir_expr *e, int ind) {
   hir__indent(w, ind);
-  hir__w(w, "FOR ");
+  hir__emit(w, "FOR ");
   hir__print_val(w, e->val);
-  hir__w(w, " in ");
+  hir__emit(w, " in ");
   hir__print_id(w, e->id);
-  hir__w(w, ":\n");
+  hir__emit(w, ":\n");
   hir__print_scope(w, &e->body, ind + 1);
 }
 
 static void hir__print_if(hir__writer *w, const hir_expr *e, int ind) {
   hir__indent(w, ind);
-  hir__w(w, "IF Manual ");
+  hir__emit(w, "IF Manual ");
   hir__print_val(w, e->val);
-  hir__w(w, ":\n");
+  hir__emit(w, ":\n");
   hir__print_scope(w, &e->body, ind + 1);
   if (e->orelse.exprs.n) {
     hir__indent(w, ind);
-    hir__w(w, "ELSE:\n");
+    hir__emit(w, "ELSE:\n");
     hir__print_scope(w, &e->orelse, ind + 1);
   }
 }
@@ -2011,97 +2017,97 @@ static void hir__print_if(hir__writer *w, const hir_expr *e, int ind) {
 static void hir__print_post(hir__writer *w, const hir_expr *e, int ind) {
   int i;
   hir__indent(w, ind);
-  hir__w(w, "PostOnStream (HostUnit%d, Inputs:{", e->unit->name);
+  hir__emit(w, "PostOnStream (HostUnit%d, Inputs:{", e->unit->name);
   for (i = 0; i < e->nin; i++) {
     hir__print_tv(w, e->in[i]);
-    hir__w(w, ", ");
+    hir__emit(w, ", ");
   }
-  hir__w(w, "}, Outputs:{");
+  hir__emit(w, "}, Outputs:{");
   for (i = 0; i < e->nout; i++) {
     hir__print_tv(w, e->out[i]);
-    hir__w(w, ", ");
+    hir__emit(w, ", ");
   }
-  hir__w(w, "})\n");
+  hir__emit(w, "})\n");
 }
 
 static void hir__print_communication(hir__writer *w, const hir_expr *e, int ind) {
   int i;
   hir__indent(w, ind);
-  hir__w(w, "Communication %d (type=%s, team=(", e->name, hir__collective_names[e->sub]);
-  for (i = 0; i < e->team_size; i++) hir__w(w, i ? " %d" : "%d", e->team[i]);
-  hir__w(w, ")");
-  if (hir__collective_has_root(e->sub)) hir__w(w, ", root=%d", e->root);
+  hir__emit(w, "Communication %d (type=%s, team=(", e->name, hir__collective_names[e->sub]);
+  for (i = 0; i < e->team_size; i++) hir__emit(w, i ? " %d" : "%d", e->team[i]);
+  hir__emit(w, ")");
+  if (hir__collective_has_root(e->sub)) hir__emit(w, ", root=%d", e->root);
   if (e->nin) {
-    hir__w(w, ", input=");
+    hir__emit(w, ", input=");
     hir__print_tv(w, e->in[0]);
   }
   if (e->nout) {
-    hir__w(w, ", output=");
+    hir__emit(w, ", output=");
     hir__print_tv(w, e->out[0]);
   }
-  hir__w(w, ", backend=NCCL)\n");
+  hir__emit(w, ", backend=NCCL)\n");
 }
 
 static void hir__print_p2p(hir__writer *w, const hir_expr *e, int ind) {
   hir__indent(w, ind);
-  hir__w(w, "P2PCommunication %d (type=%s, buffer=", e->name, e->sub == HIR_P2P_SEND ? "send" : "recv");
+  hir__emit(w, "P2PCommunication %d (type=%s, buffer=", e->name, e->sub == HIR_P2P_SEND ? "send" : "recv");
   hir__print_tv(w, e->in[0]);
-  hir__w(w, ", peer=");
+  hir__emit(w, ", peer=");
   hir__print_val(w, e->val);
-  hir__w(w, ", backend=NCCL)\n");
+  hir__emit(w, ", backend=NCCL)\n");
 }
 
 /* HirAliasSelect, HirAliasSlice. */
 static void hir__print_view(hir__writer *w, const hir_expr *e, int ind) {
   hir__print_assign(w, e->out[0], ind);
-  hir__w(w, " = %s( ", hir__ops[e->kind].name);
+  hir__emit(w, " = %s( ", hir__ops[e->kind].name);
   hir__print_tv(w, e->in[0]);
-  hir__w(w, ", axis = ");
+  hir__emit(w, ", axis = ");
   hir__print_id(w, e->id);
-  hir__w(w, ", index = ");
+  hir__emit(w, ", index = ");
   hir__print_val(w, e->val);
-  if (e->kind == HIR_EXPR_ALIAS_SLICE) hir__w(w, ", parts = %d", e->parts);
-  hir__w(w, " )\n");
+  if (e->kind == HIR_EXPR_ALIAS_SLICE) hir__emit(w, ", parts = %d", e->parts);
+  hir__emit(w, " )\n");
 }
 
 static void hir__print_binary(hir__writer *w, const hir_expr *e, int ind) {
   hir__print_assign(w, e->out[0], ind);
-  hir__w(w, " = ");
+  hir__emit(w, " = ");
   hir__print_tv(w, e->in[0]);
-  hir__w(w, "\n");
+  hir__emit(w, "\n");
   hir__indent(w, ind + 1);
-  hir__w(w, " %s ", hir__binary_symbols[e->sub]);
+  hir__emit(w, " %s ", hir__binary_symbols[e->sub]);
   hir__print_tv(w, e->in[1]);
-  hir__w(w, ";\n");
+  hir__emit(w, ";\n");
 }
 
 static void hir__print_broadcast(hir__writer *w, const hir_expr *e, int ind) {
   int i;
   hir__print_assign(w, e->out[0], ind);
-  hir__w(w, " = broadcast( ");
+  hir__emit(w, " = broadcast( ");
   hir__print_tv(w, e->in[0]);
-  hir__w(w, ", flags = {");
-  for (i = 0; i < e->out[0]->ndims; i++) hir__w(w, "%s%s", i ? ", " : "", (e->flags >> i) & 1u ? "true" : "false");
-  hir__w(w, "} )\n");
+  hir__emit(w, ", flags = {");
+  for (i = 0; i < e->out[0]->ndims; i++) hir__emit(w, "%s%s", i ? ", " : "", (e->flags >> i) & 1u ? "true" : "false");
+  hir__emit(w, "} )\n");
 }
 
 static void hir__print_matmul(hir__writer *w, const hir_expr *e, int ind) {
   hir__print_assign(w, e->out[0], ind);
-  hir__w(w, " = matmul(");
+  hir__emit(w, " = matmul(");
   hir__print_tv(w, e->in[0]);
-  hir__w(w, ",\n");
+  hir__emit(w, ",\n");
   hir__indent(w, ind + 1);
-  hir__w(w, "          ");
+  hir__emit(w, "          ");
   hir__print_tv(w, e->in[1]);
-  hir__w(w, ")\n");
+  hir__emit(w, ")\n");
 }
 
 /* "<out>" newline " = <op>( <in>, <what> )": Set, reduction. */
 static void hir__print_unary(hir__writer *w, const hir_expr *e, int ind, const char *op, const char *what) {
   hir__print_assign(w, e->out[0], ind);
-  hir__w(w, " = %s( ", op);
+  hir__emit(w, " = %s( ", op);
   hir__print_tv(w, e->in[0]);
-  hir__w(w, ", %s )\n", what);
+  hir__emit(w, ", %s )\n", what);
 }
 
 static void hir__print_expr(hir__writer *w, const hir_expr *e, int ind) {
@@ -2116,9 +2122,9 @@ static void hir__print_expr(hir__writer *w, const hir_expr *e, int ind) {
   case HIR_EXPR_POST_ON_STREAM: hir__print_post(w, e, ind); break;
   case HIR_EXPR_COMMUNICATION: hir__print_communication(w, e, ind); break;
   case HIR_EXPR_P2P_COMMUNICATION: hir__print_p2p(w, e, ind); break;
-  case HIR_EXPR_WAIT: hir__indent(w, ind), hir__w(w, "Wait Communication %d\n", e->target->name); break;
-  case HIR_EXPR_START_COALESCING: hir__indent(w, ind), hir__w(w, "StartCoalescing\n"); break;
-  case HIR_EXPR_END_COALESCING: hir__indent(w, ind), hir__w(w, "EndCoalescing %d\n", e->name); break;
+  case HIR_EXPR_WAIT: hir__indent(w, ind), hir__emit(w, "Wait Communication %d\n", e->target->name); break;
+  case HIR_EXPR_START_COALESCING: hir__indent(w, ind), hir__emit(w, "StartCoalescing\n"); break;
+  case HIR_EXPR_END_COALESCING: hir__indent(w, ind), hir__emit(w, "EndCoalescing %d\n", e->name); break;
   case HIR_EXPR_ALIAS_SELECT:
   case HIR_EXPR_ALIAS_SLICE: hir__print_view(w, e, ind); break;
   case HIR_EXPR_LOAD_STORE: hir__print_unary(w, e, ind, "Set", "cache_op=Streaming"); break;
@@ -2138,49 +2144,49 @@ static void hir__print_scope(hir__writer *w, const hir_scope *s, int ind) {
 /* nvFuser's Fusion::print: inputs, outputs, then the exprs in a %kernel. */
 static void hir__print_kernel(hir__writer *w, const hir__vec *ins, const hir__vec *outs, const hir__vec *exprs) {
   int i;
-  hir__w(w, "Inputs:\n");
+  hir__emit(w, "Inputs:\n");
   for (i = 0; i < ins->n; i++) {
-    hir__w(w, "  ");
+    hir__emit(w, "  ");
     hir__print_tv(w, (const hir_tv *)ins->items[i]);
-    hir__w(w, "\n");
+    hir__emit(w, "\n");
   }
-  hir__w(w, "Outputs:\n");
+  hir__emit(w, "Outputs:\n");
   for (i = 0; i < outs->n; i++) {
-    hir__w(w, "  ");
+    hir__emit(w, "  ");
     hir__print_tv(w, (const hir_tv *)outs->items[i]);
-    hir__w(w, "\n");
+    hir__emit(w, "\n");
   }
-  hir__w(w, "\n%%kernel {\n");
+  hir__emit(w, "\n%%kernel {\n");
   for (i = 0; i < exprs->n; i++) hir__print_expr(w, (const hir_expr *)exprs->items[i], 0);
-  hir__w(w, "} // %%kernel\n");
+  hir__emit(w, "} // %%kernel\n");
 }
 
 static void hir__print_tv_list(hir__writer *w, const hir__vec *v, const char *sep, const char *last) {
   int i;
   for (i = 0; i < v->n; i++) {
     hir__print_tv(w, (const hir_tv *)v->items[i]);
-    hir__w(w, "%s", i + 1 < v->n ? sep : last);
+    hir__emit(w, "%s", i + 1 < v->n ? sep : last);
   }
 }
 
 static void hir__print_program(hir__writer *w, const hir_program *p) {
   int i;
-  hir__w(w, "\n%%HostIrContainer { (");
+  hir__emit(w, "\n%%HostIrContainer { (");
   hir__print_tv_list(w, &p->ir.inputs, ", ", "");
-  hir__w(w, ") -> (");
+  hir__emit(w, ") -> (");
   hir__print_tv_list(w, &p->ir.outputs, ", ", "");
-  hir__w(w, ") :\n");
+  hir__emit(w, ") :\n");
   hir__print_scope(w, &p->top, 1);
   for (i = 0; i < p->units.n; i++) {
     const hir__host_unit *u = (const hir__host_unit *)p->units.items[i];
-    hir__w(w, "\nHostUnit%d: Inputs={", u->name);
+    hir__emit(w, "\nHostUnit%d: Inputs={", u->name);
     hir__print_tv_list(w, &u->ins, ", ", ", ");
-    hir__w(w, "} -> Outputs={");
+    hir__emit(w, "} -> Outputs={");
     hir__print_tv_list(w, &u->outs, ", ", ", ");
-    hir__w(w, "}"); /* nvFuser starts the unit's fusion on this line */
+    hir__emit(w, "}"); /* nvFuser starts the unit's fusion on this line */
     hir__print_kernel(w, &u->ins, &u->outs, &u->exprs);
   }
-  hir__w(w, "} // %%HostIrContainer\n\n");
+  hir__emit(w, "} // %%HostIrContainer\n\n");
 }
 
 HIRDEF hir_status hir_program_print(const hir_program *p, FILE *out) {
@@ -2226,9 +2232,9 @@ HIRDEF size_t hir_val_snprint(const hir_val *v, char *buf, size_t cap) {
 static void hir__dot_tv(hir__writer *w, const hir_tv *tv, unsigned char *seen) {
   if (seen[tv->name]) return;
   seen[tv->name] = 1;
-  hir__w(w, "  t%d [shape=ellipse%s, label=\"", tv->name, tv->is_input || tv->is_output ? ", peripheries=2" : "");
+  hir__emit(w, "  t%d [shape=ellipse%s, label=\"", tv->name, tv->is_input || tv->is_output ? ", peripheries=2" : "");
   hir__print_tv(w, tv);
-  hir__w(w, "\"];\n");
+  hir__emit(w, "\"];\n");
 }
 
 static void hir__print_segmentation_dot(hir__writer *w, const hir_segmentation *s) {
@@ -2237,17 +2243,17 @@ static void hir__print_segmentation_dot(hir__writer *w, const hir_segmentation *
   int g, i, k;
   if (!seen) return;
   memset(seen, 0, (size_t)f->next_tv + 1);
-  hir__w(w, "digraph segmentation {\n  node [fontname=\"monospace\", fontsize=10];\n");
+  hir__emit(w, "digraph segmentation {\n  node [fontname=\"monospace\", fontsize=10];\n");
   for (g = 0; g < s->groups.n; g++) {
     const hir_group *grp = (const hir_group *)s->groups.items[g];
-    hir__w(w, "  subgraph cluster_%d {\n    label=\"group %d%s\";%s\n", g, g,
+    hir__emit(w, "  subgraph cluster_%d {\n    label=\"group %d%s\";%s\n", g, g,
            grp->resharding ? " (resharding)" : grp->standalone ? " (host op)" : "",
            grp->resharding ? " style=filled; color=lightgrey;" : "");
     for (i = 0; i < grp->exprs.n; i++) {
       const hir_expr *e = (const hir_expr *)grp->exprs.items[i];
-      hir__w(w, "    e%d [shape=box, label=\"%s %d\"];\n", e->name, hir__ops[e->kind].name, e->name);
+      hir__emit(w, "    e%d [shape=box, label=\"%s %d\"];\n", e->name, hir__ops[e->kind].name, e->name);
     }
-    hir__w(w, "  }\n");
+    hir__emit(w, "  }\n");
   }
   for (g = 0; g < s->groups.n; g++) {
     const hir_group *grp = (const hir_group *)s->groups.items[g];
@@ -2255,15 +2261,15 @@ static void hir__print_segmentation_dot(hir__writer *w, const hir_segmentation *
       const hir_expr *e = (const hir_expr *)grp->exprs.items[i];
       for (k = 0; k < e->nin; k++) {
         hir__dot_tv(w, e->in[k], seen);
-        hir__w(w, "  t%d -> e%d;\n", e->in[k]->name, e->name);
+        hir__emit(w, "  t%d -> e%d;\n", e->in[k]->name, e->name);
       }
       for (k = 0; k < e->nout; k++) {
         hir__dot_tv(w, e->out[k], seen);
-        hir__w(w, "  e%d -> t%d;\n", e->name, e->out[k]->name);
+        hir__emit(w, "  e%d -> t%d;\n", e->name, e->out[k]->name);
       }
     }
   }
-  hir__w(w, "}\n");
+  hir__emit(w, "}\n");
   HIR_FREE(seen);
 }
 
@@ -2371,11 +2377,7 @@ static int hir__same_mesh(const hir_tv *a, const hir_tv *b) {
 }
 
 static int hir__in_mesh(const hir_tv *tv, int device) {
-  int i;
-  if (!tv->mesh_size) return 1;
-  for (i = 0; i < tv->mesh_size; i++)
-    if (tv->mesh[i] == device) return 1;
-  return 0;
+  return !tv->mesh_size || hir_team_index(tv->mesh, tv->mesh_size, device) >= 0;
 }
 
 /* Does moving input k of e into e's output change where its data lives? */
@@ -2839,9 +2841,7 @@ typedef struct hir__comm_plan {
 static int hir__plan_comm(hir__comm_plan *c, hir_collective type, int n, const int *team, int root) {
   hir_fusion *f = &c->p->ir;
   hir_expr *comm, *wait;
-  int i;
-  for (i = 0; i < n && team[i] != c->p->my_device; i++) {}
-  if (i == n && c->p->my_device >= 0) return 1; /* a program for any rank keeps them all */
+  if (c->p->my_device >= 0 && hir_team_index(team, n, c->p->my_device) < 0) return 1; /* a program for any rank keeps them all */
   if (!(comm = hir__comm_expr(f, type, n, team, root, c->in, c->dst)) || !hir__push(f, c->out, comm)) return 0;
   if (!(wait = hir__new_expr(f, HIR_EXPR_WAIT, 0, 0))) return 0;
   wait->target = comm;
@@ -2850,12 +2850,9 @@ static int hir__plan_comm(hir__comm_plan *c, hir_collective type, int n, const i
 
 /* team = mesh, plus `extra` at the end unless already there. */
 static int hir__team_plus(const hir_tv *tv, int extra, int *team) {
-  int i, n = tv->mesh_size, found = 0;
-  for (i = 0; i < n; i++) {
-    team[i] = tv->mesh[i];
-    found |= team[i] == extra;
-  }
-  if (!found) team[n++] = extra;
+  int n = tv->mesh_size;
+  memcpy(team, tv->mesh, (size_t)n * sizeof(int));
+  if (hir_team_index(team, n, extra) < 0) team[n++] = extra;
   return n;
 }
 
@@ -3212,19 +3209,21 @@ typedef struct hir__chain {
   const int *mesh;              /* the P2P mesh and my position in it */
   int mesh_size, pos;
   hir_val *i, *chunk, *slot, *pos_val;
-  int cut;                      /* P2P chains: each peer's chunk cut into this many parts, one an iteration */
-  hir_val *step, *part;         /* the iteration's peer step (i % D) and part (i / D) */
-  unsigned char *cut_of;        /* by tensor name: 0 unseen, else 2 + the axis a loop write cuts (1: none) */
-  hir_tv *parts;                /* the reduce-scatter's partials of the own chunk, a slot per mesh position */
-  int parts_axis, parts_cut;    /* its slot axis; the axis cut into parts (-1: none) */
-  hir_val *mine;                /* whether this step's chunk is the device's own */
-  const hir_tv *partials;       /* the reduce-scatter's input where the own chunk is computed straight into parts */
+  int parts_per_peer;           /* P2P chains: each peer's chunk cut into this many parts, one an iteration */
+  hir_val *step, *part_index;   /* the iteration's peer step (i % D) and part (i / D) */
+  unsigned char *cut_axis_of;   /* by tensor name: 0 unseen, else 2 + the axis a loop write cuts (1: none) */
+  hir_tv *rs_slots;             /* the reduce-scatter's partials of the own chunk, a slot per mesh position */
+  int rs_slot_axis, rs_cut_axis; /* its slot axis; its axis cut into parts (-1: none) */
+  hir_val *own_step;            /* whether this step's chunk is the device's own */
+  const hir_tv *rs_input_in_slots; /* the reduce-scatter's input whose own chunk is computed straight into its slot */
   hir_scope *body;
   hir__vec allocs, after, slices;
   unsigned char *bounded;       /* by tensor name */
 } hir__chain;
 
-static hir_val *hir__v(hir__chain *c, hir_scalar_op op, hir_val *a, hir_val *b) { return hir__binary_val(&c->p->ir, op, a, b); }
+static hir_val *hir__scalar(hir__chain *c, hir_scalar_op op, hir_val *a, hir_val *b) {
+  return hir__binary_val(&c->p->ir, op, a, b);
+}
 
 /* The device at chunk position `index` of the loop's mesh. */
 static hir_val *hir__mesh_at(hir__chain *c, hir_val *index) {
@@ -3290,18 +3289,18 @@ static int hir__stream_fail(hir_program *p, const hir_expr *e, const char *why) 
 /* Ops of a cut loop must all cut a tensor the loop writes along one axis,
    or one would read parts not written yet. `writes`: e writes tv. */
 static int hir__same_cut(hir__chain *c, const hir_expr *e, const hir_tv *tv, int axis, int writes) {
-  unsigned char *seen = &c->cut_of[tv->name];
+  unsigned char *seen = &c->cut_axis_of[tv->name];
   char why[200];
-  if (c->cut < 2) return 1;
+  if (c->parts_per_peer < 2) return 1;
   if (writes && axis < 0) {
     snprintf(why, sizeof why, "chunks_per_peer = %d cuts the first axis after the Stream axis, and T%d has none; use "
-             "chunks_per_peer = 1", c->cut, tv->name);
+             "chunks_per_peer = 1", c->parts_per_peer, tv->name);
     return hir__stream_fail(c->p, e, why);
   }
   if (writes && !*seen) *seen = (unsigned char)(axis + 2);
   if (!*seen || *seen == axis + 2) return 1;
   snprintf(why, sizeof why, "with chunks_per_peer = %d, T%d would be cut along axis %d here and axis %d where it is "
-           "written, so this op would read parts not written yet; use chunks_per_peer = 1", c->cut, tv->name, axis, *seen - 2);
+           "written, so this op would read parts not written yet; use chunks_per_peer = 1", c->parts_per_peer, tv->name, axis, *seen - 2);
   return hir__stream_fail(c->p, e, why);
 }
 
@@ -3309,9 +3308,9 @@ static int hir__same_cut(hir__chain *c, const hir_expr *e, const hir_tv *tv, int
    the loop body; in `scope` instead when given. */
 static hir_tv *hir__part_of(hir__chain *c, hir_scope *scope, hir_tv *view, int axis) {
   hir_expr *e;
-  if (!view || c->cut < 2 || axis < 0) return view;
-  if (!scope) return hir__slice_of(c, view, axis, c->part, c->cut);
-  e = hir__alias_view(&c->p->ir, view, axis, c->part, c->cut);
+  if (!view || c->parts_per_peer < 2 || axis < 0) return view;
+  if (!scope) return hir__slice_of(c, view, axis, c->part_index, c->parts_per_peer);
+  e = hir__alias_view(&c->p->ir, view, axis, c->part_index, c->parts_per_peer);
   return e && hir__append(scope, e) ? e->out[0] : NULL;
 }
 
@@ -3338,10 +3337,10 @@ static hir_expr *hir__clone_onto(hir_fusion *f, const hir_expr *e, hir_tv **ins,
 
 /* Slot `index` of the reduce-scatter's partials, cut to this iteration's
    part, placed in `scope`. */
-static hir_tv *hir__parts_slot(hir__chain *c, hir_scope *scope, hir_val *index) {
-  hir_expr *sel = index ? hir__alias_view(&c->p->ir, c->parts, c->parts_axis, index, 0) : NULL;
+static hir_tv *hir__rs_slot(hir__chain *c, hir_scope *scope, hir_val *index) {
+  hir_expr *sel = index ? hir__alias_view(&c->p->ir, c->rs_slots, c->rs_slot_axis, index, 0) : NULL;
   if (!sel || !hir__append(scope, sel)) return NULL;
-  return hir__part_of(c, scope, sel->out[0], c->parts_cut < 0 ? -1 : c->parts_cut - (c->parts_cut > c->parts_axis));
+  return hir__part_of(c, scope, sel->out[0], c->rs_cut_axis < 0 ? -1 : c->rs_cut_axis - (c->rs_cut_axis > c->rs_slot_axis));
 }
 
 /* An ordinary op of the chain, rewritten onto this iteration's views. The
@@ -3365,9 +3364,9 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
     if (!ins[k]) return 0;
   }
   if (!(out = hir__chunk_part(c, e->out[0], s, cut))) return 0;
-  if (e->out[0] != c->partials) return hir__append(c->body, hir__clone_onto(f, e, ins, out, s));
-  if (!(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)) || !(slot = hir__parts_slot(c, &ite->body, c->pos_val))) return 0;
-  ite->val = c->mine;
+  if (e->out[0] != c->rs_input_in_slots) return hir__append(c->body, hir__clone_onto(f, e, ins, out, s));
+  if (!(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)) || !(slot = hir__rs_slot(c, &ite->body, c->pos_val))) return 0;
+  ite->val = c->own_step;
   return hir__append(&ite->body, hir__clone_onto(f, e, ins, slot, s)) &&
          hir__append(&ite->orelse, hir__clone_onto(f, e, ins, out, s)) && hir__append(c->body, ite);
 }
@@ -3378,9 +3377,9 @@ static int hir__stream_allgather(hir__chain *c, const hir_expr *e, int in_axis) 
   hir_fusion *f = &p->ir;
   hir_tv *in = e->in[0], *dst, *own, *send;
   int map[HIR_MAX_DIMS], s = hir__stream_axis(e->out[0]), cut = hir__cut_axis(e->out[0], s), in_cut = -1, j;
-  hir_val *mine = c->ring ? hir__v(c, HIR_SCALAR_EQ, c->step, hir__const(f, 0))
-                          : hir__v(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
-  hir_val *to = c->ring ? hir__mesh_at(c, hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_ADD, c->pos_val, c->step),
+  hir_val *mine = c->ring ? hir__scalar(c, HIR_SCALAR_EQ, c->step, hir__const(f, 0))
+                          : hir__scalar(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
+  hir_val *to = c->ring ? hir__mesh_at(c, hir__scalar(c, HIR_SCALAR_MOD, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, c->step),
                                                  hir__const(f, c->mesh_size)))
                         : hir__mesh_at(c, c->chunk);
   /* my shard's view first, as nvFuser numbers them */
@@ -3410,26 +3409,26 @@ static int hir__stream_allgather(hir__chain *c, const hir_expr *e, int in_axis) 
    input's producer writes the own chunk straight into the own slot
    (hir__stream_op). The linear schedule makes it at the reduce-scatter and
    copies the own chunk there, as nvFuser's programs do. */
-static int hir__stream_partials(hir__chain *c, const hir_expr *e, const int *first, const int *last, int at) {
+static int hir__stream_rs_slots(hir__chain *c, const hir_expr *e, const int *first, const int *last, int at) {
   hir_fusion *f = &c->p->ir;
   const hir_tv *in = e->in[0], *out = e->out[0];
   int map[HIR_MAX_DIMS], q, k, readers = 0, cut = hir__cut_axis(in, hir__stream_axis(in));
-  if (c->parts) return 1;
-  if (!(c->parts = hir__new_tv(f, out->dtype, HIR_MEM_GLOBAL, out->ndims))) return 0;
+  if (c->rs_slots) return 1;
+  if (!(c->rs_slots = hir__new_tv(f, out->dtype, HIR_MEM_GLOBAL, out->ndims))) return 0;
   hir__axis_map(e, 0, map);
-  c->parts_axis = map[hir__didx_axis(in)];
-  c->parts_cut = cut >= 0 ? map[cut] : -1;
+  c->rs_slot_axis = map[hir__didx_axis(in)];
+  c->rs_cut_axis = cut >= 0 ? map[cut] : -1;
   for (q = 0; q < out->ndims; q++)
-    if (!(c->parts->ids[q] = hir__clone_id(f, out->ids[q], 1))) return 0;
-  c->parts->ids[c->parts_axis]->iter = HIR_ITERATION;
-  c->parts->mesh = out->mesh;
-  c->parts->mesh_size = out->mesh_size;
-  c->mine = c->ring ? hir__v(c, HIR_SCALAR_EQ, c->step, hir__const(f, c->mesh_size - 1)) /* the ring keeps its own chunk last */
-                    : hir__v(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
+    if (!(c->rs_slots->ids[q] = hir__clone_id(f, out->ids[q], 1))) return 0;
+  c->rs_slots->ids[c->rs_slot_axis]->iter = HIR_ITERATION;
+  c->rs_slots->mesh = out->mesh;
+  c->rs_slots->mesh_size = out->mesh_size;
+  c->own_step = c->ring ? hir__scalar(c, HIR_SCALAR_EQ, c->step, hir__const(f, c->mesh_size - 1)) /* the ring keeps its own chunk last */
+                    : hir__scalar(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
   for (k = 0; k < c->n; k++)
     for (q = 0; q < c->exprs[k]->nin; q++) readers += c->exprs[k]->in[q] == in;
-  c->partials = c->ring && !in->is_output && readers == 1 && first && first[in->name] >= at && last[in->name] < at + c->n ? in : NULL;
-  return c->mine && hir__push(f, &c->allocs, c->parts);
+  c->rs_input_in_slots = c->ring && !in->is_output && readers == 1 && first && first[in->name] >= at && last[in->name] < at + c->n ? in : NULL;
+  return c->own_step && hir__push(f, &c->allocs, c->rs_slots);
 }
 
 /* The P2P reduce-scatter: each step sends this device's partial of chunk c
@@ -3443,24 +3442,24 @@ static int hir__stream_reduce_scatter(hir__chain *c, const hir_expr *e, int in_a
   hir_expr *ite, *sum, *end;
   hir_scope *others;            /* the steps of the peers' chunks */
   if (!hir__same_cut(c, e, e->in[0], cut, 0) || !(part = hir__chunk_part(c, e->in[0], in_axis, cut)) ||
-      !hir__stream_partials(c, e, NULL, NULL, 0) || !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)))
+      !hir__stream_rs_slots(c, e, NULL, NULL, 0) || !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)))
     return 0;
-  if (c->partials) { /* nothing to do at the own step: IF not mine */
-    ite->val = hir__v(c, HIR_SCALAR_NE, c->step, hir__const(f, c->mesh_size - 1));
+  if (c->rs_input_in_slots) { /* nothing to do at the own step: IF not mine */
+    ite->val = hir__scalar(c, HIR_SCALAR_NE, c->step, hir__const(f, c->mesh_size - 1));
     others = &ite->body;
   } else {
-    ite->val = c->mine;
+    ite->val = c->own_step;
     others = &ite->orelse;
   }
   if (!ite->val) return 0;
-  if (!c->partials && /* my own partial goes into my slot */
-      (!(slot = hir__parts_slot(c, &ite->body, c->pos_val)) ||
+  if (!c->rs_input_in_slots && /* my own partial goes into my slot */
+      (!(slot = hir__rs_slot(c, &ite->body, c->pos_val)) ||
        !hir__append(&ite->body, hir__host_compute(p, HIR_EXPR_LOAD_STORE, 0, slot, part, NULL, "stream lowering"))))
     return 0;
   if (c->ring) { /* step i: send chunk pos+i+1, receive from pos-i-1 */
-    hir_val *from = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size - 1)), c->step),
+    hir_val *from = hir__scalar(c, HIR_SCALAR_MOD, hir__scalar(c, HIR_SCALAR_SUB, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size - 1)), c->step),
                            hir__const(f, c->mesh_size));
-    if (!(slot = hir__parts_slot(c, others, from)) || !hir__append(others, hir_host_start_coalescing(p)) ||
+    if (!(slot = hir__rs_slot(c, others, from)) || !hir__append(others, hir_host_start_coalescing(p)) ||
         !hir__append(others, hir_host_p2p(p, HIR_P2P_RECV, slot, hir__mesh_at(c, from))) ||
         !hir__append(others, hir_host_p2p(p, HIR_P2P_SEND, part, hir__mesh_at(c, c->chunk))))
       return 0;
@@ -3473,7 +3472,7 @@ static int hir__stream_reduce_scatter(hir__chain *c, const hir_expr *e, int in_a
       return 0;
     }
     for (q = 0; q < c->mesh_size; q++) /* the owner receives every other position's partial */
-      if (q != c->pos && !hir__parts_slot(c, then, hir__const(f, q))) return 0;
+      if (q != c->pos && !hir__rs_slot(c, then, hir__const(f, q))) return 0;
     per_slot = c->mesh_size > 1 ? (then->exprs.n - view) / (c->mesh_size - 1) : 1; /* a slot's views: select, maybe cut */
     if (!hir__append(then, hir_host_start_coalescing(p))) return 0;
     for (q = 0; q < c->mesh_size; q++) {
@@ -3491,7 +3490,7 @@ static int hir__stream_reduce_scatter(hir__chain *c, const hir_expr *e, int in_a
       !hir__append(c->body, ite))
     return 0;
   if (!(sum = hir__new_expr(f, HIR_EXPR_REDUCTION, 1, 1))) return 0; /* out = sum over the slots, after the loop */
-  sum->in[0] = c->parts;
+  sum->in[0] = c->rs_slots;
   sum->out[0] = out;
   return hir__push(f, &c->after, sum);
 }
@@ -3507,13 +3506,13 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   int k, t, a;
   hir_id *id = c->id;
   c->i = c->step = hir__named(f, HIR_NAMED_STREAM_IDX);
-  c->slot = hir__v(c, HIR_SCALAR_MOD, c->i, hir__named(f, HIR_NAMED_NUM_STREAMS));
-  c->cut = c->p2p && c->opt->chunks_per_peer > 1 ? c->opt->chunks_per_peer : 1;
-  if (c->cut > 1) { /* iteration i: step i % D, part i / D: every round of steps moves the first parts of all chunks */
-    hir_val *steps = hir__const(f, c->mesh_size), *n = hir__v(c, HIR_SCALAR_MUL, c->id->extent, hir__const(f, c->cut));
-    c->step = hir__v(c, HIR_SCALAR_MOD, c->i, steps);
-    c->part = hir__v(c, HIR_SCALAR_DIV, c->i, steps);
-    if (!c->step || !c->part || !n || !(id = hir__new_id(f, n, HIR_ITERATION, HIR_STREAM))) return 0;
+  c->slot = hir__scalar(c, HIR_SCALAR_MOD, c->i, hir__named(f, HIR_NAMED_NUM_STREAMS));
+  c->parts_per_peer = c->p2p && c->opt->chunks_per_peer > 1 ? c->opt->chunks_per_peer : 1;
+  if (c->parts_per_peer > 1) { /* iteration i: step i % D, part i / D: every round of steps moves the first parts of all chunks */
+    hir_val *steps = hir__const(f, c->mesh_size), *n = hir__scalar(c, HIR_SCALAR_MUL, c->id->extent, hir__const(f, c->parts_per_peer));
+    c->step = hir__scalar(c, HIR_SCALAR_MOD, c->i, steps);
+    c->part_index = hir__scalar(c, HIR_SCALAR_DIV, c->i, steps);
+    if (!c->step || !c->part_index || !n || !(id = hir__new_id(f, n, HIR_ITERATION, HIR_STREAM))) return 0;
   }
   c->chunk = c->step;
   c->pos_val = hir__named(f, HIR_NAMED_RANK);
@@ -3521,15 +3520,15 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   if (c->p2p) {
     int iota = 1;
     for (k = 0; k < c->mesh_size; k++) iota &= c->mesh[k] == k;
-    for (c->pos = 0; c->pos < c->mesh_size && c->mesh[c->pos] != p->my_device; c->pos++) {}
+    if ((c->pos = hir_team_index(c->mesh, c->mesh_size, p->my_device)) < 0) c->pos = c->mesh_size; /* a program for any rank */
     if (!iota) c->pos_val = hir__const(f, c->pos); /* this device's position in the mesh */
     c->ring = c->opt->schedule == HIR_P2P_RING && c->p2p != (HIR__P2P_ALLGATHER | HIR__P2P_REDUCE_SCATTER);
     if (c->ring && c->p2p == HIR__P2P_ALLGATHER) /* receive from pos - i */
-      c->chunk = hir__v(c, HIR_SCALAR_MOD, hir__v(c, HIR_SCALAR_SUB, hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->step),
+      c->chunk = hir__scalar(c, HIR_SCALAR_MOD, hir__scalar(c, HIR_SCALAR_SUB, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->step),
                         hir__const(f, c->mesh_size));
     else if (c->ring) /* compute and send chunk pos + i + 1: the own chunk last, so no transfer is left at the end */
-      c->chunk = hir__v(c, HIR_SCALAR_MOD,
-                        hir__v(c, HIR_SCALAR_ADD, iota ? hir__v(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, 1)) : hir__const(f, c->pos + 1), c->step),
+      c->chunk = hir__scalar(c, HIR_SCALAR_MOD,
+                        hir__scalar(c, HIR_SCALAR_ADD, iota ? hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, 1)) : hir__const(f, c->pos + 1), c->step),
                         hir__const(f, c->mesh_size));
   }
   if (!c->slot || !c->chunk || !c->pos_val) return 0;
@@ -3552,10 +3551,10 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   c->body = &loop->body;
   if (!(caller = hir_stream_new(p)) || !(pool = hir_stream_indexed(p, c->slot))) return 0;
   if (!hir__append(c->body, hir_host_set_current_stream(p, pool))) return 0;
-  c->parts = NULL;
-  c->partials = NULL;
+  c->rs_slots = NULL;
+  c->rs_input_in_slots = NULL;
   for (k = 0; k < c->n; k++)
-    if (c->ring && hir__p2p_kind(c->exprs[k], &a) == HIR__P2P_REDUCE_SCATTER && !hir__stream_partials(c, c->exprs[k], first, last, at))
+    if (c->ring && hir__p2p_kind(c->exprs[k], &a) == HIR__P2P_REDUCE_SCATTER && !hir__stream_rs_slots(c, c->exprs[k], first, last, at))
       return 0;
   for (k = 0; k < c->n; k++) {
     const hir_expr *e = c->exprs[k];
@@ -3613,14 +3612,14 @@ HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_opti
   first = (int *)HIR_MALLOC(((size_t)nt + 1) * sizeof(int));
   last = (int *)HIR_MALLOC(((size_t)nt + 1) * sizeof(int));
   c.bounded = (unsigned char *)HIR_MALLOC((size_t)nt + 1);
-  c.cut_of = (unsigned char *)HIR_MALLOC((size_t)nt + 1);
+  c.cut_axis_of = (unsigned char *)HIR_MALLOC((size_t)nt + 1);
   c.exprs = (hir_expr **)HIR_MALLOC(((size_t)p->top.exprs.n + 1) * sizeof(hir_expr *));
-  if (!first || !last || !c.bounded || !c.cut_of || !c.exprs) {
+  if (!first || !last || !c.bounded || !c.cut_axis_of || !c.exprs) {
     hir__fail(f, HIR_ERR_NOMEM, "stream lowering: out of memory");
     goto done;
   }
   memset(c.bounded, 0, (size_t)nt + 1);
-  memset(c.cut_of, 0, (size_t)nt + 1);
+  memset(c.cut_axis_of, 0, (size_t)nt + 1);
   hir__use_span(&p->top, first, last, nt);
   for (i = 0; i < p->top.exprs.n; i = j) {
     hir_expr *e = (hir_expr *)p->top.exprs.items[i];
@@ -3672,7 +3671,7 @@ done:
   HIR_FREE(first);
   HIR_FREE(last);
   HIR_FREE(c.bounded);
-  HIR_FREE(c.cut_of);
+  HIR_FREE(c.cut_axis_of);
   HIR_FREE(c.exprs);
   if (!ok && f->status == HIR_OK) hir__fail(f, HIR_ERR_NOMEM, "stream lowering: out of memory");
   return f->status;
@@ -3851,7 +3850,7 @@ static int hir__sched_push_op(hir__sched_rank *r, int is_send, int peer) {
 
 /* Records the communication events of one rank's scope. */
 static int hir__sched_walk(hir__sched_rank *r, const hir_scope *s, int me) {
-  int i, k;
+  int i;
   for (i = 0; i < s->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
     hir__sched_ev ev;
@@ -3870,8 +3869,7 @@ static int hir__sched_walk(hir__sched_rank *r, const hir_scope *s, int me) {
       if (!hir__sched_walk(r, hir__eval_val(&r->env, e->val) ? &e->body : &e->orelse, me)) return 0;
       break;
     case HIR_EXPR_COMMUNICATION:
-      for (k = 0; k < e->team_size && e->team[k] != me; k++) {}
-      if (k == e->team_size) break; /* not in its team */
+      if (hir_team_index(e->team, e->team_size, me) < 0) break; /* not in its team */
       ev.type = e->sub;
       ev.root = e->root;
       ev.team = e->team;
@@ -5583,13 +5581,6 @@ static hir_status hir__lw_barrier(hir_comm *c, hir__lw_team *t, const char *what
   return HIR_OK;
 }
 
-static int hir__lw_index(const hir__lw_team *t, int device) {
-  int i;
-  for (i = 0; i < t->n; i++)
-    if (t->devices[i] == device) return i;
-  return -1;
-}
-
 static hir_status hir__lw_make_team(hir_comm *c, const int *devices, int n, void **out) {
   hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
   hir__lw_team *t;
@@ -5629,7 +5620,7 @@ static hir_status hir__lw_make_team(hir_comm *c, const int *devices, int n, void
     snprintf(c->error, sizeof c->error, "local world: out of memory creating a team");
     return HIR_ERR_NOMEM;
   }
-  if (hir__lw_index(t, c->rank) < 0) {
+  if (hir_team_index(t->devices, t->n, c->rank) < 0) {
     snprintf(c->error, sizeof c->error, "local world: rank %d asked for a team it is not in", c->rank);
     return HIR_ERR_INVALID;
   }
@@ -5649,7 +5640,7 @@ static hir_status hir__lw_collective(hir_comm *c, void *team, hir__lw_kind kind,
   hir__lw_team *t = (hir__lw_team *)team;
   const char *what = hir__lw_names[kind];
   size_t es = hir_dtype_size(dt);
-  int me = hir__lw_index(t, c->rank), r = root >= 0 ? hir__lw_index(t, root) : -1, i;
+  int me = hir_team_index(t->devices, t->n, c->rank), r = root >= 0 ? hir_team_index(t->devices, t->n, root) : -1, i;
   hir_status s;
   if (me < 0 || (root >= 0 && r < 0)) {
     snprintf(c->error, sizeof c->error, "local world: %s: rank %d or root %d is not in the team", what, c->rank, root);
@@ -6841,9 +6832,7 @@ static int hir__setup_expr(hir_evaluator *ev, const hir_expr *e) {
                             e->name, e->team[i], ev->comm->size);
   }
   if (e->kind == HIR_EXPR_COMMUNICATION) {
-    int member = 0, i;
-    for (i = 0; i < e->team_size; i++) member |= e->team[i] == ev->device;
-    if (member && (s = ev->comm->team(ev->comm, e->team, e->team_size, &ev->team[e->name])) != HIR_OK)
+    if (hir_team_index(e->team, e->team_size, ev->device) >= 0 && (s = ev->comm->team(ev->comm, e->team, e->team_size, &ev->team[e->name])) != HIR_OK)
       return hir__ev_fail(ev, s, "hir_evaluator_create: the team of Communication %d: %s", e->name, ev->comm->error);
   }
   if (hir__ops[e->kind].flags & HIR__OP_WAITABLE) {
@@ -6999,7 +6988,7 @@ static int hir__sync_stream(hir_evaluator *ev, void *stream, double deadline) {
   hir_status s;
   double spin_until = hir__now_ms() + 2; /* short waits spin, as cudaStreamSynchronize does; a nap costs ~60 us */
   while ((s = ev->b->stream_query(ev->b, stream)) == HIR_ERR_TIMEOUT) {
-    struct timespec nap = hir__deadline(0);
+    struct timespec nap = hir__deadline(0.05); /* 50 us */
     if (ev->comm && ev->comm->poll && (s = ev->comm->poll(ev->comm)) != HIR_OK) {
       ev->broken = 1;
       return hir__ev_fail(ev, s, "hir_evaluator_sync: a communication failed: %s", ev->comm->error);
@@ -7013,11 +7002,6 @@ static int hir__sync_stream(hir_evaluator *ev, void *stream, double deadline) {
                           ev->timeout_ms);
     }
     if (hir__now_ms() < spin_until) continue;
-    nap.tv_nsec += 50000; /* 50 us */
-    if (nap.tv_nsec >= 1000000000L) {
-      nap.tv_sec++;
-      nap.tv_nsec -= 1000000000L;
-    }
     pthread_mutex_lock(&ev->nap_mu);
     pthread_cond_timedwait(&ev->nap_cv, &ev->nap_mu, &nap);
     pthread_mutex_unlock(&ev->nap_mu);

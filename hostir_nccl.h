@@ -28,7 +28,12 @@
    world gets its own NCCL communicator, made by its members only. Every wait
    of the bootstrap has a deadline, and hir_evaluator_sync polls
    ncclCommGetAsyncError and aborts the communicators when a peer is dead.
-   Nothing assumes one host. */
+   Nothing assumes one host. Private names start with hir_nccl__.
+
+   Table of contents (grep the markers); a section calls only the ones above it:
+       // >>nccl_store      rank 0's key-value store over TCP, for NCCL's ids
+       // >>nccl_comm       hir_comm on NCCL: teams, collectives, copy-engine send/recv, errors
+       // >>nccl_bootstrap  the threaded world, the launcher's environment, one process per GPU */
 #ifndef HOSTIR_NCCL_H
 #define HOSTIR_NCCL_H
 #include "hostir.h"
@@ -88,28 +93,28 @@ HIRDEF void       hir_nccl_comm_free(hir_comm *c);
 // >>nccl_store
 /* A tiny key-value store over TCP, served by rank 0, for NCCL's ids: a
    request is one fixed-size message (SET or GET), the answer one too. */
-#define HIR__KEY_BYTES 200
-typedef struct hir__msg {
+#define HIR_NCCL__KEY_BYTES 200
+typedef struct hir_nccl__msg {
   char op;                      /* 'S' set, 'G' get, 'V' value, 'N' none yet */
-  char key[HIR__KEY_BYTES];
+  char key[HIR_NCCL__KEY_BYTES];
   unsigned char value[NCCL_UNIQUE_ID_BYTES];
-} hir__msg;
+} hir_nccl__msg;
 
-typedef struct hir__kv {
-  char key[HIR__KEY_BYTES];
+typedef struct hir_nccl__kv {
+  char key[HIR_NCCL__KEY_BYTES];
   unsigned char value[NCCL_UNIQUE_ID_BYTES];
-} hir__kv;
+} hir_nccl__kv;
 
-typedef struct hir__kvstore {
+typedef struct hir_nccl__kvstore {
   char addr[256];
   int port, listen_fd, serving;
   pthread_t thread;
   pthread_mutex_t mu;
-  hir__kv *kv;
+  hir_nccl__kv *kv;
   int nkv, cap;
-} hir__kvstore;
+} hir_nccl__kvstore;
 
-static int hir__io(int fd, void *buf, size_t n, int writing) {
+static int hir_nccl__io(int fd, void *buf, size_t n, int writing) {
   char *p = (char *)buf;
   while (n) {
     ssize_t k = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
@@ -123,30 +128,30 @@ static int hir__io(int fd, void *buf, size_t n, int writing) {
   return 1;
 }
 
-static void *hir__store_serve(void *arg) {
-  hir__kvstore *s = (hir__kvstore *)arg;
+static void *hir_nccl__store_serve(void *arg) {
+  hir_nccl__kvstore *s = (hir_nccl__kvstore *)arg;
   for (;;) {
-    hir__msg m;
+    hir_nccl__msg m;
     int fd = accept(s->listen_fd, NULL, NULL), i;
     if (fd < 0) {
       if (errno == EINTR) continue;
       return NULL; /* the listening socket was shut down */
     }
-    if (hir__io(fd, &m, sizeof m, 0)) {
-      m.key[HIR__KEY_BYTES - 1] = '\0';
+    if (hir_nccl__io(fd, &m, sizeof m, 0)) {
+      m.key[HIR_NCCL__KEY_BYTES - 1] = '\0';
       pthread_mutex_lock(&s->mu);
       for (i = 0; i < s->nkv && strcmp(s->kv[i].key, m.key) != 0; i++) {}
       if (m.op == 'S') {
         if (i == s->nkv && s->nkv == s->cap) {
           int cap = s->cap ? 2 * s->cap : 16;
-          hir__kv *kv = (hir__kv *)realloc(s->kv, (size_t)cap * sizeof *kv);
+          hir_nccl__kv *kv = (hir_nccl__kv *)realloc(s->kv, (size_t)cap * sizeof *kv);
           if (kv) {
             s->kv = kv;
             s->cap = cap;
           }
         }
         if (i < s->cap) {
-          memcpy(s->kv[i].key, m.key, HIR__KEY_BYTES);
+          memcpy(s->kv[i].key, m.key, HIR_NCCL__KEY_BYTES);
           memcpy(s->kv[i].value, m.value, NCCL_UNIQUE_ID_BYTES);
           if (i == s->nkv) s->nkv++;
         }
@@ -158,26 +163,26 @@ static void *hir__store_serve(void *arg) {
         m.op = 'N';
       }
       pthread_mutex_unlock(&s->mu);
-      hir__io(fd, &m, sizeof m, 1);
+      hir_nccl__io(fd, &m, sizeof m, 1);
     }
     close(fd);
   }
 }
 
-static double hir__wall_ms(void) {
+static double hir_nccl__wall_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-static void hir__sleep_ms(int ms) {
+static void hir_nccl__sleep_ms(int ms) {
   struct timespec ts;
   ts.tv_sec = ms / 1000;
   ts.tv_nsec = (long)(ms % 1000) * 1000000L;
   nanosleep(&ts, NULL);
 }
 
-static hir_status hir__store_serve_start(hir__kvstore *s, char *err, size_t cap) {
+static hir_status hir_nccl__store_serve_start(hir_nccl__kvstore *s, char *err, size_t cap) {
   struct sockaddr_in a;
   int one = 1;
   memset(&a, 0, sizeof a);
@@ -194,7 +199,7 @@ static hir_status hir__store_serve_start(hir__kvstore *s, char *err, size_t cap)
     return HIR_ERR_COMM;
   }
   pthread_mutex_init(&s->mu, NULL);
-  if (pthread_create(&s->thread, NULL, hir__store_serve, s) != 0) {
+  if (pthread_create(&s->thread, NULL, hir_nccl__store_serve, s) != 0) {
     snprintf(err, cap, "hostir_nccl: cannot start the bootstrap thread");
     close(s->listen_fd);
     s->listen_fd = -1;
@@ -204,7 +209,7 @@ static hir_status hir__store_serve_start(hir__kvstore *s, char *err, size_t cap)
   return HIR_OK;
 }
 
-static void hir__store_stop(hir__kvstore *s) {
+static void hir_nccl__store_stop(hir_nccl__kvstore *s) {
   if (!s->serving) return;
   shutdown(s->listen_fd, SHUT_RDWR);
   close(s->listen_fd);
@@ -215,7 +220,7 @@ static void hir__store_stop(hir__kvstore *s) {
 }
 
 /* One request to the store; 1 with the answer in *m, 0 when unreachable. */
-static int hir__store_ask(const hir__kvstore *s, hir__msg *m) {
+static int hir_nccl__store_ask(const hir_nccl__kvstore *s, hir_nccl__msg *m) {
   struct addrinfo hints, *res = NULL;
   char port[16];
   int fd, ok;
@@ -225,46 +230,46 @@ static int hir__store_ask(const hir__kvstore *s, hir__msg *m) {
   snprintf(port, sizeof port, "%d", s->port);
   if (getaddrinfo(s->addr, port, &hints, &res) != 0 || !res) return 0;
   fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 && hir__io(fd, m, sizeof *m, 1) && hir__io(fd, m, sizeof *m, 0);
+  ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 && hir_nccl__io(fd, m, sizeof *m, 1) && hir_nccl__io(fd, m, sizeof *m, 0);
   if (fd >= 0) close(fd);
   freeaddrinfo(res);
   return ok;
 }
 
-static hir_status hir__store_set(const hir__kvstore *s, const char *key, const void *value, int timeout_ms, char *err, size_t cap) {
-  double deadline = hir__wall_ms() + timeout_ms;
-  hir__msg m;
+static hir_status hir_nccl__store_set(const hir_nccl__kvstore *s, const char *key, const void *value, int timeout_ms, char *err, size_t cap) {
+  double deadline = hir_nccl__wall_ms() + timeout_ms;
+  hir_nccl__msg m;
   for (;;) {
     memset(&m, 0, sizeof m);
     m.op = 'S';
     snprintf(m.key, sizeof m.key, "%s", key);
     memcpy(m.value, value, NCCL_UNIQUE_ID_BYTES);
-    if (hir__store_ask(s, &m) && m.op == 'V') return HIR_OK;
-    if (hir__wall_ms() > deadline) break;
-    hir__sleep_ms(20);
+    if (hir_nccl__store_ask(s, &m) && m.op == 'V') return HIR_OK;
+    if (hir_nccl__wall_ms() > deadline) break;
+    hir_nccl__sleep_ms(20);
   }
   snprintf(err, cap, "hostir_nccl: cannot reach rank 0 at %.64s:%d within %d ms to publish '%.40s' (check MASTER_ADDR/MASTER_PORT)",
            s->addr, s->port, timeout_ms, key);
   return HIR_ERR_TIMEOUT;
 }
 
-static hir_status hir__store_get(const hir__kvstore *s, const char *key, void *value, int timeout_ms, char *err, size_t cap) {
-  double deadline = hir__wall_ms() + timeout_ms;
-  hir__msg m;
+static hir_status hir_nccl__store_get(const hir_nccl__kvstore *s, const char *key, void *value, int timeout_ms, char *err, size_t cap) {
+  double deadline = hir_nccl__wall_ms() + timeout_ms;
+  hir_nccl__msg m;
   int reached = 0;
   for (;;) {
     memset(&m, 0, sizeof m);
     m.op = 'G';
     snprintf(m.key, sizeof m.key, "%s", key);
-    if (hir__store_ask(s, &m)) {
+    if (hir_nccl__store_ask(s, &m)) {
       reached = 1;
       if (m.op == 'V') {
         memcpy(value, m.value, NCCL_UNIQUE_ID_BYTES);
         return HIR_OK;
       }
     }
-    if (hir__wall_ms() > deadline) break;
-    hir__sleep_ms(20);
+    if (hir_nccl__wall_ms() > deadline) break;
+    hir_nccl__sleep_ms(20);
   }
   snprintf(err, cap, "hostir_nccl: %s '%.40s' within %d ms (%.64s:%d); is every rank started?",
            reached ? "rank 0 never published" : "cannot reach rank 0 to fetch", key, timeout_ms, s->addr, s->port);
@@ -272,21 +277,21 @@ static hir_status hir__store_get(const hir__kvstore *s, const char *key, void *v
 }
 
 // >>nccl_comm
-typedef struct hir__nccl_team {
-  struct hir__nccl_team *next;
+typedef struct hir_nccl__team {
+  struct hir_nccl__team *next;
   int n, me, *devices;
   ncclComm_t comm;
-} hir__nccl_team;
+} hir_nccl__team;
 
-typedef struct hir__nccl_reg {  /* a registered buffer: a handle per communicator */
-  struct hir__nccl_reg *next;
+typedef struct hir_nccl__reg {  /* a registered buffer: a handle per communicator */
+  struct hir_nccl__reg *next;
   void *ptr;
   int n;
   ncclComm_t comms[16];
   void *handles[16];
-} hir__nccl_reg;
+} hir_nccl__reg;
 
-enum { HIR__CE_SLOTS = 64, HIR__CE_GROUP = 256 };
+enum { HIR_NCCL__CE_SLOTS = 64, HIR_NCCL__CE_GROUP = 256 };
 
 /* Copy-engine P2P: a receive posts its buffer with an event that marks it
    writable; the matching send (in order, per pair of ranks) copies on the
@@ -296,98 +301,135 @@ enum { HIR__CE_SLOTS = 64, HIR__CE_GROUP = 256 };
    link's full rate, and starts them without waiting for the GEMMs queued on
    the pipeline's streams. The events are made by the device that records
    them. */
-typedef struct hir__ce_post {
+typedef struct hir_nccl__ce_post {
   void *buf;
   size_t bytes;
   cudaEvent_t ready, done;
-} hir__ce_post;
+} hir_nccl__ce_post;
 
-typedef struct hir__ce_box {    /* receives that rank `to` posted for sender `from` */
-  hir__ce_post slot[HIR__CE_SLOTS];
+typedef struct hir_nccl__ce_box {    /* receives that rank `to` posted for sender `from` */
+  hir_nccl__ce_post slot[HIR_NCCL__CE_SLOTS];
   unsigned long long posted, sent, received;
-} hir__ce_box;
+} hir_nccl__ce_box;
 
-typedef struct hir__ce_op {     /* a send or receive held until its group ends */
+typedef struct hir_nccl__ce_op {     /* a send or receive held until its group ends */
   int send, peer;
   void *buf, *stream;
   size_t bytes;
   unsigned long long seq;
-} hir__ce_op;
+} hir_nccl__ce_op;
 
-typedef struct hir__nccl {
+typedef struct hir_nccl__rank {
   hir_comm comm;                /* what the evaluator sees; ctx points back here */
-  hir__ce_op ce_ops[HIR__CE_GROUP];
+  hir_nccl__ce_op ce_ops[HIR_NCCL__CE_GROUP];
   int ce_nops, ce_group;
   cudaStream_t ce_stream;       /* this rank's sends, in order */
   cudaEvent_t ce_source;        /* a send's data is ready on the sender's stream */
-  hir__nccl_reg *regs;
+  hir_nccl__reg *regs;
   ncclComm_t world;
   int device, timeout_ms, aborted;
-  hir__nccl_team world_team;    /* the team of every rank in order: the world itself */
-  hir__nccl_team *teams;
+  hir_nccl__team world_team;    /* the team of every rank in order: the world itself */
+  hir_nccl__team *teams;
   hir_nccl_world *shared;       /* threaded: the ids of teams, shared by the ranks */
-  hir__kvstore store;             /* one process per GPU: rank 0's id store */
+  hir_nccl__kvstore store;             /* one process per GPU: rank 0's id store */
   void *zeros;                  /* what a reduce root without data contributes */
   size_t zeros_cap;
-} hir__nccl;
+} hir_nccl__rank;
 
 struct hir_nccl_world {
   int n, copy_engine;
-  hir__nccl *ranks;
-  hir__ce_box *boxes;           /* [from * n + to] */
+  hir_nccl__rank *ranks;
+  hir_nccl__ce_box *boxes;           /* [from * n + to] */
   pthread_cond_t ce_cv;         /* with mu: a post was made or taken */
   pthread_mutex_t mu;
-  hir__kv *ids;                 /* team key -> ncclUniqueId */
+  hir_nccl__kv *ids;                 /* team key -> ncclUniqueId */
   int nids, cap;
   char error[256];
 };
 
-static ncclDataType_t hir__nccl_type(hir_dtype d) {
+static ncclDataType_t hir_nccl__type(hir_dtype d) {
   return d == HIR_F32 ? ncclFloat32 : d == HIR_F64 ? ncclFloat64 : d == HIR_F16 ? ncclFloat16 : ncclBfloat16;
 }
 
-static hir_status hir__nccl_settle(hir_comm *c, ncclComm_t pending, const char *what);
-
-/* A call on a nonblocking communicator that has to wait for its peers (the
-   connections NCCL makes on first use, a group) returns ncclInProgress
-   instead of blocking: settle waits for it under the communicator's
-   deadline. */
-static hir_status hir__nccl_check(hir_comm *c, ncclResult_t r, const char *what, int line) {
-  if (r == ncclSuccess) return HIR_OK;
-  if (r == ncclInProgress) return hir__nccl_settle(c, NULL, what);
-  snprintf(c->error, sizeof c->error, "%s failed on rank %d: %s (hostir_nccl.h:%d)", what, c->rank, ncclGetErrorString(r), line);
-  return HIR_ERR_COMM;
-}
-#define HIR__NC(c, call) hir__nccl_check(c, (call), #call, __LINE__)
-
-static hir__nccl *hir__nc(hir_comm *c) { return (hir__nccl *)c->ctx; }
+static hir_nccl__rank *hir_nccl__of(hir_comm *c) { return (hir_nccl__rank *)c->ctx; }
 
 /* Our communicators are nonblocking, so that a dead peer cannot hold the
    caller inside NCCL (connecting to it, say) past any deadline. */
-static ncclConfig_t hir__nccl_config(void) {
+static ncclConfig_t hir_nccl__config(void) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   return config;
 }
 
-static hir_status hir__nccl_init_comm(hir_comm *c, ncclComm_t *comm, int n, ncclUniqueId id, int me) {
-  ncclConfig_t config = hir__nccl_config();
-  ncclResult_t r = ncclCommInitRankConfig(comm, n, id, me, &config);
-  if (r == ncclInProgress) return hir__nccl_settle(c, *comm, "ncclCommInitRankConfig");
-  return HIR__NC(c, r);
+static void hir_nccl__abort(hir_comm *c) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__team *t;
+  if (nc->aborted) return;
+  nc->aborted = 1;
+  for (t = nc->teams; t; t = t->next) ncclCommAbort(t->comm);
+  if (nc->world) ncclCommAbort(nc->world);
 }
 
-static int hir__team_index(const hir__nccl_team *t, int device) {
-  int i;
-  for (i = 0; i < t->n; i++)
-    if (t->devices[i] == device) return i;
-  return -1;
+/* Waits while `comm` is busy with a nonblocking call; its state after, or
+   ncclInProgress past the deadline. */
+static ncclResult_t hir_nccl__wait(ncclComm_t comm, double deadline) {
+  ncclResult_t r = ncclSuccess, q;
+  struct timespec nap = {0, 50000}; /* 50 us */
+  while ((q = ncclCommGetAsyncError(comm, &r)) == ncclSuccess && r == ncclInProgress && hir_nccl__wall_ms() < deadline)
+    nanosleep(&nap, NULL);
+  return q != ncclSuccess ? q : r;
+}
+
+static hir_status hir_nccl__settle(hir_comm *c, ncclComm_t pending, const char *what) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  double deadline = hir_nccl__wall_ms() + nc->timeout_ms;
+  hir_nccl__team *t = nc->teams;
+  ncclComm_t comm = pending ? pending : nc->world;
+  for (;;) {
+    ncclResult_t r = comm ? hir_nccl__wait(comm, deadline) : ncclSuccess;
+    if (r == ncclInProgress) {
+      if (pending && pending != nc->world) ncclCommAbort(pending);
+      hir_nccl__abort(c);
+      snprintf(c->error, sizeof c->error,
+               "%s on rank %d still waited for its peers after %d ms: a peer is dead or stuck, so the communicator was "
+               "aborted (raise the timeout of hir_nccl_comm_create if they are only slow)",
+               what, c->rank, nc->timeout_ms);
+      return HIR_ERR_TIMEOUT;
+    }
+    if (r != ncclSuccess) {
+      if (pending && pending != nc->world) ncclCommAbort(pending);
+      snprintf(c->error, sizeof c->error, "%s failed on rank %d: %s", what, c->rank, ncclGetErrorString(r));
+      return HIR_ERR_COMM;
+    }
+    if (pending) pending = NULL, comm = nc->world; /* then every other communicator */
+    else if (t) comm = t->comm, t = t->next;
+    else return HIR_OK;
+  }
+}
+
+/* A call on a nonblocking communicator that has to wait for its peers (the
+   connections NCCL makes on first use, a group) returns ncclInProgress
+   instead of blocking: settle waits for it under the communicator's
+   deadline. */
+static hir_status hir_nccl__check(hir_comm *c, ncclResult_t r, const char *what, int line) {
+  if (r == ncclSuccess) return HIR_OK;
+  if (r == ncclInProgress) return hir_nccl__settle(c, NULL, what);
+  snprintf(c->error, sizeof c->error, "%s failed on rank %d: %s (hostir_nccl.h:%d)", what, c->rank, ncclGetErrorString(r), line);
+  return HIR_ERR_COMM;
+}
+#define HIR_NCCL__CHECK(c, call) hir_nccl__check(c, (call), #call, __LINE__)
+
+static hir_status hir_nccl__init_comm(hir_comm *c, ncclComm_t *comm, int n, ncclUniqueId id, int me) {
+  ncclConfig_t config = hir_nccl__config();
+  ncclResult_t r = ncclCommInitRankConfig(comm, n, id, me, &config);
+  if (r == ncclInProgress) return hir_nccl__settle(c, *comm, "ncclCommInitRankConfig");
+  return HIR_NCCL__CHECK(c, r);
 }
 
 /* The id of a team's communicator: made by its first member, shared through
    the world (threads) or rank 0's store (processes). */
-static hir_status hir__team_id(hir__nccl *nc, const int *devices, int n, ncclUniqueId *id) {
-  char key[HIR__KEY_BYTES];
+static hir_status hir_nccl__team_id(hir_nccl__rank *nc, const int *devices, int n, ncclUniqueId *id) {
+  char key[HIR_NCCL__KEY_BYTES];
   size_t k = 0;
   int i;
   k += (size_t)snprintf(key, sizeof key, "team");
@@ -400,7 +442,7 @@ static hir_status hir__team_id(hir__nccl *nc, const int *devices, int n, ncclUni
     if (i == w->nids) {
       if (w->nids == w->cap) {
         int cap = w->cap ? 2 * w->cap : 16;
-        hir__kv *ids = (hir__kv *)realloc(w->ids, (size_t)cap * sizeof *ids);
+        hir_nccl__kv *ids = (hir_nccl__kv *)realloc(w->ids, (size_t)cap * sizeof *ids);
         if (ids) {
           w->ids = ids;
           w->cap = cap;
@@ -419,15 +461,15 @@ static hir_status hir__team_id(hir__nccl *nc, const int *devices, int n, ncclUni
     return s;
   }
   if (devices[0] == nc->comm.rank) {
-    hir_status s = HIR__NC(&nc->comm, ncclGetUniqueId(id));
-    return s != HIR_OK ? s : hir__store_set(&nc->store, key, id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error);
+    hir_status s = HIR_NCCL__CHECK(&nc->comm, ncclGetUniqueId(id));
+    return s != HIR_OK ? s : hir_nccl__store_set(&nc->store, key, id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error);
   }
-  return hir__store_get(&nc->store, key, id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error);
+  return hir_nccl__store_get(&nc->store, key, id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error);
 }
 
-static hir_status hir__nccl_make_team(hir_comm *c, const int *devices, int n, void **out) {
-  hir__nccl *nc = hir__nc(c);
-  hir__nccl_team *t;
+static hir_status hir_nccl__make_team(hir_comm *c, const int *devices, int n, void **out) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__team *t;
   ncclUniqueId id;
   hir_status s;
   int i, me = -1, whole = n == c->size;
@@ -452,8 +494,8 @@ static hir_status hir__nccl_make_team(hir_comm *c, const int *devices, int n, vo
       *out = t;
       return HIR_OK;
     }
-  if ((s = hir__team_id(nc, devices, n, &id)) != HIR_OK) return s;
-  if (!(t = (hir__nccl_team *)calloc(1, sizeof *t)) || !(t->devices = (int *)malloc((size_t)n * sizeof(int)))) {
+  if ((s = hir_nccl__team_id(nc, devices, n, &id)) != HIR_OK) return s;
+  if (!(t = (hir_nccl__team *)calloc(1, sizeof *t)) || !(t->devices = (int *)malloc((size_t)n * sizeof(int)))) {
     free(t);
     snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
     return HIR_ERR_NOMEM;
@@ -462,7 +504,7 @@ static hir_status hir__nccl_make_team(hir_comm *c, const int *devices, int n, vo
   t->n = n;
   t->me = me;
   cudaSetDevice(nc->device);
-  if ((s = hir__nccl_init_comm(c, &t->comm, n, id, me)) != HIR_OK) {
+  if ((s = hir_nccl__init_comm(c, &t->comm, n, id, me)) != HIR_OK) {
     free(t->devices);
     free(t);
     return s;
@@ -473,37 +515,37 @@ static hir_status hir__nccl_make_team(hir_comm *c, const int *devices, int n, vo
   return HIR_OK;
 }
 
-static hir_status hir__nccl_root(hir_comm *c, const hir__nccl_team *t, int root, int *index) {
-  if ((*index = hir__team_index(t, root)) >= 0) return HIR_OK;
+static hir_status hir_nccl__root(hir_comm *c, const hir_nccl__team *t, int root, int *index) {
+  if ((*index = hir_team_index(t->devices, t->n, root)) >= 0) return HIR_OK;
   snprintf(c->error, sizeof c->error, "hostir_nccl: the root %d is not in the team", root);
   return HIR_ERR_INVALID;
 }
 
-static hir_status hir__nccl_allgather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, void *stream) {
-  hir__nccl_team *t = (hir__nccl_team *)team;
-  return HIR__NC(c, ncclAllGather(send, recv, bytes, ncclUint8, t->comm, (cudaStream_t)stream));
+static hir_status hir_nccl__allgather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, void *stream) {
+  hir_nccl__team *t = (hir_nccl__team *)team;
+  return HIR_NCCL__CHECK(c, ncclAllGather(send, recv, bytes, ncclUint8, t->comm, (cudaStream_t)stream));
 }
 
-static hir_status hir__nccl_allreduce(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
+static hir_status hir_nccl__allreduce(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
                                       void *stream) {
-  hir__nccl_team *t = (hir__nccl_team *)team;
-  return HIR__NC(c, ncclAllReduce(send, recv, count, hir__nccl_type(dt), ncclSum, t->comm, (cudaStream_t)stream));
+  hir_nccl__team *t = (hir_nccl__team *)team;
+  return HIR_NCCL__CHECK(c, ncclAllReduce(send, recv, count, hir_nccl__type(dt), ncclSum, t->comm, (cudaStream_t)stream));
 }
 
-static hir_status hir__nccl_reduce_scatter(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
+static hir_status hir_nccl__reduce_scatter(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
                                            void *stream) {
-  hir__nccl_team *t = (hir__nccl_team *)team;
-  return HIR__NC(c, ncclReduceScatter(send, recv, count, hir__nccl_type(dt), ncclSum, t->comm, (cudaStream_t)stream));
+  hir_nccl__team *t = (hir_nccl__team *)team;
+  return HIR_NCCL__CHECK(c, ncclReduceScatter(send, recv, count, hir_nccl__type(dt), ncclSum, t->comm, (cudaStream_t)stream));
 }
 
-static hir_status hir__nccl_reduce(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt, int root,
+static hir_status hir_nccl__reduce(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt, int root,
                                    void *stream) {
-  hir__nccl *nc = hir__nc(c);
-  hir__nccl_team *t = (hir__nccl_team *)team;
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__team *t = (hir_nccl__team *)team;
   size_t bytes = count * hir_dtype_size(dt);
   hir_status s;
   int r;
-  if ((s = hir__nccl_root(c, t, root, &r)) != HIR_OK) return s;
+  if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
   if (!send) { /* a root that holds no data contributes zeros */
     if (nc->zeros_cap < bytes) {
       if (nc->zeros) {
@@ -524,105 +566,79 @@ static hir_status hir__nccl_reduce(hir_comm *c, void *team, const void *send, vo
     }
     send = nc->zeros;
   }
-  return HIR__NC(c, ncclReduce(send, recv, count, hir__nccl_type(dt), ncclSum, r, t->comm, (cudaStream_t)stream));
+  return HIR_NCCL__CHECK(c, ncclReduce(send, recv, count, hir_nccl__type(dt), ncclSum, r, t->comm, (cudaStream_t)stream));
 }
 
-static hir_status hir__nccl_broadcast(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, int root, void *stream) {
-  hir__nccl_team *t = (hir__nccl_team *)team;
+static hir_status hir_nccl__broadcast(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, int root, void *stream) {
+  hir_nccl__team *t = (hir_nccl__team *)team;
   hir_status s;
   int r;
-  if ((s = hir__nccl_root(c, t, root, &r)) != HIR_OK) return s;
+  if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
   if (!recv) recv = (void *)send; /* the root need not keep a copy */
-  return HIR__NC(c, ncclBroadcast(send, recv, bytes, ncclUint8, r, t->comm, (cudaStream_t)stream));
+  return HIR_NCCL__CHECK(c, ncclBroadcast(send, recv, bytes, ncclUint8, r, t->comm, (cudaStream_t)stream));
 }
 
 /* Gather and scatter as grouped send/recv in the team's communicator. */
-static hir_status hir__nccl_gather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, int root, void *stream) {
-  hir__nccl_team *t = (hir__nccl_team *)team;
+static hir_status hir_nccl__gather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, int root, void *stream) {
+  hir_nccl__team *t = (hir_nccl__team *)team;
   cudaStream_t st = (cudaStream_t)stream;
   hir_status s;
   int r, i;
   size_t at = 0;
-  if ((s = hir__nccl_root(c, t, root, &r)) != HIR_OK) return s;
-  if (t->me != r) return HIR__NC(c, ncclSend(send, bytes, ncclUint8, r, t->comm, st));
-  if ((s = HIR__NC(c, ncclGroupStart())) != HIR_OK) return s;
+  if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
+  if (t->me != r) return HIR_NCCL__CHECK(c, ncclSend(send, bytes, ncclUint8, r, t->comm, st));
+  if ((s = HIR_NCCL__CHECK(c, ncclGroupStart())) != HIR_OK) return s;
   for (i = 0; i < t->n && s == HIR_OK; i++) {
     if (i == r && !send) continue; /* the root holds no chunk */
     if (i == r)
       s = cudaMemcpyAsync((char *)recv + at, send, bytes, cudaMemcpyDeviceToDevice, st) == cudaSuccess ? HIR_OK : HIR_ERR_BACKEND;
     else
-      s = HIR__NC(c, ncclRecv((char *)recv + at, bytes, ncclUint8, i, t->comm, st));
+      s = HIR_NCCL__CHECK(c, ncclRecv((char *)recv + at, bytes, ncclUint8, i, t->comm, st));
     at += bytes;
   }
   if (s == HIR_ERR_BACKEND) snprintf(c->error, sizeof c->error, "hostir_nccl: cudaMemcpyAsync in a gather failed");
-  return s == HIR_OK ? HIR__NC(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
+  return s == HIR_OK ? HIR_NCCL__CHECK(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
 }
 
-static hir_status hir__nccl_scatter(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, int root, void *stream) {
-  hir__nccl_team *t = (hir__nccl_team *)team;
+static hir_status hir_nccl__scatter(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, int root, void *stream) {
+  hir_nccl__team *t = (hir_nccl__team *)team;
   cudaStream_t st = (cudaStream_t)stream;
   hir_status s;
   int r, i;
-  if ((s = hir__nccl_root(c, t, root, &r)) != HIR_OK) return s;
-  if (t->me != r) return HIR__NC(c, ncclRecv(recv, bytes, ncclUint8, r, t->comm, st));
-  if ((s = HIR__NC(c, ncclGroupStart())) != HIR_OK) return s;
+  if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
+  if (t->me != r) return HIR_NCCL__CHECK(c, ncclRecv(recv, bytes, ncclUint8, r, t->comm, st));
+  if ((s = HIR_NCCL__CHECK(c, ncclGroupStart())) != HIR_OK) return s;
   for (i = 0; i < t->n && s == HIR_OK; i++) {
     const char *chunk = (const char *)send + (size_t)i * bytes;
     if (i == r)
       s = cudaMemcpyAsync(recv, chunk, bytes, cudaMemcpyDeviceToDevice, st) == cudaSuccess ? HIR_OK : HIR_ERR_BACKEND;
     else
-      s = HIR__NC(c, ncclSend(chunk, bytes, ncclUint8, i, t->comm, st));
+      s = HIR_NCCL__CHECK(c, ncclSend(chunk, bytes, ncclUint8, i, t->comm, st));
   }
   if (s == HIR_ERR_BACKEND) snprintf(c->error, sizeof c->error, "hostir_nccl: cudaMemcpyAsync in a scatter failed");
-  return s == HIR_OK ? HIR__NC(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
-}
-
-static hir_status hir__ce_queue(hir_comm *c, int send, const void *buf, size_t bytes, int peer, void *stream);
-static hir_status hir__ce_run(hir_comm *c, hir__ce_op *ops, int n);
-static int hir__ce_on(hir_comm *c);
-
-static hir_status hir__nccl_send(hir_comm *c, const void *buf, size_t bytes, int peer, void *stream) {
-  if (hir__ce_on(c)) return hir__ce_queue(c, 1, buf, bytes, peer, stream);
-  return HIR__NC(c, ncclSend(buf, bytes, ncclUint8, peer, hir__nc(c)->world, (cudaStream_t)stream));
-}
-static hir_status hir__nccl_recv(hir_comm *c, void *buf, size_t bytes, int peer, void *stream) {
-  if (hir__ce_on(c)) return hir__ce_queue(c, 0, buf, bytes, peer, stream);
-  return HIR__NC(c, ncclRecv(buf, bytes, ncclUint8, peer, hir__nc(c)->world, (cudaStream_t)stream));
-}
-static hir_status hir__nccl_group_start(hir_comm *c) {
-  hir__nc(c)->ce_group++;
-  return HIR__NC(c, ncclGroupStart());
-}
-static hir_status hir__nccl_group_end(hir_comm *c) { /* the copies of the outermost group, then NCCL's */
-  hir__nccl *nc = hir__nc(c);
-  hir_status s = HIR_OK;
-  if (nc->ce_group > 0 && --nc->ce_group == 0 && nc->ce_nops) {
-    s = hir__ce_run(c, nc->ce_ops, nc->ce_nops);
-    nc->ce_nops = 0;
-  }
-  return s == HIR_OK ? HIR__NC(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
+  return s == HIR_OK ? HIR_NCCL__CHECK(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
 }
 
 /* ---- copy-engine send/recv (threaded world) ---- */
 
-static int hir__ce_on(hir_comm *c) { return hir__nc(c)->shared && hir__nc(c)->shared->copy_engine; }
+static int hir_nccl__ce_on(hir_comm *c) { return hir_nccl__of(c)->shared && hir_nccl__of(c)->shared->copy_engine; }
 
-static hir_status hir__ce_fail(hir_comm *c, hir_status s, const char *what, const char *detail) {
+static hir_status hir_nccl__ce_fail(hir_comm *c, hir_status s, const char *what, const char *detail) {
   snprintf(c->error, sizeof c->error, "hostir_nccl (copy engine): %s on rank %d: %s", what, c->rank, detail);
   return s;
 }
 
 /* Waits (mu held) until the counter *have reaches want, or the deadline. */
-static hir_status hir__ce_wait(hir_comm *c, const unsigned long long *have, unsigned long long want, const char *what) {
-  hir_nccl_world *w = hir__nc(c)->shared;
-  double deadline = hir__wall_ms() + hir__nc(c)->timeout_ms;
+static hir_status hir_nccl__ce_wait(hir_comm *c, const unsigned long long *have, unsigned long long want, const char *what) {
+  hir_nccl_world *w = hir_nccl__of(c)->shared;
+  double deadline = hir_nccl__wall_ms() + hir_nccl__of(c)->timeout_ms;
   while (*have < want) {
     struct timespec ts;
-    double now = hir__wall_ms();
-    if (now > deadline || hir__nc(c)->aborted) {
+    double now = hir_nccl__wall_ms();
+    if (now > deadline || hir_nccl__of(c)->aborted) {
       snprintf(c->error, sizeof c->error,
                "hostir_nccl (copy engine): %s on rank %d: its peer did not come within %d ms (a peer is dead or stuck, "
-               "or its sends and receives do not match)", what, c->rank, hir__nc(c)->timeout_ms);
+               "or its sends and receives do not match)", what, c->rank, hir_nccl__of(c)->timeout_ms);
       return HIR_ERR_TIMEOUT;
     }
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -633,28 +649,28 @@ static hir_status hir__ce_wait(hir_comm *c, const unsigned long long *have, unsi
   return HIR_OK;
 }
 
-static void hir__ce_advance(hir_nccl_world *w, unsigned long long *counter) {
+static void hir_nccl__ce_advance(hir_nccl_world *w, unsigned long long *counter) {
   pthread_mutex_lock(&w->mu);
   ++*counter;
   pthread_cond_broadcast(&w->ce_cv);
   pthread_mutex_unlock(&w->mu);
 }
 
-static hir_status hir__ce_post_recv(hir_comm *c, hir__ce_op *op) {
-  hir_nccl_world *w = hir__nc(c)->shared;
-  hir__ce_box *box = &w->boxes[op->peer * w->n + c->rank];
-  hir__ce_post *slot;
+static hir_status hir_nccl__ce_post_recv(hir_comm *c, hir_nccl__ce_op *op) {
+  hir_nccl_world *w = hir_nccl__of(c)->shared;
+  hir_nccl__ce_box *box = &w->boxes[op->peer * w->n + c->rank];
+  hir_nccl__ce_post *slot;
   hir_status s;
   unsigned long long room;
   pthread_mutex_lock(&w->mu);
-  room = box->posted + 1 > HIR__CE_SLOTS ? box->posted + 1 - HIR__CE_SLOTS : 0; /* the slot's last use is done */
-  s = hir__ce_wait(c, &box->received, room, "a receive");
-  slot = &box->slot[box->posted % HIR__CE_SLOTS];
+  room = box->posted + 1 > HIR_NCCL__CE_SLOTS ? box->posted + 1 - HIR_NCCL__CE_SLOTS : 0; /* the slot's last use is done */
+  s = hir_nccl__ce_wait(c, &box->received, room, "a receive");
+  slot = &box->slot[box->posted % HIR_NCCL__CE_SLOTS];
   pthread_mutex_unlock(&w->mu);
   if (s != HIR_OK) return s;
   if ((!slot->ready && cudaEventCreateWithFlags(&slot->ready, cudaEventDisableTiming) != cudaSuccess) ||
       cudaEventRecord(slot->ready, (cudaStream_t)op->stream) != cudaSuccess)
-    return hir__ce_fail(c, HIR_ERR_BACKEND, "recording a receive", cudaGetErrorString(cudaGetLastError()));
+    return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "recording a receive", cudaGetErrorString(cudaGetLastError()));
   pthread_mutex_lock(&w->mu);
   slot->buf = op->buf;
   slot->bytes = op->bytes;
@@ -664,28 +680,28 @@ static hir_status hir__ce_post_recv(hir_comm *c, hir__ce_op *op) {
   return HIR_OK;
 }
 
-static hir_status hir__ce_send(hir_comm *c, const hir__ce_op *op) {
-  hir__nccl *nc = hir__nc(c);
+static hir_status hir_nccl__ce_send(hir_comm *c, const hir_nccl__ce_op *op) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
   hir_nccl_world *w = nc->shared;
-  hir__ce_box *box = &w->boxes[c->rank * w->n + op->peer];
-  hir__ce_post *slot;
+  hir_nccl__ce_box *box = &w->boxes[c->rank * w->n + op->peer];
+  hir_nccl__ce_post *slot;
   hir_status s;
   cudaError_t e;
   char detail[160];
   pthread_mutex_lock(&w->mu);
-  s = hir__ce_wait(c, &box->posted, box->sent + 1, "a send");
-  slot = &box->slot[box->sent % HIR__CE_SLOTS];
+  s = hir_nccl__ce_wait(c, &box->posted, box->sent + 1, "a send");
+  slot = &box->slot[box->sent % HIR_NCCL__CE_SLOTS];
   pthread_mutex_unlock(&w->mu);
   if (s != HIR_OK) return s;
   if (slot->bytes != op->bytes) {
     snprintf(detail, sizeof detail, "it sends %zu bytes to rank %d, which receives %zu; match the sizes", op->bytes,
              op->peer, slot->bytes);
-    return hir__ce_fail(c, HIR_ERR_SHAPE, "a send", detail);
+    return hir_nccl__ce_fail(c, HIR_ERR_SHAPE, "a send", detail);
   }
   if ((!slot->done && cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming) != cudaSuccess) ||
       (!nc->ce_stream && cudaStreamCreateWithFlags(&nc->ce_stream, cudaStreamNonBlocking) != cudaSuccess) ||
       (!nc->ce_source && cudaEventCreateWithFlags(&nc->ce_source, cudaEventDisableTiming) != cudaSuccess))
-    return hir__ce_fail(c, HIR_ERR_BACKEND, "a send", cudaGetErrorString(cudaGetLastError()));
+    return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "a send", cudaGetErrorString(cudaGetLastError()));
   if ((e = cudaEventRecord(nc->ce_source, (cudaStream_t)op->stream)) != cudaSuccess ||
       (e = cudaStreamWaitEvent(nc->ce_stream, nc->ce_source, 0)) != cudaSuccess ||
       (e = cudaStreamWaitEvent(nc->ce_stream, slot->ready, 0)) != cudaSuccess ||
@@ -693,48 +709,48 @@ static hir_status hir__ce_send(hir_comm *c, const hir__ce_op *op) {
           cudaSuccess ||
       (e = cudaEventRecord(slot->done, nc->ce_stream)) != cudaSuccess ||
       (e = cudaStreamWaitEvent((cudaStream_t)op->stream, slot->done, 0)) != cudaSuccess) /* the buffer is the sender's again */
-    return hir__ce_fail(c, HIR_ERR_BACKEND, "a peer copy", cudaGetErrorString(e));
-  hir__ce_advance(w, &box->sent);
+    return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "a peer copy", cudaGetErrorString(e));
+  hir_nccl__ce_advance(w, &box->sent);
   return HIR_OK;
 }
 
-static hir_status hir__ce_finish_recv(hir_comm *c, const hir__ce_op *op) {
-  hir_nccl_world *w = hir__nc(c)->shared;
-  hir__ce_box *box = &w->boxes[op->peer * w->n + c->rank];
+static hir_status hir_nccl__ce_finish_recv(hir_comm *c, const hir_nccl__ce_op *op) {
+  hir_nccl_world *w = hir_nccl__of(c)->shared;
+  hir_nccl__ce_box *box = &w->boxes[op->peer * w->n + c->rank];
   hir_status s;
   cudaError_t e;
   pthread_mutex_lock(&w->mu);
-  s = hir__ce_wait(c, &box->sent, op->seq + 1, "a receive");
+  s = hir_nccl__ce_wait(c, &box->sent, op->seq + 1, "a receive");
   pthread_mutex_unlock(&w->mu);
   if (s != HIR_OK) return s;
-  if ((e = cudaStreamWaitEvent((cudaStream_t)op->stream, box->slot[op->seq % HIR__CE_SLOTS].done, 0)) != cudaSuccess)
-    return hir__ce_fail(c, HIR_ERR_BACKEND, "a receive", cudaGetErrorString(e));
-  hir__ce_advance(w, &box->received);
+  if ((e = cudaStreamWaitEvent((cudaStream_t)op->stream, box->slot[op->seq % HIR_NCCL__CE_SLOTS].done, 0)) != cudaSuccess)
+    return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "a receive", cudaGetErrorString(e));
+  hir_nccl__ce_advance(w, &box->received);
   return HIR_OK;
 }
 
 /* Receives are posted first, so that every send of the group, in any order
    on any rank, finds its match. */
-static hir_status hir__ce_run(hir_comm *c, hir__ce_op *ops, int n) {
+static hir_status hir_nccl__ce_run(hir_comm *c, hir_nccl__ce_op *ops, int n) {
   hir_status s = HIR_OK;
   int i;
-  cudaSetDevice(hir__nc(c)->device);
+  cudaSetDevice(hir_nccl__of(c)->device);
   for (i = 0; i < n && s == HIR_OK; i++)
-    if (!ops[i].send) s = hir__ce_post_recv(c, &ops[i]);
+    if (!ops[i].send) s = hir_nccl__ce_post_recv(c, &ops[i]);
   for (i = 0; i < n && s == HIR_OK; i++)
-    if (ops[i].send) s = hir__ce_send(c, &ops[i]);
+    if (ops[i].send) s = hir_nccl__ce_send(c, &ops[i]);
   for (i = 0; i < n && s == HIR_OK; i++)
-    if (!ops[i].send) s = hir__ce_finish_recv(c, &ops[i]);
+    if (!ops[i].send) s = hir_nccl__ce_finish_recv(c, &ops[i]);
   return s;
 }
 
-static hir_status hir__ce_queue(hir_comm *c, int send, const void *buf, size_t bytes, int peer, void *stream) {
-  hir__nccl *nc = hir__nc(c);
-  hir__ce_op op;
+static hir_status hir_nccl__ce_queue(hir_comm *c, int send, const void *buf, size_t bytes, int peer, void *stream) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__ce_op op;
   if (peer < 0 || peer >= c->size || peer == c->rank) {
     char detail[96];
     snprintf(detail, sizeof detail, "peer %d is not another rank of the world of %d", peer, c->size);
-    return hir__ce_fail(c, HIR_ERR_INVALID, send ? "a send" : "a receive", detail);
+    return hir_nccl__ce_fail(c, HIR_ERR_INVALID, send ? "a send" : "a receive", detail);
   }
   op.send = send;
   op.peer = peer;
@@ -742,103 +758,79 @@ static hir_status hir__ce_queue(hir_comm *c, int send, const void *buf, size_t b
   op.bytes = bytes;
   op.stream = stream;
   op.seq = 0;
-  if (!nc->ce_group) return hir__ce_run(c, &op, 1);
-  if (nc->ce_nops == HIR__CE_GROUP)
-    return hir__ce_fail(c, HIR_ERR_UNSUPPORTED, "a group", "more than 256 sends and receives in one group");
+  if (!nc->ce_group) return hir_nccl__ce_run(c, &op, 1);
+  if (nc->ce_nops == HIR_NCCL__CE_GROUP)
+    return hir_nccl__ce_fail(c, HIR_ERR_UNSUPPORTED, "a group", "more than 256 sends and receives in one group");
   nc->ce_ops[nc->ce_nops++] = op;
   return HIR_OK;
 }
 
-static void hir__nccl_abort(hir_comm *c) {
-  hir__nccl *nc = hir__nc(c);
-  hir__nccl_team *t;
-  if (nc->aborted) return;
-  nc->aborted = 1;
-  for (t = nc->teams; t; t = t->next) ncclCommAbort(t->comm);
-  if (nc->world) ncclCommAbort(nc->world);
+static hir_status hir_nccl__send(hir_comm *c, const void *buf, size_t bytes, int peer, void *stream) {
+  if (hir_nccl__ce_on(c)) return hir_nccl__ce_queue(c, 1, buf, bytes, peer, stream);
+  return HIR_NCCL__CHECK(c, ncclSend(buf, bytes, ncclUint8, peer, hir_nccl__of(c)->world, (cudaStream_t)stream));
 }
-
-/* Waits while `comm` is busy with a nonblocking call; its state after, or
-   ncclInProgress past the deadline. */
-static ncclResult_t hir__nccl_wait(ncclComm_t comm, double deadline) {
-  ncclResult_t r = ncclSuccess, q;
-  struct timespec nap = {0, 50000}; /* 50 us */
-  while ((q = ncclCommGetAsyncError(comm, &r)) == ncclSuccess && r == ncclInProgress && hir__wall_ms() < deadline)
-    nanosleep(&nap, NULL);
-  return q != ncclSuccess ? q : r;
+static hir_status hir_nccl__recv(hir_comm *c, void *buf, size_t bytes, int peer, void *stream) {
+  if (hir_nccl__ce_on(c)) return hir_nccl__ce_queue(c, 0, buf, bytes, peer, stream);
+  return HIR_NCCL__CHECK(c, ncclRecv(buf, bytes, ncclUint8, peer, hir_nccl__of(c)->world, (cudaStream_t)stream));
 }
-
-static hir_status hir__nccl_settle(hir_comm *c, ncclComm_t pending, const char *what) {
-  hir__nccl *nc = hir__nc(c);
-  double deadline = hir__wall_ms() + nc->timeout_ms;
-  hir__nccl_team *t = nc->teams;
-  ncclComm_t comm = pending ? pending : nc->world;
-  for (;;) {
-    ncclResult_t r = comm ? hir__nccl_wait(comm, deadline) : ncclSuccess;
-    if (r == ncclInProgress) {
-      if (pending && pending != nc->world) ncclCommAbort(pending);
-      hir__nccl_abort(c);
-      snprintf(c->error, sizeof c->error,
-               "%s on rank %d still waited for its peers after %d ms: a peer is dead or stuck, so the communicator was "
-               "aborted (raise the timeout of hir_nccl_comm_create if they are only slow)",
-               what, c->rank, nc->timeout_ms);
-      return HIR_ERR_TIMEOUT;
-    }
-    if (r != ncclSuccess) {
-      if (pending && pending != nc->world) ncclCommAbort(pending);
-      snprintf(c->error, sizeof c->error, "%s failed on rank %d: %s", what, c->rank, ncclGetErrorString(r));
-      return HIR_ERR_COMM;
-    }
-    if (pending) pending = NULL, comm = nc->world; /* then every other communicator */
-    else if (t) comm = t->comm, t = t->next;
-    else return HIR_OK;
+static hir_status hir_nccl__group_start(hir_comm *c) {
+  hir_nccl__of(c)->ce_group++;
+  return HIR_NCCL__CHECK(c, ncclGroupStart());
+}
+static hir_status hir_nccl__group_end(hir_comm *c) { /* the copies of the outermost group, then NCCL's */
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_status s = HIR_OK;
+  if (nc->ce_group > 0 && --nc->ce_group == 0 && nc->ce_nops) {
+    s = hir_nccl__ce_run(c, nc->ce_ops, nc->ce_nops);
+    nc->ce_nops = 0;
   }
+  return s == HIR_OK ? HIR_NCCL__CHECK(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
 }
 
 /* User-buffer registration (where NCCL supports it; a buffer it refuses
    still works, through NCCL's own staging): with the world and each team. */
-static void hir__nccl_register(hir_comm *c, void *ptr, size_t bytes) {
-  hir__nccl *nc = hir__nc(c);
-  hir__nccl_reg *r;
-  hir__nccl_team *t;
-  if (bytes < ((size_t)1 << 20) || nc->aborted || !(r = (hir__nccl_reg *)calloc(1, sizeof *r))) return;
+static void hir_nccl__register(hir_comm *c, void *ptr, size_t bytes) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__reg *r;
+  hir_nccl__team *t;
+  if (bytes < ((size_t)1 << 20) || nc->aborted || !(r = (hir_nccl__reg *)calloc(1, sizeof *r))) return;
   r->ptr = ptr;
-  if (HIR__NC(c, ncclCommRegister(nc->world, ptr, bytes, &r->handles[r->n])) == HIR_OK) r->comms[r->n++] = nc->world;
+  if (HIR_NCCL__CHECK(c, ncclCommRegister(nc->world, ptr, bytes, &r->handles[r->n])) == HIR_OK) r->comms[r->n++] = nc->world;
   for (t = nc->teams; t && r->n < 16; t = t->next)
-    if (HIR__NC(c, ncclCommRegister(t->comm, ptr, bytes, &r->handles[r->n])) == HIR_OK) r->comms[r->n++] = t->comm;
+    if (HIR_NCCL__CHECK(c, ncclCommRegister(t->comm, ptr, bytes, &r->handles[r->n])) == HIR_OK) r->comms[r->n++] = t->comm;
   r->next = nc->regs;
   nc->regs = r;
 }
 
-static void hir__nccl_deregister(hir_comm *c, void *ptr) {
-  hir__nccl *nc = hir__nc(c);
-  hir__nccl_reg **p, *r;
+static void hir_nccl__deregister(hir_comm *c, void *ptr) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__reg **p, *r;
   int i;
   for (p = &nc->regs; (r = *p) && r->ptr != ptr; p = &r->next) {}
   if (!r) return;
   *p = r->next;
-  for (i = 0; i < r->n && !nc->aborted; i++) HIR__NC(c, ncclCommDeregister(r->comms[i], r->handles[i]));
+  for (i = 0; i < r->n && !nc->aborted; i++) HIR_NCCL__CHECK(c, ncclCommDeregister(r->comms[i], r->handles[i]));
   free(r);
 }
 
 /* An error raised asynchronously by work in flight (a peer that died). */
-static hir_status hir__nccl_poll(hir_comm *c) {
-  hir__nccl *nc = hir__nc(c);
-  hir__nccl_team *t;
+static hir_status hir_nccl__poll(hir_comm *c) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__team *t;
   ncclResult_t r = ncclSuccess;
   if (nc->aborted) {
     snprintf(c->error, sizeof c->error, "hostir_nccl: the communicator of rank %d was aborted", c->rank);
     return HIR_ERR_COMM;
   }
   if (ncclCommGetAsyncError(nc->world, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
-    return hir__nccl_check(c, r, "NCCL (asynchronous, world)", __LINE__);
+    return hir_nccl__check(c, r, "NCCL (asynchronous, world)", __LINE__);
   for (t = nc->teams; t; t = t->next)
     if (ncclCommGetAsyncError(t->comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
-      return hir__nccl_check(c, r, "NCCL (asynchronous, team)", __LINE__);
+      return hir_nccl__check(c, r, "NCCL (asynchronous, team)", __LINE__);
   return HIR_OK;
 }
 
-static void hir__nccl_init(hir__nccl *nc, int rank, int size, int device) {
+static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   hir_comm *c = &nc->comm;
   memset(nc, 0, sizeof *nc);
   nc->device = device;
@@ -846,28 +838,28 @@ static void hir__nccl_init(hir__nccl *nc, int rank, int size, int device) {
   c->ctx = nc;
   c->rank = rank;
   c->size = size;
-  c->team = hir__nccl_make_team;
-  c->allgather = hir__nccl_allgather;
-  c->allreduce = hir__nccl_allreduce;
-  c->reduce_scatter = hir__nccl_reduce_scatter;
-  c->reduce = hir__nccl_reduce;
-  c->broadcast = hir__nccl_broadcast;
-  c->gather = hir__nccl_gather;
-  c->scatter = hir__nccl_scatter;
-  c->send = hir__nccl_send;
-  c->recv = hir__nccl_recv;
-  c->group_start = hir__nccl_group_start;
-  c->group_end = hir__nccl_group_end;
-  c->abort = hir__nccl_abort;
-  c->poll = hir__nccl_poll;
-  c->register_buffer = hir__nccl_register;
-  c->deregister_buffer = hir__nccl_deregister;
+  c->team = hir_nccl__make_team;
+  c->allgather = hir_nccl__allgather;
+  c->allreduce = hir_nccl__allreduce;
+  c->reduce_scatter = hir_nccl__reduce_scatter;
+  c->reduce = hir_nccl__reduce;
+  c->broadcast = hir_nccl__broadcast;
+  c->gather = hir_nccl__gather;
+  c->scatter = hir_nccl__scatter;
+  c->send = hir_nccl__send;
+  c->recv = hir_nccl__recv;
+  c->group_start = hir_nccl__group_start;
+  c->group_end = hir_nccl__group_end;
+  c->abort = hir_nccl__abort;
+  c->poll = hir_nccl__poll;
+  c->register_buffer = hir_nccl__register;
+  c->deregister_buffer = hir_nccl__deregister;
 }
 
-static void hir__nccl_release(hir__nccl *nc) {
-  while (nc->regs) hir__nccl_deregister(&nc->comm, nc->regs->ptr);
+static void hir_nccl__release(hir_nccl__rank *nc) {
+  while (nc->regs) hir_nccl__deregister(&nc->comm, nc->regs->ptr);
   while (nc->teams) {
-    hir__nccl_team *t = nc->teams;
+    hir_nccl__team *t = nc->teams;
     nc->teams = t->next;
     if (!nc->aborted) ncclCommDestroy(t->comm);
     free(t->devices);
@@ -880,7 +872,7 @@ static void hir__nccl_release(hir__nccl *nc) {
   free(nc->world_team.devices);
 }
 
-static hir_status hir__world_team(hir__nccl *nc) {
+static hir_status hir_nccl__world_team(hir_nccl__rank *nc) {
   int i;
   if (!(nc->world_team.devices = (int *)malloc((size_t)nc->comm.size * sizeof(int)))) {
     snprintf(nc->comm.error, sizeof nc->comm.error, "hostir_nccl: out of memory");
@@ -909,7 +901,7 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
   }
   comms = (ncclComm_t *)calloc((size_t)nranks, sizeof *comms);
   devs = (int *)calloc((size_t)nranks, sizeof *devs);
-  w->ranks = (hir__nccl *)calloc((size_t)nranks, sizeof *w->ranks);
+  w->ranks = (hir_nccl__rank *)calloc((size_t)nranks, sizeof *w->ranks);
   if (!comms || !devs || !w->ranks) {
     free(comms);
     free(devs);
@@ -922,12 +914,12 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
     s = HIR_ERR_COMM;
   }
   for (i = 0; i < nranks && s == HIR_OK; i++) {
-    hir__nccl_init(&w->ranks[i], i, nranks, i);
+    hir_nccl__init(&w->ranks[i], i, nranks, i);
     w->ranks[i].world = comms[i];
     w->ranks[i].shared = w;
-    if ((s = hir__world_team(&w->ranks[i])) != HIR_OK) snprintf(w->error, sizeof w->error, "%s", w->ranks[i].comm.error);
+    if ((s = hir_nccl__world_team(&w->ranks[i])) != HIR_OK) snprintf(w->error, sizeof w->error, "%s", w->ranks[i].comm.error);
   }
-  if (s == HIR_OK && !(w->boxes = (hir__ce_box *)calloc((size_t)(nranks * nranks), sizeof *w->boxes))) {
+  if (s == HIR_OK && !(w->boxes = (hir_nccl__ce_box *)calloc((size_t)(nranks * nranks), sizeof *w->boxes))) {
     snprintf(w->error, sizeof w->error, "hir_nccl_world_create: out of memory");
     s = HIR_ERR_NOMEM;
   }
@@ -962,10 +954,10 @@ HIRDEF void hir_nccl_world_free(hir_nccl_world *w) {
   if (!w) return;
   for (i = 0; i < w->n; i++) {
     cudaSetDevice(w->ranks[i].device);
-    hir__nccl_release(&w->ranks[i]);
+    hir_nccl__release(&w->ranks[i]);
   }
   for (i = 0; w->boxes && i < w->n * w->n; i++) /* a box's events: ready on the receiver, done on the sender */
-    for (k = 0; k < HIR__CE_SLOTS; k++) {
+    for (k = 0; k < HIR_NCCL__CE_SLOTS; k++) {
       if (w->boxes[i].slot[k].ready) cudaSetDevice(i % w->n), cudaEventDestroy(w->boxes[i].slot[k].ready);
       if (w->boxes[i].slot[k].done) cudaSetDevice(i / w->n), cudaEventDestroy(w->boxes[i].slot[k].done);
     }
@@ -977,7 +969,7 @@ HIRDEF void hir_nccl_world_free(hir_nccl_world *w) {
   free(w);
 }
 
-static int hir__env_int(const char *const *names, int *value) {
+static int hir_nccl__env_int(const char *const *names, int *value) {
   int i;
   for (i = 0; names[i]; i++) {
     const char *v = getenv(names[i]);
@@ -998,17 +990,17 @@ HIRDEF hir_status hir_nccl_env_read(hir_nccl_env *env, char *error, size_t cap) 
   const char *addr = getenv("MASTER_ADDR");
   if (!env) return HIR_ERR_INVALID;
   memset(env, 0, sizeof *env);
-  if (!hir__env_int(rank, &env->rank) || !hir__env_int(size, &env->size)) {
+  if (!hir_nccl__env_int(rank, &env->rank) || !hir_nccl__env_int(size, &env->size)) {
     if (error && cap)
       snprintf(error, cap, "hir_nccl_env_read: no rank or world size in the environment (RANK/WORLD_SIZE, "
                "OMPI_COMM_WORLD_RANK/SIZE or SLURM_PROCID/NTASKS); start with torchrun, mpirun or srun");
     return HIR_ERR_INVALID;
   }
-  if (!hir__env_int(local, &env->local_rank)) env->local_rank = env->rank;
-  if (!hir__env_int(port, &env->master_port)) env->master_port = 29500;
+  if (!hir_nccl__env_int(local, &env->local_rank)) env->local_rank = env->rank;
+  if (!hir_nccl__env_int(port, &env->master_port)) env->master_port = 29500;
   /* torchrun's own store listens on MASTER_PORT: ours takes the next port */
   if (getenv("TORCHELASTIC_RUN_ID")) env->master_port++;
-  hir__env_int(hostir_port, &env->master_port);
+  hir_nccl__env_int(hostir_port, &env->master_port);
   snprintf(env->master_addr, sizeof env->master_addr, "%s", addr && *addr ? addr : "127.0.0.1");
   if (env->size < 1 || env->rank < 0 || env->rank >= env->size || env->local_rank < 0) {
     if (error && cap)
@@ -1020,13 +1012,13 @@ HIRDEF hir_status hir_nccl_env_read(hir_nccl_env *env, char *error, size_t cap) 
 }
 
 HIRDEF hir_status hir_nccl_comm_create(const hir_nccl_env *env, int timeout_ms, hir_comm **out) {
-  hir__nccl *nc;
+  hir_nccl__rank *nc;
   ncclUniqueId id;
   hir_status s;
   int ndev = 0;
   if (!env || !out) return HIR_ERR_INVALID;
-  if (!(nc = (hir__nccl *)malloc(sizeof *nc))) return HIR_ERR_NOMEM;
-  hir__nccl_init(nc, env->rank, env->size, env->local_rank);
+  if (!(nc = (hir_nccl__rank *)malloc(sizeof *nc))) return HIR_ERR_NOMEM;
+  hir_nccl__init(nc, env->rank, env->size, env->local_rank);
   *out = &nc->comm;
   if (timeout_ms > 0) nc->timeout_ms = timeout_ms;
   snprintf(nc->store.addr, sizeof nc->store.addr, "%s", env->master_addr);
@@ -1038,24 +1030,24 @@ HIRDEF hir_status hir_nccl_comm_create(const hir_nccl_env *env, int timeout_ms, 
     return HIR_ERR_INVALID;
   }
   if (env->rank == 0) {
-    if ((s = hir__store_serve_start(&nc->store, nc->comm.error, sizeof nc->comm.error)) != HIR_OK) return s;
-    if ((s = HIR__NC(&nc->comm, ncclGetUniqueId(&id))) != HIR_OK ||
-        (s = hir__store_set(&nc->store, "world", &id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error)) != HIR_OK)
+    if ((s = hir_nccl__store_serve_start(&nc->store, nc->comm.error, sizeof nc->comm.error)) != HIR_OK) return s;
+    if ((s = HIR_NCCL__CHECK(&nc->comm, ncclGetUniqueId(&id))) != HIR_OK ||
+        (s = hir_nccl__store_set(&nc->store, "world", &id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error)) != HIR_OK)
       return s;
-  } else if ((s = hir__store_get(&nc->store, "world", &id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error)) != HIR_OK) {
+  } else if ((s = hir_nccl__store_get(&nc->store, "world", &id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error)) != HIR_OK) {
     return s;
   }
-  if ((s = hir__nccl_init_comm(&nc->comm, &nc->world, env->size, id, env->rank)) != HIR_OK) return s;
-  return hir__world_team(nc);
+  if ((s = hir_nccl__init_comm(&nc->comm, &nc->world, env->size, id, env->rank)) != HIR_OK) return s;
+  return hir_nccl__world_team(nc);
 }
 
 HIRDEF void hir_nccl_comm_free(hir_comm *c) {
-  hir__nccl *nc;
+  hir_nccl__rank *nc;
   if (!c) return;
-  nc = hir__nc(c);
+  nc = hir_nccl__of(c);
   cudaSetDevice(nc->device);
-  hir__nccl_release(nc);
-  hir__store_stop(&nc->store);
+  hir_nccl__release(nc);
+  hir_nccl__store_stop(&nc->store);
   free(nc);
 }
 
