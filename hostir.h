@@ -313,10 +313,11 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
      model: GEMM time = flops / gemm_flops_per_s, communication = bytes moved
      / link_bytes_per_s, each chunk costs chunk_overhead_s, and the pipeline
      hides all but one chunk of the shorter of the two - only where it is a
-     P2P pipeline whose send/recv run on copy engines (p2p_copy_engine = 1,
-     with hir_nccl_world_set_copy_engine). Otherwise the communication runs
-     as NCCL kernels that wait for the SMs a GEMM holds (bench/NOTES.md,
-     sections 0-1), and the model, expecting no overlap, lowers serial. With
+     P2P pipeline whose send/recv run on copy engines (the communicator in
+     hir_lower_desc.comm says so: p2p_copy_engine). Otherwise the
+     communication runs as NCCL kernels that wait for the SMs a GEMM holds
+     (bench/NOTES.md, sections 0-1), and the model, expecting no overlap,
+     lowers serial. With
      overlap it also picks chunks_per_peer (unless given): each part beyond
      one a peer costs part_overhead_s more (smaller GEMMs, one more wait).
      Zeros take defaults measured on H200 with copy-engine P2P
@@ -327,7 +328,6 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
   const struct hir_tensor *input_shapes;
   int ninput_shapes;
   double gemm_flops_per_s, link_bytes_per_s, chunk_overhead_s, part_overhead_s;
-  int p2p_copy_engine;
 } hir_stream_options;
 typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   int my_device;                    /* this rank's device id */
@@ -335,6 +335,8 @@ typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   void *merge_user;
   int skip_stream_lowering, skip_deallocations;
   hir_stream_options stream;        /* options of the stream-lowering pass */
+  const hir_comm *comm;             /* the communicator the program will run on (or NULL): what it can do
+                                       guides stream.automatic; nothing else of it is read */
 } hir_lower_desc;
 /* On failure *out still receives a program holding only the error (read it
    with hir_program_error, free it), or NULL when even that allocation failed.
@@ -429,6 +431,7 @@ struct hir_backend {
 struct hir_comm {
   void *ctx;
   int rank, size;
+  int p2p_copy_engine;  /* send/recv run on copy engines, not SMs: a pipeline overlaps them with GEMMs */
   char error[256];
   hir_status (*team)(hir_comm *self, const int *devices, int n, void **team);
   hir_status (*allgather)(hir_comm *self, void *team, const void *send, void *recv, size_t bytes, void *stream);
@@ -4180,33 +4183,34 @@ static double hir__piped_time(const hir_stream_options *o, double gemm, double c
    where the serial form is predicted faster (it has *chunks > 1 to lose),
    else the parts a P2P pipeline's peer chunk is cut into, into o (unless
    the caller gave them). The reason goes to p's plan. */
-static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, hir_stream_options *o, int64_t *chunks, int *serial) {
-  double gemm = 0, comm = 0, serial_s, piped_s;
+static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_comm *communicator, hir_stream_options *o,
+                                int64_t *chunks, int *serial) {
+  double gemm_s = 0, comm_s = 0, serial_s, piped_s;
   int64_t rows = 0, parts, k;
-  int i, a, overlap, p2p = 0;
+  int i, a, overlap, p2p = 0, copy_engine = communicator && communicator->p2p_copy_engine;
   char cut[40] = "";
   const char *why;
   *chunks = 1;
-  if (!hir__model(p, f, o, &gemm, &comm, chunks, &rows)) return 0;
+  if (!hir__model(p, f, o, &gemm_s, &comm_s, chunks, &rows)) return 0;
   for (i = 0; i < p->ir.exprs.n; i++) p2p |= hir__p2p_kind((const hir_expr *)p->ir.exprs.items[i], &a) != HIR__P2P_NONE;
-  overlap = o->p2p_copy_engine && p2p;
+  overlap = copy_engine && p2p;
   parts = p2p && o->chunks_per_peer > 1 ? o->chunks_per_peer : 1;
   for (k = 2; overlap && o->chunks_per_peer == 0 && k <= 16; k++) /* the parts the cut axes divide into */
-    if (rows % k == 0 && hir__piped_time(o, gemm, comm, 1, *chunks, k) < hir__piped_time(o, gemm, comm, 1, *chunks, parts))
+    if (rows % k == 0 && hir__piped_time(o, gemm_s, comm_s, 1, *chunks, k) < hir__piped_time(o, gemm_s, comm_s, 1, *chunks, parts))
       parts = k;
   if (parts > 1) snprintf(cut, sizeof cut, " x %lld parts", (long long)parts);
   why = overlap || *chunks < 2 ? ""
-        : o->p2p_copy_engine ? "; no overlap: its communication is collectives, NCCL kernels"
-                             : "; no overlap: send/recv as NCCL kernels (stream.p2p_copy_engine = 0)";
-  serial_s = hir__piped_time(o, gemm, comm, 0, 1, 1);
-  piped_s = hir__piped_time(o, gemm, comm, overlap, *chunks, parts);
+        : copy_engine ? "; no overlap: its communication is collectives, NCCL kernels"
+                      : "; no overlap: the communicator's send/recv are NCCL kernels (hir_lower_desc.comm)";
+  serial_s = hir__piped_time(o, gemm_s, comm_s, 0, 1, 1);
+  piped_s = hir__piped_time(o, gemm_s, comm_s, overlap, *chunks, parts);
   *serial = !(*chunks > 1 && piped_s < 0.97 * serial_s);
   if (*serial) {
     snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks%s %.3f; GEMM %.3f, communication %.3f%s)",
-             serial_s * 1e3, (long long)*chunks, cut, piped_s * 1e3, gemm * 1e3, comm * 1e3, why);
+             serial_s * 1e3, (long long)*chunks, cut, piped_s * 1e3, gemm_s * 1e3, comm_s * 1e3, why);
   } else {
     snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks%s, predicted %.3f ms (serial %.3f; GEMM %.3f, communication %.3f)",
-             (long long)*chunks, cut, piped_s * 1e3, serial_s * 1e3, gemm * 1e3, comm * 1e3);
+             (long long)*chunks, cut, piped_s * 1e3, serial_s * 1e3, gemm_s * 1e3, comm_s * 1e3);
     o->chunks_per_peer = (int)parts;
   }
   return 1;
@@ -4276,7 +4280,7 @@ static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_p
   if (!hir__front_end(p, f, serial)) return p->ir.status;
   if (stream.automatic && !serial) { /* the pipeline, or the serial form where it is predicted faster and lowers */
     int64_t chunks;
-    if (!hir__choose_pipeline(p, f, &stream, &chunks, &serial)) return p->ir.status;
+    if (!hir__choose_pipeline(p, f, d->comm, &stream, &chunks, &serial)) return p->ir.status;
     if (serial && chunks > 1) { /* some layouts gather an inner axis only chunk by chunk */
       hir_lower_desc plain;
       hir_program *q = NULL;

@@ -52,7 +52,8 @@ HIRDEF void        hir_nccl_world_free(hir_nccl_world *w);
 /* Send/recv between the world's ranks on the GPUs' copy engines
    (cudaMemcpyPeerAsync over NVLink) instead of NCCL's kernels, which wait
    for SMs while a GEMM holds them all; collectives stay on NCCL. Off by
-   default; switch it only while no rank is running a program. */
+   default; switch it only while no rank is running a program. Each rank's
+   hir_comm says so (p2p_copy_engine), for hir_lower_desc.comm. */
 HIRDEF void        hir_nccl_world_set_copy_engine(hir_nccl_world *w, int enable);
 
 /* One process per GPU. */
@@ -337,7 +338,7 @@ typedef struct hir_nccl__rank {
 } hir_nccl__rank;
 
 struct hir_nccl_world {
-  int n, copy_engine;
+  int n, peer_access;           /* copy engines: peer access enabled between every pair of GPUs */
   hir_nccl__rank *ranks;
   hir_nccl__ce_box *boxes;           /* [from * n + to] */
   pthread_cond_t ce_cv;         /* with mu: a post was made or taken */
@@ -621,7 +622,7 @@ static hir_status hir_nccl__scatter(hir_comm *c, void *team, const void *send, v
 
 /* ---- copy-engine send/recv (threaded world) ---- */
 
-static int hir_nccl__ce_on(hir_comm *c) { return hir_nccl__of(c)->shared && hir_nccl__of(c)->shared->copy_engine; }
+static int hir_nccl__ce_on(hir_comm *c) { return hir_nccl__of(c)->shared && c->p2p_copy_engine; }
 
 static hir_status hir_nccl__ce_fail(hir_comm *c, hir_status s, const char *what, const char *detail) {
   snprintf(c->error, sizeof c->error, "hostir_nccl (copy engine): %s on rank %d: %s", what, c->rank, detail);
@@ -940,13 +941,14 @@ HIRDEF void hir_nccl_world_set_copy_engine(hir_nccl_world *w, int enable) {
   int i, j, can, current = 0;
   if (!w || !w->n) return;
   cudaGetDevice(&current);
-  for (i = 0; enable && !w->copy_engine && i < w->n; i++)
+  for (i = 0; enable && !w->peer_access && i < w->n; i++)
     for (j = 0; j < w->n; j++)
       if (i != j && cudaSetDevice(i) == cudaSuccess && cudaDeviceCanAccessPeer(&can, i, j) == cudaSuccess && can &&
           cudaDeviceEnablePeerAccess(j, 0) != cudaSuccess)
         cudaGetLastError(); /* already enabled */
   cudaSetDevice(current);
-  w->copy_engine = enable != 0;
+  w->peer_access |= enable != 0;
+  for (i = 0; i < w->n; i++) w->ranks[i].comm.p2p_copy_engine = enable != 0;
 }
 
 HIRDEF void hir_nccl_world_free(hir_nccl_world *w) {

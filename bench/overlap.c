@@ -13,7 +13,7 @@
                    (on GPUs both p2p again with send/recv on the copy
                    engines: hir_nccl_world_set_copy_engine)
      automatic     the p2p ring fusion lowered with stream.automatic (and
-                   p2p_copy_engine with the copy engines): its pipeline or
+                   the communicator's copy engines): its pipeline or
                    its serial form, and the parts, as the cost model predicts
 
    beside the collective alone and the GEMM alone (their max is the floor),
@@ -371,7 +371,7 @@ static hir_status run_rank(int rank, void *user) {
   ld.my_device = rank;
   ld.stream.schedule = B->cfg.pipe == P2P_RING || B->cfg.pipe == AUTO ? HIR_P2P_RING : HIR_P2P_LINEAR;
   ld.stream.automatic = B->cfg.pipe == AUTO; /* pipeline or serial, for these shapes */
-  ld.stream.p2p_copy_engine = B->cfg.copy_engine;
+  ld.comm = comm; /* its send/recv on copy engines or not: the automatic choice reads it */
   ld.stream.chunks_per_peer = B->cfg.parts;
   ld.stream.input_shapes = hin;
   ld.stream.ninput_shapes = nin;

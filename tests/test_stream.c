@@ -579,6 +579,7 @@ static void test_stream_automatic(void) {
   hir_tensor shapes[2];
   hir_program *p;
   char text[16384];
+  hir_comm copy_engines; /* what a communicator with copy-engine send/recv says of itself */
   lowered_case lc;
   spmd_case c;
   seed sd;
@@ -587,8 +588,9 @@ static void test_stream_automatic(void) {
   memset(&lc, 0, sizeof lc);
   memset(shapes, 0, sizeof shapes);
   lc.f = sd.f;
+  memset(&copy_engines, 0, sizeof copy_engines);
   lc.d.stream.automatic = 1;
-  lc.d.stream.p2p_copy_engine = 1;
+  lc.d.comm = &copy_engines;
   lc.d.stream.input_shapes = shapes;
   lc.d.stream.ninput_shapes = 2;
   for (k = 0; k < 3; k++) { /* small, large, large with send/recv as NCCL kernels */
@@ -597,7 +599,7 @@ static void test_stream_automatic(void) {
     shapes[1].ndims = 2;
     memcpy(shapes[0].sizes, k ? big_a : small_a, sizeof small_a);
     memcpy(shapes[1].sizes, k ? big_b : small_b, sizeof small_b);
-    lc.d.stream.p2p_copy_engine = k < 2;
+    copy_engines.p2p_copy_engine = k < 2;
     CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK);
     hir_program_snprint(p, text, sizeof text);
     if (k != 1) CHECK(!strncmp(hir_program_plan(p), "serial: ", 8) && !strstr(text, "FOR ") && strstr(text, "Allgather"));
@@ -610,10 +612,10 @@ static void test_stream_automatic(void) {
       CHECK(strstr(text, "parts = 2 )") != NULL);
       lc.d.stream.link_bytes_per_s = 0;
     }
-    if (k == 2) CHECK(strstr(hir_program_plan(p), "no overlap: send/recv as NCCL kernels (stream.p2p_copy_engine = 0)") != NULL);
+    if (k == 2) CHECK(strstr(hir_program_plan(p), "no overlap: the communicator's send/recv are NCCL kernels") != NULL);
     hir_program_free(p);
   }
-  lc.d.stream.p2p_copy_engine = 1;
+  copy_engines.p2p_copy_engine = 1;
   memcpy(shapes[0].sizes, small_a, sizeof small_a); /* the serial program's numbers */
   memcpy(shapes[1].sizes, small_b, sizeof small_b);
   case_init(&c, 4);

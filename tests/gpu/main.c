@@ -459,9 +459,16 @@ static void *gpu_world_create(int n) {
    reduce-scatter, both schedules, bounded buffers), their sends and receives
    on the copy engines. */
 static void test_gpu_copy_engine(void) {
+  hir_nccl_world *w;
+  int r;
   gpu_copy_engine = 1;
   test_stream_numbers();
   gpu_copy_engine = 0;
+  if (platform->max_world < 2 || !(w = (hir_nccl_world *)gpu_world_create(2))) return;
+  for (r = 0; r < 2; r++) CHECK(hir_nccl_world_comm(w, r)->p2p_copy_engine == 0); /* each rank says what it does */
+  hir_nccl_world_set_copy_engine(w, 1);
+  for (r = 0; r < 2; r++) CHECK(hir_nccl_world_comm(w, r)->p2p_copy_engine == 1);
+  hir_nccl_world_set_copy_engine(w, 0);
 }
 static void gpu_world_keep(void *w) { (void)w; } /* NCCL worlds are kept for the whole run */
 static hir_comm *gpu_comm(void *w, int rank) { return hir_nccl_world_comm((hir_nccl_world *)w, rank); }
