@@ -1,11 +1,18 @@
-/* A minimal test harness: CHECK records a failure and goes on; the runner in
-   main.c prints one line per test and "N passed, N failed" last. */
+/* The test harness, shared by every test file and by the GPU suite (tests/gpu):
+   CHECK records a failure and goes on; TEST defines and registers a test in
+   one place (a GCC/Clang constructor runs the registration before main);
+   host tensors, the SPMD harness that runs a program on every rank of a
+   platform against a reference, and reference computations. Each test file
+   includes this and compiles on its own after hostir.h's implementation. */
 #ifndef HIR_TEST_H
 #define HIR_TEST_H
+#include "../hostir.h"
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-extern int hir_test_failures; /* failures of the running test */
+static int hir_test_failures; /* failures of the running test */
 
 #define CHECK(cond)                                                              \
   do {                                                                           \
@@ -29,6 +36,480 @@ extern int hir_test_failures; /* failures of the running test */
 #define HIR_TEST_DIR "tests"
 #endif
 
-typedef struct hir_test { const char *name; void (*fn)(void); } hir_test;
+/* ---- registration ---- */
+/* Where a test runs (TEST's third argument, a mask). */
+enum {
+  TEST_CPU = 1,         /* make test: the CPU backend and the local world */
+  TEST_GPU_WORLDS = 2,  /* the GPU suite too, on its worlds of threads and of processes */
+  TEST_GPU = 4,         /* the GPU suite, one process, before its worlds */
+  TEST_GPU_THREADS = 8  /* the GPU suite's world of threads only */
+};
+typedef struct hir_test {
+  const char *name;
+  void (*fn)(void);
+  unsigned where;
+  int order;            /* registration in definition order (__COUNTER__) */
+} hir_test;
 
+static hir_test hir_tests[128];
+static int hir_ntests, hir_tests_lost; /* lost: registered past the table's end (the runners fail) */
+
+static void hir_test_register(const char *name, void (*fn)(void), unsigned where, int order) {
+  int i = hir_ntests;
+  if (hir_ntests == (int)(sizeof hir_tests / sizeof hir_tests[0])) {
+    hir_tests_lost++;
+    return;
+  }
+  for (; i > 0 && hir_tests[i - 1].order > order; i--) hir_tests[i] = hir_tests[i - 1];
+  hir_tests[i].name = name;
+  hir_tests[i].fn = fn;
+  hir_tests[i].where = where;
+  hir_tests[i].order = order;
+  hir_ntests++;
+}
+
+#define TEST(fn, name, where)                                                                    \
+  static void fn(void);                                                                          \
+  __attribute__((constructor)) static void fn##_register(void) { hir_test_register(name, fn, where, __COUNTER__); } \
+  static void fn(void)
+
+
+/* ---- host tensors ---- */
+static hir_tensor tn(hir_dtype dt, int nd, const int64_t *sizes) {
+  hir_tensor t;
+  int i;
+  int64_t n = 1;
+  memset(&t, 0, sizeof t);
+  t.dtype = dt;
+  t.ndims = nd;
+  for (i = 0; i < nd; i++) n *= (t.sizes[i] = sizes[i]);
+  t.data = calloc((size_t)(n ? n : 1), hir_dtype_size(dt));
+  return t;
+}
+static int64_t tnumel(const hir_tensor *t) {
+  int64_t n = 1;
+  int i;
+  for (i = 0; i < t->ndims; i++) n *= t->sizes[i];
+  return n;
+}
+static double tget(const hir_tensor *t, int64_t i) {
+  switch (t->dtype) {
+  case HIR_F32: return ((float *)t->data)[i];
+  case HIR_F64: return ((double *)t->data)[i];
+  case HIR_F16: return hir_half_to_float(((uint16_t *)t->data)[i]);
+  default: return hir_bf16_to_float(((uint16_t *)t->data)[i]);
+  }
+}
+static void tset(hir_tensor *t, int64_t i, double v) {
+  switch (t->dtype) {
+  case HIR_F32: ((float *)t->data)[i] = (float)v; break;
+  case HIR_F64: ((double *)t->data)[i] = v; break;
+  case HIR_F16: ((uint16_t *)t->data)[i] = hir_float_to_half((float)v); break;
+  default: ((uint16_t *)t->data)[i] = hir_float_to_bf16((float)v); break;
+  }
+}
+static unsigned test_seed = 12345u;
+static double urand(void) { /* in [-1, 1], never near 0 */
+  double v;
+  do {
+    test_seed = test_seed * 1103515245u + 12345u;
+    v = ((double)((test_seed >> 8) & 0xffff) / 32768.0) - 1.0;
+  } while (v > -0.05 && v < 0.05);
+  return v;
+}
+static hir_tensor trand(hir_dtype dt, int nd, const int64_t *sizes) {
+  hir_tensor t = tn(dt, nd, sizes);
+  int64_t i;
+  for (i = 0; i < tnumel(&t); i++) tset(&t, i, urand());
+  return t;
+}
+static void tfree(hir_tensor *t) {
+  free(t->data);
+  t->data = NULL;
+}
+/* Row-major index of `idx` in t. */
+static int64_t toff(const hir_tensor *t, const int64_t *idx) {
+  int64_t off = 0;
+  int d;
+  for (d = 0; d < t->ndims; d++) off = off * t->sizes[d] + idx[d];
+  return off;
+}
+static int tnext(const hir_tensor *t, int64_t *idx) {
+  int d;
+  for (d = t->ndims - 1; d >= 0; d--) {
+    if (++idx[d] < t->sizes[d]) return 1;
+    idx[d] = 0;
+  }
+  return 0;
+}
+
+/* The local shard of `full` (the global tensor of tv's data axes) on `device`:
+   a copy of slice p along the DIDx axis (size 1 kept), the whole tensor when
+   unsharded, shape-only (data NULL) when tv does not live there. */
+static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
+  int nmesh, p = -1, i, d = -1, k = 0;
+  const int *mesh = hir_tv_mesh(tv, &nmesh);
+  hir_tensor t;
+  int64_t idx[HIR_MAX_DIMS] = {0};
+  for (i = 0; i < nmesh; i++)
+    if (mesh[i] == device) p = i;
+  for (i = 0; i < hir_tv_ndims(tv); i++) {
+    if (hir_tv_iter_type(tv, i) == HIR_REDUCTION) continue;
+    if (hir_tv_ptype(tv, i) == HIR_DIDX && nmesh > 1) d = k;
+    k++;
+  }
+  t = *full;
+  if (d >= 0) t.sizes[d] = 1;
+  if (nmesh && p < 0) { /* lives elsewhere: shape only */
+    t.data = NULL;
+    return t;
+  }
+  t = tn(full->dtype, full->ndims, t.sizes);
+  if (tnumel(&t) == 0) return t;
+  do {
+    int64_t src[HIR_MAX_DIMS];
+    memcpy(src, idx, sizeof src);
+    if (d >= 0) src[d] = p;
+    tset(&t, toff(&t, idx), tget(full, toff(full, src)));
+  } while (tnext(&t, idx));
+  return t;
+}
+
+/* ---- the SPMD harness ---- */
+#define MAXR 8
+#define MAXT 4
+
+/* Where the ranks run: the CPU and the local world by default; the GPU tests
+   plug in CUDA and NCCL (threads, or one process per GPU) and run the same
+   cases. */
+typedef struct test_platform {
+  const char *name;
+  int min_world, max_world;            /* cases of other sizes are skipped */
+  void *(*world_create)(int n);
+  void (*world_free)(void *w);
+  hir_comm *(*comm)(void *w, int rank);
+  hir_backend *(*backend)(int rank);   /* NULL: the evaluator's own CPU backend */
+  hir_status (*run)(int n, hir_status (*fn)(int rank, void *user), void *user);
+} test_platform;
+
+static void *cpu_world_create(int n) {
+  hir_local_world *w = hir_local_world_create(n);
+  hir_local_world_set_timeout(w, 20000);
+  return w;
+}
+static void cpu_world_free(void *w) { hir_local_world_free((hir_local_world *)w); }
+static hir_comm *cpu_comm(void *w, int rank) { return hir_local_comm((hir_local_world *)w, rank); }
+static const test_platform cpu_platform = {"cpu", 1, 1 << 20, cpu_world_create, cpu_world_free, cpu_comm, NULL, hir_spmd};
+static const test_platform *platform = &cpu_platform;
+
+/* A host tensor's copy in the backend's memory, or the tensor itself. */
+static hir_tensor to_backend(hir_backend *b, const hir_tensor *t) {
+  hir_tensor d = *t;
+  size_t bytes = (size_t)tnumel(t) * hir_dtype_size(t->dtype);
+  if (!b || b->host_memory || !t->data) return d;
+  if (b->alloc(b, bytes, &d.data) != HIR_OK || b->upload(b, d.data, t->data, bytes) != HIR_OK) d.data = NULL;
+  return d;
+}
+static void backend_free(hir_backend *b, const hir_tensor *host, hir_tensor *d) {
+  if (b && !b->host_memory && d->data && d->data != host->data) b->release(b, d->data);
+}
+/* A host copy of a tensor in the backend's memory. */
+static hir_tensor to_host(hir_backend *b, const hir_tensor *d) {
+  hir_tensor h;
+  if (!b || b->host_memory || !d->data) return *d;
+  h = tn(d->dtype, d->ndims, d->sizes);
+  b->download(b, h.data, d->data, (size_t)tnumel(&h) * hir_dtype_size(h.dtype));
+  return h;
+}
+
+typedef hir_program *(*build_fn)(void *user, int rank);
+typedef struct spmd_case {
+  int world, nstreams, prealloc, nin, nout;
+  double tol;
+  build_fn build;
+  void *user;
+  hir_tensor in[MAXT], out[MAXT];  /* global (unsharded) */
+  void *w;
+  char err[MAXR][600];
+} spmd_case;
+
+static int compare(const hir_tensor *got, const hir_tensor *want, double tol, char *err, size_t cap, const char *what) {
+  int64_t i;
+  if (got->ndims != want->ndims || memcmp(got->sizes, want->sizes, (size_t)got->ndims * sizeof(int64_t)) != 0) {
+    snprintf(err, cap, "%s: shape differs (ndims %d vs %d)", what, got->ndims, want->ndims);
+    return 0;
+  }
+  if (!got->data) {
+    snprintf(err, cap, "%s: no data", what);
+    return 0;
+  }
+  for (i = 0; i < tnumel(want); i++) {
+    double g = tget(got, i), w = tget(want, i);
+    if (!(fabs(g - w) <= tol * (1.0 + fabs(w)))) {
+      snprintf(err, cap, "%s: element %lld is %.6g, want %.6g", what, (long long)i, g, w);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static hir_status spmd_rank(int rank, void *user) {
+  spmd_case *c = (spmd_case *)user;
+  char *err = c->err[rank];
+  hir_program *p = c->build(c->user, rank);
+  hir_evaluator *ev = NULL;
+  hir_eval_desc d;
+  hir_backend *b = platform->backend ? platform->backend(rank) : NULL;
+  hir_tensor in[MAXT], din[MAXT], out[MAXT], poison[MAXT], want[MAXT];
+  void *first_addr[MAXT] = {0};
+  int i, run;
+  memset(&d, 0, sizeof d);
+  memset(in, 0, sizeof in);
+  memset(din, 0, sizeof din);
+  memset(poison, 0, sizeof poison);
+  memset(want, 0, sizeof want);
+  if (!p || hir_program_error(p)[0]) {
+    snprintf(err, 600, "build: %s", p ? hir_program_error(p) : "NULL program");
+    hir_program_free(p);
+    hir_backend_free(b);
+    return HIR_ERR_INVALID;
+  }
+  d.comm = platform->comm(c->w, rank);
+  d.backend = b;
+  d.number_of_streams = c->nstreams;
+  d.timeout_ms = 60000;
+  if (hir_evaluator_create(p, &d, &ev) != HIR_OK) {
+    snprintf(err, 600, "create: %s", hir_evaluator_error(ev));
+    goto done;
+  }
+  for (i = 0; i < c->nin; i++) {
+    in[i] = shard(&c->in[i], hir_program_input(p, i), rank);
+    din[i] = to_backend(b, &in[i]);
+  }
+  for (i = 0; i < c->nout; i++) want[i] = shard(&c->out[i], hir_program_output(p, i), rank);
+  for (run = 0; run < 2; run++) {
+    for (i = 0; i < c->nout; i++) {
+      memset(&out[i], 0, sizeof out[i]);
+      if (c->prealloc && want[i].data) { /* preallocated and poisoned */
+        int64_t k;
+        poison[i] = tn(want[i].dtype, want[i].ndims, want[i].sizes);
+        for (k = 0; k < tnumel(&poison[i]); k++) tset(&poison[i], k, 1e30);
+        out[i] = to_backend(b, &poison[i]);
+      }
+    }
+    if (hir_run(ev, din, c->nin, out, c->nout) != HIR_OK || hir_evaluator_sync(ev) != HIR_OK) {
+      snprintf(err, 600, "run %d: %s", run, hir_evaluator_error(ev));
+      goto done;
+    }
+    for (i = 0; i < c->nout; i++) {
+      char what[64];
+      hir_tensor got = to_host(b, &out[i]);
+      int ok = 1;
+      snprintf(what, sizeof what, "rank %d run %d output %d", rank, run, i);
+      if (!want[i].data) {
+        if (out[i].data || out[i].ndims) snprintf(err, 600, "%s: should be empty here", what);
+      } else {
+        ok = compare(&got, &want[i], c->tol, err, 600, what);
+      }
+      if (got.data != out[i].data) tfree(&got);
+      if (!c->prealloc && want[i].data) { /* evaluator-owned: same buffer every run */
+        if (run == 0) first_addr[i] = out[i].data;
+        else if (out[i].data != first_addr[i]) snprintf(err, 600, "%s: moved from %p to %p", what, first_addr[i], out[i].data);
+      }
+      if (c->prealloc && want[i].data) {
+        backend_free(b, &poison[i], &out[i]);
+        tfree(&poison[i]);
+      }
+      if (!ok) goto done;
+    }
+  }
+done:
+  for (i = 0; i < c->nin; i++) {
+    backend_free(b, &in[i], &din[i]);
+    tfree(&in[i]);
+  }
+  for (i = 0; i < c->nout; i++) {
+    tfree(&want[i]);
+    tfree(&poison[i]);
+  }
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(b);
+  return err[0] ? HIR_ERR_INTERNAL : HIR_OK;
+}
+
+/* Runs the case on every rank; reports each rank's failure. Cases of a
+   world size the platform cannot host are skipped. */
+static int cases_run, cases_skipped;
+static void run_case(spmd_case *c, const char *name, const char *file, int line) {
+  int r, i;
+  memset(c->err, 0, sizeof c->err);
+  if (c->world < platform->min_world || c->world > platform->max_world) {
+    cases_skipped++;
+  } else {
+    cases_run++;
+    c->w = platform->world_create(c->world);
+    platform->run(c->world, spmd_rank, c);
+    for (r = 0; r < c->world; r++)
+      if (c->err[r][0]) {
+        fprintf(stderr, "  %s:%d: %s (%s, world %d, %d streams%s): rank %d: %s\n", file, line, name, platform->name, c->world,
+                c->nstreams, c->prealloc ? ", preallocated" : "", r, c->err[r]);
+        hir_test_failures++;
+        break;
+      }
+    platform->world_free(c->w);
+  }
+  for (i = 0; i < c->nin; i++) tfree(&c->in[i]);
+  for (i = 0; i < c->nout; i++) tfree(&c->out[i]);
+}
+#define RUN_CASE(c, name) run_case(c, name, __FILE__, __LINE__)
+
+/* Runs the registered tests whose mask meets `where` and whose name holds
+   `filter` (NULL: all), a line each: "ok" or "FAIL", the name, and with
+   show_cases how many SPMD cases it ran. */
+static void hir_run_tests(unsigned where, const char *filter, const char *prefix, int show_cases, int *passed, int *failed) {
+  int i;
+  for (i = 0; i < hir_ntests; i++) {
+    const hir_test *t = &hir_tests[i];
+    int before = cases_run;
+    if (!(t->where & where) || (filter && !strstr(t->name, filter))) continue;
+    hir_test_failures = 0;
+    t->fn();
+    printf("%s%s %s", prefix, hir_test_failures ? "FAIL" : "ok  ", t->name);
+    if (show_cases) printf(" (%d cases run)", cases_run - before);
+    printf("\n");
+    fflush(stdout);
+    if (hir_test_failures) ++*failed; else ++*passed;
+  }
+}
+
+
+/* Lowering as the program builder: the fusion, lowered for each rank. */
+static hir_program *build_lowered(void *user, int rank) {
+  hir_lower_desc d;
+  hir_program *p;
+  memset(&d, 0, sizeof d);
+  d.my_device = rank;
+  hir_lower((const hir_fusion *)user, &d, &p);
+  return p;
+}
+
+static void case_init(spmd_case *c, int world) {
+  memset(c, 0, sizeof *c);
+  c->world = world;
+  c->nstreams = 2;
+  c->tol = 1e-5;
+}
+
+__attribute__((unused)) static const int worlds[5] = {1, 2, 3, 4, 8};
+__attribute__((unused)) static int iota_mesh[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};
+
+/* ---- references ---- */
+/* out[b..., m, n] = sum_k a[b..., m, k] * x[b..., k, n] for 3-D [B, M, K] x [B or 1, K, N] */
+static hir_tensor ref_bmm(const hir_tensor *a, const hir_tensor *x, int b_broadcast) {
+  int64_t B = a->sizes[0], M = a->sizes[1], K = a->sizes[2], N = x->sizes[x->ndims - 1], sz[3], i, m, n, k;
+  hir_tensor o;
+  sz[0] = B; sz[1] = M; sz[2] = N;
+  o = tn(a->dtype, 3, sz);
+  for (i = 0; i < B; i++)
+    for (m = 0; m < M; m++)
+      for (n = 0; n < N; n++) {
+        double s = 0;
+        for (k = 0; k < K; k++)
+          s += tget(a, (i * M + m) * K + k) * tget(x, ((b_broadcast ? 0 : i) * K + k) * N + n);
+        tset(&o, (i * M + m) * N + n, s);
+      }
+  return o;
+}
+
+/* ---- goldens and lowered text ---- */
+static char *read_file(const char *path) {
+  FILE *fp = fopen(path, "rb");
+  char *buf;
+  long n;
+  if (!fp) return NULL;
+  fseek(fp, 0, SEEK_END);
+  n = ftell(fp);
+  fseek(fp, 0, SEEK_SET);
+  buf = (char *)malloc((size_t)n + 1);
+  if (buf && fread(buf, 1, (size_t)n, fp) != (size_t)n) n = 0;
+  if (buf) buf[n] = '\0';
+  fclose(fp);
+  return buf;
+}
+
+/* Compares with tests/golden/<name>.txt; reports the first differing line.
+   HIR_UPDATE_GOLDENS=1 rewrites the file instead (review the diff). */
+static void check_golden(const char *got, const char *name, const char *file, int line) {
+  char path[512];
+  char *want;
+  const char *g, *w;
+  int lineno = 1;
+  snprintf(path, sizeof path, "%s/golden/%s.txt", HIR_TEST_DIR, name);
+  if (getenv("HIR_UPDATE_GOLDENS")) {
+    FILE *fp = fopen(path, "w");
+    if (!fp || fputs(got, fp) < 0) hir_test_failures++;
+    if (fp) fclose(fp);
+    return;
+  }
+  want = read_file(path);
+  if (!want) {
+    fprintf(stderr, "  %s:%d: cannot read %s\n", file, line, path);
+    hir_test_failures++;
+    return;
+  }
+  for (g = got, w = want; *g && *g == *w; g++, w++)
+    if (*g == '\n') lineno++;
+  if (*g || *w) {
+    const char *gl = g, *wl = w;
+    while (gl > got && gl[-1] != '\n') gl--;
+    while (wl > want && wl[-1] != '\n') wl--;
+    fprintf(stderr, "  %s:%d: %s differs at line %d\n  got:  %.*s\n  want: %.*s\n", file, line, path, lineno,
+            (int)strcspn(gl, "\n"), gl, (int)strcspn(wl, "\n"), wl);
+    hir_test_failures++;
+  }
+  free(want);
+}
+
+/* The program text of f lowered for `device`, or "error: <status>: <message>". */
+static char *lower_text(const hir_fusion *f, const hir_lower_desc *desc, int device) {
+  hir_lower_desc d;
+  hir_program *p;
+  hir_status s;
+  char *buf;
+  size_t n;
+  if (desc) d = *desc; else memset(&d, 0, sizeof d);
+  d.my_device = device;
+  s = hir_lower(f, &d, &p);
+  if (s != HIR_OK) {
+    n = strlen(hir_program_error(p)) + 64;
+    buf = (char *)malloc(n);
+    snprintf(buf, n, "error: %s: %s", hir_status_str(s), hir_program_error(p));
+  } else {
+    n = hir_program_snprint(p, NULL, 0);
+    buf = (char *)malloc(n + 1);
+    hir_program_snprint(p, buf, n + 1);
+  }
+  hir_program_free(p);
+  return buf;
+}
+
+static void check_lower_golden(const hir_fusion *f, int device, const char *name, const char *file, int line) {
+  char *text = lower_text(f, NULL, device);
+  check_golden(text, name, file, line);
+  free(text);
+}
+#define CHECK_LOWER_GOLDEN(f, dev, name) check_lower_golden(f, dev, name, __FILE__, __LINE__)
+
+static void check_lower_error(const hir_fusion *f, int device, hir_status want, const char *needle, const char *file, int line) {
+  char *text = lower_text(f, NULL, device);
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "error: %s: ", hir_status_str(want));
+  if (strncmp(text, prefix, strlen(prefix)) != 0 || !strstr(text, needle)) {
+    fprintf(stderr, "  %s:%d: got \"%.300s\"; wanted %s with \"%s\"\n", file, line, text, hir_status_str(want), needle);
+    hir_test_failures++;
+  }
+  free(text);
+}
+#define CHECK_LOWER_ERROR(f, dev, want, needle) check_lower_error(f, dev, want, needle, __FILE__, __LINE__)
 #endif

@@ -17,7 +17,7 @@ static const int mesh8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 /* Expected strings are the seeds' dumps. Where nvFuser printed a reordered
    loop domain (matmul_AR, matmul_RS_through_bcast) we keep the logical order
    with the same names. */
-static void test_seed_single_device(void) {
+TEST(test_seed_single_device, "build/seed_single_device", TEST_CPU) {
   seed s;
   seed_single_set_op(&s, hir_fusion_create());
   CHECK_STR(hir_fusion_error(s.f), "");
@@ -39,7 +39,7 @@ static void test_seed_single_device(void) {
   hir_fusion_free(s.f);
 }
 
-static void test_seed_collective_pipelines(void) {
+TEST(test_seed_collective_pipelines, "build/seed_collective_pipelines", TEST_CPU) {
   seed s;
   seed_allgather(&s, hir_fusion_create(), 8, mesh8);
   CHECK_STR(hir_fusion_error(s.f), "");
@@ -78,7 +78,7 @@ static void test_seed_collective_pipelines(void) {
   hir_fusion_free(s.f);
 }
 
-static void test_seed_p2p(void) {
+TEST(test_seed_p2p, "build/seed_p2p", TEST_CPU) {
   seed s;
   int n;
   const int *m;
@@ -96,7 +96,7 @@ static void test_seed_p2p(void) {
 }
 
 /* torch.matmul shape rules on 1-D, 2-D and batched operands. */
-static void test_matmul_shapes(void) {
+TEST(test_matmul_shapes, "build/matmul_shapes", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *v = hir_input(f, HIR_F64, 1);   /* [i0] */
   hir_tv *m = hir_input(f, HIR_F64, 2);   /* [i2, i3] */
@@ -116,7 +116,7 @@ static void test_matmul_shapes(void) {
   hir_fusion_free(f);
 }
 
-static void test_elementwise_sum_broadcast(void) {
+TEST(test_elementwise_sum_broadcast, "build/elementwise_sum_broadcast", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_BF16, 2); /* [i0, i2] */
   int axes[2] = {-1, 0}, flags[2] = {0, 1};
@@ -233,7 +233,7 @@ static hir_status m_output_twice(hir_fusion *f) {
 }
 static hir_status m_output_input(hir_fusion *f) { return hir_output(f, hir_input(f, HIR_F32, 2)); }
 
-static void test_builder_misuse(void) {
+TEST(test_builder_misuse, "build/misuse", TEST_CPU) {
   MISUSE(m_null_set, HIR_ERR_INVALID, "hir_set: argument 'in' is NULL");
   MISUSE(m_null_add, HIR_ERR_INVALID, "hir_add: argument 'b' is NULL");
   MISUSE(m_null_output, HIR_ERR_INVALID, "hir_output: argument 'tv' is NULL");
@@ -264,7 +264,7 @@ static void test_builder_misuse(void) {
 
 /* Sticky errors: after the first failure every builder returns NULL, accepts
    NULL, and the first message stays. */
-static void test_sticky_errors(void) {
+TEST(test_sticky_errors, "build/sticky_errors", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2);
   hir_tv *d = hir_input(f, HIR_F64, 2);
@@ -288,12 +288,3 @@ static void test_sticky_errors(void) {
   CHECK(strcmp(hir_status_str(HIR_ERR_TIMEOUT), "timeout") == 0);
   CHECK(strcmp(hir_status_str((hir_status)99), "unknown status") == 0);
 }
-
-#define BUILD_TESTS                                                              \
-  {"build/seed_single_device", test_seed_single_device},                        \
-  {"build/seed_collective_pipelines", test_seed_collective_pipelines},          \
-  {"build/seed_p2p", test_seed_p2p},                                            \
-  {"build/matmul_shapes", test_matmul_shapes},                                  \
-  {"build/elementwise_sum_broadcast", test_elementwise_sum_broadcast},          \
-  {"build/misuse", test_builder_misuse},                                        \
-  {"build/sticky_errors", test_sticky_errors},

@@ -1,8 +1,10 @@
+#include "test.h"
+
 /* DLPack interop: DLTensors in (explicit row-major strides as PyTorch
    gives them, a byte offset, bf16 codes), a matmul run on them without
    copies, its output out as a DLManagedTensor read through its own strides;
    a transposed view converts but hir_run refuses it, by name; the refusals. */
-static void test_dlpack_roundtrip(void) {
+TEST(test_dlpack_roundtrip, "dlpack/roundtrip", TEST_CPU) {
   enum { M = 3, K = 4, N = 2 };
   float a[M * K], b[K * N + 1], want[M * N];
   int64_t a_shape[2] = {M, K}, a_strides[2] = {K, 1}, t_strides[2] = {1, M}, b_shape[2] = {K, N};
@@ -73,5 +75,3 @@ static void test_dlpack_roundtrip(void) {
   hir_program_free(p);
   hir_fusion_free(f);
 }
-
-#define DLPACK_TESTS {"dlpack/roundtrip", test_dlpack_roundtrip},

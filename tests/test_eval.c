@@ -5,334 +5,6 @@
 #include "seeds.h"
 #include "test.h"
 
-/* ---- host tensors ---- */
-static hir_tensor tn(hir_dtype dt, int nd, const int64_t *sizes) {
-  hir_tensor t;
-  int i;
-  int64_t n = 1;
-  memset(&t, 0, sizeof t);
-  t.dtype = dt;
-  t.ndims = nd;
-  for (i = 0; i < nd; i++) n *= (t.sizes[i] = sizes[i]);
-  t.data = calloc((size_t)(n ? n : 1), hir_dtype_size(dt));
-  return t;
-}
-static int64_t tnumel(const hir_tensor *t) {
-  int64_t n = 1;
-  int i;
-  for (i = 0; i < t->ndims; i++) n *= t->sizes[i];
-  return n;
-}
-static double tget(const hir_tensor *t, int64_t i) {
-  switch (t->dtype) {
-  case HIR_F32: return ((float *)t->data)[i];
-  case HIR_F64: return ((double *)t->data)[i];
-  case HIR_F16: return hir_half_to_float(((uint16_t *)t->data)[i]);
-  default: return hir_bf16_to_float(((uint16_t *)t->data)[i]);
-  }
-}
-static void tset(hir_tensor *t, int64_t i, double v) {
-  switch (t->dtype) {
-  case HIR_F32: ((float *)t->data)[i] = (float)v; break;
-  case HIR_F64: ((double *)t->data)[i] = v; break;
-  case HIR_F16: ((uint16_t *)t->data)[i] = hir_float_to_half((float)v); break;
-  default: ((uint16_t *)t->data)[i] = hir_float_to_bf16((float)v); break;
-  }
-}
-static unsigned test_seed = 12345u;
-static double urand(void) { /* in [-1, 1], never near 0 */
-  double v;
-  do {
-    test_seed = test_seed * 1103515245u + 12345u;
-    v = ((double)((test_seed >> 8) & 0xffff) / 32768.0) - 1.0;
-  } while (v > -0.05 && v < 0.05);
-  return v;
-}
-static hir_tensor trand(hir_dtype dt, int nd, const int64_t *sizes) {
-  hir_tensor t = tn(dt, nd, sizes);
-  int64_t i;
-  for (i = 0; i < tnumel(&t); i++) tset(&t, i, urand());
-  return t;
-}
-static void tfree(hir_tensor *t) {
-  free(t->data);
-  t->data = NULL;
-}
-/* Row-major index of `idx` in t. */
-static int64_t toff(const hir_tensor *t, const int64_t *idx) {
-  int64_t off = 0;
-  int d;
-  for (d = 0; d < t->ndims; d++) off = off * t->sizes[d] + idx[d];
-  return off;
-}
-static int tnext(const hir_tensor *t, int64_t *idx) {
-  int d;
-  for (d = t->ndims - 1; d >= 0; d--) {
-    if (++idx[d] < t->sizes[d]) return 1;
-    idx[d] = 0;
-  }
-  return 0;
-}
-
-/* The local shard of `full` (the global tensor of tv's data axes) on `device`:
-   a copy of slice p along the DIDx axis (size 1 kept), the whole tensor when
-   unsharded, shape-only (data NULL) when tv does not live there. */
-static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
-  int nmesh, p = -1, i, d = -1, k = 0;
-  const int *mesh = hir_tv_mesh(tv, &nmesh);
-  hir_tensor t;
-  int64_t idx[HIR_MAX_DIMS] = {0};
-  for (i = 0; i < nmesh; i++)
-    if (mesh[i] == device) p = i;
-  for (i = 0; i < hir_tv_ndims(tv); i++) {
-    if (hir_tv_iter_type(tv, i) == HIR_REDUCTION) continue;
-    if (hir_tv_ptype(tv, i) == HIR_DIDX && nmesh > 1) d = k;
-    k++;
-  }
-  t = *full;
-  if (d >= 0) t.sizes[d] = 1;
-  if (nmesh && p < 0) { /* lives elsewhere: shape only */
-    t.data = NULL;
-    return t;
-  }
-  t = tn(full->dtype, full->ndims, t.sizes);
-  if (tnumel(&t) == 0) return t;
-  do {
-    int64_t src[HIR_MAX_DIMS];
-    memcpy(src, idx, sizeof src);
-    if (d >= 0) src[d] = p;
-    tset(&t, toff(&t, idx), tget(full, toff(full, src)));
-  } while (tnext(&t, idx));
-  return t;
-}
-
-/* ---- the SPMD harness ---- */
-#define MAXR 8
-#define MAXT 4
-
-/* Where the ranks run: the CPU and the local world by default; the GPU tests
-   plug in CUDA and NCCL (threads, or one process per GPU) and run the same
-   cases. */
-typedef struct test_platform {
-  const char *name;
-  int min_world, max_world;            /* cases of other sizes are skipped */
-  void *(*world_create)(int n);
-  void (*world_free)(void *w);
-  hir_comm *(*comm)(void *w, int rank);
-  hir_backend *(*backend)(int rank);   /* NULL: the evaluator's own CPU backend */
-  hir_status (*run)(int n, hir_status (*fn)(int rank, void *user), void *user);
-} test_platform;
-
-static void *cpu_world_create(int n) {
-  hir_local_world *w = hir_local_world_create(n);
-  hir_local_world_set_timeout(w, 20000);
-  return w;
-}
-static void cpu_world_free(void *w) { hir_local_world_free((hir_local_world *)w); }
-static hir_comm *cpu_comm(void *w, int rank) { return hir_local_comm((hir_local_world *)w, rank); }
-static const test_platform cpu_platform = {"cpu", 1, 1 << 20, cpu_world_create, cpu_world_free, cpu_comm, NULL, hir_spmd};
-static const test_platform *platform = &cpu_platform;
-
-/* A host tensor's copy in the backend's memory, or the tensor itself. */
-static hir_tensor to_backend(hir_backend *b, const hir_tensor *t) {
-  hir_tensor d = *t;
-  size_t bytes = (size_t)tnumel(t) * hir_dtype_size(t->dtype);
-  if (!b || b->host_memory || !t->data) return d;
-  if (b->alloc(b, bytes, &d.data) != HIR_OK || b->upload(b, d.data, t->data, bytes) != HIR_OK) d.data = NULL;
-  return d;
-}
-static void backend_free(hir_backend *b, const hir_tensor *host, hir_tensor *d) {
-  if (b && !b->host_memory && d->data && d->data != host->data) b->release(b, d->data);
-}
-/* A host copy of a tensor in the backend's memory. */
-static hir_tensor to_host(hir_backend *b, const hir_tensor *d) {
-  hir_tensor h;
-  if (!b || b->host_memory || !d->data) return *d;
-  h = tn(d->dtype, d->ndims, d->sizes);
-  b->download(b, h.data, d->data, (size_t)tnumel(&h) * hir_dtype_size(h.dtype));
-  return h;
-}
-
-typedef hir_program *(*build_fn)(void *user, int rank);
-typedef struct spmd_case {
-  int world, nstreams, prealloc, nin, nout;
-  double tol;
-  build_fn build;
-  void *user;
-  hir_tensor in[MAXT], out[MAXT];  /* global (unsharded) */
-  void *w;
-  char err[MAXR][600];
-} spmd_case;
-
-static int compare(const hir_tensor *got, const hir_tensor *want, double tol, char *err, size_t cap, const char *what) {
-  int64_t i;
-  if (got->ndims != want->ndims || memcmp(got->sizes, want->sizes, (size_t)got->ndims * sizeof(int64_t)) != 0) {
-    snprintf(err, cap, "%s: shape differs (ndims %d vs %d)", what, got->ndims, want->ndims);
-    return 0;
-  }
-  if (!got->data) {
-    snprintf(err, cap, "%s: no data", what);
-    return 0;
-  }
-  for (i = 0; i < tnumel(want); i++) {
-    double g = tget(got, i), w = tget(want, i);
-    if (!(fabs(g - w) <= tol * (1.0 + fabs(w)))) {
-      snprintf(err, cap, "%s: element %lld is %.6g, want %.6g", what, (long long)i, g, w);
-      return 0;
-    }
-  }
-  return 1;
-}
-
-static hir_status spmd_rank(int rank, void *user) {
-  spmd_case *c = (spmd_case *)user;
-  char *err = c->err[rank];
-  hir_program *p = c->build(c->user, rank);
-  hir_evaluator *ev = NULL;
-  hir_eval_desc d;
-  hir_backend *b = platform->backend ? platform->backend(rank) : NULL;
-  hir_tensor in[MAXT], din[MAXT], out[MAXT], poison[MAXT], want[MAXT];
-  void *first_addr[MAXT] = {0};
-  int i, run;
-  memset(&d, 0, sizeof d);
-  memset(in, 0, sizeof in);
-  memset(din, 0, sizeof din);
-  memset(poison, 0, sizeof poison);
-  memset(want, 0, sizeof want);
-  if (!p || hir_program_error(p)[0]) {
-    snprintf(err, 600, "build: %s", p ? hir_program_error(p) : "NULL program");
-    hir_program_free(p);
-    hir_backend_free(b);
-    return HIR_ERR_INVALID;
-  }
-  d.comm = platform->comm(c->w, rank);
-  d.backend = b;
-  d.number_of_streams = c->nstreams;
-  d.timeout_ms = 60000;
-  if (hir_evaluator_create(p, &d, &ev) != HIR_OK) {
-    snprintf(err, 600, "create: %s", hir_evaluator_error(ev));
-    goto done;
-  }
-  for (i = 0; i < c->nin; i++) {
-    in[i] = shard(&c->in[i], hir_program_input(p, i), rank);
-    din[i] = to_backend(b, &in[i]);
-  }
-  for (i = 0; i < c->nout; i++) want[i] = shard(&c->out[i], hir_program_output(p, i), rank);
-  for (run = 0; run < 2; run++) {
-    for (i = 0; i < c->nout; i++) {
-      memset(&out[i], 0, sizeof out[i]);
-      if (c->prealloc && want[i].data) { /* preallocated and poisoned */
-        int64_t k;
-        poison[i] = tn(want[i].dtype, want[i].ndims, want[i].sizes);
-        for (k = 0; k < tnumel(&poison[i]); k++) tset(&poison[i], k, 1e30);
-        out[i] = to_backend(b, &poison[i]);
-      }
-    }
-    if (hir_run(ev, din, c->nin, out, c->nout) != HIR_OK || hir_evaluator_sync(ev) != HIR_OK) {
-      snprintf(err, 600, "run %d: %s", run, hir_evaluator_error(ev));
-      goto done;
-    }
-    for (i = 0; i < c->nout; i++) {
-      char what[64];
-      hir_tensor got = to_host(b, &out[i]);
-      int ok = 1;
-      snprintf(what, sizeof what, "rank %d run %d output %d", rank, run, i);
-      if (!want[i].data) {
-        if (out[i].data || out[i].ndims) snprintf(err, 600, "%s: should be empty here", what);
-      } else {
-        ok = compare(&got, &want[i], c->tol, err, 600, what);
-      }
-      if (got.data != out[i].data) tfree(&got);
-      if (!c->prealloc && want[i].data) { /* evaluator-owned: same buffer every run */
-        if (run == 0) first_addr[i] = out[i].data;
-        else if (out[i].data != first_addr[i]) snprintf(err, 600, "%s: moved from %p to %p", what, first_addr[i], out[i].data);
-      }
-      if (c->prealloc && want[i].data) {
-        backend_free(b, &poison[i], &out[i]);
-        tfree(&poison[i]);
-      }
-      if (!ok) goto done;
-    }
-  }
-done:
-  for (i = 0; i < c->nin; i++) {
-    backend_free(b, &in[i], &din[i]);
-    tfree(&in[i]);
-  }
-  for (i = 0; i < c->nout; i++) {
-    tfree(&want[i]);
-    tfree(&poison[i]);
-  }
-  hir_evaluator_free(ev);
-  hir_program_free(p);
-  hir_backend_free(b);
-  return err[0] ? HIR_ERR_INTERNAL : HIR_OK;
-}
-
-/* Runs the case on every rank; reports each rank's failure. Cases of a
-   world size the platform cannot host are skipped. */
-static int cases_run, cases_skipped;
-static void run_case(spmd_case *c, const char *name, int line) {
-  int r, i;
-  memset(c->err, 0, sizeof c->err);
-  if (c->world < platform->min_world || c->world > platform->max_world) {
-    cases_skipped++;
-  } else {
-    cases_run++;
-    c->w = platform->world_create(c->world);
-    platform->run(c->world, spmd_rank, c);
-    for (r = 0; r < c->world; r++)
-      if (c->err[r][0]) {
-        fprintf(stderr, "  test_eval.c:%d: %s (%s, world %d, %d streams%s): rank %d: %s\n", line, name, platform->name, c->world,
-                c->nstreams, c->prealloc ? ", preallocated" : "", r, c->err[r]);
-        hir_test_failures++;
-        break;
-      }
-    platform->world_free(c->w);
-  }
-  for (i = 0; i < c->nin; i++) tfree(&c->in[i]);
-  for (i = 0; i < c->nout; i++) tfree(&c->out[i]);
-}
-#define RUN_CASE(c, name) run_case(c, name, __LINE__)
-
-/* Lowering as the program builder: the fusion, lowered for each rank. */
-static hir_program *build_lowered(void *user, int rank) {
-  hir_lower_desc d;
-  hir_program *p;
-  memset(&d, 0, sizeof d);
-  d.my_device = rank;
-  hir_lower((const hir_fusion *)user, &d, &p);
-  return p;
-}
-
-static void case_init(spmd_case *c, int world) {
-  memset(c, 0, sizeof *c);
-  c->world = world;
-  c->nstreams = 2;
-  c->tol = 1e-5;
-}
-
-static const int worlds[5] = {1, 2, 3, 4, 8};
-static int iota_mesh[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};
-
-/* ---- references ---- */
-/* out[b..., m, n] = sum_k a[b..., m, k] * x[b..., k, n] for 3-D [B, M, K] x [B or 1, K, N] */
-static hir_tensor ref_bmm(const hir_tensor *a, const hir_tensor *x, int b_broadcast) {
-  int64_t B = a->sizes[0], M = a->sizes[1], K = a->sizes[2], N = x->sizes[x->ndims - 1], sz[3], i, m, n, k;
-  hir_tensor o;
-  sz[0] = B; sz[1] = M; sz[2] = N;
-  o = tn(a->dtype, 3, sz);
-  for (i = 0; i < B; i++)
-    for (m = 0; m < M; m++)
-      for (n = 0; n < N; n++) {
-        double s = 0;
-        for (k = 0; k < K; k++)
-          s += tget(a, (i * M + m) * K + k) * tget(x, ((b_broadcast ? 0 : i) * K + k) * N + n);
-        tset(&o, (i * M + m) * N + n, s);
-      }
-  return o;
-}
-
 /* ---- collectives through lowering ---- */
 static hir_fusion *fusion_allgather(int n, const int *mesh, int64_t rows, int64_t cols) {
   hir_fusion *f = hir_fusion_create();
@@ -345,7 +17,7 @@ static hir_fusion *fusion_allgather(int n, const int *mesh, int64_t rows, int64_
   return f;
 }
 
-static void test_eval_allgather_scatter(void) {
+TEST(test_eval_allgather_scatter, "eval/allgather_scatter", TEST_CPU | TEST_GPU_WORLDS) {
   int wi;
   for (wi = 0; wi < 5; wi++) {
     int D = worlds[wi];
@@ -384,7 +56,7 @@ static void test_eval_allgather_scatter(void) {
   }
 }
 
-static void test_eval_allreduce_reduce_scatter(void) {
+TEST(test_eval_allreduce_reduce_scatter, "eval/allreduce_reduce_scatter", TEST_CPU | TEST_GPU_WORLDS) {
   int wi;
   for (wi = 0; wi < 5; wi++) {
     int D = worlds[wi], axis = 0;
@@ -439,7 +111,7 @@ static void test_eval_allreduce_reduce_scatter(void) {
 
 /* AG+GEMM (decomposed into an Allgather and a local matmul) and the row-parallel
    GEMM+Allreduce, through lowering. */
-static void test_eval_matmul_patterns(void) {
+TEST(test_eval_matmul_patterns, "eval/matmul_patterns", TEST_CPU | TEST_GPU_WORLDS) {
   int wi;
   for (wi = 0; wi < 5; wi++) {
     int D = worlds[wi], axis = 0;
@@ -498,7 +170,7 @@ static void test_eval_matmul_patterns(void) {
 
 /* Gather, SendRecv, Broadcast and Reduce between meshes {0..3}, {4..7}, {2},
    {5} in a world of 8 (the fusion of the lowering tests). */
-static void test_eval_cross_mesh(void) {
+TEST(test_eval_cross_mesh, "eval/cross_mesh", TEST_CPU) {
   int64_t sa[2] = {4, 6}, su[2] = {3, 2}, j, i;
   spmd_case c;
   hir_fusion *f = cross_mesh_fusion();
@@ -527,7 +199,7 @@ static void test_eval_cross_mesh(void) {
 
 /* Scatter, a broadcast HostUnit, a matmul and a ReduceScatter on the mesh
    {3 1 7 5} of a world of 8; ranks 0, 2, 4, 6 hold nothing. */
-static void test_eval_scatter_unit_reduce_scatter(void) {
+TEST(test_eval_scatter_unit_reduce_scatter, "eval/scatter_unit_reduce_scatter", TEST_CPU) {
   int64_t sx[4] = {4, 4, 3, 5}, sb[3] = {4, 5, 2}, so[3] = {4, 3, 2}, i, j, m, n, k;
   spmd_case c;
   hir_fusion *f = scatter_rs_fusion();
@@ -553,7 +225,7 @@ static void test_eval_scatter_unit_reduce_scatter(void) {
 }
 
 /* Meshes that are not 0..D-1: {2 1} in a world of 3; rank 0 holds nothing. */
-static void test_eval_odd_mesh(void) {
+TEST(test_eval_odd_mesh, "eval/odd_mesh", TEST_CPU | TEST_GPU_WORLDS) {
   int mesh[2] = {2, 1}, axis = 0;
   int64_t sz[3] = {2, 3, 4}, j;
   spmd_case c;
@@ -604,7 +276,7 @@ static hir_program *build_hand(void *user, int rank) {
 
 /* Seed 003's AllgatherP2p and seed 004's per-chunk Allgather, built by hand
    exactly as printed in the golden tests, on every world and stream count. */
-static void test_eval_seed_allgather_programs(void) {
+TEST(test_eval_seed_allgather_programs, "eval/seed_allgather_programs", TEST_CPU | TEST_GPU_WORLDS) {
   int wi, ns;
   for (wi = 0; wi < 5; wi++)
     for (ns = 1; ns <= 4; ns++) {
@@ -638,7 +310,7 @@ static void test_eval_seed_allgather_programs(void) {
 }
 
 /* Seed 003's AG_matmul_P2p and seed 004's matmul_RS_through_bcast by hand. */
-static void test_eval_seed_matmul_programs(void) {
+TEST(test_eval_seed_matmul_programs, "eval/seed_matmul_programs", TEST_CPU | TEST_GPU_WORLDS) {
   int wi;
   for (wi = 0; wi < 5; wi++) {
     int D = worlds[wi];
@@ -685,7 +357,7 @@ static void test_eval_seed_matmul_programs(void) {
 }
 
 /* The seed fusions that lower without stream lowering, through hir_lower. */
-static void test_eval_seed_fusions_lowered(void) {
+TEST(test_eval_seed_fusions_lowered, "eval/seed_fusions_lowered", TEST_CPU | TEST_GPU_WORLDS) {
   int wi;
   for (wi = 0; wi < 5; wi++) {
     int D = worlds[wi];
@@ -764,7 +436,7 @@ static void test_eval_seed_fusions_lowered(void) {
 }
 
 /* ---- one rank: bad inputs, then a good run ---- */
-static void test_eval_bad_inputs(void) {
+TEST(test_eval_bad_inputs, "eval/bad_inputs", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2), *c = hir_matmul(f, a, b);
   hir_program *p;
@@ -862,7 +534,7 @@ static void test_eval_bad_inputs(void) {
   }
 }
 
-static void test_eval_create_errors(void) {
+TEST(test_eval_create_errors, "eval/create_errors", TEST_CPU) {
   hir_evaluator *ev;
   hir_program *p = hir_program_create();
   hir_eval_desc d;
@@ -901,7 +573,7 @@ static hir_status counting_alloc(hir_backend *b, size_t bytes, void **ptr) {
 
 /* A broadcast that only inserts a size-1 axis into an input is a view: no
    copy, no buffer; when it is also a program output it is written out. */
-static void test_eval_broadcast_view(void) {
+TEST(test_eval_broadcast_view, "eval/broadcast_view", TEST_CPU) {
   int also_output;
   for (also_output = 0; also_output < 2; also_output++) {
     hir_fusion *f = hir_fusion_create();
@@ -935,7 +607,7 @@ static void test_eval_broadcast_view(void) {
   }
 }
 
-static void test_eval_buffer_reuse(void) {
+TEST(test_eval_buffer_reuse, "eval/buffer_reuse", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   int axis = 0;
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_add(f, a, a), *c = hir_mul(f, b, a), *s = hir_sum(f, c, 1, &axis);
@@ -1017,7 +689,7 @@ static hir_status dead_rank(int rank, void *user) {
   return HIR_OK;
 }
 
-static void test_eval_dead_peer(void) {
+TEST(test_eval_dead_peer, "eval/dead_peer", TEST_CPU) {
   dead_ctx c;
   {
     hir_fusion *f = fusion_allgather(2, iota_mesh, 3, 4);
@@ -1116,7 +788,7 @@ static hir_status lw_rank(int rank, void *user) {
   return err[0] ? HIR_ERR_COMM : HIR_OK;
 }
 
-static void test_local_world_collectives(void) {
+TEST(test_local_world_collectives, "eval/local_world_collectives", TEST_CPU) {
   int wi, r;
   for (wi = 0; wi < 5; wi++) {
     lw_ctx x;
@@ -1139,7 +811,7 @@ static void test_local_world_collectives(void) {
 }
 
 /* ---- half precision ---- */
-static void test_half_conversions(void) {
+TEST(test_half_conversions, "eval/half_conversions", TEST_CPU) {
   uint32_t i;
   CHECK(hir_float_to_half(1.0f) == 0x3c00);
   CHECK(hir_float_to_half(-2.0f) == 0xc000);
@@ -1179,21 +851,3 @@ static void test_half_conversions(void) {
     CHECK(nan != nan);
   }
 }
-
-#define EVAL_TESTS                                                                 \
-  {"eval/half_conversions", test_half_conversions},                               \
-  {"eval/local_world_collectives", test_local_world_collectives},                 \
-  {"eval/allgather_scatter", test_eval_allgather_scatter},                        \
-  {"eval/allreduce_reduce_scatter", test_eval_allreduce_reduce_scatter},          \
-  {"eval/matmul_patterns", test_eval_matmul_patterns},                            \
-  {"eval/cross_mesh", test_eval_cross_mesh},                                      \
-  {"eval/scatter_unit_reduce_scatter", test_eval_scatter_unit_reduce_scatter},    \
-  {"eval/odd_mesh", test_eval_odd_mesh},                                          \
-  {"eval/seed_allgather_programs", test_eval_seed_allgather_programs},            \
-  {"eval/seed_matmul_programs", test_eval_seed_matmul_programs},                  \
-  {"eval/seed_fusions_lowered", test_eval_seed_fusions_lowered},                  \
-  {"eval/bad_inputs", test_eval_bad_inputs},                                      \
-  {"eval/create_errors", test_eval_create_errors},                                \
-  {"eval/buffer_reuse", test_eval_buffer_reuse},                                  \
-  {"eval/broadcast_view", test_eval_broadcast_view},                              \
-  {"eval/dead_peer", test_eval_dead_peer},

@@ -2,56 +2,16 @@
    communication decision table (goldens reviewed against DESIGN.md §3), the
    passes alone, the verifier, HOSTIR_DUMP and concurrent lowering. */
 #include <pthread.h>
+#include <unistd.h> /* close */
 #include "seeds.h"
 #include "test.h"
 
 static const int m8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 
-/* The program text of f lowered for `device`, or "error: <status>: <message>". */
-static char *lower_text(const hir_fusion *f, const hir_lower_desc *desc, int device) {
-  hir_lower_desc d;
-  hir_program *p;
-  hir_status s;
-  char *buf;
-  size_t n;
-  if (desc) d = *desc; else memset(&d, 0, sizeof d);
-  d.my_device = device;
-  s = hir_lower(f, &d, &p);
-  if (s != HIR_OK) {
-    n = strlen(hir_program_error(p)) + 64;
-    buf = (char *)malloc(n);
-    snprintf(buf, n, "error: %s: %s", hir_status_str(s), hir_program_error(p));
-  } else {
-    n = hir_program_snprint(p, NULL, 0);
-    buf = (char *)malloc(n + 1);
-    hir_program_snprint(p, buf, n + 1);
-  }
-  hir_program_free(p);
-  return buf;
-}
-
-static void check_lower_golden(const hir_fusion *f, int device, const char *name, int line) {
-  char *text = lower_text(f, NULL, device);
-  check_golden(text, name, line);
-  free(text);
-}
-#define CHECK_LOWER_GOLDEN(f, dev, name) check_lower_golden(f, dev, name, __LINE__)
-
-static void check_lower_error(const hir_fusion *f, int device, hir_status want, const char *needle, int line) {
-  char *text = lower_text(f, NULL, device);
-  char prefix[64];
-  snprintf(prefix, sizeof prefix, "error: %s: ", hir_status_str(want));
-  if (strncmp(text, prefix, strlen(prefix)) != 0 || !strstr(text, needle)) {
-    fprintf(stderr, "  test_lower.c:%d: got \"%.300s\"; wanted %s with \"%s\"\n", line, text, hir_status_str(want), needle);
-    hir_test_failures++;
-  }
-  free(text);
-}
-#define CHECK_LOWER_ERROR(f, dev, want, needle) check_lower_error(f, dev, want, needle, __LINE__)
 
 /* AG+GEMM without streams: the matmul on a sharded A is decomposed into
    T3 = set(T0) (an Allgather) and a local matmul; T3 is released after. */
-static void test_lower_allgather_matmul(void) {
+TEST(test_lower_allgather_matmul, "lower/allgather_matmul", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_input(f, HIR_F32, 2), *c = hir_matmul(f, a, b);
   char before[4096], after[4096];
@@ -69,7 +29,7 @@ static void test_lower_allgather_matmul(void) {
 
 /* Row-parallel matmul: local partial products, then an Allreduce; the
    partial buffer is released after the Wait, not before. */
-static void test_lower_matmul_allreduce(void) {
+TEST(test_lower_matmul_allreduce, "lower/matmul_allreduce", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   int axis = 0;
   hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_input(f, HIR_F32, 3), *c = hir_matmul(f, a, b);
@@ -83,29 +43,8 @@ static void test_lower_matmul_allreduce(void) {
   hir_fusion_free(f);
 }
 
-/* Gather, SendRecv, Broadcast and Reduce between meshes {0..3}, {4..7}, {2}, {5}. */
-static hir_fusion *cross_mesh_fusion(void) {
-  hir_fusion *f = hir_fusion_create();
-  int A[4] = {0, 1, 2, 3}, B[4] = {4, 5, 6, 7}, two = 2, five = 5, axis = 0;
-  hir_tv *a = hir_input(f, HIR_F32, 2);
-  hir_tv *gathered = hir_set(f, a), *moved = hir_set(f, a);
-  hir_tv *u = hir_input(f, HIR_F32, 2), *bcast = hir_set(f, u), *reduced = hir_sum(f, a, 1, &axis);
-  hir_output(f, gathered);
-  hir_output(f, moved);
-  hir_output(f, bcast);
-  hir_output(f, reduced);
-  hir_set_mesh(a, 4, A);
-  hir_parallelize(a, 0, HIR_DIDX);
-  hir_set_mesh(gathered, 4, B);
-  hir_set_mesh(moved, 4, B);
-  hir_parallelize(moved, 0, HIR_DIDX);
-  hir_set_mesh(u, 1, &two);
-  hir_set_mesh(bcast, 4, B);
-  hir_set_mesh(reduced, 1, &five);
-  return f;
-}
 
-static void test_lower_cross_mesh(void) {
+TEST(test_lower_cross_mesh, "lower/cross_mesh", TEST_CPU) {
   hir_fusion *f = cross_mesh_fusion();
   CHECK_LOWER_GOLDEN(f, 1, "lower_cross_mesh_d1"); /* a sender: every Gather, its SendRecv, the Reduce */
   CHECK_LOWER_GOLDEN(f, 5, "lower_cross_mesh_d5"); /* a receiver of everything */
@@ -113,29 +52,8 @@ static void test_lower_cross_mesh(void) {
   hir_fusion_free(f);
 }
 
-/* On mesh {3 1 7 5}: a Scatter, a broadcast HostUnit, a matmul and a
-   ReduceScatter; device 0 is in no mesh and gets an empty program. */
-static hir_fusion *scatter_rs_fusion(void) {
-  hir_fusion *f = hir_fusion_create();
-  int mesh[4] = {3, 1, 7, 5}, flags[4] = {0, 1, 0, 0}, axis = 0;
-  hir_tv *x = hir_input(f, HIR_F32, 4);  /* [D, D2, M, K/D], replicated */
-  hir_tv *a = hir_set(f, x);             /* scattered on D */
-  hir_tv *b = hir_input(f, HIR_F32, 3);  /* [DIDx(D), K/D, N] */
-  hir_tv *bb = hir_broadcast(f, b, 4, flags);
-  hir_tv *c = hir_matmul(f, a, bb);      /* [DIDx(D), D2, M, N, rK] */
-  hir_tv *d = hir_sum(f, c, 1, &axis);   /* [rD, DIDx(D2), M, N] */
-  hir_output(f, d);
-  hir_set_mesh(x, 4, mesh);
-  hir_set_mesh(a, 4, mesh);
-  hir_set_mesh(b, 4, mesh);
-  hir_set_mesh(d, 4, mesh);
-  hir_parallelize(a, 0, HIR_DIDX);
-  hir_parallelize(b, 0, HIR_DIDX);
-  hir_parallelize(d, 1, HIR_DIDX);
-  return f;
-}
 
-static void test_lower_scatter_reduce_scatter(void) {
+TEST(test_lower_scatter_reduce_scatter, "lower/scatter_reduce_scatter", TEST_CPU) {
   hir_fusion *f = scatter_rs_fusion();
   CHECK_LOWER_GOLDEN(f, 7, "lower_scatter_rs_d7");
   CHECK_LOWER_GOLDEN(f, 0, "lower_empty_d0");
@@ -159,7 +77,7 @@ static int count_kind(const hir_program *p, hir_expr_kind kind) {
   return n;
 }
 
-static void test_lower_merge_predicate(void) {
+TEST(test_lower_merge_predicate, "lower/merge_predicate", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   int f1[3] = {1, 0, 0}, f2[4] = {1, 0, 0, 0};
   hir_tv *a = hir_input(f, HIR_F32, 2);
@@ -200,7 +118,7 @@ static void test_lower_merge_predicate(void) {
 }
 
 /* Resharding exprs stand alone even when the predicate would merge them. */
-static void test_lower_resharding_alone(void) {
+TEST(test_lower_resharding_alone, "lower/resharding_alone", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   int flags[3] = {1, 0, 0};
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a), *c = hir_broadcast(f, b, 3, flags);
@@ -220,7 +138,7 @@ static void test_lower_resharding_alone(void) {
     char dot[4096];
     size_t n = hir_segmentation_snprint_dot(s, dot, sizeof dot);
     CHECK(n > 0 && n < sizeof dot && hir_segmentation_snprint_dot(s, NULL, 0) == n);
-    check_golden(dot, "segmentation_dot", __LINE__);
+    check_golden(dot, "segmentation_dot", __FILE__, __LINE__);
     CHECK(hir_segmentation_print_dot(NULL, stderr) == HIR_ERR_INVALID);
   }
   hir_segmentation_free(s);
@@ -230,7 +148,7 @@ static void test_lower_resharding_alone(void) {
   hir_fusion_free(f);
 }
 
-static void test_lower_errors(void) {
+TEST(test_lower_errors, "lower/errors", TEST_CPU) {
   hir_fusion *f;
   hir_tv *a, *b, *c;
   int axis = 1, both[2] = {0, 1}, zero = 0, one_two[2] = {1, 2};
@@ -302,7 +220,7 @@ static void test_lower_errors(void) {
 }
 
 /* The passes alone on a hand-built program, then the verifier. */
-static void test_lower_passes_alone(void) {
+TEST(test_lower_passes_alone, "lower/passes_alone", TEST_CPU) {
   hir_program *p = hir_program_create();
   hir_fusion *f = hir_program_fusion(p);
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a), *c = hir_add(f, b, b);
@@ -347,7 +265,7 @@ static void expect_verify_error(hir_program *p, const char *needle, int line) {
   hir_program_free(p);
 }
 
-static void test_verifier(void) {
+TEST(test_verifier, "lower/verifier", TEST_CPU) {
   hir_program *p;
   hir_fusion *f;
   hir_tv *a, *b;
@@ -403,7 +321,7 @@ static void test_verifier(void) {
 }
 
 /* HOSTIR_DUMP=host_ir,passes with HOSTIR_DUMP_FILE. */
-static void test_lower_dump(void) {
+TEST(test_lower_dump, "lower/dump", TEST_CPU) {
   hir_fusion *f = cross_mesh_fusion();
   char path[] = "/tmp/hostir_dump_XXXXXX";
   char *text, *got;
@@ -448,7 +366,7 @@ static void *lower_thread(void *arg) {
   return NULL;
 }
 
-static void test_lower_concurrent(void) {
+TEST(test_lower_concurrent, "lower/concurrent", TEST_CPU) {
   hir_fusion *f = cross_mesh_fusion();
   pthread_t th[8];
   lower_job jobs[8];
@@ -469,16 +387,3 @@ static void test_lower_concurrent(void) {
   }
   hir_fusion_free(f);
 }
-
-#define LOWER_TESTS                                                          \
-  {"lower/allgather_matmul", test_lower_allgather_matmul},                  \
-  {"lower/matmul_allreduce", test_lower_matmul_allreduce},                  \
-  {"lower/cross_mesh", test_lower_cross_mesh},                              \
-  {"lower/scatter_reduce_scatter", test_lower_scatter_reduce_scatter},      \
-  {"lower/merge_predicate", test_lower_merge_predicate},                    \
-  {"lower/resharding_alone", test_lower_resharding_alone},                  \
-  {"lower/errors", test_lower_errors},                                      \
-  {"lower/passes_alone", test_lower_passes_alone},                          \
-  {"lower/verifier", test_verifier},                                        \
-  {"lower/dump", test_lower_dump},                                          \
-  {"lower/concurrent", test_lower_concurrent},

@@ -47,7 +47,7 @@ static const struct {
 };
 
 /* Each seed lowered for device 0 of 8 prints as its golden. */
-static void test_stream_seed_goldens(void) {
+TEST(test_stream_seed_goldens, "stream/seed_goldens", TEST_CPU) {
   static const int m8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   size_t i;
   for (i = 0; i < sizeof seed_table / sizeof seed_table[0]; i++) {
@@ -55,13 +55,13 @@ static void test_stream_seed_goldens(void) {
     seed s;
     seed_table[i].fn(&s, hir_fusion_create(), 8, m8);
     snprintf(name, sizeof name, "seed_%s", seed_table[i].name);
-    check_lower_golden(s.f, 0, name, __LINE__);
+    check_lower_golden(s.f, 0, name, __FILE__, __LINE__);
     hir_fusion_free(s.f);
   }
 }
 
 /* matmul_AR and matmul_RS_through_bcast: DESIGN.md §5's top-level structure. */
-static void test_stream_structure(void) {
+TEST(test_stream_structure, "stream/structure", TEST_CPU) {
   static const int m8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   static const hir_expr_kind ar[] = {HIR_EXPR_ALLOCATE, HIR_EXPR_ALLOCATE, HIR_EXPR_GET_CURRENT_STREAM, HIR_EXPR_FOR_LOOP,
                                      HIR_EXPR_FOR_LOOP, HIR_EXPR_DEALLOCATE};
@@ -95,7 +95,7 @@ static void test_stream_structure(void) {
 }
 
 /* The ring, bounded-buffer and cut programs on the mesh {3 1 7 5}, as device 7. */
-static void test_stream_schedule_goldens(void) {
+TEST(test_stream_schedule_goldens, "stream/schedule_goldens", TEST_CPU) {
   static const int mesh[4] = {3, 1, 7, 5};
   hir_lower_desc d;
   seed s;
@@ -105,27 +105,27 @@ static void test_stream_schedule_goldens(void) {
   d.stream.bounded_buffers = 1;
   seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, mesh);
   text = lower_text(s.f, &d, 7);
-  check_golden(text, "stream_ag_matmul_ring_bounded_d7", __LINE__);
+  check_golden(text, "stream_ag_matmul_ring_bounded_d7", __FILE__, __LINE__);
   free(text);
   hir_fusion_free(s.f);
   d.stream.bounded_buffers = 0;
   seed_matmul_rs_p2p(&s, hir_fusion_create(), 4, mesh);
   text = lower_text(s.f, &d, 7);
-  check_golden(text, "stream_matmul_rs_ring_d7", __LINE__);
+  check_golden(text, "stream_matmul_rs_ring_d7", __FILE__, __LINE__);
   free(text);
   d.stream.schedule = HIR_P2P_LINEAR;
   text = lower_text(s.f, &d, 7);
-  check_golden(text, "stream_matmul_rs_linear_d7", __LINE__);
+  check_golden(text, "stream_matmul_rs_linear_d7", __FILE__, __LINE__);
   free(text);
   d.stream.schedule = HIR_P2P_RING; /* each peer's chunk in 2 parts */
   d.stream.chunks_per_peer = 2;
   text = lower_text(s.f, &d, 7);
-  check_golden(text, "stream_matmul_rs_ring_2parts_d7", __LINE__);
+  check_golden(text, "stream_matmul_rs_ring_2parts_d7", __FILE__, __LINE__);
   free(text);
   hir_fusion_free(s.f);
   seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, mesh);
   text = lower_text(s.f, &d, 7);
-  check_golden(text, "stream_ag_matmul_ring_2parts_d7", __LINE__);
+  check_golden(text, "stream_ag_matmul_ring_2parts_d7", __FILE__, __LINE__);
   free(text);
   hir_fusion_free(s.f);
 }
@@ -267,7 +267,7 @@ static void seed_data(spmd_case *c, const char *which, int D) {
    right numbers for both schedules, with and without bounded buffers, with
    1..4 streams, on worlds of 1, 2, 3, 4 and 8 (and a mesh {3 1 7 5}); the
    P2P GEMMs also with each peer's 3 rows cut into 3 parts. */
-static void test_stream_numbers(void) {
+TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
   static const char *names[] = {"SingleSetOp", "TwoSetOps", "ThreeSetOps", "Allgather", "Allreduce", "ReduceScatter",
                                 "AG_matmul", "AllgatherP2p", "AG_matmul_P2p", "matmul_AR", "matmul_RS_through_bcast", "matmul_RS_p2p",
                                 "matmul_RS_p2p_partials_out"};
@@ -353,7 +353,7 @@ static hir_status mem_rank(int rank, void *user) {
   return m->status[rank];
 }
 
-static void test_stream_bounded_memory(void) {
+TEST(test_stream_bounded_memory, "stream/bounded_memory", TEST_CPU) {
   int64_t D = 8, M = 16, K = 32, N = 8, sa[3] = {8, 16, 32}, sb[2] = {32, 8};
   size_t held[2];
   mem_ctx m;
@@ -394,7 +394,7 @@ static void lower_all(const hir_fusion *f, const hir_lower_desc *d0, int n, hir_
   }
 }
 
-static void test_schedule_verifier_accepts(void) {
+TEST(test_schedule_verifier_accepts, "stream/verifier_accepts", TEST_CPU) {
   static const int m8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   size_t i;
   int wi, ring, k, ok = 0;
@@ -464,7 +464,7 @@ static hir_program *two_rank_program(int kind, int rank) {
   return p;
 }
 
-static void test_schedule_verifier_rejects(void) {
+TEST(test_schedule_verifier_rejects, "stream/verifier_rejects", TEST_CPU) {
   static const char *want[] = {"schedule mismatch on team of Communication 1: rank 0 runs Allgather (root -1), rank 1 runs Allreduce",
                                "schedule deadlock: no rank can go on: rank 0 at a send/recv group (recv from 1); rank 1 at a send/recv group (recv from 0);",
                                "schedule deadlock: no rank can go on: rank 0 at Communication 1 (Allreduce, team (0 1)); rank 1 at Communication 2 (Allreduce, team (1 0));",
@@ -542,7 +542,7 @@ static void test_stream_cut_errors(void) {
   hir_fusion_free(sd.f);
 }
 
-static void test_stream_errors(void) {
+TEST(test_stream_errors, "stream/errors", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a);
   int axis = 1, flags[3] = {1, 0, 0};
@@ -572,7 +572,7 @@ static void test_stream_errors(void) {
    parts where communication is much the longer side (and then again the
    right numbers); a GEMM + P2P reduce-scatter alike, uncut when little
    communication is left to hide; shapes missing or miscounted are errors. */
-static void test_stream_automatic(void) {
+TEST(test_stream_automatic, "stream/automatic", TEST_CPU) {
   static const int m4[4] = {0, 1, 2, 3};
   int64_t small_a[3] = {1, 3, 4}, small_b[2] = {4, 5}, big_a[3] = {1, 4096, 8192}, big_b[2] = {8192, 512};
   int64_t rs_a[4] = {1, 4, 4096, 1024}, rs_b[3] = {1, 1024, 8192}, ag_a[4] = {4, 1, 1024, 8192};
@@ -720,7 +720,7 @@ static hir_status timeline_rank(int rank, void *user) {
   return hir_evaluator_sync(x->ev[rank]);
 }
 
-static void test_stream_timeline(void) {
+TEST(test_stream_timeline, "stream/timeline", TEST_CPU) {
   static const int m2[2] = {0, 1};
   int64_t sa[3] = {1, 3, 4}, sb[2] = {4, 5};
   timeline_ctx x;
@@ -813,7 +813,7 @@ static void clocked_destroy_event(hir_backend *b, void *e) {
   if (!is_tick(c, e)) c->cpu->event_destroy(c->cpu, e);
 }
 
-static void test_stream_timeline_gpu_spans(void) {
+TEST(test_stream_timeline_gpu_spans, "stream/timeline_gpu_spans", TEST_CPU) {
   static const int m2[2] = {0, 1};
   int64_t sa[3] = {1, 3, 4}, sb[2] = {4, 5};
   clocked c[2];
@@ -881,16 +881,3 @@ static void test_stream_timeline_gpu_spans(void) {
   hir_local_world_free(x.w);
   hir_fusion_free(sd.f);
 }
-
-#define STREAM_TESTS                                                            \
-  {"stream/seed_goldens", test_stream_seed_goldens},                           \
-  {"stream/structure", test_stream_structure},                                 \
-  {"stream/schedule_goldens", test_stream_schedule_goldens},                   \
-  {"stream/numbers", test_stream_numbers},                                     \
-  {"stream/bounded_memory", test_stream_bounded_memory},                       \
-  {"stream/verifier_accepts", test_schedule_verifier_accepts},                 \
-  {"stream/verifier_rejects", test_schedule_verifier_rejects},                 \
-  {"stream/errors", test_stream_errors},                                       \
-  {"stream/automatic", test_stream_automatic},                                 \
-  {"stream/timeline", test_stream_timeline},                                   \
-  {"stream/timeline_gpu_spans", test_stream_timeline_gpu_spans},

@@ -10,10 +10,7 @@
 #define HOSTIR_NCCL_IMPLEMENTATION
 #include "../../hostir_nccl.h"
 #include "../test.h"
-#include <math.h>
 #include <unistd.h>
-
-int hir_test_failures;
 
 #include "../test_build.c"
 #include "../test_print.c"
@@ -63,7 +60,7 @@ static hir_status run_single(const hir_fusion *f, hir_backend *b, int nin, const
 
 /* Every op (set, add, sub with broadcasting, sum over one and two axes,
    broadcast, matmul 2-D / batched / broadcast batch / 1-D) in every dtype. */
-static void test_gpu_ops(void) {
+TEST(test_gpu_ops, "gpu/ops", TEST_GPU) {
   int dt;
   for (dt = 0; dt < HIR_DTYPE_COUNT; dt++) {
     hir_fusion *f = hir_fusion_create();
@@ -144,7 +141,7 @@ static void test_gpu_ops(void) {
 /* add and sub of long tensors: cublasLt's transform sees them as matrices of
    65536 rows where halving allows (2^18 elements), else as one column (an
    odd length). */
-static void test_gpu_long_binary(void) {
+TEST(test_gpu_long_binary, "gpu/long_binary", TEST_GPU) {
   int64_t sizes[2][2] = {{4, 65536}, {3, 100003}};
   int k;
   for (k = 0; k < 2; k++) {
@@ -182,7 +179,7 @@ static void test_gpu_long_binary(void) {
    whole 16-byte rows by hostir's kernel (one launch, several for more than
    65535 rows outside, two axes in a row), long axes (over 256) and rows of an
    odd length by the GEMM against ones. */
-static void test_gpu_sum(void) {
+TEST(test_gpu_sum, "gpu/sum", TEST_GPU) {
   static const struct { int nd; int64_t sizes[3]; int naxes, axes[2]; } cases[] = {
       {2, {4, 2048}, 1, {0}},        /* the partials of a reduce-scatter */
       {3, {3, 5, 264}, 1, {1}},      /* rows outside and inside */
@@ -221,7 +218,7 @@ static void test_gpu_sum(void) {
 }
 
 /* TF32 is off by default (f32 matmuls exact to f32), and the option turns it on. */
-static void test_gpu_tf32(void) {
+TEST(test_gpu_tf32, "gpu/tf32", TEST_GPU) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2);
   int64_t sa[2] = {64, 512}, sb[2] = {512, 64};
@@ -258,7 +255,7 @@ static void test_gpu_tf32(void) {
 }
 
 /* The P2P schedules on a mesh that is not 0..D-1. */
-static void test_gpu_odd_mesh_p2p(void) {
+TEST(test_gpu_odd_mesh_p2p, "gpu/odd_mesh_p2p", TEST_GPU_WORLDS) {
   static const int mesh[4] = {2, 0, 3, 1};
   static const char *names[2] = {"AG_matmul_P2p", "matmul_RS_p2p"};
   static const seed_fn fns[2] = {seed_ag_matmul_p2p, seed_matmul_rs_p2p};
@@ -290,7 +287,7 @@ static void test_gpu_odd_mesh_p2p(void) {
 /* The backend's strided copy against the same copy on the host: windows
    into larger buffers (one 2-D copy per outer index), rows repeated from one
    (stride 0, no 2-D copy), and a 4-axis case. */
-static void test_gpu_strided_copy(void) {
+TEST(test_gpu_strided_copy, "gpu/strided_copy", TEST_GPU) {
   static const struct {
     int nd;
     int64_t sizes[4], dst_strides[4], src_strides[4];
@@ -371,7 +368,7 @@ static hir_status gpu_timeline_rank(int rank, void *user) { /* a backend made on
   return timeline_rank(rank, &g->x);
 }
 
-static void test_gpu_timeline(void) {
+TEST(test_gpu_timeline, "gpu/timeline", TEST_GPU) {
   static const int m2[2] = {0, 1};
   enum { ROWS = 4096 };
   int64_t sa[3] = {1, 1024, 4096}, sb[2] = {4096, 2048};
@@ -458,7 +455,7 @@ static void *gpu_world_create(int n) {
 /* Every stream-lowered program again (P2P allgather, GEMM + P2P
    reduce-scatter, both schedules, bounded buffers), their sends and receives
    on the copy engines. */
-static void test_gpu_copy_engine(void) {
+TEST(test_gpu_copy_engine, "gpu/copy_engine_p2p", TEST_GPU_THREADS) {
   hir_nccl_world *w;
   int r;
   gpu_copy_engine = 1;
@@ -539,42 +536,6 @@ static int dead_peer(void) {
   return ok;
 }
 
-static const hir_test gpu_tests[] = {
-    {"gpu/ops", test_gpu_ops},
-    {"gpu/tf32", test_gpu_tf32},
-    {"gpu/strided_copy", test_gpu_strided_copy},
-    {"gpu/long_binary", test_gpu_long_binary},
-    {"gpu/sum", test_gpu_sum},
-    {"gpu/timeline", test_gpu_timeline},
-};
-static const hir_test multi_tests[] = {
-    {"eval/allgather_scatter", test_eval_allgather_scatter},
-    {"eval/allreduce_reduce_scatter", test_eval_allreduce_reduce_scatter},
-    {"eval/matmul_patterns", test_eval_matmul_patterns},
-    {"eval/odd_mesh", test_eval_odd_mesh},
-    {"eval/seed_allgather_programs", test_eval_seed_allgather_programs},
-    {"eval/seed_matmul_programs", test_eval_seed_matmul_programs},
-    {"eval/seed_fusions_lowered", test_eval_seed_fusions_lowered},
-    {"stream/numbers", test_stream_numbers},
-    {"gpu/odd_mesh_p2p", test_gpu_odd_mesh_p2p},
-};
-static const hir_test thread_tests[] = {
-    {"gpu/copy_engine_p2p", test_gpu_copy_engine},
-};
-
-static void run_tests(const hir_test *t, int n, const char *filter, int *passed, int *failed, const char *prefix) {
-  int i;
-  for (i = 0; i < n; i++) {
-    int before = cases_run;
-    if (filter && !strstr(t[i].name, filter)) continue;
-    hir_test_failures = 0;
-    t[i].fn();
-    printf("%s%s %s (%d cases run)\n", prefix, hir_test_failures ? "FAIL" : "ok  ", t[i].name, cases_run - before);
-    fflush(stdout);
-    if (hir_test_failures) ++*failed; else ++*passed;
-  }
-}
-
 int main(int argc, char **argv) {
   int ngpu = 0, passed = 0, failed = 0, i;
   int processes = argc > 1 && !strcmp(argv[1], "--processes");
@@ -588,11 +549,11 @@ int main(int argc, char **argv) {
   }
   if (!processes) {
     printf("test-gpu: %d GPUs, one process, a thread per GPU\n", ngpu);
-    run_tests(gpu_tests, (int)(sizeof gpu_tests / sizeof gpu_tests[0]), filter, &passed, &failed, "");
+    hir_run_tests(TEST_GPU, filter, "", 1, &passed, &failed);
     gpu.max_world = ngpu < MAXR ? ngpu : MAXR;
     platform = &gpu;
-    run_tests(multi_tests, (int)(sizeof multi_tests / sizeof multi_tests[0]), filter, &passed, &failed, "");
-    run_tests(thread_tests, (int)(sizeof thread_tests / sizeof thread_tests[0]), filter, &passed, &failed, "");
+    hir_run_tests(TEST_GPU_WORLDS, filter, "", 1, &passed, &failed);
+    hir_run_tests(TEST_GPU_THREADS, filter, "", 1, &passed, &failed);
     for (i = 0; i <= MAXR; i++) hir_nccl_world_free(gpu_worlds[i]);
   } else {
     if (hir_nccl_env_read(&mp_env, err, sizeof err) != HIR_OK) {
@@ -615,10 +576,10 @@ int main(int argc, char **argv) {
     mp.min_world = mp.max_world = mp_env.size;
     platform = &mp;
     if (mp_env.rank == 0) printf("test-gpu: %d processes, one GPU each\n", mp_env.size);
-    run_tests(multi_tests, (int)(sizeof multi_tests / sizeof multi_tests[0]), filter, &passed, &failed, prefix);
+    hir_run_tests(TEST_GPU_WORLDS, filter, prefix, 1, &passed, &failed);
     hir_nccl_comm_free(mp_comm);
   }
+  if (hir_tests_lost) printf("%sFAIL %d tests were not registered (tests/test.h)\n", prefix, hir_tests_lost), failed++;
   printf("%s%d passed, %d failed\n", prefix, passed, failed);
-  (void)build_lowered;
   return failed ? 1 : 0;
 }
