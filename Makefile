@@ -15,8 +15,9 @@ CUDA_HOME ?= $(if $(NVCC_PATH),$(patsubst %/bin/,%,$(dir $(NVCC_PATH))))
 # CPU where no GPU is visible).
 ifneq ($(CUDA_HOME),)
 CUDA_CFLAGS := -DHOSTIR_CUDA -I$(CUDA_HOME)/include
-CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart -ldl
-NVCC_LDLIBS := -L$(CUDA_HOME)/lib64 -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart -ldl
+# -Xlinker -rpath=, which cc and nvcc both take (nvcc refuses -Wl,; pkg-config drops a second -Xlinker):
+# these flags also go into hostir-cuda.pc.
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Xlinker -rpath=$(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart -ldl
 endif
 
 HEADERS := hostir.h hostir_nccl.h
@@ -49,7 +50,7 @@ $(BUILD)/nvtx_probe.so: tests/gpu/nvtx_probe.c | $(BUILD)
 
 examples-nvcc: | $(BUILD)
 	@for e in examples/*.c; do n=$$(basename $$e .c); \
-	  nvcc -x cu -O2 $(CUDA_CFLAGS) -o $(BUILD)/$$n-nvcc $$e $(NVCC_LDLIBS) -lpthread || exit 1; done
+	  nvcc -x cu -O2 $(CUDA_CFLAGS) -o $(BUILD)/$$n-nvcc $$e $(CUDA_LDLIBS) -lpthread || exit 1; done
 
 run: $(BUILD)/main
 	./$(BUILD)/main

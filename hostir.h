@@ -16,6 +16,14 @@
        #define HOSTIR_IMPLEMENTATION
        #include "hostir.h"
 
+   Compile as C11 or C++11 and link -lm -lpthread. The two commonest link errors:
+       undefined reference to `hir_...'    no file defined HOSTIR_IMPLEMENTATION before
+                                           including hostir.h (exactly one file must)
+       undefined reference to `cudaMalloc', `cublasCreate_v2', `cublasLtCreate', `dlopen'
+                                           the implementation has HOSTIR_CUDA: link
+                                           -lcublasLt -lcublas -lcudart -ldl (and -lnccl for
+                                           hostir_nccl.h), from CUDA's lib64
+
    A fusion, built and printed:
 
        hir_fusion *f = hir_fusion_create();
@@ -431,7 +439,8 @@ struct hir_backend {
 struct hir_comm {
   void *ctx;
   int rank, size;
-  int p2p_copy_engine;  /* send/recv run on copy engines, not SMs: a pipeline overlaps them with GEMMs */
+  int p2p_copy_engine;      /* send/recv run on copy engines, not SMs: a pipeline overlaps them with GEMMs */
+  int needs_device_memory;  /* buffers must be the GPU's (NCCL): a host-memory backend is refused */
   char error[256];
   hir_status (*team)(hir_comm *self, const int *devices, int n, void **team);
   hir_status (*allgather)(hir_comm *self, void *team, const void *send, void *recv, size_t bytes, void *stream);
@@ -6888,6 +6897,11 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
     if (!(ev->b = hir_backend_cpu_create())) return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
     ev->owns_backend = 1;
   }
+  if (d->comm && d->comm->needs_device_memory && ev->b->host_memory)
+    return hir__ev_fail(ev, HIR_ERR_INVALID,
+                        "hir_evaluator_create: the communicator moves device memory but the %s backend holds host memory; "
+                        "give hir_eval_desc.backend = hir_backend_cuda_create(device) (an implementation compiled with "
+                        "HOSTIR_CUDA)", ev->b->name), ev->status;
   ev->ntv = p->ir.next_tv;
   ev->nval = p->ir.next_val;
   ev->nexpr = p->ir.next_expr;

@@ -839,6 +839,7 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   c->ctx = nc;
   c->rank = rank;
   c->size = size;
+  c->needs_device_memory = 1;
   c->team = hir_nccl__make_team;
   c->allgather = hir_nccl__allgather;
   c->allreduce = hir_nccl__allreduce;

@@ -558,6 +558,19 @@ TEST(test_eval_create_errors, "eval/create_errors", TEST_CPU) {
     CHECK(strstr(hir_evaluator_error(ev), "give a communicator") != NULL);
     hir_evaluator_free(ev);
   }
+  { /* a communicator of device memory (NCCL's) with the CPU backend */
+    hir_local_world *w = hir_local_world_create(2);
+    hir_comm nccl_like = *hir_local_comm(w, 0);
+    nccl_like.needs_device_memory = 1;
+    d.comm = &nccl_like;
+    CHECK(hir_evaluator_create(p, &d, &ev) == HIR_ERR_INVALID);
+    CHECK(strstr(hir_evaluator_error(ev), "moves device memory but the cpu backend holds host memory") != NULL);
+    hir_evaluator_free(ev);
+    d.comm = hir_local_comm(w, 0);
+    CHECK(hir_evaluator_create(p, &d, &ev) == HIR_OK);
+    hir_evaluator_free(ev);
+    hir_local_world_free(w);
+  }
   hir_program_free(p);
   CHECK(hir_evaluator_create(NULL, NULL, NULL) == HIR_ERR_INVALID);
   hir_evaluator_free(NULL);

@@ -37,6 +37,8 @@ def load(path):
     spans = [e for e in events if e.get("ph") == "X"]
     cat = "gpu" if any(e["cat"] == "gpu" for e in spans) else "host_ir"
     spans = [e for e in spans if e["cat"] == cat]
+    if not spans:
+        raise ValueError("no spans: record them with hir_evaluator_record_timeline before the runs")
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     procs = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
     t0 = min(e["ts"] for e in spans)
@@ -45,10 +47,20 @@ def load(path):
             "end": max(e["ts"] + e["dur"] for e in spans) - t0}
 
 
+def usage(why):
+    sys.exit("timeline_svg: %s\nusage: %s" % (why, __doc__.split("\n\n")[1].strip()))
+
+
 def main(argv):
     if len(argv) < 3 or any("=" not in a for a in argv[2:]):
-        sys.exit(__doc__)
-    panels = [(a.split("=", 1)[0], load(a.split("=", 1)[1])) for a in argv[2:]]
+        usage("give the SVG to write, then one or more LABEL=TRACE.json")
+    panels = []
+    for a in argv[2:]:
+        label, path = a.split("=", 1)
+        try:
+            panels.append((label, load(path)))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            usage("%s is not a trace written by hir_timeline_write (%s: %s)" % (path, type(e).__name__, e))
     span_us = max(p["end"] for _, p in panels)
     scale = WIDTH / span_us
     out, y = [], 0

@@ -1,5 +1,5 @@
 /* hostir driven from PyTorch: a small shared library that
-   examples/torch_dlpack.py loads with ctypes. Tensors cross as DLPack
+   examples/torch/torch_dlpack.py loads with ctypes. Tensors cross as DLPack
    (torch.utils.dlpack), views both ways, no copies: torch's tensors go in
    through hir_tensor_from_dlpack, and the output comes back either written
    into a torch tensor or as hostir's own buffer through hir_tensor_to_dlpack.
