@@ -325,9 +325,9 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
      hir_lower_desc.comm says so: p2p_copy_engine). Otherwise the
      communication runs as NCCL kernels that wait for the SMs a GEMM holds
      (bench/NOTES.md, sections 0-1), and the model, expecting no overlap,
-     lowers serial. With
-     overlap it also picks chunks_per_peer (unless given): each part beyond
-     one a peer costs part_overhead_s more (smaller GEMMs, one more wait).
+     lowers serial. With overlap it also picks chunks_per_peer (unless
+     given): each part beyond one a peer costs part_overhead_s more (smaller
+     GEMMs, one more wait).
      Zeros take defaults measured on H200 with copy-engine P2P
      (bench/RESULTS.md): 750e12 flop/s in f16/bf16, 50e12 in f32/f64, 300e9
      B/s, 20 us a chunk, 40 us a part. hir_program_plan says what was chosen
@@ -3312,7 +3312,8 @@ static int hir__same_cut(hir__chain *c, const hir_expr *e, const hir_tv *tv, int
   if (writes && !*seen) *seen = (unsigned char)(axis + 2);
   if (!*seen || *seen == axis + 2) return 1;
   snprintf(why, sizeof why, "with chunks_per_peer = %d, T%d would be cut along axis %d here and axis %d where it is "
-           "written, so this op would read parts not written yet; use chunks_per_peer = 1", c->parts_per_peer, tv->name, axis, *seen - 2);
+           "written, so this op would read parts not written yet; use chunks_per_peer = 1",
+           c->parts_per_peer, tv->name, axis, *seen - 2);
   return hir__stream_fail(c->p, e, why);
 }
 
@@ -3435,11 +3436,12 @@ static int hir__stream_rs_slots(hir__chain *c, const hir_expr *e, const int *fir
   c->rs_slots->ids[c->rs_slot_axis]->iter = HIR_ITERATION;
   c->rs_slots->mesh = out->mesh;
   c->rs_slots->mesh_size = out->mesh_size;
-  c->own_step = c->ring ? hir__scalar(c, HIR_SCALAR_EQ, c->step, hir__const(f, c->mesh_size - 1)) /* the ring keeps its own chunk last */
-                    : hir__scalar(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
+  c->own_step = c->ring ? hir__scalar(c, HIR_SCALAR_EQ, c->step, hir__const(f, c->mesh_size - 1)) /* the ring's own chunk is last */
+                        : hir__scalar(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
   for (k = 0; k < c->n; k++)
     for (q = 0; q < c->exprs[k]->nin; q++) readers += c->exprs[k]->in[q] == in;
-  c->rs_input_in_slots = c->ring && !in->is_output && readers == 1 && first && first[in->name] >= at && last[in->name] < at + c->n ? in : NULL;
+  c->rs_input_in_slots =
+      c->ring && !in->is_output && readers == 1 && first && first[in->name] >= at && last[in->name] < at + c->n ? in : NULL;
   return c->own_step && hir__push(f, &c->allocs, c->rs_slots);
 }
 
@@ -3469,8 +3471,8 @@ static int hir__stream_reduce_scatter(hir__chain *c, const hir_expr *e, int in_a
        !hir__append(&ite->body, hir__host_compute(p, HIR_EXPR_LOAD_STORE, 0, slot, part, NULL, "stream lowering"))))
     return 0;
   if (c->ring) { /* step i: send chunk pos+i+1, receive from pos-i-1 */
-    hir_val *from = hir__scalar(c, HIR_SCALAR_MOD, hir__scalar(c, HIR_SCALAR_SUB, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size - 1)), c->step),
-                           hir__const(f, c->mesh_size));
+    hir_val *back = hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size - 1));
+    hir_val *from = hir__scalar(c, HIR_SCALAR_MOD, hir__scalar(c, HIR_SCALAR_SUB, back, c->step), hir__const(f, c->mesh_size));
     if (!(slot = hir__rs_slot(c, others, from)) || !hir__append(others, hir_host_start_coalescing(p)) ||
         !hir__append(others, hir_host_p2p(p, HIR_P2P_RECV, slot, hir__mesh_at(c, from))) ||
         !hir__append(others, hir_host_p2p(p, HIR_P2P_SEND, part, hir__mesh_at(c, c->chunk))))
@@ -3536,12 +3538,15 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
     if (!iota) c->pos_val = hir__const(f, c->pos); /* this device's position in the mesh */
     c->ring = c->opt->schedule == HIR_P2P_RING && c->p2p != (HIR__P2P_ALLGATHER | HIR__P2P_REDUCE_SCATTER);
     if (c->ring && c->p2p == HIR__P2P_ALLGATHER) /* receive from pos - i */
-      c->chunk = hir__scalar(c, HIR_SCALAR_MOD, hir__scalar(c, HIR_SCALAR_SUB, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->step),
-                        hir__const(f, c->mesh_size));
+      c->chunk = hir__scalar(c, HIR_SCALAR_MOD,
+                             hir__scalar(c, HIR_SCALAR_SUB, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->step),
+                             hir__const(f, c->mesh_size));
     else if (c->ring) /* compute and send chunk pos + i + 1: the own chunk last, so no transfer is left at the end */
       c->chunk = hir__scalar(c, HIR_SCALAR_MOD,
-                        hir__scalar(c, HIR_SCALAR_ADD, iota ? hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, 1)) : hir__const(f, c->pos + 1), c->step),
-                        hir__const(f, c->mesh_size));
+                             hir__scalar(c, HIR_SCALAR_ADD,
+                                         iota ? hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, 1)) : hir__const(f, c->pos + 1),
+                                         c->step),
+                             hir__const(f, c->mesh_size));
   }
   if (!c->slot || !c->chunk || !c->pos_val) return 0;
   for (k = 0; k < c->n; k++) { /* the full buffers the loop writes into, allocated before it */
@@ -6845,7 +6850,8 @@ static int hir__setup_expr(hir_evaluator *ev, const hir_expr *e) {
                             e->name, e->team[i], ev->comm->size);
   }
   if (e->kind == HIR_EXPR_COMMUNICATION) {
-    if (hir_team_index(e->team, e->team_size, ev->device) >= 0 && (s = ev->comm->team(ev->comm, e->team, e->team_size, &ev->team[e->name])) != HIR_OK)
+    if (hir_team_index(e->team, e->team_size, ev->device) >= 0 &&
+        (s = ev->comm->team(ev->comm, e->team, e->team_size, &ev->team[e->name])) != HIR_OK)
       return hir__ev_fail(ev, s, "hir_evaluator_create: the team of Communication %d: %s", e->name, ev->comm->error);
   }
   if (hir__ops[e->kind].flags & HIR__OP_WAITABLE) {
