@@ -140,7 +140,7 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_FOR_LOOP, "ForLoop", 0, 0, HIR__OP_HOST | HIR__OP_SCOPED)                                            \
   X(HIR_EXPR_IF_THEN_ELSE, "IfThenElse", 0, 0, HIR__OP_HOST | HIR__OP_SCOPED)                                     \
   X(HIR_EXPR_POST_ON_STREAM, "PostOnStream", -1, -1, HIR__OP_HOST | HIR__OP_ON_STREAM)                            \
-  X(HIR_EXPR_COMMUNICATION, "Communication", -1, -1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
+  X(HIR_EXPR_COMMUNICATION, "Communication", 1, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
   X(HIR_EXPR_P2P_COMMUNICATION, "P2PCommunication", 1, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
   X(HIR_EXPR_WAIT, "Wait", 0, 0, HIR__OP_HOST | HIR__OP_ON_STREAM)                                                \
   X(HIR_EXPR_START_COALESCING, "StartCoalescing", 0, 0, HIR__OP_HOST | HIR__OP_COMM)                              \
@@ -857,6 +857,15 @@ struct hir_fusion {
   char error[512];
 };
 
+/* A tensor axis read chunk by chunk by a loop over another axis: hir_run
+   checks that the two have one size (else a loop would read part of it, or
+   past it). */
+typedef struct hir__same_extent {
+  const hir_val *loop;    /* the extent of the loop's axis */
+  const hir_tv *tv;
+  int axis;
+} hir__same_extent;
+
 struct hir_program {
   hir_fusion ir;
   hir_scope top;
@@ -864,6 +873,7 @@ struct hir_program {
   int next_stream;
   int my_device;          /* the device the program was lowered for; -1 if built by hand */
   char plan[256];         /* the automatic choice of hir_stream_options */
+  hir__vec same_extents;  /* hir__same_extent: sizes that only a run knows and that must agree */
 };
 
 static void hir__vfail(hir_fusion *f, hir_status s, const char *fmt, va_list ap) {
@@ -984,6 +994,19 @@ static int hir__data_index(const hir_tv *tv, int axis) {
   return k;
 }
 
+/* A matmul's flags: A has no M axis, B no N axis. The chunks of a
+   stream-lowered matmul whose Stream axis is M (or N) are views without it,
+   and stay matrix products with M (N) of size 1; 1-D operands have neither
+   axis, as in torch.matmul. */
+enum { HIR__MATMUL_NO_M = 1, HIR__MATMUL_NO_N = 2 };
+
+/* The roles of a matmul's data axes, given na and nb of its operands: A is
+   [batch..., M?, K], B [batch..., K, N?], the output [batch..., M?, N?]. */
+static void hir__matmul_roles(const hir_expr *e, int na, int nb, int *has_m, int *has_n) {
+  *has_m = na >= 2 && !(e->flags & HIR__MATMUL_NO_M);
+  *has_n = nb >= 2 && !(e->flags & HIR__MATMUL_NO_N);
+}
+
 /* The axes that hold data: all but reduction axes. */
 static int hir__data_axes(const hir_tv *tv, hir_id **ids) {
   int i, n = 0;
@@ -1012,12 +1035,12 @@ static int64_t hir__eval_val(const hir__env *env, const hir_val *v) {
   }
   a = hir__eval_val(env, v->lhs);
   b = hir__eval_val(env, v->rhs);
-  switch (v->op) {
-  case HIR_SCALAR_ADD: return a + b;
-  case HIR_SCALAR_SUB: return a - b;
-  case HIR_SCALAR_MUL: return a * b;
-  case HIR_SCALAR_DIV: return b ? a / b : 0;
-  case HIR_SCALAR_MOD: return b ? a % b : 0;
+  switch (v->op) { /* defined for every input: + - * wrap around, / and % by 0 give 0, by -1 cannot trap */
+  case HIR_SCALAR_ADD: return (int64_t)((uint64_t)a + (uint64_t)b);
+  case HIR_SCALAR_SUB: return (int64_t)((uint64_t)a - (uint64_t)b);
+  case HIR_SCALAR_MUL: return (int64_t)((uint64_t)a * (uint64_t)b);
+  case HIR_SCALAR_DIV: return b == 0 ? 0 : b == -1 ? (int64_t)(0 - (uint64_t)a) : a / b;
+  case HIR_SCALAR_MOD: return b == 0 || b == -1 ? 0 : a % b;
   case HIR_SCALAR_EQ: return a == b;
   case HIR_SCALAR_NE: return a != b;
   case HIR_SCALAR_LT: return a < b;
@@ -1711,11 +1734,11 @@ static hir_expr *hir__comm_expr(hir_fusion *f, hir_collective type, int nteam, c
                                 hir_tv *out) {
   hir_expr *e;
   int *copy;
-  if (!(e = hir__new_expr(f, HIR_EXPR_COMMUNICATION, in ? 1 : 0, out ? 1 : 0))) return NULL;
+  if (!(e = hir__new_expr(f, HIR_EXPR_COMMUNICATION, 1, 1))) return NULL;
   if (!(copy = (int *)hir__alloc(f, (size_t)nteam * sizeof(int)))) return NULL;
   memcpy(copy, team, (size_t)nteam * sizeof(int));
-  if (in) (e->in[0] = in)->mem = HIR_MEM_GLOBAL;
-  if (out) (e->out[0] = out)->mem = HIR_MEM_GLOBAL;
+  (e->in[0] = in)->mem = HIR_MEM_GLOBAL;
+  (e->out[0] = out)->mem = HIR_MEM_GLOBAL;
   e->sub = (int)type;
   e->team = copy;
   e->team_size = nteam;
@@ -1737,11 +1760,17 @@ HIRDEF hir_expr *hir_host_communication(hir_program *p, hir_collective type, int
     hir__fail(f, HIR_ERR_INVALID, "%s: the root %d of the %s is not in its team", fn, root, hir__collective_names[type]);
     return NULL;
   }
-  if (!in && !out) {
-    hir__fail(f, HIR_ERR_INVALID, "%s: the %s has neither an input nor an output", fn, hir__collective_names[type]);
+  if (!in || !out) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: the %s needs an input and an output tensor (%s is NULL); a rank outside a "
+              "tensor's mesh skips it", fn, hir__collective_names[type], in ? "out" : "in");
     return NULL;
   }
-  if ((in && !hir__check_tv(f, in, fn, "in")) || (out && !hir__check_tv(f, out, fn, "out"))) return NULL;
+  if (!hir__check_tv(f, in, fn, "in") || !hir__check_tv(f, out, fn, "out")) return NULL;
+  if (in->dtype != out->dtype) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: the %s moves T%d (%s) into T%d (%s); a collective keeps the dtype", fn,
+              hir__collective_names[type], in->name, hir_dtype_name(in->dtype), out->name, hir_dtype_name(out->dtype));
+    return NULL;
+  }
   return hir__comm_expr(f, type, nteam, team, root, in, out);
 }
 
@@ -2111,6 +2140,8 @@ static void hir__print_matmul(hir__writer *w, const hir_expr *e, int ind) {
   hir__indent(w, ind + 1);
   hir__emit(w, "          ");
   hir__print_tv(w, e->in[1]);
+  if (e->flags) /* a chunk along M or N */
+    hir__emit(w, ", without = %s%s", e->flags & HIR__MATMUL_NO_M ? "M" : "", e->flags & HIR__MATMUL_NO_N ? "N" : "");
   hir__emit(w, ")\n");
 }
 
@@ -2300,41 +2331,45 @@ HIRDEF size_t hir_segmentation_snprint_dot(const hir_segmentation *s, char *buf,
 }
 
 // >>analysis
-/* hir__axis_map of a matmul (torch.matmul): batch axes right-aligned, M and
-   N kept, K onto the trailing rK; a 1-D operand has no M or N. */
+/* A matmul's axes as its operands' data axes make them: na, nb, whether A
+   has M and B has N, and the number of batch axes of the output. */
+typedef struct hir__matmul_shape {
+  int na, nb, has_m, has_n, nbatch;
+} hir__matmul_shape;
+
+static hir__matmul_shape hir__matmul_shape_of(const hir_expr *e) {
+  hir__matmul_shape m;
+  int i;
+  m.na = m.nb = 0;
+  for (i = 0; i < e->in[0]->ndims; i++) m.na += e->in[0]->ids[i]->iter != HIR_REDUCTION;
+  for (i = 0; i < e->in[1]->ndims; i++) m.nb += e->in[1]->ids[i]->iter != HIR_REDUCTION;
+  hir__matmul_roles(e, m.na, m.nb, &m.has_m, &m.has_n);
+  m.nbatch = m.na - 1 - m.has_m > m.nb - 1 - m.has_n ? m.na - 1 - m.has_m : m.nb - 1 - m.has_n;
+  return m;
+}
+
+/* The output axes of a matmul's M and N, -1 where it has none. */
+static void hir__matmul_out_axes(const hir_expr *e, int *m_axis, int *n_axis) {
+  hir__matmul_shape m = hir__matmul_shape_of(e);
+  *m_axis = m.has_m ? m.nbatch : -1;
+  *n_axis = m.has_n ? m.nbatch + m.has_m : -1;
+}
+
+/* hir__axis_map of a matmul: batch axes right-aligned, M and N kept, K onto
+   the trailing rK. */
 static void hir__matmul_axis_map(const hir_expr *e, int k, int *map) {
-  int i, da[HIR_MAX_DIMS], db[HIR_MAX_DIMS], na = 0, nb = 0, nbatch;
-  const hir_tv *a = e->in[0], *b = e->in[1];
-  for (i = 0; i < a->ndims; i++)
-    if (a->ids[i]->iter != HIR_REDUCTION) da[na++] = i;
-  for (i = 0; i < b->ndims; i++)
-    if (b->ids[i]->iter != HIR_REDUCTION) db[nb++] = i;
-  if (na >= 2 && nb >= 2) {
-    nbatch = na - 2 > nb - 2 ? na - 2 : nb - 2;
-    if (k == 0) {
-      for (i = 0; i < na - 2; i++) map[da[i]] = i + nbatch - (na - 2);
-      map[da[na - 2]] = nbatch;
-      map[da[na - 1]] = nbatch + 2;
-    } else {
-      for (i = 0; i < nb - 2; i++) map[db[i]] = i + nbatch - (nb - 2);
-      map[db[nb - 2]] = nbatch + 2;
-      map[db[nb - 1]] = nbatch + 1;
-    }
-  } else if (na >= 2 && nb == 1) {
-    if (k == 0)
-      for (i = 0; i < na; i++) map[da[i]] = i;
-    else
-      map[db[0]] = na - 1;
-  } else if (na == 1 && nb >= 2) {
-    if (k == 0) {
-      map[da[0]] = nb - 1;
-    } else {
-      for (i = 0; i < nb - 2; i++) map[db[i]] = i;
-      map[db[nb - 2]] = nb - 1;
-      map[db[nb - 1]] = nb - 2;
-    }
-  } else if (na == 1 && nb == 1) {
-    map[k == 0 ? da[0] : db[0]] = 0;
+  hir__matmul_shape m = hir__matmul_shape_of(e);
+  const hir_tv *in = e->in[k];
+  int i, d[HIR_MAX_DIMS], n = 0, nbatch_k = k == 0 ? m.na - 1 - m.has_m : m.nb - 1 - m.has_n;
+  for (i = 0; i < in->ndims; i++)
+    if (in->ids[i]->iter != HIR_REDUCTION) d[n++] = i;
+  for (i = 0; i < nbatch_k; i++) map[d[i]] = i + m.nbatch - nbatch_k;
+  if (k == 0) {
+    if (m.has_m) map[d[m.na - 2]] = m.nbatch;
+    map[d[m.na - 1]] = m.nbatch + m.has_m + m.has_n; /* K: the rK */
+  } else {
+    map[d[nbatch_k]] = m.nbatch + m.has_m + m.has_n;
+    if (m.has_n) map[d[m.nb - 1]] = m.nbatch + m.has_m;
   }
 }
 
@@ -3278,7 +3313,17 @@ static hir_tv *hir__slice_of(hir__chain *c, hir_tv *tv, int axis, hir_val *index
 /* tv seen at this iteration along `axis`: a broadcast axis at 0, a bounded
    buffer at its slot, anything else at the chunk. */
 static hir_tv *hir__chunk_view(hir__chain *c, hir_tv *tv, int axis) {
-  hir_val *index = tv->ids[axis]->iter == HIR_BROADCAST ? hir__const(&c->p->ir, 0) : c->bounded[tv->name] ? c->slot : c->chunk;
+  hir_fusion *f = &c->p->ir;
+  const hir_id *id = tv->ids[axis];
+  hir_val *index = id->iter == HIR_BROADCAST ? hir__const(f, 0) : c->bounded[tv->name] ? c->slot : c->chunk;
+  if (id->iter != HIR_BROADCAST && !c->bounded[tv->name] && id->extent != c->id->extent) { /* runs must check the sizes */
+    hir__same_extent *x = (hir__same_extent *)hir__alloc(f, sizeof *x);
+    if (!x) return NULL;
+    x->loop = c->id->extent;
+    x->tv = tv;
+    x->axis = axis;
+    if (!hir__push(f, &c->p->same_extents, x)) return NULL;
+  }
   return index ? hir__slice_of(c, tv, axis, index, 0) : NULL;
 }
 
@@ -3342,6 +3387,12 @@ static hir_expr *hir__clone_onto(hir_fusion *f, const hir_expr *e, hir_tv **ins,
   if (e->kind == HIR_EXPR_BROADCAST && dropped_out_axis >= 0) { /* the flags of the remaining axes */
     uint32_t low = e->flags & ((1u << dropped_out_axis) - 1u);
     n->flags = low | ((e->flags >> (dropped_out_axis + 1)) << dropped_out_axis);
+  }
+  if (e->kind == HIR_EXPR_MATMUL && dropped_out_axis >= 0) { /* a chunk along M or N: the views lack that axis */
+    int m_axis, n_axis;
+    hir__matmul_out_axes(e, &m_axis, &n_axis);
+    if (dropped_out_axis == m_axis) n->flags |= HIR__MATMUL_NO_M;
+    if (dropped_out_axis == n_axis) n->flags |= HIR__MATMUL_NO_N;
   }
   for (k = 0; k < e->nin; k++) n->in[k] = ins[k];
   n->out[0] = out;
@@ -3725,6 +3776,33 @@ static int hir__verify_write(hir__verifier *v, const hir_expr *e, const hir_tv *
   return 1;
 }
 
+/* What an op's operands must agree on beyond their number: one dtype across a
+   compute op or a collective, a matmul's output axes, a binary op's ranks. */
+static int hir__verify_operands(hir__verifier *v, const hir_expr *e) {
+  const char *kind = hir__ops[e->kind].name;
+  int k;
+  if (e->kind == HIR_EXPR_COMMUNICATION || (hir__ops[e->kind].flags & HIR__OP_COMPUTE))
+    for (k = 0; k < e->nin; k++)
+      if (e->in[k]->dtype != e->out[0]->dtype)
+        return hir__verify_fail(v, "%s %d reads T%d (%s) into T%d (%s); its operands must share one dtype", kind, e->name,
+                                e->in[k]->name, hir_dtype_name(e->in[k]->dtype), e->out[0]->name,
+                                hir_dtype_name(e->out[0]->dtype));
+  if (e->kind == HIR_EXPR_MATMUL || e->kind == HIR_EXPR_BINARY) {
+    hir_id *ids[HIR_MAX_DIMS];
+    int na = hir__data_axes(e->in[0], ids), nb = hir__data_axes(e->in[1], ids), no = hir__data_axes(e->out[0], ids);
+    if (e->kind == HIR_EXPR_BINARY && (na != no || nb != no))
+      return hir__verify_fail(v, "BinaryOp %d: T%d, T%d and T%d have %d, %d and %d axes; they need one number", e->name,
+                              e->in[0]->name, e->in[1]->name, e->out[0]->name, na, nb, no);
+    if (e->kind == HIR_EXPR_MATMUL) {
+      hir__matmul_shape m = hir__matmul_shape_of(e);
+      if (na < 1 || nb < 1 || no != m.nbatch + m.has_m + m.has_n)
+        return hir__verify_fail(v, "MatmulOp %d: T%d x T%d (%d and %d axes) makes %d axes, but T%d has %d", e->name,
+                                e->in[0]->name, e->in[1]->name, na, nb, m.nbatch + m.has_m + m.has_n, e->out[0]->name, no);
+    }
+  }
+  return 1;
+}
+
 static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) {
   const hir_fusion *f = &v->p->ir;
   int i, k, coalescing = 0;
@@ -3744,6 +3822,7 @@ static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) 
                                        k < e->nin ? k : k - e->nin);
       if (tv->ir != f) return hir__verify_fail(v, "%s %d names a tensor of another program", kind, e->name);
     }
+    if (!hir__verify_operands(v, e)) return 0;
     if (coalescing && (!(hir__ops[e->kind].flags & HIR__OP_COMM) || e->kind == HIR_EXPR_START_COALESCING))
       return hir__verify_fail(v, "%s %d stands between StartCoalescing and EndCoalescing; only communications may", kind, e->name);
     switch (e->kind) {
@@ -3777,7 +3856,7 @@ static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) 
       coalescing = 0;
       break;
     case HIR_EXPR_COMMUNICATION: /* its input may live on another device */
-      if (e->nout && !hir__verify_write(v, e, e->out[0])) return 0;
+      if (!hir__verify_write(v, e, e->out[0])) return 0;
       break;
     case HIR_EXPR_P2P_COMMUNICATION:
       if (!(e->sub == HIR_P2P_RECV ? hir__verify_write(v, e, e->in[0]) : hir__verify_read(v, e, e->in[0]))) return 0;
@@ -4078,7 +4157,7 @@ static int64_t hir__model_extent(const hir__env *env, const hir_val *v) {
 }
 
 /* The product of tv's extents: of its reduction axes (reduced = 1), or of
-   the others as this rank holds them; 0 and a message if one is unknown. */
+   the others as this rank holds them; -1 and a message if one is unknown. */
 static int64_t hir__model_numel(hir_program *p, const hir__env *env, const hir_tv *tv, int reduced) {
   int64_t n = 1;
   int a;
@@ -4089,7 +4168,7 @@ static int64_t hir__model_numel(hir_program *p, const hir__env *env, const hir_t
     if (hir__unbound(env, id->extent)) {
       hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower (automatic): the size of T%d axis %d does not follow from "
                 "input_shapes; give every input's shape", tv->name, a);
-      return 0;
+      return -1;
     }
     n *= hir__eval_val(env, id->extent);
   }
@@ -4145,13 +4224,13 @@ static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_opti
     const hir_expr *e = (const hir_expr *)p->ir.exprs.items[i];
     if (e->kind == HIR_EXPR_MATMUL) {
       int64_t out = hir__model_numel(p, &env, e->out[0], 0), depth = hir__model_numel(p, &env, e->out[0], 1);
-      ok = out && depth;
+      ok = out >= 0 && depth >= 0;
       flops[hir_dtype_size(e->out[0]->dtype) > 2] += 2.0 * (double)out * (double)depth;
     } else if ((hir__ops[e->kind].flags & HIR__OP_MOVES) && hir_expr_is_resharding(e)) {
       const hir_tv *big = e->kind == HIR_EXPR_LOAD_STORE ? e->out[0] : e->in[0]; /* gathered, or reduced */
       int64_t n = hir__model_numel(p, &env, big, 0);
       int d = big->mesh_size > 1 ? big->mesh_size : e->in[0]->mesh_size;
-      ok = n != 0;
+      ok = n >= 0;
       if (d > 1) bytes += (double)n * (double)hir_dtype_size(big->dtype) * (d - 1) / d;
     }
   }
@@ -4233,15 +4312,25 @@ static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_c
 // >>pipeline
 enum { HIR__DUMP_HOST_IR = 1, HIR__DUMP_PASSES = 2 };
 
-/* HOSTIR_DUMP=host_ir,passes (or all). */
-static unsigned hir__dump_flags(void) {
+/* HOSTIR_DUMP=host_ir,passes (or all), comma-separated; an unknown value
+   fails hir_lower with the valid ones (as NVFUSER_DUMP does). */
+static int hir__dump_flags(hir_program *p, unsigned *flags) {
+  static const struct { const char *name; unsigned flags; } values[] = {
+      {"host_ir", HIR__DUMP_HOST_IR}, {"passes", HIR__DUMP_PASSES}, {"all", HIR__DUMP_HOST_IR | HIR__DUMP_PASSES}};
   const char *s = getenv("HOSTIR_DUMP");
-  unsigned flags = 0;
-  if (!s) return 0;
-  if (strstr(s, "host_ir")) flags |= HIR__DUMP_HOST_IR;
-  if (strstr(s, "passes")) flags |= HIR__DUMP_PASSES;
-  if (strstr(s, "all")) flags |= HIR__DUMP_HOST_IR | HIR__DUMP_PASSES;
-  return flags;
+  *flags = 0;
+  while (s && *s) {
+    size_t n = strcspn(s, ","), k;
+    for (k = 0; k < sizeof values / sizeof values[0] && !(strlen(values[k].name) == n && !strncmp(s, values[k].name, n)); k++) {}
+    if (k == sizeof values / sizeof values[0] && n) {
+      hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower: HOSTIR_DUMP has the unknown value '%.*s'; give host_ir, passes "
+                "or all, comma-separated (or unset it)", (int)(n < 40 ? n : 40), s);
+      return 0;
+    }
+    if (n) *flags |= values[k].flags;
+    s += n + (s[n] == ',');
+  }
+  return 1;
 }
 
 /* One write per program, so the dumps of ranks lowering at once do not mix. */
@@ -4276,40 +4365,49 @@ static int hir__pipeline_check(hir_program *p, const char *name, unsigned dump) 
   return 1;
 }
 
-/* hir_lower with the passes dumped as `dump` says (none for scratch
-   lowerings), of the fusion's serial form if asked. */
-static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, unsigned dump, int serial) {
+/* A step that failed without saying why is our bug: never HIR_OK for it. */
+static hir_status hir__step_failed(hir_program *p, const char *step) {
+  if (p->ir.status == HIR_OK)
+    hir__fail(&p->ir, HIR_ERR_INTERNAL, "hir_lower: %s failed without a reason (a hostir bug; please report it)", step);
+  return p->ir.status;
+}
+
+/* hir_lower, or with scratch = 1 a lowering of the fusion's serial form
+   that dumps nothing (the automatic choice's check that it lowers). */
+static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, int scratch) {
   hir_lower_desc defaults;
   hir_stream_options stream;
   hir__vec groups = {NULL, 0, 0};
   hir_program *p;
+  unsigned dump = 0;
+  int serial = scratch;
   if (!out) return HIR_ERR_INVALID;
   memset(&defaults, 0, sizeof defaults);
   if (!d) d = &defaults;
   if (!(p = *out = hir_program_create())) return HIR_ERR_NOMEM;
   p->my_device = d->my_device;
   stream = d->stream;
-  if (!hir__check_lower_args(p, f, d, "hir_lower")) return p->ir.status;
+  if (!hir__check_lower_args(p, f, d, "hir_lower") || (!scratch && !hir__dump_flags(p, &dump))) return p->ir.status;
   /* the pipeline, written out: each pass, then the verifier */
-  if (!hir__front_end(p, f, serial)) return p->ir.status;
+  if (!hir__front_end(p, f, serial)) return hir__step_failed(p, "the front end");
   if (stream.automatic && !serial) { /* the pipeline, or the serial form where it is predicted faster and lowers */
     int64_t chunks;
-    if (!hir__choose_pipeline(p, f, d->comm, &stream, &chunks, &serial)) return p->ir.status;
+    if (!hir__choose_pipeline(p, f, d->comm, &stream, &chunks, &serial)) return hir__step_failed(p, "the automatic choice");
     if (serial && chunks > 1) { /* some layouts gather an inner axis only chunk by chunk */
       hir_lower_desc plain;
       hir_program *q = NULL;
       memset(&plain, 0, sizeof plain);
       plain.my_device = d->my_device;
-      if (hir__lower(f, &plain, &q, 0, 1) != HIR_OK)
+      if (hir__lower(f, &plain, &q, 1) != HIR_OK)
         serial = 0, snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, as the serial form does not lower: %.180s",
                              (long long)chunks, q ? hir_program_error(q) : "out of memory");
       hir_program_free(q);
     }
     if (serial) hir__strip_streams(&p->ir);
   }
-  if (!hir__segment(p, d->should_merge, d->merge_user, &groups) || !hir__build_program(p, &groups) ||
-      !hir__pipeline_check(p, "segmentation", dump))
-    return p->ir.status;
+  if (!hir__segment(p, d->should_merge, d->merge_user, &groups) || !hir__build_program(p, &groups))
+    return hir__step_failed(p, "segmentation");
+  if (!hir__pipeline_check(p, "segmentation", dump)) return p->ir.status;
   if (!d->skip_stream_lowering &&
       (hir_pass_stream_lowering(p, &stream), !hir__pipeline_check(p, "stream_lowering", dump)))
     return p->ir.status;
@@ -4322,7 +4420,7 @@ static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_p
 }
 
 HIRDEF hir_status hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out) {
-  return hir__lower(f, d, out, hir__dump_flags(), 0);
+  return hir__lower(f, d, out, 0);
 }
 
 // >>half
@@ -4399,6 +4497,23 @@ static void hir__store(void *base, hir_dtype dt, int64_t i, double v) {
   case HIR_F16: ((uint16_t *)base)[i] = hir_float_to_half((float)v); break;
   default: ((uint16_t *)base)[i] = hir_float_to_bf16((float)v); break;
   }
+}
+
+/* Whether nd sizes of es-byte elements are addressable: none negative, and
+   their product in bytes fits an int64_t and a size_t. Checked on every
+   shape once per plan, so that later products need no checks. */
+static int hir__sizes_fit(int nd, const int64_t *sizes, size_t es) {
+  uint64_t n = es, limit = (uint64_t)INT64_MAX < (uint64_t)SIZE_MAX ? (uint64_t)INT64_MAX : (uint64_t)SIZE_MAX;
+  int i, zero = 0;
+  for (i = 0; i < nd; i++) {
+    if (sizes[i] < 0) return 0;
+    zero |= sizes[i] == 0;
+  }
+  for (i = 0; i < nd && !zero; i++) {
+    if ((uint64_t)sizes[i] > limit / n) return 0;
+    n *= (uint64_t)sizes[i];
+  }
+  return 1;
 }
 
 static int64_t hir__numel(int nd, const int64_t *sizes) {
@@ -5730,7 +5845,7 @@ static hir_status hir__lw_collective(hir_comm *c, void *team, hir__lw_kind kind,
       snprintf(c->error, sizeof c->error, "local world: Allreduce: out of memory for a %zu-byte scratch", count * es);
       return HIR_ERR_NOMEM;
     }
-    memcpy(recv, t->scratch, count * es); /* nobody writes the scratch before all arrive at the next op */
+    if (count) memcpy(recv, t->scratch, count * es); /* nobody writes the scratch before all arrive at the next op */
   }
   return s;
 }
@@ -6253,27 +6368,30 @@ static int hir__check_broadcast(hir_evaluator *ev, const hir_expr *e) {
 
 static int hir__check_matmul(hir_evaluator *ev, const hir_expr *e) {
   const hir__shape *a, *b, *o;
-  int64_t ka, kb;
-  int i;
+  int i, has_m, has_n, nbatch_a, nbatch_b, nbatch;
   if (!(a = hir__need_shape(ev, e->in[0])) || !(b = hir__need_shape(ev, e->in[1])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
-  ka = a->sizes[a->nd - 1];
-  kb = b->nd == 1 ? b->sizes[0] : b->sizes[b->nd - 2];
-  if (ka != kb) {
+  if (a->nd < 1 || b->nd < 1)
+    return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "a matmul operand needs at least one axis");
+  hir__matmul_roles(e, a->nd, b->nd, &has_m, &has_n);
+  nbatch_a = a->nd - 1 - has_m;
+  nbatch_b = b->nd - 1 - has_n;
+  nbatch = o->nd - has_m - has_n;
+  if (nbatch < nbatch_a || nbatch < nbatch_b)
+    return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the output has fewer axes than [batch..., M, N]");
+  if (a->sizes[a->nd - 1] != b->sizes[nbatch_b]) {
     char why[128];
-    snprintf(why, sizeof why, "the contracted sizes differ (%lld vs %lld)", (long long)ka, (long long)kb);
+    snprintf(why, sizeof why, "the contracted sizes differ (%lld vs %lld)", (long long)a->sizes[a->nd - 1],
+             (long long)b->sizes[nbatch_b]);
     return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, why);
   }
-  if (a->nd >= 2 && b->nd >= 2) {
-    int nbatch = o->nd - 2;
-    for (i = 0; i < nbatch; i++) {
-      int ia = i - (nbatch - (a->nd - 2)), ib = i - (nbatch - (b->nd - 2));
-      int64_t sa = ia >= 0 ? a->sizes[ia] : 1, sb = ib >= 0 ? b->sizes[ib] : 1;
-      if ((sa != o->sizes[i] && sa != 1) || (sb != o->sizes[i] && sb != 1))
-        return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "batch axes differ and neither is size 1");
-    }
-    if (o->sizes[nbatch] != a->sizes[a->nd - 2] || o->sizes[nbatch + 1] != b->sizes[b->nd - 1])
-      return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the output is [..., M, N]");
+  for (i = 0; i < nbatch; i++) {
+    int ia = i - (nbatch - nbatch_a), ib = i - (nbatch - nbatch_b);
+    int64_t sa = ia >= 0 ? a->sizes[ia] : 1, sb = ib >= 0 ? b->sizes[ib] : 1;
+    if ((sa != o->sizes[i] && sa != 1) || (sb != o->sizes[i] && sb != 1))
+      return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "batch axes differ and neither is size 1");
   }
+  if ((has_m && o->sizes[nbatch] != a->sizes[a->nd - 2]) || (has_n && o->sizes[nbatch + has_m] != b->sizes[b->nd - 1]))
+    return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the output is [..., M, N]");
   return 1;
 }
 
@@ -6386,7 +6504,17 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
       }
     }
   }
-  for (i = 0; i < f->tvs.n; i++) hir__compute_shape(ev, (const hir_tv *)f->tvs.items[i]);
+  for (i = 0; i < f->tvs.n; i++) {
+    const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
+    const hir__shape *sh = &ev->shape[tv->name];
+    hir__compute_shape(ev, tv);
+    if (sh->known && !hir__sizes_fit(sh->nd, sh->sizes, hir_dtype_size(tv->dtype))) {
+      char shape[160];
+      hir__shape_str(sh, shape, sizeof shape);
+      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: T%d would be %s %s elements: a negative size, or more bytes "
+                          "than this machine addresses; check the input sizes", tv->name, shape, hir_dtype_name(tv->dtype));
+    }
+  }
   for (i = 0; i < f->tvs.n; i++) { /* a sharded axis spans the mesh: extent D */
     const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
     int d = hir__didx_axis(tv);
@@ -6396,6 +6524,23 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
                           "hir_run: T%d axis %d is split across %d devices (DIDx) but has extent %lld; a DIDx axis has "
                           "the mesh size as extent (reshape to [D, n/D] first)",
                           tv->name, d, tv->mesh_size, (long long)hir__eval_val(&ev->env, tv->ids[d]->extent));
+  }
+  for (i = 0; i < ev->p->same_extents.n; i++) { /* what stream lowering read chunk by chunk */
+    const hir__same_extent *x = (const hir__same_extent *)ev->p->same_extents.items[i];
+    int64_t loop, size;
+    if (hir__unbound(&ev->env, x->loop) || hir__unbound(&ev->env, x->tv->ids[x->axis]->extent)) continue;
+    loop = hir__eval_val(&ev->env, x->loop);
+    size = hir__eval_val(&ev->env, x->tv->ids[x->axis]->extent);
+    if (loop != size) {
+      int input, axis;
+      char from[96] = "";
+      if (hir__size_source(f, x->tv->ids[x->axis]->extent, &input, &axis) && f->inputs.items[input] != (void *)x->tv)
+        snprintf(from, sizeof from, " (the size of input %d, T%d, axis %d)", input,
+                 ((const hir_tv *)f->inputs.items[input])->name, axis);
+      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: T%d axis %d has size %lld%s, but the Stream axis it is read along "
+                          "has %lld chunks; give it that size (or declare it a broadcast axis with hir_broadcast)",
+                          x->tv->name, x->axis, (long long)size, from, (long long)loop);
+    }
   }
   return hir__walk(&ev->p->top, hir__check_expr, ev);
 }
@@ -6550,21 +6695,16 @@ static int hir__exec_broadcast(hir_evaluator *ev, const hir_expr *e, const hir_t
   return hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, ov, &src), e);
 }
 
-/* torch.matmul on the backend's [..., M, K] x [..., K, N]: 1-D operands get
-   their size-1 axis back, batch axes are broadcast to the output's. */
+/* torch.matmul on the backend's [..., M, K] x [..., K, N]: a missing M or N
+   axis (1-D operands, chunks along M or N) comes back with size 1, batch
+   axes are broadcast to the output's. */
 static int hir__exec_matmul(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov, hir_tensor *av, hir_tensor *bv) {
-  int na = av->ndims, nb = bv->ndims;
-  if (na == 1) hir__insert_dim(av, 0, 1, 0);                  /* [K] -> [1, K] */
-  if (nb == 1) hir__insert_dim(bv, 1, 1, 0);                  /* [K] -> [K, 1] */
-  if (na == 1 && nb == 1) {
-    ov->ndims = 0;
-    hir__insert_dim(ov, 0, 1, 0);
-    hir__insert_dim(ov, 0, 1, 0);
-  } else if (na == 1) {
-    hir__insert_dim(ov, ov->ndims - 1, 1, 0);                 /* [.., N] -> [.., 1, N] */
-  } else if (nb == 1) {
-    hir__insert_dim(ov, ov->ndims, 1, 0);                     /* [.., M] -> [.., M, 1] */
-  }
+  int has_m, has_n;
+  hir__matmul_roles(e, av->ndims, bv->ndims, &has_m, &has_n);
+  if (!has_m) hir__insert_dim(av, av->ndims - 1, 1, 0);       /* [.., K] -> [.., 1, K] */
+  if (!has_n) hir__insert_dim(bv, bv->ndims, 1, 0);           /* [.., K] -> [.., K, 1] */
+  if (!has_m) hir__insert_dim(ov, ov->ndims - has_n, 1, 0);   /* [.., N] -> [.., 1, N] */
+  if (!has_n) hir__insert_dim(ov, ov->ndims, 1, 0);           /* [.., M] -> [.., M, 1] */
   hir__expand_batch(av, ov);
   hir__expand_batch(bv, ov);
   return hir__ev_backend(ev, ev->b->matmul(ev->b, ev->current, ov, av, bv), e);
@@ -6894,6 +7034,16 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
   ev->comm = d->comm;
   ev->device = d->comm ? d->comm->rank : p->my_device > 0 ? p->my_device : 0;
   ev->env.named[HIR_NAMED_RANK] = ev->device;
+  for (i = 0; d->comm && i < p->ir.tvs.n; i++) {
+    const hir_tv *tv = (const hir_tv *)p->ir.tvs.items[i];
+    int k;
+    for (k = 0; k < tv->mesh_size; k++)
+      if (tv->mesh[k] >= d->comm->size)
+        return hir__ev_fail(ev, HIR_ERR_INVALID,
+                            "hir_evaluator_create: T%d lives on device %d, outside the world of %d ranks; give meshes of "
+                            "devices 0 to %d, or a larger world", tv->name, tv->mesh[k], d->comm->size, d->comm->size - 1),
+             ev->status;
+  }
   if (d->comm && p->my_device >= 0 && d->comm->rank != p->my_device)
     return hir__ev_fail(ev, HIR_ERR_INVALID,
                         "hir_evaluator_create: the program was lowered for device %d but the communicator is rank %d",
@@ -6936,6 +7086,7 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
   memset(ev->team, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
   memset(ev->done, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
   memset(ev->bound, 0, (size_t)ev->ntv + 1);
+  memset(ev->key, 0, ((size_t)ev->key_n + 1) * sizeof(int64_t));
   for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
   for (i = 0; i < ev->nstreams; i++)
     if (ev->b->stream_create(ev->b, &ev->pool[i]) != HIR_OK || ev->b->event_create(ev->b, &ev->pool_ev[i]) != HIR_OK)
@@ -7062,6 +7213,8 @@ static int hir__check_input(hir_evaluator *ev, int i, const hir_tensor *t) {
   for (a = 0; a < nd; a++)
     if (t->sizes[a] < 0)
       return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: input %d (T%d) axis %d has negative size %lld", i, tv->name, a, (long long)t->sizes[a]);
+  if (!hir__sizes_fit(nd, t->sizes, hir_dtype_size(tv->dtype)))
+    return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: input %d (T%d) has more bytes than this machine addresses", i, tv->name);
   if (here && !t->data && hir__numel(nd, t->sizes) > 0)
     return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: input %d (T%d) has NULL data", i, tv->name);
   if (here) {

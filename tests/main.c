@@ -14,6 +14,7 @@
 #include "test_eval.c"
 #include "test_stream.c"
 #include "test_dlpack.c"
+#include "test_robust.c"
 
 int main(int argc, char **argv) {
   int passed = 0, failed = 0;

@@ -394,6 +394,21 @@ static hir_program *build_lowered(void *user, int rank) {
   return p;
 }
 
+/* Lowering with the caller's desc (its my_device set to each rank). */
+typedef struct lowered_case {
+  const hir_fusion *f;
+  hir_lower_desc d;
+} lowered_case;
+
+static hir_program *build_lowered_with(void *user, int rank) {
+  lowered_case *lc = (lowered_case *)user;
+  hir_lower_desc d = lc->d;
+  hir_program *p;
+  d.my_device = rank;
+  hir_lower(lc->f, &d, &p);
+  return p;
+}
+
 static void case_init(spmd_case *c, int world) {
   memset(c, 0, sizeof *c);
   c->world = world;

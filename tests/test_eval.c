@@ -516,7 +516,7 @@ TEST(test_eval_bad_inputs, "eval/bad_inputs", TEST_CPU) {
     memset(&ed, 0, sizeof ed);
     ed.comm = hir_local_comm(w, 0);
     CHECK(hir_evaluator_create(p, &ed, &ev) == HIR_ERR_INVALID); /* mesh {0 1}, a world of 1 */
-    CHECK(strstr(hir_evaluator_error(ev), "names device 1, outside the world of 1 ranks") != NULL);
+    CHECK(strstr(hir_evaluator_error(ev), "T0 lives on device 1, outside the world of 1 ranks; give meshes of devices 0 to 0") != NULL);
     hir_evaluator_free(ev);
     hir_program_free(p);
     hir_fusion_free(f);

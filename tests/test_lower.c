@@ -317,6 +317,23 @@ TEST(test_verifier, "lower/verifier", TEST_CPU) {
   hir_scope_append(hir_program_body(p), hir_tv_definition(b));
   hir_tv_definition(b)->in[0] = NULL;
   expect_verify_error(p, "LoadStoreOp 0 lacks its input 0", __LINE__);
+  VERIFY_SETUP(); /* a collective whose tensors' dtypes went apart after it was built */
+  comm = hir_host_communication(p, HIR_COLL_ALLGATHER, 2, team, 0, a, b);
+  hir_scope_append(hir_program_body(p), comm);
+  ((hir_tv *)hir_expr_output(comm, 0))->dtype = HIR_F64;
+  expect_verify_error(p, "Communication 1 reads T0 (float) into T1 (double); its operands must share one dtype", __LINE__);
+  VERIFY_SETUP(); /* a host matmul whose output lacks an axis */
+  {
+    hir_tv *m = hir_input(f, HIR_F32, 2), *o = hir_input(f, HIR_F32, 1);
+    hir_scope_append(hir_program_body(p), hir_host_matmul(p, o, a, m));
+    expect_verify_error(p, "MatmulOp 1: T0 x T2 (2 and 2 axes) makes 2 axes, but T3 has 1", __LINE__);
+  }
+  VERIFY_SETUP(); /* a host binary op of mixed ranks */
+  {
+    hir_tv *v1 = hir_input(f, HIR_F32, 1);
+    hir_scope_append(hir_program_body(p), hir_host_binary(p, HIR_BINARY_ADD, b, a, v1));
+    expect_verify_error(p, "BinaryOp 1: T0, T2 and T1 have 2, 1 and 2 axes", __LINE__);
+  }
 #undef VERIFY_SETUP
 }
 

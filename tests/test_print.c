@@ -129,7 +129,10 @@ TEST(test_host_misuse, "print/host_misuse", TEST_CPU) {
   HOST_ERROR(hir_host_communication(p, HIR_COLL_GATHER, 2, team, 3, a, b), "the root 3 of the Gather is not in its team");
   HOST_ERROR(hir_host_communication(p, HIR_COLL_ALLGATHER, 3, team, 0, a, b), "device 1 appears twice in the team");
   HOST_ERROR(hir_host_communication(p, HIR_COLL_ALLGATHER, 0, team, 0, a, b), "empty team");
-  HOST_ERROR(hir_host_communication(p, HIR_COLL_ALLGATHER, 2, team, 0, NULL, NULL), "neither an input nor an output");
+  HOST_ERROR(hir_host_communication(p, HIR_COLL_ALLGATHER, 2, team, 0, NULL, b), "the Allgather needs an input and an output tensor (in is NULL)");
+  HOST_ERROR(hir_host_communication(p, HIR_COLL_REDUCE, 2, team, 0, a, NULL), "the Reduce needs an input and an output tensor (out is NULL)");
+  HOST_ERROR(hir_host_communication(p, HIR_COLL_BROADCAST, 2, team, 0, a, hir_input(f, HIR_F64, 2)),
+             "the Broadcast moves T0 (float) into T2 (double); a collective keeps the dtype");
   HOST_ERROR(hir_host_alias_select(p, a, 5, hir_val_const(f, 0)), "axis 5 is out of range for T0");
   HOST_ERROR(hir_host_alias_select(p, a, 0, NULL), "index is NULL");
   HOST_ERROR(hir_host_alias_slice(p, a, 0, hir_val_const(f, 0), 0), "parts is 0; cut into 1 or more parts");

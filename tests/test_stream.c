@@ -131,20 +131,6 @@ TEST(test_stream_schedule_goldens, "stream/schedule_goldens", TEST_CPU) {
 }
 
 /* ---- the numbers ---- */
-typedef struct lowered_case {
-  const hir_fusion *f;
-  hir_lower_desc d;
-} lowered_case;
-
-static hir_program *build_lowered_with(void *user, int rank) {
-  lowered_case *lc = (lowered_case *)user;
-  hir_lower_desc d = lc->d;
-  hir_program *p;
-  d.my_device = rank;
-  hir_lower(lc->f, &d, &p);
-  return p;
-}
-
 /* y[rows, n] = x[rows, k] w[k, n] */
 static void gemm_ref(const hir_tensor *x, int64_t xo, const hir_tensor *w, int64_t wo, double *y, int64_t rows, int64_t k,
                      int64_t n) {

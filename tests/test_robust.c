@@ -1,0 +1,241 @@
+/* Right numbers or a clear refusal on inputs that once went wrong (issue 17):
+   batched matmuls stream-lowered along every axis, the automatic choice on
+   empty tensors, scalar expressions that would trap, sizes that overflow,
+   HOSTIR_DUMP values, an Allreduce of nothing. Numbers against references
+   computed here on random data, outputs poisoned first (the harness). */
+#include "seeds.h"
+#include "test.h"
+#include <stdint.h>
+
+/* out[b..., m, n] = sum_k a[.., m, k] x[.., k, n] for a [Ba, M, K], x [Bx, K, N]
+   with Ba or Bx 1 (broadcast) or the same. */
+static hir_tensor ref_batched(const hir_tensor *a, const hir_tensor *x) {
+  int64_t Ba = a->sizes[0], Bx = x->sizes[0], B = Ba > Bx ? Ba : Bx, M = a->sizes[1], K = a->sizes[2], N = x->sizes[2];
+  int64_t sz[3], i, m, n, k;
+  hir_tensor o;
+  sz[0] = B, sz[1] = M, sz[2] = N;
+  o = tn(a->dtype, 3, sz);
+  for (i = 0; i < B; i++)
+    for (m = 0; m < M; m++)
+      for (n = 0; n < N; n++) {
+        double s = 0;
+        for (k = 0; k < K; k++) s += tget(a, ((Ba > 1 ? i : 0) * M + m) * K + k) * tget(x, ((Bx > 1 ? i : 0) * K + k) * N + n);
+        tset(&o, (i * M + m) * N + n, s);
+      }
+  return o;
+}
+
+/* A batched matmul, and one whose A is broadcast over the batch, with the
+   output's Stream axis on the batch, M and N in turn: each chunk is a view
+   without that axis, and must stay the same matrix product (the M and N
+   chunks once read their views as other matrices). On one rank, and on 3
+   with every tensor replicated. */
+TEST(test_robust_batched_matmul_streams, "robust/batched_matmul_streams", TEST_CPU) {
+  int64_t sa[3] = {3, 4, 5}, sb[3] = {3, 5, 6};
+  int kind, axis, dt, world, bflags[3] = {1, 0, 0};
+  for (kind = 0; kind < 2; kind++)
+    for (axis = 0; axis < 3; axis++)
+      for (dt = 0; dt < 2; dt++)
+        for (world = 1; world <= 3; world += 2) {
+          hir_dtype d = dt ? HIR_F64 : HIR_F32;
+          hir_fusion *f = hir_fusion_create();
+          hir_tv *a0 = hir_input(f, d, 3 - kind), *b = hir_input(f, d, 3);
+          hir_tv *a = kind ? hir_broadcast(f, a0, 3, bflags) : a0, *c = hir_matmul(f, a, b);
+          hir_tensor a3;
+          char what[96];
+          spmd_case sc;
+          hir_output(f, c);
+          if (world > 1) { /* every tensor on the world, replicated */
+            hir_set_mesh(a0, world, iota_mesh);
+            hir_set_mesh(b, world, iota_mesh);
+            hir_set_mesh(c, world, iota_mesh);
+          }
+          hir_parallelize(c, axis, HIR_STREAM);
+          case_init(&sc, world);
+          sc.build = build_lowered;
+          sc.user = f;
+          sc.nin = 2;
+          sc.nout = 1;
+          sc.prealloc = axis & 1;
+          sc.tol = dt ? 1e-12 : 1e-5;
+          sc.in[0] = trand(d, 3 - kind, sa + kind);
+          sc.in[1] = trand(d, 3, sb);
+          a3 = sc.in[0]; /* the reference sees A as [1, M, K] when it is broadcast */
+          if (kind) a3.ndims = 3, a3.sizes[0] = 1, a3.sizes[1] = sa[1], a3.sizes[2] = sa[2];
+          sc.out[0] = ref_batched(&a3, &sc.in[1]);
+          snprintf(what, sizeof what, "%s matmul, Stream on output axis %d, %s", kind ? "broadcast-batch" : "batched", axis,
+                   hir_dtype_name(d));
+          RUN_CASE(&sc, what);
+          hir_fusion_free(f);
+        }
+}
+
+/* A batch of size 1 that the fusion does not declare a broadcast axis, read
+   chunk by chunk along a Stream batch axis of 3: refused by name (it once
+   returned only the first batch). */
+TEST(test_robust_stream_extent_mismatch, "robust/stream_extent_mismatch", TEST_CPU) {
+  int64_t sa[3] = {1, 4, 5}, sb[3] = {3, 5, 6};
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_input(f, HIR_F32, 3), *c = hir_matmul(f, a, b);
+  hir_lower_desc ld;
+  hir_program *p;
+  hir_evaluator *ev = NULL;
+  hir_tensor in[2], out[1];
+  memset(&ld, 0, sizeof ld);
+  hir_output(f, c);
+  hir_parallelize(c, 0, HIR_STREAM);
+  hir_parallelize(b, 0, HIR_SERIAL);
+  in[0] = trand(HIR_F32, 3, sa);
+  in[1] = trand(HIR_F32, 3, sb);
+  memset(out, 0, sizeof out);
+  CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, NULL, &ev) == HIR_OK);
+  CHECK(hir_run(ev, in, 2, out, 1) == HIR_ERR_SHAPE);
+  CHECK(strstr(hir_evaluator_error(ev), "T1 axis 0 has size 3, but the Stream axis it is read along has 1 chunks") != NULL);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  tfree(&in[0]);
+  tfree(&in[1]);
+  hir_fusion_free(f);
+}
+
+/* The automatic choice on tensors of zero rows: it chooses (serial) and the
+   program runs, on 4 ranks, to empty outputs; it never lowers to nothing. */
+TEST(test_robust_automatic_zero_size, "robust/automatic_zero_size", TEST_CPU) {
+  static const int m4[4] = {0, 1, 2, 3};
+  int64_t sa[3] = {1, 0, 6}, sb[2] = {6, 5}, ga[3] = {4, 0, 6}, go[3] = {4, 0, 5};
+  hir_tensor shapes[2];
+  hir_comm copy_engines;
+  lowered_case lc;
+  spmd_case c;
+  hir_program *p;
+  seed sd;
+  seed_ag_matmul_p2p(&sd, hir_fusion_create(), 4, m4);
+  memset(&lc, 0, sizeof lc);
+  memset(shapes, 0, sizeof shapes);
+  memset(&copy_engines, 0, sizeof copy_engines);
+  copy_engines.p2p_copy_engine = 1;
+  shapes[0].dtype = shapes[1].dtype = HIR_F32;
+  shapes[0].ndims = 3;
+  shapes[1].ndims = 2;
+  memcpy(shapes[0].sizes, sa, sizeof sa);
+  memcpy(shapes[1].sizes, sb, sizeof sb);
+  lc.f = sd.f;
+  lc.d.comm = &copy_engines;
+  lc.d.stream.automatic = 1;
+  lc.d.stream.input_shapes = shapes;
+  lc.d.stream.ninput_shapes = 2;
+  CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK);
+  CHECK(!strncmp(hir_program_plan(p), "serial: ", 8));
+  CHECK(hir_program_ntop(p) > 0);
+  hir_program_free(p);
+  case_init(&c, 4);
+  c.build = build_lowered_with;
+  c.user = &lc;
+  c.nin = 2;
+  c.nout = 1;
+  c.prealloc = 1;
+  c.in[0] = trand(HIR_F32, 3, ga);
+  c.in[1] = trand(HIR_F32, 2, sb);
+  c.out[0] = tn(HIR_F32, 3, go);
+  RUN_CASE(&c, "AG_matmul_P2p, automatic, zero rows");
+  hir_fusion_free(sd.f);
+}
+
+/* Predicates whose arithmetic would trap in C (INT64_MIN / -1, % -1) or
+   overflow: every scalar operation is defined, the program runs. Here the
+   quotient wraps to INT64_MIN, so the then-branch copies in to out. */
+TEST(test_robust_scalars, "robust/scalars", TEST_CPU) {
+  hir_program *p = hir_program_create();
+  hir_fusion *f = hir_program_fusion(p);
+  hir_tv *in = hir_input(f, HIR_F32, 1), *out = hir_set(f, in);
+  hir_val *lo = hir_val_const(f, INT64_MIN), *m1 = hir_val_const(f, -1);
+  hir_val *q = hir_val_binary(f, HIR_SCALAR_DIV, lo, m1), *r = hir_val_binary(f, HIR_SCALAR_MOD, lo, m1);
+  hir_val *big = hir_val_binary(f, HIR_SCALAR_MUL, lo, lo);               /* overflows: wraps to 0 */
+  hir_val *pred = hir_val_binary(f, HIR_SCALAR_AND, hir_val_binary(f, HIR_SCALAR_EQ, q, lo),
+                                 hir_val_binary(f, HIR_SCALAR_EQ, hir_val_binary(f, HIR_SCALAR_ADD, r, big), hir_val_const(f, 0)));
+  hir_expr *ite = hir_host_if(p, pred);
+  hir_evaluator *ev = NULL;
+  float x[3] = {1.5f, -2.5f, 3.25f}, y[3] = {-9, -9, -9};
+  hir_tensor tin = {x, HIR_F32, 1, {3}, {0}}, tout = {y, HIR_F32, 1, {3}, {0}};
+  hir_output(f, out);
+  hir_scope_append(hir_expr_body(ite), hir_tv_definition(out));
+  hir_scope_append(hir_program_body(p), hir_host_allocate(p, out));
+  hir_scope_append(hir_program_body(p), ite);
+  CHECK(hir_program_verify(p) == HIR_OK);
+  CHECK(hir_evaluator_create(p, NULL, &ev) == HIR_OK && hir_run(ev, &tin, 1, &tout, 1) == HIR_OK);
+  CHECK(y[0] == x[0] && y[1] == x[1] && y[2] == x[2]);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+}
+
+/* Sizes whose product overflows: refused by name before anything is
+   allocated or written (the output keeps its poison). */
+TEST(test_robust_huge_sizes, "robust/huge_sizes", TEST_CPU) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2), *c = hir_matmul(f, a, b);
+  hir_lower_desc ld;
+  hir_program *p;
+  hir_evaluator *ev = NULL;
+  float dummy = 7;
+  hir_tensor in[2] = {{&dummy, HIR_F32, 2, {((int64_t)1 << 60) + 1, 0}, {0}}, {&dummy, HIR_F32, 2, {0, ((int64_t)1 << 60) + 1}, {0}}};
+  hir_tensor huge = {&dummy, HIR_F32, 2, {(int64_t)1 << 62, 8}, {0}}, out[1];
+  memset(&ld, 0, sizeof ld);
+  memset(out, 0, sizeof out);
+  hir_output(f, c);
+  CHECK(hir_lower(f, &ld, &p) == HIR_OK);
+  CHECK(hir_evaluator_create(p, NULL, &ev) == HIR_OK);
+  CHECK(hir_run(ev, in, 2, out, 1) == HIR_ERR_SHAPE); /* K = 0: C would be (2^60 + 1)^2 elements */
+  CHECK(strstr(hir_evaluator_error(ev), "T2 would be [1152921504606846977, 1152921504606846977] float elements") != NULL);
+  in[0] = huge;
+  CHECK(hir_run(ev, in, 2, out, 1) == HIR_ERR_SHAPE); /* an input itself too large */
+  CHECK(strstr(hir_evaluator_error(ev), "input 0 (T0) has more bytes than this machine addresses") != NULL);
+  CHECK(dummy == 7);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_fusion_free(f);
+}
+
+/* HOSTIR_DUMP takes host_ir, passes and all, comma-separated; anything else
+   fails hir_lower with the valid values (no silent substring matches). */
+TEST(test_robust_dump_values, "robust/dump_values", TEST_CPU) {
+  static const char *const bad[] = {"small", "HOST_IR", "hostir", "1", "host_ir,bogus"};
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 1);
+  hir_lower_desc ld;
+  hir_program *p;
+  int k;
+  memset(&ld, 0, sizeof ld);
+  hir_output(f, hir_set(f, a));
+  for (k = 0; k < (int)(sizeof bad / sizeof bad[0]); k++) {
+    setenv("HOSTIR_DUMP", bad[k], 1);
+    CHECK(hir_lower(f, &ld, &p) == HIR_ERR_INVALID);
+    CHECK(strstr(hir_program_error(p), "HOSTIR_DUMP has the unknown value") && strstr(hir_program_error(p), "give host_ir, passes or all"));
+    hir_program_free(p);
+  }
+  setenv("HOSTIR_DUMP", "", 1); /* empty: nothing to dump */
+  CHECK(hir_lower(f, &ld, &p) == HIR_OK);
+  hir_program_free(p);
+  unsetenv("HOSTIR_DUMP");
+  hir_fusion_free(f);
+}
+
+/* An Allreduce and a ReduceScatter of nothing (zero rows) on 2 ranks. */
+TEST(test_robust_empty_collectives, "robust/empty_collectives", TEST_CPU) {
+  int64_t sz[3] = {2, 0, 3}, osz[2] = {0, 3};
+  int axis = 0;
+  spmd_case c;
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_sum(f, a, 1, &axis);
+  hir_output(f, b);
+  hir_set_mesh(a, 2, iota_mesh);
+  hir_set_mesh(b, 2, iota_mesh);
+  hir_parallelize(a, 0, HIR_DIDX);
+  case_init(&c, 2);
+  c.build = build_lowered;
+  c.user = f;
+  c.nin = c.nout = 1;
+  c.in[0] = trand(HIR_F32, 3, sz);
+  c.out[0] = tn(HIR_F32, 2, osz);
+  RUN_CASE(&c, "an Allreduce of zero elements");
+  hir_fusion_free(f);
+}
