@@ -2427,6 +2427,15 @@ static int hir__in_mesh(const hir_tv *tv, int device) {
   return !tv->mesh_size || hir_team_index(tv->mesh, tv->mesh_size, device) >= 0;
 }
 
+/* Two meshes of the same devices, in any order. */
+static int hir__same_devices(const hir_tv *a, const hir_tv *b) {
+  int i;
+  if (a->mesh_size != b->mesh_size) return 0;
+  for (i = 0; i < a->mesh_size; i++)
+    if (!hir__in_mesh(b, a->mesh[i])) return 0;
+  return 1;
+}
+
 /* Does moving input k of e into e's output change where its data lives? */
 static int hir__input_reshards(const hir_expr *e, int k) {
   const hir_tv *in = e->in[k], *out = e->out[0];
@@ -2620,12 +2629,17 @@ static int hir__decompose_reshardings(hir_program *p) {
   for (i = 0; i < f->exprs.n; i++) {
     hir_expr *e = (hir_expr *)f->exprs.items[i];
     if (!(hir__ops[e->kind].flags & HIR__OP_MOVES) && hir_expr_is_resharding(e)) {
+      hir_tv *orig[2] = {NULL, NULL}; /* compute ops have at most two operands */
       for (k = 0; k < e->nin; k++) {
-        int map[HIR_MAX_DIMS];
-        hir_tv *in = e->in[k], *out = e->out[0], *moved;
+        int map[HIR_MAX_DIMS], first[HIR_MAX_DIMS];
+        hir_tv *in = orig[k] = e->in[k], *out = e->out[0], *moved;
         hir_expr *set;
         if (!hir__input_reshards(e, k)) continue;
         hir__axis_map(e, k, map);
+        if (k == 1 && orig[0] == in && (hir__axis_map(e, 0, first), !memcmp(first, map, sizeof map))) {
+          e->in[1] = e->in[0]; /* x op x: x moves once */
+          continue;
+        }
         if (!(set = hir__set_expr(f, in))) return 0;
         moved = set->out[0];
         moved->mesh = out->mesh;
@@ -3213,15 +3227,16 @@ static int hir__stream_axis(const hir_tv *tv) {
 static int hir__p2p_kind(const hir_expr *e, int *in_axis) {
   int map[HIR_MAX_DIMS], s, d, i;
   if (!(hir__ops[e->kind].flags & HIR__OP_MOVES)) return HIR__P2P_NONE;
-  if (!hir__sharded(e->in[0]) || !hir__same_mesh(e->in[0], e->out[0])) return HIR__P2P_NONE;
+  if (!hir__sharded(e->in[0]) || !hir__same_devices(e->in[0], e->out[0])) return HIR__P2P_NONE;
   hir__axis_map(e, 0, map);
   d = hir__didx_axis(e->in[0]);
+  /* an allgather leaves the output whole on every device: its mesh's order does not matter */
   if (e->kind == HIR_EXPR_LOAD_STORE && (s = hir__stream_axis(e->out[0])) >= 0 && map[d] == s) {
     *in_axis = d;
     return HIR__P2P_ALLGATHER;
   }
-  if (e->kind == HIR_EXPR_REDUCTION && (s = hir__stream_axis(e->in[0])) >= 0 && map[s] >= 0 && map[s] == hir__didx_axis(e->out[0]) &&
-      e->out[0]->ids[map[d]]->iter == HIR_REDUCTION) {
+  if (e->kind == HIR_EXPR_REDUCTION && hir__same_mesh(e->in[0], e->out[0]) && (s = hir__stream_axis(e->in[0])) >= 0 &&
+      map[s] >= 0 && map[s] == hir__didx_axis(e->out[0]) && e->out[0]->ids[map[d]]->iter == HIR_REDUCTION) {
     for (i = 0; i < e->in[0]->ndims; i++) /* only the DIDx axis may be reduced */
       if (i != d && map[i] >= 0 && e->out[0]->ids[map[i]]->iter == HIR_REDUCTION && e->in[0]->ids[i]->iter != HIR_REDUCTION)
         return HIR__P2P_NONE;
@@ -3424,6 +3439,13 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
       if (cut >= 0 && map[j] == cut) in_cut = j;
     }
     if (!hir__same_cut(c, e, e->in[k], in_cut, 0)) return 0;
+    if (axis >= 0 && e->in[k]->ids[axis]->ptype == HIR_DIDX && e->in[k]->mesh_size > 1) {
+      char why[240];
+      snprintf(why, sizeof why, "it reads T%d chunk by chunk along its DIDx axis, of which each device holds one slice; "
+               "only a set onto the same devices (a P2P allgather) or a sum over that axis (a P2P reduce-scatter) "
+               "streams over a DIDx axis", e->in[k]->name);
+      return hir__stream_fail(c->p, e, why);
+    }
     ins[k] = axis >= 0 ? hir__chunk_part(c, e->in[k], axis, in_cut) : hir__part_of(c, NULL, e->in[k], in_cut);
     if (!ins[k]) return 0;
   }
@@ -3765,6 +3787,8 @@ static int hir__verify_fail(hir__verifier *v, const char *fmt, ...) {
 
 static int hir__verify_read(hir__verifier *v, const hir_expr *e, const hir_tv *tv) {
   if (v->state[tv->name] == 1) return 1;
+  if (!v->state[tv->name] && v->p->my_device >= 0 && !hir__in_mesh(tv, v->p->my_device) && hir_expr_is_resharding(e))
+    return 1; /* it lives on other devices: the communication this expr becomes brings it */
   return hir__verify_fail(v, "%s %d reads T%d %s", hir__ops[e->kind].name, e->name, tv->name,
                     v->state[tv->name] ? "after its Deallocate" : "before anything defines or allocates it");
 }
@@ -6780,8 +6804,8 @@ static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {
       hir_tensor dst = *out, src = *in;
       s = ev->b->copy(ev->b, ev->current, &dst, &src);
       if (s != HIR_OK) return hir__ev_backend(ev, s, e);
-    } else if (ev->device == e->root) {
-      s = c->send(c, in->data, ni * es, e->team[1], ev->current);
+    } else if (ev->device == e->root) { /* to the other member, whichever comes first in the team */
+      s = c->send(c, in->data, ni * es, e->team[e->team[0] == e->root], ev->current);
     } else {
       s = c->recv(c, out->data, no * es, e->root, ev->current);
     }

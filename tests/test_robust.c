@@ -239,3 +239,173 @@ TEST(test_robust_empty_collectives, "robust/empty_collectives", TEST_CPU) {
   RUN_CASE(&c, "an Allreduce of zero elements");
   hir_fusion_free(f);
 }
+
+/* An intermediate computed on one mesh and moved to another, for each
+   communication it makes (nvFuser's pipeline tests: Bcast, Gather, Scatter,
+   Bcast_sharded, Reduce between two stages): every rank of 4 runs its
+   program, against the plain reference. Devices outside a stage's mesh once
+   got an internal error (the move read a tensor nothing there defines). */
+typedef struct two_stage {
+  const char *name;
+  int n_in, mesh_in[2], in_sharded;  /* stage 1: b = a + a on mesh_in */
+  int n_out, mesh_out[2], out_sharded, out_sum; /* stage 2: c = set(b) (or sum over axis 0) on mesh_out */
+} two_stage;
+
+TEST(test_robust_cross_mesh_intermediates, "robust/cross_mesh_intermediates", TEST_CPU | TEST_GPU_WORLDS) {
+  static const two_stage cases[] = {
+      {"Bcast", 1, {0}, 0, 2, {1, 2}, 0, 0},           {"Gather", 2, {0, 1}, 1, 1, {2}, 0, 0},
+      {"Scatter", 1, {0}, 0, 2, {0, 3}, 1, 0},         {"Bcast_sharded", 2, {0, 1}, 1, 2, {2, 3}, 1, 0},
+      {"Reduce", 2, {0, 1}, 1, 1, {3}, 0, 1},          {"Allgather elsewhere", 2, {2, 0}, 1, 2, {1, 3}, 0, 0}};
+  int k;
+  for (k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
+    const two_stage *t = &cases[k];
+    int D = t->in_sharded ? t->n_in : t->n_out, axis0 = 0, i;
+    int64_t sz[3] = {D, 3, 4}, osz[3] = {D, 3, 4};
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_add(f, a, a), *c = t->out_sum ? hir_sum(f, b, 1, &axis0) : hir_set(f, b);
+    spmd_case sc;
+    hir_output(f, c);
+    hir_set_mesh(a, t->n_in, t->mesh_in);
+    hir_set_mesh(b, t->n_in, t->mesh_in);
+    hir_set_mesh(c, t->n_out, t->mesh_out);
+    if (t->in_sharded) hir_parallelize(a, 0, HIR_DIDX), hir_parallelize(b, 0, HIR_DIDX);
+    if (t->out_sharded) hir_parallelize(c, 0, HIR_DIDX);
+    case_init(&sc, 4);
+    sc.build = build_lowered;
+    sc.user = f;
+    sc.nin = sc.nout = 1;
+    sc.prealloc = k & 1;
+    sc.in[0] = trand(HIR_F32, 3, sz);
+    if (t->out_sum) { /* c [3, 4] = sum over the D slices of 2a */
+      sc.out[0] = tn(HIR_F32, 2, osz + 1);
+      for (i = 0; i < 12; i++) {
+        double s = 0;
+        int d;
+        for (d = 0; d < D; d++) s += 2 * tget(&sc.in[0], d * 12 + i);
+        tset(&sc.out[0], i, s);
+      }
+    } else {
+      sc.out[0] = tn(HIR_F32, 3, osz);
+      for (i = 0; i < D * 12; i++) tset(&sc.out[0], i, 2 * tget(&sc.in[0], i));
+    }
+    RUN_CASE(&sc, t->name);
+    hir_fusion_free(f);
+  }
+}
+
+/* A broadcast on one device, then an add of it with itself on two: device
+   1 once got an internal error; the moved tensor is now moved once. */
+TEST(test_robust_broadcast_then_add, "robust/broadcast_then_add", TEST_CPU | TEST_GPU_WORLDS) {
+  int d0 = 0, m01[2] = {0, 1}, flags[3] = {1, 0, 0}, i;
+  int64_t sz[2] = {3, 4}, osz[3] = {1, 3, 4};
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *t0 = hir_input(f, HIR_F32, 2), *t1 = hir_broadcast(f, t0, 3, flags), *t2 = hir_add(f, t1, t1);
+  hir_lower_desc ld;
+  hir_program *p;
+  char text[8192];
+  spmd_case sc;
+  hir_output(f, t2);
+  hir_set_mesh(t0, 1, &d0);
+  hir_set_mesh(t1, 1, &d0);
+  hir_set_mesh(t2, 2, m01);
+  memset(&ld, 0, sizeof ld);
+  ld.my_device = 1;
+  CHECK(hir_lower(f, &ld, &p) == HIR_OK);
+  hir_program_snprint(p, text, sizeof text);
+  CHECK(strstr(text, "type=Broadcast") && !strstr(strstr(text, "type=Broadcast") + 1, "type=Broadcast")); /* once */
+  hir_program_free(p);
+  case_init(&sc, 2);
+  sc.build = build_lowered;
+  sc.user = f;
+  sc.nin = sc.nout = 1;
+  sc.in[0] = trand(HIR_F32, 2, sz);
+  sc.out[0] = tn(HIR_F32, 3, osz);
+  for (i = 0; i < 12; i++) tset(&sc.out[0], i, 2 * tget(&sc.in[0], i));
+  RUN_CASE(&sc, "broadcast on {0}, then T1 + T1 on {0 1}");
+  hir_fusion_free(f);
+}
+
+/* A hand-built SendRecv whose team lists the receiver first (nvFuser's
+   order: team {0, 1}, root 1) sends to the receiver, not to itself. */
+static hir_program *sendrecv_program(void *user, int rank) {
+  static const int teams[2][2] = {{0, 1}, {1, 0}};
+  const int *team = teams[*(int *)user];
+  hir_program *p = hir_program_create();
+  hir_fusion *f = hir_program_fusion(p);
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a);
+  int one = 1, zero = 0;
+  (void)rank;
+  hir_output(f, b);
+  hir_set_mesh(a, 1, &one); /* the sender, device 1, to device 0 */
+  hir_set_mesh(b, 1, &zero);
+  hir_scope_append(hir_program_body(p), hir_host_allocate(p, b));
+  hir_scope_append(hir_program_body(p), hir_host_communication(p, HIR_COLL_SENDRECV, 2, team, 1, a, b));
+  return p;
+}
+
+TEST(test_robust_sendrecv_team_order, "robust/sendrecv_team_order", TEST_CPU | TEST_GPU_WORLDS) {
+  int order;
+  int64_t sz[2] = {2, 5};
+  for (order = 0; order < 2; order++) {
+    spmd_case sc;
+    case_init(&sc, 2);
+    sc.build = sendrecv_program;
+    sc.user = &order;
+    sc.nin = sc.nout = 1;
+    sc.prealloc = order;
+    sc.in[0] = trand(HIR_F32, 2, sz);
+    sc.out[0] = tn(HIR_F32, 2, sz);
+    memcpy(sc.out[0].data, sc.in[0].data, 10 * sizeof(float));
+    RUN_CASE(&sc, order ? "SendRecv, team {1 0}" : "SendRecv, team {0 1} (receiver first)");
+  }
+}
+
+/* A P2P allgather whose output's mesh holds the same devices in another
+   order ({3 2 1 0} against {0 1 2 3}; it once failed at run time selecting
+   a DIDx axis); and a Stream axis that would read a DIDx axis chunk by
+   chunk, refused when lowering. */
+TEST(test_robust_permuted_mesh, "robust/permuted_mesh", TEST_CPU | TEST_GPU_WORLDS) {
+  static const int fwd[4] = {0, 1, 2, 3}, rev[4] = {3, 2, 1, 0};
+  int64_t sz[2] = {4, 6};
+  int ring;
+  for (ring = 0; ring < 2; ring++) {
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a);
+    lowered_case lc;
+    spmd_case sc;
+    hir_output(f, b);
+    hir_set_mesh(a, 4, fwd);
+    hir_set_mesh(b, 4, rev);
+    hir_parallelize(a, 0, HIR_DIDX);
+    hir_parallelize(b, 0, HIR_STREAM);
+    memset(&lc, 0, sizeof lc);
+    lc.f = f;
+    lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+    case_init(&sc, 4);
+    sc.build = build_lowered_with;
+    sc.user = &lc;
+    sc.nin = sc.nout = 1;
+    sc.in[0] = trand(HIR_F32, 2, sz);
+    sc.out[0] = tn(HIR_F32, 2, sz);
+    memcpy(sc.out[0].data, sc.in[0].data, 24 * sizeof(float));
+    RUN_CASE(&sc, ring ? "P2P allgather onto {3 2 1 0}, ring" : "P2P allgather onto {3 2 1 0}, linear");
+    hir_fusion_free(f);
+  }
+  { /* a gather onto other devices with a Stream axis on the DIDx axis: no device has chunks of it to read */
+    static const int lo[2] = {0, 1}, hi[2] = {2, 3};
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F32, 2), *c = hir_set(f, a);
+    hir_lower_desc ld;
+    hir_program *p;
+    hir_output(f, c);
+    hir_set_mesh(a, 2, lo);
+    hir_set_mesh(c, 2, hi);
+    hir_parallelize(a, 0, HIR_DIDX);
+    hir_parallelize(c, 0, HIR_STREAM);
+    memset(&ld, 0, sizeof ld);
+    CHECK(hir_lower(f, &ld, &p) == HIR_ERR_UNSUPPORTED);
+    CHECK(strstr(hir_program_error(p), "reads T0 chunk by chunk along its DIDx axis") != NULL);
+    hir_program_free(p);
+    hir_fusion_free(f);
+  }
+}
