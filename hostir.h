@@ -441,7 +441,7 @@ struct hir_comm {
   int rank, size;
   int p2p_copy_engine;      /* send/recv run on copy engines, not SMs: a pipeline overlaps them with GEMMs */
   int needs_device_memory;  /* buffers must be the GPU's (NCCL): a host-memory backend is refused */
-  char error[256];
+  char error[512];
   hir_status (*team)(hir_comm *self, const int *devices, int n, void **team);
   hir_status (*allgather)(hir_comm *self, void *team, const void *send, void *recv, size_t bytes, void *stream);
   hir_status (*allreduce)(hir_comm *self, void *team, const void *send, void *recv, size_t count, hir_dtype dtype,
@@ -460,7 +460,7 @@ struct hir_comm {
   hir_status (*recv)(hir_comm *self, void *buf, size_t bytes, int peer, void *stream);
   hir_status (*group_start)(hir_comm *self);
   hir_status (*group_end)(hir_comm *self);
-  void (*abort)(hir_comm *self);
+  void (*abort)(hir_comm *self);  /* ends the world's communication; what `error` holds then, the others are told */
   hir_status (*poll)(hir_comm *self);  /* optional: an error raised by work in flight (a dead peer) */
   /* optional: the evaluator's buffers live until freed; a communicator may
      register them (NCCL user-buffer registration) to skip internal copies */
@@ -488,7 +488,8 @@ HIRDEF hir_local_world *hir_local_world_create(int nranks);
 HIRDEF void             hir_local_world_set_timeout(hir_local_world *w, int milliseconds); /* default 60000 */
 HIRDEF hir_comm        *hir_local_comm(hir_local_world *w, int rank);   /* owned by the world */
 HIRDEF void             hir_local_world_free(hir_local_world *w);
-/* Runs fn(rank, user) on nranks threads; returns the first failure. */
+/* Runs fn(rank, user) on nranks threads; returns the first failure, or the
+   cause where one rank's failure made the others' communication fail. */
 HIRDEF hir_status       hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), void *user);
 
 typedef struct hir_eval_desc {
@@ -5672,7 +5673,7 @@ typedef struct hir__lw_rank {
 
 struct hir_local_world {
   int n, timeout_ms, aborted;
-  char abort_msg[256];
+  char abort_msg[400];
   pthread_mutex_t mu;
   pthread_cond_t cv;
   hir_comm *comms;
@@ -5686,7 +5687,7 @@ struct hir_local_world {
 static void hir__lw_abort_locked(hir_local_world *w, const char *msg) {
   if (!w->aborted) {
     w->aborted = 1;
-    snprintf(w->abort_msg, sizeof w->abort_msg, "%s", msg);
+    snprintf(w->abort_msg, sizeof w->abort_msg, "%.399s", msg);
   }
   pthread_cond_broadcast(&w->cv);
 }
@@ -5696,7 +5697,7 @@ static hir_status hir__lw_wait(hir_comm *c, const struct timespec *deadline, con
   hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
   int rc = w->aborted ? 0 : pthread_cond_timedwait(&w->cv, &w->mu, deadline);
   if (w->aborted) {
-    snprintf(c->error, sizeof c->error, "local world: rank %d in %s: the world was aborted: %.170s", c->rank, what,
+    snprintf(c->error, sizeof c->error, "local world: rank %d in %s: the world was aborted: %.400s", c->rank, what,
              w->abort_msg);
     return HIR_ERR_COMM;
   }
@@ -6033,8 +6034,9 @@ static hir_status hir__lw_recv(hir_comm *c, void *buf, size_t bytes, int peer, v
 
 static void hir__lw_abort(hir_comm *c) {
   hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
-  char msg[64];
-  snprintf(msg, sizeof msg, "rank %d aborted", c->rank);
+  char msg[sizeof w->abort_msg];
+  if (c->error[0]) snprintf(msg, sizeof msg, "rank %d failed: %.370s", c->rank, c->error);
+  else snprintf(msg, sizeof msg, "rank %d aborted", c->rank);
   pthread_mutex_lock(&w->mu);
   hir__lw_abort_locked(w, msg);
   pthread_mutex_unlock(&w->mu);
@@ -6159,6 +6161,8 @@ HIRDEF hir_status hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), v
   }
   for (i = 0; i < started; i++) pthread_join(threads[i], NULL);
   for (i = 0; i < nranks && result == HIR_OK; i++) result = i < started ? args[i].status : HIR_ERR_BACKEND;
+  for (i = 0; i < started && (result == HIR_ERR_COMM || result == HIR_ERR_TIMEOUT); i++) /* the cause, where a rank knows it */
+    if (args[i].status != HIR_OK && args[i].status != HIR_ERR_COMM && args[i].status != HIR_ERR_TIMEOUT) result = args[i].status;
   HIR_FREE(args);
   HIR_FREE(threads);
   return result;
@@ -6205,6 +6209,7 @@ struct hir_evaluator {
   int key_n, planned, started_comm;
   hir_status status;
   int broken, timeout_ms;
+  int communicates, told_world;  /* the program communicates; this rank aborted the world with its error */
   struct hir__span *spans;      /* the timeline, when recording */
   int nspans, recording, current_track;
   struct hir__span *gpu_spans;  /* when the backend keeps time: when each stream ran the work */
@@ -6239,6 +6244,28 @@ static int hir__ev_comm(hir_evaluator *ev, hir_status s, const hir_expr *e) {
   return hir__ev_fail(ev, s, "hir_run: %s %d failed: %s", hir__ops[e->kind].name, e->name, ev->comm->error);
 }
 
+/* This rank failed, and the others would wait for it in their next
+   communication: the communicator aborts the world with this rank's message
+   (unless the failure came from it), so that they return at once, naming it.
+   The evaluator is done with the world. */
+static hir_status hir__tell_world(hir_evaluator *ev) {
+  if (ev->status == HIR_OK || !ev->comm || !ev->communicates || ev->told_world) return ev->status;
+  if (!ev->broken) snprintf(ev->comm->error, sizeof ev->comm->error, "%s", ev->error);
+  ev->comm->abort(ev->comm);
+  ev->broken = ev->told_world = 1;
+  return ev->status;
+}
+
+/* Whether a scope talks to other ranks. */
+static int hir__communicates(const hir_scope *s) {
+  int i;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    if ((hir__ops[e->kind].flags & HIR__OP_COMM) || hir__communicates(&e->body) || hir__communicates(&e->orelse)) return 1;
+  }
+  return 0;
+}
+
 static int hir__local_size(const hir_evaluator *ev, const hir_tv *tv, const hir_id *id, int64_t *size) {
   if ((id->ptype == HIR_DIDX && tv->mesh_size > 1) || id->iter == HIR_BROADCAST) {
     *size = 1;
@@ -6269,6 +6296,19 @@ static int hir__size_source(const hir_fusion *f, const hir_val *size, int *input
       if (in->ids[*axis]->extent == size) return 1;
   }
   return 0;
+}
+
+/* " (input i, Tn, axis a)" where the size of tv's data axis k comes from a
+   program input, else "": messages in the caller's terms. */
+static void hir__size_from(const hir_evaluator *ev, const hir_tv *tv, int k, char *buf, size_t cap) {
+  int i, input, axis;
+  buf[0] = '\0';
+  for (i = 0; i < tv->ndims; i++) {
+    if (tv->ids[i]->iter == HIR_REDUCTION || k--) continue;
+    if (hir__size_source(&ev->p->ir, tv->ids[i]->extent, &input, &axis))
+      snprintf(buf, cap, " (input %d, T%d, axis %d)", input, ((const hir_tv *)ev->p->ir.inputs.items[input])->name, axis);
+    return;
+  }
 }
 
 /* Names the input whose sizes this rank lacks. */
@@ -6313,7 +6353,7 @@ static int hir__shape_mismatch(hir_evaluator *ev, const hir_expr *e, const hir_t
   char a[160], b[160];
   hir__shape_str(sx, a, sizeof a);
   hir__shape_str(sy, b, sizeof b);
-  return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d (T%d): T%d is %s and T%d is %s; %s", hir__ops[e->kind].name,
+  return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d (T%d): T%d is %s and T%d is %s; %.300s", hir__ops[e->kind].name,
                       e->name, e->nout ? e->out[0]->name : x->name, x->name, a, y->name, b, why);
 }
 
@@ -6403,9 +6443,11 @@ static int hir__check_matmul(hir_evaluator *ev, const hir_expr *e) {
   if (nbatch < nbatch_a || nbatch < nbatch_b)
     return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the output has fewer axes than [batch..., M, N]");
   if (a->sizes[a->nd - 1] != b->sizes[nbatch_b]) {
-    char why[128];
-    snprintf(why, sizeof why, "the contracted sizes differ (%lld vs %lld)", (long long)a->sizes[a->nd - 1],
-             (long long)b->sizes[nbatch_b]);
+    char why[256], from_a[64], from_b[64];
+    hir__size_from(ev, e->in[0], a->nd - 1, from_a, sizeof from_a);
+    hir__size_from(ev, e->in[1], nbatch_b, from_b, sizeof from_b);
+    snprintf(why, sizeof why, "the contracted sizes differ (%lld%s vs %lld%s); give them one size",
+             (long long)a->sizes[a->nd - 1], from_a, (long long)b->sizes[nbatch_b], from_b);
     return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, why);
   }
   for (i = 0; i < nbatch; i++) {
@@ -7034,15 +7076,26 @@ static hir_evaluator *hir__evaluator_new(void) {
   return ev;
 }
 
+static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p, const hir_eval_desc *d);
+
 HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc *d, hir_evaluator **out) {
   hir_eval_desc defaults;
   hir_evaluator *ev;
-  char msg[sizeof ev->error];
-  int i, ok;
   if (!out) return HIR_ERR_INVALID;
   if (!(ev = *out = hir__evaluator_new())) return HIR_ERR_NOMEM;
   memset(&defaults, 0, sizeof defaults);
   if (!d) d = &defaults;
+  if (hir__evaluator_create(ev, p, d) == HIR_OK) return HIR_OK;
+  if (!ev->comm && p && d->comm && p->ir.status == HIR_OK) { /* it failed before taking the communicator: tell the world */
+    ev->comm = d->comm;
+    ev->communicates = hir__communicates(&p->top);
+  }
+  return hir__tell_world(ev);
+}
+
+static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p, const hir_eval_desc *d) {
+  char msg[sizeof ev->error];
+  int i, ok;
   if (!p) return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: the program is NULL"), ev->status;
   ev->p = p;
   if (p->ir.status != HIR_OK)
@@ -7056,6 +7109,7 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
   ev->timeout_ms = d->timeout_ms > 0 ? d->timeout_ms : 600000;
   ev->env.named[HIR_NAMED_NUM_STREAMS] = ev->nstreams;
   ev->comm = d->comm;
+  ev->communicates = hir__communicates(&p->top);
   ev->device = d->comm ? d->comm->rank : p->my_device > 0 ? p->my_device : 0;
   ev->env.named[HIR_NAMED_RANK] = ev->device;
   for (i = 0; d->comm && i < p->ir.tvs.n; i++) {
@@ -7215,8 +7269,8 @@ HIRDEF hir_status hir_evaluator_sync(hir_evaluator *ev) {
   ev->status = HIR_OK;
   deadline = hir__now_ms() + ev->timeout_ms;
   for (i = 0; i < ev->nstreams; i++)
-    if (!hir__sync_stream(ev, ev->pool[i], deadline)) return ev->status;
-  if (!hir__sync_stream(ev, ev->b->current_stream(ev->b), deadline)) return ev->status;
+    if (!hir__sync_stream(ev, ev->pool[i], deadline)) return hir__tell_world(ev);
+  if (!hir__sync_stream(ev, ev->b->current_stream(ev->b), deadline)) return hir__tell_world(ev);
   return HIR_OK;
 }
 
@@ -7280,7 +7334,15 @@ static int hir__check_output(hir_evaluator *ev, int i, const hir_tensor *t) {
   return 1;
 }
 
+static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout);
+
+/* A run that fails on this rank tells the world (hir__tell_world). */
 HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  if (!ev) return HIR_ERR_INVALID;
+  return hir__run(ev, in, nin, out, nout) == HIR_OK ? HIR_OK : hir__tell_world(ev);
+}
+
+static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
   const hir_fusion *f;
   int i, a, changed = 0;
   if (!ev) return HIR_ERR_INVALID;

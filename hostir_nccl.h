@@ -345,7 +345,7 @@ struct hir_nccl_world {
   pthread_mutex_t mu;
   hir_nccl__kv *ids;                 /* team key -> ncclUniqueId */
   int nids, cap;
-  char error[256];
+  char error[512];
 };
 
 static ncclDataType_t hir_nccl__type(hir_dtype d) {

@@ -472,7 +472,7 @@ TEST(test_eval_bad_inputs, "eval/bad_inputs", TEST_CPU) {
   tfree(&bad);
   bad = tn(HIR_F32, 2, sk);
   in[1] = bad;
-  RUN_EXPECT(HIR_ERR_SHAPE, "the contracted sizes differ (4 vs 5)");
+  RUN_EXPECT(HIR_ERR_SHAPE, "the contracted sizes differ (4 (input 0, T0, axis 1) vs 5 (input 1, T1, axis 0)); give them one size");
   tfree(&bad);
   in[1] = good_b;
   in[1].data = NULL;
@@ -742,18 +742,18 @@ static hir_status lw_rank(int rank, void *user) {
     rev[i] = n - 1 - i;
   }
   if (c->team(c, team, n, &t) != HIR_OK || c->team(c, rev, n, &tr) != HIR_OK) {
-    snprintf(err, 400, "team: %s", c->error);
+    snprintf(err, 400, "team: %.380s", c->error);
     return HIR_ERR_COMM;
   }
   /* in-place allgather, in team order: the reversed team reverses the order */
   for (i = 0; i < 2; i++) buf[(n - 1 - rank) * 2 + i] = (float)(rank * 10 + i);
-  if (c->allgather(c, tr, buf + (n - 1 - rank) * 2, buf, 8, NULL) != HIR_OK) snprintf(err, 400, "allgather: %s", c->error);
+  if (c->allgather(c, tr, buf + (n - 1 - rank) * 2, buf, 8, NULL) != HIR_OK) snprintf(err, 400, "allgather: %.380s", c->error);
   for (i = 0; i < n && !err[0]; i++)
     if (buf[2 * i] != (float)((n - 1 - i) * 10) || buf[2 * i + 1] != (float)((n - 1 - i) * 10 + 1))
       snprintf(err, 400, "allgather: chunk %d is %g", i, buf[2 * i]);
   /* in-place allreduce in f16: sums rounded once */
   for (i = 0; i < 8; i++) h[i] = hir_float_to_half(0.25f * (float)(rank + 1) + (float)i);
-  if (!err[0] && c->allreduce(c, t, h, h, 8, HIR_F16, NULL) != HIR_OK) snprintf(err, 400, "allreduce: %s", c->error);
+  if (!err[0] && c->allreduce(c, t, h, h, 8, HIR_F16, NULL) != HIR_OK) snprintf(err, 400, "allreduce: %.380s", c->error);
   for (i = 0; i < 8 && !err[0]; i++) {
     float want = 0;
     int r;
@@ -762,24 +762,24 @@ static hir_status lw_rank(int rank, void *user) {
   }
   /* in-place reduce-scatter: member r receives the sum of chunk r */
   for (i = 0; i < n * 2; i++) buf[i] = (float)(rank + i);
-  if (!err[0] && c->reduce_scatter(c, t, buf, buf + rank * 2, 2, HIR_F32, NULL) != HIR_OK) snprintf(err, 400, "rs: %s", c->error);
+  if (!err[0] && c->reduce_scatter(c, t, buf, buf + rank * 2, 2, HIR_F32, NULL) != HIR_OK) snprintf(err, 400, "rs: %.380s", c->error);
   expect = 0;
   for (i = 0; i < n; i++) expect += (float)(i + rank * 2 + 1);
   if (!err[0] && buf[rank * 2 + 1] != expect) snprintf(err, 400, "reduce_scatter: %g, want %g", buf[rank * 2 + 1], expect);
   /* reduce and gather where the root holds no data */
   send[0] = (float)(rank + 1);
   if (!err[0] && c->reduce(c, t, rank == n - 1 ? NULL : send, buf, 1, HIR_F32, n - 1, NULL) != HIR_OK)
-    snprintf(err, 400, "reduce: %s", c->error);
+    snprintf(err, 400, "reduce: %.380s", c->error);
   if (!err[0] && rank == n - 1 && buf[0] != (float)((n - 1) * n / 2)) snprintf(err, 400, "reduce: %g", buf[0]);
-  if (!err[0] && c->gather(c, t, rank == n - 1 ? NULL : send, buf, 4, n - 1, NULL) != HIR_OK) snprintf(err, 400, "gather: %s", c->error);
+  if (!err[0] && c->gather(c, t, rank == n - 1 ? NULL : send, buf, 4, n - 1, NULL) != HIR_OK) snprintf(err, 400, "gather: %.380s", c->error);
   for (i = 0; !err[0] && rank == n - 1 && i < n - 1; i++)
     if (buf[i] != (float)(i + 1)) snprintf(err, 400, "gather: chunk %d is %g", i, buf[i]);
   /* scatter and broadcast from root 0 */
   for (i = 0; i < n; i++) buf[i] = (float)(100 + i);
-  if (!err[0] && c->scatter(c, t, rank == 0 ? buf : NULL, send, 4, 0, NULL) != HIR_OK) snprintf(err, 400, "scatter: %s", c->error);
+  if (!err[0] && c->scatter(c, t, rank == 0 ? buf : NULL, send, 4, 0, NULL) != HIR_OK) snprintf(err, 400, "scatter: %.380s", c->error);
   if (!err[0] && send[0] != (float)(100 + rank)) snprintf(err, 400, "scatter: got %g", send[0]);
   send[1] = rank == 0 ? 7.5f : 0.0f;
-  if (!err[0] && c->broadcast(c, t, rank == 0 ? send + 1 : NULL, send + 2, 4, 0, NULL) != HIR_OK) snprintf(err, 400, "bcast: %s", c->error);
+  if (!err[0] && c->broadcast(c, t, rank == 0 ? send + 1 : NULL, send + 2, 4, 0, NULL) != HIR_OK) snprintf(err, 400, "bcast: %.380s", c->error);
   if (!err[0] && send[2] != 7.5f) snprintf(err, 400, "broadcast: got %g", send[2]);
   /* a ring exchange in one group: send right, receive from the left */
   send[3] = (float)rank;
@@ -787,13 +787,13 @@ static hir_status lw_rank(int rank, void *user) {
     c->group_start(c);
     c->recv(c, send + 4, 4, (rank + n - 1) % n, NULL);
     c->send(c, send + 3, 4, (rank + 1) % n, NULL);
-    if (c->group_end(c) != HIR_OK) snprintf(err, 400, "ring: %s", c->error);
+    if (c->group_end(c) != HIR_OK) snprintf(err, 400, "ring: %.380s", c->error);
     else if (send[4] != (float)((rank + n - 1) % n)) snprintf(err, 400, "ring: got %g", send[4]);
   }
   /* plain send/recv pairs: evens send to the next odd rank */
   if (!err[0] && n > 1 && !(rank == n - 1 && rank % 2 == 0)) {
     hir_status s = rank % 2 == 0 ? c->send(c, send + 3, 4, rank + 1, NULL) : c->recv(c, send + 5, 4, rank - 1, NULL);
-    if (s != HIR_OK) snprintf(err, 400, "p2p: %s", c->error);
+    if (s != HIR_OK) snprintf(err, 400, "p2p: %.380s", c->error);
     else if (rank % 2 && send[5] != (float)(rank - 1)) snprintf(err, 400, "p2p: got %g", send[5]);
   }
   if (!err[0] && c->send(c, send, 4, rank, NULL) != HIR_ERR_INVALID) snprintf(err, 400, "a send to self outside a group must fail");

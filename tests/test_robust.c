@@ -409,3 +409,69 @@ TEST(test_robust_permuted_mesh, "robust/permuted_mesh", TEST_CPU | TEST_GPU_WORL
     hir_fusion_free(f);
   }
 }
+
+/* One rank rejects its input (a wrong K): the other ranks, waiting for it in
+   their exchanges, return within a second (the world's timeout is a minute)
+   with HIR_ERR_COMM naming it and why; hir_spmd returns the cause. */
+typedef struct failing_ctx {
+  hir_local_world *w;
+  hir_fusion *f;
+  hir_status status[4];
+  char error[4][512];
+  double ms[4];
+} failing_ctx;
+
+static hir_status failing_rank(int rank, void *user) {
+  failing_ctx *x = (failing_ctx *)user;
+  int64_t sa[3] = {1, 2, 4}, sb[2] = {rank == 2 ? 3 : 4, 5};
+  hir_tensor in[2], out[1];
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p;
+  hir_evaluator *ev = NULL;
+  double t0;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  memset(out, 0, sizeof out);
+  ld.my_device = rank;
+  ed.comm = hir_local_comm(x->w, rank);
+  in[0] = trand(HIR_F32, 3, sa);
+  in[1] = trand(HIR_F32, 2, sb);
+  if (rank == 2) { /* the others are already waiting in their first collective */
+    struct timespec ts = {0, 200 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  t0 = hir__now_ms();
+  if (hir_lower(x->f, &ld, &p) == HIR_OK && (x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK)
+    x->status[rank] = hir_run(ev, in, 2, out, 1);
+  x->ms[rank] = hir__now_ms() - t0;
+  snprintf(x->error[rank], sizeof x->error[rank], "%s", hir_evaluator_error(ev));
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  tfree(&in[0]);
+  tfree(&in[1]);
+  return x->status[rank];
+}
+
+TEST(test_robust_failing_rank, "robust/failing_rank", TEST_CPU) {
+  static const int m4[4] = {0, 1, 2, 3};
+  failing_ctx x;
+  seed s;
+  int r;
+  memset(&x, 0, sizeof x);
+  seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, m4); /* P2P exchanges, then matmuls */
+  x.f = s.f;
+  x.w = hir_local_world_create(4); /* the default timeout: a minute */
+  CHECK(hir_spmd(4, failing_rank, &x) == HIR_ERR_SHAPE);
+  CHECK(x.status[2] == HIR_ERR_SHAPE && strstr(x.error[2], "the contracted sizes differ (4 (input 0, T0, axis 2) vs 3 (input 1, T1, axis 0))"));
+  for (r = 0; r < 4; r++) {
+    if (r == 2) continue;
+    if (!(x.status[r] == HIR_ERR_COMM && x.ms[r] < 1000 && strstr(x.error[r], "the world was aborted: rank 2 failed: hir_run:") &&
+          strstr(x.error[r], "the contracted sizes differ (4 (input 0, T0, axis 2) vs 3 (input 1, T1, axis 0))"))) {
+      fprintf(stderr, "  rank %d: %s after %.0f ms: %s\n", r, hir_status_str(x.status[r]), x.ms[r], x.error[r]);
+      hir_test_failures++;
+    }
+  }
+  hir_local_world_free(x.w);
+  hir_fusion_free(s.f);
+}
