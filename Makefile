@@ -23,7 +23,7 @@ endif
 HEADERS := hostir.h hostir_nccl.h
 TEST_SRC := $(wildcard tests/*.c tests/*.h) $(wildcard tests/golden/*.txt)
 
-.PHONY: all run run-examples test test-asan test-gpu bench bench-build examples examples-nvcc install clean
+.PHONY: all run run-examples test test-asan test-gpu diff bench bench-build examples examples-nvcc install clean
 
 all: $(BUILD)/test $(BUILD)/main
 
@@ -65,6 +65,10 @@ test: $(BUILD)/test
 
 test-asan: $(BUILD)/test-asan
 	ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test-asan
+
+# The differential check at length: 10,000 random programs against the reference (make test runs 300).
+diff: $(BUILD)/test
+	HIR_DIFF_PROGRAMS=10000 ./$(BUILD)/test diff/
 
 examples: $(patsubst examples/%.c,$(BUILD)/%,$(wildcard examples/*.c))
 

@@ -2647,7 +2647,9 @@ static int hir__decompose_reshardings(hir_program *p) {
         moved->mesh_size = out->mesh_size;
         for (j = 0, at = 0; j < in->ndims; j++) { /* `at`: j's position among the data axes */
           if (in->ids[j]->iter == HIR_REDUCTION) continue;
-          if (map[j] >= 0 && out->ids[map[j]]->iter != HIR_REDUCTION) moved->ids[at]->ptype = out->ids[map[j]]->ptype;
+          if (map[j] >= 0 && out->ids[map[j]]->iter != HIR_REDUCTION &&
+              !(moved->ids[at]->iter == HIR_BROADCAST && out->ids[map[j]]->ptype == HIR_DIDX)) /* no DIDx on a broadcast axis */
+            moved->ids[at]->ptype = out->ids[map[j]]->ptype;
           at++;
         }
         e->in[k] = moved;
@@ -3232,7 +3234,7 @@ static int hir__p2p_kind(const hir_expr *e, int *in_axis) {
   hir__axis_map(e, 0, map);
   d = hir__didx_axis(e->in[0]);
   /* an allgather leaves the output whole on every device: its mesh's order does not matter */
-  if (e->kind == HIR_EXPR_LOAD_STORE && (s = hir__stream_axis(e->out[0])) >= 0 && map[d] == s) {
+  if (e->kind == HIR_EXPR_LOAD_STORE && !hir__sharded(e->out[0]) && (s = hir__stream_axis(e->out[0])) >= 0 && map[d] == s) {
     *in_axis = d;
     return HIR__P2P_ALLGATHER;
   }
@@ -3426,12 +3428,24 @@ static hir_tv *hir__rs_slot(hir__chain *c, hir_scope *scope, hir_val *index) {
 /* An ordinary op of the chain, rewritten onto this iteration's views. The
    producer of the reduce-scatter's partials writes the own chunk straight
    into its slot of the partials (no copy before the sum). */
+/* A communication moves whole buffers: the chunks of a tensor that one moves
+   must be contiguous, so their axis must be outermost among those holding
+   data (a view along an inner axis is strided). Known when lowering, so
+   every rank refuses alike. */
+static int hir__contiguous_chunks(hir__chain *c, const hir_expr *e, const hir_tv *tv, int axis) {
+  char why[240];
+  if (axis < 0 || hir__outermost(tv, axis)) return 1;
+  snprintf(why, sizeof why, "its communication would move chunks of T%d along axis %d, which axes before it split "
+           "into strided pieces; stream-parallelize the outermost axis that holds data", tv->name, axis);
+  return hir__stream_fail(c->p, e, why);
+}
+
 static int hir__stream_op(hir__chain *c, const hir_expr *e) {
   hir_fusion *f = &c->p->ir;
   hir_tv *ins[2], *out, *slot;
   hir_expr *ite;
-  int s = hir__stream_axis(e->out[0]), cut = hir__cut_axis(e->out[0], s), k, j;
-  if (!hir__same_cut(c, e, e->out[0], cut, 1)) return 0;
+  int s = hir__stream_axis(e->out[0]), cut = hir__cut_axis(e->out[0], s), k, j, moves = hir_expr_is_resharding(e);
+  if (!hir__same_cut(c, e, e->out[0], cut, 1) || (moves && !hir__contiguous_chunks(c, e, e->out[0], s))) return 0;
   for (k = 0; k < e->nin; k++) {
     int map[HIR_MAX_DIMS], axis = -1, in_cut = -1;
     hir__axis_map(e, k, map);
@@ -3439,7 +3453,7 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
       if (map[j] == s) axis = j;
       if (cut >= 0 && map[j] == cut) in_cut = j;
     }
-    if (!hir__same_cut(c, e, e->in[k], in_cut, 0)) return 0;
+    if (!hir__same_cut(c, e, e->in[k], in_cut, 0) || (moves && !hir__contiguous_chunks(c, e, e->in[k], axis))) return 0;
     if (axis >= 0 && e->in[k]->ids[axis]->ptype == HIR_DIDX && e->in[k]->mesh_size > 1) {
       char why[240];
       snprintf(why, sizeof why, "it reads T%d chunk by chunk along its DIDx axis, of which each device holds one slice; "
@@ -3474,7 +3488,7 @@ static int hir__stream_allgather(hir__chain *c, const hir_expr *e, int in_axis) 
   hir__axis_map(e, 0, map);
   for (j = 0; j < in->ndims; j++)
     if (cut >= 0 && map[j] == cut) in_cut = j;
-  if (!hir__same_cut(c, e, e->out[0], cut, 1)) return 0;
+  if (!hir__same_cut(c, e, e->out[0], cut, 1) || !hir__contiguous_chunks(c, e, e->out[0], s)) return 0;
   if (!sel || !(dst = hir__chunk_part(c, e->out[0], s, cut)) || !(send = hir__part_of(c, NULL, in, in_cut)) || !mine || !to ||
       !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)))
     return 0;
@@ -3529,7 +3543,8 @@ static int hir__stream_reduce_scatter(hir__chain *c, const hir_expr *e, int in_a
   hir_tv *out = e->out[0], *slot, *part;
   hir_expr *ite, *sum, *end;
   hir_scope *others;            /* the steps of the peers' chunks */
-  if (!hir__same_cut(c, e, e->in[0], cut, 0) || !(part = hir__chunk_part(c, e->in[0], in_axis, cut)) ||
+  if (!hir__same_cut(c, e, e->in[0], cut, 0) || !hir__contiguous_chunks(c, e, e->in[0], in_axis) ||
+      !(part = hir__chunk_part(c, e->in[0], in_axis, cut)) ||
       !hir__stream_rs_slots(c, e, NULL, NULL, 0) || !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)))
     return 0;
   if (c->rs_input_in_slots) { /* nothing to do at the own step: IF not mine */
@@ -3788,8 +3803,9 @@ static int hir__verify_fail(hir__verifier *v, const char *fmt, ...) {
 
 static int hir__verify_read(hir__verifier *v, const hir_expr *e, const hir_tv *tv) {
   if (v->state[tv->name] == 1) return 1;
-  if (!v->state[tv->name] && v->p->my_device >= 0 && !hir__in_mesh(tv, v->p->my_device) && hir_expr_is_resharding(e))
-    return 1; /* it lives on other devices: the communication this expr becomes brings it */
+  if (!v->state[tv->name] && v->p->my_device >= 0 && !hir__in_mesh(tv, v->p->my_device) &&
+      (hir_expr_is_resharding(e) || (hir__ops[e->kind].flags & HIR__OP_VIEW)))
+    return 1; /* it lives on other devices: the communication this expr becomes (or reads) brings it */
   return hir__verify_fail(v, "%s %d reads T%d %s", hir__ops[e->kind].name, e->name, tv->name,
                     v->state[tv->name] ? "after its Deallocate" : "before anything defines or allocates it");
 }
@@ -4397,22 +4413,47 @@ static hir_status hir__step_failed(hir_program *p, const char *step) {
   return p->ir.status;
 }
 
-/* hir_lower, or with scratch = 1 a lowering of the fusion's serial form
-   that dumps nothing (the automatic choice's check that it lowers). */
-static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, int scratch) {
-  hir_lower_desc defaults;
-  hir_stream_options stream;
+/* Why hir__lower runs: for the caller; for the automatic choice, to see
+   whether the serial form lowers; for the verdict of another device's
+   program (hir__common_verdict). Only the caller's dumps and gets a verdict. */
+enum { HIR__LOWER_CALLER, HIR__LOWER_SERIAL_FORM, HIR__LOWER_OTHER_DEVICE };
+
+/* The devices of the fusion's meshes, ascending, when some group does not
+   involve one of them, or this device is none of them (a device's program
+   then lacks exprs another's has, and may refuse what that one accepts, or
+   the other way round); else none. */
+static int *hir__devices_apart(const hir_program *p, const hir__vec *groups, int *n) {
+  const hir_fusion *f = &p->ir;
+  int i, k, g, total = 0, apart = 0, *devs;
+  *n = 0;
+  for (i = 0; i < f->tvs.n; i++) total += ((const hir_tv *)f->tvs.items[i])->mesh_size;
+  if (!total || !(devs = (int *)HIR_MALLOC((size_t)total * sizeof(int)))) return NULL;
+  for (i = 0; i < f->tvs.n; i++) {
+    const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
+    for (k = 0; k < tv->mesh_size; k++) {
+      int at = *n, dev = tv->mesh[k];
+      if (hir_team_index(devs, *n, dev) >= 0) continue;
+      while (at > 0 && devs[at - 1] > dev) devs[at] = devs[at - 1], at--;
+      devs[at] = dev;
+      ++*n;
+    }
+  }
+  apart = hir_team_index(devs, *n, p->my_device) < 0;
+  for (g = 0; g < groups->n && !apart; g++)
+    for (k = 0; k < *n && !apart; k++) apart = !hir__group_involves((const hir_group *)groups->items[g], devs[k]);
+  if (!apart) *n = 0, HIR_FREE(devs), devs = NULL;
+  return devs;
+}
+
+static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, int mode);
+
+/* The passes into p (made and checked by hir__lower), the serial form with
+   serial = 1. Fills *apart (see hir__devices_apart) for the caller's. */
+static hir_status hir__lower_passes(hir_program *p, const hir_fusion *f, const hir_lower_desc *d, int mode, unsigned dump,
+                                    int **apart, int *napart) {
+  hir_stream_options stream = d->stream;
   hir__vec groups = {NULL, 0, 0};
-  hir_program *p;
-  unsigned dump = 0;
-  int serial = scratch;
-  if (!out) return HIR_ERR_INVALID;
-  memset(&defaults, 0, sizeof defaults);
-  if (!d) d = &defaults;
-  if (!(p = *out = hir_program_create())) return HIR_ERR_NOMEM;
-  p->my_device = d->my_device;
-  stream = d->stream;
-  if (!hir__check_lower_args(p, f, d, "hir_lower") || (!scratch && !hir__dump_flags(p, &dump))) return p->ir.status;
+  int serial = mode == HIR__LOWER_SERIAL_FORM;
   /* the pipeline, written out: each pass, then the verifier */
   if (!hir__front_end(p, f, serial)) return hir__step_failed(p, "the front end");
   if (stream.automatic && !serial) { /* the pipeline, or the serial form where it is predicted faster and lowers */
@@ -4423,15 +4464,16 @@ static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_p
       hir_program *q = NULL;
       memset(&plain, 0, sizeof plain);
       plain.my_device = d->my_device;
-      if (hir__lower(f, &plain, &q, 1) != HIR_OK)
+      if (hir__lower(f, &plain, &q, HIR__LOWER_SERIAL_FORM) != HIR_OK)
         serial = 0, snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks, as the serial form does not lower: %.180s",
                              (long long)chunks, q ? hir_program_error(q) : "out of memory");
       hir_program_free(q);
     }
     if (serial) hir__strip_streams(&p->ir);
   }
-  if (!hir__segment(p, d->should_merge, d->merge_user, &groups) || !hir__build_program(p, &groups))
-    return hir__step_failed(p, "segmentation");
+  if (!hir__segment(p, d->should_merge, d->merge_user, &groups)) return hir__step_failed(p, "segmentation");
+  if (mode == HIR__LOWER_CALLER) *apart = hir__devices_apart(p, &groups, napart);
+  if (!hir__build_program(p, &groups)) return hir__step_failed(p, "building the program");
   if (!hir__pipeline_check(p, "segmentation", dump)) return p->ir.status;
   if (!d->skip_stream_lowering &&
       (hir_pass_stream_lowering(p, &stream), !hir__pipeline_check(p, "stream_lowering", dump)))
@@ -4444,8 +4486,56 @@ static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_p
   return HIR_OK;
 }
 
+/* Every rank must accept a fusion or refuse it alike, and devices whose
+   programs hold different exprs could judge it differently: each device's
+   program is lowered in turn (ascending), and the first refusal, on
+   whichever device, is every rank's verdict. *out is this device's. */
+static hir_status hir__common_verdict(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, const int *devs, int n) {
+  hir_lower_desc other = *d;
+  hir_program *q = NULL, *verdict;
+  int i;
+  for (i = 0; i < n; i++) {
+    if (devs[i] == d->my_device) {
+      if ((*out)->ir.status != HIR_OK) return (*out)->ir.status; /* this device's refusal comes first */
+      continue;
+    }
+    other.my_device = devs[i];
+    if (hir__lower(f, &other, &q, HIR__LOWER_OTHER_DEVICE) != HIR_OK) break;
+    hir_program_free(q);
+    q = NULL;
+  }
+  if (i == n) return (*out)->ir.status;
+  if (!(verdict = hir_program_create())) return hir_program_free(q), (*out)->ir.status; /* keep this device's own */
+  verdict->my_device = d->my_device;
+  hir__fail(&verdict->ir, q ? q->ir.status : HIR_ERR_NOMEM, "%s", q ? q->ir.error : "hir_lower: out of memory");
+  hir_program_free(q);
+  hir_program_free(*out);
+  *out = verdict;
+  return verdict->ir.status;
+}
+
+/* hir_lower's work, for `mode`'s reason. */
+static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, int mode) {
+  hir_lower_desc defaults;
+  hir_program *p;
+  unsigned dump = 0;
+  int *apart = NULL, napart = 0;
+  hir_status s;
+  if (!out) return HIR_ERR_INVALID;
+  memset(&defaults, 0, sizeof defaults);
+  if (!d) d = &defaults;
+  if (!(p = *out = hir_program_create())) return HIR_ERR_NOMEM;
+  p->my_device = d->my_device;
+  if (!hir__check_lower_args(p, f, d, "hir_lower") || (mode == HIR__LOWER_CALLER && !hir__dump_flags(p, &dump)))
+    return p->ir.status;
+  s = hir__lower_passes(p, f, d, mode, dump, &apart, &napart);
+  if (napart) s = hir__common_verdict(f, d, out, apart, napart);
+  HIR_FREE(apart);
+  return s;
+}
+
 HIRDEF hir_status hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out) {
-  return hir__lower(f, d, out, 0);
+  return hir__lower(f, d, out, HIR__LOWER_CALLER);
 }
 
 // >>half
@@ -6930,7 +7020,9 @@ static int hir__exec_p2p(hir_evaluator *ev, const hir_expr *e) {
 /* HirAliasSelect (index `i` of the axis, which goes) or HirAliasSlice (part
    `i` of `parts`, the axis kept): pointer arithmetic on the source. */
 static int hir__exec_view(hir_evaluator *ev, const hir_expr *e) {
-  const hir_tensor *src = hir__get(ev, e->in[0], e);
+  const hir_tensor *src;
+  if (!hir__in_mesh(e->in[0], ev->device)) return 1; /* nothing of it here: its view is not here either */
+  src = hir__get(ev, e->in[0], e);
   hir_tensor *view = &ev->slot[e->out[0]->name];
   int a = hir__data_index(e->in[0], e->axis), k;
   int64_t i = hir__eval_val(&ev->env, e->val), len;

@@ -15,6 +15,7 @@
 #include "test_stream.c"
 #include "test_dlpack.c"
 #include "test_robust.c"
+#include "test_diff.c"
 
 int main(int argc, char **argv) {
   int passed = 0, failed = 0;

@@ -1,0 +1,347 @@
+/* The differential check: random fusions - sets, binary ops (with broadcast
+   axes), sums, matmuls - on random meshes with random DIDx and Stream axes
+   and stream options, lowered for every rank of a local world and run on
+   random data, against a plain reference computed here on the whole
+   (unsharded) tensors. Every program either gives the reference's numbers
+   on every rank, or is refused: by every rank's lowering, with one message,
+   or by a run, with a message that is neither an internal error nor a
+   timeout. HIR_DIFF_PROGRAMS=N sets how many (make test: 300; make diff:
+   10,000); a failure prints its seed and the fusion, HIR_DIFF_SEED=S runs
+   (and prints) only that program, HIR_DIFF_VERBOSE=1 says why each refused
+   program was refused. */
+#include "seeds.h"
+#include "test.h"
+
+#define DIFF_MAX_TVS 10
+
+typedef struct diff_rng { uint64_t s; } diff_rng;
+static int diff_next(diff_rng *r, int n) { /* uniform in [0, n) */
+  r->s = r->s * 6364136223846793005ull + 1442695040888963407ull;
+  return (int)((r->s >> 33) % (uint64_t)n);
+}
+
+/* A tensor of the program and its whole (unsharded) value, row-major. */
+typedef struct diff_tv {
+  hir_tv *tv;
+  int nd;                      /* data axes */
+  int64_t sizes[HIR_MAX_DIMS];
+  double *v;
+} diff_tv;
+
+typedef struct diff_prog {
+  uint64_t seed;
+  hir_fusion *f;
+  hir_local_world *w;
+  int world, ntv, nin, nstreams;
+  diff_tv t[DIFF_MAX_TVS];
+  hir_lower_desc ld;
+  /* per rank, after a run */
+  hir_status status[8];
+  int lowered[8];
+  char error[8][512];
+} diff_prog;
+
+static int64_t diff_numel(int nd, const int64_t *sizes) {
+  int64_t n = 1;
+  int i;
+  for (i = 0; i < nd; i++) n *= sizes[i];
+  return n;
+}
+
+static int64_t diff_off(int nd, const int64_t *sizes, const int64_t *idx) {
+  int64_t off = 0;
+  int i;
+  for (i = 0; i < nd; i++) off = off * sizes[i] + idx[i];
+  return off;
+}
+
+static int diff_step(int nd, const int64_t *sizes, int64_t *idx) {
+  int d;
+  for (d = nd - 1; d >= 0; d--) {
+    if (++idx[d] < sizes[d]) return 1;
+    idx[d] = 0;
+  }
+  return 0;
+}
+
+static diff_tv *diff_new(diff_prog *p, hir_tv *tv, int nd, const int64_t *sizes) {
+  diff_tv *t = &p->t[p->ntv++];
+  int64_t n = diff_numel(nd, sizes);
+  t->tv = tv;
+  t->nd = nd;
+  memcpy(t->sizes, sizes, (size_t)nd * sizeof(int64_t));
+  t->v = (double *)calloc((size_t)(n ? n : 1), sizeof(double));
+  return t;
+}
+
+/* A mesh: the whole world, reversed, its first or last devices, or one. */
+static int diff_mesh(diff_rng *r, int world, int *mesh) {
+  int kind = diff_next(r, 5), n = world, i, first = 0;
+  if (kind == 2 || kind == 3) n = 1 + diff_next(r, world);
+  if (kind == 3) first = world - n;
+  if (kind == 4) n = 1, first = diff_next(r, world);
+  for (i = 0; i < n; i++) mesh[i] = kind == 1 ? world - 1 - i : first + i;
+  return n;
+}
+
+/* Places t on a mesh (unless the program has none) and maybe splits an axis
+   whose whole size is the mesh size across it (DIDx). */
+static void diff_place(diff_rng *r, diff_prog *p, diff_tv *t, int meshless) {
+  int mesh[8], n, i, cand[HIR_MAX_DIMS], nc = 0, data = 0;
+  if (meshless) return;
+  n = diff_mesh(r, p->world, mesh);
+  hir_set_mesh(t->tv, n, mesh);
+  for (i = 0; i < hir_tv_ndims(t->tv); i++) {
+    if (hir_tv_iter_type(t->tv, i) == HIR_REDUCTION) continue;
+    if (n > 1 && t->sizes[data] == n && hir_tv_iter_type(t->tv, i) == HIR_ITERATION) cand[nc++] = i;
+    data++;
+  }
+  if (nc && diff_next(r, 3)) hir_parallelize(t->tv, cand[diff_next(r, nc)], HIR_DIDX);
+}
+
+/* t = sum of a over data axis ax. */
+static diff_tv *diff_sum(diff_prog *p, diff_tv *a, int ax) {
+  int64_t sz[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, oidx[HIR_MAX_DIMS];
+  int i, n = 0;
+  diff_tv *t;
+  for (i = 0; i < a->nd; i++)
+    if (i != ax) sz[n++] = a->sizes[i];
+  t = diff_new(p, hir_sum(p->f, a->tv, 1, &ax), n, sz);
+  if (diff_numel(a->nd, a->sizes))
+    do {
+      for (i = 0, n = 0; i < a->nd; i++)
+        if (i != ax) oidx[n++] = idx[i];
+      t->v[diff_off(t->nd, t->sizes, oidx)] += a->v[diff_off(a->nd, a->sizes, idx)];
+    } while (diff_step(a->nd, a->sizes, idx));
+  return t;
+}
+
+/* t = a op b, where b is a's shape or a's shape with size 1 at axis `bax`
+   (a broadcast axis: b = broadcast(x) of x without that axis). */
+static diff_tv *diff_binary(diff_prog *p, int op, diff_tv *a, diff_tv *b, int bax) {
+  int64_t idx[HIR_MAX_DIMS] = {0}, bidx[HIR_MAX_DIMS];
+  hir_tv *tv = op == 0 ? hir_add(p->f, a->tv, b->tv) : op == 1 ? hir_sub(p->f, a->tv, b->tv) : hir_mul(p->f, a->tv, b->tv);
+  diff_tv *t = diff_new(p, tv, a->nd, a->sizes);
+  if (diff_numel(a->nd, a->sizes))
+    do {
+      double x = a->v[diff_off(a->nd, a->sizes, idx)], y;
+      memcpy(bidx, idx, sizeof bidx);
+      if (bax >= 0) bidx[bax] = 0;
+      y = b->v[diff_off(b->nd, b->sizes, bidx)];
+      t->v[diff_off(t->nd, t->sizes, idx)] = op == 0 ? x + y : op == 1 ? x - y : x * y;
+    } while (diff_step(a->nd, a->sizes, idx));
+  return t;
+}
+
+/* t = broadcast of a with a size-1 axis inserted at `at`. */
+static diff_tv *diff_broadcast(diff_prog *p, diff_tv *a, int at) {
+  int flags[HIR_MAX_DIMS] = {0}, i;
+  int64_t sz[HIR_MAX_DIMS];
+  diff_tv *t;
+  flags[at] = 1;
+  for (i = 0; i <= a->nd; i++) sz[i] = i < at ? a->sizes[i] : i == at ? 1 : a->sizes[i - 1];
+  t = diff_new(p, hir_broadcast(p->f, a->tv, a->nd + 1, flags), a->nd + 1, sz);
+  memcpy(t->v, a->v, (size_t)diff_numel(a->nd, a->sizes) * sizeof(double));
+  return t;
+}
+
+/* t = a x b: [M, K] x [K, N], [B, M, K] x [K, N] or [B, M, K] x [B, K, N]. */
+static diff_tv *diff_matmul(diff_prog *p, diff_tv *a, diff_tv *b) {
+  int64_t B = a->nd == 3 ? a->sizes[0] : 1, M = a->sizes[a->nd - 2], K = a->sizes[a->nd - 1], N = b->sizes[b->nd - 1];
+  int64_t sz[3] = {B, M, N}, i, m, n, k;
+  diff_tv *t = diff_new(p, hir_matmul(p->f, a->tv, b->tv), a->nd, a->nd == 3 ? sz : sz + 1);
+  for (i = 0; i < B; i++)
+    for (m = 0; m < M; m++)
+      for (n = 0; n < N; n++) {
+        double s = 0;
+        for (k = 0; k < K; k++) s += a->v[(i * M + m) * K + k] * b->v[((b->nd == 3 ? i : 0) * K + k) * N + n];
+        t->v[(i * M + m) * N + n] = s;
+      }
+  return t;
+}
+
+/* A random program; 0 when the builder refused it (the caller moves on). */
+static int diff_build(diff_rng *r, diff_prog *p) {
+  int meshless = diff_next(r, 8) == 0, nops = 1 + diff_next(r, 3), k, i, j, D = p->world;
+  p->f = hir_fusion_create();
+  for (k = 0; k < 1 + diff_next(r, 2); k++) { /* inputs of 1-3 axes, some of them the world's size */
+    int64_t sz[3], n;
+    int nd = 1 + diff_next(r, 3);
+    diff_tv *t;
+    for (i = 0; i < nd; i++) sz[i] = diff_next(r, 3) == 0 ? D : 1 + diff_next(r, 4);
+    t = diff_new(p, hir_input(p->f, HIR_F32, nd), nd, sz);
+    for (n = 0; n < diff_numel(nd, sz); n++) t->v[n] = (double)(diff_next(r, 2001) - 1000) / 256.0;
+    diff_place(r, p, t, meshless);
+    p->nin++;
+  }
+  if (diff_next(r, 2)) { /* a matmul on the first input: B is [K, N] or [batch, K, N] */
+    diff_tv *a = &p->t[0], *b;
+    int64_t bs[3], n;
+    if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 2) {
+      int batched = a->nd == 3 && diff_next(r, 2);
+      bs[0] = a->sizes[0], bs[batched] = a->sizes[a->nd - 1], bs[batched + 1] = 1 + diff_next(r, 3);
+      if (!batched) bs[1] = 1 + diff_next(r, 3), bs[0] = a->sizes[a->nd - 1];
+      b = diff_new(p, hir_input(p->f, HIR_F32, 2 + batched), 2 + batched, bs);
+      for (n = 0; n < diff_numel(b->nd, bs); n++) b->v[n] = (double)(diff_next(r, 2001) - 1000) / 256.0;
+      diff_place(r, p, b, meshless);
+      p->nin++;
+      diff_place(r, p, diff_matmul(p, a, b), meshless);
+    }
+  }
+  for (k = 0; k < nops && p->ntv < DIFF_MAX_TVS - 3; k++) {
+    diff_tv *a = &p->t[p->ntv - 1 - diff_next(r, p->ntv < 2 ? 1 : 2)], *t = NULL;
+    switch (diff_next(r, 3)) {
+    case 0: /* a move: a set onto its own or another placement */
+      t = diff_new(p, hir_set(p->f, a->tv), a->nd, a->sizes);
+      memcpy(t->v, a->v, (size_t)diff_numel(a->nd, a->sizes) * sizeof(double));
+      break;
+    case 1: /* a sum over one axis */
+      if (a->nd < 2) continue;
+      t = diff_sum(p, a, diff_next(r, a->nd));
+      break;
+    default: /* a op b: b is a itself, another tensor of a's shape, or a's sum over an axis broadcast back */
+      j = diff_next(r, 3);
+      if (j == 2 && a->nd >= 2) {
+        int ax = diff_next(r, a->nd);
+        diff_tv *s = diff_sum(p, a, ax);
+        diff_place(r, p, s, meshless);
+        t = diff_binary(p, diff_next(r, 3), a, diff_broadcast(p, s, ax), ax);
+      } else {
+        diff_tv *b = a;
+        for (i = 0; i < p->ntv && j == 1; i++)
+          if (&p->t[i] != a && p->t[i].nd == a->nd && !memcmp(p->t[i].sizes, a->sizes, (size_t)a->nd * sizeof(int64_t))) b = &p->t[i];
+        t = diff_binary(p, diff_next(r, 3), a, b, -1);
+      }
+      break;
+    }
+    diff_place(r, p, t, meshless);
+    if (hir_fusion_status(p->f) != HIR_OK) return 0; /* the builder refused the combination */
+  }
+  hir_output(p->f, p->t[p->ntv - 1].tv);
+  if (hir_fusion_status(p->f) != HIR_OK) return 0;
+  for (i = p->nin; i < p->ntv && diff_next(r, 2); i++) { /* a Stream axis on some computed tensor */
+    diff_tv *t = &p->t[p->nin + diff_next(r, p->ntv - p->nin)];
+    int ax = diff_next(r, hir_tv_ndims(t->tv));
+    if (hir_tv_iter_type(t->tv, ax) == HIR_ITERATION && hir_tv_ptype(t->tv, ax) == HIR_SERIAL)
+      hir_parallelize(t->tv, ax, HIR_STREAM);
+    break;
+  }
+  p->ld.stream.schedule = diff_next(r, 2) ? HIR_P2P_RING : HIR_P2P_LINEAR;
+  p->ld.stream.bounded_buffers = diff_next(r, 2);
+  p->ld.stream.chunks_per_peer = 1 + diff_next(r, 2);
+  p->nstreams = 1 + diff_next(r, 4);
+  return hir_fusion_status(p->f) == HIR_OK;
+}
+
+/* The whole value of t as a host tensor. */
+static hir_tensor diff_tensor(const diff_tv *t) {
+  hir_tensor h = tn(HIR_F32, t->nd, t->sizes);
+  int64_t i;
+  for (i = 0; i < diff_numel(t->nd, t->sizes); i++) tset(&h, i, t->v[i]);
+  return h;
+}
+
+static hir_status diff_rank(int rank, void *user) {
+  diff_prog *x = (diff_prog *)user;
+  hir_lower_desc ld = x->ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_tensor whole[4], in[4], out[1], want;
+  const diff_tv *o = &x->t[x->ntv - 1];
+  int i;
+  char *err = x->error[rank];
+  memset(&ed, 0, sizeof ed);
+  memset(out, 0, sizeof out);
+  ld.my_device = rank;
+  ed.comm = hir_local_comm(x->w, rank);
+  ed.number_of_streams = x->nstreams;
+  if ((x->status[rank] = hir_lower(x->f, &ld, &p)) != HIR_OK) {
+    snprintf(err, 512, "%s", hir_program_error(p));
+    hir_program_free(p);
+    return x->status[rank];
+  }
+  x->lowered[rank] = 1;
+  for (i = 0; i < x->nin; i++) {
+    whole[i] = diff_tensor(&x->t[i]);
+    in[i] = shard(&whole[i], hir_program_input(p, i), rank);
+  }
+  want = diff_tensor(o);
+  if ((x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK &&
+      (x->status[rank] = hir_run(ev, in, x->nin, out, 1)) == HIR_OK) {
+    hir_tensor mine = shard(&want, hir_program_output(p, 0), rank);
+    if (mine.data && !compare(&out[0], &mine, 1e-4, err, 512, "the output")) x->status[rank] = HIR_ERR_INTERNAL; /* a wrong number */
+    else if (!mine.data && (out[0].data || out[0].ndims)) snprintf(err, 512, "the output should be empty here"), x->status[rank] = HIR_ERR_INTERNAL;
+    tfree(&mine);
+  } else {
+    snprintf(err, 512, "%s", hir_evaluator_error(ev));
+  }
+  for (i = 0; i < x->nin; i++) {
+    tfree(&whole[i]);
+    tfree(&in[i]);
+  }
+  tfree(&want);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  return x->status[rank];
+}
+
+/* One program: 0 on a wrong number, an internal error, a timeout, or ranks
+   whose lowerings disagree; *how: 0 ran, 1 refused when lowering, 2 refused
+   by a run, 3 not built. */
+static int diff_one(uint64_t seed, int *how) {
+  diff_rng r;
+  diff_prog x;
+  int i, ok = 1, lowered = 0, refused_run = 0;
+  char text[4096];
+  memset(&x, 0, sizeof x);
+  r.s = seed * 0x9E3779B97F4A7C15ull + 1;
+  x.seed = seed;
+  x.world = 1 + diff_next(&r, 4);
+  *how = 3;
+  if (diff_build(&r, &x)) {
+    x.w = hir_local_world_create(x.world);
+    hir_local_world_set_timeout(x.w, 5000);
+    hir_spmd(x.world, diff_rank, &x);
+    hir_local_world_free(x.w);
+    for (i = 0; i < x.world; i++) {
+      lowered += x.lowered[i];
+      if (x.status[i] == HIR_ERR_INTERNAL || x.status[i] == HIR_ERR_TIMEOUT) ok = 0;
+      else if (x.status[i] != HIR_OK) refused_run = 1;
+    }
+    for (i = 1; i < x.world && ok && lowered == 0; i++) /* refused by every lowering: with one message */
+      ok = x.status[i] == x.status[0] && !strcmp(x.error[i], x.error[0]);
+    if (ok && lowered && lowered < x.world) ok = 0; /* some ranks lowered, some did not */
+    *how = !lowered ? 1 : refused_run ? 2 : 0;
+    if (getenv("HIR_DIFF_VERBOSE") && !lowered) fprintf(stderr, "seed %llu refused by every lowering: %.150s\n", (unsigned long long)seed, x.error[0]);
+    if (getenv("HIR_DIFF_VERBOSE") && lowered && refused_run)
+      for (i = 0; i < x.world; i++)
+        if (x.status[i] != HIR_OK && x.status[i] != HIR_ERR_COMM) fprintf(stderr, "seed %llu rank %d refused by a run: %s: %.150s\n", (unsigned long long)seed, i, hir_status_str(x.status[i]), x.error[i]);
+    if (!ok || getenv("HIR_DIFF_SEED")) {
+      hir_fusion_snprint(x.f, text, sizeof text);
+      fprintf(stderr, "  diff: seed %llu: world %d, %s, bounded %d, %d parts, %d streams\n%s", (unsigned long long)seed, x.world,
+              x.ld.stream.schedule ? "ring" : "linear", x.ld.stream.bounded_buffers, x.ld.stream.chunks_per_peer, x.nstreams, text);
+      for (i = 0; i < x.world; i++) fprintf(stderr, "    rank %d: %s: %s\n", i, hir_status_str(x.status[i]), x.error[i]);
+    }
+  }
+  for (i = 0; i < x.ntv; i++) free(x.t[i].v);
+  hir_fusion_free(x.f);
+  return ok;
+}
+
+TEST(test_diff_random_programs, "diff/random_programs", TEST_CPU) {
+  const char *n_env = getenv("HIR_DIFF_PROGRAMS"), *seed_env = getenv("HIR_DIFF_SEED");
+  int n = n_env ? atoi(n_env) : 300, i, how, counts[4] = {0, 0, 0, 0}, failures = 0;
+  if (seed_env) {
+    CHECK(diff_one(strtoull(seed_env, NULL, 10), &how));
+    return;
+  }
+  for (i = 0; i < n && failures < 5; i++) {
+    if (!diff_one((uint64_t)i, &how)) failures++;
+    counts[how]++;
+  }
+  printf("  diff: %d programs: %d ran against the reference, %d refused by every lowering, %d refused by a run, "
+         "%d not built; %d failed\n", i, counts[0], counts[1], counts[2], counts[3], failures);
+  CHECK(failures == 0);
+  CHECK(counts[0] > i / 4); /* the check has teeth: most programs run */
+}
