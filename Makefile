@@ -23,7 +23,7 @@ endif
 HEADERS := hostir.h hostir_nccl.h
 TEST_SRC := $(wildcard tests/*.c tests/*.h) $(wildcard tests/golden/*.txt)
 
-.PHONY: all run run-examples test test-asan test-gpu diff bench bench-build examples examples-nvcc install clean
+.PHONY: all run run-examples test test-asan test-tsan valgrind fuzz test-gpu diff bench bench-build examples examples-nvcc install clean
 
 all: $(BUILD)/test $(BUILD)/main
 
@@ -69,6 +69,31 @@ test-asan: $(BUILD)/test-asan
 # The differential check at length: 10,000 random programs against the reference (make test runs 300).
 diff: $(BUILD)/test
 	HIR_DIFF_PROGRAMS=10000 ./$(BUILD)/test diff/
+
+# The tests under ThreadSanitizer (the local world's ranks are threads).
+$(BUILD)/test-tsan: $(TEST_SRC) $(HEADERS) | $(BUILD)
+	$(CC) -std=c11 $(WARN) -O1 -g -fsanitize=thread -o $@ tests/main.c $(LDLIBS)
+
+test-tsan: $(BUILD)/test-tsan
+	TSAN_OPTIONS=halt_on_error=1 ./$(BUILD)/test-tsan
+
+# The tests under valgrind's memcheck (slow: minutes).
+valgrind: $(BUILD)/test
+	valgrind --error-exitcode=1 --errors-for-leak-kinds=definite --leak-check=full --quiet ./$(BUILD)/test
+
+# The fuzzer (clang's libFuzzer with ASan and UBSan) for FUZZ_SECONDS on a copy of
+# tests/fuzz_corpus; a finding stops it and leaves the input in build/ (replay
+# it: build/fuzz-replay FILE).
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+$(BUILD)/fuzz: tests/fuzz.c $(HEADERS) | $(BUILD)
+	$(FUZZ_CC) -std=c11 $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -o $@ tests/fuzz.c $(LDLIBS)
+	$(FUZZ_CC) -std=c11 $(WARN) -O1 -g -DHIR_FUZZ_MAIN -fsanitize=address,undefined -o $(BUILD)/fuzz-replay tests/fuzz.c $(LDLIBS)
+
+fuzz: $(BUILD)/fuzz
+	rm -rf $(BUILD)/fuzz_work && mkdir -p $(BUILD)/fuzz_work && cp tests/fuzz_corpus/* $(BUILD)/fuzz_work/
+	cd $(BUILD) && ./fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 fuzz_work > fuzz.log 2>&1; s=$$?; \
+	  grep -E "^#[0-9]+.*(DONE|pulse)|finding|ERROR|SUMMARY|number_of_executed_units|Test unit" fuzz.log | tail -8; exit $$s
 
 examples: $(patsubst examples/%.c,$(BUILD)/%,$(wildcard examples/*.c))
 

@@ -2810,11 +2810,13 @@ HIRDEF void hir_segmentation_free(hir_segmentation *s) {
 
 
 // >>lower
+/* A device runs a group where an output lives, and a resharding one where
+   an input lives too (it sends). A tensor without a mesh lives anywhere. */
 static int hir__group_involves(const hir_group *g, int device) {
   int i, k;
   for (i = 0; i < g->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)g->exprs.items[i];
-    for (k = 0; k < e->nin; k++)
+    for (k = 0; g->resharding && k < e->nin; k++)
       if (hir__in_mesh(e->in[k], device)) return 1;
     if (hir__in_mesh(e->out[0], device)) return 1;
   }

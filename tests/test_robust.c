@@ -416,6 +416,7 @@ TEST(test_robust_permuted_mesh, "robust/permuted_mesh", TEST_CPU | TEST_GPU_WORL
 typedef struct failing_ctx {
   hir_local_world *w;
   hir_fusion *f;
+  hir_tensor in[4][2];     /* made before the ranks start (trand is not thread-safe) */
   hir_status status[4];
   char error[4][512];
   double ms[4];
@@ -423,8 +424,7 @@ typedef struct failing_ctx {
 
 static hir_status failing_rank(int rank, void *user) {
   failing_ctx *x = (failing_ctx *)user;
-  int64_t sa[3] = {1, 2, 4}, sb[2] = {rank == 2 ? 3 : 4, 5};
-  hir_tensor in[2], out[1];
+  hir_tensor *in = x->in[rank], out[1];
   hir_lower_desc ld;
   hir_eval_desc ed;
   hir_program *p;
@@ -435,8 +435,6 @@ static hir_status failing_rank(int rank, void *user) {
   memset(out, 0, sizeof out);
   ld.my_device = rank;
   ed.comm = hir_local_comm(x->w, rank);
-  in[0] = trand(HIR_F32, 3, sa);
-  in[1] = trand(HIR_F32, 2, sb);
   if (rank == 2) { /* the others are already waiting in their first collective */
     struct timespec ts = {0, 200 * 1000000L};
     nanosleep(&ts, NULL);
@@ -448,8 +446,6 @@ static hir_status failing_rank(int rank, void *user) {
   snprintf(x->error[rank], sizeof x->error[rank], "%s", hir_evaluator_error(ev));
   hir_evaluator_free(ev);
   hir_program_free(p);
-  tfree(&in[0]);
-  tfree(&in[1]);
   return x->status[rank];
 }
 
@@ -462,6 +458,11 @@ TEST(test_robust_failing_rank, "robust/failing_rank", TEST_CPU) {
   seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, m4); /* P2P exchanges, then matmuls */
   x.f = s.f;
   x.w = hir_local_world_create(4); /* the default timeout: a minute */
+  for (r = 0; r < 4; r++) {
+    int64_t sa[3] = {1, 2, 4}, sb[2] = {r == 2 ? 3 : 4, 5};
+    x.in[r][0] = trand(HIR_F32, 3, sa);
+    x.in[r][1] = trand(HIR_F32, 2, sb);
+  }
   CHECK(hir_spmd(4, failing_rank, &x) == HIR_ERR_SHAPE);
   CHECK(x.status[2] == HIR_ERR_SHAPE && strstr(x.error[2], "the contracted sizes differ (4 (input 0, T0, axis 2) vs 3 (input 1, T1, axis 0))"));
   for (r = 0; r < 4; r++) {
@@ -472,6 +473,7 @@ TEST(test_robust_failing_rank, "robust/failing_rank", TEST_CPU) {
       hir_test_failures++;
     }
   }
+  for (r = 0; r < 4; r++) tfree(&x.in[r][0]), tfree(&x.in[r][1]);
   hir_local_world_free(x.w);
   hir_fusion_free(s.f);
 }

@@ -1,0 +1,186 @@
+/* The fuzzer (libFuzzer: make fuzz; CI runs it briefly): its input is a small
+   program of byte codes that drives the fusion builder (with any arguments,
+   valid or not), the stream options, hir_lower for every rank of a world of
+   1 to 4, the verifier, the printer, the schedule verifier and, where every
+   rank lowered, a run on the local world with random data. A finding is a
+   crash or sanitizer report, HIR_ERR_INTERNAL from any call, a run that
+   times out (a deadlock), or ranks that judge one fusion differently. The
+   seed corpus is tests/fuzz_corpus/. Build without libFuzzer
+   (-DHIR_FUZZ_MAIN) to replay files: build/fuzz-replay FILE... */
+#define _POSIX_C_SOURCE 200809L
+#define HOSTIR_IMPLEMENTATION
+#include "../hostir.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct fz {
+  const uint8_t *d;
+  size_t n, at;
+} fz;
+
+static int fz_take(fz *z, int range) { /* a byte's worth, in [0, range); 0 once the input is spent */
+  if (range <= 1 || z->at >= z->n) return 0;
+  return z->d[z->at++] % range;
+}
+
+static char fz_fusion[1 << 16]; /* the fusion of the input at hand, printed */
+
+static void fz_finding(const char *what, const char *detail) {
+  fprintf(stderr, "fuzz finding: %s: %s\n%s", what, detail, fz_fusion);
+  abort();
+}
+
+typedef struct fz_run {
+  hir_fusion *f;
+  hir_local_world *w;
+  hir_lower_desc ld;
+  int world, nin;
+  int64_t sizes[8][HIR_MAX_DIMS];
+  hir_status status[4];
+  char error[4][512];
+} fz_run;
+
+static hir_status fz_rank(int rank, void *user) {
+  fz_run *x = (fz_run *)user;
+  hir_lower_desc ld = x->ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_tensor in[8], out[4];
+  int i, k, nout;
+  memset(&ed, 0, sizeof ed);
+  memset(in, 0, sizeof in);
+  memset(out, 0, sizeof out);
+  ld.my_device = rank;
+  ed.comm = hir_local_comm(x->w, rank);
+  ed.timeout_ms = 2000;
+  if (hir_lower(x->f, &ld, &p) == HIR_OK) {
+    nout = hir_program_noutputs(p);
+    for (i = 0; i < x->nin; i++) { /* this rank's part: size 1 on a DIDx axis, shape-only where it lives elsewhere */
+      const hir_tv *tv = hir_program_input(p, i);
+      int n, nd = 0, here = 0;
+      const int *mesh = hir_tv_mesh(tv, &n);
+      int64_t numel = 1;
+      here = !n || hir_team_index(mesh, n, rank) >= 0;
+      in[i].dtype = hir_tv_dtype(tv);
+      for (k = 0; k < hir_tv_ndims(tv); k++) {
+        if (hir_tv_iter_type(tv, k) == HIR_REDUCTION) continue;
+        in[i].sizes[nd] = hir_tv_ptype(tv, k) == HIR_DIDX && n > 1 ? 1 : hir_tv_iter_type(tv, k) == HIR_BROADCAST ? 1 : x->sizes[i][k];
+        numel *= in[i].sizes[nd++];
+      }
+      in[i].ndims = nd;
+      if (here && (in[i].data = calloc((size_t)(numel ? numel : 1), 8)) != NULL)
+        for (k = 0; k < numel; k++) ((float *)in[i].data)[k] = (float)((k * 7 + rank) % 13) - 6;
+    }
+    if ((x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK) {
+      x->status[rank] = hir_run(ev, in, x->nin, out, nout < 4 ? nout : 4);
+      if (x->status[rank] == HIR_OK) x->status[rank] = hir_evaluator_sync(ev);
+    }
+    snprintf(x->error[rank], sizeof x->error[rank], "%s", hir_evaluator_error(ev));
+    for (i = 0; i < x->nin; i++) free(in[i].data);
+  }
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  return x->status[rank];
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  fz z = {data, size, 0};
+  fz_run x;
+  hir_tv *tvs[16];
+  hir_program *progs[4];
+  hir_status st[4];
+  int ntv = 0, i, k, lowered = 0;
+  static char text[1 << 16], first[512];
+  memset(&x, 0, sizeof x);
+  x.world = 1 + fz_take(&z, 4);
+  x.f = hir_fusion_create();
+  for (k = 0; k < 12 && z.at < z.n; k++) { /* the fusion: each op from a byte, its operands from the next ones */
+    hir_tv *a = ntv ? tvs[fz_take(&z, ntv)] : NULL, *b = ntv ? tvs[fz_take(&z, ntv)] : NULL, *t = NULL;
+    int axes[2] = {fz_take(&z, 5) - 1, fz_take(&z, 5) - 1}, flags[4] = {0}, mesh[4], n, j;
+    switch (fz_take(&z, 11)) {
+    case 0:
+    case 1: {
+      int nd = 1 + fz_take(&z, 3), idx = x.nin;
+      t = hir_input(x.f, fz_take(&z, 4) == 3 ? HIR_F64 : HIR_F32, nd);
+      if (t && idx < 8) {
+        for (j = 0; j < nd; j++) x.sizes[idx][j] = fz_take(&z, 5); /* 0 to 4: empty tensors too */
+        x.nin++;
+      }
+      break;
+    }
+    case 2: t = hir_set(x.f, a); break;
+    case 3: t = fz_take(&z, 3) == 0 ? hir_add(x.f, a, b) : fz_take(&z, 2) ? hir_sub(x.f, a, b) : hir_mul(x.f, a, b); break;
+    case 4: t = hir_sum(x.f, a, 1 + fz_take(&z, 2), axes); break;
+    case 5:
+      n = 1 + fz_take(&z, 4);
+      for (j = 0; j < n; j++) flags[j] = fz_take(&z, 2);
+      t = hir_broadcast(x.f, a, n, flags);
+      break;
+    case 6: t = hir_matmul(x.f, a, b); break;
+    case 7: /* a mesh: some devices of the world, maybe out of order, maybe outside it */
+      n = 1 + fz_take(&z, 4);
+      for (j = 0; j < n; j++) mesh[j] = fz_take(&z, x.world + 1);
+      hir_set_mesh(a, n, mesh);
+      break;
+    case 8: hir_parallelize(a, fz_take(&z, 5) - 1, (hir_ptype)fz_take(&z, 3)); break;
+    case 9: hir_output(x.f, a); break;
+    default: break;
+    }
+    if (t && ntv < 16) tvs[ntv++] = t;
+    if (hir_fusion_status(x.f) != HIR_OK) break; /* a sticky error: the builders said no */
+  }
+  if (hir_fusion_status(x.f) == HIR_ERR_INTERNAL) fz_finding("builder", hir_fusion_error(x.f));
+  hir_fusion_snprint(x.f, fz_fusion, sizeof fz_fusion);
+  x.ld.stream.schedule = fz_take(&z, 2) ? HIR_P2P_RING : HIR_P2P_LINEAR;
+  x.ld.stream.bounded_buffers = fz_take(&z, 2);
+  x.ld.stream.chunks_per_peer = fz_take(&z, 4);
+  x.ld.skip_stream_lowering = fz_take(&z, 8) == 0;
+  x.ld.skip_deallocations = fz_take(&z, 8) == 0;
+  for (i = 0; i < x.world; i++) { /* every rank's lowering: one verdict */
+    x.ld.my_device = i;
+    st[i] = hir_lower(x.f, &x.ld, &progs[i]);
+    if (st[i] == HIR_ERR_INTERNAL) fz_finding("hir_lower", hir_program_error(progs[i]));
+    if (i == 0) snprintf(first, sizeof first, "%s", hir_program_error(progs[0]));
+    else if (st[i] != st[0] || strcmp(first, hir_program_error(progs[i])))
+      fz_finding("ranks judge the fusion differently", hir_program_error(progs[i]));
+    if (st[i] == HIR_OK) {
+      lowered++;
+      hir_program_snprint(progs[i], text, sizeof text);
+      if (hir_program_verify(progs[i]) != HIR_OK) fz_finding("hir_program_verify of a lowered program", hir_program_error(progs[i]));
+    }
+  }
+  if (lowered == x.world) {
+    char msg[512];
+    hir_status s = hir_verify_schedule(progs, x.world, 2, msg, sizeof msg);
+    if (s == HIR_ERR_INTERNAL) fz_finding("hir_verify_schedule", msg);
+    if (s == HIR_OK) { /* run it */
+      x.w = hir_local_world_create(x.world);
+      hir_local_world_set_timeout(x.w, 2000);
+      hir_spmd(x.world, fz_rank, &x);
+      for (i = 0; i < x.world; i++)
+        if (x.status[i] == HIR_ERR_INTERNAL || x.status[i] == HIR_ERR_TIMEOUT) fz_finding("a run", x.error[i]);
+      hir_local_world_free(x.w);
+    }
+  }
+  for (i = 0; i < x.world; i++) hir_program_free(progs[i]);
+  hir_fusion_free(x.f);
+  return 0;
+}
+
+#ifdef HIR_FUZZ_MAIN
+int main(int argc, char **argv) { /* replays inputs without libFuzzer */
+  int i;
+  for (i = 1; i < argc; i++) {
+    FILE *fp = fopen(argv[i], "rb");
+    static uint8_t buf[1 << 16];
+    size_t n = fp ? fread(buf, 1, sizeof buf, fp) : 0;
+    if (fp) fclose(fp);
+    LLVMFuzzerTestOneInput(buf, n);
+    printf("%s: ok\n", argv[i]);
+  }
+  return 0;
+}
+#endif
