@@ -23,7 +23,7 @@ endif
 HEADERS := hostir.h hostir_nccl.h
 TEST_SRC := $(wildcard tests/*.c tests/*.h) $(wildcard tests/golden/*.txt)
 
-.PHONY: all run run-examples test test-asan test-tsan valgrind fuzz test-gpu diff bench bench-build examples examples-nvcc install clean
+.PHONY: all run run-examples test test-asan test-tsan valgrind fuzz test-gpu test-bootstrap diff bench bench-build examples examples-nvcc install clean
 
 all: $(BUILD)/test $(BUILD)/main
 
@@ -43,6 +43,15 @@ $(BUILD)/%: examples/%.c $(HEADERS) | $(BUILD)
 $(BUILD)/test-gpu: tests/gpu/main.c $(TEST_SRC) $(HEADERS) | $(BUILD)
 	@test -n "$(CUDA_HOME)" || { echo "test-gpu: needs CUDA (set CUDA_HOME or put nvcc on PATH)"; exit 1; }
 	$(CC) $(WARN) -Wno-unused-function -O2 -g $(CUDA_CFLAGS) -o $@ tests/gpu/main.c $(CUDA_LDLIBS) $(LDLIBS)
+
+# hostir_nccl.h's bootstrap, without a GPU (NCCL and CUDA to link against).
+$(BUILD)/test-bootstrap: tests/bootstrap/main.c $(TEST_SRC) $(HEADERS) | $(BUILD)
+	@test -n "$(CUDA_HOME)" || { echo "test-bootstrap: needs CUDA and NCCL (set CUDA_HOME or put nvcc on PATH)"; exit 1; }
+	$(CC) $(WARN) -Wno-unused-function -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all $(CUDA_CFLAGS) \
+	  -o $@ tests/bootstrap/main.c $(CUDA_LDLIBS) $(LDLIBS)
+
+test-bootstrap: $(BUILD)/test-bootstrap
+	ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test-bootstrap
 
 # An NVTX injection library that counts ranges, as Nsight Systems would see them.
 $(BUILD)/nvtx_probe.so: tests/gpu/nvtx_probe.c | $(BUILD)

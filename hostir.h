@@ -7340,14 +7340,11 @@ static int hir__sync_stream(hir_evaluator *ev, void *stream, double deadline) {
       ev->broken = 1;
       return hir__ev_fail(ev, s, "hir_evaluator_sync: a communication failed: %s", ev->comm->error);
     }
-    if (hir__now_ms() > deadline) {
-      if (ev->comm) ev->comm->abort(ev->comm);
-      ev->broken = 1;
+    if (hir__now_ms() > deadline) /* the caller aborts the communicator with this message (hir__tell_world) */
       return hir__ev_fail(ev, HIR_ERR_TIMEOUT,
                           "hir_evaluator_sync: the streams were still busy after %d ms; a peer is dead or stuck, so the "
                           "communicator was aborted (raise hir_eval_desc.timeout_ms if the work is that long)",
                           ev->timeout_ms);
-    }
     if (hir__now_ms() < spin_until) continue;
     pthread_mutex_lock(&ev->nap_mu);
     pthread_cond_timedwait(&ev->nap_cv, &ev->nap_mu, &nap);

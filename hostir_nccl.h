@@ -13,27 +13,45 @@
      - one process driving every local GPU, one thread per rank:
            hir_nccl_world *w; hir_nccl_world_create(4, &w);
            ... on thread r: hir_comm *c = hir_nccl_world_comm(w, r);
-     - one process per GPU (torchrun, mpirun, srun): rank, world size and
-       local rank come from RANK/WORLD_SIZE/LOCAL_RANK, OMPI_COMM_WORLD_*, or
-       SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; rank 0 hands out NCCL's ids
-       over TCP at MASTER_ADDR:MASTER_PORT (default 127.0.0.1:29500; under
-       torchrun, whose own store holds MASTER_PORT, the port after it;
-       HOSTIR_PORT overrides):
+     - one process per GPU (torchrun, mpirun, srun, MPICH's mpiexec):
            hir_nccl_env env; hir_comm *c;
            if (hir_nccl_env_read(&env, err, sizeof err) != HIR_OK ||
                hir_nccl_comm_create(&env, 60000, &c) != HIR_OK) ...
+       hir_nccl_env_read takes the rank, the world's size and the local rank
+       from the launcher's variables, and rank 0's host from MASTER_ADDR, else
+       from the launcher (Slurm's node list: its first host; Open MPI's
+       mpirun host, where rank 0 runs under its default mapping); where
+       nothing names it and the world spans hosts it says what to set.
+       The GPU is GPU 0 where the process sees one GPU (srun --gpus-per-task,
+       a CUDA_VISIBLE_DEVICES per rank), else the local rank.
+       Rank 0 hands out NCCL's ids over TCP at MASTER_ADDR:MASTER_PORT
+       (default 29500; under torchrun, whose own store holds MASTER_PORT, the
+       port after it; HOSTIR_PORT overrides; host names, IPv4 and IPv6).
+       It listens only there and answers only requests that carry the job's
+       secret: HOSTIR_SECRET where set (give every rank the same), else one
+       derived from what the launcher tells every rank of one job alone
+       (torchrun's run id, Slurm's job and step ids, Open MPI's job id)
+       with the world's size and the port. Strangers,
+       garbage and stalled connections are refused, and counted in rank 0's
+       timeout messages. The secret keeps other jobs and stray clients out;
+       it is not a defence against someone who can read the job's traffic.
 
    A rank's device id is its rank in the world. Collectives run on the stream
    the evaluator passes (the current stream); a team other than the whole
    world gets its own NCCL communicator, made by its members only. Every wait
    of the bootstrap has a deadline, and hir_evaluator_sync polls
-   ncclCommGetAsyncError and aborts the communicators when a peer is dead.
-   Nothing assumes one host. Private names start with hir_nccl__.
+   ncclCommGetAsyncError and aborts the communicators when a peer is dead. A
+   rank that fails (hir_comm.abort) leaves its message for the others - in
+   the world (threads) or in rank 0's store (processes) - and every rank
+   that waits for it returns HIR_ERR_COMM with that message within a few
+   hundred milliseconds. Private names start with hir_nccl__.
 
    Table of contents (grep the markers); a section calls only the ones above it:
-       // >>nccl_store      rank 0's key-value store over TCP, for NCCL's ids
+       // >>nccl_net        sockets under deadlines: name lookup, connect, send, receive
+       // >>nccl_store      rank 0's store for NCCL's ids and the abort note: the job's secret, bounded requests
+       // >>nccl_env        the launcher's variables: ranks, rank 0's host, port, secret, GPU
        // >>nccl_comm       hir_comm on NCCL: teams, collectives, copy-engine send/recv, errors
-       // >>nccl_bootstrap  the threaded world, the launcher's environment, one process per GPU */
+       // >>nccl_bootstrap  the threaded world, one process per GPU */
 #ifndef HOSTIR_NCCL_H
 #define HOSTIR_NCCL_H
 #include "hostir.h"
@@ -56,14 +74,19 @@ HIRDEF void        hir_nccl_world_free(hir_nccl_world *w);
    hir_comm says so (p2p_copy_engine), for hir_lower_desc.comm. */
 HIRDEF void        hir_nccl_world_set_copy_engine(hir_nccl_world *w, int enable);
 
-/* One process per GPU. */
+/* One process per GPU: what hir_nccl_env_read found (or fill it yourself). */
 typedef struct hir_nccl_env {
   int rank, size, local_rank;
-  char master_addr[256];
+  char master_addr[256];        /* rank 0's host: a name, an IPv4 or an IPv6 address */
   int master_port;              /* where rank 0 serves the bootstrap */
+  int local_size;               /* ranks on this host; 0 where the launcher does not say */
+  int spans_hosts;              /* the launcher says the world spans hosts */
+  int gpu;                      /* the CUDA device this rank uses; -1: none visible */
+  char secret[256];             /* what every rank of the job presents to the bootstrap */
+  char origin[256];             /* where these came from, for messages */
 } hir_nccl_env;
 HIRDEF hir_status hir_nccl_env_read(hir_nccl_env *env, char *error, size_t cap);
-/* Sets the device local_rank and joins the world (collective over all
+/* Sets the device env->gpu and joins the world (collective over all
    ranks). On failure *out holds only the error (its `error`; free it). */
 HIRDEF hir_status hir_nccl_comm_create(const hir_nccl_env *env, int timeout_ms, hir_comm **out);
 HIRDEF void       hir_nccl_comm_free(hir_comm *c);
@@ -81,9 +104,12 @@ HIRDEF void       hir_nccl_comm_free(hir_comm *c);
 #include <arpa/inet.h>
 #include <cuda_runtime.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <nccl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,85 +117,9 @@ HIRDEF void       hir_nccl_comm_free(hir_comm *c);
 #include <time.h>
 #include <unistd.h>
 
-// >>nccl_store
-/* A tiny key-value store over TCP, served by rank 0, for NCCL's ids: a
-   request is one fixed-size message (SET or GET), the answer one too. */
-#define HIR_NCCL__KEY_BYTES 200
-typedef struct hir_nccl__msg {
-  char op;                      /* 'S' set, 'G' get, 'V' value, 'N' none yet */
-  char key[HIR_NCCL__KEY_BYTES];
-  unsigned char value[NCCL_UNIQUE_ID_BYTES];
-} hir_nccl__msg;
-
-typedef struct hir_nccl__kv {
-  char key[HIR_NCCL__KEY_BYTES];
-  unsigned char value[NCCL_UNIQUE_ID_BYTES];
-} hir_nccl__kv;
-
-typedef struct hir_nccl__kvstore {
-  char addr[256];
-  int port, listen_fd, serving;
-  pthread_t thread;
-  pthread_mutex_t mu;
-  hir_nccl__kv *kv;
-  int nkv, cap;
-} hir_nccl__kvstore;
-
-static int hir_nccl__io(int fd, void *buf, size_t n, int writing) {
-  char *p = (char *)buf;
-  while (n) {
-    ssize_t k = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
-    if (k <= 0) {
-      if (k < 0 && errno == EINTR) continue;
-      return 0;
-    }
-    p += k;
-    n -= (size_t)k;
-  }
-  return 1;
-}
-
-static void *hir_nccl__store_serve(void *arg) {
-  hir_nccl__kvstore *s = (hir_nccl__kvstore *)arg;
-  for (;;) {
-    hir_nccl__msg m;
-    int fd = accept(s->listen_fd, NULL, NULL), i;
-    if (fd < 0) {
-      if (errno == EINTR) continue;
-      return NULL; /* the listening socket was shut down */
-    }
-    if (hir_nccl__io(fd, &m, sizeof m, 0)) {
-      m.key[HIR_NCCL__KEY_BYTES - 1] = '\0';
-      pthread_mutex_lock(&s->mu);
-      for (i = 0; i < s->nkv && strcmp(s->kv[i].key, m.key) != 0; i++) {}
-      if (m.op == 'S') {
-        if (i == s->nkv && s->nkv == s->cap) {
-          int cap = s->cap ? 2 * s->cap : 16;
-          hir_nccl__kv *kv = (hir_nccl__kv *)realloc(s->kv, (size_t)cap * sizeof *kv);
-          if (kv) {
-            s->kv = kv;
-            s->cap = cap;
-          }
-        }
-        if (i < s->cap) {
-          memcpy(s->kv[i].key, m.key, HIR_NCCL__KEY_BYTES);
-          memcpy(s->kv[i].value, m.value, NCCL_UNIQUE_ID_BYTES);
-          if (i == s->nkv) s->nkv++;
-        }
-        m.op = 'V';
-      } else if (i < s->nkv) {
-        memcpy(m.value, s->kv[i].value, NCCL_UNIQUE_ID_BYTES);
-        m.op = 'V';
-      } else {
-        m.op = 'N';
-      }
-      pthread_mutex_unlock(&s->mu);
-      hir_nccl__io(fd, &m, sizeof m, 1);
-    }
-    close(fd);
-  }
-}
-
+// >>nccl_net
+/* Every socket is nonblocking and every wait has a deadline (a time of
+   hir_nccl__wall_ms), so that no peer, stranger or name server holds a rank. */
 static double hir_nccl__wall_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -183,98 +133,779 @@ static void hir_nccl__sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-static hir_status hir_nccl__store_serve_start(hir_nccl__kvstore *s, char *err, size_t cap) {
-  struct sockaddr_in a;
-  int one = 1;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_port = htons((unsigned short)s->port);
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  if ((s->listen_fd = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
-      setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-      bind(s->listen_fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(s->listen_fd, 128) != 0) {
-    snprintf(err, cap, "hostir_nccl: rank 0 cannot listen on port %d for the bootstrap: %s (set HOSTIR_PORT to a free port, "
-             "the same on every rank)", s->port, strerror(errno));
-    if (s->listen_fd >= 0) close(s->listen_fd);
-    s->listen_fd = -1;
+/* The wall-clock time `ms` from now, for timed condition waits. */
+static struct timespec hir_nccl__after(double ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += (time_t)(ms / 1000);
+  ts.tv_nsec += (long)(ms - 1000.0 * (double)(long)(ms / 1000)) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+  return ts;
+}
+
+/* Whether fd became ready for `events` before the deadline. */
+static int hir_nccl__ready(int fd, short events, double deadline) {
+  for (;;) {
+    struct pollfd p;
+    double left = deadline - hir_nccl__wall_ms();
+    int k;
+    if (left <= 0) return 0;
+    p.fd = fd;
+    p.events = events;
+    p.revents = 0;
+    if ((k = poll(&p, 1, (int)left + 1)) > 0) return 1;
+    if (k < 0 && errno != EINTR) return 0;
+  }
+}
+
+/* All n bytes, or 0: closed, failed, or past the deadline. */
+static int hir_nccl__io(int fd, void *buf, size_t n, int writing, double deadline) {
+  char *p = (char *)buf;
+  while (n) {
+    ssize_t k = writing ? send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, n, MSG_DONTWAIT);
+    if (k > 0) {
+      p += k;
+      n -= (size_t)k;
+    } else if (k < 0 && errno == EINTR) {
+      continue;
+    } else if (!(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+                 hir_nccl__ready(fd, writing ? POLLOUT : POLLIN, deadline))) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static void hir_nccl__nonblocking(int fd) {
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
+
+/* An address as text, "10.0.0.1" or "fe80::1". */
+static void hir_nccl__addr_text(const struct sockaddr_storage *a, char *out, size_t cap) {
+  const void *at = a->ss_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)a)->sin6_addr
+                                            : (const void *)&((const struct sockaddr_in *)a)->sin_addr;
+  if (!inet_ntop(a->ss_family, at, out, (socklen_t)cap)) snprintf(out, cap, "?");
+}
+
+static int hir_nccl__is_loopback(const struct sockaddr_storage *a) {
+  if (a->ss_family == AF_INET) return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->ss_family == AF_INET6) {
+    const unsigned char *b = ((const struct sockaddr_in6 *)a)->sin6_addr.s6_addr;
+    static const unsigned char v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    int i, zero = 1;
+    for (i = 0; i < 15; i++) zero &= b[i] == 0;
+    return (zero && b[15] == 1) || (memcmp(b, v4, 12) == 0 && b[12] == 127);
+  }
+  return 0;
+}
+
+/* A name lookup runs on a thread of its own, so that a slow name server
+   costs the caller its deadline and no more; the thread and the caller
+   share this, and the last one out frees it. */
+typedef struct hir_nccl__lookup {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int refs, done, rc;
+  char host[256], port[8];
+  struct addrinfo *res;
+} hir_nccl__lookup;
+
+static void hir_nccl__lookup_leave(hir_nccl__lookup *l) { /* with mu held; releases it */
+  int last = --l->refs == 0;
+  pthread_mutex_unlock(&l->mu);
+  if (!last) return;
+  if (l->res) freeaddrinfo(l->res);
+  pthread_cond_destroy(&l->cv);
+  pthread_mutex_destroy(&l->mu);
+  free(l);
+}
+
+static void *hir_nccl__lookup_run(void *arg) {
+  hir_nccl__lookup *l = (hir_nccl__lookup *)arg;
+  struct addrinfo hints, *res = NULL;
+  int rc;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  rc = getaddrinfo(l->host, l->port, &hints, &res);
+  pthread_mutex_lock(&l->mu);
+  l->rc = rc;
+  l->res = rc == 0 ? res : NULL;
+  l->done = 1;
+  pthread_cond_broadcast(&l->cv);
+  hir_nccl__lookup_leave(l);
+  return NULL;
+}
+
+/* host:port as at most `max` addresses (IPv4, IPv6) by the deadline; the
+   count, or 0 with `why` filled. */
+static int hir_nccl__resolve(const char *host, int port, double deadline, struct sockaddr_storage *addrs, socklen_t *lens,
+                             int max, char *why, size_t cap) {
+  hir_nccl__lookup *l = (hir_nccl__lookup *)calloc(1, sizeof *l);
+  struct addrinfo *a;
+  pthread_t thread;
+  int n = 0;
+  if (!l) {
+    snprintf(why, cap, "out of memory");
+    return 0;
+  }
+  pthread_mutex_init(&l->mu, NULL);
+  pthread_cond_init(&l->cv, NULL);
+  snprintf(l->host, sizeof l->host, "%s", host);
+  snprintf(l->port, sizeof l->port, "%d", port);
+  l->refs = 2;
+  if (pthread_create(&thread, NULL, hir_nccl__lookup_run, l) == 0) pthread_detach(thread);
+  else hir_nccl__lookup_run(l); /* no thread to spare: look it up here */
+  pthread_mutex_lock(&l->mu);
+  while (!l->done && hir_nccl__wall_ms() < deadline) {
+    struct timespec ts = hir_nccl__after(10);
+    pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+  }
+  if (!l->done) snprintf(why, cap, "the name lookup did not finish in time");
+  else if (l->rc != 0) snprintf(why, cap, "%s", gai_strerror(l->rc));
+  for (a = l->done ? l->res : NULL; a && n < max; a = a->ai_next)
+    if (a->ai_addrlen <= sizeof *addrs) {
+      memcpy(&addrs[n], a->ai_addr, a->ai_addrlen);
+      lens[n++] = (socklen_t)a->ai_addrlen;
+    }
+  if (l->done && l->rc == 0 && n == 0) snprintf(why, cap, "no address");
+  hir_nccl__lookup_leave(l);
+  return n;
+}
+
+/* A connected nonblocking socket to the first address that answers, or -1. */
+static int hir_nccl__connect(const struct sockaddr_storage *addrs, const socklen_t *lens, int n, double deadline) {
+  int i;
+  for (i = 0; i < n; i++) {
+    int fd = socket(addrs[i].ss_family, SOCK_STREAM, 0), err = 0;
+    socklen_t len = sizeof err;
+    if (fd < 0) continue;
+    hir_nccl__nonblocking(fd);
+    if (connect(fd, (const struct sockaddr *)&addrs[i], lens[i]) == 0 ||
+        (errno == EINPROGRESS && hir_nccl__ready(fd, POLLOUT, deadline) &&
+         getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0))
+      return fd;
+    close(fd);
+  }
+  return -1;
+}
+
+/* 64 bits of FNV-1a, finished with a mixer; `seed` picks one of many. */
+static uint64_t hir_nccl__hash(const void *data, size_t n, uint64_t seed) {
+  const unsigned char *p = (const unsigned char *)data;
+  uint64_t h = 0xcbf29ce484222325ull ^ (seed * 0x9e3779b97f4a7c15ull);
+  size_t i;
+  for (i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 33);
+}
+
+// >>nccl_store
+/* Rank 0's store: NCCL's ids by key, and the note of the first rank that
+   failed ("abort"). A request and its answer are one fixed-size message
+   each, one request per connection, and a request must carry the job's
+   secret (hashed) before it reads or writes anything. The server is one
+   thread polling its listening sockets and at most 64 connections, each
+   dropped unless its request is complete within 2 s; a key keeps its first
+   value and the store at most 4096 keys. Rank 0 asks itself directly. */
+enum {
+  HIR_NCCL__KEY_BYTES = 64, HIR_NCCL__VALUE_BYTES = 512, HIR_NCCL__MAX_KEYS = 4096, HIR_NCCL__MAX_CONNS = 64,
+  HIR_NCCL__REQUEST_MS = 2000, HIR_NCCL__MAX_ADDRS = 4
+};
+static const unsigned char hir_nccl__magic[4] = {'h', 'i', 'r', '1'};
+
+typedef struct hir_nccl__msg {
+  unsigned char magic[4];
+  unsigned char secret[32];
+  char op; /* asked: 'S' set, 'G' get; answered: 'V' the value, 'N' none yet, 'A' none and the job was
+              aborted (value: why), 'R' refused (value: why), 'F' full */
+  char key[HIR_NCCL__KEY_BYTES];
+  unsigned char value[HIR_NCCL__VALUE_BYTES];
+} hir_nccl__msg;
+
+typedef struct hir_nccl__kv {
+  char key[HIR_NCCL__KEY_BYTES];
+  unsigned char value[HIR_NCCL__VALUE_BYTES];
+} hir_nccl__kv;
+
+typedef struct hir_nccl__conn {
+  int fd;
+  size_t have;
+  double deadline;
+  char peer[64];
+  hir_nccl__msg m;
+} hir_nccl__conn;
+
+typedef struct hir_nccl__store {
+  char where[280];              /* rank 0's host:port, for messages */
+  unsigned char secret[32];
+  struct sockaddr_storage addrs[HIR_NCCL__MAX_ADDRS];
+  socklen_t lens[HIR_NCCL__MAX_ADDRS];
+  int naddrs;
+  /* rank 0 */
+  int serving, nlisten, listen_fd[HIR_NCCL__MAX_ADDRS], wake[2];
+  pthread_t thread;
+  pthread_mutex_t mu;
+  hir_nccl__kv *kv;
+  int nkv, cap;
+  hir_nccl__conn *conns;
+  int turned_away;              /* requests refused or dropped */
+  char last_turned_away[200];
+} hir_nccl__store;
+
+static void hir_nccl__digest(const char *secret, unsigned char out[32]) {
+  int lane, i;
+  for (lane = 0; lane < 4; lane++) {
+    uint64_t h = hir_nccl__hash(secret, strlen(secret), (uint64_t)lane + 1);
+    for (i = 0; i < 8; i++) out[lane * 8 + i] = (unsigned char)(h >> (8 * i));
+  }
+}
+
+static int hir_nccl__same_secret(const unsigned char *a, const unsigned char *b) {
+  unsigned diff = 0;
+  int i;
+  for (i = 0; i < 32; i++) diff |= (unsigned)(a[i] ^ b[i]); /* in constant time */
+  return diff == 0;
+}
+
+/* Where the server answers a request: the answer replaces it. */
+static void hir_nccl__store_answer(hir_nccl__store *s, hir_nccl__msg *m) {
+  int i, aborted;
+  m->key[HIR_NCCL__KEY_BYTES - 1] = '\0';
+  pthread_mutex_lock(&s->mu);
+  for (i = 0; i < s->nkv && strcmp(s->kv[i].key, m->key) != 0; i++) {}
+  if (m->op == 'S') {
+    if (i == s->nkv && s->nkv == s->cap && s->cap < HIR_NCCL__MAX_KEYS) {
+      int cap = s->cap ? 2 * s->cap : 16;
+      hir_nccl__kv *kv = (hir_nccl__kv *)realloc(s->kv, (size_t)cap * sizeof *kv);
+      if (kv) s->kv = kv, s->cap = cap;
+    }
+    if (i < s->nkv) {
+      memcpy(m->value, s->kv[i].value, sizeof m->value); /* the first value stays */
+      m->op = 'V';
+    } else if (i < s->cap) {
+      memcpy(s->kv[i].key, m->key, sizeof m->key);
+      memcpy(s->kv[i].value, m->value, sizeof m->value);
+      s->nkv++;
+      m->op = 'V';
+    } else {
+      m->op = 'F';
+    }
+  } else if (m->op == 'G' && i < s->nkv) {
+    memcpy(m->value, s->kv[i].value, sizeof m->value);
+    m->op = 'V';
+  } else if (m->op == 'G') {
+    for (i = 0; i < s->nkv && strcmp(s->kv[i].key, "abort") != 0; i++) {}
+    aborted = i < s->nkv;
+    if (aborted) memcpy(m->value, s->kv[i].value, sizeof m->value);
+    m->op = aborted ? 'A' : 'N';
+  } else {
+    snprintf((char *)m->value, sizeof m->value, "unknown request '%c'", m->op);
+    m->op = 'R';
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void hir_nccl__turn_away(hir_nccl__store *s, hir_nccl__conn *c, const char *why) {
+  hir_nccl__msg m;
+  memset(&m, 0, sizeof m);
+  memcpy(m.magic, hir_nccl__magic, sizeof m.magic);
+  m.op = 'R';
+  snprintf((char *)m.value, sizeof m.value, "%s", why);
+  hir_nccl__io(c->fd, &m, sizeof m, 1, hir_nccl__wall_ms() + 100);
+  pthread_mutex_lock(&s->mu);
+  s->turned_away++;
+  snprintf(s->last_turned_away, sizeof s->last_turned_away, "%s: %s", c->peer, why);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Reads what a connection sent; 1 while its request is incomplete. */
+static int hir_nccl__serve_conn(hir_nccl__store *s, hir_nccl__conn *c) {
+  ssize_t k = recv(c->fd, (char *)&c->m + c->have, sizeof c->m - c->have, MSG_DONTWAIT);
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 1;
+  if (k <= 0) {
+    if (c->have) hir_nccl__turn_away(s, c, "closed in the middle of a request");
+    return 0;
+  }
+  c->have += (size_t)k;
+  if (c->have >= sizeof c->m.magic && memcmp(c->m.magic, hir_nccl__magic, sizeof c->m.magic) != 0) {
+    hir_nccl__turn_away(s, c, "not a hostir bootstrap request");
+    return 0;
+  }
+  if (c->have < sizeof c->m) return 1;
+  if (!hir_nccl__same_secret(c->m.secret, s->secret)) {
+    hir_nccl__turn_away(s, c, "wrong job secret (every rank must have the same HOSTIR_SECRET, or the same launcher job)");
+    return 0;
+  }
+  hir_nccl__store_answer(s, &c->m);
+  hir_nccl__io(c->fd, &c->m, sizeof c->m, 1, hir_nccl__wall_ms() + 100);
+  return 0;
+}
+
+/* Takes what waits on a listening socket, while there is room; the rest
+   waits in the kernel's queue until a connection leaves. */
+static void hir_nccl__accept(hir_nccl__store *s, int listen_fd, int *nconns) {
+  while (*nconns < HIR_NCCL__MAX_CONNS) {
+    struct sockaddr_storage peer;
+    socklen_t len = sizeof peer;
+    hir_nccl__conn *c;
+    int fd = accept(listen_fd, (struct sockaddr *)&peer, &len);
+    if (fd < 0) return;
+    hir_nccl__nonblocking(fd);
+    c = &s->conns[(*nconns)++];
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+    c->deadline = hir_nccl__wall_ms() + HIR_NCCL__REQUEST_MS;
+    hir_nccl__addr_text(&peer, c->peer, sizeof c->peer);
+  }
+}
+
+static void *hir_nccl__store_serve(void *arg) {
+  hir_nccl__store *s = (hir_nccl__store *)arg;
+  struct pollfd p[1 + HIR_NCCL__MAX_ADDRS + HIR_NCCL__MAX_CONNS];
+  int nconns = 0, i;
+  for (;;) {
+    double now = hir_nccl__wall_ms();
+    int np = 0, wait_ms = 1000, first_conn;
+    p[np].fd = s->wake[0], p[np++].events = POLLIN;
+    for (i = 0; i < s->nlisten; i++) p[np].fd = nconns < HIR_NCCL__MAX_CONNS ? s->listen_fd[i] : -1, p[np++].events = POLLIN;
+    first_conn = np;
+    for (i = 0; i < nconns; i++) {
+      int left = (int)(s->conns[i].deadline - now) + 1;
+      p[np].fd = s->conns[i].fd, p[np++].events = POLLIN;
+      if (left < wait_ms) wait_ms = left < 0 ? 0 : left;
+    }
+    for (i = 0; i < np; i++) p[i].revents = 0;
+    if (poll(p, (nfds_t)np, wait_ms) < 0 && errno != EINTR) break;
+    if (p[0].revents) break; /* hir_nccl__store_stop */
+    now = hir_nccl__wall_ms();
+    for (i = nconns - 1; i >= 0; i--) { /* from the end: a finished connection takes the last one's place */
+      hir_nccl__conn *c = &s->conns[i];
+      int open = 1;
+      if (p[first_conn + i].revents) open = hir_nccl__serve_conn(s, c);
+      else if (now > c->deadline) hir_nccl__turn_away(s, c, "no complete request within 2000 ms"), open = 0;
+      if (!open) {
+        close(c->fd);
+        *c = s->conns[--nconns];
+      }
+    }
+    for (i = 0; i < s->nlisten; i++)
+      if (p[1 + i].revents) hir_nccl__accept(s, s->listen_fd[i], &nconns);
+  }
+  for (i = 0; i < nconns; i++) close(s->conns[i].fd);
+  return NULL;
+}
+
+/* The client side, on every rank: rank 0's addresses, looked up once. */
+static hir_status hir_nccl__store_open(hir_nccl__store *s, const char *addr, int port, const char *secret, double deadline,
+                                       char *err, size_t cap) {
+  char why[128] = "";
+  memset(s, 0, sizeof *s);
+  s->wake[0] = s->wake[1] = -1;
+  snprintf(s->where, sizeof s->where, strchr(addr, ':') ? "[%s]:%d" : "%s:%d", addr, port);
+  hir_nccl__digest(secret, s->secret);
+  if ((s->naddrs = hir_nccl__resolve(addr, port, deadline, s->addrs, s->lens, HIR_NCCL__MAX_ADDRS, why, sizeof why)) > 0)
+    return HIR_OK;
+  snprintf(err, cap, "hostir_nccl: cannot look up rank 0's host %s: %s (MASTER_ADDR must name rank 0's host, the same on every rank)",
+           s->where, why);
+  return HIR_ERR_COMM;
+}
+
+/* Rank 0: listens at each of its addresses (only there), then serves. */
+static hir_status hir_nccl__store_serve_start(hir_nccl__store *s, int spans_hosts, char *err, size_t cap) {
+  char text[64];
+  int i, one = 1, failure = 0, loopback = 1;
+  for (i = 0; i < s->naddrs; i++) loopback &= hir_nccl__is_loopback(&s->addrs[i]);
+  if (spans_hosts && loopback) {
+    hir_nccl__addr_text(&s->addrs[0], text, sizeof text);
+    snprintf(err, cap, "hostir_nccl: rank 0's host %s is %s on rank 0, a loopback address that the other hosts of the world "
+             "cannot reach: set MASTER_ADDR to rank 0's address on the network", s->where, text);
+    return HIR_ERR_INVALID;
+  }
+  for (i = 0; i < s->naddrs; i++) {
+    int fd = socket(s->addrs[i].ss_family, SOCK_STREAM, 0);
+    if (fd < 0) {
+      failure = errno;
+      continue;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (s->addrs[i].ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&s->addrs[i], s->lens[i]) != 0 || listen(fd, 128) != 0) {
+      failure = errno;
+      close(fd);
+      continue;
+    }
+    hir_nccl__nonblocking(fd);
+    s->listen_fd[s->nlisten++] = fd;
+  }
+  if (!s->nlisten) {
+    snprintf(err, cap, "hostir_nccl: rank 0 cannot listen at %s: %s (%s)", s->where, strerror(failure),
+             failure == EADDRINUSE ? "another job or program holds the port: set MASTER_PORT or HOSTIR_PORT to a free one, "
+                                     "the same on every rank"
+             : failure == EADDRNOTAVAIL ? "that is not an address of rank 0's host: MASTER_ADDR must name rank 0's host"
+                                        : "set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port");
+    return HIR_ERR_COMM;
+  }
+  if (!(s->conns = (hir_nccl__conn *)calloc(HIR_NCCL__MAX_CONNS, sizeof *s->conns)) || pipe(s->wake) != 0) {
+    snprintf(err, cap, "hostir_nccl: rank 0 cannot start the bootstrap: %s", s->conns ? strerror(errno) : "out of memory");
     return HIR_ERR_COMM;
   }
   pthread_mutex_init(&s->mu, NULL);
   if (pthread_create(&s->thread, NULL, hir_nccl__store_serve, s) != 0) {
-    snprintf(err, cap, "hostir_nccl: cannot start the bootstrap thread");
-    close(s->listen_fd);
-    s->listen_fd = -1;
+    pthread_mutex_destroy(&s->mu);
+    snprintf(err, cap, "hostir_nccl: rank 0 cannot start the bootstrap's thread");
     return HIR_ERR_COMM;
   }
   s->serving = 1;
   return HIR_OK;
 }
 
-static void hir_nccl__store_stop(hir_nccl__kvstore *s) {
-  if (!s->serving) return;
-  shutdown(s->listen_fd, SHUT_RDWR);
-  close(s->listen_fd);
-  pthread_join(s->thread, NULL);
-  pthread_mutex_destroy(&s->mu);
+static void hir_nccl__store_close(hir_nccl__store *s) {
+  int i;
+  if (s->serving) {
+    char stop = 1;
+    if (write(s->wake[1], &stop, 1) != 1) shutdown(s->listen_fd[0], SHUT_RDWR);
+    pthread_join(s->thread, NULL);
+    pthread_mutex_destroy(&s->mu);
+    s->serving = 0;
+  }
+  for (i = 0; i < s->nlisten; i++) close(s->listen_fd[i]);
+  for (i = 0; i < 2; i++)
+    if (s->wake[i] >= 0) close(s->wake[i]);
+  s->nlisten = 0;
+  s->wake[0] = s->wake[1] = -1;
   free(s->kv);
-  s->serving = 0;
+  free(s->conns);
+  s->kv = NULL;
+  s->conns = NULL;
 }
 
-/* One request to the store; 1 with the answer in *m, 0 when unreachable. */
-static int hir_nccl__store_ask(const hir_nccl__kvstore *s, hir_nccl__msg *m) {
-  struct addrinfo hints, *res = NULL;
-  char port[16];
+/* Who the server turned away, for rank 0's messages; "" if nobody. */
+static void hir_nccl__store_log(hir_nccl__store *s, char *out, size_t cap) {
+  out[0] = '\0';
+  if (!s->serving) return;
+  pthread_mutex_lock(&s->mu);
+  if (s->turned_away)
+    snprintf(out, cap, "; the bootstrap at %.80s turned away %d connections, the last from %.150s", s->where, s->turned_away,
+             s->last_turned_away);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* One request; 1 with the answer in *m, 0 if rank 0 did not answer by the deadline. */
+static int hir_nccl__store_ask(hir_nccl__store *s, hir_nccl__msg *m, double deadline) {
   int fd, ok;
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  snprintf(port, sizeof port, "%d", s->port);
-  if (getaddrinfo(s->addr, port, &hints, &res) != 0 || !res) return 0;
-  fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 && hir_nccl__io(fd, m, sizeof *m, 1) && hir_nccl__io(fd, m, sizeof *m, 0);
-  if (fd >= 0) close(fd);
-  freeaddrinfo(res);
+  memcpy(m->magic, hir_nccl__magic, sizeof m->magic);
+  memcpy(m->secret, s->secret, sizeof m->secret);
+  if (s->serving) {
+    hir_nccl__store_answer(s, m);
+    return 1;
+  }
+  if ((fd = hir_nccl__connect(s->addrs, s->lens, s->naddrs, deadline)) < 0) return 0;
+  ok = hir_nccl__io(fd, m, sizeof *m, 1, deadline) && hir_nccl__io(fd, m, sizeof *m, 0, deadline) &&
+       memcmp(m->magic, hir_nccl__magic, sizeof m->magic) == 0;
+  close(fd);
   return ok;
 }
 
-static hir_status hir_nccl__store_set(const hir_nccl__kvstore *s, const char *key, const void *value, int timeout_ms, char *err, size_t cap) {
-  double deadline = hir_nccl__wall_ms() + timeout_ms;
-  hir_nccl__msg m;
-  for (;;) {
-    memset(&m, 0, sizeof m);
-    m.op = 'S';
-    snprintf(m.key, sizeof m.key, "%s", key);
-    memcpy(m.value, value, NCCL_UNIQUE_ID_BYTES);
-    if (hir_nccl__store_ask(s, &m) && m.op == 'V') return HIR_OK;
-    if (hir_nccl__wall_ms() > deadline) break;
-    hir_nccl__sleep_ms(20);
-  }
-  snprintf(err, cap, "hostir_nccl: cannot reach rank 0 at %.64s:%d within %d ms to publish '%.40s' (check MASTER_ADDR/MASTER_PORT)",
-           s->addr, s->port, timeout_ms, key);
-  return HIR_ERR_TIMEOUT;
-}
-
-static hir_status hir_nccl__store_get(const hir_nccl__kvstore *s, const char *key, void *value, int timeout_ms, char *err, size_t cap) {
-  double deadline = hir_nccl__wall_ms() + timeout_ms;
+/* Sets (op 'S', `value` in) or waits for (op 'G', `value` out) a key until
+   the deadline. A get that finds the job aborted returns HIR_ERR_COMM with
+   the failing rank's note. */
+static hir_status hir_nccl__store_call(hir_nccl__store *s, char op, const char *key, void *value, size_t bytes,
+                                       double deadline, char *err, size_t cap) {
   hir_nccl__msg m;
   int reached = 0;
   for (;;) {
+    double attempt = hir_nccl__wall_ms() + 1000;
     memset(&m, 0, sizeof m);
-    m.op = 'G';
+    m.op = op;
     snprintf(m.key, sizeof m.key, "%s", key);
-    if (hir_nccl__store_ask(s, &m)) {
+    if (op == 'S') memcpy(m.value, value, bytes);
+    if (hir_nccl__store_ask(s, &m, attempt < deadline ? attempt : deadline)) {
+      m.value[sizeof m.value - 1] = 0;
       reached = 1;
       if (m.op == 'V') {
-        memcpy(value, m.value, NCCL_UNIQUE_ID_BYTES);
+        if (op == 'G') memcpy(value, m.value, bytes);
         return HIR_OK;
       }
+      if (m.op == 'A') {
+        snprintf(err, cap, "hostir_nccl: the world was aborted while this rank waited for '%.40s': %.400s", key, (char *)m.value);
+        return HIR_ERR_COMM;
+      }
+      if (m.op == 'R' || m.op == 'F') {
+        snprintf(err, cap, "hostir_nccl: rank 0's bootstrap at %.100s refused this rank: %.300s", s->where,
+                 m.op == 'F' ? "it holds 4096 keys already" : (char *)m.value);
+        return HIR_ERR_COMM;
+      }
     }
-    if (hir_nccl__wall_ms() > deadline) break;
+    if (hir_nccl__wall_ms() + 20 > deadline) break;
     hir_nccl__sleep_ms(20);
   }
-  snprintf(err, cap, "hostir_nccl: %s '%.40s' within %d ms (%.64s:%d); is every rank started?",
-           reached ? "rank 0 never published" : "cannot reach rank 0 to fetch", key, timeout_ms, s->addr, s->port);
+  if (op == 'S' || !reached)
+    snprintf(err, cap, "hostir_nccl: cannot reach rank 0 at %s to %s '%s' in time: is rank 0 running, and does that name "
+             "rank 0's host and port on every rank?", s->where, op == 'S' ? "publish" : "fetch", key);
+  else
+    snprintf(err, cap, "hostir_nccl: rank 0 at %s never got '%s' in time: is every rank of the world started?", s->where, key);
   return HIR_ERR_TIMEOUT;
+}
+
+// >>nccl_env
+/* The launcher's variables, read through `get` (getenv, or a test's table).
+   A launcher is known by its rank variable; every number is checked and a
+   message names the variable and what to do. Alternatives are separated by
+   spaces, the first one set wins. */
+typedef const char *(*hir_nccl__getter)(void *user, const char *name);
+
+typedef struct hir_nccl__launcher {
+  const char *name, *rank, *size, *local_rank, *local_size, *nodes;
+} hir_nccl__launcher;
+
+static const hir_nccl__launcher hir_nccl__launchers[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", ""},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", ""},
+    {"MPICH", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", ""},
+    {"Slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS SLURM_NTASKS", "SLURM_LOCALID", "", "SLURM_STEP_NUM_NODES SLURM_NNODES"},
+};
+
+/* The value of the first of `names` that is set and not empty (its name in
+   *which), or NULL. */
+static const char *hir_nccl__var(hir_nccl__getter get, void *user, const char *names, char *which, size_t cap) {
+  while (*names) {
+    size_t n = strcspn(names, " ");
+    const char *v;
+    snprintf(which, cap, "%.*s", (int)n, names);
+    if ((v = get(user, which)) && *v) return v;
+    names += n;
+    names += strspn(names, " ");
+  }
+  return NULL;
+}
+
+/* A whole decimal number from lo to hi, nothing else. */
+static int hir_nccl__number(const char *text, long lo, long hi, int *out) {
+  char *end;
+  long v;
+  if (!text || *text < '0' || *text > '9') return 0;
+  errno = 0;
+  v = strtol(text, &end, 10);
+  if (errno || *end || v < lo || v > hi) return 0;
+  *out = (int)v;
+  return 1;
+}
+
+/* A launcher's number variable: 1 read, 0 absent, -1 malformed (err filled). */
+static int hir_nccl__env_number(hir_nccl__getter get, void *user, const char *names, long lo, int *out, char *which,
+                                size_t which_cap, char *err, size_t cap) {
+  const char *v = hir_nccl__var(get, user, names, which, which_cap);
+  if (!v) return 0;
+  if (hir_nccl__number(v, lo, INT_MAX, out)) return 1;
+  snprintf(err, cap, "hir_nccl_env_read: %s=\"%.40s\" is not a whole number from %ld (the launcher sets it; unset it or fix it)",
+           which, v, lo);
+  return -1;
+}
+
+/* The first host of a Slurm host list: "gpu[07-09,12],io01" -> "gpu07". */
+static int hir_nccl__first_host(const char *list, char *out, size_t cap) {
+  size_t n = 0;
+  const char *p = list;
+  while (*p && *p != ',' && n + 1 < cap) {
+    if (*p == '[') { /* a range: its first number, zeros kept */
+      for (p++; *p && *p != ',' && *p != '-' && *p != ']' && n + 1 < cap; p++) out[n++] = *p;
+      while (*p && *p != ']') p++;
+      if (*p) p++;
+    } else {
+      out[n++] = *p++;
+    }
+  }
+  out[n] = '\0';
+  return n > 0 && (*p == '\0' || *p == ',');
+}
+
+/* The host part of "tcp://10.0.0.1,10.0.0.2:port", "tcp6://[fe80::1]:port"
+   (Open MPI 4's HNP URI: mpirun's addresses; what = 'u') or
+   "prterun-HOST-PID@1" (Open MPI 5's PMIx namespace; what = 'n'). */
+static int hir_nccl__host_in(const char *text, char what, char *out, size_t cap) {
+  const char *p, *end;
+  if (what == 'u') {
+    if ((p = strstr(text, "tcp6://[")) && (!strstr(text, "tcp://") || strstr(text, "tcp://") > p)) {
+      p += 8;
+      end = strchr(p, ']');
+    } else if ((p = strstr(text, "tcp://"))) {
+      p += 6;
+      end = p + strcspn(p, ",:;");
+    } else {
+      return 0;
+    }
+  } else {
+    if (strncmp(text, "prterun-", 8) != 0 || !(end = strchr(text, '@'))) return 0;
+    for (p = text + 8; end > p && end[-1] != '-'; end--) {}
+    if (end <= p) return 0;
+    end--; /* the '-' before the pid */
+  }
+  if (!end || end <= p || (size_t)(end - p) >= cap) return 0;
+  snprintf(out, cap, "%.*s", (int)(end - p), p);
+  return 1;
+}
+
+/* Rank 0's host from the launcher, where it says: 1 with its source. */
+static int hir_nccl__launcher_host(hir_nccl__getter get, void *user, const hir_nccl__launcher *l, char *out, size_t cap,
+                                   char *source, size_t source_cap) {
+  char which[64];
+  const char *v;
+  if (!strcmp(l->name, "Slurm") &&
+      (v = hir_nccl__var(get, user, "SLURM_STEP_NODELIST SLURM_JOB_NODELIST SLURM_NODELIST", which, sizeof which)) &&
+      hir_nccl__first_host(v, out, cap)) {
+    snprintf(source, source_cap, "the first host of %s", which);
+    return 1;
+  }
+  if (!strcmp(l->name, "Open MPI") &&
+      (((v = hir_nccl__var(get, user, "OMPI_MCA_orte_hnp_uri", which, sizeof which)) && hir_nccl__host_in(v, 'u', out, cap)) ||
+       ((v = hir_nccl__var(get, user, "PMIX_NAMESPACE", which, sizeof which)) && hir_nccl__host_in(v, 'n', out, cap)))) {
+    snprintf(source, source_cap, "mpirun's host, from %s", which);
+    return 1;
+  }
+  return 0;
+}
+
+static int hir_nccl__names_loopback(const char *host) {
+  return !strcmp(host, "localhost") || !strncmp(host, "127.", 4) || !strcmp(host, "::1");
+}
+
+/* The job's secret: HOSTIR_SECRET, else what the launcher tells every rank
+   of this job alone, with the world's size and the port. */
+static void hir_nccl__secret(hir_nccl__getter get, void *user, const hir_nccl__launcher *l, hir_nccl_env *env,
+                             char *source, size_t source_cap) {
+  static const struct { const char *launcher, *names; } facts[] = {
+      {"torchrun", "TORCHELASTIC_RUN_ID"},
+      {"Slurm", "SLURM_JOB_ID"}, {"Slurm", "SLURM_STEP_ID"},
+      {"Open MPI", "OMPI_MCA_ess_base_jobid"}, {"Open MPI", "PMIX_NAMESPACE"}, {"Open MPI", "OMPI_MCA_orte_hnp_uri"},
+  };
+  char which[64];
+  const char *v = hir_nccl__var(get, user, "HOSTIR_SECRET", which, sizeof which);
+  size_t n = 0, i;
+  if (v) {
+    snprintf(env->secret, sizeof env->secret, "%s", v);
+    snprintf(source, source_cap, "HOSTIR_SECRET");
+    return;
+  }
+  n += (size_t)snprintf(env->secret, sizeof env->secret, "%s", l->name);
+  snprintf(source, source_cap, "size and port only: set HOSTIR_SECRET");
+  for (i = 0; i < sizeof facts / sizeof facts[0] && n < sizeof env->secret; i++) {
+    if (strcmp(facts[i].launcher, l->name) || !(v = hir_nccl__var(get, user, facts[i].names, which, sizeof which)) ||
+        !strcmp(v, "none")) /* torchrun's run id when no --rdzv-id was given */
+      continue;
+    n += (size_t)snprintf(env->secret + n, sizeof env->secret - n, "|%s=%s", which, v);
+    snprintf(source, source_cap, "%s", which);
+  }
+  if (n < sizeof env->secret) snprintf(env->secret + n, sizeof env->secret - n, "|%d|%d", env->size, env->master_port);
+}
+
+/* Reads the launcher's variables into env: the whole of hir_nccl_env_read
+   but the count of visible GPUs. */
+static hir_status hir_nccl__env_parse(hir_nccl__getter get, void *user, int visible_gpus, hir_nccl_env *env, char *err,
+                                      size_t cap) {
+  const hir_nccl__launcher *l = NULL;
+  char which[64], size_name[64], local_name[64], host_source[96], secret_source[96], port_source[64];
+  const char *v;
+  size_t i;
+  int got, nodes = 0, have_local;
+  memset(env, 0, sizeof *env);
+  for (i = 0; i < sizeof hir_nccl__launchers / sizeof hir_nccl__launchers[0] && !l; i++)
+    if (hir_nccl__var(get, user, hir_nccl__launchers[i].rank, which, sizeof which)) l = &hir_nccl__launchers[i];
+  if (!l) {
+    snprintf(err, cap, "hir_nccl_env_read: no rank in the environment (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID): "
+             "start the processes with torchrun, mpirun, mpiexec or srun, or set RANK and WORLD_SIZE");
+    return HIR_ERR_INVALID;
+  }
+  if (hir_nccl__env_number(get, user, l->rank, 0, &env->rank, which, sizeof which, err, cap) < 0 ||
+      (got = hir_nccl__env_number(get, user, l->size, 1, &env->size, size_name, sizeof size_name, err, cap)) < 0 ||
+      (have_local = hir_nccl__env_number(get, user, l->local_rank, 0, &env->local_rank, local_name, sizeof local_name, err,
+                                         cap)) < 0 ||
+      hir_nccl__env_number(get, user, l->local_size, 1, &env->local_size, which, sizeof which, err, cap) < 0 ||
+      hir_nccl__env_number(get, user, l->nodes, 1, &nodes, which, sizeof which, err, cap) < 0)
+    return HIR_ERR_INVALID;
+  hir_nccl__var(get, user, l->rank, which, sizeof which);
+  if (!got) {
+    snprintf(err, cap, "hir_nccl_env_read: %s is set but not the world's size (%s; %s sets both)", which, l->size, l->name);
+    return HIR_ERR_INVALID;
+  }
+  if (env->rank >= env->size) {
+    snprintf(err, cap, "hir_nccl_env_read: %s=%d is not below %s=%d", which, env->rank, size_name, env->size);
+    return HIR_ERR_INVALID;
+  }
+  if (!have_local) env->local_rank = env->size == 1 ? 0 : env->rank; /* one host, as far as anyone says */
+  if (env->local_size && (env->local_rank >= env->local_size || env->local_size > env->size)) {
+    snprintf(err, cap, "hir_nccl_env_read: local rank %d and %d ranks on this host do not fit a world of %d", env->local_rank,
+             env->local_size, env->size);
+    return HIR_ERR_INVALID;
+  }
+  env->spans_hosts = (env->local_size && env->local_size < env->size) || nodes > 1;
+
+  /* the port: HOSTIR_PORT, else MASTER_PORT (the one after it under torchrun), else 29500 */
+  if ((v = hir_nccl__var(get, user, "HOSTIR_PORT MASTER_PORT", which, sizeof which))) {
+    int torchrun = !strcmp(which, "MASTER_PORT") && get(user, "TORCHELASTIC_RUN_ID");
+    if (!hir_nccl__number(v, 1, torchrun ? 65534 : 65535, &env->master_port)) {
+      snprintf(err, cap, "hir_nccl_env_read: %s=\"%.40s\" is not a TCP port (1 to 65535)", which, v);
+      return HIR_ERR_INVALID;
+    }
+    env->master_port += torchrun;
+    snprintf(port_source, sizeof port_source, "%.24s%s", which, torchrun ? " + 1 (torchrun's)" : "");
+  } else {
+    env->master_port = 29500;
+    snprintf(port_source, sizeof port_source, "the default port");
+  }
+
+  /* rank 0's host */
+  if ((v = hir_nccl__var(get, user, "MASTER_ADDR", which, sizeof which))) {
+    if (strlen(v) >= sizeof env->master_addr) {
+      snprintf(err, cap, "hir_nccl_env_read: MASTER_ADDR is longer than %d characters", (int)sizeof env->master_addr - 1);
+      return HIR_ERR_INVALID;
+    }
+    snprintf(env->master_addr, sizeof env->master_addr, "%s", v);
+    snprintf(host_source, sizeof host_source, "MASTER_ADDR");
+  } else if (!hir_nccl__launcher_host(get, user, l, env->master_addr, sizeof env->master_addr, host_source,
+                                      sizeof host_source)) {
+    if (env->spans_hosts) {
+      snprintf(err, cap, "hir_nccl_env_read: the world spans hosts (%d ranks, %d on this one) and nothing names rank 0's "
+               "host: set MASTER_ADDR to it on every rank (mpirun -x MASTER_ADDR=host; srun and torchrun pass the environment)",
+               env->size, env->local_size);
+      return HIR_ERR_INVALID;
+    }
+    snprintf(env->master_addr, sizeof env->master_addr, "127.0.0.1");
+    snprintf(host_source, sizeof host_source, "one host");
+  }
+  if (env->spans_hosts && hir_nccl__names_loopback(env->master_addr)) {
+    snprintf(err, cap, "hir_nccl_env_read: rank 0's host is %s (%s), which the other hosts of the world cannot reach: set "
+             "MASTER_ADDR to rank 0's host name or address", env->master_addr, host_source);
+    return HIR_ERR_INVALID;
+  }
+
+  hir_nccl__secret(get, user, l, env, secret_source, sizeof secret_source);
+
+  /* the GPU: the only one visible, else the local rank's */
+  v = get(user, "CUDA_VISIBLE_DEVICES");
+  if (visible_gpus < 1) {
+    env->gpu = -1;
+  } else if (visible_gpus == 1) {
+    if (env->local_size > 1 && !v) {
+      snprintf(err, cap, "hir_nccl_env_read: %d ranks on this host and it has one GPU: hostir needs a GPU per rank", env->local_size);
+      return HIR_ERR_INVALID;
+    }
+    env->gpu = 0;
+  } else if (env->local_rank < visible_gpus) {
+    env->gpu = env->local_rank;
+  } else {
+    snprintf(err, cap, "hir_nccl_env_read: local rank %d (%s) has no GPU of its own: %d visible (CUDA_VISIBLE_DEVICES=%.40s); "
+             "start at most one rank per GPU on a host", env->local_rank, have_local ? local_name : "the rank", visible_gpus,
+             v ? v : "unset");
+    return HIR_ERR_INVALID;
+  }
+  snprintf(env->origin, sizeof env->origin, "%s; rank 0 at %.64s:%d from %.48s, %.32s; secret from %.48s", l->name,
+           env->master_addr, env->master_port, host_source, port_source, secret_source);
+  return HIR_OK;
 }
 
 // >>nccl_comm
@@ -283,6 +914,12 @@ typedef struct hir_nccl__team {
   int n, me, *devices;
   ncclComm_t comm;
 } hir_nccl__team;
+
+typedef struct hir_nccl__team_id {
+  struct hir_nccl__team_id *next;
+  int n, *devices;
+  ncclUniqueId id;
+} hir_nccl__team_id;
 
 typedef struct hir_nccl__reg {  /* a registered buffer: a handle per communicator */
   struct hir_nccl__reg *next;
@@ -329,10 +966,12 @@ typedef struct hir_nccl__rank {
   hir_nccl__reg *regs;
   ncclComm_t world;
   int device, timeout_ms, aborted;
+  int told;                     /* another rank's failure ended this one's communication */
+  double next_look_ms;          /* processes: when to look for an abort note in rank 0's store next */
   hir_nccl__team world_team;    /* the team of every rank in order: the world itself */
   hir_nccl__team *teams;
   hir_nccl_world *shared;       /* threaded: the ids of teams, shared by the ranks */
-  hir_nccl__kvstore store;             /* one process per GPU: rank 0's id store */
+  hir_nccl__store store;        /* one process per GPU: rank 0's store */
   void *zeros;                  /* what a reduce root without data contributes */
   size_t zeros_cap;
 } hir_nccl__rank;
@@ -343,8 +982,9 @@ struct hir_nccl_world {
   hir_nccl__ce_box *boxes;           /* [from * n + to] */
   pthread_cond_t ce_cv;         /* with mu: a post was made or taken */
   pthread_mutex_t mu;
-  hir_nccl__kv *ids;                 /* team key -> ncclUniqueId */
-  int nids, cap;
+  hir_nccl__team_id *ids;       /* the ids of the teams made so far */
+  int aborted;                  /* with mu: the first failing rank's note */
+  char abort_note[512];
   char error[512];
 };
 
@@ -362,8 +1002,7 @@ static ncclConfig_t hir_nccl__config(void) {
   return config;
 }
 
-static void hir_nccl__abort(hir_comm *c) {
-  hir_nccl__rank *nc = hir_nccl__of(c);
+static void hir_nccl__abort_comms(hir_nccl__rank *nc) {
   hir_nccl__team *t;
   if (nc->aborted) return;
   nc->aborted = 1;
@@ -371,12 +1010,64 @@ static void hir_nccl__abort(hir_comm *c) {
   if (nc->world) ncclCommAbort(nc->world);
 }
 
+/* hir_comm.abort: unless another rank's note ended this one, this rank's
+   failure (its `error`) becomes the note the others find: in the world
+   (threads) or in rank 0's store (processes, where the first note stays). */
+static void hir_nccl__abort(hir_comm *c) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  char note[HIR_NCCL__VALUE_BYTES];
+  if (!nc->told) {
+    if (c->error[0]) snprintf(note, sizeof note, "rank %d failed: %.480s", c->rank, c->error);
+    else snprintf(note, sizeof note, "rank %d aborted", c->rank);
+    if (nc->shared) {
+      pthread_mutex_lock(&nc->shared->mu);
+      if (!nc->shared->aborted) snprintf(nc->shared->abort_note, sizeof nc->shared->abort_note, "%s", note);
+      nc->shared->aborted = 1;
+      pthread_cond_broadcast(&nc->shared->ce_cv);
+      pthread_mutex_unlock(&nc->shared->mu);
+    } else if (nc->store.naddrs) {
+      char ignored[HIR_NCCL__VALUE_BYTES];
+      hir_nccl__store_call(&nc->store, 'S', "abort", note, sizeof note, hir_nccl__wall_ms() + 1000, ignored, sizeof ignored);
+    }
+    nc->told = 1;
+  }
+  hir_nccl__abort_comms(nc);
+}
+
+/* Whether another rank's note ended the world; if so this rank's
+   communicators are aborted and `error` says why. Processes look in rank 0's
+   store at most every 100 ms (rank 0 in its own memory). */
+static int hir_nccl__told(hir_comm *c) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  char note[HIR_NCCL__VALUE_BYTES] = "";
+  if (nc->told) return 1;
+  if (nc->shared) {
+    pthread_mutex_lock(&nc->shared->mu);
+    if (nc->shared->aborted) snprintf(note, sizeof note, "%s", nc->shared->abort_note);
+    pthread_mutex_unlock(&nc->shared->mu);
+  } else if (nc->store.naddrs && (nc->store.serving || hir_nccl__wall_ms() >= nc->next_look_ms)) {
+    hir_nccl__msg m;
+    memset(&m, 0, sizeof m);
+    m.op = 'G';
+    snprintf(m.key, sizeof m.key, "abort");
+    if (hir_nccl__store_ask(&nc->store, &m, hir_nccl__wall_ms() + 250) && m.op == 'V')
+      snprintf(note, sizeof note, "%.*s", (int)sizeof m.value - 1, (const char *)m.value);
+    nc->next_look_ms = hir_nccl__wall_ms() + 100;
+  }
+  if (!note[0]) return 0;
+  nc->told = 1;
+  hir_nccl__abort_comms(nc);
+  snprintf(c->error, sizeof c->error, "hostir_nccl: rank %d stopped: the world was aborted: %.440s", c->rank, note);
+  return 1;
+}
+
 /* Waits while `comm` is busy with a nonblocking call; its state after, or
-   ncclInProgress past the deadline. */
-static ncclResult_t hir_nccl__wait(ncclComm_t comm, double deadline) {
+   ncclInProgress past the deadline or when another rank's note came. */
+static ncclResult_t hir_nccl__wait(hir_comm *c, ncclComm_t comm, double deadline) {
   ncclResult_t r = ncclSuccess, q;
   struct timespec nap = {0, 50000}; /* 50 us */
-  while ((q = ncclCommGetAsyncError(comm, &r)) == ncclSuccess && r == ncclInProgress && hir_nccl__wall_ms() < deadline)
+  while ((q = ncclCommGetAsyncError(comm, &r)) == ncclSuccess && r == ncclInProgress && hir_nccl__wall_ms() < deadline &&
+         !hir_nccl__told(c))
     nanosleep(&nap, NULL);
   return q != ncclSuccess ? q : r;
 }
@@ -387,14 +1078,20 @@ static hir_status hir_nccl__settle(hir_comm *c, ncclComm_t pending, const char *
   hir_nccl__team *t = nc->teams;
   ncclComm_t comm = pending ? pending : nc->world;
   for (;;) {
-    ncclResult_t r = comm ? hir_nccl__wait(comm, deadline) : ncclSuccess;
-    if (r == ncclInProgress) {
+    ncclResult_t r = comm ? hir_nccl__wait(c, comm, deadline) : ncclSuccess;
+    if (r == ncclInProgress && nc->told) {
       if (pending && pending != nc->world) ncclCommAbort(pending);
-      hir_nccl__abort(c);
+      return HIR_ERR_COMM;
+    }
+    if (r == ncclInProgress) {
+      char log[340];
+      hir_nccl__store_log(&nc->store, log, sizeof log);
+      if (pending && pending != nc->world) ncclCommAbort(pending);
       snprintf(c->error, sizeof c->error,
                "%s on rank %d still waited for its peers after %d ms: a peer is dead or stuck, so the communicator was "
-               "aborted (raise the timeout of hir_nccl_comm_create if they are only slow)",
-               what, c->rank, nc->timeout_ms);
+               "aborted (raise the timeout of hir_nccl_comm_create if they are only slow)%s",
+               what, c->rank, nc->timeout_ms, log);
+      hir_nccl__abort(c);
       return HIR_ERR_TIMEOUT;
     }
     if (r != ncclSuccess) {
@@ -428,44 +1125,45 @@ static hir_status hir_nccl__init_comm(hir_comm *c, ncclComm_t *comm, int n, nccl
 }
 
 /* The id of a team's communicator: made by its first member, shared through
-   the world (threads) or rank 0's store (processes). */
-static hir_status hir_nccl__team_id(hir_nccl__rank *nc, const int *devices, int n, ncclUniqueId *id) {
+   the world (threads: by its exact list of devices) or rank 0's store
+   (processes: keyed by its size and two 64-bit hashes of the list). */
+static hir_status hir_nccl__team_id_of(hir_nccl__rank *nc, const int *devices, int n, ncclUniqueId *id) {
+  size_t bytes = (size_t)n * sizeof(int);
   char key[HIR_NCCL__KEY_BYTES];
-  size_t k = 0;
-  int i;
-  k += (size_t)snprintf(key, sizeof key, "team");
-  for (i = 0; i < n && k < sizeof key - 12; i++) k += (size_t)snprintf(key + k, sizeof key - k, ":%d", devices[i]);
+  hir_status s;
   if (nc->shared) {
     hir_nccl_world *w = nc->shared;
-    hir_status s = HIR_OK;
+    hir_nccl__team_id *t;
     pthread_mutex_lock(&w->mu);
-    for (i = 0; i < w->nids && strcmp(w->ids[i].key, key) != 0; i++) {}
-    if (i == w->nids) {
-      if (w->nids == w->cap) {
-        int cap = w->cap ? 2 * w->cap : 16;
-        hir_nccl__kv *ids = (hir_nccl__kv *)realloc(w->ids, (size_t)cap * sizeof *ids);
-        if (ids) {
-          w->ids = ids;
-          w->cap = cap;
-        }
-      }
-      if (w->nids < w->cap && ncclGetUniqueId((ncclUniqueId *)w->ids[i].value) == ncclSuccess) {
-        snprintf(w->ids[i].key, sizeof w->ids[i].key, "%s", key);
-        w->nids++;
-      } else {
-        snprintf(nc->comm.error, sizeof nc->comm.error, "hostir_nccl: cannot make an id for team %s", key);
-        s = HIR_ERR_COMM;
+    for (t = w->ids; t && !(t->n == n && memcmp(t->devices, devices, bytes) == 0); t = t->next) {}
+    if (!t) {
+      if ((t = (hir_nccl__team_id *)calloc(1, sizeof *t)) && (t->devices = (int *)malloc(bytes)) &&
+          ncclGetUniqueId(&t->id) == ncclSuccess) {
+        memcpy(t->devices, devices, bytes);
+        t->n = n;
+        t->next = w->ids;
+        w->ids = t;
+      } else if (t) {
+        free(t->devices);
+        free(t);
+        t = NULL;
       }
     }
-    if (s == HIR_OK) memcpy(id, w->ids[i].value, sizeof *id);
+    if (t) memcpy(id, &t->id, sizeof *id);
     pthread_mutex_unlock(&w->mu);
-    return s;
+    if (t) return HIR_OK;
+    snprintf(nc->comm.error, sizeof nc->comm.error, "hostir_nccl: cannot make an id for a team of %d ranks", n);
+    return HIR_ERR_COMM;
   }
+  snprintf(key, sizeof key, "team/%d/%016llx%016llx", n, (unsigned long long)hir_nccl__hash(devices, bytes, 1),
+           (unsigned long long)hir_nccl__hash(devices, bytes, 2));
   if (devices[0] == nc->comm.rank) {
-    hir_status s = HIR_NCCL__CHECK(&nc->comm, ncclGetUniqueId(id));
-    return s != HIR_OK ? s : hir_nccl__store_set(&nc->store, key, id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error);
+    if ((s = HIR_NCCL__CHECK(&nc->comm, ncclGetUniqueId(id))) != HIR_OK) return s;
+    return hir_nccl__store_call(&nc->store, 'S', key, id, sizeof *id, hir_nccl__wall_ms() + nc->timeout_ms, nc->comm.error,
+                                sizeof nc->comm.error);
   }
-  return hir_nccl__store_get(&nc->store, key, id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error);
+  return hir_nccl__store_call(&nc->store, 'G', key, id, sizeof *id, hir_nccl__wall_ms() + nc->timeout_ms, nc->comm.error,
+                              sizeof nc->comm.error);
 }
 
 static hir_status hir_nccl__make_team(hir_comm *c, const int *devices, int n, void **out) {
@@ -495,7 +1193,7 @@ static hir_status hir_nccl__make_team(hir_comm *c, const int *devices, int n, vo
       *out = t;
       return HIR_OK;
     }
-  if ((s = hir_nccl__team_id(nc, devices, n, &id)) != HIR_OK) return s;
+  if ((s = hir_nccl__team_id_of(nc, devices, n, &id)) != HIR_OK) return s;
   if (!(t = (hir_nccl__team *)calloc(1, sizeof *t)) || !(t->devices = (int *)malloc((size_t)n * sizeof(int)))) {
     free(t);
     snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
@@ -636,6 +1334,11 @@ static hir_status hir_nccl__ce_wait(hir_comm *c, const unsigned long long *have,
   while (*have < want) {
     struct timespec ts;
     double now = hir_nccl__wall_ms();
+    if (w->aborted) { /* a rank's note (mu is held, so it is read here) */
+      hir_nccl__of(c)->told = 1;
+      snprintf(c->error, sizeof c->error, "hostir_nccl: rank %d stopped: the world was aborted: %.440s", c->rank, w->abort_note);
+      return HIR_ERR_COMM;
+    }
     if (now > deadline || hir_nccl__of(c)->aborted) {
       snprintf(c->error, sizeof c->error,
                "hostir_nccl (copy engine): %s on rank %d: its peer did not come within %d ms (a peer is dead or stuck, "
@@ -819,11 +1522,12 @@ static hir_status hir_nccl__poll(hir_comm *c) {
   hir_nccl__rank *nc = hir_nccl__of(c);
   hir_nccl__team *t;
   ncclResult_t r = ncclSuccess;
+  if (hir_nccl__told(c)) return HIR_ERR_COMM;
   if (nc->aborted) {
     snprintf(c->error, sizeof c->error, "hostir_nccl: the communicator of rank %d was aborted", c->rank);
     return HIR_ERR_COMM;
   }
-  if (ncclCommGetAsyncError(nc->world, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
+  if (nc->world && ncclCommGetAsyncError(nc->world, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
     return hir_nccl__check(c, r, "NCCL (asynchronous, world)", __LINE__);
   for (t = nc->teams; t; t = t->next)
     if (ncclCommGetAsyncError(t->comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
@@ -967,77 +1671,71 @@ HIRDEF void hir_nccl_world_free(hir_nccl_world *w) {
   free(w->boxes);
   pthread_cond_destroy(&w->ce_cv);
   free(w->ranks);
-  free(w->ids);
+  while (w->ids) {
+    hir_nccl__team_id *t = w->ids;
+    w->ids = t->next;
+    free(t->devices);
+    free(t);
+  }
   pthread_mutex_destroy(&w->mu);
   free(w);
 }
 
-static int hir_nccl__env_int(const char *const *names, int *value) {
-  int i;
-  for (i = 0; names[i]; i++) {
-    const char *v = getenv(names[i]);
-    if (v && *v) {
-      *value = atoi(v);
-      return 1;
-    }
-  }
-  return 0;
+static const char *hir_nccl__getenv(void *user, const char *name) {
+  (void)user;
+  return getenv(name);
 }
 
 HIRDEF hir_status hir_nccl_env_read(hir_nccl_env *env, char *error, size_t cap) {
-  static const char *const rank[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
-  static const char *const size[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", NULL};
-  static const char *const local[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", NULL};
-  static const char *const port[] = {"MASTER_PORT", NULL};
-  static const char *const hostir_port[] = {"HOSTIR_PORT", NULL};
-  const char *addr = getenv("MASTER_ADDR");
+  char scratch[8];
+  int visible = 0;
   if (!env) return HIR_ERR_INVALID;
-  memset(env, 0, sizeof *env);
-  if (!hir_nccl__env_int(rank, &env->rank) || !hir_nccl__env_int(size, &env->size)) {
-    if (error && cap)
-      snprintf(error, cap, "hir_nccl_env_read: no rank or world size in the environment (RANK/WORLD_SIZE, "
-               "OMPI_COMM_WORLD_RANK/SIZE or SLURM_PROCID/NTASKS); start with torchrun, mpirun or srun");
-    return HIR_ERR_INVALID;
+  if (!error || !cap) error = scratch, cap = sizeof scratch;
+  if (cudaGetDeviceCount(&visible) != cudaSuccess) {
+    cudaGetLastError();
+    visible = 0;
   }
-  if (!hir_nccl__env_int(local, &env->local_rank)) env->local_rank = env->rank;
-  if (!hir_nccl__env_int(port, &env->master_port)) env->master_port = 29500;
-  /* torchrun's own store listens on MASTER_PORT: ours takes the next port */
-  if (getenv("TORCHELASTIC_RUN_ID")) env->master_port++;
-  hir_nccl__env_int(hostir_port, &env->master_port);
-  snprintf(env->master_addr, sizeof env->master_addr, "%s", addr && *addr ? addr : "127.0.0.1");
-  if (env->size < 1 || env->rank < 0 || env->rank >= env->size || env->local_rank < 0) {
-    if (error && cap)
-      snprintf(error, cap, "hir_nccl_env_read: rank %d, world size %d and local rank %d do not fit", env->rank, env->size,
-               env->local_rank);
-    return HIR_ERR_INVALID;
-  }
-  return HIR_OK;
+  return hir_nccl__env_parse(hir_nccl__getenv, NULL, visible, env, error, cap);
 }
 
 HIRDEF hir_status hir_nccl_comm_create(const hir_nccl_env *env, int timeout_ms, hir_comm **out) {
   hir_nccl__rank *nc;
   ncclUniqueId id;
   hir_status s;
-  int ndev = 0;
+  double deadline;
   if (!env || !out) return HIR_ERR_INVALID;
   if (!(nc = (hir_nccl__rank *)malloc(sizeof *nc))) return HIR_ERR_NOMEM;
-  hir_nccl__init(nc, env->rank, env->size, env->local_rank);
+  hir_nccl__init(nc, env->rank, env->size, env->gpu);
   *out = &nc->comm;
   if (timeout_ms > 0) nc->timeout_ms = timeout_ms;
-  snprintf(nc->store.addr, sizeof nc->store.addr, "%s", env->master_addr);
-  nc->store.port = env->master_port;
-  nc->store.listen_fd = -1;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || env->local_rank >= ndev || cudaSetDevice(env->local_rank) != cudaSuccess) {
-    snprintf(nc->comm.error, sizeof nc->comm.error, "hir_nccl_comm_create: rank %d wants GPU %d, %d visible", env->rank,
-             env->local_rank, ndev);
+  deadline = hir_nccl__wall_ms() + nc->timeout_ms;
+  nc->store.wake[0] = nc->store.wake[1] = -1;
+  if (env->size < 1 || env->rank < 0 || env->rank >= env->size) {
+    snprintf(nc->comm.error, sizeof nc->comm.error, "hir_nccl_comm_create: rank %d of a world of %d", env->rank, env->size);
     return HIR_ERR_INVALID;
   }
+  if (env->gpu < 0 || cudaSetDevice(env->gpu) != cudaSuccess) {
+    int visible = 0;
+    if (cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
+    cudaGetLastError();
+    snprintf(nc->comm.error, sizeof nc->comm.error, "hir_nccl_comm_create: rank %d cannot use GPU %d: %d visible (%s)",
+             env->rank, env->gpu, visible, env->origin);
+    return HIR_ERR_INVALID;
+  }
+  if ((s = hir_nccl__store_open(&nc->store, env->master_addr, env->master_port, env->secret, deadline, nc->comm.error,
+                                sizeof nc->comm.error)) != HIR_OK ||
+      (env->rank == 0 &&
+       (s = hir_nccl__store_serve_start(&nc->store, env->spans_hosts, nc->comm.error, sizeof nc->comm.error)) != HIR_OK))
+    return s;
   if (env->rank == 0) {
-    if ((s = hir_nccl__store_serve_start(&nc->store, nc->comm.error, sizeof nc->comm.error)) != HIR_OK) return s;
     if ((s = HIR_NCCL__CHECK(&nc->comm, ncclGetUniqueId(&id))) != HIR_OK ||
-        (s = hir_nccl__store_set(&nc->store, "world", &id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error)) != HIR_OK)
+        (s = hir_nccl__store_call(&nc->store, 'S', "world", &id, sizeof id, deadline, nc->comm.error, sizeof nc->comm.error)) !=
+            HIR_OK)
       return s;
-  } else if ((s = hir_nccl__store_get(&nc->store, "world", &id, nc->timeout_ms, nc->comm.error, sizeof nc->comm.error)) != HIR_OK) {
+  } else if ((s = hir_nccl__store_call(&nc->store, 'G', "world", &id, sizeof id, deadline, nc->comm.error,
+                                       sizeof nc->comm.error)) != HIR_OK) {
+    size_t n = strlen(nc->comm.error);
+    snprintf(nc->comm.error + n, sizeof nc->comm.error - n, " [%s]", env->origin);
     return s;
   }
   if ((s = hir_nccl__init_comm(&nc->comm, &nc->world, env->size, id, env->rank)) != HIR_OK) return s;
@@ -1050,7 +1748,7 @@ HIRDEF void hir_nccl_comm_free(hir_comm *c) {
   nc = hir_nccl__of(c);
   cudaSetDevice(nc->device);
   hir_nccl__release(nc);
-  hir_nccl__store_stop(&nc->store);
+  hir_nccl__store_close(&nc->store);
   free(nc);
 }
 

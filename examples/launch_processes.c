@@ -38,7 +38,7 @@ int main(void) {
   hir_tensor in[2] = {{0}, {0}}, out[1] = {{0}};
   int mesh[MAXD], i, r, k, ok = 0;
   double worst = 0;
-  char err[256];
+  char err[512];
   unsigned seed = 7;
   if (hir_nccl_env_read(&env, err, sizeof err) != HIR_OK) {
     fprintf(stderr, "launch_processes: %s\n", err);
@@ -61,7 +61,7 @@ int main(void) {
   hir_parallelize(ta, 0, HIR_DIDX);
   hir_parallelize(tc, 0, HIR_STREAM);
   ld.my_device = env.rank;
-  be = hir_backend_cuda_create(env.local_rank);
+  be = hir_backend_cuda_create(env.gpu);
   ed.backend = be;
   ed.comm = comm;
   for (i = 0; i < M * K; i++) a[i] = (float)((seed = seed * 1103515245u + 12345u) >> 8 & 0xffff) / 32768.0f - 1.0f;
@@ -87,7 +87,7 @@ int main(void) {
         if (!(fabs(acc - c[i * N + k]) <= worst)) worst = fabs(acc - c[i * N + k]);
       }
     ok = worst < 1e-4;
-    printf("rank %d of %d (GPU %d): max |C - reference| = %.2e\n", env.rank, env.size, env.local_rank, worst);
+    printf("rank %d of %d (GPU %d): max |C - reference| = %.2e\n", env.rank, env.size, env.gpu, worst);
   }
   if (be) {
     if (in[0].data) be->release(be, in[0].data);

@@ -38,15 +38,15 @@ static int hx_fail(hx *h, const char *what, const char *why) {
 hx *hx_create(void *cuda_stream) {
   hx *h = (hx *)calloc(1, sizeof *h);
   hir_nccl_env env;
-  char err[256];
+  char err[512];
   if (!h) return NULL;
   if (hir_nccl_env_read(&env, err, sizeof err) != HIR_OK) return hx_fail(h, "environment", err), h;
   if (env.size > 64) return hx_fail(h, "environment", "more than 64 ranks"), h;
   if (hir_nccl_comm_create(&env, 60000, &h->comm) != HIR_OK)
     return hx_fail(h, "hir_nccl_comm_create", h->comm ? h->comm->error : "out of memory"), h;
-  if (!(h->be = hir_backend_cuda_create(env.local_rank))) return hx_fail(h, "hir_backend_cuda_create", "no GPU"), h;
+  if (!(h->be = hir_backend_cuda_create(env.gpu))) return hx_fail(h, "hir_backend_cuda_create", "no GPU"), h;
   hir_backend_cuda_set_stream(h->be, cuda_stream);
-  h->device = env.local_rank;
+  h->device = env.gpu;
   return h;
 }
 
@@ -90,7 +90,7 @@ const char *hx_error(const hx *h) { return h ? h->error : "out of memory"; }
    hostir's own buffer (then take it with hx_output). 0 on success. */
 int hx_run(hx *h, const DLManagedTensor *a, const DLManagedTensor *b, const DLManagedTensor *c) {
   hir_tensor in[2];
-  char err[256];
+  char err[512];
   if (!h->ev) return h->error[0] ? 1 : (hx_fail(h, "hx_run", "no program: call hx_program first"), 1);
   h->error[0] = 0;
   if (hir_tensor_from_dlpack(&a->dl_tensor, &in[0], err, sizeof err) != HIR_OK) return hx_fail(h, "A", err), 1;

@@ -467,6 +467,99 @@ TEST(test_gpu_copy_engine, "gpu/copy_engine_p2p", TEST_GPU_THREADS) {
   for (r = 0; r < 2; r++) CHECK(hir_nccl_world_comm(w, r)->p2p_copy_engine == 1);
   hir_nccl_world_set_copy_engine(w, 0);
 }
+/* One rank rejects its input (a wrong K) 200 ms after the others started
+   waiting for it in their exchanges: they return HIR_ERR_COMM within a
+   second naming it and why (robust/failing_rank's case, on NCCL). Its
+   world is aborted: the threads get a world of their own. */
+typedef struct gpu_failing {
+  hir_fusion *f;
+  hir_comm *comm[MAXR];
+  int gpu[MAXR], wrong;           /* the rank with a wrong K */
+  hir_tensor in[MAXR][2];         /* made before the ranks start (trand is not thread-safe) */
+  hir_status status[MAXR];
+  char error[MAXR][512];
+  double ms[MAXR];
+} gpu_failing;
+
+static void gpu_failing_begin(gpu_failing *x, int n, int wrong) {
+  seed s;
+  int r;
+  memset(x, 0, sizeof *x);
+  seed_ag_matmul_p2p(&s, hir_fusion_create(), n, iota_mesh); /* P2P exchanges, then matmuls */
+  x->f = s.f;
+  x->wrong = wrong;
+  for (r = 0; r < n; r++) {
+    int64_t sa[3] = {1, 2, 4}, sb[2] = {r == wrong ? 3 : 4, 5};
+    x->in[r][0] = trand(HIR_F32, 3, sa);
+    x->in[r][1] = trand(HIR_F32, 2, sb);
+  }
+}
+
+static hir_status gpu_failing_rank(int rank, void *user) {
+  gpu_failing *x = (gpu_failing *)user;
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p;
+  hir_evaluator *ev = NULL;
+  hir_tensor d[2], out[1];
+  double t0;
+  int i;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  memset(out, 0, sizeof out);
+  ld.my_device = rank;
+  ed.comm = x->comm[rank];
+  ed.backend = hir_backend_cuda_create(x->gpu[rank]);
+  for (i = 0; i < 2; i++) d[i] = to_backend(ed.backend, &x->in[rank][i]);
+  if (rank == x->wrong) hir_nccl__sleep_ms(200); /* the others are already waiting in their first exchange */
+  t0 = hir__now_ms();
+  if ((x->status[rank] = hir_lower(x->f, &ld, &p)) == HIR_OK && (x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK &&
+      (x->status[rank] = hir_run(ev, d, 2, out, 1)) == HIR_OK)
+    x->status[rank] = hir_evaluator_sync(ev);
+  x->ms[rank] = hir__now_ms() - t0;
+  snprintf(x->error[rank], sizeof x->error[rank], "%s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  for (i = 0; i < 2; i++) backend_free(ed.backend, &x->in[rank][i], &d[i]);
+  hir_backend_free(ed.backend);
+  return x->status[rank];
+}
+
+/* Checks ranks [from, to) of a finished run and frees what the run used. */
+static int gpu_failing_end(gpu_failing *x, int n, int from, int to) {
+  char rank_failed[32];
+  int r, ok = 1;
+  snprintf(rank_failed, sizeof rank_failed, "rank %d failed: hir_run:", x->wrong);
+  for (r = from; r < to; r++) {
+    int good = r == x->wrong ? x->status[r] == HIR_ERR_SHAPE && strstr(x->error[r], "the contracted sizes differ")
+                             : x->status[r] == HIR_ERR_COMM && x->ms[r] < 1000 && strstr(x->error[r], rank_failed) &&
+                                   strstr(x->error[r], "the contracted sizes differ");
+    printf("  rank %d: %s after %.0f ms: %.300s\n", r, hir_status_str(x->status[r]), x->ms[r], x->error[r]);
+    ok &= good;
+  }
+  for (r = 0; r < n; r++) tfree(&x->in[r][0]), tfree(&x->in[r][1]);
+  hir_fusion_free(x->f);
+  return ok;
+}
+
+TEST(test_gpu_failing_rank, "gpu/failing_rank", TEST_GPU_THREADS) {
+  static gpu_failing x;
+  hir_nccl_world *w = NULL;
+  int n = platform->max_world < 4 ? platform->max_world : 4, r;
+  if (n < 2) return;
+  if (hir_nccl_world_create(n, &w) != HIR_OK) {
+    fprintf(stderr, "  %s\n", hir_nccl_world_error(w));
+    hir_test_failures++;
+    hir_nccl_world_free(w);
+    return;
+  }
+  gpu_failing_begin(&x, n, n - 1);
+  for (r = 0; r < n; r++) x.comm[r] = hir_nccl_world_comm(w, r), x.gpu[r] = r;
+  CHECK(hir_spmd(n, gpu_failing_rank, &x) == HIR_ERR_SHAPE); /* the cause */
+  CHECK(gpu_failing_end(&x, n, 0, n));
+  hir_nccl_world_free(w);
+}
+
 static void gpu_world_keep(void *w) { (void)w; } /* NCCL worlds are kept for the whole run */
 static hir_comm *gpu_comm(void *w, int rank) { return hir_nccl_world_comm((hir_nccl_world *)w, rank); }
 static hir_backend *gpu_backend(int rank) { return hir_backend_cuda_create(rank); }
@@ -483,7 +576,7 @@ static hir_comm *mp_comm_of(void *w, int rank) {
 }
 static hir_backend *mp_backend(int rank) {
   (void)rank;
-  return hir_backend_cuda_create(mp_env.local_rank);
+  return hir_backend_cuda_create(mp_env.gpu);
 }
 static hir_status mp_run(int n, hir_status (*fn)(int rank, void *user), void *user) {
   (void)n;
@@ -512,7 +605,7 @@ static int dead_peer(void) {
   memset(&ed, 0, sizeof ed);
   ld.my_device = mp_env.rank;
   ed.comm = mp_comm;
-  ed.backend = hir_backend_cuda_create(mp_env.local_rank);
+  ed.backend = hir_backend_cuda_create(mp_env.gpu);
   ed.timeout_ms = 3000;
   if (hir_lower(f, &ld, &p) != HIR_OK || hir_evaluator_create(p, &ed, &ev) != HIR_OK) {
     printf("rank%d: setup failed: %s\n", mp_env.rank, ev ? hir_evaluator_error(ev) : hir_program_error(p));
@@ -561,7 +654,7 @@ int main(int argc, char **argv) {
       return 1;
     }
     snprintf(prefix, sizeof prefix, "rank%d: ", mp_env.rank);
-    int dead = argc > 2 && !strcmp(argv[2], "--dead-peer");
+    int dead = argc > 2 && !strcmp(argv[2], "--dead-peer"), failing = argc > 2 && !strcmp(argv[2], "--failing-rank");
     if (hir_nccl_comm_create(&mp_env, dead ? 5000 : 60000, &mp_comm) != HIR_OK) {
       printf("%s%s\n%s0 passed, 1 failed\n", prefix, mp_comm ? mp_comm->error : "no memory", prefix);
       hir_nccl_comm_free(mp_comm);
@@ -572,6 +665,18 @@ int main(int argc, char **argv) {
       printf("%s%d passed, %d failed\n", prefix, ok, !ok);
       if (mp_env.rank == 0) _exit(ok ? 0 : 1); /* the aborted world is not torn down */
       _exit(0);
+    }
+    if (failing) { /* the last rank has a wrong K; every rank returns within a second */
+      static gpu_failing x;
+      int ok;
+      gpu_failing_begin(&x, mp_env.size, mp_env.size - 1);
+      x.comm[mp_env.rank] = mp_comm;
+      x.gpu[mp_env.rank] = mp_env.gpu;
+      gpu_failing_rank(mp_env.rank, &x);
+      ok = gpu_failing_end(&x, mp_env.size, mp_env.rank, mp_env.rank + 1);
+      printf("%s%d passed, %d failed\n", prefix, ok, !ok);
+      fflush(stdout);
+      _exit(ok ? 0 : 1); /* the aborted world is not torn down */
     }
     mp.min_world = mp.max_world = mp_env.size;
     platform = &mp;

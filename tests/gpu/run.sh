@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make test-gpu: the GPU suite in one process (a thread per GPU), then with one
 # process per GPU under torchrun and mpirun (2 GPUs, and all when more), a
-# dead peer, then the examples: built with nvcc, run on the GPUs, NVTX ranges
-# as a tool sees them, launch_processes under torchrun and mpirun, and
+# dead peer, a failing rank, the bootstrap's own tests, then the examples:
+# built with nvcc, run on the GPUs, NVTX ranges as a tool sees them, launch_processes under torchrun and mpirun, and
 # hostir driven from PyTorch through DLPack. Under torchrun --standalone the
 # bootstrap port is set (HOSTIR_PORT) below the ephemeral range: the port after
 # torchrun's random one can be taken by a connection. The last line is "N passed,
@@ -34,6 +34,12 @@ if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   stage "a dead peer (2 processes, rank 1 exits after joining)" timeout 120 mpirun --allow-run-as-root -np 2 \
     -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29650 "$bin" --processes --dead-peer
 fi
+if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
+  n=$((ngpu < 4 ? ngpu : 4))
+  stage "a failing rank ($n processes, the last with a wrong K; the others back within 1 s)" timeout 120 mpirun \
+    --allow-run-as-root -np "$n" -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29690 "$bin" --processes --failing-rank
+fi
+stage "the bootstrap without GPUs (make test-bootstrap)" make -s test-bootstrap
 if command -v nvcc >/dev/null; then
   stage "examples built with nvcc" make -s examples-nvcc
 fi

@@ -1,0 +1,427 @@
+/* make test-bootstrap: hostir_nccl.h's bootstrap without a GPU - the
+   launchers' variables (ranks, rank 0's host, port, secret, GPU), team keys,
+   rank 0's store on 127.0.0.1 (and ::1 where the host has IPv6) against
+   garbage, stalled connections, wrong secrets and too many keys, and the
+   abort note that a failing rank leaves for the others (threads and
+   processes). Needs NCCL's and CUDA's headers and libraries to link, no
+   GPU. The last line is "N passed, N failed". */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#define HOSTIR_IMPLEMENTATION
+#define HOSTIR_NCCL_IMPLEMENTATION
+#include "../../hostir_nccl.h"
+#include "../test.h"
+
+/* ---- the launchers' variables ---- */
+typedef struct vars {
+  const char *kv[32]; /* name, value, name, value, ..., NULL */
+} vars;
+static const char *vars_get(void *user, const char *name) {
+  const vars *v = (const vars *)user;
+  int i;
+  for (i = 0; v->kv[i]; i += 2)
+    if (!strcmp(v->kv[i], name)) return v->kv[i + 1];
+  return NULL;
+}
+static hir_status parse(const vars *v, int visible, hir_nccl_env *env, char *err) {
+  err[0] = '\0';
+  return hir_nccl__env_parse(vars_get, (void *)v, visible, env, err, 512);
+}
+/* The variables are refused, with a message holding `want`. */
+static void refused(const vars *v, int visible, const char *want) {
+  hir_nccl_env env;
+  char err[512];
+  hir_status s = parse(v, visible, &env, err);
+  if (s != HIR_ERR_INVALID || !strstr(err, want)) {
+    fprintf(stderr, "  %s: %s, wanted a refusal holding \"%s\"\n", hir_status_str(s), err, want);
+    hir_test_failures++;
+  }
+}
+
+TEST(test_env_torchrun, "env/torchrun", TEST_CPU) {
+  vars v = {{"RANK", "1", "WORLD_SIZE", "4", "LOCAL_RANK", "1", "LOCAL_WORLD_SIZE", "4", "MASTER_ADDR", "10.0.0.1",
+             "MASTER_PORT", "29400", "TORCHELASTIC_RUN_ID", "f00d", NULL}};
+  hir_nccl_env env;
+  char err[512];
+  CHECK(parse(&v, 4, &env, err) == HIR_OK);
+  CHECK(env.rank == 1 && env.size == 4 && env.local_rank == 1 && env.local_size == 4 && !env.spans_hosts);
+  CHECK(env.master_port == 29401); /* torchrun's own store holds MASTER_PORT */
+  CHECK_STR(env.master_addr, "10.0.0.1");
+  CHECK(env.gpu == 1);
+  CHECK(strstr(env.secret, "TORCHELASTIC_RUN_ID=f00d") != NULL);
+  CHECK(strstr(env.origin, "torchrun; rank 0 at 10.0.0.1:29401 from MASTER_ADDR") != NULL);
+  { /* HOSTIR_PORT wins; HOSTIR_SECRET wins */
+    vars w = {{"RANK", "0", "WORLD_SIZE", "2", "MASTER_PORT", "29400", "TORCHELASTIC_RUN_ID", "x", "HOSTIR_PORT", "31000",
+               "HOSTIR_SECRET", "s3cret", NULL}};
+    CHECK(parse(&w, 2, &env, err) == HIR_OK && env.master_port == 31000 && !strcmp(env.secret, "s3cret"));
+    CHECK_STR(env.master_addr, "127.0.0.1"); /* one host, as nobody says otherwise */
+  }
+  { /* a run id of "none" (no --rdzv-id) is no secret */
+    vars w = {{"RANK", "0", "WORLD_SIZE", "2", "TORCHELASTIC_RUN_ID", "none", NULL}};
+    CHECK(parse(&w, 2, &env, err) == HIR_OK && !strstr(env.secret, "none"));
+    CHECK(strstr(env.origin, "secret from size and port only: set HOSTIR_SECRET") != NULL);
+  }
+}
+
+TEST(test_env_malformed, "env/malformed", TEST_CPU) {
+  static const char *bad_ranks[] = {"abc", " 1", "1x", "-1", "+1", "99999999999", "0x1", ""};
+  size_t i;
+  for (i = 0; i < sizeof bad_ranks / sizeof bad_ranks[0]; i++) {
+    vars v = {{"RANK", bad_ranks[i], "WORLD_SIZE", "4", "OMPI_COMM_WORLD_RANK", "0", NULL}};
+    char want[64];
+    snprintf(want, sizeof want, "RANK=\"%s\" is not a whole number", bad_ranks[i]);
+    /* an empty RANK counts as unset: Open MPI's variables are read instead */
+    if (!bad_ranks[i][0]) refused(&v, 1, "OMPI_COMM_WORLD_RANK is set but not the world's size (OMPI_COMM_WORLD_SIZE");
+    else refused(&v, 1, want);
+  }
+  { vars v = {{"RANK", "1", NULL}}; refused(&v, 1, "RANK is set but not the world's size (WORLD_SIZE; torchrun sets both)"); }
+  { vars v = {{"RANK", "4", "WORLD_SIZE", "4", NULL}}; refused(&v, 1, "RANK=4 is not below WORLD_SIZE=4"); }
+  { vars v = {{"RANK", "0", "WORLD_SIZE", "0", NULL}}; refused(&v, 1, "WORLD_SIZE=\"0\" is not a whole number from 1"); }
+  { vars v = {{"RANK", "0", "WORLD_SIZE", "2", "LOCAL_RANK", "2", "LOCAL_WORLD_SIZE", "2", NULL}};
+    refused(&v, 1, "local rank 2 and 2 ranks on this host do not fit a world of 2"); }
+  { vars v = {{"RANK", "0", "WORLD_SIZE", "2", "MASTER_PORT", "70000", NULL}};
+    refused(&v, 1, "MASTER_PORT=\"70000\" is not a TCP port (1 to 65535)"); }
+  { vars v = {{"RANK", "0", "WORLD_SIZE", "2", "MASTER_PORT", "65535", "TORCHELASTIC_RUN_ID", "r", NULL}};
+    refused(&v, 1, "MASTER_PORT=\"65535\" is not a TCP port"); } /* the port after it does not exist */
+  { vars v = {{"HOSTNAME", "x", NULL}}; refused(&v, 1, "no rank in the environment"); }
+}
+
+/* Slurm: rank 0's host is the first of the step's node list; one visible
+   GPU per task is GPU 0. */
+TEST(test_env_slurm, "env/slurm", TEST_CPU) {
+  static const char *lists[][2] = {{"gpu[07-09,12],io01", "gpu07"}, {"node01", "node01"}, {"a[1-2]-b[03-04]", "a1-b03"},
+                                   {"x[5,7]y,z", "x5y"}, {"h1,h2", "h1"}};
+  vars v = {{"SLURM_PROCID", "3", "SLURM_NTASKS", "8", "SLURM_STEP_NUM_TASKS", "8", "SLURM_LOCALID", "1",
+             "SLURM_STEP_NUM_NODES", "4", "SLURM_STEP_NODELIST", "gpu[07-09,12]", "SLURM_JOB_ID", "77", "SLURM_STEP_ID", "0",
+             "CUDA_VISIBLE_DEVICES", "3", NULL}};
+  hir_nccl_env env;
+  char err[512], host[64];
+  size_t i;
+  CHECK(parse(&v, 1, &env, err) == HIR_OK);
+  CHECK(env.rank == 3 && env.size == 8 && env.local_rank == 1 && env.spans_hosts && env.gpu == 0);
+  CHECK_STR(env.master_addr, "gpu07");
+  CHECK(strstr(env.secret, "SLURM_JOB_ID=77|SLURM_STEP_ID=0") != NULL);
+  CHECK(strstr(env.origin, "from the first host of SLURM_STEP_NODELIST") != NULL);
+  for (i = 0; i < sizeof lists / sizeof lists[0]; i++) {
+    CHECK(hir_nccl__first_host(lists[i][0], host, sizeof host));
+    CHECK_STR(host, lists[i][1]);
+  }
+  { /* another job's secret differs */
+    hir_nccl_env other;
+    v.kv[13] = "78";
+    CHECK(parse(&v, 1, &other, err) == HIR_OK && strcmp(other.secret, env.secret) != 0);
+  }
+}
+
+TEST(test_env_mpi, "env/mpi", TEST_CPU) {
+  hir_nccl_env env;
+  char err[512];
+  { /* Open MPI 4: mpirun's host from the HNP URI */
+    vars v = {{"OMPI_COMM_WORLD_RANK", "9", "OMPI_COMM_WORLD_SIZE", "16", "OMPI_COMM_WORLD_LOCAL_RANK", "1",
+               "OMPI_COMM_WORLD_LOCAL_SIZE", "8", "OMPI_MCA_orte_hnp_uri", "3170238464.0;tcp://192.168.1.10,10.0.0.2:41627",
+               "OMPI_MCA_ess_base_jobid", "3170238465", "SLURM_PROCID", "0", NULL}};
+    CHECK(parse(&v, 8, &env, err) == HIR_OK && env.rank == 9 && env.gpu == 1 && env.spans_hosts);
+    CHECK_STR(env.master_addr, "192.168.1.10");
+    CHECK(strstr(env.secret, "OMPI_MCA_ess_base_jobid=3170238465") != NULL);
+    v.kv[9] = "3170238464.0;tcp6://[fe80::1]:4000";
+    CHECK(parse(&v, 8, &env, err) == HIR_OK);
+    CHECK_STR(env.master_addr, "fe80::1");
+  }
+  { /* Open MPI 5: its PMIx namespace names mpirun's host */
+    vars v = {{"OMPI_COMM_WORLD_RANK", "0", "OMPI_COMM_WORLD_SIZE", "4", "OMPI_COMM_WORLD_LOCAL_RANK", "0",
+               "OMPI_COMM_WORLD_LOCAL_SIZE", "2", "PMIX_NAMESPACE", "prterun-dgx-a-01-12345@1", NULL}};
+    CHECK(parse(&v, 2, &env, err) == HIR_OK);
+    CHECK_STR(env.master_addr, "dgx-a-01");
+  }
+  { /* MPICH: one host, or MASTER_ADDR (Hydra passes the environment) */
+    vars v = {{"PMI_RANK", "2", "PMI_SIZE", "4", "MPI_LOCALRANKID", "0", "MPI_LOCALNRANKS", "2", NULL}};
+    refused(&v, 2, "the world spans hosts (4 ranks, 2 on this one) and nothing names rank 0's host: set MASTER_ADDR");
+    v.kv[8] = "MASTER_ADDR", v.kv[9] = "head-node";
+    CHECK(parse(&v, 2, &env, err) == HIR_OK && env.rank == 2 && env.gpu == 0);
+    CHECK_STR(env.master_addr, "head-node");
+  }
+  { /* many hosts, nothing names rank 0's */
+    vars v = {{"OMPI_COMM_WORLD_RANK", "0", "OMPI_COMM_WORLD_SIZE", "4", "OMPI_COMM_WORLD_LOCAL_RANK", "0",
+               "OMPI_COMM_WORLD_LOCAL_SIZE", "2", NULL}};
+    refused(&v, 2, "the world spans hosts (4 ranks, 2 on this one) and nothing names rank 0's host: set MASTER_ADDR");
+  }
+  { /* many hosts, and MASTER_ADDR names this one only */
+    vars v = {{"RANK", "0", "WORLD_SIZE", "4", "LOCAL_RANK", "0", "LOCAL_WORLD_SIZE", "2", "MASTER_ADDR", "localhost", NULL}};
+    refused(&v, 2, "rank 0's host is localhost (MASTER_ADDR), which the other hosts of the world cannot reach");
+  }
+}
+
+TEST(test_env_gpu, "env/gpu", TEST_CPU) {
+  hir_nccl_env env;
+  char err[512];
+  vars v = {{"RANK", "5", "WORLD_SIZE", "8", "LOCAL_RANK", "5", "LOCAL_WORLD_SIZE", "8", NULL}};
+  CHECK(parse(&v, 8, &env, err) == HIR_OK && env.gpu == 5);
+  refused(&v, 4, "local rank 5 (LOCAL_RANK) has no GPU of its own: 4 visible (CUDA_VISIBLE_DEVICES=unset)");
+  refused(&v, 1, "8 ranks on this host and it has one GPU: hostir needs a GPU per rank");
+  CHECK(parse(&v, 0, &env, err) == HIR_OK && env.gpu == -1); /* hir_nccl_comm_create says so */
+  v.kv[8] = "CUDA_VISIBLE_DEVICES", v.kv[9] = "5";
+  CHECK(parse(&v, 1, &env, err) == HIR_OK && env.gpu == 0);  /* a GPU per process */
+  /* what a user sees: hir_nccl_env_read on the process's environment */
+  setenv("RANK", "abc", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  CHECK(hir_nccl_env_read(&env, err, sizeof err) == HIR_ERR_INVALID && strstr(err, "RANK=\"abc\" is not a whole number"));
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+}
+
+/* ---- team keys ---- */
+TEST(test_team_keys, "bootstrap/team_keys", TEST_CPU) {
+  int a[100], b[2] = {0, 1}, c[2] = {1, 0}, i;
+  hir_nccl_world *w = (hir_nccl_world *)calloc(1, sizeof *w);
+  hir_nccl__rank *r = (hir_nccl__rank *)calloc(1, sizeof *r);
+  ncclUniqueId ids[5];
+  for (i = 0; i < 100; i++) a[i] = i;
+  /* threads: teams are told apart by their whole list of devices */
+  pthread_mutex_init(&w->mu, NULL);
+  hir_nccl__init(r, 0, 100, 0);
+  r->shared = w;
+  CHECK(hir_nccl__team_id_of(r, a, 100, &ids[0]) == HIR_OK && hir_nccl__team_id_of(r, a, 80, &ids[1]) == HIR_OK);
+  CHECK(hir_nccl__team_id_of(r, b, 2, &ids[2]) == HIR_OK && hir_nccl__team_id_of(r, c, 2, &ids[3]) == HIR_OK);
+  CHECK(hir_nccl__team_id_of(r, a, 100, &ids[4]) == HIR_OK);
+  CHECK(memcmp(&ids[0], &ids[1], sizeof ids[0]) != 0 && memcmp(&ids[2], &ids[3], sizeof ids[0]) != 0);
+  CHECK(memcmp(&ids[0], &ids[4], sizeof ids[0]) == 0); /* the same team, the same id */
+  while (w->ids) {
+    hir_nccl__team_id *t = w->ids;
+    w->ids = t->next;
+    free(t->devices);
+    free(t);
+  }
+  pthread_mutex_destroy(&w->mu);
+  free(w);
+  free(r);
+}
+
+/* ---- rank 0's store on the loopback ---- */
+/* A port nobody holds now. */
+static int free_port(int family) {
+  struct sockaddr_storage a;
+  socklen_t len = sizeof a;
+  int fd = socket(family, SOCK_STREAM, 0), port = 0;
+  memset(&a, 0, sizeof a);
+  a.ss_family = (sa_family_t)family;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(family == AF_INET ? ((struct sockaddr_in *)&a)->sin_port : ((struct sockaddr_in6 *)&a)->sin6_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+static hir_status open_store(hir_nccl__store *s, const char *addr, int port, const char *secret, int serve, char *err) {
+  hir_status st = hir_nccl__store_open(s, addr, port, secret, hir_nccl__wall_ms() + 5000, err, 512);
+  return st == HIR_OK && serve ? hir_nccl__store_serve_start(s, 0, err, 512) : st;
+}
+
+/* A raw connection, as a stranger makes it. */
+static int raw_connect(hir_nccl__store *s) {
+  return hir_nccl__connect(s->addrs, s->lens, s->naddrs, hir_nccl__wall_ms() + 2000);
+}
+
+static int turned_away(hir_nccl__store *s) {
+  int n;
+  pthread_mutex_lock(&s->mu);
+  n = s->turned_away;
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
+static void store_on(const char *addr, int family) {
+  hir_nccl__store server, client, stranger;
+  unsigned char value[HIR_NCCL__VALUE_BYTES], got[HIR_NCCL__VALUE_BYTES];
+  char err[512], log[400];
+  int port = free_port(family), i, fd;
+  double t0;
+  memset(value, 0, sizeof value);
+  for (i = 0; i < 128; i++) value[i] = (unsigned char)(urand() * 100 + 128);
+  CHECK(port > 0);
+  if (open_store(&server, addr, port, "job-1", 1, err) != HIR_OK) {
+    fprintf(stderr, "  %s\n", err);
+    hir_test_failures++;
+    return;
+  }
+  CHECK(open_store(&client, addr, port, "job-1", 0, err) == HIR_OK);
+  CHECK(open_store(&stranger, addr, port, "job-2", 0, err) == HIR_OK);
+
+  /* a key from a client, read on rank 0 and back; the first value stays */
+  CHECK(hir_nccl__store_call(&client, 'S', "team/2/x", value, 128, hir_nccl__wall_ms() + 3000, err, sizeof err) == HIR_OK);
+  memset(got, 0, sizeof got);
+  CHECK(hir_nccl__store_call(&server, 'G', "team/2/x", got, 128, hir_nccl__wall_ms() + 3000, err, sizeof err) == HIR_OK &&
+        !memcmp(got, value, 128));
+  got[0] ^= 1;
+  CHECK(hir_nccl__store_call(&server, 'S', "team/2/x", got, 128, hir_nccl__wall_ms() + 3000, err, sizeof err) == HIR_OK);
+  memset(got, 0, sizeof got);
+  CHECK(hir_nccl__store_call(&client, 'G', "team/2/x", got, 128, hir_nccl__wall_ms() + 3000, err, sizeof err) == HIR_OK &&
+        !memcmp(got, value, 128));
+
+  /* a wrong secret gets nothing, at once, and rank 0 logs it */
+  t0 = hir_nccl__wall_ms();
+  CHECK(hir_nccl__store_call(&stranger, 'G', "team/2/x", got, 128, hir_nccl__wall_ms() + 3000, err, sizeof err) == HIR_ERR_COMM);
+  CHECK(strstr(err, "refused this rank: wrong job secret") != NULL && hir_nccl__wall_ms() - t0 < 1000);
+  CHECK(hir_nccl__store_call(&stranger, 'S', "world", got, 128, hir_nccl__wall_ms() + 3000, err, sizeof err) == HIR_ERR_COMM);
+  CHECK(hir_nccl__store_call(&client, 'G', "world", got, 128, hir_nccl__wall_ms() + 300, err, sizeof err) == HIR_ERR_TIMEOUT);
+  CHECK(strstr(err, "never got 'world' in time") != NULL); /* the stranger's SET did not land */
+  hir_nccl__store_log(&server, log, sizeof log);
+  CHECK(turned_away(&server) == 2 && strstr(log, "turned away 2 connections, the last from") && strstr(log, "wrong job secret"));
+
+  /* garbage is answered 'R' and dropped */
+  if ((fd = raw_connect(&server)) >= 0) {
+    char http[] = "GET / HTTP/1.0\r\n\r\n";
+    hir_nccl__msg m;
+    CHECK(hir_nccl__io(fd, http, sizeof http - 1, 1, hir_nccl__wall_ms() + 1000));
+    CHECK(hir_nccl__io(fd, &m, sizeof m, 0, hir_nccl__wall_ms() + 1000) && m.op == 'R' &&
+          strstr((char *)m.value, "not a hostir bootstrap request"));
+    close(fd);
+  } else {
+    CHECK(!"connect");
+  }
+
+  /* stalled connections hold nobody: 64 idle ones (the server's limit) and
+     one half a request; a client is served once they are dropped, within
+     the 2 s they get, and the half one is answered 'R' */
+  {
+    int idle[HIR_NCCL__MAX_CONNS], half = raw_connect(&server), n = 0;
+    hir_nccl__msg m;
+    memcpy(m.magic, hir_nccl__magic, 4);
+    CHECK(half >= 0 && hir_nccl__io(half, &m, 10, 1, hir_nccl__wall_ms() + 1000));
+    for (i = 0; i < HIR_NCCL__MAX_CONNS; i++)
+      if ((idle[n] = raw_connect(&server)) >= 0) n++;
+    t0 = hir_nccl__wall_ms();
+    memset(got, 0, sizeof got);
+    CHECK(hir_nccl__store_call(&client, 'G', "team/2/x", got, 128, hir_nccl__wall_ms() + 6000, err, sizeof err) == HIR_OK &&
+          !memcmp(got, value, 128));
+    CHECK(hir_nccl__wall_ms() - t0 < HIR_NCCL__REQUEST_MS + 1500);
+    CHECK(hir_nccl__io(half, &m, sizeof m, 0, hir_nccl__wall_ms() + 3000) && m.op == 'R' &&
+          strstr((char *)m.value, "no complete request within 2000 ms"));
+    close(half);
+    for (i = 0; i < n; i++) close(idle[i]);
+  }
+
+  /* at most 4096 keys (the rest through rank 0's own path, for speed) */
+  {
+    char key[32];
+    hir_status s = HIR_OK;
+    for (i = 0; i < HIR_NCCL__MAX_KEYS && s == HIR_OK; i++) {
+      snprintf(key, sizeof key, "k%d", i);
+      s = hir_nccl__store_call(i % 512 ? &server : &client, 'S', key, value, 8, hir_nccl__wall_ms() + 3000, err, sizeof err);
+    }
+    CHECK(s == HIR_OK || (s == HIR_ERR_COMM && strstr(err, "holds 4096 keys already"))); /* the keys above count too */
+    CHECK(hir_nccl__store_call(&client, 'S', "one-too-many", value, 8, hir_nccl__wall_ms() + 3000, err, sizeof err) ==
+              HIR_ERR_COMM &&
+          strstr(err, "refused this rank: it holds 4096 keys already"));
+    CHECK(hir_nccl__store_call(&client, 'G', "k7", got, 8, hir_nccl__wall_ms() + 3000, err, sizeof err) == HIR_OK); /* still served */
+  }
+
+  /* a second rank 0 on the same port */
+  {
+    hir_nccl__store second;
+    CHECK(open_store(&second, addr, port, "job-2", 1, err) == HIR_ERR_COMM && strstr(err, "another job or program holds the port"));
+    hir_nccl__store_close(&second);
+  }
+  hir_nccl__store_close(&stranger);
+  hir_nccl__store_close(&client);
+  t0 = hir_nccl__wall_ms();
+  fd = raw_connect(&server); /* closing does not wait for a stalled connection */
+  hir_nccl__store_close(&server);
+  CHECK(hir_nccl__wall_ms() - t0 < 500);
+  if (fd >= 0) close(fd);
+}
+
+TEST(test_store_ipv4, "bootstrap/store_ipv4", TEST_CPU) { store_on("127.0.0.1", AF_INET); }
+
+TEST(test_store_ipv6, "bootstrap/store_ipv6_and_names", TEST_CPU) {
+  hir_nccl__store s;
+  char err[512];
+  int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  struct sockaddr_in6 a;
+  memset(&a, 0, sizeof a);
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0) store_on("::1", AF_INET6);
+  else printf("  (no IPv6 loopback here: ::1 not tried)\n");
+  if (fd >= 0) close(fd);
+  /* names are looked up; a name that does not exist says so */
+  CHECK(hir_nccl__store_open(&s, "localhost", 29999, "x", hir_nccl__wall_ms() + 5000, err, sizeof err) == HIR_OK && s.naddrs >= 1);
+  CHECK(hir_nccl__store_open(&s, "no-such-host.invalid", 29999, "x", hir_nccl__wall_ms() + 5000, err, sizeof err) ==
+            HIR_ERR_COMM &&
+        strstr(err, "cannot look up rank 0's host no-such-host.invalid:29999"));
+  /* rank 0 listens only where MASTER_ADDR says: an address of another host is refused */
+  CHECK(open_store(&s, "192.0.2.1", 29999, "x", 1, err) == HIR_ERR_COMM && strstr(err, "not an address of rank 0's host"));
+  hir_nccl__store_close(&s);
+  /* a loopback address cannot serve a world that spans hosts */
+  CHECK(hir_nccl__store_open(&s, "127.0.0.1", 29999, "x", hir_nccl__wall_ms() + 5000, err, sizeof err) == HIR_OK &&
+        hir_nccl__store_serve_start(&s, 1, err, sizeof err) == HIR_ERR_INVALID && strstr(err, "a loopback address"));
+  hir_nccl__store_close(&s);
+}
+
+/* ---- a failing rank's note ---- */
+/* Processes: rank 1 fails; rank 0 (which serves the store) and rank 2 find
+   its note at their next poll; then the note of a second failure does not
+   replace the first. */
+TEST(test_abort_processes, "bootstrap/abort_note_processes", TEST_CPU) {
+  hir_nccl__rank *r = (hir_nccl__rank *)calloc(3, sizeof *r);
+  char err[512];
+  int port = free_port(AF_INET), i;
+  double t0;
+  for (i = 0; i < 3; i++) {
+    hir_nccl__init(&r[i], i, 3, 0);
+    CHECK(open_store(&r[i].store, "127.0.0.1", port, "job", i == 0, err) == HIR_OK);
+  }
+  for (i = 0; i < 3; i++) CHECK(r[i].comm.poll(&r[i].comm) == HIR_OK);
+  snprintf(r[1].comm.error, sizeof r[1].comm.error, "hir_run: input 1 (B) has K = 3, the program expects 4");
+  r[1].comm.abort(&r[1].comm);
+  t0 = hir_nccl__wall_ms();
+  for (i = 0; i < 3; i += 2) {
+    while (r[i].comm.poll(&r[i].comm) == HIR_OK && hir_nccl__wall_ms() - t0 < 2000) hir_nccl__sleep_ms(1);
+    CHECK(strstr(r[i].comm.error, "the world was aborted: rank 1 failed: hir_run: input 1 (B) has K = 3, the program expects 4"));
+  }
+  CHECK(hir_nccl__wall_ms() - t0 < 1000);
+  snprintf(r[2].comm.error, sizeof r[2].comm.error, "rank 2's own trouble");
+  r[2].comm.abort(&r[2].comm); /* told already: leaves no note */
+  {
+    hir_nccl__rank late;
+    hir_nccl__init(&late, 2, 3, 0);
+    CHECK(open_store(&late.store, "127.0.0.1", port, "job", 0, err) == HIR_OK);
+    CHECK(late.comm.poll(&late.comm) == HIR_ERR_COMM && strstr(late.comm.error, "rank 1 failed"));
+    /* a rank still waiting for a key learns it too, at once */
+    CHECK(hir_nccl__store_call(&late.store, 'G', "team/never", err, 8, hir_nccl__wall_ms() + 5000, late.comm.error,
+                               sizeof late.comm.error) == HIR_ERR_COMM &&
+          strstr(late.comm.error, "the world was aborted while this rank waited for 'team/never': rank 1 failed"));
+    hir_nccl__store_close(&late.store);
+  }
+  for (i = 2; i >= 0; i--) hir_nccl__store_close(&r[i].store);
+  free(r);
+}
+
+/* Threads: the note lives in the world. */
+TEST(test_abort_threads, "bootstrap/abort_note_threads", TEST_CPU) {
+  hir_nccl_world *w = (hir_nccl_world *)calloc(1, sizeof *w);
+  hir_nccl__rank *r = (hir_nccl__rank *)calloc(2, sizeof *r);
+  int i;
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->ce_cv, NULL);
+  for (i = 0; i < 2; i++) {
+    hir_nccl__init(&r[i], i, 2, i);
+    r[i].shared = w;
+    r[i].store.wake[0] = r[i].store.wake[1] = -1;
+  }
+  CHECK(r[0].comm.poll(&r[0].comm) == HIR_OK);
+  snprintf(r[1].comm.error, sizeof r[1].comm.error, "hir_evaluator_create: device 5 is outside the world");
+  r[1].comm.abort(&r[1].comm);
+  CHECK(r[0].comm.poll(&r[0].comm) == HIR_ERR_COMM &&
+        strstr(r[0].comm.error, "rank 0 stopped: the world was aborted: rank 1 failed: hir_evaluator_create: device 5"));
+  pthread_cond_destroy(&w->ce_cv);
+  pthread_mutex_destroy(&w->mu);
+  free(w);
+  free(r);
+}
+
+int main(int argc, char **argv) {
+  int passed = 0, failed = 0;
+  hir_run_tests(TEST_CPU, argc > 1 ? argv[1] : NULL, "", 0, &passed, &failed);
+  if (hir_tests_lost) printf("FAIL %d tests were not registered (tests/test.h)\n", hir_tests_lost), failed++;
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
