@@ -442,6 +442,8 @@ struct hir_comm {
   int p2p_copy_engine;      /* send/recv run on copy engines, not SMs: a pipeline overlaps them with GEMMs */
   int needs_device_memory;  /* buffers must be the GPU's (NCCL): a host-memory backend is refused */
   char error[512];
+  char what[96];            /* set by the evaluator before each call: what this rank moves ("T3 [1, 2, 4] float"),
+                               for a communicator's messages when the ranks disagree */
   hir_status (*team)(hir_comm *self, const int *devices, int n, void **team);
   hir_status (*allgather)(hir_comm *self, void *team, const void *send, void *recv, size_t bytes, void *stream);
   hir_status (*allreduce)(hir_comm *self, void *team, const void *send, void *recv, size_t count, hir_dtype dtype,
@@ -873,7 +875,7 @@ struct hir_program {
   hir__vec units;
   int next_stream;
   int my_device;          /* the device the program was lowered for; -1 if built by hand */
-  char plan[256];         /* the automatic choice of hir_stream_options */
+  char plan[384];         /* the automatic choice of hir_stream_options */
   hir__vec same_extents;  /* hir__same_extent: sizes that only a run knows and that must agree */
 };
 
@@ -3806,8 +3808,9 @@ static int hir__verify_fail(hir__verifier *v, const char *fmt, ...) {
 static int hir__verify_read(hir__verifier *v, const hir_expr *e, const hir_tv *tv) {
   if (v->state[tv->name] == 1) return 1;
   if (!v->state[tv->name] && v->p->my_device >= 0 && !hir__in_mesh(tv, v->p->my_device) &&
-      (hir_expr_is_resharding(e) || (hir__ops[e->kind].flags & HIR__OP_VIEW)))
-    return 1; /* it lives on other devices: the communication this expr becomes (or reads) brings it */
+      (hir_expr_is_resharding(e) || (hir__ops[e->kind].flags & HIR__OP_VIEW) || e->kind == HIR_EXPR_POST_ON_STREAM))
+    return 1; /* it lives on other devices: the communication this expr becomes (or reads) brings it, or (a unit of
+                 exprs on several meshes) the exprs that read it run where it lives */
   return hir__verify_fail(v, "%s %d reads T%d %s", hir__ops[e->kind].name, e->name, tv->name,
                     v->state[tv->name] ? "after its Deallocate" : "before anything defines or allocates it");
 }
@@ -4325,7 +4328,7 @@ static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_c
   int64_t rows = 0, parts, k;
   int i, a, overlap, p2p = 0, copy_engine = communicator && communicator->p2p_copy_engine;
   char cut[40] = "";
-  const char *why;
+  const char *why, *constants;
   *chunks = 1;
   if (!hir__model(p, f, o, &gemm_s, &comm_s, chunks, &rows)) return 0;
   for (i = 0; i < p->ir.exprs.n; i++) p2p |= hir__p2p_kind((const hir_expr *)p->ir.exprs.items[i], &a) != HIR__P2P_NONE;
@@ -4336,17 +4339,19 @@ static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_c
       parts = k;
   if (parts > 1) snprintf(cut, sizeof cut, " x %lld parts", (long long)parts);
   why = overlap || *chunks < 2 ? ""
-        : copy_engine ? "; no overlap: its communication is collectives, NCCL kernels"
-                      : "; no overlap: the communicator's send/recv are NCCL kernels (hir_lower_desc.comm)";
+        : !communicator ? "; no overlap assumed: hir_lower_desc.comm is NULL"
+        : copy_engine   ? "; no overlap: its communication is collectives, NCCL kernels"
+                        : "; no overlap: the communicator's send/recv do not run beside the GEMMs (its p2p_copy_engine is 0)";
+  constants = o->gemm_flops_per_s > 0 && o->link_bytes_per_s > 0 ? "" : "; times from H200's constants";
   serial_s = hir__piped_time(o, gemm_s, comm_s, 0, 1, 1);
   piped_s = hir__piped_time(o, gemm_s, comm_s, overlap, *chunks, parts);
   *serial = !(*chunks > 1 && piped_s < 0.97 * serial_s);
   if (*serial) {
-    snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks%s %.3f; GEMM %.3f, communication %.3f%s)",
-             serial_s * 1e3, (long long)*chunks, cut, piped_s * 1e3, gemm_s * 1e3, comm_s * 1e3, why);
+    snprintf(p->plan, sizeof p->plan, "serial: predicted %.3f ms (pipelined in %lld chunks%s %.3f; GEMM %.3f, communication %.3f%s%s)",
+             serial_s * 1e3, (long long)*chunks, cut, piped_s * 1e3, gemm_s * 1e3, comm_s * 1e3, why, constants);
   } else {
-    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks%s, predicted %.3f ms (serial %.3f; GEMM %.3f, communication %.3f)",
-             (long long)*chunks, cut, piped_s * 1e3, serial_s * 1e3, gemm_s * 1e3, comm_s * 1e3);
+    snprintf(p->plan, sizeof p->plan, "pipelined: %lld chunks%s, predicted %.3f ms (serial %.3f; GEMM %.3f, communication %.3f%s)",
+             (long long)*chunks, cut, piped_s * 1e3, serial_s * 1e3, gemm_s * 1e3, comm_s * 1e3, constants);
     o->chunks_per_peer = (int)parts;
   }
   return 1;
@@ -5732,13 +5737,20 @@ HIRDEF void hir_backend_cuda_set_tf32(hir_backend *b, int enable) {
    two-phase rendezvous (publish buffers, move data, all done), P2P goes
    through per-pair mailboxes. Every wait has a deadline: a missing peer
    becomes HIR_ERR_TIMEOUT and aborts the world, so no rank hangs. */
+typedef struct hir__lw_member {  /* what a member brings to the team's current collective */
+  const void *send;
+  void *recv;
+  size_t amount;                   /* bytes, or elements of `dtype` for the reductions */
+  hir_dtype dtype;
+  char what[sizeof(((hir_comm *)0)->what)];
+} hir__lw_member;
+
 typedef struct hir__lw_team {
   struct hir__lw_team *next;
   int n, *devices;
   int arrived;
   unsigned long gen;
-  const void **send;
-  void **recv;
+  hir__lw_member *at;              /* by position in the team */
   void *scratch;
   size_t scratch_cap;
 } hir__lw_team;
@@ -5747,6 +5759,7 @@ typedef struct hir__lw_post {  /* a send waiting for its recv */
   const void *buf;
   size_t bytes;
   int src, dst, taken;
+  char what[sizeof(((hir_comm *)0)->what)];
 } hir__lw_post;
 
 #define HIR__LW_GROUP_MAX 256
@@ -5754,6 +5767,7 @@ typedef struct hir__lw_op {
   int is_send, peer;
   void *buf;
   size_t bytes;
+  char what[sizeof(((hir_comm *)0)->what)];
 } hir__lw_op;
 
 typedef struct hir__lw_rank {
@@ -5851,12 +5865,10 @@ static hir_status hir__lw_make_team(hir_comm *c, const int *devices, int n, void
     memset(t, 0, sizeof *t);
     t->n = n;
     t->devices = (int *)HIR_MALLOC((size_t)n * sizeof(int));
-    t->send = (const void **)HIR_MALLOC((size_t)n * sizeof(void *));
-    t->recv = (void **)HIR_MALLOC((size_t)n * sizeof(void *));
-    if (!t->devices || !t->send || !t->recv) {
+    t->at = (hir__lw_member *)HIR_MALLOC((size_t)n * sizeof(hir__lw_member));
+    if (!t->devices || !t->at) {
       HIR_FREE(t->devices);
-      HIR_FREE((void *)t->send);
-      HIR_FREE(t->recv);
+      HIR_FREE(t->at);
       HIR_FREE(t);
       t = NULL;
     } else {
@@ -5891,28 +5903,40 @@ static hir_status hir__lw_collective(hir_comm *c, void *team, hir__lw_kind kind,
   const char *what = hir__lw_names[kind];
   size_t es = hir_dtype_size(dt);
   int me = hir_team_index(t->devices, t->n, c->rank), r = root >= 0 ? hir_team_index(t->devices, t->n, root) : -1, i;
+  int elements = kind == HIR__LW_ALLREDUCE || kind == HIR__LW_REDUCE_SCATTER || kind == HIR__LW_REDUCE;
   hir_status s;
   if (me < 0 || (root >= 0 && r < 0)) {
     snprintf(c->error, sizeof c->error, "local world: %s: rank %d or root %d is not in the team", what, c->rank, root);
     return HIR_ERR_INVALID;
   }
   pthread_mutex_lock(&w->mu);
-  t->send[me] = send;
-  t->recv[me] = recv;
+  t->at[me].send = send;
+  t->at[me].recv = recv;
+  t->at[me].amount = elements ? count : bytes;
+  t->at[me].dtype = dt;
+  snprintf(t->at[me].what, sizeof t->at[me].what, "%s", c->what[0] ? c->what : "its buffer");
   s = hir__lw_barrier(c, t, what, kind == HIR__LW_ALLREDUCE ? count * es : 0);
   pthread_mutex_unlock(&w->mu);
   if (s != HIR_OK) return s;
+  for (i = 1; i < t->n; i++) /* every member sees the same disagreement, and all return it before moving data */
+    if (t->at[i].amount != t->at[0].amount || (elements && t->at[i].dtype != t->at[0].dtype)) {
+      snprintf(c->error, sizeof c->error, "local world: %s over ranks that disagree: rank %d gives %.90s (%zu %s), rank %d "
+               "%.90s (%zu %s); every member must pass the same shape", what, t->devices[0], t->at[0].what, t->at[0].amount,
+               elements ? hir_dtype_name(t->at[0].dtype) : "bytes", t->devices[i], t->at[i].what, t->at[i].amount,
+               elements ? hir_dtype_name(t->at[i].dtype) : "bytes");
+      return HIR_ERR_SHAPE;
+    }
   switch (kind) {
   case HIR__LW_ALLGATHER:
     for (i = 0; i < t->n; i++)
-      if ((char *)recv + (size_t)i * bytes != t->send[i]) memcpy((char *)recv + (size_t)i * bytes, t->send[i], bytes);
+      if ((char *)recv + (size_t)i * bytes != t->at[i].send) memcpy((char *)recv + (size_t)i * bytes, t->at[i].send, bytes);
     break;
   case HIR__LW_ALLREDUCE: { /* my share of the elements into the scratch; all copy it after the barrier */
     size_t lo = count * (size_t)me / (size_t)t->n, hi = count * (size_t)(me + 1) / (size_t)t->n, e;
     if (t->scratch_cap < count * es) break;
     for (e = lo; e < hi; e++) {
       double acc = 0;
-      for (i = 0; i < t->n; i++) acc += hir__load(t->send[i], dt, (int64_t)e);
+      for (i = 0; i < t->n; i++) acc += hir__load(t->at[i].send, dt, (int64_t)e);
       hir__store(t->scratch, dt, (int64_t)e, acc);
     }
     break;
@@ -5921,7 +5945,7 @@ static hir_status hir__lw_collective(hir_comm *c, void *team, hir__lw_kind kind,
     size_t e;
     for (e = 0; e < count; e++) {
       double acc = 0;
-      for (i = 0; i < t->n; i++) acc += hir__load(t->send[i], dt, (int64_t)((size_t)me * count + e));
+      for (i = 0; i < t->n; i++) acc += hir__load(t->at[i].send, dt, (int64_t)((size_t)me * count + e));
       hir__store(recv, dt, (int64_t)e, acc);
     }
     break;
@@ -5932,26 +5956,26 @@ static hir_status hir__lw_collective(hir_comm *c, void *team, hir__lw_kind kind,
       for (e = 0; e < count; e++) {
         double acc = 0;
         for (i = 0; i < t->n; i++)
-          if (t->send[i]) acc += hir__load(t->send[i], dt, (int64_t)e);
+          if (t->at[i].send) acc += hir__load(t->at[i].send, dt, (int64_t)e);
         hir__store(recv, dt, (int64_t)e, acc);
       }
     }
     break;
   case HIR__LW_BROADCAST:
-    if (recv && recv != t->send[r]) memcpy(recv, t->send[r], bytes);
+    if (recv && recv != t->at[r].send) memcpy(recv, t->at[r].send, bytes);
     break;
   case HIR__LW_GATHER:
     if (me == r) {
       size_t at = 0;
       for (i = 0; i < t->n; i++)
-        if (t->send[i]) {
-          if ((char *)recv + at != t->send[i]) memcpy((char *)recv + at, t->send[i], bytes);
+        if (t->at[i].send) {
+          if ((char *)recv + at != t->at[i].send) memcpy((char *)recv + at, t->at[i].send, bytes);
           at += bytes;
         }
     }
     break;
   case HIR__LW_SCATTER:
-    if ((const char *)t->send[r] + (size_t)me * bytes != recv) memcpy(recv, (const char *)t->send[r] + (size_t)me * bytes, bytes);
+    if ((const char *)t->at[r].send + (size_t)me * bytes != recv) memcpy(recv, (const char *)t->at[r].send + (size_t)me * bytes, bytes);
     break;
   }
   pthread_mutex_lock(&w->mu);
@@ -6005,9 +6029,9 @@ static int hir__lw_post_send(hir_local_world *w, hir__lw_post *post) {
   return 1;
 }
 
-static hir_status hir__lw_take(hir_comm *c, void *buf, size_t bytes, int src, const struct timespec *deadline) {
+static hir_status hir__lw_take(hir_comm *c, const hir__lw_op *op, const struct timespec *deadline) {
   hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
-  int box = src * w->n + c->rank;
+  int src = op->peer, box = src * w->n + c->rank;
   hir__lw_post *post;
   while (!w->nmail[box]) {
     hir_status s = hir__lw_wait(c, deadline, "recv");
@@ -6017,13 +6041,13 @@ static hir_status hir__lw_take(hir_comm *c, void *buf, size_t bytes, int src, co
   memmove(w->mail[box], w->mail[box] + 1, (size_t)(--w->nmail[box]) * sizeof(hir__lw_post *));
   post->taken = 1;
   pthread_cond_broadcast(&w->cv);
-  if (post->bytes != bytes) {
-    snprintf(c->error, sizeof c->error, "local world: rank %d receives %zu bytes from rank %d, which sends %zu", c->rank,
-             bytes, src, post->bytes);
+  if (post->bytes != op->bytes) {
+    snprintf(c->error, sizeof c->error, "local world: rank %d receives %.90s (%zu bytes) from rank %d, which sends %.90s (%zu "
+             "bytes); the ranks must pass matching shapes", c->rank, op->what, op->bytes, src, post->what, post->bytes);
     hir__lw_abort_locked(w, c->error);
-    return HIR_ERR_COMM;
+    return HIR_ERR_SHAPE;
   }
-  memcpy(buf, post->buf, bytes);
+  memcpy(op->buf, post->buf, op->bytes);
   return HIR_OK;
 }
 
@@ -6055,6 +6079,7 @@ static hir_status hir__lw_queue(hir_comm *c, int is_send, void *buf, size_t byte
   r->ops[r->nops].is_send = is_send;
   r->ops[r->nops].buf = buf;
   r->ops[r->nops].bytes = bytes;
+  snprintf(r->ops[r->nops].what, sizeof r->ops[r->nops].what, "%s", c->what[0] ? c->what : "a buffer");
   r->ops[r->nops++].peer = peer;
   return HIR_OK;
 }
@@ -6086,13 +6111,14 @@ static hir_status hir__lw_group_end(hir_comm *c) {
       post->src = c->rank;
       post->dst = r->ops[i].peer;
       post->taken = 0;
+      memcpy(post->what, r->ops[i].what, sizeof post->what);
       if (!hir__lw_post_send(w, post)) {
         snprintf(c->error, sizeof c->error, "local world: out of memory posting a send");
         s = HIR_ERR_NOMEM;
       }
     }
   for (i = 0; i < r->nops && s == HIR_OK; i++)
-    if (!r->ops[i].is_send) s = hir__lw_take(c, r->ops[i].buf, r->ops[i].bytes, r->ops[i].peer, &deadline);
+    if (!r->ops[i].is_send) s = hir__lw_take(c, &r->ops[i], &deadline);
   for (i = 0; i < r->nops && s == HIR_OK; i++)
     if (r->ops[i].is_send) s = hir__lw_wait_taken(c, &r->posts[i], &deadline);
   pthread_mutex_unlock(&w->mu);
@@ -6201,8 +6227,7 @@ HIRDEF void hir_local_world_free(hir_local_world *w) {
     hir__lw_team *t = w->teams;
     w->teams = t->next;
     HIR_FREE(t->devices);
-    HIR_FREE((void *)t->send);
-    HIR_FREE(t->recv);
+    HIR_FREE(t->at);
     HIR_FREE(t->scratch);
     HIR_FREE(t);
   }
@@ -6896,6 +6921,16 @@ static int hir__contiguous_buffer(hir_evaluator *ev, const hir_tensor *t, const 
                       hir__ops[e->kind].name, e->name, tv->name);
 }
 
+/* Names what this rank moves, "T3 [1, 2, 4] float", for the communicator's
+   messages when the ranks disagree. */
+static void hir__comm_what(hir_evaluator *ev, const hir_tv *tv, const hir_tensor *t) {
+  char *what = ev->comm->what;
+  size_t cap = sizeof ev->comm->what, n = (size_t)snprintf(what, cap, "T%d [", tv->name);
+  int d;
+  for (d = 0; d < t->ndims && n < cap; d++) n += (size_t)snprintf(what + n, cap - n, d ? ", %lld" : "%lld", (long long)t->sizes[d]);
+  if (n < cap) snprintf(what + n, cap - n, "] %s", hir_dtype_name(tv->dtype));
+}
+
 static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {
   hir_comm *c = ev->comm;
   void *team = ev->team[e->name];
@@ -6907,6 +6942,7 @@ static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {
   if (out_here && (!(out = hir__get_out(ev, e->out[0])) || !hir__contiguous_buffer(ev, out, e->out[0], e))) return 0;
   if (in) ni = (size_t)hir__numel(in->ndims, in->sizes);
   if (out) no = (size_t)hir__numel(out->ndims, out->sizes);
+  if (in || out) hir__comm_what(ev, in ? e->in[0] : e->out[0], in ? in : out);
   ev->started_comm = 1;
   switch (e->sub) {
   case HIR_COLL_ALLGATHER:
@@ -6991,12 +7027,15 @@ static int hir__exec_for(hir_evaluator *ev, const hir_expr *e) {
   return 1;
 }
 
-/* A HostUnit's exprs in order; its intermediates die with it. */
+/* A HostUnit's exprs in order, those whose output lives here (a unit may
+   span meshes); its intermediates die with it. */
 static int hir__exec_post(hir_evaluator *ev, const hir_expr *e) {
   const hir__host_unit *u = e->unit;
   int k, m;
-  for (k = 0; k < u->exprs.n; k++)
-    if (!hir__exec_compute(ev, (const hir_expr *)u->exprs.items[k])) return 0;
+  for (k = 0; k < u->exprs.n; k++) {
+    const hir_expr *x = (const hir_expr *)u->exprs.items[k];
+    if (hir__in_mesh(x->out[0], ev->device) && !hir__exec_compute(ev, x)) return 0;
+  }
   for (k = 0; k < u->exprs.n; k++) {
     const hir_tv *t = ((const hir_expr *)u->exprs.items[k])->out[0];
     for (m = 0; m < u->outs.n && u->outs.items[m] != t; m++) {}
@@ -7012,6 +7051,7 @@ static int hir__exec_p2p(hir_evaluator *ev, const hir_expr *e) {
   hir_status s;
   if (!t || !hir__contiguous_buffer(ev, t, e->in[0], e)) return 0;
   bytes = (size_t)hir__numel(t->ndims, t->sizes) * hir_dtype_size(t->dtype);
+  hir__comm_what(ev, e->in[0], t);
   ev->started_comm = 1;
   s = e->sub == HIR_P2P_SEND ? ev->comm->send(ev->comm, t->data, bytes, (int)peer, ev->current)
                              : ev->comm->recv(ev->comm, t->data, bytes, (int)peer, ev->current);

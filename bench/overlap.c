@@ -75,7 +75,7 @@ typedef struct bench {
   /* host data of each rank: A in the serial/p2p layout, B, the serial output */
   uint16_t *a[MAXR], *b[MAXR], *ref[MAXR];
   int64_t ref_numel;
-  char plan[256];               /* rank 0's automatic choice */
+  char plan[384];               /* rank 0's automatic choice */
   const char *trace_dir;        /* --trace */
   hir_evaluator *trace_ev[MAXR];
   double ms[MAXR][MAXIT];

@@ -325,6 +325,34 @@ TEST(test_robust_broadcast_then_add, "robust/broadcast_then_add", TEST_CPU | TES
   hir_fusion_free(f);
 }
 
+/* One input broadcast onto two meshes, {0 1} and its own {2 1}: the two
+   broadcasts share a unit, so device 2 holds a unit that reads the tensor
+   moved to {0 1}, which lives elsewhere (the fuzzer's find: an internal
+   error at lowering). */
+TEST(test_robust_unit_across_meshes, "robust/unit_across_meshes", TEST_CPU | TEST_GPU_WORLDS) {
+  int m21[2] = {2, 1}, m01[2] = {0, 1}, flags[3] = {1, 0, 0}, i;
+  int64_t sz[2] = {3, 4}, osz[3] = {1, 3, 4};
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 2), *moved = hir_broadcast(f, a, 3, flags), *kept = hir_broadcast(f, a, 3, flags);
+  spmd_case sc;
+  hir_output(f, moved);
+  hir_output(f, kept);
+  hir_set_mesh(a, 2, m21);
+  hir_set_mesh(moved, 2, m01);
+  hir_set_mesh(kept, 2, m21);
+  case_init(&sc, 3);
+  sc.build = build_lowered;
+  sc.user = f;
+  sc.nin = 1;
+  sc.nout = 2;
+  sc.in[0] = trand(HIR_F32, 2, sz);
+  sc.out[0] = tn(HIR_F32, 3, osz);
+  sc.out[1] = tn(HIR_F32, 3, osz);
+  for (i = 0; i < 12; i++) tset(&sc.out[0], i, tget(&sc.in[0], i)), tset(&sc.out[1], i, tget(&sc.in[0], i));
+  RUN_CASE(&sc, "a on {2 1}, broadcast onto {0 1} and onto {2 1}");
+  hir_fusion_free(f);
+}
+
 /* A hand-built SendRecv whose team lists the receiver first (nvFuser's
    order: team {0, 1}, root 1) sends to the receiver, not to itself. */
 static hir_program *sendrecv_program(void *user, int rank) {
@@ -476,4 +504,104 @@ TEST(test_robust_failing_rank, "robust/failing_rank", TEST_CPU) {
   for (r = 0; r < 4; r++) tfree(&x.in[r][0]), tfree(&x.in[r][1]);
   hir_local_world_free(x.w);
   hir_fusion_free(s.f);
+}
+
+/* Ranks that pass different shapes (rank 2's M is 3, the others' 2): every
+   collective and send/recv between them is refused on every rank with a
+   message naming both sides in the program's terms, before any data moves
+   (the local world read past the smaller buffers). */
+typedef struct disagree_ctx {
+  hir_local_world *w;
+  hir_fusion *f;
+  int nin;
+  hir_tensor in[4][2];
+  hir_status status[4];
+  char error[4][512];
+} disagree_ctx;
+
+static hir_status disagree_rank(int rank, void *user) {
+  disagree_ctx *x = (disagree_ctx *)user;
+  hir_tensor out[1];
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p;
+  hir_evaluator *ev = NULL;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  memset(out, 0, sizeof out);
+  ld.my_device = rank;
+  ed.comm = hir_local_comm(x->w, rank);
+  if ((x->status[rank] = hir_lower(x->f, &ld, &p)) == HIR_OK && (x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK)
+    x->status[rank] = hir_run(ev, x->in[rank], x->nin, out, 1);
+  snprintf(x->error[rank], sizeof x->error[rank], "%s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  return x->status[rank];
+}
+
+/* Runs x on 4 ranks; every rank fails, each message holds `want`. */
+static void disagree_run(disagree_ctx *x, hir_status want_status, const char *want) {
+  int r;
+  x->w = hir_local_world_create(4);
+  CHECK(hir_spmd(4, disagree_rank, x) == want_status);
+  for (r = 0; r < 4; r++) {
+    if (x->status[r] == HIR_OK || !strstr(x->error[r], want)) {
+      fprintf(stderr, "  rank %d: %s: %s\n  wanted: %s\n", r, hir_status_str(x->status[r]), x->error[r], want);
+      hir_test_failures++;
+    }
+    tfree(&x->in[r][0]);
+    if (x->nin > 1) tfree(&x->in[r][1]);
+  }
+  hir_local_world_free(x->w);
+  hir_fusion_free(x->f);
+}
+
+TEST(test_robust_ranks_disagree, "robust/ranks_disagree", TEST_CPU) {
+  static const int m4[4] = {0, 1, 2, 3};
+  disagree_ctx x;
+  int r, axis = 1;
+  { /* Allgather: A [DIDx, M] -> unsharded */
+    hir_tv *a, *b;
+    memset(&x, 0, sizeof x);
+    x.f = hir_fusion_create();
+    a = hir_input(x.f, HIR_F32, 2), b = hir_set(x.f, a);
+    hir_output(x.f, b);
+    hir_set_mesh(a, 4, m4), hir_set_mesh(b, 4, m4);
+    hir_parallelize(a, 0, HIR_DIDX);
+    x.nin = 1;
+    for (r = 0; r < 4; r++) {
+      int64_t sa[2] = {1, r == 2 ? 3 : 2};
+      x.in[r][0] = trand(HIR_F32, 2, sa);
+    }
+    disagree_run(&x, HIR_ERR_SHAPE, "Allgather over ranks that disagree: rank 0 gives T0 [1, 2] float (8 bytes), rank 2 T0 [1, 3] "
+                                    "float (12 bytes); every member must pass the same shape");
+  }
+  { /* Allreduce: sum(A [M, DIDx], {1}) */
+    hir_tv *a, *b;
+    memset(&x, 0, sizeof x);
+    x.f = hir_fusion_create();
+    a = hir_input(x.f, HIR_F64, 2), b = hir_sum(x.f, a, 1, &axis);
+    hir_output(x.f, b);
+    hir_set_mesh(a, 4, m4), hir_set_mesh(b, 4, m4);
+    hir_parallelize(a, 1, HIR_DIDX);
+    x.nin = 1;
+    for (r = 0; r < 4; r++) {
+      int64_t sa[2] = {r == 2 ? 3 : 2, 1};
+      x.in[r][0] = trand(HIR_F64, 2, sa);
+    }
+    disagree_run(&x, HIR_ERR_SHAPE, "over ranks that disagree: rank 0 gives T");
+  }
+  { /* send/recv of a P2P pipeline: the receiver names what it expects and what came */
+    seed s;
+    memset(&x, 0, sizeof x);
+    seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, m4);
+    x.f = s.f;
+    x.nin = 2;
+    for (r = 0; r < 4; r++) {
+      int64_t sa[3] = {1, r == 2 ? 3 : 2, 4}, sb[2] = {4, 5};
+      x.in[r][0] = trand(HIR_F32, 3, sa);
+      x.in[r][1] = trand(HIR_F32, 2, sb);
+    }
+    disagree_run(&x, HIR_ERR_SHAPE, "rank 0 receives T5 [2, 4] float (32 bytes) from rank 2, which sends T0 [1, 3, 4] float (48 bytes)");
+  }
 }
