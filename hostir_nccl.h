@@ -1166,6 +1166,15 @@ static hir_status hir_nccl__team_id_of(hir_nccl__rank *nc, const int *devices, i
                               sizeof nc->comm.error);
 }
 
+static void hir_nccl__free_team_ids(hir_nccl_world *w) {
+  while (w->ids) {
+    hir_nccl__team_id *t = w->ids;
+    w->ids = t->next;
+    free(t->devices);
+    free(t);
+  }
+}
+
 static hir_status hir_nccl__make_team(hir_comm *c, const int *devices, int n, void **out) {
   hir_nccl__rank *nc = hir_nccl__of(c);
   hir_nccl__team *t;
@@ -1671,12 +1680,7 @@ HIRDEF void hir_nccl_world_free(hir_nccl_world *w) {
   free(w->boxes);
   pthread_cond_destroy(&w->ce_cv);
   free(w->ranks);
-  while (w->ids) {
-    hir_nccl__team_id *t = w->ids;
-    w->ids = t->next;
-    free(t->devices);
-    free(t);
-  }
+  hir_nccl__free_team_ids(w);
   pthread_mutex_destroy(&w->mu);
   free(w);
 }

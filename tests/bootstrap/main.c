@@ -184,12 +184,7 @@ TEST(test_team_keys, "bootstrap/team_keys", TEST_CPU) {
   CHECK(hir_nccl__team_id_of(r, a, 100, &ids[4]) == HIR_OK);
   CHECK(memcmp(&ids[0], &ids[1], sizeof ids[0]) != 0 && memcmp(&ids[2], &ids[3], sizeof ids[0]) != 0);
   CHECK(memcmp(&ids[0], &ids[4], sizeof ids[0]) == 0); /* the same team, the same id */
-  while (w->ids) {
-    hir_nccl__team_id *t = w->ids;
-    w->ids = t->next;
-    free(t->devices);
-    free(t);
-  }
+  hir_nccl__free_team_ids(w);
   pthread_mutex_destroy(&w->mu);
   free(w);
   free(r);
