@@ -430,6 +430,17 @@ struct hir_backend {
   hir_status (*timer_elapsed)(hir_backend *self, void *from, void *to, double *ms);
 };
 
+/* What a communication moves, in the program's terms: the evaluator fills it
+   before each call (copies, no formatting); a communicator prints it only
+   for its messages, "T3 [1, 2, 4] float" (hir_comm_what_snprint). */
+typedef struct hir_comm_what {
+  int tensor;                   /* the n of "Tn"; -1: not said ("a buffer") */
+  hir_dtype dtype;
+  int ndims;
+  int64_t sizes[HIR_MAX_DIMS];
+} hir_comm_what;
+HIRDEF size_t hir_comm_what_snprint(const hir_comm_what *what, char *buf, size_t cap);   /* like snprintf */
+
 /* A communicator: this rank's device id in a world of `size` ranks, teams of
    device ids, the collectives over a team, send/recv to a device, coalescing
    groups. `root` and `peer` are device ids; a team handle is created once per
@@ -442,8 +453,7 @@ struct hir_comm {
   int p2p_copy_engine;      /* send/recv run on copy engines, not SMs: a pipeline overlaps them with GEMMs */
   int needs_device_memory;  /* buffers must be the GPU's (NCCL): a host-memory backend is refused */
   char error[512];
-  char what[96];            /* set by the evaluator before each call: what this rank moves ("T3 [1, 2, 4] float"),
-                               for a communicator's messages when the ranks disagree */
+  hir_comm_what what;       /* what the next call moves, set by the evaluator: for messages when ranks disagree */
   hir_status (*team)(hir_comm *self, const int *devices, int n, void **team);
   hir_status (*allgather)(hir_comm *self, void *team, const void *send, void *recv, size_t bytes, void *stream);
   hir_status (*allreduce)(hir_comm *self, void *team, const void *send, void *recv, size_t count, hir_dtype dtype,
@@ -1918,6 +1928,26 @@ static hir__writer hir__buffer_writer(char *buf, size_t cap) {
 
 static void hir__indent(hir__writer *w, int n) {
   for (; n > 0; n--) hir__emit(w, "  ");
+}
+
+/* "[2, 3]": sizes as the messages write them. */
+static void hir__emit_sizes(hir__writer *w, int nd, const int64_t *sizes) {
+  int i;
+  hir__emit(w, "[");
+  for (i = 0; i < nd; i++) hir__emit(w, i ? ", %lld" : "%lld", (long long)sizes[i]);
+  hir__emit(w, "]");
+}
+
+HIRDEF size_t hir_comm_what_snprint(const hir_comm_what *what, char *buf, size_t cap) {
+  hir__writer w = hir__buffer_writer(buf, cap);
+  if (!what || what->tensor < 0 || what->ndims < 0 || what->ndims > HIR_MAX_DIMS) {
+    hir__emit(&w, "a buffer");
+    return w.len;
+  }
+  hir__emit(&w, "T%d ", what->tensor);
+  hir__emit_sizes(&w, what->ndims, what->sizes);
+  hir__emit(&w, " %s", hir_dtype_name(what->dtype));
+  return w.len;
 }
 
 static void hir__print_val(hir__writer *w, const hir_val *v) {
@@ -5742,7 +5772,7 @@ typedef struct hir__lw_member {  /* what a member brings to the team's current c
   void *recv;
   size_t amount;                   /* bytes, or elements of `dtype` for the reductions */
   hir_dtype dtype;
-  char what[sizeof(((hir_comm *)0)->what)];
+  hir_comm_what what;
 } hir__lw_member;
 
 typedef struct hir__lw_team {
@@ -5759,7 +5789,7 @@ typedef struct hir__lw_post {  /* a send waiting for its recv */
   const void *buf;
   size_t bytes;
   int src, dst, taken;
-  char what[sizeof(((hir_comm *)0)->what)];
+  hir_comm_what what;
 } hir__lw_post;
 
 #define HIR__LW_GROUP_MAX 256
@@ -5767,7 +5797,7 @@ typedef struct hir__lw_op {
   int is_send, peer;
   void *buf;
   size_t bytes;
-  char what[sizeof(((hir_comm *)0)->what)];
+  hir_comm_what what;
 } hir__lw_op;
 
 typedef struct hir__lw_rank {
@@ -5914,15 +5944,18 @@ static hir_status hir__lw_collective(hir_comm *c, void *team, hir__lw_kind kind,
   t->at[me].recv = recv;
   t->at[me].amount = elements ? count : bytes;
   t->at[me].dtype = dt;
-  snprintf(t->at[me].what, sizeof t->at[me].what, "%s", c->what[0] ? c->what : "its buffer");
+  t->at[me].what = c->what;
   s = hir__lw_barrier(c, t, what, kind == HIR__LW_ALLREDUCE ? count * es : 0);
   pthread_mutex_unlock(&w->mu);
   if (s != HIR_OK) return s;
   for (i = 1; i < t->n; i++) /* every member sees the same disagreement, and all return it before moving data */
     if (t->at[i].amount != t->at[0].amount || (elements && t->at[i].dtype != t->at[0].dtype)) {
-      snprintf(c->error, sizeof c->error, "local world: %s over ranks that disagree: rank %d gives %.90s (%zu %s), rank %d "
-               "%.90s (%zu %s); every member must pass the same shape", what, t->devices[0], t->at[0].what, t->at[0].amount,
-               elements ? hir_dtype_name(t->at[0].dtype) : "bytes", t->devices[i], t->at[i].what, t->at[i].amount,
+      char first[96], other[96];
+      hir_comm_what_snprint(&t->at[0].what, first, sizeof first);
+      hir_comm_what_snprint(&t->at[i].what, other, sizeof other);
+      snprintf(c->error, sizeof c->error, "local world: %s over ranks that disagree: rank %d gives %s (%zu %s), rank %d "
+               "%s (%zu %s); every member must pass the same shape", what, t->devices[0], first, t->at[0].amount,
+               elements ? hir_dtype_name(t->at[0].dtype) : "bytes", t->devices[i], other, t->at[i].amount,
                elements ? hir_dtype_name(t->at[i].dtype) : "bytes");
       return HIR_ERR_SHAPE;
     }
@@ -6042,8 +6075,11 @@ static hir_status hir__lw_take(hir_comm *c, const hir__lw_op *op, const struct t
   post->taken = 1;
   pthread_cond_broadcast(&w->cv);
   if (post->bytes != op->bytes) {
-    snprintf(c->error, sizeof c->error, "local world: rank %d receives %.90s (%zu bytes) from rank %d, which sends %.90s (%zu "
-             "bytes); the ranks must pass matching shapes", c->rank, op->what, op->bytes, src, post->what, post->bytes);
+    char mine[96], theirs[96];
+    hir_comm_what_snprint(&op->what, mine, sizeof mine);
+    hir_comm_what_snprint(&post->what, theirs, sizeof theirs);
+    snprintf(c->error, sizeof c->error, "local world: rank %d receives %s (%zu bytes) from rank %d, which sends %s (%zu "
+             "bytes); the ranks must pass matching shapes", c->rank, mine, op->bytes, src, theirs, post->bytes);
     hir__lw_abort_locked(w, c->error);
     return HIR_ERR_SHAPE;
   }
@@ -6079,7 +6115,7 @@ static hir_status hir__lw_queue(hir_comm *c, int is_send, void *buf, size_t byte
   r->ops[r->nops].is_send = is_send;
   r->ops[r->nops].buf = buf;
   r->ops[r->nops].bytes = bytes;
-  snprintf(r->ops[r->nops].what, sizeof r->ops[r->nops].what, "%s", c->what[0] ? c->what : "a buffer");
+  r->ops[r->nops].what = c->what;
   r->ops[r->nops++].peer = peer;
   return HIR_OK;
 }
@@ -6111,7 +6147,7 @@ static hir_status hir__lw_group_end(hir_comm *c) {
       post->src = c->rank;
       post->dst = r->ops[i].peer;
       post->taken = 0;
-      memcpy(post->what, r->ops[i].what, sizeof post->what);
+      post->what = r->ops[i].what;
       if (!hir__lw_post_send(w, post)) {
         snprintf(c->error, sizeof c->error, "local world: out of memory posting a send");
         s = HIR_ERR_NOMEM;
@@ -6195,6 +6231,7 @@ HIRDEF hir_local_world *hir_local_world_create(int nranks) {
     c->ctx = &w->ranks[i];
     c->rank = i;
     c->size = nranks;
+    c->what.tensor = -1; /* until an evaluator says */
     c->team = hir__lw_make_team;
     c->allgather = hir__lw_allgather;
     c->allreduce = hir__lw_allreduce;
@@ -6458,11 +6495,8 @@ static int hir__shapes_equal(const hir__shape *a, const hir__shape *b) {
 }
 
 static void hir__shape_str(const hir__shape *sh, char *buf, size_t cap) {
-  size_t n = 0;
-  int i;
-  n += (size_t)snprintf(buf, cap, "[");
-  for (i = 0; i < sh->nd && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)sh->sizes[i]);
-  if (n < cap) snprintf(buf + n, cap - n, "]");
+  hir__writer w = hir__buffer_writer(buf, cap);
+  hir__emit_sizes(&w, sh->nd, sh->sizes);
 }
 
 static int hir__shape_mismatch(hir_evaluator *ev, const hir_expr *e, const hir_tv *x, const hir__shape *sx,
@@ -6921,14 +6955,14 @@ static int hir__contiguous_buffer(hir_evaluator *ev, const hir_tensor *t, const 
                       hir__ops[e->kind].name, e->name, tv->name);
 }
 
-/* Names what this rank moves, "T3 [1, 2, 4] float", for the communicator's
-   messages when the ranks disagree. */
+/* Tells the communicator what this rank moves, for its messages when the
+   ranks disagree: a copy, no formatting in the run loop. */
 static void hir__comm_what(hir_evaluator *ev, const hir_tv *tv, const hir_tensor *t) {
-  char *what = ev->comm->what;
-  size_t cap = sizeof ev->comm->what, n = (size_t)snprintf(what, cap, "T%d [", tv->name);
-  int d;
-  for (d = 0; d < t->ndims && n < cap; d++) n += (size_t)snprintf(what + n, cap - n, d ? ", %lld" : "%lld", (long long)t->sizes[d]);
-  if (n < cap) snprintf(what + n, cap - n, "] %s", hir_dtype_name(tv->dtype));
+  hir_comm_what *what = &ev->comm->what;
+  what->tensor = tv->name;
+  what->dtype = tv->dtype;
+  what->ndims = t->ndims;
+  memcpy(what->sizes, t->sizes, (size_t)t->ndims * sizeof t->sizes[0]);
 }
 
 static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {

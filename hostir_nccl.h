@@ -808,7 +808,7 @@ static void hir_nccl__secret(hir_nccl__getter get, void *user, const hir_nccl__l
 static hir_status hir_nccl__env_parse(hir_nccl__getter get, void *user, int visible_gpus, hir_nccl_env *env, char *err,
                                       size_t cap) {
   const hir_nccl__launcher *l = NULL;
-  char which[64], size_name[64], local_name[64], host_source[96], secret_source[96], port_source[64];
+  char which[64], rank_name[64], size_name[64], local_name[64], host_source[96], secret_source[96], port_source[64];
   const char *v;
   size_t i;
   int got, nodes = 0, have_local;
@@ -820,20 +820,19 @@ static hir_status hir_nccl__env_parse(hir_nccl__getter get, void *user, int visi
              "start the processes with torchrun, mpirun, mpiexec or srun, or set RANK and WORLD_SIZE");
     return HIR_ERR_INVALID;
   }
-  if (hir_nccl__env_number(get, user, l->rank, 0, &env->rank, which, sizeof which, err, cap) < 0 ||
+  if (hir_nccl__env_number(get, user, l->rank, 0, &env->rank, rank_name, sizeof rank_name, err, cap) < 0 ||
       (got = hir_nccl__env_number(get, user, l->size, 1, &env->size, size_name, sizeof size_name, err, cap)) < 0 ||
       (have_local = hir_nccl__env_number(get, user, l->local_rank, 0, &env->local_rank, local_name, sizeof local_name, err,
                                          cap)) < 0 ||
       hir_nccl__env_number(get, user, l->local_size, 1, &env->local_size, which, sizeof which, err, cap) < 0 ||
       hir_nccl__env_number(get, user, l->nodes, 1, &nodes, which, sizeof which, err, cap) < 0)
     return HIR_ERR_INVALID;
-  hir_nccl__var(get, user, l->rank, which, sizeof which);
   if (!got) {
-    snprintf(err, cap, "hir_nccl_env_read: %s is set but not the world's size (%s; %s sets both)", which, l->size, l->name);
+    snprintf(err, cap, "hir_nccl_env_read: %s is set but not the world's size (%s; %s sets both)", rank_name, l->size, l->name);
     return HIR_ERR_INVALID;
   }
   if (env->rank >= env->size) {
-    snprintf(err, cap, "hir_nccl_env_read: %s=%d is not below %s=%d", which, env->rank, size_name, env->size);
+    snprintf(err, cap, "hir_nccl_env_read: %s=%d is not below %s=%d", rank_name, env->rank, size_name, env->size);
     return HIR_ERR_INVALID;
   }
   if (!have_local) env->local_rank = env->size == 1 ? 0 : env->rank; /* one host, as far as anyone says */
@@ -1553,6 +1552,7 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   c->rank = rank;
   c->size = size;
   c->needs_device_memory = 1;
+  c->what.tensor = -1;
   c->team = hir_nccl__make_team;
   c->allgather = hir_nccl__allgather;
   c->allreduce = hir_nccl__allreduce;
