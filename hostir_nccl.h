@@ -5,11 +5,11 @@
        #define HOSTIR_IMPLEMENTATION        (in one file, as for hostir.h)
        #define HOSTIR_NCCL_IMPLEMENTATION   (in one file)
        #include "hostir_nccl.h"
-   and link -lnccl -lcudart. The implementation uses POSIX sockets and
-   threads: compile it with POSIX features (the default of gcc, clang and
-   nvcc; with -std=c11 add -D_POSIX_C_SOURCE=200809L).
+   and link -lnccl -lcudart. The implementation uses POSIX sockets, threads
+   and shared memory; where the compiler is strict ISO C (-std=c11) it asks
+   for POSIX itself, so include it before any system header there.
 
-   Two ways to start:
+   Three ways to start:
      - one process driving every local GPU, one thread per rank:
            hir_nccl_world *w; hir_nccl_world_create(4, &w);
            ... on thread r: hir_comm *c = hir_nccl_world_comm(w, r);
@@ -35,6 +35,9 @@
        garbage and stalled connections are refused, and counted in rank 0's
        timeout messages. The secret keeps other jobs and stray clients out;
        it is not a defence against someone who can read the job's traffic.
+     - one process per GPU in a runtime that has NCCL set up already:
+       hir_nccl_comm_create_from_id from the id it broadcast, or
+       hir_nccl_comm_from_nccl on its communicator (no port, no store).
 
    A rank's device id is its rank in the world. Collectives run on the stream
    the evaluator passes (the current stream); a team other than the whole
@@ -42,19 +45,28 @@
    of the bootstrap has a deadline, and hir_evaluator_sync polls
    ncclCommGetAsyncError and aborts the communicators when a peer is dead. A
    rank that fails (hir_comm.abort) leaves its message for the others - in
-   the world (threads) or in rank 0's store (processes) - and every rank
-   that waits for it returns HIR_ERR_COMM with that message within a few
-   hundred milliseconds. Private names start with hir_nccl__.
+   the world (threads), in its host's shared block (processes with copy
+   engines) and in rank 0's store (processes from hir_nccl_comm_create) -
+   and every rank that waits for it returns HIR_ERR_COMM with that message
+   within a few hundred milliseconds. Send/recv between the GPUs of one host
+   run on the copy engines (nccl_peer): by default between processes,
+   switched for the threaded world. Private names start with hir_nccl__.
 
    Table of contents (grep the markers); a section calls only the ones above it:
        // >>nccl_net        sockets under deadlines: name lookup, connect, send, receive
        // >>nccl_store      rank 0's store for NCCL's ids and the abort note: the job's secret, bounded requests
        // >>nccl_env        the launcher's variables: ranks, rank 0's host, port, secret, GPU
+       // >>nccl_peer       copy engines between the ranks of a host: shared mailboxes, signal pad, IPC exports
        // >>nccl_comm       hir_comm on NCCL: teams, collectives, copy-engine send/recv, errors
-       // >>nccl_bootstrap  the threaded world, one process per GPU */
+       // >>nccl_bootstrap  the threaded world, one process per GPU, the caller's NCCL */
 #ifndef HOSTIR_NCCL_H
 #define HOSTIR_NCCL_H
+#if defined(HOSTIR_NCCL_IMPLEMENTATION) && !defined(_POSIX_C_SOURCE) && !defined(_XOPEN_SOURCE) && !defined(_GNU_SOURCE) && \
+    !defined(_DEFAULT_SOURCE)
+#define _POSIX_C_SOURCE 200809L
+#endif
 #include "hostir.h"
+#include <nccl.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -89,6 +101,23 @@ HIRDEF hir_status hir_nccl_env_read(hir_nccl_env *env, char *error, size_t cap);
 /* Sets the device env->gpu and joins the world (collective over all
    ranks). On failure *out holds only the error (its `error`; free it). */
 HIRDEF hir_status hir_nccl_comm_create(const hir_nccl_env *env, int timeout_ms, hir_comm **out);
+/* For runtimes that set up NCCL themselves. From an id the runtime made
+   (ncclGetUniqueId on one rank) and handed to every rank (MPI_Bcast,
+   torch.distributed.broadcast_object_list): the GPU is the only one visible,
+   else the local rank's. Or on the runtime's own communicator, borrowed:
+   hostir never destroys or aborts it (after a dead peer, abort it yourself);
+   make it nonblocking (ncclConfig_t.blocking = 0) for hostir's deadlines to
+   hold inside NCCL. Teams are new communicators, made by their members. */
+HIRDEF hir_status hir_nccl_comm_create_from_id(int rank, int size, int local_rank, const ncclUniqueId *id, int timeout_ms,
+                                               hir_comm **out);
+HIRDEF hir_status hir_nccl_comm_from_nccl(ncclComm_t comm, int timeout_ms, hir_comm **out);
+/* Send/recv between the ranks of one host run on the GPUs' copy engines
+   (CUDA IPC, see nccl_peer), those to other hosts on NCCL. On by default
+   where every rank of the host could set it up (HOSTIR_COPY_ENGINE=0 on
+   any of them turns it off there); its hir_comm says so (p2p_copy_engine,
+   1 when every peer shares the host). Switch it on every rank alike, while
+   no rank runs a program: HIR_ERR_UNSUPPORTED where it could not be set up. */
+HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable);
 HIRDEF void       hir_nccl_comm_free(hir_comm *c);
 
 #ifdef __cplusplus
@@ -102,6 +131,7 @@ HIRDEF void       hir_nccl_comm_free(hir_comm *c);
 #define HOSTIR_NCCL_IMPLEMENTATION_DONE
 
 #include <arpa/inet.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -111,9 +141,13 @@ HIRDEF void       hir_nccl_comm_free(hir_comm *c);
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -907,6 +941,377 @@ static hir_status hir_nccl__env_parse(hir_nccl__getter get, void *user, int visi
   return HIR_OK;
 }
 
+// >>nccl_peer
+/* Copy-engine send/recv between the ranks of one host, threads and processes
+   alike. The ranks of a host share one block of host memory, pinned and
+   mapped for their GPUs: the threaded world's own, or a POSIX shared-memory
+   segment (a file in /dev/shm) that the host's first rank creates, every
+   other rank maps, and the first rank unlinks once all have it (so a crash
+   leaves nothing behind).
+   The block holds
+     - a mailbox per ordered pair of ranks: the receiver posts where a receive
+       lands (an allocation it exported, the offset, the size) in a ring of
+       slots; the sender takes the posts in order. Only the sender's host
+       waits (for the post); the receiver's host runs on;
+     - the signal pad, two words per slot: `ready` (the receiver's stream has
+       reached the receive, its buffer may be written) and `arrived` (the
+       sender's copy has landed). The GPUs write and wait on them with stream
+       memory operations (cuStreamWriteValue32, cuStreamWaitValue32), which
+       take no SM and no host; the copy runs on the sender's copy stream;
+     - each rank's exports: CUDA IPC handles of the allocations it receives
+       into, by their buffer id (unique in a process, never reused), so a
+       peer maps an allocation once, not once per run;
+     - each rank's process id (a dead peer is noticed within 100 ms) and the
+       first failure's note.
+   Pad words hold a slot's sequence number plus one and are compared
+   cyclically (GEQ), so they never need resetting; an aborting rank raises
+   every word its own streams wait on, so no GPU of it waits for a dead peer.
+   Why not IPC events: a wait on an event takes the event's last record at
+   the time of the call, so across processes every wait would need the
+   host to know the record happened first - a host round trip per receive. */
+enum {
+  HIR_NCCL__CE_SLOTS = 32, HIR_NCCL__CE_GROUP = 256, HIR_NCCL__CE_EXPORTS = 64, HIR_NCCL__LOCAL_MAX = 64,
+  HIR_NCCL__CE_MAGIC = 0x68697263 /* "hirc" */
+};
+
+typedef struct hir_nccl__ce_slot {   /* one posted receive */
+  unsigned long long buffer_id;      /* the export's allocation; 0: `offset` is the address (threads) */
+  unsigned long long offset, bytes;
+  int export_index;
+  hir_comm_what what;                /* for a size mismatch's message */
+} hir_nccl__ce_slot;
+
+typedef struct hir_nccl__ce_box {    /* the receives rank `to` posts for sender `from` */
+  unsigned long long posted;         /* written by the receiver */
+  char apart[56];                    /* the two counters on their own cache lines */
+  unsigned long long taken;          /* written by the sender */
+  char apart2[56];
+  hir_nccl__ce_slot slot[HIR_NCCL__CE_SLOTS];
+} hir_nccl__ce_box;
+
+typedef struct hir_nccl__ce_export {
+  unsigned long long buffer_id, bytes;
+  cudaIpcMemHandle_t handle;
+} hir_nccl__ce_export;
+
+typedef struct hir_nccl__ce_head {
+  int magic, nlocal;
+  int failed;                        /* the first failing rank sets it, then writes `note`, then note_ready */
+  int note_ready;
+  char note[512];
+  int pid[HIR_NCCL__LOCAL_MAX];
+} hir_nccl__ce_head;
+
+typedef struct hir_nccl__ce_import {
+  unsigned long long buffer_id;
+  void *base;
+} hir_nccl__ce_import;
+
+typedef CUresult (*hir_nccl__write_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+typedef CUresult (*hir_nccl__wait_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+typedef CUresult (*hir_nccl__pointer_attrs_fn)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
+
+typedef struct hir_nccl__ce {
+  unsigned char *block;              /* the shared block; NULL: copy engines off */
+  size_t block_bytes;
+  int segment, registered;           /* processes: mapped from a segment; pinned by this rank */
+  int nlocal, me;                    /* ranks on this host; this rank's index among them */
+  int *local;                        /* world rank -> index on this host, -1: another host */
+  unsigned char *pad_dev;            /* the block's device address */
+  hir_nccl__ce_import *imports;      /* [peer index * EXPORTS]: peers' allocations mapped here */
+  unsigned long long uses, export_used[HIR_NCCL__CE_EXPORTS];
+  cudaStream_t stream;               /* this rank's copies, in order */
+  cudaEvent_t source, done;
+  hir_nccl__write_value_fn write_value;
+  hir_nccl__wait_value_fn wait_value;
+  hir_nccl__pointer_attrs_fn pointer_attrs;
+  double next_pid_look_ms;
+} hir_nccl__ce;
+
+/* The block's layout for n ranks: head, exports [n][EXPORTS], boxes [n*n],
+   pad words [n*n][SLOTS][2]. */
+static size_t hir_nccl__ce_exports_at(void) { return (sizeof(hir_nccl__ce_head) + 63) / 64 * 64; }
+static size_t hir_nccl__ce_boxes_at(int n) {
+  return hir_nccl__ce_exports_at() + (size_t)n * HIR_NCCL__CE_EXPORTS * sizeof(hir_nccl__ce_export);
+}
+static size_t hir_nccl__ce_pad_at(int n) { return (hir_nccl__ce_boxes_at(n) + (size_t)n * n * sizeof(hir_nccl__ce_box) + 63) / 64 * 64; }
+static size_t hir_nccl__ce_bytes(int n) {
+  size_t page = 4096;
+  return (hir_nccl__ce_pad_at(n) + (size_t)n * n * HIR_NCCL__CE_SLOTS * 2 * sizeof(unsigned) + page - 1) / page * page;
+}
+static hir_nccl__ce_head *hir_nccl__ce_head_of(const hir_nccl__ce *ce) { return (hir_nccl__ce_head *)ce->block; }
+static hir_nccl__ce_export *hir_nccl__ce_exports(const hir_nccl__ce *ce, int rank) {
+  return (hir_nccl__ce_export *)(ce->block + hir_nccl__ce_exports_at()) + (size_t)rank * HIR_NCCL__CE_EXPORTS;
+}
+static hir_nccl__ce_box *hir_nccl__ce_box_of(const hir_nccl__ce *ce, int from, int to) {
+  return (hir_nccl__ce_box *)(ce->block + hir_nccl__ce_boxes_at(ce->nlocal)) + (size_t)from * ce->nlocal + to;
+}
+/* Offset in the block of a pad word: which 0 is `ready`, 1 `arrived`. */
+static size_t hir_nccl__ce_word(const hir_nccl__ce *ce, int from, int to, unsigned long long seq, int which) {
+  size_t i = (((size_t)from * ce->nlocal + to) * HIR_NCCL__CE_SLOTS + (size_t)(seq % HIR_NCCL__CE_SLOTS)) * 2 + (size_t)which;
+  return hir_nccl__ce_pad_at(ce->nlocal) + i * sizeof(unsigned);
+}
+
+static unsigned long long hir_nccl__counter(const unsigned long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static void hir_nccl__set_counter(unsigned long long *p, unsigned long long v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+/* The driver's stream memory operations and pointer attributes, through the
+   runtime (no -lcuda). */
+static int hir_nccl__ce_driver(hir_nccl__ce *ce, char *err, size_t cap) {
+  enum cudaDriverEntryPointQueryResult q;
+  void *fn[3] = {NULL, NULL, NULL};
+  const char *names[3] = {"cuStreamWriteValue32", "cuStreamWaitValue32", "cuPointerGetAttributes"};
+  int i;
+  for (i = 0; i < 3; i++)
+    if (cudaGetDriverEntryPointByVersion(names[i], &fn[i], 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn[i]) {
+      cudaGetLastError();
+      snprintf(err, cap, "the CUDA driver has no %s", names[i]);
+      return 0;
+    }
+  memcpy(&ce->write_value, &fn[0], sizeof fn[0]); /* ISO C has no cast from void * to a function */
+  memcpy(&ce->wait_value, &fn[1], sizeof fn[1]);
+  memcpy(&ce->pointer_attrs, &fn[2], sizeof fn[2]);
+  return 1;
+}
+
+/* Processes: the host's segment, a file in /dev/shm (what shm_open makes,
+   without needing -lrt on older C libraries), created by its first rank
+   (create = 1) or opened by the others. */
+static unsigned char *hir_nccl__ce_segment(const char *path, size_t bytes, int create, char *err, size_t cap) {
+  int fd = open(path, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
+  void *p;
+  struct stat st;
+  if (fd < 0) {
+    snprintf(err, cap, "opening the shared segment %s: %s", path, strerror(errno));
+    return NULL;
+  }
+  if ((create && ftruncate(fd, (off_t)bytes) != 0) || fstat(fd, &st) != 0 || (size_t)st.st_size != bytes) {
+    snprintf(err, cap, "sizing the shared segment %s (%zu bytes): %s", path, bytes, strerror(errno));
+    close(fd);
+    return NULL;
+  }
+  p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    snprintf(err, cap, "mapping the shared segment %s: %s", path, strerror(errno));
+    return NULL;
+  }
+  return (unsigned char *)p;
+}
+
+/* Joins a block of `nlocal` ranks as index `me`, on the calling thread's
+   device; `segment`: the block was mapped from a segment (pin it here). */
+static int hir_nccl__ce_attach(hir_nccl__ce *ce, unsigned char *block, int segment, int nlocal, int me, char *err,
+                               size_t cap) {
+  size_t bytes = hir_nccl__ce_bytes(nlocal);
+  void *dev = NULL;
+  cudaError_t e;
+  ce->block = block;
+  ce->block_bytes = bytes;
+  ce->segment = segment;
+  ce->nlocal = nlocal;
+  ce->me = me;
+  if (!hir_nccl__ce_driver(ce, err, cap)) return 0;
+  if (segment) {
+    if ((e = cudaHostRegister(block, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped)) != cudaSuccess) {
+      snprintf(err, cap, "cudaHostRegister of the shared segment: %s", cudaGetErrorString(e));
+      return 0;
+    }
+    ce->registered = 1;
+  }
+  if ((e = cudaHostGetDevicePointer(&dev, block, 0)) != cudaSuccess ||
+      (e = cudaStreamCreateWithFlags(&ce->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+      (e = cudaEventCreateWithFlags(&ce->source, cudaEventDisableTiming)) != cudaSuccess ||
+      (e = cudaEventCreateWithFlags(&ce->done, cudaEventDisableTiming)) != cudaSuccess) {
+    snprintf(err, cap, "setting up the copy stream: %s", cudaGetErrorString(e));
+    return 0;
+  }
+  ce->pad_dev = (unsigned char *)dev;
+  if (!(ce->imports = (hir_nccl__ce_import *)calloc((size_t)nlocal * HIR_NCCL__CE_EXPORTS, sizeof *ce->imports))) {
+    snprintf(err, cap, "out of memory");
+    return 0;
+  }
+  hir_nccl__ce_head_of(ce)->pid[me] = (int)getpid();
+  return 1;
+}
+
+/* Waits for the copy stream without trusting it: false past the deadline. */
+static int hir_nccl__ce_drain(hir_nccl__ce *ce, double deadline) {
+  cudaError_t e;
+  while ((e = cudaStreamQuery(ce->stream)) == cudaErrorNotReady && hir_nccl__wall_ms() < deadline) hir_nccl__sleep_ms(0);
+  return e == cudaSuccess;
+}
+
+static void hir_nccl__ce_detach(hir_nccl__ce *ce, int drained) {
+  int i;
+  if (ce->stream && drained) drained = hir_nccl__ce_drain(ce, hir_nccl__wall_ms() + 1000);
+  for (i = 0; ce->imports && drained && i < ce->nlocal * HIR_NCCL__CE_EXPORTS; i++) /* mapped peers' memory */
+    if (ce->imports[i].base) cudaIpcCloseMemHandle(ce->imports[i].base);
+  if (ce->stream) cudaStreamDestroy(ce->stream);
+  if (ce->source) cudaEventDestroy(ce->source);
+  if (ce->done) cudaEventDestroy(ce->done);
+  if (ce->registered) cudaHostUnregister(ce->block);
+  if (ce->segment && ce->block) munmap(ce->block, ce->block_bytes);
+  free(ce->imports);
+  free(ce->local);
+  memset(ce, 0, sizeof *ce);
+}
+
+/* The first failure on this host: its note, for the other ranks. */
+static void hir_nccl__ce_tell(hir_nccl__ce *ce, const char *note) {
+  hir_nccl__ce_head *h = hir_nccl__ce_head_of(ce);
+  int expected = 0;
+  if (__atomic_compare_exchange_n(&h->failed, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    snprintf(h->note, sizeof h->note, "%s", note);
+    __atomic_store_n(&h->note_ready, 1, __ATOMIC_RELEASE);
+  }
+}
+
+/* Whether process `pid` has ended: gone, or a zombie its launcher has not
+   reaped yet (Linux says which in /proc). */
+static int hir_nccl__process_ended(int pid) {
+  char path[48], text[512];
+  const char *close_paren;
+  FILE *f;
+  size_t n;
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  if (!(f = fopen(path, "r"))) return 0;
+  n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  close_paren = strrchr(text, ')'); /* "pid (name) state ..." */
+  return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
+
+/* Another rank's failure on this host: its note, or a peer process that has
+   ended (looked for at most every 100 ms). Empty where none. */
+static void hir_nccl__ce_heard(hir_nccl__ce *ce, char *note, size_t cap) {
+  hir_nccl__ce_head *h = hir_nccl__ce_head_of(ce);
+  int i;
+  note[0] = 0;
+  if (__atomic_load_n(&h->note_ready, __ATOMIC_ACQUIRE)) {
+    snprintf(note, cap, "%s", h->note);
+    return;
+  }
+  if (!ce->segment || hir_nccl__wall_ms() < ce->next_pid_look_ms) return;
+  ce->next_pid_look_ms = hir_nccl__wall_ms() + 100;
+  for (i = 0; i < ce->nlocal; i++)
+    if (i != ce->me && h->pid[i] > 0 && hir_nccl__process_ended(h->pid[i])) {
+      int r;
+      for (r = 0; ce->local[r] != i; r++) {}
+      snprintf(note, cap, "rank %d (process %d on this host) exited", r, h->pid[i]);
+      return;
+    }
+}
+
+/* Lets every stream of this rank past its waits for peers: after an abort,
+   so that no GPU waits for a rank that is gone. */
+static void hir_nccl__ce_release(hir_nccl__ce *ce) {
+  int p;
+  unsigned long long k;
+  for (p = 0; ce->block && p < ce->nlocal; p++)
+    for (k = 0; k < HIR_NCCL__CE_SLOTS; k++) {
+      unsigned *ready = (unsigned *)(ce->block + hir_nccl__ce_word(ce, ce->me, p, k, 0));   /* my copies wait on it */
+      unsigned *arrived = (unsigned *)(ce->block + hir_nccl__ce_word(ce, p, ce->me, k, 1)); /* my receives wait on it */
+      __atomic_add_fetch(ready, 1u << 30, __ATOMIC_RELEASE);
+      __atomic_add_fetch(arrived, 1u << 30, __ATOMIC_RELEASE);
+    }
+}
+
+/* The export that holds `buf` (processes): found by its allocation's buffer
+   id, else made, in a free entry or the least recently used one that no
+   pending post names. */
+static int hir_nccl__ce_export_of(hir_nccl__ce *ce, void *buf, hir_nccl__ce_slot *slot, char *err, size_t cap) {
+  hir_nccl__ce_export *ex = hir_nccl__ce_exports(ce, ce->me);
+  CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                  CU_POINTER_ATTRIBUTE_BUFFER_ID};
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  unsigned long long id = 0;
+  void *values[3] = {&start, &size, &id};
+  int i, pick = -1, p;
+  cudaError_t e;
+  if (ce->pointer_attrs(3, which, values, (CUdeviceptr)(uintptr_t)buf) != CUDA_SUCCESS || !id) {
+    snprintf(err, cap, "the receive buffer %p is not the GPU's memory", buf);
+    return 0;
+  }
+  ce->uses++;
+  for (i = 0; i < HIR_NCCL__CE_EXPORTS && ex[i].buffer_id != id; i++) {}
+  if (i == HIR_NCCL__CE_EXPORTS) {
+    unsigned long long oldest = ~0ull;
+    for (i = 0; i < HIR_NCCL__CE_EXPORTS; i++) {
+      int pending = 0;
+      for (p = 0; p < ce->nlocal && !pending && ex[i].buffer_id; p++) {
+        hir_nccl__ce_box *box = hir_nccl__ce_box_of(ce, p, ce->me);
+        unsigned long long k;
+        for (k = hir_nccl__counter(&box->taken); k < box->posted && !pending; k++)
+          pending = box->slot[k % HIR_NCCL__CE_SLOTS].export_index == i;
+      }
+      if (!pending && ce->export_used[i] < oldest) oldest = ce->export_used[i], pick = i;
+    }
+    if (pick < 0) {
+      snprintf(err, cap, "more than %d allocations wait for their copies at once", HIR_NCCL__CE_EXPORTS);
+      return 0;
+    }
+    if ((e = cudaIpcGetMemHandle(&ex[pick].handle, (void *)(uintptr_t)start)) != cudaSuccess) {
+      cudaGetLastError();
+      snprintf(err, cap, "the receive buffer %p cannot be shared with the other processes (cudaIpcGetMemHandle: %s); "
+               "allocate it with cudaMalloc (not cudaMallocAsync or cuMemCreate)", buf, cudaGetErrorString(e));
+      return 0;
+    }
+    ex[pick].buffer_id = id;
+    ex[pick].bytes = size;
+    i = pick;
+  }
+  ce->export_used[i] = ce->uses;
+  slot->buffer_id = id;
+  slot->export_index = i;
+  slot->offset = (unsigned long long)((uintptr_t)buf - (uintptr_t)start);
+  return 1;
+}
+
+/* Where a post's bytes go, in this process: the peer's allocation, mapped
+   once (a mapping the peer replaced is closed once this rank's copies into
+   it are done). */
+static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_slot *slot, double deadline, char *err,
+                                 size_t cap) {
+  hir_nccl__ce_import *im;
+  const hir_nccl__ce_export *ex;
+  cudaError_t e;
+  if (!slot->buffer_id) return (void *)(uintptr_t)slot->offset;
+  if (slot->export_index < 0 || slot->export_index >= HIR_NCCL__CE_EXPORTS) {
+    snprintf(err, cap, "a post names export %d (hostir bug)", slot->export_index);
+    return NULL;
+  }
+  im = &ce->imports[peer * HIR_NCCL__CE_EXPORTS + slot->export_index];
+  ex = &hir_nccl__ce_exports(ce, peer)[slot->export_index];
+  if (im->buffer_id != slot->buffer_id) {
+    if (ex->buffer_id != slot->buffer_id || slot->offset + slot->bytes > ex->bytes) {
+      snprintf(err, cap, "a post names an allocation its export does not hold (hostir bug)");
+      return NULL;
+    }
+    if (im->base) {
+      if (!hir_nccl__ce_drain(ce, deadline)) {
+        snprintf(err, cap, "the copy stream stayed busy while a mapping was replaced");
+        return NULL;
+      }
+      cudaIpcCloseMemHandle(im->base);
+      im->base = NULL;
+      im->buffer_id = 0;
+    }
+    if ((e = cudaIpcOpenMemHandle(&im->base, ex->handle, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
+      cudaGetLastError();
+      im->base = NULL;
+      snprintf(err, cap, "cudaIpcOpenMemHandle of a peer's buffer: %s", cudaGetErrorString(e));
+      return NULL;
+    }
+    im->buffer_id = slot->buffer_id;
+  }
+  return (unsigned char *)im->base + slot->offset;
+}
+
 // >>nccl_comm
 typedef struct hir_nccl__team {
   struct hir_nccl__team *next;
@@ -928,42 +1333,23 @@ typedef struct hir_nccl__reg {  /* a registered buffer: a handle per communicato
   void *handles[16];
 } hir_nccl__reg;
 
-enum { HIR_NCCL__CE_SLOTS = 64, HIR_NCCL__CE_GROUP = 256 };
-
-/* Copy-engine P2P: a receive posts its buffer with an event that marks it
-   writable; the matching send (in order, per pair of ranks) copies on the
-   sender's copy stream once that event and the sender's own stream have
-   reached it, and records `done`, on which both ranks' streams then wait.
-   One copy stream per rank runs its sends one after another, each at the
-   link's full rate, and starts them without waiting for the GEMMs queued on
-   the pipeline's streams. The events are made by the device that records
-   them. */
-typedef struct hir_nccl__ce_post {
-  void *buf;
-  size_t bytes;
-  cudaEvent_t ready, done;
-} hir_nccl__ce_post;
-
-typedef struct hir_nccl__ce_box {    /* receives that rank `to` posted for sender `from` */
-  hir_nccl__ce_post slot[HIR_NCCL__CE_SLOTS];
-  unsigned long long posted, sent, received;
-} hir_nccl__ce_box;
-
 typedef struct hir_nccl__ce_op {     /* a send or receive held until its group ends */
   int send, peer;
   void *buf, *stream;
   size_t bytes;
   unsigned long long seq;
+  hir_comm_what what;
 } hir_nccl__ce_op;
 
 typedef struct hir_nccl__rank {
   hir_comm comm;                /* what the evaluator sees; ctx points back here */
   hir_nccl__ce_op ce_ops[HIR_NCCL__CE_GROUP];
   int ce_nops, ce_group;
-  cudaStream_t ce_stream;       /* this rank's sends, in order */
-  cudaEvent_t ce_source;        /* a send's data is ready on the sender's stream */
+  int ce_on;                    /* send/recv to peers of this host on the copy engines */
+  hir_nccl__ce ce;
   hir_nccl__reg *regs;
   ncclComm_t world;
+  int borrowed;                 /* the world communicator is the caller's: never aborted or destroyed here */
   int device, timeout_ms, aborted;
   int told;                     /* another rank's failure ended this one's communication */
   double next_look_ms;          /* processes: when to look for an abort note in rank 0's store next */
@@ -978,8 +1364,7 @@ typedef struct hir_nccl__rank {
 struct hir_nccl_world {
   int n, peer_access;           /* copy engines: peer access enabled between every pair of GPUs */
   hir_nccl__rank *ranks;
-  hir_nccl__ce_box *boxes;           /* [from * n + to] */
-  pthread_cond_t ce_cv;         /* with mu: a post was made or taken */
+  unsigned char *block;         /* the ranks' shared block for copy-engine send/recv (pinned) */
   pthread_mutex_t mu;
   hir_nccl__team_id *ids;       /* the ids of the teams made so far */
   int aborted;                  /* with mu: the first failing rank's note */
@@ -1006,23 +1391,25 @@ static void hir_nccl__abort_comms(hir_nccl__rank *nc) {
   if (nc->aborted) return;
   nc->aborted = 1;
   for (t = nc->teams; t; t = t->next) ncclCommAbort(t->comm);
-  if (nc->world) ncclCommAbort(nc->world);
+  if (nc->world && !nc->borrowed) ncclCommAbort(nc->world);
+  hir_nccl__ce_release(&nc->ce);
 }
 
 /* hir_comm.abort: unless another rank's note ended this one, this rank's
-   failure (its `error`) becomes the note the others find: in the world
-   (threads) or in rank 0's store (processes, where the first note stays). */
+   failure (its `error`) becomes the note the others find: on this host (the
+   copy engines' block), in the world (threads) or in rank 0's store
+   (processes, where the first note stays). */
 static void hir_nccl__abort(hir_comm *c) {
   hir_nccl__rank *nc = hir_nccl__of(c);
   char note[HIR_NCCL__VALUE_BYTES];
   if (!nc->told) {
     if (c->error[0]) snprintf(note, sizeof note, "rank %d failed: %.480s", c->rank, c->error);
     else snprintf(note, sizeof note, "rank %d aborted", c->rank);
+    if (nc->ce.block) hir_nccl__ce_tell(&nc->ce, note);
     if (nc->shared) {
       pthread_mutex_lock(&nc->shared->mu);
       if (!nc->shared->aborted) snprintf(nc->shared->abort_note, sizeof nc->shared->abort_note, "%s", note);
       nc->shared->aborted = 1;
-      pthread_cond_broadcast(&nc->shared->ce_cv);
       pthread_mutex_unlock(&nc->shared->mu);
     } else if (nc->store.naddrs) {
       char ignored[HIR_NCCL__VALUE_BYTES];
@@ -1034,13 +1421,16 @@ static void hir_nccl__abort(hir_comm *c) {
 }
 
 /* Whether another rank's note ended the world; if so this rank's
-   communicators are aborted and `error` says why. Processes look in rank 0's
-   store at most every 100 ms (rank 0 in its own memory). */
+   communicators are aborted and `error` says why. The host's block is read
+   every time, rank 0's store at most every 100 ms (rank 0 in its own
+   memory). */
 static int hir_nccl__told(hir_comm *c) {
   hir_nccl__rank *nc = hir_nccl__of(c);
   char note[HIR_NCCL__VALUE_BYTES] = "";
   if (nc->told) return 1;
-  if (nc->shared) {
+  if (nc->ce.block) hir_nccl__ce_heard(&nc->ce, note, sizeof note);
+  if (note[0]) {
+  } else if (nc->shared) {
     pthread_mutex_lock(&nc->shared->mu);
     if (nc->shared->aborted) snprintf(note, sizeof note, "%s", nc->shared->abort_note);
     pthread_mutex_unlock(&nc->shared->mu);
@@ -1065,9 +1455,10 @@ static int hir_nccl__told(hir_comm *c) {
 static ncclResult_t hir_nccl__wait(hir_comm *c, ncclComm_t comm, double deadline) {
   ncclResult_t r = ncclSuccess, q;
   struct timespec nap = {0, 50000}; /* 50 us */
+  double spin_until = hir_nccl__wall_ms() + 0.3; /* a launch settles in microseconds: a nap would cost ~60 us a call */
   while ((q = ncclCommGetAsyncError(comm, &r)) == ncclSuccess && r == ncclInProgress && hir_nccl__wall_ms() < deadline &&
          !hir_nccl__told(c))
-    nanosleep(&nap, NULL);
+    if (hir_nccl__wall_ms() >= spin_until) nanosleep(&nap, NULL);
   return q != ncclSuccess ? q : r;
 }
 
@@ -1123,9 +1514,68 @@ static hir_status hir_nccl__init_comm(hir_comm *c, ncclComm_t *comm, int n, nccl
   return HIR_NCCL__CHECK(c, r);
 }
 
+/* Waits for the setup's own work on `stream` (an exchange between ranks)
+   under the communicator's deadline: a dead peer aborts the world. */
+static hir_status hir_nccl__setup_wait(hir_comm *c, cudaStream_t stream, const char *what) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  double deadline = hir_nccl__wall_ms() + nc->timeout_ms;
+  cudaError_t e;
+  while ((e = cudaStreamQuery(stream)) == cudaErrorNotReady) {
+    if (hir_nccl__told(c)) return HIR_ERR_COMM;
+    if (hir_nccl__wall_ms() > deadline) {
+      snprintf(c->error, sizeof c->error, "%s on rank %d still waited for its peers after %d ms: a peer is dead or stuck, "
+               "so the communicator was aborted", what, c->rank, nc->timeout_ms);
+      hir_nccl__abort(c);
+      return HIR_ERR_TIMEOUT;
+    }
+    hir_nccl__sleep_ms(0);
+  }
+  if (e == cudaSuccess) return HIR_OK;
+  snprintf(c->error, sizeof c->error, "%s on rank %d: %s", what, c->rank, cudaGetErrorString(e));
+  return HIR_ERR_BACKEND;
+}
+
+/* Moves a few bytes between ranks through the world communicator, for the
+   setup: every rank's `bytes` into `all` in rank order (allgather), or,
+   with root >= 0, root's to the ranks of `to` (an id for a team). */
+static hir_status hir_nccl__exchange(hir_comm *c, const void *mine, void *all, size_t bytes, int root, const int *to, int nto) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  size_t total = root < 0 ? bytes * (size_t)c->size : bytes;
+  unsigned char *buf = NULL;
+  cudaStream_t stream = NULL;
+  hir_status s = HIR_OK;
+  cudaError_t e;
+  int i;
+  if ((e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||
+      (e = cudaMalloc((void **)&buf, total)) != cudaSuccess ||
+      (e = cudaMemcpy(root < 0 ? buf + bytes * (size_t)c->rank : buf, mine, bytes, cudaMemcpyHostToDevice)) != cudaSuccess) {
+    snprintf(c->error, sizeof c->error, "hostir_nccl: the setup's exchange on rank %d: %s", c->rank, cudaGetErrorString(e));
+    s = HIR_ERR_BACKEND;
+  } else if (root < 0) {
+    s = HIR_NCCL__CHECK(c, ncclAllGather(buf + bytes * (size_t)c->rank, buf, bytes, ncclUint8, nc->world, stream));
+  } else if ((s = HIR_NCCL__CHECK(c, ncclGroupStart())) == HIR_OK) {
+    for (i = 0; i < nto && s == HIR_OK; i++)
+      if (c->rank == root && to[i] != root) s = HIR_NCCL__CHECK(c, ncclSend(buf, bytes, ncclUint8, to[i], nc->world, stream));
+    if (c->rank != root && s == HIR_OK) s = HIR_NCCL__CHECK(c, ncclRecv(buf, bytes, ncclUint8, root, nc->world, stream));
+    s = s == HIR_OK ? HIR_NCCL__CHECK(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
+  }
+  if (s == HIR_OK && (s = hir_nccl__setup_wait(c, stream, "hostir_nccl: the setup's exchange")) == HIR_OK &&
+      (e = cudaMemcpy(all, buf, total, cudaMemcpyDeviceToHost)) != cudaSuccess) {
+    snprintf(c->error, sizeof c->error, "hostir_nccl: the setup's exchange on rank %d: %s", c->rank, cudaGetErrorString(e));
+    s = HIR_ERR_BACKEND;
+  }
+  if (s == HIR_OK || s == HIR_ERR_BACKEND) { /* else a dead peer may still hold them */
+    if (buf) cudaFree(buf);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  return s;
+}
+
 /* The id of a team's communicator: made by its first member, shared through
-   the world (threads: by its exact list of devices) or rank 0's store
-   (processes: keyed by its size and two 64-bit hashes of the list). */
+   the world (threads: by its exact list of devices), rank 0's store
+   (processes: keyed by its size and two 64-bit hashes of the list), or,
+   where there is no store (the caller's communicator or id), sent by the
+   first member to the others through the world communicator. */
 static hir_status hir_nccl__team_id_of(hir_nccl__rank *nc, const int *devices, int n, ncclUniqueId *id) {
   size_t bytes = (size_t)n * sizeof(int);
   char key[HIR_NCCL__KEY_BYTES];
@@ -1153,6 +1603,10 @@ static hir_status hir_nccl__team_id_of(hir_nccl__rank *nc, const int *devices, i
     if (t) return HIR_OK;
     snprintf(nc->comm.error, sizeof nc->comm.error, "hostir_nccl: cannot make an id for a team of %d ranks", n);
     return HIR_ERR_COMM;
+  }
+  if (!nc->store.naddrs) {
+    if (devices[0] == nc->comm.rank && (s = HIR_NCCL__CHECK(&nc->comm, ncclGetUniqueId(id))) != HIR_OK) return s;
+    return hir_nccl__exchange(&nc->comm, id, id, sizeof *id, devices[0], devices, n);
   }
   snprintf(key, sizeof key, "team/%d/%016llx%016llx", n, (unsigned long long)hir_nccl__hash(devices, bytes, 1),
            (unsigned long long)hir_nccl__hash(devices, bytes, 2));
@@ -1326,127 +1780,154 @@ static hir_status hir_nccl__scatter(hir_comm *c, void *team, const void *send, v
   return s == HIR_OK ? HIR_NCCL__CHECK(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
 }
 
-/* ---- copy-engine send/recv (threaded world) ---- */
+/* ---- copy-engine send/recv (nccl_peer's block) ---- */
 
-static int hir_nccl__ce_on(hir_comm *c) { return hir_nccl__of(c)->shared && c->p2p_copy_engine; }
+static int hir_nccl__ce_peer(hir_comm *c, int peer) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  return nc->ce_on && peer >= 0 && peer < c->size && peer != c->rank && nc->ce.local[peer] >= 0;
+}
 
 static hir_status hir_nccl__ce_fail(hir_comm *c, hir_status s, const char *what, const char *detail) {
   snprintf(c->error, sizeof c->error, "hostir_nccl (copy engine): %s on rank %d: %s", what, c->rank, detail);
   return s;
 }
 
-/* Waits (mu held) until the counter *have reaches want, or the deadline. */
-static hir_status hir_nccl__ce_wait(hir_comm *c, const unsigned long long *have, unsigned long long want, const char *what) {
-  hir_nccl_world *w = hir_nccl__of(c)->shared;
-  double deadline = hir_nccl__wall_ms() + hir_nccl__of(c)->timeout_ms;
-  while (*have < want) {
-    struct timespec ts;
-    double now = hir_nccl__wall_ms();
-    if (w->aborted) { /* a rank's note (mu is held, so it is read here) */
-      hir_nccl__of(c)->told = 1;
-      snprintf(c->error, sizeof c->error, "hostir_nccl: rank %d stopped: the world was aborted: %.440s", c->rank, w->abort_note);
-      return HIR_ERR_COMM;
-    }
-    if (now > deadline || hir_nccl__of(c)->aborted) {
+/* Waits until a peer's host moves *counter to `want`: HIR_ERR_TIMEOUT past
+   the deadline, HIR_ERR_COMM as soon as a rank's note or a gone peer says
+   it never will. Spins briefly first: the peer is usually microseconds
+   behind; notes are looked for once it is not (rank 0's store is a round
+   trip away). */
+static hir_status hir_nccl__ce_wait(hir_comm *c, const unsigned long long *counter, unsigned long long want, int peer,
+                                    const char *what) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  double now = hir_nccl__wall_ms(), spin_until = now + 0.2, look_after = now + 2, deadline = now + nc->timeout_ms;
+  struct timespec nap = {0, 20000}; /* 20 us */
+  while (hir_nccl__counter(counter) < want) {
+    now = hir_nccl__wall_ms();
+    if (now >= look_after && hir_nccl__told(c)) return HIR_ERR_COMM;
+    if (now > deadline) {
       snprintf(c->error, sizeof c->error,
-               "hostir_nccl (copy engine): %s on rank %d: its peer did not come within %d ms (a peer is dead or stuck, "
-               "or its sends and receives do not match)", what, c->rank, hir_nccl__of(c)->timeout_ms);
+               "hostir_nccl (copy engine): %s on rank %d: rank %d did not come within %d ms (it is dead or stuck, or its "
+               "sends and receives do not match this rank's)", what, c->rank, peer, nc->timeout_ms);
       return HIR_ERR_TIMEOUT;
     }
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 1000000L; /* wake at least every ms to check the deadline */
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    pthread_cond_timedwait(&w->ce_cv, &w->mu, &ts);
+    if (now >= spin_until) nanosleep(&nap, NULL);
   }
   return HIR_OK;
 }
 
-static void hir_nccl__ce_advance(hir_nccl_world *w, unsigned long long *counter) {
-  pthread_mutex_lock(&w->mu);
-  ++*counter;
-  pthread_cond_broadcast(&w->ce_cv);
-  pthread_mutex_unlock(&w->mu);
+static hir_status hir_nccl__ce_cuda(hir_comm *c, const char *what, cudaError_t e) {
+  return e == cudaSuccess ? HIR_OK : hir_nccl__ce_fail(c, HIR_ERR_BACKEND, what, cudaGetErrorString(e));
+}
+static hir_status hir_nccl__ce_cu(hir_comm *c, const char *what, CUresult r) {
+  char detail[48];
+  if (r == CUDA_SUCCESS) return HIR_OK;
+  snprintf(detail, sizeof detail, "CUDA driver error %d", (int)r);
+  return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, what, detail);
 }
 
+/* A receive: posted in the sender's mailbox (waiting only while its ring of
+   slots is full), its buffer marked writable on the receiving stream. */
 static hir_status hir_nccl__ce_post_recv(hir_comm *c, hir_nccl__ce_op *op) {
-  hir_nccl_world *w = hir_nccl__of(c)->shared;
-  hir_nccl__ce_box *box = &w->boxes[op->peer * w->n + c->rank];
-  hir_nccl__ce_post *slot;
+  hir_nccl__ce *ce = &hir_nccl__of(c)->ce;
+  int peer = ce->local[op->peer];
+  hir_nccl__ce_box *box = hir_nccl__ce_box_of(ce, peer, ce->me);
+  unsigned long long seq = box->posted;
+  hir_nccl__ce_slot *slot = &box->slot[seq % HIR_NCCL__CE_SLOTS];
+  char detail[256];
   hir_status s;
-  unsigned long long room;
-  pthread_mutex_lock(&w->mu);
-  room = box->posted + 1 > HIR_NCCL__CE_SLOTS ? box->posted + 1 - HIR_NCCL__CE_SLOTS : 0; /* the slot's last use is done */
-  s = hir_nccl__ce_wait(c, &box->received, room, "a receive");
-  slot = &box->slot[box->posted % HIR_NCCL__CE_SLOTS];
-  pthread_mutex_unlock(&w->mu);
-  if (s != HIR_OK) return s;
-  if ((!slot->ready && cudaEventCreateWithFlags(&slot->ready, cudaEventDisableTiming) != cudaSuccess) ||
-      cudaEventRecord(slot->ready, (cudaStream_t)op->stream) != cudaSuccess)
-    return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "recording a receive", cudaGetErrorString(cudaGetLastError()));
-  pthread_mutex_lock(&w->mu);
-  slot->buf = op->buf;
+  if (seq >= HIR_NCCL__CE_SLOTS &&
+      (s = hir_nccl__ce_wait(c, &box->taken, seq - HIR_NCCL__CE_SLOTS + 1, op->peer, "a receive")) != HIR_OK)
+    return s;
   slot->bytes = op->bytes;
-  op->seq = box->posted++;
-  pthread_cond_broadcast(&w->ce_cv);
-  pthread_mutex_unlock(&w->mu);
+  slot->what = op->what;
+  if (!ce->segment) { /* one process: the address itself */
+    slot->buffer_id = 0;
+    slot->export_index = -1;
+    slot->offset = (unsigned long long)(uintptr_t)op->buf;
+  } else if (!hir_nccl__ce_export_of(ce, op->buf, slot, detail, sizeof detail)) {
+    return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "a receive", detail);
+  }
+  if ((s = hir_nccl__ce_cu(c, "marking a receive's buffer writable",
+                           ce->write_value((CUstream)op->stream,
+                                           (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_word(ce, peer, ce->me, seq, 0)),
+                                           (cuuint32_t)(seq + 1), CU_STREAM_WRITE_VALUE_DEFAULT))) != HIR_OK)
+    return s;
+  op->seq = seq;
+  hir_nccl__set_counter(&box->posted, seq + 1);
   return HIR_OK;
 }
 
+/* A send: takes the receiver's post, then on the copy stream waits for the
+   sending stream and the receiver's buffer, copies, and signals arrival; the
+   sending stream may reuse its buffer once the copy is done. */
 static hir_status hir_nccl__ce_send(hir_comm *c, const hir_nccl__ce_op *op) {
   hir_nccl__rank *nc = hir_nccl__of(c);
-  hir_nccl_world *w = nc->shared;
-  hir_nccl__ce_box *box = &w->boxes[c->rank * w->n + op->peer];
-  hir_nccl__ce_post *slot;
+  hir_nccl__ce *ce = &nc->ce;
+  int peer = ce->local[op->peer];
+  hir_nccl__ce_box *box = hir_nccl__ce_box_of(ce, ce->me, peer);
+  unsigned long long seq = box->taken;
+  hir_nccl__ce_slot slot;
+  char detail[320];
+  void *dst;
   hir_status s;
-  cudaError_t e;
-  char detail[160];
-  pthread_mutex_lock(&w->mu);
-  s = hir_nccl__ce_wait(c, &box->posted, box->sent + 1, "a send");
-  slot = &box->slot[box->sent % HIR_NCCL__CE_SLOTS];
-  pthread_mutex_unlock(&w->mu);
-  if (s != HIR_OK) return s;
-  if (slot->bytes != op->bytes) {
-    snprintf(detail, sizeof detail, "it sends %zu bytes to rank %d, which receives %zu; match the sizes", op->bytes,
-             op->peer, slot->bytes);
+  if ((s = hir_nccl__ce_wait(c, &box->posted, seq + 1, op->peer, "a send")) != HIR_OK) return s;
+  slot = box->slot[seq % HIR_NCCL__CE_SLOTS];
+  if (slot.bytes != op->bytes) {
+    char mine[96], theirs[96];
+    hir_comm_what_snprint(&op->what, mine, sizeof mine);
+    hir_comm_what_snprint(&slot.what, theirs, sizeof theirs);
+    snprintf(detail, sizeof detail, "it sends %s (%zu bytes) to rank %d, which receives %s (%llu bytes); the ranks must "
+             "pass matching shapes", mine, op->bytes, op->peer, theirs, slot.bytes);
     return hir_nccl__ce_fail(c, HIR_ERR_SHAPE, "a send", detail);
   }
-  if ((!slot->done && cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming) != cudaSuccess) ||
-      (!nc->ce_stream && cudaStreamCreateWithFlags(&nc->ce_stream, cudaStreamNonBlocking) != cudaSuccess) ||
-      (!nc->ce_source && cudaEventCreateWithFlags(&nc->ce_source, cudaEventDisableTiming) != cudaSuccess))
-    return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "a send", cudaGetErrorString(cudaGetLastError()));
-  if ((e = cudaEventRecord(nc->ce_source, (cudaStream_t)op->stream)) != cudaSuccess ||
-      (e = cudaStreamWaitEvent(nc->ce_stream, nc->ce_source, 0)) != cudaSuccess ||
-      (e = cudaStreamWaitEvent(nc->ce_stream, slot->ready, 0)) != cudaSuccess ||
-      (e = cudaMemcpyPeerAsync(slot->buf, w->ranks[op->peer].device, op->buf, nc->device, op->bytes, nc->ce_stream)) !=
-          cudaSuccess ||
-      (e = cudaEventRecord(slot->done, nc->ce_stream)) != cudaSuccess ||
-      (e = cudaStreamWaitEvent((cudaStream_t)op->stream, slot->done, 0)) != cudaSuccess) /* the buffer is the sender's again */
-    return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "a peer copy", cudaGetErrorString(e));
-  hir_nccl__ce_advance(w, &box->sent);
+  if (!(dst = hir_nccl__ce_target(ce, peer, &slot, hir_nccl__wall_ms() + nc->timeout_ms, detail, sizeof detail)))
+    return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "a send", detail);
+  if ((s = hir_nccl__ce_cuda(c, "a send", cudaEventRecord(ce->source, (cudaStream_t)op->stream))) != HIR_OK ||
+      (s = hir_nccl__ce_cuda(c, "a send", cudaStreamWaitEvent(ce->stream, ce->source, 0))) != HIR_OK ||
+      (s = hir_nccl__ce_cu(c, "waiting for the receiver's buffer",
+                           ce->wait_value((CUstream)ce->stream,
+                                          (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_word(ce, ce->me, peer, seq, 0)),
+                                          (cuuint32_t)(seq + 1), CU_STREAM_WAIT_VALUE_GEQ))) != HIR_OK ||
+      (s = hir_nccl__ce_cuda(c, "a peer copy", cudaMemcpyAsync(dst, op->buf, op->bytes, cudaMemcpyDefault, ce->stream))) !=
+          HIR_OK ||
+      (s = hir_nccl__ce_cu(c, "signalling a copy's arrival",
+                           ce->write_value((CUstream)ce->stream,
+                                           (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_word(ce, ce->me, peer, seq, 1)),
+                                           (cuuint32_t)(seq + 1), CU_STREAM_WRITE_VALUE_DEFAULT))) != HIR_OK ||
+      (s = hir_nccl__ce_cuda(c, "a send", cudaEventRecord(ce->done, ce->stream))) != HIR_OK ||
+      (s = hir_nccl__ce_cuda(c, "a send", cudaStreamWaitEvent((cudaStream_t)op->stream, ce->done, 0))) != HIR_OK)
+    return s;
+  hir_nccl__set_counter(&box->taken, seq + 1);
   return HIR_OK;
 }
 
+/* The receiving stream goes on once the copy has landed. */
 static hir_status hir_nccl__ce_finish_recv(hir_comm *c, const hir_nccl__ce_op *op) {
-  hir_nccl_world *w = hir_nccl__of(c)->shared;
-  hir_nccl__ce_box *box = &w->boxes[op->peer * w->n + c->rank];
-  hir_status s;
-  cudaError_t e;
-  pthread_mutex_lock(&w->mu);
-  s = hir_nccl__ce_wait(c, &box->sent, op->seq + 1, "a receive");
-  pthread_mutex_unlock(&w->mu);
-  if (s != HIR_OK) return s;
-  if ((e = cudaStreamWaitEvent((cudaStream_t)op->stream, box->slot[op->seq % HIR_NCCL__CE_SLOTS].done, 0)) != cudaSuccess)
-    return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "a receive", cudaGetErrorString(e));
-  hir_nccl__ce_advance(w, &box->received);
-  return HIR_OK;
+  hir_nccl__ce *ce = &hir_nccl__of(c)->ce;
+  int peer = ce->local[op->peer];
+  return hir_nccl__ce_cu(c, "waiting for a copy",
+                         ce->wait_value((CUstream)op->stream,
+                                        (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_word(ce, peer, ce->me, op->seq, 1)),
+                                        (cuuint32_t)(op->seq + 1), CU_STREAM_WAIT_VALUE_GEQ));
 }
 
 /* Receives are posted first, so that every send of the group, in any order
-   on any rank, finds its match. */
+   on any rank, finds its match. A group holds at most a ring of receives
+   from one peer (more would wait for sends that come after them). */
 static hir_status hir_nccl__ce_run(hir_comm *c, hir_nccl__ce_op *ops, int n) {
   hir_status s = HIR_OK;
-  int i;
+  int i, j, same;
   cudaSetDevice(hir_nccl__of(c)->device);
+  for (i = 0; i < n; i++) {
+    for (j = same = 0; j < n; j++) same += ops[j].send == ops[i].send && ops[j].peer == ops[i].peer;
+    if (same > HIR_NCCL__CE_SLOTS) {
+      char detail[128];
+      snprintf(detail, sizeof detail, "%d %s rank %d in one group; at most %d", same, ops[i].send ? "sends to" : "receives from",
+               ops[i].peer, HIR_NCCL__CE_SLOTS);
+      return hir_nccl__ce_fail(c, HIR_ERR_UNSUPPORTED, "a group", detail);
+    }
+  }
   for (i = 0; i < n && s == HIR_OK; i++)
     if (!ops[i].send) s = hir_nccl__ce_post_recv(c, &ops[i]);
   for (i = 0; i < n && s == HIR_OK; i++)
@@ -1459,17 +1940,13 @@ static hir_status hir_nccl__ce_run(hir_comm *c, hir_nccl__ce_op *ops, int n) {
 static hir_status hir_nccl__ce_queue(hir_comm *c, int send, const void *buf, size_t bytes, int peer, void *stream) {
   hir_nccl__rank *nc = hir_nccl__of(c);
   hir_nccl__ce_op op;
-  if (peer < 0 || peer >= c->size || peer == c->rank) {
-    char detail[96];
-    snprintf(detail, sizeof detail, "peer %d is not another rank of the world of %d", peer, c->size);
-    return hir_nccl__ce_fail(c, HIR_ERR_INVALID, send ? "a send" : "a receive", detail);
-  }
   op.send = send;
   op.peer = peer;
   op.buf = (void *)buf;
   op.bytes = bytes;
   op.stream = stream;
   op.seq = 0;
+  op.what = c->what;
   if (!nc->ce_group) return hir_nccl__ce_run(c, &op, 1);
   if (nc->ce_nops == HIR_NCCL__CE_GROUP)
     return hir_nccl__ce_fail(c, HIR_ERR_UNSUPPORTED, "a group", "more than 256 sends and receives in one group");
@@ -1478,11 +1955,11 @@ static hir_status hir_nccl__ce_queue(hir_comm *c, int send, const void *buf, siz
 }
 
 static hir_status hir_nccl__send(hir_comm *c, const void *buf, size_t bytes, int peer, void *stream) {
-  if (hir_nccl__ce_on(c)) return hir_nccl__ce_queue(c, 1, buf, bytes, peer, stream);
+  if (hir_nccl__ce_peer(c, peer)) return hir_nccl__ce_queue(c, 1, buf, bytes, peer, stream);
   return HIR_NCCL__CHECK(c, ncclSend(buf, bytes, ncclUint8, peer, hir_nccl__of(c)->world, (cudaStream_t)stream));
 }
 static hir_status hir_nccl__recv(hir_comm *c, void *buf, size_t bytes, int peer, void *stream) {
-  if (hir_nccl__ce_on(c)) return hir_nccl__ce_queue(c, 0, buf, bytes, peer, stream);
+  if (hir_nccl__ce_peer(c, peer)) return hir_nccl__ce_queue(c, 0, buf, bytes, peer, stream);
   return HIR_NCCL__CHECK(c, ncclRecv(buf, bytes, ncclUint8, peer, hir_nccl__of(c)->world, (cudaStream_t)stream));
 }
 static hir_status hir_nccl__group_start(hir_comm *c) {
@@ -1580,10 +2057,9 @@ static void hir_nccl__release(hir_nccl__rank *nc) {
     free(t->devices);
     free(t);
   }
-  if (nc->world && !nc->aborted) ncclCommDestroy(nc->world);
+  if (nc->world && !nc->aborted && !nc->borrowed) ncclCommDestroy(nc->world);
   if (nc->zeros) cudaFree(nc->zeros);
-  if (nc->ce_stream) cudaStreamDestroy(nc->ce_stream);
-  if (nc->ce_source) cudaEventDestroy(nc->ce_source);
+  hir_nccl__ce_detach(&nc->ce, 1);
   free(nc->world_team.devices);
 }
 
@@ -1601,6 +2077,101 @@ static hir_status hir_nccl__world_team(hir_nccl__rank *nc) {
 }
 
 // >>nccl_bootstrap
+/* Which host a rank runs on: NCCL_HOSTID where set (as NCCL does), else the
+   host's name and boot id. */
+static unsigned long long hir_nccl__host_id(void) {
+  char text[600] = "";
+  const char *v = getenv("NCCL_HOSTID");
+  FILE *f;
+  size_t n;
+  if (v && *v) return hir_nccl__hash(v, strlen(v), 3);
+  if (gethostname(text, 256) != 0) text[0] = 0;
+  text[256] = 0;
+  n = strlen(text);
+  if ((f = fopen("/proc/sys/kernel/random/boot_id", "r"))) {
+    n += fread(text + n, 1, sizeof text - 1 - n, f);
+    fclose(f);
+  }
+  return hir_nccl__hash(text, n, 3);
+}
+
+/* What each rank tells the others while the world is set up. */
+typedef struct hir_nccl__who {
+  unsigned long long host, nonce;
+  int pid, ok;
+} hir_nccl__who;
+
+/* One process per GPU, once the world communicator exists: the ranks learn
+   which of them share a host, and each host's ranks set up the block of
+   nccl_peer (its first rank creates the segment, the others map it, then it
+   is unlinked). Three exchanges, made by every rank whatever happens, so
+   every rank of a host ends with the same answer: copy engines on for the
+   whole host, or off (HOSTIR_COPY_ENGINE=0 on any of its ranks, a failure
+   anywhere). */
+static hir_status hir_nccl__join(hir_nccl__rank *nc) {
+  hir_comm *c = &nc->comm;
+  hir_nccl__who me, *all;
+  char name[80], why[256] = "";
+  const char *want = getenv("HOSTIR_COPY_ENGINE");
+  unsigned char *block = NULL;
+  int i, round, leader = -1, nlocal = 0, on = 0, created = 0;
+  hir_status s;
+  size_t bytes = 0;
+  if ((s = hir_nccl__world_team(nc)) != HIR_OK || c->size == 1) return s;
+  if (!(all = (hir_nccl__who *)calloc((size_t)c->size, sizeof *all)) ||
+      !(nc->ce.local = (int *)malloc((size_t)c->size * sizeof(int)))) {
+    free(all);
+    snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
+    return HIR_ERR_NOMEM;
+  }
+  memset(&me, 0, sizeof me);
+  me.host = hir_nccl__host_id();
+  me.nonce = hir_nccl__hash(&me, sizeof me, (unsigned long long)hir_nccl__wall_ms() * 1000003ull ^ (unsigned long long)getpid());
+  me.pid = (int)getpid();
+  me.ok = !(want && !strcmp(want, "0"));
+  for (round = 0; round < 3; round++) {
+    if ((s = hir_nccl__exchange(c, &me, all, sizeof me, -1, NULL, 0)) != HIR_OK) break;
+    if (round == 0) { /* who shares this host; its first rank leads */
+      for (i = 0; i < c->size; i++) {
+        nc->ce.local[i] = all[i].host == me.host ? nlocal++ : -1;
+        if (all[i].host == me.host && leader < 0) leader = i;
+      }
+      for (i = on = 0; i < c->size; i++) on += nc->ce.local[i] >= 0 && all[i].ok;
+      on = nlocal >= 2 && nlocal <= HIR_NCCL__LOCAL_MAX && on == nlocal;
+      snprintf(name, sizeof name, "/dev/shm/hostir-%016llx-%016llx", me.host, all[leader].nonce);
+      bytes = hir_nccl__ce_bytes(nlocal);
+      if (on && leader == c->rank && (block = hir_nccl__ce_segment(name, bytes, 1, why, sizeof why))) {
+        created = 1;
+        memset(block, 0, bytes);
+        ((hir_nccl__ce_head *)block)->magic = HIR_NCCL__CE_MAGIC;
+        ((hir_nccl__ce_head *)block)->nlocal = nlocal;
+      }
+      me.ok = on && (leader != c->rank || block);
+    } else if (round == 1) { /* the segment exists: map it, pin it */
+      on = on && all[leader].ok;
+      if (on && !block) block = hir_nccl__ce_segment(name, bytes, 0, why, sizeof why);
+      if (block && ((hir_nccl__ce_head *)block)->magic != HIR_NCCL__CE_MAGIC) snprintf(why, sizeof why, "%s is not hostir's", name);
+      me.ok = on && block && !why[0] &&
+              hir_nccl__ce_attach(&nc->ce, block, 1, nlocal, nc->ce.local[c->rank], why, sizeof why);
+    } else { /* everyone has it: copy engines on where every rank of the host succeeded */
+      for (i = 0; i < c->size; i++) on = on && (nc->ce.local[i] < 0 || all[i].ok);
+    }
+  }
+  if (created) unlink(name);
+  free(all);
+  if (s != HIR_OK || !on) {
+    int *local = nc->ce.local;
+    if (!nc->ce.block && block) munmap(block, bytes);
+    nc->ce.local = NULL;
+    hir_nccl__ce_detach(&nc->ce, 1);
+    free(local);
+    return s;
+  }
+  nc->ce_on = 1;
+  c->p2p_copy_engine = nlocal == c->size; /* peers on other hosts take NCCL's kernels */
+  return HIR_OK;
+}
+
 HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
   hir_nccl_world *w;
   ncclComm_t *comms;
@@ -1609,7 +2180,6 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
   if (!out) return HIR_ERR_INVALID;
   if (!(w = *out = (hir_nccl_world *)calloc(1, sizeof *w))) return HIR_ERR_NOMEM;
   pthread_mutex_init(&w->mu, NULL);
-  pthread_cond_init(&w->ce_cv, NULL);
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || nranks < 1 || nranks > ndev) {
     snprintf(w->error, sizeof w->error, "hir_nccl_world_create: %d ranks asked, %d GPUs visible", nranks, ndev);
     return HIR_ERR_INVALID;
@@ -1634,13 +2204,29 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
     w->ranks[i].shared = w;
     if ((s = hir_nccl__world_team(&w->ranks[i])) != HIR_OK) snprintf(w->error, sizeof w->error, "%s", w->ranks[i].comm.error);
   }
-  if (s == HIR_OK && !(w->boxes = (hir_nccl__ce_box *)calloc((size_t)(nranks * nranks), sizeof *w->boxes))) {
-    snprintf(w->error, sizeof w->error, "hir_nccl_world_create: out of memory");
-    s = HIR_ERR_NOMEM;
-  }
   w->n = s == HIR_OK ? nranks : 0;
   free(comms);
   free(devs);
+  /* the copy engines' block, in pinned memory every GPU maps; without it
+     hir_nccl_world_set_copy_engine leaves send/recv on NCCL */
+  if (s == HIR_OK && nranks > 1 && cudaHostAlloc((void **)&w->block, hir_nccl__ce_bytes(nranks),
+                                                 cudaHostAllocPortable | cudaHostAllocMapped) == cudaSuccess) {
+    char why[256];
+    memset(w->block, 0, hir_nccl__ce_bytes(nranks));
+    ((hir_nccl__ce_head *)w->block)->magic = HIR_NCCL__CE_MAGIC;
+    ((hir_nccl__ce_head *)w->block)->nlocal = nranks;
+    for (i = 0; i < nranks; i++) {
+      hir_nccl__ce *ce = &w->ranks[i].ce;
+      int k;
+      cudaSetDevice(i);
+      if (!(ce->local = (int *)malloc((size_t)nranks * sizeof(int))) || !hir_nccl__ce_attach(ce, w->block, 0, nranks, i, why, sizeof why)) {
+        snprintf(w->error, sizeof w->error, "hir_nccl_world_create: copy engines unavailable: %s", ce->local ? why : "out of memory");
+        break;
+      }
+      for (k = 0; k < nranks; k++) ce->local[k] = k;
+    }
+  }
+  cudaGetLastError();
   return s;
 }
 
@@ -1652,8 +2238,10 @@ HIRDEF const char *hir_nccl_world_error(const hir_nccl_world *w) { return w ? w-
 /* Direct peer copies where the GPUs can reach each other (else CUDA stages
    them through the host, still off the SMs). */
 HIRDEF void hir_nccl_world_set_copy_engine(hir_nccl_world *w, int enable) {
-  int i, j, can, current = 0;
+  int i, j, can, current = 0, ready = 1;
   if (!w || !w->n) return;
+  for (i = 0; i < w->n; i++) ready &= w->ranks[i].ce.stream != NULL;
+  enable = enable && ready && w->n > 1;
   cudaGetDevice(&current);
   for (i = 0; enable && !w->peer_access && i < w->n; i++)
     for (j = 0; j < w->n; j++)
@@ -1662,23 +2250,17 @@ HIRDEF void hir_nccl_world_set_copy_engine(hir_nccl_world *w, int enable) {
         cudaGetLastError(); /* already enabled */
   cudaSetDevice(current);
   w->peer_access |= enable != 0;
-  for (i = 0; i < w->n; i++) w->ranks[i].comm.p2p_copy_engine = enable != 0;
+  for (i = 0; i < w->n; i++) w->ranks[i].ce_on = w->ranks[i].comm.p2p_copy_engine = enable != 0;
 }
 
 HIRDEF void hir_nccl_world_free(hir_nccl_world *w) {
-  int i, k;
+  int i;
   if (!w) return;
   for (i = 0; i < w->n; i++) {
     cudaSetDevice(w->ranks[i].device);
     hir_nccl__release(&w->ranks[i]);
   }
-  for (i = 0; w->boxes && i < w->n * w->n; i++) /* a box's events: ready on the receiver, done on the sender */
-    for (k = 0; k < HIR_NCCL__CE_SLOTS; k++) {
-      if (w->boxes[i].slot[k].ready) cudaSetDevice(i % w->n), cudaEventDestroy(w->boxes[i].slot[k].ready);
-      if (w->boxes[i].slot[k].done) cudaSetDevice(i / w->n), cudaEventDestroy(w->boxes[i].slot[k].done);
-    }
-  free(w->boxes);
-  pthread_cond_destroy(&w->ce_cv);
+  if (w->block) cudaFreeHost(w->block);
   free(w->ranks);
   hir_nccl__free_team_ids(w);
   pthread_mutex_destroy(&w->mu);
@@ -1743,7 +2325,79 @@ HIRDEF hir_status hir_nccl_comm_create(const hir_nccl_env *env, int timeout_ms, 
     return s;
   }
   if ((s = hir_nccl__init_comm(&nc->comm, &nc->world, env->size, id, env->rank)) != HIR_OK) return s;
-  return hir_nccl__world_team(nc);
+  return hir_nccl__join(nc);
+}
+
+HIRDEF hir_status hir_nccl_comm_create_from_id(int rank, int size, int local_rank, const ncclUniqueId *id, int timeout_ms,
+                                               hir_comm **out) {
+  hir_nccl__rank *nc;
+  hir_status s;
+  int visible = 0, gpu;
+  if (!id || !out) return HIR_ERR_INVALID;
+  if (!(nc = (hir_nccl__rank *)malloc(sizeof *nc))) return HIR_ERR_NOMEM;
+  if (cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
+  cudaGetLastError();
+  gpu = visible == 1 ? 0 : local_rank;
+  hir_nccl__init(nc, rank, size, gpu);
+  *out = &nc->comm;
+  if (timeout_ms > 0) nc->timeout_ms = timeout_ms;
+  nc->store.wake[0] = nc->store.wake[1] = -1;
+  if (size < 1 || rank < 0 || rank >= size) {
+    snprintf(nc->comm.error, sizeof nc->comm.error, "hir_nccl_comm_create_from_id: rank %d of a world of %d", rank, size);
+    return HIR_ERR_INVALID;
+  }
+  if (gpu < 0 || gpu >= visible || cudaSetDevice(gpu) != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(nc->comm.error, sizeof nc->comm.error, "hir_nccl_comm_create_from_id: rank %d (local rank %d) has no GPU of its "
+             "own: %d visible; start at most one rank per GPU on a host", rank, local_rank, visible);
+    return HIR_ERR_INVALID;
+  }
+  if ((s = hir_nccl__init_comm(&nc->comm, &nc->world, size, *id, rank)) != HIR_OK) return s;
+  return hir_nccl__join(nc);
+}
+
+HIRDEF hir_status hir_nccl_comm_from_nccl(ncclComm_t comm, int timeout_ms, hir_comm **out) {
+  hir_nccl__rank *nc;
+  int rank = -1, size = 0, device = -1;
+  if (!out) return HIR_ERR_INVALID;
+  if (!(nc = (hir_nccl__rank *)malloc(sizeof *nc))) return HIR_ERR_NOMEM;
+  hir_nccl__init(nc, 0, 1, -1);
+  *out = &nc->comm;
+  nc->store.wake[0] = nc->store.wake[1] = -1;
+  if (!comm || ncclCommUserRank(comm, &rank) != ncclSuccess || ncclCommCount(comm, &size) != ncclSuccess ||
+      ncclCommCuDevice(comm, &device) != ncclSuccess || cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(nc->comm.error, sizeof nc->comm.error, "hir_nccl_comm_from_nccl: %s is not a usable NCCL communicator",
+             comm ? "the one passed" : "NULL");
+    return HIR_ERR_INVALID;
+  }
+  hir_nccl__init(nc, rank, size, device);
+  if (timeout_ms > 0) nc->timeout_ms = timeout_ms;
+  nc->store.wake[0] = nc->store.wake[1] = -1;
+  nc->world = comm;
+  nc->borrowed = 1;
+  return hir_nccl__join(nc);
+}
+
+HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable) {
+  hir_nccl__rank *nc;
+  int i, all_local = 1;
+  if (!c) return HIR_ERR_INVALID;
+  nc = hir_nccl__of(c);
+  if (nc->shared) {
+    snprintf(c->error, sizeof c->error, "hir_nccl_comm_set_copy_engine: rank %d belongs to a threaded world: use "
+             "hir_nccl_world_set_copy_engine", c->rank);
+    return HIR_ERR_INVALID;
+  }
+  if (enable && !nc->ce.stream) {
+    snprintf(c->error, sizeof c->error, "hir_nccl_comm_set_copy_engine: rank %d has no copy engines to its peers (%s)", c->rank,
+             c->size == 1 ? "it is alone" : "its host's ranks could not set them up, or HOSTIR_COPY_ENGINE=0");
+    return HIR_ERR_UNSUPPORTED;
+  }
+  for (i = 0; enable && i < c->size; i++) all_local &= nc->ce.local[i] >= 0;
+  nc->ce_on = enable != 0;
+  c->p2p_copy_engine = enable && all_local;
+  return HIR_OK;
 }
 
 HIRDEF void hir_nccl_comm_free(hir_comm *c) {

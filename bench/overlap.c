@@ -26,6 +26,13 @@
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
                          [--parts 1,2,4] [--trace DIR] [ag M K N] [rs M K N] ...
+     torchrun --nproc-per-node 2 --no-python build/bench-overlap --processes ...
+
+   --processes: one process per GPU (torchrun, mpirun, srun) instead of a
+   thread per GPU; the same table, rank 0 prints it. The physical floor is
+   max(GEMM alone, the bytes each rank receives / the peer-copy bandwidth),
+   the bandwidth measured first in the same run: every rank sends 256 MiB
+   to the next through the communicator's copy engines.
    Default shapes: issue 7's on GPUs, small ones on the CPU. --trace: after
    its timed runs, each pipeline runs once more recording a timeline, written
    to DIR/<ag|rs>_M_K_N_<pipeline>.json (tools/timeline_svg.py draws them). */
@@ -69,6 +76,10 @@ typedef struct result {
 
 typedef struct bench {
   int D, gpu, iters, warmup;
+  int procs, me, device;        /* --processes: this process runs rank `me` only, on GPU `device` */
+  hir_comm *pcomm;              /* its communicator */
+  void *pteam, *pstream, *pbuf; /* the world team, a stream and device memory for the ranks' meetings */
+  double peer_gbs;              /* peer-copy bandwidth, GB/s (0: not measured) */
   shape sh;
   config cfg;
   hir_fusion *f;
@@ -91,8 +102,37 @@ typedef struct bench {
   int arrived, generation;
 } bench;
 
+typedef struct rank_record { /* what a rank reports after a pipeline, gathered to every rank (processes) */
+  double ms[MAXIT], err;
+  size_t mem;
+  char msg[512];
+} rank_record;
+
+#ifdef HOSTIR_CUDA
+/* Processes: the ranks meet through the communicator itself (an allgather
+   of `bytes` from each into `all`, on device memory). */
+static int meet(bench *B, const void *mine, void *all, size_t bytes) {
+  char *dev = (char *)B->pbuf;
+  if (cudaMemcpy(dev, mine, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
+      B->pcomm->allgather(B->pcomm, B->pteam, dev, dev + bytes, bytes, B->pstream) != HIR_OK ||
+      cudaStreamSynchronize((cudaStream_t)B->pstream) != cudaSuccess ||
+      cudaMemcpy(all, dev + bytes, bytes * (size_t)B->D, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    fprintf(stderr, "bench-overlap: rank %d: the ranks could not meet: %s\n", B->me, B->pcomm->error);
+    exit(1);
+  }
+  return 1;
+}
+#endif
+
 static void barrier(bench *B) {
   int gen;
+#ifdef HOSTIR_CUDA
+  if (B->procs) {
+    char one = 1, all[MAXR];
+    meet(B, &one, all, 1);
+    return;
+  }
+#endif
   pthread_mutex_lock(&B->mu);
   gen = B->generation;
   if (++B->arrived == B->D) {
@@ -102,6 +142,11 @@ static void barrier(bench *B) {
   } else
     while (gen == B->generation) pthread_cond_wait(&B->cv, &B->mu);
   pthread_mutex_unlock(&B->mu);
+}
+
+/* Every rank of this process: all of them as threads, or the one of a process. */
+static hir_status run_ranks(bench *B, hir_status (*fn)(int rank, void *user)) {
+  return B->procs ? fn(B->me, B) : hir_spmd(B->D, fn, B);
 }
 
 /* ---- the fusions ---- */
@@ -355,8 +400,9 @@ static hir_status run_rank(int rank, void *user) {
   B->msg[rank][0] = 0;
   B->err[rank] = 0;
 #ifdef HOSTIR_CUDA
-  be = B->gpu ? hir_backend_cuda_create(rank) : hir_backend_cpu_create();
-  if (B->cfg.pipe != GEMM_ALONE) comm = B->gpu ? hir_nccl_world_comm(B->nccl, rank) : hir_local_comm(B->local, rank);
+  be = B->gpu ? hir_backend_cuda_create(B->procs ? B->device : rank) : hir_backend_cpu_create();
+  if (B->cfg.pipe != GEMM_ALONE)
+    comm = B->procs ? B->pcomm : B->gpu ? hir_nccl_world_comm(B->nccl, rank) : hir_local_comm(B->local, rank);
 #else
   be = hir_backend_cpu_create();
   if (B->cfg.pipe != GEMM_ALONE) comm = hir_local_comm(B->local, rank);
@@ -468,29 +514,114 @@ done:
 
 /* ---- the table ---- */
 
-static int run_config(bench *B, config cfg, result *r) {
+#ifdef HOSTIR_CUDA
+/* Processes: every rank's times, memory, error and message, to every rank
+   (threads wrote them into B directly). A rank's failure fails them all. */
+static hir_status share_results(bench *B, hir_status s) {
+  static rank_record mine, all[MAXR];
+  int i;
+  memcpy(mine.ms, B->ms[B->me], sizeof mine.ms);
+  mine.err = B->err[B->me];
+  mine.mem = B->mem[B->me];
+  snprintf(mine.msg, sizeof mine.msg, "%s", s == HIR_OK ? "" : B->msg[B->me][0] ? B->msg[B->me] : hir_status_str(s));
+  meet(B, &mine, all, sizeof mine);
+  for (i = 0; i < B->D; i++) {
+    memcpy(B->ms[i], all[i].ms, sizeof all[i].ms);
+    B->err[i] = all[i].err;
+    B->mem[i] = all[i].mem;
+    snprintf(B->msg[i], sizeof B->msg[i], "%s", all[i].msg);
+    if (all[i].msg[0]) s = HIR_ERR_COMM;
+  }
+  return s;
+}
+#endif
+
+/* The median over iterations of the slowest rank's time. */
+static double median_of_slowest(bench *B) {
   double it[MAXIT];
   int i, k;
-  hir_status s;
-  B->cfg = cfg;
-  B->f = cfg.pipe == GEMM_ALONE ? build_gemm() : B->sh.pat == AG ? build_ag(cfg.pipe, B->D) : build_rs(cfg.pipe, B->D);
-  memset(r, 0, sizeof *r);
-#ifdef HOSTIR_CUDA
-  if (B->gpu) hir_nccl_world_set_copy_engine(B->nccl, cfg.copy_engine);
-#endif
-  s = hir_spmd(B->D, run_rank, B);
-  hir_fusion_free(B->f);
-  if (s != HIR_OK) {
-    for (i = 0; i < B->D && !B->msg[i][0]; i++) {}
-    snprintf(r->msg, sizeof r->msg, "%s", i < B->D ? B->msg[i] : hir_status_str(s));
-    return 0;
-  }
   for (k = 0; k < B->iters; k++) {
     it[k] = 0;
     for (i = 0; i < B->D; i++) it[k] = B->ms[i][k] > it[k] ? B->ms[i][k] : it[k];
   }
   qsort(it, (size_t)B->iters, sizeof *it, cmp_double);
-  r->ms = B->iters % 2 ? it[B->iters / 2] : 0.5 * (it[B->iters / 2 - 1] + it[B->iters / 2]);
+  return B->iters % 2 ? it[B->iters / 2] : 0.5 * (it[B->iters / 2 - 1] + it[B->iters / 2]);
+}
+
+#ifdef HOSTIR_CUDA
+enum { PEER_BYTES = 256 << 20 };
+
+/* The peer-copy bandwidth: every rank sends PEER_BYTES to the next and
+   receives from the previous, through the communicator's copy engines. */
+static hir_status peer_rank(int rank, void *user) {
+  bench *B = (bench *)user;
+  hir_comm *c = B->procs ? B->pcomm : hir_nccl_world_comm(B->nccl, rank);
+  void *src = NULL, *dst = NULL;
+  cudaStream_t st = NULL;
+  hir_status s = HIR_OK;
+  int k;
+  cudaSetDevice(B->procs ? B->device : rank);
+  if (cudaMalloc(&src, PEER_BYTES) != cudaSuccess || cudaMalloc(&dst, PEER_BYTES) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
+    s = fail(B, rank, HIR_ERR_BACKEND, "peer copy", "out of device memory");
+  c->what.tensor = -1;
+  for (k = 0; k < B->warmup + B->iters; k++) {
+    double t0;
+    barrier(B);
+    t0 = now_ms();
+    if (s == HIR_OK && ((s = c->group_start(c)) != HIR_OK || (s = c->send(c, src, PEER_BYTES, (rank + 1) % B->D, st)) != HIR_OK ||
+                        (s = c->recv(c, dst, PEER_BYTES, (rank + B->D - 1) % B->D, st)) != HIR_OK ||
+                        (s = c->group_end(c)) != HIR_OK))
+      fail(B, rank, s, "peer copy", c->error);
+    if (s == HIR_OK && cudaStreamSynchronize(st) != cudaSuccess) s = fail(B, rank, HIR_ERR_BACKEND, "peer copy", "failed");
+    if (k >= B->warmup) B->ms[rank][k - B->warmup] = now_ms() - t0;
+  }
+  cudaFree(src);
+  cudaFree(dst);
+  if (st) cudaStreamDestroy(st);
+  return s;
+}
+
+static void measure_peer_copy(bench *B) {
+  hir_status s;
+  if (B->procs ? hir_nccl_comm_set_copy_engine(B->pcomm, 1) != HIR_OK : (hir_nccl_world_set_copy_engine(B->nccl, 1), 0)) {
+    printf("peer-copy bandwidth: not measured (%s)\n\n", B->pcomm->error);
+    return;
+  }
+  s = run_ranks(B, peer_rank);
+  if (B->procs) s = share_results(B, s);
+  if (s == HIR_OK) B->peer_gbs = PEER_BYTES / median_of_slowest(B) * 1e-6;
+  if (s == HIR_OK) printf("peer-copy bandwidth: %.0f GB/s a rank (256 MiB to the next rank while receiving from the previous, "
+                          "copy engines, median of %d)\n\n", B->peer_gbs, B->iters);
+  else printf("peer-copy bandwidth: not measured (%s)\n\n", B->msg[0][0] ? B->msg[0] : hir_status_str(s));
+}
+#endif
+
+static int run_config(bench *B, config cfg, result *r) {
+  int i;
+  hir_status s;
+  B->cfg = cfg;
+  B->f = cfg.pipe == GEMM_ALONE ? build_gemm() : B->sh.pat == AG ? build_ag(cfg.pipe, B->D) : build_rs(cfg.pipe, B->D);
+  memset(r, 0, sizeof *r);
+#ifdef HOSTIR_CUDA
+  if (B->procs && hir_nccl_comm_set_copy_engine(B->pcomm, cfg.copy_engine) != HIR_OK) {
+    snprintf(r->msg, sizeof r->msg, "%s", B->pcomm->error);
+    hir_fusion_free(B->f);
+    return 0;
+  }
+  if (B->gpu && !B->procs) hir_nccl_world_set_copy_engine(B->nccl, cfg.copy_engine);
+#endif
+  s = run_ranks(B, run_rank);
+  hir_fusion_free(B->f);
+#ifdef HOSTIR_CUDA
+  if (B->procs) s = share_results(B, s);
+#endif
+  if (s != HIR_OK) {
+    for (i = 0; i < B->D && !B->msg[i][0]; i++) {}
+    snprintf(r->msg, sizeof r->msg, "%s", i < B->D ? B->msg[i] : hir_status_str(s));
+    return 0;
+  }
+  r->ms = median_of_slowest(B);
   for (i = 0; i < B->D; i++) {
     if (B->mem[i] > r->mem) r->mem = B->mem[i];
     if (!(B->err[i] <= r->err)) r->err = B->err[i];
@@ -519,7 +650,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   config cfgs[MAXCFG];
   result res[MAXCFG];
   int n = 0, i, j, failed = 0, best = -1;
-  double comm, gemm, floor_ms, serial;
+  double comm, gemm, floor_ms, serial, received, copy_ms, phys;
   const char *cname = B->sh.pat == AG ? "AG" : "RS";
   int64_t m = B->sh.M / B->D;
   int ce, auto_at, k;
@@ -537,7 +668,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   auto_at = n;
   cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0}; /* last: the plan it prints is its own; parts pay with 4 streams */
   for (B->generation = B->arrived = 0, i = 0; i < B->D; i++) B->a[i] = B->b[i] = B->ref[i] = NULL;
-  if (hir_spmd(B->D, gen_rank, B) != HIR_OK) {
+  if (run_ranks(B, gen_rank) != HIR_OK) {
     printf("%s+GEMM: out of host memory for the inputs\n", cname);
     return 1;
   }
@@ -546,11 +677,15 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   gemm = res[1].ms;
   floor_ms = comm > gemm ? comm : gemm;
   serial = res[2].ms;
+  received = (double)(B->D - 1) * (double)m * (double)(B->sh.pat == AG ? B->sh.K : B->sh.N) * 2;
+  copy_ms = B->peer_gbs > 0 ? received / (B->peer_gbs * 1e6) : 0;
+  phys = copy_ms <= 0 ? 0 : gemm > copy_ms ? gemm : copy_ms;
   printf("%s M=%lld K=%lld N=%lld bf16, %d %s, median of %d after %d warm-up (ms)\n",
          B->sh.pat == AG ? "AllGather+GEMM" : "GEMM+ReduceScatter", (long long)B->sh.M, (long long)B->sh.K,
-         (long long)B->sh.N, B->D, B->gpu ? "GPUs (CUDA, NCCL, a thread each)" : "CPU ranks (local world)", B->iters,
-         B->warmup);
-  printf("  %-44s %9s %8s %7s %10s %9s\n", "pipeline", "ms", "x floor", "E", "peak MiB", "max err");
+         (long long)B->sh.N, B->D,
+         !B->gpu ? "CPU ranks (local world)" : B->procs ? "GPUs (CUDA, NCCL, a process each)" : "GPUs (CUDA, NCCL, a thread each)",
+         B->iters, B->warmup);
+  printf("  %-44s %9s %8s %7s %7s %10s %9s\n", "pipeline", "ms", "x floor", "x phys", "E", "peak MiB", "max err");
   for (i = 0; i < n; i++) {
     char name[64];
     config_name(&cfgs[i], name, sizeof name);
@@ -561,6 +696,8 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
       continue;
     }
     printf("  %-44s %9.3f %8.2f", name, res[i].ms, res[i].ms / floor_ms);
+    if (phys > 0) printf(" %7.2f", res[i].ms / phys);
+    else printf(" %7s", "-");
     if (cfgs[i].pipe >= SERIAL && res[2].ok)
       printf(" %7.2f", (serial - res[i].ms) / (comm < gemm ? comm : gemm));
     else
@@ -574,11 +711,15 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     if (cfgs[i].pipe >= SERIAL && (best < 0 || res[i].ms < res[best].ms)) best = i;
   }
   if (res[0].ok && res[1].ok) printf("  %-44s %9.3f %8.2f\n", "floor = max(comm, GEMM)", floor_ms, 1.0);
+  if (res[1].ok && copy_ms > 0)
+    printf("  %-44s %9.3f %8.2f %7.2f   (%.0f MiB received at %.0f GB/s: %.3f ms)\n", "physical floor = max(GEMM, copies)", phys,
+           phys / floor_ms, 1.0, received / (1 << 20), B->peer_gbs, copy_ms);
   if (best >= 0) {
     char name[64];
     config_name(&cfgs[best], name, sizeof name);
-    printf("  best: %s, %.3f ms = %.2fx floor, %.2fx serial\n", name, res[best].ms, res[best].ms / floor_ms,
-           res[best].ms / serial);
+    printf("  best: %s, %.3f ms = %.2fx floor, %.2fx serial", name, res[best].ms, res[best].ms / floor_ms, res[best].ms / serial);
+    if (phys > 0) printf(", %.2fx physical floor", res[best].ms / phys);
+    printf("\n");
   }
   if (res[auto_at].ok) printf("  automatic: %.3f ms = %.3fx serial; it chose %s\n", res[auto_at].ms, res[auto_at].ms / serial, B->plan);
   printf("\n");
@@ -620,6 +761,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) nchunks = parse_list(argv[++i], chunks, 4);
     else if (!strcmp(argv[i], "--parts") && i + 1 < argc) nparts = parse_list(argv[++i], parts, 4);
     else if (!strcmp(argv[i], "--trace") && i + 1 < argc) B.trace_dir = argv[++i];
+    else if (!strcmp(argv[i], "--processes")) B.procs = 1;
     else if ((!strcmp(argv[i], "ag") || !strcmp(argv[i], "rs")) && i + 3 < argc && nshapes < 32) {
       shapes[nshapes].pat = argv[i][0] == 'a' ? AG : RS;
       shapes[nshapes].M = atoll(argv[i + 1]);
@@ -638,9 +780,44 @@ int main(int argc, char **argv) {
     return 2;
   }
 #ifdef HOSTIR_CUDA
-  if (cudaGetDeviceCount(&B.D) != cudaSuccess) B.D = 0;
-  B.D = B.D > 4 ? 4 : B.D;
+  if (B.procs) { /* one rank here; the launcher says which */
+    hir_nccl_env env;
+    char err[512];
+    if (hir_nccl_env_read(&env, err, sizeof err) != HIR_OK) {
+      fprintf(stderr, "%s: %s\n", argv[0], err);
+      return 1;
+    }
+    if (env.size < 2 || env.size > MAXR) {
+      fprintf(stderr, "%s: --processes needs 2 to %d ranks (launch with torchrun, mpirun or srun)\n", argv[0], MAXR);
+      return 2;
+    }
+    if (hir_nccl_comm_create(&env, 60000, &B.pcomm) != HIR_OK) {
+      fprintf(stderr, "%s: rank %d: %s\n", argv[0], env.rank, B.pcomm ? B.pcomm->error : "out of memory");
+      return 1;
+    }
+    B.D = env.size;
+    B.me = env.rank;
+    B.device = env.gpu;
+    {
+      int world[MAXR];
+      for (i = 0; i < B.D; i++) world[i] = i;
+      if (B.pcomm->team(B.pcomm, world, B.D, &B.pteam) != HIR_OK || cudaStreamCreate((cudaStream_t *)&B.pstream) != cudaSuccess ||
+          cudaMalloc(&B.pbuf, sizeof(rank_record) * (MAXR + 1)) != cudaSuccess) {
+        fprintf(stderr, "%s: rank %d: %s\n", argv[0], B.me, B.pcomm->error);
+        return 1;
+      }
+    }
+    if (B.me != 0 && !freopen("/dev/null", "w", stdout)) return 1; /* rank 0 prints the table */
+  } else {
+    if (cudaGetDeviceCount(&B.D) != cudaSuccess) B.D = 0;
+    B.D = B.D > 4 ? 4 : B.D;
+  }
   B.gpu = B.D >= 2;
+#else
+  if (B.procs) {
+    fprintf(stderr, "%s: --processes needs the CUDA build\n", argv[0]);
+    return 2;
+  }
 #endif
   if (!B.gpu) B.D = 4;
   if (!nshapes) {
@@ -656,10 +833,11 @@ int main(int argc, char **argv) {
   pthread_mutex_init(&B.mu, NULL);
   pthread_cond_init(&B.cv, NULL);
 #ifdef HOSTIR_CUDA
-  if (B.gpu && hir_nccl_world_create(B.D, &B.nccl) != HIR_OK) {
+  if (B.gpu && !B.procs && hir_nccl_world_create(B.D, &B.nccl) != HIR_OK) {
     fprintf(stderr, "%s: NCCL: %s\n", argv[0], hir_nccl_world_error(B.nccl));
     return 1;
   }
+  if (B.gpu) measure_peer_copy(&B);
 #endif
   if (!B.gpu && !(B.local = hir_local_world_create(B.D))) return 1;
   for (i = 0; i < nshapes; i++) {
@@ -668,6 +846,9 @@ int main(int argc, char **argv) {
   }
 #ifdef HOSTIR_CUDA
   hir_nccl_world_free(B.nccl);
+  if (B.pbuf) cudaFree(B.pbuf);
+  if (B.pstream) cudaStreamDestroy((cudaStream_t)B.pstream);
+  hir_nccl_comm_free(B.pcomm);
 #endif
   hir_local_world_free(B.local);
   printf("%s\n", failed ? "some pipelines FAILED or were WRONG" : "every pipeline ran and matched serial");

@@ -1,14 +1,20 @@
 #!/bin/sh
-# The overlap benchmarks on this machine's GPUs: hostir's pipelines
-# (build/bench-overlap), then PyTorch async-TP on the same shapes, the same way
-# timed. Multicast stays off (NVLS, symmetric-memory multicast).
+# The overlap benchmarks on this machine's GPUs, in both launch modes, then
+# PyTorch async-TP on the same shapes, the same way timed, in the same call:
+# hostir's pipelines with a thread per GPU (build/bench-overlap), then with a
+# process per GPU under torchrun (--processes). Multicast stays off (NVLS,
+# symmetric-memory multicast). Arguments go to both runs of bench-overlap.
 set -e
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 make -s build/bench-overlap
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+ngpu=$(nvidia-smi -L | wc -l); [ "$ngpu" -gt 4 ] && ngpu=4
+echo "== one process, a thread per GPU"
 ./build/bench-overlap "$@"
 if command -v torchrun >/dev/null; then
-  ngpu=$(nvidia-smi -L | wc -l); [ "$ngpu" -gt 4 ] && ngpu=4
-  torchrun --nproc-per-node "$ngpu" bench/torch_async_tp.py
+  echo "== a process per GPU (torchrun --nproc-per-node $ngpu)"
+  torchrun --standalone --nproc-per-node "$ngpu" --no-python ./build/bench-overlap --processes "$@"
+  echo "== PyTorch async-TP (torchrun --nproc-per-node $ngpu)"
+  torchrun --standalone --nproc-per-node "$ngpu" bench/torch_async_tp.py
 fi

@@ -190,6 +190,7 @@ typedef struct test_platform {
   hir_comm *(*comm)(void *w, int rank);
   hir_backend *(*backend)(int rank);   /* NULL: the evaluator's own CPU backend */
   hir_status (*run)(int n, hir_status (*fn)(int rank, void *user), void *user);
+  int p2p_only;                        /* its communicator has send/recv and no collectives */
 } test_platform;
 
 static void *cpu_world_create(int n) {
@@ -199,7 +200,7 @@ static void *cpu_world_create(int n) {
 }
 static void cpu_world_free(void *w) { hir_local_world_free((hir_local_world *)w); }
 static hir_comm *cpu_comm(void *w, int rank) { return hir_local_comm((hir_local_world *)w, rank); }
-static const test_platform cpu_platform = {"cpu", 1, 1 << 20, cpu_world_create, cpu_world_free, cpu_comm, NULL, hir_spmd};
+static const test_platform cpu_platform = {"cpu", 1, 1 << 20, cpu_world_create, cpu_world_free, cpu_comm, NULL, hir_spmd, 0};
 static const test_platform *platform = &cpu_platform;
 
 /* A host tensor's copy in the backend's memory, or the tensor itself. */

@@ -4,7 +4,8 @@
    through hir_tensor_from_dlpack, and the output comes back either written
    into a torch tensor or as hostir's own buffer through hir_tensor_to_dlpack.
    The program is the AG+GEMM of examples/main.c; one process per GPU, so the
-   Python script runs under torchrun. Built by the script (it needs dlpack.h,
+   Python script runs under torchrun, and PyTorch's process group hands
+   hostir NCCL's id. Built by the script (it needs dlpack.h,
    which PyTorch ships):
        cc -shared -fPIC -DHOSTIR_CUDA -include <torch>/include/ATen/dlpack.h ... */
 #if !defined(DLPACK_VERSION) && !defined(DLPACK_MAJOR_VERSION)
@@ -14,6 +15,7 @@
 #define HOSTIR_NCCL_IMPLEMENTATION
 #include "../../hostir_nccl.h"
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct hx {
   hir_comm *comm;
@@ -31,22 +33,31 @@ static int hx_fail(hx *h, const char *what, const char *why) {
   return 0;
 }
 
-/* Joins the world from the launcher's environment (once per process: one
-   communicator serves every program), with hostir's work on `cuda_stream`
-   (torch's current stream), so it is ordered with the caller's torch work.
-   Returns NULL only when out of memory; else check hx_error. */
-hx *hx_create(void *cuda_stream) {
+/* NCCL's id for a new world, made on one rank (`out`: 128 bytes); the
+   caller hands it to every rank (torch.distributed.broadcast_object_list),
+   so hostir needs no port of its own. 0 on success. */
+int hx_unique_id(unsigned char *out) {
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) return 1;
+  memcpy(out, &id, sizeof id);
+  return 0;
+}
+
+/* Joins the world from that id (once per process: one communicator serves
+   every program), with hostir's work on `cuda_stream` (torch's current
+   stream), so it is ordered with the caller's torch work. Returns NULL only
+   when out of memory; else check hx_error. */
+hx *hx_create(int rank, int size, int local_rank, const unsigned char *id_bytes, void *cuda_stream) {
   hx *h = (hx *)calloc(1, sizeof *h);
-  hir_nccl_env env;
-  char err[512];
+  ncclUniqueId id;
   if (!h) return NULL;
-  if (hir_nccl_env_read(&env, err, sizeof err) != HIR_OK) return hx_fail(h, "environment", err), h;
-  if (env.size > 64) return hx_fail(h, "environment", "more than 64 ranks"), h;
-  if (hir_nccl_comm_create(&env, 60000, &h->comm) != HIR_OK)
-    return hx_fail(h, "hir_nccl_comm_create", h->comm ? h->comm->error : "out of memory"), h;
-  if (!(h->be = hir_backend_cuda_create(env.gpu))) return hx_fail(h, "hir_backend_cuda_create", "no GPU"), h;
+  if (size > 64) return hx_fail(h, "hx_create", "more than 64 ranks"), h;
+  memcpy(&id, id_bytes, sizeof id);
+  if (hir_nccl_comm_create_from_id(rank, size, local_rank, &id, 60000, &h->comm) != HIR_OK)
+    return hx_fail(h, "hir_nccl_comm_create_from_id", h->comm ? h->comm->error : "out of memory"), h;
+  cudaGetDevice(&h->device);
+  if (!(h->be = hir_backend_cuda_create(h->device))) return hx_fail(h, "hir_backend_cuda_create", "no GPU"), h;
   hir_backend_cuda_set_stream(h->be, cuda_stream);
-  h->device = env.gpu;
   return h;
 }
 

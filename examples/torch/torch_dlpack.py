@@ -3,8 +3,8 @@
 
     torchrun --nproc-per-node 4 examples/torch/torch_dlpack.py
 
-(hostir's bootstrap listens on the port after torchrun's MASTER_PORT; if that
-one is taken, set HOSTIR_PORT to a free port.)
+PyTorch's process group hands hostir NCCL's id (hir_nccl_comm_create_from_id):
+rank 0 makes it, torch.distributed broadcasts it; hostir opens no port.
 
 Each rank holds its rows of A and all of B as torch tensors; hostir gathers
 A and multiplies (the AG+GEMM of examples/main.c) on torch's current stream,
@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import torch
+import torch.distributed as dist
 import torch.utils.dlpack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,7 +63,9 @@ def main():
     gpu = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(gpu)
     lib = ctypes.CDLL(build())
-    lib.hx_create.restype, lib.hx_create.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    lib.hx_unique_id.argtypes = [ctypes.c_char_p]
+    lib.hx_create.restype = ctypes.c_void_p
+    lib.hx_create.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p]
     lib.hx_program.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.hx_error.restype, lib.hx_error.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
     lib.hx_run.argtypes = [ctypes.c_void_p] * 4
@@ -71,7 +74,15 @@ def main():
     M, K, N = 256 * world, 512, 384
     m = M // world
     report, ok = [], True
-    h = lib.hx_create(ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))  # joins the world
+    dist.init_process_group("nccl", device_id=torch.device("cuda", gpu))
+    nccl_id = [None]
+    if rank == 0:
+        buf = ctypes.create_string_buffer(128)
+        if lib.hx_unique_id(buf):
+            sys.exit("rank 0: ncclGetUniqueId failed")
+        nccl_id[0] = buf.raw
+    dist.broadcast_object_list(nccl_id, src=0)  # PyTorch's process group carries hostir's id
+    h = lib.hx_create(rank, world, gpu, nccl_id[0], ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
     if not h or lib.hx_error(h):
         sys.exit("rank %d: %s" % (rank, lib.hx_error(h).decode()))
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
@@ -106,6 +117,7 @@ def main():
                       "a float64 A: \"%s\"" % (str(dtype)[6:], err_in, err_own, "no copy" if same_memory else "COPIED", why))
         del own, managed, ca, cb, cc_, c64  # before hostir's buffer goes with the next program
     lib.hx_free(h)
+    dist.destroy_process_group()
     print("rank %d of %d (GPU %d): %s %s" % (rank, world, gpu, "ok" if ok else "FAILED", "\n    ".join([""] + report)))
     sys.exit(0 if ok else 1)
 

@@ -3,13 +3,15 @@
    rank 0's store on 127.0.0.1 (and ::1 where the host has IPv6) against
    garbage, stalled connections, wrong secrets and too many keys, and the
    abort note that a failing rank leaves for the others (threads and
-   processes). Needs NCCL's and CUDA's headers and libraries to link, no
+   processes), and the copy engines' shared block: host ids, layout, notes
+   and ended peers. Needs NCCL's and CUDA's headers and libraries to link, no
    GPU. The last line is "N passed, N failed". */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #define HOSTIR_IMPLEMENTATION
 #define HOSTIR_NCCL_IMPLEMENTATION
 #include "../../hostir_nccl.h"
 #include "../test.h"
+#include <sys/wait.h>
 
 /* ---- the launchers' variables ---- */
 typedef struct vars {
@@ -396,7 +398,6 @@ TEST(test_abort_threads, "bootstrap/abort_note_threads", TEST_CPU) {
   hir_nccl__rank *r = (hir_nccl__rank *)calloc(2, sizeof *r);
   int i;
   pthread_mutex_init(&w->mu, NULL);
-  pthread_cond_init(&w->ce_cv, NULL);
   for (i = 0; i < 2; i++) {
     hir_nccl__init(&r[i], i, 2, i);
     r[i].shared = w;
@@ -407,10 +408,99 @@ TEST(test_abort_threads, "bootstrap/abort_note_threads", TEST_CPU) {
   r[1].comm.abort(&r[1].comm);
   CHECK(r[0].comm.poll(&r[0].comm) == HIR_ERR_COMM &&
         strstr(r[0].comm.error, "rank 0 stopped: the world was aborted: rank 1 failed: hir_evaluator_create: device 5"));
-  pthread_cond_destroy(&w->ce_cv);
   pthread_mutex_destroy(&w->mu);
   free(w);
   free(r);
+}
+
+/* ---- the copy engines' block (nccl_peer), without a GPU ---- */
+
+/* NCCL_HOSTID decides which ranks share a host, as in NCCL; else the host's
+   name and boot id, the same on every call. */
+TEST(test_peer_host_id, "peer/host_id", TEST_CPU) {
+  unsigned long long a, a2, b, plain;
+  setenv("NCCL_HOSTID", "node-a", 1);
+  a = hir_nccl__host_id();
+  a2 = hir_nccl__host_id();
+  setenv("NCCL_HOSTID", "node-b", 1);
+  b = hir_nccl__host_id();
+  unsetenv("NCCL_HOSTID");
+  plain = hir_nccl__host_id();
+  CHECK(a == a2 && a != b && plain != a && plain != b && plain == hir_nccl__host_id());
+}
+
+/* The block's parts do not overlap, every pad word is its own and inside
+   the block, for hosts of 2, 3 and 8 ranks. */
+TEST(test_peer_layout, "peer/layout", TEST_CPU) {
+  int n, from, to, which, seen_outside = 0, collisions = 0;
+  for (n = 2; n <= 8; n += n == 3 ? 5 : 1) {
+    hir_nccl__ce ce;
+    size_t words = (size_t)n * n * HIR_NCCL__CE_SLOTS * 2, i;
+    unsigned char *hit = (unsigned char *)calloc(words, 1);
+    unsigned long long seq;
+    memset(&ce, 0, sizeof ce);
+    ce.nlocal = n;
+    CHECK(hir_nccl__ce_exports_at() >= sizeof(hir_nccl__ce_head) &&
+          hir_nccl__ce_boxes_at(n) >= hir_nccl__ce_exports_at() + (size_t)n * HIR_NCCL__CE_EXPORTS * sizeof(hir_nccl__ce_export) &&
+          hir_nccl__ce_pad_at(n) >= hir_nccl__ce_boxes_at(n) + (size_t)n * n * sizeof(hir_nccl__ce_box));
+    for (from = 0; from < n; from++)
+      for (to = 0; to < n; to++)
+        for (seq = 0; seq < 2 * HIR_NCCL__CE_SLOTS; seq++)
+          for (which = 0; which < 2; which++) {
+            size_t at = hir_nccl__ce_word(&ce, from, to, seq, which);
+            seen_outside += at < hir_nccl__ce_pad_at(n) || at + sizeof(unsigned) > hir_nccl__ce_bytes(n);
+            i = (at - hir_nccl__ce_pad_at(n)) / sizeof(unsigned);
+            if (i < words && seq < HIR_NCCL__CE_SLOTS) collisions += hit[i]++ != 0;
+          }
+    free(hit);
+  }
+  CHECK(seen_outside == 0 && collisions == 0);
+}
+
+/* Two ranks of a host map one segment: the first failure's note reaches the
+   other (a second note does not replace it), and a peer process that ended,
+   even one its parent has not reaped yet, is named within 100 ms. */
+TEST(test_peer_notes, "peer/notes_and_ended_peers", TEST_CPU) {
+  char name[64], err[256] = "", note[512];
+  size_t bytes = hir_nccl__ce_bytes(2);
+  hir_nccl__ce a, b;
+  int local[2] = {0, 1}, status;
+  pid_t kid;
+  double t0;
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  snprintf(name, sizeof name, "/dev/shm/hostir-bootstrap-test-%d", (int)getpid());
+  a.block = hir_nccl__ce_segment(name, bytes, 1, err, sizeof err);
+  b.block = hir_nccl__ce_segment(name, bytes, 0, err, sizeof err);
+  CHECK(a.block && b.block && a.block != b.block);
+  CHECK(hir_nccl__ce_segment(name, bytes, 1, err, sizeof err) == NULL && strstr(err, "File exists")); /* made once */
+  unlink(name);
+  if (!a.block || !b.block) return;
+  a.nlocal = b.nlocal = 2;
+  a.me = 0, b.me = 1;
+  a.local = b.local = local;
+  a.segment = b.segment = 1;
+  a.block_bytes = b.block_bytes = bytes;
+  hir_nccl__ce_head_of(&a)->pid[0] = (int)getpid();
+  hir_nccl__ce_head_of(&a)->pid[1] = (int)getpid();
+  hir_nccl__ce_heard(&a, note, sizeof note);
+  CHECK(note[0] == 0);
+  if ((kid = fork()) == 0) _exit(0);
+  hir_nccl__ce_head_of(&b)->pid[1] = (int)kid; /* seen through the other mapping */
+  hir_nccl__sleep_ms(50);                      /* it has exited; not reaped */
+  t0 = hir_nccl__wall_ms();
+  do hir_nccl__ce_heard(&a, note, sizeof note);
+  while (!note[0] && hir_nccl__wall_ms() < t0 + 1000);
+  CHECK(strstr(note, "rank 1 (process") && strstr(note, "exited") && hir_nccl__wall_ms() < t0 + 150);
+  waitpid(kid, &status, 0);
+  hir_nccl__ce_head_of(&a)->pid[1] = (int)getpid();
+  hir_nccl__ce_tell(&b, "rank 1 failed: first");
+  hir_nccl__ce_tell(&a, "rank 0 failed: second");
+  hir_nccl__ce_heard(&a, note, sizeof note);
+  CHECK(!strcmp(note, "rank 1 failed: first"));
+  a.local = b.local = NULL;
+  hir_nccl__ce_detach(&a, 0);
+  hir_nccl__ce_detach(&b, 0);
 }
 
 int main(int argc, char **argv) {

@@ -10,6 +10,7 @@
 #define HOSTIR_NCCL_IMPLEMENTATION
 #include "../../hostir_nccl.h"
 #include "../test.h"
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../test_build.c"
@@ -629,13 +630,232 @@ static int dead_peer(void) {
   return ok;
 }
 
+/* ---- the caller's NCCL: an id it handed out, a communicator it lends ----
+   Rank 0 makes the id and leaves it in a file the others read, as a runtime
+   would broadcast it (MPI_Bcast, torch.distributed). */
+static int shared_id(const hir_nccl_env *env, ncclUniqueId *id) {
+  char path[256], tmp[280];
+  double deadline = hir__now_ms() + 60000;
+  FILE *f;
+  snprintf(path, sizeof path, "/tmp/hostir-test-id-%016llx", /* the job's own: its secret names it */
+           (unsigned long long)hir_nccl__hash(env->secret, strlen(env->secret), (unsigned long long)env->size));
+  if (env->rank == 0) {
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (ncclGetUniqueId(id) != ncclSuccess || !(f = fopen(tmp, "wb"))) return 0;
+    fwrite(id, sizeof *id, 1, f);
+    fclose(f);
+    return rename(tmp, path) == 0;
+  }
+  while (hir__now_ms() < deadline) {
+    if ((f = fopen(path, "rb"))) {
+      size_t got = fread(id, sizeof *id, 1, f);
+      fclose(f);
+      if (got == 1) return 1;
+    }
+    hir_nccl__sleep_ms(20);
+  }
+  return 0;
+}
+
+/* A nonblocking communicator of the caller's own, for hir_nccl_comm_from_nccl. */
+static ncclComm_t own_nccl(const hir_nccl_env *env, const ncclUniqueId *id) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  ncclComm_t comm = NULL;
+  ncclResult_t r, state = ncclInProgress;
+  double deadline = hir__now_ms() + 60000;
+  config.blocking = 0;
+  cudaSetDevice(env->gpu);
+  r = ncclCommInitRankConfig(&comm, env->size, *id, env->rank, &config);
+  while ((r == ncclSuccess || r == ncclInProgress) && ncclCommGetAsyncError(comm, &state) == ncclSuccess &&
+         state == ncclInProgress && hir__now_ms() < deadline)
+    hir_nccl__sleep_ms(1);
+  return (r == ncclSuccess || r == ncclInProgress) && state == ncclSuccess ? comm : NULL;
+}
+
+/* The lent communicator still works after hostir is done with it: an
+   allreduce of the ranks' numbers on it. */
+static int lent_still_works(const hir_nccl_env *env, ncclComm_t comm) {
+  float *x = NULL, got = 0;
+  ncclResult_t r, state = ncclInProgress;
+  double deadline = hir__now_ms() + 30000;
+  float mine = (float)(env->rank + 1);
+  if (cudaMalloc((void **)&x, sizeof *x) != cudaSuccess || cudaMemcpy(x, &mine, sizeof mine, cudaMemcpyHostToDevice) != cudaSuccess)
+    return 0;
+  r = ncclAllReduce(x, x, 1, ncclFloat32, ncclSum, comm, NULL);
+  while (r == ncclInProgress && ncclCommGetAsyncError(comm, &state) == ncclSuccess && state == ncclInProgress &&
+         hir__now_ms() < deadline)
+    hir_nccl__sleep_ms(1);
+  if (cudaMemcpy(&got, x, sizeof got, cudaMemcpyDeviceToHost) != cudaSuccess) got = -1;
+  cudaFree(x);
+  return got == (float)(env->size * (env->size + 1) / 2);
+}
+
+/* ---- two processes on one GPU, joined by nccl_peer alone ----
+   NCCL refuses two ranks on one GPU, but CUDA IPC between two processes on
+   one GPU works: this joins them through the copy engines' shared block
+   only (no NCCL world), so that the process path - segment, exports,
+   imports, signal pad, a peer process gone - runs on a one-GPU machine too.
+   Only send/recv work on such a communicator. */
+static hir_comm *ce_pair_comm(int rank, const char *name, char *err, size_t cap) {
+  hir_nccl__rank *nc = (hir_nccl__rank *)malloc(sizeof *nc);
+  size_t bytes = hir_nccl__ce_bytes(2);
+  unsigned char *block = NULL;
+  double deadline = hir_nccl__wall_ms() + 20000;
+  if (!nc) return NULL;
+  hir_nccl__init(nc, rank, 2, 0);
+  nc->store.wake[0] = nc->store.wake[1] = -1;
+  cudaSetDevice(0);
+  if (rank == 0 && (block = hir_nccl__ce_segment(name, bytes, 1, err, cap))) {
+    ((hir_nccl__ce_head *)block)->nlocal = 2;
+    __atomic_store_n(&((hir_nccl__ce_head *)block)->magic, (int)HIR_NCCL__CE_MAGIC, __ATOMIC_RELEASE);
+  }
+  while (rank == 1 && !block && hir_nccl__wall_ms() < deadline) /* until rank 0 has made and sized it */
+    if (!(block = hir_nccl__ce_segment(name, bytes, 0, err, cap))) hir_nccl__sleep_ms(10);
+  while (block && __atomic_load_n(&((hir_nccl__ce_head *)block)->magic, __ATOMIC_ACQUIRE) != (int)HIR_NCCL__CE_MAGIC &&
+         hir_nccl__wall_ms() < deadline)
+    hir_nccl__sleep_ms(1);
+  if (!block || !(nc->ce.local = (int *)malloc(2 * sizeof(int)))) {
+    if (block) munmap(block, bytes);
+    free(nc);
+    return NULL;
+  }
+  nc->ce.local[0] = 0;
+  nc->ce.local[1] = 1;
+  if (!hir_nccl__ce_attach(&nc->ce, block, 1, 2, rank, err, cap) || hir_nccl__world_team(nc) != HIR_OK) {
+    hir_nccl__release(nc);
+    free(nc);
+    return NULL;
+  }
+  while (rank == 0 && !__atomic_load_n(&hir_nccl__ce_head_of(&nc->ce)->pid[1], __ATOMIC_ACQUIRE) && hir_nccl__wall_ms() < deadline)
+    hir_nccl__sleep_ms(1);
+  if (rank == 0) unlink(name); /* both have it */
+  nc->ce_on = nc->comm.p2p_copy_engine = 1;
+  return &nc->comm;
+}
+
+/* Rank 0 gathers over the ring with rank 1, which posts its receive and
+   exits without sending: rank 0's stream waits for bytes that never come,
+   and hir_evaluator_sync must end with the peer named, well within the
+   timeout (the process is looked for every 100 ms), its GPU released. */
+static int ce_pair_dead_peer(int rank) {
+  const int mesh[2] = {0, 1};
+  const int64_t N = 1 << 16;
+  seed sd;
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_tensor in, din, out;
+  hir_status s;
+  double t0, dt;
+  int ok;
+  if (rank == 1) {
+    void *buf = NULL;
+    cudaMalloc(&buf, (size_t)N * 4);
+    mp_comm->what.tensor = -1;
+    ok = mp_comm->group_start(mp_comm) == HIR_OK && mp_comm->recv(mp_comm, buf, (size_t)N * 4, 0, NULL) == HIR_OK &&
+         mp_comm->group_end(mp_comm) == HIR_OK;
+    hir_nccl__sleep_ms(300); /* rank 0's send has taken the post by now */
+    printf("rank1: posted a receive from rank 0, leaving without sending (%s)\n", ok ? "ok" : mp_comm->error);
+    fflush(stdout);
+    _exit(ok ? 0 : 1);
+  }
+  seed_allgather_p2p(&sd, hir_fusion_create(), 2, mesh);
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  ld.my_device = 0;
+  ld.stream.schedule = HIR_P2P_RING;
+  ed.comm = mp_comm;
+  ed.backend = hir_backend_cuda_create(0);
+  ed.timeout_ms = 10000;
+  { int64_t sz[2] = {1, N};
+    in = trand(HIR_F32, 2, sz); }
+  din = to_backend(ed.backend, &in);
+  memset(&out, 0, sizeof out);
+  ok = hir_lower(sd.f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK;
+  t0 = hir__now_ms();
+  s = ok ? hir_run(ev, &din, 1, &out, 1) : HIR_ERR_INTERNAL;
+  if (s == HIR_OK) s = hir_evaluator_sync(ev);
+  dt = hir__now_ms() - t0;
+  ok = ok && (s == HIR_ERR_COMM || s == HIR_ERR_TIMEOUT) && dt < 3000 && strstr(hir_evaluator_error(ev), "exited");
+  printf("rank0: a peer gone during a copy-engine exchange: %s after %.0f ms: %s\n", hir_status_str(s), dt,
+         ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  backend_free(ed.backend, &in, &din);
+  tfree(&in);
+  t0 = hir__now_ms();
+  hir_evaluator_free(ev); /* its streams drain: the abort released their waits */
+  hir_program_free(p);
+  hir_backend_free(ed.backend);
+  hir_fusion_free(sd.f);
+  hir_nccl_comm_free(mp_comm); /* its copy stream drains too, and the peer's mapping is closed */
+  dt = hir__now_ms() - t0;
+  printf("rank0: its evaluator and communicator freed in %.0f ms\n", dt);
+  return ok && dt < 2000;
+}
+
+static int ce_pair_child(int rank, const char *name, int dead, int *passed, int *failed) {
+  static test_platform pair = {"cuda copy engines, 2 processes on GPU 0", 2, 2, mp_world, gpu_world_keep, mp_comm_of,
+                               mp_backend, mp_run, 1};
+  char err[256] = "", prefix[16];
+  snprintf(prefix, sizeof prefix, "rank%d: ", rank);
+  if (!(mp_comm = ce_pair_comm(rank, name, err, sizeof err))) {
+    printf("%sjoining the pair: %s\n", prefix, err);
+    return 0;
+  }
+  mp_env.rank = rank;
+  mp_env.size = 2;
+  mp_env.gpu = 0;
+  if (dead) return ce_pair_dead_peer(rank);
+  platform = &pair;
+  hir_run_tests(TEST_GPU_WORLDS, "stream/numbers", prefix, 1, passed, failed);
+  hir_nccl_comm_free(mp_comm);
+  return *failed == 0 && *passed > 0;
+}
+
+/* The parent starts the two ranks before CUDA is touched, waits for them
+   (two minutes at most), and checks that the segment is gone. */
+static int ce_pair(int dead) {
+  char name[64];
+  pid_t kid[2];
+  int r, status, ok = 1;
+  double deadline = hir__now_ms() + 120000;
+  snprintf(name, sizeof name, "/dev/shm/hostir-test-%d", (int)getpid());
+  fflush(stdout);
+  for (r = 0; r < 2; r++)
+    if ((kid[r] = fork()) == 0) {
+      int passed = 0, failed = 0, good = ce_pair_child(r, name, dead, &passed, &failed);
+      fflush(stdout);
+      _exit(good ? 0 : 1);
+    }
+  for (r = 0; r < 2; r++) {
+    while (waitpid(kid[r], &status, WNOHANG) == 0 && hir__now_ms() < deadline) hir_nccl__sleep_ms(10);
+    if (hir__now_ms() >= deadline) {
+      kill(kid[r], SIGKILL);
+      waitpid(kid[r], &status, 0);
+      printf("rank%d: still running after two minutes (killed)\n", r);
+      ok = 0;
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      printf("rank%d: failed (status %d)\n", r, status);
+      ok = 0;
+    }
+  }
+  if (unlink(name) == 0) printf("FAIL the segment %s was left behind\n", name), ok = 0;
+  return ok;
+}
+
 int main(int argc, char **argv) {
   int ngpu = 0, passed = 0, failed = 0, i;
   int processes = argc > 1 && !strcmp(argv[1], "--processes");
-  const char *filter = argc > (processes ? 2 : 1) && argv[processes ? 2 : 1][0] != '-' ? argv[processes ? 2 : 1] : NULL;
+  const char *filter = argc > (processes ? 2 : 1) && argv[processes ? 2 : 1][0] != '-' ? argv[processes ? 2 : 1]
+                       : argc > 3 && processes ? argv[3] : NULL;
   char prefix[32] = "", err[256];
-  static test_platform gpu = {"cuda+nccl threads", 1, 1, gpu_world_create, gpu_world_keep, gpu_comm, gpu_backend, hir_spmd};
-  static test_platform mp = {"cuda+nccl processes", 1, 1, mp_world, gpu_world_keep, mp_comm_of, mp_backend, mp_run};
+  static test_platform gpu = {"cuda+nccl threads", 1, 1, gpu_world_create, gpu_world_keep, gpu_comm, gpu_backend, hir_spmd, 0};
+  static test_platform mp = {"cuda+nccl processes", 1, 1, mp_world, gpu_world_keep, mp_comm_of, mp_backend, mp_run, 0};
+  if (argc > 1 && !strcmp(argv[1], "--ce-pair")) { /* before CUDA is touched: the ranks are forked */
+    int ok = ce_pair(argc > 2 && !strcmp(argv[2], "--dead-peer"));
+    printf("%d passed, %d failed\n", ok, !ok);
+    return ok ? 0 : 1;
+  }
   if (cudaGetDeviceCount(&ngpu) != cudaSuccess || ngpu < 1) {
     printf("test-gpu: no GPU visible\n0 passed, 1 failed\n");
     return 1;
@@ -655,7 +875,28 @@ int main(int argc, char **argv) {
     }
     snprintf(prefix, sizeof prefix, "rank%d: ", mp_env.rank);
     int dead = argc > 2 && !strcmp(argv[2], "--dead-peer"), failing = argc > 2 && !strcmp(argv[2], "--failing-rank");
-    if (hir_nccl_comm_create(&mp_env, dead ? 5000 : 60000, &mp_comm) != HIR_OK) {
+    int from_id = argc > 2 && !strcmp(argv[2], "--from-id"), lent = argc > 2 && !strcmp(argv[2], "--lent-nccl");
+    const char *expect_ce = getenv("HOSTIR_TEST_COPY_ENGINE");
+    ncclUniqueId id;
+    ncclComm_t own = NULL;
+    hir_status made;
+    if ((from_id || lent) && !shared_id(&mp_env, &id)) {
+      printf("%sno NCCL id from rank 0\n%s0 passed, 1 failed\n", prefix, prefix);
+      return 1;
+    }
+    if (lent && !(own = own_nccl(&mp_env, &id))) {
+      printf("%sthe caller's own NCCL communicator could not be made\n%s0 passed, 1 failed\n", prefix, prefix);
+      return 1;
+    }
+    made = from_id ? hir_nccl_comm_create_from_id(mp_env.rank, mp_env.size, mp_env.local_rank, &id, 60000, &mp_comm)
+         : lent    ? hir_nccl_comm_from_nccl(own, 60000, &mp_comm)
+                   : hir_nccl_comm_create(&mp_env, dead ? 5000 : 60000, &mp_comm);
+    if (made == HIR_OK && expect_ce && mp_comm->p2p_copy_engine != atoi(expect_ce)) {
+      printf("%sFAIL the copy engines are %s, expected %s\n", prefix, mp_comm->p2p_copy_engine ? "on" : "off",
+             atoi(expect_ce) ? "on" : "off");
+      failed++;
+    }
+    if (made != HIR_OK) {
       printf("%s%s\n%s0 passed, 1 failed\n", prefix, mp_comm ? mp_comm->error : "no memory", prefix);
       hir_nccl_comm_free(mp_comm);
       return 1;
@@ -680,9 +921,18 @@ int main(int argc, char **argv) {
     }
     mp.min_world = mp.max_world = mp_env.size;
     platform = &mp;
-    if (mp_env.rank == 0) printf("test-gpu: %d processes, one GPU each\n", mp_env.size);
+    if (mp_env.rank == 0)
+      printf("test-gpu: %d processes, one GPU each, %s; send/recv on %s\n", mp_env.size,
+             from_id ? "from the caller's NCCL id" : lent ? "on the caller's NCCL communicator" : "hostir's bootstrap",
+             mp_comm->p2p_copy_engine ? "the copy engines" : "NCCL");
     hir_run_tests(TEST_GPU_WORLDS, filter, prefix, 1, &passed, &failed);
     hir_nccl_comm_free(mp_comm);
+    if (lent) {
+      int ok = lent_still_works(&mp_env, own);
+      printf("%s%s the lent communicator still works after hir_nccl_comm_free\n", prefix, ok ? "ok  " : "FAIL");
+      ok ? passed++ : failed++;
+      ncclCommDestroy(own);
+    }
   }
   if (hir_tests_lost) printf("%sFAIL %d tests were not registered (tests/test.h)\n", prefix, hir_tests_lost), failed++;
   printf("%s%d passed, %d failed\n", prefix, passed, failed);

@@ -19,17 +19,29 @@ stage() { # name, command...
   if timeout 900 "$@"; then passed=$((passed + 1)); echo "== $name: ok"; else failed=$((failed + 1)); echo "== $name: FAILED"; fi
 }
 stage "one process, $ngpu GPUs" "$bin"
+stage "copy engines between 2 processes on GPU 0 (CUDA IPC, no NCCL world)" "$bin" --ce-pair
+stage "a peer process gone during a copy-engine exchange" "$bin" --ce-pair --dead-peer
 sizes="2"; [ "$ngpu" -gt 2 ] && sizes="2 $ngpu"
 for n in $sizes; do
   [ "$n" -le "$ngpu" ] || continue
   if command -v torchrun >/dev/null; then
-    stage "torchrun, $n processes" env HOSTIR_PORT=$((29610 + n)) torchrun --standalone --nproc_per_node="$n" --no-python "$bin" --processes
+    stage "torchrun, $n processes (send/recv on the copy engines)" env HOSTIR_PORT=$((29610 + n)) HOSTIR_TEST_COPY_ENGINE=1 \
+      torchrun --standalone --nproc_per_node="$n" --no-python "$bin" --processes
   fi
   if command -v mpirun >/dev/null; then
-    stage "mpirun, $n processes" mpirun --allow-run-as-root --oversubscribe -np "$n" -x NCCL_NVLS_ENABLE \
-      -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29600 + n)) "$bin" --processes
+    stage "mpirun, $n processes (send/recv on the copy engines)" mpirun --allow-run-as-root --oversubscribe -np "$n" \
+      -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29600 + n)) -x HOSTIR_TEST_COPY_ENGINE=1 "$bin" --processes
   fi
 done
+if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
+  stage "2 processes on two hosts by NCCL_HOSTID (send/recv on NCCL)" mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE \
+    -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29640 -x HOSTIR_TEST_COPY_ENGINE=0 \
+    sh -c 'NCCL_HOSTID=hostir-test-host-$OMPI_COMM_WORLD_RANK exec "$0" --processes' "$bin"
+fi
+if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null; then
+  stage "2 processes from the caller's NCCL id (hir_nccl_comm_create_from_id)" env HOSTIR_TEST_COPY_ENGINE=1 torchrun --standalone --nproc_per_node=2 --no-python "$bin" --processes --from-id
+  stage "2 processes on the caller's NCCL communicator (hir_nccl_comm_from_nccl)" env HOSTIR_TEST_COPY_ENGINE=1 torchrun --standalone --nproc_per_node=2 --no-python "$bin" --processes --lent-nccl
+fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   stage "a dead peer (2 processes, rank 1 exits after joining)" timeout 120 mpirun --allow-run-as-root -np 2 \
     -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29650 "$bin" --processes --dead-peer
@@ -55,7 +67,7 @@ if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
 fi
 if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null && python3 -c "import torch" 2>/dev/null; then
   stage "examples/torch/torch_dlpack.py: hostir from PyTorch through DLPack, $ngpu processes" \
-    env HOSTIR_PORT=29680 torchrun --standalone --nproc_per_node="$ngpu" examples/torch/torch_dlpack.py
+    torchrun --standalone --nproc_per_node="$ngpu" examples/torch/torch_dlpack.py
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
