@@ -57,6 +57,7 @@
        // >>backend_cuda  the CUDA backend (HOSTIR_CUDA): cudart, cuBLAS, cuBLASLt
        // >>comm_local    the local world: N ranks as threads, hir_spmd
        // >>eval          the evaluator: plan, buffers, the run loop, hir_run
+       // >>tune          the automatic choice by measurement: candidates timed on the ranks, agreed, cached, saved
        // >>timeline      recording host and GPU spans, Chrome-trace output
 
    Compile-time options (define before the implementation include):
@@ -315,6 +316,7 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
      or with `automatic` the model's choice. */
   int chunks_per_peer;
   int bounded_buffers;  /* an intermediate only its loop uses keeps numberOfStreams slices, reused round-robin */
+  int serial;           /* lower the fusion without its Stream axes: the serial program */
   /* automatic = 1: keep the fusion's Stream axes only where a cost model says
      the pipeline beats the serial program by 3% for these local input shapes
      (as hir_run will get them; data ignored); else lower it serial. The
@@ -354,7 +356,7 @@ typedef struct hir_lower_desc {     /* zero-initialized = defaults */
    instead of stderr). */
 HIRDEF hir_status      hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out);
 HIRDEF int             hir_program_device(const hir_program *p);
-HIRDEF const char     *hir_program_plan(const hir_program *p);  /* the automatic choice, "" if none was made */
+HIRDEF const char     *hir_program_plan(const hir_program *p);  /* the automatic choice or a tuner's report, "" if neither */
 
 /* Segmentation alone: sharding propagation and resharding decomposition on a
    copy of the fusion, then the merge-predicate segmenter; inspect the groups. */
@@ -400,6 +402,7 @@ typedef struct hir_tensor {
 struct hir_backend {
   void *ctx;
   const char *name;
+  const char *device;               /* which device ("NVIDIA H200"), for tuning plans; NULL: `name` says enough */
   int host_memory;                  /* 1: buffers are host-accessible */
   char error[256];
   void (*destroy)(hir_backend *self);
@@ -524,6 +527,45 @@ HIRDEF const char *hir_evaluator_error(const hir_evaluator *ev);
 HIRDEF void        hir_evaluator_free(hir_evaluator *ev);
 HIRDEF hir_backend *hir_evaluator_backend(const hir_evaluator *ev);
 HIRDEF size_t      hir_evaluator_memory(const hir_evaluator *ev);  /* bytes of buffers it holds now */
+
+/* Tuning: the automatic choice by measurement. A tuner owns one fusion's
+   programs on this rank (the fusion must outlive it). Its first run with
+   new input shapes lowers the candidates - serial; P2P ring and linear with
+   1, 2 and 4 parts a peer; 2 and 4 streams; bounded buffers as well when
+   memory_limit is set - checks each on these shapes, and times the ones
+   every rank accepts (warmup + iters runs, the ranks meeting before each
+   timed one). A candidate whose outputs differ from serial's beyond the
+   dtype's tolerance (relative to serial's largest value: f64 1e-9, f32
+   1e-4, f16 1e-2, bf16 3e-2), or whose buffers besides the outputs exceed
+   memory_limit, is dropped and named. A candidate's time is its slowest rank's median; the
+   ranks agree through the communicator, so every rank runs the same
+   schedule. Later runs with those shapes run the choice at no extra cost.
+   Collective: every device of the fusion's meshes makes its tuner and runs
+   the same shapes in the same order. A failure or a timeout on one rank is
+   an error on every rank. hir_program_plan(hir_tuner_program(t)) says what
+   was measured, chosen and dropped. */
+typedef struct hir_tuner hir_tuner;
+typedef struct hir_tune_desc {
+  hir_lower_desc lower;   /* as for hir_lower (my_device, comm, ...); the candidates set its stream options */
+  hir_eval_desc eval;     /* as for hir_evaluator_create; the candidates set number_of_streams */
+  size_t memory_limit;    /* bytes a candidate's evaluator may hold besides the outputs; 0: no limit */
+  int warmup, iters;      /* runs per candidate: 0 means 1 and 3 */
+  const char *machine;    /* names the machine in saved plans; NULL: the backend's device, the ranks, the copy engines */
+} hir_tune_desc;
+HIRDEF hir_status         hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, hir_tuner **out);
+HIRDEF hir_status         hir_tuner_run(hir_tuner *t, const hir_tensor *in, int nin, hir_tensor *out, int nout); /* as hir_run */
+HIRDEF hir_status         hir_tuner_sync(hir_tuner *t);
+HIRDEF hir_status         hir_tuner_tune(hir_tuner *t, const hir_tensor *in, int nin);  /* tune now, before serving */
+HIRDEF const hir_program *hir_tuner_program(const hir_tuner *t);     /* the last choice's; NULL before one */
+HIRDEF hir_evaluator     *hir_tuner_evaluator(const hir_tuner *t);
+HIRDEF const char        *hir_tuner_error(const hir_tuner *t);
+/* Saved plans, a text file (format at hir_tuner_save): load them before the
+   first run and a serving process does not tune at start. A file from
+   another hostir version, machine or fusion is refused by name; ranks that
+   load different choices are refused on their first run. */
+HIRDEF hir_status         hir_tuner_save(const hir_tuner *t, FILE *f);
+HIRDEF hir_status         hir_tuner_load(hir_tuner *t, FILE *f);
+HIRDEF void               hir_tuner_free(hir_tuner *t);
 /* A timeline: with record = 1 the evaluator notes, for every host IR node it
    executes (loops and branches by their bodies), when the host ran it and
    on which stream (on the CPU backend that is when the work ran; on a GPU,
@@ -885,7 +927,7 @@ struct hir_program {
   hir__vec units;
   int next_stream;
   int my_device;          /* the device the program was lowered for; -1 if built by hand */
-  char plan[384];         /* the automatic choice of hir_stream_options */
+  char plan[2048];        /* the automatic choice of hir_stream_options, or a tuner's report */
   hir__vec same_extents;  /* hir__same_extent: sizes that only a run knows and that must agree */
 };
 
@@ -4490,7 +4532,7 @@ static hir_status hir__lower_passes(hir_program *p, const hir_fusion *f, const h
                                     int **apart, int *napart) {
   hir_stream_options stream = d->stream;
   hir__vec groups = {NULL, 0, 0};
-  int serial = mode == HIR__LOWER_SERIAL_FORM;
+  int serial = mode == HIR__LOWER_SERIAL_FORM || stream.serial;
   /* the pipeline, written out: each pass, then the verifier */
   if (!hir__front_end(p, f, serial)) return hir__step_failed(p, "the front end");
   if (stream.automatic && !serial) { /* the pipeline, or the serial form where it is predicted faster and lowers */
@@ -5124,6 +5166,7 @@ typedef struct hir__cuda_lane {  /* what one stream needs */
 #define HIR__CUDA_LANES 64
 typedef struct hir__cuda {
   int device, tf32;
+  char device_name[256];            /* hir_backend.device */
   cudaStream_t caller;
   cublasLtHandle_t lt;
   hir__cuda_lane lanes[HIR__CUDA_LANES];
@@ -5725,6 +5768,11 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   c->device = device;
   b->ctx = c;
   b->name = "cuda";
+  {
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) snprintf(c->device_name, sizeof c->device_name, "%s", prop.name);
+  }
+  b->device = c->device_name[0] ? c->device_name : NULL;
   b->destroy = hir__cuda_destroy;
   b->alloc = hir__cuda_alloc;
   b->release = hir__cuda_release;
@@ -7507,7 +7555,10 @@ HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_
   return hir__run(ev, in, nin, out, nout) == HIR_OK ? HIR_OK : hir__tell_world(ev);
 }
 
-static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+/* What hir_run checks and plans before it runs anything: the arguments,
+   every input, the shapes (replanned when they change), every output. No
+   communication, so a tuner can ask it of a candidate on its own. */
+static hir_status hir__prepare(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
   const hir_fusion *f;
   int i, a, changed = 0;
   if (!ev) return HIR_ERR_INVALID;
@@ -7548,6 +7599,15 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir
   }
   for (i = 0; i < nout; i++)
     if (!hir__check_output(ev, i, &out[i])) return ev->status;
+  return HIR_OK;
+}
+
+static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  const hir_fusion *f;
+  int i;
+  hir_status s = hir__prepare(ev, in, nin, out, nout);
+  if (s != HIR_OK) return s;
+  f = &ev->p->ir;
   memset(ev->bound, 0, (size_t)ev->ntv + 1);
   for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
   for (i = 0; i < ev->nblocks; i++) ev->blocks[i].in_use = 0;
@@ -7588,6 +7648,730 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir
              ev->status;
     out[i] = ev->slot[tv->name];
   }
+  return HIR_OK;
+}
+
+// >>tune
+/* The automatic choice by measurement. A candidate is data (hir__cand); the
+   tuner lowers each on this rank, checks it on the given shapes (no
+   communication), and the ranks agree on which to run (an allgather of a
+   byte each). Each runnable candidate runs warmup + iters times, the ranks
+   meeting before every timed run; its outputs are compared with serial's,
+   its buffers with the memory limit. A second allgather carries each
+   rank's medians and verdicts: a candidate's time is its slowest rank's,
+   a verdict against it anywhere drops it, and every rank picks the same
+   fastest one. The choice is cached by the input shapes; at most
+   HIR__TUNE_LIVE choices keep their program and buffers at once. */
+#define HOSTIR_VERSION "0.19"
+enum { HIR__TUNE_LIVE = 8, HIR__TUNE_MAX_CANDS = 32 };
+
+typedef struct hir__cand {
+  int serial;                   /* the fusion without its Stream axes */
+  hir_p2p_schedule schedule;
+  int parts, streams, bounded;
+} hir__cand;
+
+enum { HIR__CAND_DROPPED, HIR__CAND_RUN, HIR__CAND_SAME };
+typedef struct hir__cand_state {
+  hir__cand c;
+  int state, same_as;
+  double ms;                    /* this rank's median; once agreed, the slowest rank's */
+  size_t memory;
+  char why[200];                /* why it was dropped */
+  hir_program *p;
+  hir_evaluator *ev;
+  uint64_t text_hash;
+} hir__cand_state;
+
+typedef struct hir__tune_entry {
+  int64_t *key;                 /* nin, then per input: dtype, ndims, sizes */
+  int nkey;
+  hir__cand choice;
+  double ms;                    /* the choice's agreed time; < 0: loaded from a file */
+  int agreed;                   /* the ranks have checked they run the same choice */
+  hir_program *p;               /* live: the choice lowered, and its evaluator */
+  hir_evaluator *ev;
+  unsigned long long used;
+  char *report;                 /* what the tuning measured (hir_program_plan of p) */
+} hir__tune_entry;
+
+struct hir_tuner {
+  const hir_fusion *f;
+  hir_tune_desc d;
+  char machine[200];
+  uint64_t fusion_hash;
+  int *team, nteam;             /* the devices of the fusion's meshes, ascending */
+  void *team_handle;
+  hir_backend *own_backend;     /* for meeting the ranks when the caller gave no backend */
+  void *xbuf;                   /* device memory for the ranks' meetings, on the backend they meet through */
+  size_t xbuf_bytes;
+  hir__tune_entry *entries;
+  int n, cap;
+  hir__tune_entry *last;
+  unsigned long long uses;
+  char report[2048];            /* the last tuning's, until its entry takes it */
+  char error[1024];
+};
+
+static hir_status hir__tune_fail(hir_tuner *t, hir_status s, const char *fmt, ...) HIR__PRINTF(3, 4);
+static hir_status hir__tune_fail(hir_tuner *t, hir_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->error, sizeof t->error, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+static uint64_t hir__fnv(const void *data, size_t n, uint64_t h) {
+  const unsigned char *p = (const unsigned char *)data;
+  size_t i;
+  for (i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* "serial", "p2p ring, 2 parts, 4 streams, bounded" (the plan's words), or
+   with file = 1 the saved form "serial" / "ring parts 2 streams 4 bounded 0". */
+static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t cap) {
+  const char *sched = c->schedule == HIR_P2P_RING ? "ring" : "linear";
+  int n;
+  if (c->serial) return (size_t)snprintf(buf, cap, "serial");
+  if (file) return (size_t)snprintf(buf, cap, "%s parts %d streams %d bounded %d", sched, c->parts, c->streams, c->bounded);
+  if (c->parts > 1) n = snprintf(buf, cap, "%s, %d parts, %d streams%s", sched, c->parts, c->streams, c->bounded ? ", bounded" : "");
+  else n = snprintf(buf, cap, "%s, %d streams%s", sched, c->streams, c->bounded ? ", bounded" : "");
+  return (size_t)n;
+}
+
+/* The candidates, serial first (the reference): ring and linear, 1, 2 and 4
+   parts a peer, 2 and 4 streams, and bounded buffers under a memory limit.
+   Options that do not apply to a fusion lower to the same program as
+   another candidate, and are timed once. */
+static int hir__candidates(const hir_tuner *t, hir__cand *c) {
+  static const int parts[3] = {1, 2, 4}, streams[2] = {2, 4};
+  int n = 0, s, p, k, b;
+  memset(c, 0, HIR__TUNE_MAX_CANDS * sizeof *c);
+  c[n].serial = 1, c[n].parts = 1, c[n++].streams = 1;
+  for (s = 0; s < 2; s++)
+    for (p = 0; p < 3; p++)
+      for (k = 0; k < 2; k++)
+        for (b = 0; b <= (t->d.memory_limit > 0); b++) {
+          c[n].schedule = s == 0 ? HIR_P2P_RING : HIR_P2P_LINEAR;
+          c[n].parts = parts[p];
+          c[n].streams = streams[k];
+          c[n++].bounded = b;
+        }
+  return n;
+}
+
+static hir_status hir__cand_lower(hir_tuner *t, const hir__cand *c, hir_program **p, hir_evaluator **ev) {
+  hir_lower_desc d = t->d.lower;
+  hir_eval_desc e = t->d.eval;
+  hir_status s;
+  *ev = NULL;
+  d.stream.automatic = 0;
+  d.stream.serial = c->serial;
+  d.stream.schedule = c->schedule;
+  d.stream.chunks_per_peer = c->parts;
+  d.stream.bounded_buffers = c->bounded;
+  e.number_of_streams = c->streams;
+  if ((s = hir_lower(t->f, &d, p)) != HIR_OK) return s;
+  return hir_evaluator_create(*p, &e, ev);
+}
+
+static void hir__cand_free(hir_program **p, hir_evaluator **ev) {
+  hir_evaluator_free(*ev);
+  hir_program_free(*p);
+  *ev = NULL;
+  *p = NULL;
+}
+
+/* Waits for the backend's stream under the evaluator's deadline, watching
+   the communicator (a dead peer must not hold a tuning rank). */
+static hir_status hir__tune_wait(hir_tuner *t, hir_backend *b) {
+  double deadline = hir__now_ms() + (t->d.eval.timeout_ms > 0 ? t->d.eval.timeout_ms : 600000);
+  void *stream = b->current_stream(b);
+  hir_comm *c = t->d.eval.comm;
+  hir_status s;
+  while ((s = b->stream_query(b, stream)) == HIR_ERR_TIMEOUT) {
+    if (c && c->poll && (s = c->poll(c)) != HIR_OK) return hir__tune_fail(t, s, "hir_tuner: a communication failed: %s", c->error);
+    if (hir__now_ms() > deadline) {
+      hir__tune_fail(t, HIR_ERR_TIMEOUT, "hir_tuner: the ranks did not meet within %d ms; a peer is dead or stuck, so the "
+                     "communicator was aborted", t->d.eval.timeout_ms > 0 ? t->d.eval.timeout_ms : 600000);
+      snprintf(c->error, sizeof c->error, "%.500s", t->error);
+      c->abort(c);
+      return HIR_ERR_TIMEOUT;
+    }
+  }
+  return s == HIR_OK ? HIR_OK : hir__tune_fail(t, s, "hir_tuner: %s", b->error);
+}
+
+/* The backend the ranks meet through: the caller's, else a CPU one of the
+   tuner's own (an evaluator's own lives only as long as it). */
+static hir_backend *hir__tune_backend(hir_tuner *t) {
+  if (t->d.eval.backend) return t->d.eval.backend;
+  if (!t->own_backend) t->own_backend = hir_backend_cpu_create();
+  return t->own_backend;
+}
+
+/* Every rank of the team's `bytes` into all (team order); a rank alone, or
+   without a communicator, has only its own. */
+static hir_status hir__tune_exchange(hir_tuner *t, hir_backend *b, const void *mine, void *all, size_t bytes) {
+  hir_comm *c = t->d.eval.comm;
+  char *dev;
+  hir_status s;
+  if (!c || t->nteam < 2) return memcpy(all, mine, bytes), HIR_OK;
+  if (!t->team_handle && (s = c->team(c, t->team, t->nteam, &t->team_handle)) != HIR_OK)
+    return hir__tune_fail(t, s, "hir_tuner: the team of the fusion's devices: %s", c->error);
+  if (b->host_memory) return c->allgather(c, t->team_handle, mine, all, bytes, b->current_stream(b)) == HIR_OK
+                                 ? HIR_OK : hir__tune_fail(t, HIR_ERR_COMM, "hir_tuner: the ranks could not meet: %s", c->error);
+  if (t->xbuf_bytes < bytes * (size_t)(t->nteam + 1)) { /* kept: a barrier must not cost an allocation */
+    if (t->xbuf) b->release(b, t->xbuf);
+    t->xbuf = NULL;
+    t->xbuf_bytes = 0;
+    if ((s = b->alloc(b, bytes * (size_t)(t->nteam + 1), &t->xbuf)) != HIR_OK) return hir__tune_fail(t, s, "hir_tuner: %s", b->error);
+    t->xbuf_bytes = bytes * (size_t)(t->nteam + 1);
+  }
+  dev = (char *)t->xbuf;
+  if ((s = b->upload(b, dev, mine, bytes)) != HIR_OK) hir__tune_fail(t, s, "hir_tuner: %s", b->error);
+  else if ((s = c->allgather(c, t->team_handle, dev, dev + bytes, bytes, b->current_stream(b))) != HIR_OK)
+    hir__tune_fail(t, s, "hir_tuner: the ranks could not meet: %s", c->error);
+  else if ((s = hir__tune_wait(t, b)) == HIR_OK && (s = b->download(b, all, dev + bytes, bytes * (size_t)t->nteam)) != HIR_OK)
+    hir__tune_fail(t, s, "hir_tuner: %s", b->error);
+  if (s != HIR_OK && s != HIR_ERR_BACKEND) t->xbuf = NULL, t->xbuf_bytes = 0; /* a dead peer may still write it: left */
+  return s;
+}
+
+/* The largest difference between a candidate's outputs and serial's (host
+   copies), relative to serial's largest value; < 0 where the shapes differ. */
+static double hir__output_diff(hir_backend *b, const hir_tensor *got, const hir_tensor *ref_host, void *scratch) {
+  int64_t n = hir__numel(ref_host->ndims, ref_host->sizes), i;
+  size_t es = hir_dtype_size(ref_host->dtype);
+  double worst = 0, scale = 0;
+  if (got->dtype != ref_host->dtype || got->ndims != ref_host->ndims ||
+      memcmp(got->sizes, ref_host->sizes, (size_t)got->ndims * sizeof(int64_t)) != 0)
+    return -1;
+  if (b->host_memory) memcpy(scratch, got->data, (size_t)n * es);
+  else if (b->download(b, scratch, got->data, (size_t)n * es) != HIR_OK) return -1;
+  for (i = 0; i < n; i++) {
+    double r = hir__load(ref_host->data, ref_host->dtype, i), d = hir__load(scratch, ref_host->dtype, i) - r;
+    if (d < 0) d = -d;
+    if (!(d <= worst)) worst = d; /* NaN counts as the worst */
+    if (r < 0) r = -r;
+    if (r > scale) scale = r;
+  }
+  return worst / (scale > 0 ? scale : 1);
+}
+
+static int hir__cmp_ms(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double hir__dtype_tolerance(hir_dtype d) { return d == HIR_F64 ? 1e-9 : d == HIR_F32 ? 1e-4 : d == HIR_F16 ? 1e-2 : 3e-2; }
+
+/* One candidate's runs on this rank: warmup, then iters timed ones after
+   the ranks meet; the first run's outputs against serial's (ref, kept when
+   this is serial): *worst > 1 where one differs beyond the tolerance (by
+   that many tolerances). */
+static hir_status hir__cand_time(hir_tuner *t, hir__cand_state *cs, const hir_tensor *in, int nin, hir_tensor *ref,
+                                 hir_tensor *out, int nout, double *worst) {
+  hir_backend *b = hir_evaluator_backend(cs->ev);
+  double ms[64];
+  int iters = t->d.iters > 0 ? (t->d.iters < 64 ? t->d.iters : 64) : 3, warmup = t->d.warmup > 0 ? t->d.warmup : 1, k, i;
+  hir_status s;
+  char one = 1, all[256];
+  *worst = 0;
+  for (k = 0; k < warmup + iters; k++) {
+    double t0;
+    if (k >= warmup && (s = hir__tune_exchange(t, b, &one, all, 1)) != HIR_OK) return s; /* the ranks meet */
+    memset(out, 0, (size_t)nout * sizeof *out);
+    t0 = hir__now_ms();
+    if ((s = hir_run(cs->ev, in, nin, out, nout)) != HIR_OK || (s = hir_evaluator_sync(cs->ev)) != HIR_OK) {
+      char name[96];
+      hir__cand_snprint(&cs->c, 0, name, sizeof name);
+      return hir__tune_fail(t, s, "hir_tuner: candidate %s failed: %s", name, hir_evaluator_error(cs->ev));
+    }
+    if (k >= warmup) ms[k - warmup] = hir__now_ms() - t0;
+    if (k > 0) continue;
+    cs->memory = hir_evaluator_memory(cs->ev);
+    for (i = 0; i < nout; i++) {
+      size_t bytes = (size_t)hir__numel(out[i].ndims, out[i].sizes) * hir_dtype_size(out[i].dtype);
+      if (!out[i].data) continue; /* lives on another rank */
+      cs->memory -= bytes <= cs->memory ? bytes : cs->memory; /* the limit is on what it holds besides the outputs */
+      if (cs->c.serial) { /* the reference */
+        ref[i] = out[i];
+        if (!(ref[i].data = HIR_MALLOC(bytes ? bytes : 1))) return hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
+        if (b->host_memory) memcpy(ref[i].data, out[i].data, bytes);
+        else if ((s = b->download(b, ref[i].data, out[i].data, bytes)) != HIR_OK) return hir__tune_fail(t, s, "hir_tuner: %s", b->error);
+      } else if (ref[i].data) {
+        void *scratch = HIR_MALLOC(bytes ? bytes : 1);
+        double d = scratch ? hir__output_diff(b, &out[i], &ref[i], scratch) : -1;
+        HIR_FREE(scratch);
+        if (!(d >= 0 && d <= hir__dtype_tolerance(out[i].dtype)) && !(*worst > 1)) /* the first bad output, as a ratio */
+          *worst = d >= 0 ? d / hir__dtype_tolerance(out[i].dtype) : 1e300;
+      }
+    }
+  }
+  qsort(ms, (size_t)iters, sizeof *ms, hir__cmp_ms);
+  cs->ms = iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
+  return HIR_OK;
+}
+
+/* Whether a scope switches streams (a program that does not runs alike
+   with any number of them). */
+static int hir__switches_streams(const hir_scope *s) {
+  int i;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    if (e->kind == HIR_EXPR_SET_CURRENT_STREAM || hir__switches_streams(&e->body) || hir__switches_streams(&e->orelse)) return 1;
+  }
+  return 0;
+}
+
+/* Lowers and checks every candidate on these shapes; marks the ones that
+   lower to an earlier one's program. No communication. */
+static void hir__cands_check(hir_tuner *t, hir__cand_state *cs, int n, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  int k, j;
+  for (k = 0; k < n; k++) {
+    hir_status s = hir__cand_lower(t, &cs[k].c, &cs[k].p, &cs[k].ev);
+    size_t len;
+    char *text;
+    cs[k].state = HIR__CAND_RUN;
+    cs[k].same_as = -1;
+    if (s != HIR_OK) {
+      snprintf(cs[k].why, sizeof cs[k].why, "%.190s", cs[k].ev ? hir_evaluator_error(cs[k].ev) : hir_program_error(cs[k].p));
+      cs[k].state = HIR__CAND_DROPPED;
+      continue;
+    }
+    memset(out, 0, (size_t)nout * sizeof *out);
+    if (hir__prepare(cs[k].ev, in, nin, out, nout) != HIR_OK) {
+      snprintf(cs[k].why, sizeof cs[k].why, "%.190s", hir_evaluator_error(cs[k].ev));
+      cs[k].state = HIR__CAND_DROPPED;
+      continue;
+    }
+    len = hir_program_snprint(cs[k].p, NULL, 0);
+    if (!(text = (char *)HIR_MALLOC(len + 1))) continue; /* not compared: timed on its own */
+    hir_program_snprint(cs[k].p, text, len + 1);
+    cs[k].text_hash = hir__fnv(text, len, 1469598103934665603ull);
+    HIR_FREE(text);
+    for (j = 0; j < k && cs[k].state == HIR__CAND_RUN; j++)
+      if (cs[j].state != HIR__CAND_DROPPED && cs[j].same_as < 0 && cs[j].text_hash && cs[j].text_hash == cs[k].text_hash &&
+          (cs[j].c.streams == cs[k].c.streams || !hir__switches_streams(&cs[k].p->top)))
+        cs[k].state = HIR__CAND_SAME, cs[k].same_as = j;
+  }
+}
+
+typedef struct hir__cand_verdict { /* what each rank says of a candidate after timing it */
+  double ms, worst;                /* its median; how far its outputs are from serial's, in tolerances */
+  uint64_t memory;                 /* its buffers' bytes */
+} hir__cand_verdict;
+
+/* The tuning of one shape: every rank checks, the ranks agree on what runs,
+   time it, and agree on the fastest. The report goes to t->report. */
+static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, hir__cand *choice, double *choice_ms) {
+  hir__cand cands[HIR__TUNE_MAX_CANDS];
+  hir__cand_state cs[HIR__TUNE_MAX_CANDS];
+  unsigned char mine[HIR__TUNE_MAX_CANDS + 200], *all = NULL; /* each candidate's state, then why serial was dropped */
+  const size_t said = HIR__TUNE_MAX_CANDS + 200;
+  hir__cand_verdict verdicts[HIR__TUNE_MAX_CANDS], *heard = NULL;
+  hir_backend *b = NULL;
+  hir_tensor *out = NULL, *ref = NULL;
+  int n = hir__candidates(t, cands), nout = t->f->outputs.n, k, r, best = -1, same = 0;
+  hir_status s = HIR_OK;
+  double t0 = hir__now_ms();
+  size_t at;
+  memset(cs, 0, sizeof cs);
+  for (k = 0; k < n; k++) cs[k].c = cands[k];
+  out = (hir_tensor *)HIR_MALLOC((size_t)(nout + 1) * sizeof *out);
+  ref = (hir_tensor *)HIR_MALLOC((size_t)(nout + 1) * sizeof *ref);
+  all = (unsigned char *)HIR_MALLOC((size_t)t->nteam * said);
+  heard = (hir__cand_verdict *)HIR_MALLOC((size_t)t->nteam * sizeof verdicts + 1);
+  if (!out || !ref || !all || !heard) {
+    s = hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
+    goto done;
+  }
+  memset(ref, 0, (size_t)(nout + 1) * sizeof *ref);
+  hir__cands_check(t, cs, n, in, nin, out, nout);
+  if (!(b = hir__tune_backend(t))) {
+    s = hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
+    goto done;
+  }
+  /* 1. what runs: dropped on any rank drops it; the same program as another on every rank, once */
+  memset(mine, 0, sizeof mine);
+  for (k = 0; k < n; k++) mine[k] = (unsigned char)cs[k].state;
+  snprintf((char *)mine + HIR__TUNE_MAX_CANDS, 200, "%s", cs[0].why);
+  if ((s = hir__tune_exchange(t, b, mine, all, said)) != HIR_OK) goto done;
+  for (k = 0; k < n; k++) {
+    int dropped_on = -1, all_same = 1;
+    for (r = 0; r < t->nteam; r++) {
+      if (all[r * said + k] == HIR__CAND_DROPPED && dropped_on < 0) dropped_on = r;
+      all_same &= all[r * said + k] == HIR__CAND_SAME;
+    }
+    if (k == 0 && dropped_on >= 0) /* serial: every rank says why, alike */
+      snprintf(cs[k].why, sizeof cs[k].why, "on device %d: %.170s", t->team[dropped_on], (const char *)all + dropped_on * said + HIR__TUNE_MAX_CANDS);
+    else if (dropped_on >= 0 && cs[k].state != HIR__CAND_DROPPED)
+      snprintf(cs[k].why, sizeof cs[k].why, "refused on device %d", t->team[dropped_on]);
+    cs[k].state = dropped_on >= 0 ? HIR__CAND_DROPPED : all_same ? HIR__CAND_SAME : HIR__CAND_RUN;
+    if (cs[k].state != HIR__CAND_RUN && cs[k].ev) hir__cand_free(&cs[k].p, &cs[k].ev);
+  }
+  /* 2. time each, one at a time (its buffers go before the next's come) */
+  for (k = 0; k < n; k++) {
+    double worst = 0;
+    memset(&verdicts[k], 0, sizeof verdicts[k]);
+    if (cs[k].state != HIR__CAND_RUN) continue;
+    if ((s = hir__cand_time(t, &cs[k], in, nin, ref, out, nout, &worst)) != HIR_OK) goto done;
+    verdicts[k].ms = cs[k].ms;
+    verdicts[k].worst = worst;
+    verdicts[k].memory = cs[k].memory;
+    hir__cand_free(&cs[k].p, &cs[k].ev);
+  }
+  /* 3. the slowest rank's time; the first rank (in team order) that finds
+     a candidate wrong or too big drops it, with the same words everywhere */
+  if ((s = hir__tune_exchange(t, b, verdicts, heard, (size_t)n * sizeof *verdicts)) != HIR_OK) goto done;
+  for (k = 0; k < n; k++) {
+    if (cs[k].state != HIR__CAND_RUN) continue;
+    cs[k].ms = 0;
+    for (r = 0; r < t->nteam; r++) {
+      const hir__cand_verdict *v = &heard[r * n + k];
+      if (v->ms > cs[k].ms) cs[k].ms = v->ms;
+      if (cs[k].state != HIR__CAND_RUN) continue;
+      if (v->worst > 1) {
+        cs[k].state = HIR__CAND_DROPPED;
+        snprintf(cs[k].why, sizeof cs[k].why, "its outputs differ from serial's on device %d by %.3g times the tolerance",
+                 t->team[r], v->worst);
+      } else if (t->d.memory_limit && v->memory > t->d.memory_limit) {
+        cs[k].state = HIR__CAND_DROPPED;
+        snprintf(cs[k].why, sizeof cs[k].why, "its buffers take %llu bytes on device %d, over the limit of %zu",
+                 (unsigned long long)v->memory, t->team[r], t->d.memory_limit);
+      }
+    }
+    if (cs[k].state == HIR__CAND_RUN && (best < 0 || cs[k].ms < cs[best].ms)) best = k;
+  }
+  if (best < 0) {
+    s = hir__tune_fail(t, cs[0].state == HIR__CAND_DROPPED && strstr(cs[0].why, "over the limit") ? HIR_ERR_NOMEM : HIR_ERR_SHAPE,
+                       "hir_tuner: every candidate was dropped; serial %s", cs[0].why);
+    goto done;
+  }
+  *choice = cs[best].c;
+  *choice_ms = cs[best].ms;
+  { /* the report: what was measured, chosen, dropped */
+    char name[96];
+    hir__cand_snprint(&cs[best].c, 0, name, sizeof name);
+    at = (size_t)snprintf(t->report, sizeof t->report, "tuned on %d rank%s in %.0f ms: %s, %.3f ms (the slowest rank's median); "
+                          "measured:", t->nteam, t->nteam == 1 ? "" : "s", hir__now_ms() - t0, name, cs[best].ms);
+    for (k = 0; k < n && at < sizeof t->report; k++)
+      if (cs[k].state == HIR__CAND_RUN) {
+        hir__cand_snprint(&cs[k].c, 0, name, sizeof name);
+        at += (size_t)snprintf(t->report + at, sizeof t->report - at, " %s %.3f;", name, cs[k].ms);
+      }
+    for (k = 0; k < n && at < sizeof t->report; k++)
+      if (cs[k].state == HIR__CAND_DROPPED) {
+        hir__cand_snprint(&cs[k].c, 0, name, sizeof name);
+        at += (size_t)snprintf(t->report + at, sizeof t->report - at, " dropped %s: %.120s;", name, cs[k].why);
+      }
+    for (k = 0; k < n; k++) same += cs[k].state == HIR__CAND_SAME;
+    if (at < sizeof t->report && same)
+      snprintf(t->report + at, sizeof t->report - at, " %d of %d candidates lowered to another's program", same, n);
+  }
+done:
+  for (k = 0; k < n; k++) hir__cand_free(&cs[k].p, &cs[k].ev);
+  for (k = 0; ref && k < nout; k++) HIR_FREE(ref[k].data);
+  HIR_FREE(out);
+  HIR_FREE(ref);
+  HIR_FREE(all);
+  HIR_FREE(heard);
+  return s;
+}
+
+/* ---- the cache: choices by input shapes ---- */
+static int hir__tune_key(const hir_tensor *in, int nin, int64_t *key) {
+  int i, a, n = 0;
+  if (key) key[n] = nin;
+  n++;
+  for (i = 0; i < nin; i++) {
+    if (key) key[n] = in[i].dtype, key[n + 1] = in[i].ndims;
+    n += 2;
+    for (a = 0; a < in[i].ndims; a++, n++)
+      if (key) key[n] = in[i].sizes[a];
+  }
+  return n;
+}
+
+static hir__tune_entry *hir__tune_find(hir_tuner *t, const int64_t *key, int nkey) {
+  int i;
+  for (i = 0; i < t->n; i++)
+    if (t->entries[i].nkey == nkey && !memcmp(t->entries[i].key, key, (size_t)nkey * sizeof *key)) return &t->entries[i];
+  return NULL;
+}
+
+static hir__tune_entry *hir__tune_add(hir_tuner *t, const int64_t *key, int nkey, const hir__cand *c, double ms) {
+  hir__tune_entry *e;
+  if (!hir__grow_heap((void **)&t->entries, &t->cap, t->n + 1, sizeof *t->entries)) return NULL;
+  e = &t->entries[t->n];
+  memset(e, 0, sizeof *e);
+  if (!(e->key = (int64_t *)HIR_MALLOC((size_t)nkey * sizeof *key))) return NULL;
+  memcpy(e->key, key, (size_t)nkey * sizeof *key);
+  e->nkey = nkey;
+  e->choice = *c;
+  e->ms = ms;
+  t->n++;
+  return e;
+}
+
+/* The entry's choice, lowered and ready; the least recently used live
+   entry beyond HIR__TUNE_LIVE gives back its program and buffers. A choice
+   loaded from a file is checked against the other ranks' first (every rank
+   must run the same schedule). */
+static hir_status hir__tune_live(hir_tuner *t, hir__tune_entry *e) {
+  hir_status s;
+  int i, live = 0, oldest = -1;
+  e->used = ++t->uses;
+  if (e->ev) return HIR_OK;
+  for (i = 0; i < t->n; i++)
+    if (t->entries[i].ev) {
+      live++;
+      if (oldest < 0 || t->entries[i].used < t->entries[oldest].used) oldest = i;
+    }
+  if (live >= HIR__TUNE_LIVE) hir__cand_free(&t->entries[oldest].p, &t->entries[oldest].ev);
+  if ((s = hir__cand_lower(t, &e->choice, &e->p, &e->ev)) != HIR_OK) {
+    s = hir__tune_fail(t, s, "hir_tuner: the chosen schedule: %s", e->ev ? hir_evaluator_error(e->ev) : hir_program_error(e->p));
+    hir__cand_free(&e->p, &e->ev);
+    return s;
+  }
+  if (!e->agreed) {
+    char text[96], mine[96];
+    int r;
+    char *all = (char *)HIR_MALLOC((size_t)t->nteam * sizeof mine);
+    memset(mine, 0, sizeof mine);
+    hir__cand_snprint(&e->choice, 1, mine, sizeof mine);
+    if (!all) s = hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
+    else if (!hir__tune_backend(t)) s = hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
+    else s = hir__tune_exchange(t, hir__tune_backend(t), mine, all, sizeof mine);
+    for (r = 0; s == HIR_OK && r < t->nteam; r++)
+      if (strcmp(all + r * sizeof mine, mine) != 0) {
+        snprintf(text, sizeof text, "%s", all + r * sizeof mine);
+        s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner: the ranks' saved plans differ for these shapes: device %d runs "
+                           "'%s', device %d '%s'; load the same plans on every rank, or tune again", t->team[r], text,
+                           t->d.lower.my_device, mine);
+      }
+    HIR_FREE(all);
+    if (s != HIR_OK) return hir__cand_free(&e->p, &e->ev), s;
+    e->agreed = 1;
+  }
+  if (e->report) snprintf(e->p->plan, sizeof e->p->plan, "%s", e->report);
+  else {
+    char name[96];
+    hir__cand_snprint(&e->choice, 0, name, sizeof name);
+    snprintf(e->p->plan, sizeof e->p->plan, "from a saved plan: %s (not measured in this process)", name);
+  }
+  return HIR_OK;
+}
+
+/* The entry for these shapes: found, or tuned now. */
+static hir_status hir__tune_entry_for(hir_tuner *t, const hir_tensor *in, int nin, hir__tune_entry **out) {
+  int64_t stack[64], *key = stack;
+  int nkey = hir__tune_key(in, nin, NULL);
+  hir__cand choice;
+  double ms;
+  hir_status s = HIR_OK;
+  *out = NULL;
+  if (nkey > 64 && !(key = (int64_t *)HIR_MALLOC((size_t)nkey * sizeof *key))) return hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
+  hir__tune_key(in, nin, key);
+  if (!(*out = hir__tune_find(t, key, nkey))) {
+    if ((s = hir__tune_shape(t, in, nin, &choice, &ms)) == HIR_OK &&
+        (!(*out = hir__tune_add(t, key, nkey, &choice, ms)) || !((*out)->report = (char *)HIR_MALLOC(strlen(t->report) + 1))))
+      s = hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
+    if (s == HIR_OK) {
+      memcpy((*out)->report, t->report, strlen(t->report) + 1);
+      (*out)->agreed = 1; /* the ranks chose it together */
+    }
+  }
+  if (key != stack) HIR_FREE(key);
+  if (s == HIR_OK) s = hir__tune_live(t, *out);
+  if (s == HIR_OK) t->last = *out;
+  return s;
+}
+
+HIRDEF hir_status hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, hir_tuner **out) {
+  hir_tuner *t;
+  size_t len;
+  char *text;
+  int i, k;
+  if (!out) return HIR_ERR_INVALID;
+  if (!(t = *out = (hir_tuner *)HIR_MALLOC(sizeof *t))) return HIR_ERR_NOMEM;
+  memset(t, 0, sizeof *t);
+  if (!f || !d) return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_create: the %s is NULL", f ? "desc" : "fusion");
+  if (hir_fusion_error(f)[0]) return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_create: the fusion failed: %s", hir_fusion_error(f));
+  t->f = f;
+  t->d = *d;
+  len = hir_fusion_snprint(f, NULL, 0);
+  if (!(text = (char *)HIR_MALLOC(len + 1)) ||
+      !(t->team = (int *)HIR_MALLOC((size_t)(f->tvs.n * 8 + 1) * sizeof *t->team))) {
+    HIR_FREE(text);
+    return hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner_create: out of memory");
+  }
+  hir_fusion_snprint(f, text, len + 1);
+  t->fusion_hash = hir__fnv(text, len, 1469598103934665603ull);
+  HIR_FREE(text);
+  for (i = 0; i < f->tvs.n; i++) { /* the devices of every mesh, ascending: who tunes together */
+    const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
+    for (k = 0; k < tv->mesh_size; k++) {
+      int at = t->nteam, dev = tv->mesh[k];
+      if (hir_team_index(t->team, t->nteam, dev) >= 0) continue;
+      if (t->nteam == f->tvs.n * 8) break;
+      while (at > 0 && t->team[at - 1] > dev) t->team[at] = t->team[at - 1], at--;
+      t->team[at] = dev;
+      t->nteam++;
+    }
+  }
+  if (!t->nteam) t->team[t->nteam++] = d->lower.my_device;
+  if (d->machine) snprintf(t->machine, sizeof t->machine, "%s", d->machine);
+  else snprintf(t->machine, sizeof t->machine, "%s, %d ranks%s", d->eval.backend && d->eval.backend->device ? d->eval.backend->device
+                : d->eval.backend ? d->eval.backend->name : "cpu", t->nteam,
+                d->eval.comm && d->eval.comm->p2p_copy_engine ? ", copy-engine send/recv" : "");
+  for (i = 0; i < (int)strlen(t->machine); i++) /* one line in a saved plan */
+    if (t->machine[i] == '\n' || t->machine[i] == '\r') t->machine[i] = ' ';
+  return HIR_OK;
+}
+
+HIRDEF hir_status hir_tuner_tune(hir_tuner *t, const hir_tensor *in, int nin) {
+  hir__tune_entry *e;
+  if (!t || !t->f) return HIR_ERR_INVALID;
+  t->error[0] = 0;
+  return hir__tune_entry_for(t, in, nin, &e);
+}
+
+HIRDEF hir_status hir_tuner_run(hir_tuner *t, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  hir__tune_entry *e;
+  hir_status s;
+  if (!t || !t->f) return HIR_ERR_INVALID;
+  t->error[0] = 0;
+  if ((s = hir__tune_entry_for(t, in, nin, &e)) != HIR_OK) return s;
+  if ((s = hir_run(e->ev, in, nin, out, nout)) != HIR_OK) hir__tune_fail(t, s, "%s", hir_evaluator_error(e->ev));
+  return s;
+}
+
+HIRDEF hir_status hir_tuner_sync(hir_tuner *t) {
+  hir_status s;
+  if (!t || !t->last || !t->last->ev) return HIR_ERR_INVALID;
+  if ((s = hir_evaluator_sync(t->last->ev)) != HIR_OK) hir__tune_fail(t, s, "%s", hir_evaluator_error(t->last->ev));
+  return s;
+}
+
+HIRDEF const hir_program *hir_tuner_program(const hir_tuner *t) { return t && t->last ? t->last->p : NULL; }
+HIRDEF hir_evaluator *hir_tuner_evaluator(const hir_tuner *t) { return t && t->last ? t->last->ev : NULL; }
+HIRDEF const char *hir_tuner_error(const hir_tuner *t) { return t ? t->error : "hir_tuner: NULL"; }
+
+HIRDEF void hir_tuner_free(hir_tuner *t) {
+  int i;
+  if (!t) return;
+  for (i = 0; i < t->n; i++) {
+    hir__cand_free(&t->entries[i].p, &t->entries[i].ev);
+    HIR_FREE(t->entries[i].key);
+    HIR_FREE(t->entries[i].report);
+  }
+  HIR_FREE(t->entries);
+  HIR_FREE(t->team);
+  if (t->xbuf) hir__tune_backend(t)->release(hir__tune_backend(t), t->xbuf);
+  hir_backend_free(t->own_backend);
+  HIR_FREE(t);
+}
+
+/* ---- saved plans: a text file ----
+       hostir tuning plans 1
+       version 0.19
+       machine NVIDIA H200, 2 ranks, copy-engine send/recv
+       fusion 3f2a9c0d11e4b7a5
+       plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 | 0.112
+   One plan a line: the inputs (count, then each one's dtype, rank and
+   sizes), the choice, its time in ms. A file made by another hostir
+   version, on another machine or for another fusion is refused by name. */
+HIRDEF hir_status hir_tuner_save(const hir_tuner *t, FILE *f) {
+  int i, k, at;
+  if (!t || !f || !t->f) return HIR_ERR_INVALID;
+  fprintf(f, "hostir tuning plans 1\nversion %s\nmachine %s\nfusion %016llx\n", HOSTIR_VERSION, t->machine,
+          (unsigned long long)t->fusion_hash);
+  for (i = 0; i < t->n; i++) {
+    const hir__tune_entry *e = &t->entries[i];
+    char choice[96];
+    fprintf(f, "plan %lld", (long long)e->key[0]);
+    for (k = 0, at = 1; k < e->key[0]; k++) {
+      int nd = (int)e->key[at + 1], a;
+      fprintf(f, " | %s %d", hir_dtype_name((hir_dtype)e->key[at]), nd);
+      for (a = 0; a < nd; a++) fprintf(f, " %lld", (long long)e->key[at + 2 + a]);
+      at += 2 + nd;
+    }
+    hir__cand_snprint(&e->choice, 1, choice, sizeof choice);
+    fprintf(f, " | %s | %.4f\n", choice, e->ms);
+  }
+  return ferror(f) ? HIR_ERR_INVALID : HIR_OK;
+}
+
+/* One "plan" line into key and choice; 0 if malformed. */
+static int hir__parse_plan(const char *line, int64_t *key, int cap, int *nkey, hir__cand *c, double *ms) {
+  const char *p = line + 5;
+  char name[16], sched[16];
+  long long v;
+  int used, i, a, nin, nd, n = 0;
+  if (sscanf(p, "%lld%n", &v, &used) != 1 || v < 0 || v > 64) return 0;
+  nin = (int)v;
+  key[n++] = nin;
+  p += used;
+  for (i = 0; i < nin; i++) {
+    hir_dtype dt;
+    if (sscanf(p, " | %15s %d%n", name, &nd, &used) != 2 || nd < 0 || nd > HIR_MAX_DIMS || n + 2 + nd > cap) return 0;
+    for (dt = HIR_F32; dt <= HIR_BF16 && strcmp(hir_dtype_name(dt), name); dt = (hir_dtype)(dt + 1)) {}
+    if (dt > HIR_BF16) return 0;
+    key[n++] = dt;
+    key[n++] = nd;
+    p += used;
+    for (a = 0; a < nd; a++, p += used)
+      if (sscanf(p, " %lld%n", &v, &used) != 1 || v < 0) return 0;
+      else key[n++] = v;
+  }
+  memset(c, 0, sizeof *c);
+  if (sscanf(p, " | serial | %lf", ms) == 1) c->serial = 1, c->parts = c->streams = 1;
+  else if (sscanf(p, " | %15s parts %d streams %d bounded %d | %lf", sched, &c->parts, &c->streams, &c->bounded, ms) != 5 ||
+           (strcmp(sched, "ring") && strcmp(sched, "linear")) || c->parts < 1 || c->parts > 64 || c->streams < 1 ||
+           c->streams > 64 || (c->bounded != 0 && c->bounded != 1))
+    return 0;
+  else c->schedule = strcmp(sched, "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING;
+  *nkey = n;
+  return 1;
+}
+
+HIRDEF hir_status hir_tuner_load(hir_tuner *t, FILE *f) {
+  char line[2048], want[256];
+  int64_t key[4096];
+  int lineno = 0, nkey, kept = 0;
+  hir__cand c;
+  double ms;
+  if (!t || !f || !t->f) return HIR_ERR_INVALID;
+  while (fgets(line, sizeof line, f)) {
+    size_t len = strlen(line);
+    lineno++;
+    if (len && line[len - 1] == '\n') line[--len] = 0;
+    if (lineno == 1 && strcmp(line, "hostir tuning plans 1"))
+      return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: not a file of hostir tuning plans (line 1: '%.60s')", line);
+    if (lineno == 2 && (snprintf(want, sizeof want, "version %s", HOSTIR_VERSION), strcmp(line, want)))
+      return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the plans were made by hostir %.40s, this is %s; tune again",
+                            line + (len > 8 ? 8 : len), HOSTIR_VERSION);
+    if (lineno == 3 && (snprintf(want, sizeof want, "machine %s", t->machine), strcmp(line, want)))
+      return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the plans were made on '%.100s', this is '%s'; tune again",
+                            line + (len > 8 ? 8 : len), t->machine);
+    if (lineno == 4 && (snprintf(want, sizeof want, "fusion %016llx", (unsigned long long)t->fusion_hash), strcmp(line, want)))
+      return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the plans are for another fusion (%.40s; this one is %016llx)",
+                            line, (unsigned long long)t->fusion_hash);
+    if (lineno <= 4) continue;
+    if (strncmp(line, "plan ", 5) || !hir__parse_plan(line, key, 4096, &nkey, &c, &ms))
+      return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: line %d is not a plan: '%.80s'", lineno, line);
+    if (!hir__tune_find(t, key, nkey)) {
+      hir__tune_entry *e = hir__tune_add(t, key, nkey, &c, -1);
+      if (!e) return hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner_load: out of memory");
+      kept++;
+    }
+  }
+  if (lineno < 4) return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the file ends after %d lines; a header has 4", lineno);
+  (void)kept;
   return HIR_OK;
 }
 

@@ -12,9 +12,12 @@
      p2p ring      the same, each rank starting with its ring neighbour
                    (on GPUs both p2p again with send/recv on the copy
                    engines: hir_nccl_world_set_copy_engine)
-     automatic     the p2p ring fusion lowered with stream.automatic (and
-                   the communicator's copy engines): its pipeline or
-                   its serial form, and the parts, as the cost model predicts
+     bounded       the p2p ring with bounded buffers (numberOfStreams slices
+                   of the gathered tensor instead of D)
+     automatic     the p2p fusion through hir_tuner: serial and the p2p
+                   schedules measured on every rank, the fastest agreed
+                   (--memory-limit MiB caps a candidate's buffers); the
+                   tuning's own time is printed beside it
 
    beside the collective alone and the GEMM alone (their max is the floor),
    all in one run. Per pipeline: the median time, its ratio to the floor, the
@@ -25,7 +28,7 @@
    slowest rank. bf16 inputs from a fixed-seed generator.
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
-                         [--parts 1,2,4] [--trace DIR] [ag M K N] [rs M K N] ...
+                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [ag M K N] [rs M K N] ...
      torchrun --nproc-per-node 2 --no-python build/bench-overlap --processes ...
 
    --processes: one process per GPU (torchrun, mpirun, srun) instead of a
@@ -54,12 +57,13 @@ enum { MAXR = 8, MAXIT = 100, MAXCFG = 48 };
 typedef enum { AG, RS } pattern;
 typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_LINEAR, P2P_RING, AUTO } pipeline;
 static const char *pipeline_names[] = {"comm alone", "GEMM alone", "serial", "collective", "p2p linear", "p2p ring",
-                                       "automatic (p2p ring"};
+                                       "automatic (tuned"};
 
 typedef struct config {
   pipeline pipe;
   int chunks, streams, copy_engine; /* copy_engine: p2p sends and receives as peer copies (GPUs) */
-  int parts;                        /* p2p: each peer's chunk cut into this many (0: automatic) */
+  int parts;                        /* p2p: each peer's chunk cut into this many */
+  int bounded;                      /* p2p: bounded buffers (numberOfStreams slices of the gathered tensor) */
 } config;
 
 typedef struct shape {
@@ -86,7 +90,9 @@ typedef struct bench {
   /* host data of each rank: A in the serial/p2p layout, B, the serial output */
   uint16_t *a[MAXR], *b[MAXR], *ref[MAXR];
   int64_t ref_numel;
-  char plan[384];               /* rank 0's automatic choice */
+  char plan[2048];              /* rank 0's tuned choice (hir_program_plan) */
+  double tune_ms[MAXR];         /* how long each rank's tuning took */
+  size_t memory_limit;          /* --memory-limit: the tuner's cap on a candidate's buffers */
   const char *trace_dir;        /* --trace */
   hir_evaluator *trace_ev[MAXR];
   double ms[MAXR][MAXIT];
@@ -103,7 +109,7 @@ typedef struct bench {
 } bench;
 
 typedef struct rank_record { /* what a rank reports after a pipeline, gathered to every rank (processes) */
-  double ms[MAXIT], err;
+  double ms[MAXIT], err, tune_ms;
   size_t mem;
   char msg[512];
 } rank_record;
@@ -392,6 +398,7 @@ static hir_status run_rank(int rank, void *user) {
   hir_eval_desc ed;
   hir_program *p = NULL;
   hir_evaluator *ev = NULL;
+  hir_tuner *tuner = NULL;
   hir_tensor hin[2], din[2], out;
   void *owned = NULL;
   int nin, i, k;
@@ -415,30 +422,49 @@ static hir_status run_rank(int rank, void *user) {
   }
   memset(&ld, 0, sizeof ld);
   ld.my_device = rank;
-  ld.stream.schedule = B->cfg.pipe == P2P_RING || B->cfg.pipe == AUTO ? HIR_P2P_RING : HIR_P2P_LINEAR;
-  ld.stream.automatic = B->cfg.pipe == AUTO; /* pipeline or serial, for these shapes */
-  ld.comm = comm; /* its send/recv on copy engines or not: the automatic choice reads it */
+  ld.stream.schedule = B->cfg.pipe == P2P_RING ? HIR_P2P_RING : HIR_P2P_LINEAR;
+  ld.comm = comm;
   ld.stream.chunks_per_peer = B->cfg.parts;
-  ld.stream.input_shapes = hin;
-  ld.stream.ninput_shapes = nin;
-  if ((s = hir_lower(B->f, &ld, &p)) != HIR_OK) {
-    fail(B, rank, s, "hir_lower", p ? hir_program_error(p) : "out of memory");
-    goto done;
-  }
-  if (rank == 0) snprintf(B->plan, sizeof B->plan, "%s", hir_program_plan(p));
+  ld.stream.bounded_buffers = B->cfg.bounded;
   memset(&ed, 0, sizeof ed);
   ed.backend = be;
   ed.comm = comm;
   ed.number_of_streams = B->cfg.streams;
-  if ((s = hir_evaluator_create(p, &ed, &ev)) != HIR_OK) {
-    fail(B, rank, s, "hir_evaluator_create", ev ? hir_evaluator_error(ev) : "out of memory");
-    goto done;
-  }
   for (i = 0; i < nin; i++)
     if ((s = upload(be, &hin[i], &din[i])) != HIR_OK) {
       fail(B, rank, s, "upload", be->error);
       goto done;
     }
+  if (B->cfg.pipe == AUTO) { /* the tuner: every candidate measured on these shapes, the ranks agreeing */
+    hir_tune_desc td;
+    double t0;
+    memset(&td, 0, sizeof td);
+    td.lower = ld;
+    td.eval = ed;
+    td.memory_limit = B->memory_limit;
+    if ((s = hir_tuner_create(B->f, &td, &tuner)) != HIR_OK) {
+      fail(B, rank, s, "hir_tuner_create", hir_tuner_error(tuner));
+      goto done;
+    }
+    barrier(B);
+    t0 = now_ms();
+    if ((s = hir_tuner_tune(tuner, din, nin)) != HIR_OK) {
+      fail(B, rank, s, "hir_tuner_tune", hir_tuner_error(tuner));
+      goto done;
+    }
+    B->tune_ms[rank] = now_ms() - t0;
+    if (rank == B->me) snprintf(B->plan, sizeof B->plan, "%s", hir_program_plan(hir_tuner_program(tuner)));
+    ev = hir_tuner_evaluator(tuner); /* the tuner's: for the timeline and the memory, not freed here */
+  } else {
+    if ((s = hir_lower(B->f, &ld, &p)) != HIR_OK) {
+      fail(B, rank, s, "hir_lower", p ? hir_program_error(p) : "out of memory");
+      goto done;
+    }
+    if ((s = hir_evaluator_create(p, &ed, &ev)) != HIR_OK) {
+      fail(B, rank, s, "hir_evaluator_create", ev ? hir_evaluator_error(ev) : "out of memory");
+      goto done;
+    }
+  }
   if (B->cfg.pipe == GEMM_ALONE && B->sh.pat == AG) /* this rank's rows D times */
     for (k = 0; k < B->D && s == HIR_OK; k++)
       s = be->upload(be, (char *)din[0].data + (size_t)(k * a_numel(&B->sh, B->D)) * 2, B->a[rank],
@@ -452,11 +478,11 @@ static hir_status run_rank(int rank, void *user) {
     double t0;
     barrier(B);
     t0 = now_ms();
-    s = hir_run(ev, din, nin, &out, 1);
-    if (s == HIR_OK) s = hir_evaluator_sync(ev);
+    s = tuner ? hir_tuner_run(tuner, din, nin, &out, 1) : hir_run(ev, din, nin, &out, 1);
+    if (s == HIR_OK) s = tuner ? hir_tuner_sync(tuner) : hir_evaluator_sync(ev);
     if (k >= B->warmup) B->ms[rank][k - B->warmup] = now_ms() - t0;
     if (s != HIR_OK) { /* the other ranks would wait at the barrier: this one still arrives */
-      fail(B, rank, s, "hir_run", hir_evaluator_error(ev));
+      fail(B, rank, s, "hir_run", tuner ? hir_tuner_error(tuner) : hir_evaluator_error(ev));
       for (k++; k < B->warmup + B->iters; k++) barrier(B);
       goto done;
     }
@@ -506,7 +532,8 @@ done:
   for (i = 0; i < 2; i++)
     if (din[i].data) be->release(be, din[i].data);
   free(owned);
-  hir_evaluator_free(ev);
+  if (tuner) hir_tuner_free(tuner); /* and the evaluator it chose */
+  else hir_evaluator_free(ev);
   hir_program_free(p);
   hir_backend_free(be);
   return s;
@@ -522,12 +549,14 @@ static hir_status share_results(bench *B, hir_status s) {
   int i;
   memcpy(mine.ms, B->ms[B->me], sizeof mine.ms);
   mine.err = B->err[B->me];
+  mine.tune_ms = B->tune_ms[B->me];
   mine.mem = B->mem[B->me];
   snprintf(mine.msg, sizeof mine.msg, "%s", s == HIR_OK ? "" : B->msg[B->me][0] ? B->msg[B->me] : hir_status_str(s));
   meet(B, &mine, all, sizeof mine);
   for (i = 0; i < B->D; i++) {
     memcpy(B->ms[i], all[i].ms, sizeof all[i].ms);
     B->err[i] = all[i].err;
+    B->tune_ms[i] = all[i].tune_ms;
     B->mem[i] = all[i].mem;
     snprintf(B->msg[i], sizeof B->msg[i], "%s", all[i].msg);
     if (all[i].msg[0]) s = HIR_ERR_COMM;
@@ -636,10 +665,11 @@ static void config_name(const config *c, char *buf, size_t cap) {
   else if (c->pipe == AUTO)
     snprintf(buf, cap, "%s%s)", pipeline_names[c->pipe], c->copy_engine ? ", copy eng." : "");
   else if (c->pipe >= P2P_LINEAR && c->parts > 1)
-    snprintf(buf, cap, "%s%s, %d parts, %d streams", pipeline_names[c->pipe], c->copy_engine ? " (copy eng.)" : "", c->parts,
-             c->streams);
+    snprintf(buf, cap, "%s%s, %d parts, %d streams%s", pipeline_names[c->pipe], c->copy_engine ? " (copy eng.)" : "", c->parts,
+             c->streams, c->bounded ? ", bounded" : "");
   else if (c->pipe >= P2P_LINEAR)
-    snprintf(buf, cap, "%s%s, %d streams", pipeline_names[c->pipe], c->copy_engine ? " (copy eng.)" : "", c->streams);
+    snprintf(buf, cap, "%s%s, %d streams%s", pipeline_names[c->pipe], c->copy_engine ? " (copy eng.)" : "", c->streams,
+             c->bounded ? ", bounded" : "");
   else
     snprintf(buf, cap, "%s", c->pipe == COMM_ALONE ? (pipeline_names[0]) : pipeline_names[c->pipe]);
 }
@@ -654,19 +684,21 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   const char *cname = B->sh.pat == AG ? "AG" : "RS";
   int64_t m = B->sh.M / B->D;
   int ce, auto_at, k;
-  cfgs[n++] = (config){COMM_ALONE, 1, 1, 0, 1};
-  cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0, 1};
-  cfgs[n++] = (config){SERIAL, 1, 1, 0, 1}; /* first of the checked ones: their reference */
+  cfgs[n++] = (config){COMM_ALONE, 1, 1, 0, 1, 0};
+  cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0, 1, 0};
+  cfgs[n++] = (config){SERIAL, 1, 1, 0, 1, 0}; /* first of the checked ones: their reference */
   for (i = 0; i < nchunks; i++)
     for (j = 0; j < nstreams && n < MAXCFG; j++)
-      if (m % chunks[i] == 0) cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1};
+      if (m % chunks[i] == 0) cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1, 0};
   for (ce = 0; ce <= B->gpu; ce++)
     for (i = P2P_LINEAR; i <= P2P_RING; i++)
       for (k = 0; k < nparts; k++)
         for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
-          if (m % parts[k] == 0) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce, parts[k]};
+          if (m % parts[k] == 0) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce, parts[k], 0};
+  for (j = 0; j < nstreams && n < MAXCFG - 1; j++) /* bounded buffers: the memory they save, the time they cost */
+    cfgs[n++] = (config){P2P_RING, B->D, streams[j], B->gpu, 1, 1};
   auto_at = n;
-  cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0}; /* last: the plan it prints is its own; parts pay with 4 streams */
+  cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0, 0}; /* last: the plan it prints is its own */
   for (B->generation = B->arrived = 0, i = 0; i < B->D; i++) B->a[i] = B->b[i] = B->ref[i] = NULL;
   if (run_ranks(B, gen_rank) != HIR_OK) {
     printf("%s+GEMM: out of host memory for the inputs\n", cname);
@@ -721,7 +753,12 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     if (phys > 0) printf(", %.2fx physical floor", res[best].ms / phys);
     printf("\n");
   }
-  if (res[auto_at].ok) printf("  automatic: %.3f ms = %.3fx serial; it chose %s\n", res[auto_at].ms, res[auto_at].ms / serial, B->plan);
+  if (res[auto_at].ok) {
+    double tuned = 0;
+    for (i = 0; i < B->D; i++) tuned = B->tune_ms[i] > tuned ? B->tune_ms[i] : tuned;
+    printf("  automatic: %.3f ms = %.3fx serial, %.3fx the best measured here; tuning took %.0f ms (the slowest rank)\n"
+           "    %s\n", res[auto_at].ms, res[auto_at].ms / serial, best >= 0 ? res[auto_at].ms / res[best].ms : 0, tuned, B->plan);
+  }
   printf("\n");
   fflush(stdout);
   for (i = 0; i < B->D; i++) {
@@ -762,6 +799,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--parts") && i + 1 < argc) nparts = parse_list(argv[++i], parts, 4);
     else if (!strcmp(argv[i], "--trace") && i + 1 < argc) B.trace_dir = argv[++i];
     else if (!strcmp(argv[i], "--processes")) B.procs = 1;
+    else if (!strcmp(argv[i], "--memory-limit") && i + 1 < argc) B.memory_limit = (size_t)(atof(argv[++i]) * (1 << 20));
     else if ((!strcmp(argv[i], "ag") || !strcmp(argv[i], "rs")) && i + 3 < argc && nshapes < 32) {
       shapes[nshapes].pat = argv[i][0] == 'a' ? AG : RS;
       shapes[nshapes].M = atoll(argv[i + 1]);
@@ -770,7 +808,7 @@ int main(int argc, char **argv) {
       i += 3;
     } else {
       fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--trace DIR] "
-                      "[ag|rs M K N]...\n", argv[0]);
+                      "[--processes] [--memory-limit MiB] [ag|rs M K N]...\n", argv[0]);
       return 2;
     }
   }

@@ -16,6 +16,7 @@
 #include "test_dlpack.c"
 #include "test_robust.c"
 #include "test_diff.c"
+#include "test_tune.c"
 
 int main(int argc, char **argv) {
   int passed = 0, failed = 0;

@@ -18,6 +18,7 @@
 #include "../test_lower.c"
 #include "../test_eval.c"
 #include "../test_stream.c"
+#include "../test_tune.c"
 
 /* ---- the CUDA backend against the CPU backend ---- */
 static double dtype_tol(hir_dtype d) { return d == HIR_F64 ? 1e-11 : d == HIR_F32 ? 2e-5 : d == HIR_F16 ? 2e-2 : 6e-2; }

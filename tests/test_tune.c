@@ -1,0 +1,368 @@
+/* The tuner (hir_tuner) on the local world: candidates timed on every rank,
+   one choice agreed, results against a plain reference, the cache, saved
+   plans and their refusals, the memory limit, and ranks that fail or never
+   come. The AG+GEMM of seed AG_matmul_P2p: A [DIDx D, M, K] x B [K, N]. */
+#include "test.h"
+#include "seeds.h"
+
+enum { TUNE_MAXR = 4 };
+
+/* CHECK as an expression: its verdict, so a failure can say more. */
+static int tune_expect(int ok, const char *what, int line) {
+  if (!ok) fprintf(stderr, "  %s:%d: CHECK failed: %s\n", __FILE__, line, what), hir_test_failures++;
+  return ok;
+}
+#define EXPECT(cond) tune_expect((cond) != 0, #cond, __LINE__)
+
+typedef struct tune_ctx {
+  hir_local_world *w;
+  hir_fusion *f;
+  int D, M, K, N;
+  hir_tensor a, b;             /* host: every rank's A rows [D, M, K], B [K, N] */
+  size_t memory_limit;
+  int absent, wrong_k;         /* a rank that never tunes; a rank with a wrong K (-1: none) */
+  FILE *save[TUNE_MAXR], *load[TUNE_MAXR];
+  hir_status st[TUNE_MAXR];
+  char plan[TUNE_MAXR][2048], err[TUNE_MAXR][1024];
+  double worst[TUNE_MAXR], ms[TUNE_MAXR];
+  int entries[TUNE_MAXR], kept_program[TUNE_MAXR];
+  size_t memory[TUNE_MAXR];
+} tune_ctx;
+
+static void tune_begin(tune_ctx *x, int D, int M, int K, int N) {
+  int64_t sa[3] = {D, M, K}, sb[2] = {K, N};
+  int mesh[TUNE_MAXR] = {0, 1, 2, 3};
+  seed s;
+  memset(x, 0, sizeof *x);
+  x->D = D, x->M = M, x->K = K, x->N = N;
+  x->absent = x->wrong_k = -1;
+  seed_ag_matmul_p2p(&s, hir_fusion_create(), D, mesh);
+  x->f = s.f;
+  x->a = trand(HIR_F32, 3, sa);
+  x->b = trand(HIR_F32, 2, sb);
+  x->w = hir_local_world_create(D);
+  hir_local_world_set_timeout(x->w, 20000);
+}
+
+static void tune_end(tune_ctx *x) {
+  int r;
+  for (r = 0; r < x->D; r++) {
+    if (x->save[r]) fclose(x->save[r]);
+    if (x->load[r] && x->load[r] != x->save[r]) fclose(x->load[r]);
+  }
+  hir_local_world_free(x->w);
+  hir_fusion_free(x->f);
+  tfree(&x->a);
+  tfree(&x->b);
+}
+
+static hir_tune_desc tune_desc(tune_ctx *x, int rank) {
+  hir_tune_desc d;
+  memset(&d, 0, sizeof d);
+  d.lower.my_device = rank;
+  d.lower.comm = hir_local_comm(x->w, rank);
+  d.eval.comm = hir_local_comm(x->w, rank);
+  d.memory_limit = x->memory_limit;
+  d.iters = 2;
+  return d;
+}
+
+/* One run of rank's tuner on M rows a rank: the output against A x B
+   (poisoned first), into x->worst. */
+static hir_status tune_run_once(tune_ctx *x, hir_tuner *t, int rank, int M) {
+  int64_t sa[3] = {1, M, x->K}, sb[2] = {x->K + (rank == x->wrong_k), x->N}, so[3] = {x->D, M, x->N};
+  hir_tensor in[2], out = tn(HIR_F32, 3, so);
+  int64_t i, j, n = (int64_t)x->D * M * x->N;
+  double worst = 0;
+  hir_status s;
+  in[0] = tn(HIR_F32, 3, sa);
+  in[1] = tn(HIR_F32, 2, sb);
+  for (i = 0; i < M * x->K; i++) tset(&in[0], i, tget(&x->a, (int64_t)rank * x->M * x->K + i));
+  for (i = 0; i < x->K * x->N && rank != x->wrong_k; i++) tset(&in[1], i, tget(&x->b, i));
+  for (i = 0; i < n; i++) tset(&out, i, NAN);
+  s = hir_tuner_run(t, in, 2, &out, 1);
+  if (s == HIR_OK) s = hir_tuner_sync(t);
+  for (i = 0; s == HIR_OK && i < n; i++) { /* rows of device d: A[d, :M] x B */
+    int64_t d = i / (M * x->N), rest = i % (M * x->N);
+    double want = 0, got = tget(&out, i);
+    for (j = 0; j < x->K; j++) want += tget(&x->a, (d * x->M + rest / x->N) * x->K + j) * tget(&x->b, j * x->N + rest % x->N);
+    if (!(fabs(got - want) <= worst)) worst = fabs(got - want);
+  }
+  x->worst[rank] = s == HIR_OK ? worst : 1e30;
+  tfree(&in[0]);
+  tfree(&in[1]);
+  tfree(&out);
+  return s;
+}
+
+static void tune_note(tune_ctx *x, hir_tuner *t, int rank, hir_status s) {
+  x->st[rank] = s;
+  snprintf(x->err[rank], sizeof x->err[rank], "%s", s == HIR_OK ? "" : hir_tuner_error(t));
+  snprintf(x->plan[rank], sizeof x->plan[rank], "%s", hir_tuner_program(t) ? hir_program_plan(hir_tuner_program(t)) : "");
+  x->entries[rank] = t->n;
+}
+
+/* Tunes, runs again (no tuning: the same program), saves. */
+static hir_status tune_rank(int rank, void *user) {
+  tune_ctx *x = (tune_ctx *)user;
+  hir_tune_desc d = tune_desc(x, rank);
+  hir_tuner *t = NULL;
+  hir_status s;
+  const hir_program *first;
+  if (rank == x->absent) return HIR_OK;
+  if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) s = tune_run_once(x, t, rank, x->M);
+  first = hir_tuner_program(t);
+  if (s == HIR_OK) {
+    double before = x->worst[rank];
+    s = tune_run_once(x, t, rank, x->M);
+    x->kept_program[rank] = first == hir_tuner_program(t) && t->n == 1;
+    if (before > x->worst[rank]) x->worst[rank] = before;
+  }
+  if (s == HIR_OK && hir_tuner_evaluator(t)) x->memory[rank] = hir_evaluator_memory(hir_tuner_evaluator(t));
+  tune_note(x, t, rank, s);
+  if (s == HIR_OK && x->save[rank]) s = hir_tuner_save(t, x->save[rank]);
+  hir_tuner_free(t);
+  return s;
+}
+
+/* Loads its saved plans, then runs: no tuning. */
+static hir_status tune_loaded_rank(int rank, void *user) {
+  tune_ctx *x = (tune_ctx *)user;
+  hir_tune_desc d = tune_desc(x, rank);
+  hir_tuner *t = NULL;
+  hir_status s = hir_tuner_create(x->f, &d, &t);
+  if (s == HIR_OK) {
+    rewind(x->load[rank]);
+    s = hir_tuner_load(t, x->load[rank]);
+  }
+  if (s == HIR_OK) s = tune_run_once(x, t, rank, x->M);
+  tune_note(x, t, rank, s);
+  hir_tuner_free(t);
+  return s;
+}
+
+/* What a tuned plan says was chosen: "tuned on N ranks in T ms: <choice>, X ms (...". */
+static void chosen(const char *plan, char *out, size_t cap) {
+  const char *from = strstr(plan, " ms: "), *to = from ? strstr(from, " (the slowest") : NULL;
+  size_t n = to ? (size_t)(to - from - 5) : 0;
+  snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), from ? from + 5 : "");
+}
+static int same_choice(const char *a, const char *b) {
+  char x[128], y[128];
+  chosen(a, x, sizeof x);
+  chosen(b, y, sizeof y);
+  return x[0] && !strcmp(x, y);
+}
+
+TEST(test_tune_agree_and_cache, "tune/agree_cache_save_load", TEST_CPU) {
+  tune_ctx x;
+  int r;
+  tune_begin(&x, 3, 8, 16, 12);
+  for (r = 0; r < 3; r++) x.save[r] = tmpfile();
+  CHECK(hir_spmd(3, tune_rank, &x) == HIR_OK);
+  for (r = 0; r < 3; r++) {
+    if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && x.kept_program[r] && x.entries[r] == 1 &&
+               !strncmp(x.plan[r], "tuned on 3 ranks", 16) && strstr(x.plan[r], "serial") && same_choice(x.plan[r], x.plan[0])))
+      fprintf(stderr, "  rank %d: %s, max err %g, kept %d: %s %s\n", r, hir_status_str(x.st[r]), x.worst[r], x.kept_program[r],
+              x.plan[r], x.err[r]);
+  }
+  /* a new process loads the plans: the same choice, no tuning */
+  for (r = 0; r < 3; r++) x.load[r] = x.save[r];
+  CHECK(hir_spmd(3, tune_loaded_rank, &x) == HIR_OK);
+  for (r = 0; r < 3; r++)
+    if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && !strncmp(x.plan[r], "from a saved plan", 17)))
+      fprintf(stderr, "  rank %d loaded: %s: %s %s\n", r, hir_status_str(x.st[r]), x.plan[r], x.err[r]);
+  tune_end(&x);
+}
+
+/* Plans from elsewhere are refused by what differs; ranks that load
+   different choices are refused on their first run, on every rank. */
+TEST(test_tune_refusals, "tune/saved_plan_refusals", TEST_CPU) {
+  static const char *bad[][2] = {
+      {"hostir tuning plans 1\nversion 0.1\n", "made by hostir 0.1"},
+      {"hostir tuning plans 1\nversion " HOSTIR_VERSION "\nmachine NVIDIA H200, 8 ranks\n", "made on 'NVIDIA H200, 8 ranks'"},
+      {"hostir tuning plans 1\nversion " HOSTIR_VERSION "\nmachine cpu, 3 ranks\nfusion 0123456789abcdef\n", "another fusion"},
+      {"something else\n", "not a file of hostir tuning plans"},
+  };
+  tune_ctx x;
+  hir_tune_desc d;
+  hir_tuner *t = NULL;
+  char fusion_line[64], text[512];
+  FILE *f;
+  int i, r;
+  tune_begin(&x, 3, 4, 8, 6);
+  d = tune_desc(&x, 0);
+  CHECK(hir_tuner_create(x.f, &d, &t) == HIR_OK);
+  for (i = 0; i < 4; i++) {
+    f = tmpfile();
+    fputs(bad[i][0], f);
+    rewind(f);
+    if (!EXPECT(hir_tuner_load(t, f) == HIR_ERR_INVALID && strstr(hir_tuner_error(t), bad[i][1])))
+      fprintf(stderr, "  file %d: %s\n", i, hir_tuner_error(t));
+    fclose(f);
+  }
+  snprintf(fusion_line, sizeof fusion_line, "fusion %016llx", (unsigned long long)t->fusion_hash);
+  f = tmpfile();
+  fprintf(f, "hostir tuning plans 1\nversion %s\nmachine cpu, 3 ranks\n%s\nplan 2 | float 3 1 4 8 | float 2 8 six | serial | 1\n",
+          HOSTIR_VERSION, fusion_line);
+  rewind(f);
+  CHECK(hir_tuner_load(t, f) == HIR_ERR_INVALID && strstr(hir_tuner_error(t), "line 5 is not a plan"));
+  fclose(f);
+  hir_tuner_free(t);
+  for (r = 0; r < 3; r++) { /* rank 0 saved ring, the others linear */
+    x.load[r] = tmpfile();
+    snprintf(text, sizeof text, "hostir tuning plans 1\nversion %s\nmachine cpu, 3 ranks\n%s\nplan 2 | float 3 1 4 8 | float 2 8 6 | "
+             "%s parts 1 streams 2 bounded 0 | 1.0\n", HOSTIR_VERSION, fusion_line, r == 0 ? "ring" : "linear");
+    fputs(text, x.load[r]);
+  }
+  CHECK(hir_spmd(3, tune_loaded_rank, &x) != HIR_OK);
+  for (r = 0; r < 3; r++)
+    if (!EXPECT(x.st[r] == HIR_ERR_INVALID && strstr(x.err[r], "saved plans differ") && strstr(x.err[r], "ring") &&
+               strstr(x.err[r], "linear")))
+      fprintf(stderr, "  rank %d: %s: %s\n", r, hir_status_str(x.st[r]), x.err[r]);
+  tune_end(&x);
+}
+
+/* Under a memory limit the choice holds at most that much; under a limit
+   nothing meets, every rank says so, alike. */
+TEST(test_tune_memory_limit, "tune/memory_limit", TEST_CPU) {
+  tune_ctx x;
+  size_t most = 0, unbounded = 0;
+  int r;
+  tune_begin(&x, 4, 8, 16, 64);
+  CHECK(hir_spmd(4, tune_rank, &x) == HIR_OK); /* no limit: what the fastest holds (the outputs are the caller's) */
+  for (r = 0; r < 4; r++) unbounded = x.memory[r] > unbounded ? x.memory[r] : unbounded;
+  CHECK(unbounded >= 4 * 8 * 16 * 4); /* every rank's A rows, gathered */
+  x.memory_limit = 1;
+  CHECK(hir_spmd(4, tune_rank, &x) != HIR_OK);
+  for (r = 0; r < 4; r++)
+    if (!EXPECT(x.st[r] == HIR_ERR_NOMEM && strstr(x.err[r], "over the limit of 1") && !strcmp(x.err[r], x.err[0])))
+      fprintf(stderr, "  rank %d: %s: %s\n", r, hir_status_str(x.st[r]), x.err[r]);
+  x.memory_limit = unbounded - 1; /* under the gathered A: only bounded buffers (2 streams: half of it) fit */
+  hir_local_world_free(x.w);
+  x.w = hir_local_world_create(4);
+  CHECK(hir_spmd(4, tune_rank, &x) == HIR_OK);
+  for (r = 0; r < 4; r++) {
+    most = x.memory[r] > most ? x.memory[r] : most;
+    char choice[128];
+    chosen(x.plan[r], choice, sizeof choice);
+    if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && strstr(x.plan[r], "over the limit") && strstr(choice, "bounded")))
+      fprintf(stderr, "  rank %d: %s: %s %s\n", r, hir_status_str(x.st[r]), x.plan[r], x.err[r]);
+  }
+  CHECK(most <= x.memory_limit && most > 0);
+  tune_end(&x);
+}
+
+/* A rank whose B has a wrong K: every candidate is refused there, and every
+   rank returns the same refusal; a rank that never comes: the others time
+   out. */
+TEST(test_tune_failing_ranks, "tune/failing_and_absent_ranks", TEST_CPU) {
+  tune_ctx x;
+  double t0;
+  int r;
+  tune_begin(&x, 3, 4, 8, 6);
+  x.wrong_k = 1;
+  CHECK(hir_spmd(3, tune_rank, &x) != HIR_OK);
+  for (r = 0; r < 3; r++)
+    if (!EXPECT(x.st[r] == HIR_ERR_SHAPE && strstr(x.err[r], "every candidate was dropped; serial on device 1") &&
+               !strcmp(x.err[r], x.err[0])))
+      fprintf(stderr, "  rank %d: %s: %s\n", r, hir_status_str(x.st[r]), x.err[r]);
+  hir_local_world_free(x.w);
+  x.w = hir_local_world_create(3);
+  hir_local_world_set_timeout(x.w, 300);
+  x.wrong_k = -1;
+  x.absent = 2;
+  t0 = hir__now_ms();
+  CHECK(hir_spmd(3, tune_rank, &x) != HIR_OK);
+  CHECK(hir__now_ms() - t0 < 5000);
+  for (r = 0; r < 2; r++)
+    if (!EXPECT((x.st[r] == HIR_ERR_TIMEOUT || x.st[r] == HIR_ERR_COMM) && x.err[r][0]))
+      fprintf(stderr, "  rank %d: %s: %s\n", r, hir_status_str(x.st[r]), x.err[r]);
+  tune_end(&x);
+}
+
+/* ---- on the GPU suite's platforms: threads, processes ---- */
+typedef struct tune_gpu {
+  void *w;
+  hir_fusion *f;
+  int D, M, K, N;
+  hir_tensor a, b;
+  hir_status st[8];
+  double worst[8];
+  char plan[8][2048], err[8][1024];
+} tune_gpu;
+
+static hir_status tune_gpu_rank(int rank, void *user) {
+  tune_gpu *x = (tune_gpu *)user;
+  hir_comm *comm = platform->comm(x->w, rank);
+  hir_backend *be = platform->backend ? platform->backend(rank) : NULL;
+  int64_t sa[3] = {1, x->M, x->K}, so[3] = {x->D, x->M, x->N}, i, j, n = (int64_t)x->D * x->M * x->N;
+  hir_tensor mine = tn(HIR_F32, 3, sa), out = tn(HIR_F32, 3, so), din[2], dout, got;
+  hir_tune_desc d;
+  hir_tuner *t = NULL;
+  hir_status s;
+  double worst = 0;
+  for (i = 0; i < x->M * x->K; i++) tset(&mine, i, tget(&x->a, (int64_t)rank * x->M * x->K + i));
+  for (i = 0; i < n; i++) tset(&out, i, NAN); /* poisoned */
+  din[0] = to_backend(be, &mine);
+  din[1] = to_backend(be, &x->b);
+  dout = to_backend(be, &out);
+  memset(&d, 0, sizeof d);
+  d.lower.my_device = rank;
+  d.lower.comm = comm;
+  d.eval.comm = comm;
+  d.eval.backend = be;
+  d.iters = 2;
+  if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK && (s = hir_tuner_run(t, din, 2, &dout, 1)) == HIR_OK)
+    s = hir_tuner_sync(t);
+  got = s == HIR_OK ? to_host(be, &dout) : out;
+  for (i = 0; s == HIR_OK && i < n; i++) {
+    int64_t dev = i / (x->M * x->N), rest = i % (x->M * x->N);
+    double want = 0;
+    for (j = 0; j < x->K; j++) want += tget(&x->a, (dev * x->M + rest / x->N) * x->K + j) * tget(&x->b, j * x->N + rest % x->N);
+    if (!(fabs(tget(&got, i) - want) <= worst)) worst = fabs(tget(&got, i) - want);
+  }
+  x->st[rank] = s;
+  x->worst[rank] = s == HIR_OK ? worst : 1e30;
+  snprintf(x->err[rank], sizeof x->err[rank], "%s", s == HIR_OK ? "" : hir_tuner_error(t));
+  snprintf(x->plan[rank], sizeof x->plan[rank], "%s", hir_tuner_program(t) ? hir_program_plan(hir_tuner_program(t)) : "");
+  if (got.data != out.data && got.data != dout.data) tfree(&got);
+  hir_tuner_free(t);
+  backend_free(be, &mine, &din[0]);
+  backend_free(be, &x->b, &din[1]);
+  backend_free(be, &out, &dout);
+  tfree(&mine);
+  tfree(&out);
+  hir_backend_free(be);
+  return s;
+}
+
+/* The tuner on the GPUs, as the GPU suite runs it (a thread or a process
+   per GPU): the choice agreed, its numbers those of A x B. */
+TEST(test_tune_gpu, "tune/gpu_worlds", TEST_GPU_WORLDS) {
+  int mesh[8] = {0, 1, 2, 3, 4, 5, 6, 7}, D = platform->max_world < 4 ? platform->max_world : 4, r;
+  int64_t sa[3], sb[2];
+  tune_gpu x;
+  seed s;
+  if (D < 1 || platform->p2p_only || platform->min_world > D) return;
+  memset(&x, 0, sizeof x);
+  x.D = D, x.M = 64, x.K = 96, x.N = 80;
+  sa[0] = D, sa[1] = x.M, sa[2] = x.K, sb[0] = x.K, sb[1] = x.N;
+  seed_ag_matmul_p2p(&s, hir_fusion_create(), D, mesh);
+  x.f = s.f;
+  x.a = trand(HIR_F32, 3, sa);
+  x.b = trand(HIR_F32, 2, sb);
+  x.w = platform->world_create(D);
+  CHECK(platform->run(D, tune_gpu_rank, &x) == HIR_OK);
+  for (r = 0; r < D; r++) {
+    if (!x.plan[r][0] && !x.err[r][0]) continue; /* another process's rank */
+    if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-3 && !strncmp(x.plan[r], "tuned on", 8)))
+      fprintf(stderr, "  rank %d: %s, max err %g: %s %s\n", r, hir_status_str(x.st[r]), x.worst[r], x.plan[r], x.err[r]);
+    else if (r == 0 || !x.plan[0][0])
+      printf("  %s\n", x.plan[r]);
+  }
+  platform->world_free(x.w);
+  hir_fusion_free(x.f);
+  tfree(&x.a);
+  tfree(&x.b);
+}
