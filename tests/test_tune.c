@@ -144,8 +144,8 @@ static hir_status tune_loaded_rank(int rank, void *user) {
 /* What a tuned plan says was chosen: "tuned on N ranks in T ms: <choice>, X ms (...". */
 static void chosen(const char *plan, char *out, size_t cap) {
   const char *from = strstr(plan, " ms: "), *to = from ? strstr(from, " (the slowest") : NULL;
-  size_t n = to ? (size_t)(to - from - 5) : 0;
-  snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), from ? from + 5 : "");
+  while (to && to > from + 5 && to[0] != ',') to--; /* back over ", X ms" */
+  snprintf(out, cap, "%.*s", to && to > from + 5 ? (int)(to - from - 5) : 0, from ? from + 5 : "");
 }
 static int same_choice(const char *a, const char *b) {
   char x[128], y[128];
@@ -278,6 +278,51 @@ TEST(test_tune_failing_ranks, "tune/failing_and_absent_ranks", TEST_CPU) {
   for (r = 0; r < 2; r++)
     if (!EXPECT((x.st[r] == HIR_ERR_TIMEOUT || x.st[r] == HIR_ERR_COMM) && x.err[r][0]))
       fprintf(stderr, "  rank %d: %s: %s\n", r, hir_status_str(x.st[r]), x.err[r]);
+  tune_end(&x);
+}
+
+/* A backend whose GEMMs are wrong off the caller's stream (the pipelines'
+   streams): the tuner must drop every pipeline, naming why, and choose
+   serial on every rank. */
+static hir_status (*tune_cpu_matmul)(hir_backend *, void *, const hir_tensor *, const hir_tensor *, const hir_tensor *);
+static hir_status tune_wrong_matmul(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
+                                    const hir_tensor *c) {
+  hir_status s = tune_cpu_matmul(b, stream, dst, a, c);
+  if (s == HIR_OK && stream) ((float *)dst->data)[0] += 1.0f;
+  return s;
+}
+
+static hir_status tune_wrong_rank(int rank, void *user) {
+  tune_ctx *x = (tune_ctx *)user;
+  hir_tune_desc d = tune_desc(x, rank);
+  hir_backend *b = hir_backend_cpu_create();
+  hir_tuner *t = NULL;
+  hir_status s;
+  b->matmul = tune_wrong_matmul;
+  d.eval.backend = b;
+  if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) s = tune_run_once(x, t, rank, x->M);
+  tune_note(x, t, rank, s);
+  hir_tuner_free(t);
+  hir_backend_free(b);
+  return s;
+}
+
+TEST(test_tune_wrong_candidates, "tune/drops_wrong_candidates", TEST_CPU) {
+  tune_ctx x;
+  char choice[128];
+  int r;
+  hir_backend *cpu = hir_backend_cpu_create();
+  tune_cpu_matmul = cpu->matmul; /* set once, before the ranks start */
+  hir_backend_free(cpu);
+  tune_begin(&x, 3, 8, 16, 12);
+  CHECK(hir_spmd(3, tune_wrong_rank, &x) == HIR_OK);
+  for (r = 0; r < 3; r++) {
+    chosen(x.plan[r], choice, sizeof choice);
+    if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && !strcmp(choice, "serial") &&
+                strstr(x.plan[r], "dropped ring, 2 streams: its outputs differ from serial's on device 0") &&
+                strstr(x.plan[r], "measured:") && !strcmp(strstr(x.plan[r], "measured:"), strstr(x.plan[0], "measured:"))))
+      fprintf(stderr, "  rank %d: %s, max err %g: %s %s\n", r, hir_status_str(x.st[r]), x.worst[r], x.plan[r], x.err[r]);
+  }
   tune_end(&x);
 }
 
