@@ -431,6 +431,15 @@ struct hir_backend {
      passed (HIR_ERR_TIMEOUT while one has not): the timeline's GPU spans. */
   hir_status (*timer_create)(hir_backend *self, void **event);
   hir_status (*timer_elapsed)(hir_backend *self, void *from, void *to, double *ms);
+  /* Optional; NULL where there is nothing to capture (the CPU). Between
+     graph_begin and graph_end the work issued on current_stream (which may
+     change to a capturing stream of the backend's own) and on the streams
+     that wait on it is recorded, not run; graph_end returns it ready to
+     launch, as often as needed, on the caller's stream. */
+  hir_status (*graph_begin)(hir_backend *self);
+  hir_status (*graph_end)(hir_backend *self, void **graph);
+  hir_status (*graph_launch)(hir_backend *self, void *graph);
+  void (*graph_destroy)(hir_backend *self, void *graph);
 };
 
 /* What a communication moves, in the program's terms: the evaluator fills it
@@ -455,6 +464,7 @@ struct hir_comm {
   int rank, size;
   int p2p_copy_engine;      /* send/recv run on copy engines, not SMs: a pipeline overlaps them with GEMMs */
   int needs_device_memory;  /* buffers must be the GPU's (NCCL): a host-memory backend is refused */
+  int capturable;           /* its calls may be captured into a CUDA graph and replayed (NCCL's; not copy-engine send/recv) */
   char error[512];
   hir_comm_what what;       /* what the next call moves, set by the evaluator: for messages when ranks disagree */
   hir_status (*team)(hir_comm *self, const int *devices, int n, void **team);
@@ -510,6 +520,15 @@ HIRDEF hir_status       hir_spmd(int nranks, hir_status (*fn)(int rank, void *us
 typedef struct hir_eval_desc {
   hir_backend *backend; hir_comm *comm; int number_of_streams;
   int timeout_ms;   /* hir_evaluator_sync gives up (and aborts the communicator) after this; 0: 600000 */
+  /* graph = 1: after one eager run of a shape (its buffers made), a run with
+     inputs and outputs at addresses not seen yet is captured into a CUDA
+     graph, then launched; a run at seen addresses only launches its graph
+     (the host program is not walked again). Up to 8 graphs per shape; a new
+     shape drops them (one evaluator per shape, or hir_tuner, keeps several).
+     Where nothing can be captured (the CPU backend, a communicator that
+     says capturable = 0, a timeline being recorded, a failed capture) runs
+     stay eager and hir_program_plan says why. */
+  int graph;
 } hir_eval_desc;
 /* One evaluator per rank per program; the program must outlive it. A NULL
    backend means a CPU backend owned by the evaluator; comm may be NULL for a
@@ -5159,9 +5178,12 @@ HIRDEF void hir_backend_free(hir_backend *b) {
 typedef struct hir__cuda_lane {  /* what one stream needs */
   cudaStream_t stream;
   cublasHandle_t blas;
+  void *workspace;                 /* cuBLAS's, ours: it never allocates in a run (or a graph capture) */
   void *scratch[3];
   size_t scratch_cap[3];
 } hir__cuda_lane;
+
+enum { HIR__CUDA_WORKSPACE = 32 << 20 }; /* cuBLAS's own default on Hopper */
 
 #define HIR__CUDA_LANES 64
 typedef struct hir__cuda {
@@ -5176,6 +5198,7 @@ typedef struct hir__cuda {
   int kernels_state;                /* 0: not loaded yet, 1: loaded, -1: failed to load (cuBLAS only) */
   cudaLibrary_t kernels;
   cudaKernel_t sum_kernel[HIR_DTYPE_COUNT]; /* the short-axis sum per dtype, NULL where none */
+  cudaStream_t capture, saved_caller;  /* graph capture: the stream it runs on, and the caller's meanwhile */
 } hir__cuda;
 
 static hir_status hir__cuda_fail(hir_backend *b, const char *what, const char *detail, const char *file, int line) {
@@ -5218,10 +5241,12 @@ static hir_status hir__cuda_lane_of(hir_backend *b, void *stream, hir__cuda_lane
   }
   memset(&c->lanes[i], 0, sizeof c->lanes[i]);
   HIR__BLAS(b, cublasCreate(&c->lanes[i].blas));
+  c->lanes[i].stream = s;
+  c->nlanes++; /* freed with the backend from here on */
   HIR__BLAS(b, cublasSetStream(c->lanes[i].blas, s));
   HIR__BLAS(b, cublasSetMathMode(c->lanes[i].blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  c->lanes[i].stream = s;
-  c->nlanes++;
+  HIR__CU(b, cudaMalloc(&c->lanes[i].workspace, HIR__CUDA_WORKSPACE));
+  HIR__BLAS(b, cublasSetWorkspace(c->lanes[i].blas, c->lanes[i].workspace, HIR__CUDA_WORKSPACE));
   *out = &c->lanes[i];
   return HIR_OK;
 }
@@ -5243,7 +5268,8 @@ static hir_status hir__cuda_scratch(hir_backend *b, hir__cuda_lane *l, int k, si
 
 static void hir__cuda_lane_free(hir__cuda_lane *l) {
   int k;
-  cublasDestroy(l->blas);
+  if (l->blas) cublasDestroy(l->blas);
+  if (l->workspace) cudaFree(l->workspace);
   for (k = 0; k < 3; k++)
     if (l->scratch[k]) cudaFree(l->scratch[k]);
 }
@@ -5257,6 +5283,7 @@ static void hir__cuda_destroy(hir_backend *b) {
     if (c->ones_by_type[k]) cudaFree(c->ones_by_type[k]);
   if (c->kernels_state == 1) cudaLibraryUnload(c->kernels);
   if (c->lt) cublasLtDestroy(c->lt);
+  if (c->capture) cudaStreamDestroy(c->capture);
   HIR_FREE(c);
   HIR_FREE(b);
 }
@@ -5273,9 +5300,11 @@ static void hir__cuda_release(hir_backend *b, void *ptr) {
   cudaFree(ptr);
 }
 static void *hir__cuda_current(hir_backend *b) { return (void *)((hir__cuda *)b->ctx)->caller; }
+/* A stream and its lane, made now: a run never waits for cuBLAS's setup. */
 static hir_status hir__cuda_stream_create(hir_backend *b, void **s) {
+  hir__cuda_lane *l;
   HIR__CU(b, cudaStreamCreateWithFlags((cudaStream_t *)s, cudaStreamNonBlocking));
-  return HIR_OK;
+  return hir__cuda_lane_of(b, *s, &l);
 }
 static void hir__cuda_stream_destroy(hir_backend *b, void *s) {
   hir__cuda *c = (hir__cuda *)b->ctx;
@@ -5308,6 +5337,54 @@ static hir_status hir__cuda_timer_elapsed(hir_backend *b, void *from, void *to, 
   if (e == cudaSuccess) return HIR_OK;
   if (e == cudaErrorNotReady) return (void)cudaGetLastError(), HIR_ERR_TIMEOUT;
   return hir__cuda_fail(b, "cudaEventElapsedTime", cudaGetErrorString(e), __FILE__, __LINE__);
+}
+
+/* Graph capture runs on a stream of the backend's own (the caller's may be
+   the legacy default stream, which cannot capture), whose lane gets the
+   scratch the caller's lane grew to, so that nothing allocates while
+   capturing; the graph then launches on the caller's stream. */
+static hir_status hir__cuda_graph_begin(hir_backend *b) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__cuda_lane *from, *to;
+  int k;
+  if (!c->capture) HIR__CU(b, cudaStreamCreateWithFlags(&c->capture, cudaStreamNonBlocking));
+  if (hir__cuda_lane_of(b, NULL, &from) != HIR_OK || hir__cuda_lane_of(b, c->capture, &to) != HIR_OK) return HIR_ERR_BACKEND;
+  for (k = 0; k < 3; k++) {
+    void *p;
+    if (from->scratch_cap[k] && hir__cuda_scratch(b, to, k, from->scratch_cap[k], &p) != HIR_OK) return HIR_ERR_BACKEND;
+  }
+  HIR__CU(b, cudaStreamBeginCapture(c->capture, cudaStreamCaptureModeThreadLocal));
+  c->saved_caller = c->caller;
+  c->caller = c->capture;
+  return HIR_OK;
+}
+
+static hir_status hir__cuda_graph_end(hir_backend *b, void **graph) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  cudaGraph_t g = NULL;
+  cudaGraphExec_t x = NULL;
+  cudaError_t e = cudaStreamEndCapture(c->capture, &g);
+  c->caller = c->saved_caller;
+  *graph = NULL;
+  if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags(&x, g, 0);
+  if (g) cudaGraphDestroy(g);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(b->error, sizeof b->error, "the capture failed: %s", cudaGetErrorString(e));
+    return HIR_ERR_UNSUPPORTED;
+  }
+  *graph = x;
+  return HIR_OK;
+}
+
+static hir_status hir__cuda_graph_launch(hir_backend *b, void *graph) {
+  HIR__CU(b, cudaGraphLaunch((cudaGraphExec_t)graph, ((hir__cuda *)b->ctx)->caller));
+  return HIR_OK;
+}
+
+static void hir__cuda_graph_destroy(hir_backend *b, void *graph) {
+  (void)b;
+  cudaGraphExecDestroy((cudaGraphExec_t)graph);
 }
 static void hir__cuda_event_destroy(hir_backend *b, void *e) {
   (void)b;
@@ -5793,11 +5870,23 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   b->download = hir__cuda_download;
   b->timer_create = hir__cuda_timer_create;
   b->timer_elapsed = hir__cuda_timer_elapsed;
+  b->graph_begin = hir__cuda_graph_begin;
+  b->graph_end = hir__cuda_graph_end;
+  b->graph_launch = hir__cuda_graph_launch;
+  b->graph_destroy = hir__cuda_graph_destroy;
+  { /* the caller's lane and our kernels now, so that the first run does not stall on them (a failure shows at the first op) */
+    hir__cuda_lane *l;
+    hir__cuda_lane_of(b, NULL, &l);
+    hir__cuda_load_kernels(c);
+  }
   return b;
 }
 
 HIRDEF void hir_backend_cuda_set_stream(hir_backend *b, void *stream) {
-  if (b && b->destroy == hir__cuda_destroy) ((hir__cuda *)b->ctx)->caller = (cudaStream_t)stream;
+  hir__cuda_lane *l;
+  if (!b || b->destroy != hir__cuda_destroy) return;
+  ((hir__cuda *)b->ctx)->caller = (cudaStream_t)stream;
+  hir__cuda_lane_of(b, NULL, &l); /* as at creation */
 }
 
 HIRDEF void hir_backend_cuda_set_tf32(hir_backend *b, int enable) {
@@ -6420,8 +6509,20 @@ struct hir_evaluator {
   double epoch_us;
   pthread_mutex_t nap_mu;       /* for short sleeps while polling */
   pthread_cond_t nap_cv;
+  int graph, warm;              /* hir_eval_desc.graph; the current plan has run eagerly (its buffers exist) */
+  struct hir__graph *graphs;    /* captured runs of the current plan, by their tensors' addresses */
+  int ngraphs;
+  unsigned long long graph_uses;
   char error[512];
 };
+
+enum { HIR__GRAPHS = 8 };
+typedef struct hir__graph {
+  void **addrs;                 /* the inputs' and outputs' data, as passed */
+  void *exec;                   /* the backend's graph */
+  hir_tensor *outs;             /* the outputs it fills (the evaluator's buffers, or those passed) */
+  unsigned long long used;
+} hir__graph;
 
 static int hir__ev_fail(hir_evaluator *ev, hir_status s, const char *fmt, ...) HIR__PRINTF(3, 4);
 static int hir__ev_fail(hir_evaluator *ev, hir_status s, const char *fmt, ...) {
@@ -6847,8 +6948,19 @@ static void hir__unbind(hir_evaluator *ev, const hir_tv *tv) {
   ev->bound[tv->name] = 0;
 }
 
+static void hir__free_graph(hir_evaluator *ev, hir__graph *g) {
+  if (g->exec) ev->b->graph_destroy(ev->b, g->exec);
+  HIR_FREE(g->addrs);
+  HIR_FREE(g->outs);
+  memset(g, 0, sizeof *g);
+}
+
+/* Graphs record the buffers' addresses: they go with the buffers. */
 static void hir__free_blocks(hir_evaluator *ev) {
   int i;
+  for (i = 0; i < ev->ngraphs; i++) hir__free_graph(ev, &ev->graphs[i]);
+  ev->ngraphs = 0;
+  ev->warm = 0;
   for (i = 0; i < ev->nblocks; i++) {
     if (ev->comm && ev->comm->deregister_buffer && !ev->b->host_memory) ev->comm->deregister_buffer(ev->comm, ev->blocks[i].ptr);
     ev->b->release(ev->b, ev->blocks[i].ptr);
@@ -7323,6 +7435,9 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
                         d->number_of_streams), ev->status;
   ev->nstreams = d->number_of_streams ? d->number_of_streams : 4;
   ev->timeout_ms = d->timeout_ms > 0 ? d->timeout_ms : 600000;
+  if ((ev->graph = d->graph != 0) && !(ev->graphs = (hir__graph *)HIR_MALLOC(HIR__GRAPHS * sizeof *ev->graphs)))
+    return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
+  if (ev->graphs) memset(ev->graphs, 0, HIR__GRAPHS * sizeof *ev->graphs);
   ev->env.named[HIR_NAMED_NUM_STREAMS] = ev->nstreams;
   ev->comm = d->comm;
   ev->communicates = hir__communicates(&p->top);
@@ -7436,6 +7551,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->shape);
   HIR_FREE(ev->blocks);
   HIR_FREE(ev->key);
+  HIR_FREE(ev->graphs);
   pthread_mutex_destroy(&ev->nap_mu);
   pthread_cond_destroy(&ev->nap_cv);
   HIR_FREE(ev);
@@ -7602,12 +7718,10 @@ static hir_status hir__prepare(hir_evaluator *ev, const hir_tensor *in, int nin,
   return HIR_OK;
 }
 
-static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
-  const hir_fusion *f;
+/* The host program walked, its work issued (or, under a capture, recorded). */
+static hir_status hir__run_eager(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  const hir_fusion *f = &ev->p->ir;
   int i;
-  hir_status s = hir__prepare(ev, in, nin, out, nout);
-  if (s != HIR_OK) return s;
-  f = &ev->p->ir;
   memset(ev->bound, 0, (size_t)ev->ntv + 1);
   for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
   for (i = 0; i < ev->nblocks; i++) ev->blocks[i].in_use = 0;
@@ -7649,6 +7763,87 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir
     out[i] = ev->slot[tv->name];
   }
   return HIR_OK;
+}
+
+/* Why runs stay eager in graph mode ("" where they need not). */
+static const char *hir__graph_obstacle(const hir_evaluator *ev) {
+  if (!ev->b->graph_begin) return "the backend has nothing to capture";
+  if (ev->recording) return "a timeline is being recorded (it times each node as it runs)";
+  if (ev->communicates && ev->comm && !ev->comm->capturable)
+    return "the communicator cannot be captured (hir_comm.capturable is 0: copy-engine send/recv signal with one run's "
+           "sequence numbers)";
+  return "";
+}
+
+/* The plan says once why graph mode runs eagerly. */
+static void hir__graph_note(hir_evaluator *ev, const char *why) {
+  hir_program *p = (hir_program *)ev->p; /* the plan is the program's note to its reader */
+  size_t n = strlen(p->plan);
+  if (strstr(p->plan, "graph: eager")) return;
+  snprintf(p->plan + n, sizeof p->plan - n, "%sgraph: eager, because %s", n ? "; " : "", why);
+}
+
+/* Graph mode: the graph of these addresses launched, else (once the shape
+   has run eagerly) captured and launched. A failed capture is named in the
+   plan and the run goes eager; never a half-captured graph. */
+static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  hir__graph *g = NULL;
+  int i, k, n = nin + nout;
+  hir_status s;
+  const char *why = hir__graph_obstacle(ev);
+  if (why[0]) return hir__graph_note(ev, why), hir__run_eager(ev, in, nin, out, nout);
+  if (!ev->warm) { /* the first run of a shape makes its buffers: eager */
+    if ((s = hir__run_eager(ev, in, nin, out, nout)) == HIR_OK) ev->warm = 1;
+    return s;
+  }
+  for (k = 0; k < ev->ngraphs && !g; k++) {
+    for (i = 0; i < nin && ev->graphs[k].addrs[i] == in[i].data; i++) {}
+    if (i == nin) {
+      for (i = 0; i < nout && ev->graphs[k].addrs[nin + i] == out[i].data; i++) {}
+      if (i == nout) g = &ev->graphs[k];
+    }
+  }
+  if (!g) { /* capture: into a free place, or the least recently used one's */
+    void *exec = NULL;
+    for (k = 0; k < ev->ngraphs && ev->ngraphs == HIR__GRAPHS; k++)
+      if (!g || ev->graphs[k].used < g->used) g = &ev->graphs[k];
+    if (!g) g = &ev->graphs[ev->ngraphs++];
+    hir__free_graph(ev, g);
+    if (!(g->addrs = (void **)HIR_MALLOC((size_t)(n + 1) * sizeof *g->addrs)) ||
+        !(g->outs = (hir_tensor *)HIR_MALLOC((size_t)(nout + 1) * sizeof *g->outs)))
+      return hir__free_graph(ev, g), hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory for a graph"), ev->status;
+    for (i = 0; i < nin; i++) g->addrs[i] = in[i].data;
+    for (i = 0; i < nout; i++) g->addrs[nin + i] = out[i].data;
+    if ((s = ev->b->graph_begin(ev->b)) != HIR_OK) {
+      hir__graph_note(ev, ev->b->error);
+      ev->graph = 0;
+      return hir__run_eager(ev, in, nin, out, nout);
+    }
+    s = hir__run_eager(ev, in, nin, out, nout);
+    if (ev->b->graph_end(ev->b, &exec) != HIR_OK || s != HIR_OK) {
+      if (exec) ev->b->graph_destroy(ev->b, exec);
+      if (s != HIR_OK) return s; /* the program failed while being captured: as it would have run */
+      hir__graph_note(ev, ev->b->error);
+      ev->graph = 0;
+      return hir__run_eager(ev, in, nin, out, nout); /* the captured work never ran */
+    }
+    g->exec = exec;
+    memcpy(g->outs, out, (size_t)nout * sizeof *out);
+  }
+  g->used = ++ev->graph_uses;
+  HIR__RANGE_PUSH("GraphReplay"); /* the whole run, one range: its nodes were walked when it was captured */
+  s = ev->b->graph_launch(ev->b, g->exec);
+  HIR__RANGE_POP();
+  if (s != HIR_OK)
+    return hir__ev_fail(ev, s, "hir_run: launching the graph failed on the %s backend: %s", ev->b->name, ev->b->error), ev->status;
+  memcpy(out, g->outs, (size_t)nout * sizeof *out);
+  return HIR_OK;
+}
+
+static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  hir_status s = hir__prepare(ev, in, nin, out, nout);
+  if (s != HIR_OK) return s;
+  return ev->graph ? hir__run_graph(ev, in, nin, out, nout) : hir__run_eager(ev, in, nin, out, nout);
 }
 
 // >>tune

@@ -2029,6 +2029,7 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   c->rank = rank;
   c->size = size;
   c->needs_device_memory = 1;
+  c->capturable = 1; /* NCCL's calls are; copy-engine send/recv (ce_on) are not */
   c->what.tensor = -1;
   c->team = hir_nccl__make_team;
   c->allgather = hir_nccl__allgather;
@@ -2168,6 +2169,7 @@ static hir_status hir_nccl__join(hir_nccl__rank *nc) {
     return s;
   }
   nc->ce_on = 1;
+  c->capturable = 0;
   c->p2p_copy_engine = nlocal == c->size; /* peers on other hosts take NCCL's kernels */
   return HIR_OK;
 }
@@ -2250,7 +2252,10 @@ HIRDEF void hir_nccl_world_set_copy_engine(hir_nccl_world *w, int enable) {
         cudaGetLastError(); /* already enabled */
   cudaSetDevice(current);
   w->peer_access |= enable != 0;
-  for (i = 0; i < w->n; i++) w->ranks[i].ce_on = w->ranks[i].comm.p2p_copy_engine = enable != 0;
+  for (i = 0; i < w->n; i++) {
+    w->ranks[i].ce_on = w->ranks[i].comm.p2p_copy_engine = enable != 0;
+    w->ranks[i].comm.capturable = !enable;
+  }
 }
 
 HIRDEF void hir_nccl_world_free(hir_nccl_world *w) {
@@ -2396,6 +2401,7 @@ HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable) {
   }
   for (i = 0; enable && i < c->size; i++) all_local &= nc->ce.local[i] >= 0;
   nc->ce_on = enable != 0;
+  c->capturable = !enable;
   c->p2p_copy_engine = enable && all_local;
   return HIR_OK;
 }

@@ -28,9 +28,13 @@
    slowest rank. bf16 inputs from a fixed-seed generator.
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
-                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [ag M K N] [rs M K N] ...
+                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [--graph] [--decode]
+                         [ag M K N] [rs M K N] ...
      torchrun --nproc-per-node 2 --no-python build/bench-overlap --processes ...
 
+   --graph: every pipeline also as a CUDA graph (hir_eval_desc.graph),
+   rows marked [graph]. --decode: the decode-size shapes, M = 256, 1024,
+   4096 tokens, K = 8192, N = 4096, AG+GEMM and GEMM+RS.
    --processes: one process per GPU (torchrun, mpirun, srun) instead of a
    thread per GPU; the same table, rank 0 prints it. The physical floor is
    max(GEMM alone, the bytes each rank receives / the peer-copy bandwidth),
@@ -52,7 +56,7 @@
 #include <math.h>
 #include <pthread.h>
 
-enum { MAXR = 8, MAXIT = 100, MAXCFG = 48 };
+enum { MAXR = 8, MAXIT = 100, MAXCFG = 96 };
 
 typedef enum { AG, RS } pattern;
 typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_LINEAR, P2P_RING, AUTO } pipeline;
@@ -64,6 +68,7 @@ typedef struct config {
   int chunks, streams, copy_engine; /* copy_engine: p2p sends and receives as peer copies (GPUs) */
   int parts;                        /* p2p: each peer's chunk cut into this many */
   int bounded;                      /* p2p: bounded buffers (numberOfStreams slices of the gathered tensor) */
+  int graph;                        /* hir_eval_desc.graph: runs captured into a CUDA graph and replayed */
 } config;
 
 typedef struct shape {
@@ -93,6 +98,7 @@ typedef struct bench {
   char plan[2048];              /* rank 0's tuned choice (hir_program_plan) */
   double tune_ms[MAXR];         /* how long each rank's tuning took */
   size_t memory_limit;          /* --memory-limit: the tuner's cap on a candidate's buffers */
+  int graphs;                   /* --graph: every pipeline also as a CUDA graph */
   const char *trace_dir;        /* --trace */
   hir_evaluator *trace_ev[MAXR];
   double ms[MAXR][MAXIT];
@@ -430,6 +436,7 @@ static hir_status run_rank(int rank, void *user) {
   ed.backend = be;
   ed.comm = comm;
   ed.number_of_streams = B->cfg.streams;
+  ed.graph = B->cfg.graph;
   for (i = 0; i < nin; i++)
     if ((s = upload(be, &hin[i], &din[i])) != HIR_OK) {
       fail(B, rank, s, "upload", be->error);
@@ -659,7 +666,15 @@ static int run_config(bench *B, config cfg, result *r) {
   return 1;
 }
 
+static void config_base_name(const config *c, char *buf, size_t cap);
 static void config_name(const config *c, char *buf, size_t cap) {
+  size_t n;
+  config_base_name(c, buf, cap);
+  n = strlen(buf);
+  if (c->graph) snprintf(buf + n, cap - n, " [graph]");
+}
+
+static void config_base_name(const config *c, char *buf, size_t cap) {
   if (c->pipe == COLLECTIVE)
     snprintf(buf, cap, "%s, %d chunks, %d streams", pipeline_names[c->pipe], c->chunks, c->streams);
   else if (c->pipe == AUTO)
@@ -684,21 +699,23 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   const char *cname = B->sh.pat == AG ? "AG" : "RS";
   int64_t m = B->sh.M / B->D;
   int ce, auto_at, k;
-  cfgs[n++] = (config){COMM_ALONE, 1, 1, 0, 1, 0};
-  cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0, 1, 0};
-  cfgs[n++] = (config){SERIAL, 1, 1, 0, 1, 0}; /* first of the checked ones: their reference */
+  cfgs[n++] = (config){COMM_ALONE, 1, 1, 0, 1, 0, 0};
+  cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0, 1, 0, 0};
+  cfgs[n++] = (config){SERIAL, 1, 1, 0, 1, 0, 0}; /* first of the checked ones: their reference */
   for (i = 0; i < nchunks; i++)
     for (j = 0; j < nstreams && n < MAXCFG; j++)
-      if (m % chunks[i] == 0) cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1, 0};
+      if (m % chunks[i] == 0) cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1, 0, 0};
   for (ce = 0; ce <= B->gpu; ce++)
     for (i = P2P_LINEAR; i <= P2P_RING; i++)
       for (k = 0; k < nparts; k++)
         for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
-          if (m % parts[k] == 0) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce, parts[k], 0};
+          if (m % parts[k] == 0) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce, parts[k], 0, 0};
   for (j = 0; j < nstreams && n < MAXCFG - 1; j++) /* bounded buffers: the memory they save, the time they cost */
-    cfgs[n++] = (config){P2P_RING, B->D, streams[j], B->gpu, 1, 1};
+    cfgs[n++] = (config){P2P_RING, B->D, streams[j], B->gpu, 1, 1, 0};
   auto_at = n;
-  cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0, 0}; /* last: the plan it prints is its own */
+  cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0, 0, 0}; /* the plan it prints is its own */
+  for (i = 2, k = n; B->graphs && i < k && n < MAXCFG; i++) /* --graph: each pipeline again as a CUDA graph */
+    if (cfgs[i].pipe != AUTO) cfgs[n] = cfgs[i], cfgs[n++].graph = 1;
   for (B->generation = B->arrived = 0, i = 0; i < B->D; i++) B->a[i] = B->b[i] = B->ref[i] = NULL;
   if (run_ranks(B, gen_rank) != HIR_OK) {
     printf("%s+GEMM: out of host memory for the inputs\n", cname);
@@ -786,6 +803,9 @@ int main(int argc, char **argv) {
   static const shape gpu_shapes[] = {{AG, 32768, 32768, 1024}, {AG, 16384, 8192, 7168}, {AG, 4096, 4096, 1024},
                                      {RS, 32768, 32768, 1024}, {RS, 16384, 28672, 8192}, {RS, 4096, 4096, 1024}};
   static const shape cpu_shapes[] = {{AG, 256, 128, 64}, {RS, 256, 128, 64}};
+  static const shape decode_shapes[] = {{AG, 256, 8192, 4096}, {AG, 1024, 8192, 4096}, {AG, 4096, 8192, 4096},
+                                        {RS, 256, 8192, 4096}, {RS, 1024, 8192, 4096}, {RS, 4096, 8192, 4096}};
+  int decode = 0;
   shape shapes[32];
   int nshapes = 0, streams[4] = {2, 4}, nstreams = 2, chunks[4] = {4, 8}, nchunks = 2, parts[4] = {1, 2, 4}, nparts = 3, i,
       failed = 0;
@@ -799,6 +819,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--parts") && i + 1 < argc) nparts = parse_list(argv[++i], parts, 4);
     else if (!strcmp(argv[i], "--trace") && i + 1 < argc) B.trace_dir = argv[++i];
     else if (!strcmp(argv[i], "--processes")) B.procs = 1;
+    else if (!strcmp(argv[i], "--graph")) B.graphs = 1;
+    else if (!strcmp(argv[i], "--decode")) decode = 1;
     else if (!strcmp(argv[i], "--memory-limit") && i + 1 < argc) B.memory_limit = (size_t)(atof(argv[++i]) * (1 << 20));
     else if ((!strcmp(argv[i], "ag") || !strcmp(argv[i], "rs")) && i + 3 < argc && nshapes < 32) {
       shapes[nshapes].pat = argv[i][0] == 'a' ? AG : RS;
@@ -808,7 +830,7 @@ int main(int argc, char **argv) {
       i += 3;
     } else {
       fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--trace DIR] "
-                      "[--processes] [--memory-limit MiB] [ag|rs M K N]...\n", argv[0]);
+                      "[--processes] [--memory-limit MiB] [--graph] [--decode] [ag|rs M K N]...\n", argv[0]);
       return 2;
     }
   }
@@ -859,8 +881,8 @@ int main(int argc, char **argv) {
 #endif
   if (!B.gpu) B.D = 4;
   if (!nshapes) {
-    const shape *d = B.gpu ? gpu_shapes : cpu_shapes;
-    nshapes = B.gpu ? 6 : 2;
+    const shape *d = decode ? decode_shapes : B.gpu ? gpu_shapes : cpu_shapes;
+    nshapes = decode || B.gpu ? 6 : 2;
     memcpy(shapes, d, (size_t)nshapes * sizeof *d);
   }
   for (i = 0; i < nshapes; i++)

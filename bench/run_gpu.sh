@@ -2,7 +2,8 @@
 # The overlap benchmarks on this machine's GPUs, in both launch modes, then
 # PyTorch async-TP on the same shapes, the same way timed, in the same call:
 # hostir's pipelines with a thread per GPU (build/bench-overlap), then with a
-# process per GPU under torchrun (--processes). Multicast stays off (NVLS,
+# process per GPU under torchrun (--processes); then the decode-size shapes
+# the same way, eager and as CUDA graphs (--decode --graph). Multicast stays off (NVLS,
 # symmetric-memory multicast). Arguments go to both runs of bench-overlap.
 set -e
 cd "$(dirname "$0")/.."
@@ -17,4 +18,12 @@ if command -v torchrun >/dev/null; then
   torchrun --standalone --nproc-per-node "$ngpu" --no-python ./build/bench-overlap --processes "$@"
   echo "== PyTorch async-TP (torchrun --nproc-per-node $ngpu)"
   torchrun --standalone --nproc-per-node "$ngpu" bench/torch_async_tp.py
+fi
+echo "== decode-size shapes, eager and CUDA graphs: one process, a thread per GPU"
+./build/bench-overlap --decode --graph "$@"
+if command -v torchrun >/dev/null; then
+  echo "== decode-size shapes, eager and CUDA graphs: a process per GPU"
+  torchrun --standalone --nproc-per-node "$ngpu" --no-python ./build/bench-overlap --processes --decode --graph "$@"
+  echo "== decode-size shapes: PyTorch"
+  torchrun --standalone --nproc-per-node "$ngpu" bench/torch_async_tp.py --decode
 fi

@@ -3,7 +3,7 @@
 # its slowest rank; median of 10 after 3 warm-up), for the comparison issue 7
 # asks for. Run beside build/bench-overlap on the same machine:
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-#   torchrun --nproc-per-node 4 bench/torch_async_tp.py
+#   torchrun --nproc-per-node 4 bench/torch_async_tp.py [--decode]
 import os
 import statistics
 import sys
@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 SHAPES = [("ag", 32768, 32768, 1024), ("ag", 16384, 8192, 7168), ("ag", 4096, 4096, 1024),
           ("rs", 32768, 32768, 1024), ("rs", 16384, 28672, 8192), ("rs", 4096, 4096, 1024)]
+DECODE = [(k, M, 8192, 4096) for k in ("ag", "rs") for M in (256, 1024, 4096)]  # --decode: bench-overlap --decode's
 ITERS, WARMUP = 10, 3
 
 
@@ -44,7 +45,7 @@ def main():
         pass  # newer PyTorch enables it on first use
     symm = torch.ops.symm_mem
     torch.manual_seed(1234 + rank)
-    for kind, M, K, N in SHAPES:
+    for kind, M, K, N in DECODE if "--decode" in sys.argv else SHAPES:
         m = M // D
         if kind == "ag":
             a = torch.rand(m, K, device="cuda", dtype=torch.bfloat16) * 2 - 1

@@ -191,6 +191,7 @@ typedef struct test_platform {
   hir_backend *(*backend)(int rank);   /* NULL: the evaluator's own CPU backend */
   hir_status (*run)(int n, hir_status (*fn)(int rank, void *user), void *user);
   int p2p_only;                        /* its communicator has send/recv and no collectives */
+  int graph;                           /* evaluators in graph mode: runs captured, replayed, inputs moved */
 } test_platform;
 
 static void *cpu_world_create(int n) {
@@ -200,7 +201,7 @@ static void *cpu_world_create(int n) {
 }
 static void cpu_world_free(void *w) { hir_local_world_free((hir_local_world *)w); }
 static hir_comm *cpu_comm(void *w, int rank) { return hir_local_comm((hir_local_world *)w, rank); }
-static const test_platform cpu_platform = {"cpu", 1, 1 << 20, cpu_world_create, cpu_world_free, cpu_comm, NULL, hir_spmd, 0};
+static const test_platform cpu_platform = {"cpu", 1, 1 << 20, cpu_world_create, cpu_world_free, cpu_comm, NULL, hir_spmd, 0, 0};
 static const test_platform *platform = &cpu_platform;
 
 /* A host tensor's copy in the backend's memory, or the tensor itself. */
@@ -279,6 +280,7 @@ static hir_status spmd_rank(int rank, void *user) {
   d.backend = b;
   d.number_of_streams = c->nstreams;
   d.timeout_ms = 60000;
+  d.graph = platform->graph;
   if (hir_evaluator_create(p, &d, &ev) != HIR_OK) {
     snprintf(err, 600, "create: %s", hir_evaluator_error(ev));
     goto done;
@@ -288,7 +290,12 @@ static hir_status spmd_rank(int rank, void *user) {
     din[i] = to_backend(b, &in[i]);
   }
   for (i = 0; i < c->nout; i++) want[i] = shard(&c->out[i], hir_program_output(p, i), rank);
-  for (run = 0; run < 2; run++) {
+  for (run = 0; run < (platform->graph ? 4 : 2); run++) { /* graphs: eager, captured, replayed, inputs moved */
+    for (i = 0; run == 3 && i < c->nin; i++) {
+      hir_tensor moved = to_backend(b, &in[i]);
+      backend_free(b, &in[i], &din[i]);
+      din[i] = moved;
+    }
     for (i = 0; i < c->nout; i++) {
       memset(&out[i], 0, sizeof out[i]);
       if (c->prealloc && want[i].data) { /* preallocated and poisoned */

@@ -864,3 +864,39 @@ TEST(test_half_conversions, "eval/half_conversions", TEST_CPU) {
     CHECK(nan != nan);
   }
 }
+
+/* Graph mode on the CPU backend: accepted, nothing to capture, said in the
+   plan; the runs stay eager and right. */
+TEST(test_eval_graph_on_cpu, "eval/graph_option_on_cpu", TEST_CPU) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2), *c = hir_matmul(f, a, b);
+  int64_t sa[2] = {5, 7}, sb[2] = {7, 3}, i, j, k;
+  hir_tensor in[2], out;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_eval_desc ed;
+  int run, ok = 1;
+  hir_output(f, c);
+  memset(&ed, 0, sizeof ed);
+  ed.graph = 1;
+  in[0] = trand(HIR_F32, 2, sa);
+  in[1] = trand(HIR_F32, 2, sb);
+  CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  for (run = 0; run < 3; run++) {
+    memset(&out, 0, sizeof out);
+    CHECK(hir_run(ev, in, 2, &out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+    for (i = 0; i < 5 && out.data; i++)
+      for (j = 0; j < 3; j++) {
+        double want = 0;
+        for (k = 0; k < 7; k++) want += tget(&in[0], i * 7 + k) * tget(&in[1], k * 3 + j);
+        ok &= fabs(tget(&out, i * 3 + j) - want) < 1e-5;
+      }
+  }
+  CHECK(ok && out.data);
+  CHECK(strstr(hir_program_plan(p), "graph: eager, because the backend has nothing to capture") != NULL);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  tfree(&in[0]);
+  tfree(&in[1]);
+  hir_fusion_free(f);
+}

@@ -286,6 +286,76 @@ TEST(test_gpu_odd_mesh_p2p, "gpu/odd_mesh_p2p", TEST_GPU_WORLDS) {
       }
 }
 
+/* Graph mode on one GPU: a GEMM pipelined over 4 chunks on 2 streams is
+   captured on its second run (streams forked and joined inside the
+   capture), replayed on the third without walking the host program, and
+   captured again when its input moves; the numbers are A x B every time
+   (the output poisoned before each run), and replay's host cost is shown
+   beside the eager run's. */
+TEST(test_gpu_graph_replay, "gpu/graph_replay", TEST_GPU) {
+  const int64_t S = 4, M = 64, K = 96, N = 80;
+  int64_t sa[3] = {S, M, K}, sb[2] = {K, N}, so[3] = {S, M, N}, i, j, k;
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_input(f, HIR_F32, 2), *c = hir_matmul(f, a, b);
+  hir_tensor in[2], din[2], out, dout, got, moved;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_eval_desc ed;
+  hir_backend *be = hir_backend_cuda_create(0);
+  double host_us[4] = {0, 0, 0, 0};
+  int run, ok = 1, graphs[4] = {0, 0, 0, 0};
+  hir_output(f, c);
+  hir_parallelize(c, 0, HIR_STREAM); /* the GEMM chunk by chunk, A read a chunk at a time */
+  memset(&ed, 0, sizeof ed);
+  ed.backend = be;
+  ed.number_of_streams = 2;
+  ed.graph = 1;
+  in[0] = trand(HIR_F32, 3, sa);
+  in[1] = trand(HIR_F32, 2, sb);
+  out = tn(HIR_F32, 3, so);
+  din[0] = to_backend(be, &in[0]);
+  din[1] = to_backend(be, &in[1]);
+  CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  for (run = 0; run < 4 && ev; run++) {
+    double t0;
+    if (run == 3) { /* the input moves: captured again */
+      moved = to_backend(be, &in[0]);
+      backend_free(be, &in[0], &din[0]);
+      din[0] = moved;
+    }
+    for (i = 0; i < S * M * N; i++) tset(&out, i, NAN);
+    dout = to_backend(be, &out);
+    t0 = hir__now_ms();
+    CHECK(hir_run(ev, din, 2, &dout, 1) == HIR_OK);
+    host_us[run] = (hir__now_ms() - t0) * 1e3;
+    CHECK(hir_evaluator_sync(ev) == HIR_OK);
+    graphs[run] = ev->ngraphs;
+    got = to_host(be, &dout);
+    for (i = 0; i < S * M; i++)
+      for (j = 0; j < N; j++) {
+        double want = 0;
+        for (k = 0; k < K; k++) want += tget(&in[0], i * K + k) * tget(&in[1], k * N + j);
+        ok &= fabs(tget(&got, i * N + j) - want) < 1e-3;
+      }
+    tfree(&got);
+    backend_free(be, &out, &dout);
+  }
+  CHECK(ok);
+  CHECK(graphs[0] == 0 && graphs[1] == 1 && graphs[2] == 1 && graphs[3] == 2); /* eager, captured, replayed, captured */
+  CHECK(p && !strstr(hir_program_plan(p), "graph: eager"));
+  if (p && strstr(hir_program_plan(p), "graph: eager")) fprintf(stderr, "  plan: %s\n", hir_program_plan(p));
+  printf("  host time of hir_run: eager %.0f us, capture %.0f us, replay %.0f us\n", host_us[0], host_us[1], host_us[2]);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  backend_free(be, &in[0], &din[0]);
+  backend_free(be, &in[1], &din[1]);
+  hir_backend_free(be);
+  tfree(&in[0]);
+  tfree(&in[1]);
+  tfree(&out);
+  hir_fusion_free(f);
+}
+
 /* The backend's strided copy against the same copy on the host: windows
    into larger buffers (one 2-D copy per outer index), rows repeated from one
    (stride 0, no 2-D copy), and a 4-axis case. */
@@ -796,7 +866,7 @@ static int ce_pair_dead_peer(int rank) {
 
 static int ce_pair_child(int rank, const char *name, int dead, int *passed, int *failed) {
   static test_platform pair = {"cuda copy engines, 2 processes on GPU 0", 2, 2, mp_world, gpu_world_keep, mp_comm_of,
-                               mp_backend, mp_run, 1};
+                               mp_backend, mp_run, 1, 0};
   char err[256] = "", prefix[16];
   snprintf(prefix, sizeof prefix, "rank%d: ", rank);
   if (!(mp_comm = ce_pair_comm(rank, name, err, sizeof err))) {
@@ -850,8 +920,10 @@ int main(int argc, char **argv) {
   const char *filter = argc > (processes ? 2 : 1) && argv[processes ? 2 : 1][0] != '-' ? argv[processes ? 2 : 1]
                        : argc > 3 && processes ? argv[3] : NULL;
   char prefix[32] = "", err[256];
-  static test_platform gpu = {"cuda+nccl threads", 1, 1, gpu_world_create, gpu_world_keep, gpu_comm, gpu_backend, hir_spmd, 0};
-  static test_platform mp = {"cuda+nccl processes", 1, 1, mp_world, gpu_world_keep, mp_comm_of, mp_backend, mp_run, 0};
+  static test_platform gpu = {"cuda+nccl threads", 1, 1, gpu_world_create, gpu_world_keep, gpu_comm, gpu_backend, hir_spmd, 0, 0};
+  static test_platform mp = {"cuda+nccl processes", 1, 1, mp_world, gpu_world_keep, mp_comm_of, mp_backend, mp_run, 0, 0};
+  static test_platform graphs = {"cuda+nccl threads, CUDA graphs", 1, 1, gpu_world_create, gpu_world_keep, gpu_comm, gpu_backend,
+                                 hir_spmd, 0, 1};
   if (argc > 1 && !strcmp(argv[1], "--ce-pair")) { /* before CUDA is touched: the ranks are forked */
     int ok = ce_pair(argc > 2 && !strcmp(argv[2], "--dead-peer"));
     printf("%d passed, %d failed\n", ok, !ok);
@@ -867,6 +939,11 @@ int main(int argc, char **argv) {
     gpu.max_world = ngpu < MAXR ? ngpu : MAXR;
     platform = &gpu;
     hir_run_tests(TEST_GPU_WORLDS, filter, "", 1, &passed, &failed);
+    graphs.max_world = gpu.max_world; /* the pipelines again as CUDA graphs: captured, replayed, inputs moved */
+    platform = &graphs;
+    printf("test-gpu: the same programs as CUDA graphs\n");
+    hir_run_tests(TEST_GPU_WORLDS, filter ? filter : "stream/numbers", "graph ", 1, &passed, &failed);
+    if (!filter) hir_run_tests(TEST_GPU_WORLDS, "eval/", "graph ", 1, &passed, &failed);
     hir_run_tests(TEST_GPU_THREADS, filter, "", 1, &passed, &failed);
     for (i = 0; i <= MAXR; i++) hir_nccl_world_free(gpu_worlds[i]);
   } else {
@@ -927,6 +1004,13 @@ int main(int argc, char **argv) {
              from_id ? "from the caller's NCCL id" : lent ? "on the caller's NCCL communicator" : "hostir's bootstrap",
              mp_comm->p2p_copy_engine ? "the copy engines" : "NCCL");
     hir_run_tests(TEST_GPU_WORLDS, filter, prefix, 1, &passed, &failed);
+    if (!lent && !from_id) { /* as CUDA graphs, on NCCL's send/recv (copy-engine signals cannot be replayed) */
+      snprintf(prefix, sizeof prefix, "rank%d graph: ", mp_env.rank);
+      mp.graph = 1;
+      if (hir_nccl_comm_set_copy_engine(mp_comm, 0) == HIR_OK)
+        hir_run_tests(TEST_GPU_WORLDS, filter ? filter : "stream/numbers", prefix, 1, &passed, &failed);
+      mp.graph = 0;
+    }
     hir_nccl_comm_free(mp_comm);
     if (lent) {
       int ok = lent_still_works(&mp_env, own);
