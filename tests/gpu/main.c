@@ -655,9 +655,11 @@ static hir_status mp_run(int n, hir_status (*fn)(int rank, void *user), void *us
   return fn(mp_env.rank, user);
 }
 
-/* A peer that never comes: rank 1 leaves at once; rank 0's allgather must
-   end in a timeout or a communication error within its deadline, not hang. */
-static int dead_peer(void) {
+/* A peer that never comes: rank 1 leaves at once (replay = 0), or after two
+   runs as a CUDA graph on NCCL (eager, captured: replay = 1); rank 0's next
+   allgather (a graph replay) must end in a timeout or a communication error
+   within its deadline, not hang. */
+static int dead_peer(int replay) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a);
   hir_lower_desc ld;
@@ -679,6 +681,8 @@ static int dead_peer(void) {
   ed.comm = mp_comm;
   ed.backend = hir_backend_cuda_create(mp_env.gpu);
   ed.timeout_ms = 3000;
+  ed.graph = replay;
+  if (replay && hir_nccl_comm_set_copy_engine(mp_comm, 0) != HIR_OK) return 0;
   if (hir_lower(f, &ld, &p) != HIR_OK || hir_evaluator_create(p, &ed, &ev) != HIR_OK) {
     printf("rank%d: setup failed: %s\n", mp_env.rank, ev ? hir_evaluator_error(ev) : hir_program_error(p));
     return 0;
@@ -686,13 +690,26 @@ static int dead_peer(void) {
   in = tn(HIR_F32, 2, sz);
   memset(&out, 0, sizeof out);
   { hir_tensor d = to_backend(ed.backend, &in);
+    int run;
+    for (run = 0; replay && run < 2; run++) /* eager, then captured and launched: both ranks */
+      if (hir_run(ev, &d, 1, &out, 1) != HIR_OK || hir_evaluator_sync(ev) != HIR_OK) {
+        printf("rank%d: run %d failed: %s\n", mp_env.rank, run, hir_evaluator_error(ev));
+        return 0;
+      }
+    if (replay && mp_env.rank == 1) {
+      printf("rank1: ran twice as a graph, leaving\n");
+      fflush(stdout);
+      _exit(0);
+    }
+    if (replay) hir_nccl__sleep_ms(300); /* rank 1 is gone */
     t0 = hir__now_ms();
     s = hir_run(ev, &d, 1, &out, 1);
     if (s == HIR_OK) s = hir_evaluator_sync(ev);
     dt = hir__now_ms() - t0;
     backend_free(ed.backend, &in, &d); }
   ok = (s == HIR_ERR_TIMEOUT || s == HIR_ERR_COMM) && dt < 20000;
-  printf("rank0: dead peer: %s after %.0f ms: %s\n", hir_status_str(s), dt, hir_evaluator_error(ev));
+  printf("rank0: dead peer%s: %s after %.0f ms: %s\n", replay ? " during a graph replay" : "", hir_status_str(s), dt,
+         hir_evaluator_error(ev));
   tfree(&in);
   hir_evaluator_free(ev);
   hir_program_free(p);
@@ -953,6 +970,7 @@ int main(int argc, char **argv) {
     }
     snprintf(prefix, sizeof prefix, "rank%d: ", mp_env.rank);
     int dead = argc > 2 && !strcmp(argv[2], "--dead-peer"), failing = argc > 2 && !strcmp(argv[2], "--failing-rank");
+    int dead_replay = argc > 2 && !strcmp(argv[2], "--dead-peer-replay");
     int from_id = argc > 2 && !strcmp(argv[2], "--from-id"), lent = argc > 2 && !strcmp(argv[2], "--lent-nccl");
     const char *expect_ce = getenv("HOSTIR_TEST_COPY_ENGINE");
     ncclUniqueId id;
@@ -968,7 +986,7 @@ int main(int argc, char **argv) {
     }
     made = from_id ? hir_nccl_comm_create_from_id(mp_env.rank, mp_env.size, mp_env.local_rank, &id, 60000, &mp_comm)
          : lent    ? hir_nccl_comm_from_nccl(own, 60000, &mp_comm)
-                   : hir_nccl_comm_create(&mp_env, dead ? 5000 : 60000, &mp_comm);
+                   : hir_nccl_comm_create(&mp_env, dead || dead_replay ? 5000 : 60000, &mp_comm);
     if (made == HIR_OK && expect_ce && mp_comm->p2p_copy_engine != atoi(expect_ce)) {
       printf("%sFAIL the copy engines are %s, expected %s\n", prefix, mp_comm->p2p_copy_engine ? "on" : "off",
              atoi(expect_ce) ? "on" : "off");
@@ -979,8 +997,8 @@ int main(int argc, char **argv) {
       hir_nccl_comm_free(mp_comm);
       return 1;
     }
-    if (dead) { /* rank 1 leaves; rank 0 must not hang */
-      int ok = mp_env.rank != 0 || dead_peer();
+    if (dead || dead_replay) { /* rank 1 leaves; rank 0 must not hang */
+      int ok = (mp_env.rank != 0 && !dead_replay) || dead_peer(dead_replay);
       printf("%s%d passed, %d failed\n", prefix, ok, !ok);
       if (mp_env.rank == 0) _exit(ok ? 0 : 1); /* the aborted world is not torn down */
       _exit(0);

@@ -47,6 +47,10 @@ if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
     -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29650 "$bin" --processes --dead-peer
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
+  stage "a dead peer during a CUDA graph replay (2 processes, NCCL)" timeout 120 mpirun --allow-run-as-root -np 2 \
+    -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29655 "$bin" --processes --dead-peer-replay
+fi
+if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   n=$((ngpu < 4 ? ngpu : 4))
   stage "a failing rank ($n processes, the last with a wrong K; the others back within 1 s)" timeout 120 mpirun \
     --allow-run-as-root -np "$n" -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29690 "$bin" --processes --failing-rank
