@@ -69,8 +69,12 @@ run-examples: $(BUILD)/main $(BUILD)/matmul_reduce_scatter $(BUILD)/host_program
 	./$(BUILD)/matmul_reduce_scatter
 	./$(BUILD)/host_program > /dev/null && echo "host_program: ok"
 
-test: $(BUILD)/test
+test: $(BUILD)/test $(BUILD)/hostir_native.so
 	./$(BUILD)/test
+
+# The Python package's library for its CPU tests (python/tests, run by build/test).
+$(BUILD)/hostir_native.so: python/hostir/_native.c $(HEADERS) | $(BUILD)
+	$(CC) -std=c11 $(WARN) -O2 -shared -fPIC -DHOSTIR_PY_PLAIN -I. -o $@ python/hostir/_native.c $(LDLIBS)
 
 test-asan: $(BUILD)/test-asan
 	ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test-asan

@@ -18,6 +18,37 @@
 #include "test_diff.c"
 #include "test_tune.c"
 
+#include <unistd.h>
+
+/* The Python package's CPU tests (python/tests/test_cpu.py) against the
+   library `make test` builds for them (build/hostir_native.so): said and
+   skipped where that library, python3 or numpy is missing. */
+TEST(test_python_package, "python/package", TEST_CPU) {
+  char line[1024], last[1024] = "", cmd[1200], cwd[900];
+  FILE *p;
+  int status;
+  if (access("build/hostir_native.so", R_OK) != 0 || !getcwd(cwd, sizeof cwd)) {
+    printf("  skipped: build/hostir_native.so is not built (make test builds it)\n");
+    return;
+  }
+  if (system("python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
+    printf("  skipped: no python3 with numpy (pip install numpy)\n");
+    return;
+  }
+  snprintf(cmd, sizeof cmd, "HOSTIR_NATIVE='%s/build/hostir_native.so' python3 python/tests/test_cpu.py 2>&1", cwd);
+  if (!(p = popen(cmd, "r"))) {
+    CHECK(p != NULL);
+    return;
+  }
+  while (fgets(line, sizeof line, p)) {
+    if (strstr(line, "FAIL") || strstr(line, "Error") || strstr(line, "Traceback")) fprintf(stderr, "  %s", line);
+    snprintf(last, sizeof last, "%s", line);
+  }
+  status = pclose(p);
+  if (status != 0 || !strstr(last, " passed, 0 failed")) fprintf(stderr, "  python: %s", last);
+  CHECK(status == 0 && strstr(last, " passed, 0 failed") && strncmp(last, "0 passed", 8) != 0);
+}
+
 int main(int argc, char **argv) {
   int passed = 0, failed = 0;
   hir_run_tests(TEST_CPU, argc > 1 ? argv[1] : NULL, "", 0, &passed, &failed);

@@ -1,0 +1,286 @@
+"""hostir from Python: build a fusion, lower it, print its host program, and
+run it on numpy arrays over N in-process ranks (the local world).
+
+    import numpy as np, hostir
+    f = hostir.Fusion()
+    a = f.input("float32", 3)             # A [D, m, K], its axis 0 split across devices
+    b = f.input("float32", 2)             # B [K, N], on every device
+    c = f.output(f.matmul(a, b))          # C [D, m, N]: the rows gathered, then multiplied
+    for t in (a, b, c):
+        t.mesh(range(4))
+    a.parallelize(0, "DIDx")
+    print(f.lower(device=0))              # the host program of device 0, in nvFuser's format
+    outs = hostir.run(f, [[a_shard[r], B] for r in range(4)])   # per rank: [C]
+
+Every error raises hostir.Error carrying hostir's message (which names the
+culprit and how to fix it). The C library comes from the repository's
+headers: `pip install ./python` builds it (with CUDA and NCCL where found).
+"""
+import ctypes
+import importlib.util
+import os
+import threading
+
+import numpy as np
+
+__all__ = ["Error", "Fusion", "Tensor", "Program", "run"]
+
+_MAX_DIMS = 8
+
+
+class _HirTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndims", ctypes.c_int),
+                ("sizes", ctypes.c_int64 * _MAX_DIMS), ("strides", ctypes.c_int64 * _MAX_DIMS)]
+
+
+def _load():
+    path = os.environ.get("HOSTIR_NATIVE")
+    if not path:
+        spec = importlib.util.find_spec("hostir._native")
+        path = spec.origin if spec else None
+    if not path:
+        raise ImportError("hostir: its C library is not built; run `pip install ./python` in hostir's repository "
+                          "(or set HOSTIR_NATIVE to a built library)")
+    lib = ctypes.CDLL(path)
+    p, i, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
+    sigs = {
+        "hir_status_str": (c, [i]),
+        "hir_fusion_create": (p, []), "hir_fusion_free": (None, [p]), "hir_fusion_error": (c, [p]),
+        "hir_input": (p, [p, i, i]), "hir_output": (i, [p, p]), "hir_set": (p, [p, p]),
+        "hir_add": (p, [p, p, p]), "hir_sub": (p, [p, p, p]), "hir_mul": (p, [p, p, p]), "hir_matmul": (p, [p, p, p]),
+        "hir_sum": (p, [p, p, i, ctypes.POINTER(i)]), "hir_broadcast": (p, [p, p, i, ctypes.POINTER(i)]),
+        "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
+        "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
+        "hx_lower": (i, [p, i, i, i, i, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
+        "hir_program_free": (None, [p]), "hir_program_plan": (c, [p]),
+        "hir_program_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
+        "hx_evaluator_create": (i, [p, p, i, i, ctypes.POINTER(p)]), "hir_evaluator_error": (c, [p]),
+        "hir_evaluator_free": (None, [p]), "hir_evaluator_sync": (i, [p]),
+        "hir_run": (i, [p, ctypes.POINTER(_HirTensor), i, ctypes.POINTER(_HirTensor), i]),
+        "hir_local_world_create": (p, [i]), "hir_local_world_set_timeout": (None, [p, i]),
+        "hir_local_comm": (p, [p, i]), "hir_local_world_free": (None, [p]),
+        "hx_tensor_bytes": (i, []), "hx_has_cuda": (i, []),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    if lib.hx_tensor_bytes() != ctypes.sizeof(_HirTensor):
+        raise ImportError("hostir: the C library's hir_tensor is %d bytes, this module's %d: rebuild the package"
+                          % (lib.hx_tensor_bytes(), ctypes.sizeof(_HirTensor)))
+    return lib
+
+
+_lib = _load()
+_DTYPES = {"float32": 0, "float64": 1, "float16": 2}      # hir_dtype; bfloat16 has no numpy type
+_NUMPY = {0: np.float32, 1: np.float64, 2: np.float16}
+_PTYPES = {"Serial": 0, "DIDx": 1, "Stream": 2}
+_STATUS_INVALID = 1
+
+
+class Error(Exception):
+    """A hostir call failed: `status` is its hir_status name, the message hostir's."""
+
+    def __init__(self, status, message):
+        self.status = status
+        super().__init__("%s: %s" % (status, message))
+
+
+def _status(code):
+    return _lib.hir_status_str(code).decode()
+
+
+def _text(snprint, handle):
+    n = snprint(handle, None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    snprint(handle, buf, n + 1)
+    return buf.value.decode()
+
+
+class Tensor:
+    """A tensor of a fusion (its handle); axes are split with parallelize."""
+
+    def __init__(self, fusion, handle):
+        self.fusion, self._h = fusion, handle
+
+    def mesh(self, devices):
+        devices = list(devices)
+        arr = (ctypes.c_int * max(1, len(devices)))(*devices)
+        self.fusion._check(_lib.hir_set_mesh(self._h, len(devices), arr))
+        return self
+
+    def parallelize(self, axis, ptype):
+        if ptype not in _PTYPES:
+            raise Error("invalid argument", "parallelize: the type is %r; give one of %s" % (ptype, ", ".join(_PTYPES)))
+        self.fusion._check(_lib.hir_parallelize(self._h, axis, _PTYPES[ptype]))
+        return self
+
+
+class Fusion:
+    """What to compute, over which devices: hostir's builder, call for call."""
+
+    def __init__(self):
+        self._h = _lib.hir_fusion_create()
+        if not self._h:
+            raise MemoryError("hostir: out of memory")
+        self.inputs, self.outputs = [], []
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            _lib.hir_fusion_free(self._h)
+            self._h = None
+
+    def _check(self, status=0):
+        err = _lib.hir_fusion_error(self._h).decode()
+        if err or status:
+            raise Error(_status(status or _STATUS_INVALID), err or "failed")
+
+    def _tv(self, handle):
+        if not handle:
+            self._check()
+            raise Error("invalid argument", "the builder returned nothing")
+        return Tensor(self, handle)
+
+    def input(self, dtype, ndims):
+        if dtype not in _DTYPES:
+            raise Error("invalid argument", "input: dtype %r; give one of %s" % (dtype, ", ".join(_DTYPES)))
+        t = self._tv(_lib.hir_input(self._h, _DTYPES[dtype], ndims))
+        t.dtype = dtype
+        self.inputs.append(t)
+        return t
+
+    def output(self, t):
+        self._check(_lib.hir_output(self._h, t._h))
+        self.outputs.append(t)
+        return t
+
+    def set(self, a):
+        return self._tv(_lib.hir_set(self._h, a._h))
+
+    def add(self, a, b):
+        return self._tv(_lib.hir_add(self._h, a._h, b._h))
+
+    def sub(self, a, b):
+        return self._tv(_lib.hir_sub(self._h, a._h, b._h))
+
+    def mul(self, a, b):
+        return self._tv(_lib.hir_mul(self._h, a._h, b._h))
+
+    def matmul(self, a, b):
+        return self._tv(_lib.hir_matmul(self._h, a._h, b._h))
+
+    def sum(self, a, axes):
+        axes = list(axes)
+        return self._tv(_lib.hir_sum(self._h, a._h, len(axes), (ctypes.c_int * max(1, len(axes)))(*axes)))
+
+    def broadcast(self, a, is_broadcast):
+        flags = [1 if x else 0 for x in is_broadcast]
+        return self._tv(_lib.hir_broadcast(self._h, a._h, len(flags), (ctypes.c_int * max(1, len(flags)))(*flags)))
+
+    def __str__(self):
+        return _text(_lib.hir_fusion_snprint, self._h)
+
+    def lower(self, device=0, schedule="linear", parts=0, bounded=False, serial=False):
+        """The host program of one device (hir_lower)."""
+        if schedule not in ("linear", "ring"):
+            raise Error("invalid argument", "lower: schedule %r; give 'linear' or 'ring'" % (schedule,))
+        out = ctypes.c_void_p()
+        code = _lib.hx_lower(self._h, device, schedule == "ring", parts, int(bounded), int(serial), ctypes.byref(out))
+        prog = Program(out.value)
+        if code:
+            msg = _lib.hir_program_error(out.value).decode() if out.value else "out of memory"
+            raise Error(_status(code), msg)
+        return prog
+
+
+class Program:
+    """A lowered host program (hir_program): print it, read its plan."""
+
+    def __init__(self, handle):
+        self._h = handle
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            _lib.hir_program_free(self._h)
+            self._h = None
+
+    def __str__(self):
+        return _text(_lib.hir_program_snprint, self._h)
+
+    @property
+    def plan(self):
+        return _lib.hir_program_plan(self._h).decode()
+
+
+def _as_tensor(x):
+    if x is None:
+        return _HirTensor(), None
+    arr = np.ascontiguousarray(x)
+    if arr.dtype.name not in _DTYPES:
+        raise Error("invalid argument", "run: an input is %s; hostir takes %s" % (arr.dtype.name, ", ".join(_DTYPES)))
+    t = _HirTensor()
+    t.data, t.dtype, t.ndims = arr.ctypes.data, _DTYPES[arr.dtype.name], arr.ndim
+    for k, n in enumerate(arr.shape):
+        t.sizes[k] = n
+    return t, arr
+
+
+def run(fusion, inputs, world=None, streams=0, schedule="linear", parts=0, timeout_ms=60000):
+    """Runs the fusion on `world` in-process ranks (threads; default: one per
+    entry of `inputs`): inputs[r] holds rank r's arrays, in the fusion's input
+    order (None where an input does not live on r). Returns each rank's
+    outputs as numpy arrays (None where one does not live there). A failure
+    on any rank raises Error with the cause."""
+    n = world or len(inputs)
+    if len(inputs) != n:
+        raise Error("invalid argument", "run: %d ranks but inputs for %d" % (n, len(inputs)))
+    w = _lib.hir_local_world_create(n)
+    if not w:
+        raise MemoryError("hostir: out of memory")
+    _lib.hir_local_world_set_timeout(w, timeout_ms)
+    results, errors = [None] * n, [None] * n
+
+    def rank(r):
+        ev = ctypes.c_void_p()
+        try:
+            prog = fusion.lower(device=r, schedule=schedule, parts=parts)
+            code = _lib.hx_evaluator_create(prog._h, _lib.hir_local_comm(w, r), streams, timeout_ms, ctypes.byref(ev))
+            if code:
+                raise Error(_status(code), _lib.hir_evaluator_error(ev.value).decode() if ev.value else "out of memory")
+            if len(inputs[r]) != len(fusion.inputs):
+                raise Error("invalid argument", "run: rank %d gives %d inputs; the fusion takes %d"
+                            % (r, len(inputs[r]), len(fusion.inputs)))
+            held = [_as_tensor(x) for x in inputs[r]]  # kept alive through the run
+            ins = (_HirTensor * max(1, len(held)))(*[h[0] for h in held])
+            outs = (_HirTensor * max(1, len(fusion.outputs)))()
+            code = _lib.hir_run(ev.value, ins, len(held), outs, len(fusion.outputs))
+            if not code:
+                code = _lib.hir_evaluator_sync(ev.value)
+            if code:
+                raise Error(_status(code), _lib.hir_evaluator_error(ev.value).decode())
+            got = []
+            for o in outs[:len(fusion.outputs)]:
+                if not o.data:
+                    got.append(None)
+                    continue
+                shape = tuple(o.sizes[k] for k in range(o.ndims))
+                count = int(np.prod(shape)) if shape else 1
+                ctype = {0: ctypes.c_float, 1: ctypes.c_double, 2: ctypes.c_uint16}[o.dtype]
+                raw = np.ctypeslib.as_array((ctype * count).from_address(o.data))
+                got.append(raw.view(_NUMPY[o.dtype]).reshape(shape).copy())  # the evaluator's buffer lives until it goes
+            results[r] = got
+        except Error as e:
+            errors[r] = e
+        finally:
+            if ev.value:
+                _lib.hir_evaluator_free(ev.value)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _lib.hir_local_world_free(w)
+    failed = [e for e in errors if e is not None]
+    if failed:  # the first rank's own failure, else the first message
+        raise min(failed, key=lambda e: "world was aborted" in str(e) or "failed while" in str(e))
+    return results

@@ -1,0 +1,69 @@
+/* hostir's implementation inside the Python package: the library itself,
+   built from the repository's headers (not a copy), plus the few entry
+   points whose C signatures take structs; hostir/__init__.py calls the rest
+   of the C API directly through ctypes. Built by setup.py as the extension
+   module hostir._native (with CUDA and NCCL where they are found), or by
+   `make test` as a plain shared library (HOSTIR_PY_PLAIN). */
+#ifndef HOSTIR_PY_PLAIN
+#define PY_SSIZE_T_CLEAN
+#include <Python.h> /* first, as Python asks */
+#endif
+#ifdef HOSTIR_PY_NCCL
+#define HOSTIR_CUDA
+#define HOSTIR_IMPLEMENTATION
+#define HOSTIR_NCCL_IMPLEMENTATION
+#include "hostir_nccl.h"
+#else
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+#define HOSTIR_IMPLEMENTATION
+#include "hostir.h"
+#endif
+#include <string.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define HX_EXPORT __attribute__((visibility("default")))
+#else
+#define HX_EXPORT
+#endif
+
+/* What ctypes checks before trusting its mirror of hir_tensor. */
+HX_EXPORT int hx_tensor_bytes(void) { return (int)sizeof(hir_tensor); }
+HX_EXPORT int hx_has_cuda(void) {
+#ifdef HOSTIR_PY_NCCL
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+/* hir_lower with the stream options a Python caller sets. */
+HX_EXPORT hir_status hx_lower(const hir_fusion *f, int my_device, int schedule, int chunks_per_peer, int bounded_buffers,
+                              int serial, hir_program **out) {
+  hir_lower_desc d;
+  memset(&d, 0, sizeof d);
+  d.my_device = my_device;
+  d.stream.schedule = schedule ? HIR_P2P_RING : HIR_P2P_LINEAR;
+  d.stream.chunks_per_peer = chunks_per_peer;
+  d.stream.bounded_buffers = bounded_buffers;
+  d.stream.serial = serial;
+  return hir_lower(f, &d, out);
+}
+
+/* hir_evaluator_create on the CPU backend (the evaluator's own). */
+HX_EXPORT hir_status hx_evaluator_create(const hir_program *p, hir_comm *comm, int number_of_streams, int timeout_ms,
+                                         hir_evaluator **out) {
+  hir_eval_desc d;
+  memset(&d, 0, sizeof d);
+  d.comm = comm;
+  d.number_of_streams = number_of_streams;
+  d.timeout_ms = timeout_ms;
+  return hir_evaluator_create(p, &d, out);
+}
+
+#ifndef HOSTIR_PY_PLAIN
+static struct PyModuleDef hx_module = {PyModuleDef_HEAD_INIT, "_native", "hostir's C library (called through ctypes)", -1,
+                                       NULL, NULL, NULL, NULL, NULL};
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&hx_module); }
+#endif

@@ -1,0 +1,88 @@
+"""The package on the CPU: fusions built from Python, lowered, printed, and
+run over in-process ranks on numpy arrays against numpy's own result; errors
+as exceptions carrying hostir's message. Run by `make test` (through
+tests/main.c) with HOSTIR_NATIVE naming the library it built, or after
+`pip install ./python` with `python -m unittest discover python/tests`. The
+last line is "N passed, N failed"."""
+import os
+import sys
+import unittest
+
+if os.environ.get("HOSTIR_NATIVE"):  # make test: the package's source beside the library it built
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import numpy as np  # noqa: E402
+
+import hostir  # noqa: E402
+
+
+def ag_matmul(D, stream=False):
+    """A [DIDx D, m, K] x B [K, N] -> C [D, m, N] on every device (nvFuser's AG_matmul_P2p with stream=True)."""
+    f = hostir.Fusion()
+    a, b = f.input("float32", 3), f.input("float32", 2)
+    c = f.output(f.matmul(a, b))
+    for t in (a, b, c):
+        t.mesh(range(D))
+    a.parallelize(0, "DIDx")
+    if stream:
+        c.parallelize(0, "Stream")
+    return f
+
+
+class CpuTests(unittest.TestCase):
+    def test_print(self):
+        text = str(ag_matmul(4).lower(device=2))
+        self.assertIn("%HostIrContainer", text)
+        self.assertIn("Communication", text)
+        self.assertIn("Allgather", text)
+        self.assertIn("DeviceMesh{0 1 2 3}", text)
+
+    def test_runs_like_numpy_on_odd_meshes(self):
+        rng = np.random.default_rng(7)
+        for D, stream, schedule in ((1, False, "linear"), (3, False, "linear"), (3, True, "ring"), (4, True, "linear")):
+            m, K, N = 5, 6, 7
+            A = rng.standard_normal((D, m, K)).astype(np.float32)
+            B = rng.standard_normal((K, N)).astype(np.float32)
+            outs = hostir.run(ag_matmul(D, stream), [[A[r:r + 1], B] for r in range(D)], schedule=schedule)
+            want = np.einsum("dmk,kn->dmn", A.astype(np.float64), B.astype(np.float64))
+            for r in range(D):
+                self.assertEqual(outs[r][0].shape, (D, m, N))
+                np.testing.assert_allclose(outs[r][0], want, rtol=1e-4, atol=1e-4, err_msg="rank %d, D %d" % (r, D))
+
+    def test_sum_scattered(self):
+        """sum(P [DIDx D, D, m], axis 0) scattered: rank j holds row j of the sum (a ReduceScatter)."""
+        D, m = 3, 4
+        f = hostir.Fusion()
+        p = f.input("float64", 3)
+        s = f.output(f.sum(p, [0]))
+        p.mesh(range(D))
+        s.mesh(range(D))
+        p.parallelize(0, "DIDx")
+        s.parallelize(1, "DIDx")
+        P = np.random.default_rng(3).standard_normal((D, D, m))
+        outs = hostir.run(f, [[P[r:r + 1]] for r in range(D)])
+        for r in range(D):
+            np.testing.assert_allclose(outs[r][0].reshape(-1), P[:, r, :].sum(axis=0), rtol=1e-12)
+
+    def test_errors_name_the_culprit(self):
+        with self.assertRaises(hostir.Error) as e:  # a wrong dtype at run time, by name
+            hostir.run(ag_matmul(2), [[np.zeros((1, 2, 3), np.float64), np.zeros((3, 4), np.float32)]] * 2)
+        self.assertIn("input 0", str(e.exception))
+        self.assertIn("double", str(e.exception))
+        f = hostir.Fusion()
+        a = f.input("float32", 2)
+        with self.assertRaises(hostir.Error) as e:  # the builder's own refusal, as an exception
+            a.parallelize(5, "DIDx")
+        self.assertIn("axis 5", str(e.exception))
+        with self.assertRaises(hostir.Error) as e:
+            f.input("int8", 1)
+        self.assertIn("float32", str(e.exception))
+        with self.assertRaises(hostir.Error) as e:
+            ag_matmul(2).lower(schedule="spiral")
+        self.assertIn("'linear' or 'ring'", str(e.exception))
+
+
+if __name__ == "__main__":
+    result = unittest.TextTestRunner(verbosity=2).run(unittest.defaultTestLoader.loadTestsFromTestCase(CpuTests))
+    failed = len(result.failures) + len(result.errors)
+    print("%d passed, %d failed" % (result.testsRun - failed, failed))
+    sys.exit(1 if failed else 0)
