@@ -7858,7 +7858,7 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir
    fastest one. The choice is cached by the input shapes; at most
    HIR__TUNE_LIVE choices keep their program and buffers at once. */
 #define HOSTIR_VERSION "0.19"
-enum { HIR__TUNE_LIVE = 8, HIR__TUNE_MAX_CANDS = 32 };
+enum { HIR__TUNE_LIVE = 4, HIR__TUNE_MAX_CANDS = 32 }; /* each live choice holds its buffers and streams */
 
 typedef struct hir__cand {
   int serial;                   /* the fusion without its Stream axes */
@@ -7957,9 +7957,15 @@ static int hir__candidates(const hir_tuner *t, hir__cand *c) {
   return n;
 }
 
+/* A candidate's evaluator, on the caller's backend and communicator. */
+static hir_status hir__cand_evaluator(hir_tuner *t, const hir__cand *c, const hir_program *p, hir_evaluator **ev) {
+  hir_eval_desc e = t->d.eval;
+  e.number_of_streams = c->streams;
+  return hir_evaluator_create(p, &e, ev);
+}
+
 static hir_status hir__cand_lower(hir_tuner *t, const hir__cand *c, hir_program **p, hir_evaluator **ev) {
   hir_lower_desc d = t->d.lower;
-  hir_eval_desc e = t->d.eval;
   hir_status s;
   *ev = NULL;
   d.stream.automatic = 0;
@@ -7967,9 +7973,8 @@ static hir_status hir__cand_lower(hir_tuner *t, const hir__cand *c, hir_program 
   d.stream.schedule = c->schedule;
   d.stream.chunks_per_peer = c->parts;
   d.stream.bounded_buffers = c->bounded;
-  e.number_of_streams = c->streams;
   if ((s = hir_lower(t->f, &d, p)) != HIR_OK) return s;
-  return hir_evaluator_create(*p, &e, ev);
+  return hir__cand_evaluator(t, c, *p, ev);
 }
 
 static void hir__cand_free(hir_program **p, hir_evaluator **ev) {
@@ -8143,6 +8148,8 @@ static void hir__cands_check(hir_tuner *t, hir__cand_state *cs, int n, const hir
       cs[k].state = HIR__CAND_DROPPED;
       continue;
     }
+    hir_evaluator_free(cs[k].ev); /* its streams and their workspaces come back when it is timed */
+    cs[k].ev = NULL;
     len = hir_program_snprint(cs[k].p, NULL, 0);
     if (!(text = (char *)HIR_MALLOC(len + 1))) continue; /* not compared: timed on its own */
     hir_program_snprint(cs[k].p, text, len + 1);
@@ -8206,13 +8213,17 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
     else if (dropped_on >= 0 && cs[k].state != HIR__CAND_DROPPED)
       snprintf(cs[k].why, sizeof cs[k].why, "refused on device %d", t->team[dropped_on]);
     cs[k].state = dropped_on >= 0 ? HIR__CAND_DROPPED : all_same ? HIR__CAND_SAME : HIR__CAND_RUN;
-    if (cs[k].state != HIR__CAND_RUN && cs[k].ev) hir__cand_free(&cs[k].p, &cs[k].ev);
+    if (cs[k].state != HIR__CAND_RUN) hir__cand_free(&cs[k].p, &cs[k].ev);
   }
   /* 2. time each, one at a time (its buffers go before the next's come) */
   for (k = 0; k < n; k++) {
     double worst = 0;
     memset(&verdicts[k], 0, sizeof verdicts[k]);
     if (cs[k].state != HIR__CAND_RUN) continue;
+    if ((s = hir__cand_evaluator(t, &cs[k].c, cs[k].p, &cs[k].ev)) != HIR_OK) {
+      s = hir__tune_fail(t, s, "hir_tuner: %s", cs[k].ev ? hir_evaluator_error(cs[k].ev) : "out of memory");
+      goto done;
+    }
     if ((s = hir__cand_time(t, &cs[k], in, nin, ref, out, nout, &worst)) != HIR_OK) goto done;
     verdicts[k].ms = cs[k].ms;
     verdicts[k].worst = worst;
