@@ -1000,6 +1000,7 @@ typedef struct hir_nccl__ce_head {
   int note_ready;
   char note[512];
   int pid[HIR_NCCL__LOCAL_MAX];
+  unsigned long long started[HIR_NCCL__LOCAL_MAX]; /* when each process started (/proc): a pid is that process */
 } hir_nccl__ce_head;
 
 typedef struct hir_nccl__ce_import {
@@ -1026,6 +1027,7 @@ typedef struct hir_nccl__ce {
   hir_nccl__wait_value_fn wait_value;
   hir_nccl__pointer_attrs_fn pointer_attrs;
   double next_pid_look_ms;
+  signed char watch[HIR_NCCL__LOCAL_MAX]; /* a peer's process: 1 seen as itself, -1 not visible here (another pid namespace) */
 } hir_nccl__ce;
 
 /* The block's layout for n ranks: head, exports [n][EXPORTS], boxes [n*n],
@@ -1100,6 +1102,25 @@ static unsigned char *hir_nccl__ce_segment(const char *path, size_t bytes, int c
   return (unsigned char *)p;
 }
 
+/* Process `pid` as /proc shows it: its state letter and start time (in
+   clock ticks since boot); 0 where /proc has no such process. */
+static int hir_nccl__process(int pid, char *state, unsigned long long *started) {
+  char path[48], text[1024];
+  const char *p;
+  FILE *f;
+  size_t n;
+  int field;
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  if (!(f = fopen(path, "r"))) return 0;
+  n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  if (!(p = strrchr(text, ')')) || p[1] != ' ') return 0; /* "pid (name) state ppid ..." */
+  *state = p[2];
+  for (p += 2, field = 3; *p && field < 22; p++) field += *p == ' ';
+  return field == 22 && sscanf(p, "%llu", started) == 1;
+}
+
 /* Joins a block of `nlocal` ranks as index `me`, on the calling thread's
    device; `segment`: the block was mapped from a segment (pin it here). */
 static int hir_nccl__ce_attach(hir_nccl__ce *ce, unsigned char *block, int segment, int nlocal, int me, char *err,
@@ -1132,7 +1153,13 @@ static int hir_nccl__ce_attach(hir_nccl__ce *ce, unsigned char *block, int segme
     snprintf(err, cap, "out of memory");
     return 0;
   }
-  hir_nccl__ce_head_of(ce)->pid[me] = (int)getpid();
+  {
+    char state;
+    unsigned long long started = 0;
+    hir_nccl__process((int)getpid(), &state, &started);
+    __atomic_store_n(&hir_nccl__ce_head_of(ce)->started[me], started, __ATOMIC_RELEASE);
+    __atomic_store_n(&hir_nccl__ce_head_of(ce)->pid[me], (int)getpid(), __ATOMIC_RELEASE);
+  }
   return 1;
 }
 
@@ -1168,21 +1195,18 @@ static void hir_nccl__ce_tell(hir_nccl__ce *ce, const char *note) {
   }
 }
 
-/* Whether process `pid` has ended: gone, or a zombie its launcher has not
-   reaped yet (Linux says which in /proc). */
-static int hir_nccl__process_ended(int pid) {
-  char path[48], text[512];
-  const char *close_paren;
-  FILE *f;
-  size_t n;
-  if (kill(pid, 0) != 0) return errno == ESRCH;
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  if (!(f = fopen(path, "r"))) return 0;
-  n = fread(text, 1, sizeof text - 1, f);
-  fclose(f);
-  text[n] = 0;
-  close_paren = strrchr(text, ')'); /* "pid (name) state ..." */
-  return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+/* Whether a peer's process has ended: gone, a zombie its launcher has not
+   reaped yet, or its pid now another process's. A pid this host's /proc
+   does not show as the peer when first looked at (another pid namespace)
+   is not watched: timeouts still catch that peer. */
+static int hir_nccl__peer_ended(hir_nccl__ce *ce, int i) {
+  hir_nccl__ce_head *h = hir_nccl__ce_head_of(ce);
+  unsigned long long started = 0, want = __atomic_load_n(&h->started[i], __ATOMIC_ACQUIRE);
+  char state = 0;
+  int seen = hir_nccl__process(h->pid[i], &state, &started);
+  if (!ce->watch[i]) ce->watch[i] = seen && started == want && want ? 1 : -1;
+  if (ce->watch[i] < 0) return 0;
+  return !seen || started != want || state == 'Z' || state == 'X';
 }
 
 /* Another rank's failure on this host: its note, or a peer process that has
@@ -1198,7 +1222,7 @@ static void hir_nccl__ce_heard(hir_nccl__ce *ce, char *note, size_t cap) {
   if (!ce->segment || hir_nccl__wall_ms() < ce->next_pid_look_ms) return;
   ce->next_pid_look_ms = hir_nccl__wall_ms() + 100;
   for (i = 0; i < ce->nlocal; i++)
-    if (i != ce->me && h->pid[i] > 0 && hir_nccl__process_ended(h->pid[i])) {
+    if (i != ce->me && __atomic_load_n(&h->pid[i], __ATOMIC_ACQUIRE) > 0 && hir_nccl__peer_ended(ce, i)) {
       int r;
       for (r = 0; ce->local[r] != i; r++) {}
       snprintf(note, cap, "rank %d (process %d on this host) exited", r, h->pid[i]);

@@ -458,13 +458,17 @@ TEST(test_peer_layout, "peer/layout", TEST_CPU) {
 }
 
 /* Two ranks of a host map one segment: the first failure's note reaches the
-   other (a second note does not replace it), and a peer process that ended,
-   even one its parent has not reaped yet, is named within 100 ms. */
+   other (a second note does not replace it), a peer process that ended,
+   even one its parent has not reaped yet, is named within 100 ms, and a pid
+   that is not the peer's process here (another pid namespace) is not
+   watched rather than taken for dead. */
 TEST(test_peer_notes, "peer/notes_and_ended_peers", TEST_CPU) {
   char name[64], err[256] = "", note[512];
   size_t bytes = hir_nccl__ce_bytes(2);
   hir_nccl__ce a, b;
   int local[2] = {0, 1}, status;
+  unsigned long long started = 0, kid_started = 0;
+  char state = 0;
   pid_t kid;
   double t0;
   memset(&a, 0, sizeof a);
@@ -481,14 +485,22 @@ TEST(test_peer_notes, "peer/notes_and_ended_peers", TEST_CPU) {
   a.local = b.local = local;
   a.segment = b.segment = 1;
   a.block_bytes = b.block_bytes = bytes;
+  CHECK(hir_nccl__process((int)getpid(), &state, &started) && state == 'R' && started > 0);
   hir_nccl__ce_head_of(&a)->pid[0] = (int)getpid();
-  hir_nccl__ce_head_of(&a)->pid[1] = (int)getpid();
+  hir_nccl__ce_head_of(&a)->started[0] = started;
+  hir_nccl__ce_head_of(&a)->pid[1] = (int)getpid(); /* a pid this host shows as another process: not watched */
+  hir_nccl__ce_head_of(&a)->started[1] = started + 1;
+  a.next_pid_look_ms = 0;
   hir_nccl__ce_heard(&a, note, sizeof note);
-  CHECK(note[0] == 0);
+  CHECK(note[0] == 0 && a.watch[1] == -1);
+  a.watch[1] = 0;
   if ((kid = fork()) == 0) _exit(0);
-  hir_nccl__ce_head_of(&b)->pid[1] = (int)kid; /* seen through the other mapping */
-  hir_nccl__sleep_ms(50);                      /* it has exited; not reaped */
+  hir_nccl__sleep_ms(50); /* it has exited; not reaped */
+  CHECK(hir_nccl__process((int)kid, &state, &kid_started) && state == 'Z');
+  hir_nccl__ce_head_of(&b)->started[1] = kid_started; /* seen through the other mapping */
+  hir_nccl__ce_head_of(&b)->pid[1] = (int)kid;
   t0 = hir_nccl__wall_ms();
+  a.next_pid_look_ms = 0;
   do hir_nccl__ce_heard(&a, note, sizeof note);
   while (!note[0] && hir_nccl__wall_ms() < t0 + 1000);
   CHECK(strstr(note, "rank 1 (process") && strstr(note, "exited") && hir_nccl__wall_ms() < t0 + 150);
