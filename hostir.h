@@ -525,6 +525,10 @@ typedef struct hir_eval_desc {
      graph, then launched; a run at seen addresses only launches its graph
      (the host program is not walked again). Up to 8 graphs per shape; a new
      shape drops them (one evaluator per shape, or hir_tuner, keeps several).
+     A program that communicates is captured once per shape, on every rank
+     at the same run (NCCL's rule: a captured collective is launched by all
+     its ranks alike), and then runs only at those addresses: a run at others
+     is refused (on every rank, through the world's abort).
      Where nothing can be captured (the CPU backend, a communicator that
      says capturable = 0, a timeline being recorded, a failed capture) runs
      stay eager and hir_program_plan says why. */
@@ -7803,6 +7807,12 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
       if (i == nout) g = &ev->graphs[k];
     }
   }
+  if (!g && ev->communicates && ev->ngraphs > 0)
+    return hir__ev_fail(ev, HIR_ERR_INVALID,
+                        "hir_run: graph mode: an input or output moved after this program, which communicates, was "
+                        "captured; its graph replays only at the addresses every rank captured it with (NCCL launches "
+                        "a captured collective on all ranks alike): keep them, or set hir_eval_desc.graph = 0"),
+           ev->status;
   if (!g) { /* capture: into a free place, or the least recently used one's */
     void *exec = NULL;
     for (k = 0; k < ev->ngraphs && ev->ngraphs == HIR__GRAPHS; k++)

@@ -291,7 +291,7 @@ static hir_status spmd_rank(int rank, void *user) {
   }
   for (i = 0; i < c->nout; i++) want[i] = shard(&c->out[i], hir_program_output(p, i), rank);
   for (run = 0; run < (platform->graph ? 4 : 2); run++) { /* graphs: eager, captured, replayed, inputs moved */
-    for (i = 0; run == 3 && i < c->nin; i++) {
+    for (i = 0; run == 3 && !ev->communicates && i < c->nin; i++) { /* a communicating program stays where captured */
       hir_tensor moved = to_backend(b, &in[i]);
       backend_free(b, &in[i], &din[i]);
       din[i] = moved;

@@ -356,6 +356,87 @@ TEST(test_gpu_graph_replay, "gpu/graph_replay", TEST_GPU) {
   hir_fusion_free(f);
 }
 
+/* A communicating program in graph mode whose input moves on one rank after
+   the capture: that rank refuses the run (its graph would launch NCCL
+   collectives its peers did not capture alike), and the peer replaying its
+   own graph ends in an error too, within the timeout, not a hang. A world
+   of its own: this one ends aborted. */
+typedef struct graph_moved {
+  hir_comm *comm[2];
+  hir_fusion *f;
+  hir_tensor in[2];
+  hir_status status[2];
+  char error[2][512];
+} graph_moved;
+
+static hir_status graph_moved_rank(int rank, void *user) {
+  graph_moved *x = (graph_moved *)user;
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_tensor d, out;
+  hir_status s = HIR_OK;
+  int run;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  ld.my_device = rank;
+  ed.comm = x->comm[rank];
+  ed.backend = hir_backend_cuda_create(rank);
+  ed.graph = 1;
+  ed.timeout_ms = 5000;
+  d = to_backend(ed.backend, &x->in[rank]);
+  if (hir_lower(x->f, &ld, &p) != HIR_OK || hir_evaluator_create(p, &ed, &ev) != HIR_OK) s = HIR_ERR_INTERNAL;
+  for (run = 0; run < 4 && s == HIR_OK; run++) {
+    if (run == 3 && rank == 0) { /* rank 0's input moves; rank 1 replays */
+      hir_tensor moved = to_backend(ed.backend, &x->in[rank]);
+      backend_free(ed.backend, &x->in[rank], &d);
+      d = moved;
+    }
+    memset(&out, 0, sizeof out);
+    if ((s = hir_run(ev, &d, 1, &out, 1)) == HIR_OK) s = hir_evaluator_sync(ev);
+  }
+  x->status[rank] = s;
+  snprintf(x->error[rank], sizeof x->error[rank], "%s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  backend_free(ed.backend, &x->in[rank], &d);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(ed.backend);
+  return s;
+}
+
+TEST(test_gpu_graph_moved, "gpu/graph_moved_refused", TEST_GPU_THREADS) {
+  hir_nccl_world *w = NULL;
+  graph_moved x;
+  seed sd;
+  int mesh[2] = {0, 1}, r;
+  int64_t sz[2] = {1, 4096};
+  double t0;
+  if (platform->max_world < 2) {
+    printf("  (skipped: one GPU)\n");
+    return;
+  }
+  memset(&x, 0, sizeof x);
+  if (hir_nccl_world_create(2, &w) != HIR_OK) {
+    CHECK(w == NULL);
+    hir_nccl_world_free(w);
+    return;
+  }
+  seed_allgather_p2p(&sd, hir_fusion_create(), 2, mesh);
+  hir_nccl_world_set_copy_engine(w, 0); /* NCCL's send/recv: capturable */
+  x.f = sd.f;
+  for (r = 0; r < 2; r++) x.comm[r] = hir_nccl_world_comm(w, r), x.in[r] = trand(HIR_F32, 2, sz);
+  t0 = hir__now_ms();
+  CHECK(hir_spmd(2, graph_moved_rank, &x) != HIR_OK);
+  CHECK(hir__now_ms() - t0 < 20000);
+  CHECK(x.status[0] == HIR_ERR_INVALID && strstr(x.error[0], "moved after this program"));
+  CHECK(x.status[1] == HIR_ERR_COMM || x.status[1] == HIR_ERR_TIMEOUT);
+  for (r = 0; r < 2; r++) printf("  rank %d: %s: %.160s\n", r, hir_status_str(x.status[r]), x.error[r]);
+  for (r = 0; r < 2; r++) tfree(&x.in[r]);
+  hir_fusion_free(x.f);
+  hir_nccl_world_free(w);
+}
+
 /* The backend's strided copy against the same copy on the host: windows
    into larger buffers (one 2-D copy per outer index), rows repeated from one
    (stride 0, no 2-D copy), and a 4-axis case. */
