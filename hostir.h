@@ -7789,7 +7789,9 @@ static void hir__graph_note(hir_evaluator *ev, const char *why) {
 
 /* Graph mode: the graph of these addresses launched, else (once the shape
    has run eagerly) captured and launched. A failed capture is named in the
-   plan and the run goes eager; never a half-captured graph. */
+   plan and the run goes eager - unless the program communicates, whose
+   peers captured theirs: then it is this run's error, on every rank. Never a
+   half-captured graph. */
 static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
   hir__graph *g = NULL;
   int i, k, n = nin + nout;
@@ -7801,6 +7803,7 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
     return s;
   }
   for (k = 0; k < ev->ngraphs && !g; k++) {
+    if (!ev->graphs[k].exec) continue;
     for (i = 0; i < nin && ev->graphs[k].addrs[i] == in[i].data; i++) {}
     if (i == nin) {
       for (i = 0; i < nout && ev->graphs[k].addrs[nin + i] == out[i].data; i++) {}
@@ -7831,11 +7834,17 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
     }
     s = hir__run_eager(ev, in, nin, out, nout);
     if (ev->b->graph_end(ev->b, &exec) != HIR_OK || s != HIR_OK) {
+      char why[sizeof ev->error + 32];
       if (exec) ev->b->graph_destroy(ev->b, exec);
-      if (s != HIR_OK) return s; /* the program failed while being captured: as it would have run */
-      hir__graph_note(ev, ev->b->error);
+      hir__free_graph(ev, g);
+      if (g == &ev->graphs[ev->ngraphs - 1]) ev->ngraphs--;
+      if (s != HIR_OK && (ev->communicates || ev->broken)) return s; /* its peers captured theirs: an error everywhere */
+      snprintf(why, sizeof why, "the capture failed: %s", s != HIR_OK ? ev->error : ev->b->error);
+      hir__graph_note(ev, why);
       ev->graph = 0;
-      return hir__run_eager(ev, in, nin, out, nout); /* the captured work never ran */
+      ev->status = HIR_OK;
+      ev->error[0] = 0;
+      return hir__run_eager(ev, in, nin, out, nout); /* the captured work never ran: run it */
     }
     g->exec = exec;
     memcpy(g->outs, out, (size_t)nout * sizeof *out);

@@ -900,3 +900,83 @@ TEST(test_eval_graph_on_cpu, "eval/graph_option_on_cpu", TEST_CPU) {
   tfree(&in[1]);
   hir_fusion_free(f);
 }
+
+/* A backend that says it captures but cannot: its graph_end refuses, or a
+   GEMM fails while capturing. Graph mode runs eagerly from then on, says
+   why in the plan, and the numbers stay right. */
+static int fake_capturing, fake_gemm_refuses;
+static hir_status (*fake_cpu_matmul)(hir_backend *, void *, const hir_tensor *, const hir_tensor *, const hir_tensor *);
+static hir_status fake_graph_begin(hir_backend *b) {
+  (void)b;
+  fake_capturing = 1;
+  return HIR_OK;
+}
+static hir_status fake_graph_end(hir_backend *b, void **graph) {
+  *graph = NULL;
+  fake_capturing = 0;
+  snprintf(b->error, sizeof b->error, "fake: nothing can be captured here");
+  return HIR_ERR_UNSUPPORTED;
+}
+static hir_status fake_graph_launch(hir_backend *b, void *graph) {
+  (void)graph;
+  snprintf(b->error, sizeof b->error, "fake: no graph to launch");
+  return HIR_ERR_INTERNAL;
+}
+static void fake_graph_destroy(hir_backend *b, void *graph) { (void)b, (void)graph; }
+static hir_status fake_matmul(hir_backend *b, void *s, const hir_tensor *d, const hir_tensor *x, const hir_tensor *y) {
+  if (fake_capturing && fake_gemm_refuses) {
+    snprintf(b->error, sizeof b->error, "fake: a GEMM cannot be captured");
+    return HIR_ERR_UNSUPPORTED;
+  }
+  return fake_cpu_matmul(b, s, d, x, y);
+}
+
+TEST(test_eval_graph_fallback, "eval/graph_capture_fails", TEST_CPU) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2), *c = hir_matmul(f, a, b);
+  int64_t sa[2] = {4, 6}, sb[2] = {6, 5}, i, j, k;
+  hir_tensor in[2], out;
+  int variant, run;
+  hir_output(f, c);
+  in[0] = trand(HIR_F32, 2, sa);
+  in[1] = trand(HIR_F32, 2, sb);
+  for (variant = 0; variant < 2; variant++) {
+    hir_backend *be = hir_backend_cpu_create();
+    hir_program *p = NULL;
+    hir_evaluator *ev = NULL;
+    hir_eval_desc ed;
+    int ok = 1;
+    fake_cpu_matmul = be->matmul;
+    be->matmul = fake_matmul;
+    be->graph_begin = fake_graph_begin;
+    be->graph_end = fake_graph_end;
+    be->graph_launch = fake_graph_launch;
+    be->graph_destroy = fake_graph_destroy;
+    fake_gemm_refuses = variant;
+    memset(&ed, 0, sizeof ed);
+    ed.backend = be;
+    ed.graph = 1;
+    CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+    for (run = 0; run < 3 && ev; run++) {
+      memset(&out, 0, sizeof out);
+      CHECK(hir_run(ev, in, 2, &out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+      for (i = 0; i < 4 && out.data; i++)
+        for (j = 0; j < 5; j++) {
+          double want = 0;
+          for (k = 0; k < 6; k++) want += tget(&in[0], i * 6 + k) * tget(&in[1], k * 5 + j);
+          ok &= fabs(tget(&out, i * 5 + j) - want) < 1e-5;
+        }
+      ok &= out.data != NULL;
+    }
+    CHECK(ok);
+    CHECK(strstr(hir_program_plan(p), variant ? "graph: eager, because the capture failed: hir_run: MatmulOp"
+                                              : "graph: eager, because the capture failed: fake: nothing can be captured") != NULL);
+    if (variant) CHECK(strstr(hir_program_plan(p), "fake: a GEMM cannot be captured") != NULL);
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_backend_free(be);
+  }
+  tfree(&in[0]);
+  tfree(&in[1]);
+  hir_fusion_free(f);
+}
