@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# make test-gpu: the GPU suite in one process (a thread per GPU), then with one
-# process per GPU under torchrun and mpirun (2 GPUs, and all when more), a
-# dead peer, a failing rank, the bootstrap's own tests, then the examples:
+# make test-gpu: the GPU suite in one process (a thread per GPU; its pipelines
+# also as CUDA graphs), the copy engines between 2 processes on GPU 0 (and one
+# of them dying mid-exchange), then with one process per GPU under torchrun
+# and mpirun (2 GPUs, and all when more) on the copy engines, two "hosts" by
+# NCCL_HOSTID, the caller's NCCL id and communicator, a dead peer (also during
+# a graph replay), a failing rank, the bootstrap's own tests, then the examples:
 # built with nvcc, run on the GPUs, NVTX ranges as a tool sees them, launch_processes under torchrun and mpirun, and
 # hostir driven from PyTorch through DLPack. Under torchrun --standalone the
 # bootstrap port is set (HOSTIR_PORT) below the ephemeral range: the port after
