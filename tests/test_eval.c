@@ -865,34 +865,42 @@ TEST(test_half_conversions, "eval/half_conversions", TEST_CPU) {
   }
 }
 
+/* Runs a [M, K] x [K, N] program `runs` times (outputs the evaluator's),
+   each against the product computed here. */
+static int graph_runs_right(hir_evaluator *ev, hir_tensor in[2], int64_t M, int64_t K, int64_t N, int runs) {
+  hir_tensor out;
+  int64_t i, j, k;
+  int ok = ev != NULL, run;
+  for (run = 0; run < runs && ok; run++) {
+    memset(&out, 0, sizeof out);
+    ok = hir_run(ev, in, 2, &out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK && out.data;
+    for (i = 0; ok && i < M; i++)
+      for (j = 0; j < N; j++) {
+        double want = 0;
+        for (k = 0; k < K; k++) want += tget(&in[0], i * K + k) * tget(&in[1], k * N + j);
+        ok &= fabs(tget(&out, i * N + j) - want) < 1e-5;
+      }
+  }
+  return ok;
+}
+
 /* Graph mode on the CPU backend: accepted, nothing to capture, said in the
    plan; the runs stay eager and right. */
 TEST(test_eval_graph_on_cpu, "eval/graph_option_on_cpu", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2), *c = hir_matmul(f, a, b);
-  int64_t sa[2] = {5, 7}, sb[2] = {7, 3}, i, j, k;
-  hir_tensor in[2], out;
+  int64_t sa[2] = {5, 7}, sb[2] = {7, 3};
+  hir_tensor in[2];
   hir_program *p = NULL;
   hir_evaluator *ev = NULL;
   hir_eval_desc ed;
-  int run, ok = 1;
   hir_output(f, c);
   memset(&ed, 0, sizeof ed);
   ed.graph = 1;
   in[0] = trand(HIR_F32, 2, sa);
   in[1] = trand(HIR_F32, 2, sb);
   CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
-  for (run = 0; run < 3; run++) {
-    memset(&out, 0, sizeof out);
-    CHECK(hir_run(ev, in, 2, &out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
-    for (i = 0; i < 5 && out.data; i++)
-      for (j = 0; j < 3; j++) {
-        double want = 0;
-        for (k = 0; k < 7; k++) want += tget(&in[0], i * 7 + k) * tget(&in[1], k * 3 + j);
-        ok &= fabs(tget(&out, i * 3 + j) - want) < 1e-5;
-      }
-  }
-  CHECK(ok && out.data);
+  CHECK(graph_runs_right(ev, in, 5, 7, 3, 3));
   CHECK(strstr(hir_program_plan(p), "graph: eager, because the backend has nothing to capture") != NULL);
   hir_evaluator_free(ev);
   hir_program_free(p);
@@ -934,9 +942,9 @@ static hir_status fake_matmul(hir_backend *b, void *s, const hir_tensor *d, cons
 TEST(test_eval_graph_fallback, "eval/graph_capture_fails", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2), *c = hir_matmul(f, a, b);
-  int64_t sa[2] = {4, 6}, sb[2] = {6, 5}, i, j, k;
-  hir_tensor in[2], out;
-  int variant, run;
+  int64_t sa[2] = {4, 6}, sb[2] = {6, 5};
+  hir_tensor in[2];
+  int variant;
   hir_output(f, c);
   in[0] = trand(HIR_F32, 2, sa);
   in[1] = trand(HIR_F32, 2, sb);
@@ -945,7 +953,6 @@ TEST(test_eval_graph_fallback, "eval/graph_capture_fails", TEST_CPU) {
     hir_program *p = NULL;
     hir_evaluator *ev = NULL;
     hir_eval_desc ed;
-    int ok = 1;
     fake_cpu_matmul = be->matmul;
     be->matmul = fake_matmul;
     be->graph_begin = fake_graph_begin;
@@ -957,18 +964,7 @@ TEST(test_eval_graph_fallback, "eval/graph_capture_fails", TEST_CPU) {
     ed.backend = be;
     ed.graph = 1;
     CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
-    for (run = 0; run < 3 && ev; run++) {
-      memset(&out, 0, sizeof out);
-      CHECK(hir_run(ev, in, 2, &out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
-      for (i = 0; i < 4 && out.data; i++)
-        for (j = 0; j < 5; j++) {
-          double want = 0;
-          for (k = 0; k < 6; k++) want += tget(&in[0], i * 6 + k) * tget(&in[1], k * 5 + j);
-          ok &= fabs(tget(&out, i * 5 + j) - want) < 1e-5;
-        }
-      ok &= out.data != NULL;
-    }
-    CHECK(ok);
+    CHECK(graph_runs_right(ev, in, 4, 6, 5, 3));
     CHECK(strstr(hir_program_plan(p), variant ? "graph: eager, because the capture failed: hir_run: MatmulOp"
                                               : "graph: eager, because the capture failed: fake: nothing can be captured") != NULL);
     if (variant) CHECK(strstr(hir_program_plan(p), "fake: a GEMM cannot be captured") != NULL);
