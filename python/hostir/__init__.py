@@ -60,6 +60,9 @@ def _load():
         "hir_local_world_create": (p, [i]), "hir_local_world_set_timeout": (None, [p, i]),
         "hir_local_comm": (p, [p, i]), "hir_local_world_free": (None, [p]),
         "hx_tensor_bytes": (i, []), "hx_has_cuda": (i, []),
+        "hx_tuner_create": (i, [p, i, p, i, i, ctypes.POINTER(p)]), "hir_tuner_error": (c, [p]),
+        "hir_tuner_run": (i, [p, ctypes.POINTER(_HirTensor), i, ctypes.POINTER(_HirTensor), i]),
+        "hir_tuner_sync": (i, [p]), "hir_tuner_program": (p, [p]), "hir_tuner_free": (None, [p]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -224,12 +227,14 @@ def _as_tensor(x):
     return t, arr
 
 
-def run(fusion, inputs, world=None, streams=0, schedule="linear", parts=0, timeout_ms=60000):
+def run(fusion, inputs, world=None, streams=0, schedule="linear", parts=0, timeout_ms=60000, tune=False, plans=None):
     """Runs the fusion on `world` in-process ranks (threads; default: one per
     entry of `inputs`): inputs[r] holds rank r's arrays, in the fusion's input
     order (None where an input does not live on r). Returns each rank's
     outputs as numpy arrays (None where one does not live there). A failure
-    on any rank raises Error with the cause."""
+    on any rank raises Error with the cause. tune=True measures the
+    schedules on the ranks first (hir_tuner; streams, schedule and parts are
+    then its choice); a list passed as `plans` receives each rank's plan."""
     n = world or len(inputs)
     if len(inputs) != n:
         raise Error("invalid argument", "run: %d ranks but inputs for %d" % (n, len(inputs)))
@@ -238,25 +243,41 @@ def run(fusion, inputs, world=None, streams=0, schedule="linear", parts=0, timeo
         raise MemoryError("hostir: out of memory")
     _lib.hir_local_world_set_timeout(w, timeout_ms)
     results, errors = [None] * n, [None] * n
+    if plans is not None:
+        plans[:] = [None] * n
 
     def rank(r):
-        ev = ctypes.c_void_p()
+        ev, tuner, prog = ctypes.c_void_p(), ctypes.c_void_p(), None
         try:
-            prog = fusion.lower(device=r, schedule=schedule, parts=parts)
-            code = _lib.hx_evaluator_create(prog._h, _lib.hir_local_comm(w, r), streams, timeout_ms, ctypes.byref(ev))
-            if code:
-                raise Error(_status(code), _lib.hir_evaluator_error(ev.value).decode() if ev.value else "out of memory")
+            if tune:
+                code = _lib.hx_tuner_create(fusion._h, r, _lib.hir_local_comm(w, r), timeout_ms, 3, ctypes.byref(tuner))
+                if code:
+                    raise Error(_status(code), _lib.hir_tuner_error(tuner.value).decode() if tuner.value else "out of memory")
+            else:
+                prog = fusion.lower(device=r, schedule=schedule, parts=parts)
+                code = _lib.hx_evaluator_create(prog._h, _lib.hir_local_comm(w, r), streams, timeout_ms, ctypes.byref(ev))
+                if code:
+                    raise Error(_status(code), _lib.hir_evaluator_error(ev.value).decode() if ev.value else "out of memory")
             if len(inputs[r]) != len(fusion.inputs):
                 raise Error("invalid argument", "run: rank %d gives %d inputs; the fusion takes %d"
                             % (r, len(inputs[r]), len(fusion.inputs)))
             held = [_as_tensor(x) for x in inputs[r]]  # kept alive through the run
             ins = (_HirTensor * max(1, len(held)))(*[h[0] for h in held])
             outs = (_HirTensor * max(1, len(fusion.outputs)))()
-            code = _lib.hir_run(ev.value, ins, len(held), outs, len(fusion.outputs))
-            if not code:
-                code = _lib.hir_evaluator_sync(ev.value)
-            if code:
-                raise Error(_status(code), _lib.hir_evaluator_error(ev.value).decode())
+            if tune:
+                code = _lib.hir_tuner_run(tuner.value, ins, len(held), outs, len(fusion.outputs))
+                code = code or _lib.hir_tuner_sync(tuner.value)
+                if code:
+                    raise Error(_status(code), _lib.hir_tuner_error(tuner.value).decode())
+                if plans is not None:
+                    plans[r] = _lib.hir_program_plan(_lib.hir_tuner_program(tuner.value)).decode()
+            else:
+                code = _lib.hir_run(ev.value, ins, len(held), outs, len(fusion.outputs))
+                code = code or _lib.hir_evaluator_sync(ev.value)
+                if code:
+                    raise Error(_status(code), _lib.hir_evaluator_error(ev.value).decode())
+                if plans is not None:
+                    plans[r] = prog.plan
             got = []
             for o in outs[:len(fusion.outputs)]:
                 if not o.data:
@@ -273,6 +294,8 @@ def run(fusion, inputs, world=None, streams=0, schedule="linear", parts=0, timeo
         finally:
             if ev.value:
                 _lib.hir_evaluator_free(ev.value)
+            if tuner.value:
+                _lib.hir_tuner_free(tuner.value)  # after the outputs were copied out of its buffers
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
     for t in threads:

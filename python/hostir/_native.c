@@ -62,6 +62,20 @@ HX_EXPORT hir_status hx_evaluator_create(const hir_program *p, hir_comm *comm, i
   return hir_evaluator_create(p, &d, out);
 }
 
+/* hir_tuner_create on the CPU backend: the candidates measured on these
+   ranks, warmup 1 and `iters` timed runs each. */
+HX_EXPORT hir_status hx_tuner_create(const hir_fusion *f, int my_device, hir_comm *comm, int timeout_ms, int iters,
+                                     hir_tuner **out) {
+  hir_tune_desc d;
+  memset(&d, 0, sizeof d);
+  d.lower.my_device = my_device;
+  d.lower.comm = comm;
+  d.eval.comm = comm;
+  d.eval.timeout_ms = timeout_ms;
+  d.iters = iters;
+  return hir_tuner_create(f, &d, out);
+}
+
 #ifndef HOSTIR_PY_PLAIN
 static struct PyModuleDef hx_module = {PyModuleDef_HEAD_INIT, "_native", "hostir's C library (called through ctypes)", -1,
                                        NULL, NULL, NULL, NULL, NULL};

@@ -48,6 +48,21 @@ class CpuTests(unittest.TestCase):
                 self.assertEqual(outs[r][0].shape, (D, m, N))
                 np.testing.assert_allclose(outs[r][0], want, rtol=1e-4, atol=1e-4, err_msg="rank %d, D %d" % (r, D))
 
+    def test_tuned(self):
+        """tune=True: the schedules measured on 3 ranks, one chosen by all, the numbers numpy's."""
+        rng = np.random.default_rng(11)
+        D, m, K, N = 3, 4, 8, 6
+        A = rng.standard_normal((D, m, K)).astype(np.float32)
+        B = rng.standard_normal((K, N)).astype(np.float32)
+        plans = []
+        outs = hostir.run(ag_matmul(D, stream=True), [[A[r:r + 1], B] for r in range(D)], tune=True, plans=plans)
+        want = np.einsum("dmk,kn->dmn", A.astype(np.float64), B.astype(np.float64))
+        chosen = [p.split(" ms: ")[1].split(" (the slowest")[0].rsplit(", ", 1)[0] for p in plans]
+        for r in range(D):
+            np.testing.assert_allclose(outs[r][0], want, rtol=1e-4, atol=1e-4)
+            self.assertTrue(plans[r].startswith("tuned on 3 ranks"), plans[r])
+        self.assertEqual(len(set(chosen)), 1, chosen)
+
     def test_sum_scattered(self):
         """sum(P [DIDx D, D, m], axis 0) scattered: rank j holds row j of the sum (a ReduceScatter)."""
         D, m = 3, 4
