@@ -6511,8 +6511,6 @@ struct hir_evaluator {
   int ngpu_spans, in_group;
   void *epoch;                  /* a timing event passed at host time epoch_us */
   double epoch_us;
-  pthread_mutex_t nap_mu;       /* for short sleeps while polling */
-  pthread_cond_t nap_cv;
   int graph, warm;              /* hir_eval_desc.graph; the current plan has run eagerly (its buffers exist) */
   struct hir__graph *graphs;    /* captured runs of the current plan, by their tensors' addresses */
   int ngraphs;
@@ -7403,8 +7401,6 @@ static hir_evaluator *hir__evaluator_new(void) {
   hir_evaluator *ev = (hir_evaluator *)HIR_MALLOC(sizeof(hir_evaluator));
   if (!ev) return NULL;
   memset(ev, 0, sizeof *ev);
-  pthread_mutex_init(&ev->nap_mu, NULL);
-  pthread_cond_init(&ev->nap_cv, NULL);
   return ev;
 }
 
@@ -7556,8 +7552,6 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->blocks);
   HIR_FREE(ev->key);
   HIR_FREE(ev->graphs);
-  pthread_mutex_destroy(&ev->nap_mu);
-  pthread_cond_destroy(&ev->nap_cv);
   HIR_FREE(ev);
 }
 
@@ -7572,27 +7566,50 @@ HIRDEF size_t hir_evaluator_memory(const hir_evaluator *ev) {
 }
 
 /* Waits for a stream without trusting it to finish: polls it and the
-   communicator; past the deadline the communicator is aborted. */
-static int hir__sync_stream(hir_evaluator *ev, void *stream, double deadline) {
+   communicator (*from_comm: the communicator failed); HIR_ERR_TIMEOUT past
+   the deadline. Short waits spin, as cudaStreamSynchronize does; longer ones
+   nap 50 us at a time (a nap costs ~60 us). */
+static hir_status hir__wait_stream(hir_backend *b, void *stream, hir_comm *comm, double deadline, int *from_comm) {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  double spin_until = hir__now_ms() + 2;
   hir_status s;
-  double spin_until = hir__now_ms() + 2; /* short waits spin, as cudaStreamSynchronize does; a nap costs ~60 us */
-  while ((s = ev->b->stream_query(ev->b, stream)) == HIR_ERR_TIMEOUT) {
-    struct timespec nap = hir__deadline(0.05); /* 50 us */
-    if (ev->comm && ev->comm->poll && (s = ev->comm->poll(ev->comm)) != HIR_OK) {
-      ev->broken = 1;
-      return hir__ev_fail(ev, s, "hir_evaluator_sync: a communication failed: %s", ev->comm->error);
+  *from_comm = 0;
+  pthread_mutex_init(&mu, NULL);
+  pthread_cond_init(&cv, NULL);
+  while ((s = b->stream_query(b, stream)) == HIR_ERR_TIMEOUT) {
+    struct timespec nap = hir__deadline(0.05);
+    if (comm && comm->poll && (s = comm->poll(comm)) != HIR_OK) {
+      *from_comm = 1;
+      break;
     }
-    if (hir__now_ms() > deadline) /* the caller aborts the communicator with this message (hir__tell_world) */
-      return hir__ev_fail(ev, HIR_ERR_TIMEOUT,
-                          "hir_evaluator_sync: the streams were still busy after %d ms; a peer is dead or stuck, so the "
-                          "communicator was aborted (raise hir_eval_desc.timeout_ms if the work is that long)",
-                          ev->timeout_ms);
+    if (hir__now_ms() > deadline) break;
     if (hir__now_ms() < spin_until) continue;
-    pthread_mutex_lock(&ev->nap_mu);
-    pthread_cond_timedwait(&ev->nap_cv, &ev->nap_mu, &nap);
-    pthread_mutex_unlock(&ev->nap_mu);
+    pthread_mutex_lock(&mu);
+    pthread_cond_timedwait(&cv, &mu, &nap);
+    pthread_mutex_unlock(&mu);
   }
-  return s == HIR_OK ? 1 : hir__ev_fail(ev, s, "hir_evaluator_sync: %s", ev->b->error);
+  pthread_cond_destroy(&cv);
+  pthread_mutex_destroy(&mu);
+  return s;
+}
+
+/* A stream of the evaluator, under its deadline; past it the caller aborts
+   the communicator with this message (hir__tell_world). */
+static int hir__sync_stream(hir_evaluator *ev, void *stream, double deadline) {
+  int from_comm;
+  hir_status s = hir__wait_stream(ev->b, stream, ev->comm, deadline, &from_comm);
+  if (s == HIR_OK) return 1;
+  if (from_comm) {
+    ev->broken = 1;
+    return hir__ev_fail(ev, s, "hir_evaluator_sync: a communication failed: %s", ev->comm->error);
+  }
+  if (s == HIR_ERR_TIMEOUT)
+    return hir__ev_fail(ev, HIR_ERR_TIMEOUT,
+                        "hir_evaluator_sync: the streams were still busy after %d ms; a peer is dead or stuck, so the "
+                        "communicator was aborted (raise hir_eval_desc.timeout_ms if the work is that long)",
+                        ev->timeout_ms);
+  return hir__ev_fail(ev, s, "hir_evaluator_sync: %s", ev->b->error);
 }
 
 HIRDEF hir_status hir_evaluator_sync(hir_evaluator *ev) {
@@ -8006,21 +8023,17 @@ static void hir__cand_free(hir_program **p, hir_evaluator **ev) {
 /* Waits for the backend's stream under the evaluator's deadline, watching
    the communicator (a dead peer must not hold a tuning rank). */
 static hir_status hir__tune_wait(hir_tuner *t, hir_backend *b) {
-  double deadline = hir__now_ms() + (t->d.eval.timeout_ms > 0 ? t->d.eval.timeout_ms : 600000);
-  void *stream = b->current_stream(b);
+  int ms = t->d.eval.timeout_ms > 0 ? t->d.eval.timeout_ms : 600000, from_comm;
   hir_comm *c = t->d.eval.comm;
-  hir_status s;
-  while ((s = b->stream_query(b, stream)) == HIR_ERR_TIMEOUT) {
-    if (c && c->poll && (s = c->poll(c)) != HIR_OK) return hir__tune_fail(t, s, "hir_tuner: a communication failed: %s", c->error);
-    if (hir__now_ms() > deadline) {
-      hir__tune_fail(t, HIR_ERR_TIMEOUT, "hir_tuner: the ranks did not meet within %d ms; a peer is dead or stuck, so the "
-                     "communicator was aborted", t->d.eval.timeout_ms > 0 ? t->d.eval.timeout_ms : 600000);
-      snprintf(c->error, sizeof c->error, "%.500s", t->error);
-      c->abort(c);
-      return HIR_ERR_TIMEOUT;
-    }
-  }
-  return s == HIR_OK ? HIR_OK : hir__tune_fail(t, s, "hir_tuner: %s", b->error);
+  hir_status s = hir__wait_stream(b, b->current_stream(b), c, hir__now_ms() + ms, &from_comm);
+  if (s == HIR_OK) return HIR_OK;
+  if (from_comm) return hir__tune_fail(t, s, "hir_tuner: a communication failed: %s", c->error);
+  if (s != HIR_ERR_TIMEOUT) return hir__tune_fail(t, s, "hir_tuner: %s", b->error);
+  hir__tune_fail(t, HIR_ERR_TIMEOUT, "hir_tuner: the ranks did not meet within %d ms; a peer is dead or stuck, so the "
+                 "communicator was aborted", ms);
+  snprintf(c->error, sizeof c->error, "%.500s", t->error);
+  c->abort(c);
+  return HIR_ERR_TIMEOUT;
 }
 
 /* The backend the ranks meet through: the caller's, else a CPU one of the
