@@ -150,13 +150,55 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_ALIAS_SLICE, "HirAliasSlice", 1, 1, HIR__OP_HOST | HIR__OP_VIEW)                                     \
   X(HIR_EXPR_LOAD_STORE, "LoadStoreOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES) \
   X(HIR_EXPR_BINARY, "BinaryOp", 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                  \
+  X(HIR_EXPR_UNARY, "UnaryOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                    \
   X(HIR_EXPR_REDUCTION, "ReductionOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES) \
   X(HIR_EXPR_BROADCAST, "BroadcastOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM)                                 \
   X(HIR_EXPR_MATMUL, "MatmulOp", 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)
 #define HIR__EXPR_ENUM(e, name, nin, nout, flags) e,
 typedef enum hir_expr_kind { HIR_EXPR_KIND_LIST(HIR__EXPR_ENUM) HIR_EXPR_KIND_COUNT } hir_expr_kind;
 
-typedef enum hir_binary_op { HIR_BINARY_ADD, HIR_BINARY_SUB, HIR_BINARY_MUL, HIR_BINARY_COUNT } hir_binary_op;
+/* Elementwise ops, each described once: its enum, its printed form, and what
+   it computes on an element x (and y, or the scalar s), written once for every
+   backend: the CPU backend compiles it as C on doubles, the CUDA backend as
+   CUDA C (NVRTC) on float, or on double where an operand is f64. HIR_C(v) is
+   the constant v in the type computed in. */
+#define HIR_BINARY_OP_LIST(X)                                                \
+  X(HIR_BINARY_ADD, "+", "hir_add", x + y)                                   \
+  X(HIR_BINARY_SUB, "-", "hir_sub", x - y)                                   \
+  X(HIR_BINARY_MUL, "*", "hir_mul", x * y)                                   \
+  X(HIR_BINARY_DIV, "/", "hir_div", x / y)
+#define HIR__BINARY_ENUM(e, symbol, builder, expr) e,
+typedef enum hir_binary_op { HIR_BINARY_OP_LIST(HIR__BINARY_ENUM) HIR_BINARY_COUNT } hir_binary_op;
+
+/* Unary ops print as nvFuser's UnaryOp ("relu(T0)"; where the middle column
+   is 1, with an f in float: "sinf(T0)");
+   cast converts to the output's dtype (every op may: the value is computed,
+   then stored in the output's dtype); the scalar forms print as nvFuser's
+   BinaryOp with a scalar operand ("T0 + 2.5"). */
+#define HIR_UNARY_OP_LIST(X)                                                                         \
+  X(HIR_UNARY_NEG, "-", 0, -x)                                                                       \
+  X(HIR_UNARY_ABS, "abs", 0, fabs(x))                                                                \
+  X(HIR_UNARY_RELU, "relu", 0, (x < HIR_C(0) ? HIR_C(0) : x))                                        \
+  X(HIR_UNARY_SIN, "sin", 1, sin(x))                                                                 \
+  X(HIR_UNARY_COS, "cos", 1, cos(x))                                                                 \
+  X(HIR_UNARY_EXP, "exp", 1, exp(x))                                                                 \
+  X(HIR_UNARY_LOG, "log", 1, log(x))                                                                 \
+  X(HIR_UNARY_TANH, "tanh", 1, tanh(x))                                                              \
+  X(HIR_UNARY_SQRT, "sqrt", 1, sqrt(x))                                                              \
+  X(HIR_UNARY_RSQRT, "rsqrt", 1, HIR_C(1) / sqrt(x))                                                 \
+  X(HIR_UNARY_RECIPROCAL, "reciprocal", 0, HIR_C(1) / x)                                             \
+  X(HIR_UNARY_SIGMOID, "sigmoid", 0, HIR_C(1) / (HIR_C(1) + exp(-x)))                                \
+  X(HIR_UNARY_SILU, "silu", 0, x / (HIR_C(1) + exp(-x)))                                             \
+  X(HIR_UNARY_GELU, "gelu", 0, HIR_C(0.5) * x * (HIR_C(1) + erf(x * HIR_C(0.70710678118654752440)))) \
+  X(HIR_UNARY_CAST, "cast", 0, x)                                                                    \
+  X(HIR_UNARY_ADD_SCALAR, "+", 0, x + s)                                                             \
+  X(HIR_UNARY_SUB_SCALAR, "-", 0, x - s)                                                             \
+  X(HIR_UNARY_MUL_SCALAR, "*", 0, x * s)                                                             \
+  X(HIR_UNARY_DIV_SCALAR, "/", 0, x / s)                                                             \
+  X(HIR_UNARY_SCALAR_SUB, "-", 0, s - x)                                                             \
+  X(HIR_UNARY_SCALAR_DIV, "/", 0, s / x)
+#define HIR__UNARY_ENUM(e, name, f, expr) e,
+typedef enum hir_unary_op { HIR_UNARY_OP_LIST(HIR__UNARY_ENUM) HIR_UNARY_COUNT } hir_unary_op;
 
 /* Scalar expressions (extents, loop indices, predicates); printed "( a op b )". */
 #define HIR_SCALAR_OP_LIST(X)                                                \
@@ -176,7 +218,8 @@ typedef enum hir_named_scalar { HIR_NAMED_STREAM_IDX, HIR_NAMED_RANK, HIR_NAMED_
   X(HIR_COLL_GATHER, "Gather") X(HIR_COLL_ALLGATHER, "Allgather")            \
   X(HIR_COLL_SCATTER, "Scatter") X(HIR_COLL_REDUCE, "Reduce")                \
   X(HIR_COLL_ALLREDUCE, "Allreduce") X(HIR_COLL_REDUCESCATTER, "ReduceScatter") \
-  X(HIR_COLL_BROADCAST, "Broadcast") X(HIR_COLL_SENDRECV, "SendRecv")
+  X(HIR_COLL_BROADCAST, "Broadcast") X(HIR_COLL_SENDRECV, "SendRecv")     \
+  X(HIR_COLL_ALLTOALL, "AllToAll")
 typedef enum hir_collective { HIR_COLLECTIVE_LIST(HIR__ENUM_NAME) HIR_COLLECTIVE_COUNT } hir_collective;
 typedef enum hir_p2p_type { HIR_P2P_SEND, HIR_P2P_RECV } hir_p2p_type;
 
@@ -205,8 +248,36 @@ HIRDEF hir_tv     *hir_set(hir_fusion *f, hir_tv *in);
 HIRDEF hir_tv     *hir_add(hir_fusion *f, hir_tv *a, hir_tv *b);
 HIRDEF hir_tv     *hir_sub(hir_fusion *f, hir_tv *a, hir_tv *b);
 HIRDEF hir_tv     *hir_mul(hir_fusion *f, hir_tv *a, hir_tv *b);
+HIRDEF hir_tv     *hir_div(hir_fusion *f, hir_tv *a, hir_tv *b);
+HIRDEF hir_tv     *hir_binary(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_tv *b);
+/* Elementwise ops of one tensor (HIR_UNARY_OP_LIST), the output of in's
+   shape and dtype. hir_unary takes the ops without a scalar, cast excluded. */
+HIRDEF hir_tv     *hir_unary(hir_fusion *f, hir_unary_op op, hir_tv *in);
+HIRDEF hir_tv     *hir_neg(hir_fusion *f, hir_tv *in);
+HIRDEF hir_tv     *hir_abs(hir_fusion *f, hir_tv *in);
+HIRDEF hir_tv     *hir_relu(hir_fusion *f, hir_tv *in);
+HIRDEF hir_tv     *hir_sin(hir_fusion *f, hir_tv *in);
+HIRDEF hir_tv     *hir_cast(hir_fusion *f, hir_tv *in, hir_dtype dtype);
+/* A tensor and a scalar: a op s, s op b, the scalar taken in the type the
+   backend computes in (double on the CPU, float or double on CUDA).
+   hir_binary_val's scalar is an integer expression known at run time, such
+   as an extent (a mean divides by one). */
+HIRDEF hir_tv     *hir_binary_scalar(hir_fusion *f, hir_binary_op op, hir_tv *a, double s);
+HIRDEF hir_tv     *hir_scalar_binary(hir_fusion *f, hir_binary_op op, double s, hir_tv *b);
+HIRDEF hir_tv     *hir_binary_val(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_val *s);
+/* Composites, built from the ops above as nvFuser's are (printed as those
+   ops): the mean over axes (data axes, as hir_sum's); layer_norm over the
+   last `naxes` axes, computed in float for f16/bf16 inputs and cast back,
+   scaled by weight and shifted by bias where given (NULL: none; shaped like
+   the normalized axes). */
+HIRDEF hir_tv     *hir_mean(hir_fusion *f, hir_tv *in, int naxes, const int *axes);
+HIRDEF hir_tv     *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weight, hir_tv *bias, double eps);
 HIRDEF hir_tv     *hir_sum(hir_fusion *f, hir_tv *in, int naxes, const int *axes);
 HIRDEF hir_tv     *hir_broadcast(hir_fusion *f, hir_tv *in, int ndims_out, const int *is_broadcast);
+/* torch.permute: output axis i is data axis perm[i] of in (a copy in the new
+   order); hir_transpose swaps two axes. */
+HIRDEF hir_tv     *hir_permute(hir_fusion *f, hir_tv *in, const int *perm);
+HIRDEF hir_tv     *hir_transpose(hir_fusion *f, hir_tv *in, int axis0, int axis1);
 HIRDEF hir_tv     *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b);
 HIRDEF hir_status  hir_set_mesh(hir_tv *tv, int ndevices, const int *devices);
 HIRDEF hir_status  hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype);
@@ -420,6 +491,11 @@ struct hir_backend {
   hir_status (*copy)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *src);
   hir_status (*binary)(hir_backend *self, void *stream, hir_binary_op op, const hir_tensor *dst,
                        const hir_tensor *a, const hir_tensor *b);       /* a, b shaped like dst */
+  /* dst = op(src) elementwise (HIR_UNARY_OP_LIST; s: the scalar of its scalar
+     forms), src shaped like dst, dst's dtype maybe another (computed, then
+     stored in dst's). NULL: the backend refuses UnaryOps. */
+  hir_status (*unary)(hir_backend *self, void *stream, hir_unary_op op, const hir_tensor *dst, const hir_tensor *src,
+                      double s);
   hir_status (*sum)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *src);
                                     /* dst: src's shape with size 1 on the reduced axes */
   hir_status (*matmul)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *a,
@@ -499,9 +575,12 @@ HIRDEF int              hir_team_index(const int *team, int n, int device);
 
 HIRDEF hir_backend     *hir_backend_cpu_create(void);
 /* CUDA (compile the implementation with HOSTIR_CUDA; link cudart, cublas,
-   cublasLt, and dl for NVTX unless HOSTIR_NO_NVTX). NULL if the device cannot be used. Ops run on the caller's
+   cublasLt and dl). NULL if the device cannot be used. Ops run on the caller's
    stream set here (default: the legacy default stream); TF32 is off unless
-   enabled. The calling thread's current device becomes `device`. */
+   enabled. The calling thread's current device becomes `device`. The
+   elementwise kernels are compiled by NVRTC (libnvrtc.so, found through the
+   loader's paths or CUDA_HOME) when first needed, about 20 ms once per
+   backend; without NVRTC, unary ops fail with a message saying so. */
 #if defined(HOSTIR_CUDA) || !defined(HOSTIR_STATIC)
 HIRDEF hir_backend     *hir_backend_cuda_create(int device);
 HIRDEF void             hir_backend_cuda_set_stream(hir_backend *b, void *cuda_stream);
@@ -639,6 +718,7 @@ HIRDEF float    hir_bf16_to_float(uint16_t b);
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h> /* NVRTC, loaded when the elementwise kernels are first needed */
 #ifndef HOSTIR_NO_NVTX /* NVTX ranges around host IR nodes: Nsight Systems shows the host program */
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
@@ -656,6 +736,7 @@ HIRDEF float    hir_bf16_to_float(uint16_t b);
 #define HIR__RANGE_PUSH(name) ((void)0)
 #define HIR__RANGE_POP() ((void)0)
 #endif
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h> /* getenv */
@@ -867,14 +948,17 @@ struct hir_expr {
   hir_fusion *ir;
   hir_expr_kind kind;
   int name;
-  int sub;                /* hir_binary_op, hir_collective or hir_p2p_type */
+  int sub;                /* hir_binary_op, hir_unary_op, hir_collective or hir_p2p_type */
   int nin, nout;
   hir_tv **in, **out;
-  hir_val *val;           /* ForLoop index, IfThenElse predicate, P2P peer, AliasSelect/Slice index */
+  hir_val *val;           /* ForLoop index, IfThenElse predicate, P2P peer, AliasSelect/Slice index,
+                             UnaryOp's scalar when it is an integer known at run time */
+  double scalar;          /* UnaryOp's scalar (when val is NULL) */
   hir_id *id;             /* ForLoop and AliasSelect/Slice axis */
   int axis;               /* AliasSelect/Slice axis */
   int parts;              /* AliasSlice: into how many equal parts the axis is cut */
-  uint32_t flags;         /* BroadcastOp: bit i set = output axis i is new */
+  uint32_t flags;         /* BroadcastOp: bit i set = output axis i is new; MatmulOp, LoadStoreOp: HIR__MATMUL_*, HIR__SET_* */
+  unsigned char perm[HIR_MAX_DIMS]; /* LoadStoreOp with HIR__SET_PERMUTE: output axis i is input data axis perm[i] */
   int root, team_size;
   const int *team;
   hir_stream *stream;
@@ -909,8 +993,14 @@ HIR__STATIC_ASSERT(op_table, sizeof(hir__ops) / sizeof(hir__ops[0]) == HIR_EXPR_
 static const char *const hir__scalar_op_names[] = {HIR_SCALAR_OP_LIST(HIR__ENUM_STRING)};
 static const char *const hir__collective_names[] = {HIR_COLLECTIVE_LIST(HIR__ENUM_STRING)};
 static const char *const hir__named_names[] = {"StreamIdx", "rank", "numberOfStreams"};
-static const char *const hir__binary_symbols[] = {"+", "-", "*"};
-static const char *const hir__binary_builders[] = {"hir_add", "hir_sub", "hir_mul"};
+#define HIR__BINARY_SYMBOL(e, symbol, builder, expr) symbol,
+#define HIR__BINARY_BUILDER(e, symbol, builder, expr) builder,
+#define HIR__UNARY_NAME(e, name, f, expr) name,
+#define HIR__UNARY_SUFFIX(e, name, f, expr) f,
+static const char *const hir__binary_symbols[] = {HIR_BINARY_OP_LIST(HIR__BINARY_SYMBOL)};
+static const char *const hir__binary_builders[] = {HIR_BINARY_OP_LIST(HIR__BINARY_BUILDER)};
+static const char *const hir__unary_names[] = {HIR_UNARY_OP_LIST(HIR__UNARY_NAME)};
+static const unsigned char hir__unary_float_suffix[] = {HIR_UNARY_OP_LIST(HIR__UNARY_SUFFIX)};
 static const char *const hir__ptype_names[] = {"S", "deviceIdx.x", "StreamIdx"};
 static const char hir__iter_chars[] = {'i', 'r', 'b'};
 HIR__STATIC_ASSERT(scalar_ops, sizeof(hir__scalar_op_names) / sizeof(hir__scalar_op_names[0]) == HIR_SCALAR_OP_COUNT);
@@ -918,6 +1008,9 @@ HIR__STATIC_ASSERT(collectives, sizeof(hir__collective_names) / sizeof(hir__coll
 HIR__STATIC_ASSERT(named, sizeof(hir__named_names) / sizeof(hir__named_names[0]) == HIR_NAMED_COUNT);
 HIR__STATIC_ASSERT(binary, sizeof(hir__binary_symbols) / sizeof(hir__binary_symbols[0]) == HIR_BINARY_COUNT);
 HIR__STATIC_ASSERT(ptypes, sizeof(hir__ptype_names) / sizeof(hir__ptype_names[0]) == HIR_PTYPE_COUNT);
+
+/* The unary ops that read a scalar s: the tensor-scalar forms of the binary ops. */
+static int hir__unary_has_scalar(int op) { return op >= HIR_UNARY_ADD_SCALAR; }
 
 static int hir__collective_has_root(int c) {
   return c == HIR_COLL_GATHER || c == HIR_COLL_SCATTER || c == HIR_COLL_REDUCE || c == HIR_COLL_BROADCAST ||
@@ -1077,6 +1170,8 @@ static int hir__data_index(const hir_tv *tv, int axis) {
    and stay matrix products with M (N) of size 1; 1-D operands have neither
    axis, as in torch.matmul. */
 enum { HIR__MATMUL_NO_M = 1, HIR__MATMUL_NO_N = 2 };
+/* A LoadStoreOp's flag: it permutes the axes (nvFuser's Set.Permute). */
+enum { HIR__SET_PERMUTE = 1 };
 
 /* The roles of a matmul's data axes, given na and nb of its operands: A is
    [batch..., M?, K], B [batch..., K, N?], the output [batch..., M?, N?]. */
@@ -1262,6 +1357,54 @@ HIRDEF hir_tv *hir_set(hir_fusion *f, hir_tv *in) {
   return hir__finish_op(f, e, e->out[0]);
 }
 
+/* set(in) with its output's axes in the order perm gives; the expr only. */
+static hir_expr *hir__permute_expr(hir_fusion *f, hir_tv *in, const int *perm) {
+  hir_id *ids[HIR_MAX_DIMS];
+  hir_expr *e = hir__set_expr(f, in);
+  int i, n = hir__data_axes(in, ids), identity = 1;
+  if (!e) return NULL;
+  for (i = 0; i < n; i++) {
+    if (!(e->out[0]->ids[i] = hir__clone_id(f, ids[perm[i]], 0))) return NULL;
+    e->perm[i] = (unsigned char)perm[i];
+    identity &= perm[i] == i;
+  }
+  if (!identity) e->flags |= HIR__SET_PERMUTE;
+  return e;
+}
+
+HIRDEF hir_tv *hir_permute(hir_fusion *f, hir_tv *in, const int *perm) {
+  hir_id *ids[HIR_MAX_DIMS];
+  int seen[HIR_MAX_DIMS] = {0}, norm[HIR_MAX_DIMS], i, n;
+  hir_expr *e;
+  if (!hir__live(f) || !hir__check_tv(f, in, "hir_permute", "in")) return NULL;
+  n = hir__data_axes(in, ids);
+  if (!perm) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_permute: perm is NULL; give one axis of T%d per output axis (%d)", in->name, n);
+    return NULL;
+  }
+  for (i = 0; i < n; i++) {
+    norm[i] = perm[i] < 0 ? perm[i] + n : perm[i];
+    if (norm[i] < 0 || norm[i] >= n || seen[norm[i]]++) {
+      hir__fail(f, HIR_ERR_INVALID, "hir_permute: perm[%d] = %d is %s; perm must list each of T%d's %d data axes once", i,
+                perm[i], norm[i] < 0 || norm[i] >= n ? "out of range" : "listed twice", in->name, n);
+      return NULL;
+    }
+  }
+  if (!(e = hir__permute_expr(f, in, norm))) return NULL;
+  return hir__finish_op(f, e, e->out[0]);
+}
+
+HIRDEF hir_tv *hir_transpose(hir_fusion *f, hir_tv *in, int axis0, int axis1) {
+  hir_id *ids[HIR_MAX_DIMS];
+  int perm[HIR_MAX_DIMS], i, n, a, b;
+  if (!hir__live(f) || !hir__check_tv(f, in, "hir_transpose", "in")) return NULL;
+  n = hir__data_axes(in, ids);
+  if ((a = hir__norm_axis(f, axis0, n, "hir_transpose", in)) < 0 || (b = hir__norm_axis(f, axis1, n, "hir_transpose", in)) < 0)
+    return NULL;
+  for (i = 0; i < n; i++) perm[i] = i == a ? b : i == b ? a : i;
+  return hir_permute(f, in, perm);
+}
+
 static hir_tv *hir__binary(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_tv *b) {
   const char *fn = hir__binary_builders[op];
   hir_id *ia[HIR_MAX_DIMS], *ib[HIR_MAX_DIMS];
@@ -1296,6 +1439,98 @@ static hir_tv *hir__binary(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_tv *b
 HIRDEF hir_tv *hir_add(hir_fusion *f, hir_tv *a, hir_tv *b) { return hir__binary(f, HIR_BINARY_ADD, a, b); }
 HIRDEF hir_tv *hir_sub(hir_fusion *f, hir_tv *a, hir_tv *b) { return hir__binary(f, HIR_BINARY_SUB, a, b); }
 HIRDEF hir_tv *hir_mul(hir_fusion *f, hir_tv *a, hir_tv *b) { return hir__binary(f, HIR_BINARY_MUL, a, b); }
+HIRDEF hir_tv *hir_div(hir_fusion *f, hir_tv *a, hir_tv *b) { return hir__binary(f, HIR_BINARY_DIV, a, b); }
+
+static int hir__check_binary_op(hir_fusion *f, hir_binary_op op, const char *fn) {
+  if ((unsigned)op < HIR_BINARY_COUNT) return 1;
+  hir__fail(f, HIR_ERR_INVALID, "%s: unknown binary op %d; use HIR_BINARY_ADD, _SUB, _MUL or _DIV", fn, (int)op);
+  return 0;
+}
+
+HIRDEF hir_tv *hir_binary(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_tv *b) {
+  return hir__live(f) && hir__check_binary_op(f, op, "hir_binary") ? hir__binary(f, op, a, b) : NULL;
+}
+
+/* out = op(in) (with scalar s, or the run-time integer sv), stored as dtype. */
+static hir_tv *hir__unary(hir_fusion *f, hir_unary_op op, hir_tv *in, hir_dtype dtype, double s, hir_val *sv, const char *fn) {
+  hir_id *ids[HIR_MAX_DIMS];
+  hir_tv *out;
+  hir_expr *e;
+  int i, n;
+  if (!hir__live(f) || !hir__check_tv(f, in, fn, "in")) return NULL;
+  if (sv && sv->ir != f) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: the scalar belongs to another fusion or program", fn);
+    return NULL;
+  }
+  n = hir__data_axes(in, ids);
+  if (!(out = hir__new_tv(f, dtype, HIR_MEM_GLOBAL, n))) return NULL;
+  for (i = 0; i < n; i++)
+    if (!(out->ids[i] = hir__clone_id(f, ids[i], 0))) return NULL;
+  if (!(e = hir__new_expr(f, HIR_EXPR_UNARY, 1, 1))) return NULL;
+  e->sub = (int)op;
+  e->scalar = s;
+  e->val = sv;
+  e->in[0] = in;
+  e->out[0] = out;
+  return hir__finish_op(f, e, out);
+}
+
+HIRDEF hir_tv *hir_unary(hir_fusion *f, hir_unary_op op, hir_tv *in) {
+  if (!hir__live(f)) return NULL;
+  if ((unsigned)op >= HIR_UNARY_COUNT || op == HIR_UNARY_CAST || hir__unary_has_scalar(op)) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_unary: op %d is not a unary op without a scalar; use hir_cast for casts and "
+              "hir_binary_scalar for a tensor and a scalar", (int)op);
+    return NULL;
+  }
+  return hir__unary(f, op, in, in ? in->dtype : HIR_F32, 0, NULL, "hir_unary");
+}
+HIRDEF hir_tv *hir_neg(hir_fusion *f, hir_tv *in) { return hir_unary(f, HIR_UNARY_NEG, in); }
+HIRDEF hir_tv *hir_abs(hir_fusion *f, hir_tv *in) { return hir_unary(f, HIR_UNARY_ABS, in); }
+HIRDEF hir_tv *hir_relu(hir_fusion *f, hir_tv *in) { return hir_unary(f, HIR_UNARY_RELU, in); }
+HIRDEF hir_tv *hir_sin(hir_fusion *f, hir_tv *in) { return hir_unary(f, HIR_UNARY_SIN, in); }
+
+HIRDEF hir_tv *hir_cast(hir_fusion *f, hir_tv *in, hir_dtype dtype) {
+  if (!hir__live(f)) return NULL;
+  if ((unsigned)dtype >= HIR_DTYPE_COUNT) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_cast: unknown dtype %d; use HIR_F32, HIR_F64, HIR_F16 or HIR_BF16", (int)dtype);
+    return NULL;
+  }
+  return hir__unary(f, HIR_UNARY_CAST, in, dtype, 0, NULL, "hir_cast");
+}
+
+/* The unary op computing `a op s` (scalar_first: `s op a`). */
+static hir_unary_op hir__scalar_form(hir_binary_op op, int scalar_first) {
+  switch (op) {
+  case HIR_BINARY_ADD: return HIR_UNARY_ADD_SCALAR;
+  case HIR_BINARY_MUL: return HIR_UNARY_MUL_SCALAR;
+  case HIR_BINARY_SUB: return scalar_first ? HIR_UNARY_SCALAR_SUB : HIR_UNARY_SUB_SCALAR;
+  default: return scalar_first ? HIR_UNARY_SCALAR_DIV : HIR_UNARY_DIV_SCALAR;
+  }
+}
+
+static hir_tv *hir__binary_scalar(hir_fusion *f, hir_binary_op op, hir_tv *a, double s, hir_val *sv, int scalar_first,
+                                  const char *fn) {
+  if (!hir__live(f) || !hir__check_binary_op(f, op, fn)) return NULL;
+  if (!isfinite(s)) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: the scalar is %g; give a finite number", fn, s);
+    return NULL;
+  }
+  return hir__unary(f, hir__scalar_form(op, scalar_first), a, a ? a->dtype : HIR_F32, s, sv, fn);
+}
+
+HIRDEF hir_tv *hir_binary_scalar(hir_fusion *f, hir_binary_op op, hir_tv *a, double s) {
+  return hir__binary_scalar(f, op, a, s, NULL, 0, "hir_binary_scalar");
+}
+HIRDEF hir_tv *hir_scalar_binary(hir_fusion *f, hir_binary_op op, double s, hir_tv *b) {
+  return hir__binary_scalar(f, op, b, s, NULL, 1, "hir_scalar_binary");
+}
+HIRDEF hir_tv *hir_binary_val(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_val *s) {
+  if (hir__live(f) && !s) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_binary_val: the scalar is NULL");
+    return NULL;
+  }
+  return hir__binary_scalar(f, op, a, 0, s, 0, "hir_binary_val");
+}
 
 HIRDEF hir_tv *hir_sum(hir_fusion *f, hir_tv *in, int naxes, const int *axes) {
   hir_id *ids[HIR_MAX_DIMS];
@@ -1424,6 +1659,67 @@ HIRDEF hir_tv *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b) {
   e->in[1] = b;
   e->out[0] = out;
   return hir__finish_op(f, e, out);
+}
+
+/* sum / (the product of the summed extents): extents of a split axis are
+   whole (a DIDx axis counts the mesh), so the mean is over the whole tensor. */
+HIRDEF hir_tv *hir_mean(hir_fusion *f, hir_tv *in, int naxes, const int *axes) {
+  hir_id *ids[HIR_MAX_DIMS];
+  hir_val *count = NULL;
+  hir_tv *sum = hir_sum(f, in, naxes, axes);
+  int i, n;
+  if (!sum) return NULL;
+  n = hir__data_axes(in, ids);
+  for (i = 0; i < naxes; i++) {
+    hir_val *extent = ids[axes[i] < 0 ? axes[i] + n : axes[i]]->extent;
+    if (!(count = count ? hir__binary_val(f, HIR_SCALAR_MUL, count, extent) : extent)) return NULL;
+  }
+  return hir__binary_scalar(f, HIR_BINARY_DIV, sum, 0, count, 0, "hir_mean");
+}
+
+/* in seen with the last `nlast` of n axes new (lead = 0) or the first n - nlast (lead = 1). */
+static hir_tv *hir__broadcast_to(hir_fusion *f, hir_tv *in, int n, int nlast, int lead) {
+  int flags[HIR_MAX_DIMS] = {0}, i;
+  for (i = 0; i < n; i++) flags[i] = lead ? i < n - nlast : i >= n - nlast;
+  return hir_broadcast(f, in, n, flags);
+}
+
+/* nvFuser's layer_norm, as its primitives: mean, x - mean, the variance, x
+   times rsqrt(var + eps), then weight and bias. */
+HIRDEF hir_tv *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weight, hir_tv *bias, double eps) {
+  hir_id *ids[HIR_MAX_DIMS];
+  hir_tv *in, *xc, *var, *y, *p[2];
+  int axes[HIR_MAX_DIMS], i, n, half;
+  if (!hir__live(f) || !hir__check_tv(f, x, "hir_layer_norm", "x")) return NULL;
+  n = hir__data_axes(x, ids);
+  if (naxes < 1 || naxes > n) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_layer_norm: naxes %d is out of range for T%d, which has %d data axes (valid: 1..%d)",
+              naxes, x->name, n, n);
+    return NULL;
+  }
+  p[0] = weight, p[1] = bias;
+  for (i = 0; i < 2; i++)
+    if (p[i] && (!hir__check_tv(f, p[i], "hir_layer_norm", i ? "bias" : "weight") || hir__data_axes(p[i], ids) != naxes)) {
+      if (hir__live(f))
+        hir__fail(f, HIR_ERR_INVALID, "hir_layer_norm: %s T%d has %d data axes; it needs the %d normalized axes",
+                  i ? "bias" : "weight", p[i]->name, hir__data_axes(p[i], ids), naxes);
+      return NULL;
+    }
+  if (!(eps >= 0) || !isfinite(eps)) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_layer_norm: eps is %g; give a finite number >= 0 (1e-5 is usual)", eps);
+    return NULL;
+  }
+  half = x->dtype == HIR_F16 || x->dtype == HIR_BF16;
+  in = half ? hir_cast(f, x, HIR_F32) : x;
+  for (i = 0; i < naxes; i++) axes[i] = n - naxes + i;
+  xc = hir_sub(f, in, hir__broadcast_to(f, hir_mean(f, in, naxes, axes), n, naxes, 0));
+  var = hir_mean(f, hir_mul(f, xc, xc), naxes, axes);
+  y = hir_mul(f, xc, hir__broadcast_to(f, hir_unary(f, HIR_UNARY_RSQRT, hir_binary_scalar(f, HIR_BINARY_ADD, var, eps)), n, naxes, 0));
+  for (i = 0; i < 2; i++) {
+    hir_tv *q = p[i] && half && p[i]->dtype != HIR_F32 ? hir_cast(f, p[i], HIR_F32) : p[i];
+    if (q) y = hir__binary(f, i ? HIR_BINARY_ADD : HIR_BINARY_MUL, y, hir__broadcast_to(f, q, n, naxes, 1));
+  }
+  return half ? hir_cast(f, y, x->dtype) : y;
 }
 
 HIRDEF hir_status hir_set_mesh(hir_tv *tv, int ndevices, const int *devices) {
@@ -2220,6 +2516,60 @@ static void hir__print_binary(hir__writer *w, const hir_expr *e, int ind) {
   hir__emit(w, ";\n");
 }
 
+/* nvFuser's spelling of a cast: __half2float, __float2bfloat, (double) ... */
+static void hir__print_cast(hir__writer *w, hir_dtype from, hir_dtype to) {
+  static const char *const names[] = {"float", "double", "half", "bfloat"};
+  if ((from == HIR_F32 || from == HIR_F64) && (to == HIR_F32 || to == HIR_F64))
+    hir__emit(w, "(%s)", names[to]);
+  else
+    hir__emit(w, "__%s2%s", names[from], names[to]);
+}
+
+static void hir__print_scalar(hir__writer *w, const hir_expr *e) {
+  char num[40];
+  if (e->val) {
+    hir__print_val(w, e->val);
+    return;
+  }
+  snprintf(num, sizeof num, "%.15g", e->scalar);
+  if (strtod(num, NULL) != e->scalar) snprintf(num, sizeof num, "%.17g", e->scalar);
+  hir__emit(w, "%s%s", num, strpbrk(num, ".e") ? "" : ".0");
+}
+
+/* nvFuser's UnaryOp ("relu(T0)", "sinf(T0)" where the output is float,
+   "-T0", "__half2float(T0)"), or its BinaryOp with a scalar ("T0 + 2.5"). */
+static void hir__print_unary_op(hir__writer *w, const hir_expr *e, int ind) {
+  int op = e->sub;
+  hir__print_assign(w, e->out[0], ind);
+  hir__emit(w, " = ");
+  if (hir__unary_has_scalar(op)) {
+    int scalar_first = op == HIR_UNARY_SCALAR_SUB || op == HIR_UNARY_SCALAR_DIV;
+    if (scalar_first) hir__print_scalar(w, e);
+    else hir__print_tv(w, e->in[0]);
+    hir__emit(w, "\n");
+    hir__indent(w, ind + 1);
+    hir__emit(w, " %s ", hir__unary_names[op]);
+    if (scalar_first) hir__print_tv(w, e->in[0]);
+    else hir__print_scalar(w, e);
+    hir__emit(w, ";\n");
+    return;
+  }
+  if (op == HIR_UNARY_NEG) { /* an inline op: "-T0" */
+    hir__emit(w, "-");
+    hir__print_tv(w, e->in[0]);
+    hir__emit(w, ";\n");
+    return;
+  }
+  if (op == HIR_UNARY_CAST) {
+    hir__print_cast(w, e->in[0]->dtype, e->out[0]->dtype);
+  } else {
+    hir__emit(w, "%s%s", hir__unary_names[op], hir__unary_float_suffix[op] && e->out[0]->dtype == HIR_F32 ? "f" : "");
+  }
+  hir__emit(w, "(");
+  hir__print_tv(w, e->in[0]);
+  hir__emit(w, ");\n");
+}
+
 static void hir__print_broadcast(hir__writer *w, const hir_expr *e, int ind) {
   int i;
   hir__print_assign(w, e->out[0], ind);
@@ -2268,8 +2618,11 @@ static void hir__print_expr(hir__writer *w, const hir_expr *e, int ind) {
   case HIR_EXPR_END_COALESCING: hir__indent(w, ind), hir__emit(w, "EndCoalescing %d\n", e->name); break;
   case HIR_EXPR_ALIAS_SELECT:
   case HIR_EXPR_ALIAS_SLICE: hir__print_view(w, e, ind); break;
-  case HIR_EXPR_LOAD_STORE: hir__print_unary(w, e, ind, "Set", "cache_op=Streaming"); break;
+  case HIR_EXPR_LOAD_STORE:
+    hir__print_unary(w, e, ind, e->flags & HIR__SET_PERMUTE ? "Set.Permute" : "Set", "cache_op=Streaming");
+    break;
   case HIR_EXPR_BINARY: hir__print_binary(w, e, ind); break;
+  case HIR_EXPR_UNARY: hir__print_unary_op(w, e, ind); break;
   case HIR_EXPR_REDUCTION: hir__print_unary(w, e, ind, "reduction", "op = add, initial value = 0, allreduce = false"); break;
   case HIR_EXPR_BROADCAST: hir__print_broadcast(w, e, ind); break;
   case HIR_EXPR_MATMUL: hir__print_matmul(w, e, ind); break;
@@ -2481,7 +2834,17 @@ static void hir__axis_map(const hir_expr *e, int k, int *map) {
   for (i = 0; i < HIR_MAX_DIMS; i++) map[i] = -1;
   switch (e->kind) {
   case HIR_EXPR_LOAD_STORE:
+    for (i = 0; i < in->ndims; i++)
+      if (in->ids[i]->iter != HIR_REDUCTION) {
+        if (!(e->flags & HIR__SET_PERMUTE)) map[i] = d;
+        else
+          for (o = 0; o < e->out[0]->ndims; o++)
+            if (e->perm[o] == d) map[i] = o;
+        d++;
+      }
+    break;
   case HIR_EXPR_BINARY:
+  case HIR_EXPR_UNARY:
   case HIR_EXPR_REDUCTION:
     for (i = 0; i < in->ndims; i++)
       if (in->ids[i]->iter != HIR_REDUCTION) map[i] = d++;
@@ -2547,6 +2910,27 @@ static int hir__input_reshards(const hir_expr *e, int k) {
     for (i = 0; i < in->ndims; i++)
       if (map[i] == dout && in->ids[i]->iter == HIR_ITERATION) return 1;
   return 0;
+}
+
+/* Layout rule of the communication table: the moved axis must be outermost
+   among the axes of local size > 1 (local size 1: DIDx, broadcast, extent 1). */
+static int hir__outermost(const hir_tv *tv, int axis) {
+  int i;
+  for (i = 0; i < axis; i++) {
+    const hir_id *id = tv->ids[i];
+    if (id->iter == HIR_REDUCTION || id->iter == HIR_BROADCAST || id->ptype == HIR_DIDX) continue;
+    if (id->extent->kind == HIR__VAL_CONST && id->extent->value == 1) continue;
+    return 0;
+  }
+  return 1;
+}
+
+/* The Stream axis of a tensor among its data axes, or -1. */
+static int hir__stream_axis(const hir_tv *tv) {
+  int i;
+  for (i = 0; i < tv->ndims; i++)
+    if (tv->ids[i]->ptype == HIR_STREAM) return tv->ids[i]->iter == HIR_REDUCTION ? -2 : i;
+  return -1;
 }
 
 HIRDEF int hir_expr_is_resharding(const hir_expr *e) {
@@ -2717,15 +3101,157 @@ static int hir__validate_fusion(hir_program *p) {
   return 1;
 }
 
+/* A resharding sum that reduces more than the input's DIDx axis: the other
+   axes are summed first, locally, into a new tensor; e then sums the DIDx
+   axis alone (a collective), or, where the DIDx axis is not reduced, becomes
+   a set that moves the local sums. Its output keeps the axes still reduced.
+   NULL when e is not one. */
+static hir_expr *hir__local_part_of_sum(hir_fusion *f, hir_expr *e) {
+  hir_tv *in = e->in[0], *out = e->out[0], *part;
+  hir_expr *local;
+  hir_id *ids[HIR_MAX_DIMS], *didx = NULL;
+  int map[HIR_MAX_DIMS], d, i, n, kept = 0, others = 0, didx_reduced;
+  if (e->kind != HIR_EXPR_REDUCTION || !hir_expr_is_resharding(e)) return NULL;
+  d = hir__sharded(in) ? hir__didx_axis(in) : -1;
+  hir__axis_map(e, 0, map);
+  didx_reduced = d >= 0 && map[d] >= 0 && out->ids[map[d]]->iter == HIR_REDUCTION;
+  for (i = 0; i < in->ndims; i++) others += i != d && map[i] >= 0 && out->ids[map[i]]->iter == HIR_REDUCTION;
+  if (!others) return NULL;
+  if (d >= 0) didx = in->ids[d];
+  n = hir__data_axes(in, ids);
+  if (!(part = hir__new_tv(f, in->dtype, HIR_MEM_GLOBAL, n)) || !(local = hir__new_expr(f, HIR_EXPR_REDUCTION, 1, 1)))
+    return NULL;
+  for (i = 0; i < n; i++) {
+    int reduced = out->ids[i]->iter == HIR_REDUCTION && ids[i] != didx;
+    if (!(part->ids[i] = hir__clone_id(f, ids[i], ids[i] == didx))) return NULL;
+    if (reduced) part->ids[i]->iter = HIR_REDUCTION;
+    else out->ids[kept++] = out->ids[i]; /* e's output loses the axes summed already */
+  }
+  out->ndims = kept;
+  part->mesh = in->mesh;
+  part->mesh_size = in->mesh_size;
+  local->in[0] = in;
+  local->out[0] = part;
+  part->definition = local;
+  e->in[0] = part;
+  if (!didx_reduced) e->kind = HIR_EXPR_LOAD_STORE;
+  return local;
+}
+
+/* A permute of `in` on its own mesh, its DIDx axis carried along: no communication. */
+static hir_expr *hir__local_permute(hir_fusion *f, hir_tv *in, const int *perm) {
+  hir_id *ids[HIR_MAX_DIMS];
+  hir_expr *e = hir__permute_expr(f, in, perm);
+  int i, n = hir__data_axes(in, ids);
+  if (!e) return NULL;
+  e->out[0]->mesh = in->mesh;
+  e->out[0]->mesh_size = in->mesh_size;
+  for (i = 0; i < n; i++)
+    if (ids[perm[i]]->ptype == HIR_DIDX) e->out[0]->ids[i]->ptype = HIR_DIDX;
+  return e;
+}
+
+/* Whether the collective of resharding move e finds its chunks contiguous:
+   the axis that gathers, scatters or exchanges is outermost among the axes
+   holding data, on either side (DESIGN.md §3's decision table). */
+static int hir__chunks_contiguous(const hir_expr *e) {
+  const hir_tv *in = e->in[0], *out = e->out[0];
+  int map[HIR_MAX_DIMS], din = hir__sharded(in) ? hir__didx_axis(in) : -1, dout = hir__sharded(out) ? hir__didx_axis(out) : -1, i;
+  int src = -1; /* the input axis that becomes the output's DIDx */
+  hir__axis_map(e, 0, map);
+  for (i = 0; i < in->ndims; i++)
+    if (dout >= 0 && map[i] == dout) src = i;
+  if (e->kind == HIR_EXPR_REDUCTION) return dout < 0 || (src >= 0 && hir__outermost(in, src));
+  if (din >= 0 && dout >= 0 && hir__same_mesh(in, out)) /* an all-to-all, or nothing to order */
+    return map[din] == dout || (src >= 0 && hir__outermost(in, src) && map[din] >= 0 && hir__outermost(out, map[din]));
+  if (din >= 0 && dout < 0) return hir__outermost(in, din);
+  if (din < 0 && dout >= 0) return hir__outermost(out, dout);
+  return 1;
+}
+
+/* A resharding move whose collective needs another order of axes than its
+   tensors have (resharding on an inner axis, an all-to-all): the input is
+   permuted first (*before), so that the axis becoming the DIDx axis, then
+   the DIDx axis, lead; e moves that; the result is permuted back into e's
+   output (*after), as nvFuser's ReorderShardedAxisPass does. A permuting
+   set that reshards first permutes locally, then moves. Axes under a
+   Stream axis are left to the stream lowering. */
+static int hir__order_for_collective(hir_fusion *f, hir_expr *e, hir_expr **before, hir_expr **after) {
+  hir_tv *in = e->in[0], *out = e->out[0], *orig = in, *moved;
+  hir_id *ids[HIR_MAX_DIMS];
+  hir_expr *back;
+  int map[HIR_MAX_DIMS], perm[HIR_MAX_DIMS], first[HIR_MAX_DIMS], inv[HIR_MAX_DIMS], tdata[HIR_MAX_DIMS];
+  int din, dout, lead[2], nlead = 0, i, j, n, k = 0, kept = 0;
+  if (hir__stream_axis(in) >= 0 || hir__stream_axis(out) >= 0) return 1;
+  if (e->kind == HIR_EXPR_LOAD_STORE && (e->flags & HIR__SET_PERMUTE)) {
+    for (i = 0; i < HIR_MAX_DIMS; i++) first[i] = e->perm[i];
+    if (!(*before = hir__local_permute(f, in, first))) return 0;
+    e->in[0] = in = (*before)->out[0];
+    e->flags &= ~(uint32_t)HIR__SET_PERMUTE;
+  }
+  if (hir__chunks_contiguous(e)) return 1;
+  din = hir__sharded(in) ? hir__didx_axis(in) : -1;
+  dout = hir__sharded(out) ? hir__didx_axis(out) : -1;
+  n = hir__data_axes(in, ids);
+  hir__axis_map(e, 0, map);
+  for (i = 0; i < in->ndims; i++) { /* lead: the axis becoming the output's DIDx, then the input's DIDx (data numbering) */
+    if (in->ids[i]->iter == HIR_REDUCTION) continue;
+    if (dout >= 0 && map[i] == dout) lead[nlead++] = k;
+    k++;
+  }
+  if (din >= 0) lead[nlead++] = hir__data_index(in, din);
+  for (i = 0, k = 0; i < nlead; i++)
+    if (!i || lead[i] != lead[0]) perm[k++] = lead[i];
+  for (i = 0; i < n; i++) {
+    for (j = 0; j < k && perm[j] != i; j++) {}
+    if (j == k && k < n) perm[k++] = i;
+  }
+  if (*before) { /* one local permute: the set's own, then this order */
+    int composed[HIR_MAX_DIMS];
+    for (i = 0; i < n; i++) composed[i] = first[perm[i]];
+    if (!(*before = hir__local_permute(f, orig, composed))) return 0;
+  } else if (!(*before = hir__local_permute(f, in, perm))) {
+    return 0;
+  }
+  /* e's output in the permuted order (its axes follow the input's data axes one to one) */
+  if (!(moved = hir__new_tv(f, out->dtype, HIR_MEM_GLOBAL, n))) return 0;
+  for (i = 0; i < n; i++) {
+    if (!(moved->ids[i] = hir__clone_id(f, out->ids[perm[i]], 1))) return 0;
+    moved->ids[i]->iter = out->ids[perm[i]]->iter;
+    inv[perm[i]] = i;
+  }
+  for (i = 0, k = 0; i < n; i++) tdata[i] = moved->ids[i]->iter == HIR_REDUCTION ? -1 : k++;
+  moved->mesh = out->mesh;
+  moved->mesh_size = out->mesh_size;
+  if (!(back = hir__new_expr(f, HIR_EXPR_LOAD_STORE, 1, 1))) return 0;
+  for (i = 0; i < n; i++) /* out keeps its data axes (a set's output holds no reduction axes) */
+    if (out->ids[i]->iter != HIR_REDUCTION) {
+      back->perm[kept] = (unsigned char)tdata[inv[i]];
+      if (back->perm[kept] != kept) back->flags |= HIR__SET_PERMUTE;
+      out->ids[kept++] = out->ids[i];
+    }
+  out->ndims = kept;
+  e->in[0] = (*before)->out[0];
+  e->out[0] = moved;
+  moved->definition = e;
+  back->in[0] = moved;
+  back->out[0] = out;
+  out->definition = back;
+  *after = back;
+  return 1;
+}
+
 /* 2. A resharding expr other than set and sum: each offending input first
    moves with a resharding set into the consumer's sharding (DIDx and Stream
-   axes taken from the consumer), then the op runs locally. */
+   axes taken from the consumer), then the op runs locally. A resharding sum
+   over more than its DIDx axis sums the others locally first. */
 static int hir__decompose_reshardings(hir_program *p) {
   hir_fusion *f = &p->ir;
   hir__vec exprs = {NULL, 0, 0};
   int i, k, j, at;
   for (i = 0; i < f->exprs.n; i++) {
-    hir_expr *e = (hir_expr *)f->exprs.items[i];
+    hir_expr *e = (hir_expr *)f->exprs.items[i], *local = hir__local_part_of_sum(f, e);
+    if (f->status != HIR_OK || (local && !hir__push(f, &exprs, local))) return 0;
     if (!(hir__ops[e->kind].flags & HIR__OP_MOVES) && hir_expr_is_resharding(e)) {
       hir_tv *orig[2] = {NULL, NULL}; /* compute ops have at most two operands */
       for (k = 0; k < e->nin; k++) {
@@ -2756,6 +3282,23 @@ static int hir__decompose_reshardings(hir_program *p) {
     if (!hir__push(f, &exprs, e)) return 0;
   }
   f->exprs = exprs;
+  return 1;
+}
+
+/* 2b. Every resharding move, its axes ordered as its collective needs
+   (hir__order_for_collective); run again once Stream axes are stripped. */
+static int hir__order_moves(hir_program *p) {
+  hir_fusion *f = &p->ir;
+  hir__vec exprs = f->exprs;
+  int i;
+  memset(&f->exprs, 0, sizeof f->exprs);
+  for (i = 0; i < exprs.n; i++) {
+    hir_expr *e = (hir_expr *)exprs.items[i], *before = NULL, *after = NULL;
+    if ((hir__ops[e->kind].flags & HIR__OP_MOVES) && hir_expr_is_resharding(e) && !hir__order_for_collective(f, e, &before, &after))
+      return 0;
+    if ((before && !hir__push(f, &f->exprs, before)) || !hir__push(f, &f->exprs, e) || (after && !hir__push(f, &f->exprs, after)))
+      return 0;
+  }
   return 1;
 }
 
@@ -2850,7 +3393,7 @@ static int hir__front_end(hir_program *p, const hir_fusion *f, int serial) {
   if (!hir__clone_fusion(p, f)) return 0;
   if (serial) hir__strip_streams(&p->ir);
   hir__propagate_shardings(p);
-  return hir__validate_fusion(p) && hir__decompose_reshardings(p);
+  return hir__validate_fusion(p) && hir__decompose_reshardings(p) && hir__order_moves(p);
 }
 
 /* The arguments of hir_lower and hir_segment; a failure is recorded in p. */
@@ -2972,18 +3515,6 @@ done:
   return ok;
 }
 
-/* Layout rule of the communication table: the moved axis must be outermost
-   among the axes of local size > 1 (local size 1: DIDx, broadcast, extent 1). */
-static int hir__outermost(const hir_tv *tv, int axis) {
-  int i;
-  for (i = 0; i < axis; i++) {
-    const hir_id *id = tv->ids[i];
-    if (id->iter == HIR_REDUCTION || id->iter == HIR_BROADCAST || id->ptype == HIR_DIDX) continue;
-    if (id->extent->kind == HIR__VAL_CONST && id->extent->value == 1) continue;
-    return 0;
-  }
-  return 1;
-}
 
 static int hir__inner_axis(hir_program *p, const hir_expr *e, const hir_tv *tv, int axis) {
   hir__fail(&p->ir, HIR_ERR_UNSUPPORTED,
@@ -3083,9 +3614,15 @@ static int hir__lower_resharding(hir_program *p, hir_expr *e, hir__vec *out) {
     } else if (!in_sh && !out_sh && !same && in->mesh_size) {
       int root = in->mesh[0], nteam = hir__team_plus(dst, root, team);
       if (!hir__plan_comm(&c, HIR_COLL_BROADCAST, nteam, team, root)) return 0;
+    } else if (in_sh && out_sh && same && map[din] >= 0) { /* the DIDx axis moves to another axis: AllToAll */
+      int src = -1;
+      for (i = 0; i < in->ndims; i++)
+        if (map[i] == dout) src = i;
+      if (src < 0 || !hir__outermost(in, src)) return hir__inner_axis(p, e, in, src < 0 ? din : src);
+      if (!hir__outermost(dst, map[din])) return hir__inner_axis(p, e, dst, map[din]);
+      if (!hir__plan_comm(&c, HIR_COLL_ALLTOALL, in->mesh_size, in->mesh, -1)) return 0;
     } else {
-      return hir__unlowerable(p, e, in_sh && out_sh && same ? "moving the DIDx axis to another axis on one mesh (an all-to-all) is not supported"
-                                                            : "the two meshes or DIDx axes do not match a collective");
+      return hir__unlowerable(p, e, "the two meshes or DIDx axes do not match a collective");
     }
   } else { /* a sum */
     for (i = 0; i < in->ndims; i++)
@@ -3317,14 +3854,6 @@ done:
    (a sum over DIDx whose input's Stream axis becomes the output's DIDx axis). */
 enum { HIR__P2P_NONE, HIR__P2P_ALLGATHER, HIR__P2P_REDUCE_SCATTER };
 
-/* The Stream axis of a tensor among its data axes, or -1. */
-static int hir__stream_axis(const hir_tv *tv) {
-  int i;
-  for (i = 0; i < tv->ndims; i++)
-    if (tv->ids[i]->ptype == HIR_STREAM) return tv->ids[i]->iter == HIR_REDUCTION ? -2 : i;
-  return -1;
-}
-
 /* Which P2P pattern e is, if any; *in_axis: the input axis that streams. */
 static int hir__p2p_kind(const hir_expr *e, int *in_axis) {
   int map[HIR_MAX_DIMS], s, d, i;
@@ -3501,6 +4030,14 @@ static hir_expr *hir__clone_onto(hir_fusion *f, const hir_expr *e, hir_tv **ins,
   if (!n) return NULL;
   n->sub = e->sub;
   n->flags = e->flags;
+  n->scalar = e->scalar;
+  n->val = e->val;
+  memcpy(n->perm, e->perm, sizeof n->perm);
+  if ((e->flags & HIR__SET_PERMUTE) && dropped_out_axis >= 0) { /* the views lack an axis: renumber the rest */
+    int i, k = 0, gone = e->perm[dropped_out_axis];
+    for (i = 0; i < e->out[0]->ndims; i++)
+      if (i != dropped_out_axis) n->perm[k++] = (unsigned char)(e->perm[i] - (e->perm[i] > gone));
+  }
   if (e->kind == HIR_EXPR_BROADCAST && dropped_out_axis >= 0) { /* the flags of the remaining axes */
     uint32_t low = e->flags & ((1u << dropped_out_axis) - 1u);
     n->flags = low | ((e->flags >> (dropped_out_axis + 1)) << dropped_out_axis);
@@ -3922,7 +4459,9 @@ static int hir__verify_write(hir__verifier *v, const hir_expr *e, const hir_tv *
 static int hir__verify_operands(hir__verifier *v, const hir_expr *e) {
   const char *kind = hir__ops[e->kind].name;
   int k;
-  if (e->kind == HIR_EXPR_COMMUNICATION || (hir__ops[e->kind].flags & HIR__OP_COMPUTE))
+  if (e->kind == HIR_EXPR_UNARY && ((unsigned)e->sub >= HIR_UNARY_COUNT))
+    return hir__verify_fail(v, "UnaryOp %d has unknown op %d", e->name, e->sub);
+  if (e->kind == HIR_EXPR_COMMUNICATION || ((hir__ops[e->kind].flags & HIR__OP_COMPUTE) && e->kind != HIR_EXPR_UNARY))
     for (k = 0; k < e->nin; k++)
       if (e->in[k]->dtype != e->out[0]->dtype)
         return hir__verify_fail(v, "%s %d reads T%d (%s) into T%d (%s); its operands must share one dtype", kind, e->name,
@@ -4571,7 +5110,7 @@ static hir_status hir__lower_passes(hir_program *p, const hir_fusion *f, const h
                              (long long)chunks, q ? hir_program_error(q) : "out of memory");
       hir_program_free(q);
     }
-    if (serial) hir__strip_streams(&p->ir);
+    if (serial && (hir__strip_streams(&p->ir), !hir__order_moves(p))) return hir__step_failed(p, "ordering the moves");
   }
   if (!hir__segment(p, d->should_merge, d->merge_user, &groups)) return hir__step_failed(p, "segmentation");
   if (mode == HIR__LOWER_CALLER) *apart = hir__devices_apart(p, &groups, napart);
@@ -4963,8 +5502,42 @@ static hir_status hir__cpu_copy(hir_backend *b, void *stream, const hir_tensor *
   return HIR_OK;
 }
 
+/* The op tables' expressions, compiled as C on doubles. */
+#define HIR_C(v) ((double)(v))
+#define HIR__BINARY_CASE(e, symbol, builder, expr) case e: return expr;
+#define HIR__UNARY_CASE(e, name, f, expr) case e: return expr;
 static double hir__apply_binary(hir_binary_op op, double x, double y) {
-  return op == HIR_BINARY_ADD ? x + y : op == HIR_BINARY_SUB ? x - y : x * y;
+  switch (op) { HIR_BINARY_OP_LIST(HIR__BINARY_CASE) default: return 0; }
+}
+static double hir__apply_unary(hir_unary_op op, double x, double s) {
+  (void)s;
+  switch (op) { HIR_UNARY_OP_LIST(HIR__UNARY_CASE) default: return 0; }
+}
+#undef HIR_C
+
+static hir_status hir__cpu_unary(hir_backend *b, void *stream, hir_unary_op op, const hir_tensor *dst, const hir_tensor *src,
+                                 double s) {
+  const hir_tensor *ts[2];
+  hir__iter it;
+  int nd = dst->ndims;
+  int64_t n, j;
+  (void)b; (void)stream;
+  if (nd == 0) {
+    hir__store(dst->data, dst->dtype, 0, hir__apply_unary(op, hir__load(src->data, src->dtype, 0), s));
+    return HIR_OK;
+  }
+  if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
+  ts[0] = dst;
+  ts[1] = src;
+  hir__iter_init(&it, nd, dst->sizes, 2, ts);
+  n = dst->sizes[nd - 1];
+  do {
+    int64_t sd = dst->strides[nd - 1], ss = src->strides[nd - 1];
+    for (j = 0; j < n; j++)
+      hir__store(dst->data, dst->dtype, it.off[0] + j * sd,
+                 hir__apply_unary(op, hir__load(src->data, src->dtype, it.off[1] + j * ss), s));
+  } while (hir__iter_next_outer(&it));
+  return HIR_OK;
 }
 
 static hir_status hir__cpu_binary(hir_backend *b, void *stream, hir_binary_op op, const hir_tensor *dst,
@@ -4991,7 +5564,8 @@ static hir_status hir__cpu_binary(hir_backend *b, void *stream, hir_binary_op op
       const float *p = (const float *)a->data + it.off[1], *q = (const float *)x->data + it.off[2];
       if (op == HIR_BINARY_ADD) for (j = 0; j < n; j++) d[j] = p[j] + q[j];
       else if (op == HIR_BINARY_SUB) for (j = 0; j < n; j++) d[j] = p[j] - q[j];
-      else for (j = 0; j < n; j++) d[j] = p[j] * q[j];
+      else if (op == HIR_BINARY_MUL) for (j = 0; j < n; j++) d[j] = p[j] * q[j];
+      else for (j = 0; j < n; j++) d[j] = (float)((double)p[j] / q[j]);
     } else {
       for (j = 0; j < n; j++)
         hir__store(dst->data, dst->dtype, it.off[0] + j * sd,
@@ -5161,6 +5735,7 @@ HIRDEF hir_backend *hir_backend_cpu_create(void) {
   b->stream_query = hir__cpu_sync;
   b->copy = hir__cpu_copy;
   b->binary = hir__cpu_binary;
+  b->unary = hir__cpu_unary;
   b->sum = hir__cpu_sum;
   b->matmul = hir__cpu_matmul;
   b->upload = hir__cpu_memcpy;
@@ -5202,8 +5777,17 @@ typedef struct hir__cuda {
   int kernels_state;                /* 0: not loaded yet, 1: loaded, -1: failed to load (cuBLAS only) */
   cudaLibrary_t kernels;
   cudaKernel_t sum_kernel[HIR_DTYPE_COUNT]; /* the short-axis sum per dtype, NULL where none */
+  int map_state;                    /* the elementwise kernels (NVRTC): 0 not tried, 1 loaded, -1 failed (map_error) */
+  cudaLibrary_t map_library;
+  cudaKernel_t map_kernel[2];       /* computing in float, in double */
+  char map_error[200];
   cudaStream_t capture, saved_caller;  /* graph capture: the stream it runs on, and the caller's meanwhile */
 } hir__cuda;
+
+/* The elementwise kernels (below), used by copies and graph capture too. */
+static int hir__cuda_load_map(hir__cuda *c);
+static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_tensor *dst, const hir_tensor *a,
+                                const hir_tensor *x, double s);
 
 static hir_status hir__cuda_fail(hir_backend *b, const char *what, const char *detail, const char *file, int line) {
   snprintf(b->error, sizeof b->error, "%.100s failed: %.80s (%.40s:%d)", what, detail, file, line);
@@ -5286,6 +5870,7 @@ static void hir__cuda_destroy(hir_backend *b) {
   for (k = 0; k < HIR_DTYPE_COUNT; k++)
     if (c->ones_by_type[k]) cudaFree(c->ones_by_type[k]);
   if (c->kernels_state == 1) cudaLibraryUnload(c->kernels);
+  if (c->map_state == 1) cudaLibraryUnload(c->map_library);
   if (c->lt) cublasLtDestroy(c->lt);
   if (c->capture) cudaStreamDestroy(c->capture);
   HIR_FREE(c);
@@ -5351,6 +5936,7 @@ static hir_status hir__cuda_graph_begin(hir_backend *b) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   hir__cuda_lane *from, *to;
   int k;
+  hir__cuda_load_map(c); /* compiled now, not while capturing */
   if (!c->capture) HIR__CU(b, cudaStreamCreateWithFlags(&c->capture, cudaStreamNonBlocking));
   if (hir__cuda_lane_of(b, NULL, &from) != HIR_OK || hir__cuda_lane_of(b, c->capture, &to) != HIR_OK) return HIR_ERR_BACKEND;
   for (k = 0; k < 3; k++) {
@@ -5465,6 +6051,8 @@ static hir_status hir__cuda_copy(hir_backend *b, void *stream, const hir_tensor 
     return HIR_OK;
   }
   run = (strides[0][nd - 1] == 1 && strides[1][nd - 1] <= 1) ? sizes[nd - 1] : 1;
+  if (run == 1 && hir__cuda_load_map((hir__cuda *)b->ctx)) /* element by element (a transpose): one kernel */
+    return hir__cuda_map(b, stream, HIR_UNARY_CAST, dst, src, NULL, 0);
   /* contiguous runs at a fixed pitch in both tensors: one 2-D copy for all of them */
   rows = run > 1 && strides[1][nd - 1] == 1 && nd >= 2 && strides[0][nd - 2] >= run && strides[1][nd - 2] >= run
              ? sizes[nd - 2] : 1;
@@ -5520,6 +6108,227 @@ static hir_status hir__cuda_dense(hir_backend *b, hir__cuda_lane *l, int k, cons
   return hir__cuda_copy(b, l->stream, out, t);
 }
 
+/* ---- elementwise kernels: CUDA C compiled at first use by NVRTC ----
+   One kernel computes any op of the tables (HIR_UNARY_OP_LIST,
+   HIR_BINARY_OP_LIST: their expressions become its cases) over tensors of
+   any strides and dtypes, in float, or in double where one is f64. NVRTC is
+   loaded with dlopen, so nothing more is linked; without it the unary ops
+   are refused with a message, and binary ops keep cuBLAS. */
+static const char hir__cuda_map_head[] =
+    "typedef long long i64;\n"
+    "typedef unsigned short u16;\n"
+    "struct hir_map_args {\n"
+    "  void *dst; const void *a, *b; double s;\n"
+    "  int op, binary, nd, dt_dst, dt_a, dt_b; i64 n;\n"
+    "  i64 sizes[8], sd[8], sa[8], sb[8];\n"
+    "};\n"
+    "__device__ __forceinline__ float hir_h2f(u16 h) { float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }\n"
+    "__device__ __forceinline__ u16 hir_f2h(float f) { u16 h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n"
+    "__device__ __forceinline__ float hir_b2f(u16 h) { return __uint_as_float((unsigned)h << 16); }\n"
+    "__device__ __forceinline__ u16 hir_f2b(float f) { u16 h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n"
+    "template <typename T> __device__ __forceinline__ T hir_ld(const void *p, int dt, i64 i) {\n"
+    "  switch (dt) {\n"
+    "  case 0: return (T)((const float *)p)[i];\n"
+    "  case 1: return (T)((const double *)p)[i];\n"
+    "  case 2: return (T)hir_h2f(((const u16 *)p)[i]);\n"
+    "  default: return (T)hir_b2f(((const u16 *)p)[i]);\n"
+    "  }\n"
+    "}\n"
+    "template <typename T> __device__ __forceinline__ void hir_st(void *p, int dt, i64 i, T v) {\n"
+    "  switch (dt) {\n"
+    "  case 0: ((float *)p)[i] = (float)v; break;\n"
+    "  case 1: ((double *)p)[i] = (double)v; break;\n"
+    "  case 2: ((u16 *)p)[i] = hir_f2h((float)v); break;\n"
+    "  default: ((u16 *)p)[i] = hir_f2b((float)v); break;\n"
+    "  }\n"
+    "}\n"
+    "#define HIR_C(v) ((T)(v))\n";
+static const char hir__cuda_map_tail[] =
+    "template <typename T> __device__ void hir_map(const hir_map_args &a) {\n"
+    "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < a.n; i += (i64)gridDim.x * blockDim.x) {\n"
+    "    i64 r = i, od = 0, oa = 0, ob = 0;\n"
+    "    if (a.nd == 1) od = i * a.sd[0], oa = i * a.sa[0], ob = i * a.sb[0];\n"
+    "    else for (int d = a.nd - 1; d >= 0; d--) {\n"
+    "      i64 k = r % a.sizes[d];\n"
+    "      r /= a.sizes[d];\n"
+    "      od += k * a.sd[d], oa += k * a.sa[d], ob += k * a.sb[d];\n"
+    "    }\n"
+    "    T x = hir_ld<T>(a.a, a.dt_a, oa);\n"
+    "    hir_st<T>(a.dst, a.dt_dst, od, a.binary ? hir_binary<T>(a.op, x, hir_ld<T>(a.b, a.dt_b, ob)) : hir_unary<T>(a.op, x, (T)a.s));\n"
+    "  }\n"
+    "}\n"
+    "extern \"C\" __global__ void hir_map_f32(hir_map_args a) { hir_map<float>(a); }\n"
+    "extern \"C\" __global__ void hir_map_f64(hir_map_args a) { hir_map<double>(a); }\n";
+#define HIR__EXPR_TEXT_BINARY(e, symbol, builder, expr) #expr,
+#define HIR__EXPR_TEXT_UNARY(e, name, f, expr) #expr,
+static const char *const hir__binary_exprs[] = {HIR_BINARY_OP_LIST(HIR__EXPR_TEXT_BINARY)};
+static const char *const hir__unary_exprs[] = {HIR_UNARY_OP_LIST(HIR__EXPR_TEXT_UNARY)};
+
+typedef struct hir__map_args { /* hir_map_args of the kernel source, field for field */
+  void *dst;
+  const void *a, *b;
+  double s;
+  int op, binary, nd, dt_dst, dt_a, dt_b;
+  int64_t n;
+  int64_t sizes[HIR_MAX_DIMS], sd[HIR_MAX_DIMS], sa[HIR_MAX_DIMS], sb[HIR_MAX_DIMS];
+} hir__map_args;
+HIR__STATIC_ASSERT(map_dims, HIR_MAX_DIMS == 8);
+
+/* The kernel source: head, the two op switches from the tables, tail. */
+static char *hir__cuda_map_source(void) {
+  size_t cap = sizeof hir__cuda_map_head + sizeof hir__cuda_map_tail + 512, len = 0, i;
+  char *src;
+  for (i = 0; i < HIR_UNARY_COUNT; i++) cap += strlen(hir__unary_exprs[i]) + 32;
+  for (i = 0; i < HIR_BINARY_COUNT; i++) cap += strlen(hir__binary_exprs[i]) + 32;
+  if (!(src = (char *)HIR_MALLOC(cap))) return NULL;
+  len += (size_t)snprintf(src + len, cap - len, "%s", hir__cuda_map_head);
+  len += (size_t)snprintf(src + len, cap - len, "template <typename T> __device__ T hir_unary(int op, T x, T s) {\n  switch (op) {\n");
+  for (i = 0; i < HIR_UNARY_COUNT; i++) len += (size_t)snprintf(src + len, cap - len, "  case %d: return %s;\n", (int)i, hir__unary_exprs[i]);
+  len += (size_t)snprintf(src + len, cap - len, "  }\n  return x;\n}\ntemplate <typename T> __device__ T hir_binary(int op, T x, T y) {\n  switch (op) {\n");
+  for (i = 0; i < HIR_BINARY_COUNT; i++) len += (size_t)snprintf(src + len, cap - len, "  case %d: return %s;\n", (int)i, hir__binary_exprs[i]);
+  len += (size_t)snprintf(src + len, cap - len, "  }\n  return x;\n}\n");
+  snprintf(src + len, cap - len, "%s", hir__cuda_map_tail);
+  return src;
+}
+
+/* NVRTC's entry points (nvrtc.h's types, declared here so that no NVRTC header is needed). */
+typedef struct hir__nvrtc {
+  void *lib;
+  int (*create)(void **prog, const char *src, const char *name, int nheaders, const char *const *headers,
+                const char *const *include_names);
+  int (*compile)(void *prog, int noptions, const char *const *options);
+  int (*cubin_size)(void *prog, size_t *size);
+  int (*cubin)(void *prog, char *cubin);
+  int (*log_size)(void *prog, size_t *size);
+  int (*log)(void *prog, char *log);
+  int (*destroy)(void **prog);
+} hir__nvrtc;
+
+static int hir__nvrtc_open(hir__nvrtc *n, char *why, size_t cap) {
+  static const char *const names[] = {"libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"};
+  const char *home = getenv("CUDA_HOME");
+  char path[600];
+  size_t i;
+  void **fns[7];
+  static const char *const syms[7] = {"nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetCUBINSize", "nvrtcGetCUBIN",
+                                      "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcDestroyProgram"};
+  memset(n, 0, sizeof *n);
+  for (i = 0; i < 3 && !n->lib; i++) n->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  for (i = 0; i < 3 && !n->lib && home; i++) {
+    snprintf(path, sizeof path, "%.500s/lib64/%s", home, names[i]);
+    n->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  }
+  if (!n->lib) {
+    snprintf(why, cap, "NVRTC (libnvrtc.so, part of the CUDA toolkit) was not found; put its directory on "
+             "LD_LIBRARY_PATH or set CUDA_HOME");
+    return 0;
+  }
+  fns[0] = (void **)&n->create, fns[1] = (void **)&n->compile, fns[2] = (void **)&n->cubin_size, fns[3] = (void **)&n->cubin;
+  fns[4] = (void **)&n->log_size, fns[5] = (void **)&n->log, fns[6] = (void **)&n->destroy;
+  for (i = 0; i < 7; i++) {
+    void *f = dlsym(n->lib, syms[i]);
+    if (!f) {
+      snprintf(why, cap, "NVRTC has no %s; use NVRTC 12 or later", syms[i]);
+      dlclose(n->lib);
+      return 0;
+    }
+    memcpy(fns[i], &f, sizeof f); /* object to function pointer, as dlsym's users must */
+  }
+  return 1;
+}
+
+/* Compiles and loads the kernels once per backend; map_error says why not. */
+static int hir__cuda_load_map(hir__cuda *c) {
+  hir__nvrtc n;
+  void *prog = NULL;
+  char *src = NULL, *bin = NULL, arch[32];
+  const char *opts[2];
+  size_t size = 0;
+  int major = 0, minor = 0, rc;
+  if (c->map_state) return c->map_state == 1;
+  c->map_state = -1;
+  if (!hir__nvrtc_open(&n, c->map_error, sizeof c->map_error)) return 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
+  snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%d", major, minor);
+  opts[0] = arch;
+  opts[1] = "--std=c++14";
+  if (!(src = hir__cuda_map_source())) {
+    snprintf(c->map_error, sizeof c->map_error, "out of host memory");
+  } else if ((rc = n.create(&prog, src, "hostir_map.cu", 0, NULL, NULL)) != 0) {
+    snprintf(c->map_error, sizeof c->map_error, "nvrtcCreateProgram failed (%d)", rc);
+  } else if ((rc = n.compile(prog, 2, opts)) != 0) {
+    char log[160] = "";
+    size_t lsize = 0;
+    if (n.log_size(prog, &lsize) == 0 && lsize > 0) {
+      char *full = (char *)HIR_MALLOC(lsize);
+      if (full && n.log(prog, full) == 0) snprintf(log, sizeof log, "%s", full);
+      HIR_FREE(full);
+    }
+    snprintf(c->map_error, sizeof c->map_error, "NVRTC could not compile the kernels for %s (%d): %.120s", arch + 19, rc, log);
+  } else if (n.cubin_size(prog, &size) != 0 || !(bin = (char *)HIR_MALLOC(size)) || n.cubin(prog, bin) != 0) {
+    snprintf(c->map_error, sizeof c->map_error, "NVRTC gave no binary for %s", arch + 19);
+  } else if (cudaLibraryLoadData(&c->map_library, bin, NULL, NULL, 0, NULL, NULL, 0) != cudaSuccess) {
+    snprintf(c->map_error, sizeof c->map_error, "cudaLibraryLoadData of the kernels failed: %s", cudaGetErrorString(cudaGetLastError()));
+  } else if (cudaLibraryGetKernel(&c->map_kernel[0], c->map_library, "hir_map_f32") != cudaSuccess ||
+             cudaLibraryGetKernel(&c->map_kernel[1], c->map_library, "hir_map_f64") != cudaSuccess) {
+    snprintf(c->map_error, sizeof c->map_error, "the kernels' library lacks hir_map_f32/f64");
+    cudaGetLastError();
+    cudaLibraryUnload(c->map_library);
+  } else {
+    c->map_state = 1;
+  }
+  if (prog) n.destroy(&prog);
+  HIR_FREE(src);
+  HIR_FREE(bin);
+  dlclose(n.lib);
+  return c->map_state == 1;
+}
+
+/* dst = op(a[, b]) by the kernel: binary (b given) or unary with scalar s. */
+static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_tensor *dst, const hir_tensor *a,
+                                const hir_tensor *x, double s) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__map_args args;
+  int64_t strides[3][HIR_MAX_DIMS];
+  void *argv[1];
+  int d, f64 = dst->dtype == HIR_F64 || a->dtype == HIR_F64 || (x && x->dtype == HIR_F64);
+  dim3 grid, block;
+  cudaError_t e;
+  if (!hir__cuda_load_map(c)) {
+    snprintf(b->error, sizeof b->error, "cuda backend: the elementwise kernels are unavailable: %s", c->map_error);
+    return HIR_ERR_UNSUPPORTED;
+  }
+  memset(&args, 0, sizeof args);
+  args.n = hir__numel(dst->ndims, dst->sizes);
+  if (args.n == 0) return HIR_OK;
+  args.nd = dst->ndims;
+  for (d = 0; d < dst->ndims; d++) {
+    args.sizes[d] = dst->sizes[d];
+    strides[0][d] = dst->strides[d];
+    strides[1][d] = a->strides[d];
+    strides[2][d] = x ? x->strides[d] : 0;
+  }
+  hir__collapse(&args.nd, args.sizes, strides, 3);
+  if (args.nd == 0) args.nd = 1, args.sizes[0] = 1, strides[0][0] = strides[1][0] = strides[2][0] = 0;
+  for (d = 0; d < args.nd; d++) args.sd[d] = strides[0][d], args.sa[d] = strides[1][d], args.sb[d] = strides[2][d];
+  args.dst = dst->data, args.a = a->data, args.b = x ? x->data : a->data, args.s = s;
+  args.op = op, args.binary = x != NULL;
+  args.dt_dst = (int)dst->dtype, args.dt_a = (int)a->dtype, args.dt_b = x ? (int)x->dtype : 0;
+  argv[0] = &args;
+  grid.x = (unsigned)((args.n + 255) / 256 < 65535 ? (args.n + 255) / 256 : 65535), grid.y = grid.z = 1;
+  block.x = 256, block.y = block.z = 1;
+  e = cudaLaunchKernel((const void *)c->map_kernel[f64], grid, block, argv, 0,
+                       stream ? (cudaStream_t)stream : c->caller);
+  if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (elementwise)", cudaGetErrorString(e), __FILE__, __LINE__);
+  return HIR_OK;
+}
+
+static hir_status hir__cuda_unary(hir_backend *b, void *stream, hir_unary_op op, const hir_tensor *dst, const hir_tensor *src,
+                                  double s) {
+  return hir__cuda_map(b, stream, (int)op, dst, src, NULL, s);
+}
+
 static hir_status hir__cuda_binary(hir_backend *b, void *stream, hir_binary_op op, const hir_tensor *dst, const hir_tensor *a,
                                    const hir_tensor *x) {
   hir__cuda *c = (hir__cuda *)b->ctx;
@@ -5528,9 +6337,10 @@ static hir_status hir__cuda_binary(hir_backend *b, void *stream, hir_binary_op o
   hir_status st;
   int64_t n = hir__numel(dst->ndims, dst->sizes);
   if (n == 0) return HIR_OK;
+  if (hir__cuda_load_map(c) || op == HIR_BINARY_DIV) return hir__cuda_map(b, stream, (int)op, dst, a, x, 0);
   if (op == HIR_BINARY_MUL && (dst->dtype == HIR_F16 || dst->dtype == HIR_BF16)) {
-    snprintf(b->error, sizeof b->error, "cuda backend: mul of %s tensors: cuBLAS has no elementwise product for %s "
-             "(dgmm is f32/f64 only); compute it in float", hir_dtype_name(dst->dtype), hir_dtype_name(dst->dtype));
+    snprintf(b->error, sizeof b->error, "cuda backend: mul of %s tensors needs the elementwise kernels (cuBLAS's dgmm is "
+             "f32/f64 only): %.120s", hir_dtype_name(dst->dtype), c->map_error);
     return HIR_ERR_UNSUPPORTED;
   }
   if ((st = hir__cuda_lane_of(b, stream, &l)) != HIR_OK || (st = hir__cuda_dense(b, l, 0, a, dst, &da)) != HIR_OK ||
@@ -5868,6 +6678,7 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   b->stream_query = hir__cuda_query;
   b->copy = hir__cuda_copy;
   b->binary = hir__cuda_binary;
+  b->unary = hir__cuda_unary;
   b->sum = hir__cuda_sum;
   b->matmul = hir__cuda_matmul;
   b->upload = hir__cuda_upload;
@@ -6777,7 +7588,7 @@ static int hir__check_communication(hir_evaluator *ev, const hir_expr *e) {
   if ((e->sub == HIR_COLL_ALLGATHER && no != n * ni) || (e->sub == HIR_COLL_GATHER && no != senders * ni) ||
       ((e->sub == HIR_COLL_REDUCESCATTER || e->sub == HIR_COLL_SCATTER) && ni != n * no) ||
       ((e->sub == HIR_COLL_ALLREDUCE || e->sub == HIR_COLL_REDUCE || e->sub == HIR_COLL_BROADCAST ||
-        e->sub == HIR_COLL_SENDRECV) && ni != no))
+        e->sub == HIR_COLL_SENDRECV || e->sub == HIR_COLL_ALLTOALL) && ni != no))
     return hir__shape_mismatch(ev, e, e->in[0], &ev->shape[e->in[0]->name], e->out[0], &ev->shape[e->out[0]->name],
                                "their element counts do not fit the collective over its team (a DIDx axis must have the mesh size as extent)");
   return 1;
@@ -6797,8 +7608,21 @@ static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
   case HIR_EXPR_ALIAS_SLICE: return hir__check_view(ev, e);
   case HIR_EXPR_LOAD_STORE:
     if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+    if (e->flags & HIR__SET_PERMUTE) {
+      int ok = a->nd == o->nd;
+      for (i = 0; ok && i < o->nd; i++) ok = e->perm[i] < a->nd && o->sizes[i] == a->sizes[e->perm[i]];
+      return ok ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a permute reorders the axes");
+    }
     return hir__shapes_equal(a, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a set copies one shape");
   case HIR_EXPR_BINARY: return hir__check_binary(ev, e);
+  case HIR_EXPR_UNARY:
+    if (!ev->b->unary)
+      return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: UnaryOp %d (T%d): the %s backend has no unary ops (its `unary` "
+                          "is NULL)", e->name, e->out[0]->name, ev->b->name);
+    if (e->val && hir__unbound(&ev->env, e->val))
+      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: the scalar of UnaryOp %d is unknown on this rank", e->name);
+    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+    return hir__shapes_equal(a, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "an elementwise op keeps the shape");
   case HIR_EXPR_REDUCTION: return hir__check_reduction(ev, e);
   case HIR_EXPR_BROADCAST: return hir__check_broadcast(ev, e);
   case HIR_EXPR_MATMUL: return hir__check_matmul(ev, e);
@@ -7099,8 +7923,16 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   av = *x;
   bv = y ? *y : av;
   switch (e->kind) {
-  case HIR_EXPR_LOAD_STORE: return hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, &ov, &av), e);
+  case HIR_EXPR_LOAD_STORE:
+    if (e->flags & HIR__SET_PERMUTE) { /* the source seen in the output's order */
+      int i;
+      for (i = 0; i < ov.ndims; i++) av.sizes[i] = x->sizes[e->perm[i]], av.strides[i] = x->strides[e->perm[i]];
+    }
+    return hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, &ov, &av), e);
   case HIR_EXPR_BINARY: return hir__exec_binary(ev, e, &ov, &av, &bv);
+  case HIR_EXPR_UNARY:
+    return hir__ev_backend(ev, ev->b->unary(ev->b, ev->current, (hir_unary_op)e->sub, &ov, &av,
+                                            e->val ? (double)hir__eval_val(&ev->env, e->val) : e->scalar), e);
   case HIR_EXPR_REDUCTION: return hir__exec_sum(ev, e, &ov, &av);
   case HIR_EXPR_BROADCAST: return hir__exec_broadcast(ev, e, &ov, &av);
   case HIR_EXPR_MATMUL: return hir__exec_matmul(ev, e, &ov, &av, &bv);
@@ -7125,6 +7957,38 @@ static void hir__comm_what(hir_evaluator *ev, const hir_tv *tv, const hir_tensor
   what->dtype = tv->dtype;
   what->ndims = t->ndims;
   memcpy(what->sizes, t->sizes, (size_t)t->ndims * sizeof t->sizes[0]);
+}
+
+/* AllToAll from send/recv: chunk j of the input goes to member j, chunk i of
+   the output comes from member i, all in one group; the own chunk is a copy. */
+static int hir__exec_alltoall(hir_evaluator *ev, const hir_expr *e, const hir_tensor *in, const hir_tensor *out, size_t bytes) {
+  hir_comm *c = ev->comm;
+  size_t chunk = bytes / (size_t)e->team_size;
+  int me = hir_team_index(e->team, e->team_size, ev->device), j;
+  hir_tensor dst, src;
+  memset(&dst, 0, sizeof dst);
+  dst.dtype = in->dtype;
+  dst.ndims = 1;
+  dst.sizes[0] = (int64_t)(chunk / hir_dtype_size(in->dtype));
+  hir__contiguous_strides(&dst);
+  src = dst;
+  dst.data = (char *)out->data + (size_t)me * chunk;
+  src.data = (char *)in->data + (size_t)me * chunk;
+  if (!hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, &dst, &src), e)) return 0;
+  if (e->team_size == 1) return 1;
+  if (!hir__ev_comm(ev, c->group_start(c), e)) return 0;
+  for (j = 0; j < e->team_size; j++) {
+    hir_status s = HIR_OK;
+    if (j == me) continue;
+    s = c->send(c, (const char *)in->data + (size_t)j * chunk, chunk, e->team[j], ev->current);
+    if (s == HIR_OK) s = c->recv(c, (char *)out->data + (size_t)j * chunk, chunk, e->team[j], ev->current);
+    if (s != HIR_OK) {
+      hir__ev_comm(ev, s, e);
+      c->group_end(c);
+      return 0;
+    }
+  }
+  return hir__ev_comm(ev, c->group_end(c), e);
 }
 
 static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {
@@ -7175,6 +8039,9 @@ static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {
     } else {
       s = c->recv(c, out->data, no * es, e->root, ev->current);
     }
+    break;
+  case HIR_COLL_ALLTOALL:
+    if (!hir__exec_alltoall(ev, e, in, out, ni * es)) return 0;
     break;
   default:
     return hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: unknown collective %d", e->sub);

@@ -100,7 +100,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (k = 0; k < 12 && z.at < z.n; k++) { /* the fusion: each op from a byte, its operands from the next ones */
     hir_tv *a = ntv ? tvs[fz_take(&z, ntv)] : NULL, *b = ntv ? tvs[fz_take(&z, ntv)] : NULL, *t = NULL;
     int axes[2] = {fz_take(&z, 5) - 1, fz_take(&z, 5) - 1}, flags[4] = {0}, mesh[4], n, j;
-    switch (fz_take(&z, 11)) {
+    switch (fz_take(&z, 12)) {
     case 0:
     case 1: {
       int nd = 1 + fz_take(&z, 3), idx = x.nin;
@@ -127,6 +127,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       break;
     case 8: hir_parallelize(a, fz_take(&z, 5) - 1, (hir_ptype)fz_take(&z, 3)); break;
     case 9: hir_output(x.f, a); break;
+    case 10: { /* elementwise, casts, scalars, permutes, composites: any arguments */
+      int perm[HIR_MAX_DIMS] = {fz_take(&z, 4) - 1, fz_take(&z, 4) - 1, fz_take(&z, 4) - 1};
+      switch (fz_take(&z, 7)) {
+      case 0: t = hir_unary(x.f, (hir_unary_op)fz_take(&z, HIR_UNARY_COUNT + 1), a); break;
+      case 1: t = hir_cast(x.f, a, (hir_dtype)fz_take(&z, HIR_DTYPE_COUNT + 1)); break;
+      case 2: t = hir_binary_scalar(x.f, (hir_binary_op)fz_take(&z, HIR_BINARY_COUNT + 1), a, fz_take(&z, 9) - 4); break;
+      case 3: t = hir_permute(x.f, a, perm); break;
+      case 4: t = hir_div(x.f, a, b); break;
+      case 5: t = hir_mean(x.f, a, 1 + fz_take(&z, 2), axes); break;
+      default: t = hir_layer_norm(x.f, a, fz_take(&z, 3), fz_take(&z, 2) ? b : NULL, NULL, 1e-5); break;
+      }
+      break;
+    }
     default: break;
     }
     if (t && ntv < 16) tvs[ntv++] = t;

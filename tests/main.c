@@ -17,6 +17,8 @@
 #include "test_robust.c"
 #include "test_diff.c"
 #include "test_tune.c"
+#include "test_ops.c"
+#include "test_reshard.c"
 
 #include <unistd.h>
 

@@ -1,5 +1,6 @@
 /* The differential check: random fusions - sets, binary ops (with broadcast
-   axes), sums, matmuls - on random meshes with random DIDx and Stream axes
+   axes), elementwise and tensor-scalar ops, sums over one or two axes,
+   matmuls - on random meshes with random DIDx and Stream axes
    and stream options, lowered for every rank of a local world and run on
    random data, against a plain reference computed here on the whole
    (unsharded) tensors. Every program either gives the reference's numbers
@@ -116,6 +117,19 @@ static diff_tv *diff_sum(diff_prog *p, diff_tv *a, int ax) {
   return t;
 }
 
+/* t = sum of a (3 data axes) over axes ax0 < ax1, in one hir_sum. */
+static diff_tv *diff_sum2(diff_prog *p, diff_tv *a, int ax0, int ax1) {
+  int64_t idx[HIR_MAX_DIMS] = {0};
+  int axes[2], keep = 3 - ax0 - ax1;
+  diff_tv *t;
+  axes[0] = ax0, axes[1] = ax1;
+  t = diff_new(p, hir_sum(p->f, a->tv, 2, axes), 1, &a->sizes[keep]);
+  if (diff_numel(a->nd, a->sizes))
+    do t->v[idx[keep]] += a->v[diff_off(a->nd, a->sizes, idx)];
+    while (diff_step(a->nd, a->sizes, idx));
+  return t;
+}
+
 /* t = a op b, where b is a's shape or a's shape with size 1 at axis `bax`
    (a broadcast axis: b = broadcast(x) of x without that axis). */
 static diff_tv *diff_binary(diff_prog *p, int op, diff_tv *a, diff_tv *b, int bax) {
@@ -130,6 +144,27 @@ static diff_tv *diff_binary(diff_prog *p, int op, diff_tv *a, diff_tv *b, int ba
       y = b->v[diff_off(b->nd, b->sizes, bidx)];
       t->v[diff_off(t->nd, t->sizes, idx)] = op == 0 ? x + y : op == 1 ? x - y : x * y;
     } while (diff_step(a->nd, a->sizes, idx));
+  return t;
+}
+
+/* t = an elementwise op of a, exact on the generator's values (multiples of 1/256). */
+static diff_tv *diff_unary(diff_prog *p, int which, diff_tv *a) {
+  static const hir_unary_op ops[6] = {HIR_UNARY_RELU, HIR_UNARY_ABS, HIR_UNARY_NEG, HIR_UNARY_MUL_SCALAR,
+                                      HIR_UNARY_ADD_SCALAR, HIR_UNARY_SCALAR_SUB};
+  hir_tv *tv;
+  diff_tv *t;
+  int64_t i;
+  switch (ops[which]) {
+  case HIR_UNARY_MUL_SCALAR: tv = hir_binary_scalar(p->f, HIR_BINARY_MUL, a->tv, 0.5); break;
+  case HIR_UNARY_ADD_SCALAR: tv = hir_binary_scalar(p->f, HIR_BINARY_ADD, a->tv, 1.25); break;
+  case HIR_UNARY_SCALAR_SUB: tv = hir_scalar_binary(p->f, HIR_BINARY_SUB, 2, a->tv); break;
+  default: tv = hir_unary(p->f, ops[which], a->tv); break;
+  }
+  t = diff_new(p, tv, a->nd, a->sizes);
+  for (i = 0; i < diff_numel(a->nd, a->sizes); i++) {
+    double x = a->v[i];
+    t->v[i] = which == 0 ? (x > 0 ? x : 0) : which == 1 ? fabs(x) : which == 2 ? -x : which == 3 ? x * 0.5 : which == 4 ? x + 1.25 : 2 - x;
+  }
   return t;
 }
 
@@ -190,14 +225,22 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   }
   for (k = 0; k < nops && p->ntv < DIFF_MAX_TVS - 3; k++) {
     diff_tv *a = &p->t[p->ntv - 1 - diff_next(r, p->ntv < 2 ? 1 : 2)], *t = NULL;
-    switch (diff_next(r, 3)) {
+    switch (diff_next(r, 4)) {
+    case 3: /* an elementwise op */
+      t = diff_unary(p, diff_next(r, 6), a);
+      break;
     case 0: /* a move: a set onto its own or another placement */
       t = diff_new(p, hir_set(p->f, a->tv), a->nd, a->sizes);
       memcpy(t->v, a->v, (size_t)diff_numel(a->nd, a->sizes) * sizeof(double));
       break;
-    case 1: /* a sum over one axis */
+    case 1: /* a sum over one axis, or two (one of them maybe split: a local sum, then a collective) */
       if (a->nd < 2) continue;
-      t = diff_sum(p, a, diff_next(r, a->nd));
+      if (a->nd == 3 && diff_next(r, 3) == 0) {
+        int keep = diff_next(r, 3);
+        t = diff_sum2(p, a, keep == 0 ? 1 : 0, keep == 2 ? 1 : 2);
+      } else {
+        t = diff_sum(p, a, diff_next(r, a->nd));
+      }
       break;
     default: /* a op b: b is a itself, another tensor of a's shape, or a's sum over an axis broadcast back */
       j = diff_next(r, 3);

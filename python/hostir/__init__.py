@@ -49,6 +49,10 @@ def _load():
         "hir_input": (p, [p, i, i]), "hir_output": (i, [p, p]), "hir_set": (p, [p, p]),
         "hir_add": (p, [p, p, p]), "hir_sub": (p, [p, p, p]), "hir_mul": (p, [p, p, p]), "hir_matmul": (p, [p, p, p]),
         "hir_sum": (p, [p, p, i, ctypes.POINTER(i)]), "hir_broadcast": (p, [p, p, i, ctypes.POINTER(i)]),
+        "hir_div": (p, [p, p, p]), "hir_unary": (p, [p, i, p]), "hir_cast": (p, [p, p, i]),
+        "hir_binary_scalar": (p, [p, i, p, ctypes.c_double]), "hir_scalar_binary": (p, [p, i, ctypes.c_double, p]),
+        "hir_permute": (p, [p, p, ctypes.POINTER(i)]), "hir_mean": (p, [p, p, i, ctypes.POINTER(i)]),
+        "hir_layer_norm": (p, [p, p, i, p, p, ctypes.c_double]),
         "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
         "hx_lower": (i, [p, i, i, i, i, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
@@ -77,6 +81,9 @@ _lib = _load()
 _DTYPES = {"float32": 0, "float64": 1, "float16": 2}      # hir_dtype; bfloat16 has no numpy type
 _NUMPY = {0: np.float32, 1: np.float64, 2: np.float16}
 _PTYPES = {"Serial": 0, "DIDx": 1, "Stream": 2}
+_BINARY = {"+": 0, "-": 1, "*": 2, "/": 3}  # hir_binary_op
+_UNARY = {name: k for k, name in enumerate(  # hir_unary_op, in HIR_UNARY_OP_LIST's order
+    "neg abs relu sin cos exp log tanh sqrt rsqrt reciprocal sigmoid silu gelu".split())}
 _STATUS_INVALID = 1
 
 
@@ -178,6 +185,40 @@ class Fusion:
     def broadcast(self, a, is_broadcast):
         flags = [1 if x else 0 for x in is_broadcast]
         return self._tv(_lib.hir_broadcast(self._h, a._h, len(flags), (ctypes.c_int * max(1, len(flags)))(*flags)))
+
+    def div(self, a, b):
+        return self._tv(_lib.hir_div(self._h, a._h, b._h))
+
+    def unary(self, op, a):
+        """op: one of neg abs relu sin cos exp log tanh sqrt rsqrt reciprocal sigmoid silu gelu."""
+        if op not in _UNARY:
+            raise Error("invalid argument", "unary: unknown op %r; give one of %s" % (op, " ".join(_UNARY)))
+        return self._tv(_lib.hir_unary(self._h, _UNARY[op], a._h))
+
+    def cast(self, a, dtype):
+        if dtype not in _DTYPES:
+            raise Error("invalid argument", "cast: dtype %r; give one of %s" % (dtype, ", ".join(_DTYPES)))
+        return self._tv(_lib.hir_cast(self._h, a._h, _DTYPES[dtype]))
+
+    def scalar(self, op, a, s, scalar_first=False):
+        """a op s (scalar_first: s op a), op one of + - * /."""
+        if op not in _BINARY:
+            raise Error("invalid argument", "scalar: unknown op %r; give one of + - * /" % (op,))
+        if scalar_first:
+            return self._tv(_lib.hir_scalar_binary(self._h, _BINARY[op], float(s), a._h))
+        return self._tv(_lib.hir_binary_scalar(self._h, _BINARY[op], a._h, float(s)))
+
+    def permute(self, a, perm):
+        perm = list(perm)
+        return self._tv(_lib.hir_permute(self._h, a._h, (ctypes.c_int * max(1, len(perm)))(*perm)))
+
+    def mean(self, a, axes):
+        axes = list(axes)
+        return self._tv(_lib.hir_mean(self._h, a._h, len(axes), (ctypes.c_int * max(1, len(axes)))(*axes)))
+
+    def layer_norm(self, a, naxes, weight=None, bias=None, eps=1e-5):
+        return self._tv(_lib.hir_layer_norm(self._h, a._h, naxes, weight._h if weight else None,
+                                            bias._h if bias else None, eps))
 
     def __str__(self):
         return _text(_lib.hir_fusion_snprint, self._h)

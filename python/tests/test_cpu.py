@@ -48,6 +48,29 @@ class CpuTests(unittest.TestCase):
                 self.assertEqual(outs[r][0].shape, (D, m, N))
                 np.testing.assert_allclose(outs[r][0], want, rtol=1e-4, atol=1e-4, err_msg="rank %d, D %d" % (r, D))
 
+    def test_ops_like_numpy(self):
+        """layer_norm over a split hidden axis (a local sum, then an allreduce), relu, a scalar, a permute, a cast."""
+        rng = np.random.default_rng(5)
+        D, rows, h = 3, 4, 5
+        X = rng.standard_normal((rows, D, h)).astype(np.float32)
+        f = hostir.Fusion()
+        x = f.input("float32", 3)
+        y = f.layer_norm(x, 2)
+        z = f.output(f.cast(f.permute(f.scalar("*", f.unary("relu", y), 2.0), [2, 0, 1]), "float64"))
+        x.mesh(range(D))
+        x.parallelize(1, "DIDx")
+        z.mesh(range(D))
+        outs = hostir.run(f, [[X[:, r:r + 1]] for r in range(D)])
+        x64 = X.astype(np.float64).reshape(rows, D * h)
+        norm = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+        want = np.transpose(np.maximum(norm, 0).reshape(rows, D, h) * 2.0, (2, 0, 1))
+        for r in range(D):
+            self.assertEqual(outs[r][0].dtype, np.float64)
+            np.testing.assert_allclose(outs[r][0], want, rtol=1e-5, atol=1e-5, err_msg="rank %d" % r)
+        with self.assertRaises(hostir.Error) as e:
+            f.unary("softplus", x)
+        self.assertIn("unknown op 'softplus'", str(e.exception))
+
     def test_tuned(self):
         """tune=True: the schedules measured on 3 ranks, one chosen by all, the numbers numpy's."""
         rng = np.random.default_rng(11)

@@ -19,6 +19,8 @@
 #include "../test_eval.c"
 #include "../test_stream.c"
 #include "../test_tune.c"
+#include "../test_ops.c"
+#include "../test_reshard.c"
 
 /* ---- the CUDA backend against the CPU backend ---- */
 static double dtype_tol(hir_dtype d) { return d == HIR_F64 ? 1e-11 : d == HIR_F32 ? 2e-5 : d == HIR_F16 ? 2e-2 : 6e-2; }
@@ -111,28 +113,26 @@ TEST(test_gpu_ops, "gpu/ops", TEST_GPU) {
         tfree(&gpu[k]);
       }
     }
-    { /* mul: cuBLAS has it for f32/f64 only */
-      hir_fusion *g = hir_fusion_create();
-      hir_tv *p = hir_input(g, d, 2), *q = hir_input(g, d, 2);
-      hir_tensor o1[1], o2[1];
-      hir_status s1, s2;
-      hir_output(g, hir_mul(g, p, q));
-      s1 = run_single(g, NULL, 2, in, 1, o1, err, sizeof err);
-      s2 = run_single(g, be, 2, in, 1, o2, err, sizeof err);
-      if (d == HIR_F16 || d == HIR_BF16) {
-        CHECK(s1 == HIR_OK && s2 == HIR_ERR_UNSUPPORTED);
-        CHECK(strstr(err, "mul of ") != NULL && strstr(err, hir_dtype_name(d)) != NULL);
-        if (s1 == HIR_OK) tfree(&o1[0]);
-      } else {
+    { /* mul and div: the elementwise kernel (NVRTC), every dtype */
+      int op;
+      for (op = 0; op < 2; op++) {
+        hir_fusion *g = hir_fusion_create();
+        hir_tv *p = hir_input(g, d, 2), *q = hir_input(g, d, 2);
+        hir_tensor o1[1], o2[1];
+        hir_status s1, s2;
+        hir_output(g, op ? hir_div(g, p, q) : hir_mul(g, p, q));
+        s1 = run_single(g, NULL, 2, in, 1, o1, err, sizeof err);
+        s2 = run_single(g, be, 2, in, 1, o2, err, sizeof err);
         CHECK(s1 == HIR_OK && s2 == HIR_OK);
-        if (s1 == HIR_OK && s2 == HIR_OK && !compare(&o2[0], &o1[0], dtype_tol(d), err, sizeof err, "mul")) {
+        if (s2 != HIR_OK) fprintf(stderr, "  gpu ops (%s): %s\n", hir_dtype_name(d), err);
+        if (s1 == HIR_OK && s2 == HIR_OK && !compare(&o2[0], &o1[0], dtype_tol(d), err, sizeof err, op ? "div" : "mul")) {
           fprintf(stderr, "  gpu ops (%s): %s\n", hir_dtype_name(d), err);
           hir_test_failures++;
         }
         if (s1 == HIR_OK) tfree(&o1[0]);
         if (s2 == HIR_OK) tfree(&o2[0]);
+        hir_fusion_free(g);
       }
-      hir_fusion_free(g);
     }
     for (i = 0; i < 7; i++) tfree(&in[i]);
     hir_backend_free(be);

@@ -1,0 +1,324 @@
+/* The elementwise ops, casts, tensor-scalar ops, mean and layer_norm: each
+   run on the local world (1, 2, 3, 4, 8 ranks, sharded inputs) against a
+   reference written here with the C library, on random data; their printed
+   forms; their argument errors. The nvFuser test each case mirrors is named
+   beside it. */
+#include "test.h"
+
+/* The reference of each unary op, written apart from the library's table. */
+static double ref_unary(hir_unary_op op, double x, double s) {
+  switch (op) {
+  case HIR_UNARY_NEG: return -x;
+  case HIR_UNARY_ABS: return fabs(x);
+  case HIR_UNARY_RELU: return x > 0 ? x : 0;
+  case HIR_UNARY_SIN: return sin(x);
+  case HIR_UNARY_COS: return cos(x);
+  case HIR_UNARY_EXP: return exp(x);
+  case HIR_UNARY_LOG: return log(x);
+  case HIR_UNARY_TANH: return tanh(x);
+  case HIR_UNARY_SQRT: return sqrt(x);
+  case HIR_UNARY_RSQRT: return 1 / sqrt(x);
+  case HIR_UNARY_RECIPROCAL: return 1 / x;
+  case HIR_UNARY_SIGMOID: return 1 / (1 + exp(-x));
+  case HIR_UNARY_SILU: return x / (1 + exp(-x));
+  case HIR_UNARY_GELU: return x * 0.5 * erfc(-x / sqrt(2.0));
+  case HIR_UNARY_CAST: return x;
+  case HIR_UNARY_ADD_SCALAR: return x + s;
+  case HIR_UNARY_SUB_SCALAR: return x - s;
+  case HIR_UNARY_MUL_SCALAR: return x * s;
+  case HIR_UNARY_DIV_SCALAR: return x / s;
+  case HIR_UNARY_SCALAR_SUB: return s - x;
+  case HIR_UNARY_SCALAR_DIV: return s / x;
+  default: return NAN;
+  }
+}
+
+/* Whether an op needs positive inputs (the test takes |x| first). */
+static int needs_positive(hir_unary_op op) {
+  return op == HIR_UNARY_LOG || op == HIR_UNARY_SQRT || op == HIR_UNARY_RSQRT;
+}
+
+static double op_tol(hir_dtype dt) { return dt == HIR_F64 ? 1e-12 : dt == HIR_F32 ? 2e-6 : dt == HIR_F16 ? 2e-3 : 1.6e-2; }
+
+static const hir_dtype all_dtypes[4] = {HIR_F32, HIR_F64, HIR_F16, HIR_BF16};
+
+/* out = op(x) with x [D, 3, 5] split along axis 0: the op runs on each shard.
+   Mirrors nvFuser's PointwiseTest / MultiDeviceTest pointwise cases (unary
+   op of a DIDx-sharded tensor, no communication). */
+TEST(test_ops_unary, "ops/unary", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, op, di;
+  for (wi = 0; wi < 5; wi++)
+    for (op = 0; op < HIR_UNARY_ADD_SCALAR; op++) {
+      int D = worlds[wi];
+      hir_dtype dt = all_dtypes[(op + wi) % 4];
+      int64_t sz[3] = {D, 3, 5}, i;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, dt, 3), *y;
+      if (op == HIR_UNARY_CAST) {
+        y = hir_cast(f, x, all_dtypes[(op + wi + 1) % 4]);
+      } else {
+        hir_tv *in = needs_positive((hir_unary_op)op) ? hir_abs(f, x) : x;
+        y = hir_unary(f, (hir_unary_op)op, in);
+      }
+      hir_output(f, y);
+      hir_set_mesh(x, D, iota_mesh);
+      hir_parallelize(x, 0, HIR_DIDX);
+      CHECK(hir_fusion_error(f)[0] == 0);
+      case_init(&c, D);
+      c.build = build_lowered;
+      c.user = f;
+      c.nin = c.nout = 1;
+      c.in[0] = trand(dt, 3, sz);
+      c.out[0] = tn(hir_tv_dtype(y), 3, sz);
+      c.tol = op_tol(dt) > op_tol(hir_tv_dtype(y)) ? op_tol(dt) : op_tol(hir_tv_dtype(y));
+      for (i = 0; i < tnumel(&c.in[0]); i++) {
+        double v = tget(&c.in[0], i);
+        tset(&c.out[0], i, ref_unary((hir_unary_op)op, needs_positive((hir_unary_op)op) ? fabs(v) : v, 0));
+      }
+      c.prealloc = op & 1;
+      RUN_CASE(&c, "unary op");
+      hir_fusion_free(f);
+    }
+  for (di = 0; di < 4; di++) { /* every cast, on one rank */
+    int to;
+    for (to = 0; to < 4; to++) {
+      int64_t sz[2] = {4, 7}, i;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, all_dtypes[di], 2), *y = hir_cast(f, x, all_dtypes[to]);
+      hir_output(f, y);
+      case_init(&c, 1);
+      c.build = build_lowered;
+      c.user = f;
+      c.nin = c.nout = 1;
+      c.in[0] = trand(all_dtypes[di], 2, sz);
+      c.out[0] = tn(all_dtypes[to], 2, sz);
+      for (i = 0; i < 28; i++) tset(&c.out[0], i, tget(&c.in[0], i)); /* rounded as the output's dtype rounds */
+      c.tol = 0;
+      RUN_CASE(&c, "cast");
+      hir_fusion_free(f);
+    }
+  }
+}
+
+/* a / b with b broadcast along axis 1, and every tensor-scalar form, a
+   chain of them on a sharded tensor (nvFuser's BinaryOp with a scalar
+   operand: add(tv, IrBuilder::create<Val>(2.5))). */
+TEST(test_ops_binary_scalar, "ops/binary_scalar", TEST_CPU | TEST_GPU_WORLDS) {
+  static const double scalars[4] = {2.5, -0.75, 3.0, 0.5};
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi], flags[3] = {0, 1, 0};
+    hir_dtype dt = all_dtypes[wi % 4];
+    int64_t sa[3] = {D, 4, 6}, sb[2] = {D, 6}, i, j, k;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, dt, 3), *b = hir_input(f, dt, 2), *q = hir_div(f, a, hir_broadcast(f, b, 3, flags)), *y;
+    double s = scalars[wi % 4];
+    y = hir_binary_scalar(f, HIR_BINARY_ADD, q, s);                 /* q + s */
+    y = hir_scalar_binary(f, HIR_BINARY_SUB, s, y);                 /* s - (q + s) */
+    y = hir_binary_scalar(f, HIR_BINARY_MUL, y, s);                 /* .. * s */
+    y = hir_binary_scalar(f, HIR_BINARY_DIV, y, s);                 /* .. / s */
+    y = hir_binary_scalar(f, HIR_BINARY_SUB, y, s);                 /* .. - s */
+    y = hir_scalar_binary(f, HIR_BINARY_DIV, s, y);                 /* s / .. */
+    hir_output(f, q);
+    hir_output(f, y);
+    hir_set_mesh(a, D, iota_mesh);
+    hir_set_mesh(b, D, iota_mesh);
+    hir_parallelize(a, 0, HIR_DIDX);
+    hir_parallelize(b, 0, HIR_DIDX);
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = c.nout = 2;
+    c.in[0] = trand(dt, 3, sa);
+    c.in[1] = trand(dt, 2, sb);
+    c.out[0] = tn(dt, 3, sa);
+    c.out[1] = tn(dt, 3, sa);
+    for (i = 0; i < D; i++)
+      for (j = 0; j < 4; j++)
+        for (k = 0; k < 6; k++) {
+          int64_t at = (i * 4 + j) * 6 + k;
+          hir_tensor one = tn(dt, 1, sb + 1);
+          double v;
+          tset(&one, 0, tget(&c.in[0], at) / tget(&c.in[1], i * 6 + k)); /* each step rounded to dt, as the ops store */
+          tset(&c.out[0], at, tget(&one, 0));
+          v = tget(&one, 0);
+          tset(&one, 0, v + s), v = tget(&one, 0);
+          tset(&one, 0, s - v), v = tget(&one, 0);
+          tset(&one, 0, v * s), v = tget(&one, 0);
+          tset(&one, 0, v / s), v = tget(&one, 0);
+          tset(&one, 0, v - s), v = tget(&one, 0);
+          tset(&c.out[1], at, s / v);
+          tfree(&one);
+        }
+    c.tol = op_tol(dt) * 4;
+    c.prealloc = wi & 1;
+    RUN_CASE(&c, "div_and_scalars");
+    hir_fusion_free(f);
+  }
+}
+
+/* layer_norm over the last axes, with weight and bias, in every dtype:
+   rows split across devices (no communication), and the normalized axes
+   split (the means become allreduces). Mirrors nvFuser's
+   DistributedTransformerTest's layer norms and MultiDeviceReductionTest
+   (a reduction over a DIDx axis). */
+static hir_tensor ref_layer_norm(const hir_tensor *x, int64_t rows, int64_t cols, const hir_tensor *w, const hir_tensor *b,
+                                 double eps) {
+  hir_tensor y = tn(x->dtype, x->ndims, x->sizes);
+  int64_t r, j;
+  for (r = 0; r < rows; r++) {
+    double mean = 0, var = 0;
+    for (j = 0; j < cols; j++) mean += tget(x, r * cols + j);
+    mean /= (double)cols;
+    for (j = 0; j < cols; j++) var += (tget(x, r * cols + j) - mean) * (tget(x, r * cols + j) - mean);
+    var /= (double)cols;
+    for (j = 0; j < cols; j++) {
+      double v = (tget(x, r * cols + j) - mean) / sqrt(var + eps);
+      if (w) v *= tget(w, j);
+      if (b) v += tget(b, j);
+      tset(&y, r * cols + j, v);
+    }
+  }
+  return y;
+}
+
+TEST(test_ops_layer_norm, "ops/layer_norm", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, split_hidden;
+  for (wi = 0; wi < 5; wi++)
+    for (split_hidden = 0; split_hidden < 2; split_hidden++) {
+      int D = worlds[wi], affine = (wi + split_hidden) % 3;
+      hir_dtype dt = all_dtypes[(wi + split_hidden) % 4];
+      /* [D, 5, 8] rows split; or [5, D, 8] normalized over (D, 8), D split */
+      int64_t sx[3] = {D, 5, 8}, sh[3] = {5, D, 8}, sw[2] = {D, 8}, sw1[1] = {8};
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      int nw = split_hidden ? 2 : 1;
+      hir_tv *x = hir_input(f, dt, 3), *w = affine >= 1 ? hir_input(f, dt, nw) : NULL, *b = affine >= 2 ? hir_input(f, dt, nw) : NULL;
+      hir_tv *y = hir_layer_norm(f, x, nw, w, b, 1e-5);
+      hir_output(f, y);
+      hir_set_mesh(x, D, iota_mesh);
+      hir_parallelize(x, split_hidden ? 1 : 0, HIR_DIDX);
+      if (w) hir_set_mesh(w, D, iota_mesh);
+      if (b) hir_set_mesh(b, D, iota_mesh);
+      if (w && split_hidden) hir_parallelize(w, 0, HIR_DIDX);
+      if (b && split_hidden) hir_parallelize(b, 0, HIR_DIDX);
+      CHECK(hir_fusion_error(f)[0] == 0);
+      case_init(&c, D);
+      c.build = build_lowered;
+      c.user = f;
+      c.nin = 1 + (w != NULL) + (b != NULL);
+      c.nout = 1;
+      c.in[0] = trand(dt, 3, split_hidden ? sh : sx);
+      if (w) c.in[1] = trand(dt, nw, split_hidden ? sw : sw1);
+      if (b) c.in[2] = trand(dt, nw, split_hidden ? sw : sw1);
+      c.out[0] = split_hidden ? ref_layer_norm(&c.in[0], 5, D * 8, w ? &c.in[1] : NULL, b ? &c.in[2] : NULL, 1e-5)
+                              : ref_layer_norm(&c.in[0], D * 5, 8, w ? &c.in[1] : NULL, b ? &c.in[2] : NULL, 1e-5);
+      c.tol = dt == HIR_F64 ? 1e-10 : dt == HIR_F32 ? 1e-5 : op_tol(dt) * 2;
+      c.prealloc = split_hidden;
+      RUN_CASE(&c, split_hidden ? "layer_norm_split_hidden" : "layer_norm_split_rows");
+      hir_fusion_free(f);
+    }
+}
+
+/* A sum over the DIDx axis and a local one (lowered as a local sum, then an
+   Allreduce), and over an inner DIDx axis (MultiDeviceReductionTest's
+   reduction on dim 1). */
+TEST(test_ops_sum_sharded_and_local, "ops/sum_sharded_and_local", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, inner;
+  for (wi = 0; wi < 5; wi++)
+    for (inner = 0; inner < 2; inner++) {
+      int D = worlds[wi], axes[2] = {0, 1};
+      hir_dtype dt = all_dtypes[wi % 2];
+      int64_t sz[3] = {D, 3, 4}, szi[3] = {3, D, 4}, so[1] = {4}, i, j, k;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, dt, 3), *y = hir_sum(f, x, 2, axes);
+      hir_output(f, y);
+      hir_set_mesh(x, D, iota_mesh);
+      hir_parallelize(x, inner, HIR_DIDX);
+      case_init(&c, D);
+      c.build = build_lowered;
+      c.user = f;
+      c.nin = c.nout = 1;
+      c.in[0] = trand(dt, 3, inner ? szi : sz);
+      c.out[0] = tn(dt, 1, so);
+      for (k = 0; k < 4; k++) {
+        double t = 0;
+        for (i = 0; i < (inner ? 3 : D); i++)
+          for (j = 0; j < (inner ? D : 3); j++) t += tget(&c.in[0], (i * (inner ? D : 3) + j) * 4 + k);
+        tset(&c.out[0], k, t);
+      }
+      c.tol = dt == HIR_F64 ? 1e-12 : 1e-5;
+      c.prealloc = inner;
+      RUN_CASE(&c, inner ? "sum_inner_didx" : "sum_didx_and_local");
+      hir_fusion_free(f);
+    }
+}
+
+/* The printed forms, in nvFuser's spelling. */
+TEST(test_ops_print, "ops/print", TEST_CPU) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *x = hir_input(f, HIR_F32, 1), *h = hir_input(f, HIR_BF16, 1);
+  char buf[4096];
+  int axis = 0;
+  hir_output(f, hir_relu(f, x));
+  hir_output(f, hir_sin(f, x));
+  hir_output(f, hir_neg(f, x));
+  hir_output(f, hir_cast(f, h, HIR_F32));
+  hir_output(f, hir_cast(f, x, HIR_F64));
+  hir_output(f, hir_binary_scalar(f, HIR_BINARY_ADD, x, 2.5));
+  hir_output(f, hir_scalar_binary(f, HIR_BINARY_DIV, 1, x));
+  hir_output(f, hir_div(f, x, x));
+  hir_output(f, hir_mean(f, x, 1, &axis));
+  CHECK(hir_fusion_error(f)[0] == 0);
+  hir_fusion_snprint(f, buf, sizeof buf);
+  CHECK(strstr(buf, " = relu(T0_g_float[iS0{i0}]);\n") != NULL);
+  CHECK(strstr(buf, " = sinf(T0_g_float[iS0{i0}]);\n") != NULL);
+  CHECK(strstr(buf, " = -T0_g_float[iS0{i0}];\n") != NULL);
+  CHECK(strstr(buf, " = __bfloat2float(T1_g___bfloat[iS1{i2}]);\n") != NULL);
+  CHECK(strstr(buf, " = (double)(T0_g_float[iS0{i0}]);\n") != NULL);
+  CHECK(strstr(buf, "T0_g_float[iS0{i0}]\n   + 2.5;\n") != NULL);
+  CHECK(strstr(buf, " = 1.0\n   / T0_g_float[iS0{i0}];\n") != NULL);
+  CHECK(strstr(buf, "T0_g_float[iS0{i0}]\n   / T0_g_float[iS0{i0}];\n") != NULL);
+  CHECK(strstr(buf, "\n   / i0;\n") != NULL); /* the mean divides by the extent */
+  if (hir_test_failures) fprintf(stderr, "%s", buf);
+  hir_fusion_free(f);
+}
+
+/* Each misuse names the culprit. */
+TEST(test_ops_errors, "ops/errors", TEST_CPU) {
+  static const struct { int which; const char *want; } cases[] = {
+      {0, "hir_unary: op 14 is not a unary op without a scalar; use hir_cast"},
+      {1, "hir_cast: unknown dtype 9"},
+      {2, "hir_binary_scalar: the scalar is inf; give a finite number"},
+      {3, "hir_layer_norm: naxes 3 is out of range for T0, which has 2 data axes (valid: 1..2)"},
+      {4, "hir_layer_norm: weight T1 has 2 data axes; it needs the 1 normalized axes"},
+      {5, "hir_layer_norm: eps is nan; give a finite number >= 0"},
+      {6, "hir_binary: unknown binary op 7"},
+      {7, "hir_div: mixed dtypes: T0 is float, T1 is double"},
+  };
+  size_t i;
+  for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 2), *w;
+    switch (cases[i].which) {
+    case 0: hir_unary(f, HIR_UNARY_CAST, x); break;
+    case 1: hir_cast(f, x, (hir_dtype)9); break;
+    case 2: hir_binary_scalar(f, HIR_BINARY_ADD, x, INFINITY); break;
+    case 3: hir_layer_norm(f, x, 3, NULL, NULL, 1e-5); break;
+    case 4: w = hir_input(f, HIR_F32, 2), hir_layer_norm(f, x, 1, w, NULL, 1e-5); break;
+    case 5: hir_layer_norm(f, x, 1, NULL, NULL, NAN); break;
+    case 6: hir_binary(f, (hir_binary_op)7, x, x); break;
+    default: w = hir_input(f, HIR_F64, 2), hir_div(f, x, w); break;
+    }
+    if (!strstr(hir_fusion_error(f), cases[i].want)) {
+      fprintf(stderr, "  case %d: got \"%s\"\n", cases[i].which, hir_fusion_error(f));
+      hir_test_failures++;
+    }
+    hir_fusion_free(f);
+  }
+}

@@ -1,0 +1,193 @@
+/* Permutes, resharding on inner axes (lowered around permutes, as nvFuser's
+   ReorderShardedAxisPass does) and all-to-all: each on the local world (1, 2,
+   3, 4, 8 ranks) against references computed here from the whole tensors. */
+#include "test.h"
+
+/* out[perm-ordered index] = in: the whole tensor permuted (torch.permute). */
+static hir_tensor ref_permute(const hir_tensor *in, const int *perm) {
+  int64_t sz[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, src[HIR_MAX_DIMS];
+  hir_tensor o;
+  int i;
+  for (i = 0; i < in->ndims; i++) sz[i] = in->sizes[perm[i]];
+  o = tn(in->dtype, in->ndims, sz);
+  if (tnumel(&o))
+    do {
+      for (i = 0; i < in->ndims; i++) src[perm[i]] = idx[i];
+      tset(&o, toff(&o, idx), tget(in, toff(in, src)));
+    } while (tnext(&o, idx));
+  return o;
+}
+
+static hir_tensor tcopy(const hir_tensor *t) {
+  hir_tensor c = tn(t->dtype, t->ndims, t->sizes);
+  memcpy(c.data, t->data, (size_t)tnumel(t) * hir_dtype_size(t->dtype));
+  return c;
+}
+
+/* One input, one output: runs f on the world of D against `want` (taken). */
+static void run_one(hir_fusion *f, int D, hir_tensor in, hir_tensor want, int prealloc, const char *name, const char *file,
+                    int line) {
+  spmd_case c;
+  CHECK(hir_fusion_error(f)[0] == 0);
+  case_init(&c, D);
+  c.build = build_lowered;
+  c.user = f;
+  c.nin = c.nout = 1;
+  c.in[0] = in;
+  c.out[0] = want;
+  c.prealloc = prealloc;
+  run_case(&c, name, file, line);
+  hir_fusion_free(f);
+}
+#define RUN_ONE(f, D, in, want, prealloc, name) run_one(f, D, in, want, prealloc, name, __FILE__, __LINE__)
+
+/* out = set(x): x split on in_axis over the world (-1: whole), out on
+   out_mesh split on out_axis (-1: whole); the numbers must not change. */
+static void set_case(int D, hir_dtype dt, int nd, const int64_t *sz, int in_axis, int nout_mesh, const int *out_mesh,
+                     int out_axis, int prealloc, const char *name, int line) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *x = hir_input(f, dt, nd), *y = hir_set(f, x);
+  hir_tensor in = trand(dt, nd, sz);
+  hir_output(f, y);
+  hir_set_mesh(x, D, iota_mesh);
+  hir_set_mesh(y, nout_mesh, out_mesh);
+  if (in_axis >= 0) hir_parallelize(x, in_axis, HIR_DIDX);
+  if (out_axis >= 0) hir_parallelize(y, out_axis, HIR_DIDX);
+  run_one(f, D, in, tcopy(&in), prealloc, name, __FILE__, line);
+}
+
+/* permute and transpose, of a sharded tensor (the DIDx axis moves with its
+   data, no communication) and of a whole one; nvFuser's permute tests. */
+TEST(test_reshard_permute, "reshard/permute", TEST_CPU | TEST_GPU_WORLDS) {
+  static const int perm[3] = {2, 0, 1};
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi], t01[3] = {1, 0, 2};
+    int64_t sz[3] = {D, 3, 5};
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 3), *y = hir_permute(f, x, perm);
+    hir_tensor in;
+    hir_output(f, y);
+    hir_set_mesh(x, D, iota_mesh);
+    hir_parallelize(x, 0, HIR_DIDX);
+    in = trand(HIR_F32, 3, sz);
+    RUN_ONE(f, D, in, ref_permute(&in, perm), wi & 1, "permute_sharded");
+
+    f = hir_fusion_create();
+    x = hir_input(f, HIR_BF16, 3);
+    y = hir_transpose(f, x, 0, 1);
+    hir_output(f, y);
+    hir_set_mesh(x, D, iota_mesh);
+    in = trand(HIR_BF16, 3, sz);
+    RUN_ONE(f, D, in, ref_permute(&in, t01), !(wi & 1), "transpose_whole");
+  }
+}
+
+/* Every collective on an inner axis: allgather, scatter, gather onto another
+   mesh, reduce-scatter, and a matmul whose A is split on an inner axis.
+   Mirrors LowerCollectiveTest's non-contiguous variants, InsertReshardingTest
+   1/4/5 and MultiDeviceReductionTest. */
+TEST(test_reshard_inner_axis, "reshard/inner_axis", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi], zero = 0, axis = 0;
+    int64_t sz[3] = {3, D, 4}, rs[4] = {D, 3, D, 4}, so[3] = {3, D, 4}, i, j;
+    hir_fusion *f;
+    hir_tv *x, *y;
+    hir_tensor in, want;
+
+    set_case(D, HIR_F32, 3, sz, 1, D, iota_mesh, -1, 0, "allgather_inner", __LINE__);
+    set_case(D, HIR_F64, 3, sz, -1, D, iota_mesh, 1, 1, "scatter_inner", __LINE__);
+    set_case(D, HIR_F32, 3, sz, 1, 1, &zero, -1, 0, "gather_inner", __LINE__); /* onto device 0 alone */
+
+    f = hir_fusion_create(); /* reduce-scatter: the sum over DIDx axis 0, scattered on axis 2 (an inner one) */
+    x = hir_input(f, HIR_F32, 4);
+    hir_output(f, y = hir_sum(f, x, 1, &axis));
+    hir_set_mesh(x, D, iota_mesh);
+    hir_set_mesh(y, D, iota_mesh);
+    hir_parallelize(x, 0, HIR_DIDX);
+    hir_parallelize(y, 2, HIR_DIDX);
+    in = trand(HIR_F32, 4, rs);
+    want = tn(HIR_F32, 3, so);
+    for (j = 0; j < 3 * D * 4; j++) {
+      double t = 0;
+      for (i = 0; i < D; i++) t += tget(&in, i * 3 * D * 4 + j);
+      tset(&want, j, t);
+    }
+    RUN_ONE(f, D, in, want, 1, "reduce_scatter_inner");
+  }
+}
+
+/* AG+GEMM with A [B, D, M, K] split on axis 1 (an inner axis once B > 1):
+   the decomposed allgather moves it around permutes. */
+TEST(test_reshard_inner_matmul, "reshard/inner_matmul", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi];
+    int64_t sa[4] = {2, D, 3, 4}, sb[2] = {4, 5}, so[4] = {2, D, 3, 5}, b, r, m, n, k;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F32, 4), *w = hir_input(f, HIR_F32, 2), *o = hir_matmul(f, a, w);
+    hir_output(f, o);
+    hir_set_mesh(a, D, iota_mesh);
+    hir_set_mesh(w, D, iota_mesh);
+    hir_set_mesh(o, D, iota_mesh);
+    hir_parallelize(a, 1, HIR_DIDX);
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = 2;
+    c.nout = 1;
+    c.in[0] = trand(HIR_F32, 4, sa);
+    c.in[1] = trand(HIR_F32, 2, sb);
+    c.out[0] = tn(HIR_F32, 4, so);
+    for (b = 0; b < 2; b++)
+      for (r = 0; r < D; r++)
+        for (m = 0; m < 3; m++)
+          for (n = 0; n < 5; n++) {
+            double t = 0;
+            for (k = 0; k < 4; k++) t += tget(&c.in[0], ((b * D + r) * 3 + m) * 4 + k) * tget(&c.in[1], k * 5 + n);
+            tset(&c.out[0], ((b * D + r) * 3 + m) * 5 + n, t);
+          }
+    RUN_CASE(&c, "allgather_inner_matmul");
+    hir_fusion_free(f);
+  }
+}
+
+/* AllToAll: the DIDx axis moves to another axis on one mesh (outermost to
+   outermost, inner to inner around permutes, and through a transpose that
+   reshards), as nvFuser's AllToAll tests and expert/sequence parallelism do. */
+TEST(test_reshard_alltoall, "reshard/alltoall", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi], t01[3] = {1, 0, 2}, t12[4] = {0, 2, 1, 3};
+    int64_t sz[3] = {D, D, 3}, sz4[4] = {2, D, D, 3};
+    hir_fusion *f;
+    hir_tv *x, *y;
+    hir_tensor in;
+
+    set_case(D, HIR_F32, 3, sz, 0, D, iota_mesh, 1, wi & 1, "alltoall", __LINE__);       /* [DIDx, D, 3] -> [D, DIDx, 3] */
+    set_case(D, HIR_BF16, 4, sz4, 2, D, iota_mesh, 1, !(wi & 1), "alltoall_inner", __LINE__); /* both axes inner */
+
+    f = hir_fusion_create(); /* transpose(x [DIDx, D, 3]) split on its axis 0: x's axis 1 */
+    x = hir_input(f, HIR_F64, 3);
+    hir_output(f, y = hir_transpose(f, x, 0, 1));
+    hir_set_mesh(x, D, iota_mesh);
+    hir_set_mesh(y, D, iota_mesh);
+    hir_parallelize(x, 0, HIR_DIDX);
+    hir_parallelize(y, 0, HIR_DIDX);
+    in = trand(HIR_F64, 3, sz);
+    RUN_ONE(f, D, in, ref_permute(&in, t01), 1, "transpose_resharding");
+
+    f = hir_fusion_create(); /* transpose(x [2, DIDx, D, 3], 1, 2) split on its axis 1: an AllToAll of inner axes */
+    x = hir_input(f, HIR_F32, 4);
+    hir_output(f, y = hir_transpose(f, x, 1, 2));
+    hir_set_mesh(x, D, iota_mesh);
+    hir_set_mesh(y, D, iota_mesh);
+    hir_parallelize(x, 1, HIR_DIDX);
+    hir_parallelize(y, 1, HIR_DIDX);
+    in = trand(HIR_F32, 4, sz4);
+    RUN_ONE(f, D, in, ref_permute(&in, t12), 0, "transpose_resharding_inner");
+  }
+}
