@@ -153,7 +153,7 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_UNARY, "UnaryOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                    \
   X(HIR_EXPR_REDUCTION, "ReductionOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES) \
   X(HIR_EXPR_BROADCAST, "BroadcastOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM)                                 \
-  X(HIR_EXPR_MATMUL, "MatmulOp", 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)
+  X(HIR_EXPR_MATMUL, "MatmulOp", -1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)
 #define HIR__EXPR_ENUM(e, name, nin, nout, flags) e,
 typedef enum hir_expr_kind { HIR_EXPR_KIND_LIST(HIR__EXPR_ENUM) HIR_EXPR_KIND_COUNT } hir_expr_kind;
 
@@ -279,6 +279,12 @@ HIRDEF hir_tv     *hir_broadcast(hir_fusion *f, hir_tv *in, int ndims_out, const
 HIRDEF hir_tv     *hir_permute(hir_fusion *f, hir_tv *in, const int *perm);
 HIRDEF hir_tv     *hir_transpose(hir_fusion *f, hir_tv *in, int axis0, int axis1);
 HIRDEF hir_tv     *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b);
+/* torch.nn.functional.linear: a [..., K] times weight [..., N, K] transposed,
+   plus bias [..., N] (weight's shape without K; NULL: none); weight's
+   leading axes are batch axes, as matmul's (a column-parallel weight split
+   on its first axis). Printed as nvFuser's LinearOp; on CUDA the bias is
+   cuBLASLt's epilogue where the weight is 2-D. */
+HIRDEF hir_tv     *hir_linear(hir_fusion *f, hir_tv *a, hir_tv *weight, hir_tv *bias);
 HIRDEF hir_status  hir_set_mesh(hir_tv *tv, int ndevices, const int *devices);
 HIRDEF hir_status  hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype);
 HIRDEF hir_status  hir_fusion_print(const hir_fusion *f, FILE *out);
@@ -468,7 +474,7 @@ typedef struct hir_tensor {
 /* A backend: memory, streams, events and the compute ops, as function
    pointers over a context (implement one to run hostir elsewhere). Tensors
    given to the ops carry explicit strides; a stride of 0 repeats an element
-   (broadcasting); dst never overlaps a source. Streams and events are opaque
+   (broadcasting); dst never overlaps a source (but binary's dst may be a). Streams and events are opaque
    handles; NULL is the caller's stream. A failing op writes `error`. */
 struct hir_backend {
   void *ctx;
@@ -490,7 +496,7 @@ struct hir_backend {
   hir_status (*stream_query)(hir_backend *self, void *stream);   /* HIR_OK: done; HIR_ERR_TIMEOUT: still busy */
   hir_status (*copy)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *src);
   hir_status (*binary)(hir_backend *self, void *stream, hir_binary_op op, const hir_tensor *dst,
-                       const hir_tensor *a, const hir_tensor *b);       /* a, b shaped like dst */
+                       const hir_tensor *a, const hir_tensor *b);       /* a, b shaped like dst; dst may be a */
   /* dst = op(src) elementwise (HIR_UNARY_OP_LIST; s: the scalar of its scalar
      forms), src shaped like dst, dst's dtype maybe another (computed, then
      stored in dst's). NULL: the backend refuses UnaryOps. */
@@ -500,6 +506,12 @@ struct hir_backend {
                                     /* dst: src's shape with size 1 on the reduced axes */
   hir_status (*matmul)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *a,
                        const hir_tensor *b);  /* [..., M, N] = [..., M, K] x [..., K, N], one ndims */
+  /* Optional: dst = a x b + bias in one call (a GEMM epilogue), bias shaped
+     like dst with stride 0 on all axes but the last (one value per column).
+     NULL, or HIR_ERR_UNSUPPORTED for what it does not take: matmul, then
+     binary. */
+  hir_status (*matmul_bias)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *a, const hir_tensor *b,
+                            const hir_tensor *bias);
   hir_status (*upload)(hir_backend *self, void *dst, const void *src, size_t bytes);    /* host -> backend */
   hir_status (*download)(hir_backend *self, void *dst, const void *src, size_t bytes);  /* backend -> host */
   /* Optional; NULL where work runs when it is issued (the CPU). Events that
@@ -719,6 +731,8 @@ HIRDEF float    hir_bf16_to_float(uint16_t b);
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h> /* NVRTC, loaded when the elementwise kernels are first needed */
+#include <sys/stat.h> /* mkdir: the compiled kernels' cache */
+#include <unistd.h>   /* getpid */
 #ifndef HOSTIR_NO_NVTX /* NVTX ranges around host IR nodes: Nsight Systems shows the host program */
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
@@ -1169,7 +1183,7 @@ static int hir__data_index(const hir_tv *tv, int axis) {
    stream-lowered matmul whose Stream axis is M (or N) are views without it,
    and stay matrix products with M (N) of size 1; 1-D operands have neither
    axis, as in torch.matmul. */
-enum { HIR__MATMUL_NO_M = 1, HIR__MATMUL_NO_N = 2 };
+enum { HIR__MATMUL_NO_M = 1, HIR__MATMUL_NO_N = 2, HIR__MATMUL_LINEAR = 4 }; /* LINEAR: B is [.., N, K], a 3rd input the bias */
 /* A LoadStoreOp's flag: it permutes the axes (nvFuser's Set.Permute). */
 enum { HIR__SET_PERMUTE = 1 };
 
@@ -1610,23 +1624,37 @@ HIRDEF hir_tv *hir_broadcast(hir_fusion *f, hir_tv *in, int ndims_out, const int
 }
 
 /* torch.matmul: 1-D operands are promoted and their size-1 axis dropped, batch
-   axes broadcast right-aligned, the contracted axis kept as a trailing rS. */
-HIRDEF hir_tv *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b) {
-  hir_id *ia[HIR_MAX_DIMS], *ib[HIR_MAX_DIMS], *res[HIR_MAX_DIMS + 1];
+   axes broadcast right-aligned, the contracted axis kept as a trailing rS.
+   linear: b is [.., N, K] (read transposed) and bias, if any, b's shape
+   without K. */
+static hir_tv *hir__matmul(hir_fusion *f, hir_tv *a, hir_tv *b, hir_tv *bias, int linear, const char *fn) {
+  hir_id *ia[HIR_MAX_DIMS], *ib[HIR_MAX_DIMS], *ic[HIR_MAX_DIMS], *res[HIR_MAX_DIMS + 1];
   hir_tv *out;
   hir_expr *e;
   int i, na, nb, n = 0;
-  if (!hir__live(f) || !hir__check_tv(f, a, "hir_matmul", "a") || !hir__check_tv(f, b, "hir_matmul", "b")) return NULL;
-  if (a->dtype != b->dtype) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_matmul: mixed dtypes: T%d is %s, T%d is %s; both operands must have one dtype",
-              a->name, hir_dtype_name(a->dtype), b->name, hir_dtype_name(b->dtype));
+  if (!hir__live(f) || !hir__check_tv(f, a, fn, "a") || !hir__check_tv(f, b, fn, linear ? "weight" : "b") ||
+      (bias && !hir__check_tv(f, bias, fn, "bias")))
+    return NULL;
+  if (a->dtype != b->dtype || (bias && bias->dtype != a->dtype)) {
+    const hir_tv *other = a->dtype != b->dtype ? b : bias;
+    hir__fail(f, HIR_ERR_INVALID, "%s: mixed dtypes: T%d is %s, T%d is %s; every operand must have one dtype", fn,
+              a->name, hir_dtype_name(a->dtype), other->name, hir_dtype_name(other->dtype));
     return NULL;
   }
   na = hir__data_axes(a, ia);
   nb = hir__data_axes(b, ib);
-  if (na < 1 || nb < 1) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_matmul: incompatible ranks: T%d has %d data axes, T%d has %d; both need at least 1",
-              a->name, na, b->name, nb);
+  if (na < 1 || nb < 1 + linear) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: incompatible ranks: T%d has %d data axes, T%d has %d; they need at least 1 and %d", fn,
+              a->name, na, b->name, nb, 1 + linear);
+    return NULL;
+  }
+  if (linear) { /* [.., N, K] seen as [.., K, N] */
+    hir_id *t = ib[nb - 1];
+    ib[nb - 1] = ib[nb - 2], ib[nb - 2] = t;
+  }
+  if (bias && hir__data_axes(bias, ic) != nb - 1) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: bias T%d has %d data axes; it needs %d, the weight's without K", fn, bias->name,
+              hir__data_axes(bias, ic), nb - 1);
     return NULL;
   }
   if (na >= 2 && nb >= 2) {
@@ -1646,7 +1674,7 @@ HIRDEF hir_tv *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b) {
   }
   res[n++] = ia[na - 1]; /* the contracted axis */
   if (n > HIR_MAX_DIMS) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_matmul: the result of T%d x T%d would have %d axes (with rK), more than HIR_MAX_DIMS (%d)",
+    hir__fail(f, HIR_ERR_INVALID, "%s: the result of T%d x T%d would have %d axes (with rK), more than HIR_MAX_DIMS (%d)", fn,
               a->name, b->name, n, HIR_MAX_DIMS);
     return NULL;
   }
@@ -1654,11 +1682,18 @@ HIRDEF hir_tv *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b) {
   for (i = 0; i < n; i++)
     if (!(out->ids[i] = hir__clone_id(f, res[i], 0))) return NULL;
   out->ids[n - 1]->iter = HIR_REDUCTION;
-  if (!(e = hir__new_expr(f, HIR_EXPR_MATMUL, 2, 1))) return NULL;
+  if (!(e = hir__new_expr(f, HIR_EXPR_MATMUL, bias ? 3 : 2, 1))) return NULL;
   e->in[0] = a;
   e->in[1] = b;
+  if (bias) e->in[2] = bias;
+  if (linear) e->flags |= HIR__MATMUL_LINEAR;
   e->out[0] = out;
   return hir__finish_op(f, e, out);
+}
+
+HIRDEF hir_tv *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b) { return hir__matmul(f, a, b, NULL, 0, "hir_matmul"); }
+HIRDEF hir_tv *hir_linear(hir_fusion *f, hir_tv *a, hir_tv *weight, hir_tv *bias) {
+  return hir__matmul(f, a, weight, bias, 1, "hir_linear");
 }
 
 /* sum / (the product of the summed extents): extents of a split axis are
@@ -2581,14 +2616,17 @@ static void hir__print_broadcast(hir__writer *w, const hir_expr *e, int ind) {
 }
 
 static void hir__print_matmul(hir__writer *w, const hir_expr *e, int ind) {
+  int k;
   hir__print_assign(w, e->out[0], ind);
-  hir__emit(w, " = matmul(");
+  hir__emit(w, e->flags & HIR__MATMUL_LINEAR ? " = linear(" : " = matmul(");
   hir__print_tv(w, e->in[0]);
-  hir__emit(w, ",\n");
-  hir__indent(w, ind + 1);
-  hir__emit(w, "          ");
-  hir__print_tv(w, e->in[1]);
-  if (e->flags) /* a chunk along M or N */
+  for (k = 1; k < e->nin; k++) {
+    hir__emit(w, ",\n");
+    hir__indent(w, ind + 1);
+    hir__emit(w, "          ");
+    hir__print_tv(w, e->in[k]);
+  }
+  if (e->flags & (HIR__MATMUL_NO_M | HIR__MATMUL_NO_N)) /* a chunk along M or N */
     hir__emit(w, ", without = %s%s", e->flags & HIR__MATMUL_NO_M ? "M" : "", e->flags & HIR__MATMUL_NO_N ? "N" : "");
   hir__emit(w, ")\n");
 }
@@ -2811,13 +2849,18 @@ static void hir__matmul_out_axes(const hir_expr *e, int *m_axis, int *n_axis) {
 static void hir__matmul_axis_map(const hir_expr *e, int k, int *map) {
   hir__matmul_shape m = hir__matmul_shape_of(e);
   const hir_tv *in = e->in[k];
-  int i, d[HIR_MAX_DIMS], n = 0, nbatch_k = k == 0 ? m.na - 1 - m.has_m : m.nb - 1 - m.has_n;
+  int i, d[HIR_MAX_DIMS], n = 0, nbatch_k = k == 0 ? m.na - 1 - m.has_m : m.nb - 1 - m.has_n; /* k = 2: the bias */
   for (i = 0; i < in->ndims; i++)
     if (in->ids[i]->iter != HIR_REDUCTION) d[n++] = i;
   for (i = 0; i < nbatch_k; i++) map[d[i]] = i + m.nbatch - nbatch_k;
   if (k == 0) {
     if (m.has_m) map[d[m.na - 2]] = m.nbatch;
     map[d[m.na - 1]] = m.nbatch + m.has_m + m.has_n; /* K: the rK */
+  } else if (k == 2) { /* the bias: B's batch axes (above), then N */
+    if (m.has_n) map[d[n - 1]] = m.nbatch + m.has_m;
+  } else if ((e->flags & HIR__MATMUL_LINEAR) && m.has_n) { /* [.., N, K] */
+    map[d[m.nb - 1]] = m.nbatch + m.has_m + m.has_n;
+    map[d[m.nb - 2]] = m.nbatch + m.has_m;
   } else {
     map[d[nbatch_k]] = m.nbatch + m.has_m + m.has_n;
     if (m.has_n) map[d[m.nb - 1]] = m.nbatch + m.has_m;
@@ -3253,7 +3296,7 @@ static int hir__decompose_reshardings(hir_program *p) {
     hir_expr *e = (hir_expr *)f->exprs.items[i], *local = hir__local_part_of_sum(f, e);
     if (f->status != HIR_OK || (local && !hir__push(f, &exprs, local))) return 0;
     if (!(hir__ops[e->kind].flags & HIR__OP_MOVES) && hir_expr_is_resharding(e)) {
-      hir_tv *orig[2] = {NULL, NULL}; /* compute ops have at most two operands */
+      hir_tv *orig[3] = {NULL, NULL, NULL}; /* compute ops have at most three operands (a linear's bias) */
       for (k = 0; k < e->nin; k++) {
         int map[HIR_MAX_DIMS], first[HIR_MAX_DIMS];
         hir_tv *in = orig[k] = e->in[k], *out = e->out[0], *moved;
@@ -4078,7 +4121,7 @@ static int hir__contiguous_chunks(hir__chain *c, const hir_expr *e, const hir_tv
 
 static int hir__stream_op(hir__chain *c, const hir_expr *e) {
   hir_fusion *f = &c->p->ir;
-  hir_tv *ins[2], *out, *slot;
+  hir_tv *ins[3], *out, *slot;
   hir_expr *ite;
   int s = hir__stream_axis(e->out[0]), cut = hir__cut_axis(e->out[0], s), k, j, moves = hir_expr_is_resharding(e);
   if (!hir__same_cut(c, e, e->out[0], cut, 1) || (moves && !hir__contiguous_chunks(c, e, e->out[0], s))) return 0;
@@ -4461,6 +4504,8 @@ static int hir__verify_operands(hir__verifier *v, const hir_expr *e) {
   int k;
   if (e->kind == HIR_EXPR_UNARY && ((unsigned)e->sub >= HIR_UNARY_COUNT))
     return hir__verify_fail(v, "UnaryOp %d has unknown op %d", e->name, e->sub);
+  if (e->kind == HIR_EXPR_MATMUL && e->nin != 2 + (e->nin == 3 && (e->flags & HIR__MATMUL_LINEAR)))
+    return hir__verify_fail(v, "MatmulOp %d has %d inputs; a matmul has 2, a linear 2 or 3 (with its bias)", e->name, e->nin);
   if (e->kind == HIR_EXPR_COMMUNICATION || ((hir__ops[e->kind].flags & HIR__OP_COMPUTE) && e->kind != HIR_EXPR_UNARY))
     for (k = 0; k < e->nin; k++)
       if (e->in[k]->dtype != e->out[0]->dtype)
@@ -6237,25 +6282,105 @@ static int hir__nvrtc_open(hir__nvrtc *n, char *why, size_t cap) {
   return 1;
 }
 
-/* Compiles and loads the kernels once per backend; map_error says why not. */
+/* The compiled kernels are kept on disk, keyed by their source and the GPU
+   architecture: $HOSTIR_CACHE_DIR, else $XDG_CACHE_HOME/hostir, else
+   ~/.cache/hostir (HOSTIR_CACHE_DIR=off: none). A cache hit skips NVRTC
+   (about 0.5 s in a fresh process); a file that fails to load is compiled
+   again and replaced. Written to a temporary name, then renamed: processes
+   starting together never read half a file. */
+static int hir__kernel_cache_path(const char *src, const char *arch, char *path, size_t cap) {
+  const char *dir = getenv("HOSTIR_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+  uint64_t h = 1469598103934665603ull; /* FNV-1a of the source and the architecture */
+  const char *p;
+  char base[400];
+  for (p = src; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  for (p = arch; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  if (dir && (!dir[0] || !strcmp(dir, "off"))) return 0;
+  if (dir) snprintf(base, sizeof base, "%.390s", dir);
+  else if (xdg && xdg[0]) snprintf(base, sizeof base, "%.380s/hostir", xdg);
+  else if (home && home[0]) snprintf(base, sizeof base, "%.370s/.cache/hostir", home);
+  else return 0;
+  if (!dir) { /* make the default directory (its parent too); a failure shows as a miss */
+    char parent[400];
+    snprintf(parent, sizeof parent, "%s", base);
+    if (strrchr(parent, '/')) *strrchr(parent, '/') = 0;
+    mkdir(parent, 0755);
+  }
+  mkdir(base, 0755);
+  snprintf(path, cap, "%s/map-%016llx-%s.cubin", base, (unsigned long long)h, arch);
+  return 1;
+}
+
+static char *hir__read_all(const char *path, size_t *size) {
+  FILE *fp = fopen(path, "rb");
+  char *buf = NULL;
+  long n;
+  if (!fp) return NULL;
+  if (fseek(fp, 0, SEEK_END) == 0 && (n = ftell(fp)) > 0 && fseek(fp, 0, SEEK_SET) == 0 && (buf = (char *)HIR_MALLOC((size_t)n)) &&
+      fread(buf, 1, (size_t)n, fp) != (size_t)n) {
+    HIR_FREE(buf);
+    buf = NULL;
+  }
+  if (buf) *size = (size_t)n;
+  fclose(fp);
+  return buf;
+}
+
+static void hir__write_all(const char *path, const char *data, size_t size) {
+  char tmp[600];
+  FILE *fp;
+  snprintf(tmp, sizeof tmp, "%.580s.%ld", path, (long)getpid());
+  if (!(fp = fopen(tmp, "wb"))) return;
+  if (fwrite(data, 1, size, fp) != size) {
+    fclose(fp);
+    remove(tmp);
+    return;
+  }
+  if (fclose(fp) != 0 || rename(tmp, path) != 0) remove(tmp);
+}
+
+/* The kernels' two entry points from a loaded library. */
+static int hir__cuda_map_kernels(hir__cuda *c) {
+  if (cudaLibraryGetKernel(&c->map_kernel[0], c->map_library, "hir_map_f32") == cudaSuccess &&
+      cudaLibraryGetKernel(&c->map_kernel[1], c->map_library, "hir_map_f64") == cudaSuccess)
+    return 1;
+  cudaGetLastError();
+  cudaLibraryUnload(c->map_library);
+  return 0;
+}
+
+/* Loads the kernels once per backend (from the cache, else compiled by
+   NVRTC); map_error says why not. */
 static int hir__cuda_load_map(hir__cuda *c) {
   hir__nvrtc n;
   void *prog = NULL;
-  char *src = NULL, *bin = NULL, arch[32];
+  char *src = NULL, *bin = NULL, arch[32], opt[64], path[640];
   const char *opts[2];
   size_t size = 0;
-  int major = 0, minor = 0, rc;
+  int major = 0, minor = 0, rc, cached;
   if (c->map_state) return c->map_state == 1;
   c->map_state = -1;
-  if (!hir__nvrtc_open(&n, c->map_error, sizeof c->map_error)) return 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
-  snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%d", major, minor);
-  opts[0] = arch;
-  opts[1] = "--std=c++14";
+  snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
   if (!(src = hir__cuda_map_source())) {
     snprintf(c->map_error, sizeof c->map_error, "out of host memory");
-  } else if ((rc = n.create(&prog, src, "hostir_map.cu", 0, NULL, NULL)) != 0) {
+    return 0;
+  }
+  cached = hir__kernel_cache_path(src, arch, path, sizeof path);
+  if (cached && (bin = hir__read_all(path, &size))) {
+    if (cudaLibraryLoadData(&c->map_library, bin, NULL, NULL, 0, NULL, NULL, 0) == cudaSuccess && hir__cuda_map_kernels(c))
+      c->map_state = 1;
+    cudaGetLastError();
+    HIR_FREE(bin);
+    bin = NULL;
+    if (c->map_state == 1) return HIR_FREE(src), 1;
+  }
+  if (!hir__nvrtc_open(&n, c->map_error, sizeof c->map_error)) return HIR_FREE(src), 0;
+  snprintf(opt, sizeof opt, "--gpu-architecture=%s", arch);
+  opts[0] = opt;
+  opts[1] = "--std=c++14";
+  if ((rc = n.create(&prog, src, "hostir_map.cu", 0, NULL, NULL)) != 0) {
     snprintf(c->map_error, sizeof c->map_error, "nvrtcCreateProgram failed (%d)", rc);
   } else if ((rc = n.compile(prog, 2, opts)) != 0) {
     char log[160] = "";
@@ -6265,18 +6390,16 @@ static int hir__cuda_load_map(hir__cuda *c) {
       if (full && n.log(prog, full) == 0) snprintf(log, sizeof log, "%s", full);
       HIR_FREE(full);
     }
-    snprintf(c->map_error, sizeof c->map_error, "NVRTC could not compile the kernels for %s (%d): %.120s", arch + 19, rc, log);
+    snprintf(c->map_error, sizeof c->map_error, "NVRTC could not compile the kernels for %s (%d): %.120s", arch, rc, log);
   } else if (n.cubin_size(prog, &size) != 0 || !(bin = (char *)HIR_MALLOC(size)) || n.cubin(prog, bin) != 0) {
-    snprintf(c->map_error, sizeof c->map_error, "NVRTC gave no binary for %s", arch + 19);
+    snprintf(c->map_error, sizeof c->map_error, "NVRTC gave no binary for %s", arch);
   } else if (cudaLibraryLoadData(&c->map_library, bin, NULL, NULL, 0, NULL, NULL, 0) != cudaSuccess) {
     snprintf(c->map_error, sizeof c->map_error, "cudaLibraryLoadData of the kernels failed: %s", cudaGetErrorString(cudaGetLastError()));
-  } else if (cudaLibraryGetKernel(&c->map_kernel[0], c->map_library, "hir_map_f32") != cudaSuccess ||
-             cudaLibraryGetKernel(&c->map_kernel[1], c->map_library, "hir_map_f64") != cudaSuccess) {
+  } else if (!hir__cuda_map_kernels(c)) {
     snprintf(c->map_error, sizeof c->map_error, "the kernels' library lacks hir_map_f32/f64");
-    cudaGetLastError();
-    cudaLibraryUnload(c->map_library);
   } else {
     c->map_state = 1;
+    if (cached) hir__write_all(path, bin, size);
   }
   if (prog) n.destroy(&prog);
   HIR_FREE(src);
@@ -6637,6 +6760,65 @@ static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tenso
   return HIR_OK;
 }
 
+/* dst = a x b + bias through cuBLASLt's BIAS epilogue: one GEMM (batches
+   folded into M where a and dst allow), f32/f16/bf16, bias a dense vector
+   of N; anything else is HIR_ERR_UNSUPPORTED (the evaluator then adds the
+   bias itself). */
+static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
+                                        const hir_tensor *x, const hir_tensor *bias) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__cuda_lane *l;
+  hir_tensor A = *a, B = *x, C = *dst;
+  int nd = dst->ndims, ta, tb, tc, d, ok;
+  int64_t lda, ldb, ldc, M = 1, N = dst->sizes[nd - 1], K = a->sizes[nd - 1];
+  cudaDataType t = hir__cuda_type(dst->dtype);
+  cublasLtMatmulDesc_t desc = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+  cublasLtMatmulPreference_t pref = NULL;
+  cublasLtMatmulHeuristicResult_t heur;
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  cublasOperation_t opa, opb;
+  size_t ws = HIR__CUDA_WORKSPACE;
+  int found = 0;
+  float one = 1, zero = 0;
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  if (dst->dtype == HIR_F64 || c->tf32 || bias->strides[nd - 1] != 1 || K == 0 || hir__numel(nd, dst->sizes) == 0 ||
+      hir__cuda_lane_of(b, stream, &l) != HIR_OK)
+    return HIR_ERR_UNSUPPORTED;
+  ok = hir__gemm_operand(&A, nd, &ta, &lda) && hir__gemm_operand(&B, nd, &tb, &ldb) && hir__gemm_operand(&C, nd, &tc, &ldc) && !tc && !ta;
+  for (d = 0; ok && d < nd - 2; d++) { /* batches fold into M: B and the bias repeat, A's and C's rows run on */
+    ok = B.strides[d] == 0 || dst->sizes[d] == 1;
+    ok = ok && (dst->sizes[d] == 1 || (A.strides[d] == lda * a->sizes[nd - 2] && C.strides[d] == ldc * dst->sizes[nd - 2]));
+  }
+  if (!ok || (nd > 2 && (lda != K || ldc != N))) return HIR_ERR_UNSUPPORTED;
+  for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
+  if (!c->lt && cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) return HIR_ERR_UNSUPPORTED;
+  /* row-major C = A B is column-major C^T [N, M] = B^T A^T */
+  opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  opb = CUBLAS_OP_N;
+  if ((st = cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias->data, sizeof bias->data)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatrixLayoutCreate(&la, t, (uint64_t)(tb ? K : N), (uint64_t)(tb ? N : K), ldb)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatrixLayoutCreate(&lb, t, (uint64_t)K, (uint64_t)M, lda)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatrixLayoutCreate(&lc, t, (uint64_t)N, (uint64_t)M, ldc)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatmulPreferenceCreate(&pref)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref, 1, &heur, &found)) == CUBLAS_STATUS_SUCCESS && found)
+    st = cublasLtMatmul(c->lt, desc, &one, B.data, la, A.data, lb, &zero, C.data, lc, C.data, lc, &heur.algo, l->workspace, ws,
+                        l->stream);
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (lc) cublasLtMatrixLayoutDestroy(lc);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (desc) cublasLtMatmulDescDestroy(desc);
+  if (st == CUBLAS_STATUS_SUCCESS && found) return HIR_OK;
+  if (st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return HIR_ERR_UNSUPPORTED;
+  return hir__cuda_fail(b, "cublasLtMatmul (bias epilogue)", cublasGetStatusString(st), __FILE__, __LINE__);
+}
+
 static hir_status hir__cuda_upload(hir_backend *b, void *dst, const void *src, size_t bytes) {
   HIR__CU(b, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   return HIR_OK;
@@ -6681,6 +6863,7 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   b->unary = hir__cuda_unary;
   b->sum = hir__cuda_sum;
   b->matmul = hir__cuda_matmul;
+  b->matmul_bias = hir__cuda_matmul_bias;
   b->upload = hir__cuda_upload;
   b->download = hir__cuda_download;
   b->timer_create = hir__cuda_timer_create;
@@ -7544,24 +7727,33 @@ static int hir__check_broadcast(hir_evaluator *ev, const hir_expr *e) {
 }
 
 static int hir__check_matmul(hir_evaluator *ev, const hir_expr *e) {
-  const hir__shape *a, *b, *o;
-  int i, has_m, has_n, nbatch_a, nbatch_b, nbatch;
-  if (!(a = hir__need_shape(ev, e->in[0])) || !(b = hir__need_shape(ev, e->in[1])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+  const hir__shape *a, *b, *o, *c = NULL;
+  int i, has_m, has_n, nbatch_a, nbatch_b, nbatch, bk, bn; /* bk, bn: B's K and N axes (bn < 0: none) */
+  if (!(a = hir__need_shape(ev, e->in[0])) || !(b = hir__need_shape(ev, e->in[1])) || !(o = hir__need_shape(ev, e->out[0])) ||
+      (e->nin > 2 && !(c = hir__need_shape(ev, e->in[2]))))
+    return 0;
   if (a->nd < 1 || b->nd < 1)
     return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "a matmul operand needs at least one axis");
   hir__matmul_roles(e, a->nd, b->nd, &has_m, &has_n);
   nbatch_a = a->nd - 1 - has_m;
   nbatch_b = b->nd - 1 - has_n;
   nbatch = o->nd - has_m - has_n;
+  bk = (e->flags & HIR__MATMUL_LINEAR) ? b->nd - 1 : nbatch_b;
+  bn = !has_n ? -1 : (e->flags & HIR__MATMUL_LINEAR) ? b->nd - 2 : b->nd - 1;
   if (nbatch < nbatch_a || nbatch < nbatch_b)
     return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the output has fewer axes than [batch..., M, N]");
-  if (a->sizes[a->nd - 1] != b->sizes[nbatch_b]) {
+  if (a->sizes[a->nd - 1] != b->sizes[bk]) {
     char why[256], from_a[64], from_b[64];
     hir__size_from(ev, e->in[0], a->nd - 1, from_a, sizeof from_a);
-    hir__size_from(ev, e->in[1], nbatch_b, from_b, sizeof from_b);
+    hir__size_from(ev, e->in[1], bk, from_b, sizeof from_b);
     snprintf(why, sizeof why, "the contracted sizes differ (%lld%s vs %lld%s); give them one size",
-             (long long)a->sizes[a->nd - 1], from_a, (long long)b->sizes[nbatch_b], from_b);
+             (long long)a->sizes[a->nd - 1], from_a, (long long)b->sizes[bk], from_b);
     return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, why);
+  }
+  if (c) { /* the bias: B's shape without K */
+    int ok = c->nd == b->nd - 1;
+    for (i = 0; ok && i < c->nd; i++) ok = c->sizes[i] == b->sizes[i < bk ? i : i + 1];
+    if (!ok) return hir__shape_mismatch(ev, e, e->in[1], b, e->in[2], c, "the bias is the weight's shape without K");
   }
   for (i = 0; i < nbatch; i++) {
     int ia = i - (nbatch - nbatch_a), ib = i - (nbatch - nbatch_b);
@@ -7569,7 +7761,7 @@ static int hir__check_matmul(hir_evaluator *ev, const hir_expr *e) {
     if ((sa != o->sizes[i] && sa != 1) || (sb != o->sizes[i] && sb != 1))
       return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "batch axes differ and neither is size 1");
   }
-  if ((has_m && o->sizes[nbatch] != a->sizes[a->nd - 2]) || (has_n && o->sizes[nbatch + has_m] != b->sizes[b->nd - 1]))
+  if ((has_m && o->sizes[nbatch] != a->sizes[a->nd - 2]) || (has_n && o->sizes[nbatch + has_m] != b->sizes[bn]))
     return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the output is [..., M, N]");
   return 1;
 }
@@ -7902,21 +8094,53 @@ static int hir__exec_broadcast(hir_evaluator *ev, const hir_expr *e, const hir_t
    axis (1-D operands, chunks along M or N) comes back with size 1, batch
    axes are broadcast to the output's. */
 static int hir__exec_matmul(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov, hir_tensor *av, hir_tensor *bv) {
-  int has_m, has_n;
+  hir_tensor out = *ov, bias;
+  int has_m, has_n, map[HIR_MAX_DIMS], i, k;
   hir__matmul_roles(e, av->ndims, bv->ndims, &has_m, &has_n);
+  if ((e->flags & HIR__MATMUL_LINEAR) && has_n) { /* the weight [.., N, K] read as [.., K, N] */
+    int64_t sz = bv->sizes[bv->ndims - 1], st = bv->strides[bv->ndims - 1];
+    bv->sizes[bv->ndims - 1] = bv->sizes[bv->ndims - 2], bv->strides[bv->ndims - 1] = bv->strides[bv->ndims - 2];
+    bv->sizes[bv->ndims - 2] = sz, bv->strides[bv->ndims - 2] = st;
+  }
   if (!has_m) hir__insert_dim(av, av->ndims - 1, 1, 0);       /* [.., K] -> [.., 1, K] */
   if (!has_n) hir__insert_dim(bv, bv->ndims, 1, 0);           /* [.., K] -> [.., K, 1] */
   if (!has_m) hir__insert_dim(ov, ov->ndims - has_n, 1, 0);   /* [.., N] -> [.., 1, N] */
   if (!has_n) hir__insert_dim(ov, ov->ndims, 1, 0);           /* [.., M] -> [.., M, 1] */
   hir__expand_batch(av, ov);
   hir__expand_batch(bv, ov);
-  return hir__ev_backend(ev, ev->b->matmul(ev->b, ev->current, ov, av, bv), e);
+  if (e->nin < 3) return hir__ev_backend(ev, ev->b->matmul(ev->b, ev->current, ov, av, bv), e);
+  /* the bias, seen through the output's axes (stride 0 on those it lacks) */
+  bias = out;
+  bias.data = ev->slot[e->in[2]->name].data;
+  for (i = 0; i < out.ndims; i++) bias.strides[i] = 0;
+  hir__axis_map(e, 2, map);
+  for (i = 0, k = 0; i < e->in[2]->ndims; i++)
+    if (e->in[2]->ids[i]->iter != HIR_REDUCTION) {
+      if (map[i] >= 0) bias.strides[map[i]] = ev->slot[e->in[2]->name].strides[k];
+      k++;
+    }
+  if (ev->b->matmul_bias && has_n) { /* in the GEMM's epilogue, where the backend takes it */
+    hir_tensor epi = *ov; /* the bias in ov's axes: only N (ov's last) may vary */
+    int only_n = 1;
+    for (i = 0; i < epi.ndims; i++) epi.strides[i] = 0;
+    for (i = 0; i < out.ndims; i++) only_n &= bias.strides[i] == 0 || i == out.ndims - 1;
+    epi.data = bias.data;
+    epi.strides[epi.ndims - 1] = bias.strides[out.ndims - 1];
+    if (only_n) {
+      hir_status s = ev->b->matmul_bias(ev->b, ev->current, ov, av, bv, &epi);
+      if (s != HIR_ERR_UNSUPPORTED) return hir__ev_backend(ev, s, e);
+    }
+  }
+  if (!hir__ev_backend(ev, ev->b->matmul(ev->b, ev->current, ov, av, bv), e)) return 0;
+  return hir__ev_backend(ev, ev->b->binary(ev->b, ev->current, HIR_BINARY_ADD, &out, &out, &bias), e); /* in place */
 }
 
 static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   const hir_tensor *x, *y = NULL, *o;
   hir_tensor av, bv, ov;
-  if (!(x = hir__get(ev, e->in[0], e)) || (e->nin > 1 && !(y = hir__get(ev, e->in[1], e)))) return 0;
+  if (!(x = hir__get(ev, e->in[0], e)) || (e->nin > 1 && !(y = hir__get(ev, e->in[1], e))) ||
+      (e->nin > 2 && !hir__get(ev, e->in[2], e)))
+    return 0;
   if (e->kind == HIR_EXPR_BROADCAST && hir__broadcast_view(ev, e, x)) return 1;
   if (!(o = hir__get_out(ev, e->out[0]))) return 0;
   ov = *o;

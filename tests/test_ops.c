@@ -274,6 +274,10 @@ TEST(test_ops_print, "ops/print", TEST_CPU) {
   hir_output(f, hir_scalar_binary(f, HIR_BINARY_DIV, 1, x));
   hir_output(f, hir_div(f, x, x));
   hir_output(f, hir_mean(f, x, 1, &axis));
+  {
+    hir_tv *la = hir_input(f, HIR_F32, 2), *lw = hir_input(f, HIR_F32, 2), *lb = hir_input(f, HIR_F32, 1);
+    hir_output(f, hir_linear(f, la, lw, lb));
+  }
   CHECK(hir_fusion_error(f)[0] == 0);
   hir_fusion_snprint(f, buf, sizeof buf);
   CHECK(strstr(buf, " = relu(T0_g_float[iS0{i0}]);\n") != NULL);
@@ -285,6 +289,7 @@ TEST(test_ops_print, "ops/print", TEST_CPU) {
   CHECK(strstr(buf, " = 1.0\n   / T0_g_float[iS0{i0}];\n") != NULL);
   CHECK(strstr(buf, "T0_g_float[iS0{i0}]\n   / T0_g_float[iS0{i0}];\n") != NULL);
   CHECK(strstr(buf, "\n   / i0;\n") != NULL); /* the mean divides by the extent */
+  CHECK(strstr(buf, " = linear(T12_g_float[iS11{i3}, iS12{i4}],\n            T13_g_float[iS13{i5}, iS14{i6}],\n            T14_g_float[iS15{i7}])\n") != NULL);
   if (hir_test_failures) fprintf(stderr, "%s", buf);
   hir_fusion_free(f);
 }
@@ -321,4 +326,67 @@ TEST(test_ops_errors, "ops/errors", TEST_CPU) {
     }
     hir_fusion_free(f);
   }
+}
+
+/* out = a x weight^T + bias: a [R, M, K], weight [N, K], bias [N]; or, with
+   the weight split on a leading axis, a [M, K], weight [D, N/D, K], bias
+   [D, N/D] and out [D, M, N/D]. */
+static hir_tensor ref_linear(const hir_tensor *a, const hir_tensor *w, const hir_tensor *bias, int split_weight) {
+  int64_t R = split_weight ? 1 : a->sizes[0], M = a->sizes[a->ndims - 2], K = a->sizes[a->ndims - 1];
+  int64_t D = split_weight ? w->sizes[0] : 1, N = w->sizes[w->ndims - 2], so[3] = {D, M, N}, sr[3] = {R, M, N}, r, d, m, n, k;
+  hir_tensor o = tn(a->dtype, 3, split_weight ? so : sr);
+  for (d = 0; d < D; d++)
+    for (r = 0; r < R; r++)
+      for (m = 0; m < M; m++)
+        for (n = 0; n < N; n++) {
+          double t = bias ? tget(bias, d * N + n) : 0;
+          for (k = 0; k < K; k++) t += tget(a, (r * M + m) * K + k) * tget(w, (d * N + n) * K + k);
+          tset(&o, ((d * R + r) * M + m) * N + n, t);
+        }
+  return o;
+}
+
+/* linear: rows split (data parallel, no communication), the weight split on
+   its first axis (column parallel, the output split alike), and rows split
+   then gathered for a replicated output (AG + linear, also pipelined on
+   streams). nvFuser's LinearOp tests and DistributedTransformerTest's MLP. */
+TEST(test_ops_linear, "ops/linear", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, mode;
+  for (wi = 0; wi < 5; wi++)
+    for (mode = 0; mode < 4; mode++) {
+      int D = worlds[wi], split_weight = mode == 1, with_bias = mode != 2;
+      hir_dtype dt = all_dtypes[(wi + mode) % 4];
+      int64_t sa[3] = {D, 3, 4}, sw[3] = {D, 5, 4}, sb[2] = {D, 5};
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *a = hir_input(f, dt, split_weight ? 2 : 3), *w = hir_input(f, dt, split_weight ? 3 : 2), *b = with_bias ? hir_input(f, dt, split_weight ? 2 : 1) : NULL;
+      hir_tv *y = hir_linear(f, a, w, b);
+      hir_output(f, y);
+      hir_set_mesh(a, D, iota_mesh);
+      hir_set_mesh(w, D, iota_mesh);
+      if (b) hir_set_mesh(b, D, iota_mesh);
+      if (mode != 1) hir_parallelize(a, 0, HIR_DIDX);
+      if (split_weight) {
+        hir_parallelize(w, 0, HIR_DIDX);
+        hir_parallelize(b, 0, HIR_DIDX);
+      }
+      if (mode >= 2) { /* the output whole: the rows gathered first; mode 3 pipelines it on streams */
+        hir_set_mesh(y, D, iota_mesh);
+        if (mode == 3) hir_parallelize(y, 0, HIR_STREAM);
+      }
+      CHECK(hir_fusion_error(f)[0] == 0);
+      case_init(&c, D);
+      c.build = build_lowered;
+      c.user = f;
+      c.nin = 2 + with_bias;
+      c.nout = 1;
+      c.in[0] = split_weight ? trand(dt, 2, sa + 1) : trand(dt, 3, sa);
+      c.in[1] = trand(dt, split_weight ? 3 : 2, split_weight ? sw : sw + 1);
+      if (b) c.in[2] = trand(dt, split_weight ? 2 : 1, split_weight ? sb : sb + 1);
+      c.out[0] = ref_linear(&c.in[0], &c.in[1], b ? &c.in[2] : NULL, split_weight);
+      c.tol = dt == HIR_F64 ? 1e-12 : dt == HIR_F32 ? 1e-5 : op_tol(dt) * 4;
+      c.prealloc = wi & 1;
+      RUN_CASE(&c, mode == 0 ? "linear_rows_split" : mode == 1 ? "linear_column_parallel" : mode == 2 ? "ag_linear" : "ag_linear_streams");
+      hir_fusion_free(f);
+    }
 }

@@ -52,7 +52,7 @@ def _load():
         "hir_div": (p, [p, p, p]), "hir_unary": (p, [p, i, p]), "hir_cast": (p, [p, p, i]),
         "hir_binary_scalar": (p, [p, i, p, ctypes.c_double]), "hir_scalar_binary": (p, [p, i, ctypes.c_double, p]),
         "hir_permute": (p, [p, p, ctypes.POINTER(i)]), "hir_mean": (p, [p, p, i, ctypes.POINTER(i)]),
-        "hir_layer_norm": (p, [p, p, i, p, p, ctypes.c_double]),
+        "hir_layer_norm": (p, [p, p, i, p, p, ctypes.c_double]), "hir_linear": (p, [p, p, p, p]),
         "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
         "hx_lower": (i, [p, i, i, i, i, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
@@ -215,6 +215,10 @@ class Fusion:
     def mean(self, a, axes):
         axes = list(axes)
         return self._tv(_lib.hir_mean(self._h, a._h, len(axes), (ctypes.c_int * max(1, len(axes)))(*axes)))
+
+    def linear(self, a, weight, bias=None):
+        """torch.nn.functional.linear: a [..., K] x weight [N, K] transposed, plus bias [N]."""
+        return self._tv(_lib.hir_linear(self._h, a._h, weight._h, bias._h if bias else None))
 
     def layer_norm(self, a, naxes, weight=None, bias=None, eps=1e-5):
         return self._tv(_lib.hir_layer_norm(self._h, a._h, naxes, weight._h if weight else None,

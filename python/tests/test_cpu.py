@@ -71,6 +71,26 @@ class CpuTests(unittest.TestCase):
             f.unary("softplus", x)
         self.assertIn("unknown op 'softplus'", str(e.exception))
 
+    def test_linear_column_parallel(self):
+        """linear with its weight split on N: each rank computes its columns, then they are gathered."""
+        rng = np.random.default_rng(9)
+        D, M, K, n = 4, 3, 8, 2
+        X = rng.standard_normal((M, K)).astype(np.float32)
+        W = rng.standard_normal((D, n, K)).astype(np.float32)
+        B = rng.standard_normal((D, n)).astype(np.float32)
+        f = hostir.Fusion()
+        x, w, b = f.input("float32", 2), f.input("float32", 3), f.input("float32", 2)
+        y = f.linear(x, w, b)
+        z = f.output(f.set(y))
+        for t in (x, w, b, y, z):
+            t.mesh(range(D))
+        for t in (w, b):
+            t.parallelize(0, "DIDx")
+        outs = hostir.run(f, [[X, W[r:r + 1], B[r:r + 1]] for r in range(D)])
+        want = np.einsum("mk,dnk->dmn", X.astype(np.float64), W.astype(np.float64)) + B[:, None, :]
+        for r in range(D):
+            np.testing.assert_allclose(outs[r][0], want, rtol=1e-5, atol=1e-5, err_msg="rank %d" % r)
+
     def test_tuned(self):
         """tune=True: the schedules measured on 3 ranks, one chosen by all, the numbers numpy's."""
         rng = np.random.default_rng(11)
