@@ -153,7 +153,10 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_UNARY, "UnaryOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                    \
   X(HIR_EXPR_REDUCTION, "ReductionOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES) \
   X(HIR_EXPR_BROADCAST, "BroadcastOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM)                                 \
-  X(HIR_EXPR_MATMUL, "MatmulOp", -1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)
+  X(HIR_EXPR_MATMUL, "MatmulOp", -1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                  \
+  X(HIR_EXPR_SELECT, "SelectOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                   \
+  X(HIR_EXPR_SLICE, "SliceOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                     \
+  X(HIR_EXPR_RESHAPE, "ViewOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)
 #define HIR__EXPR_ENUM(e, name, nin, nout, flags) e,
 typedef enum hir_expr_kind { HIR_EXPR_KIND_LIST(HIR__EXPR_ENUM) HIR_EXPR_KIND_COUNT } hir_expr_kind;
 
@@ -278,6 +281,14 @@ HIRDEF hir_tv     *hir_broadcast(hir_fusion *f, hir_tv *in, int ndims_out, const
    order); hir_transpose swaps two axes. */
 HIRDEF hir_tv     *hir_permute(hir_fusion *f, hir_tv *in, const int *perm);
 HIRDEF hir_tv     *hir_transpose(hir_fusion *f, hir_tv *in, int axis0, int axis1);
+/* torch.select: in without `axis`, at `index`; torch's slice with step 1:
+   [start, stop) of `axis` (stop -1: to the end); torch.reshape: `ndims`
+   sizes, each a size, 0 for "in's axis at this position, kept" (ONNX's
+   convention; a kept DIDx axis stays split) or -1 for the one inferred. A
+   split axis that is selected, sliced or reshaped is gathered first. */
+HIRDEF hir_tv     *hir_select(hir_fusion *f, hir_tv *in, int axis, int64_t index);
+HIRDEF hir_tv     *hir_slice(hir_fusion *f, hir_tv *in, int axis, int64_t start, int64_t stop);
+HIRDEF hir_tv     *hir_reshape(hir_fusion *f, hir_tv *in, int ndims, const int64_t *sizes);
 HIRDEF hir_tv     *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b);
 /* torch.nn.functional.linear: a [..., K] times weight [..., N, K] transposed,
    plus bias [..., N] (weight's shape without K; NULL: none); weight's
@@ -973,6 +984,7 @@ struct hir_expr {
   int parts;              /* AliasSlice: into how many equal parts the axis is cut */
   uint32_t flags;         /* BroadcastOp: bit i set = output axis i is new; MatmulOp, LoadStoreOp: HIR__MATMUL_*, HIR__SET_* */
   unsigned char perm[HIR_MAX_DIMS]; /* LoadStoreOp with HIR__SET_PERMUTE: output axis i is input data axis perm[i] */
+  int64_t params[HIR_MAX_DIMS];     /* SelectOp: index; SliceOp: start, stop (-1: the end); ViewOp: the sizes asked */
   int root, team_size;
   const int *team;
   hir_stream *stream;
@@ -1417,6 +1429,99 @@ HIRDEF hir_tv *hir_transpose(hir_fusion *f, hir_tv *in, int axis0, int axis1) {
     return NULL;
   for (i = 0; i < n; i++) perm[i] = i == a ? b : i == b ? a : i;
   return hir_permute(f, in, perm);
+}
+
+/* A SelectOp, SliceOp or ViewOp of in: the expr, its output of `n` axes to fill. */
+static hir_expr *hir__view_op(hir_fusion *f, hir_expr_kind kind, hir_tv *in, int n) {
+  hir_tv *out;
+  hir_expr *e;
+  if (!(out = hir__new_tv(f, in->dtype, HIR_MEM_GLOBAL, n)) || !(e = hir__new_expr(f, kind, 1, 1))) return NULL;
+  e->in[0] = in;
+  e->out[0] = out;
+  return e;
+}
+
+HIRDEF hir_tv *hir_select(hir_fusion *f, hir_tv *in, int axis, int64_t index) {
+  hir_id *ids[HIR_MAX_DIMS];
+  hir_expr *e;
+  int i, k = 0, n, a;
+  if (!hir__live(f) || !hir__check_tv(f, in, "hir_select", "in")) return NULL;
+  n = hir__data_axes(in, ids);
+  if ((a = hir__norm_axis(f, axis, n, "hir_select", in)) < 0) return NULL;
+  if (n < 2 || index < 0) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_select: %s", n < 2 ? "selecting from a 1-axis tensor leaves no axis; use hir_slice"
+                                                          : "the index is negative; give 0 .. size - 1");
+    return NULL;
+  }
+  if (!(e = hir__view_op(f, HIR_EXPR_SELECT, in, n - 1))) return NULL;
+  for (i = 0; i < n; i++)
+    if (i != a && !(e->out[0]->ids[k++] = hir__clone_id(f, ids[i], 0))) return NULL;
+  e->axis = a;
+  e->params[0] = index;
+  return hir__finish_op(f, e, e->out[0]);
+}
+
+HIRDEF hir_tv *hir_slice(hir_fusion *f, hir_tv *in, int axis, int64_t start, int64_t stop) {
+  hir_id *ids[HIR_MAX_DIMS];
+  hir_expr *e;
+  hir_val *extent;
+  int i, n, a;
+  if (!hir__live(f) || !hir__check_tv(f, in, "hir_slice", "in")) return NULL;
+  n = hir__data_axes(in, ids);
+  if ((a = hir__norm_axis(f, axis, n, "hir_slice", in)) < 0) return NULL;
+  if (start < 0 || (stop != -1 && stop <= start)) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_slice: [%lld, %lld) is not a range; give 0 <= start < stop, or stop = -1 for the end",
+              (long long)start, (long long)stop);
+    return NULL;
+  }
+  extent = stop == -1 ? hir__binary_val(f, HIR_SCALAR_SUB, ids[a]->extent, hir__const(f, start)) : hir__const(f, stop - start);
+  if (!extent || !(e = hir__view_op(f, HIR_EXPR_SLICE, in, n))) return NULL;
+  for (i = 0; i < n; i++)
+    if (!(e->out[0]->ids[i] = i == a ? hir__new_id(f, extent, HIR_ITERATION, HIR_SERIAL) : hir__clone_id(f, ids[i], 0))) return NULL;
+  e->axis = a;
+  e->params[0] = start;
+  e->params[1] = stop;
+  return hir__finish_op(f, e, e->out[0]);
+}
+
+HIRDEF hir_tv *hir_reshape(hir_fusion *f, hir_tv *in, int ndims, const int64_t *sizes) {
+  hir_id *ids[HIR_MAX_DIMS];
+  hir_expr *e;
+  hir_val *whole = NULL, *known = NULL;
+  int i, n, inferred = -1;
+  if (!hir__live(f) || !hir__check_tv(f, in, "hir_reshape", "in")) return NULL;
+  n = hir__data_axes(in, ids);
+  if (ndims < 1 || ndims > HIR_MAX_DIMS || !sizes) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_reshape: give 1 to HIR_MAX_DIMS (%d) sizes (ndims %d, sizes %s)", HIR_MAX_DIMS, ndims,
+              sizes ? "given" : "NULL");
+    return NULL;
+  }
+  for (i = 0; i < ndims; i++) {
+    const char *why = sizes[i] < -1 ? "is negative (-1 infers one size)" : sizes[i] == -1 && inferred >= 0 ? "is a second -1"
+                      : sizes[i] == 0 && i >= n ? "keeps an axis the input does not have" : NULL;
+    if (why) {
+      hir__fail(f, HIR_ERR_INVALID, "hir_reshape: sizes[%d] = %lld %s (T%d has %d data axes)", i, (long long)sizes[i], why,
+                in->name, n);
+      return NULL;
+    }
+    if (sizes[i] == -1) inferred = i;
+  }
+  if (!(e = hir__view_op(f, HIR_EXPR_RESHAPE, in, ndims))) return NULL;
+  for (i = 0; i < n; i++) whole = whole ? hir__binary_val(f, HIR_SCALAR_MUL, whole, ids[i]->extent) : ids[i]->extent;
+  for (i = 0; i < ndims; i++) {
+    hir_val *x = sizes[i] == 0 ? ids[i]->extent : sizes[i] > 0 ? hir__const(f, sizes[i]) : NULL;
+    if (sizes[i] == -1) continue;
+    if (!x || !(e->out[0]->ids[i] = sizes[i] == 0 ? hir__clone_id(f, ids[i], 0) : hir__new_id(f, x, HIR_ITERATION, HIR_SERIAL)))
+      return NULL;
+    if (!(known = known ? hir__binary_val(f, HIR_SCALAR_MUL, known, x) : x)) return NULL;
+    e->params[i] = sizes[i];
+  }
+  if (inferred >= 0) { /* whole / known, checked to divide when run */
+    hir_val *x = known ? hir__binary_val(f, HIR_SCALAR_DIV, whole, known) : whole;
+    if (!x || !(e->out[0]->ids[inferred] = hir__new_id(f, x, HIR_ITERATION, HIR_SERIAL))) return NULL;
+    e->params[inferred] = -1;
+  }
+  return hir__finish_op(f, e, e->out[0]);
 }
 
 static hir_tv *hir__binary(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_tv *b) {
@@ -2605,6 +2710,36 @@ static void hir__print_unary_op(hir__writer *w, const hir_expr *e, int ind) {
   hir__emit(w, ");\n");
 }
 
+/* nvFuser's SelectOp, SliceOp (a range per axis) and ViewOp. */
+static void hir__print_view_op(hir__writer *w, const hir_expr *e, int ind) {
+  hir_id *ids[HIR_MAX_DIMS];
+  int i;
+  hir__print_assign(w, e->out[0], ind);
+  if (e->kind == HIR_EXPR_RESHAPE) {
+    hir__emit(w, " = view( ");
+    hir__print_tv(w, e->in[0]);
+    hir__emit(w, " )\n");
+    return;
+  }
+  hir__emit(w, " = %s( ", e->kind == HIR_EXPR_SELECT ? "select" : "slice");
+  hir__print_tv(w, e->in[0]);
+  if (e->kind == HIR_EXPR_SELECT) {
+    hir__data_axes(e->in[0], ids);
+    hir__emit(w, ", axis = ");
+    hir__print_id(w, ids[e->axis]);
+    hir__emit(w, ", index = %lld )\n", (long long)e->params[0]);
+    return;
+  }
+  hir__emit(w, ", {");
+  for (i = 0; i < hir__data_axes(e->in[0], ids); i++) {
+    hir__emit(w, " {%lld, ", i == e->axis ? (long long)e->params[0] : 0LL);
+    if (i == e->axis && e->params[1] != -1) hir__emit(w, "%lld", (long long)e->params[1]);
+    else hir__print_val(w, ids[i]->extent);
+    hir__emit(w, ", 1}");
+  }
+  hir__emit(w, " } )\n");
+}
+
 static void hir__print_broadcast(hir__writer *w, const hir_expr *e, int ind) {
   int i;
   hir__print_assign(w, e->out[0], ind);
@@ -2664,6 +2799,9 @@ static void hir__print_expr(hir__writer *w, const hir_expr *e, int ind) {
   case HIR_EXPR_REDUCTION: hir__print_unary(w, e, ind, "reduction", "op = add, initial value = 0, allreduce = false"); break;
   case HIR_EXPR_BROADCAST: hir__print_broadcast(w, e, ind); break;
   case HIR_EXPR_MATMUL: hir__print_matmul(w, e, ind); break;
+  case HIR_EXPR_SELECT:
+  case HIR_EXPR_SLICE:
+  case HIR_EXPR_RESHAPE: hir__print_view_op(w, e, ind); break;
   case HIR_EXPR_KIND_COUNT: break;
   }
 }
@@ -2900,6 +3038,17 @@ static void hir__axis_map(const hir_expr *e, int k, int *map) {
     }
     break;
   case HIR_EXPR_MATMUL: hir__matmul_axis_map(e, k, map); break;
+  case HIR_EXPR_SELECT: /* the selected axis goes; a sliced one is another axis; a reshape keeps the axes asked to */
+  case HIR_EXPR_SLICE:
+  case HIR_EXPR_RESHAPE:
+    for (i = 0; i < in->ndims; i++) {
+      if (in->ids[i]->iter == HIR_REDUCTION) continue;
+      if (e->kind == HIR_EXPR_SELECT) map[i] = d == e->axis ? -1 : d - (d > e->axis);
+      else if (e->kind == HIR_EXPR_SLICE) map[i] = d == e->axis ? -1 : d;
+      else map[i] = d < e->out[0]->ndims && e->params[d] == 0 ? d : -1;
+      d++;
+    }
+    break;
   case HIR_EXPR_ALIAS_SELECT:
     for (i = 0; i < in->ndims; i++) map[i] = i < e->axis ? i : i > e->axis ? i - 1 : -1;
     break;
@@ -2948,7 +3097,7 @@ static int hir__input_reshards(const hir_expr *e, int k) {
   hir__axis_map(e, k, map);
   din = hir__sharded(in) ? hir__didx_axis(in) : -1;
   dout = hir__sharded(out) ? hir__didx_axis(out) : -1;
-  if (din >= 0) return map[din] != dout;
+  if (din >= 0) return map[din] < 0 || map[din] != dout; /* < 0: an op that consumes the split axis (select, reshape) */
   if (dout >= 0) /* the output is split along an axis the input holds whole */
     for (i = 0; i < in->ndims; i++)
       if (map[i] == dout && in->ids[i]->iter == HIR_ITERATION) return 1;
@@ -2976,12 +3125,25 @@ static int hir__stream_axis(const hir_tv *tv) {
   return -1;
 }
 
+/* The output is split along an axis no input maps onto (a reshape's new
+   axis, a slice's): computed whole, then scattered. */
+static int hir__output_reshards(const hir_expr *e) {
+  int map[HIR_MAX_DIMS], dout = hir__sharded(e->out[0]) ? hir__didx_axis(e->out[0]) : -1, k, i;
+  if (dout < 0) return 0;
+  for (k = 0; k < e->nin; k++) {
+    hir__axis_map(e, k, map);
+    for (i = 0; i < e->in[k]->ndims; i++)
+      if (map[i] == dout) return 0;
+  }
+  return 1;
+}
+
 HIRDEF int hir_expr_is_resharding(const hir_expr *e) {
   int k;
   if (!e || !(hir__ops[e->kind].flags & HIR__OP_COMPUTE) || e->nout != 1) return 0;
   for (k = 0; k < e->nin; k++)
     if (hir__input_reshards(e, k)) return 1;
-  return 0;
+  return hir__output_reshards(e);
 }
 
 static int hir__expr_is_standalone(const hir_expr *e) {
@@ -3320,6 +3482,22 @@ static int hir__decompose_reshardings(hir_program *p) {
         }
         e->in[k] = moved;
         if (!hir__push(f, &exprs, set)) return 0;
+      }
+      if (hir__output_reshards(e)) { /* computed whole into a new tensor, then moved by a set */
+        hir_tv *out = e->out[0], *whole = hir__new_tv(f, out->dtype, HIR_MEM_GLOBAL, out->ndims);
+        hir_expr *set = whole ? hir__new_expr(f, HIR_EXPR_LOAD_STORE, 1, 1) : NULL;
+        if (!set) return 0;
+        for (j = 0; j < out->ndims; j++)
+          if (!(whole->ids[j] = hir__clone_id(f, out->ids[j], 0))) return 0;
+        whole->mesh = out->mesh;
+        whole->mesh_size = out->mesh_size;
+        e->out[0] = whole;
+        whole->definition = e;
+        set->in[0] = whole;
+        set->out[0] = out;
+        out->definition = set;
+        if (!hir__push(f, &exprs, e) || !hir__push(f, &exprs, set)) return 0;
+        continue;
       }
     }
     if (!hir__push(f, &exprs, e)) return 0;
@@ -4124,6 +4302,8 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
   hir_tv *ins[3], *out, *slot;
   hir_expr *ite;
   int s = hir__stream_axis(e->out[0]), cut = hir__cut_axis(e->out[0], s), k, j, moves = hir_expr_is_resharding(e);
+  if (e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE || e->kind == HIR_EXPR_RESHAPE)
+    return hir__stream_fail(c->p, e, "a select, slice or reshape is not computed chunk by chunk; give its output no Stream axis");
   if (!hir__same_cut(c, e, e->out[0], cut, 1) || (moves && !hir__contiguous_chunks(c, e, e->out[0], s))) return 0;
   for (k = 0; k < e->nin; k++) {
     int map[HIR_MAX_DIMS], axis = -1, in_cut = -1;
@@ -7687,6 +7867,36 @@ static int hir__check_view(hir_evaluator *ev, const hir_expr *e) {
                              e->parts ? "the view cuts one axis of its source" : "the view drops one axis of its source");
 }
 
+/* select: the index inside the axis; slice: the range inside it; reshape:
+   the same number of elements (an inferred size that does not divide shows
+   here), kept axes the same. */
+static int hir__check_view_op(hir_evaluator *ev, const hir_expr *e) {
+  const hir__shape *a, *o;
+  hir__shape want;
+  int i;
+  if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+  want = *a;
+  if (e->kind == HIR_EXPR_RESHAPE) {
+    int ok = hir__shape_numel(a) == hir__shape_numel(o);
+    for (i = 0; ok && i < o->nd; i++) ok = e->params[i] != 0 || o->sizes[i] == a->sizes[i];
+    return ok ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a reshape keeps the number of elements (does the inferred size divide?)");
+  }
+  if (e->params[0] >= a->sizes[e->axis] || (e->kind == HIR_EXPR_SLICE && e->params[1] > a->sizes[e->axis])) {
+    char what[64];
+    if (e->kind == HIR_EXPR_SELECT) snprintf(what, sizeof what, "index %lld", (long long)e->params[0]);
+    else snprintf(what, sizeof what, "the range [%lld, %lld)", (long long)e->params[0], (long long)e->params[1]);
+    return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d: %s is outside T%d's axis %d of size %lld", hir__ops[e->kind].name,
+                        e->name, what, e->in[0]->name, e->axis, (long long)a->sizes[e->axis]);
+  }
+  if (e->kind == HIR_EXPR_SELECT) {
+    for (i = e->axis; i + 1 < a->nd; i++) want.sizes[i] = a->sizes[i + 1];
+    want.nd--;
+  } else {
+    want.sizes[e->axis] = (e->params[1] == -1 ? a->sizes[e->axis] : e->params[1]) - e->params[0];
+  }
+  return hir__shapes_equal(&want, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the output is the input's selected part");
+}
+
 static int hir__check_binary(hir_evaluator *ev, const hir_expr *e) {
   const hir__shape *a, *b, *o;
   int i;
@@ -7818,6 +8028,9 @@ static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
   case HIR_EXPR_REDUCTION: return hir__check_reduction(ev, e);
   case HIR_EXPR_BROADCAST: return hir__check_broadcast(ev, e);
   case HIR_EXPR_MATMUL: return hir__check_matmul(ev, e);
+  case HIR_EXPR_SELECT:
+  case HIR_EXPR_SLICE:
+  case HIR_EXPR_RESHAPE: return hir__check_view_op(ev, e);
   case HIR_EXPR_COMMUNICATION: return hir__check_communication(ev, e);
   case HIR_EXPR_P2P_COMMUNICATION:
   case HIR_EXPR_DEALLOCATE:
@@ -8160,6 +8373,26 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   case HIR_EXPR_REDUCTION: return hir__exec_sum(ev, e, &ov, &av);
   case HIR_EXPR_BROADCAST: return hir__exec_broadcast(ev, e, &ov, &av);
   case HIR_EXPR_MATMUL: return hir__exec_matmul(ev, e, &ov, &av, &bv);
+  case HIR_EXPR_SELECT:
+  case HIR_EXPR_SLICE: { /* the part, copied */
+    int i, a = e->axis;
+    av.data = (char *)x->data + e->params[0] * x->strides[a] * (int64_t)hir_dtype_size(x->dtype);
+    if (e->kind == HIR_EXPR_SLICE) {
+      av.sizes[a] = ov.sizes[a];
+    } else {
+      for (i = a; i + 1 < x->ndims; i++) av.sizes[i] = x->sizes[i + 1], av.strides[i] = x->strides[i + 1];
+      av.ndims--;
+    }
+    return hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, &ov, &av), e);
+  }
+  case HIR_EXPR_RESHAPE: /* the output's buffer seen in the input's shape: a copy in row-major order */
+    if (!hir__is_contiguous(&ov))
+      return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: ViewOp %d writes T%d, a strided view; reshape into a whole tensor",
+                          e->name, e->out[0]->name);
+    ov.ndims = x->ndims;
+    memcpy(ov.sizes, x->sizes, sizeof ov.sizes);
+    hir__contiguous_strides(&ov);
+    return hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, &ov, &av), e);
   default:
     return hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: %s %d is not a compute op", hir__ops[e->kind].name, e->name);
   }

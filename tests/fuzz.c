@@ -129,14 +129,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 9: hir_output(x.f, a); break;
     case 10: { /* elementwise, casts, scalars, permutes, composites: any arguments */
       int perm[HIR_MAX_DIMS] = {fz_take(&z, 4) - 1, fz_take(&z, 4) - 1, fz_take(&z, 4) - 1};
-      switch (fz_take(&z, 7)) {
+      int64_t sizes[3] = {fz_take(&z, 5) - 1, fz_take(&z, 5) - 1, fz_take(&z, 5) - 1};
+      switch (fz_take(&z, 10)) {
       case 0: t = hir_unary(x.f, (hir_unary_op)fz_take(&z, HIR_UNARY_COUNT + 1), a); break;
       case 1: t = hir_cast(x.f, a, (hir_dtype)fz_take(&z, HIR_DTYPE_COUNT + 1)); break;
       case 2: t = hir_binary_scalar(x.f, (hir_binary_op)fz_take(&z, HIR_BINARY_COUNT + 1), a, fz_take(&z, 9) - 4); break;
       case 3: t = hir_permute(x.f, a, perm); break;
       case 4: t = hir_div(x.f, a, b); break;
       case 5: t = hir_mean(x.f, a, 1 + fz_take(&z, 2), axes); break;
-      default: t = hir_layer_norm(x.f, a, fz_take(&z, 3), fz_take(&z, 2) ? b : NULL, NULL, 1e-5); break;
+      case 6: t = hir_layer_norm(x.f, a, fz_take(&z, 3), fz_take(&z, 2) ? b : NULL, NULL, 1e-5); break;
+      case 7: t = hir_select(x.f, a, axes[0], fz_take(&z, 4)); break;
+      case 8: t = hir_slice(x.f, a, axes[0], fz_take(&z, 3), fz_take(&z, 5) - 1); break;
+      default: t = hir_reshape(x.f, a, 1 + fz_take(&z, 3), sizes); break;
       }
       break;
     }

@@ -1,6 +1,6 @@
 /* The differential check: random fusions - sets, binary ops (with broadcast
    axes), elementwise and tensor-scalar ops, sums over one or two axes,
-   matmuls - on random meshes with random DIDx and Stream axes
+   selects, slices, reshapes, matmuls - on random meshes with random DIDx and Stream axes
    and stream options, lowered for every rank of a local world and run on
    random data, against a plain reference computed here on the whole
    (unsharded) tensors. Every program either gives the reference's numbers
@@ -168,6 +168,32 @@ static diff_tv *diff_unary(diff_prog *p, int which, diff_tv *a) {
   return t;
 }
 
+/* t = a view op of a: select index 0 of axis ax, slice [0, 1) of it, or a
+   reshape (flattened, or keeping axis 0); a's whole values, row-major. */
+static diff_tv *diff_view(diff_prog *p, int which, diff_tv *a, int ax) {
+  int64_t sz[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, n = diff_numel(a->nd, a->sizes), keep[2] = {0, -1}, flat[1] = {-1}, at = 0;
+  int i, nd = 0;
+  hir_tv *tv;
+  diff_tv *t;
+  if (which == 2) {
+    tv = a->nd >= 2 ? hir_reshape(p->f, a->tv, 2, keep) : hir_reshape(p->f, a->tv, 1, flat);
+    sz[nd++] = a->nd >= 2 ? a->sizes[0] : n;
+    if (a->nd >= 2) sz[nd++] = a->sizes[0] ? n / a->sizes[0] : 0;
+    t = diff_new(p, tv, nd, sz);
+    memcpy(t->v, a->v, (size_t)n * sizeof(double));
+    return t;
+  }
+  for (i = 0; i < a->nd; i++)
+    if (i != ax || which == 1) sz[nd++] = i == ax ? 1 : a->sizes[i];
+  tv = which == 0 ? hir_select(p->f, a->tv, ax, 0) : hir_slice(p->f, a->tv, ax, 0, 1);
+  t = diff_new(p, tv, nd, sz);
+  if (n)
+    do
+      if (idx[ax] == 0) t->v[at++] = a->v[diff_off(a->nd, a->sizes, idx)];
+    while (diff_step(a->nd, a->sizes, idx));
+  return t;
+}
+
 /* t = broadcast of a with a size-1 axis inserted at `at`. */
 static diff_tv *diff_broadcast(diff_prog *p, diff_tv *a, int at) {
   int flags[HIR_MAX_DIMS] = {0}, i;
@@ -225,10 +251,16 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   }
   for (k = 0; k < nops && p->ntv < DIFF_MAX_TVS - 3; k++) {
     diff_tv *a = &p->t[p->ntv - 1 - diff_next(r, p->ntv < 2 ? 1 : 2)], *t = NULL;
-    switch (diff_next(r, 4)) {
+    switch (diff_next(r, 5)) {
     case 3: /* an elementwise op */
       t = diff_unary(p, diff_next(r, 6), a);
       break;
+    case 4: { /* a select, slice or reshape (select and slice of a non-empty axis, select of a 2+-axis tensor) */
+      int which = diff_next(r, 3), ax = diff_next(r, a->nd);
+      if (which < 2 && (a->sizes[ax] == 0 || (which == 0 && a->nd < 2))) continue;
+      t = diff_view(p, which, a, ax);
+      break;
+    }
     case 0: /* a move: a set onto its own or another placement */
       t = diff_new(p, hir_set(p->f, a->tv), a->nd, a->sizes);
       memcpy(t->v, a->v, (size_t)diff_numel(a->nd, a->sizes) * sizeof(double));

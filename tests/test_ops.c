@@ -278,6 +278,13 @@ TEST(test_ops_print, "ops/print", TEST_CPU) {
     hir_tv *la = hir_input(f, HIR_F32, 2), *lw = hir_input(f, HIR_F32, 2), *lb = hir_input(f, HIR_F32, 1);
     hir_output(f, hir_linear(f, la, lw, lb));
   }
+  {
+    hir_tv *v = hir_input(f, HIR_F32, 2);
+    int64_t flat[1] = {-1};
+    hir_output(f, hir_select(f, v, 1, 1));
+    hir_output(f, hir_slice(f, v, 1, 1, 3));
+    hir_output(f, hir_reshape(f, v, 1, flat));
+  }
   CHECK(hir_fusion_error(f)[0] == 0);
   hir_fusion_snprint(f, buf, sizeof buf);
   CHECK(strstr(buf, " = relu(T0_g_float[iS0{i0}]);\n") != NULL);
@@ -289,6 +296,9 @@ TEST(test_ops_print, "ops/print", TEST_CPU) {
   CHECK(strstr(buf, " = 1.0\n   / T0_g_float[iS0{i0}];\n") != NULL);
   CHECK(strstr(buf, "T0_g_float[iS0{i0}]\n   / T0_g_float[iS0{i0}];\n") != NULL);
   CHECK(strstr(buf, "\n   / i0;\n") != NULL); /* the mean divides by the extent */
+  CHECK(strstr(buf, " = select( T16_g_float[iS19{i8}, iS20{i9}], axis = iS20{i9}, index = 1 )\n") != NULL);
+  CHECK(strstr(buf, " = slice( T16_g_float[iS19{i8}, iS20{i9}], { {0, i8, 1} {1, 3, 1} } )\n") != NULL);
+  CHECK(strstr(buf, "T19_g_float[iS24{( i8 * i9 )}]\n   = view( T16_g_float[iS19{i8}, iS20{i9}] )\n") != NULL);
   CHECK(strstr(buf, " = linear(T12_g_float[iS11{i3}, iS12{i4}],\n            T13_g_float[iS13{i5}, iS14{i6}],\n            T14_g_float[iS15{i7}])\n") != NULL);
   if (hir_test_failures) fprintf(stderr, "%s", buf);
   hir_fusion_free(f);
@@ -305,7 +315,13 @@ TEST(test_ops_errors, "ops/errors", TEST_CPU) {
       {5, "hir_layer_norm: eps is nan; give a finite number >= 0"},
       {6, "hir_binary: unknown binary op 7"},
       {7, "hir_div: mixed dtypes: T0 is float, T1 is double"},
+      {8, "hir_reshape: sizes[1] = -1 is a second -1 (T0 has 2 data axes)"},
+      {9, "hir_slice: [3, 2) is not a range; give 0 <= start < stop, or stop = -1 for the end"},
+      {10, "hir_select: the index is negative"},
+      {11, "hir_permute: perm[1] = 0 is listed twice"},
   };
+  static const int64_t two_inferred[2] = {-1, -1};
+  static const int dup[2] = {0, 0};
   size_t i;
   for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     hir_fusion *f = hir_fusion_create();
@@ -318,7 +334,11 @@ TEST(test_ops_errors, "ops/errors", TEST_CPU) {
     case 4: w = hir_input(f, HIR_F32, 2), hir_layer_norm(f, x, 1, w, NULL, 1e-5); break;
     case 5: hir_layer_norm(f, x, 1, NULL, NULL, NAN); break;
     case 6: hir_binary(f, (hir_binary_op)7, x, x); break;
-    default: w = hir_input(f, HIR_F64, 2), hir_div(f, x, w); break;
+    case 7: w = hir_input(f, HIR_F64, 2), hir_div(f, x, w); break;
+    case 8: hir_reshape(f, x, 2, two_inferred); break;
+    case 9: hir_slice(f, x, 0, 3, 2); break;
+    case 10: hir_select(f, x, 1, -1); break;
+    default: hir_permute(f, x, dup); break;
     }
     if (!strstr(hir_fusion_error(f), cases[i].want)) {
       fprintf(stderr, "  case %d: got \"%s\"\n", cases[i].which, hir_fusion_error(f));
@@ -387,6 +407,63 @@ TEST(test_ops_linear, "ops/linear", TEST_CPU | TEST_GPU_WORLDS) {
       c.tol = dt == HIR_F64 ? 1e-12 : dt == HIR_F32 ? 1e-5 : op_tol(dt) * 4;
       c.prealloc = wi & 1;
       RUN_CASE(&c, mode == 0 ? "linear_rows_split" : mode == 1 ? "linear_column_parallel" : mode == 2 ? "ag_linear" : "ag_linear_streams");
+      hir_fusion_free(f);
+    }
+}
+
+/* select, slice and reshape of a tensor split on axis 0: along other axes
+   each rank works on its shard; along the split axis (or a reshape merging
+   it) the tensor is gathered first. Mirrors nvFuser's SelectOp / SliceOp /
+   ReshardingTest view cases. */
+TEST(test_ops_select_slice_reshape, "ops/select_slice_reshape", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, which;
+  for (wi = 0; wi < 5; wi++)
+    for (which = 0; which < 7; which++) {
+      int D = worlds[wi];
+      hir_dtype dt = all_dtypes[(wi + which) % 4];
+      int64_t sz[3] = {D, 4, 6}, keep_merge[2] = {0, -1}, split_inner[4] = {0, 2, 2, 6}, merge_split[2] = {-1, 6};
+      int64_t onto_split[3] = {4, D, 6};
+      int64_t i, j, k, n = 0, osz[4];
+      int ond = 0;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, dt, 3), *y = NULL;
+      switch (which) {
+      case 0: y = hir_select(f, x, 2, 3), ond = 2, osz[0] = D, osz[1] = 4; break;
+      case 1: y = hir_slice(f, x, 1, 1, 3), ond = 3, osz[0] = D, osz[1] = 2, osz[2] = 6; break;
+      case 2: y = hir_reshape(f, x, 2, keep_merge), ond = 2, osz[0] = D, osz[1] = 24; break;
+      case 3: y = hir_reshape(f, x, 4, split_inner), ond = 4, osz[0] = D, osz[1] = 2, osz[2] = 2, osz[3] = 6; break;
+      case 4: y = hir_select(f, x, 0, D - 1), ond = 2, osz[0] = 4, osz[1] = 6; break;   /* along the split axis */
+      case 5: y = hir_reshape(f, x, 2, merge_split), ond = 2, osz[0] = D * 4, osz[1] = 6; break;
+      default: y = hir_reshape(f, x, 3, onto_split), ond = 3, osz[0] = 4, osz[1] = D, osz[2] = 6; break; /* x whole, y split */
+      }
+      hir_output(f, y);
+      hir_set_mesh(x, D, iota_mesh);
+      if (which == 6) {
+        hir_set_mesh(y, D, iota_mesh);
+        hir_parallelize(y, 1, HIR_DIDX);
+      } else {
+        hir_parallelize(x, 0, HIR_DIDX);
+      }
+      CHECK(hir_fusion_error(f)[0] == 0);
+      case_init(&c, D);
+      c.build = build_lowered;
+      c.user = f;
+      c.nin = c.nout = 1;
+      c.in[0] = trand(dt, 3, sz);
+      c.out[0] = tn(dt, ond, osz);
+      for (i = 0; i < D; i++) /* row-major order is what a reshape keeps; select and slice pick */
+        for (j = 0; j < 4; j++)
+          for (k = 0; k < 6; k++) {
+            double v = tget(&c.in[0], (i * 4 + j) * 6 + k);
+            if (which == 0 && k == 3) tset(&c.out[0], i * 4 + j, v);
+            if (which == 1 && j >= 1 && j < 3) tset(&c.out[0], (i * 2 + j - 1) * 6 + k, v);
+            if (which == 2 || which == 3 || which >= 5) tset(&c.out[0], n++, v);
+            if (which == 4 && i == D - 1) tset(&c.out[0], j * 6 + k, v);
+          }
+      c.tol = 0;
+      c.prealloc = wi & 1;
+      RUN_CASE(&c, "select_slice_reshape");
       hir_fusion_free(f);
     }
 }

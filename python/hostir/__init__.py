@@ -53,6 +53,8 @@ def _load():
         "hir_binary_scalar": (p, [p, i, p, ctypes.c_double]), "hir_scalar_binary": (p, [p, i, ctypes.c_double, p]),
         "hir_permute": (p, [p, p, ctypes.POINTER(i)]), "hir_mean": (p, [p, p, i, ctypes.POINTER(i)]),
         "hir_layer_norm": (p, [p, p, i, p, p, ctypes.c_double]), "hir_linear": (p, [p, p, p, p]),
+        "hir_select": (p, [p, p, i, ctypes.c_int64]), "hir_slice": (p, [p, p, i, ctypes.c_int64, ctypes.c_int64]),
+        "hir_reshape": (p, [p, p, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
         "hx_lower": (i, [p, i, i, i, i, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
@@ -211,6 +213,17 @@ class Fusion:
     def permute(self, a, perm):
         perm = list(perm)
         return self._tv(_lib.hir_permute(self._h, a._h, (ctypes.c_int * max(1, len(perm)))(*perm)))
+
+    def select(self, a, axis, index):
+        return self._tv(_lib.hir_select(self._h, a._h, axis, index))
+
+    def slice(self, a, axis, start, stop=-1):
+        return self._tv(_lib.hir_slice(self._h, a._h, axis, start, stop))
+
+    def reshape(self, a, sizes):
+        """sizes: a size per axis, 0 to keep the input's axis there, -1 for the one inferred."""
+        sizes = list(sizes)
+        return self._tv(_lib.hir_reshape(self._h, a._h, len(sizes), (ctypes.c_int64 * max(1, len(sizes)))(*sizes)))
 
     def mean(self, a, axes):
         axes = list(axes)
