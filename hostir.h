@@ -298,6 +298,16 @@ HIRDEF hir_tv     *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b);
 HIRDEF hir_tv     *hir_linear(hir_fusion *f, hir_tv *a, hir_tv *weight, hir_tv *bias);
 HIRDEF hir_status  hir_set_mesh(hir_tv *tv, int ndevices, const int *devices);
 HIRDEF hir_status  hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype);
+/* nvFuser's split: axis becomes two, the outer of extent `factor` (outer =
+   1) or the inner (outer = 0), the other extent / factor (a size it must
+   divide when run); parallelize either with DIDx or Stream. The split goes
+   to every tensor whose axis maps onto this one through the ops (as
+   nvFuser's transform propagation), so they stay one computation; the
+   user's tensors keep their logical axes (a DIDx-split axis holds this
+   device's part, as nvFuser's sharded inputs do). Refused, with the op
+   named, where an op cannot take it: a matmul's K or N, a permute, a
+   select, slice or reshape of that axis. */
+HIRDEF hir_status  hir_split(hir_tv *tv, int axis, int64_t factor, int outer);
 HIRDEF hir_status  hir_fusion_print(const hir_fusion *f, FILE *out);
 HIRDEF size_t      hir_fusion_snprint(const hir_fusion *f, char *buf, size_t cap);   /* like snprintf */
 /* Axis arguments count every axis of the tensor, reduction axes included
@@ -314,6 +324,10 @@ HIRDEF hir_ptype      hir_tv_ptype(const hir_tv *tv, int axis);
 HIRDEF hir_val       *hir_tv_extent(const hir_tv *tv, int axis);
 HIRDEF const int     *hir_tv_mesh(const hir_tv *tv, int *ndevices); /* NULL, 0 if none */
 HIRDEF hir_expr      *hir_tv_definition(const hir_tv *tv);          /* the fusion expr producing it */
+/* After hir_split: how many axes the user's tensors of tv hold (0: no axis
+   split, hir_tv_ndims's data axes), and which of them axis `axis` is part of. */
+HIRDEF int            hir_tv_logical_ndims(const hir_tv *tv);
+HIRDEF int            hir_tv_logical_axis(const hir_tv *tv, int axis);
 HIRDEF size_t         hir_tv_snprint(const hir_tv *tv, char *buf, size_t cap);   /* like snprintf */
 HIRDEF size_t         hir_val_snprint(const hir_val *v, char *buf, size_t cap);
 HIRDEF hir_expr_kind  hir_expr_kind_of(const hir_expr *e);
@@ -952,6 +966,12 @@ struct hir_tv {
   const int *mesh;
   hir_expr *definition;   /* the fusion expr producing it, NULL for inputs and host-made views */
   unsigned char is_input, is_output;
+  /* Split axes (hir_split): axis i is part of logical axis logical_of[i];
+     the user's tensors hold the nlogical logical axes (0: no split, the
+     axes are the logical ones), logical_extent[l] the whole extent of l. */
+  int nlogical;
+  unsigned char logical_of[HIR_MAX_DIMS];
+  hir_val *logical_extent[HIR_MAX_DIMS];
 };
 
 struct hir_scope {
@@ -1508,6 +1528,7 @@ HIRDEF hir_tv *hir_reshape(hir_fusion *f, hir_tv *in, int ndims, const int64_t *
   }
   if (!(e = hir__view_op(f, HIR_EXPR_RESHAPE, in, ndims))) return NULL;
   for (i = 0; i < n; i++) whole = whole ? hir__binary_val(f, HIR_SCALAR_MUL, whole, ids[i]->extent) : ids[i]->extent;
+  if (!n) whole = hir__const(f, 1); /* a tensor of no data axes (a full sum) holds one element */
   for (i = 0; i < ndims; i++) {
     hir_val *x = sizes[i] == 0 ? ids[i]->extent : sizes[i] > 0 ? hir__const(f, sizes[i]) : NULL;
     if (sizes[i] == -1) continue;
@@ -1936,6 +1957,11 @@ HIRDEF const int *hir_tv_mesh(const hir_tv *tv, int *ndevices) {
   return tv ? tv->mesh : NULL;
 }
 HIRDEF hir_expr *hir_tv_definition(const hir_tv *tv) { return tv ? tv->definition : NULL; }
+HIRDEF int hir_tv_logical_ndims(const hir_tv *tv) { return tv ? tv->nlogical : 0; }
+HIRDEF int hir_tv_logical_axis(const hir_tv *tv, int axis) {
+  if (!tv || axis < 0 || axis >= tv->ndims) return -1;
+  return tv->nlogical ? tv->logical_of[axis] : hir__data_index(tv, axis);
+}
 
 HIRDEF hir_expr_kind hir_expr_kind_of(const hir_expr *e) { return e ? e->kind : HIR_EXPR_KIND_COUNT; }
 HIRDEF const char *hir_expr_kind_name(const hir_expr *e) { return e ? hir__ops[e->kind].name : "(null)"; }
@@ -3150,6 +3176,150 @@ static int hir__expr_is_standalone(const hir_expr *e) {
   return (hir__ops[e->kind].flags & HIR__OP_STANDALONE) || hir_expr_is_resharding(e);
 }
 
+/* ---- hir_split: an axis made two, on every tensor it maps onto ---- */
+typedef struct hir__split_site {
+  hir_tv *tv;
+  int axis; /* in tv->ids */
+} hir__split_site;
+
+/* Why e cannot carry a split of tv's axis (tv an operand of e), or NULL. */
+static const char *hir__split_blocked(const hir_expr *e, const hir_tv *tv, int axis) {
+  int d = hir__data_index(tv, axis), k;
+  if (e->kind == HIR_EXPR_LOAD_STORE && (e->flags & HIR__SET_PERMUTE)) return "a permute";
+  if (e->kind == HIR_EXPR_RESHAPE) return "a reshape";
+  if ((e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE) && tv == e->in[0] && d == e->axis)
+    return "the select or slice of that axis";
+  if (e->kind == HIR_EXPR_MATMUL) {
+    hir__matmul_shape m = hir__matmul_shape_of(e);
+    int bbatch = m.nb - 1 - m.has_n, m_axis, n_axis;
+    hir__matmul_out_axes(e, &m_axis, &n_axis);
+    if (tv->ids[axis]->iter == HIR_REDUCTION || (tv == e->in[0] && d == m.na - 1)) return "a matmul's K axis";
+    for (k = 1; k < e->nin; k++) /* B or the bias: their batch axes only */
+      if (tv == e->in[k] && d >= bbatch) return "a matmul's K or N axis";
+    if (tv == e->out[0] && axis == n_axis) return "a matmul's N axis";
+    if ((tv == e->out[0] && axis == m_axis) || (tv == e->in[0] && m.has_m && d == m.na - 2)) {
+      if (bbatch > 0) return "a matmul's M axis where B has batch axes";
+    }
+  }
+  return NULL;
+}
+
+/* The sites a split of (tv, axis) reaches: every (tensor, axis) that maps
+   onto it through an op, either way; 0 (error recorded) where one cannot. */
+static int hir__split_sites(hir_fusion *f, hir_tv *tv, int axis, hir__split_site *sites, int *n, int cap) {
+  int head = 0, i, k, j, map[HIR_MAX_DIMS];
+  sites[0].tv = tv, sites[0].axis = axis, *n = 1;
+  while (head < *n) {
+    hir__split_site at = sites[head++];
+    for (i = 0; i < f->exprs.n; i++) {
+      const hir_expr *e = (const hir_expr *)f->exprs.items[i];
+      for (k = 0; k < e->nin; k++) {
+        hir__split_site next[HIR_MAX_DIMS];
+        int nn = 0, s;
+        const char *why;
+        if (e->in[k] != at.tv && e->out[0] != at.tv) continue;
+        if ((why = hir__split_blocked(e, at.tv, at.axis))) {
+          hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d axis %d maps onto %s (%s %d), which a split axis cannot pass; "
+                    "split another axis, or keep this one whole", tv->name, axis, why, hir__ops[e->kind].name, e->name);
+          return 0;
+        }
+        hir__axis_map(e, k, map);
+        if (e->in[k] == at.tv && map[at.axis] >= 0) next[nn].tv = e->out[0], next[nn++].axis = map[at.axis];
+        if (e->out[0] == at.tv)
+          for (j = 0; j < e->in[k]->ndims; j++)
+            if (map[j] == at.axis) next[nn].tv = e->in[k], next[nn++].axis = j;
+        for (s = 0; s < nn; s++) { /* each site is checked against its own ops when its turn comes */
+          int seen = 0, q;
+          for (q = 0; q < *n; q++) seen |= sites[q].tv == next[s].tv && sites[q].axis == next[s].axis;
+          if (seen) continue;
+          if (*n == cap) {
+            hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d axis %d reaches more than %d tensors", tv->name, axis, cap);
+            return 0;
+          }
+          sites[(*n)++] = next[s];
+        }
+      }
+    }
+  }
+  return 1;
+}
+
+/* Splits one site: its id becomes two (extents factor and extent / factor);
+   the ops naming the tensor keep their meaning (a broadcast's flags, a
+   select's axis). */
+static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, int64_t factor, int outer) {
+  hir_id *x = tv->ids[axis], *o, *in;
+  hir_val *rest, *fv = hir__const(f, factor);
+  int i, d = hir__data_index(tv, axis);
+  if (tv->ndims == HIR_MAX_DIMS) {
+    hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d has HIR_MAX_DIMS (%d) axes already", tv->name, HIR_MAX_DIMS);
+    return 0;
+  }
+  if (x->extent->kind == HIR__VAL_CONST && x->extent->value % factor) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_split: T%d axis %d has extent %lld, which %lld does not divide", tv->name, axis,
+              (long long)x->extent->value, (long long)factor);
+    return 0;
+  }
+  rest = x->extent->kind == HIR__VAL_CONST ? hir__const(f, x->extent->value / factor)
+                                           : hir__binary_val(f, HIR_SCALAR_DIV, x->extent, fv);
+  if (!fv || !rest || !(o = hir__new_id(f, outer ? fv : rest, x->iter, HIR_SERIAL)) ||
+      !(in = hir__new_id(f, outer ? rest : fv, x->iter, HIR_SERIAL)))
+    return 0;
+  if (!tv->nlogical) { /* the logical axes, kept for the user's tensors */
+    for (i = 0; i < tv->ndims; i++) {
+      tv->logical_of[i] = (unsigned char)hir__data_index(tv, i);
+      if (tv->ids[i]->iter != HIR_REDUCTION) tv->logical_extent[tv->logical_of[i]] = tv->ids[i]->extent;
+    }
+    tv->nlogical = hir__data_index(tv, tv->ndims);
+  }
+  for (i = tv->ndims; i > axis + 1; i--) tv->ids[i] = tv->ids[i - 1], tv->logical_of[i] = tv->logical_of[i - 1];
+  tv->ids[axis] = o;
+  tv->ids[axis + 1] = in;
+  tv->logical_of[axis + 1] = tv->logical_of[axis];
+  tv->ndims++;
+  for (i = 0; i < f->exprs.n; i++) {
+    hir_expr *e = (hir_expr *)f->exprs.items[i];
+    if (e->kind == HIR_EXPR_BROADCAST && e->out[0] == tv) /* a 0 flag for the new axis */
+      e->flags = (e->flags & ((1u << (axis + 1)) - 1u)) | ((e->flags >> (axis + 1)) << (axis + 2));
+    if ((e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE) && e->in[0] == tv && d < e->axis) e->axis++;
+  }
+  return 1;
+}
+
+HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
+  hir__split_site sites[64];
+  hir_fusion *f;
+  int a, n, i, j;
+  if (!tv) return HIR_ERR_INVALID;
+  f = tv->ir;
+  if (f->status != HIR_OK) return f->status;
+  if ((a = hir__norm_axis(f, axis, tv->ndims, "hir_split", tv)) < 0) return f->status;
+  if (factor < 1 || tv->ids[a]->iter == HIR_BROADCAST || tv->ids[a]->ptype != HIR_SERIAL || f->program) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_split: T%d axis %d: %s", tv->name, a,
+              factor < 1 ? "the factor must be 1 or more" : tv->ids[a]->iter == HIR_BROADCAST ? "a broadcast axis has nothing to split"
+              : f->program ? "split a fusion's tensors, not a program's" : "split first, then parallelize the parts");
+    return f->status;
+  }
+  if (!hir__split_sites(f, tv, a, sites, &n, (int)(sizeof sites / sizeof sites[0]))) return f->status;
+  for (i = 0; i < n; i++) /* per tensor, its higher axes first: indices stay right */
+    for (j = i + 1; j < n; j++)
+      if (sites[j].tv == sites[i].tv && sites[j].axis > sites[i].axis) {
+        hir__split_site t = sites[i];
+        sites[i] = sites[j], sites[j] = t;
+      }
+  for (i = 0; i < n; i++) {
+    const hir_tv *t = sites[i].tv;
+    if (t->ndims == HIR_MAX_DIMS || t->ids[sites[i].axis]->ptype != HIR_SERIAL) {
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d axis %d reaches T%d axis %d, which %s", tv->name, a, t->name,
+                sites[i].axis, t->ndims == HIR_MAX_DIMS ? "has HIR_MAX_DIMS axes already" : "is parallelized; split first, then parallelize the parts");
+      return f->status;
+    }
+  }
+  for (i = 0; i < n; i++)
+    if (!hir__split_one(f, sites[i].tv, sites[i].axis, factor, outer)) return f->status;
+  return HIR_OK;
+}
+
 /* Calls fn on every tensor an expr names (nested scopes not included). */
 static void hir__expr_tvs(const hir_expr *e, void (*fn)(hir_tv *tv, int writes, void *ctx), void *ctx) {
   int i;
@@ -3203,6 +3373,8 @@ static hir_tv *hir__clone_tv(hir__cloner *c, const hir_tv *tv) {
     *n->ids[i] = *id;
     if (!(n->ids[i]->extent = hir__clone_val(c, id->extent))) return NULL;
   }
+  for (i = 0; i < tv->nlogical; i++)
+    if (!(n->logical_extent[i] = hir__clone_val(c, tv->logical_extent[i]))) return NULL;
   if (tv->mesh_size) {
     int *mesh = (int *)hir__alloc(f, (size_t)tv->mesh_size * sizeof(int));
     if (!mesh) return NULL;
@@ -4467,6 +4639,21 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   hir_expr *sync, *loop;
   int k, t, a;
   hir_id *id = c->id;
+  for (k = 0; c->p2p && k < c->n; k++) { /* what one loop cannot order alike on every rank */
+    const hir_expr *x = c->exprs[k];
+    int kind = hir__p2p_kind(x, &a);
+    if (kind == HIR__P2P_NONE && hir_expr_is_resharding(x)) {
+      char why[300];
+      snprintf(why, sizeof why, "chunks of T%d would move by a collective in a loop whose P2P exchanges meet each peer at "
+               "another step, so ranks would reach the collective out of step (a deadlock, or chunks paired wrong); "
+               "place T%d where its consumer is, or drop the Stream axis", x->in[0]->name, x->in[0]->name);
+      return hir__stream_fail(p, x, why);
+    }
+    if (kind != HIR__P2P_NONE && (x->in[0]->mesh_size != c->mesh_size ||
+                                  memcmp(x->in[0]->mesh, c->mesh, (size_t)c->mesh_size * sizeof(int)) != 0))
+      return hir__stream_fail(p, x, "its P2P exchange orders the devices unlike another exchange of the same loop (another "
+                              "mesh order); give both one mesh");
+  }
   c->i = c->step = hir__named(f, HIR_NAMED_STREAM_IDX);
   c->slot = hir__scalar(c, HIR_SCALAR_MOD, c->i, hir__named(f, HIR_NAMED_NUM_STREAMS));
   c->parts_per_peer = c->p2p && c->opt->chunks_per_peer > 1 ? c->opt->chunks_per_peer : 1;
@@ -7686,6 +7873,7 @@ struct hir_evaluator {
   void *epoch;                  /* a timing event passed at host time epoch_us */
   double epoch_us;
   int graph, warm;              /* hir_eval_desc.graph; the current plan has run eagerly (its buffers exist) */
+  hir_tensor *boundary;         /* the user's tensors seen with their split axes (hir_split), inputs then outputs */
   struct hir__graph *graphs;    /* captured runs of the current plan, by their tensors' addresses */
   int ngraphs;
   unsigned long long graph_uses;
@@ -8079,7 +8267,18 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
   memset(ev->env.sym_bound, 0, (size_t)ev->nval + 1);
   for (i = 0; i < f->inputs.n; i++) {
     const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
+    int l;
     if (in[i].ndims == 0) continue;
+    for (l = 0; l < tv->nlogical; l++) { /* a split axis: its whole extent from its parts (DIDx: the mesh's) */
+      const hir_val *x = tv->logical_extent[l];
+      int64_t whole = 1;
+      for (a = 0, k = 0; a < tv->ndims; a++) {
+        if (tv->ids[a]->iter == HIR_REDUCTION) continue;
+        if (tv->logical_of[a] == l) whole *= tv->ids[a]->ptype == HIR_DIDX && tv->mesh_size > 1 ? tv->mesh_size : in[i].sizes[k];
+        k++;
+      }
+      if (x->kind == HIR__VAL_SYMBOL && !ev->env.sym_bound[x->name]) ev->env.sym[x->name] = whole, ev->env.sym_bound[x->name] = 1;
+    }
     for (a = 0, k = 0; a < tv->ndims; a++) {
       const hir_id *id = tv->ids[a];
       int64_t size;
@@ -8876,6 +9075,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->blocks);
   HIR_FREE(ev->key);
   HIR_FREE(ev->graphs);
+  HIR_FREE(ev->boundary);
   HIR_FREE(ev);
 }
 
@@ -9008,7 +9208,87 @@ static int hir__check_output(hir_evaluator *ev, int i, const hir_tensor *t) {
   return 1;
 }
 
+/* ---- split axes at the boundary: the user's tensors hold logical axes ---- */
+/* t (logical axes) seen as tv's axes: a split axis of local size L becomes
+   its parts, a DIDx part of size 1, a part of fixed extent that extent, and
+   the one left L / (the others). A view: the data does not move. */
+static int hir__unfold(hir_evaluator *ev, const hir_tv *tv, const hir_tensor *t, hir_tensor *u, const char *what, int index) {
+  int a, l, nd = 0, zero = 1;
+  *u = *t;
+  if (!tv->nlogical || (!t->data && t->ndims == 0)) return 1;
+  if (t->ndims != tv->nlogical)
+    return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d (T%d) has %d axes; the program expects %d (its logical axes: split "
+                        "axes count once)", what, index, tv->name, t->ndims, tv->nlogical);
+  for (a = 0; a < t->ndims; a++) zero &= t->strides[a] == 0;
+  for (l = 0; l < tv->nlogical; l++) {
+    int64_t known = 1;
+    int rest = -1, first = nd;
+    for (a = 0; a < tv->ndims; a++) {
+      const hir_id *id = tv->ids[a];
+      if (id->iter == HIR_REDUCTION || tv->logical_of[a] != l) continue;
+      if (id->ptype == HIR_DIDX && tv->mesh_size > 1) u->sizes[nd] = 1;
+      else if (id->extent->kind == HIR__VAL_CONST) known *= (u->sizes[nd] = id->extent->value);
+      else rest = nd;
+      nd++;
+    }
+    if (rest >= 0 ? (known == 0 || t->sizes[l] % known) : known != t->sizes[l] && nd - first > 1)
+      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d (T%d) axis %d has size %lld, which its split parts (%lld) %s", what,
+                          index, tv->name, l, (long long)t->sizes[l], (long long)known, rest >= 0 ? "do not divide" : "do not make");
+    if (rest >= 0) u->sizes[rest] = t->sizes[l] / known;
+    else if (nd - first == 1) u->sizes[first] = t->sizes[l];
+  }
+  u->ndims = nd;
+  if (!zero) hir__contiguous_strides(u);
+  return 1;
+}
+
+/* An output written with tv's axes, handed back with its logical ones. */
+static void hir__fold(const hir_tv *tv, hir_tensor *t) {
+  int64_t sizes[HIR_MAX_DIMS];
+  int a, k = 0, l;
+  if (!tv->nlogical || t->ndims == 0) return;
+  for (l = 0; l < tv->nlogical; l++) sizes[l] = 1;
+  for (a = 0; a < tv->ndims; a++)
+    if (tv->ids[a]->iter != HIR_REDUCTION) sizes[tv->logical_of[a]] *= t->sizes[k++];
+  t->ndims = tv->nlogical;
+  memcpy(t->sizes, sizes, sizeof sizes);
+  hir__contiguous_strides(t);
+}
+
 static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout);
+
+/* The arguments seen with the program's split axes: *in and *out point at
+   ev->boundary where an input or output has them. 0 (error recorded) when
+   one does not fit. */
+static int hir__unfold_args(hir_evaluator *ev, const hir_tensor **in, int nin, hir_tensor **out, int nout) {
+  const hir_fusion *f = ev->p ? &ev->p->ir : NULL;
+  int i, split = 0;
+  if (!f || nin != f->inputs.n || nout != f->outputs.n || (nin && !*in) || (nout && !*out)) return 1; /* hir__prepare says why */
+  for (i = 0; i < nin + nout; i++)
+    split |= ((const hir_tv *)(i < nin ? f->inputs.items[i] : f->outputs.items[i - nin]))->nlogical > 0;
+  if (!split) return 1;
+  ev->status = HIR_OK; /* this run's errors, not the last one's */
+  ev->error[0] = '\0';
+  if (!ev->boundary && !(ev->boundary = (hir_tensor *)HIR_MALLOC((size_t)(nin + nout + 1) * sizeof(hir_tensor))))
+    return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory");
+  for (i = 0; i < nin; i++)
+    if (!hir__unfold(ev, (const hir_tv *)f->inputs.items[i], &(*in)[i], &ev->boundary[i], "input", i)) return 0;
+  for (i = 0; i < nout; i++)
+    if (!hir__unfold(ev, (const hir_tv *)f->outputs.items[i], &(*out)[i], &ev->boundary[nin + i], "output", i)) return 0;
+  *in = ev->boundary;
+  *out = ev->boundary + nin;
+  return 1;
+}
+
+/* The outputs of a run back in the user's terms (where unfolded). */
+static void hir__fold_outputs(hir_evaluator *ev, const hir_tensor *done, hir_tensor *out, int nout) {
+  int i;
+  if (done == out) return;
+  for (i = 0; i < nout; i++) {
+    out[i] = done[i];
+    hir__fold((const hir_tv *)ev->p->ir.outputs.items[i], &out[i]);
+  }
+}
 
 /* A run that fails on this rank tells the world (hir__tell_world). */
 HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
@@ -9200,10 +9480,15 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
   return HIR_OK;
 }
 
-static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
-  hir_status s = hir__prepare(ev, in, nin, out, nout);
-  if (s != HIR_OK) return s;
-  return ev->graph ? hir__run_graph(ev, in, nin, out, nout) : hir__run_eager(ev, in, nin, out, nout);
+static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin, hir_tensor *user_out, int nout) {
+  const hir_tensor *in = user_in;
+  hir_tensor *out = user_out;
+  hir_status s;
+  if (ev && !hir__unfold_args(ev, &in, nin, &out, nout)) return ev->status;
+  if ((s = hir__prepare(ev, in, nin, out, nout)) != HIR_OK) return s;
+  s = ev->graph ? hir__run_graph(ev, in, nin, out, nout) : hir__run_eager(ev, in, nin, out, nout);
+  if (s == HIR_OK) hir__fold_outputs(ev, out, user_out, nout);
+  return s;
 }
 
 // >>tune
@@ -9486,6 +9771,8 @@ static int hir__switches_streams(const hir_scope *s) {
 /* Lowers and checks every candidate on these shapes; marks the ones that
    lower to an earlier one's program. No communication. */
 static void hir__cands_check(hir_tuner *t, hir__cand_state *cs, int n, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  const hir_tensor *uin;
+  hir_tensor *uout;
   int k, j;
   for (k = 0; k < n; k++) {
     hir_status s = hir__cand_lower(t, &cs[k].c, &cs[k].p, &cs[k].ev);
@@ -9499,7 +9786,8 @@ static void hir__cands_check(hir_tuner *t, hir__cand_state *cs, int n, const hir
       continue;
     }
     memset(out, 0, (size_t)nout * sizeof *out);
-    if (hir__prepare(cs[k].ev, in, nin, out, nout) != HIR_OK) {
+    uin = in, uout = out;
+    if (!hir__unfold_args(cs[k].ev, &uin, nin, &uout, nout) || hir__prepare(cs[k].ev, uin, nin, uout, nout) != HIR_OK) {
       snprintf(cs[k].why, sizeof cs[k].why, "%.190s", hir_evaluator_error(cs[k].ev));
       cs[k].state = HIR__CAND_DROPPED;
       continue;

@@ -19,6 +19,7 @@
 #include "test_tune.c"
 #include "test_ops.c"
 #include "test_reshard.c"
+#include "test_split.c"
 
 #include <unistd.h>
 

@@ -143,6 +143,60 @@ static int tnext(const hir_tensor *t, int64_t *idx) {
   return 0;
 }
 
+/* The local part of `full` (tv's logical axes) where tv has split axes: a
+   split axis's parts are a mixed radix of its index, the DIDx part fixed at
+   the device's position (extents: DIDx the mesh size, fixed parts theirs,
+   the other what is left). */
+static hir_tensor shard_split(const hir_tensor *full, const hir_tv *tv, int device) {
+  int nmesh, p = -1, i, a, nl = hir_tv_logical_ndims(tv), nparts = 0;
+  const int *mesh = hir_tv_mesh(tv, &nmesh);
+  int64_t sz[HIR_MAX_DIMS], glob[HIR_MAX_DIMS], loc[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0};
+  int part_of[HIR_MAX_DIMS], didx[HIR_MAX_DIMS];
+  hir_tensor t;
+  for (i = 0; i < nmesh; i++)
+    if (mesh[i] == device) p = i;
+  for (i = 0; i < nl; i++) sz[i] = 1;
+  for (a = 0; a < hir_tv_ndims(tv); a++) { /* the parts, in order, with their extents */
+    const hir_val *x = hir_tv_extent(tv, a);
+    if (hir_tv_iter_type(tv, a) == HIR_REDUCTION) continue;
+    part_of[nparts] = hir_tv_logical_axis(tv, a);
+    didx[nparts] = hir_tv_ptype(tv, a) == HIR_DIDX && nmesh > 1;
+    glob[nparts] = didx[nparts] ? nmesh : x->kind == HIR__VAL_CONST ? x->value : -1;
+    nparts++;
+  }
+  for (i = 0; i < nparts; i++)
+    if (glob[i] < 0) { /* the part left: the axis over the others */
+      int64_t others = 1;
+      int j;
+      for (j = 0; j < nparts; j++)
+        if (j != i && part_of[j] == part_of[i]) others *= glob[j];
+      glob[i] = full->sizes[part_of[i]] / others;
+    }
+  for (i = 0; i < nparts; i++) sz[part_of[i]] *= (loc[i] = didx[i] ? 1 : glob[i]);
+  t = *full;
+  t.ndims = nl;
+  memcpy(t.sizes, sz, sizeof sz);
+  if (nmesh && p < 0) {
+    t.data = NULL;
+    return t;
+  }
+  t = tn(full->dtype, nl, sz);
+  if (tnumel(&t) == 0) return t;
+  do { /* local logical index -> parts -> global logical index */
+    int64_t src[HIR_MAX_DIMS], rem[HIR_MAX_DIMS], part_idx[HIR_MAX_DIMS];
+    memcpy(rem, idx, sizeof rem);
+    for (i = nparts - 1; i >= 0; i--) {
+      part_idx[i] = rem[part_of[i]] % loc[i];
+      rem[part_of[i]] /= loc[i];
+      if (didx[i]) part_idx[i] = p;
+    }
+    for (i = 0; i < nl; i++) src[i] = 0;
+    for (i = 0; i < nparts; i++) src[part_of[i]] = src[part_of[i]] * glob[i] + part_idx[i];
+    tset(&t, toff(&t, idx), tget(full, toff(full, src)));
+  } while (tnext(&t, idx));
+  return t;
+}
+
 /* The local shard of `full` (the global tensor of tv's data axes) on `device`:
    a copy of slice p along the DIDx axis (size 1 kept), the whole tensor when
    unsharded, shape-only (data NULL) when tv does not live there. */
@@ -151,6 +205,7 @@ static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
   const int *mesh = hir_tv_mesh(tv, &nmesh);
   hir_tensor t;
   int64_t idx[HIR_MAX_DIMS] = {0};
+  if (hir_tv_logical_ndims(tv)) return shard_split(full, tv, device);
   for (i = 0; i < nmesh; i++)
     if (mesh[i] == device) p = i;
   for (i = 0; i < hir_tv_ndims(tv); i++) {

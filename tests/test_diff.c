@@ -1,6 +1,6 @@
 /* The differential check: random fusions - sets, binary ops (with broadcast
    axes), elementwise and tensor-scalar ops, sums over one or two axes,
-   selects, slices, reshapes, matmuls - on random meshes with random DIDx and Stream axes
+   selects, slices, reshapes, matmuls, split axes - on random meshes with random DIDx and Stream axes
    and stream options, lowered for every rank of a local world and run on
    random data, against a plain reference computed here on the whole
    (unsharded) tensors. Every program either gives the reference's numbers
@@ -294,6 +294,18 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   }
   hir_output(p->f, p->t[p->ntv - 1].tv);
   if (hir_fusion_status(p->f) != HIR_OK) return 0;
+  if (diff_next(r, 3) == 0) { /* a split axis: outer by the mesh size (then maybe sharded), or by 2 */
+    diff_tv *t = &p->t[diff_next(r, p->ntv)];
+    int ax = diff_next(r, t->nd), n, id = 0, k;
+    int64_t factor;
+    hir_tv_mesh(t->tv, &n);
+    factor = n > 1 ? n : 2;
+    for (k = 0; id < hir_tv_ndims(t->tv); id++) /* the data axis's place among all axes */
+      if (hir_tv_iter_type(t->tv, id) != HIR_REDUCTION && k++ == ax) break;
+    if (t->sizes[ax] > factor && t->sizes[ax] % factor == 0 && hir_split(t->tv, id, factor, 1) == HIR_OK && n > 1 && diff_next(r, 2))
+      hir_parallelize(t->tv, id, HIR_DIDX);
+    if (hir_fusion_status(p->f) != HIR_OK) return 0;
+  }
   for (i = p->nin; i < p->ntv && diff_next(r, 2); i++) { /* a Stream axis on some computed tensor */
     diff_tv *t = &p->t[p->nin + diff_next(r, p->ntv - p->nin)];
     int ax = diff_next(r, hir_tv_ndims(t->tv));

@@ -56,6 +56,7 @@ def _load():
         "hir_select": (p, [p, p, i, ctypes.c_int64]), "hir_slice": (p, [p, p, i, ctypes.c_int64, ctypes.c_int64]),
         "hir_reshape": (p, [p, p, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
+        "hir_split": (i, [p, i, ctypes.c_int64, i]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
         "hx_lower": (i, [p, i, i, i, i, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
         "hir_program_free": (None, [p]), "hir_program_plan": (c, [p]),
@@ -118,6 +119,12 @@ class Tensor:
         devices = list(devices)
         arr = (ctypes.c_int * max(1, len(devices)))(*devices)
         self.fusion._check(_lib.hir_set_mesh(self._h, len(devices), arr))
+        return self
+
+    def split(self, axis, factor, outer=True):
+        """nvFuser's split: the axis becomes [factor, rest] (outer) or [rest, factor]; the user's arrays keep the
+        logical axes (a DIDx-split axis holds this device's part)."""
+        self.fusion._check(_lib.hir_split(self._h, axis, factor, int(bool(outer))))
         return self
 
     def parallelize(self, axis, ptype):

@@ -103,6 +103,24 @@ class CpuTests(unittest.TestCase):
         for r in range(D):
             np.testing.assert_allclose(outs[r][0], want, rtol=1e-5, atol=1e-5, err_msg="rank %d" % r)
 
+    def test_split_axis(self):
+        """A [M, K] split on M by D and sharded (each rank passes its rows), C's parts on streams: nvFuser's AG+GEMM."""
+        rng = np.random.default_rng(13)
+        D, m, K, N = 3, 2, 4, 5
+        A = rng.standard_normal((D * m, K)).astype(np.float32)
+        B = rng.standard_normal((K, N)).astype(np.float32)
+        f = hostir.Fusion()
+        a, b = f.input("float32", 2), f.input("float32", 2)
+        c = f.output(f.matmul(a, b))
+        for t in (a, b, c):
+            t.mesh(range(D))
+        c.split(0, D)
+        a.parallelize(0, "DIDx")
+        c.parallelize(0, "Stream")
+        outs = hostir.run(f, [[A[r * m:(r + 1) * m], B] for r in range(D)])
+        for r in range(D):
+            np.testing.assert_allclose(outs[r][0], A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+
     def test_tuned(self):
         """tune=True: the schedules measured on 3 ranks, one chosen by all, the numbers numpy's."""
         rng = np.random.default_rng(11)

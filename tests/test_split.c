@@ -1,0 +1,163 @@
+/* hir_split: an axis split in two, sharded or stream-parallel, the split
+   carried to every tensor it maps onto, the user's tensors kept in their
+   logical axes (a DIDx-split axis holds this device's part). Each case runs
+   on the local world (1, 2, 3, 4, 8 ranks) against a reference computed on
+   the whole tensors; the nvFuser test each mirrors is named. */
+#include "test.h"
+
+/* x [M, K] split (outer) by D on M, DIDx: relu on each device's rows, then
+   gathered (set onto the whole axis). MultiDeviceTest's sharding by split
+   (tv->split(0, d); axis(0)->parallelize(DIDx)) and LowerCollectiveTest's
+   Allgather with a split axis. */
+TEST(test_split_sharded, "split/sharded", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, gather;
+  for (wi = 0; wi < 5; wi++)
+    for (gather = 0; gather < 2; gather++) {
+      int D = worlds[wi];
+      int64_t sz[2] = {3 * D, 5}, i;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, HIR_F32, 2), *y = hir_relu(f, x), *z = gather ? hir_set(f, y) : y;
+      hir_output(f, z);
+      hir_set_mesh(x, D, iota_mesh);
+      hir_set_mesh(y, D, iota_mesh);
+      hir_set_mesh(z, D, iota_mesh);
+      hir_split(x, 0, D, 1);
+      hir_parallelize(x, 0, HIR_DIDX);
+      hir_parallelize(y, 0, HIR_DIDX); /* z (gathered) keeps its parts serial */
+      CHECK(hir_fusion_error(f)[0] == 0);
+      CHECK(hir_tv_ndims(z) == 3 && hir_tv_logical_ndims(z) == 2);
+      case_init(&c, D);
+      c.build = build_lowered;
+      c.user = f;
+      c.nin = c.nout = 1;
+      c.in[0] = trand(HIR_F32, 2, sz);
+      c.out[0] = tn(HIR_F32, 2, sz);
+      for (i = 0; i < 15 * D; i++) tset(&c.out[0], i, tget(&c.in[0], i) > 0 ? tget(&c.in[0], i) : 0);
+      c.prealloc = wi & 1;
+      RUN_CASE(&c, gather ? "split_sharded_gathered" : "split_sharded");
+      hir_fusion_free(f);
+    }
+}
+
+/* C = A [M, K] x B [K, N], C's M split by S and stream-parallel (the split
+   reaches A's M); and the AG+GEMM of nvFuser's overlap tests: A's M split by
+   D and sharded, C's split parts stream-parallel (a P2P allgather pipeline),
+   the user passing A's rows and getting C whole. StreamTest's matmul with a
+   split Stream axis; AllgatherOverlapTest. */
+TEST(test_split_matmul, "split/matmul", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, mode;
+  for (wi = 0; wi < 5; wi++)
+    for (mode = 0; mode < 2; mode++) {
+      int D = worlds[wi], S = mode ? D : 2;
+      int64_t sa[2] = {4 * S, 6}, sb[2] = {6, 5}, so[2] = {4 * S, 5}, m, n, k;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2), *o = hir_matmul(f, a, b);
+      hir_output(f, o);
+      hir_set_mesh(a, D, iota_mesh);
+      hir_set_mesh(b, D, iota_mesh);
+      hir_set_mesh(o, D, iota_mesh);
+      hir_split(o, 0, S, 1);
+      if (mode) hir_parallelize(a, 0, HIR_DIDX);
+      hir_parallelize(o, 0, HIR_STREAM);
+      CHECK(hir_fusion_error(f)[0] == 0);
+      case_init(&c, D);
+      c.build = build_lowered;
+      c.user = f;
+      c.nin = 2;
+      c.nout = 1;
+      c.in[0] = trand(HIR_F32, 2, sa);
+      c.in[1] = trand(HIR_F32, 2, sb);
+      c.out[0] = tn(HIR_F32, 2, so);
+      for (m = 0; m < 4 * S; m++)
+        for (n = 0; n < 5; n++) {
+          double t = 0;
+          for (k = 0; k < 6; k++) t += tget(&c.in[0], m * 6 + k) * tget(&c.in[1], k * 5 + n);
+          tset(&c.out[0], m * 5 + n, t);
+        }
+      c.prealloc = wi & 1;
+      RUN_CASE(&c, mode ? "split_ag_matmul_p2p" : "split_stream_matmul");
+      hir_fusion_free(f);
+    }
+}
+
+/* sum over a split sharded axis (its DIDx part and its local part): a local
+   sum, then an Allreduce. MultiDeviceReductionTest with a split axis. */
+TEST(test_split_sum, "split/sum", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi], axis = 0;
+    int64_t sz[2] = {2 * D, 7}, so[1] = {7}, i, j;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F64, 2), *y = hir_sum(f, x, 1, &axis);
+    hir_output(f, y);
+    hir_set_mesh(x, D, iota_mesh);
+    hir_set_mesh(y, D, iota_mesh);
+    hir_split(x, 0, D, 1);
+    hir_parallelize(x, 0, HIR_DIDX);
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = c.nout = 1;
+    c.in[0] = trand(HIR_F64, 2, sz);
+    c.out[0] = tn(HIR_F64, 1, so);
+    for (j = 0; j < 7; j++) {
+      double t = 0;
+      for (i = 0; i < 2 * D; i++) t += tget(&c.in[0], i * 7 + j);
+      tset(&c.out[0], j, t);
+    }
+    c.tol = 1e-12;
+    RUN_CASE(&c, "split_sum_allreduce");
+    hir_fusion_free(f);
+  }
+}
+
+/* What a split cannot do names the op; a run given a wrong logical shape says so. */
+TEST(test_split_errors, "split/errors", TEST_CPU) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2), *o = hir_matmul(f, a, b);
+  int mesh[2] = {0, 1};
+  hir_output(f, o);
+  CHECK(hir_split(b, 0, 2, 1) == HIR_ERR_UNSUPPORTED);
+  CHECK(strstr(hir_fusion_error(f), "hir_split: T1 axis 0 maps onto a matmul's K or N axis (MatmulOp 0)") != NULL);
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  a = hir_input(f, HIR_F32, 2);
+  hir_parallelize(a, 0, HIR_DIDX);
+  CHECK(hir_split(a, 0, 2, 1) == HIR_ERR_INVALID && strstr(hir_fusion_error(f), "split first, then parallelize the parts"));
+  hir_fusion_free(f);
+  { /* a logical size the split does not divide, and a wrong rank */
+    hir_local_world *w = hir_local_world_create(1);
+    hir_lower_desc ld;
+    hir_eval_desc ed;
+    hir_program *p = NULL;
+    hir_evaluator *ev = NULL;
+    hir_tensor in[1], out[1];
+    float data[10] = {0};
+    f = hir_fusion_create();
+    a = hir_input(f, HIR_F32, 1);
+    hir_output(f, o = hir_neg(f, a));
+    hir_set_mesh(a, 1, mesh);
+    hir_split(a, 0, 4, 1);
+    memset(&ld, 0, sizeof ld);
+    memset(&ed, 0, sizeof ed);
+    memset(in, 0, sizeof in);
+    memset(out, 0, sizeof out);
+    ed.comm = hir_local_comm(w, 0);
+    CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+    in[0].data = data, in[0].dtype = HIR_F32, in[0].ndims = 1, in[0].sizes[0] = 10;
+    CHECK(hir_run(ev, in, 1, out, 1) == HIR_ERR_SHAPE &&
+          strstr(hir_evaluator_error(ev), "input 0 (T0) axis 0 has size 10, which its split parts (4) do not divide"));
+    in[0].ndims = 2, in[0].sizes[0] = 2, in[0].sizes[1] = 4;
+    CHECK(hir_run(ev, in, 1, out, 1) == HIR_ERR_SHAPE && strstr(hir_evaluator_error(ev), "has 2 axes; the program expects 1"));
+    in[0].ndims = 1, in[0].sizes[0] = 8;
+    CHECK(hir_run(ev, in, 1, out, 1) == HIR_OK && out[0].ndims == 1 && out[0].sizes[0] == 8);
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_fusion_free(f);
+    hir_local_world_free(w);
+  }
+}
