@@ -247,6 +247,9 @@ HIRDEF const char *hir_fusion_error(const hir_fusion *f);          /* "" if none
 HIRDEF hir_status  hir_fusion_status(const hir_fusion *f);
 HIRDEF hir_tv     *hir_input(hir_fusion *f, hir_dtype dtype, int ndims);
 HIRDEF hir_status  hir_output(hir_fusion *f, hir_tv *tv);
+/* An input of fixed sizes (nvFuser's makeConcreteTensor): its extents are
+   constants, known when lowering; hir_run checks the tensors given. */
+HIRDEF hir_tv     *hir_input_sized(hir_fusion *f, hir_dtype dtype, int ndims, const int64_t *sizes);
 HIRDEF hir_tv     *hir_set(hir_fusion *f, hir_tv *in);
 HIRDEF hir_tv     *hir_add(hir_fusion *f, hir_tv *a, hir_tv *b);
 HIRDEF hir_tv     *hir_sub(hir_fusion *f, hir_tv *a, hir_tv *b);
@@ -377,6 +380,10 @@ HIRDEF hir_expr *hir_host_get_current_stream(hir_program *p, hir_stream *into);
 HIRDEF hir_expr *hir_host_set_current_stream(hir_program *p, hir_stream *to);
 HIRDEF hir_expr *hir_host_synchronize(hir_program *p, hir_stream *s);
 HIRDEF hir_expr *hir_host_for_loop(hir_program *p, hir_tv *tv, int axis);   /* FOR StreamIdx in tv's axis */
+/* FOR i in [0, stop): a loop of its own index (hir_host_loop_index; a new
+   scalar), so loops nest (nvFuser's host ForLoop over any range). */
+HIRDEF hir_expr *hir_host_for_range(hir_program *p, hir_val *stop);
+HIRDEF hir_val  *hir_host_loop_index(const hir_expr *loop);
 HIRDEF hir_expr *hir_host_if(hir_program *p, hir_val *predicate);
 HIRDEF hir_expr *hir_host_alias_select(hir_program *p, hir_tv *in, int axis, hir_val *index); /* output 0: the view */
 /* A view of part `index` of `in` cut into `parts` equal parts along `axis`
@@ -486,7 +493,8 @@ HIRDEF hir_status hir_pass_insert_deallocations(hir_program *p);
    mesh size, any other extent taken as 3. */
 HIRDEF hir_status hir_verify_schedule(hir_program *const *programs, int nranks, int number_of_streams, char *msg, size_t cap);
 /* Checks the program's structure: operands defined before use, waits after
-   what they wait on, coalescing pairs, no use after Deallocate, no nested loops. */
+   what they wait on, coalescing pairs, no use after Deallocate, no StreamIdx
+   loop inside another. */
 HIRDEF hir_status hir_program_verify(hir_program *p);   /* records the reason in the program */
 
 /* ---- evaluation ---- */
@@ -1271,6 +1279,16 @@ static int64_t hir__eval_val(const hir__env *env, const hir_val *v) {
   }
 }
 
+/* The loop's index: StreamIdx, or a scalar of its own (hir_host_for_range). */
+static void hir__bind_index(hir__env *env, const hir_val *index, int64_t i) {
+  if (index->kind == HIR__VAL_NAMED) {
+    env->named[index->which] = i;
+  } else {
+    env->sym[index->name] = i;
+    env->sym_bound[index->name] = 1;
+  }
+}
+
 /* The first symbol v needs that is not bound, or NULL. */
 static const hir_val *hir__unbound(const hir__env *env, const hir_val *v) {
   const hir_val *u;
@@ -1361,6 +1379,25 @@ HIRDEF hir_tv *hir_input(hir_fusion *f, hir_dtype dtype, int ndims) {
   }
   tv->is_input = 1;
   if (!hir__push(f, &f->inputs, tv)) return NULL;
+  return tv;
+}
+
+HIRDEF hir_tv *hir_input_sized(hir_fusion *f, hir_dtype dtype, int ndims, const int64_t *sizes) {
+  hir_tv *tv;
+  int i;
+  if (!hir__live(f)) return NULL;
+  if (!sizes) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_input_sized: sizes is NULL; give one per axis");
+    return NULL;
+  }
+  for (i = 0; i < ndims && i < HIR_MAX_DIMS; i++)
+    if (sizes[i] < 0) {
+      hir__fail(f, HIR_ERR_INVALID, "hir_input_sized: sizes[%d] is %lld; a fixed size is 0 or more", i, (long long)sizes[i]);
+      return NULL;
+    }
+  if (!(tv = hir_input(f, dtype, ndims))) return NULL;
+  for (i = 0; i < ndims; i++)
+    if (!(tv->ids[i]->extent = hir__const(f, sizes[i]))) return NULL;
   return tv;
 }
 
@@ -1930,11 +1967,6 @@ HIRDEF hir_status hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype) {
                   tv->name, ptype == HIR_DIDX ? "DIDx" : "Stream", i, ptype == HIR_DIDX ? "DIDx" : "Stream");
         return f->status;
       }
-    if (tv->ids[a]->iter == HIR_BROADCAST && ptype == HIR_DIDX) {
-      hir__fail(f, HIR_ERR_INVALID, "hir_parallelize: axis %d of T%d is a broadcast axis; it holds no data to split across devices",
-                a, tv->name);
-      return f->status;
-    }
   }
   tv->ids[a]->ptype = ptype;
   return HIR_OK;
@@ -2134,6 +2166,24 @@ HIRDEF hir_expr *hir_host_for_loop(hir_program *p, hir_tv *tv, int axis) {
   e->id = tv->ids[a];
   if (!(e->val = hir__named(f, HIR_NAMED_STREAM_IDX))) return NULL;
   return e;
+}
+
+HIRDEF hir_expr *hir_host_for_range(hir_program *p, hir_val *stop) {
+  hir_fusion *f = hir__host(p);
+  hir_expr *e;
+  if (!f) return NULL;
+  if (!stop || stop->ir != f) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_host_for_range: stop is %s", stop ? "from another program" : "NULL");
+    return NULL;
+  }
+  if (!(e = hir__new_expr(f, HIR_EXPR_FOR_LOOP, 0, 0)) || !(e->id = hir__new_id(f, stop, HIR_ITERATION, HIR_SERIAL)) ||
+      !(e->val = hir__new_val(f, HIR__VAL_SYMBOL)))
+    return NULL;
+  return e;
+}
+
+HIRDEF hir_val *hir_host_loop_index(const hir_expr *loop) {
+  return loop && loop->kind == HIR_EXPR_FOR_LOOP ? loop->val : NULL;
 }
 
 HIRDEF hir_expr *hir_host_if(hir_program *p, hir_val *predicate) {
@@ -3085,12 +3135,19 @@ static void hir__axis_map(const hir_expr *e, int k, int *map) {
   }
 }
 
-/* The DIDx axis among the axes holding data, or -1. */
+/* The DIDx axis among the axes holding data, or -1. A broadcast axis may be
+   DIDx (as nvFuser allows): every device holds its one element, so the
+   tensor is whole on each, not split. */
 static int hir__didx_axis(const hir_tv *tv) {
   int i;
   for (i = 0; i < tv->ndims; i++)
-    if (tv->ids[i]->ptype == HIR_DIDX && tv->ids[i]->iter != HIR_REDUCTION) return i;
+    if (tv->ids[i]->ptype == HIR_DIDX && tv->ids[i]->iter == HIR_ITERATION) return i;
   return -1;
+}
+
+/* Axis a of tv is split across devices here: each holds one slice of it. */
+static int hir__split_axis(const hir_tv *tv, int a) {
+  return tv->ids[a]->ptype == HIR_DIDX && tv->ids[a]->iter == HIR_ITERATION && tv->mesh_size > 1;
 }
 
 /* "Sharded" = a DIDx axis on a mesh of more than one device. */
@@ -4928,10 +4985,14 @@ static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) 
       if (!hir__verify_read(v, e, e->in[0])) return 0;
       v->state[e->in[0]->name] = 2;
       break;
-    case HIR_EXPR_FOR_LOOP:
-      if (in_loop) return hir__verify_fail(v, "ForLoop %d is nested in another loop; one StreamIdx is bound at a time", e->name);
-      if (!hir__verify_scope(v, &e->body, 1)) return 0;
+    case HIR_EXPR_FOR_LOOP: { /* in_loop: inside a StreamIdx loop; loops of their own index nest freely */
+      int stream_idx = e->val->kind == HIR__VAL_NAMED;
+      if (in_loop && stream_idx)
+        return hir__verify_fail(v, "ForLoop %d over StreamIdx is nested in another; one StreamIdx is bound at a time "
+                                "(nest loops of their own index: hir_host_for_range)", e->name);
+      if (!hir__verify_scope(v, &e->body, in_loop || stream_idx)) return 0;
       break;
+    }
     case HIR_EXPR_IF_THEN_ELSE:
       if (!hir__verify_scope(v, &e->body, in_loop) || !hir__verify_scope(v, &e->orelse, in_loop)) return 0;
       break;
@@ -5048,7 +5109,7 @@ static int hir__sched_walk(hir__sched_rank *r, const hir_scope *s, int me) {
     case HIR_EXPR_FOR_LOOP: {
       int64_t n = hir__eval_val(&r->env, e->id->extent), it;
       for (it = 0; it < n; it++) {
-        r->env.named[HIR_NAMED_STREAM_IDX] = it;
+        hir__bind_index(&r->env, e->val, it);
         if (!hir__sched_walk(r, &e->body, me)) return 0;
       }
       break;
@@ -5256,7 +5317,7 @@ static int64_t hir__model_numel(hir_program *p, const hir__env *env, const hir_t
   for (a = 0; a < tv->ndims; a++) {
     const hir_id *id = tv->ids[a];
     if ((id->iter == HIR_REDUCTION) != reduced || id->iter == HIR_BROADCAST) continue;
-    if (id->ptype == HIR_DIDX && tv->mesh_size > 1) continue; /* one shard here */
+    if (hir__split_axis(tv, a)) continue; /* one shard here */
     if (hir__unbound(env, id->extent)) {
       hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower (automatic): the size of T%d axis %d does not follow from "
                 "input_shapes; give every input's shape", tv->name, a);
@@ -5303,7 +5364,7 @@ static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_opti
         break;
       }
       size = o->input_shapes[i].sizes[k++];
-      if (tv->ids[a]->ptype == HIR_DIDX && tv->mesh_size > 1) size = tv->mesh_size; /* the shard stands for them all */
+      if (hir__split_axis(tv, a)) size = tv->mesh_size; /* the shard stands for them all */
       if (x->kind == HIR__VAL_SYMBOL && !env.sym_bound[x->name]) env.sym[x->name] = size, env.sym_bound[x->name] = 1;
     }
     if (ok && k != o->input_shapes[i].ndims) {
@@ -8253,10 +8314,9 @@ static int hir__bind_symbol(hir_evaluator *ev, const hir_id *id, int64_t value, 
   if (hir__unbound(&ev->env, x)) return 1; /* an expression of unknowns: checked by use */
   have = hir__eval_val(&ev->env, x);
   if (have == value) return 1;
-  return hir__ev_fail(ev, HIR_ERR_SHAPE,
-                      "hir_run: input %d (T%d) axis %d has size %lld, but its extent is %lld (set by an earlier input "
-                      "or the mesh)",
-                      input, tv->name, axis, (long long)value, (long long)have);
+  return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: input %d (T%d) axis %d has size %lld, but its extent is %lld (%s)", input,
+                      tv->name, axis, (long long)value, (long long)have,
+                      x->kind == HIR__VAL_CONST ? "fixed when the fusion was built" : "set by an earlier input or the mesh");
 }
 
 /* Binds the sizes of the inputs, then derives and checks every local shape.
@@ -8274,7 +8334,7 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
       int64_t whole = 1;
       for (a = 0, k = 0; a < tv->ndims; a++) {
         if (tv->ids[a]->iter == HIR_REDUCTION) continue;
-        if (tv->logical_of[a] == l) whole *= tv->ids[a]->ptype == HIR_DIDX && tv->mesh_size > 1 ? tv->mesh_size : in[i].sizes[k];
+        if (tv->logical_of[a] == l) whole *= hir__split_axis(tv, a) ? tv->mesh_size : in[i].sizes[k];
         k++;
       }
       if (x->kind == HIR__VAL_SYMBOL && !ev->env.sym_bound[x->name]) ev->env.sym[x->name] = whole, ev->env.sym_bound[x->name] = 1;
@@ -8284,7 +8344,7 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
       int64_t size;
       if (id->iter == HIR_REDUCTION) continue;
       size = in[i].sizes[k++];
-      if (id->ptype == HIR_DIDX && tv->mesh_size > 1) {
+      if (hir__split_axis(tv, a)) {
         if (size != 1)
           return hir__ev_fail(ev, HIR_ERR_SHAPE,
                               "hir_run: input %d (T%d) axis %d is split across %d devices (DIDx): this rank's shard has "
@@ -8740,7 +8800,7 @@ static int hir__exec_synchronize(hir_evaluator *ev, const hir_expr *e) {
 static int hir__exec_for(hir_evaluator *ev, const hir_expr *e) {
   int64_t i, n = hir__eval_val(&ev->env, e->id->extent);
   for (i = 0; i < n; i++) {
-    ev->env.named[HIR_NAMED_STREAM_IDX] = i;
+    hir__bind_index(&ev->env, e->val, i);
     if (!hir__exec_scope(ev, &e->body)) return 0;
   }
   return 1;

@@ -107,10 +107,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     switch (fz_take(&z, 12)) {
     case 0:
     case 1: {
-      int nd = 1 + fz_take(&z, 3), idx = x.nin;
-      t = hir_input(x.f, fz_take(&z, 4) == 3 ? HIR_F64 : HIR_F32, nd);
+      int nd = 1 + fz_take(&z, 3), idx = x.nin, sized = fz_take(&z, 4) == 0;
+      int64_t fixed[3];
+      hir_dtype dt = fz_take(&z, 4) == 3 ? HIR_F64 : HIR_F32;
+      for (j = 0; j < nd; j++) fixed[j] = fz_take(&z, 5); /* 0 to 4: empty tensors too */
+      t = sized ? hir_input_sized(x.f, dt, nd, fixed) : hir_input(x.f, dt, nd);
       if (t && idx < 8) {
-        for (j = 0; j < nd; j++) x.sizes[idx][j] = fz_take(&z, 5); /* 0 to 4: empty tensors too */
+        for (j = 0; j < nd; j++) x.sizes[idx][j] = fixed[j];
         x.nin++;
       }
       break;

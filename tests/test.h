@@ -160,7 +160,7 @@ static hir_tensor shard_split(const hir_tensor *full, const hir_tv *tv, int devi
     const hir_val *x = hir_tv_extent(tv, a);
     if (hir_tv_iter_type(tv, a) == HIR_REDUCTION) continue;
     part_of[nparts] = hir_tv_logical_axis(tv, a);
-    didx[nparts] = hir_tv_ptype(tv, a) == HIR_DIDX && nmesh > 1;
+    didx[nparts] = hir_tv_ptype(tv, a) == HIR_DIDX && hir_tv_iter_type(tv, a) == HIR_ITERATION && nmesh > 1;
     glob[nparts] = didx[nparts] ? nmesh : x->kind == HIR__VAL_CONST ? x->value : -1;
     nparts++;
   }
@@ -210,7 +210,7 @@ static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
     if (mesh[i] == device) p = i;
   for (i = 0; i < hir_tv_ndims(tv); i++) {
     if (hir_tv_iter_type(tv, i) == HIR_REDUCTION) continue;
-    if (hir_tv_ptype(tv, i) == HIR_DIDX && nmesh > 1) d = k;
+    if (hir_tv_ptype(tv, i) == HIR_DIDX && hir_tv_iter_type(tv, i) == HIR_ITERATION && nmesh > 1) d = k;
     k++;
   }
   t = *full;

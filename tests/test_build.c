@@ -190,9 +190,9 @@ static hir_status m_two_didx(hir_fusion *f) {
   hir_parallelize(a, 0, HIR_DIDX);
   return hir_parallelize(a, 1, HIR_DIDX);
 }
-static hir_status m_didx_broadcast(hir_fusion *f) {
-  int flags[2] = {1, 0};
-  return hir_parallelize(hir_broadcast(f, hir_input(f, HIR_F32, 1), 2, flags), 0, HIR_DIDX);
+static hir_status m_sized_negative(hir_fusion *f) {
+  int64_t sizes[2] = {3, -2};
+  return hir_input_sized(f, HIR_F32, 2, sizes) ? HIR_OK : hir_fusion_status(f);
 }
 static hir_status m_repeated_device(hir_fusion *f) {
   int mesh[3] = {0, 2, 0};
@@ -249,7 +249,7 @@ TEST(test_builder_misuse, "build/misuse", TEST_CPU) {
   MISUSE(m_bad_neg_axis, HIR_ERR_INVALID, "axis -3 is out of range");
   MISUSE(m_bad_ptype, HIR_ERR_INVALID, "unknown parallel type 7");
   MISUSE(m_two_didx, HIR_ERR_UNSUPPORTED, "T0 already has a DIDx axis (axis 0)");
-  MISUSE(m_didx_broadcast, HIR_ERR_INVALID, "broadcast axis");
+  MISUSE(m_sized_negative, HIR_ERR_INVALID, "hir_input_sized: sizes[1] is -2; a fixed size is 0 or more");
   MISUSE(m_repeated_device, HIR_ERR_INVALID, "device 0 appears twice in the mesh");
   MISUSE(m_empty_mesh, HIR_ERR_INVALID, "empty mesh");
   MISUSE(m_negative_device, HIR_ERR_INVALID, "device id -1");

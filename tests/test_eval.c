@@ -976,3 +976,84 @@ TEST(test_eval_graph_fallback, "eval/graph_capture_fails", TEST_CPU) {
   tfree(&in[1]);
   hir_fusion_free(f);
 }
+
+/* Host loops of their own index, nested: a ring allgather by hand, the
+   outer loop over steps j, the inner over parts k of the shard; at step j
+   each rank sends part k to rank + j and receives it from rank - j (nvFuser's
+   host IR tests with nested ForLoops, as its ring-overlap tests build).
+   out [D, P, 4] must be the whole input; hir_verify_schedule accepts it. */
+typedef struct ring_case { int D, P; } ring_case;
+
+static hir_program *prog_nested_ring(void *user, int rank) {
+  ring_case *rc = (ring_case *)user;
+  hir_program *p = hir_program_create();
+  hir_fusion *f = hir_program_fusion(p);
+  hir_tv *a = hir_input(f, HIR_F32, 3), *z = hir_input(f, HIR_F32, 3), *o = hir_set(f, z);
+  hir_val *D = hir_val_const(f, rc->D), *me = hir_val_named(f, HIR_NAMED_RANK), *j, *k, *src, *dst;
+  hir_expr *steps = hir_host_for_range(p, D), *parts = hir_host_for_range(p, hir_val_const(f, rc->P)), *ite, *sel, *row, *cell, *mine, *part, *end;
+  (void)rank;
+  hir_output(f, o);
+  hir_set_mesh(a, rc->D, iota_mesh);
+  hir_parallelize(a, 0, HIR_DIDX);
+  j = hir_host_loop_index(steps);
+  k = hir_host_loop_index(parts);
+  src = hir_val_binary(f, HIR_SCALAR_MOD, hir_val_binary(f, HIR_SCALAR_SUB, hir_val_binary(f, HIR_SCALAR_ADD, me, D), j), D);
+  dst = hir_val_binary(f, HIR_SCALAR_MOD, hir_val_binary(f, HIR_SCALAR_ADD, me, j), D);
+  hir_scope_append(hir_program_body(p), hir_host_allocate(p, o));
+  hir_scope_append(hir_program_body(p), sel = hir_host_alias_select(p, a, 0, hir_val_const(f, 0))); /* my shard [P, 4] */
+  hir_scope_append(hir_program_body(p), steps);
+  hir_scope_append(hir_expr_body(steps), parts);
+  row = hir_host_alias_select(p, o, 0, src);
+  cell = hir_host_alias_select(p, hir_expr_output(row, 0), 0, k);
+  part = hir_host_alias_select(p, hir_expr_output(sel, 0), 0, k);
+  hir_scope_append(hir_expr_body(parts), row);
+  hir_scope_append(hir_expr_body(parts), cell);
+  hir_scope_append(hir_expr_body(parts), part);
+  ite = hir_host_if(p, hir_val_binary(f, HIR_SCALAR_EQ, j, hir_val_const(f, 0)));
+  hir_scope_append(hir_expr_body(ite), mine = hir_host_set(p, hir_expr_output(cell, 0), hir_expr_output(part, 0)));
+  hir_scope_append(hir_expr_else(ite), hir_host_start_coalescing(p));
+  hir_scope_append(hir_expr_else(ite), hir_host_p2p(p, HIR_P2P_RECV, hir_expr_output(cell, 0), src));
+  hir_scope_append(hir_expr_else(ite), hir_host_p2p(p, HIR_P2P_SEND, hir_expr_output(part, 0), dst));
+  hir_scope_append(hir_expr_else(ite), end = hir_host_end_coalescing(p));
+  hir_scope_append(hir_expr_else(ite), hir_host_wait(p, end));
+  hir_scope_append(hir_expr_body(parts), ite);
+  (void)mine;
+  return p;
+}
+
+TEST(test_eval_nested_loops, "eval/nested_host_loops", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    ring_case rc;
+    spmd_case c;
+    hir_program *progs[MAXR];
+    char msg[512] = "";
+    int r, D = worlds[wi];
+    int64_t sz[3] = {D, 3, 4};
+    rc.D = D;
+    rc.P = 3;
+    for (r = 0; r < D; r++) progs[r] = prog_nested_ring(&rc, r);
+    CHECK(hir_program_verify(progs[0]) == HIR_OK);
+    CHECK(hir_verify_schedule(progs, D, 2, msg, sizeof msg) == HIR_OK);
+    if (msg[0]) fprintf(stderr, "  %s\n", msg);
+    for (r = 0; r < D; r++) hir_program_free(progs[r]);
+    case_init(&c, D);
+    c.build = prog_nested_ring;
+    c.user = &rc;
+    c.nin = 2;
+    c.nout = 1;
+    c.in[0] = trand(HIR_F32, 3, sz);
+    c.in[1] = tn(HIR_F32, 3, sz); /* a shape for the output; its data unused */
+    c.out[0] = tn(HIR_F32, 3, sz);
+    memcpy(c.out[0].data, c.in[0].data, (size_t)tnumel(&c.out[0]) * 4);
+    c.prealloc = wi & 1;
+    RUN_CASE(&c, "nested ring allgather");
+  }
+  { /* the print, and a StreamIdx loop inside a loop of its own index is fine */
+    hir_program *p = prog_nested_ring(&(ring_case){2, 3}, 0);
+    char text[8192];
+    hir_program_snprint(p, text, sizeof text);
+    CHECK(strstr(text, "FOR i") != NULL && strstr(text, "  FOR i") != NULL);
+    hir_program_free(p);
+  }
+}

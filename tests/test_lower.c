@@ -267,7 +267,7 @@ TEST(test_verifier, "lower/verifier", TEST_CPU) {
   loop = hir_host_for_loop(p, b, 0);
   hir_scope_append(hir_expr_body(loop), hir_host_for_loop(p, b, 0));
   hir_scope_append(hir_program_body(p), loop);
-  expect_verify_error(p, "is nested in another loop", __LINE__);
+  expect_verify_error(p, "over StreamIdx is nested in another", __LINE__);
   VERIFY_SETUP();
   hir_scope_append(hir_program_body(p), hir_host_start_coalescing(p));
   hir_scope_append(hir_program_body(p), hir_host_p2p(p, HIR_P2P_SEND, a, hir_val_const(f, 1)));

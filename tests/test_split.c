@@ -161,3 +161,60 @@ TEST(test_split_errors, "split/errors", TEST_CPU) {
     hir_local_world_free(w);
   }
 }
+
+/* A DIDx broadcast axis (each device holds its one element: whole, not
+   split) added to a split tensor, on inputs of fixed sizes (nvFuser's
+   concrete tensors; their sizes checked when run). ReshardingTest's DIDx
+   on a broadcast axis; AllocationTest's concrete inputs. */
+TEST(test_split_broadcast_didx, "split/broadcast_didx_fixed_sizes", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi], flags[3] = {1, 0, 0};
+    int64_t sx[2] = {4, 6}, sw[3] = {D, 4, 6}, i, j;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input_sized(f, HIR_F32, 2, sx), *w = hir_input_sized(f, HIR_F32, 3, sw), *y = hir_broadcast(f, x, 3, flags);
+    hir_tv *z = hir_add(f, w, y);
+    hir_output(f, z);
+    hir_set_mesh(x, D, iota_mesh);
+    hir_set_mesh(w, D, iota_mesh);
+    hir_set_mesh(y, D, iota_mesh);
+    hir_parallelize(y, 0, HIR_DIDX); /* a broadcast axis: y stays whole */
+    hir_parallelize(w, 0, HIR_DIDX);
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = 2;
+    c.nout = 1;
+    c.in[0] = trand(HIR_F32, 2, sx);
+    c.in[1] = trand(HIR_F32, 3, sw);
+    c.out[0] = tn(HIR_F32, 3, sw);
+    for (i = 0; i < D; i++)
+      for (j = 0; j < 24; j++) tset(&c.out[0], i * 24 + j, tget(&c.in[1], i * 24 + j) + tget(&c.in[0], j));
+    RUN_CASE(&c, "broadcast_didx");
+    hir_fusion_free(f);
+  }
+  { /* a fixed size that the tensor given does not have */
+    hir_fusion *f = hir_fusion_create();
+    int64_t sx[2] = {4, 6};
+    hir_tv *x = hir_input_sized(f, HIR_F32, 2, sx);
+    hir_program *p = NULL;
+    hir_evaluator *ev = NULL;
+    hir_lower_desc ld;
+    hir_eval_desc ed;
+    hir_tensor in[1], out[1];
+    float data[20] = {0};
+    hir_output(f, hir_neg(f, x));
+    memset(&ld, 0, sizeof ld);
+    memset(&ed, 0, sizeof ed);
+    memset(in, 0, sizeof in);
+    memset(out, 0, sizeof out);
+    CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+    in[0].data = data, in[0].dtype = HIR_F32, in[0].ndims = 2, in[0].sizes[0] = 4, in[0].sizes[1] = 5;
+    CHECK(hir_run(ev, in, 1, out, 1) == HIR_ERR_SHAPE && strstr(hir_evaluator_error(ev), "axis 1 has size 5, but its extent is 6"));
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_fusion_free(f);
+  }
+}
