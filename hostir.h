@@ -3516,6 +3516,31 @@ static void hir__propagate_shardings(hir_program *p) {
   }
 }
 
+/* 1b. A program input's Stream axis: inputs arrive whole, so it passes to
+   the axis it maps onto in each consumer that has no Stream axis (nvFuser's
+   stream-parallel inputs), whose loop then reads the input chunk by chunk. */
+static void hir__streams_from_inputs(hir_program *p) {
+  hir_fusion *f = &p->ir;
+  int i, j, k, map[HIR_MAX_DIMS];
+  for (i = 0; i < f->inputs.n; i++) {
+    hir_tv *tv = (hir_tv *)f->inputs.items[i];
+    int s = hir__stream_axis(tv);
+    if (s < 0) continue;
+    for (j = 0; j < f->exprs.n; j++) {
+      hir_expr *e = (hir_expr *)f->exprs.items[j];
+      for (k = 0; k < e->nin; k++) {
+        hir_id *o;
+        if (e->in[k] != tv || hir__stream_axis(e->out[0]) != -1) continue;
+        hir__axis_map(e, k, map);
+        if (map[s] < 0) continue;
+        o = e->out[0]->ids[map[s]];
+        if (o->iter == HIR_ITERATION && o->ptype == HIR_SERIAL) o->ptype = HIR_STREAM;
+      }
+    }
+    tv->ids[s]->ptype = HIR_SERIAL;
+  }
+}
+
 /* Checks what the lowering needs of a fusion. */
 static int hir__validate_fusion(hir_program *p) {
   hir_fusion *f = &p->ir;
@@ -3843,6 +3868,7 @@ static int hir__front_end(hir_program *p, const hir_fusion *f, int serial) {
   if (!hir__clone_fusion(p, f)) return 0;
   if (serial) hir__strip_streams(&p->ir);
   hir__propagate_shardings(p);
+  hir__streams_from_inputs(p);
   return hir__validate_fusion(p) && hir__decompose_reshardings(p) && hir__order_moves(p);
 }
 

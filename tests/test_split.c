@@ -218,3 +218,59 @@ TEST(test_split_broadcast_didx, "split/broadcast_didx_fixed_sizes", TEST_CPU | T
     hir_fusion_free(f);
   }
 }
+
+/* Stream axes on program inputs (inputs arrive whole: the consumer's loop
+   reads them chunk by chunk): relu of an input streamed on axis 0, and a
+   matmul whose A is streamed on the outer part of its split M.
+   StreamTest's stream-parallel inputs. */
+TEST(test_split_stream_inputs, "split/stream_inputs", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi];
+    int64_t sx[2] = {4, 6}, sa[2] = {6, 5}, sb[3] = {D, 5, 3}, so[3] = {D, 6, 3}, i, m, n, k;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 2), *y = hir_relu(f, x), *a, *b, *o;
+    hir_output(f, y);
+    hir_set_mesh(x, D, iota_mesh);
+    hir_parallelize(x, 0, HIR_STREAM);
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = c.nout = 1;
+    c.in[0] = trand(HIR_F32, 2, sx);
+    c.out[0] = tn(HIR_F32, 2, sx);
+    for (i = 0; i < 24; i++) tset(&c.out[0], i, tget(&c.in[0], i) > 0 ? tget(&c.in[0], i) : 0);
+    RUN_CASE(&c, "stream_input_relu");
+    hir_fusion_free(f);
+
+    f = hir_fusion_create(); /* A [M, K] streamed on M (split by 2; its parts on streams), B [K, n]: C [M, n] */
+    a = hir_input(f, HIR_F32, 2);
+    b = hir_input(f, HIR_F32, 2);
+    o = hir_matmul(f, a, b);
+    hir_output(f, o);
+    hir_set_mesh(a, D, iota_mesh);
+    hir_set_mesh(b, D, iota_mesh);
+    hir_split(a, 0, 2, 1);
+    hir_parallelize(a, 0, HIR_STREAM);
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_init(&c, D);
+    c.build = build_lowered;
+    c.user = f;
+    c.nin = 2;
+    c.nout = 1;
+    c.in[0] = trand(HIR_F32, 2, sa);
+    c.in[1] = trand(HIR_F32, 2, sb + 1);
+    c.out[0] = tn(HIR_F32, 2, so + 1);
+    for (m = 0; m < 6; m++)
+      for (n = 0; n < 3; n++) {
+        double t = 0;
+        for (k = 0; k < 5; k++) t += tget(&c.in[0], m * 5 + k) * tget(&c.in[1], k * 3 + n);
+        tset(&c.out[0], m * 3 + n, t);
+      }
+    c.prealloc = wi & 1;
+    RUN_CASE(&c, "stream_input_matmul");
+    hir_fusion_free(f);
+  }
+}
