@@ -250,6 +250,12 @@ HIRDEF hir_status  hir_output(hir_fusion *f, hir_tv *tv);
 /* An input of fixed sizes (nvFuser's makeConcreteTensor): its extents are
    constants, known when lowering; hir_run checks the tensors given. */
 HIRDEF hir_tv     *hir_input_sized(hir_fusion *f, hir_dtype dtype, int ndims, const int64_t *sizes);
+/* A scalar input (an integer, or a Bool as 0/1; nvFuser's scalar inputs),
+   for a loop's stop, a predicate, hir_binary_val's scalar. It takes its
+   place among the inputs: hir_run gets it as a hir_tensor of ndims 0, dtype
+   HIR_F64, data pointing at the value in host memory (whatever the backend;
+   a whole number). A new value replans, as new shapes do. */
+HIRDEF hir_val    *hir_input_scalar(hir_fusion *f);
 HIRDEF hir_tv     *hir_set(hir_fusion *f, hir_tv *in);
 HIRDEF hir_tv     *hir_add(hir_fusion *f, hir_tv *a, hir_tv *b);
 HIRDEF hir_tv     *hir_sub(hir_fusion *f, hir_tv *a, hir_tv *b);
@@ -980,6 +986,7 @@ struct hir_tv {
   int nlogical;
   unsigned char logical_of[HIR_MAX_DIMS];
   hir_val *logical_extent[HIR_MAX_DIMS];
+  hir_val *scalar;        /* a scalar input (hir_input_scalar): the value hir_run binds to this symbol */
 };
 
 struct hir_scope {
@@ -1399,6 +1406,14 @@ HIRDEF hir_tv *hir_input_sized(hir_fusion *f, hir_dtype dtype, int ndims, const 
   for (i = 0; i < ndims; i++)
     if (!(tv->ids[i]->extent = hir__const(f, sizes[i]))) return NULL;
   return tv;
+}
+
+HIRDEF hir_val *hir_input_scalar(hir_fusion *f) {
+  hir_tv *tv;
+  if (!hir__live(f)) return NULL;
+  if (!(tv = hir__new_tv(f, HIR_F64, HIR_MEM_GLOBAL, 0)) || !(tv->scalar = hir__new_val(f, HIR__VAL_SYMBOL))) return NULL;
+  tv->is_input = 1;
+  return hir__push(f, &f->inputs, tv) ? tv->scalar : NULL;
 }
 
 HIRDEF hir_status hir_output(hir_fusion *f, hir_tv *tv) {
@@ -3432,6 +3447,7 @@ static hir_tv *hir__clone_tv(hir__cloner *c, const hir_tv *tv) {
   }
   for (i = 0; i < tv->nlogical; i++)
     if (!(n->logical_extent[i] = hir__clone_val(c, tv->logical_extent[i]))) return NULL;
+  if (tv->scalar && !(n->scalar = hir__clone_val(c, tv->scalar))) return NULL;
   if (tv->mesh_size) {
     int *mesh = (int *)hir__alloc(f, (size_t)tv->mesh_size * sizeof(int));
     if (!mesh) return NULL;
@@ -8354,6 +8370,13 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
   for (i = 0; i < f->inputs.n; i++) {
     const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
     int l;
+    if (tv->scalar) {
+      double v;
+      memcpy(&v, in[i].data, sizeof v);
+      ev->env.sym[tv->scalar->name] = (int64_t)v;
+      ev->env.sym_bound[tv->scalar->name] = 1;
+      continue;
+    }
     if (in[i].ndims == 0) continue;
     for (l = 0; l < tv->nlogical; l++) { /* a split axis: its whole extent from its parts (DIDx: the mesh's) */
       const hir_val *x = tv->logical_extent[l];
@@ -9238,6 +9261,16 @@ HIRDEF hir_status hir_evaluator_sync(hir_evaluator *ev) {
 static int hir__check_input(hir_evaluator *ev, int i, const hir_tensor *t) {
   const hir_tv *tv = (const hir_tv *)ev->p->ir.inputs.items[i];
   int nd = 0, a, here = hir__in_mesh(tv, ev->device);
+  if (tv->scalar) { /* a value in host memory, on every rank */
+    double v;
+    if (t->ndims != 0 || t->dtype != HIR_F64 || !t->data)
+      return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: input %d is a scalar: pass ndims 0, dtype HIR_F64 and data pointing "
+                          "at its value in host memory", i);
+    memcpy(&v, t->data, sizeof v);
+    if (!(v == (double)(int64_t)v) || v > 9.0e15 || v < -9.0e15)
+      return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: input %d is a scalar of value %g; give a whole number", i, v);
+    return 1;
+  }
   for (a = 0; a < tv->ndims; a++) nd += tv->ids[a]->iter != HIR_REDUCTION;
   if (!here && t->data)
     return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: input %d (T%d) does not live on device %d; pass it empty (data NULL) "
@@ -9409,8 +9442,16 @@ static hir_status hir__prepare(hir_evaluator *ev, const hir_tensor *in, int nin,
     for (a = 0; out[i].data && a < ev->nblocks; a++)
       if (out[i].data == ev->blocks[a].ptr) out[i].data = NULL;
   }
-  for (i = 0; i < nin; i++) { /* replan when the shapes change */
+  for (i = 0; i < nin; i++) { /* replan when the shapes change, or a scalar's value */
     int64_t *k = ev->key + i * (HIR_MAX_DIMS + 1);
+    if (((const hir_tv *)f->inputs.items[i])->scalar) {
+      double v;
+      memcpy(&v, in[i].data, sizeof v);
+      if (k[0] != -1 || k[1] != (int64_t)v) changed = 1;
+      k[0] = -1;
+      k[1] = (int64_t)v;
+      continue;
+    }
     if (k[0] != in[i].ndims) changed = 1;
     k[0] = in[i].ndims;
     for (a = 0; a < in[i].ndims; a++) {
@@ -9438,6 +9479,7 @@ static hir_status hir__run_eager(hir_evaluator *ev, const hir_tensor *in, int ni
   for (i = 0; i < ev->nblocks; i++) ev->blocks[i].in_use = 0;
   for (i = 0; i < nin; i++) {
     const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
+    if (tv->scalar) continue; /* bound when planned */
     if (!in[i].data && hir__numel(in[i].ndims, in[i].sizes) > 0) continue; /* lives elsewhere */
     if (!hir__in_mesh(tv, ev->device)) continue;
     ev->slot[tv->name] = in[i];

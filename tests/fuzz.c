@@ -64,6 +64,10 @@ static hir_status fz_rank(int rank, void *user) {
       int64_t numel = 1;
       here = !n || hir_team_index(mesh, n, rank) >= 0;
       in[i].dtype = hir_tv_dtype(tv);
+      if (tv->scalar) { /* a scalar input: its value, in host memory */
+        if ((in[i].data = calloc(1, sizeof(double))) != NULL) *(double *)in[i].data = (double)x->sizes[i][0];
+        continue;
+      }
       if (hir_tv_logical_ndims(tv)) { /* split axes: the user's tensor holds the logical ones, whole */
         for (k = 0; k < hir_tv_logical_ndims(tv); k++) numel *= (in[i].sizes[nd++] = x->sizes[i][k]);
       } else {
@@ -137,7 +141,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 10: { /* elementwise, casts, scalars, permutes, composites: any arguments */
       int perm[HIR_MAX_DIMS] = {fz_take(&z, 4) - 1, fz_take(&z, 4) - 1, fz_take(&z, 4) - 1};
       int64_t sizes[3] = {fz_take(&z, 5) - 1, fz_take(&z, 5) - 1, fz_take(&z, 5) - 1};
-      switch (fz_take(&z, 11)) {
+      switch (fz_take(&z, 12)) {
       case 0: t = hir_unary(x.f, (hir_unary_op)fz_take(&z, HIR_UNARY_COUNT + 1), a); break;
       case 1: t = hir_cast(x.f, a, (hir_dtype)fz_take(&z, HIR_DTYPE_COUNT + 1)); break;
       case 2: t = hir_binary_scalar(x.f, (hir_binary_op)fz_take(&z, HIR_BINARY_COUNT + 1), a, fz_take(&z, 9) - 4); break;
@@ -148,6 +152,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case 7: t = hir_select(x.f, a, axes[0], fz_take(&z, 4)); break;
       case 8: t = hir_slice(x.f, a, axes[0], fz_take(&z, 3), fz_take(&z, 5) - 1); break;
       case 9: hir_split(a, axes[0], fz_take(&z, 5), fz_take(&z, 2)); break;
+      case 10: /* times a scalar input */
+        t = hir_binary_val(x.f, (hir_binary_op)fz_take(&z, HIR_BINARY_COUNT), a, hir_input_scalar(x.f));
+        if (x.nin < 8) x.sizes[x.nin++][0] = 1 + fz_take(&z, 3); /* its value */
+        break;
       default: t = hir_reshape(x.f, a, 1 + fz_take(&z, 3), sizes); break;
       }
       break;

@@ -479,6 +479,15 @@ static void case_init(spmd_case *c, int world) {
   c->tol = 1e-5;
 }
 
+/* A case of fusion f lowered for every rank. */
+__attribute__((unused)) static void case_lowered(spmd_case *c, int world, const hir_fusion *f, int nin, int nout) {
+  case_init(c, world);
+  c->build = build_lowered;
+  c->user = (void *)f;
+  c->nin = nin;
+  c->nout = nout;
+}
+
 __attribute__((unused)) static const int worlds[5] = {1, 2, 3, 4, 8};
 __attribute__((unused)) static int iota_mesh[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};
 

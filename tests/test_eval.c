@@ -1057,3 +1057,81 @@ TEST(test_eval_nested_loops, "eval/nested_host_loops", TEST_CPU | TEST_GPU_WORLD
     hir_program_free(p);
   }
 }
+
+/* Scalar and Bool program inputs (nvFuser's scalar inputs): a fusion scaled
+   by an integer input on every world, and a hand-built program whose loop
+   runs n times and whose IF reads a Bool; new values replan. */
+static hir_program *prog_scalar_loop(void) {
+  hir_program *p = hir_program_create();
+  hir_fusion *f = hir_program_fusion(p);
+  hir_tv *x = hir_input(f, HIR_F32, 1), *o;
+  hir_val *n = hir_input_scalar(f), *flag = hir_input_scalar(f);
+  hir_expr *loop = hir_host_for_range(p, n), *ite = hir_host_if(p, hir_val_binary(f, HIR_SCALAR_NE, flag, hir_val_const(f, 0)));
+  hir_output(f, o = hir_set(f, x));
+  hir_scope_append(hir_program_body(p), hir_host_allocate(p, o));
+  hir_scope_append(hir_program_body(p), hir_host_set(p, o, x));
+  hir_scope_append(hir_program_body(p), loop);
+  hir_scope_append(hir_expr_body(loop), hir_host_binary(p, HIR_BINARY_ADD, o, o, x)); /* in place */
+  hir_scope_append(hir_program_body(p), ite);
+  hir_scope_append(hir_expr_body(ite), hir_host_binary(p, HIR_BINARY_ADD, o, o, x));
+  return p;
+}
+
+TEST(test_eval_scalar_inputs, "eval/scalar_inputs", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi];
+    int64_t sz[3] = {D, 3, 4}, i;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 3);
+    hir_val *s = hir_input_scalar(f);
+    hir_tv *y = hir_binary_val(f, HIR_BINARY_MUL, x, s);
+    hir_output(f, y);
+    hir_set_mesh(x, D, iota_mesh);
+    hir_parallelize(x, 0, HIR_DIDX);
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_lowered(&c, D, f, 2, 1);
+    c.in[0] = trand(HIR_F32, 3, sz);
+    c.in[1] = tn(HIR_F64, 0, sz);
+    tset(&c.in[1], 0, 3 + wi);
+    c.out[0] = tn(HIR_F32, 3, sz);
+    for (i = 0; i < tnumel(&c.in[0]); i++) tset(&c.out[0], i, tget(&c.in[0], i) * (3 + wi));
+    RUN_CASE(&c, "scaled by a scalar input");
+    hir_fusion_free(f);
+  }
+  { /* a loop of n and a Bool, on one rank; the values change between runs */
+    static const double cases[3][2] = {{2, 1}, {0, 0}, {5, 0}};
+    hir_program *p = prog_scalar_loop();
+    hir_evaluator *ev = NULL;
+    hir_eval_desc ed;
+    float xs[4] = {1.5f, -2, 0.25f, 3};
+    double n, flag;
+    int k, j;
+    memset(&ed, 0, sizeof ed);
+    CHECK(hir_program_verify(p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+    for (k = 0; ev && k < 3; k++) {
+      hir_tensor in[3], out[1];
+      memset(in, 0, sizeof in);
+      memset(out, 0, sizeof out);
+      n = cases[k][0], flag = cases[k][1];
+      in[0].data = xs, in[0].dtype = HIR_F32, in[0].ndims = 1, in[0].sizes[0] = 4;
+      in[1].data = &n, in[1].dtype = HIR_F64;
+      in[2].data = &flag, in[2].dtype = HIR_F64;
+      CHECK(hir_run(ev, in, 3, out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+      for (j = 0; out[0].data && j < 4; j++) CHECK(((float *)out[0].data)[j] == xs[j] * (float)(1 + n + flag));
+    }
+    if (ev) { /* a scalar passed as a tensor is named */
+      hir_tensor in[3], out[1];
+      memset(in, 0, sizeof in);
+      memset(out, 0, sizeof out);
+      n = 2.5;
+      in[0].data = xs, in[0].dtype = HIR_F32, in[0].ndims = 1, in[0].sizes[0] = 4;
+      in[1].data = &n, in[1].dtype = HIR_F64;
+      in[2].data = &flag, in[2].dtype = HIR_F32;
+      CHECK(hir_run(ev, in, 3, out, 1) == HIR_ERR_INVALID && strstr(hir_evaluator_error(ev), "input 1 is a scalar of value 2.5"));
+    }
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+  }
+}

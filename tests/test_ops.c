@@ -65,10 +65,7 @@ TEST(test_ops_unary, "ops/unary", TEST_CPU | TEST_GPU_WORLDS) {
       hir_set_mesh(x, D, iota_mesh);
       hir_parallelize(x, 0, HIR_DIDX);
       CHECK(hir_fusion_error(f)[0] == 0);
-      case_init(&c, D);
-      c.build = build_lowered;
-      c.user = f;
-      c.nin = c.nout = 1;
+      case_lowered(&c, D, f, 1, 1);
       c.in[0] = trand(dt, 3, sz);
       c.out[0] = tn(hir_tv_dtype(y), 3, sz);
       c.tol = op_tol(dt) > op_tol(hir_tv_dtype(y)) ? op_tol(dt) : op_tol(hir_tv_dtype(y));
@@ -88,10 +85,7 @@ TEST(test_ops_unary, "ops/unary", TEST_CPU | TEST_GPU_WORLDS) {
       hir_fusion *f = hir_fusion_create();
       hir_tv *x = hir_input(f, all_dtypes[di], 2), *y = hir_cast(f, x, all_dtypes[to]);
       hir_output(f, y);
-      case_init(&c, 1);
-      c.build = build_lowered;
-      c.user = f;
-      c.nin = c.nout = 1;
+      case_lowered(&c, 1, f, 1, 1);
       c.in[0] = trand(all_dtypes[di], 2, sz);
       c.out[0] = tn(all_dtypes[to], 2, sz);
       for (i = 0; i < 28; i++) tset(&c.out[0], i, tget(&c.in[0], i)); /* rounded as the output's dtype rounds */
@@ -207,11 +201,7 @@ TEST(test_ops_layer_norm, "ops/layer_norm", TEST_CPU | TEST_GPU_WORLDS) {
       if (w && split_hidden) hir_parallelize(w, 0, HIR_DIDX);
       if (b && split_hidden) hir_parallelize(b, 0, HIR_DIDX);
       CHECK(hir_fusion_error(f)[0] == 0);
-      case_init(&c, D);
-      c.build = build_lowered;
-      c.user = f;
-      c.nin = 1 + (w != NULL) + (b != NULL);
-      c.nout = 1;
+      case_lowered(&c, D, f, 1 + (w != NULL) + (b != NULL), 1);
       c.in[0] = trand(dt, 3, split_hidden ? sh : sx);
       if (w) c.in[1] = trand(dt, nw, split_hidden ? sw : sw1);
       if (b) c.in[2] = trand(dt, nw, split_hidden ? sw : sw1);
@@ -240,10 +230,7 @@ TEST(test_ops_sum_sharded_and_local, "ops/sum_sharded_and_local", TEST_CPU | TES
       hir_output(f, y);
       hir_set_mesh(x, D, iota_mesh);
       hir_parallelize(x, inner, HIR_DIDX);
-      case_init(&c, D);
-      c.build = build_lowered;
-      c.user = f;
-      c.nin = c.nout = 1;
+      case_lowered(&c, D, f, 1, 1);
       c.in[0] = trand(dt, 3, inner ? szi : sz);
       c.out[0] = tn(dt, 1, so);
       for (k = 0; k < 4; k++) {
@@ -395,11 +382,7 @@ TEST(test_ops_linear, "ops/linear", TEST_CPU | TEST_GPU_WORLDS) {
         if (mode == 3) hir_parallelize(y, 0, HIR_STREAM);
       }
       CHECK(hir_fusion_error(f)[0] == 0);
-      case_init(&c, D);
-      c.build = build_lowered;
-      c.user = f;
-      c.nin = 2 + with_bias;
-      c.nout = 1;
+      case_lowered(&c, D, f, 2 + with_bias, 1);
       c.in[0] = split_weight ? trand(dt, 2, sa + 1) : trand(dt, 3, sa);
       c.in[1] = trand(dt, split_weight ? 3 : 2, split_weight ? sw : sw + 1);
       if (b) c.in[2] = trand(dt, split_weight ? 2 : 1, split_weight ? sb : sb + 1);
@@ -446,10 +429,7 @@ TEST(test_ops_select_slice_reshape, "ops/select_slice_reshape", TEST_CPU | TEST_
         hir_parallelize(x, 0, HIR_DIDX);
       }
       CHECK(hir_fusion_error(f)[0] == 0);
-      case_init(&c, D);
-      c.build = build_lowered;
-      c.user = f;
-      c.nin = c.nout = 1;
+      case_lowered(&c, D, f, 1, 1);
       c.in[0] = trand(dt, 3, sz);
       c.out[0] = tn(dt, ond, osz);
       for (i = 0; i < D; i++) /* row-major order is what a reshape keeps; select and slice pick */

@@ -29,10 +29,7 @@ static void run_one(hir_fusion *f, int D, hir_tensor in, hir_tensor want, int pr
                     int line) {
   spmd_case c;
   CHECK(hir_fusion_error(f)[0] == 0);
-  case_init(&c, D);
-  c.build = build_lowered;
-  c.user = f;
-  c.nin = c.nout = 1;
+  case_lowered(&c, D, f, 1, 1);
   c.in[0] = in;
   c.out[0] = want;
   c.prealloc = prealloc;
@@ -134,11 +131,7 @@ TEST(test_reshard_inner_matmul, "reshard/inner_matmul", TEST_CPU | TEST_GPU_WORL
     hir_set_mesh(o, D, iota_mesh);
     hir_parallelize(a, 1, HIR_DIDX);
     CHECK(hir_fusion_error(f)[0] == 0);
-    case_init(&c, D);
-    c.build = build_lowered;
-    c.user = f;
-    c.nin = 2;
-    c.nout = 1;
+    case_lowered(&c, D, f, 2, 1);
     c.in[0] = trand(HIR_F32, 4, sa);
     c.in[1] = trand(HIR_F32, 2, sb);
     c.out[0] = tn(HIR_F32, 4, so);

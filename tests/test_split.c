@@ -27,10 +27,7 @@ TEST(test_split_sharded, "split/sharded", TEST_CPU | TEST_GPU_WORLDS) {
       hir_parallelize(y, 0, HIR_DIDX); /* z (gathered) keeps its parts serial */
       CHECK(hir_fusion_error(f)[0] == 0);
       CHECK(hir_tv_ndims(z) == 3 && hir_tv_logical_ndims(z) == 2);
-      case_init(&c, D);
-      c.build = build_lowered;
-      c.user = f;
-      c.nin = c.nout = 1;
+      case_lowered(&c, D, f, 1, 1);
       c.in[0] = trand(HIR_F32, 2, sz);
       c.out[0] = tn(HIR_F32, 2, sz);
       for (i = 0; i < 15 * D; i++) tset(&c.out[0], i, tget(&c.in[0], i) > 0 ? tget(&c.in[0], i) : 0);
@@ -62,11 +59,7 @@ TEST(test_split_matmul, "split/matmul", TEST_CPU | TEST_GPU_WORLDS) {
       if (mode) hir_parallelize(a, 0, HIR_DIDX);
       hir_parallelize(o, 0, HIR_STREAM);
       CHECK(hir_fusion_error(f)[0] == 0);
-      case_init(&c, D);
-      c.build = build_lowered;
-      c.user = f;
-      c.nin = 2;
-      c.nout = 1;
+      case_lowered(&c, D, f, 2, 1);
       c.in[0] = trand(HIR_F32, 2, sa);
       c.in[1] = trand(HIR_F32, 2, sb);
       c.out[0] = tn(HIR_F32, 2, so);
@@ -98,10 +91,7 @@ TEST(test_split_sum, "split/sum", TEST_CPU | TEST_GPU_WORLDS) {
     hir_split(x, 0, D, 1);
     hir_parallelize(x, 0, HIR_DIDX);
     CHECK(hir_fusion_error(f)[0] == 0);
-    case_init(&c, D);
-    c.build = build_lowered;
-    c.user = f;
-    c.nin = c.nout = 1;
+    case_lowered(&c, D, f, 1, 1);
     c.in[0] = trand(HIR_F64, 2, sz);
     c.out[0] = tn(HIR_F64, 1, so);
     for (j = 0; j < 7; j++) {
@@ -182,11 +172,7 @@ TEST(test_split_broadcast_didx, "split/broadcast_didx_fixed_sizes", TEST_CPU | T
     hir_parallelize(y, 0, HIR_DIDX); /* a broadcast axis: y stays whole */
     hir_parallelize(w, 0, HIR_DIDX);
     CHECK(hir_fusion_error(f)[0] == 0);
-    case_init(&c, D);
-    c.build = build_lowered;
-    c.user = f;
-    c.nin = 2;
-    c.nout = 1;
+    case_lowered(&c, D, f, 2, 1);
     c.in[0] = trand(HIR_F32, 2, sx);
     c.in[1] = trand(HIR_F32, 3, sw);
     c.out[0] = tn(HIR_F32, 3, sw);
@@ -235,10 +221,7 @@ TEST(test_split_stream_inputs, "split/stream_inputs", TEST_CPU | TEST_GPU_WORLDS
     hir_set_mesh(x, D, iota_mesh);
     hir_parallelize(x, 0, HIR_STREAM);
     CHECK(hir_fusion_error(f)[0] == 0);
-    case_init(&c, D);
-    c.build = build_lowered;
-    c.user = f;
-    c.nin = c.nout = 1;
+    case_lowered(&c, D, f, 1, 1);
     c.in[0] = trand(HIR_F32, 2, sx);
     c.out[0] = tn(HIR_F32, 2, sx);
     for (i = 0; i < 24; i++) tset(&c.out[0], i, tget(&c.in[0], i) > 0 ? tget(&c.in[0], i) : 0);
@@ -255,11 +238,7 @@ TEST(test_split_stream_inputs, "split/stream_inputs", TEST_CPU | TEST_GPU_WORLDS
     hir_split(a, 0, 2, 1);
     hir_parallelize(a, 0, HIR_STREAM);
     CHECK(hir_fusion_error(f)[0] == 0);
-    case_init(&c, D);
-    c.build = build_lowered;
-    c.user = f;
-    c.nin = 2;
-    c.nout = 1;
+    case_lowered(&c, D, f, 2, 1);
     c.in[0] = trand(HIR_F32, 2, sa);
     c.in[1] = trand(HIR_F32, 2, sb + 1);
     c.out[0] = tn(HIR_F32, 2, so + 1);
