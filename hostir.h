@@ -3557,6 +3557,25 @@ static void hir__streams_from_inputs(hir_program *p) {
   }
 }
 
+/* 1c. A Stream axis on a sum's reduced axis (nvFuser's RSMatmul): the sum's
+   input is computed chunk by chunk along that axis, in the loop, and summed
+   after it; the Stream axis moves to the input's axis. */
+static void hir__streams_from_sums(hir_program *p) {
+  hir_fusion *f = &p->ir;
+  int i, j, map[HIR_MAX_DIMS];
+  for (i = 0; i < f->exprs.n; i++) {
+    hir_expr *e = (hir_expr *)f->exprs.items[i];
+    hir_tv *in = e->in[0], *out = e->out[0];
+    if (e->kind != HIR_EXPR_REDUCTION || hir__stream_axis(out) != -2 || in->is_input || hir__stream_axis(in) != -1) continue;
+    hir__axis_map(e, 0, map);
+    for (j = 0; j < in->ndims; j++)
+      if (map[j] >= 0 && out->ids[map[j]]->ptype == HIR_STREAM && in->ids[j]->ptype == HIR_SERIAL) {
+        in->ids[j]->ptype = HIR_STREAM;
+        out->ids[map[j]]->ptype = HIR_SERIAL;
+      }
+  }
+}
+
 /* Checks what the lowering needs of a fusion. */
 static int hir__validate_fusion(hir_program *p) {
   hir_fusion *f = &p->ir;
@@ -3885,6 +3904,7 @@ static int hir__front_end(hir_program *p, const hir_fusion *f, int serial) {
   if (serial) hir__strip_streams(&p->ir);
   hir__propagate_shardings(p);
   hir__streams_from_inputs(p);
+  hir__streams_from_sums(p);
   return hir__validate_fusion(p) && hir__decompose_reshardings(p) && hir__order_moves(p);
 }
 

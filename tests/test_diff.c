@@ -309,7 +309,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   for (i = p->nin; i < p->ntv && diff_next(r, 2); i++) { /* a Stream axis on some tensor (an input's passes to its consumers) */
     diff_tv *t = &p->t[diff_next(r, 4) ? p->nin + diff_next(r, p->ntv - p->nin) : diff_next(r, p->nin)];
     int ax = diff_next(r, hir_tv_ndims(t->tv));
-    if (hir_tv_iter_type(t->tv, ax) == HIR_ITERATION && hir_tv_ptype(t->tv, ax) == HIR_SERIAL)
+    if (hir_tv_iter_type(t->tv, ax) != HIR_BROADCAST && hir_tv_ptype(t->tv, ax) == HIR_SERIAL)
       hir_parallelize(t->tv, ax, HIR_STREAM);
     break;
   }

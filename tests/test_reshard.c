@@ -184,3 +184,25 @@ TEST(test_reshard_alltoall, "reshard/alltoall", TEST_CPU | TEST_GPU_WORLDS) {
     RUN_ONE(f, D, in, ref_permute(&in, t12), 0, "transpose_resharding_inner");
   }
 }
+
+/* nvFuser's CollectivePermute: a split tensor moved onto the same devices
+   in a shifted order (slice i from device i to device i + 1), lowered as
+   one SendRecv per slice. */
+TEST(test_reshard_collective_permute, "reshard/collective_permute", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, i;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi], shifted[MAXR];
+    int64_t sz[3] = {D, 3, 5};
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 3), *y = hir_set(f, x);
+    hir_tensor in;
+    for (i = 0; i < D; i++) shifted[i] = (i + 1) % D;
+    hir_output(f, y);
+    hir_set_mesh(x, D, iota_mesh);
+    hir_set_mesh(y, D, shifted);
+    hir_parallelize(x, 0, HIR_DIDX);
+    hir_parallelize(y, 0, HIR_DIDX);
+    in = trand(HIR_F32, 3, sz);
+    RUN_ONE(f, D, in, tcopy(&in), wi & 1, "collective_permute");
+  }
+}

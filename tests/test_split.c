@@ -253,3 +253,36 @@ TEST(test_split_stream_inputs, "split/stream_inputs", TEST_CPU | TEST_GPU_WORLDS
     hir_fusion_free(f);
   }
 }
+
+/* A Stream axis on a sum's reduced axis (RSMatmulTest's stream-parallel K):
+   C = sum over S of A [S, M, k] x B [S, k, N], the partial products
+   computed chunk by chunk on streams and summed after the loop. */
+TEST(test_split_stream_reduced, "split/stream_on_reduced_axis", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi], axis = 0;
+    int64_t sa[3] = {3, 4, 5}, sb[3] = {3, 5, 2}, so[2] = {4, 2}, s, m, n, k;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F64, 3), *b = hir_input(f, HIR_F64, 3), *y = hir_sum(f, hir_matmul(f, a, b), 1, &axis);
+    hir_output(f, y);
+    hir_set_mesh(a, D, iota_mesh);
+    hir_set_mesh(b, D, iota_mesh);
+    hir_parallelize(y, 0, HIR_STREAM); /* the reduced axis */
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_lowered(&c, D, f, 2, 1);
+    c.in[0] = trand(HIR_F64, 3, sa);
+    c.in[1] = trand(HIR_F64, 3, sb);
+    c.out[0] = tn(HIR_F64, 2, so);
+    for (m = 0; m < 4; m++)
+      for (n = 0; n < 2; n++) {
+        double t = 0;
+        for (s = 0; s < 3; s++)
+          for (k = 0; k < 5; k++) t += tget(&c.in[0], (s * 4 + m) * 5 + k) * tget(&c.in[1], (s * 5 + k) * 2 + n);
+        tset(&c.out[0], m * 2 + n, t);
+      }
+    c.tol = 1e-12;
+    RUN_CASE(&c, "stream_on_reduced_axis");
+    hir_fusion_free(f);
+  }
+}

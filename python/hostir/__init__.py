@@ -56,7 +56,7 @@ def _load():
         "hir_select": (p, [p, p, i, ctypes.c_int64]), "hir_slice": (p, [p, p, i, ctypes.c_int64, ctypes.c_int64]),
         "hir_reshape": (p, [p, p, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
-        "hir_split": (i, [p, i, ctypes.c_int64, i]),
+        "hir_split": (i, [p, i, ctypes.c_int64, i]), "hir_input_sized": (p, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
         "hx_lower": (i, [p, i, i, i, i, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
         "hir_program_free": (None, [p]), "hir_program_plan": (c, [p]),
@@ -163,6 +163,16 @@ class Fusion:
         if dtype not in _DTYPES:
             raise Error("invalid argument", "input: dtype %r; give one of %s" % (dtype, ", ".join(_DTYPES)))
         t = self._tv(_lib.hir_input(self._h, _DTYPES[dtype], ndims))
+        t.dtype = dtype
+        self.inputs.append(t)
+        return t
+
+    def input_sized(self, dtype, sizes):
+        """An input of fixed sizes (nvFuser's concrete tensor), checked when run."""
+        if dtype not in _DTYPES:
+            raise Error("invalid argument", "input_sized: dtype %r; give one of %s" % (dtype, ", ".join(_DTYPES)))
+        sizes = list(sizes)
+        t = self._tv(_lib.hir_input_sized(self._h, _DTYPES[dtype], len(sizes), (ctypes.c_int64 * max(1, len(sizes)))(*sizes)))
         t.dtype = dtype
         self.inputs.append(t)
         return t

@@ -120,6 +120,11 @@ class CpuTests(unittest.TestCase):
         outs = hostir.run(f, [[A[r * m:(r + 1) * m], B] for r in range(D)])
         for r in range(D):
             np.testing.assert_allclose(outs[r][0], A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+        g = hostir.Fusion()  # a fixed-size input refuses another size
+        g.output(g.unary("neg", g.input_sized("float32", [2, 3])))
+        with self.assertRaises(hostir.Error) as e:
+            hostir.run(g, [[np.zeros((2, 4), np.float32)]])
+        self.assertIn("fixed when the fusion was built", str(e.exception))
 
     def test_tuned(self):
         """tune=True: the schedules measured on 3 ranks, one chosen by all, the numbers numpy's."""
