@@ -252,9 +252,9 @@ HIRDEF hir_status  hir_output(hir_fusion *f, hir_tv *tv);
 HIRDEF hir_tv     *hir_input_sized(hir_fusion *f, hir_dtype dtype, int ndims, const int64_t *sizes);
 /* A scalar input (an integer, or a Bool as 0/1; nvFuser's scalar inputs),
    for a loop's stop, a predicate, hir_binary_val's scalar. It takes its
-   place among the inputs: hir_run gets it as a hir_tensor of ndims 0, dtype
-   HIR_F64, data pointing at the value in host memory (whatever the backend;
-   a whole number). A new value replans, as new shapes do. */
+   place among the inputs: hir_run gets it by value, as a hir_tensor of
+   ndims 0 and data NULL holding the value in sizes[0] (no memory to read,
+   whatever the backend). A new value replans, as new shapes do. */
 HIRDEF hir_val    *hir_input_scalar(hir_fusion *f);
 HIRDEF hir_tv     *hir_set(hir_fusion *f, hir_tv *in);
 HIRDEF hir_tv     *hir_add(hir_fusion *f, hir_tv *a, hir_tv *b);
@@ -8391,9 +8391,7 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
     const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
     int l;
     if (tv->scalar) {
-      double v;
-      memcpy(&v, in[i].data, sizeof v);
-      ev->env.sym[tv->scalar->name] = (int64_t)v;
+      ev->env.sym[tv->scalar->name] = in[i].sizes[0];
       ev->env.sym_bound[tv->scalar->name] = 1;
       continue;
     }
@@ -9281,14 +9279,10 @@ HIRDEF hir_status hir_evaluator_sync(hir_evaluator *ev) {
 static int hir__check_input(hir_evaluator *ev, int i, const hir_tensor *t) {
   const hir_tv *tv = (const hir_tv *)ev->p->ir.inputs.items[i];
   int nd = 0, a, here = hir__in_mesh(tv, ev->device);
-  if (tv->scalar) { /* a value in host memory, on every rank */
-    double v;
-    if (t->ndims != 0 || t->dtype != HIR_F64 || !t->data)
-      return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: input %d is a scalar: pass ndims 0, dtype HIR_F64 and data pointing "
-                          "at its value in host memory", i);
-    memcpy(&v, t->data, sizeof v);
-    if (!(v == (double)(int64_t)v) || v > 9.0e15 || v < -9.0e15)
-      return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: input %d is a scalar of value %g; give a whole number", i, v);
+  if (tv->scalar) { /* by value, on every rank */
+    if (t->ndims != 0 || t->data)
+      return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: input %d is a scalar: pass it by value, ndims 0 and data NULL with "
+                          "the value in sizes[0]", i);
     return 1;
   }
   for (a = 0; a < tv->ndims; a++) nd += tv->ids[a]->iter != HIR_REDUCTION;
@@ -9465,11 +9459,9 @@ static hir_status hir__prepare(hir_evaluator *ev, const hir_tensor *in, int nin,
   for (i = 0; i < nin; i++) { /* replan when the shapes change, or a scalar's value */
     int64_t *k = ev->key + i * (HIR_MAX_DIMS + 1);
     if (((const hir_tv *)f->inputs.items[i])->scalar) {
-      double v;
-      memcpy(&v, in[i].data, sizeof v);
-      if (k[0] != -1 || k[1] != (int64_t)v) changed = 1;
+      if (k[0] != -1 || k[1] != in[i].sizes[0]) changed = 1;
       k[0] = -1;
-      k[1] = (int64_t)v;
+      k[1] = in[i].sizes[0];
       continue;
     }
     if (k[0] != in[i].ndims) changed = 1;

@@ -64,8 +64,8 @@ static hir_status fz_rank(int rank, void *user) {
       int64_t numel = 1;
       here = !n || hir_team_index(mesh, n, rank) >= 0;
       in[i].dtype = hir_tv_dtype(tv);
-      if (tv->scalar) { /* a scalar input: its value, in host memory */
-        if ((in[i].data = calloc(1, sizeof(double))) != NULL) *(double *)in[i].data = (double)x->sizes[i][0];
+      if (tv->scalar) { /* a scalar input, by value */
+        in[i].sizes[0] = x->sizes[i][0];
         continue;
       }
       if (hir_tv_logical_ndims(tv)) { /* split axes: the user's tensor holds the logical ones, whole */

@@ -205,6 +205,7 @@ static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
   const int *mesh = hir_tv_mesh(tv, &nmesh);
   hir_tensor t;
   int64_t idx[HIR_MAX_DIMS] = {0};
+  if (tv->scalar) return *full; /* a scalar input: by value, on every rank */
   if (hir_tv_logical_ndims(tv)) return shard_split(full, tv, device);
   for (i = 0; i < nmesh; i++)
     if (mesh[i] == device) p = i;

@@ -1093,8 +1093,8 @@ TEST(test_eval_scalar_inputs, "eval/scalar_inputs", TEST_CPU | TEST_GPU_WORLDS) 
     CHECK(hir_fusion_error(f)[0] == 0);
     case_lowered(&c, D, f, 2, 1);
     c.in[0] = trand(HIR_F32, 3, sz);
-    c.in[1] = tn(HIR_F64, 0, sz);
-    tset(&c.in[1], 0, 3 + wi);
+    memset(&c.in[1], 0, sizeof c.in[1]); /* by value: ndims 0, no data */
+    c.in[1].sizes[0] = 3 + wi;
     c.out[0] = tn(HIR_F32, 3, sz);
     for (i = 0; i < tnumel(&c.in[0]); i++) tset(&c.out[0], i, tget(&c.in[0], i) * (3 + wi));
     RUN_CASE(&c, "scaled by a scalar input");
@@ -1106,7 +1106,7 @@ TEST(test_eval_scalar_inputs, "eval/scalar_inputs", TEST_CPU | TEST_GPU_WORLDS) 
     hir_evaluator *ev = NULL;
     hir_eval_desc ed;
     float xs[4] = {1.5f, -2, 0.25f, 3};
-    double n, flag;
+    int64_t n, flag;
     int k, j;
     memset(&ed, 0, sizeof ed);
     CHECK(hir_program_verify(p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
@@ -1114,10 +1114,10 @@ TEST(test_eval_scalar_inputs, "eval/scalar_inputs", TEST_CPU | TEST_GPU_WORLDS) 
       hir_tensor in[3], out[1];
       memset(in, 0, sizeof in);
       memset(out, 0, sizeof out);
-      n = cases[k][0], flag = cases[k][1];
+      n = (int64_t)cases[k][0], flag = (int64_t)cases[k][1];
       in[0].data = xs, in[0].dtype = HIR_F32, in[0].ndims = 1, in[0].sizes[0] = 4;
-      in[1].data = &n, in[1].dtype = HIR_F64;
-      in[2].data = &flag, in[2].dtype = HIR_F64;
+      in[1].sizes[0] = n;
+      in[2].sizes[0] = flag;
       CHECK(hir_run(ev, in, 3, out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
       for (j = 0; out[0].data && j < 4; j++) CHECK(((float *)out[0].data)[j] == xs[j] * (float)(1 + n + flag));
     }
@@ -1125,11 +1125,9 @@ TEST(test_eval_scalar_inputs, "eval/scalar_inputs", TEST_CPU | TEST_GPU_WORLDS) 
       hir_tensor in[3], out[1];
       memset(in, 0, sizeof in);
       memset(out, 0, sizeof out);
-      n = 2.5;
       in[0].data = xs, in[0].dtype = HIR_F32, in[0].ndims = 1, in[0].sizes[0] = 4;
-      in[1].data = &n, in[1].dtype = HIR_F64;
-      in[2].data = &flag, in[2].dtype = HIR_F32;
-      CHECK(hir_run(ev, in, 3, out, 1) == HIR_ERR_INVALID && strstr(hir_evaluator_error(ev), "input 1 is a scalar of value 2.5"));
+      in[1].data = xs, in[1].ndims = 1, in[1].sizes[0] = 4;
+      CHECK(hir_run(ev, in, 3, out, 1) == HIR_ERR_INVALID && strstr(hir_evaluator_error(ev), "input 1 is a scalar: pass it by value"));
     }
     hir_evaluator_free(ev);
     hir_program_free(p);
