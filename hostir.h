@@ -6315,6 +6315,7 @@ typedef struct hir__cuda {
   int map_state;                    /* the elementwise kernels (NVRTC): 0 not tried, 1 loaded, -1 failed (map_error) */
   cudaLibrary_t map_library;
   cudaKernel_t map_kernel[2];       /* computing in float, in double */
+  cudaKernel_t vec_kernel[HIR_DTYPE_COUNT]; /* dense tensors of one dtype, 16 bytes a thread */
   char map_error[200];
   cudaStream_t capture, saved_caller;  /* graph capture: the stream it runs on, and the caller's meanwhile */
 } hir__cuda;
@@ -6693,7 +6694,28 @@ static const char hir__cuda_map_tail[] =
     "  }\n"
     "}\n"
     "extern \"C\" __global__ void hir_map_f32(hir_map_args a) { hir_map<float>(a); }\n"
-    "extern \"C\" __global__ void hir_map_f64(hir_map_args a) { hir_map<double>(a); }\n";
+    "extern \"C\" __global__ void hir_map_f64(hir_map_args a) { hir_map<double>(a); }\n"
+    /* dense tensors of one dtype DT: 16 bytes a thread, the dtype known when compiled */
+    "template <int DT, typename T> __device__ void hir_vec(const hir_map_args &a) {\n"
+    "  const int E = DT == 1 ? 2 : DT == 0 ? 4 : 8;\n"
+    "  i64 nv = a.n / E, step = (i64)gridDim.x * blockDim.x, i = blockIdx.x * (i64)blockDim.x + threadIdx.x;\n"
+    "  for (i64 v = i; v < nv; v += step) {\n"
+    "    uint4 x = ((const uint4 *)a.a)[v], y = a.binary ? ((const uint4 *)a.b)[v] : x, r;\n"
+    "    for (int j = 0; j < E; j++) {\n"
+    "      T xv = hir_ld<T>(&x, DT, j);\n"
+    "      hir_st<T>(&r, DT, j, a.binary ? hir_binary<T>(a.op, xv, hir_ld<T>(&y, DT, j)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
+    "    }\n"
+    "    ((uint4 *)a.dst)[v] = r;\n"
+    "  }\n"
+    "  for (i64 k = nv * E + i; k < a.n; k += step) {\n"
+    "    T xv = hir_ld<T>(a.a, DT, k);\n"
+    "    hir_st<T>(a.dst, DT, k, a.binary ? hir_binary<T>(a.op, xv, hir_ld<T>(a.b, DT, k)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
+    "  }\n"
+    "}\n"
+    "extern \"C\" __global__ void hir_vec_f32(hir_map_args a) { hir_vec<0, float>(a); }\n"
+    "extern \"C\" __global__ void hir_vec_f64(hir_map_args a) { hir_vec<1, double>(a); }\n"
+    "extern \"C\" __global__ void hir_vec_f16(hir_map_args a) { hir_vec<2, float>(a); }\n"
+    "extern \"C\" __global__ void hir_vec_bf16(hir_map_args a) { hir_vec<3, float>(a); }\n";
 #define HIR__EXPR_TEXT_BINARY(e, symbol, builder, expr) #expr,
 #define HIR__EXPR_TEXT_UNARY(e, name, f, expr) #expr,
 static const char *const hir__binary_exprs[] = {HIR_BINARY_OP_LIST(HIR__EXPR_TEXT_BINARY)};
@@ -6832,7 +6854,11 @@ static void hir__write_all(const char *path, const char *data, size_t size) {
 /* The kernels' two entry points from a loaded library. */
 static int hir__cuda_map_kernels(hir__cuda *c) {
   if (cudaLibraryGetKernel(&c->map_kernel[0], c->map_library, "hir_map_f32") == cudaSuccess &&
-      cudaLibraryGetKernel(&c->map_kernel[1], c->map_library, "hir_map_f64") == cudaSuccess)
+      cudaLibraryGetKernel(&c->map_kernel[1], c->map_library, "hir_map_f64") == cudaSuccess &&
+      cudaLibraryGetKernel(&c->vec_kernel[HIR_F32], c->map_library, "hir_vec_f32") == cudaSuccess &&
+      cudaLibraryGetKernel(&c->vec_kernel[HIR_F64], c->map_library, "hir_vec_f64") == cudaSuccess &&
+      cudaLibraryGetKernel(&c->vec_kernel[HIR_F16], c->map_library, "hir_vec_f16") == cudaSuccess &&
+      cudaLibraryGetKernel(&c->vec_kernel[HIR_BF16], c->map_library, "hir_vec_bf16") == cudaSuccess)
     return 1;
   cudaGetLastError();
   cudaLibraryUnload(c->map_library);
@@ -6903,9 +6929,9 @@ static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_
                                 const hir_tensor *x, double s) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   hir__map_args args;
-  int64_t strides[3][HIR_MAX_DIMS];
+  int64_t strides[3][HIR_MAX_DIMS], per;
   void *argv[1];
-  int d, f64 = dst->dtype == HIR_F64 || a->dtype == HIR_F64 || (x && x->dtype == HIR_F64);
+  int d, vec, f64 = dst->dtype == HIR_F64 || a->dtype == HIR_F64 || (x && x->dtype == HIR_F64);
   dim3 grid, block;
   cudaError_t e;
   if (!hir__cuda_load_map(c)) {
@@ -6929,9 +6955,13 @@ static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_
   args.op = op, args.binary = x != NULL;
   args.dt_dst = (int)dst->dtype, args.dt_a = (int)a->dtype, args.dt_b = x ? (int)x->dtype : 0;
   argv[0] = &args;
-  grid.x = (unsigned)((args.n + 255) / 256 < 65535 ? (args.n + 255) / 256 : 65535), grid.y = grid.z = 1;
+  vec = args.nd == 1 && args.sd[0] == 1 && args.sa[0] == 1 && (!x || args.sb[0] == 1) && a->dtype == dst->dtype &&
+        (!x || x->dtype == dst->dtype) && ((uintptr_t)args.dst | (uintptr_t)args.a | (uintptr_t)args.b) % 16 == 0;
+  per = vec ? 16 / (int64_t)hir_dtype_size(dst->dtype) : 1; /* elements a thread takes at once */
+  grid.x = (unsigned)((args.n / per + 255) / 256 < 65535 ? (args.n / per + 255) / 256 : 65535), grid.y = grid.z = 1;
+  if (!grid.x) grid.x = 1;
   block.x = 256, block.y = block.z = 1;
-  e = cudaLaunchKernel((const void *)c->map_kernel[f64], grid, block, argv, 0,
+  e = cudaLaunchKernel((const void *)(vec ? c->vec_kernel[dst->dtype] : c->map_kernel[f64]), grid, block, argv, 0,
                        stream ? (cudaStream_t)stream : c->caller);
   if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (elementwise)", cudaGetErrorString(e), __FILE__, __LINE__);
   return HIR_OK;
