@@ -3269,9 +3269,8 @@ static const char *hir__split_blocked(const hir_expr *e, const hir_tv *tv, int a
     for (k = 1; k < e->nin; k++) /* B or the bias: their batch axes only */
       if (tv == e->in[k] && d >= bbatch) return "a matmul's K or N axis";
     if (tv == e->out[0] && axis == n_axis) return "a matmul's N axis";
-    if ((tv == e->out[0] && axis == m_axis) || (tv == e->in[0] && m.has_m && d == m.na - 2)) {
-      if (bbatch > 0) return "a matmul's M axis where B has batch axes";
-    }
+    if (bbatch > 0 && ((tv == e->out[0] && axis == m_axis) || (tv == e->in[0] && m.has_m && d == m.na - 2)))
+      return "a matmul's M axis where B has batch axes";
   }
   return NULL;
 }
@@ -3323,15 +3322,6 @@ static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, int64_t factor, i
   hir_id *x = tv->ids[axis], *o, *in;
   hir_val *rest, *fv = hir__const(f, factor);
   int i, d = hir__data_index(tv, axis);
-  if (tv->ndims == HIR_MAX_DIMS) {
-    hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d has HIR_MAX_DIMS (%d) axes already", tv->name, HIR_MAX_DIMS);
-    return 0;
-  }
-  if (x->extent->kind == HIR__VAL_CONST && x->extent->value % factor) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_split: T%d axis %d has extent %lld, which %lld does not divide", tv->name, axis,
-              (long long)x->extent->value, (long long)factor);
-    return 0;
-  }
   rest = x->extent->kind == HIR__VAL_CONST ? hir__const(f, x->extent->value / factor)
                                            : hir__binary_val(f, HIR_SCALAR_DIV, x->extent, fv);
   if (!fv || !rest || !(o = hir__new_id(f, outer ? fv : rest, x->iter, HIR_SERIAL)) ||
@@ -3379,11 +3369,16 @@ HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
         hir__split_site t = sites[i];
         sites[i] = sites[j], sites[j] = t;
       }
-  for (i = 0; i < n; i++) {
+  for (i = 0; i < n; i++) { /* every site checked before any is split: a refused split changes nothing */
     const hir_tv *t = sites[i].tv;
-    if (t->ndims == HIR_MAX_DIMS || t->ids[sites[i].axis]->ptype != HIR_SERIAL) {
+    int more = 0;
+    for (j = 0; j < n; j++) more += sites[j].tv == t;
+    const hir_val *x = t->ids[sites[i].axis]->extent;
+    if (t->ndims + more > HIR_MAX_DIMS || t->ids[sites[i].axis]->ptype != HIR_SERIAL ||
+        (x->kind == HIR__VAL_CONST && x->value % factor)) {
       hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d axis %d reaches T%d axis %d, which %s", tv->name, a, t->name,
-                sites[i].axis, t->ndims == HIR_MAX_DIMS ? "has HIR_MAX_DIMS axes already" : "is parallelized; split first, then parallelize the parts");
+                sites[i].axis, t->ids[sites[i].axis]->ptype != HIR_SERIAL ? "is parallelized; split first, then parallelize the parts"
+                : t->ndims + more > HIR_MAX_DIMS ? "would have more than HIR_MAX_DIMS axes" : "has a fixed extent the factor does not divide");
       return f->status;
     }
   }
