@@ -206,3 +206,32 @@ TEST(test_reshard_collective_permute, "reshard/collective_permute", TEST_CPU | T
     RUN_ONE(f, D, in, tcopy(&in), wi & 1, "collective_permute");
   }
 }
+
+/* AG_after_Matmul: the matmul runs on each device's rows, and its output is
+   gathered after it (the resharding comes after the op: an Allgather of
+   its output). */
+TEST(test_reshard_ag_after_matmul, "reshard/ag_after_matmul", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi];
+    int64_t sa[3] = {D, 3, 4}, sb[2] = {4, 5};
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F32, 3), *b = hir_input(f, HIR_F32, 2), *o = hir_matmul(f, a, b), *g = hir_set(f, o);
+    hir_output(f, g);
+    hir_set_mesh(a, D, iota_mesh);
+    hir_set_mesh(b, D, iota_mesh);
+    hir_set_mesh(o, D, iota_mesh);
+    hir_set_mesh(g, D, iota_mesh);
+    hir_parallelize(a, 0, HIR_DIDX);
+    hir_parallelize(o, 0, HIR_DIDX);
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_lowered(&c, D, f, 2, 1);
+    c.in[0] = trand(HIR_F32, 3, sa);
+    c.in[1] = trand(HIR_F32, 2, sb);
+    c.out[0] = ref_bmm(&c.in[0], &c.in[1], 1);
+    c.prealloc = wi & 1;
+    RUN_CASE(&c, "ag_after_matmul");
+    hir_fusion_free(f);
+  }
+}
