@@ -57,6 +57,7 @@ def _load():
         "hir_reshape": (p, [p, p, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
         "hir_split": (i, [p, i, ctypes.c_int64, i]), "hir_input_sized": (p, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
+        "hir_input_scalar": (p, [p]), "hir_binary_val": (p, [p, i, p, p]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
         "hx_lower": (i, [p, i, i, i, i, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
         "hir_program_free": (None, [p]), "hir_program_plan": (c, [p]),
@@ -107,6 +108,13 @@ def _text(snprint, handle):
     buf = ctypes.create_string_buffer(n + 1)
     snprint(handle, buf, n + 1)
     return buf.value.decode()
+
+
+class Scalar:
+    """A scalar input of a fusion (its handle)."""
+
+    def __init__(self, handle):
+        self._h = handle
 
 
 class Tensor:
@@ -166,6 +174,21 @@ class Fusion:
         t.dtype = dtype
         self.inputs.append(t)
         return t
+
+    def input_scalar(self):
+        """A scalar (integer or Bool) input, given to run as a Python int; use it with scale()."""
+        handle = _lib.hir_input_scalar(self._h)
+        if not handle:
+            self._check()
+        s = Scalar(handle)
+        self.inputs.append(s)  # its place among the inputs
+        return s
+
+    def scale(self, op, a, s):
+        """a op s, s a Scalar input (an integer known when run), op one of + - * /."""
+        if op not in _BINARY:
+            raise Error("invalid argument", "scale: unknown op %r; give one of + - * /" % (op,))
+        return self._tv(_lib.hir_binary_val(self._h, _BINARY[op], a._h, s._h))
 
     def input_sized(self, dtype, sizes):
         """An input of fixed sizes (nvFuser's concrete tensor), checked when run."""
@@ -292,6 +315,10 @@ class Program:
 def _as_tensor(x):
     if x is None:
         return _HirTensor(), None
+    if isinstance(x, (int, bool, np.integer, np.bool_)):  # a scalar input: by value
+        t = _HirTensor()
+        t.sizes[0] = int(x)
+        return t, None
     arr = np.ascontiguousarray(x)
     if arr.dtype.name not in _DTYPES:
         raise Error("invalid argument", "run: an input is %s; hostir takes %s" % (arr.dtype.name, ", ".join(_DTYPES)))

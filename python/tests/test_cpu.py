@@ -126,6 +126,22 @@ class CpuTests(unittest.TestCase):
             hostir.run(g, [[np.zeros((2, 4), np.float32)]])
         self.assertIn("fixed when the fusion was built", str(e.exception))
 
+    def test_scalar_input(self):
+        """An integer input scales a split tensor; a new value is a new plan."""
+        rng = np.random.default_rng(17)
+        D = 2
+        X = rng.standard_normal((D, 3)).astype(np.float32)
+        f = hostir.Fusion()
+        x = f.input("float32", 2)
+        s = f.input_scalar()
+        f.output(f.scale("*", x, s))
+        x.mesh(range(D))
+        x.parallelize(0, "DIDx")
+        for value in (3, -2):
+            outs = hostir.run(f, [[X[r:r + 1], value] for r in range(D)])
+            for r in range(D):
+                np.testing.assert_allclose(outs[r][0], X[r:r + 1] * value, rtol=1e-6)
+
     def test_tuned(self):
         """tune=True: the schedules measured on 3 ranks, one chosen by all, the numbers numpy's."""
         rng = np.random.default_rng(11)
