@@ -935,6 +935,14 @@ static double hir__now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* FNV-1a of n bytes, continuing from h (1469598103934665603 to start). */
+static uint64_t hir__fnv(const void *data, size_t n, uint64_t h) {
+  const unsigned char *p = (const unsigned char *)data;
+  size_t i;
+  for (i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
 static struct timespec hir__deadline(double ms) {
   struct timespec ts;
   timespec_get(&ts, TIME_UTC);
@@ -2130,14 +2138,17 @@ HIRDEF hir_stream *hir_stream_new(hir_program *p) {
   return s;
 }
 
+/* A scalar argument of a host builder: given, and of this program. */
+static int hir__check_val(hir_fusion *f, const hir_val *v, const char *fn, const char *arg) {
+  if (v && v->ir == f) return 1;
+  hir__fail(f, HIR_ERR_INVALID, "%s: %s is %s", fn, arg, v ? "from another program" : "NULL");
+  return 0;
+}
+
 HIRDEF hir_stream *hir_stream_indexed(hir_program *p, hir_val *index) {
   hir_fusion *f = hir__host(p);
   hir_stream *s;
-  if (!f) return NULL;
-  if (!index || index->ir != f) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_stream_indexed: index is %s", index ? "from another program" : "NULL");
-    return NULL;
-  }
+  if (!f || !hir__check_val(f, index, "hir_stream_indexed", "index")) return NULL;
   if (!(s = (hir_stream *)hir__alloc(f, sizeof(hir_stream)))) return NULL;
   s->name = -1;
   s->index = index;
@@ -2186,11 +2197,7 @@ HIRDEF hir_expr *hir_host_for_loop(hir_program *p, hir_tv *tv, int axis) {
 HIRDEF hir_expr *hir_host_for_range(hir_program *p, hir_val *stop) {
   hir_fusion *f = hir__host(p);
   hir_expr *e;
-  if (!f) return NULL;
-  if (!stop || stop->ir != f) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_host_for_range: stop is %s", stop ? "from another program" : "NULL");
-    return NULL;
-  }
+  if (!f || !hir__check_val(f, stop, "hir_host_for_range", "stop")) return NULL;
   if (!(e = hir__new_expr(f, HIR_EXPR_FOR_LOOP, 0, 0)) || !(e->id = hir__new_id(f, stop, HIR_ITERATION, HIR_SERIAL)) ||
       !(e->val = hir__new_val(f, HIR__VAL_SYMBOL)))
     return NULL;
@@ -2204,11 +2211,7 @@ HIRDEF hir_val *hir_host_loop_index(const hir_expr *loop) {
 HIRDEF hir_expr *hir_host_if(hir_program *p, hir_val *predicate) {
   hir_fusion *f = hir__host(p);
   hir_expr *e;
-  if (!f) return NULL;
-  if (!predicate || predicate->ir != f) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_host_if: predicate is %s", predicate ? "from another program" : "NULL");
-    return NULL;
-  }
+  if (!f || !hir__check_val(f, predicate, "hir_host_if", "predicate")) return NULL;
   if (!(e = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0))) return NULL;
   e->val = predicate;
   return e;
@@ -2388,10 +2391,7 @@ HIRDEF hir_expr *hir_host_p2p(hir_program *p, hir_p2p_type type, hir_tv *buffer,
     hir__fail(f, HIR_ERR_INVALID, "%s: unknown type %d; use HIR_P2P_SEND or HIR_P2P_RECV", fn, (int)type);
     return NULL;
   }
-  if (!peer || peer->ir != f) {
-    hir__fail(f, HIR_ERR_INVALID, "%s: peer is %s", fn, peer ? "from another program" : "NULL");
-    return NULL;
-  }
+  if (!hir__check_val(f, peer, fn, "peer")) return NULL;
   if (!(e = hir__new_expr(f, HIR_EXPR_P2P_COMMUNICATION, 1, 0))) return NULL;
   e->sub = (int)type;
   e->in[0] = buffer;
@@ -6294,6 +6294,15 @@ typedef struct hir__cuda_lane {  /* what one stream needs */
 
 enum { HIR__CUDA_WORKSPACE = 32 << 20 }; /* cuBLAS's own default on Hopper */
 
+typedef struct hir__lt_plan {  /* see hir__lt_plan_of */
+  int64_t key[8];                  /* M, N, K, dtype, B transposed, lda, ldb, ldc */
+  int made, found;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, lc;
+  cublasLtMatmulAlgo_t algo;
+} hir__lt_plan;
+enum { HIR__LT_PLANS = 8 };
+
 #define HIR__CUDA_LANES 64
 typedef struct hir__cuda {
   int device, tf32;
@@ -6313,12 +6322,22 @@ typedef struct hir__cuda {
   cudaKernel_t vec_kernel[HIR_DTYPE_COUNT]; /* dense tensors of one dtype, 16 bytes a thread */
   char map_error[200];
   cudaStream_t capture, saved_caller;  /* graph capture: the stream it runs on, and the caller's meanwhile */
+  hir__lt_plan lt_plans[HIR__LT_PLANS]; /* the bias-epilogue GEMMs' setups, by shape, reused round-robin */
+  int lt_next;
 } hir__cuda;
 
 /* The elementwise kernels (below), used by copies and graph capture too. */
 static int hir__cuda_load_map(hir__cuda *c);
 static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_tensor *dst, const hir_tensor *a,
                                 const hir_tensor *x, double s);
+
+static void hir__lt_plan_free(hir__lt_plan *q) {
+  if (q->lc) cublasLtMatrixLayoutDestroy(q->lc);
+  if (q->lb) cublasLtMatrixLayoutDestroy(q->lb);
+  if (q->la) cublasLtMatrixLayoutDestroy(q->la);
+  if (q->desc) cublasLtMatmulDescDestroy(q->desc);
+  memset(q, 0, sizeof *q);
+}
 
 static hir_status hir__cuda_fail(hir_backend *b, const char *what, const char *detail, const char *file, int line) {
   snprintf(b->error, sizeof b->error, "%.100s failed: %.80s (%.40s:%d)", what, detail, file, line);
@@ -6402,6 +6421,7 @@ static void hir__cuda_destroy(hir_backend *b) {
     if (c->ones_by_type[k]) cudaFree(c->ones_by_type[k]);
   if (c->kernels_state == 1) cudaLibraryUnload(c->kernels);
   if (c->map_state == 1) cudaLibraryUnload(c->map_library);
+  for (k = 0; k < HIR__LT_PLANS; k++) hir__lt_plan_free(&c->lt_plans[k]);
   if (c->lt) cublasLtDestroy(c->lt);
   if (c->capture) cudaStreamDestroy(c->capture);
   HIR_FREE(c);
@@ -6797,11 +6817,8 @@ static int hir__nvrtc_open(hir__nvrtc *n, char *why, size_t cap) {
    starting together never read half a file. */
 static int hir__kernel_cache_path(const char *src, const char *arch, char *path, size_t cap) {
   const char *dir = getenv("HOSTIR_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-  uint64_t h = 1469598103934665603ull; /* FNV-1a of the source and the architecture */
-  const char *p;
+  uint64_t h = hir__fnv(arch, strlen(arch), hir__fnv(src, strlen(src), 1469598103934665603ull)); /* the source, the GPU */
   char base[400];
-  for (p = src; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  for (p = arch; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
   if (dir && (!dir[0] || !strcmp(dir, "off"))) return 0;
   if (dir) snprintf(base, sizeof base, "%.390s", dir);
   else if (xdg && xdg[0]) snprintf(base, sizeof base, "%.380s/hostir", xdg);
@@ -7279,24 +7296,61 @@ static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tenso
    folded into M where a and dst allow), f32/f16/bf16, bias a dense vector
    of N; anything else is HIR_ERR_UNSUPPORTED (the evaluator then adds the
    bias itself). */
+/* The cuBLASLt setup of one bias-epilogue GEMM shape, made once and kept:
+   a run only points the descriptor at its bias. found = 0: no algorithm. */
+static hir__lt_plan *hir__lt_plan_of(hir__cuda *c, const int64_t *key, cudaDataType t, int tb, cublasStatus_t *st) {
+  hir__lt_plan *q;
+  cublasLtMatmulPreference_t pref = NULL;
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
+  cublasLtMatmulHeuristicResult_t heur;
+  size_t ws = HIR__CUDA_WORKSPACE;
+  int64_t M = key[0], N = key[1], K = key[2], lda = key[5], ldb = key[6], ldc = key[7];
+  int i;
+  *st = CUBLAS_STATUS_SUCCESS;
+  for (i = 0; i < HIR__LT_PLANS; i++)
+    if (c->lt_plans[i].made && !memcmp(c->lt_plans[i].key, key, sizeof c->lt_plans[i].key)) return &c->lt_plans[i];
+  q = &c->lt_plans[c->lt_next];
+  c->lt_next = (c->lt_next + 1) % HIR__LT_PLANS;
+  hir__lt_plan_free(q);
+  memcpy(q->key, key, sizeof q->key);
+  /* row-major C = A B is column-major C^T [N, M] = B^T A^T */
+  if ((*st = cublasLtMatmulDescCreate(&q->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) == CUBLAS_STATUS_SUCCESS &&
+      (*st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa)) == CUBLAS_STATUS_SUCCESS &&
+      (*st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb)) == CUBLAS_STATUS_SUCCESS &&
+      (*st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) == CUBLAS_STATUS_SUCCESS &&
+      (*st = cublasLtMatrixLayoutCreate(&q->la, t, (uint64_t)(tb ? K : N), (uint64_t)(tb ? N : K), ldb)) == CUBLAS_STATUS_SUCCESS &&
+      (*st = cublasLtMatrixLayoutCreate(&q->lb, t, (uint64_t)K, (uint64_t)M, lda)) == CUBLAS_STATUS_SUCCESS &&
+      (*st = cublasLtMatrixLayoutCreate(&q->lc, t, (uint64_t)N, (uint64_t)M, ldc)) == CUBLAS_STATUS_SUCCESS &&
+      (*st = cublasLtMatmulPreferenceCreate(&pref)) == CUBLAS_STATUS_SUCCESS &&
+      (*st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) == CUBLAS_STATUS_SUCCESS &&
+      (*st = cublasLtMatmulAlgoGetHeuristic(c->lt, q->desc, q->la, q->lb, q->lc, q->lc, pref, 1, &heur, &q->found)) ==
+          CUBLAS_STATUS_SUCCESS &&
+      q->found)
+    q->algo = heur.algo;
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (*st != CUBLAS_STATUS_SUCCESS) {
+    hir__lt_plan_free(q);
+    return NULL;
+  }
+  q->made = 1;
+  return q;
+}
+
+/* dst = a x b + bias through cuBLASLt's BIAS epilogue: one GEMM (batches
+   folded into M where a and dst allow), f32/f16/bf16, bias a dense vector
+   of N; anything else is HIR_ERR_UNSUPPORTED (the evaluator then adds the
+   bias itself). */
 static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
                                         const hir_tensor *x, const hir_tensor *bias) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   hir__cuda_lane *l;
+  hir__lt_plan *q;
   hir_tensor A = *a, B = *x, C = *dst;
   int nd = dst->ndims, ta, tb, tc, d, ok;
-  int64_t lda, ldb, ldc, M = 1, N = dst->sizes[nd - 1], K = a->sizes[nd - 1];
-  cudaDataType t = hir__cuda_type(dst->dtype);
-  cublasLtMatmulDesc_t desc = NULL;
-  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-  cublasLtMatmulPreference_t pref = NULL;
-  cublasLtMatmulHeuristicResult_t heur;
-  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-  cublasOperation_t opa, opb;
-  size_t ws = HIR__CUDA_WORKSPACE;
-  int found = 0;
+  int64_t lda, ldb, ldc, M = 1, N = dst->sizes[nd - 1], K = a->sizes[nd - 1], key[8];
   float one = 1, zero = 0;
-  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  cublasStatus_t st;
   if (dst->dtype == HIR_F64 || c->tf32 || bias->strides[nd - 1] != 1 || K == 0 || hir__numel(nd, dst->sizes) == 0 ||
       hir__cuda_lane_of(b, stream, &l) != HIR_OK)
     return HIR_ERR_UNSUPPORTED;
@@ -7308,29 +7362,18 @@ static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_
   if (!ok || (nd > 2 && (lda != K || ldc != N))) return HIR_ERR_UNSUPPORTED;
   for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
   if (!c->lt && cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) return HIR_ERR_UNSUPPORTED;
-  /* row-major C = A B is column-major C^T [N, M] = B^T A^T */
-  opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  opb = CUBLAS_OP_N;
-  if ((st = cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) == CUBLAS_STATUS_SUCCESS &&
-      (st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa)) == CUBLAS_STATUS_SUCCESS &&
-      (st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb)) == CUBLAS_STATUS_SUCCESS &&
-      (st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) == CUBLAS_STATUS_SUCCESS &&
-      (st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias->data, sizeof bias->data)) == CUBLAS_STATUS_SUCCESS &&
-      (st = cublasLtMatrixLayoutCreate(&la, t, (uint64_t)(tb ? K : N), (uint64_t)(tb ? N : K), ldb)) == CUBLAS_STATUS_SUCCESS &&
-      (st = cublasLtMatrixLayoutCreate(&lb, t, (uint64_t)K, (uint64_t)M, lda)) == CUBLAS_STATUS_SUCCESS &&
-      (st = cublasLtMatrixLayoutCreate(&lc, t, (uint64_t)N, (uint64_t)M, ldc)) == CUBLAS_STATUS_SUCCESS &&
-      (st = cublasLtMatmulPreferenceCreate(&pref)) == CUBLAS_STATUS_SUCCESS &&
-      (st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) == CUBLAS_STATUS_SUCCESS &&
-      (st = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref, 1, &heur, &found)) == CUBLAS_STATUS_SUCCESS && found)
-    st = cublasLtMatmul(c->lt, desc, &one, B.data, la, A.data, lb, &zero, C.data, lc, C.data, lc, &heur.algo, l->workspace, ws,
-                        l->stream);
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  if (lc) cublasLtMatrixLayoutDestroy(lc);
-  if (lb) cublasLtMatrixLayoutDestroy(lb);
-  if (la) cublasLtMatrixLayoutDestroy(la);
-  if (desc) cublasLtMatmulDescDestroy(desc);
-  if (st == CUBLAS_STATUS_SUCCESS && found) return HIR_OK;
-  if (st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return HIR_ERR_UNSUPPORTED;
+  key[0] = M, key[1] = N, key[2] = K, key[3] = dst->dtype, key[4] = tb, key[5] = lda, key[6] = ldb, key[7] = ldc;
+  if (!(q = hir__lt_plan_of(c, key, hir__cuda_type(dst->dtype), tb, &st)) || !q->found) {
+    if (!q && st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+      return hir__cuda_fail(b, "cuBLASLt setup (bias epilogue)", cublasGetStatusString(st), __FILE__, __LINE__);
+    return HIR_ERR_UNSUPPORTED;
+  }
+  st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias->data, sizeof bias->data);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmul(c->lt, q->desc, &one, B.data, q->la, A.data, q->lb, &zero, C.data, q->lc, C.data, q->lc, &q->algo,
+                        l->workspace, HIR__CUDA_WORKSPACE, l->stream);
+  if (st == CUBLAS_STATUS_SUCCESS) return HIR_OK;
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return HIR_ERR_UNSUPPORTED;
   return hir__cuda_fail(b, "cublasLtMatmul (bias epilogue)", cublasGetStatusString(st), __FILE__, __LINE__);
 }
 
@@ -8021,7 +8064,7 @@ struct hir_evaluator {
   void *epoch;                  /* a timing event passed at host time epoch_us */
   double epoch_us;
   int graph, warm;              /* hir_eval_desc.graph; the current plan has run eagerly (its buffers exist) */
-  hir_tensor *boundary;         /* the user's tensors seen with their split axes (hir_split), inputs then outputs */
+  hir_tensor *boundary;         /* the user's tensors seen with their split axes (hir_split), inputs then outputs; made at create */
   struct hir__graph *graphs;    /* captured runs of the current plan, by their tensors' addresses */
   int ngraphs;
   unsigned long long graph_uses;
@@ -9162,6 +9205,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ok = ok && (ev->shape = (hir__shape *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(hir__shape))) != NULL;
   ok = ok && (ev->blocks = (hir__block *)HIR_MALLOC((size_t)ev->cap_blocks * sizeof(hir__block))) != NULL;
   ok = ok && (ev->key = (int64_t *)HIR_MALLOC(((size_t)ev->key_n + 1) * sizeof(int64_t))) != NULL;
+  ok = ok && (ev->boundary = (hir_tensor *)HIR_MALLOC(((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(hir_tensor))) != NULL;
   if (!ok) return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
   memset(ev->pool, 0, (size_t)ev->nstreams * sizeof(void *));
   memset(ev->pool_ev, 0, (size_t)ev->nstreams * sizeof(void *));
@@ -9427,8 +9471,6 @@ static int hir__unfold_args(hir_evaluator *ev, const hir_tensor **in, int nin, h
   if (!split) return 1;
   ev->status = HIR_OK; /* this run's errors, not the last one's */
   ev->error[0] = '\0';
-  if (!ev->boundary && !(ev->boundary = (hir_tensor *)HIR_MALLOC((size_t)(nin + nout + 1) * sizeof(hir_tensor))))
-    return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory");
   for (i = 0; i < nin; i++)
     if (!hir__unfold(ev, (const hir_tv *)f->inputs.items[i], &(*in)[i], &ev->boundary[i], "input", i)) return 0;
   for (i = 0; i < nout; i++)
@@ -9725,13 +9767,6 @@ static hir_status hir__tune_fail(hir_tuner *t, hir_status s, const char *fmt, ..
   vsnprintf(t->error, sizeof t->error, fmt, ap);
   va_end(ap);
   return s;
-}
-
-static uint64_t hir__fnv(const void *data, size_t n, uint64_t h) {
-  const unsigned char *p = (const unsigned char *)data;
-  size_t i;
-  for (i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
 }
 
 /* "serial", "p2p ring, 2 parts, 4 streams, bounded" (the plan's words), or
