@@ -6290,7 +6290,21 @@ typedef struct hir__cuda_lane {  /* what one stream needs */
   void *workspace;                 /* cuBLAS's, ours: it never allocates in a run (or a graph capture) */
   void *scratch[3];
   size_t scratch_cap[3];
+  void *ones[HIR_DTYPE_COUNT];     /* a vector of ones per dtype, for long sums: filled on this stream */
+  size_t ones_len[HIR_DTYPE_COUNT];
 } hir__cuda_lane;
+
+/* A run never waits on the host for its GPU: a synchronous copy, free or
+   device sync there would wait behind a stream that waits for a peer's
+   signal, and in one process the peer's thread can then wait for a lock the
+   waiting call holds (a deadlock). Buffers a run outgrows are kept until the
+   backend goes (growth doubles, so they add up to less than what is live);
+   ones are filled by the driver's memsets, on the stream that reads them. */
+enum { HIR__CUDA_RETIRED = 64 };
+typedef int (*hir__memset32_fn)(unsigned long long dst, unsigned int value, size_t n, cudaStream_t s);
+typedef int (*hir__memset16_fn)(unsigned long long dst, unsigned short value, size_t n, cudaStream_t s);
+typedef int (*hir__memset2d32_fn)(unsigned long long dst, size_t pitch, unsigned int value, size_t width, size_t height,
+                                  cudaStream_t s);
 
 enum { HIR__CUDA_WORKSPACE = 32 << 20 }; /* cuBLAS's own default on Hopper */
 
@@ -6311,8 +6325,11 @@ typedef struct hir__cuda {
   cublasLtHandle_t lt;
   hir__cuda_lane lanes[HIR__CUDA_LANES];
   int nlanes;
-  size_t ones_len[HIR_DTYPE_COUNT]; /* a vector of ones per dtype, for long sums */
-  void *ones_by_type[HIR_DTYPE_COUNT];
+  void *retired[HIR__CUDA_RETIRED];  /* outgrown buffers, freed with the backend */
+  int nretired;
+  hir__memset32_fn memset32;         /* cuMemsetD32Async, cuMemsetD16Async, cuMemsetD2D32Async */
+  hir__memset16_fn memset16;
+  hir__memset2d32_fn memset2d32;
   int kernels_state;                /* 0: not loaded yet, 1: loaded, -1: failed to load (cuBLAS only) */
   cudaLibrary_t kernels;
   cudaKernel_t sum_kernel[HIR_DTYPE_COUNT]; /* the short-axis sum per dtype, NULL where none */
@@ -6389,16 +6406,28 @@ static hir_status hir__cuda_lane_of(hir_backend *b, void *stream, hir__cuda_lane
   return HIR_OK;
 }
 
+/* A buffer the backend outgrew (see HIR__CUDA_RETIRED); where too many
+   are kept, they go now, after the device is done with them. */
+static void hir__cuda_retire(hir__cuda *c, void *p) {
+  int i;
+  if (!p) return;
+  if (c->nretired == HIR__CUDA_RETIRED) {
+    cudaDeviceSynchronize();
+    for (i = 0; i < c->nretired; i++) cudaFree(c->retired[i]);
+    c->nretired = 0;
+  }
+  c->retired[c->nretired++] = p;
+}
+
 /* Scratch k of a lane, at least `bytes` (grows on first runs only). */
 static hir_status hir__cuda_scratch(hir_backend *b, hir__cuda_lane *l, int k, size_t bytes, void **out) {
   if (l->scratch_cap[k] < bytes) {
-    if (l->scratch[k]) {
-      HIR__CU(b, cudaStreamSynchronize(l->stream));
-      HIR__CU(b, cudaFree(l->scratch[k]));
-      l->scratch[k] = NULL;
-    }
-    HIR__CU(b, cudaMalloc(&l->scratch[k], bytes));
-    l->scratch_cap[k] = bytes;
+    size_t cap = bytes > 2 * l->scratch_cap[k] ? bytes : 2 * l->scratch_cap[k];
+    void *p;
+    HIR__CU(b, cudaMalloc(&p, cap));
+    hir__cuda_retire((hir__cuda *)b->ctx, l->scratch[k]);
+    l->scratch[k] = p;
+    l->scratch_cap[k] = cap;
   }
   *out = l->scratch[k];
   return HIR_OK;
@@ -6410,6 +6439,8 @@ static void hir__cuda_lane_free(hir__cuda_lane *l) {
   if (l->workspace) cudaFree(l->workspace);
   for (k = 0; k < 3; k++)
     if (l->scratch[k]) cudaFree(l->scratch[k]);
+  for (k = 0; k < HIR_DTYPE_COUNT; k++)
+    if (l->ones[k]) cudaFree(l->ones[k]);
 }
 
 static void hir__cuda_destroy(hir_backend *b) {
@@ -6417,8 +6448,7 @@ static void hir__cuda_destroy(hir_backend *b) {
   int i, k;
   cudaSetDevice(c->device);
   for (i = 0; i < c->nlanes; i++) hir__cuda_lane_free(&c->lanes[i]);
-  for (k = 0; k < HIR_DTYPE_COUNT; k++)
-    if (c->ones_by_type[k]) cudaFree(c->ones_by_type[k]);
+  for (k = 0; k < c->nretired; k++) cudaFree(c->retired[k]);
   if (c->kernels_state == 1) cudaLibraryUnload(c->kernels);
   if (c->map_state == 1) cudaLibraryUnload(c->map_library);
   for (k = 0; k < HIR__LT_PLANS; k++) hir__lt_plan_free(&c->lt_plans[k]);
@@ -7033,32 +7063,40 @@ static hir_status hir__cuda_binary(hir_backend *b, void *stream, hir_binary_op o
   return dd.data == dst->data ? HIR_OK : hir__cuda_copy(b, l->stream, dst, &dd);
 }
 
-/* A vector of `n` ones of the dtype (kept, grown). */
-static hir_status hir__cuda_ones(hir_backend *b, hir_dtype dt, int64_t n, void **out) {
+/* A vector of `n` ones of the dtype for lane l, filled on its stream (see
+   HIR__CUDA_RETIRED): 1.0 as 32- or 16-bit words, f64's as zeros with the
+   high word of each element set. */
+static hir_status hir__cuda_ones(hir_backend *b, hir__cuda_lane *l, hir_dtype dt, int64_t n, void **out) {
   hir__cuda *c = (hir__cuda *)b->ctx;
-  if ((int64_t)c->ones_len[dt] < n) {
-    size_t es = hir_dtype_size(dt);
-    char *host = (char *)HIR_MALLOC((size_t)n * es);
-    int64_t i;
-    if (!host) {
-      snprintf(b->error, sizeof b->error, "cuda backend: out of host memory");
-      return HIR_ERR_NOMEM;
+  if ((int64_t)l->ones_len[dt] < n) {
+    size_t len = (size_t)n > 2 * l->ones_len[dt] ? (size_t)n : 2 * l->ones_len[dt], es = hir_dtype_size(dt);
+    unsigned long long p;
+    void *ptr;
+    int r;
+    if (!c->memset32 || !c->memset16 || !c->memset2d32) {
+      snprintf(b->error, sizeof b->error, "cuda backend: a sum over %lld elements needs the driver's cuMemsetD32Async, "
+               "cuMemsetD16Async and cuMemsetD2D32Async, which this driver did not give", (long long)n);
+      return HIR_ERR_BACKEND;
     }
-    for (i = 0; i < n; i++) hir__store(host, dt, i, 1.0);
-    if (c->ones_by_type[dt]) {
-      HIR__CU(b, cudaDeviceSynchronize());
-      cudaFree(c->ones_by_type[dt]);
-      c->ones_by_type[dt] = NULL;
+    HIR__CU(b, cudaMalloc(&ptr, len * es));
+    p = (unsigned long long)(uintptr_t)ptr;
+    if (dt == HIR_F64) { /* little-endian: the high word second */
+      r = cudaMemsetAsync(ptr, 0, len * es, l->stream) != cudaSuccess ? -1 : c->memset2d32(p + 4, 8, 0x3ff00000u, 1, len, l->stream);
+    } else {
+      r = dt == HIR_F32 ? c->memset32(p, 0x3f800000u, len, l->stream)
+                        : c->memset16(p, dt == HIR_F16 ? (unsigned short)0x3c00 : (unsigned short)0x3f80, len, l->stream);
     }
-    if (cudaMalloc(&c->ones_by_type[dt], (size_t)n * es) != cudaSuccess ||
-        cudaMemcpy(c->ones_by_type[dt], host, (size_t)n * es, cudaMemcpyHostToDevice) != cudaSuccess) {
-      HIR_FREE(host);
-      return hir__cuda_fail(b, "allocating the ones vector", "cudaMalloc/cudaMemcpy", __FILE__, __LINE__);
+    if (r != 0) {
+      cudaFree(ptr);
+      cudaGetLastError();
+      snprintf(b->error, sizeof b->error, "cuda backend: filling the ones vector of a sum failed (CUresult %d)", r);
+      return HIR_ERR_BACKEND;
     }
-    HIR_FREE(host);
-    c->ones_len[dt] = (size_t)n;
+    hir__cuda_retire(c, l->ones[dt]);
+    l->ones[dt] = ptr;
+    l->ones_len[dt] = len;
   }
-  *out = c->ones_by_type[dt];
+  *out = l->ones[dt];
   return HIR_OK;
 }
 
@@ -7201,7 +7239,7 @@ static hir_status hir__cuda_sum(hir_backend *b, void *stream, const hir_tensor *
     if (hir__cuda_sum_kernel(b, l->stream, next.data, cur.data, src->dtype, O, R, I, &st)) {
       if (st != HIR_OK) return st;
     } else {
-      if ((st = hir__cuda_ones(b, src->dtype, R, &ones)) != HIR_OK) return st;
+      if ((st = hir__cuda_ones(b, l, src->dtype, R, &ones)) != HIR_OK) return st;
       /* column-major: C[I x 1] = A[I x R] (ld I) x ones[R x 1], batched over O */
       HIR__BLAS(b, cublasGemmStridedBatchedEx(l->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)I, 1, (int)R, one, cur.data, t, (int)I,
                                               (long long)(R * I), ones, t, (int)R, 0, zero, next.data, t, (int)I, (long long)I,
@@ -7430,6 +7468,19 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   b->graph_end = hir__cuda_graph_end;
   b->graph_launch = hir__cuda_graph_launch;
   b->graph_destroy = hir__cuda_graph_destroy;
+  { /* the driver's memsets, for the ones of long sums (hir__cuda_ones says if they are missing) */
+    enum cudaDriverEntryPointQueryResult found;
+    void *fn[3] = {NULL, NULL, NULL};
+    const char *names[3] = {"cuMemsetD32Async", "cuMemsetD16Async", "cuMemsetD2D32Async"};
+    int k;
+    for (k = 0; k < 3; k++)
+      if (cudaGetDriverEntryPointByVersion(names[k], &fn[k], 12000, cudaEnableDefault, &found) != cudaSuccess ||
+          found != cudaDriverEntryPointSuccess)
+        fn[k] = NULL, cudaGetLastError();
+    memcpy(&c->memset32, &fn[0], sizeof fn[0]); /* ISO C has no cast from void * to a function */
+    memcpy(&c->memset16, &fn[1], sizeof fn[1]);
+    memcpy(&c->memset2d32, &fn[2], sizeof fn[2]);
+  }
   { /* the caller's lane and our kernels now, so that the first run does not stall on them (a failure shows at the first op) */
     hir__cuda_lane *l;
     hir__cuda_lane_of(b, NULL, &l);

@@ -78,7 +78,7 @@ typedef struct hir_nccl_world hir_nccl_world;
 HIRDEF hir_status  hir_nccl_world_create(int nranks, hir_nccl_world **out);
 HIRDEF hir_comm   *hir_nccl_world_comm(hir_nccl_world *w, int rank);  /* owned by the world */
 HIRDEF const char *hir_nccl_world_error(const hir_nccl_world *w);
-HIRDEF void        hir_nccl_world_free(hir_nccl_world *w);
+HIRDEF void        hir_nccl_world_free(hir_nccl_world *w);  /* after the evaluators (see hir_nccl_comm_free) */
 /* Send/recv between the world's ranks on the GPUs' copy engines
    (cudaMemcpyPeerAsync over NVLink) instead of NCCL's kernels, which wait
    for SMs while a GEMM holds them all; collectives stay on NCCL. Off by
@@ -118,6 +118,8 @@ HIRDEF hir_status hir_nccl_comm_from_nccl(ncclComm_t comm, int timeout_ms, hir_c
    1 when every peer shares the host). Switch it on every rank alike, while
    no rank runs a program: HIR_ERR_UNSUPPORTED where it could not be set up. */
 HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable);
+/* Free the evaluators that use a communicator first: after a failure NCCL
+   frees it only once the CUDA graphs that captured it are gone. */
 HIRDEF void       hir_nccl_comm_free(hir_comm *c);
 
 #ifdef __cplusplus
@@ -990,7 +992,7 @@ typedef struct hir_nccl__ce_box {    /* the receives rank `to` posts for sender 
 } hir_nccl__ce_box;
 
 typedef struct hir_nccl__ce_export {
-  unsigned long long buffer_id, bytes;
+  unsigned long long buffer_id, bytes, start; /* start: the allocation's address in its process */
   cudaIpcMemHandle_t handle;
 } hir_nccl__ce_export;
 
@@ -1004,7 +1006,7 @@ typedef struct hir_nccl__ce_head {
 } hir_nccl__ce_head;
 
 typedef struct hir_nccl__ce_import {
-  unsigned long long buffer_id;
+  unsigned long long buffer_id, start, bytes; /* start, bytes: the allocation's in the peer's process */
   void *base;
 } hir_nccl__ce_import;
 
@@ -1287,6 +1289,7 @@ static int hir_nccl__ce_export_of(hir_nccl__ce *ce, void *buf, hir_nccl__ce_slot
     }
     ex[pick].buffer_id = id;
     ex[pick].bytes = size;
+    ex[pick].start = (unsigned long long)start;
     i = pick;
   }
   ce->export_used[i] = ce->uses;
@@ -1298,12 +1301,16 @@ static int hir_nccl__ce_export_of(hir_nccl__ce *ce, void *buf, hir_nccl__ce_slot
 
 /* Where a post's bytes go, in this process: the peer's allocation, mapped
    once (a mapping the peer replaced is closed once this rank's copies into
-   it are done). */
+   it are done). CUDA refuses to map what looks mapped already ("resource
+   already mapped"): an allocation the peer exports again under another
+   index keeps its mapping, and one the peer freed, whose addresses a new
+   allocation took, is closed first. */
 static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_slot *slot, double deadline, char *err,
                                  size_t cap) {
   hir_nccl__ce_import *im;
   const hir_nccl__ce_export *ex;
   cudaError_t e;
+  int k;
   if (!slot->buffer_id) return (void *)(uintptr_t)slot->offset;
   if (slot->export_index < 0 || slot->export_index >= HIR_NCCL__CE_EXPORTS) {
     snprintf(err, cap, "a post names export %d (hostir bug)", slot->export_index);
@@ -1325,13 +1332,29 @@ static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_
       im->base = NULL;
       im->buffer_id = 0;
     }
-    if ((e = cudaIpcOpenMemHandle(&im->base, ex->handle, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
+    for (k = 0; k < HIR_NCCL__CE_EXPORTS; k++) {
+      hir_nccl__ce_import *held = &ce->imports[peer * HIR_NCCL__CE_EXPORTS + k];
+      if (held == im || !held->base || held->start >= ex->start + ex->bytes || ex->start >= held->start + held->bytes) continue;
+      if (held->buffer_id == slot->buffer_id) {
+        im->base = held->base;
+      } else if (!hir_nccl__ce_drain(ce, deadline)) {
+        snprintf(err, cap, "the copy stream stayed busy while a mapping was replaced");
+        return NULL;
+      } else {
+        cudaIpcCloseMemHandle(held->base);
+      }
+      held->base = NULL;
+      held->buffer_id = 0;
+    }
+    if (!im->base && (e = cudaIpcOpenMemHandle(&im->base, ex->handle, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
       cudaGetLastError();
       im->base = NULL;
       snprintf(err, cap, "cudaIpcOpenMemHandle of a peer's buffer: %s", cudaGetErrorString(e));
       return NULL;
     }
     im->buffer_id = slot->buffer_id;
+    im->start = ex->start;
+    im->bytes = ex->bytes;
   }
   return (unsigned char *)im->base + slot->offset;
 }
@@ -1376,6 +1399,7 @@ typedef struct hir_nccl__rank {
   int borrowed;                 /* the world communicator is the caller's: never aborted or destroyed here */
   int device, timeout_ms, aborted;
   int told;                     /* another rank's failure ended this one's communication */
+  char why[HIR_NCCL__VALUE_BYTES]; /* what ended it (aborted) */
   double next_look_ms;          /* processes: when to look for an abort note in rank 0's store next */
   hir_nccl__team world_team;    /* the team of every rank in order: the world itself */
   hir_nccl__team *teams;
@@ -1410,12 +1434,25 @@ static ncclConfig_t hir_nccl__config(void) {
   return config;
 }
 
-static void hir_nccl__abort_comms(hir_nccl__rank *nc) {
+/* Stops this rank's NCCL work for good. ncclCommAbort waits until every
+   CUDA graph that captured the communicator is destroyed, and those graphs
+   belong to evaluators that are still running: so where NCCL can revoke
+   (2.28+), the work in flight is revoked now and the communicators aborted
+   when they are freed (after the evaluators); else aborted now. */
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#define HIR_NCCL__STOP(comm) ncclCommRevoke((comm), NCCL_REVOKE_DEFAULT)
+#define HIR_NCCL__REVOKED 1
+#else
+#define HIR_NCCL__STOP(comm) ncclCommAbort(comm)
+#define HIR_NCCL__REVOKED 0
+#endif
+static void hir_nccl__abort_comms(hir_nccl__rank *nc, const char *why) {
   hir_nccl__team *t;
   if (nc->aborted) return;
   nc->aborted = 1;
-  for (t = nc->teams; t; t = t->next) ncclCommAbort(t->comm);
-  if (nc->world && !nc->borrowed) ncclCommAbort(nc->world);
+  snprintf(nc->why, sizeof nc->why, "%s", why);
+  for (t = nc->teams; t; t = t->next) HIR_NCCL__STOP(t->comm);
+  if (nc->world && !nc->borrowed) HIR_NCCL__STOP(nc->world);
   hir_nccl__ce_release(&nc->ce);
 }
 
@@ -1441,7 +1478,7 @@ static void hir_nccl__abort(hir_comm *c) {
     }
     nc->told = 1;
   }
-  hir_nccl__abort_comms(nc);
+  hir_nccl__abort_comms(nc, c->error[0] ? c->error : "aborted by its caller");
 }
 
 /* Whether another rank's note ended the world; if so this rank's
@@ -1469,7 +1506,7 @@ static int hir_nccl__told(hir_comm *c) {
   }
   if (!note[0]) return 0;
   nc->told = 1;
-  hir_nccl__abort_comms(nc);
+  hir_nccl__abort_comms(nc, note);
   snprintf(c->error, sizeof c->error, "hostir_nccl: rank %d stopped: the world was aborted: %.440s", c->rank, note);
   return 1;
 }
@@ -1530,6 +1567,16 @@ static hir_status hir_nccl__check(hir_comm *c, ncclResult_t r, const char *what,
   return HIR_ERR_COMM;
 }
 #define HIR_NCCL__CHECK(c, call) hir_nccl__check(c, (call), #call, __LINE__)
+
+/* After an abort this rank's communicators are gone: every later call is
+   refused, saying what ended them, instead of reaching NCCL. */
+static int hir_nccl__ended(hir_comm *c) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  if (!nc->aborted) return 0;
+  snprintf(c->error, sizeof c->error, "hostir_nccl: rank %d's communicator was aborted by an earlier failure and runs "
+           "nothing more (free it and make a new one on every rank): %.300s", c->rank, nc->why);
+  return 1;
+}
 
 static hir_status hir_nccl__init_comm(hir_comm *c, ncclComm_t *comm, int n, ncclUniqueId id, int me) {
   ncclConfig_t config = hir_nccl__config();
@@ -1658,6 +1705,7 @@ static hir_status hir_nccl__make_team(hir_comm *c, const int *devices, int n, vo
   ncclUniqueId id;
   hir_status s;
   int i, me = -1, whole = n == c->size;
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   for (i = 0; i < n; i++) {
     if (devices[i] < 0 || devices[i] >= c->size) {
       snprintf(c->error, sizeof c->error, "hostir_nccl: device %d of a team is outside the world of %d ranks", devices[i], c->size);
@@ -1708,18 +1756,21 @@ static hir_status hir_nccl__root(hir_comm *c, const hir_nccl__team *t, int root,
 
 static hir_status hir_nccl__allgather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, void *stream) {
   hir_nccl__team *t = (hir_nccl__team *)team;
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   return HIR_NCCL__CHECK(c, ncclAllGather(send, recv, bytes, ncclUint8, t->comm, (cudaStream_t)stream));
 }
 
 static hir_status hir_nccl__allreduce(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
                                       void *stream) {
   hir_nccl__team *t = (hir_nccl__team *)team;
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   return HIR_NCCL__CHECK(c, ncclAllReduce(send, recv, count, hir_nccl__type(dt), ncclSum, t->comm, (cudaStream_t)stream));
 }
 
 static hir_status hir_nccl__reduce_scatter(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
                                            void *stream) {
   hir_nccl__team *t = (hir_nccl__team *)team;
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   return HIR_NCCL__CHECK(c, ncclReduceScatter(send, recv, count, hir_nccl__type(dt), ncclSum, t->comm, (cudaStream_t)stream));
 }
 
@@ -1730,6 +1781,7 @@ static hir_status hir_nccl__reduce(hir_comm *c, void *team, const void *send, vo
   size_t bytes = count * hir_dtype_size(dt);
   hir_status s;
   int r;
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
   if (!send) { /* a root that holds no data contributes zeros */
     if (nc->zeros_cap < bytes) {
@@ -1758,6 +1810,7 @@ static hir_status hir_nccl__broadcast(hir_comm *c, void *team, const void *send,
   hir_nccl__team *t = (hir_nccl__team *)team;
   hir_status s;
   int r;
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
   if (!recv) recv = (void *)send; /* the root need not keep a copy */
   return HIR_NCCL__CHECK(c, ncclBroadcast(send, recv, bytes, ncclUint8, r, t->comm, (cudaStream_t)stream));
@@ -1770,6 +1823,7 @@ static hir_status hir_nccl__gather(hir_comm *c, void *team, const void *send, vo
   hir_status s;
   int r, i;
   size_t at = 0;
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
   if (t->me != r) return HIR_NCCL__CHECK(c, ncclSend(send, bytes, ncclUint8, r, t->comm, st));
   if ((s = HIR_NCCL__CHECK(c, ncclGroupStart())) != HIR_OK) return s;
@@ -1790,6 +1844,7 @@ static hir_status hir_nccl__scatter(hir_comm *c, void *team, const void *send, v
   cudaStream_t st = (cudaStream_t)stream;
   hir_status s;
   int r, i;
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
   if (t->me != r) return HIR_NCCL__CHECK(c, ncclRecv(recv, bytes, ncclUint8, r, t->comm, st));
   if ((s = HIR_NCCL__CHECK(c, ncclGroupStart())) != HIR_OK) return s;
@@ -1979,22 +2034,26 @@ static hir_status hir_nccl__ce_queue(hir_comm *c, int send, const void *buf, siz
 }
 
 static hir_status hir_nccl__send(hir_comm *c, const void *buf, size_t bytes, int peer, void *stream) {
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if (hir_nccl__ce_peer(c, peer)) return hir_nccl__ce_queue(c, 1, buf, bytes, peer, stream);
   return HIR_NCCL__CHECK(c, ncclSend(buf, bytes, ncclUint8, peer, hir_nccl__of(c)->world, (cudaStream_t)stream));
 }
 static hir_status hir_nccl__recv(hir_comm *c, void *buf, size_t bytes, int peer, void *stream) {
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if (hir_nccl__ce_peer(c, peer)) return hir_nccl__ce_queue(c, 0, buf, bytes, peer, stream);
   return HIR_NCCL__CHECK(c, ncclRecv(buf, bytes, ncclUint8, peer, hir_nccl__of(c)->world, (cudaStream_t)stream));
 }
 static hir_status hir_nccl__group_start(hir_comm *c) {
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   hir_nccl__of(c)->ce_group++;
   return HIR_NCCL__CHECK(c, ncclGroupStart());
 }
 static hir_status hir_nccl__group_end(hir_comm *c) { /* the copies of the outermost group, then NCCL's */
   hir_nccl__rank *nc = hir_nccl__of(c);
   hir_status s = HIR_OK;
+  if (nc->ce_group == 0 && hir_nccl__ended(c)) return HIR_ERR_COMM; /* its start was refused: no group is open */
   if (nc->ce_group > 0 && --nc->ce_group == 0 && nc->ce_nops) {
-    s = hir_nccl__ce_run(c, nc->ce_ops, nc->ce_nops);
+    s = hir_nccl__ended(c) ? HIR_ERR_COMM : hir_nccl__ce_run(c, nc->ce_ops, nc->ce_nops);
     nc->ce_nops = 0;
   }
   return s == HIR_OK ? HIR_NCCL__CHECK(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
@@ -2079,10 +2138,12 @@ static void hir_nccl__release(hir_nccl__rank *nc) {
     hir_nccl__team *t = nc->teams;
     nc->teams = t->next;
     if (!nc->aborted) ncclCommDestroy(t->comm);
+    else if (HIR_NCCL__REVOKED) ncclCommAbort(t->comm);
     free(t->devices);
     free(t);
   }
-  if (nc->world && !nc->aborted && !nc->borrowed) ncclCommDestroy(nc->world);
+  if (nc->world && !nc->borrowed && !nc->aborted) ncclCommDestroy(nc->world);
+  else if (nc->world && !nc->borrowed && HIR_NCCL__REVOKED) ncclCommAbort(nc->world);
   if (nc->zeros) cudaFree(nc->zeros);
   hir_nccl__ce_detach(&nc->ce, 1);
   free(nc->world_team.devices);
@@ -2198,10 +2259,44 @@ static hir_status hir_nccl__join(hir_nccl__rank *nc) {
   return HIR_OK;
 }
 
+/* ncclCommInitAll, but nonblocking like every communicator of ours (a
+   blocking one would hold a rank inside ncclGroupEnd while it connects to a
+   peer that failed): one rank per GPU 0..n-1, in one group, each ready or
+   failed within a minute. */
+static int hir_nccl__init_all(ncclComm_t *comms, int n, char *err, size_t cap) {
+  ncclConfig_t config = hir_nccl__config();
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id), q, state;
+  double deadline = hir_nccl__wall_ms() + 60000;
+  int i, current = 0;
+  cudaGetDevice(&current);
+  if (r == ncclSuccess) r = ncclGroupStart();
+  for (i = 0; i < n && r == ncclSuccess; i++) {
+    cudaSetDevice(i);
+    r = ncclCommInitRankConfig(&comms[i], n, id, i, &config);
+    if (r == ncclInProgress) r = ncclSuccess;
+  }
+  q = ncclGroupEnd();
+  if (r == ncclSuccess && q != ncclInProgress) r = q;
+  for (i = 0; i < n && r == ncclSuccess; i++) {
+    while ((q = ncclCommGetAsyncError(comms[i], &state)) == ncclSuccess && state == ncclInProgress &&
+           hir_nccl__wall_ms() < deadline)
+      hir_nccl__sleep_ms(1);
+    r = q != ncclSuccess ? q : state;
+  }
+  cudaSetDevice(current);
+  if (r == ncclSuccess) return 1;
+  for (i = 0; i < n; i++)
+    if (comms[i]) ncclCommAbort(comms[i]), comms[i] = NULL;
+  snprintf(err, cap, "hir_nccl_world_create: NCCL's communicators over %d GPUs %s", n,
+           r == ncclInProgress ? "were not ready after 60 s" : ncclGetErrorString(r));
+  return 0;
+}
+
 HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
   hir_nccl_world *w;
   ncclComm_t *comms;
-  int *devs, i, ndev = 0;
+  int i, ndev = 0;
   hir_status s = HIR_OK;
   if (!out) return HIR_ERR_INVALID;
   if (!(w = *out = (hir_nccl_world *)calloc(1, sizeof *w))) return HIR_ERR_NOMEM;
@@ -2211,19 +2306,13 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
     return HIR_ERR_INVALID;
   }
   comms = (ncclComm_t *)calloc((size_t)nranks, sizeof *comms);
-  devs = (int *)calloc((size_t)nranks, sizeof *devs);
   w->ranks = (hir_nccl__rank *)calloc((size_t)nranks, sizeof *w->ranks);
-  if (!comms || !devs || !w->ranks) {
+  if (!comms || !w->ranks) {
     free(comms);
-    free(devs);
     snprintf(w->error, sizeof w->error, "hir_nccl_world_create: out of memory");
     return HIR_ERR_NOMEM;
   }
-  for (i = 0; i < nranks; i++) devs[i] = i;
-  if (ncclCommInitAll(comms, nranks, devs) != ncclSuccess) {
-    snprintf(w->error, sizeof w->error, "hir_nccl_world_create: ncclCommInitAll over %d GPUs failed", nranks);
-    s = HIR_ERR_COMM;
-  }
+  if (!hir_nccl__init_all(comms, nranks, w->error, sizeof w->error)) s = HIR_ERR_COMM;
   for (i = 0; i < nranks && s == HIR_OK; i++) {
     hir_nccl__init(&w->ranks[i], i, nranks, i);
     w->ranks[i].world = comms[i];
@@ -2232,7 +2321,6 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
   }
   w->n = s == HIR_OK ? nranks : 0;
   free(comms);
-  free(devs);
   /* the copy engines' block, in pinned memory every GPU maps; without it
      hir_nccl_world_set_copy_engine leaves send/recv on NCCL */
   if (s == HIR_OK && nranks > 1 && cudaHostAlloc((void **)&w->block, hir_nccl__ce_bytes(nranks),

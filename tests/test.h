@@ -431,6 +431,10 @@ static void run_case(spmd_case *c, const char *name, const char *file, int line)
 /* Runs the registered tests whose mask meets `where` and whose name holds
    `filter` (NULL: all), a line each: "ok" or "FAIL", the name, and with
    show_cases how many SPMD cases it ran. */
+/* The test running now and since when (a watchdog may read them). */
+static const char *volatile hir_test_running;
+static volatile int hir_test_serial;
+
 static void hir_run_tests(unsigned where, const char *filter, const char *prefix, int show_cases, int *passed, int *failed) {
   int i;
   for (i = 0; i < hir_ntests; i++) {
@@ -438,7 +442,10 @@ static void hir_run_tests(unsigned where, const char *filter, const char *prefix
     int before = cases_run;
     if (!(t->where & where) || (filter && !strstr(t->name, filter))) continue;
     hir_test_failures = 0;
+    hir_test_running = t->name;
+    hir_test_serial++;
     t->fn();
+    hir_test_running = NULL;
     printf("%s%s %s", prefix, hir_test_failures ? "FAIL" : "ok  ", t->name);
     if (show_cases) printf(" (%d cases run)", cases_run - before);
     printf("\n");

@@ -108,14 +108,18 @@ def main():
         own = torch.utils.dlpack.from_dlpack(capsule_new(managed, DLTENSOR, None))
         same_memory = own.data_ptr() == ctypes.c_void_p.from_address(managed).value  # DLTensor.data comes first
         err_own = ((own.reshape(M, N).double() - ref).abs().max() / scale).item()
-        # 3. a wrong dtype is refused by name, before anything runs
-        c64, p64 = dl(a.double())
-        refused = lib.hx_run(h, p64, pb, pc) != 0
-        why = lib.hx_error(h).decode()
-        ok &= err_in < tol and err_own < tol and same_memory and own.shape == (world, m, N) and refused and "input 0" in why and "double" in why
-        report.append("%s: max |C - torch| / max |C| = %.1e written into torch's tensor, %.1e in hostir's own (%s); "
-                      "a float64 A: \"%s\"" % (str(dtype)[6:], err_in, err_own, "no copy" if same_memory else "COPIED", why))
-        del own, managed, ca, cb, cc_, c64  # before hostir's buffer goes with the next program
+        ok &= err_in < tol and err_own < tol and same_memory and own.shape == (world, m, N)
+        report.append("%s: max |C - torch| / max |C| = %.1e written into torch's tensor, %.1e in hostir's own (%s)"
+                      % (str(dtype)[6:], err_in, err_own, "no copy" if same_memory else "COPIED"))
+        del own, managed, ca, cb, cc_  # before hostir's buffer goes with the next program
+    # 3. a wrong dtype is refused by name on every rank. A refused run ends the
+    # communicator (a peer that did not refuse would otherwise wait for this
+    # rank), so it comes last: a program after it would need a new one.
+    (ca, pa), (cb, pb), (cc_, pc) = dl(a.double()), dl(b), dl(c)
+    refused = lib.hx_run(h, pa, pb, pc) != 0
+    why = lib.hx_error(h).decode()
+    ok &= refused and "input 0" in why and "double" in why
+    report.append("a float64 A: \"%s\"" % why)
     lib.hx_free(h)
     dist.destroy_process_group()
     print("rank %d of %d (GPU %d): %s %s" % (rank, world, gpu, "ok" if ok else "FAILED", "\n    ".join([""] + report)))

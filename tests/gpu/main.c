@@ -3,6 +3,7 @@
    process with a thread per GPU, or (with --processes, under torchrun,
    mpirun or srun) one process per GPU. The cases are the CPU suite's, on
    another platform. The last line is "N passed, N failed". */
+#define _GNU_SOURCE /* syscall, tgkill: the hang watchdog */
 #ifndef HOSTIR_CUDA
 #define HOSTIR_CUDA
 #endif
@@ -10,6 +11,10 @@
 #define HOSTIR_NCCL_IMPLEMENTATION
 #include "../../hostir_nccl.h"
 #include "../test.h"
+#include <dirent.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1039,6 +1044,36 @@ static int ce_pair_dead_peer(int rank) {
   return ok && dt < 2000;
 }
 
+/* Rank 1 receives into a new allocation each round, freeing the last one
+   first (CUDA hands the same addresses out again): rank 0 must map each
+   anew, not fail with "resource already mapped" on the freed one's
+   mapping, and the values must be each round's. */
+static int ce_pair_remapped(int rank) {
+  enum { N = 1 << 18, ROUNDS = 4 };
+  float *host = (float *)malloc((size_t)N * 4);
+  int round, i, ok = host != NULL;
+  for (round = 0; round < ROUNDS && ok; round++) {
+    void *buf = NULL;
+    for (i = 0; i < N; i++) host[i] = rank == 0 ? (float)(i % 977) + 1000.0f * (float)round : -1.0f;
+    ok = cudaMalloc(&buf, (size_t)N * 4) == cudaSuccess && cudaMemcpy(buf, host, (size_t)N * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+    ok = ok && mp_comm->group_start(mp_comm) == HIR_OK &&
+         (rank == 0 ? mp_comm->send(mp_comm, buf, (size_t)N * 4, 1, NULL) : mp_comm->recv(mp_comm, buf, (size_t)N * 4, 0, NULL)) ==
+             HIR_OK &&
+         mp_comm->group_end(mp_comm) == HIR_OK;
+    if (!ok) printf("rank%d: FAIL round %d of remapped receives: %s\n", rank, round, mp_comm->error);
+    ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaMemcpy(host, buf, (size_t)N * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+    for (i = 0; rank == 1 && ok && i < N; i++)
+      if (host[i] != (float)(i % 977) + 1000.0f * (float)round) {
+        printf("rank1: FAIL round %d of remapped receives: element %d is %g\n", round, i, host[i]);
+        ok = 0;
+      }
+    cudaFree(buf);
+  }
+  printf("rank%d: %s remapped receives (%d rounds, a new allocation each)\n", rank, ok ? "ok  " : "FAIL", ROUNDS);
+  free(host);
+  return ok;
+}
+
 static int ce_pair_child(int rank, const char *name, int dead, int *passed, int *failed) {
   static test_platform pair = {"cuda copy engines, 2 processes on GPU 0", 2, 2, mp_world, gpu_world_keep, mp_comm_of,
                                mp_backend, mp_run, 1, 0};
@@ -1054,6 +1089,8 @@ static int ce_pair_child(int rank, const char *name, int dead, int *passed, int 
   if (dead) return ce_pair_dead_peer(rank);
   platform = &pair;
   hir_run_tests(TEST_GPU_WORLDS, "stream/numbers", prefix, 1, passed, failed);
+  if (ce_pair_remapped(rank)) ++*passed;
+  else ++*failed;
   hir_nccl_comm_free(mp_comm);
   return *failed == 0 && *passed > 0;
 }
@@ -1089,6 +1126,56 @@ static int ce_pair(int dead) {
   return ok;
 }
 
+/* A test that runs past HOSTIR_TEST_HANG_S seconds (default 240) is a hang:
+   every thread of the process prints its stack to stderr (resolve the
+   "test-gpu(+0x...)" frames with addr2line -e build/test-gpu), then the
+   process ends with status 3, so a stage's log names the test and where it
+   waits instead of a silent timeout. */
+static void hang_dump_thread(int sig) {
+  void *frames[48];
+  char head[64];
+  int n = backtrace(frames, 48), len = snprintf(head, sizeof head, "-- thread %ld:\n", (long)syscall(SYS_gettid));
+  (void)sig;
+  if (write(2, head, (size_t)len) < 0) return;
+  backtrace_symbols_fd(frames, n, 2);
+}
+
+static void *hang_watchdog(void *arg) {
+  double limit_ms = *(double *)arg, since = hir__now_ms();
+  int serial = -1;
+  for (;;) {
+    hir_nccl__sleep_ms(500);
+    if (hir_test_serial != serial || !hir_test_running) {
+      serial = hir_test_serial, since = hir__now_ms();
+      continue;
+    }
+    if (hir__now_ms() - since > limit_ms) {
+      DIR *tasks = opendir("/proc/self/task");
+      struct dirent *e;
+      fprintf(stderr, "HANG %s: still running after %.0f s; the stacks of this process's threads:\n", hir_test_running,
+              limit_ms / 1000);
+      signal(SIGUSR2, hang_dump_thread);
+      while (tasks && (e = readdir(tasks))) {
+        long tid = atol(e->d_name);
+        if (tid > 0 && tid != (long)syscall(SYS_gettid)) syscall(SYS_tgkill, (long)getpid(), tid, SIGUSR2), hir_nccl__sleep_ms(50);
+      }
+      if (tasks) closedir(tasks);
+      printf("FAIL %s: hung\n", hir_test_running);
+      fflush(stdout);
+      _exit(3);
+    }
+  }
+  return NULL;
+}
+
+static void hang_watchdog_start(void) {
+  static double limit_ms;
+  const char *v = getenv("HOSTIR_TEST_HANG_S");
+  pthread_t t;
+  limit_ms = 1000.0 * (v && atof(v) > 0 ? atof(v) : 240);
+  if (pthread_create(&t, NULL, hang_watchdog, &limit_ms) == 0) pthread_detach(t);
+}
+
 int main(int argc, char **argv) {
   int ngpu = 0, passed = 0, failed = 0, i;
   int processes = argc > 1 && !strcmp(argv[1], "--processes");
@@ -1099,11 +1186,13 @@ int main(int argc, char **argv) {
   static test_platform mp = {"cuda+nccl processes", 1, 1, mp_world, gpu_world_keep, mp_comm_of, mp_backend, mp_run, 0, 0};
   static test_platform graphs = {"cuda+nccl threads, CUDA graphs", 1, 1, gpu_world_create, gpu_world_keep, gpu_comm, gpu_backend,
                                  hir_spmd, 0, 1};
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a stage's log shows each test as it ends, also under a pipe */
   if (argc > 1 && !strcmp(argv[1], "--ce-pair")) { /* before CUDA is touched: the ranks are forked */
     int ok = ce_pair(argc > 2 && !strcmp(argv[2], "--dead-peer"));
     printf("%d passed, %d failed\n", ok, !ok);
     return ok ? 0 : 1;
   }
+  hang_watchdog_start();
   if (cudaGetDeviceCount(&ngpu) != cudaSuccess || ngpu < 1) {
     printf("test-gpu: no GPU visible\n0 passed, 1 failed\n");
     return 1;
@@ -1119,6 +1208,7 @@ int main(int argc, char **argv) {
     printf("test-gpu: the same programs as CUDA graphs\n");
     hir_run_tests(TEST_GPU_WORLDS, filter ? filter : "stream/numbers", "graph ", 1, &passed, &failed);
     if (!filter) hir_run_tests(TEST_GPU_WORLDS, "eval/", "graph ", 1, &passed, &failed);
+    platform = &gpu;
     hir_run_tests(TEST_GPU_THREADS, filter, "", 1, &passed, &failed);
     for (i = 0; i <= MAXR; i++) hir_nccl_world_free(gpu_worlds[i]);
   } else {
@@ -1156,7 +1246,9 @@ int main(int argc, char **argv) {
       return 1;
     }
     if (dead || dead_replay) { /* rank 1 leaves; rank 0 must not hang */
-      int ok = (mp_env.rank != 0 && !dead_replay) || dead_peer(dead_replay);
+      int ok;
+      hir_test_running = dead_replay ? "--dead-peer-replay" : "--dead-peer", hir_test_serial++;
+      ok = (mp_env.rank != 0 && !dead_replay) || dead_peer(dead_replay);
       printf("%s%d passed, %d failed\n", prefix, ok, !ok);
       if (mp_env.rank == 0) _exit(ok ? 0 : 1); /* the aborted world is not torn down */
       _exit(0);
