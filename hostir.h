@@ -193,6 +193,8 @@ typedef enum hir_binary_op { HIR_BINARY_OP_LIST(HIR__BINARY_ENUM) HIR_BINARY_COU
   X(HIR_UNARY_SIGMOID, "sigmoid", 0, HIR_C(1) / (HIR_C(1) + exp(-x)))                                \
   X(HIR_UNARY_SILU, "silu", 0, x / (HIR_C(1) + exp(-x)))                                             \
   X(HIR_UNARY_GELU, "gelu", 0, HIR_C(0.5) * x * (HIR_C(1) + erf(x * HIR_C(0.70710678118654752440)))) \
+  X(HIR_UNARY_GELU_TANH, "gelu_tanh", 0,                                                             \
+    HIR_C(0.5) * x * (HIR_C(1) + tanh(HIR_C(0.79788456080286535588) * (x + HIR_C(0.044715) * x * x * x))))  \
   X(HIR_UNARY_CAST, "cast", 0, x)                                                                    \
   X(HIR_UNARY_ADD_SCALAR, "+", 0, x + s)                                                             \
   X(HIR_UNARY_SUB_SCALAR, "-", 0, x - s)                                                             \

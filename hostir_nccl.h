@@ -1407,6 +1407,8 @@ typedef struct hir_nccl__rank {
   hir_nccl__store store;        /* one process per GPU: rank 0's store */
   void *zeros;                  /* what a reduce root without data contributes */
   size_t zeros_cap;
+  void *zeros_old[16];          /* outgrown, kept: a run never frees (see HIR__CUDA_RETIRED) */
+  int nzeros_old;
 } hir_nccl__rank;
 
 struct hir_nccl_world {
@@ -1785,17 +1787,22 @@ static hir_status hir_nccl__reduce(hir_comm *c, void *team, const void *send, vo
   if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
   if (!send) { /* a root that holds no data contributes zeros */
     if (nc->zeros_cap < bytes) {
-      if (nc->zeros) {
-        cudaStreamSynchronize((cudaStream_t)stream);
-        cudaFree(nc->zeros);
-        nc->zeros = NULL;
-        nc->zeros_cap = 0;
-      }
-      if (cudaMalloc(&nc->zeros, bytes) != cudaSuccess) {
-        snprintf(c->error, sizeof c->error, "hostir_nccl: cudaMalloc of %zu bytes for a reduce failed", bytes);
+      size_t cap = bytes > 2 * nc->zeros_cap ? bytes : 2 * nc->zeros_cap;
+      void *p;
+      int i;
+      if (cudaMalloc(&p, cap) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(c->error, sizeof c->error, "hostir_nccl: cudaMalloc of %zu bytes for a reduce failed", cap);
         return HIR_ERR_NOMEM;
       }
-      nc->zeros_cap = bytes;
+      if (nc->nzeros_old == 16) { /* growth doubles: not seen in practice */
+        cudaDeviceSynchronize();
+        for (i = 0; i < 16; i++) cudaFree(nc->zeros_old[i]);
+        nc->nzeros_old = 0;
+      }
+      if (nc->zeros) nc->zeros_old[nc->nzeros_old++] = nc->zeros;
+      nc->zeros = p;
+      nc->zeros_cap = cap;
     }
     if (cudaMemsetAsync(nc->zeros, 0, bytes, (cudaStream_t)stream) != cudaSuccess) {
       snprintf(c->error, sizeof c->error, "hostir_nccl: cudaMemsetAsync failed");
@@ -2145,6 +2152,7 @@ static void hir_nccl__release(hir_nccl__rank *nc) {
   if (nc->world && !nc->borrowed && !nc->aborted) ncclCommDestroy(nc->world);
   else if (nc->world && !nc->borrowed && HIR_NCCL__REVOKED) ncclCommAbort(nc->world);
   if (nc->zeros) cudaFree(nc->zeros);
+  while (nc->nzeros_old) cudaFree(nc->zeros_old[--nc->nzeros_old]);
   hir_nccl__ce_detach(&nc->ce, 1);
   free(nc->world_team.devices);
 }

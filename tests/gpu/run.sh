@@ -9,7 +9,8 @@
 # hostir driven from PyTorch through DLPack. Under torchrun --standalone the
 # bootstrap port is set (HOSTIR_PORT) below the ephemeral range: the port after
 # torchrun's random one can be taken by a connection. The last line is "N passed,
-# N failed" over these stages.
+# N failed" over these stages. A test that hangs ends its stage within
+# HOSTIR_TEST_HANG_S (default 240) seconds, its threads' stacks printed.
 set -u
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -17,9 +18,10 @@ bin=${TEST_GPU_BIN:-build/test-gpu}
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 passed=0 failed=0
 stage() { # name, command...
-  local name=$1; shift
+  local name=$1 t0=$SECONDS; shift
   echo "== $name"
-  if timeout 900 "$@"; then passed=$((passed + 1)); echo "== $name: ok"; else failed=$((failed + 1)); echo "== $name: FAILED"; fi
+  if timeout 900 "$@"; then passed=$((passed + 1)); echo "== $name: ok ($((SECONDS - t0)) s)"
+  else failed=$((failed + 1)); echo "== $name: FAILED ($((SECONDS - t0)) s)"; fi
 }
 stage "one process, $ngpu GPUs" "$bin"
 stage "copy engines between 2 processes on GPU 0 (CUDA IPC, no NCCL world)" "$bin" --ce-pair
