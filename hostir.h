@@ -293,12 +293,17 @@ HIRDEF hir_tv     *hir_broadcast(hir_fusion *f, hir_tv *in, int ndims_out, const
 HIRDEF hir_tv     *hir_permute(hir_fusion *f, hir_tv *in, const int *perm);
 HIRDEF hir_tv     *hir_transpose(hir_fusion *f, hir_tv *in, int axis0, int axis1);
 /* torch.select: in without `axis`, at `index`; torch's slice with step 1:
-   [start, stop) of `axis` (stop -1: to the end); torch.reshape: `ndims`
+   [start, stop) of `axis` (stop -1: to the end); hir_slice_step is
+   Python's in[start:stop:step] (start, stop < 0 count from the end, stop
+   HIR_END is the end, step >= 1; the range must lie in the axis: it is
+   checked, not clamped, at run time); torch.reshape: `ndims`
    sizes, each a size, 0 for "in's axis at this position, kept" (ONNX's
    convention; a kept DIDx axis stays split) or -1 for the one inferred. A
    split axis that is selected, sliced or reshaped is gathered first. */
 HIRDEF hir_tv     *hir_select(hir_fusion *f, hir_tv *in, int axis, int64_t index);
 HIRDEF hir_tv     *hir_slice(hir_fusion *f, hir_tv *in, int axis, int64_t start, int64_t stop);
+#define HIR_END INT64_MAX
+HIRDEF hir_tv     *hir_slice_step(hir_fusion *f, hir_tv *in, int axis, int64_t start, int64_t stop, int64_t step);
 HIRDEF hir_tv     *hir_reshape(hir_fusion *f, hir_tv *in, int ndims, const int64_t *sizes);
 HIRDEF hir_tv     *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b);
 /* torch.nn.functional.linear: a [..., K] times weight [..., N, K] transposed,
@@ -1029,7 +1034,7 @@ struct hir_expr {
   int parts;              /* AliasSlice: into how many equal parts the axis is cut */
   uint32_t flags;         /* BroadcastOp: bit i set = output axis i is new; MatmulOp, LoadStoreOp: HIR__MATMUL_*, HIR__SET_* */
   unsigned char perm[HIR_MAX_DIMS]; /* LoadStoreOp with HIR__SET_PERMUTE: output axis i is input data axis perm[i] */
-  int64_t params[HIR_MAX_DIMS];     /* SelectOp: index; SliceOp: start, stop (-1: the end); ViewOp: the sizes asked */
+  int64_t params[HIR_MAX_DIMS];     /* SelectOp: index; SliceOp: start, stop, step (hir_slice_step's); ViewOp: the sizes asked */
   int root, team_size;
   const int *team;
   hir_stream *stream;
@@ -1543,27 +1548,51 @@ HIRDEF hir_tv *hir_select(hir_fusion *f, hir_tv *in, int axis, int64_t index) {
   return hir__finish_op(f, e, e->out[0]);
 }
 
-HIRDEF hir_tv *hir_slice(hir_fusion *f, hir_tv *in, int axis, int64_t start, int64_t stop) {
+/* A slice bound as the axis's position: from the end where negative, the
+   extent for HIR_END. */
+static hir_val *hir__slice_bound(hir_fusion *f, hir_val *extent, int64_t at) {
+  if (at == HIR_END) return extent;
+  return at < 0 ? hir__binary_val(f, HIR_SCALAR_ADD, extent, hir__const(f, at)) : hir__const(f, at);
+}
+
+HIRDEF hir_tv *hir_slice_step(hir_fusion *f, hir_tv *in, int axis, int64_t start, int64_t stop, int64_t step) {
   hir_id *ids[HIR_MAX_DIMS];
   hir_expr *e;
-  hir_val *extent;
+  hir_val *from, *to, *extent;
   int i, n, a;
-  if (!hir__live(f) || !hir__check_tv(f, in, "hir_slice", "in")) return NULL;
+  if (!hir__live(f) || !hir__check_tv(f, in, "hir_slice_step", "in")) return NULL;
   n = hir__data_axes(in, ids);
-  if ((a = hir__norm_axis(f, axis, n, "hir_slice", in)) < 0) return NULL;
-  if (start < 0 || (stop != -1 && stop <= start)) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_slice: [%lld, %lld) is not a range; give 0 <= start < stop, or stop = -1 for the end",
-              (long long)start, (long long)stop);
+  if ((a = hir__norm_axis(f, axis, n, "hir_slice_step", in)) < 0) return NULL;
+  if (step < 1 || start == HIR_END || ((start < 0) == (stop < 0 || stop == HIR_END) && stop <= start)) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_slice_step: %lld:%lld:%lld is not a range; give start < stop (negative ones count from the "
+              "end, HIR_END is the end) and step >= 1", (long long)start, (long long)stop, (long long)step);
     return NULL;
   }
-  extent = stop == -1 ? hir__binary_val(f, HIR_SCALAR_SUB, ids[a]->extent, hir__const(f, start)) : hir__const(f, stop - start);
+  /* (stop - start + step - 1) / step elements */
+  from = hir__slice_bound(f, ids[a]->extent, start);
+  to = hir__slice_bound(f, ids[a]->extent, stop);
+  extent = hir__binary_val(f, HIR_SCALAR_SUB, to, from);
+  if (start >= 0 && stop >= 0 && stop != HIR_END) extent = hir__const(f, (stop - start + step - 1) / step);
+  else if (step > 1)
+    extent = hir__binary_val(f, HIR_SCALAR_DIV, hir__binary_val(f, HIR_SCALAR_ADD, extent, hir__const(f, step - 1)),
+                             hir__const(f, step));
   if (!extent || !(e = hir__view_op(f, HIR_EXPR_SLICE, in, n))) return NULL;
   for (i = 0; i < n; i++)
     if (!(e->out[0]->ids[i] = i == a ? hir__new_id(f, extent, HIR_ITERATION, HIR_SERIAL) : hir__clone_id(f, ids[i], 0))) return NULL;
   e->axis = a;
   e->params[0] = start;
   e->params[1] = stop;
+  e->params[2] = step;
   return hir__finish_op(f, e, e->out[0]);
+}
+
+HIRDEF hir_tv *hir_slice(hir_fusion *f, hir_tv *in, int axis, int64_t start, int64_t stop) {
+  if (hir__live(f) && (start < 0 || (stop != -1 && stop <= start))) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_slice: [%lld, %lld) is not a range; give 0 <= start < stop, or stop = -1 for the end",
+              (long long)start, (long long)stop);
+    return NULL;
+  }
+  return hir_slice_step(f, in, axis, start, stop == -1 ? HIR_END : stop, 1);
 }
 
 HIRDEF hir_tv *hir_reshape(hir_fusion *f, hir_tv *in, int ndims, const int64_t *sizes) {
@@ -2826,9 +2855,9 @@ static void hir__print_view_op(hir__writer *w, const hir_expr *e, int ind) {
   hir__emit(w, ", {");
   for (i = 0; i < hir__data_axes(e->in[0], ids); i++) {
     hir__emit(w, " {%lld, ", i == e->axis ? (long long)e->params[0] : 0LL);
-    if (i == e->axis && e->params[1] != -1) hir__emit(w, "%lld", (long long)e->params[1]);
+    if (i == e->axis && e->params[1] != HIR_END) hir__emit(w, "%lld", (long long)e->params[1]);
     else hir__print_val(w, ids[i]->extent);
-    hir__emit(w, ", 1}");
+    hir__emit(w, ", %lld}", i == e->axis ? (long long)e->params[2] : 1LL);
   }
   hir__emit(w, " } )\n");
 }
@@ -8302,9 +8331,18 @@ static int hir__check_view(hir_evaluator *ev, const hir_expr *e) {
 /* select: the index inside the axis; slice: the range inside it; reshape:
    the same number of elements (an inferred size that does not divide shows
    here), kept axes the same. */
+/* A SliceOp's [from, to) on an axis of `size`; 0 where it is empty or
+   leaves the axis. */
+static int hir__slice_range(const hir_expr *e, int64_t size, int64_t *from, int64_t *to) {
+  *from = e->params[0] < 0 ? size + e->params[0] : e->params[0];
+  *to = e->params[1] == HIR_END ? size : e->params[1] < 0 ? size + e->params[1] : e->params[1];
+  return *from >= 0 && *from < *to && *to <= size;
+}
+
 static int hir__check_view_op(hir_evaluator *ev, const hir_expr *e) {
   const hir__shape *a, *o;
   hir__shape want;
+  int64_t from = 0, to = 0;
   int i;
   if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
   want = *a;
@@ -8313,10 +8351,11 @@ static int hir__check_view_op(hir_evaluator *ev, const hir_expr *e) {
     for (i = 0; ok && i < o->nd; i++) ok = e->params[i] != 0 || o->sizes[i] == a->sizes[i];
     return ok ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a reshape keeps the number of elements (does the inferred size divide?)");
   }
-  if (e->params[0] >= a->sizes[e->axis] || (e->kind == HIR_EXPR_SLICE && e->params[1] > a->sizes[e->axis])) {
-    char what[64];
+  if (e->kind == HIR_EXPR_SELECT ? e->params[0] >= a->sizes[e->axis] : !hir__slice_range(e, a->sizes[e->axis], &from, &to)) {
+    char what[96];
     if (e->kind == HIR_EXPR_SELECT) snprintf(what, sizeof what, "index %lld", (long long)e->params[0]);
-    else snprintf(what, sizeof what, "the range [%lld, %lld)", (long long)e->params[0], (long long)e->params[1]);
+    else if (e->params[1] == HIR_END) snprintf(what, sizeof what, "the range %lld: (step %lld)", (long long)e->params[0], (long long)e->params[2]);
+    else snprintf(what, sizeof what, "the range %lld:%lld (step %lld)", (long long)e->params[0], (long long)e->params[1], (long long)e->params[2]);
     return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d: %s is outside T%d's axis %d of size %lld", hir__ops[e->kind].name,
                         e->name, what, e->in[0]->name, e->axis, (long long)a->sizes[e->axis]);
   }
@@ -8324,7 +8363,7 @@ static int hir__check_view_op(hir_evaluator *ev, const hir_expr *e) {
     for (i = e->axis; i + 1 < a->nd; i++) want.sizes[i] = a->sizes[i + 1];
     want.nd--;
   } else {
-    want.sizes[e->axis] = (e->params[1] == -1 ? a->sizes[e->axis] : e->params[1]) - e->params[0];
+    want.sizes[e->axis] = (to - from + e->params[2] - 1) / e->params[2];
   }
   return hir__shapes_equal(&want, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the output is the input's selected part");
 }
@@ -8823,9 +8862,12 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   case HIR_EXPR_SELECT:
   case HIR_EXPR_SLICE: { /* the part, copied */
     int i, a = e->axis;
-    av.data = (char *)x->data + e->params[0] * x->strides[a] * (int64_t)hir_dtype_size(x->dtype);
+    int64_t from = e->params[0], to;
+    if (e->kind == HIR_EXPR_SLICE) hir__slice_range(e, x->sizes[a], &from, &to);
+    av.data = (char *)x->data + from * x->strides[a] * (int64_t)hir_dtype_size(x->dtype);
     if (e->kind == HIR_EXPR_SLICE) {
       av.sizes[a] = ov.sizes[a];
+      av.strides[a] *= e->params[2];
     } else {
       for (i = a; i + 1 < x->ndims; i++) av.sizes[i] = x->sizes[i + 1], av.strides[i] = x->strides[i + 1];
       av.ndims--;

@@ -150,7 +150,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case 5: t = hir_mean(x.f, a, 1 + fz_take(&z, 2), axes); break;
       case 6: t = hir_layer_norm(x.f, a, fz_take(&z, 3), fz_take(&z, 2) ? b : NULL, NULL, 1e-5); break;
       case 7: t = hir_select(x.f, a, axes[0], fz_take(&z, 4)); break;
-      case 8: t = hir_slice(x.f, a, axes[0], fz_take(&z, 3), fz_take(&z, 5) - 1); break;
+      case 8: /* hir_slice's bounds, or Python's (signed, the end, a step) */
+        t = fz_take(&z, 2) ? hir_slice(x.f, a, axes[0], fz_take(&z, 3), fz_take(&z, 5) - 1)
+                           : hir_slice_step(x.f, a, axes[0], fz_take(&z, 7) - 3, fz_take(&z, 8) ? fz_take(&z, 7) - 3 : HIR_END,
+                                            fz_take(&z, 4));
+        break;
       case 9: hir_split(a, axes[0], fz_take(&z, 5), fz_take(&z, 2)); break;
       case 10: /* times a scalar input */
         t = hir_binary_val(x.f, (hir_binary_op)fz_take(&z, HIR_BINARY_COUNT), a, hir_input_scalar(x.f));

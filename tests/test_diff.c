@@ -185,11 +185,11 @@ static diff_tv *diff_view(diff_prog *p, int which, diff_tv *a, int ax) {
   }
   for (i = 0; i < a->nd; i++)
     if (i != ax || which == 1) sz[nd++] = i == ax ? 1 : a->sizes[i];
-  tv = which == 0 ? hir_select(p->f, a->tv, ax, 0) : hir_slice(p->f, a->tv, ax, 0, 1);
+  tv = which == 0 ? hir_select(p->f, a->tv, ax, 0) : hir_slice_step(p->f, a->tv, ax, -1, HIR_END, 1); /* the first; the last */
   t = diff_new(p, tv, nd, sz);
   if (n)
     do
-      if (idx[ax] == 0) t->v[at++] = a->v[diff_off(a->nd, a->sizes, idx)];
+      if (idx[ax] == (which == 0 ? 0 : a->sizes[ax] - 1)) t->v[at++] = a->v[diff_off(a->nd, a->sizes, idx)];
     while (diff_step(a->nd, a->sizes, idx));
   return t;
 }

@@ -292,6 +292,41 @@ TEST(test_ops_print, "ops/print", TEST_CPU) {
   hir_fusion_free(f);
 }
 
+/* Python's bounds, resolved against the run's size: x[:, -3::2] of a
+   [2, 4] input is columns 1 and 3; of a [2, 2] input it starts outside
+   the axis and the run is refused, naming the range and the size. */
+TEST(test_ops_slice_bounds, "ops/slice_bounds", TEST_CPU) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *x = hir_input(f, HIR_F32, 2), *y = hir_slice_step(f, x, 1, -3, HIR_END, 2);
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_tensor in, out;
+  char buf[4096];
+  int64_t sz[2] = {2, 4}, i;
+  hir_output(f, y);
+  hir_fusion_snprint(f, buf, sizeof buf);
+  CHECK(strstr(buf, "= slice( T0_g_float[iS0{i0}, iS1{i2}], { {0, i0, 1} {-3, i2, 2} } )") != NULL);
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  in = trand(HIR_F32, 2, sz);
+  memset(&out, 0, sizeof out);
+  CHECK(ev && hir_run(ev, &in, 1, &out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+  CHECK(out.ndims == 2 && out.sizes[0] == 2 && out.sizes[1] == 2);
+  for (i = 0; ev && i < 4; i++) CHECK(tget(&out, i) == tget(&in, (i / 2) * 4 + 1 + 2 * (i % 2)));
+  in.sizes[1] = 2; /* strides 0: contiguous */
+  memset(&out, 0, sizeof out);
+  CHECK(ev && hir_run(ev, &in, 1, &out, 1) == HIR_ERR_SHAPE &&
+        strstr(hir_evaluator_error(ev), "the range -3: (step 2) is outside T0's axis 1 of size 2"));
+  if (hir_test_failures) fprintf(stderr, "%s\n%s\n", buf, ev ? hir_evaluator_error(ev) : "");
+  tfree(&in);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_fusion_free(f);
+}
+
 /* Each misuse names the culprit. */
 TEST(test_ops_errors, "ops/errors", TEST_CPU) {
   static const struct { int which; const char *want; } cases[] = {
@@ -307,6 +342,8 @@ TEST(test_ops_errors, "ops/errors", TEST_CPU) {
       {9, "hir_slice: [3, 2) is not a range; give 0 <= start < stop, or stop = -1 for the end"},
       {10, "hir_select: the index is negative"},
       {11, "hir_permute: perm[1] = 0 is listed twice"},
+      {12, "hir_slice_step: 1:3:0 is not a range"},
+      {13, "hir_slice_step: -1:-3:1 is not a range"},
   };
   static const int64_t two_inferred[2] = {-1, -1};
   static const int dup[2] = {0, 0};
@@ -326,6 +363,8 @@ TEST(test_ops_errors, "ops/errors", TEST_CPU) {
     case 8: hir_reshape(f, x, 2, two_inferred); break;
     case 9: hir_slice(f, x, 0, 3, 2); break;
     case 10: hir_select(f, x, 1, -1); break;
+    case 12: hir_slice_step(f, x, 1, 1, 3, 0); break;
+    case 13: hir_slice_step(f, x, 1, -1, -3, 1); break;
     default: hir_permute(f, x, dup); break;
     }
     if (!strstr(hir_fusion_error(f), cases[i].want)) {
@@ -397,12 +436,13 @@ TEST(test_ops_linear, "ops/linear", TEST_CPU | TEST_GPU_WORLDS) {
 
 /* select, slice and reshape of a tensor split on axis 0: along other axes
    each rank works on its shard; along the split axis (or a reshape merging
-   it) the tensor is gathered first. Mirrors nvFuser's SelectOp / SliceOp /
-   ReshardingTest view cases. */
+   it) the tensor is gathered first; slices with steps and negative bounds
+   (Python's in[start:stop:step]). Mirrors nvFuser's SelectOp / SliceOp
+   (SliceTest's negative indices) / ReshardingTest view cases. */
 TEST(test_ops_select_slice_reshape, "ops/select_slice_reshape", TEST_CPU | TEST_GPU_WORLDS) {
   int wi, which;
   for (wi = 0; wi < 5; wi++)
-    for (which = 0; which < 7; which++) {
+    for (which = 0; which < 10; which++) {
       int D = worlds[wi];
       hir_dtype dt = all_dtypes[(wi + which) % 4];
       int64_t sz[3] = {D, 4, 6}, keep_merge[2] = {0, -1}, split_inner[4] = {0, 2, 2, 6}, merge_split[2] = {-1, 6};
@@ -419,7 +459,10 @@ TEST(test_ops_select_slice_reshape, "ops/select_slice_reshape", TEST_CPU | TEST_
       case 3: y = hir_reshape(f, x, 4, split_inner), ond = 4, osz[0] = D, osz[1] = 2, osz[2] = 2, osz[3] = 6; break;
       case 4: y = hir_select(f, x, 0, D - 1), ond = 2, osz[0] = 4, osz[1] = 6; break;   /* along the split axis */
       case 5: y = hir_reshape(f, x, 2, merge_split), ond = 2, osz[0] = D * 4, osz[1] = 6; break;
-      default: y = hir_reshape(f, x, 3, onto_split), ond = 3, osz[0] = 4, osz[1] = D, osz[2] = 6; break; /* x whole, y split */
+      case 6: y = hir_reshape(f, x, 3, onto_split), ond = 3, osz[0] = 4, osz[1] = D, osz[2] = 6; break; /* x whole, y split */
+      case 7: y = hir_slice_step(f, x, 2, 1, HIR_END, 2), ond = 3, osz[0] = D, osz[1] = 4, osz[2] = 3; break; /* x[:, :, 1::2] */
+      case 8: y = hir_slice_step(f, x, 1, -3, -1, 1), ond = 3, osz[0] = D, osz[1] = 2, osz[2] = 6; break;     /* x[:, -3:-1] */
+      default: y = hir_slice_step(f, x, 2, -5, 6, 3), ond = 3, osz[0] = D, osz[1] = 4, osz[2] = 2; break;     /* x[:, :, -5:6:3] */
       }
       hir_output(f, y);
       hir_set_mesh(x, D, iota_mesh);
@@ -439,8 +482,11 @@ TEST(test_ops_select_slice_reshape, "ops/select_slice_reshape", TEST_CPU | TEST_
             double v = tget(&c.in[0], (i * 4 + j) * 6 + k);
             if (which == 0 && k == 3) tset(&c.out[0], i * 4 + j, v);
             if (which == 1 && j >= 1 && j < 3) tset(&c.out[0], (i * 2 + j - 1) * 6 + k, v);
-            if (which == 2 || which == 3 || which >= 5) tset(&c.out[0], n++, v);
+            if (which == 2 || which == 3 || which == 5 || which == 6) tset(&c.out[0], n++, v);
             if (which == 4 && i == D - 1) tset(&c.out[0], j * 6 + k, v);
+            if (which == 7 && k % 2 == 1) tset(&c.out[0], (i * 4 + j) * 3 + k / 2, v);
+            if (which == 8 && j >= 1 && j < 3) tset(&c.out[0], (i * 2 + j - 1) * 6 + k, v);
+            if (which == 9 && (k == 1 || k == 4)) tset(&c.out[0], (i * 4 + j) * 2 + k / 3, v);
           }
       c.tol = 0;
       c.prealloc = wi & 1;

@@ -53,7 +53,7 @@ def _load():
         "hir_binary_scalar": (p, [p, i, p, ctypes.c_double]), "hir_scalar_binary": (p, [p, i, ctypes.c_double, p]),
         "hir_permute": (p, [p, p, ctypes.POINTER(i)]), "hir_mean": (p, [p, p, i, ctypes.POINTER(i)]),
         "hir_layer_norm": (p, [p, p, i, p, p, ctypes.c_double]), "hir_linear": (p, [p, p, p, p]),
-        "hir_select": (p, [p, p, i, ctypes.c_int64]), "hir_slice": (p, [p, p, i, ctypes.c_int64, ctypes.c_int64]),
+        "hir_select": (p, [p, p, i, ctypes.c_int64]), "hir_slice_step": (p, [p, p, i, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
         "hir_reshape": (p, [p, p, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
         "hir_split": (i, [p, i, ctypes.c_int64, i]), "hir_input_sized": (p, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
@@ -89,6 +89,7 @@ _BINARY = {"+": 0, "-": 1, "*": 2, "/": 3}  # hir_binary_op
 _UNARY = {name: k for k, name in enumerate(  # hir_unary_op, in HIR_UNARY_OP_LIST's order
     "neg abs relu sin cos exp log tanh sqrt rsqrt reciprocal sigmoid silu gelu gelu_tanh".split())}
 _STATUS_INVALID = 1
+_END = (1 << 63) - 1  # HIR_END
 
 
 class Error(Exception):
@@ -257,8 +258,10 @@ class Fusion:
     def select(self, a, axis, index):
         return self._tv(_lib.hir_select(self._h, a._h, axis, index))
 
-    def slice(self, a, axis, start, stop=-1):
-        return self._tv(_lib.hir_slice(self._h, a._h, axis, start, stop))
+    def slice(self, a, axis, start, stop=None, step=1):
+        """a[..., start:stop:step, ...] along `axis`, as Python slices: negative bounds count
+        from the end, stop None is the end; the range must lie in the axis (checked at run)."""
+        return self._tv(_lib.hir_slice_step(self._h, a._h, axis, start, _END if stop is None else stop, step))
 
     def reshape(self, a, sizes):
         """sizes: a size per axis, 0 to keep the input's axis there, -1 for the one inferred."""

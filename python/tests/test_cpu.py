@@ -69,7 +69,8 @@ class CpuTests(unittest.TestCase):
             np.testing.assert_allclose(outs[r][0], want, rtol=1e-5, atol=1e-5, err_msg="rank %d" % r)
         g = hostir.Fusion()  # select, slice, reshape of a split tensor: the last gathers it first
         x = g.input("float32", 3)
-        outs3 = [g.output(g.select(x, 2, 1)), g.output(g.slice(x, 2, 1, 3)), g.output(g.reshape(x, [-1, h]))]
+        outs3 = [g.output(g.select(x, 2, 1)), g.output(g.slice(x, 2, 1, 3)), g.output(g.reshape(x, [-1, h])),
+                 g.output(g.slice(x, 2, -3, None, 2))]
         x.mesh(range(D))
         x.parallelize(1, "DIDx")
         Y = rng.standard_normal((rows, D, h)).astype(np.float32)
@@ -78,7 +79,8 @@ class CpuTests(unittest.TestCase):
             np.testing.assert_array_equal(got[r][0], Y[:, r:r + 1, 1])
             np.testing.assert_array_equal(got[r][1], Y[:, r:r + 1, 1:3])
             np.testing.assert_array_equal(got[r][2], Y.reshape(-1, h))
-        self.assertEqual(len(outs3), 3)
+            np.testing.assert_array_equal(got[r][3], Y[:, r:r + 1, -3::2])
+        self.assertEqual(len(outs3), 4)
         with self.assertRaises(hostir.Error) as e:
             f.unary("softplus", x)
         self.assertIn("unknown op 'softplus'", str(e.exception))
