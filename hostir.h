@@ -680,7 +680,11 @@ HIRDEF hir_status  hir_evaluator_create(const hir_program *p, const hir_eval_des
    rank needs its sizes (say, to receive a tensor shaped like it). Outputs
    with data set are written in place; else they receive the evaluator's
    buffers, valid until the next hir_run or hir_evaluator_free (passing those
-   back, as when the same array is reused, asks for them again). */
+   back, as when the same array is reused, asks for them again). Any layout
+   (strides >= 0: a transpose, an expanded input axis; an output's elements
+   each in a place of their own): a tensor that is not dense row-major is
+   copied into a buffer of the evaluator's as the run starts (an input) or
+   out of one as it ends (an output), on the caller's stream. */
 HIRDEF hir_status  hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout);
 HIRDEF hir_status  hir_evaluator_sync(hir_evaluator *ev);
 HIRDEF const char *hir_evaluator_error(const hir_evaluator *ev);
@@ -9466,12 +9470,39 @@ static int hir__check_input(hir_evaluator *ev, int i, const hir_tensor *t) {
     return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: input %d (T%d) has more bytes than this machine addresses", i, tv->name);
   if (here && !t->data && hir__numel(nd, t->sizes) > 0)
     return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: input %d (T%d) has NULL data", i, tv->name);
-  if (here) {
-    hir_tensor c = *t;
-    int zero = 1;
-    for (a = 0; a < nd; a++) zero &= t->strides[a] == 0;
-    if (!zero && (hir__contiguous_strides(&c), memcmp(c.strides, t->strides, (size_t)nd * sizeof(int64_t)) != 0))
-      return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: input %d (T%d) is strided; pass a contiguous tensor", i, tv->name);
+  for (a = 0; here && a < nd; a++)
+    if (t->strides[a] < 0)
+      return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: input %d (T%d) axis %d has stride %lld; strides are >= 0", i,
+                          tv->name, a, (long long)t->strides[a]);
+  return 1;
+}
+
+/* The user's tensors may have any layout (a transpose's strides, an
+   expanded axis's 0): where it is not the dense row-major one (strides all
+   0 say row-major too) an input is copied into a buffer of the evaluator's
+   as the run starts, and an output is computed in one and copied out as it
+   ends, both on the run's stream. */
+static int hir__dense(const hir_tensor *t) {
+  int a, zero = 1;
+  for (a = 0; a < t->ndims; a++) zero &= t->strides[a] == 0;
+  return zero || hir__is_contiguous(t);
+}
+
+/* Whether no two elements of t share an address (sufficient: each axis of
+   size > 1, by stride, steps past everything the smaller ones span). */
+static int hir__no_overlap(const hir_tensor *t) {
+  int64_t span = 1, best;
+  int a, k, done[HIR_MAX_DIMS] = {0};
+  if (hir__dense(t) || hir__numel(t->ndims, t->sizes) == 0) return 1;
+  for (k = 0; k < t->ndims; k++) {
+    int pick = -1;
+    for (a = 0; a < t->ndims; a++)
+      if (!done[a] && t->sizes[a] > 1 && (pick < 0 || t->strides[a] < t->strides[pick])) pick = a;
+    if (pick < 0) return 1;
+    done[pick] = 1;
+    best = t->strides[pick];
+    if (best < span) return 0;
+    span = best * t->sizes[pick];
   }
   return 1;
 }
@@ -9479,8 +9510,7 @@ static int hir__check_input(hir_evaluator *ev, int i, const hir_tensor *t) {
 static int hir__check_output(hir_evaluator *ev, int i, const hir_tensor *t) {
   const hir_tv *tv = (const hir_tv *)ev->p->ir.outputs.items[i];
   const hir__shape *sh;
-  hir_tensor c;
-  int a, zero = 1;
+  int a;
   if (!t->data) return 1;
   if (!hir__in_mesh(tv, ev->device))
     return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: output %d (T%d) does not live on device %d; pass it empty", i, tv->name, ev->device);
@@ -9497,20 +9527,24 @@ static int hir__check_output(hir_evaluator *ev, int i, const hir_tensor *t) {
     hir__shape_str(sh, a2, sizeof a2);
     return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: output %d (T%d) is %s; the program writes %s here", i, tv->name, a1, a2);
   }
-  c = *t;
-  hir__contiguous_strides(&c);
-  for (a = 0; a < t->ndims; a++) zero &= t->strides[a] == 0;
-  if (!zero && memcmp(c.strides, t->strides, (size_t)t->ndims * sizeof(int64_t)) != 0)
-    return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: output %d (T%d) is strided; pass a contiguous tensor", i, tv->name);
+  for (a = 0; a < t->ndims; a++)
+    if (t->strides[a] < 0)
+      return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: output %d (T%d) axis %d has stride %lld; strides are >= 0", i,
+                          tv->name, a, (long long)t->strides[a]);
+  if (!hir__no_overlap(t))
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: output %d (T%d): its strides make elements share memory (an expanded "
+                        "axis?); pass a tensor each element of which has its own place", i, tv->name);
   return 1;
 }
 
 /* ---- split axes at the boundary: the user's tensors hold logical axes ---- */
 /* t (logical axes) seen as tv's axes: a split axis of local size L becomes
    its parts, a DIDx part of size 1, a part of fixed extent that extent, and
-   the one left L / (the others). A view: the data does not move. */
+   the one left L / (the others), each part strided within the axis's
+   stride. A view: the data does not move. */
 static int hir__unfold(hir_evaluator *ev, const hir_tv *tv, const hir_tensor *t, hir_tensor *u, const char *what, int index) {
   int a, l, nd = 0, zero = 1;
+  int64_t stride;
   *u = *t;
   if (!tv->nlogical || (!t->data && t->ndims == 0)) return 1;
   if (t->ndims != tv->nlogical)
@@ -9533,23 +9567,29 @@ static int hir__unfold(hir_evaluator *ev, const hir_tv *tv, const hir_tensor *t,
                           index, tv->name, l, (long long)t->sizes[l], (long long)known, rest >= 0 ? "do not divide" : "do not make");
     if (rest >= 0) u->sizes[rest] = t->sizes[l] / known;
     else if (nd - first == 1) u->sizes[first] = t->sizes[l];
+    for (a = nd - 1, stride = zero ? 0 : t->strides[l]; a >= first; a--) u->strides[a] = stride, stride *= u->sizes[a];
   }
   u->ndims = nd;
-  if (!zero) hir__contiguous_strides(u);
   return 1;
 }
 
-/* An output written with tv's axes, handed back with its logical ones. */
+/* An output written with tv's axes, handed back with its logical ones: a
+   logical axis strided as its innermost part (as hir__unfold made them). */
 static void hir__fold(const hir_tv *tv, hir_tensor *t) {
-  int64_t sizes[HIR_MAX_DIMS];
-  int a, k = 0, l;
+  int64_t sizes[HIR_MAX_DIMS], strides[HIR_MAX_DIMS];
+  int a, k = 0, l, zero = 1;
   if (!tv->nlogical || t->ndims == 0) return;
+  for (a = 0; a < t->ndims; a++) zero &= t->strides[a] == 0;
   for (l = 0; l < tv->nlogical; l++) sizes[l] = 1;
   for (a = 0; a < tv->ndims; a++)
-    if (tv->ids[a]->iter != HIR_REDUCTION) sizes[tv->logical_of[a]] *= t->sizes[k++];
+    if (tv->ids[a]->iter != HIR_REDUCTION) {
+      strides[tv->logical_of[a]] = t->strides[k];
+      sizes[tv->logical_of[a]] *= t->sizes[k++];
+    }
   t->ndims = tv->nlogical;
   memcpy(t->sizes, sizes, sizeof sizes);
-  hir__contiguous_strides(t);
+  memcpy(t->strides, strides, sizeof strides);
+  if (zero) hir__contiguous_strides(t);
 }
 
 static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout);
@@ -9651,24 +9691,32 @@ static hir_status hir__run_eager(hir_evaluator *ev, const hir_tensor *in, int ni
   memset(ev->bound, 0, (size_t)ev->ntv + 1);
   for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
   for (i = 0; i < ev->nblocks; i++) ev->blocks[i].in_use = 0;
+  ev->current = ev->b->current_stream(ev->b);
+  ev->current_track = 0;
   for (i = 0; i < nin; i++) {
     const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
     if (tv->scalar) continue; /* bound when planned */
     if (!in[i].data && hir__numel(in[i].ndims, in[i].sizes) > 0) continue; /* lives elsewhere */
     if (!hir__in_mesh(tv, ev->device)) continue;
+    if (!hir__dense(&in[i])) { /* copied in, dense (see hir__dense) */
+      hir_status s;
+      if (!hir__bind_new(ev, tv)) return ev->status;
+      if ((s = ev->b->copy(ev->b, ev->current, &ev->slot[tv->name], &in[i])) != HIR_OK)
+        return hir__ev_fail(ev, s, "hir_run: copying strided input %d (T%d) failed on the %s backend: %s", i, tv->name,
+                            ev->b->name, ev->b->error), ev->status;
+      continue;
+    }
     ev->slot[tv->name] = in[i];
     hir__contiguous_strides(&ev->slot[tv->name]);
     ev->bound[tv->name] = 1;
   }
   for (i = 0; i < nout; i++)
-    if (out[i].data) {
+    if (out[i].data && hir__dense(&out[i])) { /* a strided one is computed in a buffer of ours, copied out below */
       const hir_tv *tv = (const hir_tv *)f->outputs.items[i];
       ev->slot[tv->name] = out[i];
       hir__contiguous_strides(&ev->slot[tv->name]);
       ev->bound[tv->name] = 1;
     }
-  ev->current = ev->b->current_stream(ev->b);
-  ev->current_track = 0;
   if (!hir__exec_scope(ev, &ev->p->top)) {
     if (ev->started_comm && nout) {
       size_t n = strlen(ev->error);
@@ -9678,6 +9726,12 @@ static hir_status hir__run_eager(hir_evaluator *ev, const hir_tensor *in, int ni
   }
   for (i = 0; i < nout; i++) {
     const hir_tv *tv = (const hir_tv *)f->outputs.items[i];
+    if (out[i].data && !hir__dense(&out[i]) && ev->bound[tv->name]) { /* on the caller's stream, which joined every other */
+      hir_status s = ev->b->copy(ev->b, ev->b->current_stream(ev->b), &out[i], &ev->slot[tv->name]);
+      if (s != HIR_OK)
+        return hir__ev_fail(ev, s, "hir_run: copying into strided output %d (T%d) failed on the %s backend: %s (the outputs "
+                            "of this run are incomplete)", i, tv->name, ev->b->name, ev->b->error), ev->status;
+    }
     if (out[i].data) continue;
     if (!hir__in_mesh(tv, ev->device)) { /* lives elsewhere */
       memset(&out[i], 0, sizeof out[i]);

@@ -277,12 +277,47 @@ static hir_tensor to_host(hir_backend *b, const hir_tensor *d) {
   if (!b || b->host_memory || !d->data) return *d;
   h = tn(d->dtype, d->ndims, d->sizes);
   b->download(b, h.data, d->data, (size_t)tnumel(&h) * hir_dtype_size(h.dtype));
+  memcpy(h.strides, d->strides, sizeof h.strides); /* the same bytes */
   return h;
+}
+
+/* Row-major index i of t's sizes, at t's strides. */
+static int64_t tstrided(const hir_tensor *t, int64_t i) {
+  int64_t off = 0;
+  int a;
+  for (a = t->ndims - 1; a >= 0; a--) {
+    off += (t->sizes[a] ? i % t->sizes[a] : 0) * t->strides[a];
+    i = t->sizes[a] ? i / t->sizes[a] : 0;
+  }
+  return off;
+}
+/* t's values with its axes laid out in reverse order (a matrix column-major):
+   another layout of the same tensor, dense in memory. */
+static hir_tensor trev(const hir_tensor *t) {
+  hir_tensor r;
+  int64_t i, s = 1;
+  int a;
+  if (!t->data) return *t;
+  r = tn(t->dtype, t->ndims, t->sizes);
+  for (a = 0; a < t->ndims; a++) r.strides[a] = s, s *= t->sizes[a];
+  for (i = 0; i < tnumel(t); i++) tset(&r, tstrided(&r, i), tget(t, i));
+  return r;
+}
+/* A row-major copy of t (any strides; all 0: row-major already). */
+static hir_tensor tdense(const hir_tensor *t) {
+  hir_tensor d = tn(t->dtype, t->ndims, t->sizes);
+  int64_t i;
+  int a, zero = 1;
+  for (a = 0; a < t->ndims; a++) zero &= t->strides[a] == 0;
+  for (i = 0; i < tnumel(t); i++) tset(&d, i, tget(t, zero ? i : tstrided(t, i)));
+  return d;
 }
 
 typedef hir_program *(*build_fn)(void *user, int rank);
 typedef struct spmd_case {
   int world, nstreams, prealloc, nin, nout;
+  int layout;                       /* the ranks' inputs (and preallocated outputs) in reversed axis order (trev);
+                                       set before RUN_CASE: the case runs both ways on every platform */
   double tol;
   build_fn build;
   void *user;
@@ -343,6 +378,11 @@ static hir_status spmd_rank(int rank, void *user) {
   }
   for (i = 0; i < c->nin; i++) {
     in[i] = shard(&c->in[i], hir_program_input(p, i), rank);
+    if (c->layout && in[i].data) {
+      hir_tensor r = trev(&in[i]);
+      tfree(&in[i]);
+      in[i] = r;
+    }
     din[i] = to_backend(b, &in[i]);
   }
   for (i = 0; i < c->nout; i++) want[i] = shard(&c->out[i], hir_program_output(p, i), rank);
@@ -358,6 +398,11 @@ static hir_status spmd_rank(int rank, void *user) {
         int64_t k;
         poison[i] = tn(want[i].dtype, want[i].ndims, want[i].sizes);
         for (k = 0; k < tnumel(&poison[i]); k++) tset(&poison[i], k, 1e30);
+        if (c->layout) {
+          hir_tensor r = trev(&poison[i]);
+          tfree(&poison[i]);
+          poison[i] = r;
+        }
         out[i] = to_backend(b, &poison[i]);
       }
     }
@@ -367,15 +412,17 @@ static hir_status spmd_rank(int rank, void *user) {
     }
     for (i = 0; i < c->nout; i++) {
       char what[64];
-      hir_tensor got = to_host(b, &out[i]);
+      hir_tensor got = to_host(b, &out[i]), host = got;
       int ok = 1;
       snprintf(what, sizeof what, "rank %d run %d output %d", rank, run, i);
       if (!want[i].data) {
         if (out[i].data || out[i].ndims) snprintf(err, 600, "%s: should be empty here", what);
       } else {
+        got = tdense(&host);
         ok = compare(&got, &want[i], c->tol, err, 600, what);
+        tfree(&got);
       }
-      if (got.data != out[i].data) tfree(&got);
+      if (host.data != out[i].data) tfree(&host);
       if (!c->prealloc && want[i].data) { /* evaluator-owned: same buffer every run */
         if (run == 0) first_addr[i] = out[i].data;
         else if (out[i].data != first_addr[i]) snprintf(err, 600, "%s: moved from %p to %p", what, first_addr[i], out[i].data);
@@ -411,17 +458,22 @@ static void run_case(spmd_case *c, const char *name, const char *file, int line)
   if (c->world < platform->min_world || c->world > platform->max_world) {
     cases_skipped++;
   } else {
-    cases_run++;
-    c->w = platform->world_create(c->world);
-    platform->run(c->world, spmd_rank, c);
-    for (r = 0; r < c->world; r++)
-      if (c->err[r][0]) {
-        fprintf(stderr, "  %s:%d: %s (%s, world %d, %d streams%s): rank %d: %s\n", file, line, name, platform->name, c->world,
-                c->nstreams, c->prealloc ? ", preallocated" : "", r, c->err[r]);
-        hir_test_failures++;
-        break;
-      }
-    platform->world_free(c->w);
+    int layout, layouts = platform->backend && !c->layout ? 1 : 2; /* on the CPU (or where asked), again in another layout */
+    for (layout = 0; layout < layouts; layout++) {
+      c->layout = layout;
+      cases_run++;
+      c->w = platform->world_create(c->world);
+      platform->run(c->world, spmd_rank, c);
+      for (r = 0; r < c->world; r++)
+        if (c->err[r][0]) {
+          fprintf(stderr, "  %s:%d: %s (%s, world %d, %d streams%s%s): rank %d: %s\n", file, line, name, platform->name, c->world,
+                  c->nstreams, c->prealloc ? ", preallocated" : "", layout ? ", axes laid out in reverse" : "", r, c->err[r]);
+          hir_test_failures++;
+          break;
+        }
+      platform->world_free(c->w);
+      memset(c->err, 0, sizeof c->err);
+    }
   }
   for (i = 0; i < c->nin; i++) tfree(&c->in[i]);
   for (i = 0; i < c->nout; i++) tfree(&c->out[i]);

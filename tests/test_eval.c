@@ -478,9 +478,15 @@ TEST(test_eval_bad_inputs, "eval/bad_inputs", TEST_CPU) {
   in[1].data = NULL;
   RUN_EXPECT(HIR_ERR_INVALID, "input 1 (T1) has NULL data");
   in[1] = good_b;
-  in[1].strides[0] = 1;
-  in[1].strides[1] = 4;
-  RUN_EXPECT(HIR_ERR_UNSUPPORTED, "input 1 (T1) is strided");
+  in[1].strides[0] = -2;
+  in[1].strides[1] = 1;
+  RUN_EXPECT(HIR_ERR_UNSUPPORTED, "input 1 (T1) axis 0 has stride -2; strides are >= 0");
+  in[1] = good_b;
+  out[0] = tn(HIR_F32, 2, so);
+  out[0].strides[0] = 0; /* every row in one place */
+  out[0].strides[1] = 1;
+  RUN_EXPECT(HIR_ERR_INVALID, "output 0 (T2): its strides make elements share memory");
+  tfree(&out[0]);
   in[1] = good_b;
   out[0] = tn(HIR_F32, 2, sb);
   RUN_EXPECT(HIR_ERR_SHAPE, "output 0 (T2) is [4, 2]; the program writes [3, 2] here");

@@ -490,6 +490,7 @@ TEST(test_ops_select_slice_reshape, "ops/select_slice_reshape", TEST_CPU | TEST_
           }
       c.tol = 0;
       c.prealloc = wi & 1;
+      c.layout = 1; /* also with transposed layouts, on the GPUs too */
       RUN_CASE(&c, "select_slice_reshape");
       hir_fusion_free(f);
     }
