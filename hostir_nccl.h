@@ -1465,9 +1465,9 @@ static void hir_nccl__abort_comms(hir_nccl__rank *nc, const char *why) {
 static void hir_nccl__abort(hir_comm *c) {
   hir_nccl__rank *nc = hir_nccl__of(c);
   char note[HIR_NCCL__VALUE_BYTES];
+  if (c->error[0]) snprintf(note, sizeof note, "rank %d failed: %.480s", c->rank, c->error);
+  else snprintf(note, sizeof note, "rank %d aborted", c->rank);
   if (!nc->told) {
-    if (c->error[0]) snprintf(note, sizeof note, "rank %d failed: %.480s", c->rank, c->error);
-    else snprintf(note, sizeof note, "rank %d aborted", c->rank);
     if (nc->ce.block) hir_nccl__ce_tell(&nc->ce, note);
     if (nc->shared) {
       pthread_mutex_lock(&nc->shared->mu);
@@ -1480,7 +1480,7 @@ static void hir_nccl__abort(hir_comm *c) {
     }
     nc->told = 1;
   }
-  hir_nccl__abort_comms(nc, c->error[0] ? c->error : "aborted by its caller");
+  hir_nccl__abort_comms(nc, note);
 }
 
 /* Whether another rank's note ended the world; if so this rank's

@@ -408,6 +408,22 @@ TEST(test_abort_threads, "bootstrap/abort_note_threads", TEST_CPU) {
   r[1].comm.abort(&r[1].comm);
   CHECK(r[0].comm.poll(&r[0].comm) == HIR_ERR_COMM &&
         strstr(r[0].comm.error, "rank 0 stopped: the world was aborted: rank 1 failed: hir_evaluator_create: device 5"));
+  for (i = 0; i < 2; i++) { /* then every call is refused before it reaches NCCL, naming what ended the world */
+    hir_comm *c = &r[i].comm;
+    const int team[2] = {0, 1};
+    void *t = NULL;
+    float x = 1;
+    int k;
+    for (k = 0; k < 5; k++) {
+      hir_status s = k == 0   ? c->send(c, &x, 4, 1 - i, NULL)
+                     : k == 1 ? c->recv(c, &x, 4, 1 - i, NULL)
+                     : k == 2 ? c->group_start(c)
+                     : k == 3 ? c->group_end(c)
+                              : c->team(c, team, 2, &t);
+      CHECK(s == HIR_ERR_COMM && strstr(c->error, "communicator was aborted by an earlier failure") &&
+            strstr(c->error, "rank 1 failed: hir_evaluator_create: device 5"));
+    }
+  }
   pthread_mutex_destroy(&w->mu);
   free(w);
   free(r);
