@@ -322,13 +322,16 @@ def _as_tensor(x):
         t = _HirTensor()
         t.sizes[0] = int(x)
         return t, None
-    arr = np.ascontiguousarray(x)
+    arr = np.asarray(x)
     if arr.dtype.name not in _DTYPES:
         raise Error("invalid argument", "run: an input is %s; hostir takes %s" % (arr.dtype.name, ", ".join(_DTYPES)))
+    if any(s < 0 or s % arr.itemsize for s in arr.strides) or (arr.size > 1 and not any(arr.strides)):
+        arr = np.ascontiguousarray(arr)  # hostir takes element strides >= 0 (a transpose, say); all 0 would mean dense
     t = _HirTensor()
     t.data, t.dtype, t.ndims = arr.ctypes.data, _DTYPES[arr.dtype.name], arr.ndim
     for k, n in enumerate(arr.shape):
         t.sizes[k] = n
+        t.strides[k] = arr.strides[k] // arr.itemsize
     return t, arr
 
 

@@ -48,6 +48,23 @@ class CpuTests(unittest.TestCase):
                 self.assertEqual(outs[r][0].shape, (D, m, N))
                 np.testing.assert_allclose(outs[r][0], want, rtol=1e-4, atol=1e-4, err_msg="rank %d, D %d" % (r, D))
 
+    def test_layouts(self):
+        """Arrays in numpy's other layouts, passed as they are: B transposed (B.T of a [N, K] array), A with a
+        repeated row (broadcast_to, stride 0) and reversed (copied: hostir takes strides >= 0)."""
+        rng = np.random.default_rng(11)
+        D, m, K, N = 3, 4, 5, 6
+        Bt = rng.standard_normal((N, K)).astype(np.float32)
+        row = rng.standard_normal((1, 1, K)).astype(np.float32)
+        A = np.broadcast_to(row, (D, m, K))
+        self.assertEqual(Bt.T.strides[0], 4)
+        outs = hostir.run(ag_matmul(D, True), [[A[r:r + 1], Bt.T] for r in range(D)], schedule="ring")
+        want = np.einsum("dmk,kn->dmn", A.astype(np.float64), Bt.T.astype(np.float64))
+        for r in range(D):
+            np.testing.assert_allclose(outs[r][0], want, rtol=1e-4, atol=1e-4, err_msg="rank %d" % r)
+        outs = hostir.run(ag_matmul(1), [[A[:1, ::-1], Bt.T[::-1]]])
+        np.testing.assert_allclose(outs[0][0], np.einsum("dmk,kn->dmn", A[:1, ::-1].astype(np.float64),
+                                                         Bt.T[::-1].astype(np.float64)), rtol=1e-4, atol=1e-4)
+
     def test_ops_like_numpy(self):
         """layer_norm over a split hidden axis (a local sum, then an allreduce), relu, a scalar, a permute, a cast."""
         rng = np.random.default_rng(5)
