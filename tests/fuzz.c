@@ -37,6 +37,7 @@ typedef struct fz_run {
   hir_lower_desc ld;
   int world, nin;
   int64_t sizes[8][HIR_MAX_DIMS];
+  int layout[8];                   /* 0 row-major, 1 axes reversed in memory, 2 the first axis expanded (stride 0) */
   hir_status status[4];
   char error[4][512];
 } fz_run;
@@ -78,6 +79,13 @@ static hir_status fz_rank(int rank, void *user) {
         }
       }
       in[i].ndims = nd;
+      if (x->layout[i] == 1) /* a dense buffer either way */
+        for (k = 0, numel = 1; k < nd; k++) in[i].strides[k] = numel, numel *= in[i].sizes[k];
+      if (x->layout[i] == 2 && nd > 1) {
+        int64_t s = 1;
+        for (k = nd - 1; k > 0; k--) in[i].strides[k] = s, s *= in[i].sizes[k];
+        in[i].strides[0] = 0;
+      }
       if (here && (in[i].data = calloc((size_t)(numel ? numel : 1), 8)) != NULL)
         for (k = 0; k < numel; k++) ((float *)in[i].data)[k] = (float)((k * 7 + rank) % 13) - 6;
     }
@@ -118,6 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       t = sized ? hir_input_sized(x.f, dt, nd, fixed) : hir_input(x.f, dt, nd);
       if (t && idx < 8) {
         for (j = 0; j < nd; j++) x.sizes[idx][j] = fixed[j];
+        x.layout[idx] = fz_take(&z, 3);
         x.nin++;
       }
       break;
