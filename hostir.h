@@ -8162,6 +8162,7 @@ typedef struct hir__graph {
   void **addrs;                 /* the inputs' and outputs' data, as passed */
   void *exec;                   /* the backend's graph */
   hir_tensor *outs;             /* the outputs it fills (the evaluator's buffers, or those passed) */
+  uint64_t layout;              /* the inputs' and outputs' strides (hir__layout_hash): a copy in or out is in the graph */
   unsigned long long used;
 } hir__graph;
 
@@ -9769,9 +9770,23 @@ static void hir__graph_note(hir_evaluator *ev, const char *why) {
    plan and the run goes eager - unless the program communicates, whose
    peers captured theirs: then it is this run's error, on every rank. Never a
    half-captured graph. */
+/* The strides the arguments came with (a graph copies a strided one in or
+   out: the same address in another layout is another graph). */
+static uint64_t hir__layout_hash(const hir_tensor *in, int nin, const hir_tensor *out, int nout) {
+  uint64_t h = 1469598103934665603ull;
+  int i;
+  for (i = 0; i < nin + nout; i++) {
+    const hir_tensor *t = i < nin ? &in[i] : &out[i - nin];
+    static const int64_t dense[HIR_MAX_DIMS] = {0};
+    h = hir__fnv(hir__dense(t) ? dense : t->strides, sizeof t->strides, h);
+  }
+  return h;
+}
+
 static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
   hir__graph *g = NULL;
   int i, k, n = nin + nout;
+  uint64_t layout = hir__layout_hash(in, nin, out, nout);
   hir_status s;
   const char *why = hir__graph_obstacle(ev);
   if (why[0]) return hir__graph_note(ev, why), hir__run_eager(ev, in, nin, out, nout);
@@ -9780,7 +9795,7 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
     return s;
   }
   for (k = 0; k < ev->ngraphs && !g; k++) {
-    if (!ev->graphs[k].exec) continue;
+    if (!ev->graphs[k].exec || ev->graphs[k].layout != layout) continue;
     for (i = 0; i < nin && ev->graphs[k].addrs[i] == in[i].data; i++) {}
     if (i == nin) {
       for (i = 0; i < nout && ev->graphs[k].addrs[nin + i] == out[i].data; i++) {}
@@ -9789,9 +9804,9 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
   }
   if (!g && ev->communicates && ev->ngraphs > 0)
     return hir__ev_fail(ev, HIR_ERR_INVALID,
-                        "hir_run: graph mode: an input or output moved after this program, which communicates, was "
-                        "captured; its graph replays only at the addresses every rank captured it with (NCCL launches "
-                        "a captured collective on all ranks alike): keep them, or set hir_eval_desc.graph = 0"),
+                        "hir_run: graph mode: an input or output moved (or changed its strides) after this program, which "
+                        "communicates, was captured; its graph replays only at the addresses every rank captured it with "
+                        "(NCCL launches a captured collective on all ranks alike): keep them, or set hir_eval_desc.graph = 0"),
            ev->status;
   if (!g) { /* capture: into a free place, or the least recently used one's */
     void *exec = NULL;
@@ -9804,6 +9819,7 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
       return hir__free_graph(ev, g), hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory for a graph"), ev->status;
     for (i = 0; i < nin; i++) g->addrs[i] = in[i].data;
     for (i = 0; i < nout; i++) g->addrs[nin + i] = out[i].data;
+    g->layout = layout;
     if ((s = ev->b->graph_begin(ev->b)) != HIR_OK) {
       hir__graph_note(ev, ev->b->error);
       ev->graph = 0;

@@ -10,7 +10,7 @@
 # bootstrap port is set (HOSTIR_PORT) below the ephemeral range: the port after
 # torchrun's random one can be taken by a connection. The last line is "N passed,
 # N failed" over these stages. A test that hangs ends its stage within
-# HOSTIR_TEST_HANG_S (default 240) seconds, its threads' stacks printed.
+# HOSTIR_TEST_HANG_S (default 120) seconds without progress, its threads' stacks printed.
 set -u
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
