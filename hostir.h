@@ -552,12 +552,12 @@ struct hir_backend {
                                     /* dst: src's shape with size 1 on the reduced axes */
   hir_status (*matmul)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *a,
                        const hir_tensor *b);  /* [..., M, N] = [..., M, K] x [..., K, N], one ndims */
-  /* Optional: dst = a x b + bias in one call (a GEMM epilogue), bias shaped
-     like dst with stride 0 on all axes but the last (one value per column).
-     NULL, or HIR_ERR_UNSUPPORTED for what it does not take: matmul, then
-     binary. */
+  /* Optional: dst = op(a x b + bias) in one call (a GEMM epilogue), bias
+     shaped like dst with stride 0 on all axes but the last (one value per
+     column), op HIR_UNARY_COUNT (none), relu or gelu_tanh. NULL, or
+     HIR_ERR_UNSUPPORTED for what it does not take: matmul, binary, unary. */
   hir_status (*matmul_bias)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *a, const hir_tensor *b,
-                            const hir_tensor *bias);
+                            const hir_tensor *bias, hir_unary_op op);
   hir_status (*upload)(hir_backend *self, void *dst, const void *src, size_t bytes);    /* host -> backend */
   hir_status (*download)(hir_backend *self, void *dst, const void *src, size_t bytes);  /* backend -> host */
   /* Optional; NULL where work runs when it is issued (the CPU). Events that
@@ -6344,7 +6344,7 @@ typedef int (*hir__memset2d32_fn)(unsigned long long dst, size_t pitch, unsigned
 enum { HIR__CUDA_WORKSPACE = 32 << 20 }; /* cuBLAS's own default on Hopper */
 
 typedef struct hir__lt_plan {  /* see hir__lt_plan_of */
-  int64_t key[8];                  /* M, N, K, dtype, B transposed, lda, ldb, ldc */
+  int64_t key[9];                  /* M, N, K, dtype, B transposed, lda, ldb, ldc, epilogue */
   int made, found;
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, lc;
@@ -7374,7 +7374,9 @@ static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tenso
 static hir__lt_plan *hir__lt_plan_of(hir__cuda *c, const int64_t *key, cudaDataType t, int tb, cublasStatus_t *st) {
   hir__lt_plan *q;
   cublasLtMatmulPreference_t pref = NULL;
-  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  cublasLtEpilogue_t epi = key[8] == HIR_UNARY_RELU        ? CUBLASLT_EPILOGUE_RELU_BIAS
+                           : key[8] == HIR_UNARY_GELU_TANH ? CUBLASLT_EPILOGUE_GELU_BIAS /* tanh's approximation */
+                                                           : CUBLASLT_EPILOGUE_BIAS;
   cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
   cublasLtMatmulHeuristicResult_t heur;
   size_t ws = HIR__CUDA_WORKSPACE;
@@ -7410,21 +7412,23 @@ static hir__lt_plan *hir__lt_plan_of(hir__cuda *c, const int64_t *key, cudaDataT
   return q;
 }
 
-/* dst = a x b + bias through cuBLASLt's BIAS epilogue: one GEMM (batches
-   folded into M where a and dst allow), f32/f16/bf16, bias a dense vector
-   of N; anything else is HIR_ERR_UNSUPPORTED (the evaluator then adds the
-   bias itself). */
+/* dst = op(a x b + bias) through cuBLASLt's BIAS, RELU_BIAS or GELU_BIAS
+   epilogue: one GEMM (batches folded into M where a and dst allow),
+   f32/f16/bf16, bias a dense vector of N; anything else is
+   HIR_ERR_UNSUPPORTED (the evaluator then adds the bias and applies op
+   itself). */
 static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
-                                        const hir_tensor *x, const hir_tensor *bias) {
+                                        const hir_tensor *x, const hir_tensor *bias, hir_unary_op op) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   hir__cuda_lane *l;
   hir__lt_plan *q;
   hir_tensor A = *a, B = *x, C = *dst;
   int nd = dst->ndims, ta, tb, tc, d, ok;
-  int64_t lda, ldb, ldc, M = 1, N = dst->sizes[nd - 1], K = a->sizes[nd - 1], key[8];
+  int64_t lda, ldb, ldc, M = 1, N = dst->sizes[nd - 1], K = a->sizes[nd - 1], key[9];
   float one = 1, zero = 0;
   cublasStatus_t st;
   if (dst->dtype == HIR_F64 || c->tf32 || bias->strides[nd - 1] != 1 || K == 0 || hir__numel(nd, dst->sizes) == 0 ||
+      (op != HIR_UNARY_COUNT && op != HIR_UNARY_RELU && op != HIR_UNARY_GELU_TANH) ||
       hir__cuda_lane_of(b, stream, &l) != HIR_OK)
     return HIR_ERR_UNSUPPORTED;
   ok = hir__gemm_operand(&A, nd, &ta, &lda) && hir__gemm_operand(&B, nd, &tb, &ldb) && hir__gemm_operand(&C, nd, &tc, &ldc) && !tc && !ta;
@@ -7435,7 +7439,7 @@ static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_
   if (!ok || (nd > 2 && (lda != K || ldc != N))) return HIR_ERR_UNSUPPORTED;
   for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
   if (!c->lt && cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) return HIR_ERR_UNSUPPORTED;
-  key[0] = M, key[1] = N, key[2] = K, key[3] = dst->dtype, key[4] = tb, key[5] = lda, key[6] = ldb, key[7] = ldc;
+  key[0] = M, key[1] = N, key[2] = K, key[3] = dst->dtype, key[4] = tb, key[5] = lda, key[6] = ldb, key[7] = ldc, key[8] = op;
   if (!(q = hir__lt_plan_of(c, key, hir__cuda_type(dst->dtype), tb, &st)) || !q->found) {
     if (!q && st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
       return hir__cuda_fail(b, "cuBLASLt setup (bias epilogue)", cublasGetStatusString(st), __FILE__, __LINE__);
@@ -8131,6 +8135,7 @@ struct hir_evaluator {
   void **vars, **vars_ev;       /* stream variables ("Stream 0") and their events */
   void *current;
   void **team, **done;          /* by expr name: team handle; event recorded after it */
+  const hir_expr **epilogue;    /* by expr name: a linear's next op, done in its epilogue (hir__find_epilogues); and back */
   hir__env env;
   hir_tensor *slot;             /* by tensor name */
   int *slot_block;
@@ -8797,7 +8802,8 @@ static int hir__exec_broadcast(hir_evaluator *ev, const hir_expr *e, const hir_t
 /* torch.matmul on the backend's [..., M, K] x [..., K, N]: a missing M or N
    axis (1-D operands, chunks along M or N) comes back with size 1, batch
    axes are broadcast to the output's. */
-static int hir__exec_matmul(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov, hir_tensor *av, hir_tensor *bv) {
+static int hir__exec_matmul(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov, hir_tensor *av, hir_tensor *bv,
+                            hir_unary_op op) {
   hir_tensor out = *ov, bias;
   int has_m, has_n, map[HIR_MAX_DIMS], i, k;
   hir__matmul_roles(e, av->ndims, bv->ndims, &has_m, &has_n);
@@ -8831,22 +8837,26 @@ static int hir__exec_matmul(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov
     epi.data = bias.data;
     epi.strides[epi.ndims - 1] = bias.strides[out.ndims - 1];
     if (only_n) {
-      hir_status s = ev->b->matmul_bias(ev->b, ev->current, ov, av, bv, &epi);
+      hir_status s = ev->b->matmul_bias(ev->b, ev->current, ov, av, bv, &epi, op);
       if (s != HIR_ERR_UNSUPPORTED) return hir__ev_backend(ev, s, e);
     }
   }
-  if (!hir__ev_backend(ev, ev->b->matmul(ev->b, ev->current, ov, av, bv), e)) return 0;
-  return hir__ev_backend(ev, ev->b->binary(ev->b, ev->current, HIR_BINARY_ADD, &out, &out, &bias), e); /* in place */
+  if (!hir__ev_backend(ev, ev->b->matmul(ev->b, ev->current, ov, av, bv), e) ||
+      !hir__ev_backend(ev, ev->b->binary(ev->b, ev->current, HIR_BINARY_ADD, &out, &out, &bias), e)) /* in place */
+    return 0;
+  return op == HIR_UNARY_COUNT || hir__ev_backend(ev, ev->b->unary(ev->b, ev->current, op, &out, &out, 0), e);
 }
 
 static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   const hir_tensor *x, *y = NULL, *o;
+  const hir_expr *epi = ev->epilogue[e->name];
   hir_tensor av, bv, ov;
+  if (epi && e->kind == HIR_EXPR_UNARY) return 1; /* done in the linear's epilogue */
   if (!(x = hir__get(ev, e->in[0], e)) || (e->nin > 1 && !(y = hir__get(ev, e->in[1], e))) ||
       (e->nin > 2 && !hir__get(ev, e->in[2], e)))
     return 0;
   if (e->kind == HIR_EXPR_BROADCAST && hir__broadcast_view(ev, e, x)) return 1;
-  if (!(o = hir__get_out(ev, e->out[0]))) return 0;
+  if (!(o = hir__get_out(ev, epi ? epi->out[0] : e->out[0]))) return 0;
   ov = *o;
   av = *x;
   bv = y ? *y : av;
@@ -8863,7 +8873,7 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
                                             e->val ? (double)hir__eval_val(&ev->env, e->val) : e->scalar), e);
   case HIR_EXPR_REDUCTION: return hir__exec_sum(ev, e, &ov, &av);
   case HIR_EXPR_BROADCAST: return hir__exec_broadcast(ev, e, &ov, &av);
-  case HIR_EXPR_MATMUL: return hir__exec_matmul(ev, e, &ov, &av, &bv);
+  case HIR_EXPR_MATMUL: return hir__exec_matmul(ev, e, &ov, &av, &bv, epi ? (hir_unary_op)epi->sub : HIR_UNARY_COUNT);
   case HIR_EXPR_SELECT:
   case HIR_EXPR_SLICE: { /* the part, copied */
     int i, a = e->axis;
@@ -9224,6 +9234,50 @@ static hir_evaluator *hir__evaluator_new(void) {
 
 static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p, const hir_eval_desc *d);
 
+/* How many exprs of the program name tv (reads and writes; Allocate and
+   Deallocate do not count). */
+static int hir__mentions(const hir_scope *s, const hir_tv *tv) {
+  int i, k, n = 0;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    if (e->kind != HIR_EXPR_ALLOCATE && e->kind != HIR_EXPR_DEALLOCATE) {
+      for (k = 0; k < e->nin; k++) n += e->in[k] == tv;
+      for (k = 0; k < e->nout; k++) n += e->out[k] == tv;
+    }
+    n += hir__mentions(&e->body, tv) + hir__mentions(&e->orelse, tv);
+  }
+  return n;
+}
+
+/* A linear with a bias whose output only the next op reads, a relu or
+   gelu_tanh into the same dtype: that op goes into the linear's epilogue
+   (cuBLASLt's RELU_BIAS / GELU_BIAS on the CUDA backend; elsewhere applied
+   in place), the linear writing the op's output and its own never made.
+   The plan says so. */
+static void hir__find_epilogues(hir_evaluator *ev, const hir_scope *s) {
+  hir_program *p = (hir_program *)ev->p; /* the plan is the program's note to its reader */
+  int i, k;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i], *u = i + 1 < s->exprs.n ? (const hir_expr *)s->exprs.items[i + 1] : NULL;
+    int output = 0;
+    hir__find_epilogues(ev, &e->body);
+    hir__find_epilogues(ev, &e->orelse);
+    if (e->kind != HIR_EXPR_MATMUL || !(e->flags & HIR__MATMUL_LINEAR) || e->nin < 3 || !u || u->kind != HIR_EXPR_UNARY ||
+        (u->sub != HIR_UNARY_RELU && u->sub != HIR_UNARY_GELU_TANH) || u->val || u->in[0] != e->out[0] ||
+        u->out[0]->dtype != e->out[0]->dtype)
+      continue;
+    for (k = 0; k < p->ir.outputs.n; k++) output |= p->ir.outputs.items[k] == (void *)e->out[0];
+    if (output || hir__mentions(&p->top, e->out[0]) != 2) continue;
+    ev->epilogue[e->name] = u;
+    ev->epilogue[u->name] = e;
+    if (!strstr(p->plan, "epilogue")) {
+      size_t n = strlen(p->plan);
+      snprintf(p->plan + n, sizeof p->plan - n, "%sepilogue: MatmulOp %d takes UnaryOp %d (%s)", n ? "; " : "", e->name, u->name,
+               hir__unary_names[u->sub]);
+    }
+  }
+}
+
 HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc *d, hir_evaluator **out) {
   hir_eval_desc defaults;
   hir_evaluator *ev;
@@ -9297,6 +9351,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ok = ok && (ev->vars_ev = (void **)HIR_MALLOC(((size_t)ev->nvars + 1) * sizeof(void *))) != NULL;
   ok = ok && (ev->team = (void **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
   ok = ok && (ev->done = (void **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
+  ok = ok && (ev->epilogue = (const hir_expr **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
   ok = ok && (ev->env.sym = (int64_t *)HIR_MALLOC(((size_t)ev->nval + 1) * sizeof(int64_t))) != NULL;
   ok = ok && (ev->env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)ev->nval + 1)) != NULL;
   ok = ok && (ev->slot = (hir_tensor *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(hir_tensor))) != NULL;
@@ -9313,6 +9368,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   memset(ev->vars_ev, 0, ((size_t)ev->nvars + 1) * sizeof(void *));
   memset(ev->team, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
   memset(ev->done, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
+  memset(ev->epilogue, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
   memset(ev->bound, 0, (size_t)ev->ntv + 1);
   memset(ev->key, 0, ((size_t)ev->key_n + 1) * sizeof(int64_t));
   for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
@@ -9323,6 +9379,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
     if (ev->b->event_create(ev->b, &ev->vars_ev[i]) != HIR_OK)
       return hir__ev_fail(ev, HIR_ERR_BACKEND, "hir_evaluator_create: creating an event: %s", ev->b->error), ev->status;
   hir__walk(&p->top, hir__setup_expr, ev);
+  hir__find_epilogues(ev, &p->top);
   return ev->status;
 }
 
@@ -9362,6 +9419,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->vars_ev);
   HIR_FREE(ev->team);
   HIR_FREE(ev->done);
+  HIR_FREE(ev->epilogue);
   HIR_FREE(ev->env.sym);
   HIR_FREE(ev->env.sym_bound);
   HIR_FREE(ev->slot);

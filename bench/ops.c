@@ -25,11 +25,13 @@ int main(void) {
   return 0;
 }
 #else
-enum { OP_ADD, OP_RELU, OP_MUL_F16, OP_CAST, OP_TRANSPOSE, OP_LAYER_NORM, OP_LINEAR, OP_MATMUL, OP_COUNT }; /* MATMUL: linear's floor */
+enum { OP_ADD, OP_RELU, OP_MUL_F16, OP_CAST, OP_TRANSPOSE, OP_LAYER_NORM, OP_LINEAR, OP_LINEAR_GELU, OP_MATMUL, OP_COUNT }; /* MATMUL: the linears' floor */
 static const char *const op_names[OP_COUNT] = {"add bf16 [64M]", "relu bf16 [64M]", "mul f16 [64M]", "cast f32->bf16 [64M]",
                                                "transpose bf16 [8192, 8192]", "layer_norm bf16 [16384, 4096]",
-                                               "linear+bias bf16 8192x4096x4096", "linear without bias"};
-static const char *const op_keys[OP_COUNT] = {"add", "relu", "mul_f16", "cast", "transpose", "layer_norm", "linear", "matmul"};
+                                               "linear+bias bf16 8192x4096x4096", "gelu_tanh(linear+bias) bf16 8192x4096x4096",
+                                               "linear without bias"};
+static const char *const op_keys[OP_COUNT] = {"add", "relu", "mul_f16", "cast", "transpose", "layer_norm", "linear", "linear_gelu",
+                                              "matmul"};
 
 /* The op's fusion, its inputs' shapes and dtypes, and the bytes it must move. */
 static hir_fusion *build(int op, int *nin, hir_tensor *in, double *bytes) {
@@ -71,14 +73,14 @@ static hir_fusion *build(int op, int *nin, hir_tensor *in, double *bytes) {
     hir_output(f, hir_layer_norm(f, a, 1, b, c, 1e-5));
     *nin = 3, *bytes = 2.0 * 2 * 16384.0 * 4096.0;
     break;
-  default: /* linear (with bias) or the matmul alone */
+  default: /* linear (with bias; then gelu_tanh) or the matmul alone */
     in[0].ndims = 2, in[0].sizes[0] = 8192, in[0].sizes[1] = 4096;
     in[1].ndims = 2, in[1].sizes[0] = 4096, in[1].sizes[1] = 4096, in[1].dtype = HIR_BF16;
     in[2].ndims = 1, in[2].sizes[0] = 4096, in[2].dtype = HIR_BF16;
     a = hir_input(f, HIR_BF16, 2), b = hir_input(f, HIR_BF16, 2);
-    c = op == OP_LINEAR ? hir_input(f, HIR_BF16, 1) : NULL;
-    hir_output(f, op == OP_LINEAR ? hir_linear(f, a, b, c) : hir_linear(f, a, b, NULL));
-    *nin = op == OP_LINEAR ? 3 : 2, *bytes = 0;
+    c = op != OP_MATMUL ? hir_input(f, HIR_BF16, 1) : NULL;
+    hir_output(f, op == OP_LINEAR_GELU ? hir_unary(f, HIR_UNARY_GELU_TANH, hir_linear(f, a, b, c)) : hir_linear(f, a, b, c));
+    *nin = op != OP_MATMUL ? 3 : 2, *bytes = 0;
     break;
   }
   return f;
@@ -186,12 +188,12 @@ int main(int argc, char **argv) {
     char err[512] = "";
     double floor_ms;
     times[op] = time_op(b, op, iters, &bytes, err, sizeof err);
-    floor_ms = op == OP_LINEAR ? time_op(b, OP_MATMUL, iters, &bytes, err, sizeof err) : bytes / bw * 1e3; /* linear's: the GEMM alone */
+    floor_ms = op >= OP_LINEAR ? time_op(b, OP_MATMUL, iters, &bytes, err, sizeof err) : bytes / bw * 1e3; /* linear's: the GEMM alone */
     if (err[0]) {
       printf("| %s | failed: %s | | | | |\n", op_names[op], err);
       continue;
     }
-    printf("| %s | %.3f | %s%.3f | %.2f | ", op_names[op], times[op], op == OP_LINEAR ? "GEMM " : "", floor_ms,
+    printf("| %s | %.3f | %s%.3f | %.2f | ", op_names[op], times[op], op >= OP_LINEAR ? "GEMM " : "", floor_ms,
            floor_ms > 0 ? times[op] / floor_ms : 0);
     if (torch_ms[op] > 0) printf("%.3f | %.2f |\n", torch_ms[op], times[op] / torch_ms[op]);
     else printf("- | - |\n");

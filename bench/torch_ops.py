@@ -39,6 +39,7 @@ def main():
         "transpose": lambda: t.t().contiguous(),
         "layer_norm": lambda: torch.nn.functional.layer_norm(ln, (4096,), w, b, 1e-5),
         "linear": lambda: torch.nn.functional.linear(a, wt, bias),
+        "linear_gelu": lambda: torch.nn.functional.gelu(torch.nn.functional.linear(a, wt, bias), approximate="tanh"),
         "matmul": lambda: torch.nn.functional.linear(a, wt),
     }
     for key, fn in cases.items():

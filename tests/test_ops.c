@@ -398,16 +398,18 @@ static hir_tensor ref_linear(const hir_tensor *a, const hir_tensor *w, const hir
    then gathered for a replicated output (AG + linear, also pipelined on
    streams). nvFuser's LinearOp tests and DistributedTransformerTest's MLP. */
 TEST(test_ops_linear, "ops/linear", TEST_CPU | TEST_GPU_WORLDS) {
-  int wi, mode;
+  int wi, m;
   for (wi = 0; wi < 5; wi++)
-    for (mode = 0; mode < 4; mode++) {
-      int D = worlds[wi], split_weight = mode == 1, with_bias = mode != 2;
+    for (m = 0; m < 6; m++) { /* 4, 5: modes 0 and 1 followed by gelu_tanh, relu (the GEMM's epilogue) */
+      int mode = m % 4, D = worlds[wi], split_weight = mode == 1, with_bias = mode != 2;
+      hir_unary_op act = m == 4 ? HIR_UNARY_GELU_TANH : m == 5 ? HIR_UNARY_RELU : HIR_UNARY_COUNT;
       hir_dtype dt = all_dtypes[(wi + mode) % 4];
       int64_t sa[3] = {D, 3, 4}, sw[3] = {D, 5, 4}, sb[2] = {D, 5};
       spmd_case c;
       hir_fusion *f = hir_fusion_create();
       hir_tv *a = hir_input(f, dt, split_weight ? 2 : 3), *w = hir_input(f, dt, split_weight ? 3 : 2), *b = with_bias ? hir_input(f, dt, split_weight ? 2 : 1) : NULL;
       hir_tv *y = hir_linear(f, a, w, b);
+      if (act != HIR_UNARY_COUNT) y = hir_unary(f, act, y);
       hir_output(f, y);
       hir_set_mesh(a, D, iota_mesh);
       hir_set_mesh(w, D, iota_mesh);
@@ -427,11 +429,51 @@ TEST(test_ops_linear, "ops/linear", TEST_CPU | TEST_GPU_WORLDS) {
       c.in[1] = trand(dt, split_weight ? 3 : 2, split_weight ? sw : sw + 1);
       if (b) c.in[2] = trand(dt, split_weight ? 2 : 1, split_weight ? sb : sb + 1);
       c.out[0] = ref_linear(&c.in[0], &c.in[1], b ? &c.in[2] : NULL, split_weight);
+      if (act != HIR_UNARY_COUNT) {
+        int64_t i;
+        for (i = 0; i < tnumel(&c.out[0]); i++) tset(&c.out[0], i, ref_unary(act, tget(&c.out[0], i), 0));
+      }
       c.tol = dt == HIR_F64 ? 1e-12 : dt == HIR_F32 ? 1e-5 : op_tol(dt) * 4;
       c.prealloc = wi & 1;
-      RUN_CASE(&c, mode == 0 ? "linear_rows_split" : mode == 1 ? "linear_column_parallel" : mode == 2 ? "ag_linear" : "ag_linear_streams");
+      RUN_CASE(&c, m == 4 ? "gelu_tanh(linear_rows_split)" : m == 5 ? "relu(linear_column_parallel)" : mode == 0 ? "linear_rows_split"
+                   : mode == 1 ? "linear_column_parallel" : mode == 2 ? "ag_linear" : "ag_linear_streams");
       hir_fusion_free(f);
     }
+}
+
+/* gelu_tanh(linear) runs as one op (the plan says the MatmulOp takes the
+   UnaryOp), with the numbers of the two; where the linear's output is also
+   a fusion output, the two stay apart. Mirrors nvFuser's LinearOp + GELU
+   (the MLP's first half, as cuBLASLt's GELU_BIAS epilogue runs it). */
+TEST(test_ops_linear_epilogue, "ops/linear_epilogue", TEST_CPU) {
+  int keep;
+  for (keep = 0; keep < 2; keep++) {
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F32, 3), *w = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 1);
+    hir_tv *y = hir_linear(f, a, w, b), *g = hir_unary(f, HIR_UNARY_GELU_TANH, y);
+    int64_t sa[3] = {2, 3, 4}, sw[2] = {5, 4}, sb[1] = {5}, i;
+    hir_tensor in[3], out[2], want;
+    hir_program *p = NULL;
+    hir_evaluator *ev = NULL;
+    hir_output(f, g);
+    if (keep) hir_output(f, y);
+    in[0] = trand(HIR_F32, 3, sa), in[1] = trand(HIR_F32, 2, sw), in[2] = trand(HIR_F32, 1, sb);
+    want = ref_linear(&in[0], &in[1], &in[2], 0);
+    memset(out, 0, sizeof out);
+    CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, NULL, &ev) == HIR_OK);
+    CHECK(ev && hir_run(ev, in, 3, out, 1 + keep) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+    CHECK((strstr(hir_program_plan(p), "epilogue: MatmulOp") != NULL) == !keep);
+    for (i = 0; ev && i < tnumel(&want); i++) {
+      CHECK(fabs(tget(&out[0], i) - ref_unary(HIR_UNARY_GELU_TANH, tget(&want, i), 0)) < 1e-5);
+      if (keep) CHECK(fabs(tget(&out[1], i) - tget(&want, i)) < 1e-5);
+    }
+    if (hir_test_failures) fprintf(stderr, "  plan: %s\n", p ? hir_program_plan(p) : "");
+    for (i = 0; i < 3; i++) tfree(&in[i]);
+    tfree(&want);
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_fusion_free(f);
+  }
 }
 
 /* select, slice and reshape of a tensor split on axis 0: along other axes

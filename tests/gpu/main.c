@@ -149,18 +149,20 @@ TEST(test_gpu_ops, "gpu/ops", TEST_GPU) {
 /* add and sub of long tensors: cublasLt's transform sees them as matrices of
    65536 rows where halving allows (2^18 elements), else as one column (an
    odd length). */
-/* linear + bias through cuBLASLt's BIAS epilogue (counted: it must take
-   f32, f16 and bf16; f64 falls back to a GEMM and an add), a transpose and
-   elementwise ops through the NVRTC kernels, against the CPU; the time of
-   the first elementwise op (NVRTC's compile) is printed. */
-static int epilogue_calls, epilogue_ok;
+/* linear + bias through cuBLASLt's BIAS epilogue, and relu(linear) and
+   gelu_tanh(linear) through RELU_BIAS and GELU_BIAS (counted: they must
+   take f32, f16 and bf16; f64 falls back to a GEMM, an add and the op), a
+   transpose and elementwise ops through the NVRTC kernels, against the CPU;
+   the time of the first elementwise op (NVRTC's compile) is printed. */
+static int epilogue_calls, epilogue_ok, epilogue_ops;
 static hir_status (*cuda_matmul_bias)(hir_backend *, void *, const hir_tensor *, const hir_tensor *, const hir_tensor *,
-                                      const hir_tensor *);
+                                      const hir_tensor *, hir_unary_op);
 static hir_status counting_matmul_bias(hir_backend *b, void *s, const hir_tensor *d, const hir_tensor *x, const hir_tensor *y,
-                                       const hir_tensor *bias) {
-  hir_status st = cuda_matmul_bias(b, s, d, x, y, bias);
+                                       const hir_tensor *bias, hir_unary_op op) {
+  hir_status st = cuda_matmul_bias(b, s, d, x, y, bias, op);
   epilogue_calls++;
   epilogue_ok += st == HIR_OK;
+  epilogue_ops |= 1 << (op == HIR_UNARY_RELU ? 1 : op == HIR_UNARY_GELU_TANH ? 2 : 0);
   return st;
 }
 
@@ -179,8 +181,8 @@ TEST(test_gpu_linear_and_kernels, "gpu/linear_and_kernels", TEST_GPU) {
     int64_t sa[3] = {2, 37, 64}, sw[2] = {48, 64}, sb[1] = {48}, k;
     int perm[3] = {2, 0, 1};
     hir_tv *a = hir_input(f, d, 3), *w = hir_input(f, d, 2), *b = hir_input(f, d, 1);
-    hir_tv *outs[4];
-    hir_tensor in[3], cpu[4], gpu[4];
+    hir_tv *outs[6];
+    hir_tensor in[3], cpu[6], gpu[6];
     char err[512] = "";
     hir_backend *be = hir_backend_cuda_create(0);
     double t0 = 0;
@@ -188,7 +190,9 @@ TEST(test_gpu_linear_and_kernels, "gpu/linear_and_kernels", TEST_GPU) {
     outs[1] = hir_permute(f, a, perm);
     outs[2] = hir_unary(f, HIR_UNARY_GELU, hir_scalar_binary(f, HIR_BINARY_SUB, 0.25, a));
     outs[3] = hir_cast(f, hir_unary(f, HIR_UNARY_TANH, a), d == HIR_F32 ? HIR_BF16 : HIR_F32);
-    for (k = 0; k < 4; k++) hir_output(f, outs[k]);
+    outs[4] = hir_unary(f, HIR_UNARY_RELU, hir_linear(f, a, w, b));
+    outs[5] = hir_unary(f, HIR_UNARY_GELU_TANH, hir_linear(f, a, w, b));
+    for (k = 0; k < 6; k++) hir_output(f, outs[k]);
     in[0] = trand(d, 3, sa);
     in[1] = trand(d, 2, sw);
     in[2] = trand(d, 1, sb);
@@ -196,19 +200,19 @@ TEST(test_gpu_linear_and_kernels, "gpu/linear_and_kernels", TEST_GPU) {
     if (!be) return;
     cuda_matmul_bias = be->matmul_bias;
     be->matmul_bias = counting_matmul_bias;
-    epilogue_calls = epilogue_ok = 0;
-    if (run_single(f, NULL, 3, in, 4, cpu, err, sizeof err) != HIR_OK ||
-        (t0 = hir__now_ms(), run_single(f, be, 3, in, 4, gpu, err, sizeof err)) != HIR_OK) {
+    epilogue_calls = epilogue_ok = epilogue_ops = 0;
+    if (run_single(f, NULL, 3, in, 6, cpu, err, sizeof err) != HIR_OK ||
+        (t0 = hir__now_ms(), run_single(f, be, 3, in, 6, gpu, err, sizeof err)) != HIR_OK) {
       fprintf(stderr, "  gpu linear (%s): %s\n", hir_dtype_name(d), err);
       hir_test_failures++;
     } else {
       if (dt < 2)
         printf("  first run on a new backend, the elementwise kernels %s: %.1f ms\n",
                dt ? "loaded from the disk cache" : "compiled by NVRTC", hir__now_ms() - t0);
-      for (k = 0; k < 4; k++) {
+      for (k = 0; k < 6; k++) {
         char what[64];
         snprintf(what, sizeof what, "%s output %d", hir_dtype_name(d), (int)k);
-        if (!compare(&gpu[k], &cpu[k], k == 0 ? dtype_tol(d) * 4 : dtype_tol(d), err, sizeof err, what)) {
+        if (!compare(&gpu[k], &cpu[k], k == 0 || k >= 4 ? dtype_tol(d) * 4 : dtype_tol(d), err, sizeof err, what)) {
           fprintf(stderr, "  gpu linear and kernels: %s\n", err);
           hir_test_failures++;
         }
@@ -216,7 +220,7 @@ TEST(test_gpu_linear_and_kernels, "gpu/linear_and_kernels", TEST_GPU) {
         tfree(&gpu[k]);
       }
     }
-    CHECK(epilogue_calls == 1 && epilogue_ok == (d != HIR_F64));
+    CHECK(epilogue_calls == 3 && epilogue_ok == (d != HIR_F64) * 3 && epilogue_ops == 7);
     for (k = 0; k < 3; k++) tfree(&in[k]);
     hir_backend_free(be);
     hir_fusion_free(f);
