@@ -1572,14 +1572,16 @@ HIRDEF hir_tv *hir_slice_step(hir_fusion *f, hir_tv *in, int axis, int64_t start
               "end, HIR_END is the end) and step >= 1", (long long)start, (long long)stop, (long long)step);
     return NULL;
   }
-  /* (stop - start + step - 1) / step elements */
-  from = hir__slice_bound(f, ids[a]->extent, start);
-  to = hir__slice_bound(f, ids[a]->extent, stop);
-  extent = hir__binary_val(f, HIR_SCALAR_SUB, to, from);
-  if (start >= 0 && stop >= 0 && stop != HIR_END) extent = hir__const(f, (stop - start + step - 1) / step);
-  else if (step > 1)
-    extent = hir__binary_val(f, HIR_SCALAR_DIV, hir__binary_val(f, HIR_SCALAR_ADD, extent, hir__const(f, step - 1)),
-                             hir__const(f, step));
+  if (start >= 0 && stop >= 0 && stop != HIR_END) { /* (stop - start + step - 1) / step elements */
+    extent = hir__const(f, (stop - start + step - 1) / step);
+  } else {
+    from = hir__slice_bound(f, ids[a]->extent, start);
+    to = hir__slice_bound(f, ids[a]->extent, stop);
+    extent = hir__binary_val(f, HIR_SCALAR_SUB, to, from);
+    if (step > 1)
+      extent = hir__binary_val(f, HIR_SCALAR_DIV, hir__binary_val(f, HIR_SCALAR_ADD, extent, hir__const(f, step - 1)),
+                               hir__const(f, step));
+  }
   if (!extent || !(e = hir__view_op(f, HIR_EXPR_SLICE, in, n))) return NULL;
   for (i = 0; i < n; i++)
     if (!(e->out[0]->ids[i] = i == a ? hir__new_id(f, extent, HIR_ITERATION, HIR_SERIAL) : hir__clone_id(f, ids[i], 0))) return NULL;
