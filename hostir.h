@@ -8166,10 +8166,9 @@ struct hir_evaluator {
 
 enum { HIR__GRAPHS = 8 };
 typedef struct hir__graph {
-  void **addrs;                 /* the inputs' and outputs' data, as passed */
+  hir_tensor *args;             /* the inputs and outputs as passed: a graph replays at their addresses and strides */
   void *exec;                   /* the backend's graph */
   hir_tensor *outs;             /* the outputs it fills (the evaluator's buffers, or those passed) */
-  uint64_t layout;              /* the inputs' and outputs' strides (hir__layout_hash): a copy in or out is in the graph */
   unsigned long long used;
 } hir__graph;
 
@@ -8679,7 +8678,7 @@ static void hir__unbind(hir_evaluator *ev, const hir_tv *tv) {
 
 static void hir__free_graph(hir_evaluator *ev, hir__graph *g) {
   if (g->exec) ev->b->graph_destroy(ev->b, g->exec);
-  HIR_FREE(g->addrs);
+  HIR_FREE(g->args);
   HIR_FREE(g->outs);
   memset(g, 0, sizeof *g);
 }
@@ -9830,23 +9829,18 @@ static void hir__graph_note(hir_evaluator *ev, const char *why) {
    plan and the run goes eager - unless the program communicates, whose
    peers captured theirs: then it is this run's error, on every rank. Never a
    half-captured graph. */
-/* The strides the arguments came with (a graph copies a strided one in or
-   out: the same address in another layout is another graph). */
-static uint64_t hir__layout_hash(const hir_tensor *in, int nin, const hir_tensor *out, int nout) {
-  uint64_t h = 1469598103934665603ull;
-  int i;
-  for (i = 0; i < nin + nout; i++) {
-    const hir_tensor *t = i < nin ? &in[i] : &out[i - nin];
-    static const int64_t dense[HIR_MAX_DIMS] = {0};
-    h = hir__fnv(hir__dense(t) ? dense : t->strides, sizeof t->strides, h);
-  }
-  return h;
+/* Whether t is the argument a graph was captured with: the same address,
+   and the same strides where either is not dense (a graph copies a strided
+   one in or out). */
+static int hir__same_arg(const hir_tensor *kept, const hir_tensor *t) {
+  int dense = hir__dense(t);
+  if (kept->data != t->data || dense != hir__dense(kept)) return 0;
+  return dense || memcmp(kept->strides, t->strides, (size_t)t->ndims * sizeof(int64_t)) == 0;
 }
 
 static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
   hir__graph *g = NULL;
   int i, k, n = nin + nout;
-  uint64_t layout = hir__layout_hash(in, nin, out, nout);
   hir_status s;
   const char *why = hir__graph_obstacle(ev);
   if (why[0]) return hir__graph_note(ev, why), hir__run_eager(ev, in, nin, out, nout);
@@ -9855,10 +9849,10 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
     return s;
   }
   for (k = 0; k < ev->ngraphs && !g; k++) {
-    if (!ev->graphs[k].exec || ev->graphs[k].layout != layout) continue;
-    for (i = 0; i < nin && ev->graphs[k].addrs[i] == in[i].data; i++) {}
+    if (!ev->graphs[k].exec) continue;
+    for (i = 0; i < nin && hir__same_arg(&ev->graphs[k].args[i], &in[i]); i++) {}
     if (i == nin) {
-      for (i = 0; i < nout && ev->graphs[k].addrs[nin + i] == out[i].data; i++) {}
+      for (i = 0; i < nout && hir__same_arg(&ev->graphs[k].args[nin + i], &out[i]); i++) {}
       if (i == nout) g = &ev->graphs[k];
     }
   }
@@ -9874,12 +9868,11 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
       if (!g || ev->graphs[k].used < g->used) g = &ev->graphs[k];
     if (!g) g = &ev->graphs[ev->ngraphs++];
     hir__free_graph(ev, g);
-    if (!(g->addrs = (void **)HIR_MALLOC((size_t)(n + 1) * sizeof *g->addrs)) ||
+    if (!(g->args = (hir_tensor *)HIR_MALLOC((size_t)(n + 1) * sizeof *g->args)) ||
         !(g->outs = (hir_tensor *)HIR_MALLOC((size_t)(nout + 1) * sizeof *g->outs)))
       return hir__free_graph(ev, g), hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory for a graph"), ev->status;
-    for (i = 0; i < nin; i++) g->addrs[i] = in[i].data;
-    for (i = 0; i < nout; i++) g->addrs[nin + i] = out[i].data;
-    g->layout = layout;
+    for (i = 0; i < nin; i++) g->args[i] = in[i];
+    for (i = 0; i < nout; i++) g->args[nin + i] = out[i];
     if ((s = ev->b->graph_begin(ev->b)) != HIR_OK) {
       hir__graph_note(ev, ev->b->error);
       ev->graph = 0;
