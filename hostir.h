@@ -6548,8 +6548,9 @@ static hir_status hir__cuda_timer_elapsed(hir_backend *b, void *from, void *to, 
 
 /* Graph capture runs on a stream of the backend's own (the caller's may be
    the legacy default stream, which cannot capture), whose lane gets the
-   scratch the caller's lane grew to, so that nothing allocates while
+   scratch and ones the caller's lane grew to, so that nothing allocates while
    capturing; the graph then launches on the caller's stream. */
+static hir_status hir__cuda_ones(hir_backend *b, hir__cuda_lane *l, hir_dtype dt, int64_t n, void **out);
 static hir_status hir__cuda_graph_begin(hir_backend *b) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   hir__cuda_lane *from, *to;
@@ -6560,6 +6561,10 @@ static hir_status hir__cuda_graph_begin(hir_backend *b) {
   for (k = 0; k < 3; k++) {
     void *p;
     if (from->scratch_cap[k] && hir__cuda_scratch(b, to, k, from->scratch_cap[k], &p) != HIR_OK) return HIR_ERR_BACKEND;
+  }
+  for (k = 0; k < HIR_DTYPE_COUNT; k++) {
+    void *p;
+    if (from->ones_len[k] && hir__cuda_ones(b, to, (hir_dtype)k, (int64_t)from->ones_len[k], &p) != HIR_OK) return HIR_ERR_BACKEND;
   }
   HIR__CU(b, cudaStreamBeginCapture(c->capture, cudaStreamCaptureModeThreadLocal));
   c->saved_caller = c->caller;
@@ -8157,6 +8162,7 @@ struct hir_evaluator {
   void *epoch;                  /* a timing event passed at host time epoch_us */
   double epoch_us;
   int graph, warm;              /* hir_eval_desc.graph; the current plan has run eagerly (its buffers exist) */
+  unsigned char *warm_dense;    /* which arguments were dense in that run (a strided one takes a buffer to copy through) */
   hir_tensor *boundary;         /* the user's tensors seen with their split axes (hir_split), inputs then outputs; made at create */
   struct hir__graph *graphs;    /* captured runs of the current plan, by their tensors' addresses */
   int ngraphs;
@@ -9311,6 +9317,8 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   if ((ev->graph = d->graph != 0) && !(ev->graphs = (hir__graph *)HIR_MALLOC(HIR__GRAPHS * sizeof *ev->graphs)))
     return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
   if (ev->graphs) memset(ev->graphs, 0, HIR__GRAPHS * sizeof *ev->graphs);
+  if (ev->graph && !(ev->warm_dense = (unsigned char *)HIR_MALLOC((size_t)(p->ir.inputs.n + p->ir.outputs.n + 1))))
+    return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
   ev->env.named[HIR_NAMED_NUM_STREAMS] = ev->nstreams;
   ev->comm = d->comm;
   ev->communicates = hir__communicates(&p->top);
@@ -9430,6 +9438,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->blocks);
   HIR_FREE(ev->key);
   HIR_FREE(ev->graphs);
+  HIR_FREE(ev->warm_dense);
   HIR_FREE(ev->boundary);
   HIR_FREE(ev);
 }
@@ -9838,16 +9847,25 @@ static int hir__same_arg(const hir_tensor *kept, const hir_tensor *t) {
   return dense || memcmp(kept->strides, t->strides, (size_t)t->ndims * sizeof(int64_t)) == 0;
 }
 
+/* Graph mode's eager run that makes the buffers a capture then finds: the
+   first of a shape, and the first where other arguments are strided (each
+   is copied through a buffer of ours). */
+static hir_status hir__run_warming(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  int i;
+  hir_status s = hir__run_eager(ev, in, nin, out, nout);
+  if (s != HIR_OK) return s;
+  for (i = 0; i < nin + nout; i++) ev->warm_dense[i] = (unsigned char)hir__dense(i < nin ? &in[i] : &out[i - nin]);
+  ev->warm = 1;
+  return HIR_OK;
+}
+
 static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
   hir__graph *g = NULL;
   int i, k, n = nin + nout;
   hir_status s;
   const char *why = hir__graph_obstacle(ev);
   if (why[0]) return hir__graph_note(ev, why), hir__run_eager(ev, in, nin, out, nout);
-  if (!ev->warm) { /* the first run of a shape makes its buffers: eager */
-    if ((s = hir__run_eager(ev, in, nin, out, nout)) == HIR_OK) ev->warm = 1;
-    return s;
-  }
+  if (!ev->warm) return hir__run_warming(ev, in, nin, out, nout);
   for (k = 0; k < ev->ngraphs && !g; k++) {
     if (!ev->graphs[k].exec) continue;
     for (i = 0; i < nin && hir__same_arg(&ev->graphs[k].args[i], &in[i]); i++) {}
@@ -9862,6 +9880,8 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
                         "communicates, was captured; its graph replays only at the addresses every rank captured it with "
                         "(NCCL launches a captured collective on all ranks alike): keep them, or set hir_eval_desc.graph = 0"),
            ev->status;
+  for (i = 0; i < n && !g; i++)
+    if (ev->warm_dense[i] != hir__dense(i < nin ? &in[i] : &out[i - nin])) return hir__run_warming(ev, in, nin, out, nout);
   if (!g) { /* capture: into a free place, or the least recently used one's */
     void *exec = NULL;
     for (k = 0; k < ev->ngraphs && ev->ngraphs == HIR__GRAPHS; k++)

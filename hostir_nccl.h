@@ -1409,6 +1409,8 @@ typedef struct hir_nccl__rank {
   size_t zeros_cap;
   void *zeros_old[16];          /* outgrown, kept: a run never frees (see HIR__CUDA_RETIRED) */
   int nzeros_old;
+  pthread_t *aborting;          /* each aborting a communicator (hir_nccl__abort_comms) */
+  int naborting;
 } hir_nccl__rank;
 
 struct hir_nccl_world {
@@ -1436,25 +1438,33 @@ static ncclConfig_t hir_nccl__config(void) {
   return config;
 }
 
-/* Stops this rank's NCCL work for good. ncclCommAbort waits until every
-   CUDA graph that captured the communicator is destroyed, and those graphs
-   belong to evaluators that are still running: so where NCCL can revoke
-   (2.28+), the work in flight is revoked now and the communicators aborted
-   when they are freed (after the evaluators); else aborted now. */
-#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-#define HIR_NCCL__STOP(comm) ncclCommRevoke((comm), NCCL_REVOKE_DEFAULT)
-#define HIR_NCCL__REVOKED 1
-#else
-#define HIR_NCCL__STOP(comm) ncclCommAbort(comm)
-#define HIR_NCCL__REVOKED 0
-#endif
+/* Stops this rank's NCCL work for good. ncclCommAbort first tells the
+   kernels in flight to quit, then waits until every CUDA graph that captured
+   the communicator is destroyed - graphs of evaluators that are still
+   running, on this very thread maybe. So each communicator is aborted on a
+   thread of its own (one at a time, a communicator waiting on graphs would
+   keep the next one's kernels spinning), joined when the rank is released,
+   after its evaluators. */
+static void *hir_nccl__abort_thread(void *comm) {
+  ncclCommAbort((ncclComm_t)comm);
+  return NULL;
+}
+
+static void hir_nccl__abort_async(hir_nccl__rank *nc, ncclComm_t comm) {
+  if (nc->aborting && pthread_create(&nc->aborting[nc->naborting], NULL, hir_nccl__abort_thread, comm) == 0) nc->naborting++;
+  else ncclCommAbort(comm); /* no thread to be had: here, then */
+}
+
 static void hir_nccl__abort_comms(hir_nccl__rank *nc, const char *why) {
   hir_nccl__team *t;
+  size_t n = nc->world && !nc->borrowed;
   if (nc->aborted) return;
   nc->aborted = 1;
   snprintf(nc->why, sizeof nc->why, "%s", why);
-  for (t = nc->teams; t; t = t->next) HIR_NCCL__STOP(t->comm);
-  if (nc->world && !nc->borrowed) HIR_NCCL__STOP(nc->world);
+  for (t = nc->teams; t; t = t->next) n++;
+  if (n) nc->aborting = (pthread_t *)malloc(n * sizeof *nc->aborting);
+  for (t = nc->teams; t; t = t->next) hir_nccl__abort_async(nc, t->comm);
+  if (nc->world && !nc->borrowed) hir_nccl__abort_async(nc, nc->world);
   hir_nccl__ce_release(&nc->ce);
 }
 
@@ -2145,12 +2155,13 @@ static void hir_nccl__release(hir_nccl__rank *nc) {
     hir_nccl__team *t = nc->teams;
     nc->teams = t->next;
     if (!nc->aborted) ncclCommDestroy(t->comm);
-    else if (HIR_NCCL__REVOKED) ncclCommAbort(t->comm);
     free(t->devices);
     free(t);
   }
   if (nc->world && !nc->borrowed && !nc->aborted) ncclCommDestroy(nc->world);
-  else if (nc->world && !nc->borrowed && HIR_NCCL__REVOKED) ncclCommAbort(nc->world);
+  while (nc->naborting) pthread_join(nc->aborting[--nc->naborting], NULL);
+  free(nc->aborting);
+  nc->aborting = NULL;
   if (nc->zeros) cudaFree(nc->zeros);
   while (nc->nzeros_old) cudaFree(nc->zeros_old[--nc->nzeros_old]);
   hir_nccl__ce_detach(&nc->ce, 1);

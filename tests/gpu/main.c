@@ -375,7 +375,8 @@ TEST(test_gpu_odd_mesh_p2p, "gpu/odd_mesh_p2p", TEST_GPU_WORLDS) {
 /* Graph mode on one GPU: a GEMM pipelined over 4 chunks on 2 streams is
    captured on its second run (streams forked and joined inside the
    capture), replayed on the third without walking the host program, and
-   captured again when its input moves, or comes again in other strides;
+   captured again when its input moves, or comes again in other strides
+   (after one eager run that makes the buffer it is copied through);
    the numbers are A x B every time (the output poisoned before each run),
    and replay's host cost is shown beside the eager run's. */
 TEST(test_gpu_graph_replay, "gpu/graph_replay", TEST_GPU) {
@@ -426,13 +427,14 @@ TEST(test_gpu_graph_replay, "gpu/graph_replay", TEST_GPU) {
     tfree(&got);
     backend_free(be, &out, &dout);
   }
-  if (ev) { /* A's buffer again, read as laid out [S, K, M]: the same address in other strides is another graph */
+  for (run = 0; run < 2 && ev; run++) { /* A's buffer again, read as laid out [S, K, M]: copied through a buffer of
+                                            the evaluator's, made by an eager run, then another graph */
     hir_tensor view[2];
     view[0] = din[0], view[1] = din[1];
     view[0].strides[0] = M * K, view[0].strides[1] = 1, view[0].strides[2] = M;
     for (i = 0; i < S * M * N; i++) tset(&out, i, NAN);
     dout = to_backend(be, &out);
-    CHECK(hir_run(ev, view, 2, &dout, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK && ev->ngraphs == 3);
+    CHECK(hir_run(ev, view, 2, &dout, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK && ev->ngraphs == 2 + run);
     got = to_host(be, &dout);
     for (i = 0; i < S * M; i++)
       for (j = 0; j < N; j++) {
