@@ -1442,9 +1442,9 @@ static ncclConfig_t hir_nccl__config(void) {
    kernels in flight to quit, then waits until every CUDA graph that captured
    the communicator is destroyed - graphs of evaluators that are still
    running, on this very thread maybe. So each communicator is aborted on a
-   thread of its own (one at a time, a communicator waiting on graphs would
-   keep the next one's kernels spinning), joined when the rank is released,
-   after its evaluators. */
+   thread of its own (not one thread for all: while it waited on the first
+   one's graphs, the next one's kernels would keep spinning), joined when the
+   rank is released, after its evaluators. */
 static void *hir_nccl__abort_thread(void *comm) {
   ncclCommAbort((ncclComm_t)comm);
   return NULL;
