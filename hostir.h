@@ -684,7 +684,14 @@ HIRDEF hir_status  hir_evaluator_create(const hir_program *p, const hir_eval_des
    (strides >= 0: a transpose, an expanded input axis; an output's elements
    each in a place of their own): a tensor that is not dense row-major is
    copied into a buffer of the evaluator's as the run starts (an input) or
-   out of one as it ends (an output), on the caller's stream. */
+   out of one as it ends (an output), on the caller's stream. Every device
+   of the fusion's meshes runs it, with the same shapes (its own shard where
+   an axis is split): the first run, and each run whose shapes or scalars
+   differ from the last, compares them across those ranks (one small
+   allgather) and refuses a difference on every rank with one message,
+   naming the input and which devices passed what. The ranks change shapes
+   at the same run: one that alone passes new shapes fails with the others
+   in their next communication, or at the timeout. */
 HIRDEF hir_status  hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout);
 HIRDEF hir_status  hir_evaluator_sync(hir_evaluator *ev);
 HIRDEF const char *hir_evaluator_error(const hir_evaluator *ev);
@@ -8155,6 +8162,11 @@ struct hir_evaluator {
   hir_status status;
   int broken, timeout_ms;
   int communicates, told_world;  /* the program communicates; this rank aborted the world with its error */
+  int *devices, ndevices;       /* the fusion's devices (lowered programs): who compares new shapes together */
+  void *devices_team, *meet_buf;
+  size_t meet_cap;
+  int shapes_unchecked;         /* planned for shapes the ranks have not compared yet */
+  int shared_error;             /* every rank found this run's error itself: the world needs no telling */
   struct hir__span *spans;      /* the timeline, when recording */
   int nspans, recording, current_track;
   struct hir__span *gpu_spans;  /* when the backend keeps time: when each stream ran the work */
@@ -9207,6 +9219,23 @@ static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
 }
 
 /* ---- creation ---- */
+/* The devices of a fusion's meshes, ascending, into devices (room for
+   f->tvs.n * 8 + 1): who runs it together. Returns how many. */
+static int hir__fusion_devices(const hir_fusion *f, int *devices) {
+  int i, k, n = 0;
+  for (i = 0; i < f->tvs.n; i++) {
+    const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
+    for (k = 0; k < tv->mesh_size && n < f->tvs.n * 8; k++) {
+      int at = n, dev = tv->mesh[k];
+      if (hir_team_index(devices, n, dev) >= 0) continue;
+      while (at > 0 && devices[at - 1] > dev) devices[at] = devices[at - 1], at--;
+      devices[at] = dev;
+      n++;
+    }
+  }
+  return n;
+}
+
 static int hir__setup_expr(hir_evaluator *ev, const hir_expr *e) {
   hir_status s;
   if (hir__ops[e->kind].flags & HIR__OP_COMM) {
@@ -9387,6 +9416,15 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   for (i = 0; i < ev->nvars; i++)
     if (ev->b->event_create(ev->b, &ev->vars_ev[i]) != HIR_OK)
       return hir__ev_fail(ev, HIR_ERR_BACKEND, "hir_evaluator_create: creating an event: %s", ev->b->error), ev->status;
+  if (d->comm && p->my_device >= 0) { /* before the collectives' teams: the same first team on every rank */
+    if (!(ev->devices = (int *)HIR_MALLOC((size_t)(p->ir.tvs.n * 8 + 1) * sizeof(int))))
+      return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
+    ev->ndevices = hir__fusion_devices(&p->ir, ev->devices);
+    if (ev->ndevices > 1 && hir_team_index(ev->devices, ev->ndevices, ev->device) >= 0 &&
+        ev->comm->team(ev->comm, ev->devices, ev->ndevices, &ev->devices_team) != HIR_OK)
+      return hir__ev_fail(ev, HIR_ERR_COMM, "hir_evaluator_create: the team of the fusion's devices: %s", ev->comm->error),
+             ev->status;
+  }
   hir__walk(&p->top, hir__setup_expr, ev);
   hir__find_epilogues(ev, &p->top);
   return ev->status;
@@ -9419,8 +9457,10 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
     for (i = 0; ev->done && i <= ev->nexpr; i++)
       if (ev->done[i]) ev->b->event_destroy(ev->b, ev->done[i]);
     hir__gpu_timeline_free(ev);
+    if (ev->meet_buf) ev->b->release(ev->b, ev->meet_buf);
     if (ev->owns_backend) hir_backend_free(ev->b);
   }
+  HIR_FREE(ev->devices);
   HIR_FREE(ev->spans);
   HIR_FREE(ev->pool);
   HIR_FREE(ev->pool_ev);
@@ -9479,6 +9519,36 @@ static hir_status hir__wait_stream(hir_backend *b, void *stream, hir_comm *comm,
   }
   pthread_cond_destroy(&cv);
   pthread_mutex_destroy(&mu);
+  return s;
+}
+
+/* The ranks of a team meet: every member's `bytes` into all (team order),
+   through the backend's memory (device memory kept in *buf, grown to
+   *cap: a meeting must not cost an allocation each time), waiting under the
+   deadline. *from_comm: the communicator failed (its error says why); else
+   HIR_ERR_TIMEOUT past the deadline, or the backend's error. */
+static hir_status hir__meet(hir_comm *c, void *team, int nteam, hir_backend *b, void **buf, size_t *cap, const void *mine,
+                            void *all, size_t bytes, double deadline, int *from_comm) {
+  size_t need = bytes * (size_t)(nteam + 1);
+  char *dev;
+  hir_status s;
+  *from_comm = 0;
+  memset(&c->what, 0, sizeof c->what);
+  c->what.tensor = -1; /* "a buffer" */
+  if (b->host_memory) return (s = c->allgather(c, team, mine, all, bytes, b->current_stream(b))) != HIR_OK ? (*from_comm = 1, s) : s;
+  if (*cap < need) {
+    if (*buf) b->release(b, *buf);
+    *buf = NULL;
+    *cap = 0;
+    if ((s = b->alloc(b, need, buf)) != HIR_OK) return s;
+    *cap = need;
+  }
+  dev = (char *)*buf;
+  if ((s = b->upload(b, dev, mine, bytes)) != HIR_OK) return s;
+  if ((s = c->allgather(c, team, dev, dev + bytes, bytes, b->current_stream(b))) != HIR_OK) return *from_comm = 1, s;
+  if ((s = hir__wait_stream(b, b->current_stream(b), c, deadline, from_comm)) == HIR_OK)
+    s = b->download(b, all, dev + bytes, bytes * (size_t)nteam);
+  if (s != HIR_OK && s != HIR_ERR_BACKEND) *buf = NULL, *cap = 0; /* a dead peer may still write it: left */
   return s;
 }
 
@@ -9696,8 +9766,11 @@ static void hir__fold_outputs(hir_evaluator *ev, const hir_tensor *done, hir_ten
 
 /* A run that fails on this rank tells the world (hir__tell_world). */
 HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  hir_status s;
   if (!ev) return HIR_ERR_INVALID;
-  return hir__run(ev, in, nin, out, nout) == HIR_OK ? HIR_OK : hir__tell_world(ev);
+  if ((s = hir__run(ev, in, nin, out, nout)) == HIR_OK) return HIR_OK;
+  if (ev->shared_error) return ev->shared_error = 0, s;
+  return hir__tell_world(ev);
 }
 
 /* What hir_run checks and plans before it runs anything: the arguments,
@@ -9747,6 +9820,7 @@ static hir_status hir__prepare(hir_evaluator *ev, const hir_tensor *in, int nin,
     hir__free_blocks(ev);
     if (!hir__plan(ev, in)) return ev->status;
     ev->planned = 1;
+    ev->shapes_unchecked = 1;
   }
   for (i = 0; i < nout; i++)
     if (!hir__check_output(ev, i, &out[i])) return ev->status;
@@ -9925,12 +9999,110 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
   return HIR_OK;
 }
 
+/* One input as a rank passed it, for comparing across ranks: kind (0: not
+   given, a rank outside its mesh passing it empty; 1: a tensor; 2: a
+   scalar, its value in sizes[0]), ndims, sizes. */
+enum { HIR__SHAPE_WORDS = 2 + HIR_MAX_DIMS };
+static void hir__shape_words(const hir_evaluator *ev, int i, const hir_tensor *t, int64_t *w) {
+  const hir_tv *tv = (const hir_tv *)ev->p->ir.inputs.items[i];
+  int a;
+  memset(w, 0, HIR__SHAPE_WORDS * sizeof *w);
+  if (tv->scalar) w[0] = 2, w[2] = t->sizes[0];
+  else if (t->ndims > 0 || hir__in_mesh(tv, ev->device)) w[0] = 1;
+  if (w[0] != 1) return;
+  w[1] = t->ndims;
+  for (a = 0; a < t->ndims; a++) w[2 + a] = t->sizes[a];
+}
+
+static int hir__same_shape_words(const int64_t *x, const int64_t *y) {
+  return x[0] == y[0] && x[1] == y[1] && memcmp(x + 2, y + 2, (size_t)(x[0] == 2 ? 1 : x[1]) * sizeof *x) == 0;
+}
+
+/* Ranks that pass different shapes would move different byte counts in one
+   collective: NCCL then hangs or reads past a buffer, returning wrong
+   numbers at worst. So the shapes a rank plans for are compared across the
+   fusion's devices before anything moves (one small allgather each time the
+   ranks plan anew), and a difference is refused on every rank with one
+   message. The ranks must plan at the same run: one that alone passes a new
+   shape meets the others' communication instead, which fails or times out. */
+static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
+  size_t words = 2 + (size_t)nin * HIR__SHAPE_WORDS, row = words * sizeof(int64_t);
+  int64_t *mine = (int64_t *)HIR_MALLOC(row * (size_t)(ev->ndevices + 1)), *all = mine + words;
+  int i, r, q, from_comm, bad = -1, first = -1;
+  hir_status s;
+  char msg[sizeof ev->error];
+  size_t n;
+  if (!mine) return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory");
+  mine[0] = 0x6869727368617065ll; /* "hirshape": a row from a rank running something else is not read as shapes */
+  mine[1] = nin;
+  for (i = 0; i < nin; i++) hir__shape_words(ev, i, &in[i], mine + 2 + i * HIR__SHAPE_WORDS);
+  s = hir__meet(ev->comm, ev->devices_team, ev->ndevices, ev->b, &ev->meet_buf, &ev->meet_cap, mine, all, row,
+                hir__now_ms() + ev->timeout_ms, &from_comm);
+  if (s != HIR_OK) {
+    HIR_FREE(mine);
+    if (from_comm) ev->broken = 1;
+    if (from_comm) return hir__ev_fail(ev, s, "hir_run: comparing this run's shapes with the other ranks failed: %s", ev->comm->error);
+    if (s == HIR_ERR_TIMEOUT)
+      return hir__ev_fail(ev, s, "hir_run: the other ranks did not come to compare this run's shapes within %d ms: a peer is "
+                          "dead or stuck, or passed the shapes of its last run while this rank passed new ones", ev->timeout_ms);
+    return hir__ev_fail(ev, s, "hir_run: comparing this run's shapes with the other ranks: %s", ev->b->error);
+  }
+  for (r = 0; r < ev->ndevices && bad < 0; r++) {
+    const int64_t *x = all + (size_t)r * words;
+    if (x[0] != mine[0] || x[1] != nin) {
+      HIR_FREE(mine);
+      ev->shared_error = 1;
+      return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: device %d runs a program of another fusion; every device of the "
+                          "fusion's meshes runs the same fusion", ev->devices[r]);
+    }
+  }
+  for (i = 0; i < nin && bad < 0; i++) /* the first input two ranks disagree on */
+    for (first = -1, r = 0; r < ev->ndevices && bad < 0; r++) {
+      const int64_t *x = all + (size_t)r * words + 2 + (size_t)i * HIR__SHAPE_WORDS;
+      if (!x[0]) continue;
+      if (first < 0) first = r;
+      else if (!hir__same_shape_words(x, all + (size_t)first * words + 2 + (size_t)i * HIR__SHAPE_WORDS)) bad = i;
+    }
+  if (bad < 0) return HIR_FREE(mine), 1;
+  if (((const hir_tv *)ev->p->ir.inputs.items[bad])->scalar)
+    n = (size_t)snprintf(msg, sizeof msg, "hir_run: the ranks passed different values for scalar input %d:", bad);
+  else
+    n = (size_t)snprintf(msg, sizeof msg, "hir_run: the ranks passed different shapes for input %d (T%d):", bad,
+                         ((const hir_tv *)ev->p->ir.inputs.items[bad])->name);
+  for (r = 0; r < ev->ndevices; r++) { /* each shape once, with the devices that passed it */
+    const int64_t *x = all + (size_t)r * words + 2 + (size_t)bad * HIR__SHAPE_WORDS;
+    int seen = 0, k, count = 0;
+    for (q = 0; q < r && !seen; q++) seen = hir__same_shape_words(x, all + (size_t)q * words + 2 + (size_t)bad * HIR__SHAPE_WORDS);
+    if (!x[0] || seen) continue;
+    for (q = r; q < ev->ndevices; q++) count += hir__same_shape_words(x, all + (size_t)q * words + 2 + (size_t)bad * HIR__SHAPE_WORDS);
+    if (n < sizeof msg) n += (size_t)snprintf(msg + n, sizeof msg - n, "%s ", r == first ? "" : ";");
+    for (k = 0; x[0] == 1 && k < x[1] && n < sizeof msg; k++)
+      n += (size_t)snprintf(msg + n, sizeof msg - n, "%s%lld", k ? ", " : "[", (long long)x[2 + k]);
+    if (n < sizeof msg)
+      n += (size_t)(x[0] == 2 ? snprintf(msg + n, sizeof msg - n, "%lld", (long long)x[2])
+                              : snprintf(msg + n, sizeof msg - n, "%s", x[1] ? "]" : "[]"));
+    if (n < sizeof msg) n += (size_t)snprintf(msg + n, sizeof msg - n, " on device%s", count > 1 ? "s" : "");
+    for (q = r, k = 0; q < ev->ndevices && n < sizeof msg; q++)
+      if (hir__same_shape_words(x, all + (size_t)q * words + 2 + (size_t)bad * HIR__SHAPE_WORDS))
+        n += (size_t)snprintf(msg + n, sizeof msg - n, "%s%d", k++ ? ", " : " ", ev->devices[q]);
+  }
+  if (n < sizeof msg)
+    snprintf(msg + n, sizeof msg - n, "; every rank passes the same %s", ((const hir_tv *)ev->p->ir.inputs.items[bad])->scalar
+             ? "value" : "shape (its own shard where an axis is split across devices)");
+  HIR_FREE(mine);
+  ev->planned = 0; /* the next run compares again, whatever it passes */
+  ev->shared_error = 1;
+  return hir__ev_fail(ev, HIR_ERR_SHAPE, "%s", msg);
+}
+
 static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin, hir_tensor *user_out, int nout) {
   const hir_tensor *in = user_in;
   hir_tensor *out = user_out;
   hir_status s;
   if (ev && !hir__unfold_args(ev, &in, nin, &out, nout)) return ev->status;
   if ((s = hir__prepare(ev, in, nin, out, nout)) != HIR_OK) return s;
+  if (ev->shapes_unchecked && ev->devices_team && !hir__shapes_agree(ev, user_in, nin)) return ev->status;
+  ev->shapes_unchecked = 0;
   s = ev->graph ? hir__run_graph(ev, in, nin, out, nout) : hir__run_eager(ev, in, nin, out, nout);
   if (s == HIR_OK) hir__fold_outputs(ev, out, user_out, nout);
   return s;
@@ -10067,22 +10239,6 @@ static void hir__cand_free(hir_program **p, hir_evaluator **ev) {
   *p = NULL;
 }
 
-/* Waits for the backend's stream under the evaluator's deadline, watching
-   the communicator (a dead peer must not hold a tuning rank). */
-static hir_status hir__tune_wait(hir_tuner *t, hir_backend *b) {
-  int ms = t->d.eval.timeout_ms > 0 ? t->d.eval.timeout_ms : 600000, from_comm;
-  hir_comm *c = t->d.eval.comm;
-  hir_status s = hir__wait_stream(b, b->current_stream(b), c, hir__now_ms() + ms, &from_comm);
-  if (s == HIR_OK) return HIR_OK;
-  if (from_comm) return hir__tune_fail(t, s, "hir_tuner: a communication failed: %s", c->error);
-  if (s != HIR_ERR_TIMEOUT) return hir__tune_fail(t, s, "hir_tuner: %s", b->error);
-  hir__tune_fail(t, HIR_ERR_TIMEOUT, "hir_tuner: the ranks did not meet within %d ms; a peer is dead or stuck, so the "
-                 "communicator was aborted", ms);
-  snprintf(c->error, sizeof c->error, "%.500s", t->error);
-  c->abort(c);
-  return HIR_ERR_TIMEOUT;
-}
-
 /* The backend the ranks meet through: the caller's, else a CPU one of the
    tuner's own (an evaluator's own lives only as long as it). */
 static hir_backend *hir__tune_backend(hir_tuner *t) {
@@ -10095,28 +10251,20 @@ static hir_backend *hir__tune_backend(hir_tuner *t) {
    without a communicator, has only its own. */
 static hir_status hir__tune_exchange(hir_tuner *t, hir_backend *b, const void *mine, void *all, size_t bytes) {
   hir_comm *c = t->d.eval.comm;
-  char *dev;
+  int ms = t->d.eval.timeout_ms > 0 ? t->d.eval.timeout_ms : 600000, from_comm;
   hir_status s;
   if (!c || t->nteam < 2) return memcpy(all, mine, bytes), HIR_OK;
   if (!t->team_handle && (s = c->team(c, t->team, t->nteam, &t->team_handle)) != HIR_OK)
     return hir__tune_fail(t, s, "hir_tuner: the team of the fusion's devices: %s", c->error);
-  if (b->host_memory) return c->allgather(c, t->team_handle, mine, all, bytes, b->current_stream(b)) == HIR_OK
-                                 ? HIR_OK : hir__tune_fail(t, HIR_ERR_COMM, "hir_tuner: the ranks could not meet: %s", c->error);
-  if (t->xbuf_bytes < bytes * (size_t)(t->nteam + 1)) { /* kept: a barrier must not cost an allocation */
-    if (t->xbuf) b->release(b, t->xbuf);
-    t->xbuf = NULL;
-    t->xbuf_bytes = 0;
-    if ((s = b->alloc(b, bytes * (size_t)(t->nteam + 1), &t->xbuf)) != HIR_OK) return hir__tune_fail(t, s, "hir_tuner: %s", b->error);
-    t->xbuf_bytes = bytes * (size_t)(t->nteam + 1);
-  }
-  dev = (char *)t->xbuf;
-  if ((s = b->upload(b, dev, mine, bytes)) != HIR_OK) hir__tune_fail(t, s, "hir_tuner: %s", b->error);
-  else if ((s = c->allgather(c, t->team_handle, dev, dev + bytes, bytes, b->current_stream(b))) != HIR_OK)
-    hir__tune_fail(t, s, "hir_tuner: the ranks could not meet: %s", c->error);
-  else if ((s = hir__tune_wait(t, b)) == HIR_OK && (s = b->download(b, all, dev + bytes, bytes * (size_t)t->nteam)) != HIR_OK)
-    hir__tune_fail(t, s, "hir_tuner: %s", b->error);
-  if (s != HIR_OK && s != HIR_ERR_BACKEND) t->xbuf = NULL, t->xbuf_bytes = 0; /* a dead peer may still write it: left */
-  return s;
+  s = hir__meet(c, t->team_handle, t->nteam, b, &t->xbuf, &t->xbuf_bytes, mine, all, bytes, hir__now_ms() + ms, &from_comm);
+  if (s == HIR_OK) return HIR_OK;
+  if (from_comm) return hir__tune_fail(t, s, "hir_tuner: the ranks could not meet: %s", c->error);
+  if (s != HIR_ERR_TIMEOUT) return hir__tune_fail(t, s, "hir_tuner: %s", b->error);
+  hir__tune_fail(t, HIR_ERR_TIMEOUT, "hir_tuner: the ranks did not meet within %d ms; a peer is dead or stuck, so the "
+                 "communicator was aborted", ms);
+  snprintf(c->error, sizeof c->error, "%.500s", t->error);
+  c->abort(c);
+  return HIR_ERR_TIMEOUT;
 }
 
 /* The largest difference between a candidate's outputs and serial's (host
@@ -10483,7 +10631,7 @@ HIRDEF hir_status hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, 
   hir_tuner *t;
   size_t len;
   char *text;
-  int i, k;
+  int i;
   if (!out) return HIR_ERR_INVALID;
   if (!(t = *out = (hir_tuner *)HIR_MALLOC(sizeof *t))) return HIR_ERR_NOMEM;
   memset(t, 0, sizeof *t);
@@ -10500,17 +10648,7 @@ HIRDEF hir_status hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, 
   hir_fusion_snprint(f, text, len + 1);
   t->fusion_hash = hir__fnv(text, len, 1469598103934665603ull);
   HIR_FREE(text);
-  for (i = 0; i < f->tvs.n; i++) { /* the devices of every mesh, ascending: who tunes together */
-    const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
-    for (k = 0; k < tv->mesh_size; k++) {
-      int at = t->nteam, dev = tv->mesh[k];
-      if (hir_team_index(t->team, t->nteam, dev) >= 0) continue;
-      if (t->nteam == f->tvs.n * 8) break;
-      while (at > 0 && t->team[at - 1] > dev) t->team[at] = t->team[at - 1], at--;
-      t->team[at] = dev;
-      t->nteam++;
-    }
-  }
+  t->nteam = hir__fusion_devices(f, t->team); /* who tunes together */
   if (!t->nteam) t->team[t->nteam++] = d->lower.my_device;
   if (d->machine) snprintf(t->machine, sizeof t->machine, "%s", d->machine);
   else snprintf(t->machine, sizeof t->machine, "%s, %d ranks%s", d->eval.backend && d->eval.backend->device ? d->eval.backend->device

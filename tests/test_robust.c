@@ -506,17 +506,21 @@ TEST(test_robust_failing_rank, "robust/failing_rank", TEST_CPU) {
   hir_fusion_free(s.f);
 }
 
-/* Ranks that pass different shapes (rank 2's M is 3, the others' 2): every
-   collective and send/recv between them is refused on every rank with a
-   message naming both sides in the program's terms, before any data moves
-   (the local world read past the smaller buffers). */
+/* Ranks that pass different shapes (rank 2's M is 3, the others' 2): the
+   ranks compare the shapes they plan for before anything moves, and every
+   rank refuses the run with one message naming the input, its shapes and
+   the devices that passed each (NCCL would hang or read past a buffer).
+   The world stays usable: the next run, with rank 2's shape mended, is
+   compared again and runs. */
 typedef struct disagree_ctx {
   hir_local_world *w;
   hir_fusion *f;
   int nin;
-  hir_tensor in[4][2];
-  hir_status status[4];
+  int alone;                        /* the first run agrees; rank 2 alone passes new shapes in the second */
+  hir_tensor in[4][2], mended[2];   /* rank 2's inputs for the second run */
+  hir_status status[4], second[4];
   char error[4][512];
+  hir_tensor out[4];
 } disagree_ctx;
 
 static hir_status disagree_rank(int rank, void *user) {
@@ -528,41 +532,56 @@ static hir_status disagree_rank(int rank, void *user) {
   hir_evaluator *ev = NULL;
   memset(&ld, 0, sizeof ld);
   memset(&ed, 0, sizeof ed);
-  memset(out, 0, sizeof out);
   ld.my_device = rank;
   ed.comm = hir_local_comm(x->w, rank);
+  memset(out, 0, sizeof out); /* the evaluator's buffer: a rank with a new shape would find the caller's wrong itself */
+  x->second[rank] = HIR_ERR_INVALID;
   if ((x->status[rank] = hir_lower(x->f, &ld, &p)) == HIR_OK && (x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK)
     x->status[rank] = hir_run(ev, x->in[rank], x->nin, out, 1);
   snprintf(x->error[rank], sizeof x->error[rank], "%s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  if (ev && x->status[rank] == (x->alone ? HIR_OK : HIR_ERR_SHAPE)) {
+    out[0] = x->alone ? out[0] : x->out[rank];
+    x->second[rank] = hir_run(ev, rank == 2 ? x->mended : x->in[rank], x->nin, out, 1);
+    if (x->alone) snprintf(x->error[rank], sizeof x->error[rank], "%s", hir_evaluator_error(ev));
+  }
   hir_evaluator_free(ev);
   hir_program_free(p);
-  return x->status[rank];
+  return x->status[rank] != HIR_OK ? x->status[rank] : x->second[rank];
 }
 
-/* Runs x on 4 ranks; every rank fails, each message holds `want` (or `or_want`,
-   where two ranks can find the disagreement first). */
-static void disagree_run(disagree_ctx *x, hir_status want_status, const char *want, const char *or_want) {
+/* Runs x on 4 ranks: every rank fails with the same message, holding
+   `want`; then every rank's second run (rank 2's shape mended) succeeds. */
+static void disagree_run(disagree_ctx *x, const char *want) {
   int r;
   x->w = hir_local_world_create(4);
-  CHECK(hir_spmd(4, disagree_rank, x) == want_status);
+  CHECK(hir_spmd(4, disagree_rank, x) == HIR_ERR_SHAPE);
   for (r = 0; r < 4; r++) {
-    if (x->status[r] == HIR_OK || !(strstr(x->error[r], want) || (or_want && strstr(x->error[r], or_want)))) {
+    if (x->status[r] != HIR_ERR_SHAPE || !strstr(x->error[r], want) || strcmp(x->error[r], x->error[0]) != 0) {
       fprintf(stderr, "  rank %d: %s: %s\n  wanted: %s\n", r, hir_status_str(x->status[r]), x->error[r], want);
       hir_test_failures++;
     }
-    tfree(&x->in[r][0]);
-    if (x->nin > 1) tfree(&x->in[r][1]);
+    if (x->second[r] != HIR_OK) fprintf(stderr, "  rank %d's second run: %s\n", r, hir_status_str(x->second[r])), hir_test_failures++;
   }
   hir_local_world_free(x->w);
+}
+
+static void disagree_free(disagree_ctx *x) {
+  int r, i;
+  for (r = 0; r < 4; r++) {
+    for (i = 0; i < x->nin; i++) tfree(&x->in[r][i]);
+    tfree(&x->out[r]);
+  }
+  for (i = 0; i < x->nin; i++) tfree(&x->mended[i]);
   hir_fusion_free(x->f);
 }
 
 TEST(test_robust_ranks_disagree, "robust/ranks_disagree", TEST_CPU) {
   static const int m4[4] = {0, 1, 2, 3};
   disagree_ctx x;
-  int r, axis = 1;
-  { /* Allgather: A [DIDx, M] -> unsharded */
+  int r, axis = 1, alone;
+  for (alone = 0; alone < 2; alone++) { /* Allgather: A [DIDx, M] -> unsharded */
     hir_tv *a, *b;
+    int64_t so[2] = {4, 2}, sa[2] = {1, 2}, bad[2] = {1, 3}, i;
     memset(&x, 0, sizeof x);
     x.f = hir_fusion_create();
     a = hir_input(x.f, HIR_F32, 2), b = hir_set(x.f, a);
@@ -570,15 +589,44 @@ TEST(test_robust_ranks_disagree, "robust/ranks_disagree", TEST_CPU) {
     hir_set_mesh(a, 4, m4), hir_set_mesh(b, 4, m4);
     hir_parallelize(a, 0, HIR_DIDX);
     x.nin = 1;
+    x.alone = alone;
     for (r = 0; r < 4; r++) {
-      int64_t sa[2] = {1, r == 2 ? 3 : 2};
-      x.in[r][0] = trand(HIR_F32, 2, sa);
+      x.in[r][0] = trand(HIR_F32, 2, r == 2 && !alone ? bad : sa);
+      x.out[r] = tn(HIR_F32, 2, so);
+      for (i = 0; i < 8; i++) tset(&x.out[r], i, 1e9); /* poison */
     }
-    disagree_run(&x, HIR_ERR_SHAPE, "Allgather over ranks that disagree: rank 0 gives T0 [1, 2] float (8 bytes), rank 2 T0 [1, 3] "
-                                    "float (12 bytes); every member must pass the same shape", NULL);
+    x.mended[0] = trand(HIR_F32, 2, alone ? bad : sa);
+    if (!alone) { /* the second run's output holds every rank's shard */
+      disagree_run(&x, "hir_run: the ranks passed different shapes for input 0 (T0): [1, 2] on devices 0, 1, 3; [1, 3] on "
+                       "device 2; every rank passes the same shape");
+      for (r = 0; r < 4; r++)
+        for (i = 0; i < 8; i++) {
+          const hir_tensor *shard = i / 2 == 2 ? &x.mended[0] : &x.in[i / 2][0];
+          if (tget(&x.out[r], i) != tget(shard, i % 2)) {
+            fprintf(stderr, "  rank %d: element %d of the gathered output is %g, not %g\n", r, (int)i, tget(&x.out[r], i),
+                    tget(shard, i % 2));
+            hir_test_failures++;
+            break;
+          }
+        }
+    } else { /* the first run agrees; in the second rank 2 alone passes a new M while the others gather: no second run
+                returns HIR_OK, each fails naming a disagreement */
+      x.w = hir_local_world_create(4);
+      hir_local_world_set_timeout(x.w, 5000);
+      CHECK(hir_spmd(4, disagree_rank, &x) != HIR_OK);
+      for (r = 0; r < 4; r++)
+        if (x.status[r] != HIR_OK || x.second[r] == HIR_OK || !strstr(x.error[r], "disagree")) {
+          fprintf(stderr, "  rank %d: first run %s, second %s: %s\n", r, hir_status_str(x.status[r]),
+                  hir_status_str(x.second[r]), x.error[r]);
+          hir_test_failures++;
+        }
+      hir_local_world_free(x.w);
+    }
+    disagree_free(&x);
   }
   { /* Allreduce: sum(A [M, DIDx], {1}) */
     hir_tv *a, *b;
+    int64_t sa[2] = {2, 1}, bad[2] = {3, 1};
     memset(&x, 0, sizeof x);
     x.f = hir_fusion_create();
     a = hir_input(x.f, HIR_F64, 2), b = hir_sum(x.f, a, 1, &axis);
@@ -586,25 +634,46 @@ TEST(test_robust_ranks_disagree, "robust/ranks_disagree", TEST_CPU) {
     hir_set_mesh(a, 4, m4), hir_set_mesh(b, 4, m4);
     hir_parallelize(a, 1, HIR_DIDX);
     x.nin = 1;
-    for (r = 0; r < 4; r++) {
-      int64_t sa[2] = {r == 2 ? 3 : 2, 1};
-      x.in[r][0] = trand(HIR_F64, 2, sa);
-    }
-    disagree_run(&x, HIR_ERR_SHAPE, "over ranks that disagree: rank 0 gives T", NULL);
+    for (r = 0; r < 4; r++) x.in[r][0] = trand(HIR_F64, 2, r == 2 ? bad : sa);
+    x.mended[0] = trand(HIR_F64, 2, sa);
+    disagree_run(&x, "different shapes for input 0 (T0): [2, 1] on devices 0, 1, 3; [3, 1] on device 2");
+    disagree_free(&x);
   }
-  { /* send/recv of a P2P pipeline: the receiver names what it expects and what came */
+  { /* send/recv of a P2P pipeline */
     seed s;
+    int64_t sa[3] = {1, 2, 4}, bad[3] = {1, 3, 4}, sb[2] = {4, 5};
     memset(&x, 0, sizeof x);
     seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, m4);
     x.f = s.f;
     x.nin = 2;
     for (r = 0; r < 4; r++) {
-      int64_t sa[3] = {1, r == 2 ? 3 : 2, 4}, sb[2] = {4, 5};
-      x.in[r][0] = trand(HIR_F32, 3, sa);
+      x.in[r][0] = trand(HIR_F32, 3, r == 2 ? bad : sa);
       x.in[r][1] = trand(HIR_F32, 2, sb);
     }
-    disagree_run(&x, HIR_ERR_SHAPE, /* rank 0 and rank 2 each receive from the other: either can find it first */
-                 "rank 0 receives T5 [2, 4] float (32 bytes) from rank 2, which sends T0 [1, 3, 4] float (48 bytes)",
-                 "rank 2 receives T5 [3, 4] float (48 bytes) from rank 0, which sends T0 [1, 2, 4] float (32 bytes)");
+    x.mended[0] = trand(HIR_F32, 3, sa);
+    x.mended[1] = trand(HIR_F32, 2, sb);
+    disagree_run(&x, "different shapes for input 0 (T0): [1, 2, 4] on devices 0, 1, 3; [1, 3, 4] on device 2");
+    disagree_free(&x);
+  }
+  { /* a scalar input: A [DIDx, M] * s, gathered */
+    hir_tv *a, *b;
+    int64_t sa[2] = {1, 3};
+    memset(&x, 0, sizeof x);
+    x.f = hir_fusion_create();
+    a = hir_input(x.f, HIR_F32, 2);
+    b = hir_set(x.f, hir_binary_val(x.f, HIR_BINARY_MUL, a, hir_input_scalar(x.f)));
+    hir_output(x.f, b);
+    hir_set_mesh(a, 4, m4), hir_set_mesh(b, 4, m4);
+    hir_parallelize(a, 0, HIR_DIDX);
+    x.nin = 2;
+    for (r = 0; r < 4; r++) {
+      x.in[r][0] = trand(HIR_F32, 2, sa);
+      x.in[r][1].sizes[0] = r == 2 ? 4 : 3; /* by value: ndims 0, data NULL */
+    }
+    x.mended[0] = trand(HIR_F32, 2, sa);
+    x.mended[1].sizes[0] = 3;
+    disagree_run(&x, "hir_run: the ranks passed different values for scalar input 1: 3 on devices 0, 1, 3; 4 on device 2; "
+                     "every rank passes the same value");
+    disagree_free(&x);
   }
 }

@@ -728,29 +728,36 @@ TEST(test_gpu_copy_engine, "gpu/copy_engine_p2p", TEST_GPU_THREADS) {
 /* One rank rejects its input (a wrong K) 200 ms after the others started
    waiting for it in their exchanges: they return HIR_ERR_COMM within a
    second naming it and why (robust/failing_rank's case, on NCCL). Its
-   world is aborted: the threads get a world of their own. */
+   world is aborted: the threads get a world of their own. With disagree,
+   that rank's M differs instead (a shape it cannot find wrong alone): every
+   rank refuses the run with the same message (robust/ranks_disagree's
+   case, on NCCL), and the next run, its shape mended, succeeds. */
 typedef struct gpu_failing {
   hir_fusion *f;
   hir_comm *comm[MAXR];
-  int gpu[MAXR], wrong;           /* the rank with a wrong K */
+  int gpu[MAXR], wrong, disagree; /* the rank with a wrong K, or M */
   hir_tensor in[MAXR][2];         /* made before the ranks start (trand is not thread-safe) */
-  hir_status status[MAXR];
+  hir_tensor mended;              /* the wrong rank's input 0 in the second run */
+  hir_status status[MAXR], second[MAXR];
   char error[MAXR][512];
   double ms[MAXR];
 } gpu_failing;
 
-static void gpu_failing_begin(gpu_failing *x, int n, int wrong) {
+static void gpu_failing_begin(gpu_failing *x, int n, int wrong, int disagree) {
   seed s;
+  int64_t sa[3] = {1, 2, 4};
   int r;
   memset(x, 0, sizeof *x);
   seed_ag_matmul_p2p(&s, hir_fusion_create(), n, iota_mesh); /* P2P exchanges, then matmuls */
   x->f = s.f;
   x->wrong = wrong;
+  x->disagree = disagree;
   for (r = 0; r < n; r++) {
-    int64_t sa[3] = {1, 2, 4}, sb[2] = {r == wrong ? 3 : 4, 5};
-    x->in[r][0] = trand(HIR_F32, 3, sa);
+    int64_t m3[3] = {1, 3, 4}, sb[2] = {r == wrong && !disagree ? 3 : 4, 5};
+    x->in[r][0] = trand(HIR_F32, 3, r == wrong && disagree ? m3 : sa);
     x->in[r][1] = trand(HIR_F32, 2, sb);
   }
+  x->mended = trand(HIR_F32, 3, sa);
 }
 
 static hir_status gpu_failing_rank(int rank, void *user) {
@@ -776,6 +783,13 @@ static hir_status gpu_failing_rank(int rank, void *user) {
     x->status[rank] = hir_evaluator_sync(ev);
   x->ms[rank] = hir__now_ms() - t0;
   snprintf(x->error[rank], sizeof x->error[rank], "%s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  x->second[rank] = HIR_ERR_INVALID;
+  if (x->disagree && x->status[rank] == HIR_ERR_SHAPE) {
+    if (rank == x->wrong) backend_free(ed.backend, &x->in[rank][0], &d[0]), d[0] = to_backend(ed.backend, &x->mended);
+    if ((x->second[rank] = hir_run(ev, d, 2, out, 1)) == HIR_OK) x->second[rank] = hir_evaluator_sync(ev);
+    if (x->second[rank] != HIR_OK) printf("  rank %d's second run: %.300s\n", rank, hir_evaluator_error(ev));
+    if (rank == x->wrong) backend_free(ed.backend, &x->mended, &d[0]), d[0] = x->in[rank][0];
+  }
   hir_evaluator_free(ev);
   hir_program_free(p);
   for (i = 0; i < 2; i++) backend_free(ed.backend, &x->in[rank][i], &d[i]);
@@ -789,13 +803,17 @@ static int gpu_failing_end(gpu_failing *x, int n, int from, int to) {
   int r, ok = 1;
   snprintf(rank_failed, sizeof rank_failed, "rank %d failed: hir_run:", x->wrong);
   for (r = from; r < to; r++) {
-    int good = r == x->wrong ? x->status[r] == HIR_ERR_SHAPE && strstr(x->error[r], "the contracted sizes differ")
+    int good = x->disagree ? x->status[r] == HIR_ERR_SHAPE && x->ms[r] < 1000 && x->second[r] == HIR_OK &&
+                                 strstr(x->error[r], "hir_run: the ranks passed different shapes for input 0 (T0): [1, 2, 4] on "
+                                                     "device") && strcmp(x->error[r], x->error[from]) == 0
+             : r == x->wrong ? x->status[r] == HIR_ERR_SHAPE && strstr(x->error[r], "the contracted sizes differ")
                              : x->status[r] == HIR_ERR_COMM && x->ms[r] < 1000 && strstr(x->error[r], rank_failed) &&
                                    strstr(x->error[r], "the contracted sizes differ");
     printf("  rank %d: %s after %.0f ms: %.300s\n", r, hir_status_str(x->status[r]), x->ms[r], x->error[r]);
     ok &= good;
   }
   for (r = 0; r < n; r++) tfree(&x->in[r][0]), tfree(&x->in[r][1]);
+  tfree(&x->mended);
   hir_fusion_free(x->f);
   return ok;
 }
@@ -811,7 +829,11 @@ TEST(test_gpu_failing_rank, "gpu/failing_rank", TEST_GPU_THREADS) {
     hir_nccl_world_free(w);
     return;
   }
-  gpu_failing_begin(&x, n, n - 1);
+  gpu_failing_begin(&x, n, n - 1, 1); /* the world stays whole */
+  for (r = 0; r < n; r++) x.comm[r] = hir_nccl_world_comm(w, r), x.gpu[r] = r;
+  CHECK(hir_spmd(n, gpu_failing_rank, &x) == HIR_ERR_SHAPE);
+  CHECK(gpu_failing_end(&x, n, 0, n));
+  gpu_failing_begin(&x, n, n - 1, 0);
   for (r = 0; r < n; r++) x.comm[r] = hir_nccl_world_comm(w, r), x.gpu[r] = r;
   CHECK(hir_spmd(n, gpu_failing_rank, &x) == HIR_ERR_SHAPE); /* the cause */
   CHECK(gpu_failing_end(&x, n, 0, n));
@@ -1277,14 +1299,16 @@ int main(int argc, char **argv) {
       if (mp_env.rank == 0) _exit(ok ? 0 : 1); /* the aborted world is not torn down */
       _exit(0);
     }
-    if (failing) { /* the last rank has a wrong K; every rank returns within a second */
+    if (failing) { /* the last rank has a wrong M, then a wrong K; every rank returns within a second */
       static gpu_failing x;
-      int ok;
-      gpu_failing_begin(&x, mp_env.size, mp_env.size - 1);
-      x.comm[mp_env.rank] = mp_comm;
-      x.gpu[mp_env.rank] = mp_env.gpu;
-      gpu_failing_rank(mp_env.rank, &x);
-      ok = gpu_failing_end(&x, mp_env.size, mp_env.rank, mp_env.rank + 1);
+      int ok, disagree;
+      for (ok = 1, disagree = 1; disagree >= 0; disagree--) {
+        gpu_failing_begin(&x, mp_env.size, mp_env.size - 1, disagree);
+        x.comm[mp_env.rank] = mp_comm;
+        x.gpu[mp_env.rank] = mp_env.gpu;
+        gpu_failing_rank(mp_env.rank, &x);
+        ok &= gpu_failing_end(&x, mp_env.size, mp_env.rank, mp_env.rank + 1);
+      }
       printf("%s%d passed, %d failed\n", prefix, ok, !ok);
       fflush(stdout);
       _exit(ok ? 0 : 1); /* the aborted world is not torn down */

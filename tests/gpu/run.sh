@@ -57,7 +57,7 @@ if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   n=$((ngpu < 4 ? ngpu : 4))
-  stage "a failing rank ($n processes, the last with a wrong K; the others back within 1 s)" timeout 120 mpirun \
+  stage "a failing rank ($n processes, the last with a wrong M, then a wrong K; every rank back within 1 s)" timeout 120 mpirun \
     --allow-run-as-root -np "$n" -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29690 "$bin" --processes --failing-rank
 fi
 stage "the bootstrap without GPUs (make test-bootstrap)" make -s test-bootstrap
