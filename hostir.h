@@ -574,6 +574,11 @@ struct hir_backend {
   hir_status (*graph_end)(hir_backend *self, void **graph);
   hir_status (*graph_launch)(hir_backend *self, void *graph);
   void (*graph_destroy)(hir_backend *self, void *graph);
+  /* Optional: the largest |a - b| and the largest |b| over two dense tensors
+     of one shape and dtype (NaN counts as infinite), known when it returns
+     (the host waits for the stream): how a tuner compares outputs where they
+     live. NULL: they are downloaded and compared on the host. */
+  hir_status (*max_abs)(hir_backend *self, void *stream, const hir_tensor *a, const hir_tensor *b, double *diff, double *b_max);
 };
 
 /* What a communication moves, in the program's terms: the evaluator fills it
@@ -6282,6 +6287,26 @@ static hir_status hir__cpu_memcpy(hir_backend *b, void *dst, const void *src, si
   return HIR_OK;
 }
 
+/* The largest |a - b| and |b| of n elements in host memory (NaN: infinite). */
+static void hir__host_max_abs(const void *a, const void *b, hir_dtype dt, int64_t n, double *diff, double *b_max) {
+  int64_t i;
+  *diff = *b_max = 0;
+  for (i = 0; i < n; i++) {
+    double y = hir__load(b, dt, i), d = hir__load(a, dt, i) - y;
+    d = d < 0 ? -d : d;
+    y = y < 0 ? -y : y;
+    if (!(d <= *diff)) *diff = d == d ? d : HUGE_VAL;
+    if (!(y <= *b_max)) *b_max = y == y ? y : HUGE_VAL;
+  }
+}
+
+static hir_status hir__cpu_max_abs(hir_backend *self, void *stream, const hir_tensor *a, const hir_tensor *b, double *diff,
+                                   double *b_max) {
+  (void)self, (void)stream;
+  hir__host_max_abs(a->data, b->data, b->dtype, hir__numel(b->ndims, b->sizes), diff, b_max);
+  return HIR_OK;
+}
+
 HIRDEF hir_backend *hir_backend_cpu_create(void) {
   hir_backend *b = (hir_backend *)HIR_MALLOC(sizeof(hir_backend));
   hir__cpu *c = (hir__cpu *)HIR_MALLOC(sizeof(hir__cpu));
@@ -6314,6 +6339,7 @@ HIRDEF hir_backend *hir_backend_cpu_create(void) {
   b->matmul = hir__cpu_matmul;
   b->upload = hir__cpu_memcpy;
   b->download = hir__cpu_memcpy;
+  b->max_abs = hir__cpu_max_abs;
   return b;
 }
 
@@ -6381,6 +6407,8 @@ typedef struct hir__cuda {
   cudaLibrary_t map_library;
   cudaKernel_t map_kernel[2];       /* computing in float, in double */
   cudaKernel_t vec_kernel[HIR_DTYPE_COUNT]; /* dense tensors of one dtype, 16 bytes a thread */
+  cudaKernel_t max_abs_kernel;
+  unsigned *max_abs_out;            /* its two results, on the device */
   char map_error[200];
   cudaStream_t capture, saved_caller;  /* graph capture: the stream it runs on, and the caller's meanwhile */
   hir__lt_plan lt_plans[HIR__LT_PLANS]; /* the bias-epilogue GEMMs' setups, by shape, reused round-robin */
@@ -6498,6 +6526,7 @@ static void hir__cuda_destroy(hir_backend *b) {
   for (k = 0; k < HIR__LT_PLANS; k++) hir__lt_plan_free(&c->lt_plans[k]);
   if (c->lt) cublasLtDestroy(c->lt);
   if (c->capture) cudaStreamDestroy(c->capture);
+  if (c->max_abs_out) cudaFree(c->max_abs_out);
   HIR_FREE(c);
   HIR_FREE(b);
 }
@@ -6809,7 +6838,19 @@ static const char hir__cuda_map_tail[] =
     "extern \"C\" __global__ void hir_vec_f32(hir_map_args a) { hir_vec<0, float>(a); }\n"
     "extern \"C\" __global__ void hir_vec_f64(hir_map_args a) { hir_vec<1, double>(a); }\n"
     "extern \"C\" __global__ void hir_vec_f16(hir_map_args a) { hir_vec<2, float>(a); }\n"
-    "extern \"C\" __global__ void hir_vec_bf16(hir_map_args a) { hir_vec<3, float>(a); }\n";
+    "extern \"C\" __global__ void hir_vec_bf16(hir_map_args a) { hir_vec<3, float>(a); }\n"
+    /* the largest |a - b| and |b| (dense, dtype dt_a) into dst's two words: non-negative floats order as their bits */
+    "extern \"C\" __global__ void hir_max_abs(hir_map_args a) {\n"
+    "  float d = 0.f, m = 0.f, inf = __int_as_float(0x7f800000);\n"
+    "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < a.n; i += (i64)gridDim.x * blockDim.x) {\n"
+    "    double y = hir_ld<double>(a.b, a.dt_a, i), e = hir_ld<double>(a.a, a.dt_a, i) - y;\n"
+    "    float fe = (float)(e < 0 ? -e : e), fy = (float)(y < 0 ? -y : y);\n"
+    "    d = fe <= d ? d : fe == fe ? fe : inf;\n"
+    "    m = fy <= m ? m : fy == fy ? fy : inf;\n"
+    "  }\n"
+    "  for (int o = 16; o > 0; o /= 2) d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, o)), m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));\n"
+    "  if ((threadIdx.x & 31) == 0) atomicMax((unsigned *)a.dst, __float_as_uint(d)), atomicMax((unsigned *)a.dst + 1, __float_as_uint(m));\n"
+    "}\n";
 #define HIR__EXPR_TEXT_BINARY(e, symbol, builder, expr) #expr,
 #define HIR__EXPR_TEXT_UNARY(e, name, f, expr) #expr,
 static const char *const hir__binary_exprs[] = {HIR_BINARY_OP_LIST(HIR__EXPR_TEXT_BINARY)};
@@ -6949,7 +6990,8 @@ static int hir__cuda_map_kernels(hir__cuda *c) {
       cudaLibraryGetKernel(&c->vec_kernel[HIR_F32], c->map_library, "hir_vec_f32") == cudaSuccess &&
       cudaLibraryGetKernel(&c->vec_kernel[HIR_F64], c->map_library, "hir_vec_f64") == cudaSuccess &&
       cudaLibraryGetKernel(&c->vec_kernel[HIR_F16], c->map_library, "hir_vec_f16") == cudaSuccess &&
-      cudaLibraryGetKernel(&c->vec_kernel[HIR_BF16], c->map_library, "hir_vec_bf16") == cudaSuccess)
+      cudaLibraryGetKernel(&c->vec_kernel[HIR_BF16], c->map_library, "hir_vec_bf16") == cudaSuccess &&
+      cudaLibraryGetKernel(&c->max_abs_kernel, c->map_library, "hir_max_abs") == cudaSuccess)
     return 1;
   cudaGetLastError();
   cudaLibraryUnload(c->map_library);
@@ -7055,6 +7097,36 @@ static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_
   e = cudaLaunchKernel((const void *)(vec ? c->vec_kernel[dst->dtype] : c->map_kernel[f64]), grid, block, argv, 0,
                        stream ? (cudaStream_t)stream : c->caller);
   if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (elementwise)", cudaGetErrorString(e), __FILE__, __LINE__);
+  return HIR_OK;
+}
+
+static hir_status hir__cuda_max_abs(hir_backend *b, void *stream, const hir_tensor *x, const hir_tensor *y, double *diff,
+                                    double *y_max) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  cudaStream_t s = stream ? (cudaStream_t)stream : c->caller;
+  hir__map_args args;
+  unsigned got[2];
+  float f[2];
+  void *argv[1];
+  dim3 grid, block;
+  if (!hir__cuda_load_map(c)) {
+    snprintf(b->error, sizeof b->error, "cuda backend: the elementwise kernels are unavailable: %s", c->map_error);
+    return HIR_ERR_UNSUPPORTED;
+  }
+  if (!c->max_abs_out) HIR__CU(b, cudaMalloc((void **)&c->max_abs_out, sizeof got));
+  memset(&args, 0, sizeof args);
+  args.n = hir__numel(y->ndims, y->sizes);
+  args.dst = c->max_abs_out, args.a = x->data, args.b = y->data, args.dt_a = (int)y->dtype;
+  argv[0] = &args;
+  grid.x = (unsigned)((args.n + 255) / 256 < 2048 ? (args.n + 255) / 256 : 2048), grid.y = grid.z = 1;
+  if (!grid.x) grid.x = 1;
+  block.x = 256, block.y = block.z = 1;
+  HIR__CU(b, cudaMemsetAsync(c->max_abs_out, 0, sizeof got, s));
+  HIR__CU(b, cudaLaunchKernel((const void *)c->max_abs_kernel, grid, block, argv, 0, s));
+  HIR__CU(b, cudaMemcpyAsync(got, c->max_abs_out, sizeof got, cudaMemcpyDeviceToHost, s));
+  HIR__CU(b, cudaStreamSynchronize(s));
+  memcpy(f, got, sizeof f);
+  *diff = f[0], *y_max = f[1];
   return HIR_OK;
 }
 
@@ -7521,6 +7593,7 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   b->graph_end = hir__cuda_graph_end;
   b->graph_launch = hir__cuda_graph_launch;
   b->graph_destroy = hir__cuda_graph_destroy;
+  b->max_abs = hir__cuda_max_abs;
   { /* the driver's memsets, for the ones of long sums (hir__cuda_ones says if they are missing) */
     enum cudaDriverEntryPointQueryResult found;
     void *fn[3] = {NULL, NULL, NULL};
@@ -10267,25 +10340,26 @@ static hir_status hir__tune_exchange(hir_tuner *t, hir_backend *b, const void *m
   return HIR_ERR_TIMEOUT;
 }
 
-/* The largest difference between a candidate's outputs and serial's (host
-   copies), relative to serial's largest value; < 0 where the shapes differ. */
-static double hir__output_diff(hir_backend *b, const hir_tensor *got, const hir_tensor *ref_host, void *scratch) {
-  int64_t n = hir__numel(ref_host->ndims, ref_host->sizes), i;
-  size_t es = hir_dtype_size(ref_host->dtype);
-  double worst = 0, scale = 0;
-  if (got->dtype != ref_host->dtype || got->ndims != ref_host->ndims ||
-      memcmp(got->sizes, ref_host->sizes, (size_t)got->ndims * sizeof(int64_t)) != 0)
+/* The largest difference between a candidate's output and serial's, both
+   where the backend keeps them, relative to serial's largest value (compared
+   there by max_abs, else on the host); < 0 where the shapes differ or the
+   comparison failed. */
+static double hir__output_diff(hir_backend *b, const hir_tensor *got, const hir_tensor *ref) {
+  int64_t n = hir__numel(ref->ndims, ref->sizes);
+  size_t bytes = (size_t)n * hir_dtype_size(ref->dtype);
+  double diff = 0, scale = 0;
+  char *host;
+  if (got->dtype != ref->dtype || got->ndims != ref->ndims || memcmp(got->sizes, ref->sizes, (size_t)got->ndims * sizeof(int64_t)) != 0)
     return -1;
-  if (b->host_memory) memcpy(scratch, got->data, (size_t)n * es);
-  else if (b->download(b, scratch, got->data, (size_t)n * es) != HIR_OK) return -1;
-  for (i = 0; i < n; i++) {
-    double r = hir__load(ref_host->data, ref_host->dtype, i), d = hir__load(scratch, ref_host->dtype, i) - r;
-    if (d < 0) d = -d;
-    if (!(d <= worst)) worst = d; /* NaN counts as the worst */
-    if (r < 0) r = -r;
-    if (r > scale) scale = r;
+  if (!b->max_abs || b->max_abs(b, b->current_stream(b), got, ref, &diff, &scale) != HIR_OK) {
+    if (!(host = (char *)HIR_MALLOC(2 * bytes + 1))) return -1;
+    if (b->stream_synchronize(b, b->current_stream(b)) != HIR_OK || b->download(b, host, got->data, bytes) != HIR_OK ||
+        b->download(b, host + bytes, ref->data, bytes) != HIR_OK)
+      return HIR_FREE(host), -1;
+    hir__host_max_abs(host, host + bytes, ref->dtype, n, &diff, &scale);
+    HIR_FREE(host);
   }
-  return worst / (scale > 0 ? scale : 1);
+  return diff / (scale > 0 ? scale : 1);
 }
 
 static int hir__cmp_ms(const void *a, const void *b) {
@@ -10300,8 +10374,8 @@ static double hir__dtype_tolerance(hir_dtype d) { return d == HIR_F64 ? 1e-9 : d
    this is serial): *worst > 1 where one differs beyond the tolerance (by
    that many tolerances). */
 static hir_status hir__cand_time(hir_tuner *t, hir__cand_state *cs, const hir_tensor *in, int nin, hir_tensor *ref,
-                                 hir_tensor *out, int nout, double *worst) {
-  hir_backend *b = hir_evaluator_backend(cs->ev);
+                                 hir_tensor *out, int nout, double *worst, double *compare_ms) {
+  hir_backend *b = hir_evaluator_backend(cs->ev), *rb = hir__tune_backend(t);
   double ms[64];
   int iters = t->d.iters > 0 ? (t->d.iters < 64 ? t->d.iters : 64) : 3, warmup = t->d.warmup > 0 ? t->d.warmup : 1, k, i;
   hir_status s;
@@ -10324,15 +10398,15 @@ static hir_status hir__cand_time(hir_tuner *t, hir__cand_state *cs, const hir_te
       size_t bytes = (size_t)hir__numel(out[i].ndims, out[i].sizes) * hir_dtype_size(out[i].dtype);
       if (!out[i].data) continue; /* lives on another rank */
       cs->memory -= bytes <= cs->memory ? bytes : cs->memory; /* the limit is on what it holds besides the outputs */
-      if (cs->c.serial) { /* the reference */
+      if (cs->c.serial) { /* the reference, kept where it was computed */
         ref[i] = out[i];
-        if (!(ref[i].data = HIR_MALLOC(bytes ? bytes : 1))) return hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
-        if (b->host_memory) memcpy(ref[i].data, out[i].data, bytes);
-        else if ((s = b->download(b, ref[i].data, out[i].data, bytes)) != HIR_OK) return hir__tune_fail(t, s, "hir_tuner: %s", b->error);
+        ref[i].data = NULL;
+        hir__contiguous_strides(&ref[i]);
+        if ((s = rb->alloc(rb, bytes, &ref[i].data)) != HIR_OK || (s = rb->copy(rb, rb->current_stream(rb), &ref[i], &out[i])) != HIR_OK)
+          return hir__tune_fail(t, s, "hir_tuner: keeping serial's output: %s", rb->error);
       } else if (ref[i].data) {
-        void *scratch = HIR_MALLOC(bytes ? bytes : 1);
-        double d = scratch ? hir__output_diff(b, &out[i], &ref[i], scratch) : -1;
-        HIR_FREE(scratch);
+        double t1 = hir__now_ms(), d = hir__output_diff(rb, &out[i], &ref[i]);
+        *compare_ms += hir__now_ms() - t1;
         if (!(d >= 0 && d <= hir__dtype_tolerance(out[i].dtype)) && !(*worst > 1)) /* the first bad output, as a ratio */
           *worst = d >= 0 ? d / hir__dtype_tolerance(out[i].dtype) : 1e300;
       }
@@ -10409,7 +10483,7 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
   hir_tensor *out = NULL, *ref = NULL;
   int n = hir__candidates(t, cands), nout = t->f->outputs.n, k, r, best = -1, same = 0;
   hir_status s = HIR_OK;
-  double t0 = hir__now_ms();
+  double t0 = hir__now_ms(), lower_ms, create_ms = 0, run_ms = 0, compare_ms = 0, t1;
   size_t at;
   memset(cs, 0, sizeof cs);
   for (k = 0; k < n; k++) cs[k].c = cands[k];
@@ -10423,6 +10497,7 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
   }
   memset(ref, 0, (size_t)(nout + 1) * sizeof *ref);
   hir__cands_check(t, cs, n, in, nin, out, nout);
+  lower_ms = hir__now_ms() - t0;
   if (!(b = hir__tune_backend(t))) {
     s = hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
     goto done;
@@ -10450,11 +10525,15 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
     double worst = 0;
     memset(&verdicts[k], 0, sizeof verdicts[k]);
     if (cs[k].state != HIR__CAND_RUN) continue;
+    t1 = hir__now_ms();
     if ((s = hir__cand_evaluator(t, &cs[k].c, cs[k].p, &cs[k].ev)) != HIR_OK) {
       s = hir__tune_fail(t, s, "hir_tuner: %s", cs[k].ev ? hir_evaluator_error(cs[k].ev) : "out of memory");
       goto done;
     }
-    if ((s = hir__cand_time(t, &cs[k], in, nin, ref, out, nout, &worst)) != HIR_OK) goto done;
+    create_ms += hir__now_ms() - t1;
+    t1 = hir__now_ms();
+    if ((s = hir__cand_time(t, &cs[k], in, nin, ref, out, nout, &worst, &compare_ms)) != HIR_OK) goto done;
+    run_ms += hir__now_ms() - t1;
     verdicts[k].ms = cs[k].ms;
     verdicts[k].worst = worst;
     verdicts[k].memory = cs[k].memory;
@@ -10492,8 +10571,10 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
   { /* the report: what was measured, chosen, dropped */
     char name[96];
     hir__cand_snprint(&cs[best].c, 0, name, sizeof name);
-    at = (size_t)snprintf(t->report, sizeof t->report, "tuned on %d rank%s in %.0f ms: %s, %.3f ms (the slowest rank's median); "
-                          "measured:", t->nteam, t->nteam == 1 ? "" : "s", hir__now_ms() - t0, name, cs[best].ms);
+    at = (size_t)snprintf(t->report, sizeof t->report, "tuned on %d rank%s in %.0f ms: %s, %.3f ms (the slowest rank's median; "
+                          "this rank's tuning: lowering and checking %.0f ms, evaluators %.0f, runs %.0f, comparing outputs "
+                          "%.0f); measured:", t->nteam, t->nteam == 1 ? "" : "s", hir__now_ms() - t0, name, cs[best].ms,
+                          lower_ms, create_ms, run_ms - compare_ms, compare_ms);
     for (k = 0; k < n && at < sizeof t->report; k++)
       if (cs[k].state == HIR__CAND_RUN) {
         hir__cand_snprint(&cs[k].c, 0, name, sizeof name);
@@ -10510,7 +10591,8 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
   }
 done:
   for (k = 0; k < n; k++) hir__cand_free(&cs[k].p, &cs[k].ev);
-  for (k = 0; ref && k < nout; k++) HIR_FREE(ref[k].data);
+  for (k = 0; ref && k < nout; k++)
+    if (ref[k].data) b->release(b, ref[k].data);
   HIR_FREE(out);
   HIR_FREE(ref);
   HIR_FREE(all);

@@ -305,6 +305,35 @@ TEST(test_gpu_sum, "gpu/sum", TEST_GPU) {
   hir_backend_free(be);
 }
 
+/* max_abs (how the tuner compares outputs on the GPU) against the CPU
+   backend's, in every dtype, on a length that is no multiple of a block,
+   and with a NaN planted (it counts as infinite). */
+TEST(test_gpu_max_abs, "gpu/max_abs", TEST_GPU) {
+  static const hir_dtype dts[4] = {HIR_F32, HIR_F64, HIR_F16, HIR_BF16};
+  hir_backend *be = hir_backend_cuda_create(0), *cpu = hir_backend_cpu_create();
+  int64_t sz[2] = {37, 1001};
+  int k, nan;
+  for (k = 0; k < 4; k++)
+    for (nan = 0; nan < 2; nan++) {
+      hir_tensor a = trand(dts[k], 2, sz), b = trand(dts[k], 2, sz), da, db;
+      double want[2], got[2] = {-1, -1};
+      tset(&a, 12345, tget(&a, 12345) + 7.5); /* the largest difference, somewhere inside */
+      if (nan) tset(&a, 777, NAN);
+      da = to_backend(be, &a), db = to_backend(be, &b);
+      CHECK(cpu->max_abs(cpu, NULL, &a, &b, &want[0], &want[1]) == HIR_OK);
+      CHECK(be->max_abs(be, NULL, &da, &db, &got[0], &got[1]) == HIR_OK);
+      if (!(nan ? isinf(got[0]) && isinf(want[0]) : fabs(got[0] - want[0]) <= 1e-6 * want[0] && got[0] > 7) ||
+          !(fabs(got[1] - want[1]) <= 1e-6 * want[1] && got[1] > 0.5)) {
+        printf("  %s%s: %g %g, want %g %g\n", hir_dtype_name(dts[k]), nan ? " with a NaN" : "", got[0], got[1], want[0], want[1]);
+        hir_test_failures++;
+      }
+      backend_free(be, &a, &da), backend_free(be, &b, &db);
+      tfree(&a), tfree(&b);
+    }
+  hir_backend_free(be);
+  hir_backend_free(cpu);
+}
+
 /* TF32 is off by default (f32 matmuls exact to f32), and the option turns it on. */
 TEST(test_gpu_tf32, "gpu/tf32", TEST_GPU) {
   hir_fusion *f = hir_fusion_create();
