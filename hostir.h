@@ -725,8 +725,8 @@ typedef struct hir_tune_desc {
   hir_lower_desc lower;   /* as for hir_lower (my_device, comm, ...); the candidates set its stream options */
   hir_eval_desc eval;     /* as for hir_evaluator_create; the candidates set number_of_streams */
   size_t memory_limit;    /* bytes a candidate's evaluator may hold besides the outputs; 0: no limit */
-  int warmup, iters;      /* runs per candidate (warmup counts the first run, >= 2); 0: each fills about 25 ms
-                             (iters at least 3), and the fastest few (within 5%) are timed again, in turns */
+  int warmup, iters;      /* runs per candidate (warmup counts the first run, >= 2); 0: each fills about 10 ms,
+                             iters at least 3 */
   const char *machine;    /* names the machine in saved plans; NULL: the backend's device, the ranks, the copy engines */
 } hir_tune_desc;
 HIRDEF hir_status         hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, hir_tuner **out);
@@ -10207,7 +10207,6 @@ typedef struct hir__cand_state {
   hir__cand c;
   int state, same_as;
   double ms;                    /* this rank's median; once agreed, the slowest rank's */
-  double first_ms;              /* a finalist's agreed time in the first round (its ms: in the final one) */
   size_t memory;
   char why[200];                /* why it was dropped */
   hir_program *p;
@@ -10392,7 +10391,7 @@ static double hir__median(double *ms, int n) {
 }
 
 /* How many runs of `ms` fill HIR__TUNE_FILL_MS, within [lo, hi]. */
-enum { HIR__TUNE_FILL_MS = 25 };
+enum { HIR__TUNE_FILL_MS = 10 };
 static int hir__runs_to_fill(double ms, int lo, int hi) {
   double n = ms > 0 ? HIR__TUNE_FILL_MS / ms : hi;
   return n < lo ? lo : n > hi ? hi : (int)n;
@@ -10501,60 +10500,6 @@ typedef struct hir__cand_verdict { /* what each rank says of a candidate after t
   uint64_t memory;                 /* its buffers' bytes */
 } hir__cand_verdict;
 
-/* The fastest candidates (within 5% of the best, at most
-   HIR__TUNE_FINALISTS, their buffers together within the memory limit)
-   timed again in turns: their runs alternate, so that a drift of the
-   clocks (a GPU warming up as it would when serving) falls on all of them
-   alike. Each is lowered again; their agreed medians replace the first
-   ones, and *best becomes the fastest of them. The choice of finalists uses
-   only agreed numbers: every rank picks the same. */
-enum { HIR__TUNE_FINALISTS = 4, HIR__TUNE_ROUNDS = 16 };
-static hir_status hir__tune_final(hir_tuner *t, hir__cand_state *cs, int n, int *best, int *nfinal, const hir_tensor *in,
-                                  int nin, hir_tensor *out, int nout, double *heard) {
-  hir_backend *b = hir__tune_backend(t);
-  double ms[HIR__TUNE_FINALISTS][HIR__TUNE_ROUNDS], median[HIR__TUNE_FINALISTS], bound = cs[*best].ms * 1.05, one_round = 0;
-  int fin[HIR__TUNE_FINALISTS], nf = 0, k, i, r, rounds;
-  size_t held = 0;
-  hir_status s;
-  char one = 1;
-  for (;;) { /* the fastest first */
-    int pick = -1;
-    for (k = 0; k < n; k++) {
-      int taken = 0;
-      for (i = 0; i < nf; i++) taken |= fin[i] == k;
-      if (cs[k].state == HIR__CAND_RUN && !taken && cs[k].ms <= bound && (pick < 0 || cs[k].ms < cs[pick].ms)) pick = k;
-    }
-    if (pick < 0 || nf == HIR__TUNE_FINALISTS || (t->d.memory_limit && held + cs[pick].memory > t->d.memory_limit)) break;
-    fin[nf++] = pick;
-    held += cs[pick].memory;
-    one_round += cs[pick].ms;
-  }
-  *nfinal = nf;
-  if (nf < 2) return *nfinal = 0, HIR_OK;
-  for (i = 0; i < nf; i++) { /* lowered again; a first run makes their buffers */
-    hir__cand_state *c = &cs[fin[i]];
-    if ((s = hir__cand_lower(t, &c->c, &c->p, &c->ev)) != HIR_OK)
-      return hir__tune_fail(t, s, "hir_tuner: %s", c->ev ? hir_evaluator_error(c->ev) : hir_program_error(c->p));
-    if ((s = hir__cand_run(t, c, in, nin, out, nout, &ms[i][0])) != HIR_OK) return s;
-  }
-  rounds = hir__runs_to_fill(one_round, 4, HIR__TUNE_ROUNDS);
-  for (r = 0; r < rounds; r++)
-    for (i = 0; i < nf; i++) {
-      if ((s = hir__tune_exchange(t, b, &one, heard, 1)) != HIR_OK) return s; /* the ranks meet */
-      if ((s = hir__cand_run(t, &cs[fin[i]], in, nin, out, nout, &ms[i][r])) != HIR_OK) return s;
-    }
-  for (i = 0; i < nf; i++) median[i] = hir__median(ms[i], rounds);
-  if ((s = hir__tune_exchange(t, b, median, heard, (size_t)nf * sizeof *median)) != HIR_OK) return s;
-  for (i = 0; i < nf; i++) { /* the slowest rank's */
-    cs[fin[i]].first_ms = cs[fin[i]].ms;
-    cs[fin[i]].ms = 0;
-    for (r = 0; r < t->nteam; r++) cs[fin[i]].ms = heard[r * nf + i] > cs[fin[i]].ms ? heard[r * nf + i] : cs[fin[i]].ms;
-    if (cs[fin[i]].ms < cs[*best].ms || i == 0) *best = fin[i];
-    hir__cand_free(&cs[fin[i]].p, &cs[fin[i]].ev);
-  }
-  return HIR_OK;
-}
-
 /* The tuning of one shape: every rank checks, the ranks agree on what runs,
    time it, and agree on the fastest. The report goes to t->report. */
 static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, hir__cand *choice, double *choice_ms) {
@@ -10567,8 +10512,7 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
   hir_tensor *out = NULL, *ref = NULL;
   int n = hir__candidates(t, cands), nout = t->f->outputs.n, k, r, best = -1, same = 0;
   hir_status s = HIR_OK;
-  double t0 = hir__now_ms(), lower_ms, create_ms = 0, run_ms = 0, compare_ms = 0, final_ms = 0, t1;
-  int finalists = 0;
+  double t0 = hir__now_ms(), lower_ms, create_ms = 0, run_ms = 0, compare_ms = 0, t1;
   size_t at;
   memset(cs, 0, sizeof cs);
   for (k = 0; k < n; k++) cs[k].c = cands[k];
@@ -10630,11 +10574,9 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
   for (k = 0; k < n; k++) {
     if (cs[k].state != HIR__CAND_RUN) continue;
     cs[k].ms = 0;
-    cs[k].memory = 0;
     for (r = 0; r < t->nteam; r++) {
       const hir__cand_verdict *v = &heard[r * n + k];
       if (v->ms > cs[k].ms) cs[k].ms = v->ms;
-      if (v->memory > cs[k].memory) cs[k].memory = (size_t)v->memory;
       if (cs[k].state != HIR__CAND_RUN) continue;
       if (v->worst > 1) {
         cs[k].state = HIR__CAND_DROPPED;
@@ -10653,27 +10595,19 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
                        "hir_tuner: every candidate was dropped; serial %s", cs[0].why);
     goto done;
   }
-  t1 = hir__now_ms();
-  if (t->d.iters <= 0 && (s = hir__tune_final(t, cs, n, &best, &finalists, in, nin, out, nout, (double *)heard)) != HIR_OK) goto done;
-  final_ms = hir__now_ms() - t1;
   *choice = cs[best].c;
   *choice_ms = cs[best].ms;
   { /* the report: what was measured, chosen, dropped */
     char name[96];
     hir__cand_snprint(&cs[best].c, 0, name, sizeof name);
     at = (size_t)snprintf(t->report, sizeof t->report, "tuned on %d rank%s in %.0f ms: %s, %.3f ms (the slowest rank's median; "
-                          "this rank's tuning: lowering and checking %.0f ms, evaluators %.0f, runs %.0f, comparing outputs %.0f",
-                          t->nteam, t->nteam == 1 ? "" : "s", hir__now_ms() - t0, name, cs[best].ms, lower_ms, create_ms,
-                          run_ms - compare_ms, compare_ms);
-    if (finalists && at < sizeof t->report)
-      at += (size_t)snprintf(t->report + at, sizeof t->report - at, ", the fastest %d again in turns %.0f", finalists, final_ms);
-    if (at < sizeof t->report) at += (size_t)snprintf(t->report + at, sizeof t->report - at, "); measured:");
+                          "this rank's tuning: lowering and checking %.0f ms, evaluators %.0f, runs %.0f, comparing outputs "
+                          "%.0f); measured:", t->nteam, t->nteam == 1 ? "" : "s", hir__now_ms() - t0, name, cs[best].ms,
+                          lower_ms, create_ms, run_ms - compare_ms, compare_ms);
     for (k = 0; k < n && at < sizeof t->report; k++)
       if (cs[k].state == HIR__CAND_RUN) {
         hir__cand_snprint(&cs[k].c, 0, name, sizeof name);
-        at += (size_t)(cs[k].first_ms > 0 ? snprintf(t->report + at, sizeof t->report - at, " %s %.3f, in turns %.3f;", name,
-                                                     cs[k].first_ms, cs[k].ms)
-                                            : snprintf(t->report + at, sizeof t->report - at, " %s %.3f;", name, cs[k].ms));
+        at += (size_t)snprintf(t->report + at, sizeof t->report - at, " %s %.3f;", name, cs[k].ms);
       }
     for (k = 0; k < n && at < sizeof t->report; k++)
       if (cs[k].state == HIR__CAND_DROPPED) {
