@@ -10092,6 +10092,11 @@ static int hir__same_shape_words(const int64_t *x, const int64_t *y) {
   return x[0] == y[0] && x[1] == y[1] && memcmp(x + 2, y + 2, (size_t)(x[0] == 2 ? 1 : x[1]) * sizeof *x) == 0;
 }
 
+/* Input i's words in rank r's row of `all` (rows of `words`: a header of 2, then the inputs). */
+static const int64_t *hir__shape_of(const int64_t *all, size_t words, int r, int i) {
+  return all + (size_t)r * words + 2 + (size_t)i * HIR__SHAPE_WORDS;
+}
+
 /* Ranks that pass different shapes would move different byte counts in one
    collective: NCCL then hangs or reads past a buffer, returning wrong
    numbers at worst. So the shapes a rank plans for are compared across the
@@ -10114,8 +10119,10 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
                 hir__now_ms() + ev->timeout_ms, &from_comm);
   if (s != HIR_OK) {
     HIR_FREE(mine);
-    if (from_comm) ev->broken = 1;
-    if (from_comm) return hir__ev_fail(ev, s, "hir_run: comparing this run's shapes with the other ranks failed: %s", ev->comm->error);
+    if (from_comm) {
+      ev->broken = 1;
+      return hir__ev_fail(ev, s, "hir_run: comparing this run's shapes with the other ranks failed: %s", ev->comm->error);
+    }
     if (s == HIR_ERR_TIMEOUT)
       return hir__ev_fail(ev, s, "hir_run: the other ranks did not come to compare this run's shapes within %d ms: a peer is "
                           "dead or stuck, or passed the shapes of its last run while this rank passed new ones", ev->timeout_ms);
@@ -10132,10 +10139,9 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
   }
   for (i = 0; i < nin && bad < 0; i++) /* the first input two ranks disagree on */
     for (first = -1, r = 0; r < ev->ndevices && bad < 0; r++) {
-      const int64_t *x = all + (size_t)r * words + 2 + (size_t)i * HIR__SHAPE_WORDS;
-      if (!x[0]) continue;
+      if (!hir__shape_of(all, words, r, i)[0]) continue;
       if (first < 0) first = r;
-      else if (!hir__same_shape_words(x, all + (size_t)first * words + 2 + (size_t)i * HIR__SHAPE_WORDS)) bad = i;
+      else if (!hir__same_shape_words(hir__shape_of(all, words, r, i), hir__shape_of(all, words, first, i))) bad = i;
     }
   if (bad < 0) return HIR_FREE(mine), 1;
   if (((const hir_tv *)ev->p->ir.inputs.items[bad])->scalar)
@@ -10144,11 +10150,11 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
     n = (size_t)snprintf(msg, sizeof msg, "hir_run: the ranks passed different shapes for input %d (T%d):", bad,
                          ((const hir_tv *)ev->p->ir.inputs.items[bad])->name);
   for (r = 0; r < ev->ndevices; r++) { /* each shape once, with the devices that passed it */
-    const int64_t *x = all + (size_t)r * words + 2 + (size_t)bad * HIR__SHAPE_WORDS;
+    const int64_t *x = hir__shape_of(all, words, r, bad);
     int seen = 0, k, count = 0;
-    for (q = 0; q < r && !seen; q++) seen = hir__same_shape_words(x, all + (size_t)q * words + 2 + (size_t)bad * HIR__SHAPE_WORDS);
+    for (q = 0; q < r && !seen; q++) seen = hir__same_shape_words(x, hir__shape_of(all, words, q, bad));
     if (!x[0] || seen) continue;
-    for (q = r; q < ev->ndevices; q++) count += hir__same_shape_words(x, all + (size_t)q * words + 2 + (size_t)bad * HIR__SHAPE_WORDS);
+    for (q = r; q < ev->ndevices; q++) count += hir__same_shape_words(x, hir__shape_of(all, words, q, bad));
     if (n < sizeof msg) n += (size_t)snprintf(msg + n, sizeof msg - n, "%s ", r == first ? "" : ";");
     for (k = 0; x[0] == 1 && k < x[1] && n < sizeof msg; k++)
       n += (size_t)snprintf(msg + n, sizeof msg - n, "%s%lld", k ? ", " : "[", (long long)x[2 + k]);
@@ -10157,7 +10163,7 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
                               : snprintf(msg + n, sizeof msg - n, "%s", x[1] ? "]" : "[]"));
     if (n < sizeof msg) n += (size_t)snprintf(msg + n, sizeof msg - n, " on device%s", count > 1 ? "s" : "");
     for (q = r, k = 0; q < ev->ndevices && n < sizeof msg; q++)
-      if (hir__same_shape_words(x, all + (size_t)q * words + 2 + (size_t)bad * HIR__SHAPE_WORDS))
+      if (hir__same_shape_words(x, hir__shape_of(all, words, q, bad)))
         n += (size_t)snprintf(msg + n, sizeof msg - n, "%s%d", k++ ? ", " : " ", ev->devices[q]);
   }
   if (n < sizeof msg)
@@ -10400,10 +10406,10 @@ static int hir__runs_to_fill(double ms, int lo, int hi) {
 /* One candidate's runs on this rank: the first (its buffers made, its
    outputs checked against serial's: ref, kept when this is serial; *worst
    > 1 where one differs beyond the tolerance, by that many tolerances),
-   then warm-up runs, then timed ones, each after the ranks meet. Unless the
-   caller fixed the counts, each phase fills about HIR__TUNE_FILL_MS on the
-   slowest rank (clocks settle as they would when serving; short runs get
-   enough samples), from a second run's time that the ranks share. */
+   then warm-up runs, then timed ones, each timed one after the ranks meet.
+   Unless the caller fixed the counts, the warm-up and the timed runs each
+   fill about HIR__TUNE_FILL_MS on the slowest rank (short runs get enough
+   samples), counted from a second run's time that the ranks share. */
 static hir_status hir__cand_time(hir_tuner *t, hir__cand_state *cs, const hir_tensor *in, int nin, hir_tensor *ref,
                                  hir_tensor *out, int nout, double *worst, double *compare_ms, double *heard) {
   hir_backend *b = hir_evaluator_backend(cs->ev), *rb = hir__tune_backend(t);
