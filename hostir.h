@@ -10130,11 +10130,12 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
   }
   for (r = 0; r < ev->ndevices && bad < 0; r++) {
     const int64_t *x = all + (size_t)r * words;
-    if (x[0] != mine[0] || x[1] != nin) {
+    if (x[0] != mine[0] || x[1] != nin) { /* not a row of shapes: the world is told (its data may have been taken as one) */
       HIR_FREE(mine);
-      ev->shared_error = 1;
-      return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: device %d runs a program of another fusion; every device of the "
-                          "fusion's meshes runs the same fusion", ev->devices[r]);
+      return hir__ev_fail(ev, HIR_ERR_COMM, "hir_run: comparing this run's shapes, device %d sent something else: it runs "
+                          "another fusion's program, or passed its last run's shapes while this rank passed new ones (every "
+                          "device of the fusion's meshes runs the same fusion and changes shapes at the same run)",
+                          ev->devices[r]);
     }
   }
   for (i = 0; i < nin && bad < 0; i++) /* the first input two ranks disagree on */
