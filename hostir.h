@@ -630,6 +630,10 @@ struct hir_comm {
      register them (NCCL user-buffer registration) to skip internal copies */
   void (*register_buffer)(hir_comm *self, void *ptr, size_t bytes);
   void (*deregister_buffer)(hir_comm *self, void *ptr);
+  /* optional: send/recv on the copy engines (1) or on the collectives' path
+     (0: NCCL's kernels, which a CUDA graph can capture), from the next call
+     on; sets p2p_copy_engine and capturable to match. NULL: fixed. */
+  hir_status (*set_copy_engine)(hir_comm *self, int enable);
 };
 
 /* The position of `device` in a team (or mesh) of n device ids, -1 if it is
@@ -726,7 +730,8 @@ typedef struct hir_tune_desc {
   hir_eval_desc eval;     /* as for hir_evaluator_create; the candidates set number_of_streams */
   size_t memory_limit;    /* bytes a candidate's evaluator may hold besides the outputs; 0: no limit */
   int warmup, iters;      /* runs per candidate (warmup counts the first run, >= 2); 0: each fills about 10 ms,
-                             iters at least 3 */
+                             iters at least 3. With eval.graph on a communicator that can switch its copy-engine
+                             send/recv to NCCL (set_copy_engine), the candidates are timed both ways */
   const char *machine;    /* names the machine in saved plans; NULL: the backend's device, the ranks, the copy engines */
 } hir_tune_desc;
 HIRDEF hir_status         hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, hir_tuner **out);
@@ -1136,7 +1141,7 @@ struct hir_program {
   hir__vec units;
   int next_stream;
   int my_device;          /* the device the program was lowered for; -1 if built by hand */
-  char plan[2048];        /* the automatic choice of hir_stream_options, or a tuner's report */
+  char plan[4096];        /* the automatic choice of hir_stream_options, or a tuner's report */
   hir__vec same_extents;  /* hir__same_extent: sizes that only a run knows and that must agree */
 };
 
@@ -10200,13 +10205,14 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin
    a verdict against it anywhere drops it, and every rank picks the same
    fastest one. The choice is cached by the input shapes; at most
    HIR__TUNE_LIVE choices keep their program and buffers at once. */
-#define HOSTIR_VERSION "0.19"
-enum { HIR__TUNE_LIVE = 4, HIR__TUNE_MAX_CANDS = 32 }; /* each live choice holds its buffers and streams */
+#define HOSTIR_VERSION "0.20"
+enum { HIR__TUNE_LIVE = 4, HIR__TUNE_MAX_CANDS = 64 }; /* each live choice holds its buffers and streams */
 
 typedef struct hir__cand {
   int serial;                   /* the fusion without its Stream axes */
   hir_p2p_schedule schedule;
   int parts, streams, bounded;
+  int nccl_p2p;                 /* send/recv on NCCL, not the copy engines: capturable (hir_tuner.vary_p2p) */
 } hir__cand;
 
 enum { HIR__CAND_DROPPED, HIR__CAND_RUN, HIR__CAND_SAME };
@@ -10247,7 +10253,8 @@ struct hir_tuner {
   int n, cap;
   hir__tune_entry *last;
   unsigned long long uses;
-  char report[2048];            /* the last tuning's, until its entry takes it */
+  int vary_p2p;                 /* graph mode on copy-engine send/recv (not capturable): candidates on NCCL's too */
+  char report[4096];            /* the last tuning's, until its entry takes it */
   char error[1024];
 };
 
@@ -10265,32 +10272,48 @@ static hir_status hir__tune_fail(hir_tuner *t, hir_status s, const char *fmt, ..
 static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t cap) {
   const char *sched = c->schedule == HIR_P2P_RING ? "ring" : "linear";
   int n;
-  if (c->serial) return (size_t)snprintf(buf, cap, "serial");
-  if (file) return (size_t)snprintf(buf, cap, "%s parts %d streams %d bounded %d", sched, c->parts, c->streams, c->bounded);
-  if (c->parts > 1) n = snprintf(buf, cap, "%s, %d parts, %d streams%s", sched, c->parts, c->streams, c->bounded ? ", bounded" : "");
-  else n = snprintf(buf, cap, "%s, %d streams%s", sched, c->streams, c->bounded ? ", bounded" : "");
+  const char *nccl = c->nccl_p2p ? ", NCCL" : "";
+  if (c->serial) return (size_t)(file ? snprintf(buf, cap, "serial nccl %d", c->nccl_p2p) : snprintf(buf, cap, "serial%s", nccl));
+  if (file)
+    return (size_t)snprintf(buf, cap, "%s parts %d streams %d bounded %d nccl %d", sched, c->parts, c->streams, c->bounded, c->nccl_p2p);
+  if (c->parts > 1) n = snprintf(buf, cap, "%s, %d parts, %d streams%s%s", sched, c->parts, c->streams, c->bounded ? ", bounded" : "", nccl);
+  else n = snprintf(buf, cap, "%s, %d streams%s%s", sched, c->streams, c->bounded ? ", bounded" : "", nccl);
   return (size_t)n;
 }
 
 /* The candidates, serial first (the reference): ring and linear, 1, 2 and 4
    parts a peer, 2 and 4 streams, and bounded buffers under a memory limit.
    Options that do not apply to a fusion lower to the same program as
-   another candidate, and are timed once. */
+   another candidate, and are timed once. In graph mode on copy-engine
+   send/recv, which a graph cannot capture (hir_tuner.vary_p2p), each
+   pipeline is also timed with its send/recv on NCCL, captured, and serial
+   runs on NCCL's path (it has no send/recv: so it is captured too). */
 static int hir__candidates(const hir_tuner *t, hir__cand *c) {
   static const int parts[3] = {1, 2, 4}, streams[2] = {2, 4};
-  int n = 0, s, p, k, b;
+  int n = 0, s, p, k, b, nccl;
   memset(c, 0, HIR__TUNE_MAX_CANDS * sizeof *c);
-  c[n].serial = 1, c[n].parts = 1, c[n++].streams = 1;
-  for (s = 0; s < 2; s++)
-    for (p = 0; p < 3; p++)
-      for (k = 0; k < 2; k++)
-        for (b = 0; b <= (t->d.memory_limit > 0); b++) {
-          c[n].schedule = s == 0 ? HIR_P2P_RING : HIR_P2P_LINEAR;
-          c[n].parts = parts[p];
-          c[n].streams = streams[k];
-          c[n++].bounded = b;
-        }
+  c[n].serial = 1, c[n].parts = 1, c[n].nccl_p2p = t->vary_p2p, c[n++].streams = 1;
+  for (nccl = 0; nccl <= t->vary_p2p; nccl++)
+    for (s = 0; s < 2; s++)
+      for (p = 0; p < 3; p++)
+        for (k = 0; k < 2; k++)
+          for (b = 0; b <= (t->d.memory_limit > 0); b++) {
+            c[n].schedule = s == 0 ? HIR_P2P_RING : HIR_P2P_LINEAR;
+            c[n].parts = parts[p];
+            c[n].streams = streams[k];
+            c[n].nccl_p2p = nccl;
+            c[n++].bounded = b;
+          }
   return n;
+}
+
+/* The communicator's send/recv as candidate c wants them: on NCCL (0) or
+   back on the copy engines. A no-op unless the tuner varies them. */
+static hir_status hir__cand_p2p(hir_tuner *t, const hir__cand *c) {
+  hir_comm *comm = t->d.eval.comm;
+  if (!t->vary_p2p || comm->set_copy_engine(comm, !c->nccl_p2p) == HIR_OK) return HIR_OK;
+  return hir__tune_fail(t, HIR_ERR_COMM, "hir_tuner: switching send/recv %s the copy engines: %s", c->nccl_p2p ? "off" : "onto",
+                        comm->error);
 }
 
 /* A candidate's evaluator, on the caller's backend and communicator. */
@@ -10497,7 +10520,7 @@ static void hir__cands_check(hir_tuner *t, hir__cand_state *cs, int n, const hir
     HIR_FREE(text);
     for (j = 0; j < k && cs[k].state == HIR__CAND_RUN; j++)
       if (cs[j].state != HIR__CAND_DROPPED && cs[j].same_as < 0 && cs[j].text_hash && cs[j].text_hash == cs[k].text_hash &&
-          (cs[j].c.streams == cs[k].c.streams || !hir__switches_streams(&cs[k].p->top)))
+          cs[j].c.nccl_p2p == cs[k].c.nccl_p2p && (cs[j].c.streams == cs[k].c.streams || !hir__switches_streams(&cs[k].p->top)))
         cs[k].state = HIR__CAND_SAME, cs[k].same_as = j;
   }
 }
@@ -10562,6 +10585,7 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
     memset(&verdicts[k], 0, sizeof verdicts[k]);
     if (cs[k].state != HIR__CAND_RUN) continue;
     t1 = hir__now_ms();
+    if ((s = hir__cand_p2p(t, &cs[k].c)) != HIR_OK) goto done;
     if ((s = hir__cand_evaluator(t, &cs[k].c, cs[k].p, &cs[k].ev)) != HIR_OK) {
       s = hir__tune_fail(t, s, "hir_tuner: %s", cs[k].ev ? hir_evaluator_error(cs[k].ev) : "out of memory");
       goto done;
@@ -10629,6 +10653,7 @@ done:
   for (k = 0; k < n; k++) hir__cand_free(&cs[k].p, &cs[k].ev);
   for (k = 0; ref && k < nout; k++)
     if (ref[k].data) b->release(b, ref[k].data);
+  if (t->vary_p2p) t->d.eval.comm->set_copy_engine(t->d.eval.comm, 1); /* as the caller left it */
   HIR_FREE(out);
   HIR_FREE(ref);
   HIR_FREE(all);
@@ -10767,6 +10792,7 @@ HIRDEF hir_status hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, 
   t->fusion_hash = hir__fnv(text, len, 1469598103934665603ull);
   HIR_FREE(text);
   t->nteam = hir__fusion_devices(f, t->team); /* who tunes together */
+  t->vary_p2p = d->eval.graph && d->eval.comm && d->eval.comm->set_copy_engine && !d->eval.comm->capturable;
   if (!t->nteam) t->team[t->nteam++] = d->lower.my_device;
   if (d->machine) snprintf(t->machine, sizeof t->machine, "%s", d->machine);
   else snprintf(t->machine, sizeof t->machine, "%s, %d ranks%s", d->eval.backend && d->eval.backend->device ? d->eval.backend->device
@@ -10789,8 +10815,9 @@ HIRDEF hir_status hir_tuner_run(hir_tuner *t, const hir_tensor *in, int nin, hir
   hir_status s;
   if (!t || !t->f) return HIR_ERR_INVALID;
   t->error[0] = 0;
-  if ((s = hir__tune_entry_for(t, in, nin, &e)) != HIR_OK) return s;
+  if ((s = hir__tune_entry_for(t, in, nin, &e)) != HIR_OK || (s = hir__cand_p2p(t, &e->choice)) != HIR_OK) return s;
   if ((s = hir_run(e->ev, in, nin, out, nout)) != HIR_OK) hir__tune_fail(t, s, "%s", hir_evaluator_error(e->ev));
+  if (t->vary_p2p) t->d.eval.comm->set_copy_engine(t->d.eval.comm, 1); /* issued: the copy engines again, for others */
   return s;
 }
 
@@ -10822,12 +10849,13 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
 
 /* ---- saved plans: a text file ----
        hostir tuning plans 1
-       version 0.19
+       version 0.20
        machine NVIDIA H200, 2 ranks, copy-engine send/recv
        fusion 3f2a9c0d11e4b7a5
-       plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 | 0.112
+       plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 nccl 0 | 0.112
    One plan a line: the inputs (count, then each one's dtype, rank and
-   sizes), the choice, its time in ms. A file made by another hostir
+   sizes), the choice (nccl 1: its send/recv on NCCL, in graph mode), its
+   time in ms. A file made by another hostir
    version, on another machine or for another fusion is refused by name. */
 HIRDEF hir_status hir_tuner_save(const hir_tuner *t, FILE *f) {
   int i, k, at;
@@ -10873,11 +10901,13 @@ static int hir__parse_plan(const char *line, int64_t *key, int cap, int *nkey, h
       else key[n++] = v;
   }
   memset(c, 0, sizeof *c);
-  if (sscanf(p, " | serial | %lf", ms) == 1) c->serial = 1, c->parts = c->streams = 1;
-  else if (sscanf(p, " | %15s parts %d streams %d bounded %d | %lf", sched, &c->parts, &c->streams, &c->bounded, ms) != 5 ||
+  if (sscanf(p, " | serial nccl %d | %lf", &c->nccl_p2p, ms) == 2) c->serial = 1, c->parts = c->streams = 1;
+  else if (sscanf(p, " | %15s parts %d streams %d bounded %d nccl %d | %lf", sched, &c->parts, &c->streams, &c->bounded,
+                  &c->nccl_p2p, ms) != 6 ||
            (strcmp(sched, "ring") && strcmp(sched, "linear")) || c->parts < 1 || c->parts > 64 || c->streams < 1 ||
            c->streams > 64 || (c->bounded != 0 && c->bounded != 1))
     return 0;
+  if (c->nccl_p2p != 0 && c->nccl_p2p != 1) return 0;
   else c->schedule = strcmp(sched, "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING;
   *nkey = n;
   return 1;

@@ -2120,6 +2120,25 @@ static hir_status hir_nccl__poll(hir_comm *c) {
   return HIR_OK;
 }
 
+/* hir_comm.set_copy_engine: this rank's send/recv on its copy engines, where
+   it has them (a threaded world's once hir_nccl_world_set_copy_engine has
+   enabled its peers' access), or on NCCL. */
+static hir_status hir_nccl__set_copy_engine(hir_comm *c, int enable) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  int i, all_local = 1;
+  if (enable && (!nc->ce.stream || !nc->ce.local || (nc->shared && !nc->shared->peer_access))) {
+    snprintf(c->error, sizeof c->error, "hostir_nccl: rank %d has no copy engines to its peers (%s)", c->rank,
+             c->size == 1 ? "it is alone" : nc->shared ? "hir_nccl_world_set_copy_engine has not enabled them"
+             : "its host's ranks could not set them up, or HOSTIR_COPY_ENGINE=0");
+    return HIR_ERR_UNSUPPORTED;
+  }
+  for (i = 0; enable && i < c->size; i++) all_local &= nc->ce.local[i] >= 0;
+  nc->ce_on = enable != 0;
+  c->capturable = !enable;
+  c->p2p_copy_engine = enable && all_local;
+  return HIR_OK;
+}
+
 static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   hir_comm *c = &nc->comm;
   memset(nc, 0, sizeof *nc);
@@ -2147,6 +2166,7 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   c->poll = hir_nccl__poll;
   c->register_buffer = hir_nccl__register;
   c->deregister_buffer = hir_nccl__deregister;
+  c->set_copy_engine = hir_nccl__set_copy_engine;
 }
 
 static void hir_nccl__release(hir_nccl__rank *nc) {
@@ -2516,25 +2536,13 @@ HIRDEF hir_status hir_nccl_comm_from_nccl(ncclComm_t comm, int timeout_ms, hir_c
 }
 
 HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable) {
-  hir_nccl__rank *nc;
-  int i, all_local = 1;
   if (!c) return HIR_ERR_INVALID;
-  nc = hir_nccl__of(c);
-  if (nc->shared) {
+  if (hir_nccl__of(c)->shared) {
     snprintf(c->error, sizeof c->error, "hir_nccl_comm_set_copy_engine: rank %d belongs to a threaded world: use "
              "hir_nccl_world_set_copy_engine", c->rank);
     return HIR_ERR_INVALID;
   }
-  if (enable && !nc->ce.stream) {
-    snprintf(c->error, sizeof c->error, "hir_nccl_comm_set_copy_engine: rank %d has no copy engines to its peers (%s)", c->rank,
-             c->size == 1 ? "it is alone" : "its host's ranks could not set them up, or HOSTIR_COPY_ENGINE=0");
-    return HIR_ERR_UNSUPPORTED;
-  }
-  for (i = 0; enable && i < c->size; i++) all_local &= nc->ce.local[i] >= 0;
-  nc->ce_on = enable != 0;
-  c->capturable = !enable;
-  c->p2p_copy_engine = enable && all_local;
-  return HIR_OK;
+  return hir_nccl__set_copy_engine(c, enable);
 }
 
 HIRDEF void hir_nccl_comm_free(hir_comm *c) {

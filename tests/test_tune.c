@@ -23,7 +23,7 @@ typedef struct tune_ctx {
   int absent, wrong_k;         /* a rank that never tunes; a rank with a wrong K (-1: none) */
   FILE *save[TUNE_MAXR], *load[TUNE_MAXR];
   hir_status st[TUNE_MAXR];
-  char plan[TUNE_MAXR][2048], err[TUNE_MAXR][1024];
+  char plan[TUNE_MAXR][4096], err[TUNE_MAXR][1024];
   double worst[TUNE_MAXR], ms[TUNE_MAXR];
   int entries[TUNE_MAXR], kept_program[TUNE_MAXR];
   size_t memory[TUNE_MAXR];
@@ -212,7 +212,7 @@ TEST(test_tune_refusals, "tune/saved_plan_refusals", TEST_CPU) {
   for (r = 0; r < 3; r++) { /* rank 0 saved ring, the others linear */
     x.load[r] = tmpfile();
     snprintf(text, sizeof text, "hostir tuning plans 1\nversion %s\nmachine cpu, 3 ranks\n%s\nplan 2 | float 3 1 4 8 | float 2 8 6 | "
-             "%s parts 1 streams 2 bounded 0 | 1.0\n", HOSTIR_VERSION, fusion_line, r == 0 ? "ring" : "linear");
+             "%s parts 1 streams 2 bounded 0 nccl 0 | 1.0\n", HOSTIR_VERSION, fusion_line, r == 0 ? "ring" : "linear");
     fputs(text, x.load[r]);
   }
   CHECK(hir_spmd(3, tune_loaded_rank, &x) != HIR_OK);
@@ -326,6 +326,103 @@ TEST(test_tune_wrong_candidates, "tune/drops_wrong_candidates", TEST_CPU) {
   tune_end(&x);
 }
 
+/* Graph mode on a communicator whose send/recv run on copy engines, which a
+   graph cannot capture (a fake: the local world with a switch): the tuner
+   also times every pipeline with its send/recv on NCCL's path, and serial
+   there; each candidate's sends go the way it says, the switch is back on
+   the copy engines after tuning and after each run, hir_tuner_run sends
+   the way its choice says, and saved plans keep the choice. */
+static hir_status (*lw_send)(hir_comm *, const void *, size_t, int, void *);
+static int fake_ce_on[TUNE_MAXR], fake_sends[TUNE_MAXR][2]; /* [rank][on the copy engines] */
+static hir_status fake_set_copy_engine(hir_comm *c, int enable) {
+  fake_ce_on[c->rank] = enable != 0;
+  c->capturable = !enable;
+  c->p2p_copy_engine = enable != 0;
+  return HIR_OK;
+}
+static hir_status fake_send(hir_comm *c, const void *buf, size_t bytes, int peer, void *stream) {
+  fake_sends[c->rank][fake_ce_on[c->rank]]++;
+  return lw_send(c, buf, bytes, peer, stream);
+}
+
+typedef struct p2p_ctx {
+  tune_ctx *x;
+  int tuned_both[TUNE_MAXR], back_on_ce[TUNE_MAXR], run_as_chosen[TUNE_MAXR], saved_flag[TUNE_MAXR], loaded_right[TUNE_MAXR];
+} p2p_ctx;
+
+static hir_status p2p_rank(int rank, void *user) {
+  p2p_ctx *y = (p2p_ctx *)user;
+  tune_ctx *x = y->x;
+  hir_tune_desc d = tune_desc(x, rank);
+  hir_tuner *t = NULL, *u = NULL;
+  hir_status s;
+  int nccl, serial, before[2];
+  FILE *f = tmpfile();
+  char text[4096] = "", choice[128];
+  d.eval.graph = 1;
+  if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) s = tune_run_once(x, t, rank, x->M); /* tunes, then runs */
+  tune_note(x, t, rank, s);
+  y->tuned_both[rank] = fake_sends[rank][0] > 0 && fake_sends[rank][1] > 0;
+  y->back_on_ce[rank] = fake_ce_on[rank] == 1;
+  chosen(x->plan[rank], choice, sizeof choice);
+  nccl = strstr(choice, ", NCCL") != NULL;
+  serial = !strncmp(choice, "serial", 6); /* no send/recv at all */
+  memcpy(before, fake_sends[rank], sizeof before);
+  if (s == HIR_OK) s = tune_run_once(x, t, rank, x->M); /* the choice, cached */
+  y->run_as_chosen[rank] = fake_sends[rank][!nccl] > before[!nccl] - serial && fake_sends[rank][nccl] == before[nccl] &&
+                           fake_ce_on[rank] == 1;
+  if (s == HIR_OK && f && (s = hir_tuner_save(t, f)) == HIR_OK) {
+    size_t n;
+    rewind(f);
+    n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    y->saved_flag[rank] = strstr(text, nccl ? " nccl 1 | " : " nccl 0 | ") != NULL;
+    rewind(f);
+    if ((s = hir_tuner_create(x->f, &d, &u)) == HIR_OK && (s = hir_tuner_load(u, f)) == HIR_OK) {
+      memcpy(before, fake_sends[rank], sizeof before);
+      s = tune_run_once(x, u, rank, x->M);
+      y->loaded_right[rank] = s == HIR_OK && x->worst[rank] < 1e-4 && fake_sends[rank][!nccl] > before[!nccl] - serial &&
+                              fake_sends[rank][nccl] == before[nccl];
+    }
+  }
+  if (s != HIR_OK) tune_note(x, u ? u : t, rank, s);
+  if (f) fclose(f);
+  hir_tuner_free(u);
+  hir_tuner_free(t);
+  return s;
+}
+
+TEST(test_tune_graph_p2p, "tune/graph_p2p_on_nccl", TEST_CPU) {
+  tune_ctx x;
+  p2p_ctx y;
+  int r, limited;
+  tune_begin(&x, 3, 8, 16, 12);
+  for (limited = 0; limited < 2; limited++) { /* then under the gathered A's 1536 bytes: a bounded pipeline's sends */
+    char choice[128];
+    memset(&y, 0, sizeof y);
+    memset(fake_sends, 0, sizeof fake_sends);
+    y.x = &x;
+    x.memory_limit = limited ? 3 * 8 * 16 * 4 - 1 : 0;
+    for (r = 0; r < 3; r++) {
+      hir_comm *c = hir_local_comm(x.w, r);
+      if (c->send != fake_send) lw_send = c->send;
+      c->send = fake_send;
+      c->set_copy_engine = fake_set_copy_engine;
+      fake_set_copy_engine(c, 1);
+    }
+    CHECK(hir_spmd(3, p2p_rank, &y) == HIR_OK);
+    for (r = 0; r < 3; r++) {
+      chosen(x.plan[r], choice, sizeof choice);
+      if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && strstr(x.plan[r], "streams, NCCL") && y.tuned_both[r] &&
+                  y.back_on_ce[r] && y.run_as_chosen[r] && y.saved_flag[r] && y.loaded_right[r] &&
+                  (limited ? strstr(choice, "bounded") != NULL : strstr(x.plan[r], "serial, NCCL") != NULL)))
+        fprintf(stderr, "  rank %d: %s (%d %d %d %d %d): %s %s\n", r, hir_status_str(x.st[r]), y.tuned_both[r], y.back_on_ce[r],
+                y.run_as_chosen[r], y.saved_flag[r], y.loaded_right[r], x.plan[r], x.err[r]);
+    }
+  }
+  tune_end(&x);
+}
+
 /* ---- on the GPU suite's platforms: threads, processes ---- */
 typedef struct tune_gpu {
   void *w;
@@ -334,7 +431,7 @@ typedef struct tune_gpu {
   hir_tensor a, b;
   hir_status st[8];
   double worst[8];
-  char plan[8][2048], err[8][1024];
+  char plan[8][4096], err[8][1024];
 } tune_gpu;
 
 static hir_status tune_gpu_rank(int rank, void *user) {
