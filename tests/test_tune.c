@@ -444,6 +444,7 @@ static hir_status tune_gpu_rank(int rank, void *user) {
   hir_tuner *t = NULL;
   hir_status s;
   double worst = 0;
+  int switched;
   for (i = 0; i < x->M * x->K; i++) tset(&mine, i, tget(&x->a, (int64_t)rank * x->M * x->K + i));
   for (i = 0; i < n; i++) tset(&out, i, NAN); /* poisoned */
   din[0] = to_backend(be, &mine);
@@ -454,9 +455,13 @@ static hir_status tune_gpu_rank(int rank, void *user) {
   d.lower.comm = comm;
   d.eval.comm = comm;
   d.eval.backend = be;
+  d.eval.graph = platform->graph;
   d.iters = 2;
+  /* graphs: send/recv on the copy engines where they can be, so that the tuner times them both ways */
+  switched = platform->graph && comm->set_copy_engine && comm->capturable && comm->set_copy_engine(comm, 1) == HIR_OK;
   if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK && (s = hir_tuner_run(t, din, 2, &dout, 1)) == HIR_OK)
     s = hir_tuner_sync(t);
+  if (switched) comm->set_copy_engine(comm, 0);
   got = s == HIR_OK ? to_host(be, &dout) : out;
   for (i = 0; s == HIR_OK && i < n; i++) {
     int64_t dev = i / (x->M * x->N), rest = i % (x->M * x->N);
@@ -480,7 +485,9 @@ static hir_status tune_gpu_rank(int rank, void *user) {
 }
 
 /* The tuner on the GPUs, as the GPU suite runs it (a thread or a process
-   per GPU): the choice agreed, its numbers those of A x B. */
+   per GPU; in its graph pass in graph mode, send/recv put on the copy
+   engines where they can be, so that candidates are timed on both): the
+   choice agreed, its numbers those of A x B. */
 TEST(test_tune_gpu, "tune/gpu_worlds", TEST_GPU_WORLDS) {
   int mesh[8] = {0, 1, 2, 3, 4, 5, 6, 7}, D = platform->max_world < 4 ? platform->max_world : 4, r;
   int64_t sa[3], sb[2];
