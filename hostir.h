@@ -679,6 +679,11 @@ typedef struct hir_eval_desc {
      says capturable = 0, a timeline being recorded, a failed capture) runs
      stay eager and hir_program_plan says why. */
   int graph;
+  /* check_shapes = 1: the ranks compare their shapes on every run, not only
+     when they change (hir_run), so that a rank that alone changes its shapes
+     is refused on every rank with one message too; one small allgather a
+     run, as a debugging aid (TORCH_DISTRIBUTED_DEBUG's kind). */
+  int check_shapes;
 } hir_eval_desc;
 /* One evaluator per rank per program; the program must outlive it. A NULL
    backend means a CPU backend owned by the evaluator; comm may be NULL for a
@@ -700,7 +705,7 @@ HIRDEF hir_status  hir_evaluator_create(const hir_program *p, const hir_eval_des
    allgather) and refuses a difference on every rank with one message,
    naming the input and which devices passed what. The ranks change shapes
    at the same run: one that alone passes new shapes fails with the others
-   in their next communication, or at the timeout. */
+   in their next communication, or at the timeout (unless check_shapes). */
 HIRDEF hir_status  hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout);
 HIRDEF hir_status  hir_evaluator_sync(hir_evaluator *ev);
 HIRDEF const char *hir_evaluator_error(const hir_evaluator *ev);
@@ -8245,6 +8250,7 @@ struct hir_evaluator {
   void *devices_team, *meet_buf;
   size_t meet_cap;
   int shapes_unchecked;         /* planned for shapes the ranks have not compared yet */
+  int check_shapes;             /* hir_eval_desc.check_shapes: compared on every run */
   int shared_error;             /* every rank found this run's error itself: the world needs no telling */
   struct hir__span *spans;      /* the timeline, when recording */
   int nspans, recording, current_track;
@@ -9430,6 +9436,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ev->env.named[HIR_NAMED_NUM_STREAMS] = ev->nstreams;
   ev->comm = d->comm;
   ev->communicates = hir__communicates(&p->top);
+  ev->check_shapes = d->check_shapes != 0;
   ev->device = d->comm ? d->comm->rank : p->my_device > 0 ? p->my_device : 0;
   ev->env.named[HIR_NAMED_RANK] = ev->device;
   for (i = 0; d->comm && i < p->ir.tvs.n; i++) {
@@ -10187,7 +10194,7 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin
   hir_status s;
   if (ev && !hir__unfold_args(ev, &in, nin, &out, nout)) return ev->status;
   if ((s = hir__prepare(ev, in, nin, out, nout)) != HIR_OK) return s;
-  if (ev->shapes_unchecked && ev->devices_team && !hir__shapes_agree(ev, user_in, nin)) return ev->status;
+  if ((ev->shapes_unchecked || ev->check_shapes) && ev->devices_team && !hir__shapes_agree(ev, user_in, nin)) return ev->status;
   ev->shapes_unchecked = 0;
   s = ev->graph ? hir__run_graph(ev, in, nin, out, nout) : hir__run_eager(ev, in, nin, out, nout);
   if (s == HIR_OK) hir__fold_outputs(ev, out, user_out, nout);

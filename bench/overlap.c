@@ -95,7 +95,7 @@ typedef struct bench {
   /* host data of each rank: A in the serial/p2p layout, B, the serial output */
   uint16_t *a[MAXR], *b[MAXR], *ref[MAXR];
   int64_t ref_numel;
-  char plan[2048];              /* rank 0's tuned choice (hir_program_plan) */
+  char plan[4096];              /* rank 0's tuned choice (hir_program_plan) */
   double tune_ms[MAXR];         /* how long each rank's tuning took */
   size_t memory_limit;          /* --memory-limit: the tuner's cap on a candidate's buffers */
   int graphs;                   /* --graph: every pipeline also as a CUDA graph */

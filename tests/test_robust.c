@@ -517,6 +517,7 @@ typedef struct disagree_ctx {
   hir_fusion *f;
   int nin;
   int alone;                        /* the first run agrees; rank 2 alone passes new shapes in the second */
+  int check;                        /* hir_eval_desc.check_shapes: compared on every run */
   hir_tensor in[4][2], mended[2];   /* rank 2's inputs for the second run */
   hir_status status[4], second[4];
   char error[4][512];
@@ -534,6 +535,7 @@ static hir_status disagree_rank(int rank, void *user) {
   memset(&ed, 0, sizeof ed);
   ld.my_device = rank;
   ed.comm = hir_local_comm(x->w, rank);
+  ed.check_shapes = x->check;
   memset(out, 0, sizeof out); /* the evaluator's buffer: a rank with a new shape would find the caller's wrong itself */
   x->second[rank] = HIR_ERR_INVALID;
   if ((x->status[rank] = hir_lower(x->f, &ld, &p)) == HIR_OK && (x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK)
@@ -579,7 +581,7 @@ TEST(test_robust_ranks_disagree, "robust/ranks_disagree", TEST_CPU) {
   static const int m4[4] = {0, 1, 2, 3};
   disagree_ctx x;
   int r, axis = 1, alone;
-  for (alone = 0; alone < 2; alone++) { /* Allgather: A [DIDx, M] -> unsharded */
+  for (alone = 0; alone < 3; alone++) { /* Allgather: A [DIDx, M] -> unsharded; 2: alone, compared on every run */
     hir_tv *a, *b;
     int64_t so[2] = {4, 2}, sa[2] = {1, 2}, bad[2] = {1, 3}, i;
     memset(&x, 0, sizeof x);
@@ -589,7 +591,8 @@ TEST(test_robust_ranks_disagree, "robust/ranks_disagree", TEST_CPU) {
     hir_set_mesh(a, 4, m4), hir_set_mesh(b, 4, m4);
     hir_parallelize(a, 0, HIR_DIDX);
     x.nin = 1;
-    x.alone = alone;
+    x.alone = alone > 0;
+    x.check = alone == 2;
     for (r = 0; r < 4; r++) {
       x.in[r][0] = trand(HIR_F32, 2, r == 2 && !alone ? bad : sa);
       x.out[r] = tn(HIR_F32, 2, so);
@@ -610,12 +613,15 @@ TEST(test_robust_ranks_disagree, "robust/ranks_disagree", TEST_CPU) {
           }
         }
     } else { /* the first run agrees; in the second rank 2 alone passes a new M while the others gather: no second run
-                returns HIR_OK, each fails naming a disagreement */
+                returns HIR_OK, each fails naming a disagreement (with check_shapes, one refusal on every rank) */
       x.w = hir_local_world_create(4);
       hir_local_world_set_timeout(x.w, 5000);
       CHECK(hir_spmd(4, disagree_rank, &x) != HIR_OK);
       for (r = 0; r < 4; r++)
-        if (x.status[r] != HIR_OK || x.second[r] == HIR_OK || !strstr(x.error[r], "disagree")) {
+        if (x.status[r] != HIR_OK || x.second[r] == HIR_OK ||
+            !(x.check ? x.second[r] == HIR_ERR_SHAPE && !strcmp(x.error[r], x.error[0]) &&
+                            strstr(x.error[r], "different shapes for input 0 (T0): [1, 2] on devices 0, 1, 3; [1, 3] on device 2")
+                      : strstr(x.error[r], "disagree") != NULL)) {
           fprintf(stderr, "  rank %d: first run %s, second %s: %s\n", r, hir_status_str(x.status[r]),
                   hir_status_str(x.second[r]), x.error[r]);
           hir_test_failures++;
