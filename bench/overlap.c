@@ -33,7 +33,8 @@
      torchrun --nproc-per-node 2 --no-python build/bench-overlap --processes ...
 
    --graph: every pipeline also as a CUDA graph (hir_eval_desc.graph),
-   rows marked [graph]. --decode: the decode-size shapes, M = 256, 1024,
+   rows marked [graph], and the tuner in graph mode (its candidates also
+   timed with send/recv on NCCL, captured). --decode: the decode-size shapes, M = 256, 1024,
    4096 tokens, K = 8192, N = 4096, AG+GEMM and GEMM+RS.
    --processes: one process per GPU (torchrun, mpirun, srun) instead of a
    thread per GPU; the same table, rank 0 prints it. The physical floor is
@@ -713,7 +714,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   for (j = 0; j < nstreams && n < MAXCFG - 1; j++) /* bounded buffers: the memory they save, the time they cost */
     cfgs[n++] = (config){P2P_RING, B->D, streams[j], B->gpu, 1, 1, 0};
   auto_at = n;
-  cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0, 0, 0}; /* the plan it prints is its own */
+  cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0, 0, B->graphs}; /* the plan it prints is its own */
   for (i = 2, k = n; B->graphs && i < k && n < MAXCFG; i++) /* --graph: each pipeline again as a CUDA graph */
     if (cfgs[i].pipe != AUTO) cfgs[n] = cfgs[i], cfgs[n++].graph = 1;
   for (B->generation = B->arrived = 0, i = 0; i < B->D; i++) B->a[i] = B->b[i] = B->ref[i] = NULL;
