@@ -10862,8 +10862,8 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
        plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 nccl 0 | 0.112
    One plan a line: the inputs (count, then each one's dtype, rank and
    sizes), the choice (nccl 1: its send/recv on NCCL, in graph mode), its
-   time in ms. A file made by another hostir
-   version, on another machine or for another fusion is refused by name. */
+   time in ms. A file made by another hostir version, on another machine or
+   for another fusion is refused by name. */
 HIRDEF hir_status hir_tuner_save(const hir_tuner *t, FILE *f) {
   int i, k, at;
   if (!t || !f || !t->f) return HIR_ERR_INVALID;
@@ -10914,8 +10914,8 @@ static int hir__parse_plan(const char *line, int64_t *key, int cap, int *nkey, h
            (strcmp(sched, "ring") && strcmp(sched, "linear")) || c->parts < 1 || c->parts > 64 || c->streams < 1 ||
            c->streams > 64 || (c->bounded != 0 && c->bounded != 1))
     return 0;
-  if (c->nccl_p2p != 0 && c->nccl_p2p != 1) return 0;
   else c->schedule = strcmp(sched, "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING;
+  if (c->nccl_p2p != 0 && c->nccl_p2p != 1) return 0;
   *nkey = n;
   return 1;
 }
