@@ -687,7 +687,9 @@ typedef struct hir_eval_desc {
 } hir_eval_desc;
 /* One evaluator per rank per program; the program must outlive it. A NULL
    backend means a CPU backend owned by the evaluator; comm may be NULL for a
-   program without communications. On failure *out holds only the error. */
+   program without communications, where no rank of the fusion's meshes has
+   one (else every rank needs it: hir_run compares shapes across them). On
+   failure *out holds only the error. */
 HIRDEF hir_status  hir_evaluator_create(const hir_program *p, const hir_eval_desc *d, hir_evaluator **out);
 /* Inputs by position. An input whose mesh does not hold this rank is passed
    empty (data NULL, ndims 0), or shape-only (data NULL, sizes set) when this
@@ -8299,11 +8301,12 @@ static int hir__ev_comm(hir_evaluator *ev, hir_status s, const hir_expr *e) {
 }
 
 /* This rank failed, and the others would wait for it in their next
-   communication: the communicator aborts the world with this rank's message
-   (unless the failure came from it), so that they return at once, naming it.
-   The evaluator is done with the world. */
+   communication, or in comparing shapes (hir__shapes_agree), where its
+   program has none: the communicator aborts the world with this rank's
+   message (unless the failure came from it), so that they return at once,
+   naming it. The evaluator is done with the world. */
 static hir_status hir__tell_world(hir_evaluator *ev) {
-  if (ev->status == HIR_OK || !ev->comm || !ev->communicates || ev->told_world) return ev->status;
+  if (ev->status == HIR_OK || !ev->comm || !(ev->communicates || ev->devices_team) || ev->told_world) return ev->status;
   if (!ev->broken) snprintf(ev->comm->error, sizeof ev->comm->error, "%s", ev->error);
   ev->comm->abort(ev->comm);
   ev->broken = ev->told_world = 1;
@@ -9409,7 +9412,7 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
   if (hir__evaluator_create(ev, p, d) == HIR_OK) return HIR_OK;
   if (!ev->comm && p && d->comm && p->ir.status == HIR_OK) { /* it failed before taking the communicator: tell the world */
     ev->comm = d->comm;
-    ev->communicates = hir__communicates(&p->top);
+    ev->communicates = hir__communicates(&p->top) || p->my_device >= 0; /* a lowered program's ranks compare shapes */
   }
   return hir__tell_world(ev);
 }
@@ -10137,7 +10140,8 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
     }
     if (s == HIR_ERR_TIMEOUT)
       return hir__ev_fail(ev, s, "hir_run: the other ranks did not come to compare this run's shapes within %d ms: a peer is "
-                          "dead or stuck, or passed the shapes of its last run while this rank passed new ones", ev->timeout_ms);
+                          "dead or stuck, has no communicator (every device of the fusion's meshes runs it with one), or "
+                          "passed the shapes of its last run while this rank passed new ones", ev->timeout_ms);
     return hir__ev_fail(ev, s, "hir_run: comparing this run's shapes with the other ranks: %s", ev->b->error);
   }
   for (r = 0; r < ev->ndevices && bad < 0; r++) {

@@ -463,7 +463,7 @@ static hir_status failing_rank(int rank, void *user) {
   memset(out, 0, sizeof out);
   ld.my_device = rank;
   ed.comm = hir_local_comm(x->w, rank);
-  if (rank == 2) { /* the others are already waiting in their first collective */
+  if (rank == 2) { /* the others are already waiting in their first collective, or to compare shapes */
     struct timespec ts = {0, 200 * 1000000L};
     nanosleep(&ts, NULL);
   }
@@ -481,29 +481,40 @@ TEST(test_robust_failing_rank, "robust/failing_rank", TEST_CPU) {
   static const int m4[4] = {0, 1, 2, 3};
   failing_ctx x;
   seed s;
-  int r;
-  memset(&x, 0, sizeof x);
-  seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, m4); /* P2P exchanges, then matmuls */
-  x.f = s.f;
-  x.w = hir_local_world_create(4); /* the default timeout: a minute */
-  for (r = 0; r < 4; r++) {
-    int64_t sa[3] = {1, 2, 4}, sb[2] = {r == 2 ? 3 : 4, 5};
-    x.in[r][0] = trand(HIR_F32, 3, sa);
-    x.in[r][1] = trand(HIR_F32, 2, sb);
-  }
-  CHECK(hir_spmd(4, failing_rank, &x) == HIR_ERR_SHAPE);
-  CHECK(x.status[2] == HIR_ERR_SHAPE && strstr(x.error[2], "the contracted sizes differ (4 (input 0, T0, axis 2) vs 3 (input 1, T1, axis 0))"));
-  for (r = 0; r < 4; r++) {
-    if (r == 2) continue;
-    if (!(x.status[r] == HIR_ERR_COMM && x.ms[r] < 1000 && strstr(x.error[r], "the world was aborted: rank 2 failed: hir_run:") &&
-          strstr(x.error[r], "the contracted sizes differ (4 (input 0, T0, axis 2) vs 3 (input 1, T1, axis 0))"))) {
-      fprintf(stderr, "  rank %d: %s after %.0f ms: %s\n", r, hir_status_str(x.status[r]), x.ms[r], x.error[r]);
-      hir_test_failures++;
+  int r, local;
+  for (local = 0; local < 2; local++) { /* then programs that do not communicate: the others wait to compare shapes */
+    memset(&x, 0, sizeof x);
+    if (!local) {
+      seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, m4); /* P2P exchanges, then matmuls */
+    } else { /* A [DIDx, M, K] x B [K, N] -> C [DIDx, M, N]: each rank its own rows */
+      hir_tv *a, *b, *c;
+      s.f = hir_fusion_create();
+      a = hir_input(s.f, HIR_F32, 3), b = hir_input(s.f, HIR_F32, 2), c = hir_matmul(s.f, a, b);
+      hir_output(s.f, c);
+      hir_set_mesh(a, 4, m4), hir_set_mesh(b, 4, m4), hir_set_mesh(c, 4, m4);
+      hir_parallelize(a, 0, HIR_DIDX), hir_parallelize(c, 0, HIR_DIDX);
     }
+    x.f = s.f;
+    x.w = hir_local_world_create(4); /* the default timeout: a minute */
+    for (r = 0; r < 4; r++) {
+      int64_t sa[3] = {1, 2, 4}, sb[2] = {r == 2 ? 3 : 4, 5};
+      x.in[r][0] = trand(HIR_F32, 3, sa);
+      x.in[r][1] = trand(HIR_F32, 2, sb);
+    }
+    CHECK(hir_spmd(4, failing_rank, &x) == HIR_ERR_SHAPE);
+    CHECK(x.status[2] == HIR_ERR_SHAPE && strstr(x.error[2], "the contracted sizes differ (4 (input 0, T0, axis 2) vs 3 (input 1, T1, axis 0))"));
+    for (r = 0; r < 4; r++) {
+      if (r == 2) continue;
+      if (!(x.status[r] == HIR_ERR_COMM && x.ms[r] < 1000 && strstr(x.error[r], "the world was aborted: rank 2 failed: hir_run:") &&
+            strstr(x.error[r], "the contracted sizes differ (4 (input 0, T0, axis 2) vs 3 (input 1, T1, axis 0))"))) {
+        fprintf(stderr, "  rank %d: %s after %.0f ms: %s\n", r, hir_status_str(x.status[r]), x.ms[r], x.error[r]);
+        hir_test_failures++;
+      }
+    }
+    for (r = 0; r < 4; r++) tfree(&x.in[r][0]), tfree(&x.in[r][1]);
+    hir_local_world_free(x.w);
+    hir_fusion_free(s.f);
   }
-  for (r = 0; r < 4; r++) tfree(&x.in[r][0]), tfree(&x.in[r][1]);
-  hir_local_world_free(x.w);
-  hir_fusion_free(s.f);
 }
 
 /* Ranks that pass different shapes (rank 2's M is 3, the others' 2): the
