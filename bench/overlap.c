@@ -28,10 +28,13 @@
    slowest rank. bf16 inputs from a fixed-seed generator.
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
-                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [--graph] [--decode]
+                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [--pause MS] [--graph] [--decode]
                          [ag M K N] [rs M K N] ...
      torchrun --nproc-per-node 2 --no-python build/bench-overlap --processes ...
 
+   --pause MS: every row's runs start after MS idle (the automatic row's
+   after its tuning too): whether a GPU's clocks after sustained load
+   decide a row (bench/RESULTS.md).
    --graph: every pipeline also as a CUDA graph (hir_eval_desc.graph),
    rows marked [graph], and the tuner in graph mode (its candidates also
    timed with send/recv on NCCL, captured). --decode: the decode-size shapes, M = 256, 1024,
@@ -99,6 +102,7 @@ typedef struct bench {
   char plan[4096];              /* rank 0's tuned choice (hir_program_plan) */
   double tune_ms[MAXR];         /* how long each rank's tuning took */
   size_t memory_limit;          /* --memory-limit: the tuner's cap on a candidate's buffers */
+  int pause_ms;                 /* --pause: idle before each row's runs (and after tuning), every row from a rested GPU */
   int graphs;                   /* --graph: every pipeline also as a CUDA graph */
   const char *trace_dir;        /* --trace */
   hir_evaluator *trace_ev[MAXR];
@@ -482,6 +486,11 @@ static hir_status run_rank(int rank, void *user) {
     goto done;
   }
   memset(&out, 0, sizeof out);
+  if (B->pause_ms > 0) {
+    struct timespec rest = {B->pause_ms / 1000, (long)(B->pause_ms % 1000) * 1000000L};
+    barrier(B);
+    nanosleep(&rest, NULL);
+  }
   for (k = 0; k < B->warmup + B->iters; k++) {
     double t0;
     barrier(B);
@@ -823,6 +832,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--graph")) B.graphs = 1;
     else if (!strcmp(argv[i], "--decode")) decode = 1;
     else if (!strcmp(argv[i], "--memory-limit") && i + 1 < argc) B.memory_limit = (size_t)(atof(argv[++i]) * (1 << 20));
+    else if (!strcmp(argv[i], "--pause") && i + 1 < argc) B.pause_ms = atoi(argv[++i]);
     else if ((!strcmp(argv[i], "ag") || !strcmp(argv[i], "rs")) && i + 3 < argc && nshapes < 32) {
       shapes[nshapes].pat = argv[i][0] == 'a' ? AG : RS;
       shapes[nshapes].M = atoll(argv[i + 1]);
@@ -831,7 +841,7 @@ int main(int argc, char **argv) {
       i += 3;
     } else {
       fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--trace DIR] "
-                      "[--processes] [--memory-limit MiB] [--graph] [--decode] [ag|rs M K N]...\n", argv[0]);
+                      "[--processes] [--memory-limit MiB] [--pause MS] [--graph] [--decode] [ag|rs M K N]...\n", argv[0]);
       return 2;
     }
   }
