@@ -8225,6 +8225,7 @@ typedef struct hir__span {   /* one executed host IR node: host clock, microseco
   void *start, *end;            /* GPU spans: timing events around the node's work */
 } hir__span;
 
+enum { HIR__SHAPE_WORDS = 2 + HIR_MAX_DIMS }; /* an input in a row of shapes: kind, ndims, sizes (hir__shape_words) */
 struct hir_evaluator {
   const hir_program *p;
   hir_backend *b;
@@ -8249,6 +8250,8 @@ struct hir_evaluator {
   int broken, timeout_ms;
   int communicates, told_world;  /* the program communicates; this rank aborted the world with its error */
   int *devices, ndevices;       /* the fusion's devices (lowered programs): who compares new shapes together */
+  int64_t *shape_rows;          /* this rank's row of shapes, then every device's (hir__shapes_agree) */
+  size_t shape_words;           /* a row's */
   void *devices_team, *meet_buf;
   size_t meet_cap;
   int shapes_unchecked;         /* planned for shapes the ranks have not compared yet */
@@ -9307,17 +9310,20 @@ static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
 }
 
 /* ---- creation ---- */
-/* The devices of a fusion's meshes, ascending, into devices (room for
-   f->tvs.n * 8 + 1): who runs it together. Returns how many. */
-static int hir__fusion_devices(const hir_fusion *f, int *devices) {
-  int i, k, n = 0;
+/* The devices of a fusion's meshes, ascending, into *devices (allocated,
+   with room for one more; NULL when out of memory): who runs it together.
+   Returns how many. */
+static int hir__fusion_devices(const hir_fusion *f, int **devices) {
+  int i, k, n = 0, room = 1;
+  for (i = 0; i < f->tvs.n; i++) room += ((const hir_tv *)f->tvs.items[i])->mesh_size;
+  if (!(*devices = (int *)HIR_MALLOC((size_t)room * sizeof(int)))) return 0;
   for (i = 0; i < f->tvs.n; i++) {
     const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
-    for (k = 0; k < tv->mesh_size && n < f->tvs.n * 8; k++) {
+    for (k = 0; k < tv->mesh_size; k++) {
       int at = n, dev = tv->mesh[k];
-      if (hir_team_index(devices, n, dev) >= 0) continue;
-      while (at > 0 && devices[at - 1] > dev) devices[at] = devices[at - 1], at--;
-      devices[at] = dev;
+      if (hir_team_index(*devices, n, dev) >= 0) continue;
+      while (at > 0 && (*devices)[at - 1] > dev) (*devices)[at] = (*devices)[at - 1], at--;
+      (*devices)[at] = dev;
       n++;
     }
   }
@@ -9506,9 +9512,10 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
     if (ev->b->event_create(ev->b, &ev->vars_ev[i]) != HIR_OK)
       return hir__ev_fail(ev, HIR_ERR_BACKEND, "hir_evaluator_create: creating an event: %s", ev->b->error), ev->status;
   if (d->comm && p->my_device >= 0) { /* before the collectives' teams: the same first team on every rank */
-    if (!(ev->devices = (int *)HIR_MALLOC((size_t)(p->ir.tvs.n * 8 + 1) * sizeof(int))))
+    ev->ndevices = hir__fusion_devices(&p->ir, &ev->devices);
+    ev->shape_words = 2 + (size_t)p->ir.inputs.n * HIR__SHAPE_WORDS;
+    if (!ev->devices || !(ev->shape_rows = (int64_t *)HIR_MALLOC(ev->shape_words * sizeof(int64_t) * (size_t)(ev->ndevices + 1))))
       return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
-    ev->ndevices = hir__fusion_devices(&p->ir, ev->devices);
     if (ev->ndevices > 1 && hir_team_index(ev->devices, ev->ndevices, ev->device) >= 0 &&
         ev->comm->team(ev->comm, ev->devices, ev->ndevices, &ev->devices_team) != HIR_OK)
       return hir__ev_fail(ev, HIR_ERR_COMM, "hir_evaluator_create: the team of the fusion's devices: %s", ev->comm->error),
@@ -9550,6 +9557,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
     if (ev->owns_backend) hir_backend_free(ev->b);
   }
   HIR_FREE(ev->devices);
+  HIR_FREE(ev->shape_rows);
   HIR_FREE(ev->spans);
   HIR_FREE(ev->pool);
   HIR_FREE(ev->pool_ev);
@@ -10091,7 +10099,6 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
 /* One input as a rank passed it, for comparing across ranks: kind (0: not
    given, a rank outside its mesh passing it empty; 1: a tensor; 2: a
    scalar, its value in sizes[0]), ndims, sizes. */
-enum { HIR__SHAPE_WORDS = 2 + HIR_MAX_DIMS };
 static void hir__shape_words(const hir_evaluator *ev, int i, const hir_tensor *t, int64_t *w) {
   const hir_tv *tv = (const hir_tv *)ev->p->ir.inputs.items[i];
   int a;
@@ -10120,20 +10127,17 @@ static const int64_t *hir__shape_of(const int64_t *all, size_t words, int r, int
    message. The ranks must plan at the same run: one that alone passes a new
    shape meets the others' communication instead, which fails or times out. */
 static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
-  size_t words = 2 + (size_t)nin * HIR__SHAPE_WORDS, row = words * sizeof(int64_t);
-  int64_t *mine = (int64_t *)HIR_MALLOC(row * (size_t)(ev->ndevices + 1)), *all = mine + words;
+  size_t words = ev->shape_words, row = words * sizeof(int64_t), n;
+  int64_t *mine = ev->shape_rows, *all = mine + words;
   int i, r, q, from_comm, bad = -1, first = -1;
   hir_status s;
   char msg[sizeof ev->error];
-  size_t n;
-  if (!mine) return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory");
   mine[0] = 0x6869727368617065ll; /* "hirshape": a row from a rank running something else is not read as shapes */
   mine[1] = nin;
   for (i = 0; i < nin; i++) hir__shape_words(ev, i, &in[i], mine + 2 + i * HIR__SHAPE_WORDS);
   s = hir__meet(ev->comm, ev->devices_team, ev->ndevices, ev->b, &ev->meet_buf, &ev->meet_cap, mine, all, row,
                 hir__now_ms() + ev->timeout_ms, &from_comm);
   if (s != HIR_OK) {
-    HIR_FREE(mine);
     if (from_comm) {
       ev->broken = 1;
       return hir__ev_fail(ev, s, "hir_run: comparing this run's shapes with the other ranks failed: %s", ev->comm->error);
@@ -10146,13 +10150,11 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
   }
   for (r = 0; r < ev->ndevices && bad < 0; r++) {
     const int64_t *x = all + (size_t)r * words;
-    if (x[0] != mine[0] || x[1] != nin) { /* not a row of shapes: the world is told (its data may have been taken as one) */
-      HIR_FREE(mine);
+    if (x[0] != mine[0] || x[1] != nin) /* not a row of shapes: the world is told (its data may have been taken as one) */
       return hir__ev_fail(ev, HIR_ERR_COMM, "hir_run: comparing this run's shapes, device %d sent something else: it runs "
                           "another fusion's program, or passed its last run's shapes while this rank passed new ones (every "
                           "device of the fusion's meshes runs the same fusion and changes shapes at the same run)",
                           ev->devices[r]);
-    }
   }
   for (i = 0; i < nin && bad < 0; i++) /* the first input two ranks disagree on */
     for (first = -1, r = 0; r < ev->ndevices && bad < 0; r++) {
@@ -10160,7 +10162,7 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
       if (first < 0) first = r;
       else if (!hir__same_shape_words(hir__shape_of(all, words, r, i), hir__shape_of(all, words, first, i))) bad = i;
     }
-  if (bad < 0) return HIR_FREE(mine), 1;
+  if (bad < 0) return 1;
   if (((const hir_tv *)ev->p->ir.inputs.items[bad])->scalar)
     n = (size_t)snprintf(msg, sizeof msg, "hir_run: the ranks passed different values for scalar input %d:", bad);
   else
@@ -10186,7 +10188,6 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
   if (n < sizeof msg)
     snprintf(msg + n, sizeof msg - n, "; every rank passes the same %s", ((const hir_tv *)ev->p->ir.inputs.items[bad])->scalar
              ? "value" : "shape (its own shard where an axis is split across devices)");
-  HIR_FREE(mine);
   ev->planned = 0; /* the next run compares again, whatever it passes */
   ev->shared_error = 1;
   return hir__ev_fail(ev, HIR_ERR_SHAPE, "%s", msg);
@@ -10794,15 +10795,14 @@ HIRDEF hir_status hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, 
   t->f = f;
   t->d = *d;
   len = hir_fusion_snprint(f, NULL, 0);
-  if (!(text = (char *)HIR_MALLOC(len + 1)) ||
-      !(t->team = (int *)HIR_MALLOC((size_t)(f->tvs.n * 8 + 1) * sizeof *t->team))) {
+  t->nteam = hir__fusion_devices(f, &t->team); /* who tunes together */
+  if (!(text = (char *)HIR_MALLOC(len + 1)) || !t->team) {
     HIR_FREE(text);
     return hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner_create: out of memory");
   }
   hir_fusion_snprint(f, text, len + 1);
   t->fusion_hash = hir__fnv(text, len, 1469598103934665603ull);
   HIR_FREE(text);
-  t->nteam = hir__fusion_devices(f, t->team); /* who tunes together */
   t->vary_p2p = d->eval.graph && d->eval.comm && d->eval.comm->set_copy_engine && !d->eval.comm->capturable;
   if (!t->nteam) t->team[t->nteam++] = d->lower.my_device;
   if (d->machine) snprintf(t->machine, sizeof t->machine, "%s", d->machine);

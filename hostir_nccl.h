@@ -2403,10 +2403,7 @@ HIRDEF void hir_nccl_world_set_copy_engine(hir_nccl_world *w, int enable) {
         cudaGetLastError(); /* already enabled */
   cudaSetDevice(current);
   w->peer_access |= enable != 0;
-  for (i = 0; i < w->n; i++) {
-    w->ranks[i].ce_on = w->ranks[i].comm.p2p_copy_engine = enable != 0;
-    w->ranks[i].comm.capturable = !enable;
-  }
+  for (i = 0; i < w->n; i++) hir_nccl__set_copy_engine(&w->ranks[i].comm, enable);
 }
 
 HIRDEF void hir_nccl_world_free(hir_nccl_world *w) {
