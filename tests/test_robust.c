@@ -588,6 +588,65 @@ static void disagree_free(disagree_ctx *x) {
   hir_fusion_free(x->f);
 }
 
+/* A mesh of 17 devices (more than 8 a tensor): device 16's different shape
+   is named like any other's. */
+typedef struct wide_ctx {
+  hir_local_world *w;
+  hir_fusion *f;
+  hir_tensor in[17];
+  hir_status status[17];
+  char error[17][512];
+} wide_ctx;
+
+static hir_status wide_rank(int rank, void *user) {
+  wide_ctx *x = (wide_ctx *)user;
+  hir_tensor out[1];
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p;
+  hir_evaluator *ev = NULL;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  memset(out, 0, sizeof out);
+  ld.my_device = rank;
+  ed.comm = hir_local_comm(x->w, rank);
+  if ((x->status[rank] = hir_lower(x->f, &ld, &p)) == HIR_OK && (x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK)
+    x->status[rank] = hir_run(ev, &x->in[rank], 1, out, 1);
+  snprintf(x->error[rank], sizeof x->error[rank], "%s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  return x->status[rank];
+}
+
+TEST(test_robust_wide_mesh_disagree, "robust/wide_mesh_disagree", TEST_CPU) {
+  static wide_ctx x;
+  int mesh[17], r;
+  hir_tv *a, *b;
+  memset(&x, 0, sizeof x);
+  for (r = 0; r < 17; r++) mesh[r] = r;
+  x.f = hir_fusion_create();
+  a = hir_input(x.f, HIR_F32, 2), b = hir_set(x.f, a);
+  hir_output(x.f, b);
+  hir_set_mesh(a, 17, mesh), hir_set_mesh(b, 17, mesh);
+  hir_parallelize(a, 0, HIR_DIDX);
+  for (r = 0; r < 17; r++) {
+    int64_t sa[2] = {1, r == 16 ? 3 : 2};
+    x.in[r] = trand(HIR_F32, 2, sa);
+  }
+  x.w = hir_local_world_create(17);
+  CHECK(hir_spmd(17, wide_rank, &x) == HIR_ERR_SHAPE);
+  for (r = 0; r < 17; r++)
+    if (x.status[r] != HIR_ERR_SHAPE || strcmp(x.error[r], x.error[0]) ||
+        !strstr(x.error[r], "different shapes for input 0 (T0): [1, 2] on devices 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, "
+                            "15; [1, 3] on device 16")) {
+      fprintf(stderr, "  rank %d: %s: %s\n", r, hir_status_str(x.status[r]), x.error[r]);
+      hir_test_failures++;
+    }
+  for (r = 0; r < 17; r++) tfree(&x.in[r]);
+  hir_local_world_free(x.w);
+  hir_fusion_free(x.f);
+}
+
 TEST(test_robust_ranks_disagree, "robust/ranks_disagree", TEST_CPU) {
   static const int m4[4] = {0, 1, 2, 3};
   disagree_ctx x;
