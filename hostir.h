@@ -579,6 +579,13 @@ struct hir_backend {
      (the host waits for the stream): how a tuner compares outputs where they
      live. NULL: they are downloaded and compared on the host. */
   hir_status (*max_abs)(hir_backend *self, void *stream, const hir_tensor *a, const hir_tensor *b, double *diff, double *b_max);
+  /* Optional: the backend's index-th shared stream, made on first use and
+     counted (stream_destroy gives one count back; the last destroys it).
+     Evaluators take their streams here, so that the evaluators of one
+     backend share them - their runs are ordered by the caller anyway - and
+     a backend serving many programs (one per shape) holds as many streams
+     as the widest needs, not their sum. NULL: stream_create. */
+  hir_status (*stream_shared)(hir_backend *self, int index, void **stream);
 };
 
 /* What a communication moves, in the program's terms: the evaluator fills it
@@ -4446,6 +4453,12 @@ static int hir__p2p_kind(const hir_expr *e, int *in_axis) {
   return HIR__P2P_NONE;
 }
 
+/* One extent: the same value, or constants alike (a split's factor is a
+   constant of its own on each tensor the split reached). */
+static int hir__extents_alike(const hir_val *a, const hir_val *b) {
+  return a == b || (a->kind == HIR__VAL_CONST && b->kind == HIR__VAL_CONST && a->value == b->value);
+}
+
 /* The ID a chain loops over for expr e (its Stream axis), or NULL. */
 static hir_id *hir__stream_id(const hir_expr *e) {
   int a, s;
@@ -4983,7 +4996,7 @@ HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_opti
       hir_expr *x = (hir_expr *)p->top.exprs.items[j];
       hir_id *xid = hir__stream_id(x);
       int kind;
-      if (!xid || xid->extent != id->extent) break;
+      if (!xid || !hir__extents_alike(xid->extent, id->extent)) break;
       c.exprs[c.n++] = x;
       if ((kind = hir__p2p_kind(x, &a)) != HIR__P2P_NONE) {
         c.p2p |= kind;
@@ -6401,11 +6414,15 @@ typedef struct hir__lt_plan {  /* see hir__lt_plan_of */
 enum { HIR__LT_PLANS = 8 };
 
 #define HIR__CUDA_LANES 64
+#define HIR__CUDA_SHARED 32
 typedef struct hir__cuda {
   int device, tf32;
   char device_name[256];            /* hir_backend.device */
   cudaStream_t caller;
   cublasLtHandle_t lt;
+  hir__cuda_lane caller_lane;      /* the caller's stream's, whichever it is (hir__cuda_lane_of) */
+  cudaStream_t shared[HIR__CUDA_SHARED];  /* stream_shared's, and how many evaluators hold each */
+  int shared_refs[HIR__CUDA_SHARED];
   hir__cuda_lane lanes[HIR__CUDA_LANES];
   int nlanes;
   void *retired[HIR__CUDA_RETIRED];  /* outgrown buffers, freed with the backend */
@@ -6465,11 +6482,41 @@ static cudaDataType hir__cuda_type(hir_dtype d) {
   return d == HIR_F32 ? CUDA_R_32F : d == HIR_F64 ? CUDA_R_64F : d == HIR_F16 ? CUDA_R_16F : CUDA_R_16BF;
 }
 
-/* The lane of a stream, made on first use. */
+/* A new lane's cuBLAS handle on its stream, with a workspace of our own. */
+static hir_status hir__cuda_lane_init(hir_backend *b, hir__cuda_lane *l, cudaStream_t s) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  HIR__BLAS(b, cublasSetStream(l->blas, s));
+  HIR__BLAS(b, cublasSetMathMode(l->blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  HIR__CU(b, cudaMalloc(&l->workspace, HIR__CUDA_WORKSPACE));
+  HIR__BLAS(b, cublasSetWorkspace(l->blas, l->workspace, HIR__CUDA_WORKSPACE));
+  return HIR_OK;
+}
+
+/* The lane of a stream, made on first use. The caller's stream has one
+   lane, whichever stream that is: a new caller stream (set_stream; a graph
+   capture's, ours or the caller's own, as torch.cuda.graph's) takes the
+   lane over - handle, workspace, scratch, ones - and allocates nothing,
+   which a stream being captured could not. So runs on different caller
+   streams are ordered by the caller, as runs of one evaluator must be. */
 static hir_status hir__cuda_lane_of(hir_backend *b, void *stream, hir__cuda_lane **out) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   cudaStream_t s = stream ? (cudaStream_t)stream : c->caller;
+  hir__cuda_lane *l;
   int i;
+  if (s == c->caller) {
+    l = &c->caller_lane;
+    if (!l->blas) {
+      HIR__BLAS(b, cublasCreate(&l->blas));
+      l->stream = s;
+      if (hir__cuda_lane_init(b, l, s) != HIR_OK) return HIR_ERR_BACKEND;
+    } else if (l->stream != s) {
+      HIR__BLAS(b, cublasSetStream(l->blas, s)); /* which drops the workspace: set it again */
+      HIR__BLAS(b, cublasSetWorkspace(l->blas, l->workspace, HIR__CUDA_WORKSPACE));
+      l->stream = s;
+    }
+    *out = l;
+    return HIR_OK;
+  }
   for (i = 0; i < c->nlanes; i++)
     if (c->lanes[i].stream == s) {
       *out = &c->lanes[i];
@@ -6479,15 +6526,13 @@ static hir_status hir__cuda_lane_of(hir_backend *b, void *stream, hir__cuda_lane
     snprintf(b->error, sizeof b->error, "cuda backend: more than %d streams in use", HIR__CUDA_LANES);
     return HIR_ERR_UNSUPPORTED;
   }
-  memset(&c->lanes[i], 0, sizeof c->lanes[i]);
-  HIR__BLAS(b, cublasCreate(&c->lanes[i].blas));
-  c->lanes[i].stream = s;
+  l = &c->lanes[i];
+  memset(l, 0, sizeof *l);
+  HIR__BLAS(b, cublasCreate(&l->blas));
+  l->stream = s;
   c->nlanes++; /* freed with the backend from here on */
-  HIR__BLAS(b, cublasSetStream(c->lanes[i].blas, s));
-  HIR__BLAS(b, cublasSetMathMode(c->lanes[i].blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  HIR__CU(b, cudaMalloc(&c->lanes[i].workspace, HIR__CUDA_WORKSPACE));
-  HIR__BLAS(b, cublasSetWorkspace(c->lanes[i].blas, c->lanes[i].workspace, HIR__CUDA_WORKSPACE));
-  *out = &c->lanes[i];
+  if (hir__cuda_lane_init(b, l, s) != HIR_OK) return HIR_ERR_BACKEND;
+  *out = l;
   return HIR_OK;
 }
 
@@ -6532,6 +6577,7 @@ static void hir__cuda_destroy(hir_backend *b) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   int i, k;
   cudaSetDevice(c->device);
+  hir__cuda_lane_free(&c->caller_lane);
   for (i = 0; i < c->nlanes; i++) hir__cuda_lane_free(&c->lanes[i]);
   for (k = 0; k < c->nretired; k++) cudaFree(c->retired[k]);
   if (c->kernels_state == 1) cudaLibraryUnload(c->kernels);
@@ -6562,9 +6608,23 @@ static hir_status hir__cuda_stream_create(hir_backend *b, void **s) {
   HIR__CU(b, cudaStreamCreateWithFlags((cudaStream_t *)s, cudaStreamNonBlocking));
   return hir__cuda_lane_of(b, *s, &l);
 }
+static hir_status hir__cuda_stream_shared(hir_backend *b, int index, void **s) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  if (index < 0 || index >= HIR__CUDA_SHARED) return hir__cuda_stream_create(b, s);
+  if (!c->shared[index] && hir__cuda_stream_create(b, (void **)&c->shared[index]) != HIR_OK) return HIR_ERR_BACKEND;
+  c->shared_refs[index]++;
+  *s = c->shared[index];
+  return HIR_OK;
+}
 static void hir__cuda_stream_destroy(hir_backend *b, void *s) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   int i;
+  for (i = 0; i < HIR__CUDA_SHARED; i++)
+    if (c->shared[i] && c->shared[i] == (cudaStream_t)s) {
+      if (--c->shared_refs[i] > 0) return;
+      c->shared[i] = NULL;
+      break;
+    }
   for (i = 0; i < c->nlanes; i++) /* the stream's lane goes with it */
     if (c->lanes[i].stream == (cudaStream_t)s) {
       hir__cuda_lane_free(&c->lanes[i]);
@@ -6596,25 +6656,13 @@ static hir_status hir__cuda_timer_elapsed(hir_backend *b, void *from, void *to, 
 }
 
 /* Graph capture runs on a stream of the backend's own (the caller's may be
-   the legacy default stream, which cannot capture), whose lane gets the
-   scratch and ones the caller's lane grew to, so that nothing allocates while
-   capturing; the graph then launches on the caller's stream. */
-static hir_status hir__cuda_ones(hir_backend *b, hir__cuda_lane *l, hir_dtype dt, int64_t n, void **out);
+   the legacy default stream, which cannot capture); the caller's lane moves
+   to it with its scratch and ones, so nothing allocates while capturing. The
+   graph then launches on the caller's stream. */
 static hir_status hir__cuda_graph_begin(hir_backend *b) {
   hir__cuda *c = (hir__cuda *)b->ctx;
-  hir__cuda_lane *from, *to;
-  int k;
   hir__cuda_load_map(c); /* compiled now, not while capturing */
   if (!c->capture) HIR__CU(b, cudaStreamCreateWithFlags(&c->capture, cudaStreamNonBlocking));
-  if (hir__cuda_lane_of(b, NULL, &from) != HIR_OK || hir__cuda_lane_of(b, c->capture, &to) != HIR_OK) return HIR_ERR_BACKEND;
-  for (k = 0; k < 3; k++) {
-    void *p;
-    if (from->scratch_cap[k] && hir__cuda_scratch(b, to, k, from->scratch_cap[k], &p) != HIR_OK) return HIR_ERR_BACKEND;
-  }
-  for (k = 0; k < HIR_DTYPE_COUNT; k++) {
-    void *p;
-    if (from->ones_len[k] && hir__cuda_ones(b, to, (hir_dtype)k, (int64_t)from->ones_len[k], &p) != HIR_OK) return HIR_ERR_BACKEND;
-  }
   HIR__CU(b, cudaStreamBeginCapture(c->capture, cudaStreamCaptureModeThreadLocal));
   c->saved_caller = c->caller;
   c->caller = c->capture;
@@ -7607,6 +7655,7 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   b->graph_launch = hir__cuda_graph_launch;
   b->graph_destroy = hir__cuda_graph_destroy;
   b->max_abs = hir__cuda_max_abs;
+  b->stream_shared = hir__cuda_stream_shared;
   { /* the driver's memsets, for the ones of long sums (hir__cuda_ones says if they are missing) */
     enum cudaDriverEntryPointQueryResult found;
     void *fn[3] = {NULL, NULL, NULL};
@@ -7641,6 +7690,7 @@ HIRDEF void hir_backend_cuda_set_tf32(hir_backend *b, int enable) {
   if (!b || b->destroy != hir__cuda_destroy) return;
   c = (hir__cuda *)b->ctx;
   c->tf32 = enable != 0;
+  if (c->caller_lane.blas) cublasSetMathMode(c->caller_lane.blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
   for (i = 0; i < c->nlanes; i++) cublasSetMathMode(c->lanes[i].blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
 }
 #endif /* HOSTIR_CUDA */
@@ -9506,7 +9556,8 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   memset(ev->key, 0, ((size_t)ev->key_n + 1) * sizeof(int64_t));
   for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
   for (i = 0; i < ev->nstreams; i++)
-    if (ev->b->stream_create(ev->b, &ev->pool[i]) != HIR_OK || ev->b->event_create(ev->b, &ev->pool_ev[i]) != HIR_OK)
+    if ((ev->b->stream_shared ? ev->b->stream_shared(ev->b, i, &ev->pool[i]) : ev->b->stream_create(ev->b, &ev->pool[i])) != HIR_OK ||
+        ev->b->event_create(ev->b, &ev->pool_ev[i]) != HIR_OK)
       return hir__ev_fail(ev, HIR_ERR_BACKEND, "hir_evaluator_create: creating stream %d: %s", i, ev->b->error), ev->status;
   for (i = 0; i < ev->nvars; i++)
     if (ev->b->event_create(ev->b, &ev->vars_ev[i]) != HIR_OK)

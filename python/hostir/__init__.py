@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["Error", "Fusion", "Tensor", "Program", "run"]
+__all__ = ["Error", "Fusion", "Tensor", "Program", "run", "ag_matmul_fusion", "matmul_rs_fusion"]
 
 _MAX_DIMS = 8
 
@@ -59,19 +59,27 @@ def _load():
         "hir_split": (i, [p, i, ctypes.c_int64, i]), "hir_input_sized": (p, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_input_scalar": (p, [p]), "hir_binary_val": (p, [p, i, p, p]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
-        "hx_lower": (i, [p, i, i, i, i, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
+        "hx_lower": (i, [p, i, i, i, i, i, i, p, p, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
         "hir_program_free": (None, [p]), "hir_program_plan": (c, [p]),
         "hir_program_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
-        "hx_evaluator_create": (i, [p, p, i, i, ctypes.POINTER(p)]), "hir_evaluator_error": (c, [p]),
+        "hx_evaluator_create": (i, [p, p, p, i, i, i, ctypes.POINTER(p)]), "hir_evaluator_error": (c, [p]),
         "hir_evaluator_free": (None, [p]), "hir_evaluator_sync": (i, [p]),
         "hir_run": (i, [p, ctypes.POINTER(_HirTensor), i, ctypes.POINTER(_HirTensor), i]),
         "hir_local_world_create": (p, [i]), "hir_local_world_set_timeout": (None, [p, i]),
         "hir_local_comm": (p, [p, i]), "hir_local_world_free": (None, [p]),
         "hx_tensor_bytes": (i, []), "hx_has_cuda": (i, []),
-        "hx_tuner_create": (i, [p, i, p, i, i, ctypes.POINTER(p)]), "hir_tuner_error": (c, [p]),
+        "hx_tuner_create": (i, [p, i, p, p, i, i, i, ctypes.POINTER(p)]), "hir_tuner_error": (c, [p]),
         "hir_tuner_run": (i, [p, ctypes.POINTER(_HirTensor), i, ctypes.POINTER(_HirTensor), i]),
         "hir_tuner_sync": (i, [p]), "hir_tuner_program": (p, [p]), "hir_tuner_free": (None, [p]),
+        "hx_comm_error": (c, [p]), "hx_comm_copy_engine": (i, [p]), "hir_backend_free": (None, [p]),
     }
+    if lib.hx_has_cuda():  # the CUDA backend and NCCL, for hostir.torch
+        sigs.update({
+            "hir_backend_cuda_create": (p, [i]), "hir_backend_cuda_set_stream": (None, [p, p]),
+            "hx_nccl_unique_id": (i, [c]), "hx_nccl_id_bytes": (i, []),
+            "hx_nccl_comm_from_id": (i, [i, i, i, c, i, ctypes.POINTER(p)]),
+            "hir_nccl_comm_set_copy_engine": (i, [p, i]), "hir_nccl_comm_free": (None, [p]),
+        })
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
@@ -83,6 +91,7 @@ def _load():
 
 _lib = _load()
 _DTYPES = {"float32": 0, "float64": 1, "float16": 2}      # hir_dtype; bfloat16 has no numpy type
+_BUILD_DTYPES = dict(_DTYPES, bfloat16=3)                  # the builder takes it (hostir.torch runs it)
 _NUMPY = {0: np.float32, 1: np.float64, 2: np.float16}
 _PTYPES = {"Serial": 0, "DIDx": 1, "Stream": 2}
 _BINARY = {"+": 0, "-": 1, "*": 2, "/": 3}  # hir_binary_op
@@ -169,9 +178,9 @@ class Fusion:
         return Tensor(self, handle)
 
     def input(self, dtype, ndims):
-        if dtype not in _DTYPES:
-            raise Error("invalid argument", "input: dtype %r; give one of %s" % (dtype, ", ".join(_DTYPES)))
-        t = self._tv(_lib.hir_input(self._h, _DTYPES[dtype], ndims))
+        if dtype not in _BUILD_DTYPES:
+            raise Error("invalid argument", "input: dtype %r; give one of %s" % (dtype, ", ".join(_BUILD_DTYPES)))
+        t = self._tv(_lib.hir_input(self._h, _BUILD_DTYPES[dtype], ndims))
         t.dtype = dtype
         self.inputs.append(t)
         return t
@@ -288,7 +297,8 @@ class Fusion:
         if schedule not in ("linear", "ring"):
             raise Error("invalid argument", "lower: schedule %r; give 'linear' or 'ring'" % (schedule,))
         out = ctypes.c_void_p()
-        code = _lib.hx_lower(self._h, device, schedule == "ring", parts, int(bounded), int(serial), ctypes.byref(out))
+        code = _lib.hx_lower(self._h, device, schedule == "ring", parts, int(bounded), int(serial), 0, None, None, 0,
+                             ctypes.byref(out))
         prog = Program(out.value)
         if code:
             msg = _lib.hir_program_error(out.value).decode() if out.value else "out of memory"
@@ -313,6 +323,46 @@ class Program:
     @property
     def plan(self):
         return _lib.hir_program_plan(self._h).decode()
+
+
+def ag_matmul_fusion(world, dtype="float32", nb=1, gathered=True):
+    """The all-gather matmul of `world` devices in one pipeline: A [D (DIDx),
+    m, K] (each device passes its rows as [1, m, K]) gathered, and multiplied
+    by each B_i [K, N_i]. Outputs: the gathered A [D, m, K] when `gathered`,
+    then C_i [D, m, N_i], chunk by chunk on streams (nvFuser's
+    AG_matmul_P2p): each received chunk of A feeds every B_i."""
+    f = Fusion()
+    a = f.input(dtype, 3)
+    bs = [f.input(dtype, 2) for _ in range(nb)]
+    g = f.set(a) if gathered else a
+    cs = [f.matmul(g, b) for b in bs]
+    if gathered:
+        f.output(g)
+    for t in [a, g] + bs + [f.output(c) for c in cs]:
+        t.mesh(range(world))
+    a.parallelize(0, "DIDx")
+    for t in ([g] if gathered else []) + cs:
+        t.parallelize(0, "Stream")
+    return f
+
+
+def matmul_rs_fusion(world, dtype="float32"):
+    """The matmul reduce-scatter of `world` devices in one pipeline: each
+    device's A [1 (DIDx), D, m, k] x B [1 (DIDx), k, N], summed over the
+    devices, device j receiving rows j: C [D (DIDx), m, N] (passed as
+    [1, m, N]); the products chunk by chunk on streams, each sent as it is
+    done (the P2P reduce-scatter)."""
+    f = Fusion()
+    a, b = f.input(dtype, 4), f.input(dtype, 3)
+    p = f.matmul(a, f.broadcast(b, [False, True, False, False]))
+    c = f.output(f.sum(p, [0]))
+    for t in (a, b, c):
+        t.mesh(range(world))
+    a.parallelize(0, "DIDx")
+    b.parallelize(0, "DIDx")
+    p.parallelize(1, "Stream")
+    c.parallelize(1, "DIDx")
+    return f
 
 
 def _as_tensor(x):
@@ -358,12 +408,14 @@ def run(fusion, inputs, world=None, streams=0, schedule="linear", parts=0, timeo
         ev, tuner, prog = ctypes.c_void_p(), ctypes.c_void_p(), None
         try:
             if tune:
-                code = _lib.hx_tuner_create(fusion._h, r, _lib.hir_local_comm(w, r), timeout_ms, 3, ctypes.byref(tuner))
+                code = _lib.hx_tuner_create(fusion._h, r, None, _lib.hir_local_comm(w, r), timeout_ms, 3, 0,
+                                            ctypes.byref(tuner))
                 if code:
                     raise Error(_status(code), _lib.hir_tuner_error(tuner.value).decode() if tuner.value else "out of memory")
             else:
                 prog = fusion.lower(device=r, schedule=schedule, parts=parts)
-                code = _lib.hx_evaluator_create(prog._h, _lib.hir_local_comm(w, r), streams, timeout_ms, ctypes.byref(ev))
+                code = _lib.hx_evaluator_create(prog._h, None, _lib.hir_local_comm(w, r), streams, timeout_ms, 0,
+                                                ctypes.byref(ev))
                 if code:
                     raise Error(_status(code), _lib.hir_evaluator_error(ev.value).decode() if ev.value else "out of memory")
             if len(inputs[r]) != len(fusion.inputs):

@@ -38,43 +38,75 @@ HX_EXPORT int hx_has_cuda(void) {
 #endif
 }
 
-/* hir_lower with the stream options a Python caller sets. */
+/* hir_lower with the stream options a Python caller sets; automatic = 1
+   lets the cost model choose for these input shapes on `comm`. */
 HX_EXPORT hir_status hx_lower(const hir_fusion *f, int my_device, int schedule, int chunks_per_peer, int bounded_buffers,
-                              int serial, hir_program **out) {
+                              int serial, int automatic, const hir_comm *comm, const hir_tensor *shapes, int nshapes,
+                              hir_program **out) {
   hir_lower_desc d;
   memset(&d, 0, sizeof d);
   d.my_device = my_device;
+  d.comm = comm;
   d.stream.schedule = schedule ? HIR_P2P_RING : HIR_P2P_LINEAR;
   d.stream.chunks_per_peer = chunks_per_peer;
   d.stream.bounded_buffers = bounded_buffers;
   d.stream.serial = serial;
+  d.stream.automatic = automatic;
+  d.stream.input_shapes = shapes;
+  d.stream.ninput_shapes = nshapes;
   return hir_lower(f, &d, out);
 }
 
-/* hir_evaluator_create on the CPU backend (the evaluator's own). */
-HX_EXPORT hir_status hx_evaluator_create(const hir_program *p, hir_comm *comm, int number_of_streams, int timeout_ms,
-                                         hir_evaluator **out) {
+/* hir_evaluator_create; backend NULL: the CPU backend (the evaluator's own). */
+HX_EXPORT hir_status hx_evaluator_create(const hir_program *p, hir_backend *backend, hir_comm *comm, int number_of_streams,
+                                         int timeout_ms, int graph, hir_evaluator **out) {
   hir_eval_desc d;
   memset(&d, 0, sizeof d);
+  d.backend = backend;
   d.comm = comm;
   d.number_of_streams = number_of_streams;
   d.timeout_ms = timeout_ms;
+  d.graph = graph;
   return hir_evaluator_create(p, &d, out);
 }
 
-/* hir_tuner_create on the CPU backend: the candidates measured on these
-   ranks, warmup 1 and `iters` timed runs each. */
-HX_EXPORT hir_status hx_tuner_create(const hir_fusion *f, int my_device, hir_comm *comm, int timeout_ms, int iters,
-                                     hir_tuner **out) {
+/* hir_tuner_create: the candidates measured on these ranks; iters 0: each
+   fills about 10 ms, else warmup 2 and `iters` timed runs. */
+HX_EXPORT hir_status hx_tuner_create(const hir_fusion *f, int my_device, hir_backend *backend, hir_comm *comm, int timeout_ms,
+                                     int iters, int graph, hir_tuner **out) {
   hir_tune_desc d;
   memset(&d, 0, sizeof d);
   d.lower.my_device = my_device;
   d.lower.comm = comm;
+  d.eval.backend = backend;
   d.eval.comm = comm;
   d.eval.timeout_ms = timeout_ms;
+  d.eval.graph = graph;
+  d.warmup = iters ? 2 : 0;
   d.iters = iters;
   return hir_tuner_create(f, &d, out);
 }
+
+HX_EXPORT const char *hx_comm_error(const hir_comm *c) { return c ? c->error : "out of memory"; }
+HX_EXPORT int hx_comm_copy_engine(const hir_comm *c) { return c && c->p2p_copy_engine; }
+
+#ifdef HOSTIR_PY_NCCL
+/* NCCL's id for a new world, made on one rank (128 bytes into `out`); the
+   caller hands it to the others over its own process group. 0 on success. */
+HX_EXPORT int hx_nccl_unique_id(unsigned char *out) {
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) return 1;
+  memcpy(out, &id, sizeof id);
+  return 0;
+}
+HX_EXPORT int hx_nccl_id_bytes(void) { return (int)sizeof(ncclUniqueId); }
+HX_EXPORT hir_status hx_nccl_comm_from_id(int rank, int size, int gpu, const unsigned char *id_bytes, int timeout_ms,
+                                          hir_comm **out) {
+  ncclUniqueId id;
+  memcpy(&id, id_bytes, sizeof id);
+  return hir_nccl_comm_create_from_id(rank, size, gpu, &id, timeout_ms, out);
+}
+#endif
 
 #ifndef HOSTIR_PY_PLAIN
 static struct PyModuleDef hx_module = {PyModuleDef_HEAD_INIT, "_native", "hostir's C library (called through ctypes)", -1,

@@ -191,6 +191,46 @@ class CpuTests(unittest.TestCase):
         for r in range(D):
             np.testing.assert_allclose(outs[r][0].reshape(-1), P[:, r, :].sum(axis=0), rtol=1e-12)
 
+    def test_fused_op_fusions(self):
+        """hostir.torch's programs: the gathered A and two products in one
+        P2P pipeline (every received chunk feeds both B's), and the matmul
+        reduce-scatter, on 1-4 ranks with both schedules, against numpy."""
+        rng = np.random.default_rng(3)
+        for D in (1, 2, 3, 4):
+            text = str(hostir.ag_matmul_fusion(D, nb=2).lower(device=D - 1, schedule="ring"))
+            self.assertEqual(text.count("FOR StreamIdx"), 2, text)  # the streams' fork, then one pipeline
+            self.assertEqual(text.count("= matmul("), 2)
+            f = hostir.Fusion()  # the same with A's rows split by D (each split axis has an extent of its own)
+            a, b1, b2 = f.input("float32", 2), f.input("float32", 2), f.input("float32", 2)
+            g = f.output(f.set(a))
+            cs = [f.output(f.matmul(g, b)) for b in (b1, b2)]
+            for t in [a, g, b1, b2] + cs:
+                t.mesh(range(D))
+            a.split(0, D)
+            a.parallelize(0, "DIDx")
+            for t in [g] + cs:
+                t.parallelize(0, "Stream")
+            self.assertEqual(str(f.lower(device=0, schedule="ring")).count("FOR StreamIdx"), 2)
+            for schedule in ("linear", "ring"):
+                m, K = 3, 8
+                A = rng.standard_normal((D * m, K)).astype(np.float32)
+                B1, B2 = rng.standard_normal((K, 5)).astype(np.float32), rng.standard_normal((K, 7)).astype(np.float32)
+                outs = hostir.run(hostir.ag_matmul_fusion(D, nb=2), [[A[r * m:(r + 1) * m][None], B1, B2] for r in range(D)],
+                                  schedule=schedule, streams=2)
+                for gathered, c1, c2 in outs:
+                    np.testing.assert_allclose(gathered.reshape(D * m, K), A)
+                    np.testing.assert_allclose(c1.reshape(D * m, 5), A @ B1, rtol=1e-5, atol=1e-5)
+                    np.testing.assert_allclose(c2.reshape(D * m, 7), A @ B2, rtol=1e-5, atol=1e-5)
+                M, k = 2 * D, 4
+                A = rng.standard_normal((M, k * D)).astype(np.float32)
+                B = rng.standard_normal((k * D, 5)).astype(np.float32)
+                outs = hostir.run(hostir.matmul_rs_fusion(D),
+                                  [[A[:, r * k:(r + 1) * k].reshape(1, D, M // D, k), B[None, r * k:(r + 1) * k]] for r in range(D)],
+                                  schedule=schedule, streams=2)
+                for r in range(D):
+                    np.testing.assert_allclose(outs[r][0].reshape(M // D, 5), (A @ B)[r * M // D:(r + 1) * M // D],
+                                               rtol=1e-5, atol=1e-5)
+
     def test_errors_name_the_culprit(self):
         with self.assertRaises(hostir.Error) as e:  # a wrong dtype at run time, by name
             hostir.run(ag_matmul(2), [[np.zeros((1, 2, 3), np.float64), np.zeros((3, 4), np.float32)]] * 2)

@@ -4,7 +4,8 @@
 # of them dying mid-exchange), then with one process per GPU under torchrun
 # and mpirun (2 GPUs, and all when more) on the copy engines, two "hosts" by
 # NCCL_HOSTID, the caller's NCCL id and communicator, a dead peer (also during
-# a graph replay), a failing rank, the bootstrap's own tests, then the examples:
+# a graph replay), a failing rank, the bootstrap's own tests, hostir.torch (the package
+# pip-installed, its ops under torchrun against torch's), then the examples:
 # built with nvcc, run on the GPUs, NVTX ranges as a tool sees them, launch_processes under torchrun and mpirun, and
 # hostir driven from PyTorch through DLPack. Under torchrun --standalone the
 # bootstrap port is set (HOSTIR_PORT) below the ephemeral range: the port after
@@ -73,6 +74,12 @@ fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   stage "examples/launch_processes under mpirun, 2 processes" mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE \
     -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29660 build/launch_processes
+fi
+if command -v torchrun >/dev/null && python3 -c "import torch" 2>/dev/null; then
+  n=$((ngpu < 2 ? ngpu : 2))
+  stage "hostir.torch: pip install ./python (no network: --no-build-isolation), then python/tests/test_torch.py under torchrun, $n processes" \
+    sh -c "rm -rf build/pyhostir && python3 -m pip install -q --no-build-isolation --no-deps --target build/pyhostir ./python &&
+           PYTHONPATH=build/pyhostir torchrun --standalone --nproc_per_node=$n python/tests/test_torch.py"
 fi
 if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null && python3 -c "import torch" 2>/dev/null; then
   stage "examples/torch/torch_dlpack.py: hostir from PyTorch through DLPack, $ngpu processes" \

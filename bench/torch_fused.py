@@ -1,0 +1,115 @@
+# hostir's fused ops called from PyTorch (hostir.torch) beside torch's own
+# (serial: NCCL + matmul; async-TP: torch.ops.symm_mem's fused ops) on the
+# shapes of bench/overlap.c, timed alike (bench/torch_async_tp.py's timed:
+# ranks meet, run, synchronize; an iteration takes its slowest rank; median
+# of 10 after 3 warm-up), one process per GPU:
+#   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+#   torchrun --nproc-per-node 2 bench/torch_fused.py [--decode] [--tune]
+# Then the Python layer's own cost per call: host time of a call of
+# hostir.torch.all_gather_matmul minus that of the hir_run it makes, at a
+# small shape (the GPU work queued, not waited for, in both).
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_async_tp import DECODE, SHAPES, timed  # noqa: E402
+
+import hostir.torch as ht  # noqa: E402
+
+
+def host_cost(a, b, group, calls=200):
+    """Microseconds of host time per call: the op, and its hir_run alone."""
+    from hostir import _lib
+    ht.all_gather_matmul(a, [b], 0)
+    g = next(iter(ht._groups.values()))
+    plan = list(g.plans.values())[-1]
+    results = {}
+    for what in ("op", "hir_run"):
+        best = float("inf")
+        for _ in range(5):
+            dist.barrier(group=group)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                if what == "op":
+                    ht.all_gather_matmul(a, [b], 0)
+                else:
+                    _lib.hir_run(plan.ev.value, plan.ins, plan.nin, plan.outs, plan.nout)
+            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+        results[what] = best
+    return results
+
+
+def main():
+    dist.init_process_group("nccl")
+    rank, D = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    group = dist.group.WORLD
+    name = group.group_name
+    ht.set_options(tune="--tune" in sys.argv)
+    symm = torch.ops.symm_mem
+    rows = []
+    for kind, M, K, N in DECODE if "--decode" in sys.argv else SHAPES:
+        m = M // D
+        torch.manual_seed(1234 + rank)
+        if kind == "ag":
+            a = torch.rand(m, K, device="cuda", dtype=torch.bfloat16) * 2 - 1
+            b = torch.rand(K, N, device="cuda", dtype=torch.bfloat16) * 2 - 1
+            gathered = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
+
+            def serial():
+                dist.all_gather_into_tensor(gathered, a)
+                return torch.mm(gathered, b)
+
+            fused = lambda: symm.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=name)[1][0]
+            ours = lambda: ht.all_gather_matmul(a, [b], 0)[1][0]
+        else:
+            a = torch.rand(M, K // D, device="cuda", dtype=torch.bfloat16) * 2 - 1
+            b = torch.rand(K // D, N, device="cuda", dtype=torch.bfloat16) * 2 - 1
+
+            def serial():
+                out = torch.empty(m, N, device="cuda", dtype=torch.bfloat16)
+                dist.reduce_scatter_tensor(out, torch.mm(a, b))
+                return out
+
+            fused = lambda: symm.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=name)
+            ours = lambda: ht.matmul_reduce_scatter(a, b, "sum", 0)
+        ref = serial().float()
+        t_serial = timed(serial, group)
+        try:
+            t_fused = timed(fused, group)
+        except Exception as e:  # report it, do not hide the row
+            t_fused = float("nan")
+            print(f"rank {rank}: torch's fused op failed: {type(e).__name__}: {e}"[:300], flush=True)
+        t0 = time.perf_counter()
+        got = ours().float()
+        torch.cuda.synchronize()
+        first = (time.perf_counter() - t0) * 1e3
+        err = ((got - ref).abs().max() / ref.abs().max()).item()
+        t_ours = timed(ours, group)
+        rows.append((kind, M, K, N, t_serial, t_fused, t_ours, err, first))
+        del a, b
+        torch.cuda.empty_cache()
+    small = torch.rand(256 // D, 1024, device="cuda", dtype=torch.bfloat16), torch.rand(1024, 256, device="cuda",
+                                                                                       dtype=torch.bfloat16)
+    cost = host_cost(*small, group)
+    if rank == 0:
+        print(f"hostir.torch beside PyTorch {torch.__version__}, {D} GPUs, one process each, bf16, "
+              f"median of 10 (ms); hostir's plans {'tuned' if '--tune' in sys.argv else 'from its cost model'}")
+        print(f"  {'shape (M, K, N)':26} {'torch serial':>12} {'async-TP':>9} {'hostir':>8} {'x serial':>9} "
+              f"{'x async-TP':>10} {'max err':>8} {'first call':>10}")
+        for kind, M, K, N, ts, tf, to, err, first in rows:
+            label = f"{'AG+GEMM' if kind == 'ag' else 'GEMM+RS'} {M},{K},{N}"
+            print(f"  {label:26} {ts:12.3f} {tf:9.3f} {to:8.3f} {to / ts:9.2f} {to / tf:10.2f} {err:8.1e} {first:10.1f}")
+        print(f"  host time per call at AG+GEMM 256,1024,256: hostir.torch.all_gather_matmul {cost['op']:.1f} us, "
+              f"its hir_run {cost['hir_run']:.1f} us: the Python layer {cost['op'] - cost['hir_run']:.1f} us", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""hostir's fused ops for PyTorch, with the meaning and argument order of
+torch's symmetric-memory ops, so one can be swapped for the other:
+
+    from hostir.torch import all_gather_matmul, matmul_reduce_scatter
+    a, (c,) = all_gather_matmul(a_shard, [b], gather_dim=0)    # group=None: the default group
+    c_shard = matmul_reduce_scatter(a, b, "sum", scatter_dim=0)
+
+all_gather_matmul(a_shard, bs, gather_dim, group=None, return_A=True)
+    All of a_shard's ranks' shards, gathered along gather_dim, times each
+    B of bs: (the gathered A, or None; [A @ B for B in bs]), as torch's
+    fused_all_gather_matmul. One pipeline: each received chunk of A feeds
+    every B.
+matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group=None)
+    a @ b summed ("sum") or averaged ("avg") over the group's ranks, rank r
+    keeping part r along scatter_dim, as torch's fused_matmul_reduce_scatter.
+
+Both are torch.library custom ops (torch.ops.hostir.*), with fake kernels,
+so they run under torch.compile and inside CUDA graphs, and autograd: the
+backward of one is the other, both through hostir. They run on CUDA tensors
+of an NCCL process group (one process per GPU: torchrun, mpirun, srun). The
+group hands hostir NCCL's id, once (torch.distributed broadcasts it; hostir
+opens no port of its own); send/recv between GPUs of one host run on their
+copy engines. On CPU tensors they run groups of one rank (or no process
+group), which is what tests without GPUs can check.
+
+A plan is lowered per input shape (hostir's cost model chooses pipeline or
+serial; set_options(tune=True) measures the candidates on the ranks
+instead) and kept. A CUDA graph captures a shape that has already run
+(torch.cuda.graph's warm-up runs do that); inside a capture, send/recv run
+on NCCL (copy-engine send/recv cannot be captured). Errors raise
+hostir.Error with hostir's message.
+"""
+import atexit
+import ctypes
+import threading
+from typing import List
+
+import torch
+import torch.distributed as dist
+
+from . import Error, _HirTensor, _lib, _status, ag_matmul_fusion, matmul_rs_fusion
+
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "set_options", "plan"]
+
+_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}  # hir_dtype
+_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_options = {"tune": False, "streams": 0, "timeout_ms": 60000, "cache": 16}
+_lock = threading.Lock()
+_groups = {}  # (group name, device) -> _Group
+
+
+def set_options(tune=None, streams=None, timeout_ms=None, cache=None):
+    """tune: measure the candidate schedules on the ranks at each new shape
+    (hir_tuner) instead of the cost model's choice; streams: the evaluator's
+    streams (0: hostir's default); timeout_ms: how long a rank waits for the
+    others before failing; cache: plans kept per group and op. Applies to
+    plans made after the call; set it alike on every rank."""
+    for key, value in (("tune", tune), ("streams", streams), ("timeout_ms", timeout_ms), ("cache", cache)):
+        if value is not None:
+            _options[key] = value
+
+
+def _fail(message):
+    raise Error("invalid argument", message)
+
+
+def _group_of(group_name):
+    if not group_name:
+        return None
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    return _resolve_process_group(group_name)
+
+
+def _group_size(group_name):
+    if not group_name or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(_group_of(group_name))
+
+
+def _group_name(group):
+    if group is None:
+        if not dist.is_initialized():
+            return ""
+        group = dist.group.WORLD
+    return group.group_name
+
+
+def _view(shape, strides, dtype):
+    t = _HirTensor()
+    t.dtype, t.ndims = _CODES[dtype], len(shape)
+    for k, (n, s) in enumerate(zip(shape, strides)):
+        t.sizes[k], t.strides[k] = n, s
+    return t
+
+
+class _Plan:
+    """One evaluator (or tuner) for one op and one set of input shapes; its
+    hir_tensor arrays made once, the data pointers set per call."""
+
+    def __init__(self, group, fusion, ins, outs):
+        self.group, self.fusion = group, fusion
+        self.ins = (_HirTensor * len(ins))(*ins)
+        self.outs = (_HirTensor * len(outs))(*outs)
+        self.nin, self.nout = len(ins), len(outs)
+        self.ev, self.tuner, self.prog, self.warm = ctypes.c_void_p(), ctypes.c_void_p(), None, False
+        g = group
+        if _options["tune"]:
+            code = _lib.hx_tuner_create(fusion._h, g.rank, g.backend, g.comm, _options["timeout_ms"], 0, 0,
+                                        ctypes.byref(self.tuner))
+            if code:
+                raise Error(_status(code), _lib.hir_tuner_error(self.tuner.value).decode() if self.tuner.value
+                            else "out of memory")
+            return
+        out = ctypes.c_void_p()
+        code = _lib.hx_lower(fusion._h, g.rank, 0, 0, 0, 0, 1, g.comm, self.ins, self.nin, ctypes.byref(out))
+        from . import Program
+        self.prog = Program(out.value)
+        if code:
+            raise Error(_status(code), _lib.hir_program_error(out.value).decode() if out.value else "out of memory")
+        code = _lib.hx_evaluator_create(out.value, g.backend, g.comm, _options["streams"], _options["timeout_ms"], 0,
+                                        ctypes.byref(self.ev))
+        if code:
+            raise Error(_status(code), _lib.hir_evaluator_error(self.ev.value).decode() if self.ev.value
+                        else "out of memory")
+
+    def run(self, ins, outs):
+        for k, t in enumerate(ins):
+            self.ins[k].data = t.data_ptr()
+        for k, t in enumerate(outs):
+            self.outs[k].data = t.data_ptr()
+        g = self.group
+        if g.cuda:
+            stream = torch.cuda.current_stream()
+            capturing = torch.cuda.is_current_stream_capturing()
+            if capturing and not self.warm:
+                _fail("hostir.torch: a CUDA graph is being captured and this op has not run yet with these shapes; "
+                      "run it once before capturing (torch.cuda.graph's warm-up runs, torch.compile's warm-up)")
+            _lib.hir_backend_cuda_set_stream(g.backend, stream.cuda_stream)
+            if capturing != g.capturing:
+                g.set_capturing(capturing)
+        if self.tuner.value:
+            code = _lib.hir_tuner_run(self.tuner.value, self.ins, self.nin, self.outs, self.nout)
+            if code == 0 and not g.cuda:
+                code = _lib.hir_tuner_sync(self.tuner.value)
+            if code:
+                raise Error(_status(code), _lib.hir_tuner_error(self.tuner.value).decode())
+        else:
+            code = _lib.hir_run(self.ev.value, self.ins, self.nin, self.outs, self.nout)
+            if code == 0 and not g.cuda:  # on the GPU the run is ordered on torch's stream like any kernel
+                code = _lib.hir_evaluator_sync(self.ev.value)
+            if code:
+                raise Error(_status(code), _lib.hir_evaluator_error(self.ev.value).decode())
+        self.warm = True
+
+    def plan(self):
+        if self.tuner.value:
+            prog = _lib.hir_tuner_program(self.tuner.value)
+            return _lib.hir_program_plan(prog).decode() if prog else ""
+        return self.prog.plan if self.prog else ""
+
+    def free(self):
+        if self.ev.value:
+            _lib.hir_evaluator_free(self.ev.value)
+            self.ev.value = None
+        if self.tuner.value:
+            _lib.hir_tuner_free(self.tuner.value)
+            self.tuner.value = None
+
+
+class _Group:
+    """hostir's communicator and backend for one process group on one device,
+    and the plans made on them."""
+
+    def __init__(self, group_name, device):
+        self.cuda = device.type == "cuda"
+        self.size, self.rank = _group_size(group_name), 0
+        self.comm = self.world = self.backend = None
+        self.capturing, self.copy_engine = False, False
+        self.plans, self.fusions = {}, {}
+        if group_name and dist.is_initialized():
+            self.rank = dist.get_rank(_group_of(group_name))
+        if not self.cuda:
+            if self.size != 1:
+                _fail("hostir.torch: CPU tensors on a group of %d ranks; hostir runs CPU tensors on groups of one "
+                      "rank only: use CUDA tensors with an NCCL group (or hostir.run for in-process CPU ranks)"
+                      % self.size)
+            self.world = _lib.hir_local_world_create(1)
+            self.comm = _lib.hir_local_comm(self.world, 0)
+            return
+        if not _lib.hx_has_cuda():
+            _fail("hostir.torch: CUDA tensors, but this hostir package was built without CUDA and NCCL; reinstall it "
+                  "where nvcc and nccl.h are found (pip install ./python)")
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        self.backend = _lib.hir_backend_cuda_create(idx)
+        if not self.backend:
+            _fail("hostir.torch: GPU %d cannot be used by hostir's CUDA backend" % idx)
+        size = _lib.hx_nccl_id_bytes()
+        nccl_id = ctypes.create_string_buffer(size)
+        held = [None]
+        if self.rank == 0:
+            if _lib.hx_nccl_unique_id(nccl_id):
+                _fail("hostir.torch: ncclGetUniqueId failed on the group's rank 0")
+            held[0] = nccl_id.raw
+        pg = _group_of(group_name) if group_name else None
+        if self.size > 1:  # the group carries NCCL's id: no port of hostir's own
+            dist.broadcast_object_list(held, src=dist.get_global_rank(pg, 0), group=pg)
+        comm = ctypes.c_void_p()
+        code = _lib.hx_nccl_comm_from_id(self.rank, self.size, idx, held[0], _options["timeout_ms"], ctypes.byref(comm))
+        self.comm = comm.value
+        if code:
+            message = _lib.hx_comm_error(self.comm).decode()
+            self.free()
+            raise Error(_status(code), message)
+        self.copy_engine = bool(_lib.hx_comm_copy_engine(self.comm))
+
+    def set_capturing(self, capturing):
+        """Inside a CUDA graph capture send/recv run on NCCL: the copy
+        engines' signals cannot be captured. Every rank captures the same
+        ops, so every rank switches alike."""
+        if self.copy_engine:
+            code = _lib.hir_nccl_comm_set_copy_engine(self.comm, 0 if capturing else 1)
+            if code:
+                raise Error(_status(code), _lib.hx_comm_error(self.comm).decode())
+        self.capturing = capturing
+
+    def plan_for(self, key, make_fusion, ins, outs):
+        entry = self.plans.get(key)
+        if entry is None:
+            fusion = self.fusions.get(key[:3])
+            if fusion is None:
+                fusion = self.fusions[key[:3]] = make_fusion()
+            entry = _Plan(self, fusion, ins, outs)
+            if len(self.plans) >= _options["cache"]:  # the oldest plan goes
+                oldest = next(iter(self.plans))
+                self.plans.pop(oldest).free()
+            self.plans[key] = entry
+        return entry
+
+    def free(self):
+        for entry in self.plans.values():
+            entry.free()
+        self.plans = {}
+        if self.world:
+            _lib.hir_local_world_free(self.world)
+        elif self.comm:
+            _lib.hir_nccl_comm_free(self.comm)
+        if self.backend:
+            _lib.hir_backend_free(self.backend)
+        self.comm = self.world = self.backend = None
+
+
+@atexit.register
+def _free_groups():
+    """Plans before their communicator, communicators before NCCL unloads."""
+    for g in _groups.values():
+        g.free()
+    _groups.clear()
+
+
+def _group_state(group_name, device):
+    key = (group_name, device.type, device.index)
+    g = _groups.get(key)
+    if g is None:
+        with _lock:
+            g = _groups.get(key)
+            if g is None:
+                g = _groups[key] = _Group(group_name, device)
+    return g
+
+
+def _check(what, t, dtype, device):
+    if t.dtype != dtype:
+        _fail("hostir.torch.%s: %s is %s, the other operands %s; pass one dtype" % (what[0], what[1], t.dtype, dtype))
+    if t.dtype not in _CODES:
+        _fail("hostir.torch.%s: %s is %s; hostir takes float32, float64, float16 and bfloat16" % (what[0], what[1], t.dtype))
+    if t.device != device:
+        _fail("hostir.torch.%s: %s is on %s, the other operands on %s" % (what[0], what[1], t.device, device))
+
+
+def _rows(t, dim, what):
+    """t with axis `dim` moved first and the others but the last flattened
+    into it: [rows, last] (a view where torch can make one, else a copy)."""
+    if t.dim() < 2:
+        _fail("hostir.torch.%s: %s has %d dimensions; it needs at least 2" % (what[0], what[1], t.dim()))
+    if not -t.dim() <= dim < t.dim():
+        _fail("hostir.torch.%s: %s_dim %d is not a dimension of %s, which has %d" % (what[0], what[2], dim, what[1], t.dim()))
+    d = dim % t.dim()
+    if d == t.dim() - 1:
+        _fail("hostir.torch.%s: %s_dim %d is %s's last (contracted) dimension; give one of the others"
+              % (what[0], what[2], dim, what[1]))
+    moved = t.movedim(d, 0)
+    return moved.reshape(-1, t.shape[-1]), d, list(moved.shape[:-1])
+
+
+def _restore(t2, rows_shape, last, d):
+    return t2.reshape(rows_shape + [last]).movedim(0, d)
+
+
+@torch.library.custom_op("hostir::all_gather_matmul", mutates_args=())
+def _all_gather_matmul(a_shard: torch.Tensor, bs: List[torch.Tensor], gather_dim: int, group_name: str) -> List[torch.Tensor]:
+    """[the gathered A, A @ B for B in bs]"""
+    what = ("all_gather_matmul", "a_shard", "gather")
+    if not bs:
+        _fail("hostir.torch.all_gather_matmul: bs is empty; give at least one B")
+    for i, b in enumerate(bs):
+        _check((what[0], "bs[%d]" % i), b, a_shard.dtype, a_shard.device)
+        if b.dim() != 2 or b.shape[0] != a_shard.shape[-1]:
+            _fail("hostir.torch.all_gather_matmul: bs[%d] is %s; it must be [K, N] with K = a_shard's last size %d"
+                  % (i, list(b.shape), a_shard.shape[-1]))
+    _check(what[:2], a_shard, a_shard.dtype, a_shard.device)
+    a2, d, rows_shape = _rows(a_shard, gather_dim, what)
+    g = _group_state(group_name, a_shard.device)
+    D, (m, K) = g.size, a2.shape
+    dt = a_shard.dtype
+    ins = [_view((1, m, K), (m * a2.stride(0), a2.stride(0), a2.stride(1)), dt)]
+    ins += [_view(tuple(b.shape), b.stride(), dt) for b in bs]
+    gathered = torch.empty((D, m, K), dtype=a_shard.dtype, device=a_shard.device)
+    cs = [torch.empty((D, m, b.shape[1]), dtype=a_shard.dtype, device=a_shard.device) for b in bs]
+    key = ("ag", a_shard.dtype, len(bs), a2.shape, a2.stride(), tuple((tuple(b.shape), b.stride()) for b in bs))
+    plan = g.plan_for(key, lambda: ag_matmul_fusion(D, _NAMES[a_shard.dtype], len(bs), True), ins,
+                      [_view(t.shape, t.stride(), dt) for t in [gathered] + cs])
+    plan.run([a2] + list(bs), [gathered] + cs)
+    rows_shape = [D * rows_shape[0]] + rows_shape[1:]
+    return [_restore(gathered, rows_shape, K, d)] + [_restore(c, rows_shape, c.shape[-1], d) for c in cs]
+
+
+@_all_gather_matmul.register_fake
+def _(a_shard, bs, gather_dim, group_name):
+    shape = list(a_shard.shape)
+    shape[gather_dim % a_shard.dim()] *= _group_size(group_name)
+    return [a_shard.new_empty(shape)] + [a_shard.new_empty(shape[:-1] + [b.shape[-1]]) for b in bs]
+
+
+@torch.library.custom_op("hostir::matmul_reduce_scatter", mutates_args=())
+def _matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: str) -> torch.Tensor:
+    what = ("matmul_reduce_scatter", "a", "scatter")
+    if reduce_op not in ("sum", "avg"):
+        _fail("hostir.torch.matmul_reduce_scatter: reduce_op %r; give 'sum' or 'avg'" % (reduce_op,))
+    _check(what[:2], a, a.dtype, a.device)
+    _check((what[0], "b"), b, a.dtype, a.device)
+    if b.dim() != 2 or b.shape[0] != a.shape[-1]:
+        _fail("hostir.torch.matmul_reduce_scatter: b is %s; it must be [K, N] with K = a's last size %d"
+              % (list(b.shape), a.shape[-1]))
+    a2, d, rows_shape = _rows(a, scatter_dim, what)
+    g = _group_state(group_name, a.device)
+    D, (rows, K), N = g.size, a2.shape, b.shape[1]
+    if rows_shape[0] % D:
+        _fail("hostir.torch.matmul_reduce_scatter: a's scatter_dim %d has size %d, which the group's %d ranks do not "
+              "divide; pad it to a multiple of %d" % (scatter_dim, rows_shape[0], D, D))
+    m = rows // D
+    dt = a.dtype
+    ins = [_view((1, D, m, K), (rows * a2.stride(0), m * a2.stride(0), a2.stride(0), a2.stride(1)), dt),
+           _view((1, K, N), (K * b.stride(0), b.stride(0), b.stride(1)), dt)]
+    c = torch.empty((1, m, N), dtype=a.dtype, device=a.device)
+    key = ("rs", a.dtype, 1, a2.shape, a2.stride(), b.stride())
+    plan = g.plan_for(key, lambda: matmul_rs_fusion(D, _NAMES[a.dtype]), ins, [_view(c.shape, c.stride(), dt)])
+    plan.run([a2, b], [c])
+    if reduce_op == "avg":
+        c.div_(D)
+    return _restore(c, [rows_shape[0] // D] + rows_shape[1:], N, d)
+
+
+@_matmul_reduce_scatter.register_fake
+def _(a, b, reduce_op, scatter_dim, group_name):
+    shape = list(a.shape)
+    shape[scatter_dim % a.dim()] //= _group_size(group_name)
+    return a.new_empty(shape[:-1] + [b.shape[-1]])
+
+
+def _flat(t):
+    return t.reshape(-1, t.shape[-1])
+
+
+def _ag_setup(ctx, inputs, output):
+    a_shard, bs, gather_dim, group_name = inputs
+    ctx.save_for_backward(output[0], *bs)
+    ctx.gather_dim, ctx.group_name = gather_dim, group_name
+
+
+def _ag_backward(ctx, grads):
+    """C_i = AG(A) B_i: dA = RS(sum_i dC_i B_i^T) (+ RS(d gathered A)), one
+    matmul reduce-scatter over the dC_i side by side; dB_i = AG(A)^T dC_i."""
+    gathered, *bs = ctx.saved_tensors
+    d_gathered, dcs = grads[0], grads[1:]
+    used = [i for i, g in enumerate(dcs) if g is not None]
+    da = None
+    if used:
+        dc = torch.cat([dcs[i] for i in used], -1) if len(used) > 1 else dcs[used[0]]
+        bt = (torch.cat([bs[i] for i in used], 1) if len(used) > 1 else bs[used[0]]).t()
+        da = torch.ops.hostir.matmul_reduce_scatter(dc, bt, "sum", ctx.gather_dim, ctx.group_name)
+    if d_gathered is not None:
+        rs = _reduce_scatter(d_gathered, ctx.gather_dim, ctx.group_name)
+        da = rs if da is None else da + rs
+    dbs = [None if dcs[i] is None else _flat(gathered).t() @ _flat(dcs[i]) for i in range(len(bs))]
+    return da, dbs, None, None
+
+
+def _reduce_scatter(t, dim, group_name):
+    size = _group_size(group_name)
+    if size == 1:
+        return t
+    moved = t.movedim(dim, 0).contiguous()
+    out = moved.new_empty([moved.shape[0] // size] + list(moved.shape[1:]))
+    dist.reduce_scatter_tensor(out, moved, group=_group_of(group_name))
+    return out.movedim(0, dim)
+
+
+def _rs_setup(ctx, inputs, output):
+    a, b, reduce_op, scatter_dim, group_name = inputs
+    ctx.save_for_backward(a, b)
+    ctx.reduce_op, ctx.scatter_dim, ctx.group_name = reduce_op, scatter_dim, group_name
+
+
+def _rs_backward(ctx, dc):
+    """C = RS(A B): d(A B) = AG(dC) on every rank, so dA = AG(dC) B^T (one
+    all-gather matmul, which also hands back AG(dC)) and dB = A^T AG(dC)."""
+    a, b = ctx.saved_tensors
+    if ctx.reduce_op == "avg":
+        dc = dc / _group_size(ctx.group_name)
+    gathered, da = torch.ops.hostir.all_gather_matmul(dc, [b.t()], ctx.scatter_dim, ctx.group_name)
+    return da, _flat(a).t() @ _flat(gathered), None, None, None
+
+
+torch.library.register_autograd("hostir::all_gather_matmul", _ag_backward, setup_context=_ag_setup)
+torch.library.register_autograd("hostir::matmul_reduce_scatter", _rs_backward, setup_context=_rs_setup)
+
+
+def all_gather_matmul(a_shard, bs, gather_dim, group=None, return_A=True):
+    """torch's fused_all_gather_matmul through hostir: (the gathered A or
+    None, [A @ B for B in bs])."""
+    outs = torch.ops.hostir.all_gather_matmul(a_shard, list(bs), gather_dim, _group_name(group))
+    return (outs[0] if return_A else None), list(outs[1:])
+
+
+def matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group=None):
+    """torch's fused_matmul_reduce_scatter through hostir: rank r's part of
+    the ranks' a @ b summed (or averaged) along scatter_dim."""
+    return torch.ops.hostir.matmul_reduce_scatter(a, b, reduce_op, scatter_dim, _group_name(group))
+
+
+def plan(op="all_gather_matmul", group=None, device=None):
+    """What hostir chose for the op's plans on this rank (hir_program_plan
+    of each, newest last), for logs and for tests."""
+    device = torch.device(device) if device is not None else (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    g = _groups.get((_group_name(group), device.type, device.index))
+    tag = "ag" if op == "all_gather_matmul" else "rs"
+    return [entry.plan() for key, entry in (g.plans.items() if g else []) if key[0] == tag]

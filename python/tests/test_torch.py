@@ -1,0 +1,224 @@
+"""hostir.torch against torch's own serial result, forward and backward, eager,
+compiled (torch.compile, fullgraph) and captured in a CUDA graph:
+
+    torchrun --nproc-per-node 2 python/tests/test_torch.py     # GPUs, NCCL (make test-gpu)
+    python python/tests/test_torch.py                          # CPU tensors, one rank
+
+Every rank draws the same global tensors (one seed) and takes its part, so
+each checks its own results against the whole problem computed by torch;
+outputs are poisoned (NaN) before each hostir run where they are given. The
+last line is "N passed, N failed" (rank 0's, after every rank's are summed).
+"""
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+if os.environ.get("HOSTIR_NATIVE"):  # the package's source beside a library built by make
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import hostir  # noqa: E402
+import hostir.torch as ht  # noqa: E402
+
+TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float64: 1e-10}
+results = []
+
+
+def close(got, ref, dtype, what):
+    ref = ref.double().to(got.device)
+    err = ((got.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+    if not err <= TOL[dtype]:  # NaN fails too
+        raise AssertionError("%s: max |hostir - torch| / max |torch| = %.2e (tolerance %.0e)" % (what, err, TOL[dtype]))
+
+
+def case(fn):
+    def run():
+        try:
+            fn()
+            results.append((fn.__name__, None))
+        except Exception:
+            results.append((fn.__name__, traceback.format_exc(limit=4)))
+    run.__name__ = fn.__name__
+    return run
+
+
+def setup():
+    if "WORLD_SIZE" in os.environ:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        return dist.get_rank(), dist.get_world_size(), torch.device("cuda", local)
+    return 0, 1, torch.device("cpu")
+
+
+RANK, D, DEV = setup()
+
+
+def draw(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(*shape, generator=g, dtype=torch.float64) * 2 - 1).to(dtype)
+
+
+def ag_problem(dtype, lead, gather_dim):
+    """Global A (gathered along gather_dim), every rank's B's (column
+    parallel: rank r has its own), each rank's loss weights G."""
+    shape = list(lead)
+    A = draw(*shape, dtype=dtype, seed=1)
+    Bs = [[draw(shape[-1], n, dtype=dtype, seed=10 + 7 * r + n) for n in (5, 3)] for r in range(D)]
+    Gs = [[draw(*(shape[:-1] + [n]), dtype=dtype, seed=100 + 7 * r + n) for n in (5, 3)] for r in range(D)]
+    part = A.shape[gather_dim] // D
+    a_shard = A.narrow(gather_dim, RANK * part, part)
+    return A, Bs, Gs, a_shard
+
+
+@case
+def ag_forward_backward():
+    for dtype in (torch.float32, torch.bfloat16):
+        for lead, gather_dim in (([4 * D, 16], 0), ([3, 2 * D, 16], 1), ([2 * D, 3, 16], 0)):
+            A, Bs, Gs, a_shard = ag_problem(dtype, lead, gather_dim)
+            a = a_shard.to(DEV).requires_grad_()
+            bs = [b.to(DEV).requires_grad_() for b in Bs[RANK]]
+            gathered, cs = ht.all_gather_matmul(a, bs, gather_dim)
+            what = "AG %s %s gather_dim %d" % (dtype, lead, gather_dim)
+            close(gathered, A, dtype, what + " gathered A")
+            for c, b in zip(cs, Bs[RANK]):
+                close(c, A.double() @ b.double(), dtype, what + " C")
+            sum((c.float() * g.to(DEV).float()).sum() for c, g in zip(cs, Gs[RANK])).backward()
+            # d a_shard: the rows of sum over ranks r, i of G_ri B_ri^T; d B_i: A^T G_i
+            da = sum(g.double() @ b.double().T for r in range(D) for g, b in zip(Gs[r], Bs[r]))
+            part = A.shape[gather_dim] // D
+            close(a.grad, da.narrow(gather_dim, RANK * part, part), dtype, what + " d a_shard")
+            for b, g in zip(bs, Gs[RANK]):
+                close(b.grad, A.double().reshape(-1, A.shape[-1]).T @ g.double().reshape(-1, g.shape[-1]), dtype,
+                      what + " d B")
+
+
+def rs_problem(dtype, lead, scatter_dim):
+    shape = list(lead)
+    K, N = shape[-1], 6
+    A, B = draw(*shape, dtype=dtype, seed=2), draw(K, N, dtype=dtype, seed=3)
+    G = draw(*(shape[:-1] + [N]), dtype=dtype, seed=4)
+    k = K // D
+    return A, B, G, A[..., RANK * k:(RANK + 1) * k], B[RANK * k:(RANK + 1) * k]
+
+
+@case
+def rs_forward_backward():
+    for dtype in (torch.float32, torch.bfloat16):
+        for lead, scatter_dim, op in (([4 * D, 8 * D], 0, "sum"), ([3, 2 * D, 8 * D], 1, "avg"), ([2 * D, 3, 8 * D], 0, "sum")):
+            A, B, G, a_part, b_part = rs_problem(dtype, lead, scatter_dim)
+            a, b = a_part.to(DEV).requires_grad_(), b_part.to(DEV).requires_grad_()
+            c = ht.matmul_reduce_scatter(a, b, op, scatter_dim)
+            full = A.double() @ B.double() / (D if op == "avg" else 1)
+            part = full.shape[scatter_dim] // D
+            what = "RS %s %s scatter_dim %d %s" % (dtype, lead, scatter_dim, op)
+            close(c, full.narrow(scatter_dim, RANK * part, part), dtype, what)
+            (c.float() * G.narrow(scatter_dim, RANK * part, part).to(DEV).float()).sum().backward()
+            scale = 1.0 / D if op == "avg" else 1.0
+            k = B.shape[0] // D
+            close(a.grad, scale * G.double() @ B.double()[RANK * k:(RANK + 1) * k].T, dtype, what + " d a")
+            close(b.grad, scale * a_part.double().reshape(-1, a.shape[-1]).T @ G.double().reshape(-1, G.shape[-1]),
+                  dtype, what + " d b")
+
+
+@case
+def compiled():
+    A, Bs, Gs, a_shard = ag_problem(torch.float32, [4 * D, 16], 0)
+    b = Bs[RANK][0].to(DEV)
+    fn = torch.compile(lambda x, w: ht.all_gather_matmul(torch.relu(x), [w], 0)[1][0] * 2, fullgraph=True)
+    close(fn(a_shard.to(DEV), b), 2 * torch.relu(A.double()) @ Bs[RANK][0].double(), torch.float32, "compiled AG")
+    A, B, G, a_part, b_part = rs_problem(torch.float32, [4 * D, 8 * D], 0)
+    fn = torch.compile(lambda x, w: ht.matmul_reduce_scatter(x, w, "sum", 0) + 1, fullgraph=True)
+    m = A.shape[0] // D
+    close(fn(a_part.to(DEV), b_part.to(DEV)), (A.double() @ B.double())[RANK * m:(RANK + 1) * m] + 1, torch.float32,
+          "compiled RS")
+
+
+@case
+def cuda_graph():
+    if DEV.type != "cuda":
+        return
+    for kind in ("ag", "rs"):
+        if kind == "ag":
+            A, Bs, Gs, x = ag_problem(torch.float32, [8 * D, 32], 0)
+            w = Bs[RANK][0]
+            run = lambda a, b: ht.all_gather_matmul(a, [b], 0)[1][0]
+            ref = lambda a_full: a_full.double() @ w.double()
+        else:
+            A, B, G, x, w = rs_problem(torch.float32, [8 * D, 8 * D], 0)
+            run = lambda a, b: ht.matmul_reduce_scatter(a, b, "sum", 0)
+            m = A.shape[0] // D
+            ref = lambda a_full: (a_full.double() @ B.double())[RANK * m:(RANK + 1) * m]
+        sa, sb = x.to(DEV).clone(), w.to(DEV)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up, as torch.cuda.graph asks
+            for _ in range(2):
+                run(sa, sb)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run(sa, sb)
+        for step in range(3):  # new values in the captured input, replayed
+            new = draw(*A.shape, seed=50 + step) if kind == "ag" else draw(*A.shape, seed=50 + step)
+            if kind == "ag":
+                part = A.shape[0] // D
+                sa.copy_(new[RANK * part:(RANK + 1) * part])
+            else:
+                k = A.shape[-1] // D
+                sa.copy_(new[:, RANK * k:(RANK + 1) * k])
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            close(out, ref(new), torch.float32, "%s replay %d" % (kind, step))
+        eager = run(sa, sb)  # eager again after the capture: the copy engines back where they were
+        close(eager, ref(new), torch.float32, "%s eager after the graph" % kind)
+
+
+@case
+def refusals():
+    a = draw(4 * D, 16).to(DEV)
+    for args, expect in (((a, [draw(16, 4, dtype=torch.float64).to(DEV)], 0), "bs[0] is torch.float64"),
+                         ((a, [draw(8, 4).to(DEV)], 0), "bs[0] is [8, 4]"),
+                         ((a, [draw(16, 4).to(DEV)], 1), "last (contracted) dimension")):
+        try:
+            ht.all_gather_matmul(*args)
+        except hostir.Error as e:
+            if expect not in str(e):
+                raise AssertionError("refused, but the message %r does not name %r" % (str(e), expect))
+        else:
+            raise AssertionError("not refused: expected %r" % expect)
+    if D > 1:
+        try:
+            ht.matmul_reduce_scatter(draw(D + 1, 8).to(DEV), draw(8, 4).to(DEV), "sum", 0)
+        except hostir.Error as e:
+            if "do not divide" not in str(e):
+                raise
+        else:
+            raise AssertionError("a scatter_dim the ranks do not divide was not refused")
+
+
+def main():
+    for test in (ag_forward_backward, rs_forward_backward, compiled, cuda_graph, refusals):
+        test()
+    failed = [(n, e) for n, e in results if e]
+    for name, err in results:
+        print("rank%d: %s %s" % (RANK, "FAIL" if err else "ok  ", name))
+        if err:
+            print(err)
+    if RANK == 0:
+        print("hostir.torch plans of rank 0:", *ht.plan("all_gather_matmul")[-1:], *ht.plan("matmul_reduce_scatter")[-1:],
+              sep="\n  ")
+    counts = torch.tensor([len(results) - len(failed), len(failed)])
+    if dist.is_initialized():
+        counts = counts.to(DEV)
+        dist.all_reduce(counts)
+        dist.destroy_process_group()
+    if RANK == 0:
+        print("%d passed, %d failed" % tuple(counts.tolist()))
+    return 1 if counts[1] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
