@@ -4,11 +4,12 @@
 # ranks meet, run, synchronize; an iteration takes its slowest rank; median
 # of 10 after 3 warm-up), one process per GPU:
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-#   torchrun --nproc-per-node 2 bench/torch_fused.py [--decode] [--tune]
+#   torchrun --nproc-per-node 2 bench/torch_fused.py [--decode] [--tune] [--overhead: the last part only]
 # Then the Python layer's own cost per call: host time of a call of
 # hostir.torch.all_gather_matmul minus that of the hir_run it makes, at a
-# small shape (the GPU work queued, not waited for, in both).
+# small shape (medians of single calls, each on an idle GPU).
 import os
+import statistics
 import sys
 import time
 
@@ -24,24 +25,24 @@ import hostir.torch as ht  # noqa: E402
 def host_cost(a, b, group, calls=200):
     """Microseconds of host time per call: the op, and its hir_run alone."""
     from hostir import _lib
-    ht.all_gather_matmul(a, [b], 0)
+    kept = ht.all_gather_matmul(a, [b], 0)
     g = next(iter(ht._groups.values()))
     plan = list(g.plans.values())[-1]
+    for k, t in enumerate([kept[0]] + kept[1]):  # hir_run alone writes into the op's last outputs, kept alive
+        plan.outs[k].data = t.data_ptr()
     results = {}
     for what in ("op", "hir_run"):
-        best = float("inf")
-        for _ in range(5):
-            dist.barrier(group=group)
+        times = []
+        dist.barrier(group=group)
+        for _ in range(calls):  # each call timed on the host alone, its GPU work waited for after
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            for _ in range(calls):
-                if what == "op":
-                    ht.all_gather_matmul(a, [b], 0)
-                else:
-                    _lib.hir_run(plan.ev.value, plan.ins, plan.nin, plan.outs, plan.nout)
-            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-            torch.cuda.synchronize()
-        results[what] = best
+            if what == "op":
+                ht.all_gather_matmul(a, [b], 0)
+            else:
+                _lib.hir_run(plan.ev.value, plan.ins, plan.nin, plan.outs, plan.nout)
+            times.append((time.perf_counter() - t0) * 1e6)
+        results[what] = statistics.median(times)
     return results
 
 
@@ -54,7 +55,7 @@ def main():
     ht.set_options(tune="--tune" in sys.argv)
     symm = torch.ops.symm_mem
     rows = []
-    for kind, M, K, N in DECODE if "--decode" in sys.argv else SHAPES:
+    for kind, M, K, N in [] if "--overhead" in sys.argv else DECODE if "--decode" in sys.argv else SHAPES:
         m = M // D
         torch.manual_seed(1234 + rank)
         if kind == "ag":

@@ -14,7 +14,7 @@ matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group=None)
     a @ b summed ("sum") or averaged ("avg") over the group's ranks, rank r
     keeping part r along scatter_dim, as torch's fused_matmul_reduce_scatter.
 
-Both are torch.library custom ops (torch.ops.hostir.*), with fake kernels,
+Both are torch.library ops (torch.ops.hostir.*), with fake kernels,
 so they run under torch.compile and inside CUDA graphs, and autograd: the
 backward of one is the other, both through hostir. They run on CUDA tensors
 of an NCCL process group (one process per GPU: torchrun, mpirun, srun). The
@@ -33,14 +33,12 @@ hostir.Error with hostir's message.
 import atexit
 import ctypes
 import threading
-from typing import List
-
 import torch
 import torch.distributed as dist
 
 from . import Error, _HirTensor, _lib, _status, ag_matmul_fusion, matmul_rs_fusion
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "set_options", "plan"]
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "run", "set_options", "plan"]
 
 _CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}  # hir_dtype
 _NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -124,18 +122,23 @@ class _Plan:
                         else "out of memory")
 
     def run(self, ins, outs):
+        """ins and outs: tensors (outs None: the evaluator's buffers, read
+        back from self.outs after the run)."""
         for k, t in enumerate(ins):
-            self.ins[k].data = t.data_ptr()
+            if t is not None:  # None: a scalar input, given by value in its view, or an input not on this rank
+                self.ins[k].data = t.data_ptr()
         for k, t in enumerate(outs):
-            self.outs[k].data = t.data_ptr()
+            self.outs[k].data = t.data_ptr() if t is not None else None
         g = self.group
         if g.cuda:
-            stream = torch.cuda.current_stream()
-            capturing = torch.cuda.is_current_stream_capturing()
+            capturing = torch._C._cuda_isCurrentStreamCapturing()
             if capturing and not self.warm:
                 _fail("hostir.torch: a CUDA graph is being captured and this op has not run yet with these shapes; "
                       "run it once before capturing (torch.cuda.graph's warm-up runs, torch.compile's warm-up)")
-            _lib.hir_backend_cuda_set_stream(g.backend, stream.cuda_stream)
+            stream = torch._C._cuda_getCurrentRawStream(g.device)
+            if stream != g.stream:  # hostir's work goes on torch's current stream
+                _lib.hir_backend_cuda_set_stream(g.backend, stream)
+                g.stream = stream
             if capturing != g.capturing:
                 g.set_capturing(capturing)
         if self.tuner.value:
@@ -175,7 +178,7 @@ class _Group:
         self.cuda = device.type == "cuda"
         self.size, self.rank = _group_size(group_name), 0
         self.comm = self.world = self.backend = None
-        self.capturing, self.copy_engine = False, False
+        self.capturing, self.copy_engine, self.stream, self.device = False, False, None, device.index
         self.plans, self.fusions = {}, {}
         if group_name and dist.is_initialized():
             self.rank = dist.get_rank(_group_of(group_name))
@@ -190,7 +193,7 @@ class _Group:
         if not _lib.hx_has_cuda():
             _fail("hostir.torch: CUDA tensors, but this hostir package was built without CUDA and NCCL; reinstall it "
                   "where nvcc and nccl.h are found (pip install ./python)")
-        idx = device.index if device.index is not None else torch.cuda.current_device()
+        idx = self.device = device.index if device.index is not None else torch.cuda.current_device()
         self.backend = _lib.hir_backend_cuda_create(idx)
         if not self.backend:
             _fail("hostir.torch: GPU %d cannot be used by hostir's CUDA backend" % idx)
@@ -223,10 +226,11 @@ class _Group:
                 raise Error(_status(code), _lib.hx_comm_error(self.comm).decode())
         self.capturing = capturing
 
-    def plan_for(self, key, make_fusion, ins, outs):
+    def plan_for(self, key, make_fusion, make_views):
         entry = self.plans.get(key)
         if entry is None:
-            fusion = self.fusions.get(key[:3])
+            ins, outs = make_views()
+            fusion = self.fusions.get(key[:3]) if key[0] != "fusion" else make_fusion()  # a caller's fusion: not kept
             if fusion is None:
                 fusion = self.fusions[key[:3]] = make_fusion()
             entry = _Plan(self, fusion, ins, outs)
@@ -288,6 +292,8 @@ def _rows(t, dim, what):
     if d == t.dim() - 1:
         _fail("hostir.torch.%s: %s_dim %d is %s's last (contracted) dimension; give one of the others"
               % (what[0], what[2], dim, what[1]))
+    if t.dim() == 2:  # rows already: no view to make or undo
+        return t, 0, None
     moved = t.movedim(d, 0)
     return moved.reshape(-1, t.shape[-1]), d, list(moved.shape[:-1])
 
@@ -296,8 +302,14 @@ def _restore(t2, rows_shape, last, d):
     return t2.reshape(rows_shape + [last]).movedim(0, d)
 
 
-@torch.library.custom_op("hostir::all_gather_matmul", mutates_args=())
-def _all_gather_matmul(a_shard: torch.Tensor, bs: List[torch.Tensor], gather_dim: int, group_name: str) -> List[torch.Tensor]:
+# The ops, defined through torch.library's Library: its dispatch costs a
+# few microseconds less a call than torch.library.custom_op's wrappers.
+_ops = torch.library.Library("hostir", "DEF")
+_ops.define("all_gather_matmul(Tensor a_shard, Tensor[] bs, int gather_dim, str group_name) -> Tensor[]")
+_ops.define("matmul_reduce_scatter(Tensor a, Tensor b, str reduce_op, int scatter_dim, str group_name) -> Tensor")
+
+
+def _all_gather_matmul(a_shard, bs, gather_dim, group_name):
     """[the gathered A, A @ B for B in bs]"""
     what = ("all_gather_matmul", "a_shard", "gather")
     if not bs:
@@ -310,29 +322,33 @@ def _all_gather_matmul(a_shard: torch.Tensor, bs: List[torch.Tensor], gather_dim
     _check(what[:2], a_shard, a_shard.dtype, a_shard.device)
     a2, d, rows_shape = _rows(a_shard, gather_dim, what)
     g = _group_state(group_name, a_shard.device)
-    D, (m, K) = g.size, a2.shape
-    dt = a_shard.dtype
-    ins = [_view((1, m, K), (m * a2.stride(0), a2.stride(0), a2.stride(1)), dt)]
-    ins += [_view(tuple(b.shape), b.stride(), dt) for b in bs]
-    gathered = torch.empty((D, m, K), dtype=a_shard.dtype, device=a_shard.device)
-    cs = [torch.empty((D, m, b.shape[1]), dtype=a_shard.dtype, device=a_shard.device) for b in bs]
-    key = ("ag", a_shard.dtype, len(bs), a2.shape, a2.stride(), tuple((tuple(b.shape), b.stride()) for b in bs))
-    plan = g.plan_for(key, lambda: ag_matmul_fusion(D, _NAMES[a_shard.dtype], len(bs), True), ins,
-                      [_view(t.shape, t.stride(), dt) for t in [gathered] + cs])
-    plan.run([a2] + list(bs), [gathered] + cs)
+    D, (m, K), dt = g.size, a2.shape, a_shard.dtype
+    key = ("ag", dt, len(bs), a2.shape, a2.stride(), tuple((b.shape, b.stride()) for b in bs))
+
+    def views():
+        ins = [_view((1, m, K), (m * a2.stride(0), a2.stride(0), a2.stride(1)), dt)]
+        outs = [_view((D, m, K), (m * K, K, 1), dt)] + [_view((D, m, b.shape[1]), (m * b.shape[1], b.shape[1], 1), dt)
+                                                        for b in bs]
+        return ins + [_view(tuple(b.shape), b.stride(), dt) for b in bs], outs
+
+    plan = g.plan_for(key, lambda: ag_matmul_fusion(D, _NAMES[dt], len(bs), True), views)
+    outs = [torch.empty((D * m, K), dtype=dt, device=a_shard.device)]
+    outs += [torch.empty((D * m, b.shape[1]), dtype=dt, device=a_shard.device) for b in bs]
+    plan.run([a2] + bs, outs)
+    if rows_shape is None:  # a 2-D shard gathered along its rows: as they are
+        return outs
     rows_shape = [D * rows_shape[0]] + rows_shape[1:]
-    return [_restore(gathered, rows_shape, K, d)] + [_restore(c, rows_shape, c.shape[-1], d) for c in cs]
+    return [_restore(t, rows_shape, t.shape[-1], d) for t in outs]
 
 
-@_all_gather_matmul.register_fake
+@torch.library.register_fake("hostir::all_gather_matmul")
 def _(a_shard, bs, gather_dim, group_name):
     shape = list(a_shard.shape)
     shape[gather_dim % a_shard.dim()] *= _group_size(group_name)
     return [a_shard.new_empty(shape)] + [a_shard.new_empty(shape[:-1] + [b.shape[-1]]) for b in bs]
 
 
-@torch.library.custom_op("hostir::matmul_reduce_scatter", mutates_args=())
-def _matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: str) -> torch.Tensor:
+def _matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group_name):
     what = ("matmul_reduce_scatter", "a", "scatter")
     if reduce_op not in ("sum", "avg"):
         _fail("hostir.torch.matmul_reduce_scatter: reduce_op %r; give 'sum' or 'avg'" % (reduce_op,))
@@ -343,24 +359,27 @@ def _matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, reduce_op: str, sca
               % (list(b.shape), a.shape[-1]))
     a2, d, rows_shape = _rows(a, scatter_dim, what)
     g = _group_state(group_name, a.device)
-    D, (rows, K), N = g.size, a2.shape, b.shape[1]
-    if rows_shape[0] % D:
+    D, (rows, K), N, dt = g.size, a2.shape, b.shape[1], a.dtype
+    scattered = a2.shape[0] if rows_shape is None else rows_shape[0]
+    if scattered % D:
         _fail("hostir.torch.matmul_reduce_scatter: a's scatter_dim %d has size %d, which the group's %d ranks do not "
-              "divide; pad it to a multiple of %d" % (scatter_dim, rows_shape[0], D, D))
+              "divide; pad it to a multiple of %d" % (scatter_dim, scattered, D, D))
     m = rows // D
-    dt = a.dtype
-    ins = [_view((1, D, m, K), (rows * a2.stride(0), m * a2.stride(0), a2.stride(0), a2.stride(1)), dt),
-           _view((1, K, N), (K * b.stride(0), b.stride(0), b.stride(1)), dt)]
-    c = torch.empty((1, m, N), dtype=a.dtype, device=a.device)
-    key = ("rs", a.dtype, 1, a2.shape, a2.stride(), b.stride())
-    plan = g.plan_for(key, lambda: matmul_rs_fusion(D, _NAMES[a.dtype]), ins, [_view(c.shape, c.stride(), dt)])
+    key = ("rs", dt, 1, a2.shape, a2.stride(), b.stride())
+
+    def views():
+        return ([_view((1, D, m, K), (rows * a2.stride(0), m * a2.stride(0), a2.stride(0), a2.stride(1)), dt),
+                 _view((1, K, N), (K * b.stride(0), b.stride(0), b.stride(1)), dt)], [_view((1, m, N), (m * N, N, 1), dt)])
+
+    plan = g.plan_for(key, lambda: matmul_rs_fusion(D, _NAMES[dt]), views)
+    c = torch.empty((m, N), dtype=dt, device=a.device)
     plan.run([a2, b], [c])
     if reduce_op == "avg":
         c.div_(D)
-    return _restore(c, [rows_shape[0] // D] + rows_shape[1:], N, d)
+    return c if rows_shape is None else _restore(c, [rows_shape[0] // D] + rows_shape[1:], N, d)
 
 
-@_matmul_reduce_scatter.register_fake
+@torch.library.register_fake("hostir::matmul_reduce_scatter")
 def _(a, b, reduce_op, scatter_dim, group_name):
     shape = list(a.shape)
     shape[scatter_dim % a.dim()] //= _group_size(group_name)
@@ -421,21 +440,112 @@ def _rs_backward(ctx, dc):
     return da, _flat(a).t() @ _flat(gathered), None, None, None
 
 
+for _key in ("CPU", "CUDA"):
+    _ops.impl("all_gather_matmul", _all_gather_matmul, _key)
+    _ops.impl("matmul_reduce_scatter", _matmul_reduce_scatter, _key)
 torch.library.register_autograd("hostir::all_gather_matmul", _ag_backward, setup_context=_ag_setup)
 torch.library.register_autograd("hostir::matmul_reduce_scatter", _rs_backward, setup_context=_rs_setup)
+
+
+def _direct(*tensors):
+    """Whether a call can skip torch's dispatcher (tens of microseconds of
+    host time): plain tensors, no gradient to record, nothing tracing."""
+    if torch.compiler.is_compiling():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if type(t) is not torch.Tensor or (grad and t.requires_grad):
+            return False
+    return True
 
 
 def all_gather_matmul(a_shard, bs, gather_dim, group=None, return_A=True):
     """torch's fused_all_gather_matmul through hostir: (the gathered A or
     None, [A @ B for B in bs])."""
-    outs = torch.ops.hostir.all_gather_matmul(a_shard, list(bs), gather_dim, _group_name(group))
+    bs = list(bs)
+    if _direct(a_shard, *bs):
+        outs = _all_gather_matmul(a_shard, bs, gather_dim, _group_name(group))
+    else:
+        outs = torch.ops.hostir.all_gather_matmul(a_shard, bs, gather_dim, _group_name(group))
     return (outs[0] if return_A else None), list(outs[1:])
 
 
 def matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group=None):
     """torch's fused_matmul_reduce_scatter through hostir: rank r's part of
     the ranks' a @ b summed (or averaged) along scatter_dim."""
+    if _direct(a, b):
+        return _matmul_reduce_scatter(a, b, reduce_op, scatter_dim, _group_name(group))
     return torch.ops.hostir.matmul_reduce_scatter(a, b, reduce_op, scatter_dim, _group_name(group))
+
+
+class _Borrowed:
+    """A CUDA buffer of hostir's as torch sees one (__cuda_array_interface__)."""
+    _TYPES = {0: "<f4", 1: "<f8", 2: "<f2", 3: "<i2"}  # bfloat16 travels as int16 and is viewed back
+
+    def __init__(self, view):
+        self.__cuda_array_interface__ = {"shape": tuple(view.sizes[k] for k in range(view.ndims)),
+                                         "typestr": self._TYPES[view.dtype], "data": (view.data, False), "version": 3,
+                                         "strides": None}
+
+
+def _taken(x, what):
+    if isinstance(x, torch.Tensor):
+        return x
+    if hasattr(x, "__dlpack__"):  # numpy, CuPy, JAX ...: a view, no copy
+        return torch.from_dlpack(x)
+    _fail("hostir.torch.run: %s is %s; pass a tensor, an array with __dlpack__, an int (a scalar input) or None"
+          % (what, type(x).__name__))
+
+
+def run(fusion, inputs, group=None):
+    """Runs a fusion built from Python (hostir.Fusion) on this rank's
+    tensors: torch tensors or any array with __dlpack__ (taken as a view),
+    ints for its scalar inputs, None for an input that does not live on this
+    rank; every rank of the group calls it (the fusion's device ids are the
+    group's ranks). Returns this rank's outputs as torch tensors (None where
+    one does not live here). Lowered for this rank per input shapes, kept."""
+    name = _group_name(group)
+    if len(inputs) != len(fusion.inputs):
+        _fail("hostir.torch.run: %d inputs; the fusion takes %d" % (len(inputs), len(fusion.inputs)))
+    tensors = [None if x is None or isinstance(x, int) else _taken(x, "input %d" % k) for k, x in enumerate(inputs)]
+    device = next((t.device for t in tensors if t is not None), torch.device("cpu"))
+    views = []
+    for k, (x, t) in enumerate(zip(inputs, tensors)):
+        v = _HirTensor()
+        if isinstance(x, int):
+            v.sizes[0] = x  # a scalar input, by value
+        elif t is not None:
+            if t.dtype not in _CODES:
+                _fail("hostir.torch.run: input %d is %s; hostir takes float32, float64, float16 and bfloat16" % (k, t.dtype))
+            if t.device != device:
+                _fail("hostir.torch.run: input %d is on %s, input 0 on %s" % (k, t.device, device))
+            want = getattr(fusion.inputs[k], "dtype", None)
+            if want is not None and want != _NAMES[t.dtype]:  # refused here: a refused run would end the group's hostir world
+                _fail("hostir.torch.run: input %d is %s; the fusion's input %d is %s" % (k, t.dtype, k, want))
+            v = _view(tuple(t.shape), t.stride(), t.dtype)
+        views.append(v)
+    g = _group_state(name, device)
+    key = ("fusion", id(fusion), 0, tuple((tuple(v.sizes[:v.ndims]), tuple(v.strides[:v.ndims]), v.dtype)
+                                          for v in views), tuple(x for x in inputs if isinstance(x, int)))
+    plan = g.plan_for(key, lambda: fusion, lambda: (views, [_HirTensor() for _ in fusion.outputs]))
+    plan.run(tensors, [None] * plan.nout)
+    outs = []
+    for o in plan.outs[:plan.nout]:
+        if not o.data:
+            outs.append(None)
+            continue
+        if g.cuda:
+            t = torch.as_tensor(_Borrowed(o), device=device)
+            t = (t.view(torch.bfloat16) if o.dtype == 3 else t).clone()  # the buffer is the evaluator's, reused next run
+        else:
+            count = 1
+            for k in range(o.ndims):
+                count *= o.sizes[k]
+            raw = (ctypes.c_uint8 * (count * (8 if o.dtype == 1 else 4 if o.dtype == 0 else 2))).from_address(o.data)
+            dtype = {v: k for k, v in _CODES.items()}[o.dtype]
+            t = torch.frombuffer(raw, dtype=dtype, count=count).reshape([o.sizes[k] for k in range(o.ndims)]).clone()
+        outs.append(t)
+    return outs
 
 
 def plan(op="all_gather_matmul", group=None, device=None):
@@ -444,5 +554,5 @@ def plan(op="all_gather_matmul", group=None, device=None):
     device = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     g = _groups.get((_group_name(group), device.type, device.index))
-    tag = "ag" if op == "all_gather_matmul" else "rs"
+    tag = {"all_gather_matmul": "ag", "matmul_reduce_scatter": "rs"}.get(op, "fusion")
     return [entry.plan() for key, entry in (g.plans.items() if g else []) if key[0] == tag]

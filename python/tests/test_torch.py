@@ -177,6 +177,30 @@ def cuda_graph():
 
 
 @case
+def general_fusion():
+    """A fusion built from Python, run by hostir.torch.run on this rank's
+    tensors (B as a numpy array through DLPack on the CPU), a scalar input
+    by value: relu(s * allgather(A) x B)."""
+    f = hostir.Fusion()
+    a, b, s = f.input("float32", 3), f.input("float32", 2), f.input_scalar()
+    c = f.output(f.unary("relu", f.scale("*", f.matmul(a, b), s)))
+    for t in (a, b, c):
+        t.mesh(range(D))
+    a.parallelize(0, "DIDx")
+    A, B = draw(D, 4, 8, seed=5), draw(8, 5, seed=6)
+    for scale in (3, -2):  # a new scalar value: a new plan
+        out, = ht.run(f, [A[RANK:RANK + 1].to(DEV), B.to(DEV) if DEV.type == "cuda" else B.numpy(), scale])
+        close(out, torch.relu(scale * (A.double() @ B.double())), torch.float32, "run(fusion) scale %d" % scale)
+    try:
+        ht.run(f, [A[RANK:RANK + 1].to(DEV), B.double().to(DEV), 3])
+    except hostir.Error as e:
+        if "input 1" not in str(e):
+            raise AssertionError("a float64 B refused, but the message does not name input 1: %s" % e)
+    else:
+        raise AssertionError("a float64 B was not refused")
+
+
+@case
 def refusals():
     a = draw(4 * D, 16).to(DEV)
     for args, expect in (((a, [draw(16, 4, dtype=torch.float64).to(DEV)], 0), "bs[0] is torch.float64"),
@@ -200,7 +224,7 @@ def refusals():
 
 
 def main():
-    for test in (ag_forward_backward, rs_forward_backward, compiled, cuda_graph, refusals):
+    for test in (ag_forward_backward, rs_forward_backward, compiled, cuda_graph, general_fusion, refusals):
         test()
     failed = [(n, e) for n, e in results if e]
     for name, err in results:
