@@ -133,6 +133,13 @@ def compiled():
     m = A.shape[0] // D
     close(fn(a_part.to(DEV), b_part.to(DEV)), (A.double() @ B.double())[RANK * m:(RANK + 1) * m] + 1, torch.float32,
           "compiled RS")
+    if DEV.type == "cuda":  # torch.compile's CUDA graphs (cudagraph trees: warm-up runs, then a recording, then replays)
+        A, Bs, Gs, a_shard = ag_problem(torch.float32, [4 * D, 16], 0)
+        fn = torch.compile(lambda x, w: ht.all_gather_matmul(x, [w], 0)[1][0] + 1, mode="reduce-overhead", fullgraph=True)
+        x = a_shard.to(DEV)
+        for step in range(4):
+            got = fn(x, b).clone()
+            close(got, A.double() @ Bs[RANK][0].double() + 1, torch.float32, "compiled AG, reduce-overhead, call %d" % step)
 
 
 @case
