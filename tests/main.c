@@ -23,22 +23,25 @@
 
 #include <unistd.h>
 
-/* The Python package's CPU tests (python/tests/test_cpu.py) against the
-   library `make test` builds for them (build/hostir_native.so): said and
-   skipped where that library, python3 or numpy is missing. */
-TEST(test_python_package, "python/package", TEST_CPU) {
-  char line[1024], last[1024] = "", cmd[1200], cwd[900];
+/* A script of python/tests run against the library `make test` builds for
+   it (build/hostir_native.so), by $HOSTIR_PYTHON (default python3): said
+   and skipped where that library, the Python or a module it needs is
+   missing. Its last line is "N passed, N failed". */
+static void python_suite(const char *script, const char *module) {
+  char line[1024], last[1024] = "", cmd[1400], cwd[900];
+  const char *py = getenv("HOSTIR_PYTHON") ? getenv("HOSTIR_PYTHON") : "python3";
   FILE *p;
   int status;
   if (access("build/hostir_native.so", R_OK) != 0 || !getcwd(cwd, sizeof cwd)) {
     printf("  skipped: build/hostir_native.so is not built (make test builds it)\n");
     return;
   }
-  if (system("python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
-    printf("  skipped: no python3 with numpy (pip install numpy)\n");
+  snprintf(cmd, sizeof cmd, "%s -c 'import %s' >/dev/null 2>&1", py, module);
+  if (system(cmd) != 0) {
+    printf("  skipped: %s has no %s (pip install %s, or name another Python in HOSTIR_PYTHON)\n", py, module, module);
     return;
   }
-  snprintf(cmd, sizeof cmd, "HOSTIR_NATIVE='%s/build/hostir_native.so' python3 python/tests/test_cpu.py 2>&1", cwd);
+  snprintf(cmd, sizeof cmd, "HOSTIR_NATIVE='%s/build/hostir_native.so' %s python/tests/%s 2>&1", cwd, py, script);
   if (!(p = popen(cmd, "r"))) {
     CHECK(p != NULL);
     return;
@@ -51,6 +54,13 @@ TEST(test_python_package, "python/package", TEST_CPU) {
   if (status != 0 || !strstr(last, " passed, 0 failed")) fprintf(stderr, "  python: %s", last);
   CHECK(status == 0 && strstr(last, " passed, 0 failed") && strncmp(last, "0 passed", 8) != 0);
 }
+
+/* The package on numpy: fusions built, lowered, printed, run over ranks. */
+TEST(test_python_package, "python/package", TEST_CPU) { python_suite("test_cpu.py", "numpy"); }
+
+/* hostir.torch's ops on CPU tensors, 3 ranks as threads of torch's threaded
+   process group: forward and backward against torch's whole-problem result. */
+TEST(test_python_torch, "python/torch", TEST_CPU) { python_suite("test_torch.py --threads 3", "torch"); }
 
 int main(int argc, char **argv) {
   int passed = 0, failed = 0;

@@ -43,7 +43,7 @@ __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "run", "set_options", "
 _CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}  # hir_dtype
 _NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _options = {"tune": False, "streams": 0, "timeout_ms": 60000, "cache": 16}
-_lock = threading.Lock()
+_lock = threading.RLock()
 _groups = {}  # (group name, device) -> _Group
 
 
@@ -183,12 +183,12 @@ class _Group:
         if group_name and dist.is_initialized():
             self.rank = dist.get_rank(_group_of(group_name))
         if not self.cuda:
-            if self.size != 1:
-                _fail("hostir.torch: CPU tensors on a group of %d ranks; hostir runs CPU tensors on groups of one "
-                      "rank only: use CUDA tensors with an NCCL group (or hostir.run for in-process CPU ranks)"
+            if self.size > 1 and dist.get_backend(_group_of(group_name)) != "threaded":
+                _fail("hostir.torch: CPU tensors on a group of %d processes; hostir runs CPU tensors on a group of one "
+                      "rank, or of threads (torch's threaded process group): use CUDA tensors with an NCCL group"
                       % self.size)
-            self.world = _lib.hir_local_world_create(1)
-            self.comm = _lib.hir_local_comm(self.world, 0)
+            self.world = _shared_world(group_name, self.size)  # the ranks' threads share hostir's local world
+            self.comm = _lib.hir_local_comm(self.world.handle, self.rank)
             return
         if not _lib.hx_has_cuda():
             _fail("hostir.torch: CUDA tensors, but this hostir package was built without CUDA and NCCL; reinstall it "
@@ -245,7 +245,7 @@ class _Group:
             entry.free()
         self.plans = {}
         if self.world:
-            _lib.hir_local_world_free(self.world)
+            self.world.release()
         elif self.comm:
             _lib.hir_nccl_comm_free(self.comm)
         if self.backend:
@@ -261,8 +261,40 @@ def _free_groups():
     _groups.clear()
 
 
+class _World:
+    """hostir's local world shared by the threads of a threaded group (one
+    rank each), freed when the last rank lets go."""
+
+    def __init__(self, name, size):
+        self.name, self.handle, self.users = name, _lib.hir_local_world_create(size), 0
+        if not self.handle:
+            raise MemoryError("hostir: out of memory")
+        _lib.hir_local_world_set_timeout(self.handle, _options["timeout_ms"])
+
+    def release(self):
+        with _lock:
+            self.users -= 1
+            if self.users == 0:
+                _worlds.pop(self.name, None)
+                _lib.hir_local_world_free(self.handle)
+
+
+_worlds = {}
+
+
+def _shared_world(group_name, size):
+    with _lock:
+        w = _worlds.get(group_name)
+        if w is None:
+            w = _worlds[group_name] = _World(group_name, size)
+        w.users += 1
+        return w
+
+
 def _group_state(group_name, device):
     key = (group_name, device.type, device.index)
+    if device.type == "cpu" and group_name and dist.is_initialized():  # a threaded group: a rank a thread
+        key += (dist.get_rank(_group_of(group_name)),)
     g = _groups.get(key)
     if g is None:
         with _lock:

@@ -3,6 +3,8 @@ compiled (torch.compile, fullgraph) and captured in a CUDA graph:
 
     torchrun --nproc-per-node 2 python/tests/test_torch.py     # GPUs, NCCL (make test-gpu)
     python python/tests/test_torch.py                          # CPU tensors, one rank
+    python python/tests/test_torch.py --threads 3              # CPU tensors, 3 ranks as threads
+                                                               # (torch's threaded process group)
 
 Every rank draws the same global tensors (one seed) and takes its part, so
 each checks its own results against the whole problem computed by torch;
@@ -11,6 +13,7 @@ last line is "N passed, N failed" (rank 0's, after every rank's are summed).
 """
 import os
 import sys
+import threading
 import traceback
 
 import torch
@@ -22,7 +25,6 @@ import hostir  # noqa: E402
 import hostir.torch as ht  # noqa: E402
 
 TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float64: 1e-10}
-results = []
 
 
 def close(got, ref, dtype, what):
@@ -36,23 +38,16 @@ def case(fn):
     def run():
         try:
             fn()
-            results.append((fn.__name__, None))
+            W.results.append((fn.__name__, None))
         except Exception:
-            results.append((fn.__name__, traceback.format_exc(limit=4)))
+            W.results.append((fn.__name__, traceback.format_exc(limit=4)))
     run.__name__ = fn.__name__
     return run
 
 
-def setup():
-    if "WORLD_SIZE" in os.environ:
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-        return dist.get_rank(), dist.get_world_size(), torch.device("cuda", local)
-    return 0, 1, torch.device("cpu")
+W = threading.local()  # this rank's: rank, size, dev, results (a rank a process, or a rank a thread)
 
 
-RANK, D, DEV = setup()
 
 
 def draw(*shape, dtype=torch.float32, seed=0):
@@ -65,31 +60,31 @@ def ag_problem(dtype, lead, gather_dim):
     parallel: rank r has its own), each rank's loss weights G."""
     shape = list(lead)
     A = draw(*shape, dtype=dtype, seed=1)
-    Bs = [[draw(shape[-1], n, dtype=dtype, seed=10 + 7 * r + n) for n in (5, 3)] for r in range(D)]
-    Gs = [[draw(*(shape[:-1] + [n]), dtype=dtype, seed=100 + 7 * r + n) for n in (5, 3)] for r in range(D)]
-    part = A.shape[gather_dim] // D
-    a_shard = A.narrow(gather_dim, RANK * part, part)
+    Bs = [[draw(shape[-1], n, dtype=dtype, seed=10 + 7 * r + n) for n in (5, 3)] for r in range(W.size)]
+    Gs = [[draw(*(shape[:-1] + [n]), dtype=dtype, seed=100 + 7 * r + n) for n in (5, 3)] for r in range(W.size)]
+    part = A.shape[gather_dim] // W.size
+    a_shard = A.narrow(gather_dim, W.rank * part, part)
     return A, Bs, Gs, a_shard
 
 
 @case
 def ag_forward_backward():
     for dtype in (torch.float32, torch.bfloat16):
-        for lead, gather_dim in (([4 * D, 16], 0), ([3, 2 * D, 16], 1), ([2 * D, 3, 16], 0)):
+        for lead, gather_dim in (([4 * W.size, 16], 0), ([3, 2 * W.size, 16], 1), ([2 * W.size, 3, 16], 0)):
             A, Bs, Gs, a_shard = ag_problem(dtype, lead, gather_dim)
-            a = a_shard.to(DEV).requires_grad_()
-            bs = [b.to(DEV).requires_grad_() for b in Bs[RANK]]
+            a = a_shard.to(W.dev).requires_grad_()
+            bs = [b.to(W.dev).requires_grad_() for b in Bs[W.rank]]
             gathered, cs = ht.all_gather_matmul(a, bs, gather_dim)
             what = "AG %s %s gather_dim %d" % (dtype, lead, gather_dim)
             close(gathered, A, dtype, what + " gathered A")
-            for c, b in zip(cs, Bs[RANK]):
+            for c, b in zip(cs, Bs[W.rank]):
                 close(c, A.double() @ b.double(), dtype, what + " C")
-            sum((c.float() * g.to(DEV).float()).sum() for c, g in zip(cs, Gs[RANK])).backward()
+            sum((c.float() * g.to(W.dev).float()).sum() for c, g in zip(cs, Gs[W.rank])).backward()
             # d a_shard: the rows of sum over ranks r, i of G_ri B_ri^T; d B_i: A^T G_i
-            da = sum(g.double() @ b.double().T for r in range(D) for g, b in zip(Gs[r], Bs[r]))
-            part = A.shape[gather_dim] // D
-            close(a.grad, da.narrow(gather_dim, RANK * part, part), dtype, what + " d a_shard")
-            for b, g in zip(bs, Gs[RANK]):
+            da = sum(g.double() @ b.double().T for r in range(W.size) for g, b in zip(Gs[r], Bs[r]))
+            part = A.shape[gather_dim] // W.size
+            close(a.grad, da.narrow(gather_dim, W.rank * part, part), dtype, what + " d a_shard")
+            for b, g in zip(bs, Gs[W.rank]):
                 close(b.grad, A.double().reshape(-1, A.shape[-1]).T @ g.double().reshape(-1, g.shape[-1]), dtype,
                       what + " d B")
 
@@ -99,65 +94,67 @@ def rs_problem(dtype, lead, scatter_dim):
     K, N = shape[-1], 6
     A, B = draw(*shape, dtype=dtype, seed=2), draw(K, N, dtype=dtype, seed=3)
     G = draw(*(shape[:-1] + [N]), dtype=dtype, seed=4)
-    k = K // D
-    return A, B, G, A[..., RANK * k:(RANK + 1) * k], B[RANK * k:(RANK + 1) * k]
+    k = K // W.size
+    return A, B, G, A[..., W.rank * k:(W.rank + 1) * k], B[W.rank * k:(W.rank + 1) * k]
 
 
 @case
 def rs_forward_backward():
     for dtype in (torch.float32, torch.bfloat16):
-        for lead, scatter_dim, op in (([4 * D, 8 * D], 0, "sum"), ([3, 2 * D, 8 * D], 1, "avg"), ([2 * D, 3, 8 * D], 0, "sum")):
+        for lead, scatter_dim, op in (([4 * W.size, 8 * W.size], 0, "sum"), ([3, 2 * W.size, 8 * W.size], 1, "avg"), ([2 * W.size, 3, 8 * W.size], 0, "sum")):
             A, B, G, a_part, b_part = rs_problem(dtype, lead, scatter_dim)
-            a, b = a_part.to(DEV).requires_grad_(), b_part.to(DEV).requires_grad_()
+            a, b = a_part.to(W.dev).requires_grad_(), b_part.to(W.dev).requires_grad_()
             c = ht.matmul_reduce_scatter(a, b, op, scatter_dim)
-            full = A.double() @ B.double() / (D if op == "avg" else 1)
-            part = full.shape[scatter_dim] // D
+            full = A.double() @ B.double() / (W.size if op == "avg" else 1)
+            part = full.shape[scatter_dim] // W.size
             what = "RS %s %s scatter_dim %d %s" % (dtype, lead, scatter_dim, op)
-            close(c, full.narrow(scatter_dim, RANK * part, part), dtype, what)
-            (c.float() * G.narrow(scatter_dim, RANK * part, part).to(DEV).float()).sum().backward()
-            scale = 1.0 / D if op == "avg" else 1.0
-            k = B.shape[0] // D
-            close(a.grad, scale * G.double() @ B.double()[RANK * k:(RANK + 1) * k].T, dtype, what + " d a")
+            close(c, full.narrow(scatter_dim, W.rank * part, part), dtype, what)
+            (c.float() * G.narrow(scatter_dim, W.rank * part, part).to(W.dev).float()).sum().backward()
+            scale = 1.0 / W.size if op == "avg" else 1.0
+            k = B.shape[0] // W.size
+            close(a.grad, scale * G.double() @ B.double()[W.rank * k:(W.rank + 1) * k].T, dtype, what + " d a")
             close(b.grad, scale * a_part.double().reshape(-1, a.shape[-1]).T @ G.double().reshape(-1, G.shape[-1]),
                   dtype, what + " d b")
 
 
 @case
 def compiled():
-    A, Bs, Gs, a_shard = ag_problem(torch.float32, [4 * D, 16], 0)
-    b = Bs[RANK][0].to(DEV)
+    if dist.is_initialized() and dist.get_backend() == "threaded":
+        return  # torch.compile is not thread-safe: ranks as threads cannot compile at once (processes test it)
+    A, Bs, Gs, a_shard = ag_problem(torch.float32, [4 * W.size, 16], 0)
+    b = Bs[W.rank][0].to(W.dev)
     fn = torch.compile(lambda x, w: ht.all_gather_matmul(torch.relu(x), [w], 0)[1][0] * 2, fullgraph=True)
-    close(fn(a_shard.to(DEV), b), 2 * torch.relu(A.double()) @ Bs[RANK][0].double(), torch.float32, "compiled AG")
-    A, B, G, a_part, b_part = rs_problem(torch.float32, [4 * D, 8 * D], 0)
+    close(fn(a_shard.to(W.dev), b), 2 * torch.relu(A.double()) @ Bs[W.rank][0].double(), torch.float32, "compiled AG")
+    A, B, G, a_part, b_part = rs_problem(torch.float32, [4 * W.size, 8 * W.size], 0)
     fn = torch.compile(lambda x, w: ht.matmul_reduce_scatter(x, w, "sum", 0) + 1, fullgraph=True)
-    m = A.shape[0] // D
-    close(fn(a_part.to(DEV), b_part.to(DEV)), (A.double() @ B.double())[RANK * m:(RANK + 1) * m] + 1, torch.float32,
+    m = A.shape[0] // W.size
+    close(fn(a_part.to(W.dev), b_part.to(W.dev)), (A.double() @ B.double())[W.rank * m:(W.rank + 1) * m] + 1, torch.float32,
           "compiled RS")
-    if DEV.type == "cuda":  # torch.compile's CUDA graphs (cudagraph trees: warm-up runs, then a recording, then replays)
-        A, Bs, Gs, a_shard = ag_problem(torch.float32, [4 * D, 16], 0)
+    if W.dev.type == "cuda":  # torch.compile's CUDA graphs (cudagraph trees: warm-up runs, then a recording, then replays)
+        A, Bs, Gs, a_shard = ag_problem(torch.float32, [4 * W.size, 16], 0)
         fn = torch.compile(lambda x, w: ht.all_gather_matmul(x, [w], 0)[1][0] + 1, mode="reduce-overhead", fullgraph=True)
-        x = a_shard.to(DEV)
+        x = a_shard.to(W.dev)
         for step in range(4):
             got = fn(x, b).clone()
-            close(got, A.double() @ Bs[RANK][0].double() + 1, torch.float32, "compiled AG, reduce-overhead, call %d" % step)
+            close(got, A.double() @ Bs[W.rank][0].double() + 1, torch.float32, "compiled AG, reduce-overhead, call %d" % step)
 
 
 @case
 def cuda_graph():
-    if DEV.type != "cuda":
+    if W.dev.type != "cuda":
         return
     for kind in ("ag", "rs"):
         if kind == "ag":
-            A, Bs, Gs, x = ag_problem(torch.float32, [8 * D, 32], 0)
-            w = Bs[RANK][0]
+            A, Bs, Gs, x = ag_problem(torch.float32, [8 * W.size, 32], 0)
+            w = Bs[W.rank][0]
             run = lambda a, b: ht.all_gather_matmul(a, [b], 0)[1][0]
             ref = lambda a_full: a_full.double() @ w.double()
         else:
-            A, B, G, x, w = rs_problem(torch.float32, [8 * D, 8 * D], 0)
+            A, B, G, x, w = rs_problem(torch.float32, [8 * W.size, 8 * W.size], 0)
             run = lambda a, b: ht.matmul_reduce_scatter(a, b, "sum", 0)
-            m = A.shape[0] // D
-            ref = lambda a_full: (a_full.double() @ B.double())[RANK * m:(RANK + 1) * m]
-        sa, sb = x.to(DEV).clone(), w.to(DEV)
+            m = A.shape[0] // W.size
+            ref = lambda a_full: (a_full.double() @ B.double())[W.rank * m:(W.rank + 1) * m]
+        sa, sb = x.to(W.dev).clone(), w.to(W.dev)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up, as torch.cuda.graph asks
@@ -170,11 +167,11 @@ def cuda_graph():
         for step in range(3):  # new values in the captured input, replayed
             new = draw(*A.shape, seed=50 + step) if kind == "ag" else draw(*A.shape, seed=50 + step)
             if kind == "ag":
-                part = A.shape[0] // D
-                sa.copy_(new[RANK * part:(RANK + 1) * part])
+                part = A.shape[0] // W.size
+                sa.copy_(new[W.rank * part:(W.rank + 1) * part])
             else:
-                k = A.shape[-1] // D
-                sa.copy_(new[:, RANK * k:(RANK + 1) * k])
+                k = A.shape[-1] // W.size
+                sa.copy_(new[:, W.rank * k:(W.rank + 1) * k])
             out.fill_(float("nan"))
             graph.replay()
             torch.cuda.synchronize()
@@ -192,14 +189,14 @@ def general_fusion():
     a, b, s = f.input("float32", 3), f.input("float32", 2), f.input_scalar()
     c = f.output(f.unary("relu", f.scale("*", f.matmul(a, b), s)))
     for t in (a, b, c):
-        t.mesh(range(D))
+        t.mesh(range(W.size))
     a.parallelize(0, "DIDx")
-    A, B = draw(D, 4, 8, seed=5), draw(8, 5, seed=6)
+    A, B = draw(W.size, 4, 8, seed=5), draw(8, 5, seed=6)
     for scale in (3, -2):  # a new scalar value: a new plan
-        out, = ht.run(f, [A[RANK:RANK + 1].to(DEV), B.to(DEV) if DEV.type == "cuda" else B.numpy(), scale])
+        out, = ht.run(f, [A[W.rank:W.rank + 1].to(W.dev), B.to(W.dev) if W.dev.type == "cuda" else B.numpy(), scale])
         close(out, torch.relu(scale * (A.double() @ B.double())), torch.float32, "run(fusion) scale %d" % scale)
     try:
-        ht.run(f, [A[RANK:RANK + 1].to(DEV), B.double().to(DEV), 3])
+        ht.run(f, [A[W.rank:W.rank + 1].to(W.dev), B.double().to(W.dev), 3])
     except hostir.Error as e:
         if "input 1" not in str(e):
             raise AssertionError("a float64 B refused, but the message does not name input 1: %s" % e)
@@ -209,10 +206,10 @@ def general_fusion():
 
 @case
 def refusals():
-    a = draw(4 * D, 16).to(DEV)
-    for args, expect in (((a, [draw(16, 4, dtype=torch.float64).to(DEV)], 0), "bs[0] is torch.float64"),
-                         ((a, [draw(8, 4).to(DEV)], 0), "bs[0] is [8, 4]"),
-                         ((a, [draw(16, 4).to(DEV)], 1), "last (contracted) dimension")):
+    a = draw(4 * W.size, 16).to(W.dev)
+    for args, expect in (((a, [draw(16, 4, dtype=torch.float64).to(W.dev)], 0), "bs[0] is torch.float64"),
+                         ((a, [draw(8, 4).to(W.dev)], 0), "bs[0] is [8, 4]"),
+                         ((a, [draw(16, 4).to(W.dev)], 1), "last (contracted) dimension")):
         try:
             ht.all_gather_matmul(*args)
         except hostir.Error as e:
@@ -220,9 +217,9 @@ def refusals():
                 raise AssertionError("refused, but the message %r does not name %r" % (str(e), expect))
         else:
             raise AssertionError("not refused: expected %r" % expect)
-    if D > 1:
+    if W.size > 1:
         try:
-            ht.matmul_reduce_scatter(draw(D + 1, 8).to(DEV), draw(8, 4).to(DEV), "sum", 0)
+            ht.matmul_reduce_scatter(draw(W.size + 1, 8).to(W.dev), draw(8, 4).to(W.dev), "sum", 0)
         except hostir.Error as e:
             if "do not divide" not in str(e):
                 raise
@@ -230,24 +227,54 @@ def refusals():
             raise AssertionError("a scatter_dim the ranks do not divide was not refused")
 
 
-def main():
+def rank_main(rank, size, dev):
+    W.rank, W.size, W.dev, W.results = rank, size, dev, []
     for test in (ag_forward_backward, rs_forward_backward, compiled, cuda_graph, general_fusion, refusals):
         test()
-    failed = [(n, e) for n, e in results if e]
-    for name, err in results:
-        print("rank%d: %s %s" % (RANK, "FAIL" if err else "ok  ", name))
+    for name, err in W.results:
+        print("rank%d: %s %s" % (rank, "FAIL" if err else "ok  ", name))
         if err:
             print(err)
-    if RANK == 0:
+    if rank == 0:
         print("hostir.torch plans of rank 0:", *ht.plan("all_gather_matmul")[-1:], *ht.plan("matmul_reduce_scatter")[-1:],
               sep="\n  ")
-    counts = torch.tensor([len(results) - len(failed), len(failed)])
+    failed = sum(1 for _, err in W.results if err)
+    counts = torch.tensor([len(W.results) - failed, failed]).to(dev)
     if dist.is_initialized():
-        counts = counts.to(DEV)
         dist.all_reduce(counts)
-        dist.destroy_process_group()
-    if RANK == 0:
-        print("%d passed, %d failed" % tuple(counts.tolist()))
+        if dist.get_backend() != "threaded":  # the threaded group ends with its threads
+            dist.destroy_process_group()
+    return counts.tolist()
+
+
+def main():
+    if "WORLD_SIZE" in os.environ:  # torchrun: a rank a process, a GPU each
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        rank = dist.get_rank()
+        counts = rank_main(rank, dist.get_world_size(), torch.device("cuda", local))
+    elif "--threads" in sys.argv:  # CPU tensors, a rank a thread (torch's threaded process group)
+        from torch.testing._internal.distributed.multi_threaded_pg import _install_threaded_pg
+        size, rank, totals = int(sys.argv[sys.argv.index("--threads") + 1]), 0, {}
+        torch._C._distributed_c10d._set_thread_isolation_mode(True)  # a world a thread, as torch's own tests set it
+        _install_threaded_pg()
+        store = dist.HashStore()
+
+        def thread(r):
+            dist.init_process_group("threaded", rank=r, world_size=size, store=store)
+            totals[r] = rank_main(r, size, torch.device("cpu"))
+
+        threads = [threading.Thread(target=thread, args=(r,)) for r in range(size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        counts = totals.get(0, [0, 1])
+    else:  # CPU tensors, one rank
+        rank, counts = 0, rank_main(0, 1, torch.device("cpu"))
+    if rank == 0:
+        print("%d passed, %d failed" % tuple(counts))
     return 1 if counts[1] else 0
 
 
