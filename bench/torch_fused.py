@@ -39,6 +39,8 @@ def host_cost(a, b, group, calls=200):
             t0 = time.perf_counter()
             if what == "op":
                 ht.all_gather_matmul(a, [b], 0)
+            elif plan.tuner.value:
+                _lib.hir_tuner_run(plan.tuner.value, plan.ins, plan.nin, plan.outs, plan.nout)
             else:
                 _lib.hir_run(plan.ev.value, plan.ins, plan.nin, plan.outs, plan.nout)
             times.append((time.perf_counter() - t0) * 1e6)
@@ -53,6 +55,11 @@ def main():
     group = dist.group.WORLD
     name = group.group_name
     ht.set_options(tune="--tune" in sys.argv)
+    try:  # torch's fused ops are registered when its symmetric memory is imported
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+        enable_symm_mem_for_group(name)
+    except Exception:
+        pass  # newer PyTorch enables it on first use
     symm = torch.ops.symm_mem
     rows = []
     for kind, M, K, N in [] if "--overhead" in sys.argv else DECODE if "--decode" in sys.argv else SHAPES:
