@@ -1431,10 +1431,13 @@ static ncclDataType_t hir_nccl__type(hir_dtype d) {
 static hir_nccl__rank *hir_nccl__of(hir_comm *c) { return (hir_nccl__rank *)c->ctx; }
 
 /* Our communicators are nonblocking, so that a dead peer cannot hold the
-   caller inside NCCL (connecting to it, say) past any deadline. */
+   caller inside NCCL (connecting to it, say) past any deadline.
+   HOSTIR_NCCL_BLOCKING=1 makes them blocking, to measure what the
+   nonblocking mode costs the host a call (a dead peer can then hang). */
 static ncclConfig_t hir_nccl__config(void) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
+  const char *blocking = getenv("HOSTIR_NCCL_BLOCKING");
+  config.blocking = blocking && !strcmp(blocking, "1");
   return config;
 }
 
