@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from . import Error, _HirTensor, _lib, _status, ag_matmul_fusion, matmul_rs_fusion
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "run", "set_options", "plan"]
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "run", "set_options", "plan", "shutdown"]
 
 _CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}  # hir_dtype
 _NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -132,7 +132,7 @@ class _Plan:
         g = self.group
         if g.cuda:
             capturing = torch._C._cuda_isCurrentStreamCapturing()
-            if capturing and not self.warm:
+            if capturing and not self.warm:  # made, but its first run failed: it would allocate now
                 _fail("hostir.torch: a CUDA graph is being captured and this op has not run yet with these shapes; "
                       "run it once before capturing (torch.cuda.graph's warm-up runs, torch.compile's warm-up)")
             stream = torch._C._cuda_getCurrentRawStream(g.device)
@@ -229,6 +229,12 @@ class _Group:
     def plan_for(self, key, make_fusion, make_views):
         entry = self.plans.get(key)
         if entry is None:
+            if self.cuda:  # a plan is lowered for the copy engines' state outside a capture, and never inside one
+                if torch._C._cuda_isCurrentStreamCapturing():  # (its evaluator allocates: the capture would fail)
+                    _fail("hostir.torch: a CUDA graph is being captured and this op has not run yet with these shapes; "
+                          "run it once before capturing (torch.cuda.graph's warm-up runs, torch.compile's warm-up)")
+                if self.capturing:
+                    self.set_capturing(False)
             ins, outs = make_views()
             fusion = self.fusions.get(key[:3]) if key[0] != "fusion" else make_fusion()  # a caller's fusion: not kept
             if fusion is None:
@@ -253,12 +259,31 @@ class _Group:
         self.comm = self.world = self.backend = None
 
 
+def shutdown():
+    """Frees hostir's plans, communicators and backends (each process's
+    own; the next op makes them again). Call it, if at all, once torch's
+    CUDA graphs that captured hostir's ops are gone: NCCL frees a
+    communicator only after the graphs that captured it."""
+    with _lock:
+        for g in _groups.values():
+            g.free()
+        _groups.clear()
+
+
 @atexit.register
-def _free_groups():
-    """Plans before their communicator, communicators before NCCL unloads."""
-    for g in _groups.values():
-        g.free()
-    _groups.clear()
+def _at_exit():
+    """At exit the plans go (their evaluators' own graphs and buffers) and
+    the threads' local worlds; NCCL communicators are left to the process's
+    end, as torch's graphs that captured them (torch.compile's cudagraph
+    trees keep theirs to the end) would hold a communicator's free forever."""
+    with _lock:
+        for g in _groups.values():
+            for entry in g.plans.values():
+                entry.free()
+            g.plans = {}
+            if g.world:
+                g.free()
+        _groups.clear()
 
 
 class _World:

@@ -205,6 +205,21 @@ def general_fusion():
 
 
 @case
+def shutdown_and_again():
+    """shutdown frees every group's plans and communicators; the next op
+    makes them again (one CPU rank: a shutdown is the process's, and torch's
+    graphs on the GPU may still hold a communicator)."""
+    if W.size != 1 or W.dev.type != "cpu":
+        return
+    a, b = draw(4, 8, seed=8), draw(8, 3, seed=9)
+    ht.all_gather_matmul(a, [b], 0)
+    ht.shutdown()
+    if ht._groups:
+        raise AssertionError("shutdown left %d groups" % len(ht._groups))
+    close(ht.all_gather_matmul(a, [b], 0)[1][0], a.double() @ b.double(), torch.float32, "after shutdown")
+
+
+@case
 def refusals():
     a = draw(4 * W.size, 16).to(W.dev)
     for args, expect in (((a, [draw(16, 4, dtype=torch.float64).to(W.dev)], 0), "bs[0] is torch.float64"),
@@ -229,7 +244,7 @@ def refusals():
 
 def rank_main(rank, size, dev):
     W.rank, W.size, W.dev, W.results = rank, size, dev, []
-    for test in (ag_forward_backward, rs_forward_backward, compiled, cuda_graph, general_fusion, refusals):
+    for test in (ag_forward_backward, rs_forward_backward, compiled, cuda_graph, general_fusion, shutdown_and_again, refusals):
         test()
     for name, err in W.results:
         print("rank%d: %s %s" % (rank, "FAIL" if err else "ok  ", name))
