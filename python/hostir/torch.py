@@ -20,8 +20,9 @@ backward of one is the other, both through hostir. They run on CUDA tensors
 of an NCCL process group (one process per GPU: torchrun, mpirun, srun). The
 group hands hostir NCCL's id, once (torch.distributed broadcasts it; hostir
 opens no port of its own); send/recv between GPUs of one host run on their
-copy engines. On CPU tensors they run groups of one rank (or no process
-group), which is what tests without GPUs can check.
+copy engines. On CPU tensors they run a group of one rank (or no process
+group) or of threads (torch's threaded process group), which is what tests
+without GPUs can check.
 
 A plan is lowered per input shape (hostir's cost model chooses pipeline or
 serial; set_options(tune=True) measures the candidates on the ranks
@@ -42,18 +43,23 @@ __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "run", "set_options", "
 
 _CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}  # hir_dtype
 _NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_options = {"tune": False, "streams": 0, "timeout_ms": 60000, "cache": 16}
+_options = {"tune": False, "plan": "auto", "streams": 0, "timeout_ms": 60000, "cache": 16}
 _lock = threading.RLock()
-_groups = {}  # (group name, device) -> _Group
+_groups = {}  # (group name, device type, index[, rank: a thread's]) -> _Group
 
 
-def set_options(tune=None, streams=None, timeout_ms=None, cache=None):
+def set_options(tune=None, plan=None, streams=None, timeout_ms=None, cache=None):
     """tune: measure the candidate schedules on the ranks at each new shape
-    (hir_tuner) instead of the cost model's choice; streams: the evaluator's
-    streams (0: hostir's default); timeout_ms: how long a rank waits for the
-    others before failing; cache: plans kept per group and op. Applies to
-    plans made after the call; set it alike on every rank."""
-    for key, value in (("tune", tune), ("streams", streams), ("timeout_ms", timeout_ms), ("cache", cache)):
+    (hir_tuner) instead of taking plan's; plan: "auto" (hostir's cost model
+    chooses pipeline or serial), "pipeline" (the P2P ring, always) or
+    "serial"; streams: the evaluator's streams (0: hostir's default);
+    timeout_ms: how long a rank waits for the others before failing; cache:
+    plans kept per group (a plan a CUDA graph captured is never dropped: the
+    graph uses its buffers). Applies to plans made after the call; set them
+    alike on every rank."""
+    if plan not in (None, "auto", "pipeline", "serial"):
+        _fail("hostir.torch.set_options: plan %r; give 'auto', 'pipeline' or 'serial'" % (plan,))
+    for key, value in (("tune", tune), ("plan", plan), ("streams", streams), ("timeout_ms", timeout_ms), ("cache", cache)):
         if value is not None:
             _options[key] = value
 
@@ -100,7 +106,7 @@ class _Plan:
         self.ins = (_HirTensor * len(ins))(*ins)
         self.outs = (_HirTensor * len(outs))(*outs)
         self.nin, self.nout = len(ins), len(outs)
-        self.ev, self.tuner, self.prog, self.warm = ctypes.c_void_p(), ctypes.c_void_p(), None, False
+        self.ev, self.tuner, self.prog, self.warm, self.captured = ctypes.c_void_p(), ctypes.c_void_p(), None, False, False
         g = group
         if _options["tune"]:
             code = _lib.hx_tuner_create(fusion._h, g.rank, g.backend, g.comm, _options["timeout_ms"], 0, 0,
@@ -110,7 +116,9 @@ class _Plan:
                             else "out of memory")
             return
         out = ctypes.c_void_p()
-        code = _lib.hx_lower(fusion._h, g.rank, 0, 0, 0, 0, 1, g.comm, self.ins, self.nin, ctypes.byref(out))
+        mode = _options["plan"]
+        code = _lib.hx_lower(fusion._h, g.rank, mode == "pipeline", 0, 0, mode == "serial", mode == "auto", g.comm, self.ins,
+                             self.nin, ctypes.byref(out))
         from . import Program
         self.prog = Program(out.value)
         if code:
@@ -141,6 +149,7 @@ class _Plan:
                 g.stream = stream
             if capturing != g.capturing:
                 g.set_capturing(capturing)
+            self.captured |= capturing
         if self.tuner.value:
             code = _lib.hir_tuner_run(self.tuner.value, self.ins, self.nin, self.outs, self.nout)
             if code == 0 and not g.cuda:
@@ -227,6 +236,7 @@ class _Group:
         self.capturing = capturing
 
     def plan_for(self, key, make_fusion, make_views):
+        key += (_options["tune"], _options["plan"], _options["streams"])
         entry = self.plans.get(key)
         if entry is None:
             if self.cuda:  # a plan is lowered for the copy engines' state outside a capture, and never inside one
@@ -240,9 +250,10 @@ class _Group:
             if fusion is None:
                 fusion = self.fusions[key[:3]] = make_fusion()
             entry = _Plan(self, fusion, ins, outs)
-            if len(self.plans) >= _options["cache"]:  # the oldest plan goes
-                oldest = next(iter(self.plans))
-                self.plans.pop(oldest).free()
+            if len(self.plans) >= _options["cache"]:  # the oldest plan goes, unless a graph holds its buffers
+                oldest = next((k for k, e in self.plans.items() if not e.captured), None)
+                if oldest is not None:
+                    self.plans.pop(oldest).free()
             self.plans[key] = entry
         return entry
 
@@ -272,18 +283,13 @@ def shutdown():
 
 @atexit.register
 def _at_exit():
-    """At exit the plans go (their evaluators' own graphs and buffers) and
-    the threads' local worlds; NCCL communicators are left to the process's
-    end, as torch's graphs that captured them (torch.compile's cudagraph
-    trees keep theirs to the end) would hold a communicator's free forever."""
+    """At exit the CPU groups go (plans, the threads' local worlds); what
+    lives on the GPUs is left to the process's end: torch's graphs that
+    captured hostir's ops (torch.compile's cudagraph trees keep theirs to
+    the end) would hold an NCCL communicator's free forever."""
     with _lock:
-        for g in _groups.values():
-            for entry in g.plans.values():
-                entry.free()
-            g.plans = {}
-            if g.world:
-                g.free()
-        _groups.clear()
+        for key in [key for key, g in _groups.items() if not g.cuda]:
+            _groups.pop(key).free()
 
 
 class _World:
@@ -316,10 +322,15 @@ def _shared_world(group_name, size):
         return w
 
 
-def _group_state(group_name, device):
+def _group_key(group_name, device):
     key = (group_name, device.type, device.index)
     if device.type == "cpu" and group_name and dist.is_initialized():  # a threaded group: a rank a thread
         key += (dist.get_rank(_group_of(group_name)),)
+    return key
+
+
+def _group_state(group_name, device):
+    key = _group_key(group_name, device)
     g = _groups.get(key)
     if g is None:
         with _lock:
@@ -422,7 +433,7 @@ def _matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group_name):
         _fail("hostir.torch.matmul_reduce_scatter: a's scatter_dim %d has size %d, which the group's %d ranks do not "
               "divide; pad it to a multiple of %d" % (scatter_dim, scattered, D, D))
     m = rows // D
-    key = ("rs", dt, 1, a2.shape, a2.stride(), b.stride())
+    key = ("rs", dt, 1, a2.shape, a2.stride(), b.shape, b.stride())
 
     def views():
         return ([_view((1, D, m, K), (rows * a2.stride(0), m * a2.stride(0), a2.stride(0), a2.stride(1)), dt),
@@ -610,6 +621,6 @@ def plan(op="all_gather_matmul", group=None, device=None):
     of each, newest last), for logs and for tests."""
     device = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
-    g = _groups.get((_group_name(group), device.type, device.index))
+    g = _groups.get(_group_key(_group_name(group), device))
     tag = {"all_gather_matmul": "ag", "matmul_reduce_scatter": "rs"}.get(op, "fusion")
     return [entry.plan() for key, entry in (g.plans.items() if g else []) if key[0] == tag]

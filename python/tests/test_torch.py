@@ -41,7 +41,7 @@ def case(fn):
             W.results.append((fn.__name__, None))
         except Exception:
             W.results.append((fn.__name__, traceback.format_exc(limit=4)))
-    run.__name__ = fn.__name__
+    run.__name__, run.body = fn.__name__, fn
     return run
 
 
@@ -115,6 +115,25 @@ def rs_forward_backward():
             close(a.grad, scale * G.double() @ B.double()[W.rank * k:(W.rank + 1) * k].T, dtype, what + " d a")
             close(b.grad, scale * a_part.double().reshape(-1, a.shape[-1]).T @ G.double().reshape(-1, G.shape[-1]),
                   dtype, what + " d b")
+
+
+@case
+def pipelines():
+    """The same with every plan the P2P ring pipeline (hostir's cost model
+    picks serial at these sizes), its programs checked to exchange by P2P."""
+    if dist.is_initialized():
+        dist.barrier()  # options are the process's: threads change them together
+    ht.set_options(plan="pipeline")
+    try:
+        ag_forward_backward.body()
+        rs_forward_backward.body()
+        texts = [str(e.prog) for g in list(ht._groups.values()) for k, e in g.plans.items() if "pipeline" in k and e.prog]
+        if W.size > 1 and not any("P2PCommunication" in t for t in texts):
+            raise AssertionError("plan='pipeline' made no P2P pipeline")
+    finally:
+        if dist.is_initialized():
+            dist.barrier()
+        ht.set_options(plan="auto")
 
 
 @case
@@ -244,7 +263,8 @@ def refusals():
 
 def rank_main(rank, size, dev):
     W.rank, W.size, W.dev, W.results = rank, size, dev, []
-    for test in (ag_forward_backward, rs_forward_backward, compiled, cuda_graph, general_fusion, shutdown_and_again, refusals):
+    for test in (ag_forward_backward, rs_forward_backward, pipelines, compiled, cuda_graph, general_fusion, shutdown_and_again,
+                 refusals):
         test()
     for name, err in W.results:
         print("rank%d: %s %s" % (rank, "FAIL" if err else "ok  ", name))
