@@ -3384,16 +3384,25 @@ static int hir__split_sites(hir_fusion *f, hir_tv *tv, int axis, hir__split_site
   return 1;
 }
 
-/* Splits one site: its id becomes two (extents factor and extent / factor);
+/* Splits one site: its id becomes two (extents fv, the factor, and
+   extent / factor, the one `rest` of the split's sites with that extent);
    the ops naming the tensor keep their meaning (a broadcast's flags, a
-   select's axis). */
-static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, int64_t factor, int outer) {
+   select's axis). The sites of one split share these values: stream
+   lowering chains the ops whose Stream axes share their extent's value,
+   which tells mapped axes from others of the same size. */
+static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, hir_val *fv, int outer, hir_val **rest_of, hir_val **rests,
+                          int *nrests) {
   hir_id *x = tv->ids[axis], *o, *in;
-  hir_val *rest, *fv = hir__const(f, factor);
+  hir_val *rest = NULL;
   int i, d = hir__data_index(tv, axis);
-  rest = x->extent->kind == HIR__VAL_CONST ? hir__const(f, x->extent->value / factor)
-                                           : hir__binary_val(f, HIR_SCALAR_DIV, x->extent, fv);
-  if (!fv || !rest || !(o = hir__new_id(f, outer ? fv : rest, x->iter, HIR_SERIAL)) ||
+  for (i = 0; i < *nrests && !rest; i++)
+    if (rest_of[i] == x->extent) rest = rests[i];
+  if (!rest) {
+    rest = x->extent->kind == HIR__VAL_CONST ? hir__const(f, x->extent->value / fv->value)
+                                             : hir__binary_val(f, HIR_SCALAR_DIV, x->extent, fv);
+    rest_of[*nrests] = x->extent, rests[(*nrests)++] = rest;
+  }
+  if (!rest || !(o = hir__new_id(f, outer ? fv : rest, x->iter, HIR_SERIAL)) ||
       !(in = hir__new_id(f, outer ? rest : fv, x->iter, HIR_SERIAL)))
     return 0;
   if (!tv->nlogical) { /* the logical axes, kept for the user's tensors */
@@ -3419,8 +3428,9 @@ static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, int64_t factor, i
 
 HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
   hir__split_site sites[64];
+  hir_val *fv, *rest_of[64], *rests[64];
   hir_fusion *f;
-  int a, n, i, j;
+  int a, n, i, j, nrests = 0;
   if (!tv) return HIR_ERR_INVALID;
   f = tv->ir;
   if (f->status != HIR_OK) return f->status;
@@ -3451,8 +3461,9 @@ HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
       return f->status;
     }
   }
+  if (!(fv = hir__const(f, factor))) return f->status;
   for (i = 0; i < n; i++)
-    if (!hir__split_one(f, sites[i].tv, sites[i].axis, factor, outer)) return f->status;
+    if (!hir__split_one(f, sites[i].tv, sites[i].axis, fv, outer, rest_of, rests, &nrests)) return f->status;
   return HIR_OK;
 }
 
@@ -4453,12 +4464,6 @@ static int hir__p2p_kind(const hir_expr *e, int *in_axis) {
   return HIR__P2P_NONE;
 }
 
-/* One extent: the same value, or constants alike (a split's factor is a
-   constant of its own on each tensor the split reached). */
-static int hir__extents_alike(const hir_val *a, const hir_val *b) {
-  return a == b || (a->kind == HIR__VAL_CONST && b->kind == HIR__VAL_CONST && a->value == b->value);
-}
-
 /* The ID a chain loops over for expr e (its Stream axis), or NULL. */
 static hir_id *hir__stream_id(const hir_expr *e) {
   int a, s;
@@ -4996,7 +5001,7 @@ HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_opti
       hir_expr *x = (hir_expr *)p->top.exprs.items[j];
       hir_id *xid = hir__stream_id(x);
       int kind;
-      if (!xid || !hir__extents_alike(xid->extent, id->extent)) break;
+      if (!xid || xid->extent != id->extent) break;
       c.exprs[c.n++] = x;
       if ((kind = hir__p2p_kind(x, &a)) != HIR__P2P_NONE) {
         c.p2p |= kind;

@@ -286,3 +286,41 @@ TEST(test_split_stream_reduced, "split/stream_on_reduced_axis", TEST_CPU | TEST_
     hir_fusion_free(f);
   }
 }
+
+/* Two splits of one size on different axes, each part on Stream: y = relu(x)
+   streamed by rows, z = 2y streamed by columns. Their loops must stay
+   apart (z's column chunk reads every row of y): stream lowering chains
+   ops whose Stream axes share one split's extent value, not any extent of
+   the same size (a chain of these two once read rows not yet written). */
+TEST(test_split_unrelated_streams, "split/unrelated_streams", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, k;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi];
+    int64_t sx[2] = {4, 6}, i;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 2), *y = hir_relu(f, x), *z = hir_binary_scalar(f, HIR_BINARY_MUL, y, 2.0);
+    hir_tv *all[3];
+    all[0] = x, all[1] = y, all[2] = z;
+    hir_output(f, z);
+    hir_output(f, y);
+    for (k = 0; k < 3; k++) hir_set_mesh(all[k], D, iota_mesh);
+    hir_split(y, 0, 2, 1); /* rows: every tensor's axis 0 becomes [2, 2] */
+    hir_split(z, 2, 2, 1); /* columns: [2, 2, 2, 3] */
+    hir_parallelize(y, 0, HIR_STREAM);
+    hir_parallelize(z, 2, HIR_STREAM);
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_lowered(&c, D, f, 1, 2);
+    c.in[0] = trand(HIR_F32, 2, sx);
+    c.out[0] = tn(HIR_F32, 2, sx);
+    c.out[1] = tn(HIR_F32, 2, sx);
+    for (i = 0; i < 24; i++) {
+      double r = tget(&c.in[0], i) > 0 ? tget(&c.in[0], i) : 0;
+      tset(&c.out[0], i, 2 * r);
+      tset(&c.out[1], i, r);
+    }
+    c.prealloc = wi & 1;
+    RUN_CASE(&c, "unrelated_streams");
+    hir_fusion_free(f);
+  }
+}
