@@ -294,7 +294,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   }
   hir_output(p->f, p->t[p->ntv - 1].tv);
   if (hir_fusion_status(p->f) != HIR_OK) return 0;
-  if (diff_next(r, 3) == 0) { /* a split axis: outer by the mesh size (then maybe sharded), or by 2 */
+  for (i = 0; i < 2 && diff_next(r, 3) == 0; i++) { /* split axes: outer by the mesh size (then maybe sharded), or by 2 */
     diff_tv *t = &p->t[diff_next(r, p->ntv)];
     int ax = diff_next(r, t->nd), n, id = 0, k;
     int64_t factor;
@@ -306,12 +306,11 @@ static int diff_build(diff_rng *r, diff_prog *p) {
       hir_parallelize(t->tv, id, HIR_DIDX);
     if (hir_fusion_status(p->f) != HIR_OK) return 0;
   }
-  for (i = p->nin; i < p->ntv && diff_next(r, 2); i++) { /* a Stream axis on some tensor (an input's passes to its consumers) */
+  for (i = 0; i < 2 && diff_next(r, 2); i++) { /* Stream axes on one or two tensors (an input's pass to its consumers) */
     diff_tv *t = &p->t[diff_next(r, 4) ? p->nin + diff_next(r, p->ntv - p->nin) : diff_next(r, p->nin)];
     int ax = diff_next(r, hir_tv_ndims(t->tv));
     if (hir_tv_iter_type(t->tv, ax) != HIR_BROADCAST && hir_tv_ptype(t->tv, ax) == HIR_SERIAL)
       hir_parallelize(t->tv, ax, HIR_STREAM);
-    break;
   }
   p->ld.stream.schedule = diff_next(r, 2) ? HIR_P2P_RING : HIR_P2P_LINEAR;
   p->ld.stream.bounded_buffers = diff_next(r, 2);
