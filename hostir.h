@@ -1157,6 +1157,7 @@ struct hir_program {
   int my_device;          /* the device the program was lowered for; -1 if built by hand */
   char plan[4096];        /* the automatic choice of hir_stream_options, or a tuner's report */
   hir__vec same_extents;  /* hir__same_extent: sizes that only a run knows and that must agree */
+  hir__vec chain_ends;    /* top-level exprs after which other ranks run ops this one skips: a Stream chain ends there */
 };
 
 static void hir__vfail(hir_fusion *f, hir_status s, const char *fmt, va_list ap) {
@@ -4080,7 +4081,16 @@ static int hir__build_program(hir_program *p, const hir__vec *groups) {
     const hir_group *g = (const hir_group *)groups->items[i];
     hir__host_unit *u;
     hir_expr *post;
-    if (!hir__group_involves(g, p->my_device)) continue;
+    if (!hir__group_involves(g, p->my_device)) {
+      /* Others run it here. Where it has no Stream axis it ends a Stream
+         chain on their ranks: it ends it here too, so every rank's loops
+         (and their collectives) come in one order. */
+      const hir_expr *e = (const hir_expr *)g->exprs.items[0];
+      int streamed = g->standalone && e->nout && hir__stream_axis(e->out[0]) >= 0;
+      for (k = 0; g->standalone && k < e->nin; k++) streamed |= hir__stream_axis(e->in[k]) >= 0;
+      if (!streamed && p->top.exprs.n && !hir__push(f, &p->chain_ends, p->top.exprs.items[p->top.exprs.n - 1])) goto done;
+      continue;
+    }
     if (g->standalone) {
       if (hir_scope_append(&p->top, (hir_expr *)g->exprs.items[0]) != HIR_OK) goto done;
       continue;
@@ -5001,7 +5011,7 @@ HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_opti
       hir_expr *x = (hir_expr *)p->top.exprs.items[j];
       hir_id *xid = hir__stream_id(x);
       int kind;
-      if (!xid || xid->extent != id->extent) break;
+      if (!xid || xid->extent != id->extent || (j > i && hir__vec_has(&p->chain_ends, p->top.exprs.items[j - 1]))) break;
       c.exprs[c.n++] = x;
       if ((kind = hir__p2p_kind(x, &a)) != HIR__P2P_NONE) {
         c.p2p |= kind;
