@@ -6623,14 +6623,6 @@ static hir_status hir__cuda_stream_create(hir_backend *b, void **s) {
   HIR__CU(b, cudaStreamCreateWithFlags((cudaStream_t *)s, cudaStreamNonBlocking));
   return hir__cuda_lane_of(b, *s, &l);
 }
-static hir_status hir__cuda_stream_shared(hir_backend *b, int index, void **s) {
-  hir__cuda *c = (hir__cuda *)b->ctx;
-  if (index < 0 || index >= HIR__CUDA_SHARED) return hir__cuda_stream_create(b, s);
-  if (!c->shared[index] && hir__cuda_stream_create(b, (void **)&c->shared[index]) != HIR_OK) return HIR_ERR_BACKEND;
-  c->shared_refs[index]++;
-  *s = c->shared[index];
-  return HIR_OK;
-}
 static void hir__cuda_stream_destroy(hir_backend *b, void *s) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   int i;
@@ -6647,6 +6639,18 @@ static void hir__cuda_stream_destroy(hir_backend *b, void *s) {
       break;
     }
   cudaStreamDestroy((cudaStream_t)s);
+}
+static hir_status hir__cuda_stream_shared(hir_backend *b, int index, void **s) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  if (index < 0 || index >= HIR__CUDA_SHARED) return hir__cuda_stream_create(b, s);
+  if (!c->shared[index] && hir__cuda_stream_create(b, (void **)&c->shared[index]) != HIR_OK) {
+    if (c->shared[index]) hir__cuda_stream_destroy(b, c->shared[index]); /* made, its lane not: neither is kept */
+    c->shared[index] = NULL;
+    return HIR_ERR_BACKEND;
+  }
+  c->shared_refs[index]++;
+  *s = c->shared[index];
+  return HIR_OK;
 }
 static hir_status hir__cuda_event_create(hir_backend *b, void **e) {
   HIR__CU(b, cudaEventCreateWithFlags((cudaEvent_t *)e, cudaEventDisableTiming));

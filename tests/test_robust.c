@@ -535,23 +535,34 @@ typedef struct disagree_ctx {
   hir_tensor out[4];
 } disagree_ctx;
 
-static hir_status disagree_rank(int rank, void *user) {
-  disagree_ctx *x = (disagree_ctx *)user;
-  hir_tensor out[1];
+/* Rank `rank`'s program of f and its evaluator on the local world (check:
+   hir_eval_desc.check_shapes), then a first run into the evaluator's
+   buffer; the status, and the message into error. */
+static hir_status world_rank_run(const hir_fusion *f, hir_local_world *w, int rank, int check, const hir_tensor *in, int nin,
+                                 hir_tensor *out, hir_program **p, hir_evaluator **ev, char *error, size_t cap) {
   hir_lower_desc ld;
   hir_eval_desc ed;
-  hir_program *p;
-  hir_evaluator *ev = NULL;
+  hir_status s;
   memset(&ld, 0, sizeof ld);
   memset(&ed, 0, sizeof ed);
   ld.my_device = rank;
-  ed.comm = hir_local_comm(x->w, rank);
-  ed.check_shapes = x->check;
-  memset(out, 0, sizeof out); /* the evaluator's buffer: a rank with a new shape would find the caller's wrong itself */
+  ed.comm = hir_local_comm(w, rank);
+  ed.check_shapes = check;
+  memset(out, 0, sizeof *out); /* the evaluator's buffer: a rank with a new shape would find the caller's wrong itself */
+  *ev = NULL;
+  if ((s = hir_lower(f, &ld, p)) == HIR_OK && (s = hir_evaluator_create(*p, &ed, ev)) == HIR_OK) s = hir_run(*ev, in, nin, out, 1);
+  snprintf(error, cap, "%s", *ev ? hir_evaluator_error(*ev) : hir_program_error(*p));
+  return s;
+}
+
+static hir_status disagree_rank(int rank, void *user) {
+  disagree_ctx *x = (disagree_ctx *)user;
+  hir_tensor out[1];
+  hir_program *p;
+  hir_evaluator *ev;
   x->second[rank] = HIR_ERR_INVALID;
-  if ((x->status[rank] = hir_lower(x->f, &ld, &p)) == HIR_OK && (x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK)
-    x->status[rank] = hir_run(ev, x->in[rank], x->nin, out, 1);
-  snprintf(x->error[rank], sizeof x->error[rank], "%s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  x->status[rank] = world_rank_run(x->f, x->w, rank, x->check, x->in[rank], x->nin, out, &p, &ev, x->error[rank],
+                                   sizeof x->error[rank]);
   if (ev && x->status[rank] == (x->alone ? HIR_OK : HIR_ERR_SHAPE)) {
     out[0] = x->alone ? out[0] : x->out[rank];
     x->second[rank] = hir_run(ev, rank == 2 ? x->mended : x->in[rank], x->nin, out, 1);
@@ -601,18 +612,9 @@ typedef struct wide_ctx {
 static hir_status wide_rank(int rank, void *user) {
   wide_ctx *x = (wide_ctx *)user;
   hir_tensor out[1];
-  hir_lower_desc ld;
-  hir_eval_desc ed;
   hir_program *p;
-  hir_evaluator *ev = NULL;
-  memset(&ld, 0, sizeof ld);
-  memset(&ed, 0, sizeof ed);
-  memset(out, 0, sizeof out);
-  ld.my_device = rank;
-  ed.comm = hir_local_comm(x->w, rank);
-  if ((x->status[rank] = hir_lower(x->f, &ld, &p)) == HIR_OK && (x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK)
-    x->status[rank] = hir_run(ev, &x->in[rank], 1, out, 1);
-  snprintf(x->error[rank], sizeof x->error[rank], "%s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  hir_evaluator *ev;
+  x->status[rank] = world_rank_run(x->f, x->w, rank, 0, &x->in[rank], 1, out, &p, &ev, x->error[rank], sizeof x->error[rank]);
   hir_evaluator_free(ev);
   hir_program_free(p);
   return x->status[rank];

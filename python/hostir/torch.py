@@ -45,6 +45,8 @@ _CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 
 _NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _options = {"tune": False, "plan": "auto", "streams": 0, "timeout_ms": 60000, "cache": 16}
 _lock = threading.RLock()
+_NOT_WARM = ("hostir.torch: a CUDA graph is being captured and this op has not run yet with these shapes; run it once "
+             "before capturing (torch.cuda.graph's warm-up runs, torch.compile's warm-up)")
 _groups = {}  # (group name, device type, index[, rank: a thread's]) -> _Group
 
 
@@ -141,8 +143,7 @@ class _Plan:
         if g.cuda:
             capturing = torch._C._cuda_isCurrentStreamCapturing()
             if capturing and not self.warm:  # made, but its first run failed: it would allocate now
-                _fail("hostir.torch: a CUDA graph is being captured and this op has not run yet with these shapes; "
-                      "run it once before capturing (torch.cuda.graph's warm-up runs, torch.compile's warm-up)")
+                _fail(_NOT_WARM)
             stream = torch._C._cuda_getCurrentRawStream(g.device)
             if stream != g.stream:  # hostir's work goes on torch's current stream
                 _lib.hir_backend_cuda_set_stream(g.backend, stream)
@@ -241,8 +242,7 @@ class _Group:
         if entry is None:
             if self.cuda:  # a plan is lowered for the copy engines' state outside a capture, and never inside one
                 if torch._C._cuda_isCurrentStreamCapturing():  # (its evaluator allocates: the capture would fail)
-                    _fail("hostir.torch: a CUDA graph is being captured and this op has not run yet with these shapes; "
-                          "run it once before capturing (torch.cuda.graph's warm-up runs, torch.compile's warm-up)")
+                    _fail(_NOT_WARM)
                 if self.capturing:
                     self.set_capturing(False)
             ins, outs = make_views()
@@ -577,25 +577,29 @@ def run(fusion, inputs, group=None):
         _fail("hostir.torch.run: %d inputs; the fusion takes %d" % (len(inputs), len(fusion.inputs)))
     tensors = [None if x is None or isinstance(x, int) else _taken(x, "input %d" % k) for k, x in enumerate(inputs)]
     device = next((t.device for t in tensors if t is not None), torch.device("cpu"))
-    views = []
-    for k, (x, t) in enumerate(zip(inputs, tensors)):
-        v = _HirTensor()
-        if isinstance(x, int):
-            v.sizes[0] = x  # a scalar input, by value
-        elif t is not None:
-            if t.dtype not in _CODES:
-                _fail("hostir.torch.run: input %d is %s; hostir takes float32, float64, float16 and bfloat16" % (k, t.dtype))
-            if t.device != device:
-                _fail("hostir.torch.run: input %d is on %s, input 0 on %s" % (k, t.device, device))
-            want = getattr(fusion.inputs[k], "dtype", None)
-            if want is not None and want != _NAMES[t.dtype]:  # refused here: a refused run would end the group's hostir world
-                _fail("hostir.torch.run: input %d is %s; the fusion's input %d is %s" % (k, t.dtype, k, want))
-            v = _view(tuple(t.shape), t.stride(), t.dtype)
-        views.append(v)
+    for k, t in enumerate(tensors):
+        if t is None:
+            continue
+        if t.dtype not in _CODES:
+            _fail("hostir.torch.run: input %d is %s; hostir takes float32, float64, float16 and bfloat16" % (k, t.dtype))
+        if t.device != device:
+            _fail("hostir.torch.run: input %d is on %s, input 0 on %s" % (k, t.device, device))
+        want = getattr(fusion.inputs[k], "dtype", None)
+        if want is not None and want != _NAMES[t.dtype]:  # refused here: a refused run would end the group's hostir world
+            _fail("hostir.torch.run: input %d is %s; the fusion's input %d is %s" % (k, t.dtype, k, want))
     g = _group_state(name, device)
-    key = ("fusion", id(fusion), 0, tuple((tuple(v.sizes[:v.ndims]), tuple(v.strides[:v.ndims]), v.dtype)
-                                          for v in views), tuple(x for x in inputs if isinstance(x, int)))
-    plan = g.plan_for(key, lambda: fusion, lambda: (views, [_HirTensor() for _ in fusion.outputs]))
+    key = ("fusion", id(fusion), 0, tuple(x if t is None else (t.shape, t.stride(), t.dtype) for x, t in zip(inputs, tensors)))
+
+    def views():
+        made = []
+        for x, t in zip(inputs, tensors):
+            v = _HirTensor() if t is None else _view(tuple(t.shape), t.stride(), t.dtype)
+            if isinstance(x, int):
+                v.sizes[0] = x  # a scalar input, by value
+            made.append(v)
+        return made, [_HirTensor() for _ in fusion.outputs]
+
+    plan = g.plan_for(key, lambda: fusion, views)
     plan.run(tensors, [None] * plan.nout)
     outs = []
     for o in plan.outs[:plan.nout]:
