@@ -1157,7 +1157,8 @@ struct hir_program {
   int my_device;          /* the device the program was lowered for; -1 if built by hand */
   char plan[4096];        /* the automatic choice of hir_stream_options, or a tuner's report */
   hir__vec same_extents;  /* hir__same_extent: sizes that only a run knows and that must agree */
-  hir__vec chain_ends;    /* top-level exprs after which other ranks run ops this one skips: a Stream chain ends there */
+  hir__vec skipped;       /* pairs (top-level expr, op or NULL): after that expr other ranks run an op this one
+                             skips (NULL: in a HostUnit); a Stream chain continues across it only where theirs does */
 };
 
 static void hir__vfail(hir_fusion *f, hir_status s, const char *fmt, va_list ap) {
@@ -3695,7 +3696,7 @@ static hir_expr *hir__local_part_of_sum(hir_fusion *f, hir_expr *e) {
     int reduced = out->ids[i]->iter == HIR_REDUCTION && ids[i] != didx;
     if (!(part->ids[i] = hir__clone_id(f, ids[i], ids[i] == didx))) return NULL;
     if (reduced) part->ids[i]->iter = HIR_REDUCTION;
-    else out->ids[kept++] = out->ids[i]; /* e's output loses the axes summed already */
+    else out->logical_of[kept] = out->logical_of[i], out->ids[kept++] = out->ids[i]; /* e's output loses the axes summed already */
   }
   out->ndims = kept;
   part->mesh = in->mesh;
@@ -3798,6 +3799,7 @@ static int hir__order_for_collective(hir_fusion *f, hir_expr *e, hir_expr **befo
     if (out->ids[i]->iter != HIR_REDUCTION) {
       back->perm[kept] = (unsigned char)tdata[inv[i]];
       if (back->perm[kept] != kept) back->flags |= HIR__SET_PERMUTE;
+      out->logical_of[kept] = out->logical_of[i];
       out->ids[kept++] = out->ids[i];
     }
   out->ndims = kept;
@@ -4082,13 +4084,13 @@ static int hir__build_program(hir_program *p, const hir__vec *groups) {
     hir__host_unit *u;
     hir_expr *post;
     if (!hir__group_involves(g, p->my_device)) {
-      /* Others run it here. Where it has no Stream axis it ends a Stream
-         chain on their ranks: it ends it here too, so every rank's loops
-         (and their collectives) come in one order. */
-      const hir_expr *e = (const hir_expr *)g->exprs.items[0];
-      int streamed = g->standalone && e->nout && hir__stream_axis(e->out[0]) >= 0;
-      for (k = 0; g->standalone && k < e->nin; k++) streamed |= hir__stream_axis(e->in[k]) >= 0;
-      if (!streamed && p->top.exprs.n && !hir__push(f, &p->chain_ends, p->top.exprs.items[p->top.exprs.n - 1])) goto done;
+      /* Others run it here, in a Stream chain of its extent or in none (as
+         stream lowering decides there); this rank's chains must break
+         where theirs do, so every rank's loops (and their collectives)
+         come in one order. */
+      if (p->top.exprs.n && (!hir__push(f, &p->skipped, p->top.exprs.items[p->top.exprs.n - 1]) ||
+                             !hir__push(f, &p->skipped, g->standalone ? g->exprs.items[0] : NULL)))
+        goto done;
       continue;
     }
     if (g->standalone) {
@@ -4481,6 +4483,19 @@ static hir_id *hir__stream_id(const hir_expr *e) {
   if (hir__p2p_kind(e, &a) == HIR__P2P_REDUCE_SCATTER) return e->in[0]->ids[a];
   s = hir__stream_axis(e->out[0]);
   return s >= 0 ? e->out[0]->ids[s] : NULL;
+}
+
+/* Whether the ops other ranks run after `prev` (ops this rank skips) stay in
+   their Stream chain over id's extent, as stream lowering decides there. */
+static int hir__skipped_in_chain(const hir_program *p, const void *prev, const hir_id *id) {
+  int i;
+  for (i = 0; i + 1 < p->skipped.n; i += 2)
+    if (p->skipped.items[i] == prev) {
+      const hir_expr *x = (const hir_expr *)p->skipped.items[i + 1];
+      const hir_id *xid = x ? hir__stream_id(x) : NULL;
+      if (!xid || xid->extent != id->extent) return 0;
+    }
+  return 1;
 }
 
 typedef struct hir__slice {
@@ -5011,7 +5026,7 @@ HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_opti
       hir_expr *x = (hir_expr *)p->top.exprs.items[j];
       hir_id *xid = hir__stream_id(x);
       int kind;
-      if (!xid || xid->extent != id->extent || (j > i && hir__vec_has(&p->chain_ends, p->top.exprs.items[j - 1]))) break;
+      if (!xid || xid->extent != id->extent || (j > i && !hir__skipped_in_chain(p, p->top.exprs.items[j - 1], id))) break;
       c.exprs[c.n++] = x;
       if ((kind = hir__p2p_kind(x, &a)) != HIR__P2P_NONE) {
         c.p2p |= kind;

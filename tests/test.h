@@ -329,7 +329,11 @@ typedef struct spmd_case {
 static int compare(const hir_tensor *got, const hir_tensor *want, double tol, char *err, size_t cap, const char *what) {
   int64_t i;
   if (got->ndims != want->ndims || memcmp(got->sizes, want->sizes, (size_t)got->ndims * sizeof(int64_t)) != 0) {
-    snprintf(err, cap, "%s: shape differs (ndims %d vs %d)", what, got->ndims, want->ndims);
+    char gs[128] = "", ws[128] = "";
+    int a;
+    for (a = 0; a < got->ndims; a++) snprintf(gs + strlen(gs), sizeof gs - strlen(gs), "%s%lld", a ? "," : "", (long long)got->sizes[a]);
+    for (a = 0; a < want->ndims; a++) snprintf(ws + strlen(ws), sizeof ws - strlen(ws), "%s%lld", a ? "," : "", (long long)want->sizes[a]);
+    snprintf(err, cap, "%s: shape [%s], want [%s]", what, gs, ws);
     return 0;
   }
   if (!got->data) {

@@ -105,6 +105,47 @@ TEST(test_split_sum, "split/sum", TEST_CPU | TEST_GPU_WORLDS) {
   }
 }
 
+/* y = sum of x [K, M, N] (on device 0 alone) over K, y sharded over all
+   devices: by a split of N (DIDx part), or on M with x's K split in two (a
+   local sum, then a move). The output loses its reduction axis when lowered,
+   and its split parts must keep their logical axes (they once did not: a
+   wrong shape). MultiDeviceReductionTest's resharding sums with split axes. */
+TEST(test_split_sum_resharded, "split/sum_resharded", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, mode;
+  for (wi = 0; wi < 5; wi++)
+    for (mode = 0; mode < 2; mode++) {
+      int D = worlds[wi], axis = 0, root = 0;
+      int64_t K = 4, M = mode ? D : 3, N = mode ? 5 : 2 * D, sz[3] = {K, M, N}, so[2] = {M, N}, k, m, n;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, HIR_F64, 3), *y = hir_sum(f, x, 1, &axis);
+      hir_output(f, y);
+      hir_set_mesh(x, 1, &root);
+      hir_set_mesh(y, D, iota_mesh);
+      if (mode) {
+        hir_split(x, 0, 2, 1); /* y's K too: y is [r2, rK/2, M, N] */
+        hir_parallelize(y, 2, HIR_DIDX);
+      } else {
+        hir_split(y, 2, D, 1);
+        hir_parallelize(y, 2, HIR_DIDX);
+      }
+      CHECK(hir_fusion_error(f)[0] == 0);
+      case_lowered(&c, D, f, 1, 1);
+      c.in[0] = trand(HIR_F64, 3, sz);
+      c.out[0] = tn(HIR_F64, 2, so);
+      for (m = 0; m < M; m++)
+        for (n = 0; n < N; n++) {
+          double t = 0;
+          for (k = 0; k < K; k++) t += tget(&c.in[0], (k * M + m) * N + n);
+          tset(&c.out[0], m * N + n, t);
+        }
+      c.tol = 1e-12;
+      c.prealloc = wi & 1;
+      RUN_CASE(&c, mode ? "split_sum_local_then_scatter" : "split_sum_scatter_split_axis");
+      hir_fusion_free(f);
+    }
+}
+
 /* What a split cannot do names the op; a run given a wrong logical shape says so. */
 TEST(test_split_errors, "split/errors", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
