@@ -6443,6 +6443,25 @@ typedef struct hir__lt_plan {  /* see hir__lt_plan_of */
 } hir__lt_plan;
 enum { HIR__LT_PLANS = 8 };
 
+/* NVRTC's entry points (nvrtc.h's types, declared here so that no NVRTC header is needed). */
+typedef struct hir__nvrtc {
+  void *lib;
+  int (*create)(void **prog, const char *src, const char *name, int nheaders, const char *const *headers,
+                const char *const *include_names);
+  int (*compile)(void *prog, int noptions, const char *const *options);
+  int (*cubin_size)(void *prog, size_t *size);
+  int (*cubin)(void *prog, char *cubin);
+  int (*log_size)(void *prog, size_t *size);
+  int (*log)(void *prog, char *log);
+  int (*destroy)(void **prog);
+} hir__nvrtc;
+
+/* The elementwise kernels, by what they compute: any op in float or in
+   double (any strides and dtypes), one dtype's dense tensors 16 bytes a
+   thread, and the tuner's comparison. */
+enum { HIR__MAP_F32, HIR__MAP_F64, HIR__VEC_F32, HIR__VEC_F64, HIR__VEC_F16, HIR__VEC_BF16, HIR__MAX_ABS, HIR__MAP_KERNELS };
+HIR__STATIC_ASSERT(vec_kernels, HIR_F32 == 0 && HIR__VEC_F32 + HIR_BF16 == HIR__VEC_BF16); /* HIR__VEC_F32 + dtype */
+
 #define HIR__CUDA_LANES 64
 #define HIR__CUDA_SHARED 32
 typedef struct hir__cuda {
@@ -6463,12 +6482,12 @@ typedef struct hir__cuda {
   int kernels_state;                /* 0: not loaded yet, 1: loaded, -1: failed to load (cuBLAS only) */
   cudaLibrary_t kernels;
   cudaKernel_t sum_kernel[HIR_DTYPE_COUNT]; /* the short-axis sum per dtype, NULL where none */
-  int map_state;                    /* the elementwise kernels (NVRTC): 0 not tried, 1 loaded, -1 failed (map_error) */
-  cudaLibrary_t map_library;
-  cudaKernel_t map_kernel[2];       /* computing in float, in double */
-  cudaKernel_t vec_kernel[HIR_DTYPE_COUNT]; /* dense tensors of one dtype, 16 bytes a thread */
-  cudaKernel_t max_abs_kernel;
-  unsigned *max_abs_out;            /* its two results, on the device */
+  /* the elementwise kernels (NVRTC), each compiled when first needed: state 0 not tried, 1 loaded, -1 failed (map_error) */
+  signed char map_state[HIR__MAP_KERNELS];
+  cudaLibrary_t map_library[HIR__MAP_KERNELS];
+  cudaKernel_t map_kernel[HIR__MAP_KERNELS];
+  hir__nvrtc nvrtc;                 /* opened at the first compile, kept for the next */
+  unsigned *max_abs_out;            /* hir_max_abs's two results, on the device */
   char map_error[200];
   cudaStream_t capture, saved_caller;  /* graph capture: the stream it runs on, and the caller's meanwhile */
   hir__lt_plan lt_plans[HIR__LT_PLANS]; /* the bias-epilogue GEMMs' setups, by shape, reused round-robin */
@@ -6476,7 +6495,8 @@ typedef struct hir__cuda {
 } hir__cuda;
 
 /* The elementwise kernels (below), used by copies and graph capture too. */
-static int hir__cuda_load_map(hir__cuda *c);
+static int hir__cuda_load_map(hir__cuda *c, int which);
+static int hir__cuda_map_which(const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x);
 static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_tensor *dst, const hir_tensor *a,
                                 const hir_tensor *x, double s);
 
@@ -6611,7 +6631,9 @@ static void hir__cuda_destroy(hir_backend *b) {
   for (i = 0; i < c->nlanes; i++) hir__cuda_lane_free(&c->lanes[i]);
   for (k = 0; k < c->nretired; k++) cudaFree(c->retired[k]);
   if (c->kernels_state == 1) cudaLibraryUnload(c->kernels);
-  if (c->map_state == 1) cudaLibraryUnload(c->map_library);
+  for (k = 0; k < HIR__MAP_KERNELS; k++)
+    if (c->map_state[k] == 1) cudaLibraryUnload(c->map_library[k]);
+  if (c->nvrtc.lib) dlclose(c->nvrtc.lib);
   for (k = 0; k < HIR__LT_PLANS; k++) hir__lt_plan_free(&c->lt_plans[k]);
   if (c->lt) cublasLtDestroy(c->lt);
   if (c->capture) cudaStreamDestroy(c->capture);
@@ -6695,7 +6717,8 @@ static hir_status hir__cuda_timer_elapsed(hir_backend *b, void *from, void *to, 
    graph then launches on the caller's stream. */
 static hir_status hir__cuda_graph_begin(hir_backend *b) {
   hir__cuda *c = (hir__cuda *)b->ctx;
-  hir__cuda_load_map(c); /* compiled now, not while capturing */
+  int k;
+  for (k = 0; k < HIR__MAP_KERNELS; k++) hir__cuda_load_map(c, k); /* compiled now, not while capturing */
   if (!c->capture) HIR__CU(b, cudaStreamCreateWithFlags(&c->capture, cudaStreamNonBlocking));
   HIR__CU(b, cudaStreamBeginCapture(c->capture, cudaStreamCaptureModeThreadLocal));
   c->saved_caller = c->caller;
@@ -6805,7 +6828,7 @@ static hir_status hir__cuda_copy(hir_backend *b, void *stream, const hir_tensor 
     return HIR_OK;
   }
   run = (strides[0][nd - 1] == 1 && strides[1][nd - 1] <= 1) ? sizes[nd - 1] : 1;
-  if (run == 1 && hir__cuda_load_map((hir__cuda *)b->ctx)) /* element by element (a transpose): one kernel */
+  if (run == 1 && hir__cuda_load_map((hir__cuda *)b->ctx, hir__cuda_map_which(dst, src, NULL))) /* element by element: one kernel */
     return hir__cuda_map(b, stream, HIR_UNARY_CAST, dst, src, NULL, 0);
   /* contiguous runs at a fixed pitch in both tensors: one 2-D copy for all of them */
   rows = run > 1 && strides[1][nd - 1] == 1 && nd >= 2 && strides[0][nd - 2] >= run && strides[1][nd - 2] >= run
@@ -6911,8 +6934,6 @@ static const char hir__cuda_map_tail[] =
     "    hir_st<T>(a.dst, a.dt_dst, od, a.binary ? hir_binary<T>(a.op, x, hir_ld<T>(a.b, a.dt_b, ob)) : hir_unary<T>(a.op, x, (T)a.s));\n"
     "  }\n"
     "}\n"
-    "extern \"C\" __global__ void hir_map_f32(hir_map_args a) { hir_map<float>(a); }\n"
-    "extern \"C\" __global__ void hir_map_f64(hir_map_args a) { hir_map<double>(a); }\n"
     /* dense tensors of one dtype DT: 16 bytes a thread, the dtype known when compiled */
     "template <int DT, typename T> __device__ void hir_vec(const hir_map_args &a) {\n"
     "  const int E = DT == 1 ? 2 : DT == 0 ? 4 : 8;\n"
@@ -6930,12 +6951,8 @@ static const char hir__cuda_map_tail[] =
     "    hir_st<T>(a.dst, DT, k, a.binary ? hir_binary<T>(a.op, xv, hir_ld<T>(a.b, DT, k)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
     "  }\n"
     "}\n"
-    "extern \"C\" __global__ void hir_vec_f32(hir_map_args a) { hir_vec<0, float>(a); }\n"
-    "extern \"C\" __global__ void hir_vec_f64(hir_map_args a) { hir_vec<1, double>(a); }\n"
-    "extern \"C\" __global__ void hir_vec_f16(hir_map_args a) { hir_vec<2, float>(a); }\n"
-    "extern \"C\" __global__ void hir_vec_bf16(hir_map_args a) { hir_vec<3, float>(a); }\n"
     /* the largest |a - b| and |b| (dense, dtype dt_a) into dst's two words: non-negative floats order as their bits */
-    "extern \"C\" __global__ void hir_max_abs(hir_map_args a) {\n"
+    "__device__ void hir_max_abs(const hir_map_args &a) {\n"
     "  float d = 0.f, m = 0.f, inf = __int_as_float(0x7f800000);\n"
     "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < a.n; i += (i64)gridDim.x * blockDim.x) {\n"
     "    double y = hir_ld<double>(a.b, a.dt_a, i), e = hir_ld<double>(a.a, a.dt_a, i) - y;\n"
@@ -6950,6 +6967,15 @@ static const char hir__cuda_map_tail[] =
 #define HIR__EXPR_TEXT_UNARY(e, name, f, expr) #expr,
 static const char *const hir__binary_exprs[] = {HIR_BINARY_OP_LIST(HIR__EXPR_TEXT_BINARY)};
 static const char *const hir__unary_exprs[] = {HIR_UNARY_OP_LIST(HIR__EXPR_TEXT_UNARY)};
+/* Each kernel its own program: one instantiation compiles in about a tenth of the time of all of them. */
+static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
+    "extern \"C\" __global__ void hir_map_f32(hir_map_args a) { hir_map<float>(a); }\n",
+    "extern \"C\" __global__ void hir_map_f64(hir_map_args a) { hir_map<double>(a); }\n",
+    "extern \"C\" __global__ void hir_vec_f32(hir_map_args a) { hir_vec<0, float>(a); }\n",
+    "extern \"C\" __global__ void hir_vec_f64(hir_map_args a) { hir_vec<1, double>(a); }\n",
+    "extern \"C\" __global__ void hir_vec_f16(hir_map_args a) { hir_vec<2, float>(a); }\n",
+    "extern \"C\" __global__ void hir_vec_bf16(hir_map_args a) { hir_vec<3, float>(a); }\n",
+    "extern \"C\" __global__ void hir_max_abs_all(hir_map_args a) { hir_max_abs(a); }\n"};
 
 typedef struct hir__map_args { /* hir_map_args of the kernel source, field for field */
   void *dst;
@@ -6961,9 +6987,9 @@ typedef struct hir__map_args { /* hir_map_args of the kernel source, field for f
 } hir__map_args;
 HIR__STATIC_ASSERT(map_dims, HIR_MAX_DIMS == 8);
 
-/* The kernel source: head, the two op switches from the tables, tail. */
-static char *hir__cuda_map_source(void) {
-  size_t cap = sizeof hir__cuda_map_head + sizeof hir__cuda_map_tail + 512, len = 0, i;
+/* One kernel's source: head, the two op switches from the tables, tail, its entry. */
+static char *hir__cuda_map_source(int which) {
+  size_t cap = sizeof hir__cuda_map_head + sizeof hir__cuda_map_tail + strlen(hir__map_entries[which]) + 512, len = 0, i;
   char *src;
   for (i = 0; i < HIR_UNARY_COUNT; i++) cap += strlen(hir__unary_exprs[i]) + 32;
   for (i = 0; i < HIR_BINARY_COUNT; i++) cap += strlen(hir__binary_exprs[i]) + 32;
@@ -6974,22 +7000,9 @@ static char *hir__cuda_map_source(void) {
   len += (size_t)snprintf(src + len, cap - len, "  }\n  return x;\n}\ntemplate <typename T> __device__ T hir_binary(int op, T x, T y) {\n  switch (op) {\n");
   for (i = 0; i < HIR_BINARY_COUNT; i++) len += (size_t)snprintf(src + len, cap - len, "  case %d: return %s;\n", (int)i, hir__binary_exprs[i]);
   len += (size_t)snprintf(src + len, cap - len, "  }\n  return x;\n}\n");
-  snprintf(src + len, cap - len, "%s", hir__cuda_map_tail);
+  snprintf(src + len, cap - len, "%s%s", hir__cuda_map_tail, hir__map_entries[which]);
   return src;
 }
-
-/* NVRTC's entry points (nvrtc.h's types, declared here so that no NVRTC header is needed). */
-typedef struct hir__nvrtc {
-  void *lib;
-  int (*create)(void **prog, const char *src, const char *name, int nheaders, const char *const *headers,
-                const char *const *include_names);
-  int (*compile)(void *prog, int noptions, const char *const *options);
-  int (*cubin_size)(void *prog, size_t *size);
-  int (*cubin)(void *prog, char *cubin);
-  int (*log_size)(void *prog, size_t *size);
-  int (*log)(void *prog, char *log);
-  int (*destroy)(void **prog);
-} hir__nvrtc;
 
 static int hir__nvrtc_open(hir__nvrtc *n, char *why, size_t cap) {
   static const char *const names[] = {"libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"};
@@ -7078,119 +7091,124 @@ static void hir__write_all(const char *path, const char *data, size_t size) {
   if (fclose(fp) != 0 || rename(tmp, path) != 0) remove(tmp);
 }
 
-/* The kernels' two entry points from a loaded library. */
-static int hir__cuda_map_kernels(hir__cuda *c) {
-  if (cudaLibraryGetKernel(&c->map_kernel[0], c->map_library, "hir_map_f32") == cudaSuccess &&
-      cudaLibraryGetKernel(&c->map_kernel[1], c->map_library, "hir_map_f64") == cudaSuccess &&
-      cudaLibraryGetKernel(&c->vec_kernel[HIR_F32], c->map_library, "hir_vec_f32") == cudaSuccess &&
-      cudaLibraryGetKernel(&c->vec_kernel[HIR_F64], c->map_library, "hir_vec_f64") == cudaSuccess &&
-      cudaLibraryGetKernel(&c->vec_kernel[HIR_F16], c->map_library, "hir_vec_f16") == cudaSuccess &&
-      cudaLibraryGetKernel(&c->vec_kernel[HIR_BF16], c->map_library, "hir_vec_bf16") == cudaSuccess &&
-      cudaLibraryGetKernel(&c->max_abs_kernel, c->map_library, "hir_max_abs") == cudaSuccess)
-    return 1;
-  cudaGetLastError();
-  cudaLibraryUnload(c->map_library);
-  return 0;
-}
-
-/* Loads the kernels once per backend (from the cache, else compiled by
+/* Loads one kernel when first needed (from the cache, else compiled by
    NVRTC); map_error says why not. */
-static int hir__cuda_load_map(hir__cuda *c) {
-  hir__nvrtc n;
+static int hir__cuda_load_map(hir__cuda *c, int which) {
+  static const char *const names[HIR__MAP_KERNELS] = {"hir_map_f32", "hir_map_f64", "hir_vec_f32", "hir_vec_f64",
+                                                      "hir_vec_f16", "hir_vec_bf16", "hir_max_abs_all"};
   void *prog = NULL;
   char *src = NULL, *bin = NULL, arch[32], opt[64], path[640];
   const char *opts[2];
   size_t size = 0;
   int major = 0, minor = 0, rc, cached;
-  if (c->map_state) return c->map_state == 1;
-  c->map_state = -1;
+  hir__nvrtc *n = &c->nvrtc;
+  if (c->map_state[which]) return c->map_state[which] == 1;
+  c->map_state[which] = -1;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
   snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
-  if (!(src = hir__cuda_map_source())) {
+  if (!(src = hir__cuda_map_source(which))) {
     snprintf(c->map_error, sizeof c->map_error, "out of host memory");
     return 0;
   }
   cached = hir__kernel_cache_path(src, arch, path, sizeof path);
   if (cached && (bin = hir__read_all(path, &size))) {
-    if (cudaLibraryLoadData(&c->map_library, bin, NULL, NULL, 0, NULL, NULL, 0) == cudaSuccess && hir__cuda_map_kernels(c))
-      c->map_state = 1;
+    if (cudaLibraryLoadData(&c->map_library[which], bin, NULL, NULL, 0, NULL, NULL, 0) == cudaSuccess) {
+      if (cudaLibraryGetKernel(&c->map_kernel[which], c->map_library[which], names[which]) == cudaSuccess) c->map_state[which] = 1;
+      else cudaLibraryUnload(c->map_library[which]);
+    }
     cudaGetLastError();
     HIR_FREE(bin);
     bin = NULL;
-    if (c->map_state == 1) return HIR_FREE(src), 1;
+    if (c->map_state[which] == 1) return HIR_FREE(src), 1;
   }
-  if (!hir__nvrtc_open(&n, c->map_error, sizeof c->map_error)) return HIR_FREE(src), 0;
+  if (!n->lib && !hir__nvrtc_open(n, c->map_error, sizeof c->map_error)) return HIR_FREE(src), 0;
   snprintf(opt, sizeof opt, "--gpu-architecture=%s", arch);
   opts[0] = opt;
   opts[1] = "--std=c++14";
-  if ((rc = n.create(&prog, src, "hostir_map.cu", 0, NULL, NULL)) != 0) {
+  if ((rc = n->create(&prog, src, "hostir_map.cu", 0, NULL, NULL)) != 0) {
     snprintf(c->map_error, sizeof c->map_error, "nvrtcCreateProgram failed (%d)", rc);
-  } else if ((rc = n.compile(prog, 2, opts)) != 0) {
+  } else if ((rc = n->compile(prog, 2, opts)) != 0) {
     char log[160] = "";
     size_t lsize = 0;
-    if (n.log_size(prog, &lsize) == 0 && lsize > 0) {
+    if (n->log_size(prog, &lsize) == 0 && lsize > 0) {
       char *full = (char *)HIR_MALLOC(lsize);
-      if (full && n.log(prog, full) == 0) snprintf(log, sizeof log, "%s", full);
+      if (full && n->log(prog, full) == 0) snprintf(log, sizeof log, "%s", full);
       HIR_FREE(full);
     }
-    snprintf(c->map_error, sizeof c->map_error, "NVRTC could not compile the kernels for %s (%d): %.120s", arch, rc, log);
-  } else if (n.cubin_size(prog, &size) != 0 || !(bin = (char *)HIR_MALLOC(size)) || n.cubin(prog, bin) != 0) {
-    snprintf(c->map_error, sizeof c->map_error, "NVRTC gave no binary for %s", arch);
-  } else if (cudaLibraryLoadData(&c->map_library, bin, NULL, NULL, 0, NULL, NULL, 0) != cudaSuccess) {
-    snprintf(c->map_error, sizeof c->map_error, "cudaLibraryLoadData of the kernels failed: %s", cudaGetErrorString(cudaGetLastError()));
-  } else if (!hir__cuda_map_kernels(c)) {
-    snprintf(c->map_error, sizeof c->map_error, "the kernels' library lacks hir_map_f32/f64");
+    snprintf(c->map_error, sizeof c->map_error, "NVRTC could not compile %s for %s (%d): %.120s", names[which], arch, rc, log);
+  } else if (n->cubin_size(prog, &size) != 0 || !(bin = (char *)HIR_MALLOC(size)) || n->cubin(prog, bin) != 0) {
+    snprintf(c->map_error, sizeof c->map_error, "NVRTC gave no binary of %s for %s", names[which], arch);
+  } else if (cudaLibraryLoadData(&c->map_library[which], bin, NULL, NULL, 0, NULL, NULL, 0) != cudaSuccess) {
+    snprintf(c->map_error, sizeof c->map_error, "cudaLibraryLoadData of %s failed: %s", names[which],
+             cudaGetErrorString(cudaGetLastError()));
+  } else if (cudaLibraryGetKernel(&c->map_kernel[which], c->map_library[which], names[which]) != cudaSuccess) {
+    cudaGetLastError();
+    cudaLibraryUnload(c->map_library[which]);
+    snprintf(c->map_error, sizeof c->map_error, "the compiled library lacks %s", names[which]);
   } else {
-    c->map_state = 1;
+    c->map_state[which] = 1;
     if (cached) hir__write_all(path, bin, size);
   }
-  if (prog) n.destroy(&prog);
+  if (prog) n->destroy(&prog);
   HIR_FREE(src);
   HIR_FREE(bin);
-  dlclose(n.lib);
-  return c->map_state == 1;
+  return c->map_state[which] == 1;
 }
 
 /* dst = op(a[, b]) by the kernel: binary (b given) or unary with scalar s. */
-static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_tensor *dst, const hir_tensor *a,
-                                const hir_tensor *x, double s) {
-  hir__cuda *c = (hir__cuda *)b->ctx;
-  hir__map_args args;
-  int64_t strides[3][HIR_MAX_DIMS], per;
-  void *argv[1];
-  int d, vec, f64 = dst->dtype == HIR_F64 || a->dtype == HIR_F64 || (x && x->dtype == HIR_F64);
-  dim3 grid, block;
-  cudaError_t e;
-  if (!hir__cuda_load_map(c)) {
-    snprintf(b->error, sizeof b->error, "cuda backend: the elementwise kernels are unavailable: %s", c->map_error);
-    return HIR_ERR_UNSUPPORTED;
-  }
-  memset(&args, 0, sizeof args);
-  args.n = hir__numel(dst->ndims, dst->sizes);
-  if (args.n == 0) return HIR_OK;
-  args.nd = dst->ndims;
+/* The kernel's arguments for dst = op(a[, x]), and which kernel runs them. */
+static int hir__cuda_map_args(const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x, hir__map_args *args) {
+  int64_t strides[3][HIR_MAX_DIMS];
+  int d, f64 = dst->dtype == HIR_F64 || a->dtype == HIR_F64 || (x && x->dtype == HIR_F64);
+  memset(args, 0, sizeof *args);
+  args->n = hir__numel(dst->ndims, dst->sizes);
+  args->nd = dst->ndims;
   for (d = 0; d < dst->ndims; d++) {
-    args.sizes[d] = dst->sizes[d];
+    args->sizes[d] = dst->sizes[d];
     strides[0][d] = dst->strides[d];
     strides[1][d] = a->strides[d];
     strides[2][d] = x ? x->strides[d] : 0;
   }
-  hir__collapse(&args.nd, args.sizes, strides, 3);
-  if (args.nd == 0) args.nd = 1, args.sizes[0] = 1, strides[0][0] = strides[1][0] = strides[2][0] = 0;
-  for (d = 0; d < args.nd; d++) args.sd[d] = strides[0][d], args.sa[d] = strides[1][d], args.sb[d] = strides[2][d];
-  args.dst = dst->data, args.a = a->data, args.b = x ? x->data : a->data, args.s = s;
-  args.op = op, args.binary = x != NULL;
-  args.dt_dst = (int)dst->dtype, args.dt_a = (int)a->dtype, args.dt_b = x ? (int)x->dtype : 0;
+  hir__collapse(&args->nd, args->sizes, strides, 3);
+  if (args->nd == 0) args->nd = 1, args->sizes[0] = 1, strides[0][0] = strides[1][0] = strides[2][0] = 0;
+  for (d = 0; d < args->nd; d++) args->sd[d] = strides[0][d], args->sa[d] = strides[1][d], args->sb[d] = strides[2][d];
+  args->dst = dst->data, args->a = a->data, args->b = x ? x->data : a->data;
+  args->binary = x != NULL;
+  args->dt_dst = (int)dst->dtype, args->dt_a = (int)a->dtype, args->dt_b = x ? (int)x->dtype : 0;
+  if (args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && (!x || args->sb[0] == 1) && a->dtype == dst->dtype &&
+      (!x || x->dtype == dst->dtype) && ((uintptr_t)args->dst | (uintptr_t)args->a | (uintptr_t)args->b) % 16 == 0)
+    return HIR__VEC_F32 + (int)dst->dtype; /* dense, one dtype */
+  return f64 ? HIR__MAP_F64 : HIR__MAP_F32;
+}
+
+/* The kernel hir__cuda_map runs for these tensors. */
+static int hir__cuda_map_which(const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x) {
+  hir__map_args args;
+  return hir__cuda_map_args(dst, a, x, &args);
+}
+
+static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_tensor *dst, const hir_tensor *a,
+                                const hir_tensor *x, double s) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__map_args args;
+  int64_t per;
+  void *argv[1];
+  int which = hir__cuda_map_args(dst, a, x, &args);
+  dim3 grid, block;
+  cudaError_t e;
+  if (args.n == 0) return HIR_OK;
+  if (!hir__cuda_load_map(c, which)) {
+    snprintf(b->error, sizeof b->error, "cuda backend: the elementwise kernels are unavailable: %s", c->map_error);
+    return HIR_ERR_UNSUPPORTED;
+  }
+  args.op = op, args.s = s;
   argv[0] = &args;
-  vec = args.nd == 1 && args.sd[0] == 1 && args.sa[0] == 1 && (!x || args.sb[0] == 1) && a->dtype == dst->dtype &&
-        (!x || x->dtype == dst->dtype) && ((uintptr_t)args.dst | (uintptr_t)args.a | (uintptr_t)args.b) % 16 == 0;
-  per = vec ? 16 / (int64_t)hir_dtype_size(dst->dtype) : 1; /* elements a thread takes at once */
+  per = which >= HIR__VEC_F32 ? 16 / (int64_t)hir_dtype_size(dst->dtype) : 1; /* elements a thread takes at once */
   grid.x = (unsigned)((args.n / per + 255) / 256 < 65535 ? (args.n / per + 255) / 256 : 65535), grid.y = grid.z = 1;
   if (!grid.x) grid.x = 1;
   block.x = 256, block.y = block.z = 1;
-  e = cudaLaunchKernel((const void *)(vec ? c->vec_kernel[dst->dtype] : c->map_kernel[f64]), grid, block, argv, 0,
-                       stream ? (cudaStream_t)stream : c->caller);
+  e = cudaLaunchKernel((const void *)c->map_kernel[which], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
   if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (elementwise)", cudaGetErrorString(e), __FILE__, __LINE__);
   return HIR_OK;
 }
@@ -7204,8 +7222,8 @@ static hir_status hir__cuda_max_abs(hir_backend *b, void *stream, const hir_tens
   float f[2];
   void *argv[1];
   dim3 grid, block;
-  if (!hir__cuda_load_map(c)) {
-    snprintf(b->error, sizeof b->error, "cuda backend: the elementwise kernels are unavailable: %s", c->map_error);
+  if (!hir__cuda_load_map(c, HIR__MAX_ABS)) {
+    snprintf(b->error, sizeof b->error, "cuda backend: the comparison kernel is unavailable: %s", c->map_error);
     return HIR_ERR_UNSUPPORTED;
   }
   if (!c->max_abs_out) HIR__CU(b, cudaMalloc((void **)&c->max_abs_out, sizeof got));
@@ -7217,7 +7235,7 @@ static hir_status hir__cuda_max_abs(hir_backend *b, void *stream, const hir_tens
   if (!grid.x) grid.x = 1;
   block.x = 256, block.y = block.z = 1;
   HIR__CU(b, cudaMemsetAsync(c->max_abs_out, 0, sizeof got, s));
-  HIR__CU(b, cudaLaunchKernel((const void *)c->max_abs_kernel, grid, block, argv, 0, s));
+  HIR__CU(b, cudaLaunchKernel((const void *)c->map_kernel[HIR__MAX_ABS], grid, block, argv, 0, s));
   HIR__CU(b, cudaMemcpyAsync(got, c->max_abs_out, sizeof got, cudaMemcpyDeviceToHost, s));
   HIR__CU(b, cudaStreamSynchronize(s));
   memcpy(f, got, sizeof f);
@@ -7238,7 +7256,8 @@ static hir_status hir__cuda_binary(hir_backend *b, void *stream, hir_binary_op o
   hir_status st;
   int64_t n = hir__numel(dst->ndims, dst->sizes);
   if (n == 0) return HIR_OK;
-  if (hir__cuda_load_map(c) || op == HIR_BINARY_DIV) return hir__cuda_map(b, stream, (int)op, dst, a, x, 0);
+  if (hir__cuda_load_map(c, hir__cuda_map_which(dst, a, x)) || op == HIR_BINARY_DIV)
+    return hir__cuda_map(b, stream, (int)op, dst, a, x, 0);
   if (op == HIR_BINARY_MUL && (dst->dtype == HIR_F16 || dst->dtype == HIR_BF16)) {
     snprintf(b->error, sizeof b->error, "cuda backend: mul of %s tensors needs the elementwise kernels (cuBLAS's dgmm is "
              "f32/f64 only): %.120s", hir_dtype_name(dst->dtype), c->map_error);
