@@ -115,7 +115,10 @@ extern "C" {
 #define HIR__ENUM_NAME(e, s) e,
 typedef enum hir_status { HIR_STATUS_LIST(HIR__ENUM_NAME) HIR_STATUS_COUNT } hir_status;
 
-typedef enum hir_dtype { HIR_F32, HIR_F64, HIR_F16, HIR_BF16, HIR_DTYPE_COUNT } hir_dtype;
+/* HIR_F8E4M3 (e4m3fn: no infinities, largest 448) and HIR_F8E5M2 (largest
+   57344) are storage dtypes: moved, cast, and multiplied by hir_scaled_linear;
+   other ops refuse them (cast to compute). */
+typedef enum hir_dtype { HIR_F32, HIR_F64, HIR_F16, HIR_BF16, HIR_F8E4M3, HIR_F8E5M2, HIR_DTYPE_COUNT } hir_dtype;
 typedef enum hir_ptype { HIR_SERIAL, HIR_DIDX, HIR_STREAM, HIR_PTYPE_COUNT } hir_ptype;
 typedef enum hir_iter_type { HIR_ITERATION, HIR_REDUCTION, HIR_BROADCAST } hir_iter_type;
 typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
@@ -312,6 +315,14 @@ HIRDEF hir_tv     *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b);
    on its first axis). Printed as nvFuser's LinearOp; on CUDA the bias is
    cuBLASLt's epilogue where the weight is 2-D. */
 HIRDEF hir_tv     *hir_linear(hir_fusion *f, hir_tv *a, hir_tv *weight, hir_tv *bias);
+/* The fp8 linear of torch._scaled_mm and Transformer Engine: (a * a_scale)
+   times (weight * w_scale) transposed, in `out` (HIR_F32, HIR_F16 or
+   HIR_BF16), accumulated in f32. a [..., M, K] and weight [..., N, K] (its
+   leading axes batch axes, as linear's) are HIR_F8E4M3 or HIR_F8E5M2 (not
+   both e5m2: GPUs have no such GEMM); the scales are f32, one value (an
+   axis of fixed size 1: hir_input_sized) or one per row: a_scale a's shape
+   without K, w_scale the weight's without K. */
+HIRDEF hir_tv     *hir_scaled_linear(hir_fusion *f, hir_tv *a, hir_tv *weight, hir_tv *a_scale, hir_tv *w_scale, hir_dtype out);
 HIRDEF hir_status  hir_set_mesh(hir_tv *tv, int ndevices, const int *devices);
 HIRDEF hir_status  hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype);
 /* nvFuser's split: axis becomes two, the outer of extent `factor` (outer =
@@ -586,6 +597,12 @@ struct hir_backend {
      a backend serving many programs (one per shape) holds as many streams
      as the widest needs, not their sum. NULL: stream_create. */
   hir_status (*stream_shared)(hir_backend *self, int index, void **stream);
+  /* Optional: hir_scaled_linear's product: dst = (a * a_scale) x (b * b_scale), a and b fp8 ([..., M, K] and
+     [..., K, N], as matmul), the scales f32 shaped like dst with stride 0 where they do not vary (a_scale
+     along N, b_scale along M, both everywhere for one value), accumulated in f32. NULL: such programs are
+     refused when they run. */
+  hir_status (*matmul_scaled)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *a,
+                              const hir_tensor *b, const hir_tensor *a_scale, const hir_tensor *b_scale);
 };
 
 /* What a communication moves, in the program's terms: the evaluator fills it
@@ -791,11 +808,17 @@ HIRDEF hir_status hir_tensor_to_dlpack(const hir_tensor *t, int device_type, int
 #define HOSTIR_DLPACK
 #endif
 
-/* Half precision, round to nearest even. */
+/* Half precision and fp8, round to nearest even; fp8 saturates to its
+   largest finite value (infinities too, as the GPUs' satfinite conversions),
+   NaN stays NaN. */
 HIRDEF uint16_t hir_float_to_half(float f);
 HIRDEF float    hir_half_to_float(uint16_t h);
 HIRDEF uint16_t hir_float_to_bf16(float f);
 HIRDEF float    hir_bf16_to_float(uint16_t b);
+HIRDEF uint8_t  hir_float_to_e4m3(float f);
+HIRDEF float    hir_e4m3_to_float(uint8_t b);
+HIRDEF uint8_t  hir_float_to_e5m2(float f);
+HIRDEF float    hir_e5m2_to_float(uint8_t b);
 
 #ifdef __cplusplus
 }
@@ -871,12 +894,13 @@ HIRDEF const char *hir_status_str(hir_status s) {
   return ((unsigned)s < HIR_STATUS_COUNT) ? hir__status_names[s] : "unknown status";
 }
 
-static const char *const hir__dtype_names[] = {"float", "double", "__half", "__bfloat"};
-static const size_t hir__dtype_sizes[] = {4, 8, 2, 2};
+static const char *const hir__dtype_names[] = {"float", "double", "__half", "__bfloat", "__e4m3", "__e5m2"};
+static const size_t hir__dtype_sizes[] = {4, 8, 2, 2, 1, 1};
 HIR__STATIC_ASSERT(dtype_names, sizeof(hir__dtype_names) / sizeof(hir__dtype_names[0]) == HIR_DTYPE_COUNT);
 
 HIRDEF const char *hir_dtype_name(hir_dtype d) { return ((unsigned)d < HIR_DTYPE_COUNT) ? hir__dtype_names[d] : "?"; }
 HIRDEF size_t hir_dtype_size(hir_dtype d) { return ((unsigned)d < HIR_DTYPE_COUNT) ? hir__dtype_sizes[d] : 0; }
+static int hir__is_fp8(hir_dtype d) { return d == HIR_F8E4M3 || d == HIR_F8E5M2; }
 
 HIRDEF int hir_team_index(const int *team, int n, int device) {
   int i;
@@ -1283,7 +1307,9 @@ static int hir__data_index(const hir_tv *tv, int axis) {
    stream-lowered matmul whose Stream axis is M (or N) are views without it,
    and stay matrix products with M (N) of size 1; 1-D operands have neither
    axis, as in torch.matmul. */
-enum { HIR__MATMUL_NO_M = 1, HIR__MATMUL_NO_N = 2, HIR__MATMUL_LINEAR = 4 }; /* LINEAR: B is [.., N, K], a 3rd input the bias */
+/* LINEAR: B is [.., N, K], a 3rd input the bias. SCALED: fp8 A and B (hir_scaled_linear, LINEAR too), the 3rd and
+   4th inputs their scales (f32; one value, or one per row of A and per N of B). */
+enum { HIR__MATMUL_NO_M = 1, HIR__MATMUL_NO_N = 2, HIR__MATMUL_LINEAR = 4, HIR__MATMUL_SCALED = 8 };
 /* A LoadStoreOp's flag: it permutes the axes (nvFuser's Set.Permute). */
 enum { HIR__SET_PERMUTE = 1 };
 
@@ -1398,7 +1424,25 @@ static int hir__norm_axis(hir_fusion *f, int axis, int ndims, const char *fn, co
   return a;
 }
 
+/* Whether e may read or write fp8 tensors: moves and views, casts, and the scaled matmul. */
+static int hir__takes_fp8(const hir_expr *e) {
+  switch (e->kind) {
+  case HIR_EXPR_LOAD_STORE: case HIR_EXPR_BROADCAST: case HIR_EXPR_SELECT: case HIR_EXPR_SLICE: case HIR_EXPR_RESHAPE: return 1;
+  case HIR_EXPR_UNARY: return e->sub == HIR_UNARY_CAST;
+  case HIR_EXPR_MATMUL: return (e->flags & HIR__MATMUL_SCALED) != 0;
+  default: return 0;
+  }
+}
+
 static hir_tv *hir__finish_op(hir_fusion *f, hir_expr *e, hir_tv *out) {
+  int i;
+  for (i = 0; i < e->nin && !hir__takes_fp8(e); i++)
+    if (hir__is_fp8(e->in[i]->dtype) || hir__is_fp8(out->dtype)) {
+      const hir_tv *t = hir__is_fp8(e->in[i]->dtype) ? e->in[i] : out;
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "%s: T%d is %s, an fp8 dtype, which only moves, casts and hir_scaled_linear take; cast it "
+                "(hir_cast) to compute", hir__ops[e->kind].name, t->name, hir_dtype_name(t->dtype));
+      return NULL;
+    }
   if (!hir__push(f, &f->exprs, e)) return NULL;
   out->definition = e;
   return out;
@@ -1424,7 +1468,8 @@ HIRDEF hir_tv *hir_input(hir_fusion *f, hir_dtype dtype, int ndims) {
   int i;
   if (!hir__live(f)) return NULL;
   if ((unsigned)dtype >= HIR_DTYPE_COUNT) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_input: unknown dtype %d; use HIR_F32, HIR_F64, HIR_F16 or HIR_BF16", (int)dtype);
+    hir__fail(f, HIR_ERR_INVALID, "hir_input: unknown dtype %d; use HIR_F32, HIR_F64, HIR_F16, HIR_BF16, HIR_F8E4M3 or HIR_F8E5M2",
+              (int)dtype);
     return NULL;
   }
   if (ndims < 1 || ndims > HIR_MAX_DIMS) {
@@ -1763,7 +1808,8 @@ HIRDEF hir_tv *hir_sin(hir_fusion *f, hir_tv *in) { return hir_unary(f, HIR_UNAR
 HIRDEF hir_tv *hir_cast(hir_fusion *f, hir_tv *in, hir_dtype dtype) {
   if (!hir__live(f)) return NULL;
   if ((unsigned)dtype >= HIR_DTYPE_COUNT) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_cast: unknown dtype %d; use HIR_F32, HIR_F64, HIR_F16 or HIR_BF16", (int)dtype);
+    hir__fail(f, HIR_ERR_INVALID, "hir_cast: unknown dtype %d; use HIR_F32, HIR_F64, HIR_F16, HIR_BF16, HIR_F8E4M3 or HIR_F8E5M2",
+              (int)dtype);
     return NULL;
   }
   return hir__unary(f, HIR_UNARY_CAST, in, dtype, 0, NULL, "hir_cast");
@@ -1884,15 +1930,59 @@ HIRDEF hir_tv *hir_broadcast(hir_fusion *f, hir_tv *in, int ndims_out, const int
    axes broadcast right-aligned, the contracted axis kept as a trailing rS.
    linear: b is [.., N, K] (read transposed) and bias, if any, b's shape
    without K. */
-static hir_tv *hir__matmul(hir_fusion *f, hir_tv *a, hir_tv *b, hir_tv *bias, int linear, const char *fn) {
+/* Whether a scale holds one value: a single axis of fixed size 1. */
+static int hir__scale_is_scalar(const hir_tv *scale) {
+  hir_id *ids[HIR_MAX_DIMS];
+  return hir__data_axes(scale, ids) == 1 && ids[0]->extent->kind == HIR__VAL_CONST && ids[0]->extent->value == 1;
+}
+
+/* hir_scaled_linear's operands (the matmul checks the rest). */
+static int hir__check_scaled(hir_fusion *f, const hir_tv *a, const hir_tv *w, const hir_tv *sa, const hir_tv *sw, hir_dtype out) {
+  const char *fn = "hir_scaled_linear";
+  hir_id *ids[HIR_MAX_DIMS];
+  int na = hir__data_axes(a, ids), nw = hir__data_axes(w, ids), k;
+  const hir_tv *scales[2];
+  scales[0] = sa, scales[1] = sw;
+  if (!hir__is_fp8(a->dtype) || !hir__is_fp8(w->dtype) || (a->dtype == HIR_F8E5M2 && w->dtype == HIR_F8E5M2)) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: a (T%d) is %s and weight (T%d) is %s; both must be fp8 (HIR_F8E4M3 or HIR_F8E5M2), not "
+              "both e5m2 (GPUs have no e5m2 x e5m2 GEMM)", fn, a->name, hir_dtype_name(a->dtype), w->name, hir_dtype_name(w->dtype));
+    return 0;
+  }
+  if (out != HIR_F32 && out != HIR_F16 && out != HIR_BF16) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: the output dtype %s is not HIR_F32, HIR_F16 or HIR_BF16", fn, hir_dtype_name(out));
+    return 0;
+  }
+  if (na < 2 || nw < 2) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: a (T%d) has %d data axes and weight (T%d) %d; they need [..., M, K] and [..., N, K]", fn,
+              a->name, na, w->name, nw);
+    return 0;
+  }
+  for (k = 0; k < 2; k++) {
+    const hir_tv *sc = scales[k];
+    int want = k == 0 ? na - 1 : nw - 1, n = hir__data_axes(sc, ids);
+    if (sc->dtype != HIR_F32 || (!hir__scale_is_scalar(sc) && n != want)) {
+      hir__fail(f, HIR_ERR_INVALID, "%s: %s (T%d) is %s with %d data axes; it must be f32 with one value (one axis of fixed "
+                "size 1) or %d axes (%s)", fn, k ? "w_scale" : "a_scale", sc->name, hir_dtype_name(sc->dtype), n, want,
+                k ? "the weight's shape without K" : "a's shape without K");
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* scales: hir_scaled_linear's a_scale and w_scale (checked), the output `out_dtype`; else NULL, and a's dtype. */
+static hir_tv *hir__matmul(hir_fusion *f, hir_tv *a, hir_tv *b, hir_tv *bias, hir_tv *const *scales, hir_dtype out_dtype, int linear,
+                           const char *fn) {
   hir_id *ia[HIR_MAX_DIMS], *ib[HIR_MAX_DIMS], *ic[HIR_MAX_DIMS], *res[HIR_MAX_DIMS + 1];
   hir_tv *out;
   hir_expr *e;
   int i, na, nb, n = 0;
   if (!hir__live(f) || !hir__check_tv(f, a, fn, "a") || !hir__check_tv(f, b, fn, linear ? "weight" : "b") ||
-      (bias && !hir__check_tv(f, bias, fn, "bias")))
+      (bias && !hir__check_tv(f, bias, fn, "bias")) || (scales && (!hir__check_tv(f, scales[0], fn, "a_scale") ||
+                                                                    !hir__check_tv(f, scales[1], fn, "w_scale") ||
+                                                                    !hir__check_scaled(f, a, b, scales[0], scales[1], out_dtype))))
     return NULL;
-  if (a->dtype != b->dtype || (bias && bias->dtype != a->dtype)) {
+  if (!scales && (a->dtype != b->dtype || (bias && bias->dtype != a->dtype))) {
     const hir_tv *other = a->dtype != b->dtype ? b : bias;
     hir__fail(f, HIR_ERR_INVALID, "%s: mixed dtypes: T%d is %s, T%d is %s; every operand must have one dtype", fn,
               a->name, hir_dtype_name(a->dtype), other->name, hir_dtype_name(other->dtype));
@@ -1935,22 +2025,30 @@ static hir_tv *hir__matmul(hir_fusion *f, hir_tv *a, hir_tv *b, hir_tv *bias, in
               a->name, b->name, n, HIR_MAX_DIMS);
     return NULL;
   }
-  if (!(out = hir__new_tv(f, a->dtype, HIR_MEM_GLOBAL, n))) return NULL;
+  if (!(out = hir__new_tv(f, scales ? out_dtype : a->dtype, HIR_MEM_GLOBAL, n))) return NULL;
   for (i = 0; i < n; i++)
     if (!(out->ids[i] = hir__clone_id(f, res[i], 0))) return NULL;
   out->ids[n - 1]->iter = HIR_REDUCTION;
-  if (!(e = hir__new_expr(f, HIR_EXPR_MATMUL, bias ? 3 : 2, 1))) return NULL;
+  if (!(e = hir__new_expr(f, HIR_EXPR_MATMUL, scales ? 4 : bias ? 3 : 2, 1))) return NULL;
   e->in[0] = a;
   e->in[1] = b;
   if (bias) e->in[2] = bias;
+  if (scales) e->in[2] = scales[0], e->in[3] = scales[1], e->flags |= HIR__MATMUL_SCALED;
   if (linear) e->flags |= HIR__MATMUL_LINEAR;
   e->out[0] = out;
   return hir__finish_op(f, e, out);
 }
 
-HIRDEF hir_tv *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b) { return hir__matmul(f, a, b, NULL, 0, "hir_matmul"); }
+HIRDEF hir_tv *hir_matmul(hir_fusion *f, hir_tv *a, hir_tv *b) {
+  return hir__matmul(f, a, b, NULL, NULL, HIR_F32, 0, "hir_matmul");
+}
 HIRDEF hir_tv *hir_linear(hir_fusion *f, hir_tv *a, hir_tv *weight, hir_tv *bias) {
-  return hir__matmul(f, a, weight, bias, 1, "hir_linear");
+  return hir__matmul(f, a, weight, bias, NULL, HIR_F32, 1, "hir_linear");
+}
+HIRDEF hir_tv *hir_scaled_linear(hir_fusion *f, hir_tv *a, hir_tv *weight, hir_tv *a_scale, hir_tv *w_scale, hir_dtype out) {
+  hir_tv *scales[2];
+  scales[0] = a_scale, scales[1] = w_scale;
+  return hir__matmul(f, a, weight, NULL, scales, out, 1, "hir_scaled_linear");
 }
 
 /* sum / (the product of the summed extents): extents of a split axis are
@@ -2915,7 +3013,7 @@ static void hir__print_broadcast(hir__writer *w, const hir_expr *e, int ind) {
 static void hir__print_matmul(hir__writer *w, const hir_expr *e, int ind) {
   int k;
   hir__print_assign(w, e->out[0], ind);
-  hir__emit(w, e->flags & HIR__MATMUL_LINEAR ? " = linear(" : " = matmul(");
+  hir__emit(w, e->flags & HIR__MATMUL_SCALED ? " = scaled_linear(" : e->flags & HIR__MATMUL_LINEAR ? " = linear(" : " = matmul(");
   hir__print_tv(w, e->in[0]);
   for (k = 1; k < e->nin; k++) {
     hir__emit(w, ",\n");
@@ -3152,6 +3250,12 @@ static void hir__matmul_axis_map(const hir_expr *e, int k, int *map) {
   int i, d[HIR_MAX_DIMS], n = 0, nbatch_k = k == 0 ? m.na - 1 - m.has_m : m.nb - 1 - m.has_n; /* k = 2: the bias */
   for (i = 0; i < in->ndims; i++)
     if (in->ids[i]->iter != HIR_REDUCTION) d[n++] = i;
+  if (k >= 2 && (e->flags & HIR__MATMUL_SCALED) && hir__scale_is_scalar(in)) return; /* one value: no axis of the output */
+  if (k == 2 && (e->flags & HIR__MATMUL_SCALED)) { /* a's scale: a's axes but K */
+    for (i = 0; i < n; i++) map[d[i]] = i + m.nbatch - (m.na - 1 - m.has_m);
+    return;
+  }
+  if (k == 3) k = 2; /* the weight's scale: as a bias, the weight's axes but K */
   for (i = 0; i < nbatch_k; i++) map[d[i]] = i + m.nbatch - nbatch_k;
   if (k == 0) {
     if (m.has_m) map[d[m.na - 2]] = m.nbatch;
@@ -3825,7 +3929,7 @@ static int hir__decompose_reshardings(hir_program *p) {
     hir_expr *e = (hir_expr *)f->exprs.items[i], *local = hir__local_part_of_sum(f, e);
     if (f->status != HIR_OK || (local && !hir__push(f, &exprs, local))) return 0;
     if (!(hir__ops[e->kind].flags & HIR__OP_MOVES) && hir_expr_is_resharding(e)) {
-      hir_tv *orig[3] = {NULL, NULL, NULL}; /* compute ops have at most three operands (a linear's bias) */
+      hir_tv *orig[4] = {NULL, NULL, NULL, NULL}; /* compute ops have at most four operands (a scaled linear's scales) */
       for (k = 0; k < e->nin; k++) {
         int map[HIR_MAX_DIMS], first[HIR_MAX_DIMS];
         hir_tv *in = orig[k] = e->in[k], *out = e->out[0], *moved;
@@ -3845,6 +3949,8 @@ static int hir__decompose_reshardings(hir_program *p) {
           if (map[j] >= 0 && out->ids[map[j]]->iter != HIR_REDUCTION &&
               !(moved->ids[at]->iter == HIR_BROADCAST && out->ids[map[j]]->ptype == HIR_DIDX)) /* no DIDx on a broadcast axis */
             moved->ids[at]->ptype = out->ids[map[j]]->ptype;
+          if (moved->ids[at]->ptype == HIR_STREAM && moved->ids[at]->iter != HIR_BROADCAST) /* one loop with e (runs check */
+            moved->ids[at]->extent = out->ids[map[j]]->extent;                              /* that in's size agrees) */
           at++;
         }
         e->in[k] = moved;
@@ -5090,9 +5196,13 @@ static int hir__verify_operands(hir__verifier *v, const hir_expr *e) {
   int k;
   if (e->kind == HIR_EXPR_UNARY && ((unsigned)e->sub >= HIR_UNARY_COUNT))
     return hir__verify_fail(v, "UnaryOp %d has unknown op %d", e->name, e->sub);
-  if (e->kind == HIR_EXPR_MATMUL && e->nin != 2 + (e->nin == 3 && (e->flags & HIR__MATMUL_LINEAR)))
-    return hir__verify_fail(v, "MatmulOp %d has %d inputs; a matmul has 2, a linear 2 or 3 (with its bias)", e->name, e->nin);
-  if (e->kind == HIR_EXPR_COMMUNICATION || ((hir__ops[e->kind].flags & HIR__OP_COMPUTE) && e->kind != HIR_EXPR_UNARY))
+  if (e->kind == HIR_EXPR_MATMUL &&
+      e->nin != ((e->flags & HIR__MATMUL_SCALED) ? 4 : 2 + (e->nin == 3 && (e->flags & HIR__MATMUL_LINEAR))))
+    return hir__verify_fail(v, "MatmulOp %d has %d inputs; a matmul has 2, a linear 2 or 3 (with its bias), a scaled linear 4",
+                            e->name, e->nin);
+  if (e->kind == HIR_EXPR_COMMUNICATION ||
+      ((hir__ops[e->kind].flags & HIR__OP_COMPUTE) && e->kind != HIR_EXPR_UNARY &&
+       !(e->kind == HIR_EXPR_MATMUL && (e->flags & HIR__MATMUL_SCALED))))
     for (k = 0; k < e->nin; k++)
       if (e->in[k]->dtype != e->out[0]->dtype)
         return hir__verify_fail(v, "%s %d reads T%d (%s) into T%d (%s); its operands must share one dtype", kind, e->name,
@@ -5872,11 +5982,53 @@ HIRDEF float hir_half_to_float(uint16_t h) {
   return hir__bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
+/* fp8 of `ebits` exponent and `mbits` mantissa bits (bias 2^(ebits-1) - 1),
+   its largest finite `max_code` (sign aside): round to nearest even,
+   saturating. */
+static uint8_t hir__float_to_fp8(float f, int ebits, int mbits, uint32_t max_code, uint32_t nan_code) {
+  uint32_t u = hir__f32_bits(f), sign = (u >> 24) & 0x80u, m, rest, half;
+  int bias = (1 << (ebits - 1)) - 1, exp, shift;
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return (uint8_t)(sign | nan_code);
+  exp = (int)(u >> 23) - 127;
+  if (exp > bias + 1) return (uint8_t)(sign | max_code); /* far beyond (infinities too) */
+  if (exp < 1 - bias) { /* a subnormal fp8 (or zero): m * 2^(1 - bias - mbits) */
+    if (exp < -bias - mbits) return (uint8_t)sign;
+    m = (u & 0x7fffffu) | 0x800000u;
+    shift = 23 + (1 - bias - mbits) - exp;
+  } else {
+    m = ((uint32_t)(exp + bias) << 23) | (u & 0x7fffffu); /* exponent and mantissa, rounded below */
+    shift = 23 - mbits;
+  }
+  rest = m & ((1u << shift) - 1u);
+  half = 1u << (shift - 1);
+  m >>= shift;
+  if (rest > half || (rest == half && (m & 1u))) m++; /* a carry moves into the exponent: fine */
+  return (uint8_t)(sign | (m > max_code ? max_code : m));
+}
+
+static float hir__fp8_to_float(uint8_t b, int ebits, int mbits) {
+  int bias = (1 << (ebits - 1)) - 1, exp = (b & 0x7f) >> mbits;
+  uint32_t m = b & ((1u << mbits) - 1u);
+  float v = exp == 0 ? ldexpf((float)m, 1 - bias - mbits) : ldexpf((float)(m | (1u << mbits)), exp - bias - mbits);
+  return b & 0x80 ? -v : v;
+}
+
+HIRDEF uint8_t hir_float_to_e4m3(float f) { return hir__float_to_fp8(f, 4, 3, 0x7eu, 0x7fu); }
+HIRDEF float hir_e4m3_to_float(uint8_t b) { return (b & 0x7f) == 0x7f ? NAN : hir__fp8_to_float(b, 4, 3); }
+HIRDEF uint8_t hir_float_to_e5m2(float f) { return hir__float_to_fp8(f, 5, 2, 0x7bu, 0x7fu); }
+HIRDEF float hir_e5m2_to_float(uint8_t b) {
+  if ((b & 0x7c) == 0x7c) return (b & 3) ? NAN : (b & 0x80) ? -INFINITY : INFINITY;
+  return hir__fp8_to_float(b, 5, 2);
+}
+
 static double hir__load(const void *base, hir_dtype dt, int64_t i) {
   switch (dt) {
   case HIR_F32: return ((const float *)base)[i];
   case HIR_F64: return ((const double *)base)[i];
   case HIR_F16: return hir_half_to_float(((const uint16_t *)base)[i]);
+  case HIR_F8E4M3: return hir_e4m3_to_float(((const uint8_t *)base)[i]);
+  case HIR_F8E5M2: return hir_e5m2_to_float(((const uint8_t *)base)[i]);
   default: return hir_bf16_to_float(((const uint16_t *)base)[i]);
   }
 }
@@ -5886,6 +6038,8 @@ static void hir__store(void *base, hir_dtype dt, int64_t i, double v) {
   case HIR_F32: ((float *)base)[i] = (float)v; break;
   case HIR_F64: ((double *)base)[i] = v; break;
   case HIR_F16: ((uint16_t *)base)[i] = hir_float_to_half((float)v); break;
+  case HIR_F8E4M3: ((uint8_t *)base)[i] = hir_float_to_e4m3((float)v); break;
+  case HIR_F8E5M2: ((uint8_t *)base)[i] = hir_float_to_e5m2((float)v); break;
   default: ((uint16_t *)base)[i] = hir_float_to_bf16((float)v); break;
   }
 }
@@ -6337,6 +6491,29 @@ static hir_status hir__cpu_matmul(hir_backend *b, void *stream, const hir_tensor
   return HIR_OK;
 }
 
+/* hir_backend.matmul_scaled: element by element, the products summed in double (fp8 products are exact there). */
+static hir_status hir__cpu_matmul_scaled(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x,
+                                         const hir_tensor *sa, const hir_tensor *sb) {
+  int nd = dst->ndims, d;
+  int64_t idx[HIR_MAX_DIMS], n = hir__numel(nd, dst->sizes), i, k, K = a->sizes[nd - 1];
+  (void)b, (void)stream;
+  for (i = 0; i < n; i++) {
+    int64_t od = 0, oa = 0, ox = 0, osa = 0, osb = 0, r = i;
+    double acc = 0;
+    for (d = nd - 1; d >= 0; d--) idx[d] = r % dst->sizes[d], r /= dst->sizes[d];
+    for (d = 0; d < nd; d++) {
+      od += idx[d] * dst->strides[d], osa += idx[d] * sa->strides[d], osb += idx[d] * sb->strides[d];
+      if (d < nd - 2) oa += idx[d] * a->strides[d], ox += idx[d] * x->strides[d];
+    }
+    oa += idx[nd - 2] * a->strides[nd - 2];
+    ox += idx[nd - 1] * x->strides[nd - 1];
+    for (k = 0; k < K; k++)
+      acc += hir__load(a->data, a->dtype, oa + k * a->strides[nd - 1]) * hir__load(x->data, x->dtype, ox + k * x->strides[nd - 2]);
+    hir__store(dst->data, dst->dtype, od, acc * ((const float *)sa->data)[osa] * ((const float *)sb->data)[osb]);
+  }
+  return HIR_OK;
+}
+
 static hir_status hir__cpu_memcpy(hir_backend *b, void *dst, const void *src, size_t bytes) {
   (void)b;
   memcpy(dst, src, bytes);
@@ -6396,6 +6573,7 @@ HIRDEF hir_backend *hir_backend_cpu_create(void) {
   b->upload = hir__cpu_memcpy;
   b->download = hir__cpu_memcpy;
   b->max_abs = hir__cpu_max_abs;
+  b->matmul_scaled = hir__cpu_matmul_scaled;
   return b;
 }
 
@@ -6458,8 +6636,9 @@ typedef struct hir__nvrtc {
 
 /* The elementwise kernels, by what they compute: any op in float or in
    double (any strides and dtypes), one dtype's dense tensors 16 bytes a
-   thread, and the tuner's comparison. */
-enum { HIR__MAP_F32, HIR__MAP_F64, HIR__VEC_F32, HIR__VEC_F64, HIR__VEC_F16, HIR__VEC_BF16, HIR__MAX_ABS, HIR__MAP_KERNELS };
+   thread, the tuner's comparison, and the fp8 GEMM's per-row scales. */
+enum { HIR__MAP_F32, HIR__MAP_F64, HIR__VEC_F32, HIR__VEC_F64, HIR__VEC_F16, HIR__VEC_BF16, HIR__MAX_ABS, HIR__SCALE_RC,
+       HIR__MAP_KERNELS };
 HIR__STATIC_ASSERT(vec_kernels, HIR_F32 == 0 && HIR__VEC_F32 + HIR_BF16 == HIR__VEC_BF16); /* HIR__VEC_F32 + dtype */
 
 #define HIR__CUDA_LANES 64
@@ -6529,7 +6708,14 @@ static hir_status hir__cuda_unsupported(hir_backend *b, const char *what, const 
   } while (0)
 
 static cudaDataType hir__cuda_type(hir_dtype d) {
-  return d == HIR_F32 ? CUDA_R_32F : d == HIR_F64 ? CUDA_R_64F : d == HIR_F16 ? CUDA_R_16F : CUDA_R_16BF;
+  switch (d) {
+  case HIR_F32: return CUDA_R_32F;
+  case HIR_F64: return CUDA_R_64F;
+  case HIR_F16: return CUDA_R_16F;
+  case HIR_F8E4M3: return CUDA_R_8F_E4M3;
+  case HIR_F8E5M2: return CUDA_R_8F_E5M2;
+  default: return CUDA_R_16BF;
+  }
 }
 
 /* A new lane's cuBLAS handle on its stream, with a workspace of our own. */
@@ -6903,12 +7089,33 @@ static const char hir__cuda_map_head[] =
     "__device__ __forceinline__ u16 hir_f2h(float f) { u16 h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n"
     "__device__ __forceinline__ float hir_b2f(u16 h) { return __uint_as_float((unsigned)h << 16); }\n"
     "__device__ __forceinline__ u16 hir_f2b(float f) { u16 h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n"
+    /* fp8, as hir__float_to_fp8 and hir__fp8_to_float on the host (any GPU, bit for bit) */
+    "__device__ float hir_fp8_to_f(unsigned b, int eb, int mb) {\n"
+    "  int bias = (1 << (eb - 1)) - 1, e = (b & 0x7f) >> mb; unsigned m = b & ((1u << mb) - 1u);\n"
+    "  if (eb == 4 && (b & 0x7f) == 0x7f) return __int_as_float(0x7fc00000);\n"
+    "  if (eb == 5 && e == 31) return m ? __int_as_float(0x7fc00000) : __int_as_float((b & 0x80 ? 0xff800000u : 0x7f800000u));\n"
+    "  float v = e == 0 ? ldexpf((float)m, 1 - bias - mb) : ldexpf((float)(m | (1u << mb)), e - bias - mb);\n"
+    "  return b & 0x80 ? -v : v;\n"
+    "}\n"
+    "__device__ unsigned char hir_f2fp8(float f, int eb, int mb, unsigned maxc) {\n"
+    "  unsigned u = __float_as_uint(f), sign = (u >> 24) & 0x80u, m, rest, half; int bias = (1 << (eb - 1)) - 1, ex, sh;\n"
+    "  u &= 0x7fffffffu;\n"
+    "  if (u > 0x7f800000u) return (unsigned char)(sign | 0x7fu);\n"
+    "  ex = (int)(u >> 23) - 127;\n"
+    "  if (ex > bias + 1) return (unsigned char)(sign | maxc);\n"
+    "  if (ex < 1 - bias) { if (ex < -bias - mb) return (unsigned char)sign; m = (u & 0x7fffffu) | 0x800000u; sh = 23 + (1 - bias - mb) - ex; }\n"
+    "  else { m = ((unsigned)(ex + bias) << 23) | (u & 0x7fffffu); sh = 23 - mb; }\n"
+    "  rest = m & ((1u << sh) - 1u); half = 1u << (sh - 1); m >>= sh;\n"
+    "  if (rest > half || (rest == half && (m & 1u))) m++;\n"
+    "  return (unsigned char)(sign | (m > maxc ? maxc : m));\n"
+    "}\n"
     "template <typename T> __device__ __forceinline__ T hir_ld(const void *p, int dt, i64 i) {\n"
     "  switch (dt) {\n"
     "  case 0: return (T)((const float *)p)[i];\n"
     "  case 1: return (T)((const double *)p)[i];\n"
     "  case 2: return (T)hir_h2f(((const u16 *)p)[i]);\n"
-    "  default: return (T)hir_b2f(((const u16 *)p)[i]);\n"
+    "  case 3: return (T)hir_b2f(((const u16 *)p)[i]);\n"
+    "  default: return (T)hir_fp8_to_f(((const unsigned char *)p)[i], dt == 4 ? 4 : 5, dt == 4 ? 3 : 2);\n"
     "  }\n"
     "}\n"
     "template <typename T> __device__ __forceinline__ void hir_st(void *p, int dt, i64 i, T v) {\n"
@@ -6916,7 +7123,8 @@ static const char hir__cuda_map_head[] =
     "  case 0: ((float *)p)[i] = (float)v; break;\n"
     "  case 1: ((double *)p)[i] = (double)v; break;\n"
     "  case 2: ((u16 *)p)[i] = hir_f2h((float)v); break;\n"
-    "  default: ((u16 *)p)[i] = hir_f2b((float)v); break;\n"
+    "  case 3: ((u16 *)p)[i] = hir_f2b((float)v); break;\n"
+    "  default: ((unsigned char *)p)[i] = dt == 4 ? hir_f2fp8((float)v, 4, 3, 0x7eu) : hir_f2fp8((float)v, 5, 2, 0x7bu); break;\n"
     "  }\n"
     "}\n"
     "#define HIR_C(v) ((T)(v))\n";
@@ -6975,7 +7183,32 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "extern \"C\" __global__ void hir_vec_f64(hir_map_args a) { hir_vec<1, double>(a); }\n",
     "extern \"C\" __global__ void hir_vec_f16(hir_map_args a) { hir_vec<2, float>(a); }\n",
     "extern \"C\" __global__ void hir_vec_bf16(hir_map_args a) { hir_vec<3, float>(a); }\n",
-    "extern \"C\" __global__ void hir_max_abs_all(hir_map_args a) { hir_max_abs(a); }\n"};
+    "extern \"C\" __global__ void hir_max_abs_all(hir_map_args a) { hir_max_abs(a); }\n",
+    /* dst [rows, ld] = raw [rows, cols] * sa[row] * sb[col]: per-row scales after an fp8 GEMM */
+    "struct hir_scale_args { void *dst; const float *raw, *sa, *sb; i64 rows, cols, ld; int dt, vec; };\n"
+    "extern \"C\" __global__ void hir_scale_rc(hir_scale_args a) {\n" /* a block a row; vec: raw's rows and sb 16-byte aligned */
+    "  for (i64 r = blockIdx.x; r < a.rows; r += gridDim.x) {\n"
+    "    const float *row = a.raw + r * a.cols;\n"
+    "    float s = a.sa[r];\n"
+    "    i64 c = 0;\n"
+    "    if (a.vec)\n"
+    "      for (c = 4 * (i64)threadIdx.x; c + 3 < a.cols; c += 4 * (i64)blockDim.x) {\n"
+    "        float4 v = *(const float4 *)(row + c), w = *(const float4 *)(a.sb + c);\n"
+    "        hir_st<float>(a.dst, a.dt, r * a.ld + c, v.x * s * w.x);\n"
+    "        hir_st<float>(a.dst, a.dt, r * a.ld + c + 1, v.y * s * w.y);\n"
+    "        hir_st<float>(a.dst, a.dt, r * a.ld + c + 2, v.z * s * w.z);\n"
+    "        hir_st<float>(a.dst, a.dt, r * a.ld + c + 3, v.w * s * w.w);\n"
+    "      }\n"
+    "    for (c = (a.vec ? a.cols - a.cols % 4 : 0) + threadIdx.x; c < a.cols; c += blockDim.x)\n"
+    "      hir_st<float>(a.dst, a.dt, r * a.ld + c, row[c] * s * a.sb[c]);\n"
+    "  }\n"
+    "}\n"};
+typedef struct hir__scale_args { /* hir_scale_args of the kernel source, field for field */
+  void *dst;
+  const float *raw, *sa, *sb;
+  int64_t rows, cols, ld;
+  int dt, vec;
+} hir__scale_args;
 
 typedef struct hir__map_args { /* hir_map_args of the kernel source, field for field */
   void *dst;
@@ -7095,7 +7328,7 @@ static void hir__write_all(const char *path, const char *data, size_t size) {
    NVRTC); map_error says why not. */
 static int hir__cuda_load_map(hir__cuda *c, int which) {
   static const char *const names[HIR__MAP_KERNELS] = {"hir_map_f32", "hir_map_f64", "hir_vec_f32", "hir_vec_f64",
-                                                      "hir_vec_f16", "hir_vec_bf16", "hir_max_abs_all"};
+                                                      "hir_vec_f16", "hir_vec_bf16", "hir_max_abs_all", "hir_scale_rc"};
   void *prog = NULL;
   char *src = NULL, *bin = NULL, arch[32], opt[64], path[640];
   const char *opts[2];
@@ -7176,7 +7409,7 @@ static int hir__cuda_map_args(const hir_tensor *dst, const hir_tensor *a, const 
   args->dst = dst->data, args->a = a->data, args->b = x ? x->data : a->data;
   args->binary = x != NULL;
   args->dt_dst = (int)dst->dtype, args->dt_a = (int)a->dtype, args->dt_b = x ? (int)x->dtype : 0;
-  if (args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && (!x || args->sb[0] == 1) && a->dtype == dst->dtype &&
+  if (args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && (!x || args->sb[0] == 1) && a->dtype == dst->dtype && dst->dtype <= HIR_BF16 &&
       (!x || x->dtype == dst->dtype) && ((uintptr_t)args->dst | (uintptr_t)args->a | (uintptr_t)args->b) % 16 == 0)
     return HIR__VEC_F32 + (int)dst->dtype; /* dense, one dtype */
   return f64 ? HIR__MAP_F64 : HIR__MAP_F32;
@@ -7571,24 +7804,45 @@ static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tenso
    bias itself). */
 /* The cuBLASLt setup of one bias-epilogue GEMM shape, made once and kept:
    a run only points the descriptor at its bias. found = 0: no algorithm. */
-static hir__lt_plan *hir__lt_plan_of(hir__cuda *c, const int64_t *key, cudaDataType t, int tb, cublasStatus_t *st) {
+/* key's plan if made, else a slot for it (the oldest's, round-robin). */
+static hir__lt_plan *hir__lt_slot(hir__cuda *c, const int64_t *key) {
   hir__lt_plan *q;
-  cublasLtMatmulPreference_t pref = NULL;
-  cublasLtEpilogue_t epi = key[8] == HIR_UNARY_RELU        ? CUBLASLT_EPILOGUE_RELU_BIAS
-                           : key[8] == HIR_UNARY_GELU_TANH ? CUBLASLT_EPILOGUE_GELU_BIAS /* tanh's approximation */
-                                                           : CUBLASLT_EPILOGUE_BIAS;
-  cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
-  cublasLtMatmulHeuristicResult_t heur;
-  size_t ws = HIR__CUDA_WORKSPACE;
-  int64_t M = key[0], N = key[1], K = key[2], lda = key[5], ldb = key[6], ldc = key[7];
   int i;
-  *st = CUBLAS_STATUS_SUCCESS;
   for (i = 0; i < HIR__LT_PLANS; i++)
     if (c->lt_plans[i].made && !memcmp(c->lt_plans[i].key, key, sizeof c->lt_plans[i].key)) return &c->lt_plans[i];
   q = &c->lt_plans[c->lt_next];
   c->lt_next = (c->lt_next + 1) % HIR__LT_PLANS;
   hir__lt_plan_free(q);
   memcpy(q->key, key, sizeof q->key);
+  return q;
+}
+
+/* The setup of the algorithm for q's descriptor and layouts (q->found: one was). */
+static cublasStatus_t hir__lt_find(hir__cuda *c, hir__lt_plan *q) {
+  cublasLtMatmulPreference_t pref = NULL;
+  cublasLtMatmulHeuristicResult_t heur;
+  size_t ws = HIR__CUDA_WORKSPACE;
+  cublasStatus_t st;
+  if ((st = cublasLtMatmulPreferenceCreate(&pref)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) ==
+          CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatmulAlgoGetHeuristic(c->lt, q->desc, q->la, q->lb, q->lc, q->lc, pref, 1, &heur, &q->found)) ==
+          CUBLAS_STATUS_SUCCESS &&
+      q->found)
+    q->algo = heur.algo;
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  return st;
+}
+
+static hir__lt_plan *hir__lt_plan_of(hir__cuda *c, const int64_t *key, cudaDataType t, int tb, cublasStatus_t *st) {
+  hir__lt_plan *q;
+  cublasLtEpilogue_t epi = key[8] == HIR_UNARY_RELU        ? CUBLASLT_EPILOGUE_RELU_BIAS
+                           : key[8] == HIR_UNARY_GELU_TANH ? CUBLASLT_EPILOGUE_GELU_BIAS /* tanh's approximation */
+                                                           : CUBLASLT_EPILOGUE_BIAS;
+  cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
+  int64_t M = key[0], N = key[1], K = key[2], lda = key[5], ldb = key[6], ldc = key[7];
+  *st = CUBLAS_STATUS_SUCCESS;
+  if ((q = hir__lt_slot(c, key))->made) return q;
   /* row-major C = A B is column-major C^T [N, M] = B^T A^T */
   if ((*st = cublasLtMatmulDescCreate(&q->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) == CUBLAS_STATUS_SUCCESS &&
       (*st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa)) == CUBLAS_STATUS_SUCCESS &&
@@ -7596,14 +7850,8 @@ static hir__lt_plan *hir__lt_plan_of(hir__cuda *c, const int64_t *key, cudaDataT
       (*st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) == CUBLAS_STATUS_SUCCESS &&
       (*st = cublasLtMatrixLayoutCreate(&q->la, t, (uint64_t)(tb ? K : N), (uint64_t)(tb ? N : K), ldb)) == CUBLAS_STATUS_SUCCESS &&
       (*st = cublasLtMatrixLayoutCreate(&q->lb, t, (uint64_t)K, (uint64_t)M, lda)) == CUBLAS_STATUS_SUCCESS &&
-      (*st = cublasLtMatrixLayoutCreate(&q->lc, t, (uint64_t)N, (uint64_t)M, ldc)) == CUBLAS_STATUS_SUCCESS &&
-      (*st = cublasLtMatmulPreferenceCreate(&pref)) == CUBLAS_STATUS_SUCCESS &&
-      (*st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) == CUBLAS_STATUS_SUCCESS &&
-      (*st = cublasLtMatmulAlgoGetHeuristic(c->lt, q->desc, q->la, q->lb, q->lc, q->lc, pref, 1, &heur, &q->found)) ==
-          CUBLAS_STATUS_SUCCESS &&
-      q->found)
-    q->algo = heur.algo;
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+      (*st = cublasLtMatrixLayoutCreate(&q->lc, t, (uint64_t)N, (uint64_t)M, ldc)) == CUBLAS_STATUS_SUCCESS)
+    *st = hir__lt_find(c, q);
   if (*st != CUBLAS_STATUS_SUCCESS) {
     hir__lt_plan_free(q);
     return NULL;
@@ -7654,6 +7902,131 @@ static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_
   return hir__cuda_fail(b, "cublasLtMatmul (bias epilogue)", cublasGetStatusString(st), __FILE__, __LINE__);
 }
 
+/* One fp8 GEMM of cuBLASLt: C [M, N] (ldc) = A [M, K] (lda) x the weight
+   B, [N, K] row-major (ldb), scaled by pa (per row of A) and pb (per N):
+   single values, or vectors (cuBLASLt's outer-vector mode), or NULL (1).
+   Its plan is cached by shape, dtypes and mode; *found 0: cuBLASLt has no
+   such GEMM here. */
+static cublasStatus_t hir__cuda_fp8_gemm(hir__cuda *c, hir__cuda_lane *l, hir_dtype ta, hir_dtype tb, hir_dtype tc, int64_t M, int64_t N,
+                                         int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
+                                         const void *pa, const void *pb, int vectors, int *found) {
+  hir__lt_plan *q;
+  float one = 1, zero = 0;
+  int64_t key[9];
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  *found = 0;
+  if (!c->lt && (st = cublasLtCreate(&c->lt)) != CUBLAS_STATUS_SUCCESS) return st;
+  key[0] = M, key[1] = N, key[2] = K, key[3] = 1000 + 100 * tc + 10 * ta + tb, key[4] = 1;
+  key[5] = lda, key[6] = ldb, key[7] = ldc, key[8] = 1000 + vectors;
+  if (!(q = hir__lt_slot(c, key))->made) { /* row-major C = A B is column-major C^T = B^T A^T: cuBLAS's A is the weight */
+    cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    int32_t mode = vectors ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    if ((st = cublasLtMatmulDescCreate(&q->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) == CUBLAS_STATUS_SUCCESS &&
+        (st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa)) == CUBLAS_STATUS_SUCCESS &&
+        (st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb)) == CUBLAS_STATUS_SUCCESS &&
+        (st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode)) == CUBLAS_STATUS_SUCCESS &&
+        (st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode)) == CUBLAS_STATUS_SUCCESS &&
+        (st = cublasLtMatrixLayoutCreate(&q->la, hir__cuda_type(tb), (uint64_t)K, (uint64_t)N, ldb)) == CUBLAS_STATUS_SUCCESS &&
+        (st = cublasLtMatrixLayoutCreate(&q->lb, hir__cuda_type(ta), (uint64_t)K, (uint64_t)M, lda)) == CUBLAS_STATUS_SUCCESS &&
+        (st = cublasLtMatrixLayoutCreate(&q->lc, hir__cuda_type(tc), (uint64_t)N, (uint64_t)M, ldc)) == CUBLAS_STATUS_SUCCESS)
+      st = hir__lt_find(c, q);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE) {
+      hir__lt_plan_free(q);
+      return st;
+    }
+    q->made = 1; /* found or not, kept: the next call knows at once */
+  }
+  if (!q->found) return CUBLAS_STATUS_SUCCESS;
+  if ((st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pb, sizeof pb)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pa, sizeof pa)) == CUBLAS_STATUS_SUCCESS &&
+      (st = cublasLtMatmul(c->lt, q->desc, &one, B, q->la, A, q->lb, &zero, C, q->lc, C, q->lc, &q->algo, l->workspace,
+                           HIR__CUDA_WORKSPACE, l->stream)) == CUBLAS_STATUS_SUCCESS)
+    *found = 1;
+  return st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ? CUBLAS_STATUS_SUCCESS : st;
+}
+
+/* hir_backend.matmul_scaled through cuBLASLt's fp8 GEMM, which takes one
+   layout ("TN"): a row-major and the weight [N, K] row-major (b read as
+   [K, N] column-major), dst row-major, batches folded into M. One value
+   per scale goes to the GEMM itself; per-row scales too where cuBLASLt has
+   its outer-vector mode (Blackwell), else the GEMM writes f32 and two
+   elementwise products apply the scales (Hopper). Other layouts are
+   refused, naming the one needed. */
+static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
+                                          const hir_tensor *x, const hir_tensor *sa, const hir_tensor *sb) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__cuda_lane *l;
+  hir_tensor A = *a, B = *x, C = *dst, va = *sa, vb = *sb;
+  int nd = dst->ndims, ta, tb, tc, d, ok, vectors = 0, found = 0;
+  int64_t lda, ldb, ldc, M = 1, N = dst->sizes[nd - 1], K = a->sizes[nd - 1];
+  const void *pa = sa->data, *pb = sb->data;
+  cublasStatus_t st;
+  hir_status hs;
+  if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
+  if ((hs = hir__cuda_lane_of(b, stream, &l)) != HIR_OK) return hs;
+  ok = K > 0 && hir__gemm_operand(&A, nd, &ta, &lda) && hir__gemm_operand(&B, nd, &tb, &ldb) &&
+       hir__gemm_operand(&C, nd, &tc, &ldc) && !ta && !tc;
+  if (ok && !tb && N == 1 && B.strides[nd - 2] == 1) tb = 1, ldb = K; /* one weight row: either layout */
+  for (d = 0; ok && d < nd - 2; d++) /* batches fold into M: the weight repeats, A's and C's rows run on */
+    ok = dst->sizes[d] == 1 || (B.strides[d] == 0 && A.strides[d] == lda * a->sizes[nd - 2] && C.strides[d] == ldc * dst->sizes[nd - 2]);
+  if (!ok || !tb || (nd > 2 && (lda != K || ldc != N))) {
+    snprintf(b->error, sizeof b->error, "cuda backend: the fp8 GEMM (cuBLASLt) takes a [..., M, K] and the weight [N, K] "
+             "row-major with K > 0, and writes a row-major output; give the operands that layout");
+    return HIR_ERR_UNSUPPORTED;
+  }
+  for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
+  for (d = 0; d < nd; d++) vectors |= sa->strides[d] != 0 || sb->strides[d] != 0;
+  if (vectors) { /* a's scale as [..., M] (N dropped), b's as [N]: dense vectors */
+    va.ndims = nd - 1;
+    vb.ndims = 1, vb.sizes[0] = N, vb.strides[0] = sb->strides[nd - 1];
+    if (!hir__is_contiguous(&va)) {
+      hir_tensor dense = va;
+      if ((hs = hir__cuda_scratch(b, l, 0, (size_t)M * sizeof(float), &dense.data)) != HIR_OK) return hs;
+      hir__contiguous_strides(&dense);
+      if ((hs = hir__cuda_copy(b, l->stream, &dense, &va)) != HIR_OK) return hs;
+      pa = dense.data;
+    }
+    if (vb.strides[0] != 1 && N > 1) {
+      hir_tensor dense = vb;
+      if ((hs = hir__cuda_scratch(b, l, 2, (size_t)N * sizeof(float), &dense.data)) != HIR_OK) return hs;
+      dense.strides[0] = 1;
+      if ((hs = hir__cuda_copy(b, l->stream, &dense, &vb)) != HIR_OK) return hs;
+      pb = dense.data;
+    }
+  }
+  st = hir__cuda_fp8_gemm(c, l, a->dtype, x->dtype, dst->dtype, M, N, K, A.data, lda, B.data, ldb, C.data, ldc, pa, pb, vectors, &found);
+  if (st == CUBLAS_STATUS_SUCCESS && !found && vectors) { /* unscaled into f32, then the scales by the elementwise kernel */
+    hir_tensor raw = *dst;
+    raw.dtype = HIR_F32;
+    hir__contiguous_strides(&raw);
+    if ((hs = hir__cuda_scratch(b, l, 1, (size_t)M * (size_t)N * sizeof(float), &raw.data)) != HIR_OK) return hs;
+    st = hir__cuda_fp8_gemm(c, l, a->dtype, x->dtype, HIR_F32, M, N, K, A.data, lda, B.data, ldb, raw.data, N, NULL, NULL, 0, &found);
+    if (st == CUBLAS_STATUS_SUCCESS && found) {
+      hir__scale_args args;
+      void *argv[1];
+      dim3 grid, block;
+      if (!hir__cuda_load_map(c, HIR__SCALE_RC)) {
+        snprintf(b->error, sizeof b->error, "cuda backend: fp8 per-row scales need the NVRTC kernels: %.160s", c->map_error);
+        return HIR_ERR_UNSUPPORTED;
+      }
+      args.dst = C.data, args.raw = (const float *)raw.data, args.sa = (const float *)pa, args.sb = (const float *)pb;
+      args.rows = M, args.cols = N, args.ld = ldc, args.dt = (int)dst->dtype;
+      args.vec = N % 4 == 0 && ((uintptr_t)raw.data | (uintptr_t)pb) % 16 == 0;
+      argv[0] = &args;
+      grid.x = (unsigned)(M < 65535 ? M : 65535), grid.y = grid.z = 1;
+      block.x = 256, block.y = block.z = 1;
+      HIR__CU(b, cudaLaunchKernel((const void *)c->map_kernel[HIR__SCALE_RC], grid, block, argv, 0, l->stream));
+      return HIR_OK;
+    }
+  }
+  if (st != CUBLAS_STATUS_SUCCESS) return hir__cuda_fail(b, "cublasLtMatmul (fp8)", cublasGetStatusString(st), __FILE__, __LINE__);
+  if (found) return HIR_OK;
+  snprintf(b->error, sizeof b->error, "cuda backend: cuBLASLt has no fp8 GEMM for %s x %s -> %s, M %lld N %lld K %lld on this GPU: "
+           "fp8 needs compute capability 8.9 or later, and K and N multiples of 16", hir_dtype_name(a->dtype),
+           hir_dtype_name(x->dtype), hir_dtype_name(dst->dtype), (long long)M, (long long)N, (long long)K);
+  return HIR_ERR_UNSUPPORTED;
+}
+
 static hir_status hir__cuda_upload(hir_backend *b, void *dst, const void *src, size_t bytes) {
   HIR__CU(b, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   return HIR_OK;
@@ -7699,6 +8072,7 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   b->sum = hir__cuda_sum;
   b->matmul = hir__cuda_matmul;
   b->matmul_bias = hir__cuda_matmul_bias;
+  b->matmul_scaled = hir__cuda_matmul_scaled;
   b->upload = hir__cuda_upload;
   b->download = hir__cuda_download;
   b->timer_create = hir__cuda_timer_create;
@@ -8634,7 +9008,7 @@ static int hir__check_matmul(hir_evaluator *ev, const hir_expr *e) {
   const hir__shape *a, *b, *o, *c = NULL;
   int i, has_m, has_n, nbatch_a, nbatch_b, nbatch, bk, bn; /* bk, bn: B's K and N axes (bn < 0: none) */
   if (!(a = hir__need_shape(ev, e->in[0])) || !(b = hir__need_shape(ev, e->in[1])) || !(o = hir__need_shape(ev, e->out[0])) ||
-      (e->nin > 2 && !(c = hir__need_shape(ev, e->in[2]))))
+      (e->nin > 2 && !(c = hir__need_shape(ev, e->in[2]))) || (e->nin > 3 && !hir__need_shape(ev, e->in[3])))
     return 0;
   if (a->nd < 1 || b->nd < 1)
     return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, "a matmul operand needs at least one axis");
@@ -8653,6 +9027,14 @@ static int hir__check_matmul(hir_evaluator *ev, const hir_expr *e) {
     snprintf(why, sizeof why, "the contracted sizes differ (%lld%s vs %lld%s); give them one size",
              (long long)a->sizes[a->nd - 1], from_a, (long long)b->sizes[bk], from_b);
     return hir__shape_mismatch(ev, e, e->in[0], a, e->in[1], b, why);
+  }
+  if (e->flags & HIR__MATMUL_SCALED) { /* the scales: one value, or a's (the weight's) shape without K */
+    const hir__shape *sw = hir__need_shape(ev, e->in[3]);
+    int ok = hir__shape_numel(c) == 1 || (c->nd == a->nd - 1 && !memcmp(c->sizes, a->sizes, (size_t)c->nd * sizeof(int64_t)));
+    if (!ok) return hir__shape_mismatch(ev, e, e->in[0], a, e->in[2], c, "a_scale holds one value or a's shape without K");
+    ok = hir__shape_numel(sw) == 1 || (sw->nd == b->nd - 1 && !memcmp(sw->sizes, b->sizes, (size_t)sw->nd * sizeof(int64_t)));
+    if (!ok) return hir__shape_mismatch(ev, e, e->in[1], b, e->in[3], sw, "w_scale holds one value or the weight's shape without K");
+    c = NULL;
   }
   if (c) { /* the bias: B's shape without K */
     int ok = c->nd == b->nd - 1;
@@ -9012,13 +9394,28 @@ static int hir__exec_broadcast(hir_evaluator *ev, const hir_expr *e, const hir_t
   return hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, ov, &src), e);
 }
 
+/* Input k of e seen through out's axes (stride 0 on those it lacks): a bias or a scale. */
+static void hir__seen_as_output(hir_evaluator *ev, const hir_expr *e, int k, const hir_tensor *out, hir_tensor *view) {
+  int map[HIR_MAX_DIMS], i, d;
+  *view = *out;
+  view->data = ev->slot[e->in[k]->name].data;
+  view->dtype = e->in[k]->dtype;
+  for (i = 0; i < out->ndims; i++) view->strides[i] = 0;
+  hir__axis_map(e, k, map);
+  for (i = 0, d = 0; i < e->in[k]->ndims; i++)
+    if (e->in[k]->ids[i]->iter != HIR_REDUCTION) {
+      if (map[i] >= 0) view->strides[map[i]] = ev->slot[e->in[k]->name].strides[d];
+      d++;
+    }
+}
+
 /* torch.matmul on the backend's [..., M, K] x [..., K, N]: a missing M or N
    axis (1-D operands, chunks along M or N) comes back with size 1, batch
    axes are broadcast to the output's. */
 static int hir__exec_matmul(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov, hir_tensor *av, hir_tensor *bv,
                             hir_unary_op op) {
   hir_tensor out = *ov, bias;
-  int has_m, has_n, map[HIR_MAX_DIMS], i, k;
+  int has_m, has_n, i, k;
   hir__matmul_roles(e, av->ndims, bv->ndims, &has_m, &has_n);
   if ((e->flags & HIR__MATMUL_LINEAR) && has_n) { /* the weight [.., N, K] read as [.., K, N] */
     int64_t sz = bv->sizes[bv->ndims - 1], st = bv->strides[bv->ndims - 1];
@@ -9032,16 +9429,21 @@ static int hir__exec_matmul(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov
   hir__expand_batch(av, ov);
   hir__expand_batch(bv, ov);
   if (e->nin < 3) return hir__ev_backend(ev, ev->b->matmul(ev->b, ev->current, ov, av, bv), e);
-  /* the bias, seen through the output's axes (stride 0 on those it lacks) */
-  bias = out;
-  bias.data = ev->slot[e->in[2]->name].data;
-  for (i = 0; i < out.ndims; i++) bias.strides[i] = 0;
-  hir__axis_map(e, 2, map);
-  for (i = 0, k = 0; i < e->in[2]->ndims; i++)
-    if (e->in[2]->ids[i]->iter != HIR_REDUCTION) {
-      if (map[i] >= 0) bias.strides[map[i]] = ev->slot[e->in[2]->name].strides[k];
-      k++;
+  hir__seen_as_output(ev, e, 2, &out, &bias);
+  if (e->flags & HIR__MATMUL_SCALED) { /* the scales, as the bias: in ov's axes */
+    hir_tensor sa = *ov, sb = *ov, w;
+    hir__seen_as_output(ev, e, 3, &out, &w);
+    for (i = 0, k = 0; i < ov->ndims; i++) /* out's axes, with the size-1 M or N of a chunk inserted */
+      if (!(!has_m && i == ov->ndims - 2) && !(!has_n && i == ov->ndims - 1)) sa.strides[i] = bias.strides[k], sb.strides[i] = w.strides[k++];
+      else sa.strides[i] = sb.strides[i] = 0;
+    sa.dtype = sb.dtype = HIR_F32;
+    sa.data = bias.data, sb.data = w.data;
+    if (!ev->b->matmul_scaled) {
+      snprintf(ev->b->error, sizeof ev->b->error, "this backend has no fp8 matmul (hir_backend.matmul_scaled)");
+      return hir__ev_backend(ev, HIR_ERR_UNSUPPORTED, e);
     }
+    return hir__ev_backend(ev, ev->b->matmul_scaled(ev->b, ev->current, ov, av, bv, &sa, &sb), e);
+  }
   if (ev->b->matmul_bias && has_n) { /* in the GEMM's epilogue, where the backend takes it */
     hir_tensor epi = *ov; /* the bias in ov's axes: only N (ov's last) may vary */
     int only_n = 1;
@@ -9066,7 +9468,7 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   hir_tensor av, bv, ov;
   if (epi && e->kind == HIR_EXPR_UNARY) return 1; /* done in the linear's epilogue */
   if (!(x = hir__get(ev, e->in[0], e)) || (e->nin > 1 && !(y = hir__get(ev, e->in[1], e))) ||
-      (e->nin > 2 && !hir__get(ev, e->in[2], e)))
+      (e->nin > 2 && !hir__get(ev, e->in[2], e)) || (e->nin > 3 && !hir__get(ev, e->in[3], e)))
     return 0;
   if (e->kind == HIR_EXPR_BROADCAST && hir__broadcast_view(ev, e, x)) return 1;
   if (!(o = hir__get_out(ev, epi ? epi->out[0] : e->out[0]))) return 0;
@@ -9495,7 +9897,7 @@ static void hir__find_epilogues(hir_evaluator *ev, const hir_scope *s) {
     int output = 0;
     hir__find_epilogues(ev, &e->body);
     hir__find_epilogues(ev, &e->orelse);
-    if (e->kind != HIR_EXPR_MATMUL || !(e->flags & HIR__MATMUL_LINEAR) || e->nin < 3 || !u || u->kind != HIR_EXPR_UNARY ||
+    if (e->kind != HIR_EXPR_MATMUL || !(e->flags & HIR__MATMUL_LINEAR) || e->nin != 3 || !u || u->kind != HIR_EXPR_UNARY ||
         (u->sub != HIR_UNARY_RELU && u->sub != HIR_UNARY_GELU_TANH) || u->val || u->in[0] != e->out[0] ||
         u->out[0]->dtype != e->out[0]->dtype)
       continue;
@@ -10514,7 +10916,9 @@ static int hir__cmp_ms(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static double hir__dtype_tolerance(hir_dtype d) { return d == HIR_F64 ? 1e-9 : d == HIR_F32 ? 1e-4 : d == HIR_F16 ? 1e-2 : 3e-2; }
+static double hir__dtype_tolerance(hir_dtype d) {
+  return d == HIR_F64 ? 1e-9 : d == HIR_F32 ? 1e-4 : d == HIR_F16 ? 1e-2 : d == HIR_BF16 ? 3e-2 : d == HIR_F8E4M3 ? 0.13 : 0.26;
+}
 
 /* One run of a candidate and its sync; *ms: its wall time on this rank. */
 static hir_status hir__cand_run(hir_tuner *t, hir__cand_state *cs, const hir_tensor *in, int nin, hir_tensor *out, int nout,
@@ -11006,8 +11410,8 @@ static int hir__parse_plan(const char *line, int64_t *key, int cap, int *nkey, h
   for (i = 0; i < nin; i++) {
     hir_dtype dt;
     if (sscanf(p, " | %15s %d%n", name, &nd, &used) != 2 || nd < 0 || nd > HIR_MAX_DIMS || n + 2 + nd > cap) return 0;
-    for (dt = HIR_F32; dt <= HIR_BF16 && strcmp(hir_dtype_name(dt), name); dt = (hir_dtype)(dt + 1)) {}
-    if (dt > HIR_BF16) return 0;
+    for (dt = HIR_F32; dt < HIR_DTYPE_COUNT && strcmp(hir_dtype_name(dt), name); dt = (hir_dtype)(dt + 1)) {}
+    if (dt == HIR_DTYPE_COUNT) return 0;
     key[n++] = dt;
     key[n++] = nd;
     p += used;

@@ -1,10 +1,12 @@
 /* The single-GPU cost of issue 22's ops on the CUDA backend: the elementwise
-   kernels (NVRTC), a transpose, layer_norm as its primitives, and linear
-   with cuBLASLt's bias epilogue. Per op: the median time of hir_run +
-   hir_evaluator_sync, its ratio to the floor (the bytes it must move at the
-   device-to-device copy bandwidth measured in the same run; for linear, the
-   same GEMM without its bias), and, given PyTorch's times of the same ops
-   (bench/torch_ops.py, same shapes), the ratio to PyTorch.
+   kernels (NVRTC), a transpose, layer_norm as its primitives, linear with
+   cuBLASLt's bias epilogue, and the fp8 scaled linear. Per op: the median
+   time of hir_run + hir_evaluator_sync, its ratio to the floor (the bytes it
+   must move at the device-to-device copy bandwidth measured in the same run;
+   for linear, the same GEMM without its bias; for the fp8 linear, the bf16
+   GEMM it replaces, so below 1 is its gain), and, given PyTorch's times of
+   the same ops (bench/torch_ops.py, same shapes; torch._scaled_mm for fp8),
+   the ratio to PyTorch.
 
      python3 bench/torch_ops.py > build/torch_ops.txt
      build/bench-ops [--iters 20] [--torch build/torch_ops.txt]
@@ -25,21 +27,23 @@ int main(void) {
   return 0;
 }
 #else
-enum { OP_ADD, OP_RELU, OP_MUL_F16, OP_CAST, OP_TRANSPOSE, OP_LAYER_NORM, OP_LINEAR, OP_LINEAR_GELU, OP_MATMUL, OP_COUNT }; /* MATMUL: the linears' floor */
+enum { OP_ADD, OP_RELU, OP_MUL_F16, OP_CAST, OP_TRANSPOSE, OP_LAYER_NORM, OP_LINEAR, OP_LINEAR_GELU, OP_SCALED, OP_SCALED_ROWS,
+       OP_MATMUL, OP_COUNT }; /* MATMUL: the linears' floor */
 static const char *const op_names[OP_COUNT] = {"add bf16 [64M]", "relu bf16 [64M]", "mul f16 [64M]", "cast f32->bf16 [64M]",
                                                "transpose bf16 [8192, 8192]", "layer_norm bf16 [16384, 4096]",
                                                "linear+bias bf16 8192x4096x4096", "gelu_tanh(linear+bias) bf16 8192x4096x4096",
-                                               "linear without bias"};
+                                               "scaled_linear e4m3 -> bf16 8192x4096x4096, per-tensor scales",
+                                               "scaled_linear e4m3 -> bf16 8192x4096x4096, per-row scales", "linear without bias"};
 static const char *const op_keys[OP_COUNT] = {"add", "relu", "mul_f16", "cast", "transpose", "layer_norm", "linear", "linear_gelu",
-                                              "matmul"};
+                                              "scaled", "scaled_rows", "matmul"};
 
 /* The op's fusion, its inputs' shapes and dtypes, and the bytes it must move. */
 static hir_fusion *build(int op, int *nin, hir_tensor *in, double *bytes) {
   hir_fusion *f = hir_fusion_create();
   int64_t n = (int64_t)1 << 26;
   int perm[2] = {1, 0};
-  hir_tv *a, *b, *c;
-  memset(in, 0, 3 * sizeof *in);
+  hir_tv *a, *b, *c, *d;
+  memset(in, 0, 4 * sizeof *in);
   *nin = 1;
   in[0].ndims = 1, in[0].sizes[0] = n, in[0].dtype = HIR_BF16;
   switch (op) {
@@ -73,6 +77,18 @@ static hir_fusion *build(int op, int *nin, hir_tensor *in, double *bytes) {
     hir_output(f, hir_layer_norm(f, a, 1, b, c, 1e-5));
     *nin = 3, *bytes = 2.0 * 2 * 16384.0 * 4096.0;
     break;
+  case OP_SCALED:
+  case OP_SCALED_ROWS:
+    in[0].ndims = 2, in[0].sizes[0] = 8192, in[0].sizes[1] = 4096, in[0].dtype = HIR_F8E4M3;
+    in[1].ndims = 2, in[1].sizes[0] = 4096, in[1].sizes[1] = 4096, in[1].dtype = HIR_F8E4M3;
+    in[2].ndims = in[3].ndims = 1, in[2].dtype = in[3].dtype = HIR_F32;
+    in[2].sizes[0] = op == OP_SCALED ? 1 : 8192, in[3].sizes[0] = op == OP_SCALED ? 1 : 4096;
+    a = hir_input(f, HIR_F8E4M3, 2), b = hir_input(f, HIR_F8E4M3, 2);
+    c = op == OP_SCALED ? hir_input_sized(f, HIR_F32, 1, in[2].sizes) : hir_input(f, HIR_F32, 1);
+    d = op == OP_SCALED ? hir_input_sized(f, HIR_F32, 1, in[3].sizes) : hir_input(f, HIR_F32, 1);
+    hir_output(f, hir_scaled_linear(f, a, b, c, d, HIR_BF16));
+    *nin = 4, *bytes = 0;
+    break;
   default: /* linear (with bias; then gelu_tanh) or the matmul alone */
     in[0].ndims = 2, in[0].sizes[0] = 8192, in[0].sizes[1] = 4096;
     in[1].ndims = 2, in[1].sizes[0] = 4096, in[1].sizes[1] = 4096, in[1].dtype = HIR_BF16;
@@ -88,7 +104,7 @@ static hir_fusion *build(int op, int *nin, hir_tensor *in, double *bytes) {
 
 /* Median ms of `iters` runs (after 3 warmups) of op on backend b. */
 static double time_op(hir_backend *b, int op, int iters, double *bytes, char *err, size_t cap) {
-  hir_tensor in[3], out[1];
+  hir_tensor in[4], out[1];
   hir_lower_desc ld;
   hir_eval_desc ed;
   hir_program *p = NULL;
@@ -107,7 +123,8 @@ static double time_op(hir_backend *b, int op, int iters, double *bytes, char *er
     host = (char *)malloc(n * es);
     for (j = 0; host && j < n; j++) {
       float v = (float)((seed = seed * 1103515245u + 12345u) >> 16 & 0x7fff) / 32768.0f - 0.5f;
-      if (in[i].dtype == HIR_F32) ((float *)host)[j] = v;
+      if (in[i].dtype == HIR_F32) ((float *)host)[j] = v + 1; /* positive: scales too */
+      else if (in[i].dtype == HIR_F8E4M3) ((uint8_t *)host)[j] = hir_float_to_e4m3(v * 64);
       else ((uint16_t *)host)[j] = in[i].dtype == HIR_F16 ? hir_float_to_half(v) : hir_float_to_bf16(v);
     }
     if (!host || b->alloc(b, n * es, &in[i].data) != HIR_OK || b->upload(b, in[i].data, host, n * es) != HIR_OK)
@@ -188,12 +205,12 @@ int main(int argc, char **argv) {
     char err[512] = "";
     double floor_ms;
     times[op] = time_op(b, op, iters, &bytes, err, sizeof err);
-    floor_ms = op >= OP_LINEAR ? time_op(b, OP_MATMUL, iters, &bytes, err, sizeof err) : bytes / bw * 1e3; /* linear's: the GEMM alone */
+    floor_ms = op >= OP_LINEAR ? time_op(b, OP_MATMUL, iters, &bytes, err, sizeof err) : bytes / bw * 1e3; /* linear's: the bf16 GEMM */
     if (err[0]) {
       printf("| %s | failed: %s | | | | |\n", op_names[op], err);
       continue;
     }
-    printf("| %s | %.3f | %s%.3f | %.2f | ", op_names[op], times[op], op >= OP_LINEAR ? "GEMM " : "", floor_ms,
+    printf("| %s | %.3f | %s%.3f | %.2f | ", op_names[op], times[op], op >= OP_SCALED ? "bf16 GEMM " : op >= OP_LINEAR ? "GEMM " : "", floor_ms,
            floor_ms > 0 ? times[op] / floor_ms : 0);
     if (torch_ms[op] > 0) printf("%.3f | %.2f |\n", torch_ms[op], times[op] / torch_ms[op]);
     else printf("- | - |\n");

@@ -31,6 +31,9 @@ def main():
     w, b = torch.rand(4096, device=dev, dtype=torch.bfloat16), torch.rand(4096, device=dev, dtype=torch.bfloat16)
     a, wt, bias = (torch.rand(8192, 4096, device=dev, dtype=torch.bfloat16), torch.rand(4096, 4096, device=dev, dtype=torch.bfloat16),
                    torch.rand(4096, device=dev, dtype=torch.bfloat16))
+    a8, w8 = a.to(torch.float8_e4m3fn), wt.to(torch.float8_e4m3fn)  # w8.t(): the column-major B _scaled_mm takes
+    one = torch.ones((), device=dev)
+    rows, cols = torch.rand(8192, 1, device=dev) + 0.5, torch.rand(1, 4096, device=dev) + 0.5
     cases = {
         "add": lambda: x + y,
         "relu": lambda: torch.relu(x),
@@ -41,6 +44,8 @@ def main():
         "linear": lambda: torch.nn.functional.linear(a, wt, bias),
         "linear_gelu": lambda: torch.nn.functional.gelu(torch.nn.functional.linear(a, wt, bias), approximate="tanh"),
         "matmul": lambda: torch.nn.functional.linear(a, wt),
+        "scaled": lambda: torch._scaled_mm(a8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+        "scaled_rows": lambda: torch._scaled_mm(a8, w8.t(), scale_a=rows, scale_b=cols, out_dtype=torch.bfloat16),
     }
     for key, fn in cases.items():
         print("%s %.4f" % (key, median_ms(fn)))

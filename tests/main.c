@@ -20,6 +20,7 @@
 #include "test_ops.c"
 #include "test_reshard.c"
 #include "test_split.c"
+#include "test_fp8.c"
 
 #include <unistd.h>
 

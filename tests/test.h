@@ -97,6 +97,8 @@ static double tget(const hir_tensor *t, int64_t i) {
   case HIR_F32: return ((float *)t->data)[i];
   case HIR_F64: return ((double *)t->data)[i];
   case HIR_F16: return hir_half_to_float(((uint16_t *)t->data)[i]);
+  case HIR_F8E4M3: return hir_e4m3_to_float(((uint8_t *)t->data)[i]);
+  case HIR_F8E5M2: return hir_e5m2_to_float(((uint8_t *)t->data)[i]);
   default: return hir_bf16_to_float(((uint16_t *)t->data)[i]);
   }
 }
@@ -105,6 +107,8 @@ static void tset(hir_tensor *t, int64_t i, double v) {
   case HIR_F32: ((float *)t->data)[i] = (float)v; break;
   case HIR_F64: ((double *)t->data)[i] = v; break;
   case HIR_F16: ((uint16_t *)t->data)[i] = hir_float_to_half((float)v); break;
+  case HIR_F8E4M3: ((uint8_t *)t->data)[i] = hir_float_to_e4m3((float)v); break;
+  case HIR_F8E5M2: ((uint8_t *)t->data)[i] = hir_float_to_e5m2((float)v); break;
   default: ((uint16_t *)t->data)[i] = hir_float_to_bf16((float)v); break;
   }
 }
