@@ -890,7 +890,11 @@ int main(int argc, char **argv) {
     return 2;
   }
 #endif
-  if (!B.gpu) B.D = 4;
+  if (!B.gpu) { /* said first: the CPU runs GPU-sized shapes for minutes */
+    printf("bench-overlap: %d GPU(s) visible, 2 needed; the CPU backend and 4 in-process ranks run it instead\n\n", B.D);
+    fflush(stdout);
+    B.D = 4;
+  }
   if (!nshapes) {
     const shape *d = decode ? decode_shapes : B.gpu ? gpu_shapes : cpu_shapes;
     nshapes = decode || B.gpu ? 6 : 2;
