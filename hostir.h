@@ -1310,6 +1310,7 @@ static int hir__data_index(const hir_tv *tv, int axis) {
 /* LINEAR: B is [.., N, K], a 3rd input the bias. SCALED: fp8 A and B (hir_scaled_linear, LINEAR too), the 3rd and
    4th inputs their scales (f32; one value, or one per row of A and per N of B). */
 enum { HIR__MATMUL_NO_M = 1, HIR__MATMUL_NO_N = 2, HIR__MATMUL_LINEAR = 4, HIR__MATMUL_SCALED = 8 };
+enum { HIR__MAX_OPERANDS = 4 }; /* of a compute op: a scaled linear's */
 /* A LoadStoreOp's flag: it permutes the axes (nvFuser's Set.Permute). */
 enum { HIR__SET_PERMUTE = 1 };
 
@@ -2918,7 +2919,7 @@ static void hir__print_binary(hir__writer *w, const hir_expr *e, int ind) {
 
 /* nvFuser's spelling of a cast: __half2float, __float2bfloat, (double) ... */
 static void hir__print_cast(hir__writer *w, hir_dtype from, hir_dtype to) {
-  static const char *const names[] = {"float", "double", "half", "bfloat"};
+  static const char *const names[] = {"float", "double", "half", "bfloat", "e4m3", "e5m2"};
   if ((from == HIR_F32 || from == HIR_F64) && (to == HIR_F32 || to == HIR_F64))
     hir__emit(w, "(%s)", names[to]);
   else
@@ -3929,7 +3930,7 @@ static int hir__decompose_reshardings(hir_program *p) {
     hir_expr *e = (hir_expr *)f->exprs.items[i], *local = hir__local_part_of_sum(f, e);
     if (f->status != HIR_OK || (local && !hir__push(f, &exprs, local))) return 0;
     if (!(hir__ops[e->kind].flags & HIR__OP_MOVES) && hir_expr_is_resharding(e)) {
-      hir_tv *orig[4] = {NULL, NULL, NULL, NULL}; /* compute ops have at most four operands (a scaled linear's scales) */
+      hir_tv *orig[HIR__MAX_OPERANDS] = {NULL, NULL, NULL, NULL};
       for (k = 0; k < e->nin; k++) {
         int map[HIR_MAX_DIMS], first[HIR_MAX_DIMS];
         hir_tv *in = orig[k] = e->in[k], *out = e->out[0], *moved;
@@ -4796,7 +4797,7 @@ static int hir__contiguous_chunks(hir__chain *c, const hir_expr *e, const hir_tv
 
 static int hir__stream_op(hir__chain *c, const hir_expr *e) {
   hir_fusion *f = &c->p->ir;
-  hir_tv *ins[3], *out, *slot;
+  hir_tv *ins[HIR__MAX_OPERANDS], *out, *slot;
   hir_expr *ite;
   int s = hir__stream_axis(e->out[0]), cut = hir__cut_axis(e->out[0], s), k, j, moves = hir_expr_is_resharding(e);
   if (e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE || e->kind == HIR_EXPR_RESHAPE)

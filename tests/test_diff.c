@@ -24,6 +24,7 @@ static int diff_next(diff_rng *r, int n) { /* uniform in [0, n) */
 /* A tensor of the program and its whole (unsharded) value, row-major. */
 typedef struct diff_tv {
   hir_tv *tv;
+  hir_dtype dt;                /* f32, or an fp8 input's */
   int nd;                      /* data axes */
   int64_t sizes[HIR_MAX_DIMS];
   double *v;
@@ -69,6 +70,7 @@ static diff_tv *diff_new(diff_prog *p, hir_tv *tv, int nd, const int64_t *sizes)
   diff_tv *t = &p->t[p->ntv++];
   int64_t n = diff_numel(nd, sizes);
   t->tv = tv;
+  t->dt = tv ? hir_tv_dtype(tv) : HIR_F32;
   t->nd = nd;
   memcpy(t->sizes, sizes, (size_t)nd * sizeof(int64_t));
   t->v = (double *)calloc((size_t)(n ? n : 1), sizeof(double));
@@ -221,6 +223,43 @@ static diff_tv *diff_matmul(diff_prog *p, diff_tv *a, diff_tv *b) {
   return t;
 }
 
+/* t = hir_scaled_linear(e4m3(a), w, sa, sw) of a [..., M, K]: the weight w
+   [N, K] an e4m3 input, the scales f32 inputs of one value or per row
+   (sa a's shape without K, sw [N]), the output f32. */
+static diff_tv *diff_scaled(diff_rng *r, diff_prog *p, diff_tv *a, int meshless) {
+  int64_t K = a->sizes[a->nd - 1], N = 1 + diff_next(r, 3), ws[2], one[1] = {1}, rows = diff_numel(a->nd - 1, a->sizes), m, n, k, i;
+  int row_a = diff_next(r, 2), row_w = diff_next(r, 2);
+  diff_tv *w, *sa, *sw, *a8, *t;
+  ws[0] = N, ws[1] = K;
+  w = diff_new(p, hir_input(p->f, HIR_F8E4M3, 2), 2, ws);
+  sa = row_a ? diff_new(p, hir_input(p->f, HIR_F32, a->nd - 1), a->nd - 1, a->sizes) : diff_new(p, hir_input_sized(p->f, HIR_F32, 1, one), 1, one);
+  sw = row_w ? diff_new(p, hir_input(p->f, HIR_F32, 1), 1, ws) : diff_new(p, hir_input_sized(p->f, HIR_F32, 1, one), 1, one);
+  p->nin += 3;
+  for (i = 0; i < N * K; i++) w->v[i] = hir_e4m3_to_float(hir_float_to_e4m3((float)(diff_next(r, 2001) - 1000) / 64.0f));
+  for (i = 0; i < diff_numel(sa->nd, sa->sizes); i++) sa->v[i] = (double)(1 + diff_next(r, 512)) / 256.0;
+  for (i = 0; i < diff_numel(sw->nd, sw->sizes); i++) sw->v[i] = (double)(1 + diff_next(r, 512)) / 256.0;
+  a8 = diff_new(p, hir_cast(p->f, a->tv, HIR_F8E4M3), a->nd, a->sizes);
+  for (i = 0; i < diff_numel(a->nd, a->sizes); i++) a8->v[i] = hir_e4m3_to_float(hir_float_to_e4m3((float)a->v[i]));
+  diff_place(r, p, w, meshless);
+  diff_place(r, p, sa, meshless);
+  diff_place(r, p, sw, meshless);
+  diff_place(r, p, a8, meshless);
+  ws[1] = N; /* the output: a's shape with N for K */
+  {
+    int64_t sz[HIR_MAX_DIMS];
+    memcpy(sz, a->sizes, sizeof sz);
+    sz[a->nd - 1] = N;
+    t = diff_new(p, hir_scaled_linear(p->f, a8->tv, w->tv, sa->tv, sw->tv, HIR_F32), a->nd, sz);
+  }
+  for (m = 0; m < rows; m++)
+    for (n = 0; n < N; n++) {
+      double acc = 0;
+      for (k = 0; k < K; k++) acc += a8->v[m * K + k] * w->v[n * K + k];
+      t->v[m * N + n] = acc * sa->v[row_a ? m : 0] * sw->v[row_w ? n : 0];
+    }
+  return t;
+}
+
 /* A random program; 0 when the builder refused it (the caller moves on). */
 static int diff_build(diff_rng *r, diff_prog *p) {
   int meshless = diff_next(r, 8) == 0, nops = 1 + diff_next(r, 3), k, i, j, D = p->world;
@@ -238,7 +277,9 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   if (diff_next(r, 2)) { /* a matmul on the first input: B is [K, N] or [batch, K, N] */
     diff_tv *a = &p->t[0], *b;
     int64_t bs[3], n;
-    if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 2) {
+    if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 5 && p->seed % 5 == 3) { /* by the seed: the programs of other seeds stay */
+      diff_place(r, p, diff_scaled(r, p, a, meshless), meshless);
+    } else if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 2) {
       int batched = a->nd == 3 && diff_next(r, 2);
       bs[0] = a->sizes[0], bs[batched] = a->sizes[a->nd - 1], bs[batched + 1] = 1 + diff_next(r, 3);
       if (!batched) bs[1] = 1 + diff_next(r, 3), bs[0] = a->sizes[a->nd - 1];
@@ -324,7 +365,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
 
 /* The whole value of t as a host tensor. */
 static hir_tensor diff_tensor(const diff_tv *t) {
-  hir_tensor h = tn(HIR_F32, t->nd, t->sizes);
+  hir_tensor h = tn(t->dt, t->nd, t->sizes);
   int64_t i;
   for (i = 0; i < diff_numel(t->nd, t->sizes); i++) tset(&h, i, t->v[i]);
   return h;
@@ -336,7 +377,7 @@ static hir_status diff_rank(int rank, void *user) {
   hir_eval_desc ed;
   hir_program *p = NULL;
   hir_evaluator *ev = NULL;
-  hir_tensor whole[4], in[4], out[1], want;
+  hir_tensor whole[8], in[8], out[1], want; /* inputs: 1-2, and a matmul's 1 or a scaled linear's 3 */
   const diff_tv *o = &x->t[x->ntv - 1];
   int i;
   char *err = x->error[rank];

@@ -53,6 +53,7 @@ def _load():
         "hir_binary_scalar": (p, [p, i, p, ctypes.c_double]), "hir_scalar_binary": (p, [p, i, ctypes.c_double, p]),
         "hir_permute": (p, [p, p, ctypes.POINTER(i)]), "hir_mean": (p, [p, p, i, ctypes.POINTER(i)]),
         "hir_layer_norm": (p, [p, p, i, p, p, ctypes.c_double]), "hir_linear": (p, [p, p, p, p]),
+        "hir_scaled_linear": (p, [p, p, p, p, p, i]),
         "hir_select": (p, [p, p, i, ctypes.c_int64]), "hir_slice_step": (p, [p, p, i, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
         "hir_reshape": (p, [p, p, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
@@ -91,7 +92,7 @@ def _load():
 
 _lib = _load()
 _DTYPES = {"float32": 0, "float64": 1, "float16": 2}      # hir_dtype; bfloat16 has no numpy type
-_BUILD_DTYPES = dict(_DTYPES, bfloat16=3)                  # the builder takes it (hostir.torch runs it)
+_BUILD_DTYPES = dict(_DTYPES, bfloat16=3, float8_e4m3fn=4, float8_e5m2=5)  # the builder takes these (hostir.torch runs bf16)
 _NUMPY = {0: np.float32, 1: np.float64, 2: np.float16}
 _PTYPES = {"Serial": 0, "DIDx": 1, "Stream": 2}
 _BINARY = {"+": 0, "-": 1, "*": 2, "/": 3}  # hir_binary_op
@@ -248,9 +249,9 @@ class Fusion:
         return self._tv(_lib.hir_unary(self._h, _UNARY[op], a._h))
 
     def cast(self, a, dtype):
-        if dtype not in _DTYPES:
-            raise Error("invalid argument", "cast: dtype %r; give one of %s" % (dtype, ", ".join(_DTYPES)))
-        return self._tv(_lib.hir_cast(self._h, a._h, _DTYPES[dtype]))
+        if dtype not in _BUILD_DTYPES:
+            raise Error("invalid argument", "cast: dtype %r; give one of %s" % (dtype, ", ".join(_BUILD_DTYPES)))
+        return self._tv(_lib.hir_cast(self._h, a._h, _BUILD_DTYPES[dtype]))
 
     def scalar(self, op, a, s, scalar_first=False):
         """a op s (scalar_first: s op a), op one of + - * /."""
@@ -284,6 +285,12 @@ class Fusion:
     def linear(self, a, weight, bias=None):
         """torch.nn.functional.linear: a [..., K] x weight [N, K] transposed, plus bias [N]."""
         return self._tv(_lib.hir_linear(self._h, a._h, weight._h, bias._h if bias else None))
+
+    def scaled_linear(self, a, weight, a_scale, w_scale, out="bfloat16"):
+        """torch._scaled_mm's fp8 linear: (a * a_scale) x (weight * w_scale) transposed, in `out`."""
+        if out not in ("float32", "float16", "bfloat16"):
+            raise Error("invalid argument", "scaled_linear: out %r; give float32, float16 or bfloat16" % (out,))
+        return self._tv(_lib.hir_scaled_linear(self._h, a._h, weight._h, a_scale._h, w_scale._h, _BUILD_DTYPES[out]))
 
     def layer_norm(self, a, naxes, weight=None, bias=None, eps=1e-5):
         return self._tv(_lib.hir_layer_norm(self._h, a._h, naxes, weight._h if weight else None,

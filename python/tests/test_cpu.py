@@ -122,6 +122,32 @@ class CpuTests(unittest.TestCase):
         for r in range(D):
             np.testing.assert_allclose(outs[r][0], want, rtol=1e-5, atol=1e-5, err_msg="rank %d" % r)
 
+    def test_scaled_linear_fp8(self):
+        """fp8 (torch._scaled_mm's product): rows cast to e4m3 and gathered with their scales, pipelined on streams."""
+        rng = np.random.default_rng(17)
+        D, m, K, N = 3, 2, 16, 5
+        A = (rng.integers(-16, 17, (D, m, K)) / 4).astype(np.float32)  # quarters up to 4: exact in e4m3
+        W = (rng.integers(-16, 17, (N, K)) / 4).astype(np.float32)
+        SA = (rng.integers(1, 9, (D, m)) / 8).astype(np.float32)
+        SW = np.array([0.75], np.float32)
+        f = hostir.Fusion()
+        a, w, sa, sw = f.input("float32", 3), f.input("float32", 2), f.input("float32", 2), f.input_sized("float32", [1])
+        a8, w8 = f.cast(a, "float8_e4m3fn"), f.cast(w, "float8_e4m3fn")
+        y = f.output(f.scaled_linear(a8, w8, sa, sw, out="float32"))
+        for t in (a, w, sa, sw, a8, w8, y):
+            t.mesh(range(D))
+        for t in (a, sa, a8):
+            t.parallelize(0, "DIDx")
+        y.parallelize(0, "Stream")
+        self.assertIn("scaled_linear(", str(f))
+        outs = hostir.run(f, [[A[r:r + 1], W, SA[r:r + 1], SW] for r in range(D)])
+        want = np.einsum("dmk,nk->dmn", A.astype(np.float64), W.astype(np.float64)) * SA[:, :, None] * SW[0]
+        for r in range(D):
+            np.testing.assert_allclose(outs[r][0], want, rtol=1e-6, atol=1e-6, err_msg="rank %d" % r)
+        with self.assertRaises(hostir.Error) as e:
+            f.scaled_linear(a8, w8, sa, sw, out="float8_e4m3fn")
+        self.assertIn("give float32, float16 or bfloat16", str(e.exception))
+
     def test_split_axis(self):
         """A [M, K] split on M by D and sharded (each rank passes its rows), C's parts on streams: nvFuser's AG+GEMM."""
         rng = np.random.default_rng(13)
