@@ -150,7 +150,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 10: { /* elementwise, casts, scalars, permutes, composites: any arguments */
       int perm[HIR_MAX_DIMS] = {fz_take(&z, 4) - 1, fz_take(&z, 4) - 1, fz_take(&z, 4) - 1};
       int64_t sizes[3] = {fz_take(&z, 5) - 1, fz_take(&z, 5) - 1, fz_take(&z, 5) - 1};
-      switch (fz_take(&z, 12)) {
+      switch (fz_take(&z, 13)) {
       case 0: t = hir_unary(x.f, (hir_unary_op)fz_take(&z, HIR_UNARY_COUNT + 1), a); break;
       case 1: t = hir_cast(x.f, a, (hir_dtype)fz_take(&z, HIR_DTYPE_COUNT + 1)); break;
       case 2: t = hir_binary_scalar(x.f, (hir_binary_op)fz_take(&z, HIR_BINARY_COUNT + 1), a, fz_take(&z, 9) - 4); break;
@@ -168,6 +168,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case 10: /* times a scalar input */
         t = hir_binary_val(x.f, (hir_binary_op)fz_take(&z, HIR_BINARY_COUNT), a, hir_input_scalar(x.f));
         if (x.nin < 8) x.sizes[x.nin++][0] = 1 + fz_take(&z, 3); /* its value */
+        break;
+      case 11: /* fp8: a and b cast, any two tensors as the scales, any output dtype */
+        if (ntv)
+          t = hir_scaled_linear(x.f, hir_cast(x.f, a, fz_take(&z, 2) ? HIR_F8E4M3 : HIR_F8E5M2), hir_cast(x.f, b, HIR_F8E4M3),
+                                tvs[fz_take(&z, ntv)], tvs[fz_take(&z, ntv)], (hir_dtype)fz_take(&z, HIR_DTYPE_COUNT + 1));
         break;
       default: t = hir_reshape(x.f, a, 1 + fz_take(&z, 3), sizes); break;
       }

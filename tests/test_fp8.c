@@ -219,3 +219,58 @@ TEST(test_fp8_print, "fp8/print", TEST_CPU) {
         strstr(text, "T1_g___e5m2[iS2{i3}, iS3{i4}],") && strstr(text, "T3_g_float[iS5{1}])"));
   hir_fusion_free(f);
 }
+
+/* The AG pipeline with row scales of the wrong length: the scales' gather
+   shares the rows' loop (their extent), so the run must check their size
+   against it and refuse on every rank, never read past them. */
+typedef struct fp8_bad_scales {
+  hir_local_world *w;
+  hir_fusion *f;
+  char error[2][512];
+} fp8_bad_scales;
+
+static hir_status fp8_bad_scales_rank(int rank, void *user) {
+  fp8_bad_scales *x = (fp8_bad_scales *)user;
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  int64_t sa[3] = {1, 3, 32}, sw[2] = {16, 32}, ss[2] = {1, 2}, s1[1] = {1};
+  hir_tensor in[4], out[1];
+  hir_status s;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  memset(out, 0, sizeof out);
+  ld.my_device = rank;
+  ed.comm = hir_local_comm(x->w, rank);
+  in[0] = trand(HIR_F8E4M3, 3, sa), in[1] = trand(HIR_F8E4M3, 2, sw), in[2] = scale_values(2, ss), in[3] = scale_values(1, s1);
+  if ((s = hir_lower(x->f, &ld, &p)) == HIR_OK && (s = hir_evaluator_create(p, &ed, &ev)) == HIR_OK)
+    s = hir_run(ev, in, 4, out, 1);
+  snprintf(x->error[rank], sizeof x->error[rank], "%s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  tfree(&in[0]), tfree(&in[1]), tfree(&in[2]), tfree(&in[3]);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  return s;
+}
+
+TEST(test_fp8_bad_row_scales, "fp8/bad_row_scales", TEST_CPU) {
+  int64_t one[1] = {1};
+  int mesh[2] = {0, 1};
+  fp8_bad_scales x;
+  hir_tv *a, *w, *as, *ws, *y;
+  memset(&x, 0, sizeof x);
+  x.f = hir_fusion_create();
+  a = hir_input(x.f, HIR_F8E4M3, 3), w = hir_input(x.f, HIR_F8E4M3, 2), as = hir_input(x.f, HIR_F32, 2);
+  ws = hir_input_sized(x.f, HIR_F32, 1, one);
+  y = hir_scaled_linear(x.f, a, w, as, ws, HIR_BF16);
+  hir_output(x.f, y);
+  hir_set_mesh(a, 2, mesh), hir_set_mesh(w, 2, mesh), hir_set_mesh(as, 2, mesh), hir_set_mesh(ws, 2, mesh), hir_set_mesh(y, 2, mesh);
+  hir_parallelize(a, 0, HIR_DIDX), hir_parallelize(as, 0, HIR_DIDX), hir_parallelize(y, 0, HIR_STREAM);
+  x.w = hir_local_world_create(2);
+  hir_local_world_set_timeout(x.w, 5000);
+  CHECK(hir_spmd(2, fp8_bad_scales_rank, &x) == HIR_ERR_SHAPE);
+  CHECK(strstr(x.error[0], "a_scale holds one value or a's shape without K") && !strcmp(x.error[0], x.error[1]));
+  if (!strstr(x.error[0], "a_scale")) printf("  %s\n", x.error[0]);
+  hir_local_world_free(x.w);
+  hir_fusion_free(x.f);
+}
