@@ -6090,9 +6090,13 @@ static void hir__contiguous_strides(hir_tensor *t) {
 
 // >>dlpack
 #ifdef HOSTIR_DLPACK
+/* Each hir_dtype's DLPack code and bits; fp8 by DLPack 1.1's numbers (kDLFloat8_e4m3fn 10, kDLFloat8_e5m2 12, as
+   PyTorch exports them), so that an older dlpack.h works too. */
+static const struct { int code, bits; } hir__dlpack_types[] = {{kDLFloat, 32}, {kDLFloat, 64}, {kDLFloat, 16}, {kDLBfloat, 16},
+                                                              {10, 8}, {12, 8}};
+HIR__STATIC_ASSERT(dlpack_types, sizeof(hir__dlpack_types) / sizeof(hir__dlpack_types[0]) == HIR_DTYPE_COUNT);
+
 HIRDEF hir_status hir_tensor_from_dlpack(const DLTensor *t, hir_tensor *out, char *error, size_t cap) {
-  static const struct { int code, bits; hir_dtype dtype; } types[] = {
-      {kDLFloat, 32, HIR_F32}, {kDLFloat, 64, HIR_F64}, {kDLFloat, 16, HIR_F16}, {kDLBfloat, 16, HIR_BF16}};
   int i, k, zero = 1;
   int64_t numel = 1;
   if (!t || !out) {
@@ -6100,11 +6104,11 @@ HIRDEF hir_status hir_tensor_from_dlpack(const DLTensor *t, hir_tensor *out, cha
     return HIR_ERR_INVALID;
   }
   memset(out, 0, sizeof *out);
-  for (k = 0; k < 4 && !(types[k].code == t->dtype.code && types[k].bits == t->dtype.bits); k++) {}
-  if (k == 4 || t->dtype.lanes != 1) {
+  for (k = 0; k < HIR_DTYPE_COUNT && !(hir__dlpack_types[k].code == t->dtype.code && hir__dlpack_types[k].bits == t->dtype.bits); k++) {}
+  if (k == HIR_DTYPE_COUNT || t->dtype.lanes != 1) {
     if (error && cap)
-      snprintf(error, cap, "hir_tensor_from_dlpack: dtype code %d, %d bits, %d lanes is not one of f32, f64, f16, bf16",
-               t->dtype.code, t->dtype.bits, t->dtype.lanes);
+      snprintf(error, cap, "hir_tensor_from_dlpack: dtype code %d, %d bits, %d lanes is not one of f32, f64, f16, bf16, "
+               "float8_e4m3fn, float8_e5m2", t->dtype.code, t->dtype.bits, t->dtype.lanes);
     return HIR_ERR_UNSUPPORTED;
   }
   if (t->ndim < 0 || t->ndim > HIR_MAX_DIMS) {
@@ -6120,7 +6124,7 @@ HIRDEF hir_status hir_tensor_from_dlpack(const DLTensor *t, hir_tensor *out, cha
     return HIR_ERR_UNSUPPORTED;
   }
   out->data = t->data ? (char *)t->data + t->byte_offset : NULL;
-  out->dtype = types[k].dtype;
+  out->dtype = (hir_dtype)k;
   out->ndims = t->ndim;
   for (i = 0; i < t->ndim; i++) {
     out->sizes[i] = t->shape[i];
@@ -6137,7 +6141,6 @@ typedef struct hir__dlpack { /* a DLManagedTensor and the arrays it points at, i
 static void hir__dlpack_delete(DLManagedTensor *self) { HIR_FREE(self); }
 
 HIRDEF hir_status hir_tensor_to_dlpack(const hir_tensor *t, int device_type, int device_id, DLManagedTensor **out) {
-  static const struct { uint8_t code, bits; } types[] = {{kDLFloat, 32}, {kDLFloat, 64}, {kDLFloat, 16}, {kDLBfloat, 16}};
   hir__dlpack *d;
   int i, contiguous = 1;
   if (!out) return HIR_ERR_INVALID;
@@ -6156,8 +6159,8 @@ HIRDEF hir_status hir_tensor_to_dlpack(const hir_tensor *t, int device_type, int
   d->m.dl_tensor.device.device_type = (DLDeviceType)device_type;
   d->m.dl_tensor.device.device_id = device_id;
   d->m.dl_tensor.ndim = t->ndims;
-  d->m.dl_tensor.dtype.code = types[t->dtype].code;
-  d->m.dl_tensor.dtype.bits = types[t->dtype].bits;
+  d->m.dl_tensor.dtype.code = (uint8_t)hir__dlpack_types[t->dtype].code;
+  d->m.dl_tensor.dtype.bits = (uint8_t)hir__dlpack_types[t->dtype].bits;
   d->m.dl_tensor.dtype.lanes = 1;
   d->m.dl_tensor.shape = d->shape;
   d->m.dl_tensor.strides = d->strides;

@@ -73,6 +73,16 @@ TEST(test_dlpack_roundtrip, "dlpack/roundtrip", TEST_CPU) {
   CHECK(hir_tensor_from_dlpack(&bad, &in[0], err, sizeof err) == HIR_OK && in[0].dtype == HIR_BF16);
   bad.dtype.lanes = 2;
   CHECK(hir_tensor_from_dlpack(&bad, &in[0], err, sizeof err) == HIR_ERR_UNSUPPORTED && strstr(err, "2 lanes"));
+  for (k = 0; k < 2; k++) { /* fp8 by DLPack 1.1's codes, as PyTorch gives them (e4m3fn 10, e5m2 12), both ways */
+    hir_tensor h = in[0];
+    bad = da;
+    bad.dtype.code = (uint8_t)(k ? 12 : 10), bad.dtype.bits = 8;
+    CHECK(hir_tensor_from_dlpack(&bad, &in[0], err, sizeof err) == HIR_OK && in[0].dtype == (k ? HIR_F8E5M2 : HIR_F8E4M3));
+    h.dtype = k ? HIR_F8E5M2 : HIR_F8E4M3;
+    CHECK(hir_tensor_to_dlpack(&h, kDLCPU, 0, &dc) == HIR_OK && dc->dl_tensor.dtype.code == (k ? 12 : 10) &&
+          dc->dl_tensor.dtype.bits == 8);
+    if (dc) dc->deleter(dc);
+  }
   bad = da;
   a_strides[0] = a_strides[1] = 0;
   CHECK(hir_tensor_from_dlpack(&bad, &in[0], err, sizeof err) == HIR_ERR_UNSUPPORTED && strstr(err, "expanded"));

@@ -41,8 +41,10 @@ from . import Error, _HirTensor, _lib, _status, ag_matmul_fusion, matmul_rs_fusi
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "run", "set_options", "plan", "shutdown"]
 
-_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}  # hir_dtype
-_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3,  # hir_dtype; fp8 for run() only
+          torch.float8_e4m3fn: 4, torch.float8_e5m2: 5}
+_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",
+          torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
 _options = {"tune": False, "plan": "auto", "streams": 0, "timeout_ms": 60000, "cache": 16}
 _lock = threading.RLock()
 _NOT_WARM = ("hostir.torch: a CUDA graph is being captured and this op has not run yet with these shapes; run it once "
@@ -343,7 +345,7 @@ def _group_state(group_name, device):
 def _check(what, t, dtype, device):
     if t.dtype != dtype:
         _fail("hostir.torch.%s: %s is %s, the other operands %s; pass one dtype" % (what[0], what[1], t.dtype, dtype))
-    if t.dtype not in _CODES:
+    if _CODES.get(t.dtype, 4) > 3:
         _fail("hostir.torch.%s: %s is %s; hostir takes float32, float64, float16 and bfloat16" % (what[0], what[1], t.dtype))
     if t.device != device:
         _fail("hostir.torch.%s: %s is on %s, the other operands on %s" % (what[0], what[1], t.device, device))
@@ -581,7 +583,8 @@ def run(fusion, inputs, group=None):
         if t is None:
             continue
         if t.dtype not in _CODES:
-            _fail("hostir.torch.run: input %d is %s; hostir takes float32, float64, float16 and bfloat16" % (k, t.dtype))
+            _fail("hostir.torch.run: input %d is %s; hostir takes float32, float64, float16, bfloat16, float8_e4m3fn and "
+                  "float8_e5m2" % (k, t.dtype))
         if t.device != device:
             _fail("hostir.torch.run: input %d is on %s, input 0 on %s" % (k, t.device, device))
         want = getattr(fusion.inputs[k], "dtype", None)

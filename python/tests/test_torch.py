@@ -224,6 +224,30 @@ def general_fusion():
 
 
 @case
+def fp8_fusion():
+    """fp8 through hostir.torch.run: e4m3 rows (torch.float8_e4m3fn) and
+    their per-row scales gathered into hir_scaled_linear, pipelined on
+    streams, against the product of the fp8 values in float64."""
+    D, m, K, N = W.size, 2, 32, 16  # K and N multiples of 16, as GPUs' fp8 GEMMs take them
+    f = hostir.Fusion()
+    a, w = f.input("float8_e4m3fn", 3), f.input("float8_e4m3fn", 2)
+    sa, sw = f.input("float32", 2), f.input_sized("float32", [1])
+    y = f.output(f.scaled_linear(a, w, sa, sw, out="float32"))
+    for t in (a, w, sa, sw, y):
+        t.mesh(range(D))
+    a.parallelize(0, "DIDx")
+    sa.parallelize(0, "DIDx")
+    y.parallelize(0, "Stream")
+    gen = torch.Generator().manual_seed(11)
+    A = (torch.randint(-16, 17, (D, m, K), generator=gen) / 4).to(torch.float8_e4m3fn)  # quarters up to 4: exact
+    Wt = (torch.randint(-16, 17, (N, K), generator=gen) / 4).to(torch.float8_e4m3fn)
+    SA, SW = torch.randint(1, 9, (D, m), generator=gen) / 8, torch.tensor([0.75])
+    out, = ht.run(f, [A[W.rank:W.rank + 1].to(W.dev), Wt.to(W.dev), SA[W.rank:W.rank + 1].to(W.dev), SW.to(W.dev)])
+    want = (A.double() @ Wt.double().T) * SA.double()[:, :, None] * 0.75
+    close(out, want, torch.float32, "run(fusion) fp8")
+
+
+@case
 def shutdown_and_again():
     """shutdown frees every group's plans and communicators; the next op
     makes them again (one CPU rank: a shutdown is the process's, and torch's
@@ -263,8 +287,8 @@ def refusals():
 
 def rank_main(rank, size, dev):
     W.rank, W.size, W.dev, W.results = rank, size, dev, []
-    for test in (ag_forward_backward, rs_forward_backward, pipelines, compiled, cuda_graph, general_fusion, shutdown_and_again,
-                 refusals):
+    for test in (ag_forward_backward, rs_forward_backward, pipelines, compiled, cuda_graph, general_fusion, fp8_fusion,
+                 shutdown_and_again, refusals):
         test()
     for name, err in W.results:
         print("rank%d: %s %s" % (rank, "FAIL" if err else "ok  ", name))
