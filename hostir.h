@@ -7413,8 +7413,9 @@ static int hir__cuda_map_args(const hir_tensor *dst, const hir_tensor *a, const 
   args->dst = dst->data, args->a = a->data, args->b = x ? x->data : a->data;
   args->binary = x != NULL;
   args->dt_dst = (int)dst->dtype, args->dt_a = (int)a->dtype, args->dt_b = x ? (int)x->dtype : 0;
-  if (args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && (!x || args->sb[0] == 1) && a->dtype == dst->dtype && dst->dtype <= HIR_BF16 &&
-      (!x || x->dtype == dst->dtype) && ((uintptr_t)args->dst | (uintptr_t)args->a | (uintptr_t)args->b) % 16 == 0)
+  if (args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && (!x || args->sb[0] == 1) && a->dtype == dst->dtype &&
+      dst->dtype <= HIR_BF16 && (!x || x->dtype == dst->dtype) &&
+      ((uintptr_t)args->dst | (uintptr_t)args->a | (uintptr_t)args->b) % 16 == 0)
     return HIR__VEC_F32 + (int)dst->dtype; /* dense, one dtype */
   return f64 ? HIR__MAP_F64 : HIR__MAP_F32;
 }
