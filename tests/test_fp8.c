@@ -226,6 +226,7 @@ TEST(test_fp8_print, "fp8/print", TEST_CPU) {
 typedef struct fp8_bad_scales {
   hir_local_world *w;
   hir_fusion *f;
+  hir_tensor in[2][4];  /* each rank's, drawn before the ranks start (the generator is not thread-safe) */
   char error[2][512];
 } fp8_bad_scales;
 
@@ -235,30 +236,30 @@ static hir_status fp8_bad_scales_rank(int rank, void *user) {
   hir_eval_desc ed;
   hir_program *p = NULL;
   hir_evaluator *ev = NULL;
-  int64_t sa[3] = {1, 3, 32}, sw[2] = {16, 32}, ss[2] = {1, 2}, s1[1] = {1};
-  hir_tensor in[4], out[1];
+  hir_tensor out[1];
   hir_status s;
   memset(&ld, 0, sizeof ld);
   memset(&ed, 0, sizeof ed);
   memset(out, 0, sizeof out);
   ld.my_device = rank;
   ed.comm = hir_local_comm(x->w, rank);
-  in[0] = trand(HIR_F8E4M3, 3, sa), in[1] = trand(HIR_F8E4M3, 2, sw), in[2] = scale_values(2, ss), in[3] = scale_values(1, s1);
   if ((s = hir_lower(x->f, &ld, &p)) == HIR_OK && (s = hir_evaluator_create(p, &ed, &ev)) == HIR_OK)
-    s = hir_run(ev, in, 4, out, 1);
+    s = hir_run(ev, x->in[rank], 4, out, 1);
   snprintf(x->error[rank], sizeof x->error[rank], "%s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
-  tfree(&in[0]), tfree(&in[1]), tfree(&in[2]), tfree(&in[3]);
   hir_evaluator_free(ev);
   hir_program_free(p);
   return s;
 }
 
 TEST(test_fp8_bad_row_scales, "fp8/bad_row_scales", TEST_CPU) {
-  int64_t one[1] = {1};
-  int mesh[2] = {0, 1};
+  int64_t one[1] = {1}, sa[3] = {1, 3, 32}, sw[2] = {16, 32}, ss[2] = {1, 2}; /* 2 row scales for 3 rows */
+  int mesh[2] = {0, 1}, r, k;
   fp8_bad_scales x;
   hir_tv *a, *w, *as, *ws, *y;
   memset(&x, 0, sizeof x);
+  for (r = 0; r < 2; r++)
+    x.in[r][0] = trand(HIR_F8E4M3, 3, sa), x.in[r][1] = trand(HIR_F8E4M3, 2, sw), x.in[r][2] = scale_values(2, ss),
+    x.in[r][3] = scale_values(1, one);
   x.f = hir_fusion_create();
   a = hir_input(x.f, HIR_F8E4M3, 3), w = hir_input(x.f, HIR_F8E4M3, 2), as = hir_input(x.f, HIR_F32, 2);
   ws = hir_input_sized(x.f, HIR_F32, 1, one);
@@ -273,4 +274,6 @@ TEST(test_fp8_bad_row_scales, "fp8/bad_row_scales", TEST_CPU) {
   if (!strstr(x.error[0], "a_scale")) printf("  %s\n", x.error[0]);
   hir_local_world_free(x.w);
   hir_fusion_free(x.f);
+  for (r = 0; r < 2; r++)
+    for (k = 0; k < 4; k++) tfree(&x.in[r][k]);
 }
