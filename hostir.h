@@ -5983,44 +5983,48 @@ HIRDEF float hir_half_to_float(uint16_t h) {
   return hir__bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
-/* fp8 of `ebits` exponent and `mbits` mantissa bits (bias 2^(ebits-1) - 1),
-   its largest finite `max_code` (sign aside): round to nearest even,
-   saturating. */
-static uint8_t hir__float_to_fp8(float f, int ebits, int mbits, uint32_t max_code, uint32_t nan_code) {
-  uint32_t u = hir__f32_bits(f), sign = (u >> 24) & 0x80u, m, rest, half;
-  int bias = (1 << (ebits - 1)) - 1, exp, shift;
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return (uint8_t)(sign | nan_code);
-  exp = (int)(u >> 23) - 127;
-  if (exp > bias + 1) return (uint8_t)(sign | max_code); /* far beyond (infinities too) */
-  if (exp < 1 - bias) { /* a subnormal fp8 (or zero): m * 2^(1 - bias - mbits) */
-    if (exp < -bias - mbits) return (uint8_t)sign;
-    m = (u & 0x7fffffu) | 0x800000u;
-    shift = 23 + (1 - bias - mbits) - exp;
-  } else {
-    m = ((uint32_t)(exp + bias) << 23) | (u & 0x7fffffu); /* exponent and mantissa, rounded below */
-    shift = 23 - mbits;
-  }
-  rest = m & ((1u << shift) - 1u);
-  half = 1u << (shift - 1);
-  m >>= shift;
-  if (rest > half || (rest == half && (m & 1u))) m++; /* a carry moves into the exponent: fine */
-  return (uint8_t)(sign | (m > max_code ? max_code : m));
-}
+/* fp8 <-> float, written once: compiled here as C, and stringified into the
+   CUDA kernels' source (HIR__XSTR), so that the host and the GPUs agree bit
+   for bit. Encoding: u a float's bits, eb and mb the exponent and mantissa
+   bits (bias 2^(eb-1) - 1), maxc the largest finite code (sign aside);
+   round to nearest even, saturating, NaN 0x7f. Decoding: b a finite code. */
+#define HIR__STR(...) #__VA_ARGS__
+#define HIR__XSTR(...) HIR__STR(__VA_ARGS__)
+#define HIR__FP8_ENCODE_BODY                                                                                     \
+  unsigned sign = (u >> 24) & 0x80u, m, rest, half;                                                              \
+  int bias = (1 << (eb - 1)) - 1, ex, sh;                                                                        \
+  u &= 0x7fffffffu;                                                                                              \
+  if (u > 0x7f800000u) return (unsigned char)(sign | 0x7fu);                                                     \
+  ex = (int)(u >> 23) - 127;                                                                                     \
+  if (ex > bias + 1) return (unsigned char)(sign | maxc); /* far beyond (infinities too) */                      \
+  if (ex < 1 - bias) { /* a subnormal fp8 (or zero): m * 2^(1 - bias - mb) */                                    \
+    if (ex < -bias - mb) return (unsigned char)sign;                                                             \
+    m = (u & 0x7fffffu) | 0x800000u;                                                                             \
+    sh = 23 + (1 - bias - mb) - ex;                                                                              \
+  } else {                                                                                                       \
+    m = ((unsigned)(ex + bias) << 23) | (u & 0x7fffffu); /* exponent and mantissa, rounded below */              \
+    sh = 23 - mb;                                                                                                \
+  }                                                                                                              \
+  rest = m & ((1u << sh) - 1u);                                                                                  \
+  half = 1u << (sh - 1);                                                                                         \
+  m >>= sh;                                                                                                      \
+  if (rest > half || (rest == half && (m & 1u))) m++; /* a carry moves into the exponent: fine */                \
+  return (unsigned char)(sign | (m > maxc ? maxc : m));
+#define HIR__FP8_DECODE_BODY                                                                                     \
+  int bias = (1 << (eb - 1)) - 1, ex = (int)((b & 0x7fu) >> mb);                                                 \
+  unsigned m = b & ((1u << mb) - 1u);                                                                            \
+  float v = ex == 0 ? ldexpf((float)m, 1 - bias - mb) : ldexpf((float)(m | (1u << mb)), ex - bias - mb);         \
+  return b & 0x80u ? -v : v;
 
-static float hir__fp8_to_float(uint8_t b, int ebits, int mbits) {
-  int bias = (1 << (ebits - 1)) - 1, exp = (b & 0x7f) >> mbits;
-  uint32_t m = b & ((1u << mbits) - 1u);
-  float v = exp == 0 ? ldexpf((float)m, 1 - bias - mbits) : ldexpf((float)(m | (1u << mbits)), exp - bias - mbits);
-  return b & 0x80 ? -v : v;
-}
+static unsigned char hir__fp8_from_bits(unsigned u, int eb, int mb, unsigned maxc) { HIR__FP8_ENCODE_BODY }
+static float hir__fp8_finite(unsigned b, int eb, int mb) { HIR__FP8_DECODE_BODY }
 
-HIRDEF uint8_t hir_float_to_e4m3(float f) { return hir__float_to_fp8(f, 4, 3, 0x7eu, 0x7fu); }
-HIRDEF float hir_e4m3_to_float(uint8_t b) { return (b & 0x7f) == 0x7f ? NAN : hir__fp8_to_float(b, 4, 3); }
-HIRDEF uint8_t hir_float_to_e5m2(float f) { return hir__float_to_fp8(f, 5, 2, 0x7bu, 0x7fu); }
+HIRDEF uint8_t hir_float_to_e4m3(float f) { return hir__fp8_from_bits(hir__f32_bits(f), 4, 3, 0x7eu); }
+HIRDEF float hir_e4m3_to_float(uint8_t b) { return (b & 0x7f) == 0x7f ? NAN : hir__fp8_finite(b, 4, 3); }
+HIRDEF uint8_t hir_float_to_e5m2(float f) { return hir__fp8_from_bits(hir__f32_bits(f), 5, 2, 0x7bu); }
 HIRDEF float hir_e5m2_to_float(uint8_t b) {
   if ((b & 0x7c) == 0x7c) return (b & 3) ? NAN : (b & 0x80) ? -INFINITY : INFINITY;
-  return hir__fp8_to_float(b, 5, 2);
+  return hir__fp8_finite(b, 5, 2);
 }
 
 static double hir__load(const void *base, hir_dtype dt, int64_t i) {
@@ -7093,26 +7097,15 @@ static const char hir__cuda_map_head[] =
     "__device__ __forceinline__ u16 hir_f2h(float f) { u16 h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n"
     "__device__ __forceinline__ float hir_b2f(u16 h) { return __uint_as_float((unsigned)h << 16); }\n"
     "__device__ __forceinline__ u16 hir_f2b(float f) { u16 h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n"
-    /* fp8, as hir__float_to_fp8 and hir__fp8_to_float on the host (any GPU, bit for bit) */
+    /* fp8: the host's conversions, the same text (HIR__FP8_ENCODE_BODY, HIR__FP8_DECODE_BODY) */
+    "__device__ unsigned char hir_fp8_from_bits(unsigned u, int eb, int mb, unsigned maxc) {" HIR__XSTR(HIR__FP8_ENCODE_BODY) "}\n"
+    "__device__ float hir_fp8_finite(unsigned b, int eb, int mb) {" HIR__XSTR(HIR__FP8_DECODE_BODY) "}\n"
     "__device__ float hir_fp8_to_f(unsigned b, int eb, int mb) {\n"
-    "  int bias = (1 << (eb - 1)) - 1, e = (b & 0x7f) >> mb; unsigned m = b & ((1u << mb) - 1u);\n"
     "  if (eb == 4 && (b & 0x7f) == 0x7f) return __int_as_float(0x7fc00000);\n"
-    "  if (eb == 5 && e == 31) return m ? __int_as_float(0x7fc00000) : __int_as_float((b & 0x80 ? 0xff800000u : 0x7f800000u));\n"
-    "  float v = e == 0 ? ldexpf((float)m, 1 - bias - mb) : ldexpf((float)(m | (1u << mb)), e - bias - mb);\n"
-    "  return b & 0x80 ? -v : v;\n"
+    "  if (eb == 5 && (b & 0x7c) == 0x7c) return (b & 3) ? __int_as_float(0x7fc00000) : __int_as_float(b & 0x80 ? 0xff800000u : 0x7f800000u);\n"
+    "  return hir_fp8_finite(b, eb, mb);\n"
     "}\n"
-    "__device__ unsigned char hir_f2fp8(float f, int eb, int mb, unsigned maxc) {\n"
-    "  unsigned u = __float_as_uint(f), sign = (u >> 24) & 0x80u, m, rest, half; int bias = (1 << (eb - 1)) - 1, ex, sh;\n"
-    "  u &= 0x7fffffffu;\n"
-    "  if (u > 0x7f800000u) return (unsigned char)(sign | 0x7fu);\n"
-    "  ex = (int)(u >> 23) - 127;\n"
-    "  if (ex > bias + 1) return (unsigned char)(sign | maxc);\n"
-    "  if (ex < 1 - bias) { if (ex < -bias - mb) return (unsigned char)sign; m = (u & 0x7fffffu) | 0x800000u; sh = 23 + (1 - bias - mb) - ex; }\n"
-    "  else { m = ((unsigned)(ex + bias) << 23) | (u & 0x7fffffu); sh = 23 - mb; }\n"
-    "  rest = m & ((1u << sh) - 1u); half = 1u << (sh - 1); m >>= sh;\n"
-    "  if (rest > half || (rest == half && (m & 1u))) m++;\n"
-    "  return (unsigned char)(sign | (m > maxc ? maxc : m));\n"
-    "}\n"
+    "__device__ unsigned char hir_f2fp8(float f, int eb, int mb, unsigned maxc) { return hir_fp8_from_bits(__float_as_uint(f), eb, mb, maxc); }\n"
     "template <typename T> __device__ __forceinline__ T hir_ld(const void *p, int dt, i64 i) {\n"
     "  switch (dt) {\n"
     "  case 0: return (T)((const float *)p)[i];\n"
