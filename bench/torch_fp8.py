@@ -1,0 +1,112 @@
+# The fp8 AG+GEMM (issue 22, item 8): hostir's hir_scaled_linear pipeline,
+# built from Python and run by hostir.torch.run, beside PyTorch's serial
+# (all_gather of the e4m3 rows and their scales, then torch._scaled_mm) and
+# its async-TP fp8 op (torch.ops.symm_mem.fused_all_gather_scaled_matmul),
+# on the AG shapes of bench/overlap.c, timed alike (bench/torch_async_tp.py's
+# timed: ranks meet, run, synchronize; the slowest rank; median of 10 after 3
+# warm-up). e4m3 rows and weight [N, K], per-row scales of both, bf16 output.
+#   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+#   torchrun --nproc-per-node 2 bench/torch_fp8.py [--scalar: one scale each]
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_async_tp import SHAPES, timed  # noqa: E402
+
+import hostir  # noqa: E402
+import hostir.torch as ht  # noqa: E402
+
+
+def ag_fusion(D, rowwise, pipeline):
+    """y [D, m, N] = scaled_linear(gathered a [D(DIDx), m, K], w [N, K]), its scales gathered alike."""
+    f = hostir.Fusion()
+    a, w = f.input("float8_e4m3fn", 3), f.input("float8_e4m3fn", 2)
+    sa = f.input("float32", 2) if rowwise else f.input_sized("float32", [1])
+    sw = f.input("float32", 1) if rowwise else f.input_sized("float32", [1])
+    y = f.output(f.scaled_linear(a, w, sa, sw, out="bfloat16"))
+    for t in (a, w, sa, sw, y):
+        t.mesh(range(D))
+    a.parallelize(0, "DIDx")
+    if rowwise:
+        sa.parallelize(0, "DIDx")
+    if pipeline:
+        y.parallelize(0, "Stream")
+    return f
+
+
+def main():
+    dist.init_process_group("nccl")
+    rank, D = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    group = dist.group.WORLD
+    name = group.group_name
+    rowwise = "--scalar" not in sys.argv
+    try:  # torch's fused ops are registered when its symmetric memory is imported
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+        enable_symm_mem_for_group(name)
+    except Exception:
+        pass
+    rows = []
+    for kind, M, K, N in SHAPES:
+        if kind != "ag":
+            continue
+        m = M // D
+        torch.manual_seed(1234 + rank)
+        a = (torch.rand(m, K, device="cuda") * 8 - 4).to(torch.float8_e4m3fn)
+        torch.manual_seed(7)  # the weight and its scales: one on every rank
+        w = (torch.rand(N, K, device="cuda") * 8 - 4).to(torch.float8_e4m3fn)
+        sw = torch.rand(N, device="cuda") + 0.5 if rowwise else torch.tensor([0.75], device="cuda")
+        torch.manual_seed(99 + rank)
+        sa = torch.rand(m, device="cuda") + 0.5 if rowwise else torch.tensor([1.25], device="cuda")
+        ga, gsa = torch.empty(M, K, device="cuda", dtype=torch.uint8), torch.empty(M if rowwise else D, device="cuda")
+
+        def serial():
+            dist.all_gather_into_tensor(ga, a.view(torch.uint8))
+            dist.all_gather_into_tensor(gsa, sa)
+            scale_a = gsa[:, None] if rowwise else sa
+            scale_b = sw[None, :] if rowwise else sw
+            return torch._scaled_mm(ga.view(torch.float8_e4m3fn), w.t(), scale_a=scale_a, scale_b=scale_b,
+                                    out_dtype=torch.bfloat16)
+
+        def fused():
+            return torch.ops.symm_mem.fused_all_gather_scaled_matmul(
+                a, [w.t()], sa[:, None] if rowwise else sa, [sw[None, :] if rowwise else sw], 0, name, [None], [None],
+                [torch.bfloat16], [False])[1][0]
+
+        fusions = {plan: ag_fusion(D, rowwise, plan == "pipeline") for plan in ("serial", "pipeline")}
+        ins = [a[None], w, sa[None] if rowwise else sa, sw]
+
+        def ours(plan):
+            return lambda: ht.run(fusions[plan], ins)[0].reshape(M, N)
+
+        ref = serial().float()
+        results = [timed(serial, group)]
+        for fn, plan in ((fused, None), (ours("serial"), "serial"), (ours("pipeline"), "pipeline")):
+            try:
+                if plan:  # hostir's plan is made at the first call, by this option
+                    ht.set_options(plan=plan)
+                got = fn().float()
+                err = ((got - ref).abs().max() / ref.abs().max()).item()
+                results.append((timed(fn, group), err))
+            except Exception as e:  # report it, do not hide the row
+                results.append((float("nan"), float("nan")))
+                print(f"rank {rank}: {type(e).__name__}: {e}"[:300], flush=True)
+        rows.append((M, K, N, results))
+        del a, w, ga
+        torch.cuda.empty_cache()
+    if rank == 0:
+        print(f"fp8 AG+GEMM (e4m3, {'per-row' if rowwise else 'per-tensor'} scales, bf16 out), {D} GPUs, one process "
+              f"each, PyTorch {torch.__version__}; median of 10 (ms), max error vs serial (relative to its largest)")
+        print(f"  {'shape (M, K, N)':22} {'torch serial':>12} {'async-TP fp8':>13} {'hostir serial':>14} "
+              f"{'hostir pipeline':>16} {'x serial':>9} {'x async-TP':>10}")
+        for M, K, N, (ts, (tf, ef), (hs, es), (hp, ep)) in rows:
+            print(f"  {f'{M},{K},{N}':22} {ts:12.3f} {tf:13.3f} {hs:14.3f} {hp:16.3f} {hp / ts:9.2f} {hp / tf:10.2f}"
+                  f"   errors: async-TP {ef:.1e}, hostir {es:.1e} / {ep:.1e}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
