@@ -9028,9 +9028,9 @@ static int hir__check_matmul(hir_evaluator *ev, const hir_expr *e) {
   }
   if (e->flags & HIR__MATMUL_SCALED) { /* the scales: one value, or a's (the weight's) shape without K */
     const hir__shape *sw = hir__need_shape(ev, e->in[3]);
-    int ok = hir__shape_numel(c) == 1 || (c->nd == a->nd - 1 && !memcmp(c->sizes, a->sizes, (size_t)c->nd * sizeof(int64_t)));
+    int ok = hir__scale_is_scalar(e->in[2]) || (c->nd == a->nd - 1 && !memcmp(c->sizes, a->sizes, (size_t)c->nd * sizeof(int64_t)));
     if (!ok) return hir__shape_mismatch(ev, e, e->in[0], a, e->in[2], c, "a_scale holds one value or a's shape without K");
-    ok = hir__shape_numel(sw) == 1 || (sw->nd == b->nd - 1 && !memcmp(sw->sizes, b->sizes, (size_t)sw->nd * sizeof(int64_t)));
+    ok = hir__scale_is_scalar(e->in[3]) || (sw->nd == b->nd - 1 && !memcmp(sw->sizes, b->sizes, (size_t)sw->nd * sizeof(int64_t)));
     if (!ok) return hir__shape_mismatch(ev, e, e->in[1], b, e->in[3], sw, "w_scale holds one value or the weight's shape without K");
     c = NULL;
   }

@@ -204,6 +204,23 @@ TEST(test_fp8_errors, "fp8/errors", TEST_CPU) {
     hir_program_free(p);
     hir_fusion_free(f);
   }
+  { /* per-N scales declared, one value given (the fuzzer found it read past it): refused */
+    hir_program *p = NULL;
+    hir_evaluator *ev = NULL;
+    int64_t sa[2] = {3, 32}, sw[2] = {16, 32};
+    hir_tensor in[4], out[1];
+    memset(out, 0, sizeof out);
+    f = hir_fusion_create();
+    a = hir_input(f, HIR_F8E4M3, 2), b = hir_input(f, HIR_F8E4M3, 2), s = hir_input_sized(f, HIR_F32, 1, one);
+    hir_output(f, hir_scaled_linear(f, a, b, s, hir_input(f, HIR_F32, 1), HIR_F32));
+    CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, NULL, &ev) == HIR_OK);
+    in[0] = trand(HIR_F8E4M3, 2, sa), in[1] = trand(HIR_F8E4M3, 2, sw), in[2] = scale_values(1, one), in[3] = scale_values(1, one);
+    CHECK(hir_run(ev, in, 4, out, 1) == HIR_ERR_SHAPE && strstr(hir_evaluator_error(ev), "w_scale holds one value"));
+    tfree(&in[0]), tfree(&in[1]), tfree(&in[2]), tfree(&in[3]);
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_fusion_free(f);
+  }
 }
 
 /* The printer names the op as nvFuser's dumps would read it. */

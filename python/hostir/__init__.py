@@ -353,6 +353,32 @@ def ag_matmul_fusion(world, dtype="float32", nb=1, gathered=True):
     return f
 
 
+def ag_scaled_fusion(world, a_dtype, w_dtypes, out_dtypes, rowwise_a, rowwise_ws, gathered=True):
+    """The fp8 all-gather linear of `world` devices in one pipeline: A [D
+    (DIDx), m, K] and its scale (one value, or [D (DIDx), m] when
+    `rowwise_a`) gathered, each weight W_i [N_i, K] with its scale (one value,
+    or [N_i]): C_i [D, m, N_i] = scaled_linear, chunk by chunk on streams.
+    Inputs: A, the W_i, A's scale, the W_i's scales; outputs: the gathered A
+    when `gathered`, then the C_i."""
+    f = Fusion()
+    a = f.input(a_dtype, 3)
+    ws = [f.input(dt, 2) for dt in w_dtypes]
+    sa = f.input("float32", 2) if rowwise_a else f.input_sized("float32", [1])
+    sws = [f.input("float32", 1) if r else f.input_sized("float32", [1]) for r in rowwise_ws]
+    g = f.set(a) if gathered else a
+    cs = [f.scaled_linear(g, w, sa, sw, out=o) for w, sw, o in zip(ws, sws, out_dtypes)]
+    if gathered:
+        f.output(g)
+    for t in [a, g, sa] + ws + sws + [f.output(c) for c in cs]:
+        t.mesh(range(world))
+    a.parallelize(0, "DIDx")
+    if rowwise_a:
+        sa.parallelize(0, "DIDx")
+    for t in ([g] if gathered else []) + cs:
+        t.parallelize(0, "Stream")
+    return f
+
+
 def matmul_rs_fusion(world, dtype="float32"):
     """The matmul reduce-scatter of `world` devices in one pipeline: each
     device's A [1 (DIDx), D, m, k] x B [1 (DIDx), k, N], summed over the

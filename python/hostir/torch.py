@@ -37,7 +37,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import Error, _HirTensor, _lib, _status, ag_matmul_fusion, matmul_rs_fusion
+from . import Error, _HirTensor, _lib, _status, ag_matmul_fusion, ag_scaled_fusion, matmul_rs_fusion
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "run", "set_options", "plan", "shutdown"]
 
@@ -540,6 +540,72 @@ def all_gather_matmul(a_shard, bs, gather_dim, group=None, return_A=True):
     return (outs[0] if return_A else None), list(outs[1:])
 
 
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group=None, biases=None, result_scales=None,
+                             out_dtypes=None, use_fast_accum=None, return_A=True):
+    """torch's fused_all_gather_scaled_matmul through hostir (its argument
+    order): the fp8 A gathered along gather_dim, times each fp8 B [K, N]
+    (column-major, as torch._scaled_mm takes it), scaled by a_scale (one
+    value, or one per row of a 2-D A: [m, 1]) and b_scales[i] (one value,
+    or [1, N]); out_dtypes float32, float16 or bfloat16 (default bfloat16).
+    Returns (the gathered A or None, [products]). biases and result_scales
+    are not taken; products accumulate in f32 whatever use_fast_accum."""
+    what = ("all_gather_scaled_matmul", "a_shard", "gather")
+    bs = list(bs)
+    if not bs or len(b_scales) != len(bs):
+        _fail("hostir.torch.all_gather_scaled_matmul: %d B's and %d b_scales; give one scale per B" % (len(bs), len(b_scales)))
+    if any(x is not None for x in (biases or [])) or any(x is not None for x in (result_scales or [])):
+        _fail("hostir.torch.all_gather_scaled_matmul: biases and result_scales are not supported; pass None")
+    out_dtypes = list(out_dtypes) if out_dtypes is not None else [torch.bfloat16] * len(bs)
+    for i, (b, o) in enumerate(zip(bs, out_dtypes)):
+        o = o or torch.bfloat16
+        out_dtypes[i] = o
+        if b.dtype not in _FP8 or b.dim() != 2 or b.shape[0] != a_shard.shape[-1] or b.device != a_shard.device:
+            _fail("hostir.torch.all_gather_scaled_matmul: bs[%d] is %s %s on %s; it must be fp8 [K, N] with K = a_shard's last "
+                  "size %d, on %s" % (i, b.dtype, list(b.shape), b.device, a_shard.shape[-1], a_shard.device))
+        if o not in (torch.float32, torch.float16, torch.bfloat16):
+            _fail("hostir.torch.all_gather_scaled_matmul: out_dtypes[%d] is %s; give float32, float16 or bfloat16" % (i, o))
+    if a_shard.dtype not in _FP8 or (a_shard.dtype == torch.float8_e5m2 and any(b.dtype == torch.float8_e5m2 for b in bs)):
+        _fail("hostir.torch.all_gather_scaled_matmul: a_shard is %s; A and each B must be float8_e4m3fn or float8_e5m2, "
+              "not both e5m2" % (a_shard.dtype,))
+    a2, d, rows_shape = _rows(a_shard, gather_dim, what)
+    g = _group_state(_group_name(group), a_shard.device)
+    D, (m, K) = g.size, a2.shape
+    row_a = a_scale.numel() != 1
+    if row_a and (rows_shape is not None or a_scale.numel() != m):
+        _fail("hostir.torch.all_gather_scaled_matmul: a_scale has %d values; give one, or one per row of a 2-D a_shard (%d)"
+              % (a_scale.numel(), m))
+    row_bs = [s.numel() != 1 for s in b_scales]
+    for i, (b, s, r) in enumerate(zip(bs, b_scales, row_bs)):
+        if r and s.numel() != b.shape[1]:
+            _fail("hostir.torch.all_gather_scaled_matmul: b_scales[%d] has %d values; give one, or one per column (%d)"
+                  % (i, s.numel(), b.shape[1]))
+    scales = [a_scale.reshape(-1).float()] + [s.reshape(-1).float() for s in b_scales]
+    key = ("ag8", (a_shard.dtype,) + tuple(b.dtype for b in bs) + tuple(out_dtypes), (row_a,) + tuple(row_bs),
+           a2.shape, a2.stride(), tuple((b.shape, b.stride()) for b in bs))
+
+    def views():
+        ins = [_view((1, m, K), (m * a2.stride(0), a2.stride(0), a2.stride(1)), a_shard.dtype)]
+        ins += [_view((b.shape[1], K), (b.stride(1), b.stride(0)), b.dtype) for b in bs]  # the weight: B transposed
+        ins += [_view((1, m) if row_a else (1,), (m, 1) if row_a else (1,), torch.float32)]
+        ins += [_view((b.shape[1],) if r else (1,), (1,), torch.float32) for b, r in zip(bs, row_bs)]
+        outs = [_view((D, m, K), (m * K, K, 1), a_shard.dtype)]
+        outs += [_view((D, m, b.shape[1]), (m * b.shape[1], b.shape[1], 1), o) for b, o in zip(bs, out_dtypes)]
+        return ins, outs
+
+    plan = g.plan_for(key, lambda: ag_scaled_fusion(D, _NAMES[a_shard.dtype], [_NAMES[b.dtype] for b in bs],
+                                                    [_NAMES[o] for o in out_dtypes], row_a, row_bs), views)
+    outs = [torch.empty((D * m, K), dtype=a_shard.dtype, device=a_shard.device)]
+    outs += [torch.empty((D * m, b.shape[1]), dtype=o, device=a_shard.device) for b, o in zip(bs, out_dtypes)]
+    plan.run([a2] + [b.t() for b in bs] + scales, outs)
+    if rows_shape is not None:
+        rows_shape = [D * rows_shape[0]] + rows_shape[1:]
+        outs = [_restore(t, rows_shape, t.shape[-1], d) for t in outs]
+    return (outs[0] if return_A else None), outs[1:]
+
+
 def matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group=None):
     """torch's fused_matmul_reduce_scatter through hostir: rank r's part of
     the ranks' a @ b summed (or averaged) along scatter_dim."""
@@ -550,7 +616,7 @@ def matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group=None):
 
 class _Borrowed:
     """A CUDA buffer of hostir's as torch sees one (__cuda_array_interface__)."""
-    _TYPES = {0: "<f4", 1: "<f8", 2: "<f2", 3: "<i2"}  # bfloat16 travels as int16 and is viewed back
+    _TYPES = {0: "<f4", 1: "<f8", 2: "<f2", 3: "<i2", 4: "|u1", 5: "|u1"}  # bfloat16 and fp8 travel as integers, viewed back
 
     def __init__(self, view):
         self.__cuda_array_interface__ = {"shape": tuple(view.sizes[k] for k in range(view.ndims)),
@@ -611,13 +677,14 @@ def run(fusion, inputs, group=None):
             continue
         if g.cuda:
             t = torch.as_tensor(_Borrowed(o), device=device)
-            t = (t.view(torch.bfloat16) if o.dtype == 3 else t).clone()  # the buffer is the evaluator's, reused next run
+            dtype = {v: k for k, v in _CODES.items()}[o.dtype]
+            t = (t.view(dtype) if o.dtype >= 3 else t).clone()  # the buffer is the evaluator's, reused next run
         else:
             count = 1
             for k in range(o.ndims):
                 count *= o.sizes[k]
-            raw = (ctypes.c_uint8 * (count * (8 if o.dtype == 1 else 4 if o.dtype == 0 else 2))).from_address(o.data)
             dtype = {v: k for k, v in _CODES.items()}[o.dtype]
+            raw = (ctypes.c_uint8 * (count * dtype.itemsize)).from_address(o.data)
             t = torch.frombuffer(raw, dtype=dtype, count=count).reshape([o.sizes[k] for k in range(o.ndims)]).clone()
         outs.append(t)
     return outs

@@ -248,6 +248,34 @@ def fp8_fusion():
 
 
 @case
+def fp8_fused():
+    """hostir.torch.all_gather_scaled_matmul, torch's fused_all_gather_scaled_matmul's
+    swap-in: e4m3 rows gathered with their scales, two column-major fp8 B's
+    (per-N and one scale), bf16 and float32 out; against float64."""
+    D, m, K, N = W.size, 2, 32, 16
+    gen = torch.Generator().manual_seed(21)
+    A = (torch.randint(-16, 17, (D * m, K), generator=gen) / 4).to(torch.float8_e4m3fn)
+    B1 = (torch.randint(-16, 17, (N, K), generator=gen) / 4).to(torch.float8_e4m3fn).t()  # [K, N], column-major
+    B2 = (torch.randint(-16, 17, (2 * N, K), generator=gen) / 4).to(torch.float8_e5m2).t()
+    SA, S1, S2 = torch.randint(1, 9, (D * m, 1), generator=gen) / 8, torch.randint(1, 9, (1, N), generator=gen) / 8, torch.tensor(0.5)
+    rows = slice(W.rank * m, (W.rank + 1) * m)
+    dev = lambda t: t.to(W.dev)  # noqa: E731
+    ga, (c1, c2) = ht.all_gather_scaled_matmul(dev(A[rows]), [dev(B1), dev(B2)], dev(SA[rows]), [dev(S1), dev(S2)], 0,
+                                               out_dtypes=[torch.bfloat16, torch.float32])
+    Ad = A.double()
+    close(ga.double(), Ad, torch.float32, "fp8 fused: the gathered A")
+    close(c1, (Ad @ B1.double()) * SA.double() * S1.double(), torch.bfloat16, "fp8 fused: per-row scales, bf16")
+    close(c2, (Ad @ B2.double()) * SA.double() * 0.5, torch.float32, "fp8 fused: one scale, float32")
+    try:
+        ht.all_gather_scaled_matmul(dev(A[rows]), [dev(B1)], dev(SA[rows]), [dev(S1)], 0, biases=[dev(S1)])
+    except hostir.Error as e:
+        if "biases" not in str(e):
+            raise AssertionError("biases refused, but the message does not say so: %s" % e)
+    else:
+        raise AssertionError("biases were not refused")
+
+
+@case
 def shutdown_and_again():
     """shutdown frees every group's plans and communicators; the next op
     makes them again (one CPU rank: a shutdown is the process's, and torch's
@@ -288,7 +316,7 @@ def refusals():
 def rank_main(rank, size, dev):
     W.rank, W.size, W.dev, W.results = rank, size, dev, []
     for test in (ag_forward_backward, rs_forward_backward, pipelines, compiled, cuda_graph, general_fusion, fp8_fusion,
-                 shutdown_and_again, refusals):
+                 fp8_fused, shutdown_and_again, refusals):
         test()
     for name, err in W.results:
         print("rank%d: %s %s" % (rank, "FAIL" if err else "ok  ", name))
