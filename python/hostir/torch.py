@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from . import Error, _HirTensor, _lib, _status, ag_matmul_fusion, ag_scaled_fusion, matmul_rs_fusion
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "run", "set_options", "plan", "shutdown"]
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "run", "set_options", "plan", "shutdown"]
 
 _CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3,  # hir_dtype; fp8 for run() only
           torch.float8_e4m3fn: 4, torch.float8_e5m2: 5}
@@ -577,6 +577,10 @@ def all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group=N
     if row_a and (rows_shape is not None or a_scale.numel() != m):
         _fail("hostir.torch.all_gather_scaled_matmul: a_scale has %d values; give one, or one per row of a 2-D a_shard (%d)"
               % (a_scale.numel(), m))
+    for i, s in enumerate([a_scale] + list(b_scales)):
+        if s.device != a_shard.device:
+            _fail("hostir.torch.all_gather_scaled_matmul: %s is on %s, a_shard on %s"
+                  % ("a_scale" if i == 0 else "b_scales[%d]" % (i - 1), s.device, a_shard.device))
     row_bs = [s.numel() != 1 for s in b_scales]
     for i, (b, s, r) in enumerate(zip(bs, b_scales, row_bs)):
         if r and s.numel() != b.shape[1]:
