@@ -41,8 +41,9 @@ from . import Error, _HirTensor, _lib, _status, ag_matmul_fusion, ag_scaled_fusi
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "run", "set_options", "plan", "shutdown"]
 
-_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3,  # hir_dtype; fp8 for run() only
-          torch.float8_e4m3fn: 4, torch.float8_e5m2: 5}
+_DTYPES_OF = {0: torch.float32, 1: torch.float64, 2: torch.float16, 3: torch.bfloat16,  # by hir_dtype
+              4: torch.float8_e4m3fn, 5: torch.float8_e5m2}  # fp8: run() and the scaled op only
+_CODES = {v: k for k, v in _DTYPES_OF.items()}
 _NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",
           torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
 _options = {"tune": False, "plan": "auto", "streams": 0, "timeout_ms": 60000, "cache": 16}
@@ -543,25 +544,15 @@ def all_gather_matmul(a_shard, bs, gather_dim, group=None, return_A=True):
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group=None, biases=None, result_scales=None,
-                             out_dtypes=None, use_fast_accum=None, return_A=True):
-    """torch's fused_all_gather_scaled_matmul through hostir (its argument
-    order): the fp8 A gathered along gather_dim, times each fp8 B [K, N]
-    (column-major, as torch._scaled_mm takes it), scaled by a_scale (one
-    value, or one per row of a 2-D A: [m, 1]) and b_scales[i] (one value,
-    or [1, N]); out_dtypes float32, float16 or bfloat16 (default bfloat16).
-    Returns (the gathered A or None, [products]). biases and result_scales
-    are not taken; products accumulate in f32 whatever use_fast_accum."""
+def _all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group_name, out_codes):
+    """[the gathered A, the scaled products]; out_codes: the outputs' hir_dtype codes (a schema's ScalarType
+    reaches fake kernels as an int)"""
     what = ("all_gather_scaled_matmul", "a_shard", "gather")
-    bs = list(bs)
-    if not bs or len(b_scales) != len(bs):
-        _fail("hostir.torch.all_gather_scaled_matmul: %d B's and %d b_scales; give one scale per B" % (len(bs), len(b_scales)))
-    if any(x is not None for x in (biases or [])) or any(x is not None for x in (result_scales or [])):
-        _fail("hostir.torch.all_gather_scaled_matmul: biases and result_scales are not supported; pass None")
-    out_dtypes = list(out_dtypes) if out_dtypes is not None else [torch.bfloat16] * len(bs)
+    out_dtypes = [_DTYPES_OF[c] for c in out_codes]
+    if not bs or len(b_scales) != len(bs) or len(out_dtypes) != len(bs):
+        _fail("hostir.torch.all_gather_scaled_matmul: %d B's, %d b_scales and %d out_dtypes; give one of each per B"
+              % (len(bs), len(b_scales), len(out_dtypes)))
     for i, (b, o) in enumerate(zip(bs, out_dtypes)):
-        o = o or torch.bfloat16
-        out_dtypes[i] = o
         if b.dtype not in _FP8 or b.dim() != 2 or b.shape[0] != a_shard.shape[-1] or b.device != a_shard.device:
             _fail("hostir.torch.all_gather_scaled_matmul: bs[%d] is %s %s on %s; it must be fp8 [K, N] with K = a_shard's last "
                   "size %d, on %s" % (i, b.dtype, list(b.shape), b.device, a_shard.shape[-1], a_shard.device))
@@ -571,7 +562,7 @@ def all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group=N
         _fail("hostir.torch.all_gather_scaled_matmul: a_shard is %s; A and each B must be float8_e4m3fn or float8_e5m2, "
               "not both e5m2" % (a_shard.dtype,))
     a2, d, rows_shape = _rows(a_shard, gather_dim, what)
-    g = _group_state(_group_name(group), a_shard.device)
+    g = _group_state(group_name, a_shard.device)
     D, (m, K) = g.size, a2.shape
     row_a = a_scale.numel() != 1
     if row_a and (rows_shape is not None or a_scale.numel() != m):
@@ -607,7 +598,47 @@ def all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group=N
     if rows_shape is not None:
         rows_shape = [D * rows_shape[0]] + rows_shape[1:]
         outs = [_restore(t, rows_shape, t.shape[-1], d) for t in outs]
-    return (outs[0] if return_A else None), outs[1:]
+    return outs
+
+
+_ops.define("all_gather_scaled_matmul(Tensor a_shard, Tensor[] bs, Tensor a_scale, Tensor[] b_scales, int gather_dim, "
+            "str group_name, int[] out_codes) -> Tensor[]")
+for _key in ("CPU", "CUDA"):
+    _ops.impl("all_gather_scaled_matmul", _all_gather_scaled_matmul, _key)
+
+
+@torch.library.register_fake("hostir::all_gather_scaled_matmul")
+def _(a_shard, bs, a_scale, b_scales, gather_dim, group_name, out_codes):
+    shape = list(a_shard.shape)
+    shape[gather_dim % a_shard.dim()] *= _group_size(group_name)
+    return [a_shard.new_empty(shape)] + [a_shard.new_empty(shape[:-1] + [b.shape[-1]], dtype=_DTYPES_OF[c])
+                                         for b, c in zip(bs, out_codes)]
+
+
+def all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group=None, biases=None, result_scales=None,
+                             out_dtypes=None, use_fast_accum=None, return_A=True):
+    """torch's fused_all_gather_scaled_matmul through hostir (its argument
+    order): the fp8 A gathered along gather_dim, times each fp8 B [K, N]
+    (column-major, as torch._scaled_mm takes it), scaled by a_scale (one
+    value, or one per row of a 2-D A: [m, 1]) and b_scales[i] (one value,
+    or [1, N]); out_dtypes float32, float16 or bfloat16 (default bfloat16).
+    Returns (the gathered A or None, [products]). biases and result_scales
+    are not taken; products accumulate in f32 whatever use_fast_accum. A
+    torch.library op (torch.ops.hostir.all_gather_scaled_matmul): it runs
+    under torch.compile and in CUDA graphs; no autograd."""
+    bs, b_scales = list(bs), list(b_scales)
+    if any(x is not None for x in (biases or [])) or any(x is not None for x in (result_scales or [])):
+        _fail("hostir.torch.all_gather_scaled_matmul: biases and result_scales are not supported; pass None")
+    out_dtypes = [o or torch.bfloat16 for o in out_dtypes] if out_dtypes is not None else [torch.bfloat16] * len(bs)
+    for i, o in enumerate(out_dtypes):
+        if o not in (torch.float32, torch.float16, torch.bfloat16):
+            _fail("hostir.torch.all_gather_scaled_matmul: out_dtypes[%d] is %s; give float32, float16 or bfloat16" % (i, o))
+    codes = [_CODES[o] for o in out_dtypes]
+    if _direct(a_shard, a_scale, *bs, *b_scales):
+        outs = _all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, _group_name(group), codes)
+    else:
+        outs = torch.ops.hostir.all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, _group_name(group), codes)
+    return (outs[0] if return_A else None), list(outs[1:])
 
 
 def matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group=None):
@@ -681,13 +712,12 @@ def run(fusion, inputs, group=None):
             continue
         if g.cuda:
             t = torch.as_tensor(_Borrowed(o), device=device)
-            dtype = {v: k for k, v in _CODES.items()}[o.dtype]
-            t = (t.view(dtype) if o.dtype >= 3 else t).clone()  # the buffer is the evaluator's, reused next run
+            t = (t.view(_DTYPES_OF[o.dtype]) if o.dtype >= 3 else t).clone()  # the buffer is the evaluator's, reused next run
         else:
             count = 1
             for k in range(o.ndims):
                 count *= o.sizes[k]
-            dtype = {v: k for k, v in _CODES.items()}[o.dtype]
+            dtype = _DTYPES_OF[o.dtype]
             raw = (ctypes.c_uint8 * (count * dtype.itemsize)).from_address(o.data)
             t = torch.frombuffer(raw, dtype=dtype, count=count).reshape([o.sizes[k] for k in range(o.ndims)]).clone()
         outs.append(t)

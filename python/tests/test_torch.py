@@ -266,6 +266,25 @@ def fp8_fused():
     close(ga.double(), Ad, torch.float32, "fp8 fused: the gathered A")
     close(c1, (Ad @ B1.double()) * SA.double() * S1.double(), torch.bfloat16, "fp8 fused: per-row scales, bf16")
     close(c2, (Ad @ B2.double()) * SA.double() * 0.5, torch.float32, "fp8 fused: one scale, float32")
+    if not (dist.is_initialized() and dist.get_backend() == "threaded"):  # compiled (processes: see compiled())
+        b1, sa, s1 = dev(B1), dev(SA[rows]), dev(S1)
+        fn = torch.compile(lambda x: ht.all_gather_scaled_matmul(x, [b1], sa, [s1], 0, return_A=False)[1][0] * 2, fullgraph=True)
+        close(fn(dev(A[rows])), 2 * (Ad @ B1.double()) * SA.double() * S1.double(), torch.bfloat16, "fp8 fused, compiled")
+    if W.dev.type == "cuda":  # captured in a CUDA graph after a warm-up, replayed with new rows
+        xa, b1, sa, s1 = dev(A[rows]), dev(B1), dev(SA[rows]), dev(S1)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            ht.all_gather_scaled_matmul(xa, [b1], sa, [s1], 0)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ht.all_gather_scaled_matmul(xa, [b1], sa, [s1], 0)[1][0]
+        A2 = (torch.randint(-16, 17, (D * m, K), generator=gen) / 4).to(torch.float8_e4m3fn)
+        xa.copy_(dev(A2[rows]))
+        graph.replay()
+        torch.cuda.synchronize()
+        close(out, (A2.double() @ B1.double()) * SA.double() * S1.double(), torch.bfloat16, "fp8 fused, graph replay")
     try:
         ht.all_gather_scaled_matmul(dev(A[rows]), [dev(B1)], dev(SA[rows]), [dev(S1)], 0, biases=[dev(S1)])
     except hostir.Error as e:
