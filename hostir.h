@@ -6683,7 +6683,6 @@ typedef struct hir__cuda {
 
 /* The elementwise kernels (below), used by copies and graph capture too. */
 static int hir__cuda_load_map(hir__cuda *c, int which);
-static int hir__cuda_map_which(const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x);
 static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_tensor *dst, const hir_tensor *a,
                                 const hir_tensor *x, double s);
 
@@ -7022,8 +7021,10 @@ static hir_status hir__cuda_copy(hir_backend *b, void *stream, const hir_tensor 
     return HIR_OK;
   }
   run = (strides[0][nd - 1] == 1 && strides[1][nd - 1] <= 1) ? sizes[nd - 1] : 1;
-  if (run == 1 && hir__cuda_load_map((hir__cuda *)b->ctx, hir__cuda_map_which(dst, src, NULL))) /* element by element: one kernel */
-    return hir__cuda_map(b, stream, HIR_UNARY_CAST, dst, src, NULL, 0);
+  if (run == 1) { /* element by element (a transpose): one kernel, where NVRTC gave it */
+    hir_status st = hir__cuda_map(b, stream, HIR_UNARY_CAST, dst, src, NULL, 0);
+    if (st != HIR_ERR_UNSUPPORTED) return st;
+  }
   /* contiguous runs at a fixed pitch in both tensors: one 2-D copy for all of them */
   rows = run > 1 && strides[1][nd - 1] == 1 && nd >= 2 && strides[0][nd - 2] >= run && strides[1][nd - 2] >= run
              ? sizes[nd - 2] : 1;
@@ -7413,12 +7414,6 @@ static int hir__cuda_map_args(const hir_tensor *dst, const hir_tensor *a, const 
   return f64 ? HIR__MAP_F64 : HIR__MAP_F32;
 }
 
-/* The kernel hir__cuda_map runs for these tensors. */
-static int hir__cuda_map_which(const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x) {
-  hir__map_args args;
-  return hir__cuda_map_args(dst, a, x, &args);
-}
-
 static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_tensor *dst, const hir_tensor *a,
                                 const hir_tensor *x, double s) {
   hir__cuda *c = (hir__cuda *)b->ctx;
@@ -7487,8 +7482,8 @@ static hir_status hir__cuda_binary(hir_backend *b, void *stream, hir_binary_op o
   hir_status st;
   int64_t n = hir__numel(dst->ndims, dst->sizes);
   if (n == 0) return HIR_OK;
-  if (hir__cuda_load_map(c, hir__cuda_map_which(dst, a, x)) || op == HIR_BINARY_DIV)
-    return hir__cuda_map(b, stream, (int)op, dst, a, x, 0);
+  if ((st = hir__cuda_map(b, stream, (int)op, dst, a, x, 0)) != HIR_ERR_UNSUPPORTED || op == HIR_BINARY_DIV)
+    return st; /* else NVRTC gave no kernel: cuBLAS adds, subtracts and multiplies f32/f64 */
   if (op == HIR_BINARY_MUL && (dst->dtype == HIR_F16 || dst->dtype == HIR_BF16)) {
     snprintf(b->error, sizeof b->error, "cuda backend: mul of %s tensors needs the elementwise kernels (cuBLAS's dgmm is "
              "f32/f64 only): %.120s", hir_dtype_name(dst->dtype), c->map_error);

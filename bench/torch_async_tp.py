@@ -33,16 +33,22 @@ def timed(fn, group):
     return statistics.median(t.tolist())
 
 
-def main():
+def setup():
+    """One process per GPU on NCCL, torch's fused ops registered: (rank, world size, the world group)."""
     dist.init_process_group("nccl")
     rank, D = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     group = dist.group.WORLD
-    try:
+    try:  # torch's fused ops are registered when its symmetric memory is imported
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
         enable_symm_mem_for_group(group.group_name)
     except Exception:
         pass  # newer PyTorch enables it on first use
+    return rank, D, group
+
+
+def main():
+    rank, D, group = setup()
     symm = torch.ops.symm_mem
     torch.manual_seed(1234 + rank)
     for kind, M, K, N in DECODE if "--decode" in sys.argv else SHAPES:

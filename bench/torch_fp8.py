@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_async_tp import SHAPES, timed  # noqa: E402
+from torch_async_tp import SHAPES, setup, timed  # noqa: E402
 
 import hostir  # noqa: E402
 import hostir.torch as ht  # noqa: E402
@@ -40,17 +40,9 @@ def ag_fusion(D, rowwise, pipeline):
 
 
 def main():
-    dist.init_process_group("nccl")
-    rank, D = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    group = dist.group.WORLD
+    rank, D, group = setup()
     name = group.group_name
     rowwise = "--scalar" not in sys.argv
-    try:  # torch's fused ops are registered when its symmetric memory is imported
-        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-        enable_symm_mem_for_group(name)
-    except Exception:
-        pass
     rows = []
     for kind, M, K, N in SHAPES:
         if kind != "ag":

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_async_tp import DECODE, SHAPES, timed  # noqa: E402
+from torch_async_tp import DECODE, SHAPES, setup, timed  # noqa: E402
 
 import hostir.torch as ht  # noqa: E402
 
@@ -49,17 +49,9 @@ def host_cost(a, b, group, calls=200):
 
 
 def main():
-    dist.init_process_group("nccl")
-    rank, D = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    group = dist.group.WORLD
+    rank, D, group = setup()
     name = group.group_name
     ht.set_options(tune="--tune" in sys.argv)
-    try:  # torch's fused ops are registered when its symmetric memory is imported
-        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-        enable_symm_mem_for_group(name)
-    except Exception:
-        pass  # newer PyTorch enables it on first use
     symm = torch.ops.symm_mem
     rows = []
     for kind, M, K, N in [] if "--overhead" in sys.argv else DECODE if "--decode" in sys.argv else SHAPES:

@@ -158,6 +158,30 @@ TEST(test_fp8_cast_and_move, "fp8/cast_and_move", TEST_CPU | TEST_GPU_WORLDS) {
     }
 }
 
+/* A scaled linear of a [3, 32] and a weight [16, 32], its scales declared per
+   row (row_a, row_w) or one value, given na and nw values: refused by the
+   run with a message holding `want`, never read past. */
+static void fp8_refused_run(int row_a, int row_w, int64_t na, int64_t nw, const char *want) {
+  int64_t sa[2] = {3, 32}, sw[2] = {16, 32}, one[1] = {1}, sna[1], snw[1];
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F8E4M3, 2), *w = hir_input(f, HIR_F8E4M3, 2);
+  hir_tv *as = row_a ? hir_input(f, HIR_F32, 1) : hir_input_sized(f, HIR_F32, 1, one);
+  hir_tv *ws = row_w ? hir_input(f, HIR_F32, 1) : hir_input_sized(f, HIR_F32, 1, one);
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_tensor in[4], out[1];
+  memset(out, 0, sizeof out);
+  sna[0] = na, snw[0] = nw;
+  hir_output(f, hir_scaled_linear(f, a, w, as, ws, HIR_F32));
+  CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, NULL, &ev) == HIR_OK);
+  in[0] = trand(HIR_F8E4M3, 2, sa), in[1] = trand(HIR_F8E4M3, 2, sw), in[2] = scale_values(1, sna), in[3] = scale_values(1, snw);
+  CHECK(hir_run(ev, in, 4, out, 1) == HIR_ERR_SHAPE && strstr(hir_evaluator_error(ev), want));
+  tfree(&in[0]), tfree(&in[1]), tfree(&in[2]), tfree(&in[3]);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_fusion_free(f);
+}
+
 /* What fp8 cannot do names the tensor and the way out. */
 TEST(test_fp8_errors, "fp8/errors", TEST_CPU) {
   int64_t one[1] = {1};
@@ -181,46 +205,8 @@ TEST(test_fp8_errors, "fp8/errors", TEST_CPU) {
   s = hir_input_sized(f, HIR_F32, 1, one);
   CHECK(hir_scaled_linear(f, a, b, s, s, HIR_F8E4M3) == NULL && strstr(hir_fusion_error(f), "output dtype __e4m3"));
   hir_fusion_free(f);
-  { /* a_scale of the wrong length at run time: refused by the run, naming it */
-    hir_program *p = NULL;
-    hir_evaluator *ev = NULL;
-    hir_lower_desc ld;
-    hir_eval_desc ed;
-    int64_t sa[2] = {3, 4}, sw[2] = {5, 4}, ss[1] = {2}, s1[1] = {1};
-    hir_tensor in[4], out[1];
-    hir_tv *as;
-    memset(&ld, 0, sizeof ld);
-    memset(&ed, 0, sizeof ed);
-    memset(out, 0, sizeof out);
-    f = hir_fusion_create();
-    a = hir_input(f, HIR_F8E4M3, 2), b = hir_input(f, HIR_F8E4M3, 2), as = hir_input(f, HIR_F32, 1);
-    s = hir_input_sized(f, HIR_F32, 1, one);
-    hir_output(f, hir_scaled_linear(f, a, b, as, s, HIR_F32));
-    CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
-    in[0] = trand(HIR_F8E4M3, 2, sa), in[1] = trand(HIR_F8E4M3, 2, sw), in[2] = scale_values(1, ss), in[3] = scale_values(1, s1);
-    CHECK(hir_run(ev, in, 4, out, 1) == HIR_ERR_SHAPE && strstr(hir_evaluator_error(ev), "a_scale holds one value"));
-    tfree(&in[0]), tfree(&in[1]), tfree(&in[2]), tfree(&in[3]);
-    hir_evaluator_free(ev);
-    hir_program_free(p);
-    hir_fusion_free(f);
-  }
-  { /* per-N scales declared, one value given (the fuzzer found it read past it): refused */
-    hir_program *p = NULL;
-    hir_evaluator *ev = NULL;
-    int64_t sa[2] = {3, 32}, sw[2] = {16, 32};
-    hir_tensor in[4], out[1];
-    memset(out, 0, sizeof out);
-    f = hir_fusion_create();
-    a = hir_input(f, HIR_F8E4M3, 2), b = hir_input(f, HIR_F8E4M3, 2), s = hir_input_sized(f, HIR_F32, 1, one);
-    hir_output(f, hir_scaled_linear(f, a, b, s, hir_input(f, HIR_F32, 1), HIR_F32));
-    CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, NULL, &ev) == HIR_OK);
-    in[0] = trand(HIR_F8E4M3, 2, sa), in[1] = trand(HIR_F8E4M3, 2, sw), in[2] = scale_values(1, one), in[3] = scale_values(1, one);
-    CHECK(hir_run(ev, in, 4, out, 1) == HIR_ERR_SHAPE && strstr(hir_evaluator_error(ev), "w_scale holds one value"));
-    tfree(&in[0]), tfree(&in[1]), tfree(&in[2]), tfree(&in[3]);
-    hir_evaluator_free(ev);
-    hir_program_free(p);
-    hir_fusion_free(f);
-  }
+  fp8_refused_run(1, 0, 2, 1, "a_scale holds one value");  /* 2 row scales for 3 rows */
+  fp8_refused_run(0, 1, 1, 1, "w_scale holds one value");  /* one value for scales declared per N (the fuzzer found it read past it) */
 }
 
 /* The printer names the op as nvFuser's dumps would read it. */
