@@ -119,7 +119,10 @@ typedef enum hir_status { HIR_STATUS_LIST(HIR__ENUM_NAME) HIR_STATUS_COUNT } hir
    57344) are storage dtypes: moved, cast, and multiplied by hir_scaled_linear;
    other ops refuse them (cast to compute). */
 typedef enum hir_dtype { HIR_F32, HIR_F64, HIR_F16, HIR_BF16, HIR_F8E4M3, HIR_F8E5M2, HIR_DTYPE_COUNT } hir_dtype;
-typedef enum hir_ptype { HIR_SERIAL, HIR_DIDX, HIR_STREAM, HIR_PTYPE_COUNT } hir_ptype;
+/* HIR_DIDX and HIR_DIDY split an axis across the devices of one mesh axis:
+   DIDx along a row of a 2-D mesh (hir_set_mesh_2d; a 1-D mesh is one row),
+   DIDy down a column. */
+typedef enum hir_ptype { HIR_SERIAL, HIR_DIDX, HIR_STREAM, HIR_DIDY, HIR_PTYPE_COUNT } hir_ptype;
 typedef enum hir_iter_type { HIR_ITERATION, HIR_REDUCTION, HIR_BROADCAST } hir_iter_type;
 typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
 
@@ -324,6 +327,12 @@ HIRDEF hir_tv     *hir_linear(hir_fusion *f, hir_tv *a, hir_tv *weight, hir_tv *
    without K, w_scale the weight's without K. */
 HIRDEF hir_tv     *hir_scaled_linear(hir_fusion *f, hir_tv *a, hir_tv *weight, hir_tv *a_scale, hir_tv *w_scale, hir_dtype out);
 HIRDEF hir_status  hir_set_mesh(hir_tv *tv, int ndevices, const int *devices);
+/* A 2-D mesh (nvFuser's DeviceMesh of shape [rows, cols]): devices[r * cols
+   + c] is at row r, column c. A DIDx axis is split across a row's devices
+   (cols shards), a DIDy axis down a column's (rows shards): tensor x data
+   parallel. Collectives run per row (DIDx) or per column (DIDy), one mesh
+   axis per resharding; both tensors of a resharding live on the same mesh. */
+HIRDEF hir_status  hir_set_mesh_2d(hir_tv *tv, int rows, int cols, const int *devices);
 HIRDEF hir_status  hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype);
 /* nvFuser's split: axis becomes two, the outer of extent `factor` (outer =
    1) or the inner (outer = 0), the other extent / factor (a size it must
@@ -350,6 +359,7 @@ HIRDEF hir_iter_type  hir_tv_iter_type(const hir_tv *tv, int axis);
 HIRDEF hir_ptype      hir_tv_ptype(const hir_tv *tv, int axis);
 HIRDEF hir_val       *hir_tv_extent(const hir_tv *tv, int axis);
 HIRDEF const int     *hir_tv_mesh(const hir_tv *tv, int *ndevices); /* NULL, 0 if none */
+HIRDEF int            hir_tv_mesh_cols(const hir_tv *tv);    /* a 2-D mesh's devices per row; 0: a 1-D mesh, or none */
 HIRDEF hir_expr      *hir_tv_definition(const hir_tv *tv);          /* the fusion expr producing it */
 /* After hir_split: how many axes the user's tensors of tv hold (0: no axis
    split, hir_tv_ndims's data axes), and which of them axis `axis` is part of. */
@@ -1053,6 +1063,7 @@ struct hir_tv {
   hir_id *ids[HIR_MAX_DIMS];
   int mesh_size;          /* 0: no mesh */
   const int *mesh;
+  int mesh_cols;          /* a 2-D mesh's devices per row (hir_set_mesh_2d); 0: a 1-D mesh */
   hir_expr *definition;   /* the fusion expr producing it, NULL for inputs and host-made views */
   unsigned char is_input, is_output;
   /* Split axes (hir_split): axis i is part of logical axis logical_of[i];
@@ -1137,7 +1148,8 @@ static const char *const hir__binary_symbols[] = {HIR_BINARY_OP_LIST(HIR__BINARY
 static const char *const hir__binary_builders[] = {HIR_BINARY_OP_LIST(HIR__BINARY_BUILDER)};
 static const char *const hir__unary_names[] = {HIR_UNARY_OP_LIST(HIR__UNARY_NAME)};
 static const unsigned char hir__unary_float_suffix[] = {HIR_UNARY_OP_LIST(HIR__UNARY_SUFFIX)};
-static const char *const hir__ptype_names[] = {"S", "deviceIdx.x", "StreamIdx"};
+static const char *const hir__ptype_names[] = {"S", "deviceIdx.x", "StreamIdx", "deviceIdx.y"};
+static const char *const hir__ptype_labels[] = {"serial", "DIDx", "Stream", "DIDy"}; /* in messages */
 static const char hir__iter_chars[] = {'i', 'r', 'b'};
 HIR__STATIC_ASSERT(scalar_ops, sizeof(hir__scalar_op_names) / sizeof(hir__scalar_op_names[0]) == HIR_SCALAR_OP_COUNT);
 HIR__STATIC_ASSERT(collectives, sizeof(hir__collective_names) / sizeof(hir__collective_names[0]) == HIR_COLLECTIVE_COUNT);
@@ -1279,6 +1291,13 @@ static hir_tv *hir__new_tv(hir_fusion *f, hir_dtype dtype, hir_memory mem, int n
   tv->ndims = ndims;
   if (!hir__push(f, &f->tvs, tv)) return NULL;
   return tv;
+}
+
+/* dst lives where src does: the same mesh, of the same shape. */
+static void hir__share_mesh(hir_tv *dst, const hir_tv *src) {
+  dst->mesh = src->mesh;
+  dst->mesh_size = src->mesh_size;
+  dst->mesh_cols = src->mesh_cols;
 }
 
 static hir_expr *hir__new_expr(hir_fusion *f, hir_expr_kind kind, int nin, int nout) {
@@ -2113,24 +2132,24 @@ HIRDEF hir_tv *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weigh
   return half ? hir_cast(f, y, x->dtype) : y;
 }
 
-HIRDEF hir_status hir_set_mesh(hir_tv *tv, int ndevices, const int *devices) {
+static hir_status hir__set_mesh(hir_tv *tv, int ndevices, int cols, const int *devices, const char *fn) {
   hir_fusion *f;
   int *mesh, i, j;
   if (!tv) return HIR_ERR_INVALID;
   f = tv->ir;
   if (f->status != HIR_OK) return f->status;
   if (ndevices < 1 || !devices) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_set_mesh: T%d: empty mesh; give at least one device id", tv->name);
+    hir__fail(f, HIR_ERR_INVALID, "%s: T%d: empty mesh; give at least one device id", fn, tv->name);
     return f->status;
   }
   for (i = 0; i < ndevices; i++) {
     if (devices[i] < 0) {
-      hir__fail(f, HIR_ERR_INVALID, "hir_set_mesh: T%d: device id %d at position %d is negative", tv->name, devices[i], i);
+      hir__fail(f, HIR_ERR_INVALID, "%s: T%d: device id %d at position %d is negative", fn, tv->name, devices[i], i);
       return f->status;
     }
     if ((j = hir_team_index(devices, i, devices[i])) >= 0) {
-      hir__fail(f, HIR_ERR_INVALID, "hir_set_mesh: T%d: device %d appears twice in the mesh (positions %d and %d)",
-                tv->name, devices[i], j, i);
+      hir__fail(f, HIR_ERR_INVALID, "%s: T%d: device %d appears twice in the mesh (positions %d and %d)", fn, tv->name,
+                devices[i], j, i);
       return f->status;
     }
   }
@@ -2138,7 +2157,21 @@ HIRDEF hir_status hir_set_mesh(hir_tv *tv, int ndevices, const int *devices) {
   memcpy(mesh, devices, (size_t)ndevices * sizeof(int));
   tv->mesh = mesh;
   tv->mesh_size = ndevices;
+  tv->mesh_cols = cols;
   return HIR_OK;
+}
+
+HIRDEF hir_status hir_set_mesh(hir_tv *tv, int ndevices, const int *devices) {
+  return hir__set_mesh(tv, ndevices, 0, devices, "hir_set_mesh");
+}
+
+HIRDEF hir_status hir_set_mesh_2d(hir_tv *tv, int rows, int cols, const int *devices) {
+  if (tv && tv->ir->status == HIR_OK && (rows < 1 || cols < 1 || rows > INT32_MAX / cols)) {
+    hir__fail(tv->ir, HIR_ERR_INVALID, "hir_set_mesh_2d: T%d: a %d x %d mesh; give at least one row and one column", tv->name,
+              rows, cols);
+    return tv->ir->status;
+  }
+  return hir__set_mesh(tv, tv ? rows * cols : 0, cols, devices, "hir_set_mesh_2d");
 }
 
 HIRDEF hir_status hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype) {
@@ -2149,7 +2182,7 @@ HIRDEF hir_status hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype) {
   if (f->status != HIR_OK) return f->status;
   if ((a = hir__norm_axis(f, axis, tv->ndims, "hir_parallelize", tv)) < 0) return f->status;
   if ((unsigned)ptype >= HIR_PTYPE_COUNT) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_parallelize: unknown parallel type %d; use HIR_SERIAL, HIR_DIDX or HIR_STREAM",
+    hir__fail(f, HIR_ERR_INVALID, "hir_parallelize: unknown parallel type %d; use HIR_SERIAL, HIR_DIDX, HIR_DIDY or HIR_STREAM",
               (int)ptype);
     return f->status;
   }
@@ -2157,7 +2190,7 @@ HIRDEF hir_status hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype) {
     for (i = 0; i < tv->ndims; i++)
       if (i != a && tv->ids[i]->ptype == ptype) {
         hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_parallelize: T%d already has a %s axis (axis %d); one %s axis per tensor",
-                  tv->name, ptype == HIR_DIDX ? "DIDx" : "Stream", i, ptype == HIR_DIDX ? "DIDx" : "Stream");
+                  tv->name, hir__ptype_labels[ptype], i, hir__ptype_labels[ptype]);
         return f->status;
       }
   }
@@ -2177,6 +2210,7 @@ HIRDEF hir_ptype hir_tv_ptype(const hir_tv *tv, int axis) {
 HIRDEF hir_val *hir_tv_extent(const hir_tv *tv, int axis) {
   return (tv && axis >= 0 && axis < tv->ndims) ? tv->ids[axis]->extent : NULL;
 }
+HIRDEF int hir_tv_mesh_cols(const hir_tv *tv) { return tv ? tv->mesh_cols : 0; }
 HIRDEF const int *hir_tv_mesh(const hir_tv *tv, int *ndevices) {
   if (ndevices) *ndevices = tv ? tv->mesh_size : 0;
   return tv ? tv->mesh : NULL;
@@ -2402,8 +2436,7 @@ static hir_expr *hir__alias_view(hir_fusion *f, hir_tv *in, int axis, hir_val *i
                                     : hir__new_id(f, hir__binary_val(f, HIR_SCALAR_DIV, cut->extent, hir__const(f, parts)),
                                                   cut->iter, cut->ptype)))
       return NULL;
-  out->mesh = in->mesh;
-  out->mesh_size = in->mesh_size;
+  hir__share_mesh(out, in);
   if (!(e = hir__new_expr(f, parts ? HIR_EXPR_ALIAS_SLICE : HIR_EXPR_ALIAS_SELECT, 1, 1))) return NULL;
   e->in[0] = in;
   e->out[0] = out;
@@ -2750,9 +2783,12 @@ static void hir__print_tv(hir__writer *w, const hir_tv *tv) {
     hir__print_id(w, tv->ids[i]);
   }
   hir__emit(w, "]");
-  if (tv->mesh_size) {
+  if (tv->mesh_size) { /* a 2-D mesh row by row, as nvFuser: DeviceMesh{{0 1}{2 3}} */
+    int cols = tv->mesh_cols ? tv->mesh_cols : tv->mesh_size;
     hir__emit(w, " (DeviceMesh{");
-    for (i = 0; i < tv->mesh_size; i++) hir__emit(w, i ? " %d" : "%d", tv->mesh[i]);
+    for (i = 0; i < tv->mesh_size; i++)
+      hir__emit(w, "%s%d%s", tv->mesh_cols && i % cols == 0 ? "{" : i % cols ? " " : "", tv->mesh[i],
+                tv->mesh_cols && i % cols == cols - 1 ? "}" : "");
     hir__emit(w, "})");
   }
 }
@@ -3326,28 +3362,62 @@ static void hir__axis_map(const hir_expr *e, int k, int *map) {
   }
 }
 
-/* The DIDx axis among the axes holding data, or -1. A broadcast axis may be
-   DIDx (as nvFuser allows): every device holds its one element, so the
-   tensor is whole on each, not split. */
-static int hir__didx_axis(const hir_tv *tv) {
+static int hir__is_did(hir_ptype p) { return p == HIR_DIDX || p == HIR_DIDY; }
+
+/* How many devices an axis of parallel type p is split across: a DIDx axis
+   spans a row of the mesh (a 1-D mesh is one row), a DIDy axis a column; 0
+   for a type that is no mesh axis. */
+static int hir__shards(const hir_tv *tv, hir_ptype p) {
+  if (p == HIR_DIDX) return tv->mesh_cols ? tv->mesh_cols : tv->mesh_size;
+  if (p == HIR_DIDY) return tv->mesh_cols ? tv->mesh_size / tv->mesh_cols : 1;
+  return 0;
+}
+
+/* The axis of parallel type p (DIDx, DIDy) among the axes holding data, or
+   -1. A broadcast axis may be DIDx (as nvFuser allows): every device holds
+   its one element, so the tensor is whole on each, not split. */
+static int hir__did_axis(const hir_tv *tv, hir_ptype p) {
   int i;
   for (i = 0; i < tv->ndims; i++)
-    if (tv->ids[i]->ptype == HIR_DIDX && tv->ids[i]->iter == HIR_ITERATION) return i;
+    if (tv->ids[i]->ptype == p && tv->ids[i]->iter == HIR_ITERATION) return i;
   return -1;
 }
 
-/* Axis a of tv is split across devices here: each holds one slice of it. */
-static int hir__split_axis(const hir_tv *tv, int a) {
-  return tv->ids[a]->ptype == HIR_DIDX && tv->ids[a]->iter == HIR_ITERATION && tv->mesh_size > 1;
+/* Axis id of tv is split across devices here: each holds one slice of it. */
+static int hir__split_id(const hir_tv *tv, const hir_id *id) {
+  return id->iter == HIR_ITERATION && hir__shards(tv, id->ptype) > 1;
 }
 
-/* "Sharded" = a DIDx axis on a mesh of more than one device. */
-static int hir__sharded(const hir_tv *tv) { return tv->mesh_size > 1 && hir__didx_axis(tv) >= 0; }
+static int hir__split_axis(const hir_tv *tv, int a) { return hir__split_id(tv, tv->ids[a]); }
+
+/* The p axis where it splits tv across more than one device, else -1. */
+static int hir__shard_axis(const hir_tv *tv, hir_ptype p) {
+  int d = hir__did_axis(tv, p);
+  return d >= 0 && hir__shards(tv, p) > 1 ? d : -1;
+}
 
 /* A tensor without a mesh lives wherever it is used. */
 static int hir__same_mesh(const hir_tv *a, const hir_tv *b) {
   if (!a->mesh_size || !b->mesh_size) return 1;
-  return a->mesh_size == b->mesh_size && memcmp(a->mesh, b->mesh, (size_t)a->mesh_size * sizeof(int)) == 0;
+  return a->mesh_size == b->mesh_size && a->mesh_cols == b->mesh_cols &&
+         memcmp(a->mesh, b->mesh, (size_t)a->mesh_size * sizeof(int)) == 0;
+}
+
+/* The devices of tv's mesh that share `device`'s position on the other mesh
+   axis than p's (its row for DIDx, its column for DIDy), in mesh order: the
+   team of a collective along p. A 1-D mesh is one team, whoever asks. */
+static int hir__mesh_team(const hir_tv *tv, hir_ptype p, int device, int *team) {
+  int at = hir_team_index(tv->mesh, tv->mesh_size, device), cols = tv->mesh_cols, n = 0, i;
+  if (!cols) {
+    memcpy(team, tv->mesh, (size_t)tv->mesh_size * sizeof(int));
+    return tv->mesh_size;
+  }
+  if (at < 0) return 0;
+  if (p == HIR_DIDY)
+    for (i = at % cols; i < tv->mesh_size; i += cols) team[n++] = tv->mesh[i];
+  else
+    for (i = at - at % cols; i < at - at % cols + cols; i++) team[n++] = tv->mesh[i];
+  return n;
 }
 
 static int hir__in_mesh(const hir_tv *tv, int device) {
@@ -3363,19 +3433,21 @@ static int hir__same_devices(const hir_tv *a, const hir_tv *b) {
   return 1;
 }
 
-/* Does moving input k of e into e's output change where its data lives? */
-static int hir__input_reshards(const hir_expr *e, int k) {
+/* Does moving input k of e into e's output change how mesh axis p splits it? */
+static int hir__input_reshards_on(const hir_expr *e, int k, hir_ptype p) {
   const hir_tv *in = e->in[k], *out = e->out[0];
-  int map[HIR_MAX_DIMS], din, dout, i;
-  if (!hir__same_mesh(in, out)) return 1;
+  int map[HIR_MAX_DIMS], din = hir__shard_axis(in, p), dout = hir__shard_axis(out, p), i;
   hir__axis_map(e, k, map);
-  din = hir__sharded(in) ? hir__didx_axis(in) : -1;
-  dout = hir__sharded(out) ? hir__didx_axis(out) : -1;
   if (din >= 0) return map[din] < 0 || map[din] != dout; /* < 0: an op that consumes the split axis (select, reshape) */
   if (dout >= 0) /* the output is split along an axis the input holds whole */
     for (i = 0; i < in->ndims; i++)
       if (map[i] == dout && in->ids[i]->iter == HIR_ITERATION) return 1;
   return 0;
+}
+
+/* Does moving input k of e into e's output change where its data lives? */
+static int hir__input_reshards(const hir_expr *e, int k) {
+  return !hir__same_mesh(e->in[k], e->out[0]) || hir__input_reshards_on(e, k, HIR_DIDX) || hir__input_reshards_on(e, k, HIR_DIDY);
 }
 
 /* Layout rule of the communication table: the moved axis must be outermost
@@ -3384,7 +3456,7 @@ static int hir__outermost(const hir_tv *tv, int axis) {
   int i;
   for (i = 0; i < axis; i++) {
     const hir_id *id = tv->ids[i];
-    if (id->iter == HIR_REDUCTION || id->iter == HIR_BROADCAST || id->ptype == HIR_DIDX) continue;
+    if (id->iter == HIR_REDUCTION || id->iter == HIR_BROADCAST || hir__is_did(id->ptype)) continue;
     if (id->extent->kind == HIR__VAL_CONST && id->extent->value == 1) continue;
     return 0;
   }
@@ -3399,10 +3471,10 @@ static int hir__stream_axis(const hir_tv *tv) {
   return -1;
 }
 
-/* The output is split along an axis no input maps onto (a reshape's new
-   axis, a slice's): computed whole, then scattered. */
-static int hir__output_reshards(const hir_expr *e) {
-  int map[HIR_MAX_DIMS], dout = hir__sharded(e->out[0]) ? hir__didx_axis(e->out[0]) : -1, k, i;
+/* The output is split by mesh axis p along an axis no input maps onto (a
+   reshape's new axis, a slice's): computed whole, then scattered. */
+static int hir__output_reshards_on(const hir_expr *e, hir_ptype p) {
+  int map[HIR_MAX_DIMS], dout = hir__shard_axis(e->out[0], p), k, i;
   if (dout < 0) return 0;
   for (k = 0; k < e->nin; k++) {
     hir__axis_map(e, k, map);
@@ -3410,6 +3482,24 @@ static int hir__output_reshards(const hir_expr *e) {
       if (map[i] == dout) return 0;
   }
   return 1;
+}
+
+static int hir__output_reshards(const hir_expr *e) {
+  return hir__output_reshards_on(e, HIR_DIDX) || hir__output_reshards_on(e, HIR_DIDY);
+}
+
+/* The mesh axis a resharding move moves data along: DIDy when only its DIDy
+   axes change, else DIDx (a 1-D mesh's). *both: its DIDx and DIDy axes both
+   change, which no one collective does. */
+static hir_ptype hir__moving_ptype(const hir_expr *e, int *both) {
+  int on[2] = {0, 0}, q, k;
+  for (q = 0; q < 2; q++) {
+    hir_ptype p = q ? HIR_DIDY : HIR_DIDX;
+    on[q] = hir__output_reshards_on(e, p);
+    for (k = 0; k < e->nin && !on[q]; k++) on[q] = hir__input_reshards_on(e, k, p);
+  }
+  if (both) *both = on[0] && on[1];
+  return on[1] && !on[0] ? HIR_DIDY : HIR_DIDX;
 }
 
 HIRDEF int hir_expr_is_resharding(const hir_expr *e) {
@@ -3687,28 +3777,28 @@ done:
   return ok;
 }
 
-/* 1. A tensor with no mesh inherits its producers' mesh, and their DIDx axis
-   mapped through the op. Stream axes are never propagated. */
+/* 1. A tensor with no mesh inherits its producers' mesh, and their DIDx and
+   DIDy axes mapped through the op. Stream axes are never propagated. */
 static void hir__propagate_shardings(hir_program *p) {
   hir_fusion *f = &p->ir;
-  int i, k;
+  int i, k, q;
   for (i = 0; i < f->exprs.n; i++) {
     hir_expr *e = (hir_expr *)f->exprs.items[i];
     hir_tv *out = e->out[0];
     if (out->mesh_size) continue;
     for (k = 0; k < e->nin && !out->mesh_size; k++)
-      if (e->in[k]->mesh_size) {
-        out->mesh = e->in[k]->mesh;
-        out->mesh_size = e->in[k]->mesh_size;
-      }
-    if (hir__didx_axis(out) >= 0) continue;
-    for (k = 0; k < e->nin; k++) {
-      int map[HIR_MAX_DIMS], d = hir__didx_axis(e->in[k]);
-      if (d < 0) continue;
-      hir__axis_map(e, k, map);
-      if (map[d] >= 0 && out->ids[map[d]]->iter == HIR_ITERATION) {
-        out->ids[map[d]]->ptype = HIR_DIDX;
-        break;
+      if (e->in[k]->mesh_size) hir__share_mesh(out, e->in[k]);
+    for (q = 0; q < 2; q++) {
+      hir_ptype pt = q ? HIR_DIDY : HIR_DIDX;
+      if (hir__did_axis(out, pt) >= 0) continue;
+      for (k = 0; k < e->nin; k++) {
+        int map[HIR_MAX_DIMS], d = hir__did_axis(e->in[k], pt);
+        if (d < 0) continue;
+        hir__axis_map(e, k, map);
+        if (map[d] >= 0 && out->ids[map[d]]->iter == HIR_ITERATION && out->ids[map[d]]->ptype == HIR_SERIAL) {
+          out->ids[map[d]]->ptype = pt;
+          break;
+        }
       }
     }
   }
@@ -3768,62 +3858,65 @@ static int hir__validate_fusion(hir_program *p) {
   }
   for (i = 0; i < f->tvs.n; i++) {
     const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
-    if (hir__didx_axis(tv) >= 0 && !tv->mesh_size) {
-      hir__fail(f, HIR_ERR_INVALID, "hir_lower: T%d has a DIDx axis but no device mesh, and none to inherit; give it one with hir_set_mesh",
-                tv->name);
+    int y = hir__did_axis(tv, HIR_DIDY);
+    if ((hir__did_axis(tv, HIR_DIDX) >= 0 || y >= 0) && !tv->mesh_size) {
+      hir__fail(f, HIR_ERR_INVALID, "hir_lower: T%d has a %s axis but no device mesh, and none to inherit; give it one with "
+                "hir_set_mesh%s", tv->name, y >= 0 ? "DIDy" : "DIDx", y >= 0 ? "_2d" : "");
+      return 0;
+    }
+    if (y >= 0 && !tv->mesh_cols) {
+      hir__fail(f, HIR_ERR_INVALID, "hir_lower: T%d axis %d is DIDy, but T%d's mesh has one axis; DIDy splits down the "
+                "columns of a 2-D mesh: give T%d one with hir_set_mesh_2d", tv->name, y, tv->name, tv->name);
       return 0;
     }
   }
   return 1;
 }
 
-/* A resharding sum that reduces more than the input's DIDx axis: the other
-   axes are summed first, locally, into a new tensor; e then sums the DIDx
-   axis alone (a collective), or, where the DIDx axis is not reduced, becomes
-   a set that moves the local sums. Its output keeps the axes still reduced.
-   NULL when e is not one. */
+/* A resharding sum that reduces more than the input's split axes (DIDx,
+   DIDy): the other axes are summed first, locally, into a new tensor; e then
+   sums the split axis alone (a collective), or, where it is not reduced,
+   becomes a set that moves the local sums. Its output keeps the axes still
+   reduced. NULL when e is not one. */
 static hir_expr *hir__local_part_of_sum(hir_fusion *f, hir_expr *e) {
   hir_tv *in = e->in[0], *out = e->out[0], *part;
   hir_expr *local;
-  hir_id *ids[HIR_MAX_DIMS], *didx = NULL;
-  int map[HIR_MAX_DIMS], d, i, n, kept = 0, others = 0, didx_reduced;
+  hir_id *ids[HIR_MAX_DIMS];
+  int map[HIR_MAX_DIMS], d, i, n, kept = 0, others = 0, split_reduced;
   if (e->kind != HIR_EXPR_REDUCTION || !hir_expr_is_resharding(e)) return NULL;
-  d = hir__sharded(in) ? hir__didx_axis(in) : -1;
+  d = hir__shard_axis(in, hir__moving_ptype(e, NULL));
   hir__axis_map(e, 0, map);
-  didx_reduced = d >= 0 && map[d] >= 0 && out->ids[map[d]]->iter == HIR_REDUCTION;
-  for (i = 0; i < in->ndims; i++) others += i != d && map[i] >= 0 && out->ids[map[i]]->iter == HIR_REDUCTION;
+  split_reduced = d >= 0 && map[d] >= 0 && out->ids[map[d]]->iter == HIR_REDUCTION;
+  for (i = 0; i < in->ndims; i++) others += !hir__split_axis(in, i) && map[i] >= 0 && out->ids[map[i]]->iter == HIR_REDUCTION;
   if (!others) return NULL;
-  if (d >= 0) didx = in->ids[d];
   n = hir__data_axes(in, ids);
   if (!(part = hir__new_tv(f, in->dtype, HIR_MEM_GLOBAL, n)) || !(local = hir__new_expr(f, HIR_EXPR_REDUCTION, 1, 1)))
     return NULL;
   for (i = 0; i < n; i++) {
-    int reduced = out->ids[i]->iter == HIR_REDUCTION && ids[i] != didx;
-    if (!(part->ids[i] = hir__clone_id(f, ids[i], ids[i] == didx))) return NULL;
+    int reduced = out->ids[i]->iter == HIR_REDUCTION && !hir__split_id(in, ids[i]);
+    if (!(part->ids[i] = hir__clone_id(f, ids[i], hir__is_did(ids[i]->ptype)))) return NULL; /* local size 1 either way */
     if (reduced) part->ids[i]->iter = HIR_REDUCTION;
     else out->logical_of[kept] = out->logical_of[i], out->ids[kept++] = out->ids[i]; /* e's output loses the axes summed already */
   }
   out->ndims = kept;
-  part->mesh = in->mesh;
-  part->mesh_size = in->mesh_size;
+  hir__share_mesh(part, in);
   local->in[0] = in;
   local->out[0] = part;
   part->definition = local;
   e->in[0] = part;
-  if (!didx_reduced) e->kind = HIR_EXPR_LOAD_STORE;
+  if (!split_reduced) e->kind = HIR_EXPR_LOAD_STORE;
   return local;
 }
 
-/* A permute of `in` on its own mesh, its DIDx axis carried along: no communication. */
+/* A permute of `in` on its own mesh, its DIDx and DIDy axes carried along: no communication. */
 static hir_expr *hir__local_permute(hir_fusion *f, hir_tv *in, const int *perm) {
   hir_id *ids[HIR_MAX_DIMS];
   hir_expr *e = hir__permute_expr(f, in, perm);
   int i, n = hir__data_axes(in, ids);
   if (!e) return NULL;
-  e->out[0]->mesh = in->mesh;
-  e->out[0]->mesh_size = in->mesh_size;
+  hir__share_mesh(e->out[0], in);
   for (i = 0; i < n; i++)
-    if (ids[perm[i]]->ptype == HIR_DIDX) e->out[0]->ids[i]->ptype = HIR_DIDX;
+    if (hir__is_did(ids[perm[i]]->ptype)) e->out[0]->ids[i]->ptype = ids[perm[i]]->ptype;
   return e;
 }
 
@@ -3832,8 +3925,9 @@ static hir_expr *hir__local_permute(hir_fusion *f, hir_tv *in, const int *perm) 
    holding data, on either side (DESIGN.md §3's decision table). */
 static int hir__chunks_contiguous(const hir_expr *e) {
   const hir_tv *in = e->in[0], *out = e->out[0];
-  int map[HIR_MAX_DIMS], din = hir__sharded(in) ? hir__didx_axis(in) : -1, dout = hir__sharded(out) ? hir__didx_axis(out) : -1, i;
-  int src = -1; /* the input axis that becomes the output's DIDx */
+  hir_ptype p = hir__moving_ptype(e, NULL);
+  int map[HIR_MAX_DIMS], din = hir__shard_axis(in, p), dout = hir__shard_axis(out, p), i;
+  int src = -1; /* the input axis that becomes the output's split axis */
   hir__axis_map(e, 0, map);
   for (i = 0; i < in->ndims; i++)
     if (dout >= 0 && map[i] == dout) src = i;
@@ -3866,8 +3960,8 @@ static int hir__order_for_collective(hir_fusion *f, hir_expr *e, hir_expr **befo
     e->flags &= ~(uint32_t)HIR__SET_PERMUTE;
   }
   if (hir__chunks_contiguous(e)) return 1;
-  din = hir__sharded(in) ? hir__didx_axis(in) : -1;
-  dout = hir__sharded(out) ? hir__didx_axis(out) : -1;
+  din = hir__shard_axis(in, hir__moving_ptype(e, NULL));
+  dout = hir__shard_axis(out, hir__moving_ptype(e, NULL));
   n = hir__data_axes(in, ids);
   hir__axis_map(e, 0, map);
   for (i = 0; i < in->ndims; i++) { /* lead: the axis becoming the output's DIDx, then the input's DIDx (data numbering) */
@@ -3897,8 +3991,7 @@ static int hir__order_for_collective(hir_fusion *f, hir_expr *e, hir_expr **befo
     inv[perm[i]] = i;
   }
   for (i = 0, k = 0; i < n; i++) tdata[i] = moved->ids[i]->iter == HIR_REDUCTION ? -1 : k++;
-  moved->mesh = out->mesh;
-  moved->mesh_size = out->mesh_size;
+  hir__share_mesh(moved, out);
   if (!(back = hir__new_expr(f, HIR_EXPR_LOAD_STORE, 1, 1))) return 0;
   for (i = 0; i < n; i++) /* out keeps its data axes (a set's output holds no reduction axes) */
     if (out->ids[i]->iter != HIR_REDUCTION) {
@@ -3943,12 +4036,11 @@ static int hir__decompose_reshardings(hir_program *p) {
         }
         if (!(set = hir__set_expr(f, in))) return 0;
         moved = set->out[0];
-        moved->mesh = out->mesh;
-        moved->mesh_size = out->mesh_size;
+        hir__share_mesh(moved, out);
         for (j = 0, at = 0; j < in->ndims; j++) { /* `at`: j's position among the data axes */
           if (in->ids[j]->iter == HIR_REDUCTION) continue;
           if (map[j] >= 0 && out->ids[map[j]]->iter != HIR_REDUCTION &&
-              !(moved->ids[at]->iter == HIR_BROADCAST && out->ids[map[j]]->ptype == HIR_DIDX)) /* no DIDx on a broadcast axis */
+              !(moved->ids[at]->iter == HIR_BROADCAST && hir__is_did(out->ids[map[j]]->ptype))) /* no DIDx on a broadcast axis */
             moved->ids[at]->ptype = out->ids[map[j]]->ptype;
           if (moved->ids[at]->ptype == HIR_STREAM && moved->ids[at]->iter != HIR_BROADCAST) /* one loop with e (runs check */
             moved->ids[at]->extent = out->ids[map[j]]->extent;                              /* that in's size agrees) */
@@ -3963,8 +4055,7 @@ static int hir__decompose_reshardings(hir_program *p) {
         if (!set) return 0;
         for (j = 0; j < out->ndims; j++)
           if (!(whole->ids[j] = hir__clone_id(f, out->ids[j], 0))) return 0;
-        whole->mesh = out->mesh;
-        whole->mesh_size = out->mesh_size;
+        hir__share_mesh(whole, out);
         e->out[0] = whole;
         whole->definition = e;
         set->in[0] = whole;
@@ -3973,6 +4064,89 @@ static int hir__decompose_reshardings(hir_program *p) {
         if (!hir__push(f, &exprs, e) || !hir__push(f, &exprs, set)) return 0;
         continue;
       }
+    }
+    if (!hir__push(f, &exprs, e)) return 0;
+  }
+  f->exprs = exprs;
+  return 1;
+}
+
+/* 2a. A set that changes both its DIDx and its DIDy axes becomes two or
+   three, one collective each: through a tensor split as `in` on one mesh
+   axis and as `out` on the other (DIDy kept, DIDx taken, or the other way
+   round); where both put two types on one axis, first through `in` without
+   its DIDy axis (gathered down the columns). A sum over both its DIDx and
+   its DIDy axes sums along the rows first, then down the columns; a sum
+   over one whose output is split anew on the other sums first (its input's
+   splits kept), then moves the sums. */
+static int hir__mid_ptypes(const hir_expr *e, hir_tv *mid, int keep_y, int drop_y) {
+  const hir_tv *in = e->in[0], *out = e->out[0];
+  int map[HIR_MAX_DIMS], j, at;
+  hir__axis_map(e, 0, map);
+  for (j = 0, at = 0; j < in->ndims; j++) { /* `at`: j's position among the data axes */
+    hir_ptype from_in = in->ids[j]->ptype, from_out = map[j] >= 0 ? out->ids[map[j]]->ptype : HIR_SERIAL, want = HIR_SERIAL;
+    if (in->ids[j]->iter == HIR_REDUCTION) continue;
+    if (from_in == (keep_y ? HIR_DIDY : HIR_DIDX) && !drop_y) want = from_in;
+    if (from_in == HIR_DIDX && drop_y) want = from_in;
+    if (from_out == (keep_y ? HIR_DIDX : HIR_DIDY) && !drop_y) {
+      if (want != HIR_SERIAL) return 0; /* two types on one axis */
+      want = from_out;
+    }
+    if (mid->ids[at]->iter == HIR_ITERATION) mid->ids[at]->ptype = want;
+    at++;
+  }
+  return 1;
+}
+
+/* The first sum of a sum e that reshards on both mesh axes, into a new
+   tensor split as e's input: of its DIDx axis where e sums both split axes
+   (e then sums down the columns), else of every axis e sums (e then moves
+   the sums: a set). e's output loses the axes summed first. */
+static hir_expr *hir__sum_first(hir_fusion *f, hir_expr *e) {
+  hir_tv *in = e->in[0], *out = e->out[0], *mid;
+  hir_expr *first;
+  hir_id *ids[HIR_MAX_DIMS];
+  int map[HIR_MAX_DIMS], x = hir__shard_axis(in, HIR_DIDX), y = hir__shard_axis(in, HIR_DIDY), n, i, kept = 0, rows_first;
+  hir__axis_map(e, 0, map);
+  rows_first = x >= 0 && y >= 0 && map[x] >= 0 && map[y] >= 0 && out->ids[map[x]]->iter == HIR_REDUCTION &&
+               out->ids[map[y]]->iter == HIR_REDUCTION;
+  n = hir__data_axes(in, ids);
+  if (!(mid = hir__new_tv(f, in->dtype, HIR_MEM_GLOBAL, n)) || !(first = hir__new_expr(f, HIR_EXPR_REDUCTION, 1, 1))) return NULL;
+  for (i = 0; i < n; i++) {
+    if (!(mid->ids[i] = hir__clone_id(f, ids[i], 1))) return NULL;
+    if (rows_first ? ids[i] == in->ids[x] : out->ids[i]->iter == HIR_REDUCTION) mid->ids[i]->iter = HIR_REDUCTION;
+    else out->logical_of[kept] = out->logical_of[i], out->ids[kept++] = out->ids[i];
+  }
+  if (!rows_first) e->kind = HIR_EXPR_LOAD_STORE;
+  out->ndims = kept;
+  hir__share_mesh(mid, in);
+  first->in[0] = in;
+  first->out[0] = mid;
+  mid->definition = first;
+  e->in[0] = mid;
+  return first;
+}
+
+static int hir__one_mesh_axis_per_move(hir_program *p) {
+  hir_fusion *f = &p->ir;
+  hir__vec exprs = {NULL, 0, 0};
+  int i, both, steps;
+  for (i = 0; i < f->exprs.n; i++) {
+    hir_expr *e = (hir_expr *)f->exprs.items[i], *first;
+    if (e->kind == HIR_EXPR_REDUCTION && hir_expr_is_resharding(e) && (hir__moving_ptype(e, &both), both) &&
+        !((first = hir__sum_first(f, e)) && hir__push(f, &exprs, first)))
+      return 0;
+    for (steps = 0; steps < 3 && e->kind == HIR_EXPR_LOAD_STORE && hir_expr_is_resharding(e) &&
+                    hir__same_mesh(e->in[0], e->out[0]) && (hir__moving_ptype(e, &both), both) &&
+                    hir__stream_axis(e->in[0]) == -1 && hir__stream_axis(e->out[0]) == -1;
+         steps++) {
+      hir_tv *mid;
+      if (!(first = hir__set_expr(f, e->in[0]))) return 0;
+      mid = first->out[0];
+      hir__share_mesh(mid, e->out[0]);
+      if (!hir__mid_ptypes(e, mid, 1, 0) && !hir__mid_ptypes(e, mid, 0, 0)) hir__mid_ptypes(e, mid, 0, 1);
+      e->in[0] = mid;
+      if (!hir__push(f, &exprs, first)) return 0;
     }
     if (!hir__push(f, &exprs, e)) return 0;
   }
@@ -4090,7 +4264,7 @@ static int hir__front_end(hir_program *p, const hir_fusion *f, int serial) {
   hir__propagate_shardings(p);
   hir__streams_from_inputs(p);
   hir__streams_from_sums(p);
-  return hir__validate_fusion(p) && hir__decompose_reshardings(p) && hir__order_moves(p);
+  return hir__validate_fusion(p) && hir__decompose_reshardings(p) && hir__one_mesh_axis_per_move(p) && hir__order_moves(p);
 }
 
 /* The arguments of hir_lower and hir_segment; a failure is recorded in p. */
@@ -4248,6 +4422,18 @@ static int hir__plan_comm(hir__comm_plan *c, hir_collective type, int n, const i
   return hir__push(f, &c->waits, wait);
 }
 
+/* Emits the collective of each team along mesh axis p of tv's mesh (one
+   team on a 1-D mesh; a row or a column of a 2-D one), rooted at the team's
+   first device where it has a root. */
+static int hir__plan_per_team(hir__comm_plan *c, hir_collective type, const hir_tv *tv, hir_ptype p, int rooted, int *team) {
+  int t, n, nteams = tv->mesh_size / hir__shards(tv, p);
+  for (t = 0; t < nteams; t++) {
+    n = hir__mesh_team(tv, p, tv->mesh[p == HIR_DIDY ? t : t * hir__shards(tv, HIR_DIDX)], team);
+    if (!hir__plan_comm(c, type, n, team, rooted ? team[0] : -1)) return 0;
+  }
+  return 1;
+}
+
 /* team = mesh, plus `extra` at the end unless already there. */
 static int hir__team_plus(const hir_tv *tv, int extra, int *team) {
   int n = tv->mesh_size;
@@ -4268,17 +4454,25 @@ static int hir__lower_resharding(hir_program *p, hir_expr *e, hir__vec *out) {
   hir_fusion *f = &p->ir;
   hir__comm_plan c;
   hir_tv *in, *dst;
-  int in_sh, out_sh, same, din, dout, map[HIR_MAX_DIMS], i, n, *team;
+  hir_ptype along;
+  int in_sh, out_sh, same, din, dout, map[HIR_MAX_DIMS], i, n, *team, both;
   if (!(hir__ops[e->kind].flags & HIR__OP_MOVES))
     return hir__unlowerable(p, e, "only set and sum move data; decompose the op into a resharding set and a local op "
                                   "(hir_lower does)");
   in = e->in[0];
   dst = e->out[0];
-  in_sh = hir__sharded(in);
-  out_sh = hir__sharded(dst);
+  along = hir__moving_ptype(e, &both);
   same = hir__same_mesh(in, dst);
-  din = in_sh ? hir__didx_axis(in) : -1;
-  dout = out_sh ? hir__didx_axis(dst) : -1;
+  if (both)
+    return hir__unlowerable(p, e, "it changes both its DIDx and its DIDy axes, and a collective moves along one mesh axis; "
+                                  "move along one, then the other (a hir_set, or a hir_sum, for each)");
+  if (!same && (in->mesh_cols || dst->mesh_cols))
+    return hir__unlowerable(p, e, "a 2-D mesh reshards within itself (collectives along its rows or columns); give both "
+                                  "tensors the same mesh");
+  din = hir__shard_axis(in, along);
+  dout = hir__shard_axis(dst, along);
+  in_sh = din >= 0;
+  out_sh = dout >= 0;
   hir__axis_map(e, 0, map);
   memset(&c, 0, sizeof c);
   c.p = p;
@@ -4293,7 +4487,10 @@ static int hir__lower_resharding(hir_program *p, hir_expr *e, hir__vec *out) {
     alloc->in[0] = dst;
   }
   if (e->kind == HIR_EXPR_LOAD_STORE) {
-    if (!in_sh && out_sh) { /* Scatter */
+    if (!in_sh && out_sh && same) { /* Scatter from each team's first device */
+      if (!hir__outermost(dst, dout)) return hir__inner_axis(p, e, dst, dout);
+      if (!hir__plan_per_team(&c, HIR_COLL_SCATTER, dst, along, 1, team)) return 0;
+    } else if (!in_sh && out_sh) { /* Scatter */
       const int *from = in->mesh_size ? in->mesh : dst->mesh;
       int nfrom = in->mesh_size ? in->mesh_size : dst->mesh_size, root = -1;
       for (i = 0; i < nfrom && root < 0; i++)
@@ -4303,7 +4500,7 @@ static int hir__lower_resharding(hir_program *p, hir_expr *e, hir__vec *out) {
       if (!hir__plan_comm(&c, HIR_COLL_SCATTER, dst->mesh_size, dst->mesh, root)) return 0;
     } else if (in_sh && !out_sh && same) {
       if (!hir__outermost(in, din)) return hir__inner_axis(p, e, in, din);
-      if (!hir__plan_comm(&c, HIR_COLL_ALLGATHER, in->mesh_size, in->mesh, -1)) return 0;
+      if (!hir__plan_per_team(&c, HIR_COLL_ALLGATHER, in, along, 0, team)) return 0;
     } else if (in_sh && !out_sh) { /* one Gather per receiver */
       if (!hir__outermost(in, din)) return hir__inner_axis(p, e, in, din);
       for (i = 0; i < dst->mesh_size; i++) {
@@ -4320,30 +4517,31 @@ static int hir__lower_resharding(hir_program *p, hir_expr *e, hir__vec *out) {
     } else if (!in_sh && !out_sh && !same && in->mesh_size) {
       int root = in->mesh[0], nteam = hir__team_plus(dst, root, team);
       if (!hir__plan_comm(&c, HIR_COLL_BROADCAST, nteam, team, root)) return 0;
-    } else if (in_sh && out_sh && same && map[din] >= 0) { /* the DIDx axis moves to another axis: AllToAll */
+    } else if (in_sh && out_sh && same && map[din] >= 0) { /* the split axis moves to another axis: AllToAll */
       int src = -1;
       for (i = 0; i < in->ndims; i++)
         if (map[i] == dout) src = i;
       if (src < 0 || !hir__outermost(in, src)) return hir__inner_axis(p, e, in, src < 0 ? din : src);
       if (!hir__outermost(dst, map[din])) return hir__inner_axis(p, e, dst, map[din]);
-      if (!hir__plan_comm(&c, HIR_COLL_ALLTOALL, in->mesh_size, in->mesh, -1)) return 0;
+      if (!hir__plan_per_team(&c, HIR_COLL_ALLTOALL, in, along, 0, team)) return 0;
     } else {
-      return hir__unlowerable(p, e, "the two meshes or DIDx axes do not match a collective");
+      return hir__unlowerable(p, e, "the two meshes or split axes do not match a collective");
     }
   } else { /* a sum */
     for (i = 0; i < in->ndims; i++)
       if (map[i] >= 0 && dst->ids[map[i]]->iter == HIR_REDUCTION && i != din)
-        return hir__unlowerable(p, e, "a resharding sum reduces only the DIDx axis; sum the other axes with a separate hir_sum");
+        return hir__unlowerable(p, e, "a resharding sum reduces only the split (DIDx or DIDy) axis; sum the other axes with a "
+                                      "separate hir_sum");
     if (din < 0 || map[din] < 0 || dst->ids[map[din]]->iter != HIR_REDUCTION)
-      return hir__unlowerable(p, e, "a resharding sum must reduce the input's DIDx axis");
+      return hir__unlowerable(p, e, "a resharding sum must reduce the input's split (DIDx or DIDy) axis");
     if (out_sh && same) {
       int src_axis = -1;
       for (i = 0; i < in->ndims; i++)
         if (map[i] == dout) src_axis = i;
       if (src_axis < 0 || !hir__outermost(in, src_axis)) return hir__inner_axis(p, e, in, src_axis < 0 ? dout : src_axis);
-      if (!hir__plan_comm(&c, HIR_COLL_REDUCESCATTER, in->mesh_size, in->mesh, -1)) return 0;
+      if (!hir__plan_per_team(&c, HIR_COLL_REDUCESCATTER, in, along, 0, team)) return 0;
     } else if (!out_sh && same) {
-      if (!hir__plan_comm(&c, HIR_COLL_ALLREDUCE, in->mesh_size, in->mesh, -1)) return 0;
+      if (!hir__plan_per_team(&c, HIR_COLL_ALLREDUCE, in, along, 0, team)) return 0;
     } else if (!out_sh) {
       for (i = 0; i < dst->mesh_size; i++) {
         int nteam = hir__team_plus(in, dst->mesh[i], team);
@@ -4560,27 +4758,44 @@ done:
    (a sum over DIDx whose input's Stream axis becomes the output's DIDx axis). */
 enum { HIR__P2P_NONE, HIR__P2P_ALLGATHER, HIR__P2P_REDUCE_SCATTER };
 
-/* Which P2P pattern e is, if any; *in_axis: the input axis that streams. */
+/* Which P2P pattern e is, if any; *in_axis: the input axis that streams.
+   On a 2-D mesh, along one mesh axis (the other's split unchanged): the
+   exchanges run within each row (DIDx) or column (DIDy). */
 static int hir__p2p_kind(const hir_expr *e, int *in_axis) {
-  int map[HIR_MAX_DIMS], s, d, i;
+  int map[HIR_MAX_DIMS], s, d, i, both;
+  hir_ptype along;
   if (!(hir__ops[e->kind].flags & HIR__OP_MOVES)) return HIR__P2P_NONE;
-  if (!hir__sharded(e->in[0]) || !hir__same_devices(e->in[0], e->out[0])) return HIR__P2P_NONE;
+  along = hir__moving_ptype(e, &both);
+  if (both || (d = hir__shard_axis(e->in[0], along)) < 0 || !hir__same_devices(e->in[0], e->out[0])) return HIR__P2P_NONE;
+  if ((e->in[0]->mesh_cols || e->out[0]->mesh_cols) && !hir__same_mesh(e->in[0], e->out[0])) return HIR__P2P_NONE;
   hir__axis_map(e, 0, map);
-  d = hir__didx_axis(e->in[0]);
   /* an allgather leaves the output whole on every device: its mesh's order does not matter */
-  if (e->kind == HIR_EXPR_LOAD_STORE && !hir__sharded(e->out[0]) && (s = hir__stream_axis(e->out[0])) >= 0 && map[d] == s) {
+  if (e->kind == HIR_EXPR_LOAD_STORE && hir__shard_axis(e->out[0], along) < 0 && (s = hir__stream_axis(e->out[0])) >= 0 &&
+      map[d] == s) {
     *in_axis = d;
     return HIR__P2P_ALLGATHER;
   }
   if (e->kind == HIR_EXPR_REDUCTION && hir__same_mesh(e->in[0], e->out[0]) && (s = hir__stream_axis(e->in[0])) >= 0 &&
-      map[s] >= 0 && map[s] == hir__didx_axis(e->out[0]) && e->out[0]->ids[map[d]]->iter == HIR_REDUCTION) {
-    for (i = 0; i < e->in[0]->ndims; i++) /* only the DIDx axis may be reduced */
+      map[s] >= 0 && map[s] == hir__shard_axis(e->out[0], along) && e->out[0]->ids[map[d]]->iter == HIR_REDUCTION) {
+    for (i = 0; i < e->in[0]->ndims; i++) /* only the split axis may be reduced */
       if (i != d && map[i] >= 0 && e->out[0]->ids[map[i]]->iter == HIR_REDUCTION && e->in[0]->ids[i]->iter != HIR_REDUCTION)
         return HIR__P2P_NONE;
     *in_axis = s;
     return HIR__P2P_REDUCE_SCATTER;
   }
   return HIR__P2P_NONE;
+}
+
+/* The devices a P2P exchange e runs among, in ring order, on this device:
+   the mesh (1-D), or this device's row or column of a 2-D mesh. */
+static const int *hir__p2p_team(hir_program *p, const hir_expr *e, int *n) {
+  const hir_tv *in = e->in[0];
+  int *team;
+  *n = in->mesh_size;
+  if (!in->mesh_cols) return in->mesh;
+  if (!(team = (int *)hir__alloc(&p->ir, (size_t)in->mesh_size * sizeof(int)))) return NULL;
+  *n = hir__mesh_team(in, hir__moving_ptype(e, NULL), p->my_device, team);
+  return team;
 }
 
 /* The ID a chain loops over for expr e (its Stream axis), or NULL. */
@@ -4698,7 +4913,7 @@ static hir_tv *hir__chunk_view(hir__chain *c, hir_tv *tv, int axis) {
 static int hir__cut_axis(const hir_tv *tv, int s) {
   int i;
   for (i = s + 1; i < tv->ndims; i++)
-    if (tv->ids[i]->iter == HIR_ITERATION && !(tv->ids[i]->ptype == HIR_DIDX && tv->mesh_size > 1)) return i;
+    if (tv->ids[i]->iter == HIR_ITERATION && !hir__split_axis(tv, i)) return i;
   return -1;
 }
 
@@ -4811,11 +5026,11 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
       if (cut >= 0 && map[j] == cut) in_cut = j;
     }
     if (!hir__same_cut(c, e, e->in[k], in_cut, 0) || (moves && !hir__contiguous_chunks(c, e, e->in[k], axis))) return 0;
-    if (axis >= 0 && e->in[k]->ids[axis]->ptype == HIR_DIDX && e->in[k]->mesh_size > 1) {
-      char why[240];
-      snprintf(why, sizeof why, "it reads T%d chunk by chunk along its DIDx axis, of which each device holds one slice; "
-               "only a set onto the same devices (a P2P allgather) or a sum over that axis (a P2P reduce-scatter) "
-               "streams over a DIDx axis", e->in[k]->name);
+    if (axis >= 0 && hir__split_axis(e->in[k], axis)) {
+      char why[320];
+      snprintf(why, sizeof why, "it reads T%d chunk by chunk along its %s axis, of which each device holds one slice; "
+               "only a set onto the same devices (a P2P allgather) or a sum over that axis (a P2P reduce-scatter), "
+               "along one mesh axis, streams over a split axis", e->in[k]->name, hir__ptype_labels[e->in[k]->ids[axis]->ptype]);
       return hir__stream_fail(c->p, e, why);
     }
     ins[k] = axis >= 0 ? hir__chunk_part(c, e->in[k], axis, in_cut) : hir__part_of(c, NULL, e->in[k], in_cut);
@@ -4874,13 +5089,12 @@ static int hir__stream_rs_slots(hir__chain *c, const hir_expr *e, const int *fir
   if (c->rs_slots) return 1;
   if (!(c->rs_slots = hir__new_tv(f, out->dtype, HIR_MEM_GLOBAL, out->ndims))) return 0;
   hir__axis_map(e, 0, map);
-  c->rs_slot_axis = map[hir__didx_axis(in)];
+  c->rs_slot_axis = map[hir__shard_axis(in, hir__moving_ptype(e, NULL))];
   c->rs_cut_axis = cut >= 0 ? map[cut] : -1;
   for (q = 0; q < out->ndims; q++)
     if (!(c->rs_slots->ids[q] = hir__clone_id(f, out->ids[q], 1))) return 0;
   c->rs_slots->ids[c->rs_slot_axis]->iter = HIR_ITERATION;
-  c->rs_slots->mesh = out->mesh;
-  c->rs_slots->mesh_size = out->mesh_size;
+  hir__share_mesh(c->rs_slots, out);
   c->own_step = c->ring ? hir__scalar(c, HIR_SCALAR_EQ, c->step, hir__const(f, c->mesh_size - 1)) /* the ring's own chunk is last */
                         : hir__scalar(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
   for (k = 0; k < c->n; k++)
@@ -4975,10 +5189,14 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
                "place T%d where its consumer is, or drop the Stream axis", x->in[0]->name, x->in[0]->name);
       return hir__stream_fail(p, x, why);
     }
-    if (kind != HIR__P2P_NONE && (x->in[0]->mesh_size != c->mesh_size ||
-                                  memcmp(x->in[0]->mesh, c->mesh, (size_t)c->mesh_size * sizeof(int)) != 0))
-      return hir__stream_fail(p, x, "its P2P exchange orders the devices unlike another exchange of the same loop (another "
-                              "mesh order); give both one mesh");
+    if (kind != HIR__P2P_NONE) {
+      int n;
+      const int *team = hir__p2p_team(p, x, &n);
+      if (!team) return 0;
+      if (n != c->mesh_size || memcmp(team, c->mesh, (size_t)n * sizeof(int)) != 0)
+        return hir__stream_fail(p, x, "its P2P exchange orders the devices unlike another exchange of the same loop (another "
+                                "mesh order, or another axis of a 2-D mesh); give both one mesh");
+    }
   }
   c->i = c->step = hir__named(f, HIR_NAMED_STREAM_IDX);
   c->slot = hir__scalar(c, HIR_SCALAR_MOD, c->i, hir__named(f, HIR_NAMED_NUM_STREAMS));
@@ -5137,8 +5355,7 @@ HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_opti
       c.exprs[c.n++] = x;
       if ((kind = hir__p2p_kind(x, &a)) != HIR__P2P_NONE) {
         c.p2p |= kind;
-        c.mesh = x->in[0]->mesh;
-        c.mesh_size = x->in[0]->mesh_size;
+        if (!(c.mesh = hir__p2p_team(p, x, &c.mesh_size))) goto done;
       }
     }
     if (!hir__lower_chain(&c, &out, first, last, i)) goto done;
@@ -5473,10 +5690,14 @@ HIRDEF hir_status hir_verify_schedule(hir_program *const *programs, int nranks, 
     }
     for (k = 0; k <= f->next_val; k++) r[i].env.sym[k] = 3; /* any extent but a DIDx one: the schedule does not depend on it */
     memset(r[i].env.sym_bound, 1, (size_t)f->next_val + 1);
-    for (k = 0; k < f->tvs.n; k++) { /* a DIDx axis has the mesh size as extent */
+    for (k = 0; k < f->tvs.n; k++) { /* a DIDx or DIDy axis has its mesh axis's size as extent */
       const hir_tv *tv = (const hir_tv *)f->tvs.items[k];
-      int d = hir__didx_axis(tv);
-      if (d >= 0 && tv->mesh_size && tv->ids[d]->extent->kind == HIR__VAL_SYMBOL) r[i].env.sym[tv->ids[d]->extent->name] = tv->mesh_size;
+      int q;
+      for (q = 0; q < 2; q++) {
+        int d = hir__did_axis(tv, q ? HIR_DIDY : HIR_DIDX);
+        if (d >= 0 && tv->mesh_size && tv->ids[d]->extent->kind == HIR__VAL_SYMBOL)
+          r[i].env.sym[tv->ids[d]->extent->name] = hir__shards(tv, tv->ids[d]->ptype);
+      }
     }
     r[i].env.named[HIR_NAMED_RANK] = i;
     r[i].env.named[HIR_NAMED_NUM_STREAMS] = number_of_streams > 0 ? number_of_streams : 4;
@@ -5637,7 +5858,7 @@ static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_opti
         break;
       }
       size = o->input_shapes[i].sizes[k++];
-      if (hir__split_axis(tv, a)) size = tv->mesh_size; /* the shard stands for them all */
+      if (hir__split_axis(tv, a)) size = hir__shards(tv, tv->ids[a]->ptype); /* the shard stands for them all */
       if (x->kind == HIR__VAL_SYMBOL && !env.sym_bound[x->name]) env.sym[x->name] = size, env.sym_bound[x->name] = 1;
     }
     if (ok && k != o->input_shapes[i].ndims) {
@@ -5655,7 +5876,8 @@ static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_opti
     } else if ((hir__ops[e->kind].flags & HIR__OP_MOVES) && hir_expr_is_resharding(e)) {
       const hir_tv *big = e->kind == HIR_EXPR_LOAD_STORE ? e->out[0] : e->in[0]; /* gathered, or reduced */
       int64_t n = hir__model_numel(p, &env, big, 0);
-      int d = big->mesh_size > 1 ? big->mesh_size : e->in[0]->mesh_size;
+      const hir_tv *meshed = big->mesh_size > 1 ? big : e->in[0];
+      int d = hir__shards(meshed, hir__moving_ptype(e, NULL)); /* the team's size */
       ok = n >= 0;
       if (d > 1) bytes += (double)n * (double)hir_dtype_size(big->dtype) * (d - 1) / d;
     }
@@ -8797,7 +9019,7 @@ static int hir__communicates(const hir_scope *s) {
 }
 
 static int hir__local_size(const hir_evaluator *ev, const hir_tv *tv, const hir_id *id, int64_t *size) {
-  if ((id->ptype == HIR_DIDX && tv->mesh_size > 1) || id->iter == HIR_BROADCAST) {
+  if (hir__shards(tv, id->ptype) > 1 || id->iter == HIR_BROADCAST) {
     *size = 1;
     return 1;
   }
@@ -9159,7 +9381,7 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
       int64_t whole = 1;
       for (a = 0, k = 0; a < tv->ndims; a++) {
         if (tv->ids[a]->iter == HIR_REDUCTION) continue;
-        if (tv->logical_of[a] == l) whole *= hir__split_axis(tv, a) ? tv->mesh_size : in[i].sizes[k];
+        if (tv->logical_of[a] == l) whole *= hir__split_axis(tv, a) ? hir__shards(tv, tv->ids[a]->ptype) : in[i].sizes[k];
         k++;
       }
       if (x->kind == HIR__VAL_SYMBOL && !ev->env.sym_bound[x->name]) ev->env.sym[x->name] = whole, ev->env.sym_bound[x->name] = 1;
@@ -9172,10 +9394,10 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
       if (hir__split_axis(tv, a)) {
         if (size != 1)
           return hir__ev_fail(ev, HIR_ERR_SHAPE,
-                              "hir_run: input %d (T%d) axis %d is split across %d devices (DIDx): this rank's shard has "
+                              "hir_run: input %d (T%d) axis %d is split across %d devices (%s): this rank's shard has "
                               "size 1 there, got %lld",
-                              i, tv->name, a, tv->mesh_size, (long long)size);
-        if (!hir__bind_symbol(ev, id, tv->mesh_size, i, tv, a)) return 0;
+                              i, tv->name, a, hir__shards(tv, id->ptype), hir__ptype_labels[id->ptype], (long long)size);
+        if (!hir__bind_symbol(ev, id, hir__shards(tv, id->ptype), i, tv, a)) return 0;
       } else if (id->iter == HIR_BROADCAST) {
         if (size != 1)
           return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: input %d (T%d) axis %d is a broadcast axis: size 1, got %lld", i,
@@ -9196,15 +9418,17 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
                           "than this machine addresses; check the input sizes", tv->name, shape, hir_dtype_name(tv->dtype));
     }
   }
-  for (i = 0; i < f->tvs.n; i++) { /* a sharded axis spans the mesh: extent D */
-    const hir_tv *tv = (const hir_tv *)f->tvs.items[i];
-    int d = hir__didx_axis(tv);
-    if (d >= 0 && tv->mesh_size > 1 && hir__in_mesh(tv, ev->device) && !hir__unbound(&ev->env, tv->ids[d]->extent) &&
-        hir__eval_val(&ev->env, tv->ids[d]->extent) != tv->mesh_size)
+  for (i = 0; i < f->tvs.n * 2; i++) { /* a sharded axis spans its mesh axis: extent D */
+    const hir_tv *tv = (const hir_tv *)f->tvs.items[i / 2];
+    hir_ptype p = i % 2 ? HIR_DIDY : HIR_DIDX;
+    int d = hir__shard_axis(tv, p);
+    if (d >= 0 && hir__in_mesh(tv, ev->device) && !hir__unbound(&ev->env, tv->ids[d]->extent) &&
+        hir__eval_val(&ev->env, tv->ids[d]->extent) != hir__shards(tv, p))
       return hir__ev_fail(ev, HIR_ERR_SHAPE,
-                          "hir_run: T%d axis %d is split across %d devices (DIDx) but has extent %lld; a DIDx axis has "
-                          "the mesh size as extent (reshape to [D, n/D] first)",
-                          tv->name, d, tv->mesh_size, (long long)hir__eval_val(&ev->env, tv->ids[d]->extent));
+                          "hir_run: T%d axis %d is split across %d devices (%s) but has extent %lld; a %s axis has "
+                          "its mesh axis's size as extent (reshape to [D, n/D] first)",
+                          tv->name, d, hir__shards(tv, p), hir__ptype_labels[p],
+                          (long long)hir__eval_val(&ev->env, tv->ids[d]->extent), hir__ptype_labels[p]);
   }
   for (i = 0; i < ev->p->same_extents.n; i++) { /* what stream lowering read chunk by chunk */
     const hir__same_extent *x = (const hir__same_extent *)ev->p->same_extents.items[i];
@@ -10292,7 +10516,7 @@ static int hir__unfold(hir_evaluator *ev, const hir_tv *tv, const hir_tensor *t,
     for (a = 0; a < tv->ndims; a++) {
       const hir_id *id = tv->ids[a];
       if (id->iter == HIR_REDUCTION || tv->logical_of[a] != l) continue;
-      if (id->ptype == HIR_DIDX && tv->mesh_size > 1) u->sizes[nd] = 1;
+      if (hir__shards(tv, id->ptype) > 1) u->sizes[nd] = 1;
       else if (id->extent->kind == HIR__VAL_CONST) known *= (u->sizes[nd] = id->extent->value);
       else rest = nd;
       nd++;

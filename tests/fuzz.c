@@ -140,12 +140,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       t = hir_broadcast(x.f, a, n, flags);
       break;
     case 6: t = hir_matmul(x.f, a, b); break;
-    case 7: /* a mesh: some devices of the world, maybe out of order, maybe outside it */
+    case 7: { /* a mesh: some devices of the world, maybe out of order, maybe outside it; maybe 2-D (rows x n / rows) */
+      int rows = fz_take(&z, 3);
       n = 1 + fz_take(&z, 4);
       for (j = 0; j < n; j++) mesh[j] = fz_take(&z, x.world + 1);
-      hir_set_mesh(a, n, mesh);
+      if (rows) hir_set_mesh_2d(a, rows, n / rows, mesh);
+      else hir_set_mesh(a, n, mesh);
       break;
-    case 8: hir_parallelize(a, fz_take(&z, 5) - 1, (hir_ptype)fz_take(&z, 3)); break;
+    }
+    case 8: hir_parallelize(a, fz_take(&z, 5) - 1, (hir_ptype)fz_take(&z, HIR_PTYPE_COUNT + 1)); break;
     case 9: hir_output(x.f, a); break;
     case 10: { /* elementwise, casts, scalars, permutes, composites: any arguments */
       int perm[HIR_MAX_DIMS] = {fz_take(&z, 4) - 1, fz_take(&z, 4) - 1, fz_take(&z, 4) - 1};

@@ -21,6 +21,7 @@
 #include "test_reshard.c"
 #include "test_split.c"
 #include "test_fp8.c"
+#include "test_mesh2d.c"
 
 #include <unistd.h>
 

@@ -147,25 +147,44 @@ static int tnext(const hir_tensor *t, int64_t *idx) {
   return 0;
 }
 
+/* Where `device` sits along the mesh axis of parallel type pt (DIDx: its
+   column, DIDy: its row; -1: not in the mesh), and how many devices split
+   an axis of that type (*count; 0: pt is no mesh axis). */
+static int mesh_pos(const hir_tv *tv, hir_ptype pt, int device, int *count) {
+  int n, i, p = -1, cols = hir_tv_mesh_cols(tv);
+  const int *mesh = hir_tv_mesh(tv, &n);
+  for (i = 0; i < n; i++)
+    if (mesh[i] == device) p = i;
+  if (!cols) cols = n > 0 ? n : 1;
+  *count = pt == HIR_DIDX ? n : 0;
+  if (pt == HIR_DIDX && hir_tv_mesh_cols(tv)) *count = cols;
+  if (pt == HIR_DIDY) *count = n / cols;
+  return p < 0 ? -1 : pt == HIR_DIDY ? p / cols : p % cols;
+}
+
+/* Axis a of tv is split across devices: *pos is device's slice, *count how many. */
+static int split_on(const hir_tv *tv, int a, int device, int *pos, int *count) {
+  *pos = mesh_pos(tv, hir_tv_ptype(tv, a), device, count);
+  return hir_tv_iter_type(tv, a) == HIR_ITERATION && *count > 1;
+}
+
 /* The local part of `full` (tv's logical axes) where tv has split axes: a
-   split axis's parts are a mixed radix of its index, the DIDx part fixed at
-   the device's position (extents: DIDx the mesh size, fixed parts theirs,
-   the other what is left). */
+   split axis's parts are a mixed radix of its index, a DIDx (DIDy) part
+   fixed at the device's position along its mesh axis (extents: DIDx the
+   mesh axis's size, fixed parts theirs, the other what is left). */
 static hir_tensor shard_split(const hir_tensor *full, const hir_tv *tv, int device) {
-  int nmesh, p = -1, i, a, nl = hir_tv_logical_ndims(tv), nparts = 0;
+  int nmesh, i, a, nl = hir_tv_logical_ndims(tv), nparts = 0;
   const int *mesh = hir_tv_mesh(tv, &nmesh);
   int64_t sz[HIR_MAX_DIMS], glob[HIR_MAX_DIMS], loc[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0};
-  int part_of[HIR_MAX_DIMS], didx[HIR_MAX_DIMS];
+  int part_of[HIR_MAX_DIMS], didx[HIR_MAX_DIMS], pos[HIR_MAX_DIMS], count, here = hir_team_index(mesh, nmesh, device) >= 0;
   hir_tensor t;
-  for (i = 0; i < nmesh; i++)
-    if (mesh[i] == device) p = i;
   for (i = 0; i < nl; i++) sz[i] = 1;
   for (a = 0; a < hir_tv_ndims(tv); a++) { /* the parts, in order, with their extents */
     const hir_val *x = hir_tv_extent(tv, a);
     if (hir_tv_iter_type(tv, a) == HIR_REDUCTION) continue;
     part_of[nparts] = hir_tv_logical_axis(tv, a);
-    didx[nparts] = hir_tv_ptype(tv, a) == HIR_DIDX && hir_tv_iter_type(tv, a) == HIR_ITERATION && nmesh > 1;
-    glob[nparts] = didx[nparts] ? nmesh : x->kind == HIR__VAL_CONST ? x->value : -1;
+    didx[nparts] = split_on(tv, a, device, &pos[nparts], &count);
+    glob[nparts] = didx[nparts] ? count : x->kind == HIR__VAL_CONST ? x->value : -1;
     nparts++;
   }
   for (i = 0; i < nparts; i++)
@@ -180,7 +199,7 @@ static hir_tensor shard_split(const hir_tensor *full, const hir_tv *tv, int devi
   t = *full;
   t.ndims = nl;
   memcpy(t.sizes, sz, sizeof sz);
-  if (nmesh && p < 0) {
+  if (nmesh && !here) {
     t.data = NULL;
     return t;
   }
@@ -192,7 +211,7 @@ static hir_tensor shard_split(const hir_tensor *full, const hir_tv *tv, int devi
     for (i = nparts - 1; i >= 0; i--) {
       part_idx[i] = rem[part_of[i]] % loc[i];
       rem[part_of[i]] /= loc[i];
-      if (didx[i]) part_idx[i] = p;
+      if (didx[i]) part_idx[i] = pos[i];
     }
     for (i = 0; i < nl; i++) src[i] = 0;
     for (i = 0; i < nparts; i++) src[part_of[i]] = src[part_of[i]] * glob[i] + part_idx[i];
@@ -202,25 +221,23 @@ static hir_tensor shard_split(const hir_tensor *full, const hir_tv *tv, int devi
 }
 
 /* The local shard of `full` (the global tensor of tv's data axes) on `device`:
-   a copy of slice p along the DIDx axis (size 1 kept), the whole tensor when
-   unsharded, shape-only (data NULL) when tv does not live there. */
+   a copy of the device's slice along each DIDx and DIDy axis (size 1 kept),
+   the whole tensor when unsharded, shape-only (data NULL) when tv does not
+   live there. */
 static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
-  int nmesh, p = -1, i, d = -1, k = 0;
+  int nmesh, i, k = 0, count, pos[HIR_MAX_DIMS], split[HIR_MAX_DIMS] = {0};
   const int *mesh = hir_tv_mesh(tv, &nmesh);
   hir_tensor t;
   int64_t idx[HIR_MAX_DIMS] = {0};
   if (tv->scalar) return *full; /* a scalar input: by value, on every rank */
   if (hir_tv_logical_ndims(tv)) return shard_split(full, tv, device);
-  for (i = 0; i < nmesh; i++)
-    if (mesh[i] == device) p = i;
+  t = *full;
   for (i = 0; i < hir_tv_ndims(tv); i++) {
     if (hir_tv_iter_type(tv, i) == HIR_REDUCTION) continue;
-    if (hir_tv_ptype(tv, i) == HIR_DIDX && hir_tv_iter_type(tv, i) == HIR_ITERATION && nmesh > 1) d = k;
+    if ((split[k] = split_on(tv, i, device, &pos[k], &count))) t.sizes[k] = 1;
     k++;
   }
-  t = *full;
-  if (d >= 0) t.sizes[d] = 1;
-  if (nmesh && p < 0) { /* lives elsewhere: shape only */
+  if (nmesh && hir_team_index(mesh, nmesh, device) < 0) { /* lives elsewhere: shape only */
     t.data = NULL;
     return t;
   }
@@ -229,7 +246,8 @@ static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
   do {
     int64_t src[HIR_MAX_DIMS];
     memcpy(src, idx, sizeof src);
-    if (d >= 0) src[d] = p;
+    for (i = 0; i < k; i++)
+      if (split[i]) src[i] = pos[i];
     tset(&t, toff(&t, idx), tget(full, toff(full, src)));
   } while (tnext(&t, idx));
   return t;
@@ -555,6 +573,26 @@ __attribute__((unused)) static void case_lowered(spmd_case *c, int world, const 
   c->nin = nin;
   c->nout = nout;
 }
+
+__attribute__((unused)) static hir_tensor tcopy(const hir_tensor *t) {
+  hir_tensor c = tn(t->dtype, t->ndims, t->sizes);
+  memcpy(c.data, t->data, (size_t)tnumel(t) * hir_dtype_size(t->dtype));
+  return c;
+}
+
+/* One input, one output: runs f on the world of D against `want` (taken). */
+__attribute__((unused)) static void run_one(hir_fusion *f, int D, hir_tensor in, hir_tensor want, int prealloc, const char *name,
+                                            const char *file, int line) {
+  spmd_case c;
+  CHECK(hir_fusion_error(f)[0] == 0);
+  case_lowered(&c, D, f, 1, 1);
+  c.in[0] = in;
+  c.out[0] = want;
+  c.prealloc = prealloc;
+  run_case(&c, name, file, line);
+  hir_fusion_free(f);
+}
+#define RUN_ONE(f, D, in, want, prealloc, name) run_one(f, D, in, want, prealloc, name, __FILE__, __LINE__)
 
 __attribute__((unused)) static const int worlds[5] = {1, 2, 3, 4, 8};
 __attribute__((unused)) static int iota_mesh[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};

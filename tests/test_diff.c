@@ -1,6 +1,7 @@
 /* The differential check: random fusions - sets, binary ops (with broadcast
    axes), elementwise and tensor-scalar ops, sums over one or two axes,
-   selects, slices, reshapes, matmuls, split axes - on random meshes with random DIDx and Stream axes
+   selects, slices, reshapes, matmuls, split axes - on random meshes (1-D, and 2-D for one seed in
+   seven) with random DIDx, DIDy and Stream axes
    and stream options, lowered for every rank of a local world and run on
    random data, against a plain reference computed here on the whole
    (unsharded) tensors. Every program either gives the reference's numbers
@@ -35,6 +36,7 @@ typedef struct diff_prog {
   hir_fusion *f;
   hir_local_world *w;
   int world, ntv, nin, nstreams;
+  int rows, cols, reversed;    /* a program on one 2-D mesh of the world (rows x cols, devices maybe reversed); 0: 1-D meshes */
   diff_tv t[DIFF_MAX_TVS];
   hir_lower_desc ld;
   /* per rank, after a run */
@@ -92,6 +94,23 @@ static int diff_mesh(diff_rng *r, int world, int *mesh) {
 static void diff_place(diff_rng *r, diff_prog *p, diff_tv *t, int meshless) {
   int mesh[8], n, i, cand[HIR_MAX_DIMS], nc = 0, data = 0;
   if (meshless) return;
+  if (p->rows) { /* the program's 2-D mesh; maybe a DIDx axis (size cols), maybe a DIDy one (rows) */
+    int q;
+    for (i = 0; i < p->world; i++) mesh[i] = p->reversed ? p->world - 1 - i : i;
+    hir_set_mesh_2d(t->tv, p->rows, p->cols, mesh);
+    for (q = 0; q < 2; q++) {
+      int want = q ? p->rows : p->cols;
+      nc = data = 0;
+      for (i = 0; i < hir_tv_ndims(t->tv); i++) {
+        if (hir_tv_iter_type(t->tv, i) == HIR_REDUCTION) continue;
+        if (want > 1 && t->sizes[data] == want && hir_tv_iter_type(t->tv, i) == HIR_ITERATION && hir_tv_ptype(t->tv, i) == HIR_SERIAL)
+          cand[nc++] = i;
+        data++;
+      }
+      if (nc && diff_next(r, 3)) hir_parallelize(t->tv, cand[diff_next(r, nc)], q ? HIR_DIDY : HIR_DIDX);
+    }
+    return;
+  }
   n = diff_mesh(r, p->world, mesh);
   hir_set_mesh(t->tv, n, mesh);
   for (i = 0; i < hir_tv_ndims(t->tv); i++) {
@@ -268,7 +287,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     int64_t sz[3], n;
     int nd = 1 + diff_next(r, 3);
     diff_tv *t;
-    for (i = 0; i < nd; i++) sz[i] = diff_next(r, 3) == 0 ? D : 1 + diff_next(r, 4);
+    for (i = 0; i < nd; i++) sz[i] = diff_next(r, 3) == 0 ? (p->rows && diff_next(r, 2) ? p->rows : p->rows ? p->cols : D) : 1 + diff_next(r, 4);
     t = diff_new(p, hir_input(p->f, HIR_F32, nd), nd, sz);
     for (n = 0; n < diff_numel(nd, sz); n++) t->v[n] = (double)(diff_next(r, 2001) - 1000) / 256.0;
     diff_place(r, p, t, meshless);
@@ -337,9 +356,10 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   if (hir_fusion_status(p->f) != HIR_OK) return 0;
   for (i = 0; i < 2 && diff_next(r, 3) == 0; i++) { /* split axes: outer by the mesh size (then maybe sharded), or by 2 */
     diff_tv *t = &p->t[diff_next(r, p->ntv)];
-    int ax = diff_next(r, t->nd), n, id = -1, k;
+    int ax = diff_next(r, t->nd), n, id = -1, k, y = p->rows && diff_next(r, 2);
     int64_t factor, size = t->sizes[ax];
     hir_tv_mesh(t->tv, &n);
+    if (p->rows) n = y ? p->rows : p->cols; /* split for DIDy or for DIDx */
     factor = n > 1 ? n : 2;
     for (k = 0; k < hir_tv_ndims(t->tv); k++) /* the data axis's part left by earlier splits, and its size */
       if (hir_tv_iter_type(t->tv, k) != HIR_REDUCTION && hir_tv_logical_axis(t->tv, k) == ax) {
@@ -347,7 +367,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
         else id = k;
       }
     if (id >= 0 && size > factor && size % factor == 0 && hir_split(t->tv, id, factor, 1) == HIR_OK && n > 1 && diff_next(r, 2))
-      hir_parallelize(t->tv, id, HIR_DIDX);
+      hir_parallelize(t->tv, id, y ? HIR_DIDY : HIR_DIDX);
     if (hir_fusion_status(p->f) != HIR_OK) return 0;
   }
   for (i = 0; i < 2 && diff_next(r, 2); i++) { /* Stream axes on one or two tensors (an input's pass to its consumers) */
@@ -428,6 +448,11 @@ static int diff_one(uint64_t seed, int *how) {
   r.s = seed * 0x9E3779B97F4A7C15ull + 1;
   x.seed = seed;
   x.world = 1 + diff_next(&r, 4);
+  if (seed % 7 == 5) { /* by the seed: 2-D meshes, the programs of other seeds stay */
+    x.rows = x.world == 4 ? 2 : diff_next(&r, 2) ? x.world : 1;
+    x.cols = x.world / x.rows;
+    x.reversed = diff_next(&r, 2);
+  }
   *how = 3;
   if (diff_build(&r, &x)) {
     x.w = hir_local_world_create(x.world);
@@ -449,6 +474,7 @@ static int diff_one(uint64_t seed, int *how) {
         if (x.status[i] != HIR_OK && x.status[i] != HIR_ERR_COMM) fprintf(stderr, "seed %llu rank %d refused by a run: %s: %.150s\n", (unsigned long long)seed, i, hir_status_str(x.status[i]), x.error[i]);
     if (!ok || getenv("HIR_DIFF_SEED")) {
       hir_fusion_snprint(x.f, text, sizeof text);
+      if (x.rows) fprintf(stderr, "  diff: a %d x %d mesh\n", x.rows, x.cols);
       fprintf(stderr, "  diff: seed %llu: world %d, %s, bounded %d, %d parts, %d streams\n%s", (unsigned long long)seed, x.world,
               x.ld.stream.schedule ? "ring" : "linear", x.ld.stream.bounded_buffers, x.ld.stream.chunks_per_peer, x.nstreams, text);
       fprintf(stderr, "  whole sizes:");

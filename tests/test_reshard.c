@@ -18,26 +18,6 @@ static hir_tensor ref_permute(const hir_tensor *in, const int *perm) {
   return o;
 }
 
-static hir_tensor tcopy(const hir_tensor *t) {
-  hir_tensor c = tn(t->dtype, t->ndims, t->sizes);
-  memcpy(c.data, t->data, (size_t)tnumel(t) * hir_dtype_size(t->dtype));
-  return c;
-}
-
-/* One input, one output: runs f on the world of D against `want` (taken). */
-static void run_one(hir_fusion *f, int D, hir_tensor in, hir_tensor want, int prealloc, const char *name, const char *file,
-                    int line) {
-  spmd_case c;
-  CHECK(hir_fusion_error(f)[0] == 0);
-  case_lowered(&c, D, f, 1, 1);
-  c.in[0] = in;
-  c.out[0] = want;
-  c.prealloc = prealloc;
-  run_case(&c, name, file, line);
-  hir_fusion_free(f);
-}
-#define RUN_ONE(f, D, in, want, prealloc, name) run_one(f, D, in, want, prealloc, name, __FILE__, __LINE__)
-
 /* out = set(x): x split on in_axis over the world (-1: whole), out on
    out_mesh split on out_axis (-1: whole); the numbers must not change. */
 static void set_case(int D, hir_dtype dt, int nd, const int64_t *sz, int in_axis, int nout_mesh, const int *out_mesh,

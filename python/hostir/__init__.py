@@ -57,6 +57,7 @@ def _load():
         "hir_select": (p, [p, p, i, ctypes.c_int64]), "hir_slice_step": (p, [p, p, i, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
         "hir_reshape": (p, [p, p, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
+        "hir_set_mesh_2d": (i, [p, i, i, ctypes.POINTER(i)]),
         "hir_split": (i, [p, i, ctypes.c_int64, i]), "hir_input_sized": (p, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_input_scalar": (p, [p]), "hir_binary_val": (p, [p, i, p, p]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
@@ -94,7 +95,7 @@ _lib = _load()
 _DTYPES = {"float32": 0, "float64": 1, "float16": 2}      # hir_dtype; bfloat16 has no numpy type
 _BUILD_DTYPES = dict(_DTYPES, bfloat16=3, float8_e4m3fn=4, float8_e5m2=5)  # the builder takes these (hostir.torch runs bf16)
 _NUMPY = {0: np.float32, 1: np.float64, 2: np.float16}
-_PTYPES = {"Serial": 0, "DIDx": 1, "Stream": 2}
+_PTYPES = {"Serial": 0, "DIDx": 1, "Stream": 2, "DIDy": 3}
 _BINARY = {"+": 0, "-": 1, "*": 2, "/": 3}  # hir_binary_op
 _UNARY = {name: k for k, name in enumerate(  # hir_unary_op, in HIR_UNARY_OP_LIST's order
     "neg abs relu sin cos exp log tanh sqrt rsqrt reciprocal sigmoid silu gelu gelu_tanh".split())}
@@ -134,10 +135,17 @@ class Tensor:
     def __init__(self, fusion, handle):
         self.fusion, self._h = fusion, handle
 
-    def mesh(self, devices):
+    def mesh(self, devices, rows=None):
+        """The devices the tensor lives on; with rows, a 2-D mesh of that many rows (row-major): DIDx splits
+        along a row, DIDy down a column."""
         devices = list(devices)
         arr = (ctypes.c_int * max(1, len(devices)))(*devices)
-        self.fusion._check(_lib.hir_set_mesh(self._h, len(devices), arr))
+        if rows is None:
+            self.fusion._check(_lib.hir_set_mesh(self._h, len(devices), arr))
+        else:
+            if rows < 1 or len(devices) % rows:
+                raise Error("invalid argument", "mesh: %d devices do not fill %d rows evenly" % (len(devices), rows))
+            self.fusion._check(_lib.hir_set_mesh_2d(self._h, rows, len(devices) // rows, arr))
         return self
 
     def split(self, axis, factor, outer=True):

@@ -171,6 +171,27 @@ class CpuTests(unittest.TestCase):
             hostir.run(g, [[np.zeros((2, 4), np.float32)]])
         self.assertIn("fixed when the fusion was built", str(e.exception))
 
+    def test_mesh_2d(self):
+        """Tensor x data parallel on a 2 x 3 mesh: x [R, C, K] split DIDy on R and DIDx on C, summed over C (an
+        allreduce along each row); each row gets its own R slice."""
+        rng = np.random.default_rng(17)
+        R, C, K = 2, 3, 4
+        X = rng.standard_normal((R, C, K)).astype(np.float32)
+        f = hostir.Fusion()
+        x = f.input("float32", 3)
+        y = f.output(f.sum(x, [1]))
+        for t in (x, y):
+            t.mesh(range(R * C), rows=R)
+        x.parallelize(0, "DIDy").parallelize(1, "DIDx")
+        y.parallelize(0, "DIDy")
+        self.assertIn("DeviceMesh{{0 1 2}{3 4 5}}", str(f.lower(device=4)))
+        outs = hostir.run(f, [[X[d // C:d // C + 1, d % C:d % C + 1]] for d in range(R * C)])
+        for d in range(R * C):
+            np.testing.assert_allclose(outs[d][0], X[d // C:d // C + 1].sum(axis=1), rtol=1e-5, atol=1e-5)
+        with self.assertRaises(hostir.Error) as e:
+            x.mesh(range(5), rows=2)
+        self.assertIn("5 devices do not fill 2 rows", str(e.exception))
+
     def test_scalar_input(self):
         """An integer input scales a split tensor; a new value is a new plan."""
         rng = np.random.default_rng(17)
