@@ -279,6 +279,100 @@ TEST(test_mesh2d_p2p, "mesh2d/p2p_pipelines", TEST_CPU | TEST_GPU_WORLDS) {
     }
 }
 
+typedef struct mesh2d_tune_ctx {
+  hir_local_world *w;
+  const hir_fusion *f;
+  const hir_tv *tv[3]; /* the inputs, the output */
+  hir_tensor in[2], want;
+  char err[MAXR][600], plan[MAXR][600];
+} mesh2d_tune_ctx;
+
+/* Each rank tunes the fusion on its shards, then checks its output (poisoned first). */
+static hir_status mesh2d_tune_rank(int rank, void *user) {
+  mesh2d_tune_ctx *x = (mesh2d_tune_ctx *)user;
+  hir_tune_desc d;
+  hir_tuner *t = NULL;
+  hir_tensor in[2], out[1], want;
+  int i;
+  memset(&d, 0, sizeof d);
+  d.lower.my_device = rank;
+  d.lower.comm = d.eval.comm = hir_local_comm(x->w, rank);
+  d.iters = 2;
+  if (hir_tuner_create(x->f, &d, &t) != HIR_OK) {
+    snprintf(x->err[rank], sizeof x->err[rank], "create: %.500s", hir_tuner_error(t));
+    hir_tuner_free(t);
+    return HIR_OK;
+  }
+  for (i = 0; i < 2; i++) in[i] = shard(&x->in[i], x->tv[i], rank);
+  want = shard(&x->want, x->tv[2], rank);
+  out[0] = tn(HIR_F64, want.ndims, want.sizes);
+  for (i = 0; i < tnumel(&out[0]); i++) tset(&out[0], i, 1e30);
+  if (hir_tuner_run(t, in, 2, out, 1) != HIR_OK || hir_tuner_sync(t) != HIR_OK)
+    snprintf(x->err[rank], sizeof x->err[rank], "run: %.500s", hir_tuner_error(t));
+  else
+    compare(&out[0], &want, 1e-12, x->err[rank], sizeof x->err[rank], "the output");
+  snprintf(x->plan[rank], sizeof x->plan[rank], "%.500s", hir_program_plan(hir_tuner_program(t)));
+  for (i = 0; i < 2; i++) tfree(&in[i]);
+  tfree(&want);
+  tfree(&out[0]);
+  hir_tuner_free(t);
+  return HIR_OK;
+}
+
+/* Two ranks' plans name one choice: "tuned on N ranks in T ms: <choice> (the slowest ...". */
+static int mesh2d_same_choice(const char *a, const char *b) {
+  const char *pa = strstr(a, " ms: "), *pb = strstr(b, " ms: "), *ea = pa ? strstr(pa, " (the slowest") : NULL;
+  const char *eb = pb ? strstr(pb, " (the slowest") : NULL;
+  return ea && eb && ea - pa == eb - pb && !strncmp(pa, pb, (size_t)(ea - pa));
+}
+
+/* hir_tuner on a 2-D mesh: the AG+GEMM of mesh2d/p2p_pipelines (mode 0)
+   timed as serial and as P2P pipelines along each row, one choice agreed
+   by every rank, the output right on each. */
+TEST(test_mesh2d_tuned, "mesh2d/tuned", TEST_CPU) {
+  int s, devs[MAXR];
+  for (s = 3; s < 6; s++) {
+    int R = mesh_shapes[s][0], C = mesh_shapes[s][1], r;
+    int64_t m = 2, K = 3, N = 4, sa[4] = {R, C, m, K}, sb[2] = {K, N}, so[4] = {R, C, m, N}, i, n, k;
+    mesh2d_tune_ctx x;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F64, 4), *b = hir_input(f, HIR_F64, 2), *o = hir_matmul(f, a, b);
+    memset(&x, 0, sizeof x);
+    hir_output(f, o);
+    mesh2d_devices(s, devs);
+    hir_set_mesh_2d(a, R, C, devs);
+    hir_set_mesh_2d(b, R, C, devs);
+    hir_set_mesh_2d(o, R, C, devs);
+    hir_parallelize(a, 0, HIR_DIDY);
+    hir_parallelize(a, 1, HIR_DIDX);
+    hir_parallelize(o, 0, HIR_DIDY);
+    hir_parallelize(o, 1, HIR_STREAM);
+    x.f = f;
+    x.tv[0] = a, x.tv[1] = b, x.tv[2] = o;
+    x.w = hir_local_world_create(R * C);
+    x.in[0] = trand(HIR_F64, 4, sa);
+    x.in[1] = trand(HIR_F64, 2, sb);
+    x.want = tn(HIR_F64, 4, so);
+    for (i = 0; i < R * C * m; i++)
+      for (n = 0; n < N; n++) {
+        double t = 0;
+        for (k = 0; k < K; k++) t += tget(&x.in[0], i * K + k) * tget(&x.in[1], k * N + n);
+        tset(&x.want, i * N + n, t);
+      }
+    CHECK(hir_spmd(R * C, mesh2d_tune_rank, &x) == HIR_OK);
+    for (r = 0; r < R * C; r++)
+      if (x.err[r][0] || strncmp(x.plan[r], "tuned on", 8) || !strstr(x.plan[r], "ring") || !mesh2d_same_choice(x.plan[r], x.plan[0])) {
+        fprintf(stderr, "  %d x %d mesh, rank %d: %s\n    plan: %s\n", R, C, r, x.err[r], x.plan[r]);
+        hir_test_failures++;
+      }
+    tfree(&x.in[0]);
+    tfree(&x.in[1]);
+    tfree(&x.want);
+    hir_local_world_free(x.w);
+    hir_fusion_free(f);
+  }
+}
+
 /* Printed as nvFuser prints a 2-D mesh and a DIDy axis; each device's
    program holds its own row's team. */
 TEST(test_mesh2d_print, "mesh2d/print", TEST_CPU) {

@@ -380,8 +380,8 @@ _ops.define("all_gather_matmul(Tensor a_shard, Tensor[] bs, int gather_dim, str 
 _ops.define("matmul_reduce_scatter(Tensor a, Tensor b, str reduce_op, int scatter_dim, str group_name) -> Tensor")
 
 
-def _all_gather_matmul(a_shard, bs, gather_dim, group_name):
-    """[the gathered A, A @ B for B in bs]"""
+def _all_gather_matmul(a_shard, bs, gather_dim, group_name, return_A=True):
+    """[the gathered A (None unless return_A: it stays in hostir's buffer), A @ B for B in bs]"""
     what = ("all_gather_matmul", "a_shard", "gather")
     if not bs:
         _fail("hostir.torch.all_gather_matmul: bs is empty; give at least one B")
@@ -403,13 +403,13 @@ def _all_gather_matmul(a_shard, bs, gather_dim, group_name):
         return ins + [_view(tuple(b.shape), b.stride(), dt) for b in bs], outs
 
     plan = g.plan_for(key, lambda: ag_matmul_fusion(D, _NAMES[dt], len(bs), True), views)
-    outs = [torch.empty((D * m, K), dtype=dt, device=a_shard.device)]
+    outs = [torch.empty((D * m, K), dtype=dt, device=a_shard.device) if return_A else None]
     outs += [torch.empty((D * m, b.shape[1]), dtype=dt, device=a_shard.device) for b in bs]
     plan.run([a2] + bs, outs)
     if rows_shape is None:  # a 2-D shard gathered along its rows: as they are
         return outs
     rows_shape = [D * rows_shape[0]] + rows_shape[1:]
-    return [_restore(t, rows_shape, t.shape[-1], d) for t in outs]
+    return [_restore(t, rows_shape, t.shape[-1], d) if t is not None else None for t in outs]
 
 
 @torch.library.register_fake("hostir::all_gather_matmul")
@@ -535,7 +535,7 @@ def all_gather_matmul(a_shard, bs, gather_dim, group=None, return_A=True):
     None, [A @ B for B in bs])."""
     bs = list(bs)
     if _direct(a_shard, *bs):
-        outs = _all_gather_matmul(a_shard, bs, gather_dim, _group_name(group))
+        outs = _all_gather_matmul(a_shard, bs, gather_dim, _group_name(group), return_A)
     else:
         outs = torch.ops.hostir.all_gather_matmul(a_shard, bs, gather_dim, _group_name(group))
     return (outs[0] if return_A else None), list(outs[1:])

@@ -87,6 +87,13 @@ def ag_forward_backward():
             for b, g in zip(bs, Gs[W.rank]):
                 close(b.grad, A.double().reshape(-1, A.shape[-1]).T @ g.double().reshape(-1, g.shape[-1]), dtype,
                       what + " d B")
+            with torch.no_grad():  # without the gathered A (hostir keeps it), twice: its buffer reused
+                for _ in range(2):
+                    none, cs = ht.all_gather_matmul(a, bs, gather_dim, return_A=False)
+                    if none is not None:
+                        raise AssertionError(what + ": return_A=False gave the gathered A")
+                    for c, b in zip(cs, Bs[W.rank]):
+                        close(c, A.double() @ b.double(), dtype, what + " C without A")
 
 
 def rs_problem(dtype, lead, scatter_dim):

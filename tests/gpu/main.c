@@ -1180,6 +1180,7 @@ static int ce_pair_child(int rank, const char *name, int dead, int *passed, int 
   if (dead) return ce_pair_dead_peer(rank);
   platform = &pair;
   hir_run_tests(TEST_GPU_WORLDS, "stream/numbers", prefix, 1, passed, failed);
+  hir_run_tests(TEST_GPU_WORLDS, "mesh2d/p2p", prefix, 1, passed, failed); /* on the 1 x 2 and 2 x 1 meshes */
   if (ce_pair_remapped(rank)) ++*passed;
   else ++*failed;
   hir_nccl_comm_free(mp_comm);
