@@ -51,6 +51,11 @@ _lock = threading.RLock()
 _NOT_WARM = ("hostir.torch: a CUDA graph is being captured and this op has not run yet with these shapes; run it once "
              "before capturing (torch.cuda.graph's warm-up runs, torch.compile's warm-up)")
 _groups = {}  # (group name, device type, index[, rank: a thread's]) -> _Group
+# A CUDA call seen before (its operands' shapes, strides, dtypes, devices, its
+# group and arguments) -> (its plan, its outputs' shapes, dtype, device): the
+# call skips the checks and lookups that passed then. Emptied whenever a plan
+# is freed or the options change.
+_fast = {}
 
 
 def set_options(tune=None, plan=None, streams=None, timeout_ms=None, cache=None):
@@ -67,6 +72,7 @@ def set_options(tune=None, plan=None, streams=None, timeout_ms=None, cache=None)
     for key, value in (("tune", tune), ("plan", plan), ("streams", streams), ("timeout_ms", timeout_ms), ("cache", cache)):
         if value is not None:
             _options[key] = value
+    _fast.clear()
 
 
 def _fail(message):
@@ -256,11 +262,13 @@ class _Group:
             if len(self.plans) >= _options["cache"]:  # the oldest plan goes, unless a graph holds its buffers
                 oldest = next((k for k, e in self.plans.items() if not e.captured), None)
                 if oldest is not None:
+                    _fast.clear()
                     self.plans.pop(oldest).free()
             self.plans[key] = entry
         return entry
 
     def free(self):
+        _fast.clear()
         for entry in self.plans.values():
             entry.free()
         self.plans = {}
@@ -382,6 +390,16 @@ _ops.define("matmul_reduce_scatter(Tensor a, Tensor b, str reduce_op, int scatte
 
 def _all_gather_matmul(a_shard, bs, gather_dim, group_name, return_A=True):
     """[the gathered A (None unless return_A: it stays in hostir's buffer), A @ B for B in bs]"""
+    fast = None
+    if a_shard.is_cuda:
+        fast = (a_shard.shape, a_shard.stride(), a_shard.dtype, a_shard.device, gather_dim, group_name, return_A) + tuple(
+            x for b in bs for x in (b.shape, b.stride(), b.dtype, b.device))
+        hit = _fast.get(fast)
+        if hit is not None:
+            plan, shapes, dt, device = hit
+            outs = [torch.empty(shape, dtype=dt, device=device) if shape else None for shape in shapes]
+            plan.run([a_shard] + bs, outs)
+            return outs
     what = ("all_gather_matmul", "a_shard", "gather")
     if not bs:
         _fail("hostir.torch.all_gather_matmul: bs is empty; give at least one B")
@@ -407,6 +425,8 @@ def _all_gather_matmul(a_shard, bs, gather_dim, group_name, return_A=True):
     outs += [torch.empty((D * m, b.shape[1]), dtype=dt, device=a_shard.device) for b in bs]
     plan.run([a2] + bs, outs)
     if rows_shape is None:  # a 2-D shard gathered along its rows: as they are
+        if fast is not None:
+            _fast[fast] = (plan, [tuple(t.shape) if t is not None else None for t in outs], dt, a_shard.device)
         return outs
     rows_shape = [D * rows_shape[0]] + rows_shape[1:]
     return [_restore(t, rows_shape, t.shape[-1], d) if t is not None else None for t in outs]
@@ -420,6 +440,16 @@ def _(a_shard, bs, gather_dim, group_name):
 
 
 def _matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group_name):
+    fast = None
+    if a.is_cuda:
+        fast = (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, reduce_op, scatter_dim,
+                group_name)
+        hit = _fast.get(fast)
+        if hit is not None:
+            plan, shape, dt, device, D = hit
+            c = torch.empty(shape, dtype=dt, device=device)
+            plan.run([a, b], [c])
+            return c.div_(D) if reduce_op == "avg" else c
     what = ("matmul_reduce_scatter", "a", "scatter")
     if reduce_op not in ("sum", "avg"):
         _fail("hostir.torch.matmul_reduce_scatter: reduce_op %r; give 'sum' or 'avg'" % (reduce_op,))
@@ -445,6 +475,8 @@ def _matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group_name):
     plan = g.plan_for(key, lambda: matmul_rs_fusion(D, _NAMES[dt]), views)
     c = torch.empty((m, N), dtype=dt, device=a.device)
     plan.run([a2, b], [c])
+    if fast is not None and rows_shape is None:
+        _fast[fast] = (plan, (m, N), dt, a.device, D)
     if reduce_op == "avg":
         c.div_(D)
     return c if rows_shape is None else _restore(c, [rows_shape[0] // D] + rows_shape[1:], N, d)
