@@ -330,8 +330,9 @@ HIRDEF hir_status  hir_set_mesh(hir_tv *tv, int ndevices, const int *devices);
 /* A 2-D mesh (nvFuser's DeviceMesh of shape [rows, cols]): devices[r * cols
    + c] is at row r, column c. A DIDx axis is split across a row's devices
    (cols shards), a DIDy axis down a column's (rows shards): tensor x data
-   parallel. Collectives run per row (DIDx) or per column (DIDy), one mesh
-   axis per resharding; both tensors of a resharding live on the same mesh. */
+   parallel. Collectives and P2P pipelines run per row (DIDx) or per column
+   (DIDy); a resharding over both mesh axes becomes one collective for each;
+   both tensors of a resharding live on the same mesh. */
 HIRDEF hir_status  hir_set_mesh_2d(hir_tv *tv, int rows, int cols, const int *devices);
 HIRDEF hir_status  hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype);
 /* nvFuser's split: axis becomes two, the outer of extent `factor` (outer =

@@ -8,7 +8,9 @@
 /* x [M, K] split (outer) by D on M, DIDx: relu on each device's rows, then
    gathered (set onto the whole axis). MultiDeviceTest's sharding by split
    (tv->split(0, d); axis(0)->parallelize(DIDx)) and LowerCollectiveTest's
-   Allgather with a split axis. */
+   Allgather with a split axis; on the CPU also with the arrays' axes laid out
+   in reverse, MultiDeviceTest.LoopSplitWithReorder's transposed allocation
+   (an allocation layout is the strides of the caller's arrays). */
 TEST(test_split_sharded, "split/sharded", TEST_CPU | TEST_GPU_WORLDS) {
   int wi, gather;
   for (wi = 0; wi < 5; wi++)
@@ -144,6 +146,43 @@ TEST(test_split_sum_resharded, "split/sum_resharded", TEST_CPU | TEST_GPU_WORLDS
       RUN_CASE(&c, mode ? "split_sum_local_then_scatter" : "split_sum_scatter_split_axis");
       hir_fusion_free(f);
     }
+}
+
+/* y = x / sum(x, -1) of x [b, h, s, s] whose h is split by D and sharded,
+   the split and the sharding carried to the sum, its broadcast and y (set
+   on x alone). MultiDeviceTest.DivideBySum, without its reorder: nvFuser
+   reorders the DIDx part outermost, which hostir's lowering does itself
+   where a collective needs it (here none does). */
+TEST(test_split_divide_by_sum, "split/divide_by_sum", TEST_CPU | TEST_GPU_WORLDS) {
+  static const int last[1] = {3}, bcast[4] = {0, 0, 0, 1};
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi];
+    int64_t b = 2, h = 3 * D, S = 5, sz[4] = {b, h, S, S}, i, j;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F64, 4), *y = hir_div(f, x, hir_broadcast(f, hir_sum(f, x, 1, last), 4, bcast));
+    hir_tensor in, want;
+    hir_output(f, y);
+    hir_set_mesh(x, D, iota_mesh);
+    hir_split(x, 1, D, 1); /* x [b, D, h / D, s, s] */
+    hir_parallelize(x, 1, HIR_DIDX);
+    CHECK(hir_fusion_error(f)[0] == 0 && hir_tv_logical_ndims(y) == 4);
+    { /* y is sharded as x: each device computes and returns its part */
+      hir_program *p = NULL;
+      hir_lower_desc d;
+      memset(&d, 0, sizeof d);
+      CHECK(hir_lower(f, &d, &p) == HIR_OK && hir_tv_ptype(hir_program_output(p, 0), 1) == HIR_DIDX);
+      hir_program_free(p);
+    }
+    in = trand(HIR_F64, 4, sz);
+    want = tn(HIR_F64, 4, sz);
+    for (i = 0; i < b * h * S; i++) {
+      double t = 0;
+      for (j = 0; j < S; j++) t += tget(&in, i * S + j);
+      for (j = 0; j < S; j++) tset(&want, i * S + j, tget(&in, i * S + j) / t);
+    }
+    RUN_ONE(f, D, in, want, wi & 1, "split_divide_by_sum");
+  }
 }
 
 /* What a split cannot do names the op; a run given a wrong logical shape says so. */
