@@ -190,6 +190,32 @@ TEST(test_mesh2d_stream, "mesh2d/stream", TEST_CPU | TEST_GPU_WORLDS) {
   for (s = 0; s < 8; s++) mesh2d_mulsum(s, 2, "mesh2d_mulsum_stream_allreduce_rows", __LINE__);
 }
 
+/* x [C, 3, 5, R, 7, 9] split DIDx on C and DIDy on R, reshaped to [15C,
+   63R]: the split axes are gathered first (a reshape reads whole axes),
+   along the rows and down the columns. The numbers of
+   ShardingTest.ShardedReshapeWithIndependentSplit (nvFuser keeps the
+   sharding through the reshape instead; hostir's splits stop at one). */
+TEST(test_mesh2d_reshape, "mesh2d/reshape", TEST_CPU | TEST_GPU_WORLDS) {
+  int s, devs[MAXR];
+  for (s = 0; s < 8; s++) {
+    int R = mesh_shapes[s][0], C = mesh_shapes[s][1];
+    int64_t sz[6] = {C, 3, 5, R, 7, 9}, to[2] = {15 * C, 63 * R};
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 6), *y = hir_reshape(f, x, 2, to);
+    hir_tensor in, want;
+    hir_output(f, y);
+    mesh2d_devices(s, devs);
+    hir_set_mesh_2d(x, R, C, devs);
+    hir_set_mesh_2d(y, R, C, devs);
+    hir_parallelize(x, 0, HIR_DIDX);
+    hir_parallelize(x, 3, HIR_DIDY);
+    in = trand(HIR_F32, 6, sz);
+    want = tcopy(&in);
+    want.ndims = 2, want.sizes[0] = to[0], want.sizes[1] = to[1];
+    RUN_ONE(f, R * C, in, want, s & 1, "mesh2d_reshape");
+  }
+}
+
 /* The P2P pipelines within each row or column: AG+GEMM (mode 0: a [R, C,
    m, K] split DIDy on R and DIDx on C, C gathered along the row chunk by
    chunk into out = a @ b [R, C, m, N]; mode 1: R gathered down the column,
