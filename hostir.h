@@ -4080,18 +4080,18 @@ static int hir__decompose_reshardings(hir_program *p) {
    its DIDy axes sums along the rows first, then down the columns; a sum
    over one whose output is split anew on the other sums first (its input's
    splits kept), then moves the sums. */
-static int hir__mid_ptypes(const hir_expr *e, hir_tv *mid, int keep_y, int drop_y) {
+/* mid (a set of e's input) split as e's input on mesh axis `kept` and as
+   e's output on `taken` (HIR_SERIAL: on none); 0 where both land on one axis. */
+static int hir__mid_ptypes(const hir_expr *e, hir_tv *mid, hir_ptype kept, hir_ptype taken) {
   const hir_tv *in = e->in[0], *out = e->out[0];
   int map[HIR_MAX_DIMS], j, at;
   hir__axis_map(e, 0, map);
   for (j = 0, at = 0; j < in->ndims; j++) { /* `at`: j's position among the data axes */
-    hir_ptype from_in = in->ids[j]->ptype, from_out = map[j] >= 0 ? out->ids[map[j]]->ptype : HIR_SERIAL, want = HIR_SERIAL;
+    hir_ptype want = in->ids[j]->ptype == kept ? kept : HIR_SERIAL;
     if (in->ids[j]->iter == HIR_REDUCTION) continue;
-    if (from_in == (keep_y ? HIR_DIDY : HIR_DIDX) && !drop_y) want = from_in;
-    if (from_in == HIR_DIDX && drop_y) want = from_in;
-    if (from_out == (keep_y ? HIR_DIDX : HIR_DIDY) && !drop_y) {
-      if (want != HIR_SERIAL) return 0; /* two types on one axis */
-      want = from_out;
+    if (taken != HIR_SERIAL && map[j] >= 0 && out->ids[map[j]]->ptype == taken) {
+      if (want != HIR_SERIAL) return 0;
+      want = taken;
     }
     if (mid->ids[at]->iter == HIR_ITERATION) mid->ids[at]->ptype = want;
     at++;
@@ -4145,7 +4145,8 @@ static int hir__one_mesh_axis_per_move(hir_program *p) {
       if (!(first = hir__set_expr(f, e->in[0]))) return 0;
       mid = first->out[0];
       hir__share_mesh(mid, e->out[0]);
-      if (!hir__mid_ptypes(e, mid, 1, 0) && !hir__mid_ptypes(e, mid, 0, 0)) hir__mid_ptypes(e, mid, 0, 1);
+      if (!hir__mid_ptypes(e, mid, HIR_DIDY, HIR_DIDX) && !hir__mid_ptypes(e, mid, HIR_DIDX, HIR_DIDY))
+        hir__mid_ptypes(e, mid, HIR_DIDX, HIR_SERIAL);
       e->in[0] = mid;
       if (!hir__push(f, &exprs, first)) return 0;
     }
@@ -4429,7 +4430,7 @@ static int hir__plan_comm(hir__comm_plan *c, hir_collective type, int n, const i
 static int hir__plan_per_team(hir__comm_plan *c, hir_collective type, const hir_tv *tv, hir_ptype p, int rooted, int *team) {
   int t, n, nteams = tv->mesh_size / hir__shards(tv, p);
   for (t = 0; t < nteams; t++) {
-    n = hir__mesh_team(tv, p, tv->mesh[p == HIR_DIDY ? t : t * hir__shards(tv, HIR_DIDX)], team);
+    n = hir__mesh_team(tv, p, tv->mesh[p == HIR_DIDY ? t : t * hir__shards(tv, HIR_DIDX)], team); /* column t, or row t */
     if (!hir__plan_comm(c, type, n, team, rooted ? team[0] : -1)) return 0;
   }
   return 1;
