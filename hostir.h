@@ -712,7 +712,12 @@ typedef struct hir_eval_desc {
      is refused (on every rank, through the world's abort).
      Where nothing can be captured (the CPU backend, a communicator that
      says capturable = 0, a timeline being recorded, a failed capture) runs
-     stay eager and hir_program_plan says why. */
+     stay eager and hir_program_plan says why.
+     graph = 2 (staged): as 1, but the graph runs on copies of the
+     arguments the evaluator keeps; each run copies the caller's inputs in
+     and outputs out around the launch, on the caller's stream. A program
+     that communicates then replays at any addresses (a decode loop's new
+     outputs each step), for the copies' time and memory. */
   int graph;
   /* check_shapes = 1: the ranks compare their shapes on every run, not only
      when they change (hir_run), so that a rank that alone changes its shapes
@@ -8962,6 +8967,8 @@ struct hir_evaluator {
   hir_tensor *boundary;         /* the user's tensors seen with their split axes (hir_split), inputs then outputs; made at create */
   struct hir__graph *graphs;    /* captured runs of the current plan, by their tensors' addresses */
   int ngraphs;
+  int staged, nstage;           /* hir_eval_desc.graph = 2; the staged arguments (inputs, then outputs), and a run's copy */
+  hir_tensor *stage, *stage_run;
   unsigned long long graph_uses;
   char error[512];
 };
@@ -9494,6 +9501,16 @@ static void hir__free_graph(hir_evaluator *ev, hir__graph *g) {
   HIR_FREE(g->args);
   HIR_FREE(g->outs);
   memset(g, 0, sizeof *g);
+}
+
+/* Graph mode 2's arguments (hir__stage). */
+static void hir__free_stage(hir_evaluator *ev) {
+  int i;
+  for (i = 0; ev->stage && i < ev->nstage; i++)
+    if (ev->stage[i].data) ev->b->release(ev->b, ev->stage[i].data);
+  HIR_FREE(ev->stage);
+  ev->stage = ev->stage_run = NULL;
+  ev->nstage = 0;
 }
 
 /* Graphs record the buffers' addresses: they go with the buffers. */
@@ -10161,6 +10178,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
                         d->number_of_streams), ev->status;
   ev->nstreams = d->number_of_streams ? d->number_of_streams : 4;
   ev->timeout_ms = d->timeout_ms > 0 ? d->timeout_ms : 600000;
+  ev->staged = d->graph == 2;
   if ((ev->graph = d->graph != 0) && !(ev->graphs = (hir__graph *)HIR_MALLOC(HIR__GRAPHS * sizeof *ev->graphs)))
     return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
   if (ev->graphs) memset(ev->graphs, 0, HIR__GRAPHS * sizeof *ev->graphs);
@@ -10269,6 +10287,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   if (!ev) return;
   if (ev->b) {
     if (ev->blocks) hir__free_blocks(ev);
+    hir__free_stage(ev);
     for (i = 0; ev->pool && i < ev->nstreams; i++)
       if (ev->pool[i]) ev->b->stream_destroy(ev->b, ev->pool[i]);
     for (i = 0; ev->pool_ev && i < ev->nstreams; i++)
@@ -10821,6 +10840,77 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
   return HIR_OK;
 }
 
+/* Graph mode 2's arguments: dense buffers of ours shaped as the caller's
+   (an output the caller leaves to the evaluator stays so), made when the
+   shapes change - the graphs, captured on the old ones, go with them. */
+static int hir__stage(hir_evaluator *ev, const hir_tensor *in, int nin, const hir_tensor *out, int nout) {
+  int i, k, n = nin + nout, shapes = ev->stage && ev->nstage == n, given = shapes;
+  for (i = 0; i < n && shapes; i++) {
+    const hir_tensor *t = i < nin ? &in[i] : &out[i - nin], *st = &ev->stage[i];
+    shapes = t->dtype == st->dtype && t->ndims == st->ndims && !memcmp(t->sizes, st->sizes, (size_t)t->ndims * sizeof *t->sizes);
+    given = given && (t->data != NULL) == (st->data != NULL);
+  }
+  if (shapes && given) return 1;
+  if (shapes && ev->communicates && ev->ngraphs > 0)
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: graph mode 2: an output the evaluator kept is now passed, or the other "
+                        "way round, after this program, which communicates, was captured on every rank; keep passing "
+                        "outputs as the first captured run did"), 0;
+  for (k = 0; k < ev->ngraphs; k++) hir__free_graph(ev, &ev->graphs[k]);
+  ev->ngraphs = 0;
+  hir__free_stage(ev);
+  if (!(ev->stage = (hir_tensor *)HIR_MALLOC(2 * (size_t)(n + 1) * sizeof *ev->stage)))
+    return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory for graph mode 2's arguments"), 0;
+  ev->stage_run = ev->stage + n + 1;
+  for (i = 0; i < n; i++) {
+    const hir_tensor *t = i < nin ? &in[i] : &out[i - nin];
+    size_t bytes = (size_t)hir__numel(t->ndims, t->sizes) * hir_dtype_size(t->dtype);
+    ev->stage[i] = *t;
+    memset(ev->stage[i].strides, 0, sizeof ev->stage[i].strides);
+    ev->stage[i].data = NULL;
+    ev->nstage = i + 1;
+    if (t->data && ev->b->alloc(ev->b, bytes ? bytes : 1, &ev->stage[i].data) != HIR_OK)
+      return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: graph mode 2: no memory for a copy of %s %d (%zu bytes): %s",
+                          i < nin ? "input" : "output", i < nin ? i : i - nin, bytes, ev->b->error), 0;
+  }
+  return 1;
+}
+
+/* A copy from src to dst on the backend, their strides written out (all 0
+   is row-major to hir_run, not to a backend). */
+static hir_status hir__copy_args(hir_evaluator *ev, void *stream, const hir_tensor *dst, const hir_tensor *src) {
+  hir_tensor d = *dst, x = *src;
+  if (hir__dense(&d)) hir__contiguous_strides(&d);
+  if (hir__dense(&x)) hir__contiguous_strides(&x);
+  return ev->b->copy(ev->b, stream, &d, &x);
+}
+
+/* Graph mode 2: the graph replays on the staged arguments, the caller's
+   inputs copied in before it and its outputs out after, in stream order. */
+static hir_status hir__run_staged(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  void *stream;
+  hir_tensor *run;
+  hir_status s = HIR_OK;
+  int i;
+  if (hir__graph_obstacle(ev)[0] || !ev->warm) return hir__run_graph(ev, in, nin, out, nout); /* eager: says why, or makes the buffers */
+  if (!hir__stage(ev, in, nin, out, nout)) return ev->status;
+  run = ev->stage_run;
+  memcpy(run, ev->stage, (size_t)(nin + nout) * sizeof *run);
+  stream = ev->b->current_stream(ev->b);
+  for (i = 0; i < nin && s == HIR_OK; i++)
+    if (in[i].data) s = hir__copy_args(ev, stream, &run[i], &in[i]);
+  if (s != HIR_OK)
+    return hir__ev_fail(ev, s, "hir_run: graph mode 2: copying input %d in failed on the %s backend: %s", i - 1, ev->b->name,
+                        ev->b->error), ev->status;
+  if ((s = hir__run_graph(ev, run, nin, run + nin, nout)) != HIR_OK) return s;
+  for (i = 0; i < nout && s == HIR_OK; i++)
+    if (out[i].data) s = hir__copy_args(ev, stream, &out[i], &run[nin + i]);
+    else out[i] = run[nin + i]; /* the evaluator's own buffer */
+  if (s != HIR_OK)
+    return hir__ev_fail(ev, s, "hir_run: graph mode 2: copying output %d out failed on the %s backend: %s", i - 1, ev->b->name,
+                        ev->b->error), ev->status;
+  return HIR_OK;
+}
+
 /* One input as a rank passed it, for comparing across ranks: kind (0: not
    given, a rank outside its mesh passing it empty; 1: a tensor; 2: a
    scalar, its value in sizes[0]), ndims, sizes. */
@@ -10926,7 +11016,9 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin
   if ((s = hir__prepare(ev, in, nin, out, nout)) != HIR_OK) return s;
   if ((ev->shapes_unchecked || ev->check_shapes) && ev->devices_team && !hir__shapes_agree(ev, user_in, nin)) return ev->status;
   ev->shapes_unchecked = 0;
-  s = ev->graph ? hir__run_graph(ev, in, nin, out, nout) : hir__run_eager(ev, in, nin, out, nout);
+  s = !ev->graph ? hir__run_eager(ev, in, nin, out, nout)
+      : ev->staged ? hir__run_staged(ev, in, nin, out, nout)
+                   : hir__run_graph(ev, in, nin, out, nout);
   if (s == HIR_OK) hir__fold_outputs(ev, out, user_out, nout);
   return s;
 }

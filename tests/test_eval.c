@@ -983,6 +983,92 @@ TEST(test_eval_graph_fallback, "eval/graph_capture_fails", TEST_CPU) {
   hir_fusion_free(f);
 }
 
+/* A backend that captures for real, on the CPU: its graph records the
+   GEMMs launched while capturing (tensors by address, nothing run), and
+   launching it runs them again at those addresses - as a CUDA graph does. */
+typedef struct rec_gemm {
+  hir_tensor d, x, y;
+} rec_gemm;
+static rec_gemm rec_gemms[4];
+static int rec_capturing, rec_ngemms, rec_launches;
+static hir_status rec_graph_begin(hir_backend *b) {
+  (void)b;
+  rec_capturing = 1, rec_ngemms = 0;
+  return HIR_OK;
+}
+static hir_status rec_graph_end(hir_backend *b, void **graph) {
+  (void)b;
+  rec_capturing = 0;
+  *graph = rec_gemms;
+  return HIR_OK;
+}
+static hir_status rec_graph_launch(hir_backend *b, void *graph) {
+  int i;
+  hir_status s = HIR_OK;
+  (void)graph;
+  rec_launches++;
+  for (i = 0; i < rec_ngemms && s == HIR_OK; i++) s = fake_cpu_matmul(b, NULL, &rec_gemms[i].d, &rec_gemms[i].x, &rec_gemms[i].y);
+  return s;
+}
+static hir_status rec_matmul(hir_backend *b, void *s, const hir_tensor *d, const hir_tensor *x, const hir_tensor *y) {
+  if (!rec_capturing) return fake_cpu_matmul(b, s, d, x, y);
+  if (rec_ngemms == 4) return HIR_ERR_UNSUPPORTED;
+  rec_gemms[rec_ngemms].d = *d, rec_gemms[rec_ngemms].x = *x, rec_gemms[rec_ngemms].y = *y;
+  rec_ngemms++;
+  return HIR_OK;
+}
+
+/* Arguments at new addresses every run (a decode loop's new outputs): graph
+   mode 1 captures a graph for each (a program that communicates would be
+   refused instead, gpu/graph_moved_refused); mode 2 copies them in and out
+   of its own, one graph launched each time. The numbers right every run
+   (new random inputs: a graph reading stale copies would be caught). */
+TEST(test_eval_graph_staged, "eval/graph_staged_arguments", TEST_CPU) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2), *c = hir_matmul(f, a, b);
+  int64_t sa[2] = {4, 6}, sb[2] = {6, 5}, so[2] = {4, 5}, i, j, k;
+  int mode, run;
+  hir_tensor args[4][3];
+  hir_output(f, c);
+  for (mode = 1; mode <= 2; mode++) {
+    hir_backend *be = hir_backend_cpu_create();
+    hir_program *p = NULL;
+    hir_evaluator *ev = NULL;
+    hir_eval_desc ed;
+    fake_cpu_matmul = be->matmul;
+    be->matmul = rec_matmul;
+    be->graph_begin = rec_graph_begin;
+    be->graph_end = rec_graph_end;
+    be->graph_launch = rec_graph_launch;
+    be->graph_destroy = fake_graph_destroy;
+    rec_launches = 0;
+    memset(&ed, 0, sizeof ed);
+    ed.backend = be;
+    ed.graph = mode;
+    CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+    for (run = 0; run < 4; run++) { /* eager, then captured or launched: each run's arguments new (kept till the end) */
+      hir_tensor *in = args[run], *out = &args[run][2];
+      hir_status s;
+      in[0] = trand(HIR_F32, 2, sa), in[1] = trand(HIR_F32, 2, sb), *out = tn(HIR_F32, 2, so);
+      for (i = 0; i < 20; i++) tset(out, i, 1e30);
+      s = hir_run(ev, in, 2, out, 1);
+      CHECK(s == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+      for (i = 0; i < 4; i++)
+        for (j = 0; j < 5; j++) {
+          double want = 0;
+          for (k = 0; k < 6; k++) want += tget(&in[0], i * 6 + k) * tget(&in[1], k * 5 + j);
+          CHECK(fabs(tget(out, i * 5 + j) - want) < 1e-5);
+        }
+    }
+    CHECK(ev->ngraphs == (mode == 1 ? 3 : 1) && rec_launches == 3 && !strstr(hir_program_plan(p), "graph: eager"));
+    for (run = 0; run < 4; run++) tfree(&args[run][0]), tfree(&args[run][1]), tfree(&args[run][2]);
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_backend_free(be);
+  }
+  hir_fusion_free(f);
+}
+
 /* Host loops of their own index, nested: a ring allgather by hand, the
    outer loop over steps j, the inner over parts k of the shard; at step j
    each rank sends part k to rank + j and receives it from rank - j (nvFuser's

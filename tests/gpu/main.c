@@ -1279,6 +1279,8 @@ int main(int argc, char **argv) {
   static test_platform mp = {"cuda+nccl processes", 1, 1, mp_world, gpu_world_keep, mp_comm_of, mp_backend, mp_run, 0, 0};
   static test_platform graphs = {"cuda+nccl threads, CUDA graphs", 1, 1, gpu_world_create, gpu_world_keep, gpu_comm, gpu_backend,
                                  hir_spmd, 0, 1};
+  static test_platform staged = {"cuda+nccl threads, CUDA graphs on staged arguments", 1, 1, gpu_world_create, gpu_world_keep,
+                                 gpu_comm, gpu_backend, hir_spmd, 0, 2};
   setvbuf(stdout, NULL, _IOLBF, 0); /* a stage's log shows each test as it ends, also under a pipe */
   if (argc > 1 && !strcmp(argv[1], "--ce-pair")) { /* before CUDA is touched: the ranks are forked */
     int ok = ce_pair(argc > 2 && !strcmp(argv[2], "--dead-peer"));
@@ -1301,6 +1303,10 @@ int main(int argc, char **argv) {
     printf("test-gpu: the same programs as CUDA graphs\n");
     hir_run_tests(TEST_GPU_WORLDS, filter ? filter : "stream/numbers", "graph ", 1, &passed, &failed);
     if (!filter) hir_run_tests(TEST_GPU_WORLDS, "eval/", "graph ", 1, &passed, &failed);
+    staged.max_world = gpu.max_world; /* graph mode 2: communicating pipelines too, at new addresses */
+    platform = &staged;
+    printf("test-gpu: the pipelines as CUDA graphs on staged arguments\n");
+    hir_run_tests(TEST_GPU_WORLDS, filter ? filter : "stream/numbers", "staged ", 1, &passed, &failed);
     platform = &gpu;
     hir_run_tests(TEST_GPU_THREADS, filter, "", 1, &passed, &failed);
     for (i = 0; i <= MAXR; i++) hir_nccl_world_free(gpu_worlds[i]);
