@@ -28,7 +28,7 @@
    slowest rank. bf16 inputs from a fixed-seed generator.
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
-                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [--pause MS] [--graph] [--decode]
+                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [--pause MS] [--graph [2]] [--decode]
                          [ag M K N] [rs M K N] ...
      torchrun --nproc-per-node 2 --no-python build/bench-overlap --processes ...
 
@@ -37,7 +37,9 @@
    decide a row (bench/RESULTS.md).
    --graph: every pipeline also as a CUDA graph (hir_eval_desc.graph),
    rows marked [graph], and the tuner in graph mode (its candidates also
-   timed with send/recv on NCCL, captured). --decode: the decode-size shapes, M = 256, 1024,
+   timed with send/recv on NCCL, captured); --graph 2: graph mode 2 (the
+   arguments copied in and out of the evaluator's own, rows marked [graph
+   2]: what the copies cost). --decode: the decode-size shapes, M = 256, 1024,
    4096 tokens, K = 8192, N = 4096, AG+GEMM and GEMM+RS.
    --processes: one process per GPU (torchrun, mpirun, srun) instead of a
    thread per GPU; the same table, rank 0 prints it. The physical floor is
@@ -103,7 +105,7 @@ typedef struct bench {
   double tune_ms[MAXR];         /* how long each rank's tuning took */
   size_t memory_limit;          /* --memory-limit: the tuner's cap on a candidate's buffers */
   int pause_ms;                 /* --pause: idle before each row's runs (and after tuning), every row from a rested GPU */
-  int graphs;                   /* --graph: every pipeline also as a CUDA graph */
+  int graphs;                   /* --graph: every pipeline also as a CUDA graph (in this mode of hir_eval_desc.graph) */
   const char *trace_dir;        /* --trace */
   hir_evaluator *trace_ev[MAXR];
   double ms[MAXR][MAXIT];
@@ -681,7 +683,7 @@ static void config_name(const config *c, char *buf, size_t cap) {
   size_t n;
   config_base_name(c, buf, cap);
   n = strlen(buf);
-  if (c->graph) snprintf(buf + n, cap - n, " [graph]");
+  if (c->graph) snprintf(buf + n, cap - n, c->graph == 2 ? " [graph 2]" : " [graph]");
 }
 
 static void config_base_name(const config *c, char *buf, size_t cap) {
@@ -725,7 +727,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   auto_at = n;
   cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0, 0, B->graphs}; /* the plan it prints is its own */
   for (i = 2, k = n; B->graphs && i < k && n < MAXCFG; i++) /* --graph: each pipeline again as a CUDA graph */
-    if (cfgs[i].pipe != AUTO) cfgs[n] = cfgs[i], cfgs[n++].graph = 1;
+    if (cfgs[i].pipe != AUTO) cfgs[n] = cfgs[i], cfgs[n++].graph = B->graphs;
   for (B->generation = B->arrived = 0, i = 0; i < B->D; i++) B->a[i] = B->b[i] = B->ref[i] = NULL;
   if (run_ranks(B, gen_rank) != HIR_OK) {
     printf("%s+GEMM: out of host memory for the inputs\n", cname);
@@ -829,7 +831,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--parts") && i + 1 < argc) nparts = parse_list(argv[++i], parts, 4);
     else if (!strcmp(argv[i], "--trace") && i + 1 < argc) B.trace_dir = argv[++i];
     else if (!strcmp(argv[i], "--processes")) B.procs = 1;
-    else if (!strcmp(argv[i], "--graph")) B.graphs = 1;
+    else if (!strcmp(argv[i], "--graph")) B.graphs = i + 1 < argc && !strcmp(argv[i + 1], "2") ? (i++, 2) : 1;
     else if (!strcmp(argv[i], "--decode")) decode = 1;
     else if (!strcmp(argv[i], "--memory-limit") && i + 1 < argc) B.memory_limit = (size_t)(atof(argv[++i]) * (1 << 20));
     else if (!strcmp(argv[i], "--pause") && i + 1 < argc) B.pause_ms = atoi(argv[++i]);
