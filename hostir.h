@@ -10898,6 +10898,7 @@ static hir_status hir__run_staged(hir_evaluator *ev, const hir_tensor *in, int n
   stream = ev->b->current_stream(ev->b);
   for (i = 0; i < nin && s == HIR_OK; i++)
     if (in[i].data) s = hir__copy_args(ev, stream, &run[i], &in[i]);
+    else run[i] = in[i]; /* a scalar, by value; an input that lives elsewhere */
   if (s != HIR_OK)
     return hir__ev_fail(ev, s, "hir_run: graph mode 2: copying input %d in failed on the %s backend: %s", i - 1, ev->b->name,
                         ev->b->error), ev->status;
