@@ -8171,8 +8171,8 @@ static cublasStatus_t hir__cuda_fp8_gemm(hir__cuda *c, hir__cuda_lane *l, hir_dt
    layout ("TN"): a row-major and the weight [N, K] row-major (b read as
    [K, N] column-major), dst row-major, batches folded into M. One value
    per scale goes to the GEMM itself; per-row scales too where cuBLASLt has
-   its outer-vector mode (Blackwell), else the GEMM writes f32 and two
-   elementwise products apply the scales (Hopper). Other layouts are
+   its outer-vector mode (Blackwell), else the GEMM writes f32 and one
+   kernel (hir_scale_rc) applies both scales (Hopper). Other layouts are
    refused, naming the one needed. */
 static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
                                           const hir_tensor *x, const hir_tensor *sa, const hir_tensor *sb) {

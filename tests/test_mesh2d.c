@@ -216,65 +216,73 @@ TEST(test_mesh2d_reshape, "mesh2d/reshape", TEST_CPU | TEST_GPU_WORLDS) {
   }
 }
 
+/* The AG+GEMM on mesh shape s: a [R, C, m, K] split DIDy on R and DIDx on
+   C, times b [K, N], into o [R, C, m, N] whose C (mode 0: gathered along the
+   rows) or R (mode 1: down the columns, C kept split) is stream-parallel.
+   tv: a, b, o; in: random a and b; *want: the whole product. */
+static hir_fusion *mesh2d_ag_gemm(int s, int mode, hir_tv **tv, hir_tensor *in, hir_tensor *want) {
+  int R = mesh_shapes[s][0], C = mesh_shapes[s][1], devs[MAXR];
+  int64_t m = 2, K = 3, N = 4, sa[4] = {R, C, m, K}, sb[2] = {K, N}, so[4] = {R, C, m, N}, i, n, k;
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *a = tv[0] = hir_input(f, HIR_F64, 4), *b = tv[1] = hir_input(f, HIR_F64, 2), *o = tv[2] = hir_matmul(f, a, b);
+  hir_output(f, o);
+  mesh2d_devices(s, devs);
+  hir_set_mesh_2d(a, R, C, devs);
+  hir_set_mesh_2d(b, R, C, devs);
+  hir_set_mesh_2d(o, R, C, devs);
+  hir_parallelize(a, 0, HIR_DIDY);
+  hir_parallelize(a, 1, HIR_DIDX);
+  hir_parallelize(o, 0, mode ? HIR_STREAM : HIR_DIDY);
+  hir_parallelize(o, 1, mode ? HIR_DIDX : HIR_STREAM);
+  in[0] = trand(HIR_F64, 4, sa);
+  in[1] = trand(HIR_F64, 2, sb);
+  *want = tn(HIR_F64, 4, so);
+  for (i = 0; i < R * C * m; i++)
+    for (n = 0; n < N; n++) {
+      double t = 0;
+      for (k = 0; k < K; k++) t += tget(&in[0], i * K + k) * tget(&in[1], k * N + n);
+      tset(want, i * N + n, t);
+    }
+  return f;
+}
+
 /* The P2P pipelines within each row or column: AG+GEMM (mode 0: a [R, C,
    m, K] split DIDy on R and DIDx on C, C gathered along the row chunk by
    chunk into out = a @ b [R, C, m, N]; mode 1: R gathered down the column,
    C kept split), and the GEMM+RS mirror as a sum (mode 2: x = -a [R, C, G,
    m] computed chunk by chunk along G, summed over C along the row into [R,
-   G, m], G = C split DIDx, each chunk's partial sent to its owner). Ring and linear schedules, 1 and 2 parts
-   a peer. AllgatherOverlapTest and ReduceScatterOverlapTest per team. */
+   G, m], G = C split DIDx, each chunk's partial sent to its owner). Ring
+   and linear schedules, 1 and 2 parts a peer. AllgatherOverlapTest and
+   ReduceScatterOverlapTest per team. */
 TEST(test_mesh2d_p2p, "mesh2d/p2p_pipelines", TEST_CPU | TEST_GPU_WORLDS) {
   int s, mode, devs[MAXR], one = 1;
   for (s = 0; s < 8; s++)
     for (mode = 0; mode < 3; mode++) {
       int R = mesh_shapes[s][0], C = mesh_shapes[s][1];
-      int64_t m = 2, K = 3, N = 4, sa[4] = {R, C, m, K}, sb[2] = {K, N}, so[4] = {R, C, m, N}, sx[4] = {R, C, C, m}, sr[3] = {R, C, m};
-      int64_t i, n, k;
+      int64_t m = 2, sx[4] = {R, C, C, m}, sr[3] = {R, C, m}, r, c, g;
       lowered_case lc;
       spmd_case sc;
-      hir_fusion *f = hir_fusion_create();
-      hir_tv *a = hir_input(f, HIR_F64, 4), *b = mode < 2 ? hir_input(f, HIR_F64, 2) : NULL;
-      hir_tv *x = mode < 2 ? NULL : hir_neg(f, a), *o = mode < 2 ? hir_matmul(f, a, b) : hir_sum(f, x, 1, &one);
-      hir_output(f, o);
-      mesh2d_devices(s, devs);
-      hir_set_mesh_2d(a, R, C, devs);
-      if (b) hir_set_mesh_2d(b, R, C, devs);
-      hir_set_mesh_2d(o, R, C, devs);
-      hir_parallelize(a, 0, HIR_DIDY);
-      hir_parallelize(a, 1, HIR_DIDX);
-      if (mode == 0) {
-        hir_parallelize(o, 0, HIR_DIDY);
-        hir_parallelize(o, 1, HIR_STREAM);
-      } else if (mode == 1) {
-        hir_parallelize(o, 0, HIR_STREAM);
-        hir_parallelize(o, 1, HIR_DIDX);
+      hir_fusion *f;
+      hir_tv *tv[3];
+      case_init(&sc, R * C);
+      if (mode < 2) {
+        f = mesh2d_ag_gemm(s, mode, tv, sc.in, &sc.out[0]);
+        sc.nin = 2;
       } else {
+        hir_tv *a, *x, *o;
+        f = hir_fusion_create();
+        a = hir_input(f, HIR_F64, 4), x = hir_neg(f, a), o = hir_sum(f, x, 1, &one);
+        hir_output(f, o);
+        mesh2d_devices(s, devs);
+        hir_set_mesh_2d(a, R, C, devs);
+        hir_set_mesh_2d(o, R, C, devs);
+        hir_parallelize(a, 0, HIR_DIDY);
+        hir_parallelize(a, 1, HIR_DIDX);
         hir_parallelize(x, 2, HIR_STREAM); /* each chunk of -a, then its partial sums sent along the row */
         hir_parallelize(o, 0, HIR_DIDY);
         hir_parallelize(o, 2, HIR_DIDX); /* o [R, rC, G, m] */
-      }
-      CHECK(hir_fusion_error(f)[0] == 0);
-      case_init(&sc, R * C);
-      memset(&lc, 0, sizeof lc);
-      lc.f = f;
-      lc.d.stream.schedule = s & 1 ? HIR_P2P_RING : HIR_P2P_LINEAR;
-      lc.d.stream.chunks_per_peer = 1 + (s / 2) % 2;
-      sc.build = build_lowered_with;
-      sc.user = &lc;
-      sc.nin = b ? 2 : 1;
-      sc.nout = 1;
-      sc.in[0] = trand(HIR_F64, 4, mode < 2 ? sa : sx);
-      if (b) {
-        sc.in[1] = trand(HIR_F64, 2, sb);
-        sc.out[0] = tn(HIR_F64, 4, so);
-        for (i = 0; i < R * C * m; i++)
-          for (n = 0; n < N; n++) {
-            double t = 0;
-            for (k = 0; k < K; k++) t += tget(&sc.in[0], i * K + k) * tget(&sc.in[1], k * N + n);
-            tset(&sc.out[0], i * N + n, t);
-          }
-      } else {
-        int64_t r, c, g;
+        sc.nin = 1;
+        sc.in[0] = trand(HIR_F64, 4, sx);
         sc.out[0] = tn(HIR_F64, 3, sr);
         for (r = 0; r < R; r++)
           for (g = 0; g < C * m; g++) {
@@ -283,6 +291,14 @@ TEST(test_mesh2d_p2p, "mesh2d/p2p_pipelines", TEST_CPU | TEST_GPU_WORLDS) {
             tset(&sc.out[0], r * C * m + g, t);
           }
       }
+      CHECK(hir_fusion_error(f)[0] == 0);
+      memset(&lc, 0, sizeof lc);
+      lc.f = f;
+      lc.d.stream.schedule = s & 1 ? HIR_P2P_RING : HIR_P2P_LINEAR;
+      lc.d.stream.chunks_per_peer = 1 + (s / 2) % 2;
+      sc.build = build_lowered_with;
+      sc.user = &lc;
+      sc.nout = 1;
       sc.tol = 1e-12;
       sc.prealloc = s & 1;
       sc.nstreams = 1 + s % 3;
@@ -356,35 +372,16 @@ static int mesh2d_same_choice(const char *a, const char *b) {
    timed as serial and as P2P pipelines along each row, one choice agreed
    by every rank, the output right on each. */
 TEST(test_mesh2d_tuned, "mesh2d/tuned", TEST_CPU) {
-  int s, devs[MAXR];
+  int s;
   for (s = 3; s < 6; s++) {
     int R = mesh_shapes[s][0], C = mesh_shapes[s][1], r;
-    int64_t m = 2, K = 3, N = 4, sa[4] = {R, C, m, K}, sb[2] = {K, N}, so[4] = {R, C, m, N}, i, n, k;
     mesh2d_tune_ctx x;
-    hir_fusion *f = hir_fusion_create();
-    hir_tv *a = hir_input(f, HIR_F64, 4), *b = hir_input(f, HIR_F64, 2), *o = hir_matmul(f, a, b);
+    hir_tv *tv[3];
+    hir_fusion *f;
     memset(&x, 0, sizeof x);
-    hir_output(f, o);
-    mesh2d_devices(s, devs);
-    hir_set_mesh_2d(a, R, C, devs);
-    hir_set_mesh_2d(b, R, C, devs);
-    hir_set_mesh_2d(o, R, C, devs);
-    hir_parallelize(a, 0, HIR_DIDY);
-    hir_parallelize(a, 1, HIR_DIDX);
-    hir_parallelize(o, 0, HIR_DIDY);
-    hir_parallelize(o, 1, HIR_STREAM);
-    x.f = f;
-    x.tv[0] = a, x.tv[1] = b, x.tv[2] = o;
+    x.f = f = mesh2d_ag_gemm(s, 0, tv, x.in, &x.want);
+    x.tv[0] = tv[0], x.tv[1] = tv[1], x.tv[2] = tv[2];
     x.w = hir_local_world_create(R * C);
-    x.in[0] = trand(HIR_F64, 4, sa);
-    x.in[1] = trand(HIR_F64, 2, sb);
-    x.want = tn(HIR_F64, 4, so);
-    for (i = 0; i < R * C * m; i++)
-      for (n = 0; n < N; n++) {
-        double t = 0;
-        for (k = 0; k < K; k++) t += tget(&x.in[0], i * K + k) * tget(&x.in[1], k * N + n);
-        tset(&x.want, i * N + n, t);
-      }
     CHECK(hir_spmd(R * C, mesh2d_tune_rank, &x) == HIR_OK);
     for (r = 0; r < R * C; r++)
       if (x.err[r][0] || strncmp(x.plan[r], "tuned on", 8) || !strstr(x.plan[r], "ring") || !mesh2d_same_choice(x.plan[r], x.plan[0])) {
