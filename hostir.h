@@ -638,7 +638,7 @@ struct hir_comm {
   int rank, size;
   int p2p_copy_engine;      /* send/recv run on copy engines, not SMs: a pipeline overlaps them with GEMMs */
   int needs_device_memory;  /* buffers must be the GPU's (NCCL): a host-memory backend is refused */
-  int capturable;           /* its calls may be captured into a CUDA graph and replayed (NCCL's; not copy-engine send/recv) */
+  int capturable;           /* its calls may be captured into a CUDA graph and replayed (hostir_nccl's: NCCL and copy engines) */
   char error[512];
   hir_comm_what what;       /* what the next call moves, set by the evaluator: for messages when ranks disagree */
   hir_status (*team)(hir_comm *self, const int *devices, int n, void **team);
@@ -669,6 +669,12 @@ struct hir_comm {
      (0: NCCL's kernels, which a CUDA graph can capture), from the next call
      on; sets p2p_copy_engine and capturable to match. NULL: fixed. */
   hir_status (*set_copy_engine)(hir_comm *self, int enable);
+  /* optional: which allocation holds ptr (0: none known). Where captured
+     send/recv write through mappings of the peers' allocations (copy
+     engines between processes), a graph replays only on the outputs'
+     allocations it was captured with: the same address in a new allocation
+     is a move. */
+  unsigned long long (*allocation_of)(hir_comm *self, const void *ptr);
 };
 
 /* The position of `device` in a team (or mesh) of n device ids, -1 if it is
@@ -777,8 +783,8 @@ typedef struct hir_tune_desc {
   hir_eval_desc eval;     /* as for hir_evaluator_create; the candidates set number_of_streams */
   size_t memory_limit;    /* bytes a candidate's evaluator may hold besides the outputs; 0: no limit */
   int warmup, iters;      /* runs per candidate (warmup counts the first run, >= 2); 0: each fills about 10 ms,
-                             iters at least 3. With eval.graph on a communicator that can switch its copy-engine
-                             send/recv to NCCL (set_copy_engine), the candidates are timed both ways */
+                             iters at least 3. With eval.graph on a communicator whose send/recv run on copy
+                             engines and can switch to NCCL's (set_copy_engine), the candidates are timed both ways */
   const char *machine;    /* names the machine in saved plans; NULL: the backend's device, the ranks, the copy engines */
 } hir_tune_desc;
 HIRDEF hir_status         hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, hir_tuner **out);
@@ -8976,6 +8982,7 @@ struct hir_evaluator {
 enum { HIR__GRAPHS = 8 };
 typedef struct hir__graph {
   hir_tensor *args;             /* the inputs and outputs as passed: a graph replays at their addresses and strides */
+  unsigned long long *allocs;   /* and in their allocations, where the communicator says (hir_comm.allocation_of) */
   void *exec;                   /* the backend's graph */
   hir_tensor *outs;             /* the outputs it fills (the evaluator's buffers, or those passed) */
   unsigned long long used;
@@ -9499,6 +9506,7 @@ static void hir__unbind(hir_evaluator *ev, const hir_tv *tv) {
 static void hir__free_graph(hir_evaluator *ev, hir__graph *g) {
   if (g->exec) ev->b->graph_destroy(ev->b, g->exec);
   HIR_FREE(g->args);
+  HIR_FREE(g->allocs);
   HIR_FREE(g->outs);
   memset(g, 0, sizeof *g);
 }
@@ -10735,8 +10743,7 @@ static const char *hir__graph_obstacle(const hir_evaluator *ev) {
   if (!ev->b->graph_begin) return "the backend has nothing to capture";
   if (ev->recording) return "a timeline is being recorded (it times each node as it runs)";
   if (ev->communicates && ev->comm && !ev->comm->capturable)
-    return "the communicator cannot be captured (hir_comm.capturable is 0: copy-engine send/recv signal with one run's "
-           "sequence numbers)";
+    return "the communicator cannot be captured (hir_comm.capturable is 0)";
   return "";
 }
 
@@ -10762,6 +10769,23 @@ static int hir__same_arg(const hir_tensor *kept, const hir_tensor *t) {
   return dense || memcmp(kept->strides, t->strides, (size_t)t->ndims * sizeof(int64_t)) == 0;
 }
 
+/* The allocation holding a communicating program's output, where its
+   communicator's captured receives depend on it (0: only addresses do). */
+static unsigned long long hir__allocation_of(const hir_evaluator *ev, const void *data) {
+  return ev->communicates && ev->comm && ev->comm->allocation_of && data ? ev->comm->allocation_of(ev->comm, data) : 0;
+}
+
+/* Whether graph g was captured with these arguments. */
+static int hir__graph_fits(const hir_evaluator *ev, const hir__graph *g, const hir_tensor *in, int nin, const hir_tensor *out,
+                           int nout) {
+  int i;
+  for (i = 0; i < nin + nout; i++) {
+    const hir_tensor *t = i < nin ? &in[i] : &out[i - nin];
+    if (!hir__same_arg(&g->args[i], t) || (i >= nin && g->allocs[i] != hir__allocation_of(ev, t->data))) return 0;
+  }
+  return 1;
+}
+
 /* Graph mode's eager run that makes the buffers a capture then finds: the
    first of a shape, and the first where other arguments are strided (each
    is copied through a buffer of ours). */
@@ -10781,19 +10805,14 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
   const char *why = hir__graph_obstacle(ev);
   if (why[0]) return hir__graph_note(ev, why), hir__run_eager(ev, in, nin, out, nout);
   if (!ev->warm) return hir__run_warming(ev, in, nin, out, nout);
-  for (k = 0; k < ev->ngraphs && !g; k++) {
-    if (!ev->graphs[k].exec) continue;
-    for (i = 0; i < nin && hir__same_arg(&ev->graphs[k].args[i], &in[i]); i++) {}
-    if (i == nin) {
-      for (i = 0; i < nout && hir__same_arg(&ev->graphs[k].args[nin + i], &out[i]); i++) {}
-      if (i == nout) g = &ev->graphs[k];
-    }
-  }
+  for (k = 0; k < ev->ngraphs && !g; k++)
+    if (ev->graphs[k].exec && hir__graph_fits(ev, &ev->graphs[k], in, nin, out, nout)) g = &ev->graphs[k];
   if (!g && ev->communicates && ev->ngraphs > 0)
     return hir__ev_fail(ev, HIR_ERR_INVALID,
-                        "hir_run: graph mode: an input or output moved (or changed its strides) after this program, which "
-                        "communicates, was captured; its graph replays only at the addresses every rank captured it with "
-                        "(NCCL launches a captured collective on all ranks alike): keep them, or set hir_eval_desc.graph = 0"),
+                        "hir_run: graph mode: an input or output moved (or changed its strides, or is a new allocation at "
+                        "its old address where peers copy into it) after this program, which communicates, was captured; "
+                        "its graph replays only on the buffers every rank captured it with (NCCL launches a captured "
+                        "collective on all ranks alike): keep them, or set hir_eval_desc.graph = 2 (or 0)"),
            ev->status;
   for (i = 0; i < n && !g; i++)
     if (ev->warm_dense[i] != hir__dense(i < nin ? &in[i] : &out[i - nin])) return hir__run_warming(ev, in, nin, out, nout);
@@ -10804,10 +10823,12 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
     if (!g) g = &ev->graphs[ev->ngraphs++];
     hir__free_graph(ev, g);
     if (!(g->args = (hir_tensor *)HIR_MALLOC((size_t)(n + 1) * sizeof *g->args)) ||
+        !(g->allocs = (unsigned long long *)HIR_MALLOC((size_t)(n + 1) * sizeof *g->allocs)) ||
         !(g->outs = (hir_tensor *)HIR_MALLOC((size_t)(nout + 1) * sizeof *g->outs)))
       return hir__free_graph(ev, g), hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory for a graph"), ev->status;
     for (i = 0; i < nin; i++) g->args[i] = in[i];
     for (i = 0; i < nout; i++) g->args[nin + i] = out[i];
+    for (i = 0; i < n; i++) g->allocs[i] = i < nin ? 0 : hir__allocation_of(ev, g->args[i].data); /* outputs receive */
     if ((s = ev->b->graph_begin(ev->b)) != HIR_OK) {
       hir__graph_note(ev, ev->b->error);
       ev->graph = 0;
@@ -10857,6 +10878,7 @@ static int hir__stage(hir_evaluator *ev, const hir_tensor *in, int nin, const hi
                         "outputs as the first captured run did"), 0;
   for (k = 0; k < ev->ngraphs; k++) hir__free_graph(ev, &ev->graphs[k]);
   ev->ngraphs = 0;
+  ev->warm = 0; /* the new copies run eagerly first: a capture finds all made for them (between processes, peers' mappings) */
   hir__free_stage(ev);
   if (!(ev->stage = (hir_tensor *)HIR_MALLOC(2 * (size_t)(n + 1) * sizeof *ev->stage)))
     return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory for graph mode 2's arguments"), 0;
@@ -10885,13 +10907,14 @@ static hir_status hir__copy_args(hir_evaluator *ev, void *stream, const hir_tens
 }
 
 /* Graph mode 2: the graph replays on the staged arguments, the caller's
-   inputs copied in before it and its outputs out after, in stream order. */
+   inputs copied in before it and its outputs out after, in stream order.
+   New copies run once eagerly, as graph mode 1's new shapes do. */
 static hir_status hir__run_staged(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
   void *stream;
   hir_tensor *run;
   hir_status s = HIR_OK;
   int i;
-  if (hir__graph_obstacle(ev)[0] || !ev->warm) return hir__run_graph(ev, in, nin, out, nout); /* eager: says why, or makes the buffers */
+  if (hir__graph_obstacle(ev)[0]) return hir__run_graph(ev, in, nin, out, nout); /* eager: says why */
   if (!hir__stage(ev, in, nin, out, nout)) return ev->status;
   run = ev->stage_run;
   memcpy(run, ev->stage, (size_t)(nin + nout) * sizeof *run);
@@ -11042,7 +11065,7 @@ typedef struct hir__cand {
   int serial;                   /* the fusion without its Stream axes */
   hir_p2p_schedule schedule;
   int parts, streams, bounded;
-  int nccl_p2p;                 /* send/recv on NCCL, not the copy engines: capturable (hir_tuner.vary_p2p) */
+  int nccl_p2p;                 /* send/recv on NCCL, not the copy engines (hir_tuner.vary_p2p) */
 } hir__cand;
 
 enum { HIR__CAND_DROPPED, HIR__CAND_RUN, HIR__CAND_SAME };
@@ -11083,7 +11106,7 @@ struct hir_tuner {
   int n, cap;
   hir__tune_entry *last;
   unsigned long long uses;
-  int vary_p2p;                 /* graph mode on copy-engine send/recv (not capturable): candidates on NCCL's too */
+  int vary_p2p;                 /* graph mode on copy-engine send/recv: candidates on NCCL's too */
   char report[4096];            /* the last tuning's, until its entry takes it */
   char error[1024];
 };
@@ -11115,9 +11138,10 @@ static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t 
    parts a peer, 2 and 4 streams, and bounded buffers under a memory limit.
    Options that do not apply to a fusion lower to the same program as
    another candidate, and are timed once. In graph mode on copy-engine
-   send/recv, which a graph cannot capture (hir_tuner.vary_p2p), each
-   pipeline is also timed with its send/recv on NCCL, captured, and serial
-   runs on NCCL's path (it has no send/recv: so it is captured too). */
+   send/recv (hir_tuner.vary_p2p), each pipeline is also timed with its
+   send/recv on NCCL: in a graph NCCL's kernels launch at no host cost and
+   may win on small messages; a communicator that cannot capture its copy
+   engines gets captured pipelines this way. Serial runs on NCCL's path. */
 static int hir__candidates(const hir_tuner *t, hir__cand *c) {
   static const int parts[3] = {1, 2, 4}, streams[2] = {2, 4};
   int n = 0, s, p, k, b, nccl;
@@ -11623,7 +11647,7 @@ HIRDEF hir_status hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, 
   hir_fusion_snprint(f, text, len + 1);
   t->fusion_hash = hir__fnv(text, len, 1469598103934665603ull);
   HIR_FREE(text);
-  t->vary_p2p = d->eval.graph && d->eval.comm && d->eval.comm->set_copy_engine && !d->eval.comm->capturable;
+  t->vary_p2p = d->eval.graph && d->eval.comm && d->eval.comm->set_copy_engine && d->eval.comm->p2p_copy_engine;
   if (!t->nteam) t->team[t->nteam++] = d->lower.my_device;
   if (d->machine) snprintf(t->machine, sizeof t->machine, "%s", d->machine);
   else snprintf(t->machine, sizeof t->machine, "%s, %d ranks%s", d->eval.backend && d->eval.backend->device ? d->eval.backend->device

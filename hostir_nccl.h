@@ -970,9 +970,15 @@ static hir_status hir_nccl__env_parse(hir_nccl__getter get, void *user, int visi
    every word its own streams wait on, so no GPU of it waits for a dead peer.
    Why not IPC events: a wait on an event takes the event's last record at
    the time of the call, so across processes every wait would need the
-   host to know the record happened first - a host round trip per receive. */
+   host to know the record happened first - a host round trip per receive.
+   A CUDA graph replays the values it captured, so a receive captured into
+   one uses a pair of graph words of its own instead (the receiver hands
+   them out, for as long as its graph lives): flags, set to 1 by the side
+   that signals and back to 0 by the side that waited, ready for the next
+   replay (replays on a stream never overlap). */
 enum {
   HIR_NCCL__CE_SLOTS = 32, HIR_NCCL__CE_GROUP = 256, HIR_NCCL__CE_EXPORTS = 64, HIR_NCCL__LOCAL_MAX = 64,
+  HIR_NCCL__CE_GRAPH_WORDS = 512,    /* word pairs a receiver hands out to a sender's captured receives */
   HIR_NCCL__CE_MAGIC = 0x68697263 /* "hirc" */
 };
 
@@ -980,6 +986,7 @@ typedef struct hir_nccl__ce_slot {   /* one posted receive */
   unsigned long long buffer_id;      /* the export's allocation; 0: `offset` is the address (threads) */
   unsigned long long offset, bytes;
   int export_index;
+  int graph_word;                    /* captured: its graph words; -1 eager; -2 captured, none were free */
   hir_comm_what what;                /* for a size mismatch's message */
 } hir_nccl__ce_slot;
 
@@ -1010,6 +1017,16 @@ typedef struct hir_nccl__ce_import {
   void *base;
 } hir_nccl__ce_import;
 
+/* The graph words a receiver hands out, and its exports that captured
+   receives name (not replaced while so): shared with the release callbacks
+   of the graphs, which CUDA runs on a thread of its own once a graph is
+   destroyed, so counted references and atomics. */
+typedef struct hir_nccl__ce_graphs {
+  int refs, nlocal;
+  int export_graphs[HIR_NCCL__CE_EXPORTS];
+  unsigned char used[1];             /* [sender index][GRAPH_WORDS] */
+} hir_nccl__ce_graphs;
+
 typedef CUresult (*hir_nccl__write_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 typedef CUresult (*hir_nccl__wait_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 typedef CUresult (*hir_nccl__pointer_attrs_fn)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
@@ -1021,6 +1038,7 @@ typedef struct hir_nccl__ce {
   int nlocal, me;                    /* ranks on this host; this rank's index among them */
   int *local;                        /* world rank -> index on this host, -1: another host */
   unsigned char *pad_dev;            /* the block's device address */
+  hir_nccl__ce_graphs *graphs;
   hir_nccl__ce_import *imports;      /* [peer index * EXPORTS]: peers' allocations mapped here */
   unsigned long long uses, export_used[HIR_NCCL__CE_EXPORTS];
   cudaStream_t stream;               /* this rank's copies, in order */
@@ -1033,15 +1051,16 @@ typedef struct hir_nccl__ce {
 } hir_nccl__ce;
 
 /* The block's layout for n ranks: head, exports [n][EXPORTS], boxes [n*n],
-   pad words [n*n][SLOTS][2]. */
+   pad words [n*n][SLOTS][2], graph words [n*n][GRAPH_WORDS][2]. */
 static size_t hir_nccl__ce_exports_at(void) { return (sizeof(hir_nccl__ce_head) + 63) / 64 * 64; }
 static size_t hir_nccl__ce_boxes_at(int n) {
   return hir_nccl__ce_exports_at() + (size_t)n * HIR_NCCL__CE_EXPORTS * sizeof(hir_nccl__ce_export);
 }
 static size_t hir_nccl__ce_pad_at(int n) { return (hir_nccl__ce_boxes_at(n) + (size_t)n * n * sizeof(hir_nccl__ce_box) + 63) / 64 * 64; }
+static size_t hir_nccl__ce_graph_at(int n) { return hir_nccl__ce_pad_at(n) + (size_t)n * n * HIR_NCCL__CE_SLOTS * 2 * sizeof(unsigned); }
 static size_t hir_nccl__ce_bytes(int n) {
   size_t page = 4096;
-  return (hir_nccl__ce_pad_at(n) + (size_t)n * n * HIR_NCCL__CE_SLOTS * 2 * sizeof(unsigned) + page - 1) / page * page;
+  return (hir_nccl__ce_graph_at(n) + (size_t)n * n * HIR_NCCL__CE_GRAPH_WORDS * 2 * sizeof(unsigned) + page - 1) / page * page;
 }
 static hir_nccl__ce_head *hir_nccl__ce_head_of(const hir_nccl__ce *ce) { return (hir_nccl__ce_head *)ce->block; }
 static hir_nccl__ce_export *hir_nccl__ce_exports(const hir_nccl__ce *ce, int rank) {
@@ -1054,6 +1073,13 @@ static hir_nccl__ce_box *hir_nccl__ce_box_of(const hir_nccl__ce *ce, int from, i
 static size_t hir_nccl__ce_word(const hir_nccl__ce *ce, int from, int to, unsigned long long seq, int which) {
   size_t i = (((size_t)from * ce->nlocal + to) * HIR_NCCL__CE_SLOTS + (size_t)(seq % HIR_NCCL__CE_SLOTS)) * 2 + (size_t)which;
   return hir_nccl__ce_pad_at(ce->nlocal) + i * sizeof(unsigned);
+}
+
+/* Offset in the block of graph word pair k from `from` to `to`: which 0 is
+   `ready`, 1 `arrived`. */
+static size_t hir_nccl__ce_graph_word(const hir_nccl__ce *ce, int from, int to, int k, int which) {
+  size_t i = (((size_t)from * ce->nlocal + to) * HIR_NCCL__CE_GRAPH_WORDS + (size_t)k) * 2 + (size_t)which;
+  return hir_nccl__ce_graph_at(ce->nlocal) + i * sizeof(unsigned);
 }
 
 static unsigned long long hir_nccl__counter(const unsigned long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -1151,10 +1177,13 @@ static int hir_nccl__ce_attach(hir_nccl__ce *ce, unsigned char *block, int segme
     return 0;
   }
   ce->pad_dev = (unsigned char *)dev;
-  if (!(ce->imports = (hir_nccl__ce_import *)calloc((size_t)nlocal * HIR_NCCL__CE_EXPORTS, sizeof *ce->imports))) {
+  if (!(ce->imports = (hir_nccl__ce_import *)calloc((size_t)nlocal * HIR_NCCL__CE_EXPORTS, sizeof *ce->imports)) ||
+      !(ce->graphs = (hir_nccl__ce_graphs *)calloc(1, sizeof *ce->graphs + (size_t)nlocal * HIR_NCCL__CE_GRAPH_WORDS))) {
     snprintf(err, cap, "out of memory");
     return 0;
   }
+  ce->graphs->refs = 1;
+  ce->graphs->nlocal = nlocal;
   {
     char state;
     unsigned long long started = 0;
@@ -1172,6 +1201,10 @@ static int hir_nccl__ce_drain(hir_nccl__ce *ce, double deadline) {
   return e == cudaSuccess;
 }
 
+static void hir_nccl__ce_graphs_unref(hir_nccl__ce_graphs *g) {
+  if (g && __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) == 0) free(g);
+}
+
 static void hir_nccl__ce_detach(hir_nccl__ce *ce, int drained) {
   int i;
   if (ce->stream && drained) drained = hir_nccl__ce_drain(ce, hir_nccl__wall_ms() + 1000);
@@ -1184,6 +1217,7 @@ static void hir_nccl__ce_detach(hir_nccl__ce *ce, int drained) {
   if (ce->segment && ce->block) munmap(ce->block, ce->block_bytes);
   free(ce->imports);
   free(ce->local);
+  hir_nccl__ce_graphs_unref(ce->graphs); /* graphs still alive keep it */
   memset(ce, 0, sizeof *ce);
 }
 
@@ -1235,15 +1269,19 @@ static void hir_nccl__ce_heard(hir_nccl__ce *ce, char *note, size_t cap) {
 /* Lets every stream of this rank past its waits for peers: after an abort,
    so that no GPU waits for a rank that is gone. */
 static void hir_nccl__ce_release(hir_nccl__ce *ce) {
-  int p;
-  unsigned long long k;
-  for (p = 0; ce->block && p < ce->nlocal; p++)
+  int p, k;
+  for (p = 0; ce->block && p < ce->nlocal; p++) {
     for (k = 0; k < HIR_NCCL__CE_SLOTS; k++) {
-      unsigned *ready = (unsigned *)(ce->block + hir_nccl__ce_word(ce, ce->me, p, k, 0));   /* my copies wait on it */
-      unsigned *arrived = (unsigned *)(ce->block + hir_nccl__ce_word(ce, p, ce->me, k, 1)); /* my receives wait on it */
+      unsigned *ready = (unsigned *)(ce->block + hir_nccl__ce_word(ce, ce->me, p, (unsigned long long)k, 0)); /* my copies wait */
+      unsigned *arrived = (unsigned *)(ce->block + hir_nccl__ce_word(ce, p, ce->me, (unsigned long long)k, 1)); /* my receives */
       __atomic_add_fetch(ready, 1u << 30, __ATOMIC_RELEASE);
       __atomic_add_fetch(arrived, 1u << 30, __ATOMIC_RELEASE);
     }
+    for (k = 0; k < HIR_NCCL__CE_GRAPH_WORDS; k++) { /* graphs wait for flags of 1 */
+      __atomic_store_n((unsigned *)(ce->block + hir_nccl__ce_graph_word(ce, ce->me, p, k, 0)), 1u, __ATOMIC_RELEASE);
+      __atomic_store_n((unsigned *)(ce->block + hir_nccl__ce_graph_word(ce, p, ce->me, k, 1)), 1u, __ATOMIC_RELEASE);
+    }
+  }
 }
 
 /* The export that holds `buf` (processes): found by its allocation's buffer
@@ -1275,10 +1313,12 @@ static int hir_nccl__ce_export_of(hir_nccl__ce *ce, void *buf, hir_nccl__ce_slot
         for (k = hir_nccl__counter(&box->taken); k < box->posted && !pending; k++)
           pending = box->slot[k % HIR_NCCL__CE_SLOTS].export_index == i;
       }
+      pending = pending || __atomic_load_n(&ce->graphs->export_graphs[i], __ATOMIC_ACQUIRE) > 0; /* a graph copies into it */
       if (!pending && ce->export_used[i] < oldest) oldest = ce->export_used[i], pick = i;
     }
     if (pick < 0) {
-      snprintf(err, cap, "more than %d allocations wait for their copies at once", HIR_NCCL__CE_EXPORTS);
+      snprintf(err, cap, "more than %d allocations wait for their copies at once, or are kept by CUDA graphs",
+               HIR_NCCL__CE_EXPORTS);
       return 0;
     }
     if ((e = cudaIpcGetMemHandle(&ex[pick].handle, (void *)(uintptr_t)start)) != cudaSuccess) {
@@ -1305,8 +1345,16 @@ static int hir_nccl__ce_export_of(hir_nccl__ce *ce, void *buf, hir_nccl__ce_slot
    already mapped"): an allocation the peer exports again under another
    index keeps its mapping, and one the peer freed, whose addresses a new
    allocation took, is closed first. */
-static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_slot *slot, double deadline, char *err,
-                                 size_t cap) {
+static int hir_nccl__ce_drain_for(hir_nccl__ce *ce, int captured, double deadline, char *err, size_t cap) {
+  if (!captured && hir_nccl__ce_drain(ce, deadline)) return 1;
+  snprintf(err, cap, "%s", captured ? "a captured send would map a peer's new buffer over an old mapping, which needs the copy "
+           "stream idle; capture a program after it has run eagerly on the same buffers (hostir's graph modes do)"
+           : "the copy stream stayed busy while a mapping was replaced");
+  return 0;
+}
+
+static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_slot *slot, int captured, double deadline,
+                                 char *err, size_t cap) {
   hir_nccl__ce_import *im;
   const hir_nccl__ce_export *ex;
   cudaError_t e;
@@ -1324,10 +1372,7 @@ static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_
       return NULL;
     }
     if (im->base) {
-      if (!hir_nccl__ce_drain(ce, deadline)) {
-        snprintf(err, cap, "the copy stream stayed busy while a mapping was replaced");
-        return NULL;
-      }
+      if (!hir_nccl__ce_drain_for(ce, captured, deadline, err, cap)) return NULL;
       cudaIpcCloseMemHandle(im->base);
       im->base = NULL;
       im->buffer_id = 0;
@@ -1337,8 +1382,7 @@ static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_
       if (held == im || !held->base || held->start >= ex->start + ex->bytes || ex->start >= held->start + held->bytes) continue;
       if (held->buffer_id == slot->buffer_id) {
         im->base = held->base;
-      } else if (!hir_nccl__ce_drain(ce, deadline)) {
-        snprintf(err, cap, "the copy stream stayed busy while a mapping was replaced");
+      } else if (!hir_nccl__ce_drain_for(ce, captured, deadline, err, cap)) {
         return NULL;
       } else {
         cudaIpcCloseMemHandle(held->base);
@@ -1385,6 +1429,7 @@ typedef struct hir_nccl__ce_op {     /* a send or receive held until its group e
   void *buf, *stream;
   size_t bytes;
   unsigned long long seq;
+  int graph_word;               /* a captured receive's graph words; -1: eager */
   hir_comm_what what;
 } hir_nccl__ce_op;
 
@@ -1925,21 +1970,95 @@ static hir_status hir_nccl__ce_cu(hir_comm *c, const char *what, CUresult r) {
   return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, what, detail);
 }
 
+/* Whether `stream`'s work is being captured into a CUDA graph (*graph). */
+static int hir_nccl__capturing(void *stream, cudaGraph_t *graph) {
+  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+#if CUDART_VERSION >= 13000
+  cudaError_t e = cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, NULL, graph, NULL, NULL, NULL);
+#else
+  cudaError_t e = cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, NULL, graph, NULL, NULL);
+#endif
+  if (e != cudaSuccess) cudaGetLastError(); /* the capture is broken already: it fails at its end */
+  return e == cudaSuccess && status == cudaStreamCaptureStatusActive;
+}
+
+typedef struct hir_nccl__ce_held {   /* what a graph keeps of the receiver's: a graph word pair, an export */
+  hir_nccl__ce_graphs *graphs;
+  int word, export_index;            /* word: sender index * GRAPH_WORDS + k */
+} hir_nccl__ce_held;
+
+static void CUDART_CB hir_nccl__ce_graph_gone(void *p) { /* on CUDA's thread: no CUDA calls */
+  hir_nccl__ce_held *h = (hir_nccl__ce_held *)p;
+  __atomic_store_n(&h->graphs->used[h->word], (unsigned char)0, __ATOMIC_RELEASE);
+  if (h->export_index >= 0) __atomic_sub_fetch(&h->graphs->export_graphs[h->export_index], 1, __ATOMIC_ACQ_REL);
+  hir_nccl__ce_graphs_unref(h->graphs);
+  free(h);
+}
+
+/* A captured receive's graph words: a free pair from `peer`, zeroed, kept
+   (with the receive's export) until `graph` is destroyed. */
+static hir_status hir_nccl__ce_graph_words(hir_comm *c, int peer, cudaGraph_t graph, hir_nccl__ce_slot *slot) {
+  hir_nccl__ce *ce = &hir_nccl__of(c)->ce;
+  hir_nccl__ce_held *h;
+  cudaUserObject_t obj;
+  unsigned char *used = ce->graphs->used + (size_t)peer * HIR_NCCL__CE_GRAPH_WORDS, no = 0;
+  int k;
+  cudaError_t e;
+  for (k = 0; k < HIR_NCCL__CE_GRAPH_WORDS; k++)
+    if (__atomic_compare_exchange_n(&used[k], &no, (unsigned char)1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) break;
+    else no = 0;
+  if (k == HIR_NCCL__CE_GRAPH_WORDS) {
+    slot->graph_word = -2;
+    return hir_nccl__ce_fail(c, HIR_ERR_UNSUPPORTED, "a captured receive", "more than 512 receives from one peer are held by "
+                             "CUDA graphs at once; free graphs (evaluators) that are no longer replayed");
+  }
+  if (!(h = (hir_nccl__ce_held *)malloc(sizeof *h))) {
+    used[k] = 0;
+    slot->graph_word = -2;
+    return hir_nccl__ce_fail(c, HIR_ERR_NOMEM, "a captured receive", "out of memory");
+  }
+  __atomic_store_n((unsigned *)(ce->block + hir_nccl__ce_graph_word(ce, peer, ce->me, k, 0)), 0u, __ATOMIC_RELEASE);
+  __atomic_store_n((unsigned *)(ce->block + hir_nccl__ce_graph_word(ce, peer, ce->me, k, 1)), 0u, __ATOMIC_RELEASE);
+  h->graphs = ce->graphs;
+  h->word = peer * HIR_NCCL__CE_GRAPH_WORDS + k;
+  h->export_index = slot->buffer_id ? slot->export_index : -1;
+  __atomic_add_fetch(&ce->graphs->refs, 1, __ATOMIC_ACQ_REL);
+  if (h->export_index >= 0) __atomic_add_fetch(&ce->graphs->export_graphs[h->export_index], 1, __ATOMIC_ACQ_REL);
+  if ((e = cudaUserObjectCreate(&obj, h, hir_nccl__ce_graph_gone, 1, cudaUserObjectNoDestructorSync)) != cudaSuccess) {
+    hir_nccl__ce_graph_gone(h);
+    slot->graph_word = -2;
+    return hir_nccl__ce_cuda(c, "a captured receive", e);
+  }
+  if ((e = cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove)) != cudaSuccess) {
+    cudaUserObjectRelease(obj, 1); /* runs hir_nccl__ce_graph_gone */
+    slot->graph_word = -2;
+    return hir_nccl__ce_cuda(c, "a captured receive", e);
+  }
+  slot->graph_word = k;
+  return HIR_OK;
+}
+
 /* A receive: posted in the sender's mailbox (waiting only while its ring of
-   slots is full), its buffer marked writable on the receiving stream. */
+   slots is full), its buffer marked writable on the receiving stream. A
+   receive that cannot be captured is posted all the same, so that its
+   sender fails too rather than wait. */
 static hir_status hir_nccl__ce_post_recv(hir_comm *c, hir_nccl__ce_op *op) {
   hir_nccl__ce *ce = &hir_nccl__of(c)->ce;
   int peer = ce->local[op->peer];
   hir_nccl__ce_box *box = hir_nccl__ce_box_of(ce, peer, ce->me);
   unsigned long long seq = box->posted;
   hir_nccl__ce_slot *slot = &box->slot[seq % HIR_NCCL__CE_SLOTS];
+  cudaGraph_t graph = NULL;
   char detail[256];
-  hir_status s;
+  size_t word;
+  cuuint32_t value;
+  hir_status s, captured = HIR_OK;
   if (seq >= HIR_NCCL__CE_SLOTS &&
       (s = hir_nccl__ce_wait(c, &box->taken, seq - HIR_NCCL__CE_SLOTS + 1, op->peer, "a receive")) != HIR_OK)
     return s;
   slot->bytes = op->bytes;
   slot->what = op->what;
+  slot->graph_word = -1;
   if (!ce->segment) { /* one process: the address itself */
     slot->buffer_id = 0;
     slot->export_index = -1;
@@ -1947,31 +2066,48 @@ static hir_status hir_nccl__ce_post_recv(hir_comm *c, hir_nccl__ce_op *op) {
   } else if (!hir_nccl__ce_export_of(ce, op->buf, slot, detail, sizeof detail)) {
     return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "a receive", detail);
   }
-  if ((s = hir_nccl__ce_cu(c, "marking a receive's buffer writable",
-                           ce->write_value((CUstream)op->stream,
-                                           (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_word(ce, peer, ce->me, seq, 0)),
-                                           (cuuint32_t)(seq + 1), CU_STREAM_WRITE_VALUE_DEFAULT))) != HIR_OK)
-    return s;
+  if (hir_nccl__capturing(op->stream, &graph)) captured = hir_nccl__ce_graph_words(c, peer, graph, slot);
   op->seq = seq;
+  op->graph_word = slot->graph_word;
+  if (captured != HIR_OK) return hir_nccl__set_counter(&box->posted, seq + 1), captured;
+  word = op->graph_word >= 0 ? hir_nccl__ce_graph_word(ce, peer, ce->me, op->graph_word, 0) : hir_nccl__ce_word(ce, peer, ce->me, seq, 0);
+  value = op->graph_word >= 0 ? 1 : (cuuint32_t)(seq + 1);
+  if ((s = hir_nccl__ce_cu(c, "marking a receive's buffer writable",
+                           ce->write_value((CUstream)op->stream, (CUdeviceptr)(uintptr_t)(ce->pad_dev + word), value,
+                                           CU_STREAM_WRITE_VALUE_DEFAULT))) != HIR_OK)
+    return s;
   hir_nccl__set_counter(&box->posted, seq + 1);
   return HIR_OK;
 }
 
 /* A send: takes the receiver's post, then on the copy stream waits for the
    sending stream and the receiver's buffer, copies, and signals arrival; the
-   sending stream may reuse its buffer once the copy is done. */
+   sending stream may reuse its buffer once the copy is done. Captured, it
+   waits for and signals the graph words its receive names, and takes the
+   ready flag back for the next replay. */
 static hir_status hir_nccl__ce_send(hir_comm *c, const hir_nccl__ce_op *op) {
   hir_nccl__rank *nc = hir_nccl__of(c);
   hir_nccl__ce *ce = &nc->ce;
-  int peer = ce->local[op->peer];
+  int peer = ce->local[op->peer], captured;
   hir_nccl__ce_box *box = hir_nccl__ce_box_of(ce, ce->me, peer);
   unsigned long long seq = box->taken;
   hir_nccl__ce_slot slot;
+  cudaGraph_t graph = NULL;
   char detail[320];
   void *dst;
+  CUdeviceptr ready, arrived;
+  cuuint32_t value = (cuuint32_t)(seq + 1);
   hir_status s;
   if ((s = hir_nccl__ce_wait(c, &box->posted, seq + 1, op->peer, "a send")) != HIR_OK) return s;
   slot = box->slot[seq % HIR_NCCL__CE_SLOTS];
+  captured = hir_nccl__capturing(op->stream, &graph);
+  if (slot.graph_word == -2 || captured != (slot.graph_word >= 0)) {
+    hir_nccl__set_counter(&box->taken, seq + 1);
+    snprintf(detail, sizeof detail, "%s", slot.graph_word == -2 ? "its receiver could not capture its receive"
+             : captured ? "it is captured into a CUDA graph and its receiver's receive is not; capture on every rank alike"
+             : "its receiver's receive is captured into a CUDA graph and this send is not; capture on every rank alike");
+    return hir_nccl__ce_fail(c, HIR_ERR_INVALID, "a send", detail);
+  }
   if (slot.bytes != op->bytes) {
     char mine[96], theirs[96];
     hir_comm_what_snprint(&op->what, mine, sizeof mine);
@@ -1980,20 +2116,24 @@ static hir_status hir_nccl__ce_send(hir_comm *c, const hir_nccl__ce_op *op) {
              "pass matching shapes", mine, op->bytes, op->peer, theirs, slot.bytes);
     return hir_nccl__ce_fail(c, HIR_ERR_SHAPE, "a send", detail);
   }
-  if (!(dst = hir_nccl__ce_target(ce, peer, &slot, hir_nccl__wall_ms() + nc->timeout_ms, detail, sizeof detail)))
+  if (!(dst = hir_nccl__ce_target(ce, peer, &slot, captured, hir_nccl__wall_ms() + nc->timeout_ms, detail, sizeof detail)))
     return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, "a send", detail);
+  ready = (CUdeviceptr)(uintptr_t)(ce->pad_dev + (captured ? hir_nccl__ce_graph_word(ce, ce->me, peer, slot.graph_word, 0)
+                                                            : hir_nccl__ce_word(ce, ce->me, peer, seq, 0)));
+  arrived = (CUdeviceptr)(uintptr_t)(ce->pad_dev + (captured ? hir_nccl__ce_graph_word(ce, ce->me, peer, slot.graph_word, 1)
+                                                              : hir_nccl__ce_word(ce, ce->me, peer, seq, 1)));
+  if (captured) value = 1;
   if ((s = hir_nccl__ce_cuda(c, "a send", cudaEventRecord(ce->source, (cudaStream_t)op->stream))) != HIR_OK ||
       (s = hir_nccl__ce_cuda(c, "a send", cudaStreamWaitEvent(ce->stream, ce->source, 0))) != HIR_OK ||
       (s = hir_nccl__ce_cu(c, "waiting for the receiver's buffer",
-                           ce->wait_value((CUstream)ce->stream,
-                                          (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_word(ce, ce->me, peer, seq, 0)),
-                                          (cuuint32_t)(seq + 1), CU_STREAM_WAIT_VALUE_GEQ))) != HIR_OK ||
+                           ce->wait_value((CUstream)ce->stream, ready, value,
+                                          captured ? CU_STREAM_WAIT_VALUE_EQ : CU_STREAM_WAIT_VALUE_GEQ))) != HIR_OK ||
+      (captured && (s = hir_nccl__ce_cu(c, "taking a receive's ready flag back",
+                                        ce->write_value((CUstream)ce->stream, ready, 0, CU_STREAM_WRITE_VALUE_DEFAULT))) != HIR_OK) ||
       (s = hir_nccl__ce_cuda(c, "a peer copy", cudaMemcpyAsync(dst, op->buf, op->bytes, cudaMemcpyDefault, ce->stream))) !=
           HIR_OK ||
       (s = hir_nccl__ce_cu(c, "signalling a copy's arrival",
-                           ce->write_value((CUstream)ce->stream,
-                                           (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_word(ce, ce->me, peer, seq, 1)),
-                                           (cuuint32_t)(seq + 1), CU_STREAM_WRITE_VALUE_DEFAULT))) != HIR_OK ||
+                           ce->write_value((CUstream)ce->stream, arrived, value, CU_STREAM_WRITE_VALUE_DEFAULT))) != HIR_OK ||
       (s = hir_nccl__ce_cuda(c, "a send", cudaEventRecord(ce->done, ce->stream))) != HIR_OK ||
       (s = hir_nccl__ce_cuda(c, "a send", cudaStreamWaitEvent((cudaStream_t)op->stream, ce->done, 0))) != HIR_OK)
     return s;
@@ -2001,14 +2141,24 @@ static hir_status hir_nccl__ce_send(hir_comm *c, const hir_nccl__ce_op *op) {
   return HIR_OK;
 }
 
-/* The receiving stream goes on once the copy has landed. */
+/* The receiving stream goes on once the copy has landed (captured: and
+   takes the arrival flag back for the next replay). */
 static hir_status hir_nccl__ce_finish_recv(hir_comm *c, const hir_nccl__ce_op *op) {
   hir_nccl__ce *ce = &hir_nccl__of(c)->ce;
   int peer = ce->local[op->peer];
-  return hir_nccl__ce_cu(c, "waiting for a copy",
-                         ce->wait_value((CUstream)op->stream,
-                                        (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_word(ce, peer, ce->me, op->seq, 1)),
-                                        (cuuint32_t)(op->seq + 1), CU_STREAM_WAIT_VALUE_GEQ));
+  CUdeviceptr arrived;
+  hir_status s;
+  if (op->graph_word < 0)
+    return hir_nccl__ce_cu(c, "waiting for a copy",
+                           ce->wait_value((CUstream)op->stream,
+                                          (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_word(ce, peer, ce->me, op->seq, 1)),
+                                          (cuuint32_t)(op->seq + 1), CU_STREAM_WAIT_VALUE_GEQ));
+  arrived = (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_graph_word(ce, peer, ce->me, op->graph_word, 1));
+  if ((s = hir_nccl__ce_cu(c, "waiting for a copy", ce->wait_value((CUstream)op->stream, arrived, 1, CU_STREAM_WAIT_VALUE_EQ))) !=
+      HIR_OK)
+    return s;
+  return hir_nccl__ce_cu(c, "taking a copy's arrival flag back",
+                         ce->write_value((CUstream)op->stream, arrived, 0, CU_STREAM_WRITE_VALUE_DEFAULT));
 }
 
 /* Receives are posted first, so that every send of the group, in any order
@@ -2045,6 +2195,7 @@ static hir_status hir_nccl__ce_queue(hir_comm *c, int send, const void *buf, siz
   op.bytes = bytes;
   op.stream = stream;
   op.seq = 0;
+  op.graph_word = -1;
   op.what = c->what;
   if (!nc->ce_group) return hir_nccl__ce_run(c, &op, 1);
   if (nc->ce_nops == HIR_NCCL__CE_GROUP)
@@ -2123,6 +2274,19 @@ static hir_status hir_nccl__poll(hir_comm *c) {
   return HIR_OK;
 }
 
+/* hir_comm.allocation_of: between processes a captured copy writes through
+   this rank's mapping of the receiver's allocation, which a new allocation
+   at the same address is not. */
+static unsigned long long hir_nccl__allocation_of(hir_comm *c, const void *ptr) {
+  hir_nccl__ce *ce = &hir_nccl__of(c)->ce;
+  CUpointer_attribute which = CU_POINTER_ATTRIBUTE_BUFFER_ID;
+  unsigned long long id = 0;
+  void *value = &id;
+  if (!hir_nccl__of(c)->ce_on || !ce->segment || ce->pointer_attrs(1, &which, &value, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+    return 0;
+  return id;
+}
+
 /* hir_comm.set_copy_engine: this rank's send/recv on its copy engines, where
    it has them (a threaded world's once hir_nccl_world_set_copy_engine has
    enabled its peers' access), or on NCCL. */
@@ -2137,7 +2301,6 @@ static hir_status hir_nccl__set_copy_engine(hir_comm *c, int enable) {
   }
   for (i = 0; enable && i < c->size; i++) all_local &= nc->ce.local[i] >= 0;
   nc->ce_on = enable != 0;
-  c->capturable = !enable;
   c->p2p_copy_engine = enable && all_local;
   return HIR_OK;
 }
@@ -2151,7 +2314,7 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   c->rank = rank;
   c->size = size;
   c->needs_device_memory = 1;
-  c->capturable = 1; /* NCCL's calls are; copy-engine send/recv (ce_on) are not */
+  c->capturable = 1; /* NCCL's calls are, and copy-engine send/recv (captured receives use graph words) */
   c->what.tensor = -1;
   c->team = hir_nccl__make_team;
   c->allgather = hir_nccl__allgather;
@@ -2170,6 +2333,7 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   c->register_buffer = hir_nccl__register;
   c->deregister_buffer = hir_nccl__deregister;
   c->set_copy_engine = hir_nccl__set_copy_engine;
+  c->allocation_of = hir_nccl__allocation_of;
 }
 
 static void hir_nccl__release(hir_nccl__rank *nc) {
@@ -2296,7 +2460,6 @@ static hir_status hir_nccl__join(hir_nccl__rank *nc) {
     return s;
   }
   nc->ce_on = 1;
-  c->capturable = 0;
   c->p2p_copy_engine = nlocal == c->size; /* peers on other hosts take NCCL's kernels */
   return HIR_OK;
 }

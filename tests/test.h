@@ -336,6 +336,27 @@ static hir_tensor tdense(const hir_tensor *t) {
   return d;
 }
 
+/* An output the evaluator owns, poisoned after a run's check: the next run
+   must write it again (a graph replay that copied nothing is caught). Only
+   where its elements are its first numel ones and no input shares them. */
+static void tpoison_owned(hir_backend *b, const hir_tensor *t, const hir_tensor *din, int nin) {
+  size_t bytes = (size_t)tnumel(t) * hir_dtype_size(t->dtype);
+  int64_t k, s = 1;
+  int a, i, contiguous = 1, zero = 1;
+  hir_tensor pz;
+  for (a = t->ndims - 1; a >= 0; a--) zero &= t->strides[a] == 0, contiguous &= t->sizes[a] == 1 || t->strides[a] == s, s *= t->sizes[a];
+  if (!t->data || !bytes || !(zero || contiguous)) return;
+  for (i = 0; i < nin; i++) {
+    const char *lo = (const char *)din[i].data, *at = (const char *)t->data;
+    if (lo && at + bytes > lo && at < lo + (size_t)tnumel(&din[i]) * hir_dtype_size(din[i].dtype)) return;
+  }
+  pz = tn(t->dtype, t->ndims, t->sizes);
+  for (k = 0; k < tnumel(&pz); k++) tset(&pz, k, 1e30);
+  if (!b || b->host_memory) memcpy(t->data, pz.data, bytes);
+  else b->upload(b, t->data, pz.data, bytes);
+  tfree(&pz);
+}
+
 typedef hir_program *(*build_fn)(void *user, int rank);
 typedef struct spmd_case {
   int world, nstreams, prealloc, nin, nout;
@@ -380,14 +401,16 @@ static hir_status spmd_rank(int rank, void *user) {
   hir_evaluator *ev = NULL;
   hir_eval_desc d;
   hir_backend *b = platform->backend ? platform->backend(rank) : NULL;
-  hir_tensor in[MAXT], din[MAXT], out[MAXT], poison[MAXT], want[MAXT];
+  hir_tensor in[MAXT], din[MAXT], out[MAXT], poison[MAXT], want[MAXT], kept[MAXT];
   void *first_addr[MAXT] = {0};
+  int keep_outputs;   /* graph mode 1, communicating: the outputs stay in the allocations captured (re-poisoned) */
   int i, run;
   memset(&d, 0, sizeof d);
   memset(in, 0, sizeof in);
   memset(din, 0, sizeof din);
   memset(poison, 0, sizeof poison);
   memset(want, 0, sizeof want);
+  memset(kept, 0, sizeof kept);
   if (!p || hir_program_error(p)[0]) {
     snprintf(err, 600, "build: %s", p ? hir_program_error(p) : "NULL program");
     hir_program_free(p);
@@ -413,6 +436,7 @@ static hir_status spmd_rank(int rank, void *user) {
     din[i] = to_backend(b, &in[i]);
   }
   for (i = 0; i < c->nout; i++) want[i] = shard(&c->out[i], hir_program_output(p, i), rank);
+  keep_outputs = platform->graph == 1 && ev->communicates && b && !b->host_memory;
   for (run = 0; run < (platform->graph ? 4 : 2); run++) { /* graphs: eager, captured, replayed, inputs moved */
     /* inputs moved before the last run; graph mode 1 keeps a communicating program where it was captured */
     for (i = 0; run == 3 && (!ev->communicates || platform->graph == 2) && i < c->nin; i++) {
@@ -431,7 +455,11 @@ static hir_status spmd_rank(int rank, void *user) {
           tfree(&poison[i]);
           poison[i] = r;
         }
-        out[i] = to_backend(b, &poison[i]);
+        if (keep_outputs && kept[i].data)
+          b->upload(b, kept[i].data, poison[i].data, (size_t)tnumel(&poison[i]) * hir_dtype_size(poison[i].dtype));
+        else
+          kept[i] = to_backend(b, &poison[i]);
+        out[i] = kept[i];
       }
     }
     if (hir_run(ev, din, c->nin, out, c->nout) != HIR_OK || hir_evaluator_sync(ev) != HIR_OK) {
@@ -454,15 +482,18 @@ static hir_status spmd_rank(int rank, void *user) {
       if (!c->prealloc && want[i].data) { /* evaluator-owned: same buffer every run */
         if (run == 0) first_addr[i] = out[i].data;
         else if (out[i].data != first_addr[i]) snprintf(err, 600, "%s: moved from %p to %p", what, first_addr[i], out[i].data);
+        if (ok) tpoison_owned(b, &out[i], din, c->nin);
       }
       if (c->prealloc && want[i].data) {
-        backend_free(b, &poison[i], &out[i]);
+        if (!keep_outputs) backend_free(b, &poison[i], &kept[i]), memset(&kept[i], 0, sizeof kept[i]);
         tfree(&poison[i]);
       }
       if (!ok) goto done;
     }
   }
-  if (platform->graph == 2 && !strstr(hir_program_plan(p), "graph: eager") && ev->ngraphs != 1)
+  if (platform->graph && ev->communicates && strstr(hir_program_plan(p), "graph: eager")) /* no fallback hides a comm's */
+    snprintf(err, 600, "graph mode ran eagerly: %.500s", hir_program_plan(p));
+  else if (platform->graph == 2 && !strstr(hir_program_plan(p), "graph: eager") && ev->ngraphs != 1)
     snprintf(err, 600, "graph mode 2 (staged) captured %d graphs; its arguments' copies stay put: want 1", ev->ngraphs);
 done:
   for (i = 0; i < c->nin; i++) {
@@ -470,6 +501,7 @@ done:
     tfree(&in[i]);
   }
   for (i = 0; i < c->nout; i++) {
+    if (kept[i].data) backend_free(b, &poison[i], &kept[i]);
     tfree(&want[i]);
     tfree(&poison[i]);
   }

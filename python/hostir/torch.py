@@ -28,7 +28,8 @@ A plan is lowered per input shape (hostir's cost model chooses pipeline or
 serial; set_options(tune=True) measures the candidates on the ranks
 instead) and kept. A CUDA graph captures a shape that has already run
 (torch.cuda.graph's warm-up runs do that); inside a capture, send/recv run
-on NCCL (copy-engine send/recv cannot be captured). Errors raise
+on NCCL (hostir captures its copy-engine send/recv in its own graph mode,
+not yet tried inside torch's captures). Errors raise
 hostir.Error with hostir's message.
 """
 import atexit
@@ -236,9 +237,10 @@ class _Group:
         self.copy_engine = bool(_lib.hx_comm_copy_engine(self.comm))
 
     def set_capturing(self, capturing):
-        """Inside a CUDA graph capture send/recv run on NCCL: the copy
-        engines' signals cannot be captured. Every rank captures the same
-        ops, so every rank switches alike."""
+        """Inside a CUDA graph capture send/recv run on NCCL (the copy
+        engines' captured path is not yet tried under torch's capture
+        modes). Every rank captures the same ops, so every rank switches
+        alike."""
         if self.copy_engine:
             code = _lib.hir_nccl_comm_set_copy_engine(self.comm, 0 if capturing else 1)
             if code:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make test-gpu: the GPU suite in one process (a thread per GPU; its pipelines
-# also as CUDA graphs), the copy engines between 2 processes on GPU 0 (and one
-# of them dying mid-exchange), then with one process per GPU under torchrun
+# also as CUDA graphs), the copy engines between 2 processes on GPU 0, eager
+# and captured (and one of them dying mid-exchange, and mid-replay), then with one process per GPU under torchrun
 # and mpirun (2 GPUs, and all when more) on the copy engines, two "hosts" by
 # NCCL_HOSTID, the caller's NCCL id and communicator, a dead peer (also during
 # a graph replay), a failing rank, the bootstrap's own tests, hostir.torch (the package
@@ -27,6 +27,7 @@ stage() { # name, command...
 stage "one process, $ngpu GPUs" "$bin"
 stage "copy engines between 2 processes on GPU 0 (CUDA IPC, no NCCL world)" "$bin" --ce-pair
 stage "a peer process gone during a copy-engine exchange" "$bin" --ce-pair --dead-peer
+stage "a peer process gone during a CUDA graph replay on the copy engines" "$bin" --ce-pair --dead-peer-replay
 sizes="2"; [ "$ngpu" -gt 2 ] && sizes="2 $ngpu"
 for n in $sizes; do
   [ "$n" -le "$ngpu" ] || continue
