@@ -482,6 +482,14 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
   const struct hir_tensor *input_shapes;
   int ninput_shapes;
   double gemm_flops_per_s, link_bytes_per_s, chunk_overhead_s, part_overhead_s;
+  /* P2P pipelines lowered as collective pipelines instead: the loop runs over
+     this many parts of every peer's chunk (cut as chunks_per_peer cuts),
+     each iteration one collective over the team (an allgather or a
+     reduce-scatter of that part of every chunk, staged through a contiguous
+     buffer where the part is strided) and the computation on it. For links
+     whose send/recv do not overlap the GEMMs (NCCL between hosts), and for
+     hir_tuner to compare. 0 or 1: P2P send/recv. */
+  int collective_chunks;
 } hir_stream_options;
 typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   int my_device;                    /* this rank's device id */
@@ -765,7 +773,8 @@ HIRDEF size_t      hir_evaluator_memory(const hir_evaluator *ev);  /* bytes of b
    programs on this rank (the fusion must outlive it). Its first run with
    new input shapes lowers the candidates - serial; P2P ring and linear with
    1, 2 and 4 parts a peer; 2 and 4 streams; bounded buffers as well when
-   memory_limit is set - checks each on these shapes, and times the ones
+   memory_limit is set; the P2P pipelines as collective pipelines of 2 and
+   4 parts - checks each on these shapes, and times the ones
    every rank accepts (warmup + iters runs, the ranks meeting before each
    timed one). A candidate whose outputs differ from serial's beyond the
    dtype's tolerance (relative to serial's largest value: f64 1e-9, f32
@@ -4850,6 +4859,8 @@ typedef struct hir__chain {
   int mesh_size, pos;
   hir_val *i, *chunk, *slot, *pos_val;
   int parts_per_peer;           /* P2P chains: each peer's chunk cut into this many parts, one an iteration */
+  int collective;               /* a P2P chain lowered as collectives (stream.collective_chunks): views keep the Stream axis */
+  const char *cut_option;       /* the option that cuts parts, for messages */
   hir_val *step, *part_index;   /* the iteration's peer step (i % D) and part (i / D) */
   unsigned char *cut_axis_of;   /* by tensor name: 0 unseen, else 2 + the axis a loop write cuts (1: none) */
   hir_tv *rs_slots;             /* the reduce-scatter's partials of the own chunk, a slot per mesh position */
@@ -4907,8 +4918,11 @@ static hir_tv *hir__slice_of(hir__chain *c, hir_tv *tv, int axis, hir_val *index
    buffer at its slot, anything else at the chunk. */
 static hir_tv *hir__chunk_view(hir__chain *c, hir_tv *tv, int axis) {
   hir_fusion *f = &c->p->ir;
-  const hir_id *id = tv->ids[axis];
-  hir_val *index = id->iter == HIR_BROADCAST ? hir__const(f, 0) : c->bounded[tv->name] ? c->slot : c->chunk;
+  const hir_id *id;
+  hir_val *index;
+  if (c->collective) return tv; /* every peer's chunk at once (a reduce-scatter's output: no Stream axis); parts only */
+  id = tv->ids[axis];
+  index = id->iter == HIR_BROADCAST ? hir__const(f, 0) : c->bounded[tv->name] ? c->slot : c->chunk;
   if (id->iter != HIR_BROADCAST && !c->bounded[tv->name] && id->extent != c->id->extent) { /* runs must check the sizes */
     hir__same_extent *x = (hir__same_extent *)hir__alloc(f, sizeof *x);
     if (!x) return NULL;
@@ -4943,15 +4957,15 @@ static int hir__same_cut(hir__chain *c, const hir_expr *e, const hir_tv *tv, int
   char why[200];
   if (c->parts_per_peer < 2) return 1;
   if (writes && axis < 0) {
-    snprintf(why, sizeof why, "chunks_per_peer = %d cuts the first axis after the Stream axis, and T%d has none; use "
-             "chunks_per_peer = 1", c->parts_per_peer, tv->name);
+    snprintf(why, sizeof why, "%s = %d cuts the first axis after the Stream axis, and T%d has none; use %s",
+             c->cut_option, c->parts_per_peer, tv->name, c->collective ? "P2P (collective_chunks = 0)" : "chunks_per_peer = 1");
     return hir__stream_fail(c->p, e, why);
   }
   if (writes && !*seen) *seen = (unsigned char)(axis + 2);
   if (!*seen || *seen == axis + 2) return 1;
-  snprintf(why, sizeof why, "with chunks_per_peer = %d, T%d would be cut along axis %d here and axis %d where it is "
-           "written, so this op would read parts not written yet; use chunks_per_peer = 1",
-           c->parts_per_peer, tv->name, axis, *seen - 2);
+  snprintf(why, sizeof why, "with %s = %d, T%d would be cut along axis %d here and axis %d where it is "
+           "written, so this op would read parts not written yet; use %s", c->cut_option,
+           c->parts_per_peer, tv->name, axis, *seen - 2, c->collective ? "P2P (collective_chunks = 0)" : "chunks_per_peer = 1");
   return hir__stream_fail(c->p, e, why);
 }
 
@@ -4959,15 +4973,19 @@ static int hir__same_cut(hir__chain *c, const hir_expr *e, const hir_tv *tv, int
    the loop body; in `scope` instead when given. */
 static hir_tv *hir__part_of(hir__chain *c, hir_scope *scope, hir_tv *view, int axis) {
   hir_expr *e;
+  hir_tv *part;
+  int i;
   if (!view || c->parts_per_peer < 2 || axis < 0) return view;
-  if (!scope) return hir__slice_of(c, view, axis, c->part_index, c->parts_per_peer);
-  e = hir__alias_view(&c->p->ir, view, axis, c->part_index, c->parts_per_peer);
-  return e && hir__append(scope, e) ? e->out[0] : NULL;
+  if (!scope) part = hir__slice_of(c, view, axis, c->part_index, c->parts_per_peer);
+  else part = (e = hir__alias_view(&c->p->ir, view, axis, c->part_index, c->parts_per_peer)) && hir__append(scope, e) ? e->out[0] : NULL;
+  for (i = 0; part && c->collective && i < part->ndims; i++) /* the loop is over parts: the view's chunks are all there */
+    if (part->ids[i]->ptype == HIR_STREAM) part->ids[i]->ptype = HIR_SERIAL;
+  return part;
 }
 
 /* tv's chunk view along `axis`, cut along `cut` (tv's numbering). */
 static hir_tv *hir__chunk_part(hir__chain *c, hir_tv *tv, int axis, int cut) {
-  return hir__part_of(c, NULL, hir__chunk_view(c, tv, axis), cut < 0 ? -1 : cut - (cut > axis));
+  return hir__part_of(c, NULL, hir__chunk_view(c, tv, axis), cut < 0 || c->collective ? cut : cut - (cut > axis));
 }
 
 /* e applied to other tensors (views). */
@@ -5027,9 +5045,17 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
   hir_fusion *f = &c->p->ir;
   hir_tv *ins[HIR__MAX_OPERANDS], *out, *slot;
   hir_expr *ite;
-  int s = hir__stream_axis(e->out[0]), cut = hir__cut_axis(e->out[0], s), k, j, moves = hir_expr_is_resharding(e);
+  int s = hir__stream_axis(e->out[0]), cut = s < -1 ? -1 : hir__cut_axis(e->out[0], s), k, j, moves = hir_expr_is_resharding(e);
   if (e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE || e->kind == HIR_EXPR_RESHAPE)
     return hir__stream_fail(c->p, e, "a select, slice or reshape is not computed chunk by chunk; give its output no Stream axis");
+  for (k = 0; c->collective && s < 0 && k < e->nin; k++) { /* a reduce-scatter's output has no Stream axis: cut where its input is */
+    int map[HIR_MAX_DIMS], in_s = hir__stream_axis(e->in[k]), in_cut = in_s >= 0 ? hir__cut_axis(e->in[k], in_s) : -1;
+    if (in_s < 0) continue;
+    hir__axis_map(e, k, map);
+    cut = in_cut >= 0 ? map[in_cut] : -1;
+    break;
+  }
+  moves = moves && !c->collective; /* collective mode: the evaluator stages strided parts */
   if (!hir__same_cut(c, e, e->out[0], cut, 1) || (moves && !hir__contiguous_chunks(c, e, e->out[0], s))) return 0;
   for (k = 0; k < e->nin; k++) {
     int map[HIR_MAX_DIMS], axis = -1, in_cut = -1;
@@ -5039,7 +5065,7 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
       if (cut >= 0 && map[j] == cut) in_cut = j;
     }
     if (!hir__same_cut(c, e, e->in[k], in_cut, 0) || (moves && !hir__contiguous_chunks(c, e, e->in[k], axis))) return 0;
-    if (axis >= 0 && hir__split_axis(e->in[k], axis)) {
+    if (axis >= 0 && hir__split_axis(e->in[k], axis) && !c->collective) {
       char why[320];
       snprintf(why, sizeof why, "it reads T%d chunk by chunk along its %s axis, of which each device holds one slice; "
                "only a set onto the same devices (a P2P allgather) or a sum over that axis (a P2P reduce-scatter), "
@@ -5050,7 +5076,7 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
     if (!ins[k]) return 0;
   }
   if (!(out = hir__chunk_part(c, e->out[0], s, cut))) return 0;
-  if (e->out[0] != c->rs_input_in_slots) return hir__append(c->body, hir__clone_onto(f, e, ins, out, s));
+  if (e->out[0] != c->rs_input_in_slots) return hir__append(c->body, hir__clone_onto(f, e, ins, out, c->collective ? -1 : s));
   if (!(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)) || !(slot = hir__rs_slot(c, &ite->body, c->pos_val))) return 0;
   ite->val = c->own_step;
   return hir__append(&ite->body, hir__clone_onto(f, e, ins, slot, s)) &&
@@ -5192,6 +5218,8 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   hir_expr *sync, *loop;
   int k, t, a;
   hir_id *id = c->id;
+  c->collective = c->p2p && c->opt->collective_chunks > 1; /* its exchanges become collectives: no P2P schedule */
+  if (c->collective) c->p2p = HIR__P2P_NONE;
   for (k = 0; c->p2p && k < c->n; k++) { /* what one loop cannot order alike on every rank */
     const hir_expr *x = c->exprs[k];
     int kind = hir__p2p_kind(x, &a);
@@ -5213,8 +5241,12 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   }
   c->i = c->step = hir__named(f, HIR_NAMED_STREAM_IDX);
   c->slot = hir__scalar(c, HIR_SCALAR_MOD, c->i, hir__named(f, HIR_NAMED_NUM_STREAMS));
-  c->parts_per_peer = c->p2p && c->opt->chunks_per_peer > 1 ? c->opt->chunks_per_peer : 1;
-  if (c->parts_per_peer > 1) { /* iteration i: step i % D, part i / D: every round of steps moves the first parts of all chunks */
+  c->cut_option = c->collective ? "collective_chunks" : "chunks_per_peer";
+  c->parts_per_peer = c->collective ? c->opt->collective_chunks : c->p2p && c->opt->chunks_per_peer > 1 ? c->opt->chunks_per_peer : 1;
+  if (c->collective) { /* iteration i: part i of every peer's chunk, moved by one collective */
+    c->part_index = c->i;
+    if (!(id = hir__new_id(f, hir__const(f, c->parts_per_peer), HIR_ITERATION, HIR_STREAM))) return 0;
+  } else if (c->parts_per_peer > 1) { /* iteration i: step i % D, part i / D: every round of steps moves the first parts of all chunks */
     hir_val *steps = hir__const(f, c->mesh_size), *n = hir__scalar(c, HIR_SCALAR_MUL, c->id->extent, hir__const(f, c->parts_per_peer));
     c->step = hir__scalar(c, HIR_SCALAR_MOD, c->i, steps);
     c->part_index = hir__scalar(c, HIR_SCALAR_DIV, c->i, steps);
@@ -5244,8 +5276,9 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   for (k = 0; k < c->n; k++) { /* the full buffers the loop writes into, allocated before it */
     const hir_expr *e = c->exprs[k];
     int s = hir__stream_axis(e->out[0]);
-    if (s < 0) continue;
-    if (c->opt->bounded_buffers && !e->out[0]->is_output && first[e->out[0]->name] >= at && last[e->out[0]->name] < at + c->n) {
+    if (s < 0 && !c->collective) continue; /* collectives: a reduce-scatter's output is written part by part too */
+    if (c->opt->bounded_buffers && !c->collective && !e->out[0]->is_output && first[e->out[0]->name] >= at &&
+        last[e->out[0]->name] < at + c->n) {
       /* only this loop uses it: numberOfStreams slices, slot k used on stream k only, so reuse is in order */
       const hir_id *id = e->out[0]->ids[s];
       hir_val *ns = hir__named(f, HIR_NAMED_NUM_STREAMS);
@@ -5267,7 +5300,7 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
       return 0;
   for (k = 0; k < c->n; k++) {
     const hir_expr *e = c->exprs[k];
-    int kind = hir__p2p_kind(e, &a), ok;
+    int kind = c->collective ? HIR__P2P_NONE : hir__p2p_kind(e, &a), ok;
     ok = kind == HIR__P2P_ALLGATHER ? hir__stream_allgather(c, e, a)
          : kind == HIR__P2P_REDUCE_SCATTER ? hir__stream_reduce_scatter(c, e, a)
                                            : hir__stream_op(c, e);
@@ -5303,9 +5336,11 @@ HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_opti
   if (f->status != HIR_OK) return f->status;
   memset(&defaults, 0, sizeof defaults);
   if (!opt) opt = &defaults;
-  if (opt->chunks_per_peer < 0 || opt->chunks_per_peer > 1024) {
-    hir__fail(f, HIR_ERR_INVALID, "stream lowering: chunks_per_peer is %d; give 1 to 1024 (0: one chunk per peer)",
-              opt->chunks_per_peer);
+  if (opt->chunks_per_peer < 0 || opt->chunks_per_peer > 1024 || opt->collective_chunks < 0 || opt->collective_chunks > 1024) {
+    hir__fail(f, HIR_ERR_INVALID, "stream lowering: %s is %d; give 1 to 1024 (0: %s)",
+              opt->chunks_per_peer < 0 || opt->chunks_per_peer > 1024 ? "chunks_per_peer" : "collective_chunks",
+              opt->chunks_per_peer < 0 || opt->chunks_per_peer > 1024 ? opt->chunks_per_peer : opt->collective_chunks,
+              opt->chunks_per_peer < 0 || opt->chunks_per_peer > 1024 ? "one chunk per peer" : "P2P send/recv");
     return f->status;
   }
   for (i = 0; i < f->inputs.n; i++) {
@@ -8941,6 +8976,7 @@ struct hir_evaluator {
   void **vars, **vars_ev;       /* stream variables ("Stream 0") and their events */
   void *current;
   void **team, **done;          /* by expr name: team handle; event recorded after it */
+  struct hir__staging *staging; /* by (expr name, stream track, in/out): contiguous copies of strided collective buffers */
   const hir_expr **epilogue;    /* by expr name: a linear's next op, done in its epilogue (hir__find_epilogues); and back */
   hir__env env;
   hir_tensor *slot;             /* by tensor name */
@@ -8980,6 +9016,11 @@ struct hir_evaluator {
 };
 
 enum { HIR__GRAPHS = 8 };
+typedef struct hir__staging {   /* a collective's strided buffer moves through this one */
+  void *data;
+  size_t bytes;
+} hir__staging;
+
 typedef struct hir__graph {
   hir_tensor *args;             /* the inputs and outputs as passed: a graph replays at their addresses and strides */
   unsigned long long *allocs;   /* and in their allocations, where the communicator says (hir_comm.allocation_of) */
@@ -9146,7 +9187,7 @@ static int hir__check_view(hir_evaluator *ev, const hir_expr *e) {
                ((const hir_tv *)ev->p->ir.inputs.items[input])->name, axis);
     return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSlice %d: T%d axis %d has size %lld%s which does not cut "
                         "into %d equal parts; give it a size that %d divides, or cut it into fewer parts "
-                        "(stream.chunks_per_peer)",
+                        "(stream.chunks_per_peer, or collective_chunks)",
                         e->name, e->in[0]->name, e->axis, (long long)a->sizes[k], from, e->parts, e->parts);
   } else {
     want.sizes[k] /= e->parts;
@@ -9761,12 +9802,35 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   }
 }
 
-static int hir__contiguous_buffer(hir_evaluator *ev, const hir_tensor *t, const hir_tv *tv, const hir_expr *e) {
+/* A collective moves whole buffers. A strided one (a part of every chunk,
+   stream.collective_chunks) moves through a contiguous buffer of the
+   evaluator's, one per (collective, stream, side), so iterations on other
+   streams never share it; *dense is that buffer, shaped as t (copied into
+   when `in`). Made in the first run of a shape, before any capture. */
+static int hir__staging_n(const hir_evaluator *ev) { return (ev->nexpr + 1) * (ev->nstreams + 1) * 2; }
+
+static int hir__contiguous_buffer(hir_evaluator *ev, const hir_tensor *t, const hir_expr *e, int in, hir_tensor *dense) {
+  size_t bytes = (size_t)hir__numel(t->ndims, t->sizes) * hir_dtype_size(t->dtype);
+  hir__staging *st;
+  hir_status s;
+  *dense = *t;
   if (hir__is_contiguous(t)) return 1;
-  return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED,
-                      "hir_run: %s %d moves T%d, a strided view; communications need contiguous buffers (slice "
-                      "the outermost axis)",
-                      hir__ops[e->kind].name, e->name, tv->name);
+  if (!ev->staging) {
+    if (!(ev->staging = (hir__staging *)HIR_MALLOC((size_t)hir__staging_n(ev) * sizeof *ev->staging)))
+      return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory");
+    memset(ev->staging, 0, (size_t)hir__staging_n(ev) * sizeof *ev->staging);
+  }
+  st = &ev->staging[((size_t)e->name * (size_t)(ev->nstreams + 1) + (size_t)ev->current_track) * 2 + (size_t)in];
+  if (st->bytes < bytes) {
+    if (st->data) ev->b->release(ev->b, st->data);
+    st->data = NULL;
+    st->bytes = 0;
+    if ((s = ev->b->alloc(ev->b, bytes, &st->data)) != HIR_OK) return hir__ev_backend(ev, s, e);
+    st->bytes = bytes;
+  }
+  dense->data = st->data;
+  hir__contiguous_strides(dense);
+  return !in || hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, dense, t), e);
 }
 
 /* Tells the communicator what this rank moves, for its messages when the
@@ -9814,12 +9878,16 @@ static int hir__exec_alltoall(hir_evaluator *ev, const hir_expr *e, const hir_te
 static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {
   hir_comm *c = ev->comm;
   void *team = ev->team[e->name];
-  const hir_tensor *in = NULL, *out = NULL;
-  int in_here = e->nin && hir__in_mesh(e->in[0], ev->device), out_here = e->nout && hir__in_mesh(e->out[0], ev->device);
+  const hir_tensor *in = NULL, *out = NULL, *given, *out_given = NULL;
+  hir_tensor in_dense, out_dense;
+  int writes, in_here = e->nin && hir__in_mesh(e->in[0], ev->device), out_here = e->nout && hir__in_mesh(e->out[0], ev->device);
   size_t es = hir_dtype_size(e->nin ? e->in[0]->dtype : e->out[0]->dtype), ni = 0, no = 0;
   hir_status s = HIR_OK;
-  if (in_here && (!(in = hir__get(ev, e->in[0], e)) || !hir__contiguous_buffer(ev, in, e->in[0], e))) return 0;
-  if (out_here && (!(out = hir__get_out(ev, e->out[0])) || !hir__contiguous_buffer(ev, out, e->out[0], e))) return 0;
+  if (in_here && (!(given = hir__get(ev, e->in[0], e)) || !hir__contiguous_buffer(ev, given, e, 1, &in_dense))) return 0;
+  if (in_here) in = &in_dense;
+  if (out_here && (!(out_given = hir__get_out(ev, e->out[0])) || !hir__contiguous_buffer(ev, out_given, e, 0, &out_dense)))
+    return 0;
+  if (out_here) out = &out_dense;
   if (in) ni = (size_t)hir__numel(in->ndims, in->sizes);
   if (out) no = (size_t)hir__numel(out->ndims, out->sizes);
   if (in || out) hir__comm_what(ev, in ? e->in[0] : e->out[0], in ? in : out);
@@ -9867,6 +9935,12 @@ static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {
     return hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: unknown collective %d", e->sub);
   }
   if (!hir__ev_comm(ev, s, e)) return 0;
+  writes = e->sub == HIR_COLL_GATHER || e->sub == HIR_COLL_REDUCE ? ev->device == e->root
+         : e->sub == HIR_COLL_SENDRECV                           ? e->team_size == 1 || ev->device != e->root
+                                                                 : 1;
+  if (out && writes && out->data != out_given->data &&
+      !hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, out_given, out), e)) /* a staged output, where this rank got it */
+    return 0;
   return hir__ev_backend(ev, ev->b->event_record(ev->b, ev->done[e->name], ev->current), e);
 }
 
@@ -9932,7 +10006,10 @@ static int hir__exec_p2p(hir_evaluator *ev, const hir_expr *e) {
   int64_t peer = hir__eval_val(&ev->env, e->val);
   size_t bytes;
   hir_status s;
-  if (!t || !hir__contiguous_buffer(ev, t, e->in[0], e)) return 0;
+  if (!t) return 0;
+  if (!hir__is_contiguous(t)) /* a receive completes later, in another call: no staging */
+    return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: %s %d moves T%d, a strided view; send/recv need contiguous "
+                        "buffers (slice the outermost axis)", hir__ops[e->kind].name, e->name, e->in[0]->name);
   bytes = (size_t)hir__numel(t->ndims, t->sizes) * hir_dtype_size(t->dtype);
   hir__comm_what(ev, e->in[0], t);
   ev->started_comm = 1;
@@ -10306,6 +10383,8 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
       if (ev->done[i]) ev->b->event_destroy(ev->b, ev->done[i]);
     hir__gpu_timeline_free(ev);
     if (ev->meet_buf) ev->b->release(ev->b, ev->meet_buf);
+    for (i = 0; ev->staging && i < hir__staging_n(ev); i++)
+      if (ev->staging[i].data) ev->b->release(ev->b, ev->staging[i].data);
     if (ev->owns_backend) hir_backend_free(ev->b);
   }
   HIR_FREE(ev->devices);
@@ -10317,6 +10396,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->vars_ev);
   HIR_FREE(ev->team);
   HIR_FREE(ev->done);
+  HIR_FREE(ev->staging);
   HIR_FREE(ev->epilogue);
   HIR_FREE(ev->env.sym);
   HIR_FREE(ev->env.sym_bound);
@@ -10339,6 +10419,7 @@ HIRDEF size_t hir_evaluator_memory(const hir_evaluator *ev) {
   size_t n = 0;
   int i;
   for (i = 0; ev && i < ev->nblocks; i++) n += ev->blocks[i].bytes;
+  for (i = 0; ev && ev->staging && i < hir__staging_n(ev); i++) n += ev->staging[i].bytes;
   return n;
 }
 
@@ -11058,11 +11139,12 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin
    a verdict against it anywhere drops it, and every rank picks the same
    fastest one. The choice is cached by the input shapes; at most
    HIR__TUNE_LIVE choices keep their program and buffers at once. */
-#define HOSTIR_VERSION "0.20"
+#define HOSTIR_VERSION "0.21"
 enum { HIR__TUNE_LIVE = 4, HIR__TUNE_MAX_CANDS = 64 }; /* each live choice holds its buffers and streams */
 
 typedef struct hir__cand {
   int serial;                   /* the fusion without its Stream axes */
+  int collective;               /* the P2P chains as collective pipelines of `parts` parts (stream.collective_chunks) */
   hir_p2p_schedule schedule;
   int parts, streams, bounded;
   int nccl_p2p;                 /* send/recv on NCCL, not the copy engines (hir_tuner.vary_p2p) */
@@ -11121,9 +11203,10 @@ static hir_status hir__tune_fail(hir_tuner *t, hir_status s, const char *fmt, ..
 }
 
 /* "serial", "p2p ring, 2 parts, 4 streams, bounded" (the plan's words), or
-   with file = 1 the saved form "serial" / "ring parts 2 streams 4 bounded 0". */
+   with file = 1 the saved form "serial" / "ring parts 2 streams 4 bounded 0"
+   ("collective parts 4 ...": collective pipelines). */
 static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t cap) {
-  const char *sched = c->schedule == HIR_P2P_RING ? "ring" : "linear";
+  const char *sched = c->collective ? "collective" : c->schedule == HIR_P2P_RING ? "ring" : "linear";
   int n;
   const char *nccl = c->nccl_p2p ? ", NCCL" : "";
   if (c->serial) return (size_t)(file ? snprintf(buf, cap, "serial nccl %d", c->nccl_p2p) : snprintf(buf, cap, "serial%s", nccl));
@@ -11135,7 +11218,8 @@ static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t 
 }
 
 /* The candidates, serial first (the reference): ring and linear, 1, 2 and 4
-   parts a peer, 2 and 4 streams, and bounded buffers under a memory limit.
+   parts a peer, 2 and 4 streams, and bounded buffers under a memory limit;
+   collective pipelines of 2 and 4 parts on 2 and 4 streams.
    Options that do not apply to a fusion lower to the same program as
    another candidate, and are timed once. In graph mode on copy-engine
    send/recv (hir_tuner.vary_p2p), each pipeline is also timed with its
@@ -11158,6 +11242,13 @@ static int hir__candidates(const hir_tuner *t, hir__cand *c) {
             c[n].nccl_p2p = nccl;
             c[n++].bounded = b;
           }
+  for (p = 1; p < 3; p++)
+    for (k = 0; k < 2; k++) {
+      c[n].collective = 1;
+      c[n].parts = parts[p];
+      c[n].streams = streams[k];
+      c[n++].nccl_p2p = t->vary_p2p; /* no send/recv: NCCL's path, as serial's */
+    }
   return n;
 }
 
@@ -11184,7 +11275,8 @@ static hir_status hir__cand_lower(hir_tuner *t, const hir__cand *c, hir_program 
   d.stream.automatic = 0;
   d.stream.serial = c->serial;
   d.stream.schedule = c->schedule;
-  d.stream.chunks_per_peer = c->parts;
+  d.stream.chunks_per_peer = c->collective ? 1 : c->parts;
+  d.stream.collective_chunks = c->collective ? c->parts : 0;
   d.stream.bounded_buffers = c->bounded;
   if ((s = hir_lower(t->f, &d, p)) != HIR_OK) return s;
   return hir__cand_evaluator(t, c, *p, ev);
@@ -11704,12 +11796,13 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
 
 /* ---- saved plans: a text file ----
        hostir tuning plans 1
-       version 0.20
+       version 0.21
        machine NVIDIA H200, 2 ranks, copy-engine send/recv
        fusion 3f2a9c0d11e4b7a5
        plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 nccl 0 | 0.112
    One plan a line: the inputs (count, then each one's dtype, rank and
-   sizes), the choice (nccl 1: its send/recv on NCCL, in graph mode), its
+   sizes), the choice (ring, linear or collective; nccl 1: its send/recv on
+   NCCL, in graph mode), its
    time in ms. A file made by another hostir version, on another machine or
    for another fusion is refused by name. */
 HIRDEF hir_status hir_tuner_save(const hir_tuner *t, FILE *f) {
@@ -11759,10 +11852,10 @@ static int hir__parse_plan(const char *line, int64_t *key, int cap, int *nkey, h
   if (sscanf(p, " | serial nccl %d | %lf", &c->nccl_p2p, ms) == 2) c->serial = 1, c->parts = c->streams = 1;
   else if (sscanf(p, " | %15s parts %d streams %d bounded %d nccl %d | %lf", sched, &c->parts, &c->streams, &c->bounded,
                   &c->nccl_p2p, ms) != 6 ||
-           (strcmp(sched, "ring") && strcmp(sched, "linear")) || c->parts < 1 || c->parts > 64 || c->streams < 1 ||
-           c->streams > 64 || (c->bounded != 0 && c->bounded != 1))
+           (strcmp(sched, "ring") && strcmp(sched, "linear") && strcmp(sched, "collective")) || c->parts < 1 || c->parts > 64 ||
+           c->streams < 1 || c->streams > 64 || (c->bounded != 0 && c->bounded != 1))
     return 0;
-  else c->schedule = strcmp(sched, "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING;
+  else c->schedule = strcmp(sched, "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING, c->collective = !strcmp(sched, "collective");
   if (c->nccl_p2p != 0 && c->nccl_p2p != 1) return 0;
   *nkey = n;
   return 1;

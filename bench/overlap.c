@@ -7,6 +7,9 @@
      collective    the A rows split into `chunks` Stream chunks, one
                    collective and one GEMM per chunk (nvFuser's AG_matmul and
                    matmul_RS_through_bcast)
+     p2p as collectives  the p2p fusion lowered as the collective pipeline
+                   (stream.collective_chunks): the same chunks, the p2p
+                   fusion's layout, strided parts staged
      p2p linear    a chunk per peer, send/recv instead of collectives,
                    each chunk cut into `parts` (stream.chunks_per_peer)
      p2p ring      the same, each rank starting with its ring neighbour
@@ -14,8 +17,9 @@
                    engines: hir_nccl_world_set_copy_engine)
      bounded       the p2p ring with bounded buffers (numberOfStreams slices
                    of the gathered tensor instead of D)
-     automatic     the p2p fusion through hir_tuner: serial and the p2p
-                   schedules measured on every rank, the fastest agreed
+     automatic     the p2p fusion through hir_tuner: serial, the p2p
+                   schedules and the p2p fusion as collectives measured on
+                   every rank, the fastest agreed
                    (--memory-limit MiB caps a candidate's buffers); the
                    tuning's own time is printed beside it
 
@@ -65,9 +69,9 @@
 enum { MAXR = 8, MAXIT = 100, MAXCFG = 96 };
 
 typedef enum { AG, RS } pattern;
-typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_LINEAR, P2P_RING, AUTO } pipeline;
-static const char *pipeline_names[] = {"comm alone", "GEMM alone", "serial", "collective", "p2p linear", "p2p ring",
-                                       "automatic (tuned"};
+typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_AS_COLLECTIVES, P2P_LINEAR, P2P_RING, AUTO } pipeline;
+static const char *pipeline_names[] = {"comm alone", "GEMM alone", "serial", "collective", "p2p as collectives", "p2p linear",
+                                       "p2p ring", "automatic (tuned"};
 
 typedef struct config {
   pipeline pipe;
@@ -438,6 +442,7 @@ static hir_status run_rank(int rank, void *user) {
   ld.stream.schedule = B->cfg.pipe == P2P_RING ? HIR_P2P_RING : HIR_P2P_LINEAR;
   ld.comm = comm;
   ld.stream.chunks_per_peer = B->cfg.parts;
+  ld.stream.collective_chunks = B->cfg.pipe == P2P_AS_COLLECTIVES ? B->cfg.chunks : 0;
   ld.stream.bounded_buffers = B->cfg.bounded;
   memset(&ed, 0, sizeof ed);
   ed.backend = be;
@@ -687,7 +692,7 @@ static void config_name(const config *c, char *buf, size_t cap) {
 }
 
 static void config_base_name(const config *c, char *buf, size_t cap) {
-  if (c->pipe == COLLECTIVE)
+  if (c->pipe == COLLECTIVE || c->pipe == P2P_AS_COLLECTIVES)
     snprintf(buf, cap, "%s, %d chunks, %d streams", pipeline_names[c->pipe], c->chunks, c->streams);
   else if (c->pipe == AUTO)
     snprintf(buf, cap, "%s%s)", pipeline_names[c->pipe], c->copy_engine ? ", copy eng." : "");
@@ -715,8 +720,11 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0, 1, 0, 0};
   cfgs[n++] = (config){SERIAL, 1, 1, 0, 1, 0, 0}; /* first of the checked ones: their reference */
   for (i = 0; i < nchunks; i++)
-    for (j = 0; j < nstreams && n < MAXCFG; j++)
-      if (m % chunks[i] == 0) cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1, 0, 0};
+    for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
+      if (m % chunks[i] == 0) {
+        cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1, 0, 0};
+        cfgs[n++] = (config){P2P_AS_COLLECTIVES, chunks[i], streams[j], 0, 1, 0, 0}; /* the same, on the p2p fusion's layout */
+      }
   for (ce = 0; ce <= B->gpu; ce++)
     for (i = P2P_LINEAR; i <= P2P_RING; i++)
       for (k = 0; k < nparts; k++)

@@ -268,7 +268,7 @@ typedef struct test_platform {
   hir_comm *(*comm)(void *w, int rank);
   hir_backend *(*backend)(int rank);   /* NULL: the evaluator's own CPU backend */
   hir_status (*run)(int n, hir_status (*fn)(int rank, void *user), void *user);
-  int p2p_only;                        /* its communicator has send/recv and no collectives */
+  int p2p_only;                        /* its communicator has send/recv and an allgather, no other collective */
   int graph;                           /* evaluators in graph mode (hir_eval_desc.graph): runs captured, replayed, inputs
                                           moved (mode 1: unless the program communicates; it stays where captured) */
 } test_platform;

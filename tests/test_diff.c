@@ -380,6 +380,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   p->ld.stream.bounded_buffers = diff_next(r, 2);
   p->ld.stream.chunks_per_peer = 1 + diff_next(r, 2);
   p->nstreams = 1 + diff_next(r, 4);
+  p->ld.stream.collective_chunks = diff_next(r, 4) ? 0 : 2; /* one program in four: P2P pipelines as collectives */
   return hir_fusion_status(p->f) == HIR_OK;
 }
 
@@ -475,8 +476,9 @@ static int diff_one(uint64_t seed, int *how) {
     if (!ok || getenv("HIR_DIFF_SEED")) {
       hir_fusion_snprint(x.f, text, sizeof text);
       if (x.rows) fprintf(stderr, "  diff: a %d x %d mesh\n", x.rows, x.cols);
-      fprintf(stderr, "  diff: seed %llu: world %d, %s, bounded %d, %d parts, %d streams\n%s", (unsigned long long)seed, x.world,
-              x.ld.stream.schedule ? "ring" : "linear", x.ld.stream.bounded_buffers, x.ld.stream.chunks_per_peer, x.nstreams, text);
+      fprintf(stderr, "  diff: seed %llu: world %d, %s, bounded %d, %d parts, %d collective parts, %d streams\n%s",
+              (unsigned long long)seed, x.world, x.ld.stream.schedule ? "ring" : "linear", x.ld.stream.bounded_buffers,
+              x.ld.stream.chunks_per_peer, x.ld.stream.collective_chunks, x.nstreams, text);
       fprintf(stderr, "  whole sizes:");
       for (i = 0; i < x.ntv; i++) {
         int a;

@@ -252,18 +252,22 @@ static hir_fusion *mesh2d_ag_gemm(int s, int mode, hir_tv **tv, hir_tensor *in, 
    C kept split), and the GEMM+RS mirror as a sum (mode 2: x = -a [R, C, G,
    m] computed chunk by chunk along G, summed over C along the row into [R,
    G, m], G = C split DIDx, each chunk's partial sent to its owner). Ring
-   and linear schedules, 1 and 2 parts a peer. AllgatherOverlapTest and
+   and linear schedules, 1 and 2 parts a peer, and as collective pipelines
+   per team (stream.collective_chunks, 2 parts). AllgatherOverlapTest and
    ReduceScatterOverlapTest per team. */
 TEST(test_mesh2d_p2p, "mesh2d/p2p_pipelines", TEST_CPU | TEST_GPU_WORLDS) {
-  int s, mode, devs[MAXR], one = 1;
+  int s, mode, coll, devs[MAXR], one = 1;
   for (s = 0; s < 8; s++)
-    for (mode = 0; mode < 3; mode++) {
+    for (mode = 0; mode < 3; mode++)
+      for (coll = 0; coll < 2; coll++) {
       int R = mesh_shapes[s][0], C = mesh_shapes[s][1];
       int64_t m = 2, sx[4] = {R, C, C, m}, sr[3] = {R, C, m}, r, c, g;
       lowered_case lc;
       spmd_case sc;
       hir_fusion *f;
       hir_tv *tv[3];
+      if (coll && (s == 4 || s == 5 || s == 7 || (platform->p2p_only && mode == 2) || (mode == 1 && C == 1)))
+        continue; /* no RS on a P2P-only world; down a column of a one-column mesh the cut axis is C, of size 1 */
       case_init(&sc, R * C);
       if (mode < 2) {
         f = mesh2d_ag_gemm(s, mode, tv, sc.in, &sc.out[0]);
@@ -296,13 +300,16 @@ TEST(test_mesh2d_p2p, "mesh2d/p2p_pipelines", TEST_CPU | TEST_GPU_WORLDS) {
       lc.f = f;
       lc.d.stream.schedule = s & 1 ? HIR_P2P_RING : HIR_P2P_LINEAR;
       lc.d.stream.chunks_per_peer = 1 + (s / 2) % 2;
+      lc.d.stream.collective_chunks = coll ? 2 : 0;
       sc.build = build_lowered_with;
       sc.user = &lc;
       sc.nout = 1;
       sc.tol = 1e-12;
       sc.prealloc = s & 1;
       sc.nstreams = 1 + s % 3;
-      RUN_CASE(&sc, mode == 0 ? "mesh2d_p2p_allgather_rows" : mode == 1 ? "mesh2d_p2p_allgather_columns" : "mesh2d_p2p_reduce_scatter_rows");
+      RUN_CASE(&sc, mode == 0 ? (coll ? "mesh2d_collective_allgather_rows" : "mesh2d_p2p_allgather_rows")
+                    : mode == 1 ? (coll ? "mesh2d_collective_allgather_columns" : "mesh2d_p2p_allgather_columns")
+                                : (coll ? "mesh2d_collective_reduce_scatter_rows" : "mesh2d_p2p_reduce_scatter_rows"));
       { /* every rank's program: P2P on a mesh of 4, in the device's own team; the schedules match across ranks */
         hir_program *progs[MAXR] = {NULL};
         char buf[16384], msg[512];
@@ -313,7 +320,10 @@ TEST(test_mesh2d_p2p, "mesh2d/p2p_pipelines", TEST_CPU | TEST_GPU_WORLDS) {
           CHECK(hir_lower(f, &d, &progs[r]) == HIR_OK);
         }
         hir_program_snprint(progs[3 % (R * C)], buf, sizeof buf);
-        CHECK(R * C != 4 || (strstr(buf, "P2PCommunication") != NULL && strstr(buf, "team=(") == NULL)); /* no collective */
+        if (coll) /* collectives in the loop, each over the device's own team (a row or a column of 2), no send/recv */
+          CHECK(R * C != 4 || (strstr(buf, "P2PCommunication") == NULL && strstr(buf, "team=(") != NULL && strstr(buf, "FOR StreamIdx in iStreamIdx")));
+        else
+          CHECK(R * C != 4 || (strstr(buf, "P2PCommunication") != NULL && strstr(buf, "team=(") == NULL)); /* no collective */
         CHECK(hir_verify_schedule(progs, R * C, 1 + s % 3, msg, sizeof msg) == HIR_OK);
         for (r = 0; r < R * C; r++) hir_program_free(progs[r]);
       }

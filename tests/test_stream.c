@@ -252,7 +252,10 @@ static void seed_data(spmd_case *c, const char *which, int D) {
 /* Every stream-lowered seed, plus the GEMM + P2P reduce-scatter, gives the
    right numbers for both schedules, with and without bounded buffers, with
    1..4 streams, on worlds of 1, 2, 3, 4 and 8 (and a mesh {3 1 7 5}); the
-   P2P GEMMs also with each peer's 3 rows cut into 3 parts. */
+   P2P GEMMs also with each peer's 3 rows cut into 3 parts, and the P2P
+   seeds as collective pipelines (stream.collective_chunks: an allgather
+   or reduce-scatter of one row of every peer's chunk an iteration, staged
+   through a contiguous buffer). */
 TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
   static const char *names[] = {"SingleSetOp", "TwoSetOps", "ThreeSetOps", "Allgather", "Allreduce", "ReduceScatter",
                                 "AG_matmul", "AllgatherP2p", "AG_matmul_P2p", "matmul_AR", "matmul_RS_through_bcast", "matmul_RS_p2p",
@@ -267,8 +270,8 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
       for (ring = 0; ring < 2; ring++)
         for (bounded = 0; bounded < 2; bounded++)
           for (ns = 1; ns <= 4; ns++)
-            for (cut = 1; cut <= 3; cut += 2) {
-            int D = wi < 5 ? worlds[wi] : 4, world = wi < 5 ? D : 8;
+            for (cut = 1; cut <= 5; cut += 2) {
+            int D = wi < 5 ? worlds[wi] : 4, world = wi < 5 ? D : 8, collective = cut == 5;
             const int *mesh = wi < 5 ? iota_mesh : odd;
             char what[160];
             lowered_case lc;
@@ -277,13 +280,16 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
             if (wi == 5 && k < 3) continue; /* single-device seeds: no mesh */
             if (platform->p2p_only && k != 7 && k != 8 && k < 11) continue;
             if (ns > 2 && (wi == 1 || wi == 3)) continue; /* keep the matrix small: 3-4 streams on 1, 3, 8 and the odd mesh */
-            if (cut > 1 && k != 8 && k < 11) continue;      /* cut: the P2P GEMMs */
+            if (cut == 3 && k != 8 && k < 11) continue;      /* cut: the P2P GEMMs */
+            if (collective && ((platform->p2p_only && k != 7 && k != 8) || (k != 7 && k != 8 && k < 11) || ring || bounded))
+              continue; /* a P2P-only world still has the allgather its shape check uses */
             fns[k](&s, hir_fusion_create(), D, mesh);
             memset(&lc, 0, sizeof lc);
             lc.f = s.f;
             lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
             lc.d.stream.bounded_buffers = bounded;
-            lc.d.stream.chunks_per_peer = cut;
+            lc.d.stream.chunks_per_peer = collective ? 1 : cut;
+            lc.d.stream.collective_chunks = collective ? (k == 7 ? 5 : 3) : 0; /* what the cut axis divides into */
             case_init(&c, world);
             c.nstreams = ns;
             c.tol = 1e-4;
@@ -291,8 +297,9 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
             c.build = build_lowered_with;
             c.user = &lc;
             seed_data(&c, names[k], D);
-            snprintf(what, sizeof what, "%s (%s%s%s, mesh %s)", names[k], ring ? "ring" : "linear", bounded ? ", bounded" : "",
-                     cut > 1 ? ", 3 parts per peer" : "", wi < 5 ? "0..D-1" : "{3 1 7 5}");
+            snprintf(what, sizeof what, "%s (%s%s%s, mesh %s)", names[k], collective ? "collectives" : ring ? "ring" : "linear",
+                     bounded ? ", bounded" : "", cut == 3 ? ", 3 parts per peer" : collective ? ", a row a part" : "",
+                     wi < 5 ? "0..D-1" : "{3 1 7 5}");
             RUN_CASE(&c, what);
             hir_fusion_free(s.f);
             runs++;

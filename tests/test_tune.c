@@ -162,7 +162,8 @@ TEST(test_tune_agree_and_cache, "tune/agree_cache_save_load", TEST_CPU) {
   CHECK(hir_spmd(3, tune_rank, &x) == HIR_OK);
   for (r = 0; r < 3; r++) {
     if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && x.kept_program[r] && x.entries[r] == 1 &&
-               !strncmp(x.plan[r], "tuned on 3 ranks", 16) && strstr(x.plan[r], "serial") && same_choice(x.plan[r], x.plan[0])))
+               !strncmp(x.plan[r], "tuned on 3 ranks", 16) && strstr(x.plan[r], "serial") && same_choice(x.plan[r], x.plan[0]) &&
+               strstr(x.plan[r], "; ring, 2 parts, 2 streams ") && strstr(x.plan[r], "; collective, 4 parts, 4 streams ")))
       fprintf(stderr, "  rank %d: %s, max err %g, kept %d: %s %s\n", r, hir_status_str(x.st[r]), x.worst[r], x.kept_program[r],
               x.plan[r], x.err[r]);
   }
@@ -220,6 +221,17 @@ TEST(test_tune_refusals, "tune/saved_plan_refusals", TEST_CPU) {
     if (!EXPECT(x.st[r] == HIR_ERR_INVALID && strstr(x.err[r], "saved plans differ") && strstr(x.err[r], "ring") &&
                strstr(x.err[r], "linear")))
       fprintf(stderr, "  rank %d: %s: %s\n", r, hir_status_str(x.st[r]), x.err[r]);
+  for (r = 0; r < 3; r++) { /* a saved collective pipeline (4 parts of each peer's 4 rows): run as chosen, right numbers */
+    fclose(x.load[r]);
+    x.load[r] = tmpfile();
+    snprintf(text, sizeof text, "hostir tuning plans 1\nversion %s\nmachine cpu, 3 ranks\n%s\nplan 2 | float 3 1 4 8 | float 2 8 6 | "
+             "collective parts 4 streams 2 bounded 0 nccl 0 | 1.0\n", HOSTIR_VERSION, fusion_line);
+    fputs(text, x.load[r]);
+  }
+  CHECK(hir_spmd(3, tune_loaded_rank, &x) == HIR_OK);
+  for (r = 0; r < 3; r++)
+    if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && strstr(x.plan[r], "collective, 4 parts, 2 streams")))
+      fprintf(stderr, "  rank %d: %s: %s %s\n", r, hir_status_str(x.st[r]), x.plan[r], x.err[r]);
   tune_end(&x);
 }
 
@@ -238,7 +250,7 @@ TEST(test_tune_memory_limit, "tune/memory_limit", TEST_CPU) {
   for (r = 0; r < 4; r++)
     if (!EXPECT(x.st[r] == HIR_ERR_NOMEM && strstr(x.err[r], "over the limit of 1") && !strcmp(x.err[r], x.err[0])))
       fprintf(stderr, "  rank %d: %s: %s\n", r, hir_status_str(x.st[r]), x.err[r]);
-  x.memory_limit = unbounded - 1; /* under the gathered A: only bounded buffers (2 streams: half of it) fit */
+  x.memory_limit = 4 * 8 * 16 * 4 - 1; /* under the gathered A: only bounded buffers (2 streams: half of it) fit */
   hir_local_world_free(x.w);
   x.w = hir_local_world_create(4);
   CHECK(hir_spmd(4, tune_rank, &x) == HIR_OK);

@@ -308,11 +308,13 @@ class Fusion:
         return _text(_lib.hir_fusion_snprint, self._h)
 
     def lower(self, device=0, schedule="linear", parts=0, bounded=False, serial=False):
-        """The host program of one device (hir_lower)."""
-        if schedule not in ("linear", "ring"):
-            raise Error("invalid argument", "lower: schedule %r; give 'linear' or 'ring'" % (schedule,))
+        """The host program of one device (hir_lower). schedule "collective":
+        P2P pipelines as collective pipelines of `parts` parts."""
+        schedules = ("linear", "ring", "collective")
+        if schedule not in schedules:
+            raise Error("invalid argument", "lower: schedule %r; give 'linear', 'ring' or 'collective'" % (schedule,))
         out = ctypes.c_void_p()
-        code = _lib.hx_lower(self._h, device, schedule == "ring", parts, int(bounded), int(serial), 0, None, None, 0,
+        code = _lib.hx_lower(self._h, device, schedules.index(schedule), parts, int(bounded), int(serial), 0, None, None, 0,
                              ctypes.byref(out))
         prog = Program(out.value)
         if code:

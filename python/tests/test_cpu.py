@@ -247,6 +247,9 @@ class CpuTests(unittest.TestCase):
             text = str(hostir.ag_matmul_fusion(D, nb=2).lower(device=D - 1, schedule="ring"))
             self.assertEqual(text.count("FOR StreamIdx"), 2, text)  # the streams' fork, then one pipeline
             self.assertEqual(text.count("= matmul("), 2)
+            text = str(hostir.ag_matmul_fusion(D, nb=2).lower(device=D - 1, schedule="collective", parts=3))
+            self.assertEqual(text.count("type=Allgather"), D > 1, text)  # one allgather of a part a pipeline step
+            self.assertNotIn("P2PCommunication", text)
             f = hostir.Fusion()  # the same with A's rows split by D (each split axis has an extent of its own)
             a, b1, b2 = f.input("float32", 2), f.input("float32", 2), f.input("float32", 2)
             g = f.output(f.set(a))
@@ -258,12 +261,12 @@ class CpuTests(unittest.TestCase):
             for t in [g] + cs:
                 t.parallelize(0, "Stream")
             self.assertEqual(str(f.lower(device=0, schedule="ring")).count("FOR StreamIdx"), 2)
-            for schedule in ("linear", "ring"):
+            for schedule in ("linear", "ring", "collective"):  # collective: 3 parts, an allgather (reduce-scatter) each
                 m, K = 3, 8
                 A = rng.standard_normal((D * m, K)).astype(np.float32)
                 B1, B2 = rng.standard_normal((K, 5)).astype(np.float32), rng.standard_normal((K, 7)).astype(np.float32)
                 outs = hostir.run(hostir.ag_matmul_fusion(D, nb=2), [[A[r * m:(r + 1) * m][None], B1, B2] for r in range(D)],
-                                  schedule=schedule, streams=2)
+                                  schedule=schedule, streams=2, parts=3 if schedule == "collective" else 0)
                 for gathered, c1, c2 in outs:
                     np.testing.assert_allclose(gathered.reshape(D * m, K), A)
                     np.testing.assert_allclose(c1.reshape(D * m, 5), A @ B1, rtol=1e-5, atol=1e-5)
@@ -273,7 +276,7 @@ class CpuTests(unittest.TestCase):
                 B = rng.standard_normal((k * D, 5)).astype(np.float32)
                 outs = hostir.run(hostir.matmul_rs_fusion(D),
                                   [[A[:, r * k:(r + 1) * k].reshape(1, D, M // D, k), B[None, r * k:(r + 1) * k]] for r in range(D)],
-                                  schedule=schedule, streams=2)
+                                  schedule=schedule, streams=2, parts=2 if schedule == "collective" else 0)
                 for r in range(D):
                     np.testing.assert_allclose(outs[r][0].reshape(M // D, 5), (A @ B)[r * M // D:(r + 1) * M // D],
                                                rtol=1e-5, atol=1e-5)
@@ -293,7 +296,7 @@ class CpuTests(unittest.TestCase):
         self.assertIn("float32", str(e.exception))
         with self.assertRaises(hostir.Error) as e:
             ag_matmul(2).lower(schedule="spiral")
-        self.assertIn("'linear' or 'ring'", str(e.exception))
+        self.assertIn("'linear', 'ring' or 'collective'", str(e.exception))
 
 
 if __name__ == "__main__":
