@@ -1022,7 +1022,7 @@ typedef struct hir_nccl__ce_import {
    of the graphs, which CUDA runs on a thread of its own once a graph is
    destroyed, so counted references and atomics. */
 typedef struct hir_nccl__ce_graphs {
-  int refs, nlocal;
+  int refs;
   int export_graphs[HIR_NCCL__CE_EXPORTS];
   unsigned char used[1];             /* [sender index][GRAPH_WORDS] */
 } hir_nccl__ce_graphs;
@@ -1183,7 +1183,6 @@ static int hir_nccl__ce_attach(hir_nccl__ce *ce, unsigned char *block, int segme
     return 0;
   }
   ce->graphs->refs = 1;
-  ce->graphs->nlocal = nlocal;
   {
     char state;
     unsigned long long started = 0;
@@ -2008,9 +2007,11 @@ static hir_status hir_nccl__ce_graph_words(hir_comm *c, int peer, cudaGraph_t gr
     if (__atomic_compare_exchange_n(&used[k], &no, (unsigned char)1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) break;
     else no = 0;
   if (k == HIR_NCCL__CE_GRAPH_WORDS) {
+    char detail[160];
+    snprintf(detail, sizeof detail, "more than %d receives from one peer are held by CUDA graphs at once; free graphs "
+             "(evaluators) that are no longer replayed", HIR_NCCL__CE_GRAPH_WORDS);
     slot->graph_word = -2;
-    return hir_nccl__ce_fail(c, HIR_ERR_UNSUPPORTED, "a captured receive", "more than 512 receives from one peer are held by "
-                             "CUDA graphs at once; free graphs (evaluators) that are no longer replayed");
+    return hir_nccl__ce_fail(c, HIR_ERR_UNSUPPORTED, "a captured receive", detail);
   }
   if (!(h = (hir_nccl__ce_held *)malloc(sizeof *h))) {
     used[k] = 0;
