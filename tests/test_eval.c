@@ -1069,6 +1069,88 @@ TEST(test_eval_graph_staged, "eval/graph_staged_arguments", TEST_CPU) {
   hir_fusion_free(f);
 }
 
+/* Graph mode 1 on a communicator whose captured receives write into the
+   peers' allocations (hir_comm.allocation_of, as between processes on copy
+   engines): the same output address in a new allocation is a move, refused
+   on every rank; the same allocation replays. A local world of 2 with a
+   backend whose graphs launch nothing (only the refusal is checked). */
+static unsigned long long alloc_id[2];
+static unsigned long long fake_allocation_of(hir_comm *c, const void *ptr) { return ptr ? alloc_id[c->rank] : 0; }
+static hir_status noop_graph_begin(hir_backend *b) { return (void)b, HIR_OK; }
+static hir_status noop_graph_end(hir_backend *b, void **graph) {
+  (void)b;
+  *graph = alloc_id;
+  return HIR_OK;
+}
+static hir_status noop_graph_launch(hir_backend *b, void *graph) { return (void)b, (void)graph, HIR_OK; }
+typedef struct alloc_case {
+  hir_local_world *w;
+  hir_fusion *f;
+  pthread_barrier_t between;      /* the graphs launch nothing: the ranks keep in step by this instead */
+  hir_tensor in[2], out[2];       /* made before the ranks' threads start */
+  hir_status st[2][4];
+  char err[2][400];
+} alloc_case;
+static hir_status alloc_rank(int rank, void *user) {
+  alloc_case *x = (alloc_case *)user;
+  hir_comm *c = hir_local_comm(x->w, rank);
+  hir_backend *be = hir_backend_cpu_create();
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  int run, made;
+  c->capturable = 1;
+  c->allocation_of = fake_allocation_of;
+  be->graph_begin = noop_graph_begin;
+  be->graph_end = noop_graph_end;
+  be->graph_launch = noop_graph_launch;
+  be->graph_destroy = fake_graph_destroy;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  ld.my_device = rank;
+  ed.backend = be;
+  ed.comm = c;
+  ed.graph = 1;
+  ed.timeout_ms = 20000;
+  made = hir_lower(x->f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK;
+  for (run = 0; run < 4; run++) { /* eager, captured, replayed, then the output "reallocated" at its address */
+    alloc_id[rank] = run < 3 ? 7 : 8;
+    pthread_barrier_wait(&x->between);
+    x->st[rank][run] = made ? hir_run(ev, &x->in[rank], 1, &x->out[rank], 1) : HIR_ERR_INVALID;
+    if (x->st[rank][run] == HIR_OK) x->st[rank][run] = hir_evaluator_sync(ev);
+  }
+  snprintf(x->err[rank], sizeof x->err[rank], "%.399s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(be);
+  return HIR_OK;
+}
+TEST(test_eval_graph_allocation, "eval/graph_new_allocation_refused", TEST_CPU) {
+  alloc_case x;
+  int mesh[2] = {0, 1}, r;
+  int64_t si[2] = {1, 8}, so[2] = {2, 8};
+  seed sd;
+  memset(&x, 0, sizeof x);
+  for (r = 0; r < 2; r++) x.in[r] = trand(HIR_F32, 2, si), x.out[r] = tn(HIR_F32, 2, so);
+  seed_allgather_p2p(&sd, hir_fusion_create(), 2, mesh);
+  x.f = sd.f;
+  x.w = hir_local_world_create(2);
+  hir_local_world_set_timeout(x.w, 20000);
+  pthread_barrier_init(&x.between, NULL, 2);
+  CHECK(hir_spmd(2, alloc_rank, &x) == HIR_OK);
+  pthread_barrier_destroy(&x.between);
+  for (r = 0; r < 2; r++) {
+    CHECK(x.st[r][0] == HIR_OK && x.st[r][1] == HIR_OK && x.st[r][2] == HIR_OK);
+    if (x.st[r][2] != HIR_OK || x.st[r][3] != HIR_ERR_INVALID)
+      fprintf(stderr, "  rank %d: %d %d %d %d: %s\n", r, x.st[r][0], x.st[r][1], x.st[r][2], x.st[r][3], x.err[r]);
+    CHECK(x.st[r][3] == HIR_ERR_INVALID && strstr(x.err[r], "new allocation at its old address"));
+  }
+  for (r = 0; r < 2; r++) tfree(&x.in[r]), tfree(&x.out[r]);
+  hir_local_world_free(x.w);
+  hir_fusion_free(x.f);
+}
+
 /* Host loops of their own index, nested: a ring allgather by hand, the
    outer loop over steps j, the inner over parts k of the shard; at step j
    each rank sends part k to rank + j and receives it from rank - j (nvFuser's
