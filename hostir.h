@@ -11590,8 +11590,9 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
       }
     for (k = 0; k < n && at < sizeof t->report; k++)
       if (cs[k].state == HIR__CAND_DROPPED) {
+        int len = (int)strcspn(cs[k].why, ";"); /* the reason's first clause */
         hir__cand_snprint(&cs[k].c, 0, name, sizeof name);
-        at += (size_t)snprintf(t->report + at, sizeof t->report - at, " dropped %s: %.120s;", name, cs[k].why);
+        at += (size_t)snprintf(t->report + at, sizeof t->report - at, " dropped %s: %.*s;", name, len < 120 ? len : 120, cs[k].why);
       }
     for (k = 0; k < n; k++) same += cs[k].state == HIR__CAND_SAME;
     if (at < sizeof t->report && same)
