@@ -9806,7 +9806,8 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
    stream.collective_chunks) moves through a contiguous buffer of the
    evaluator's, one per (collective, stream, side), so iterations on other
    streams never share it; *dense is that buffer, shaped as t (copied into
-   when `in`). Made in the first run of a shape, before any capture. */
+   when `in`). Made in the first run of a shape, before any capture; the
+   table of them when the evaluator is. */
 static int hir__staging_n(const hir_evaluator *ev) { return (ev->nexpr + 1) * (ev->nstreams + 1) * 2; }
 
 static int hir__contiguous_buffer(hir_evaluator *ev, const hir_tensor *t, const hir_expr *e, int in, hir_tensor *dense) {
@@ -9815,11 +9816,6 @@ static int hir__contiguous_buffer(hir_evaluator *ev, const hir_tensor *t, const 
   hir_status s;
   *dense = *t;
   if (hir__is_contiguous(t)) return 1;
-  if (!ev->staging) {
-    if (!(ev->staging = (hir__staging *)HIR_MALLOC((size_t)hir__staging_n(ev) * sizeof *ev->staging)))
-      return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_run: out of memory");
-    memset(ev->staging, 0, (size_t)hir__staging_n(ev) * sizeof *ev->staging);
-  }
   st = &ev->staging[((size_t)e->name * (size_t)(ev->nstreams + 1) + (size_t)ev->current_track) * 2 + (size_t)in];
   if (st->bytes < bytes) {
     if (st->data) ev->b->release(ev->b, st->data);
@@ -10321,7 +10317,9 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ok = ok && (ev->blocks = (hir__block *)HIR_MALLOC((size_t)ev->cap_blocks * sizeof(hir__block))) != NULL;
   ok = ok && (ev->key = (int64_t *)HIR_MALLOC(((size_t)ev->key_n + 1) * sizeof(int64_t))) != NULL;
   ok = ok && (ev->boundary = (hir_tensor *)HIR_MALLOC(((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(hir_tensor))) != NULL;
+  ok = ok && (!ev->communicates || (ev->staging = (hir__staging *)HIR_MALLOC((size_t)hir__staging_n(ev) * sizeof *ev->staging)));
   if (!ok) return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
+  if (ev->staging) memset(ev->staging, 0, (size_t)hir__staging_n(ev) * sizeof *ev->staging);
   memset(ev->pool, 0, (size_t)ev->nstreams * sizeof(void *));
   memset(ev->pool_ev, 0, (size_t)ev->nstreams * sizeof(void *));
   memset(ev->vars, 0, ((size_t)ev->nvars + 1) * sizeof(void *));
