@@ -622,6 +622,11 @@ struct hir_backend {
      refused when they run. */
   hir_status (*matmul_scaled)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *a,
                               const hir_tensor *b, const hir_tensor *a_scale, const hir_tensor *b_scale);
+  /* Optional: hir_layer_norm in one call: dst = (x - mean) / sqrt(var + eps) * weight + bias over x's last
+     `naxes` axes (x and dst dense, one shape; weight and bias dense with their numel, or NULL), computed in
+     f32 (f64 for f64 x). NULL, or HIR_ERR_UNSUPPORTED for what it does not take: its primitives run. */
+  hir_status (*layer_norm)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
+                           const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps);
 };
 
 /* What a communication moves, in the program's terms: the evaluator fills it
@@ -1134,7 +1139,14 @@ struct hir_expr {
   hir__host_unit *unit;   /* PostOnStream */
   hir_scope *scope;       /* the scope holding this expr, if any */
   hir_scope body, orelse;
+  /* A composite op's primitives (hir_layer_norm's) share `composite`, the
+     composite's number in its fusion (0: none); a backend with the
+     composite's kernel runs them as one where they stay together
+     (hir__find_fused). composite_role: HIR__ROLE_*. */
+  int composite;
+  unsigned char composite_role;
 };
+enum { HIR__ROLE_NONE, HIR__ROLE_X, HIR__ROLE_WEIGHT, HIR__ROLE_BIAS, HIR__ROLE_EPS, HIR__ROLE_OUT };
 
 /* The op table, from HIR_EXPR_KIND_LIST: what every pass knows about an expr kind. */
 enum {
@@ -2117,10 +2129,18 @@ static hir_tv *hir__broadcast_to(hir_fusion *f, hir_tv *in, int n, int nlast, in
 
 /* nvFuser's layer_norm, as its primitives: mean, x - mean, the variance, x
    times rsqrt(var + eps), then weight and bias. */
+/* Marks the expr at `at` of a composite being built (if it was made). */
+static void hir__role(hir_fusion *f, int at, int role) {
+  if (at >= 0 && at < f->exprs.n) ((hir_expr *)f->exprs.items[at])->composite_role = (unsigned char)role;
+}
+
+/* Built of primitives (a mean, a difference, ...), so every pass and every
+   sharding takes it; a backend with a layer_norm kernel runs them as one
+   (hir__find_fused). */
 HIRDEF hir_tv *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weight, hir_tv *bias, double eps) {
   hir_id *ids[HIR_MAX_DIMS];
   hir_tv *in, *xc, *var, *y, *p[2];
-  int axes[HIR_MAX_DIMS], i, n, half;
+  int axes[HIR_MAX_DIMS], i, n, half, first, at;
   if (!hir__live(f) || !hir__check_tv(f, x, "hir_layer_norm", "x")) return NULL;
   n = hir__data_axes(x, ids);
   if (naxes < 1 || naxes > n) {
@@ -2141,16 +2161,27 @@ HIRDEF hir_tv *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weigh
     return NULL;
   }
   half = x->dtype == HIR_F16 || x->dtype == HIR_BF16;
+  first = f->exprs.n;
   in = half ? hir_cast(f, x, HIR_F32) : x;
   for (i = 0; i < naxes; i++) axes[i] = n - naxes + i;
   xc = hir_sub(f, in, hir__broadcast_to(f, hir_mean(f, in, naxes, axes), n, naxes, 0));
+  hir__role(f, first, HIR__ROLE_X); /* the first made reads x: the cast, else the mean's sum */
   var = hir_mean(f, hir_mul(f, xc, xc), naxes, axes);
-  y = hir_mul(f, xc, hir__broadcast_to(f, hir_unary(f, HIR_UNARY_RSQRT, hir_binary_scalar(f, HIR_BINARY_ADD, var, eps)), n, naxes, 0));
+  at = f->exprs.n;
+  var = hir_binary_scalar(f, HIR_BINARY_ADD, var, eps);
+  hir__role(f, at, HIR__ROLE_EPS);
+  y = hir_mul(f, xc, hir__broadcast_to(f, hir_unary(f, HIR_UNARY_RSQRT, var), n, naxes, 0));
   for (i = 0; i < 2; i++) {
-    hir_tv *q = p[i] && half && p[i]->dtype != HIR_F32 ? hir_cast(f, p[i], HIR_F32) : p[i];
+    hir_tv *q;
+    at = f->exprs.n;
+    q = p[i] && half && p[i]->dtype != HIR_F32 ? hir_cast(f, p[i], HIR_F32) : p[i];
     if (q) y = hir__binary(f, i ? HIR_BINARY_ADD : HIR_BINARY_MUL, y, hir__broadcast_to(f, q, n, naxes, 1));
+    if (q) hir__role(f, at, i ? HIR__ROLE_BIAS : HIR__ROLE_WEIGHT);
   }
-  return half ? hir_cast(f, y, x->dtype) : y;
+  y = half ? hir_cast(f, y, x->dtype) : y;
+  hir__role(f, f->exprs.n - 1, HIR__ROLE_OUT);
+  for (i = first; y && i < f->exprs.n; i++) ((hir_expr *)f->exprs.items[i])->composite = first + 1;
+  return y;
 }
 
 static hir_status hir__set_mesh(hir_tv *tv, int ndevices, int cols, const int *devices, const char *fn) {
@@ -4997,6 +5028,8 @@ static hir_expr *hir__clone_onto(hir_fusion *f, const hir_expr *e, hir_tv **ins,
   n->flags = e->flags;
   n->scalar = e->scalar;
   n->val = e->val;
+  n->composite = e->composite;
+  n->composite_role = e->composite_role;
   memcpy(n->perm, e->perm, sizeof n->perm);
   if ((e->flags & HIR__SET_PERMUTE) && dropped_out_axis >= 0) { /* the views lack an axis: renumber the rest */
     int i, k = 0, gone = e->perm[dropped_out_axis];
@@ -6818,6 +6851,33 @@ static hir_status hir__cpu_max_abs(hir_backend *self, void *stream, const hir_te
   return HIR_OK;
 }
 
+/* hir_backend.layer_norm, in double: the evaluator hands it dense tensors. */
+static hir_status hir__cpu_layer_norm(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
+                                      const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps) {
+  int64_t cols = 1, rows, r, k;
+  int d;
+  (void)self, (void)stream;
+  for (d = x->ndims - naxes; d < x->ndims; d++) cols *= x->sizes[d];
+  rows = cols ? hir__numel(x->ndims, x->sizes) / cols : 0;
+  for (r = 0; r < rows; r++) {
+    double mean = 0, var = 0, rstd;
+    for (k = 0; k < cols; k++) mean += hir__load(x->data, x->dtype, r * cols + k);
+    mean /= (double)cols;
+    for (k = 0; k < cols; k++) {
+      double v = hir__load(x->data, x->dtype, r * cols + k) - mean;
+      var += v * v;
+    }
+    rstd = 1 / sqrt(var / (double)cols + eps);
+    for (k = 0; k < cols; k++) {
+      double y = (hir__load(x->data, x->dtype, r * cols + k) - mean) * rstd;
+      if (weight) y *= hir__load(weight->data, weight->dtype, k);
+      if (bias) y += hir__load(bias->data, bias->dtype, k);
+      hir__store(dst->data, dst->dtype, r * cols + k, y);
+    }
+  }
+  return HIR_OK;
+}
+
 HIRDEF hir_backend *hir_backend_cpu_create(void) {
   hir_backend *b = (hir_backend *)HIR_MALLOC(sizeof(hir_backend));
   hir__cpu *c = (hir__cpu *)HIR_MALLOC(sizeof(hir__cpu));
@@ -6852,6 +6912,7 @@ HIRDEF hir_backend *hir_backend_cpu_create(void) {
   b->download = hir__cpu_memcpy;
   b->max_abs = hir__cpu_max_abs;
   b->matmul_scaled = hir__cpu_matmul_scaled;
+  b->layer_norm = hir__cpu_layer_norm;
   return b;
 }
 
@@ -6914,9 +6975,10 @@ typedef struct hir__nvrtc {
 
 /* The elementwise kernels, by what they compute: any op in float or in
    double (any strides and dtypes), one dtype's dense tensors 16 bytes a
-   thread, the tuner's comparison, and the fp8 GEMM's per-row scales. */
+   thread, the tuner's comparison, the fp8 GEMM's per-row scales, the sums
+   of a dense tensor's rows, dense casts, and layer_norm. */
 enum { HIR__MAP_F32, HIR__MAP_F64, HIR__VEC_F32, HIR__VEC_F64, HIR__VEC_F16, HIR__VEC_BF16, HIR__MAX_ABS, HIR__SCALE_RC,
-       HIR__MAP_KERNELS };
+       HIR__SUM_ROWS, HIR__CAST_VEC, HIR__LAYER_NORM, HIR__MAP_KERNELS };
 HIR__STATIC_ASSERT(vec_kernels, HIR_F32 == 0 && HIR__VEC_F32 + HIR_BF16 == HIR__VEC_BF16); /* HIR__VEC_F32 + dtype */
 
 #define HIR__CUDA_LANES 64
@@ -7396,7 +7458,7 @@ static const char hir__cuda_map_head[] =
     "  }\n"
     "}\n"
     "#define HIR_C(v) ((T)(v))\n";
-static const char hir__cuda_map_tail[] =
+static const char *const hir__cuda_map_tail[] = { /* pieces under C's 4095-character limit */
     "template <typename T> __device__ void hir_map(const hir_map_args &a) {\n"
     "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < a.n; i += (i64)gridDim.x * blockDim.x) {\n"
     "    i64 r = i, od = 0, oa = 0, ob = 0;\n"
@@ -7410,22 +7472,82 @@ static const char hir__cuda_map_tail[] =
     "    hir_st<T>(a.dst, a.dt_dst, od, a.binary ? hir_binary<T>(a.op, x, hir_ld<T>(a.b, a.dt_b, ob)) : hir_unary<T>(a.op, x, (T)a.s));\n"
     "  }\n"
     "}\n"
+    "",
+    /* value j of a 16-byte vector of dtype DT, in registers: a vector read through a pointer would live in local
+       memory (measured: 1.8x the time of an add) */
+    "template <int DT> struct hir_lanes;\n"
+    "__device__ __forceinline__ unsigned hir_word(const uint4 &v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }\n"
+    "__device__ __forceinline__ void hir_set_word(uint4 &v, int w, unsigned u) { if (w == 0) v.x = u; else if (w == 1) v.y = u; else if (w == 2) v.z = u; else v.w = u; }\n"
+    "__device__ __forceinline__ void hir_set_half(uint4 &v, int j, unsigned h) {\n"
+    "  unsigned u = hir_word(v, j / 2);\n"
+    "  hir_set_word(v, j / 2, j & 1 ? (u & 0xffffu) | (h << 16) : (u & 0xffff0000u) | h);\n"
+    "}\n"
+    "template <> struct hir_lanes<0> { enum { E = 4 }; typedef float T;\n"
+    "  __device__ static T get(const uint4 &v, int j) { return __uint_as_float(hir_word(v, j)); }\n"
+    "  __device__ static void put(uint4 &v, int j, T x) { hir_set_word(v, j, __float_as_uint(x)); } };\n"
+    "template <> struct hir_lanes<1> { enum { E = 2 }; typedef double T;\n"
+    "  __device__ static T get(const uint4 &v, int j) { return __hiloint2double((int)hir_word(v, 2 * j + 1), (int)hir_word(v, 2 * j)); }\n"
+    "  __device__ static void put(uint4 &v, int j, T x) { hir_set_word(v, 2 * j, (unsigned)__double2loint(x)); hir_set_word(v, 2 * j + 1, (unsigned)__double2hiint(x)); } };\n"
+    "template <> struct hir_lanes<2> { enum { E = 8 }; typedef float T;\n"
+    "  __device__ static T get(const uint4 &v, int j) { unsigned u = hir_word(v, j / 2); return hir_h2f((u16)(j & 1 ? u >> 16 : u)); }\n"
+    "  __device__ static void put(uint4 &v, int j, T x) { hir_set_half(v, j, hir_f2h(x)); } };\n"
+    "template <> struct hir_lanes<3> { enum { E = 8 }; typedef float T;\n"
+    "  __device__ static T get(const uint4 &v, int j) { unsigned u = hir_word(v, j / 2); return __uint_as_float(j & 1 ? u & 0xffff0000u : u << 16); }\n"
+    "  __device__ static void put(uint4 &v, int j, T x) { hir_set_half(v, j, hir_f2b(x)); } };\n"
+    "",
     /* dense tensors of one dtype DT: 16 bytes a thread, the dtype known when compiled */
-    "template <int DT, typename T> __device__ void hir_vec(const hir_map_args &a) {\n"
-    "  const int E = DT == 1 ? 2 : DT == 0 ? 4 : 8;\n"
-    "  i64 nv = a.n / E, step = (i64)gridDim.x * blockDim.x, i = blockIdx.x * (i64)blockDim.x + threadIdx.x;\n"
+    "template <int DT> __device__ void hir_vec(const hir_map_args &a) {\n"
+    "  typedef hir_lanes<DT> L;\n"
+    "  typedef typename L::T T;\n"
+    "  i64 nv = a.n / L::E, step = (i64)gridDim.x * blockDim.x, i = blockIdx.x * (i64)blockDim.x + threadIdx.x;\n"
     "  for (i64 v = i; v < nv; v += step) {\n"
-    "    uint4 x = ((const uint4 *)a.a)[v], y = a.binary ? ((const uint4 *)a.b)[v] : x, r;\n"
-    "    for (int j = 0; j < E; j++) {\n"
-    "      T xv = hir_ld<T>(&x, DT, j);\n"
-    "      hir_st<T>(&r, DT, j, a.binary ? hir_binary<T>(a.op, xv, hir_ld<T>(&y, DT, j)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
+    "    uint4 x = ((const uint4 *)a.a)[v], y = a.binary ? ((const uint4 *)a.b)[v] : x, r = x;\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < L::E; j++) {\n"
+    "      T xv = L::get(x, j);\n"
+    "      L::put(r, j, a.binary ? hir_binary<T>(a.op, xv, L::get(y, j)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
     "    }\n"
     "    ((uint4 *)a.dst)[v] = r;\n"
     "  }\n"
-    "  for (i64 k = nv * E + i; k < a.n; k += step) {\n"
+    "  for (i64 k = nv * L::E + i; k < a.n; k += step) {\n"
     "    T xv = hir_ld<T>(a.a, DT, k);\n"
     "    hir_st<T>(a.dst, DT, k, a.binary ? hir_binary<T>(a.op, xv, hir_ld<T>(a.b, DT, k)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
     "  }\n"
+    "}\n"
+    /* a unary op from one dense dtype DA into another DD (casts): 8 values a thread, in registers */
+    "template <int D> __device__ void hir_load8(const void *p, i64 v, float *f) {\n"
+    "  if (D == 0) {\n"
+    "    uint4 q0 = ((const uint4 *)p)[2 * v], q1 = ((const uint4 *)p)[2 * v + 1];\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < 4; j++) f[j] = hir_lanes<0>::get(q0, j), f[4 + j] = hir_lanes<0>::get(q1, j);\n"
+    "  } else {\n"
+    "    uint4 q = ((const uint4 *)p)[v];\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < 8; j++) f[j] = hir_lanes<D == 0 ? 2 : D>::get(q, j);\n"
+    "  }\n"
+    "}\n"
+    "template <int D> __device__ void hir_store8(void *p, i64 v, const float *f) {\n"
+    "  uint4 q0 = make_uint4(0, 0, 0, 0), q1 = q0;\n"
+    "  if (D == 0) {\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < 4; j++) hir_lanes<0>::put(q0, j, f[j]), hir_lanes<0>::put(q1, j, f[4 + j]);\n"
+    "    ((uint4 *)p)[2 * v] = q0, ((uint4 *)p)[2 * v + 1] = q1;\n"
+    "  } else {\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < 8; j++) hir_lanes<D == 0 ? 2 : D>::put(q0, j, f[j]);\n"
+    "    ((uint4 *)p)[v] = q0;\n"
+    "  }\n"
+    "}\n"
+    "template <int DA, int DD> __device__ void hir_cast_run(const hir_map_args &a) {\n"
+    "  i64 nv = a.n / 8, step = (i64)gridDim.x * blockDim.x, i = blockIdx.x * (i64)blockDim.x + threadIdx.x;\n"
+    "  for (i64 v = i; v < nv; v += step) {\n"
+    "    float f[8];\n"
+    "    hir_load8<DA>(a.a, v, f);\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < 8; j++) f[j] = hir_unary<float>(a.op, f[j], (float)a.s);\n"
+    "    hir_store8<DD>(a.dst, v, f);\n"
+    "  }\n"
+    "  for (i64 k = nv * 8 + i; k < a.n; k += step) hir_st<float>(a.dst, DD, k, hir_unary<float>(a.op, hir_ld<float>(a.a, DA, k), (float)a.s));\n"
     "}\n"
     /* the largest |a - b| and |b| (dense, dtype dt_a) into dst's two words: non-negative floats order as their bits */
     "__device__ void hir_max_abs(const hir_map_args &a) {\n"
@@ -7438,7 +7560,7 @@ static const char hir__cuda_map_tail[] =
     "  }\n"
     "  for (int o = 16; o > 0; o /= 2) d = fmaxf(d, __shfl_xor_sync(0xffffffffu, d, o)), m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));\n"
     "  if ((threadIdx.x & 31) == 0) atomicMax((unsigned *)a.dst, __float_as_uint(d)), atomicMax((unsigned *)a.dst + 1, __float_as_uint(m));\n"
-    "}\n";
+    "}\n"};
 #define HIR__EXPR_TEXT_BINARY(e, symbol, builder, expr) #expr,
 #define HIR__EXPR_TEXT_UNARY(e, name, f, expr) #expr,
 static const char *const hir__binary_exprs[] = {HIR_BINARY_OP_LIST(HIR__EXPR_TEXT_BINARY)};
@@ -7447,10 +7569,10 @@ static const char *const hir__unary_exprs[] = {HIR_UNARY_OP_LIST(HIR__EXPR_TEXT_
 static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "extern \"C\" __global__ void hir_map_f32(hir_map_args a) { hir_map<float>(a); }\n",
     "extern \"C\" __global__ void hir_map_f64(hir_map_args a) { hir_map<double>(a); }\n",
-    "extern \"C\" __global__ void hir_vec_f32(hir_map_args a) { hir_vec<0, float>(a); }\n",
-    "extern \"C\" __global__ void hir_vec_f64(hir_map_args a) { hir_vec<1, double>(a); }\n",
-    "extern \"C\" __global__ void hir_vec_f16(hir_map_args a) { hir_vec<2, float>(a); }\n",
-    "extern \"C\" __global__ void hir_vec_bf16(hir_map_args a) { hir_vec<3, float>(a); }\n",
+    "extern \"C\" __global__ void hir_vec_f32(hir_map_args a) { hir_vec<0>(a); }\n",
+    "extern \"C\" __global__ void hir_vec_f64(hir_map_args a) { hir_vec<1>(a); }\n",
+    "extern \"C\" __global__ void hir_vec_f16(hir_map_args a) { hir_vec<2>(a); }\n",
+    "extern \"C\" __global__ void hir_vec_bf16(hir_map_args a) { hir_vec<3>(a); }\n",
     "extern \"C\" __global__ void hir_max_abs_all(hir_map_args a) { hir_max_abs(a); }\n",
     /* dst [rows, ld] = raw [rows, cols] * sa[row] * sb[col]: per-row scales after an fp8 GEMM */
     "struct hir_scale_args { void *dst; const float *raw, *sa, *sb; i64 rows, cols, ld; int dt, vec; };\n"
@@ -7470,7 +7592,97 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "    for (c = (a.vec ? a.cols - a.cols % 4 : 0) + threadIdx.x; c < a.cols; c += blockDim.x)\n"
     "      hir_st<float>(a.dst, a.dt, r * a.ld + c, row[c] * s * a.sb[c]);\n"
     "  }\n"
-    "}\n"};
+    "}\n",
+    /* dst[r] = the sum of src's row r [cols], in double, rounded once: a block a row, 16 bytes a thread where rows
+       are aligned (vec); blockDim a power of two from 32 */
+    "struct hir_rows_args { void *dst; const void *src; i64 rows, cols; int dt, vec; };\n"
+    "template <int DT> __device__ double hir_lanes_sum(const uint4 &x) {\n"
+    "  double s = 0;\n"
+    "#pragma unroll\n"
+    "  for (int j = 0; j < hir_lanes<DT>::E; j++) s += hir_lanes<DT>::get(x, j);\n"
+    "  return s;\n"
+    "}\n"
+    "extern \"C\" __global__ void hir_sum_rows(hir_rows_args a) {\n"
+    "  __shared__ double warps[32];\n"
+    "  const int es = a.dt == 1 ? 8 : a.dt == 0 ? 4 : 2, E = 16 / es;\n"
+    "  for (i64 r = blockIdx.x; r < a.rows; r += gridDim.x) {\n"
+    "    const char *row = (const char *)a.src + r * a.cols * es;\n"
+    "    double acc = 0;\n"
+    "    i64 c = 0;\n"
+    "    if (a.vec)\n"
+    "      for (c = (i64)threadIdx.x * E; c + E <= a.cols; c += (i64)blockDim.x * E) {\n"
+    "        uint4 x = *(const uint4 *)(row + c * es);\n"
+    "        if (a.dt == 0) acc += hir_lanes_sum<0>(x);\n"
+    "        else if (a.dt == 1) acc += hir_lanes_sum<1>(x);\n"
+    "        else if (a.dt == 2) acc += hir_lanes_sum<2>(x);\n"
+    "        else acc += hir_lanes_sum<3>(x);\n"
+    "      }\n"
+    "    for (c = (a.vec ? a.cols - a.cols % E : 0) + threadIdx.x; c < a.cols; c += blockDim.x) acc += hir_ld<double>(row, a.dt, c);\n"
+    "    for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);\n"
+    "    if (blockDim.x > 32) {\n"
+    "      if ((threadIdx.x & 31) == 0) warps[threadIdx.x / 32] = acc;\n"
+    "      __syncthreads();\n"
+    "      acc = threadIdx.x < blockDim.x / 32 ? warps[threadIdx.x] : 0;\n"
+    "      for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);\n"
+    "      __syncthreads();\n"
+    "    }\n"
+    "    if (threadIdx.x == 0) hir_st<double>(a.dst, a.dt, r, acc);\n"
+    "  }\n"
+    "}\n",
+    "extern \"C\" __global__ void hir_cast_vec(hir_map_args a) {\n" /* f32, f16 and bf16 into one another */
+    "  switch (a.dt_a * 4 + a.dt_dst) {\n"
+    "  case 2: hir_cast_run<0, 2>(a); break;\n"
+    "  case 3: hir_cast_run<0, 3>(a); break;\n"
+    "  case 8: hir_cast_run<2, 0>(a); break;\n"
+    "  case 11: hir_cast_run<2, 3>(a); break;\n"
+    "  case 12: hir_cast_run<3, 0>(a); break;\n"
+    "  case 14: hir_cast_run<3, 2>(a); break;\n"
+    "  }\n"
+    "}\n",
+    /* hir_backend.layer_norm: a block a row, three passes over it (the later ones from the cache) */
+    "struct hir_ln_args { void *dst; const void *x, *w, *b; i64 rows, cols; double eps; int dt_dst, dt_x, dt_w, dt_b; };\n"
+    "template <typename T> __device__ T hir_block_sum(T v, T *part) {\n" /* every thread gets the block's sum */
+    "  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "  if (blockDim.x > 32) {\n"
+    "    __syncthreads();\n" /* the last call's readers are done with part */
+    "    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;\n"
+    "    __syncthreads();\n"
+    "    v = (threadIdx.x & 31) < blockDim.x / 32 ? part[threadIdx.x & 31] : (T)0;\n"
+    "    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "  }\n"
+    "  return v;\n"
+    "}\n"
+    "template <typename T> __device__ void hir_ln(const hir_ln_args &a) {\n"
+    "  __shared__ T part[32];\n"
+    "  for (i64 r = blockIdx.x; r < a.rows; r += gridDim.x) {\n"
+    "    i64 base = r * a.cols;\n"
+    "    T s = 0, q = 0;\n"
+    "    for (i64 c = threadIdx.x; c < a.cols; c += blockDim.x) s += hir_ld<T>(a.x, a.dt_x, base + c);\n"
+    "    T mean = hir_block_sum<T>(s, part) / (T)a.cols;\n"
+    "    for (i64 c = threadIdx.x; c < a.cols; c += blockDim.x) { T d = hir_ld<T>(a.x, a.dt_x, base + c) - mean; q += d * d; }\n"
+    "    T rstd = (T)1 / sqrt(hir_block_sum<T>(q, part) / (T)a.cols + (T)a.eps);\n"
+    "    for (i64 c = threadIdx.x; c < a.cols; c += blockDim.x) {\n"
+    "      T y = (hir_ld<T>(a.x, a.dt_x, base + c) - mean) * rstd;\n"
+    "      if (a.w) y = y * hir_ld<T>(a.w, a.dt_w, c);\n"
+    "      if (a.b) y = y + hir_ld<T>(a.b, a.dt_b, c);\n"
+    "      hir_st<T>(a.dst, a.dt_dst, base + c, y);\n"
+    "    }\n"
+    "  }\n"
+    "}\n"
+    "extern \"C\" __global__ void hir_layer_norm(hir_ln_args a) { if (a.dt_x == 1) hir_ln<double>(a); else hir_ln<float>(a); }\n"};
+typedef struct hir__ln_args { /* hir_ln_args of the kernel source, field for field */
+  void *dst;
+  const void *x, *w, *b;
+  int64_t rows, cols;
+  double eps;
+  int dt_dst, dt_x, dt_w, dt_b;
+} hir__ln_args;
+typedef struct hir__rows_args { /* hir_rows_args of the kernel source, field for field */
+  void *dst;
+  const void *src;
+  int64_t rows, cols;
+  int dt, vec;
+} hir__rows_args;
 typedef struct hir__scale_args { /* hir_scale_args of the kernel source, field for field */
   void *dst;
   const float *raw, *sa, *sb;
@@ -7490,10 +7702,11 @@ HIR__STATIC_ASSERT(map_dims, HIR_MAX_DIMS == 8);
 
 /* One kernel's source: head, the two op switches from the tables, tail, its entry. */
 static char *hir__cuda_map_source(int which) {
-  size_t cap = sizeof hir__cuda_map_head + sizeof hir__cuda_map_tail + strlen(hir__map_entries[which]) + 512, len = 0, i;
+  size_t cap = sizeof hir__cuda_map_head + strlen(hir__map_entries[which]) + 512, len = 0, i;
   char *src;
   for (i = 0; i < HIR_UNARY_COUNT; i++) cap += strlen(hir__unary_exprs[i]) + 32;
   for (i = 0; i < HIR_BINARY_COUNT; i++) cap += strlen(hir__binary_exprs[i]) + 32;
+  for (i = 0; i < sizeof hir__cuda_map_tail / sizeof hir__cuda_map_tail[0]; i++) cap += strlen(hir__cuda_map_tail[i]);
   if (!(src = (char *)HIR_MALLOC(cap))) return NULL;
   len += (size_t)snprintf(src + len, cap - len, "%s", hir__cuda_map_head);
   len += (size_t)snprintf(src + len, cap - len, "template <typename T> __device__ T hir_unary(int op, T x, T s) {\n  switch (op) {\n");
@@ -7501,7 +7714,9 @@ static char *hir__cuda_map_source(int which) {
   len += (size_t)snprintf(src + len, cap - len, "  }\n  return x;\n}\ntemplate <typename T> __device__ T hir_binary(int op, T x, T y) {\n  switch (op) {\n");
   for (i = 0; i < HIR_BINARY_COUNT; i++) len += (size_t)snprintf(src + len, cap - len, "  case %d: return %s;\n", (int)i, hir__binary_exprs[i]);
   len += (size_t)snprintf(src + len, cap - len, "  }\n  return x;\n}\n");
-  snprintf(src + len, cap - len, "%s%s", hir__cuda_map_tail, hir__map_entries[which]);
+  for (i = 0; i < sizeof hir__cuda_map_tail / sizeof hir__cuda_map_tail[0]; i++)
+    len += (size_t)snprintf(src + len, cap - len, "%s", hir__cuda_map_tail[i]);
+  snprintf(src + len, cap - len, "%s", hir__map_entries[which]);
   return src;
 }
 
@@ -7596,7 +7811,8 @@ static void hir__write_all(const char *path, const char *data, size_t size) {
    NVRTC); map_error says why not. */
 static int hir__cuda_load_map(hir__cuda *c, int which) {
   static const char *const names[HIR__MAP_KERNELS] = {"hir_map_f32", "hir_map_f64", "hir_vec_f32", "hir_vec_f64",
-                                                      "hir_vec_f16", "hir_vec_bf16", "hir_max_abs_all", "hir_scale_rc"};
+                                                      "hir_vec_f16", "hir_vec_bf16", "hir_max_abs_all", "hir_scale_rc",
+                                                      "hir_sum_rows", "hir_cast_vec", "hir_layer_norm"};
   void *prog = NULL;
   char *src = NULL, *bin = NULL, arch[32], opt[64], path[640];
   const char *opts[2];
@@ -7681,6 +7897,9 @@ static int hir__cuda_map_args(const hir_tensor *dst, const hir_tensor *a, const 
       dst->dtype <= HIR_BF16 && (!x || x->dtype == dst->dtype) &&
       ((uintptr_t)args->dst | (uintptr_t)args->a | (uintptr_t)args->b) % 16 == 0)
     return HIR__VEC_F32 + (int)dst->dtype; /* dense, one dtype */
+  if (args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && !x && a->dtype != dst->dtype && a->dtype != HIR_F64 &&
+      a->dtype <= HIR_BF16 && dst->dtype != HIR_F64 && dst->dtype <= HIR_BF16 && ((uintptr_t)args->dst | (uintptr_t)args->a) % 16 == 0)
+    return HIR__CAST_VEC; /* dense, f32, f16 and bf16 into one another */
   return f64 ? HIR__MAP_F64 : HIR__MAP_F32;
 }
 
@@ -7700,12 +7919,39 @@ static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_
   }
   args.op = op, args.s = s;
   argv[0] = &args;
-  per = which >= HIR__VEC_F32 ? 16 / (int64_t)hir_dtype_size(dst->dtype) : 1; /* elements a thread takes at once */
+  per = which == HIR__CAST_VEC ? 8 : which >= HIR__VEC_F32 ? 16 / (int64_t)hir_dtype_size(dst->dtype) : 1; /* a thread's at once */
   grid.x = (unsigned)((args.n / per + 255) / 256 < 65535 ? (args.n / per + 255) / 256 : 65535), grid.y = grid.z = 1;
   if (!grid.x) grid.x = 1;
   block.x = 256, block.y = block.z = 1;
   e = cudaLaunchKernel((const void *)c->map_kernel[which], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
   if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (elementwise)", cudaGetErrorString(e), __FILE__, __LINE__);
+  return HIR_OK;
+}
+
+static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *x,
+                                      const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__ln_args args;
+  void *argv[1];
+  dim3 grid, block;
+  unsigned threads = 32;
+  int64_t cols = 1;
+  int d;
+  cudaError_t e;
+  for (d = x->ndims - naxes; d < x->ndims; d++) cols *= x->sizes[d];
+  args.rows = cols ? hir__numel(x->ndims, x->sizes) / cols : 0;
+  if (args.rows == 0) return HIR_OK;
+  if (!hir__cuda_load_map(c, HIR__LAYER_NORM)) return HIR_ERR_UNSUPPORTED; /* its primitives run */
+  args.dst = dst->data, args.x = x->data, args.cols = cols, args.eps = eps;
+  args.w = weight ? weight->data : NULL, args.b = bias ? bias->data : NULL;
+  args.dt_dst = (int)dst->dtype, args.dt_x = (int)x->dtype;
+  args.dt_w = weight ? (int)weight->dtype : 0, args.dt_b = bias ? (int)bias->dtype : 0;
+  while (threads < 256 && (int64_t)threads * 4 < cols) threads *= 2;
+  argv[0] = &args;
+  grid.x = (unsigned)(args.rows < (1 << 20) ? args.rows : (1 << 20)), grid.y = grid.z = 1;
+  block.x = threads, block.y = block.z = 1;
+  e = cudaLaunchKernel((const void *)c->map_kernel[HIR__LAYER_NORM], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
+  if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (layer_norm)", cudaGetErrorString(e), __FILE__, __LINE__);
   return HIR_OK;
 }
 
@@ -7931,9 +8177,34 @@ static int hir__cuda_sum_kernel(hir_backend *b, cudaStream_t s, void *next, cons
   return 1;
 }
 
+/* next[O] = the sums of cur's O dense rows of R by the NVRTC kernel, where
+   it loads: a batch of O GEMMs of one row each would be cuBLAS's slowest
+   case (a layer_norm's means). */
+static int hir__cuda_sum_rows(hir_backend *b, cudaStream_t s, void *next, const void *cur, hir_dtype dt, int64_t O, int64_t R,
+                              hir_status *st) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__rows_args args;
+  void *argv[1];
+  dim3 grid, block;
+  unsigned threads = 32;
+  int64_t per = 16 / (int64_t)hir_dtype_size(dt);
+  cudaError_t e;
+  if (dt > HIR_BF16 || !hir__cuda_load_map(c, HIR__SUM_ROWS)) return 0;
+  args.dst = next, args.src = cur, args.rows = O, args.cols = R, args.dt = (int)dt;
+  args.vec = (R * (int64_t)hir_dtype_size(dt)) % 16 == 0 && (uintptr_t)cur % 16 == 0;
+  while (threads < 256 && (int64_t)threads * per < R) threads *= 2;
+  argv[0] = &args;
+  grid.x = (unsigned)(O < (1 << 20) ? O : (1 << 20)), grid.y = grid.z = 1;
+  block.x = threads, block.y = block.z = 1;
+  *st = (e = cudaLaunchKernel((const void *)c->map_kernel[HIR__SUM_ROWS], grid, block, argv, 0, s)) == cudaSuccess
+            ? HIR_OK : hir__cuda_fail(b, "cudaLaunchKernel (sum of rows)", cudaGetErrorString(e), __FILE__, __LINE__);
+  return 1;
+}
+
 /* dst (src's shape, 1 on reduced axes) = sum of src, one reduced axis at a
-   time: short axes by the kernel above, the rest as a strided-batched GEMM
-   against ones; both accumulate in f32 (f64). The last axis writes straight
+   time: short axes by the kernel above, the innermost by the rows kernel,
+   the rest as a strided-batched GEMM against ones; all accumulate in f32
+   or more (f64). The last axis writes straight
    into dst where dst is dense. */
 static hir_status hir__cuda_sum(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
   hir__cuda_lane *l;
@@ -7967,7 +8238,8 @@ static hir_status hir__cuda_sum(hir_backend *b, void *stream, const hir_tensor *
       return st; /* results alternate between scratch 1 and 2, never the buffer being read */
     }
     next.data = p;
-    if (hir__cuda_sum_kernel(b, l->stream, next.data, cur.data, src->dtype, O, R, I, &st)) {
+    if (hir__cuda_sum_kernel(b, l->stream, next.data, cur.data, src->dtype, O, R, I, &st) ||
+        (I == 1 && hir__cuda_sum_rows(b, l->stream, next.data, cur.data, src->dtype, O, R, &st))) {
       if (st != HIR_OK) return st;
     } else {
       if ((st = hir__cuda_ones(b, l, src->dtype, R, &ones)) != HIR_OK) return st;
@@ -8189,6 +8461,9 @@ static cublasStatus_t hir__cuda_fp8_gemm(hir__cuda *c, hir__cuda_lane *l, hir_dt
         (st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb)) == CUBLAS_STATUS_SUCCESS &&
         (st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode)) == CUBLAS_STATUS_SUCCESS &&
         (st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode)) == CUBLAS_STATUS_SUCCESS &&
+        /* the scales before the heuristic: without them it offers outer-vector GEMMs the run then refuses (Hopper) */
+        (st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pb, sizeof pb)) == CUBLAS_STATUS_SUCCESS &&
+        (st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pa, sizeof pa)) == CUBLAS_STATUS_SUCCESS &&
         (st = cublasLtMatrixLayoutCreate(&q->la, hir__cuda_type(tb), (uint64_t)K, (uint64_t)N, ldb)) == CUBLAS_STATUS_SUCCESS &&
         (st = cublasLtMatrixLayoutCreate(&q->lb, hir__cuda_type(ta), (uint64_t)K, (uint64_t)M, lda)) == CUBLAS_STATUS_SUCCESS &&
         (st = cublasLtMatrixLayoutCreate(&q->lc, hir__cuda_type(tc), (uint64_t)N, (uint64_t)M, ldc)) == CUBLAS_STATUS_SUCCESS)
@@ -8336,6 +8611,7 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   b->matmul = hir__cuda_matmul;
   b->matmul_bias = hir__cuda_matmul_bias;
   b->matmul_scaled = hir__cuda_matmul_scaled;
+  b->layer_norm = hir__cuda_layer_norm;
   b->upload = hir__cuda_upload;
   b->download = hir__cuda_download;
   b->timer_create = hir__cuda_timer_create;
@@ -8978,6 +9254,7 @@ struct hir_evaluator {
   void **team, **done;          /* by expr name: team handle; event recorded after it */
   struct hir__staging *staging; /* by (expr name, stream track, in/out): contiguous copies of strided collective buffers */
   const hir_expr **epilogue;    /* by expr name: a linear's next op, done in its epilogue (hir__find_epilogues); and back */
+  const hir_expr **fused;       /* by expr name: the first of a composite's run done in one call, its last (hir__find_fused) */
   hir__env env;
   hir_tensor *slot;             /* by tensor name */
   int *slot_block;
@@ -10109,6 +10386,137 @@ static hir__span *hir__gpu_span_begin(hir_evaluator *ev, const hir_expr *e) {
   return hir__ev_backend(ev, ev->b->event_record(ev->b, sp->start, ev->current), e) ? sp : NULL;
 }
 
+/* How many exprs of the program name tv (reads and writes; Allocate and
+   Deallocate do not count). */
+static int hir__mentions(const hir_scope *s, const hir_tv *tv) {
+  int i, k, n = 0;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    if (e->kind != HIR_EXPR_ALLOCATE && e->kind != HIR_EXPR_DEALLOCATE) {
+      for (k = 0; k < e->nin; k++) n += e->in[k] == tv;
+      for (k = 0; k < e->nout; k++) n += e->out[k] == tv;
+    }
+    n += hir__mentions(&e->body, tv) + hir__mentions(&e->orelse, tv);
+  }
+  return n;
+}
+
+/* The exprs a scope's expr runs: a PostOnStream its unit's, others themselves. */
+static int hir__unit_size(const hir_expr *e) { return e->kind == HIR_EXPR_POST_ON_STREAM ? e->unit->exprs.n : 1; }
+static const hir_expr *hir__unit_at(const hir_expr *e, int k) {
+  return e->kind == HIR_EXPR_POST_ON_STREAM ? (const hir_expr *)e->unit->exprs.items[k] : e;
+}
+
+/* How many exprs of composite c the scope runs, units and bodies included. */
+static int hir__composite_count(const hir_scope *s, int c) {
+  int i, k, n = 0;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    for (k = 0; k < hir__unit_size(e); k++) n += hir__unit_at(e, k)->composite == c;
+    n += hir__composite_count(&e->body, c) + hir__composite_count(&e->orelse, c);
+  }
+  return n;
+}
+
+/* Whether an expr of composite c among s's exprs from..to wrote t. */
+static int hir__composite_made(const hir_scope *s, int from, int to, int c, const hir_tv *t) {
+  int i, k;
+  for (i = from; i <= to; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    for (k = 0; k < hir__unit_size(e); k++)
+      if (hir__unit_at(e, k)->composite == c && hir__unit_at(e, k)->out[0] == t) return 1;
+  }
+  return 0;
+}
+
+/* The run of composite c starting at s's expr `from`: its last expr's
+   index, or -1 where it is not whole and alone - every one of c's exprs,
+   in one scope, nothing else between them but Deallocates and Allocates of
+   their own tensors, and none of their tensors but the last read or kept
+   elsewhere (nothing else may see the primitives skipped). */
+static int hir__composite_run(const hir_program *p, const hir_scope *s, int from, int c) {
+  int i, k, mine = 0, end = -1;
+  for (i = from; i < s->exprs.n && end < 0; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    if (e->kind == HIR_EXPR_DEALLOCATE || e->kind == HIR_EXPR_ALLOCATE) continue;
+    for (k = 0; k < hir__unit_size(e); k++) {
+      const hir_expr *u = hir__unit_at(e, k);
+      if (u->composite != c) return -1;
+      mine++;
+      if (u->composite_role == HIR__ROLE_OUT) end = i;
+    }
+  }
+  if (end < 0 || mine != hir__composite_count(&p->top, c)) return -1;
+  for (i = from; i <= end; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    if (e->kind == HIR_EXPR_ALLOCATE && !hir__composite_made(s, from, end, c, e->in[0])) return -1;
+    for (k = 0; k < hir__unit_size(e); k++) {
+      const hir_tv *t = hir__unit_at(e, k)->out ? hir__unit_at(e, k)->out[0] : NULL;
+      int q, inside = 0;
+      if (e->kind == HIR_EXPR_DEALLOCATE || e->kind == HIR_EXPR_ALLOCATE || hir__unit_at(e, k)->composite_role == HIR__ROLE_OUT)
+        continue;
+      for (q = 0; q < p->ir.outputs.n; q++)
+        if (p->ir.outputs.items[q] == (const void *)t) return -1;
+      for (q = from; q <= end; q++) { /* mentions in the run: its scope's exprs (a unit's ins and outs) */
+        const hir_expr *x = (const hir_expr *)s->exprs.items[q];
+        int m;
+        if (x->kind == HIR_EXPR_ALLOCATE || x->kind == HIR_EXPR_DEALLOCATE) continue;
+        for (m = 0; m < x->nin; m++) inside += x->in[m] == t;
+        for (m = 0; m < x->nout; m++) inside += x->out[m] == t;
+      }
+      if (hir__mentions(&p->top, t) != inside) return -1;
+    }
+  }
+  return end;
+}
+
+/* A composite's run (hir__find_fused) from s's expr *at: one backend call
+   on the views its primitives would read and write, then the run's
+   Deallocates; *at moves to its last expr. Where the views are not dense,
+   or the backend declines, the first expr runs as usual (the rest follow). */
+static int hir__exec_fused(hir_evaluator *ev, const hir_scope *s, int *at) {
+  const hir_expr *first = (const hir_expr *)s->exprs.items[*at], *last = ev->fused[first->name], *x = NULL;
+  const hir_tensor *xv, *ov, *w = NULL, *bias = NULL;
+  int i, k, m, end = *at, nred = 0, dense;
+  int64_t cols = 1;
+  double eps = 0;
+  hir_status st;
+  while ((const hir_expr *)s->exprs.items[end] != last) end++;
+  for (i = *at; i <= end; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    if (e->kind == HIR_EXPR_ALLOCATE || e->kind == HIR_EXPR_DEALLOCATE) continue;
+    for (k = 0; k < hir__unit_size(e); k++) {
+      const hir_expr *u = hir__unit_at(e, k);
+      if (u->composite_role == HIR__ROLE_X) x = u;
+      if (u->composite_role == HIR__ROLE_EPS) eps = u->scalar;
+      if (u->kind == HIR_EXPR_REDUCTION && !nred) /* the first mean's sum: the normalized axes, x's last */
+        for (m = u->out[0]->ndims - 1; m >= 0 && u->out[0]->ids[m]->iter == HIR_REDUCTION; m--) nred++;
+      if (u->composite_role == HIR__ROLE_WEIGHT || u->composite_role == HIR__ROLE_BIAS)
+        for (m = 0; m < u->nin; m++) /* the operand from outside the run */
+          if (!hir__composite_made(s, *at, end, u->composite, u->in[m])) {
+            if (!(u->composite_role == HIR__ROLE_WEIGHT ? (w = hir__get(ev, u->in[m], u)) : (bias = hir__get(ev, u->in[m], u))))
+              return 0;
+            break;
+          }
+    }
+  }
+  if (!x || !(xv = hir__get(ev, x->in[0], x))) return 0;
+  if (!(ov = hir__get_out(ev, hir__unit_at(last, hir__unit_size(last) - 1)->out[0]))) return 0;
+  for (k = xv->ndims - nred; k < xv->ndims && k >= 0; k++) cols *= xv->sizes[k];
+  dense = nred > 0 && nred <= xv->ndims && hir__is_contiguous(xv) && hir__is_contiguous(ov) && ov->ndims == xv->ndims &&
+          !memcmp(ov->sizes, xv->sizes, (size_t)xv->ndims * sizeof(int64_t));
+  dense = dense && (!w || (hir__is_contiguous(w) && hir__numel(w->ndims, w->sizes) == cols));
+  dense = dense && (!bias || (hir__is_contiguous(bias) && hir__numel(bias->ndims, bias->sizes) == cols));
+  if (!dense || (st = ev->b->layer_norm(ev->b, ev->current, ov, xv, w, bias, nred, eps)) == HIR_ERR_UNSUPPORTED)
+    return hir__exec(ev, first);
+  if (!hir__ev_backend(ev, st, first)) return 0;
+  for (i = *at + 1; i < end; i++)
+    if (((const hir_expr *)s->exprs.items[i])->kind == HIR_EXPR_DEALLOCATE && !hir__exec(ev, (const hir_expr *)s->exprs.items[i]))
+      return 0;
+  *at = end;
+  return 1;
+}
+
 static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
   int i;
   for (i = 0; i < s->exprs.n; i++) {
@@ -10118,8 +10526,8 @@ static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
     hir__span *gpu = NULL;
     int ok;
     if (ev->recording && ev->gpu_spans && !(gpu = hir__gpu_span_begin(ev, e)) && ev->status != HIR_OK) return 0;
-    HIR__RANGE_PUSH(hir__ops[e->kind].name);
-    ok = hir__exec(ev, e);
+    HIR__RANGE_PUSH(ev->fused[e->name] ? "LayerNorm" : hir__ops[e->kind].name);
+    ok = ev->fused[e->name] ? hir__exec_fused(ev, s, &i) : hir__exec(ev, e);
     HIR__RANGE_POP();
     if (!ok) return 0;
     if (gpu) {
@@ -10186,21 +10594,6 @@ static hir_evaluator *hir__evaluator_new(void) {
 
 static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p, const hir_eval_desc *d);
 
-/* How many exprs of the program name tv (reads and writes; Allocate and
-   Deallocate do not count). */
-static int hir__mentions(const hir_scope *s, const hir_tv *tv) {
-  int i, k, n = 0;
-  for (i = 0; i < s->exprs.n; i++) {
-    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
-    if (e->kind != HIR_EXPR_ALLOCATE && e->kind != HIR_EXPR_DEALLOCATE) {
-      for (k = 0; k < e->nin; k++) n += e->in[k] == tv;
-      for (k = 0; k < e->nout; k++) n += e->out[k] == tv;
-    }
-    n += hir__mentions(&e->body, tv) + hir__mentions(&e->orelse, tv);
-  }
-  return n;
-}
-
 /* A linear with a bias whose output only the next op reads, a relu or
    gelu_tanh into the same dtype: that op goes into the linear's epilogue
    (cuBLASLt's RELU_BIAS / GELU_BIAS on the CUDA backend; elsewhere applied
@@ -10227,6 +10620,31 @@ static void hir__find_epilogues(hir_evaluator *ev, const hir_scope *s) {
       snprintf(p->plan + n, sizeof p->plan - n, "%sepilogue: MatmulOp %d takes UnaryOp %d (%s)", n ? "; " : "", e->name, u->name,
                hir__unary_names[u->sub]);
     }
+  }
+}
+
+/* Composites (hir_layer_norm's primitives) the backend runs in one call
+   (hir_backend.layer_norm), where their run is whole and alone
+   (hir__composite_run): the first expr's entry names the last. Elsewhere
+   (a normalized axis sharded, say: a collective among them) the
+   primitives run. The plan says so. */
+static void hir__find_fused(hir_evaluator *ev, const hir_scope *s) {
+  hir_program *p = (hir_program *)ev->p; /* the plan is the program's note to its reader */
+  int i, k, end;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i], *x = NULL;
+    hir__find_fused(ev, &e->body);
+    hir__find_fused(ev, &e->orelse);
+    for (k = 0; k < hir__unit_size(e); k++)
+      if (hir__unit_at(e, k)->composite_role == HIR__ROLE_X) x = hir__unit_at(e, k);
+    if (!x || !ev->b->layer_norm || (end = hir__composite_run(p, s, i, x->composite)) < 0) continue;
+    ev->fused[e->name] = (const hir_expr *)s->exprs.items[end];
+    if (!strstr(p->plan, "fused:")) {
+      size_t n = strlen(p->plan);
+      snprintf(p->plan + n, sizeof p->plan - n, "%sfused: the layer_norm of T%d in one call (%s)", n ? "; " : "", x->in[0]->name,
+               ev->b->name);
+    }
+    i = end;
   }
 }
 
@@ -10308,6 +10726,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ok = ok && (ev->team = (void **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
   ok = ok && (ev->done = (void **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
   ok = ok && (ev->epilogue = (const hir_expr **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
+  ok = ok && (ev->fused = (const hir_expr **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
   ok = ok && (ev->env.sym = (int64_t *)HIR_MALLOC(((size_t)ev->nval + 1) * sizeof(int64_t))) != NULL;
   ok = ok && (ev->env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)ev->nval + 1)) != NULL;
   ok = ok && (ev->slot = (hir_tensor *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(hir_tensor))) != NULL;
@@ -10327,6 +10746,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   memset(ev->team, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
   memset(ev->done, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
   memset(ev->epilogue, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
+  memset(ev->fused, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
   memset(ev->bound, 0, (size_t)ev->ntv + 1);
   memset(ev->key, 0, ((size_t)ev->key_n + 1) * sizeof(int64_t));
   for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
@@ -10349,6 +10769,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   }
   hir__walk(&p->top, hir__setup_expr, ev);
   hir__find_epilogues(ev, &p->top);
+  hir__find_fused(ev, &p->top);
   return ev->status;
 }
 
@@ -10396,6 +10817,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->done);
   HIR_FREE(ev->staging);
   HIR_FREE(ev->epilogue);
+  HIR_FREE(ev->fused);
   HIR_FREE(ev->env.sym);
   HIR_FREE(ev->env.sym_bound);
   HIR_FREE(ev->slot);

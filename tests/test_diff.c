@@ -189,6 +189,26 @@ static diff_tv *diff_unary(diff_prog *p, int which, diff_tv *a) {
   return t;
 }
 
+/* t = hir_layer_norm of a over its last axis, times a weight (one in two:
+   an earlier 1-D tensor of that size, where there is one): the backend's
+   fused call where its primitives stay together, else the primitives (a
+   sharded last axis: a collective among them). */
+static diff_tv *diff_layer_norm(diff_rng *r, diff_prog *p, diff_tv *a) {
+  int64_t C = a->sizes[a->nd - 1], rows = diff_numel(a->nd - 1, a->sizes), m, k;
+  diff_tv *w = NULL, *t;
+  int i;
+  for (i = 0; i < p->ntv && diff_next(r, 2); i++)
+    if (p->t[i].nd == 1 && p->t[i].sizes[0] == C && &p->t[i] != a) w = &p->t[i];
+  t = diff_new(p, hir_layer_norm(p->f, a->tv, 1, w ? w->tv : NULL, NULL, 1e-5), a->nd, a->sizes);
+  for (m = 0; m < rows; m++) {
+    double mean = 0, var = 0;
+    for (k = 0; k < C; k++) mean += a->v[m * C + k] / (double)C;
+    for (k = 0; k < C; k++) var += (a->v[m * C + k] - mean) * (a->v[m * C + k] - mean) / (double)C;
+    for (k = 0; k < C; k++) t->v[m * C + k] = (a->v[m * C + k] - mean) / sqrt(var + 1e-5) * (w ? w->v[k] : 1);
+  }
+  return t;
+}
+
 /* t = a view op of a: select index 0 of axis ax, slice [0, 1) of it, or a
    reshape (flattened, or keeping axis 0); a's whole values, row-major. */
 static diff_tv *diff_view(diff_prog *p, int which, diff_tv *a, int ax) {
@@ -312,8 +332,8 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   for (k = 0; k < nops && p->ntv < DIFF_MAX_TVS - 3; k++) {
     diff_tv *a = &p->t[p->ntv - 1 - diff_next(r, p->ntv < 2 ? 1 : 2)], *t = NULL;
     switch (diff_next(r, 5)) {
-    case 3: /* an elementwise op */
-      t = diff_unary(p, diff_next(r, 6), a);
+    case 3: /* an elementwise op; by the seed, a layer_norm (the programs of other seeds stay) */
+      t = p->seed % 11 == 4 && p->ntv < DIFF_MAX_TVS - 4 ? diff_layer_norm(r, p, a) : diff_unary(p, diff_next(r, 6), a);
       break;
     case 4: { /* a select, slice or reshape (select and slice of a non-empty axis, select of a 2+-axis tensor) */
       int which = diff_next(r, 3), ax = diff_next(r, a->nd);

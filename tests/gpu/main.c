@@ -231,6 +231,65 @@ TEST(test_gpu_linear_and_kernels, "gpu/linear_and_kernels", TEST_GPU) {
   else unsetenv("HOSTIR_CACHE_DIR");
 }
 
+static hir_status (*cuda_layer_norm)(hir_backend *, void *, const hir_tensor *, const hir_tensor *, const hir_tensor *,
+                                     const hir_tensor *, int, double);
+static int layer_norm_calls;
+static hir_status counting_layer_norm(hir_backend *b, void *s, const hir_tensor *d, const hir_tensor *x, const hir_tensor *w,
+                                      const hir_tensor *bias, int naxes, double eps) {
+  hir_status st = cuda_layer_norm(b, s, d, x, w, bias, naxes, eps);
+  layer_norm_calls += st == HIR_OK;
+  return st;
+}
+
+/* hir_layer_norm as one kernel (hir_backend.layer_norm, counted) against the
+   CPU backend's, in every dtype: rows of 4096 (a block of 256 threads), of
+   1000 and 96 (fewer threads, a row's tail), two normalized axes, rows
+   longer than a block's pass, weight and bias of other dtypes or none. */
+TEST(test_gpu_layer_norm, "gpu/layer_norm", TEST_GPU) {
+  static const struct { hir_dtype x, w, b; int nd, naxes; int64_t sizes[3]; } cases[] = {
+      {HIR_BF16, HIR_BF16, HIR_BF16, 2, 1, {333, 4096}},
+      {HIR_F32, HIR_DTYPE_COUNT, HIR_DTYPE_COUNT, 2, 1, {7, 1000}},
+      {HIR_F16, HIR_F32, HIR_F32, 2, 1, {64, 96}},
+      {HIR_F64, HIR_F64, HIR_F64, 3, 2, {5, 3, 40}},
+      {HIR_BF16, HIR_F32, HIR_DTYPE_COUNT, 2, 1, {3, 100003}},
+  };
+  int k;
+  hir_backend *be = hir_backend_cuda_create(0);
+  CHECK(be != NULL);
+  if (!be) return;
+  cuda_layer_norm = be->layer_norm;
+  be->layer_norm = counting_layer_norm;
+  for (k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
+    hir_fusion *f = hir_fusion_create();
+    int nd = cases[k].nd, nw = cases[k].naxes, n = 1, i;
+    hir_tv *x = hir_input(f, cases[k].x, nd), *w = NULL, *b = NULL;
+    hir_tensor in[3], cpu, gpu;
+    char err[512] = "", what[96];
+    in[0] = trand(cases[k].x, nd, cases[k].sizes);
+    if (cases[k].w != HIR_DTYPE_COUNT) w = hir_input(f, cases[k].w, nw), in[n++] = trand(cases[k].w, nw, cases[k].sizes + nd - nw);
+    if (cases[k].b != HIR_DTYPE_COUNT) b = hir_input(f, cases[k].b, nw), in[n++] = trand(cases[k].b, nw, cases[k].sizes + nd - nw);
+    hir_output(f, hir_layer_norm(f, x, nw, w, b, 1e-5));
+    snprintf(what, sizeof what, "%s layer_norm, case %d", hir_dtype_name(cases[k].x), k);
+    layer_norm_calls = 0;
+    if (run_single(f, NULL, n, in, 1, &cpu, err, sizeof err) != HIR_OK) {
+      fprintf(stderr, "  %s on the CPU: %s\n", what, err);
+      hir_test_failures++;
+    } else {
+      if (run_single(f, be, n, in, 1, &gpu, err, sizeof err) != HIR_OK || !compare(&gpu, &cpu, dtype_tol(cases[k].x), err, sizeof err, what)) {
+        fprintf(stderr, "  %s\n", err);
+        hir_test_failures++;
+      } else {
+        tfree(&gpu);
+      }
+      tfree(&cpu);
+    }
+    CHECK(layer_norm_calls == 1); /* one kernel, not the primitives */
+    for (i = 0; i < n; i++) tfree(&in[i]);
+    hir_fusion_free(f);
+  }
+  hir_backend_free(be);
+}
+
 TEST(test_gpu_long_binary, "gpu/long_binary", TEST_GPU) {
   int64_t sizes[2][2] = {{4, 65536}, {3, 100003}};
   int k;
@@ -265,10 +324,12 @@ TEST(test_gpu_long_binary, "gpu/long_binary", TEST_GPU) {
   }
 }
 
-/* Sums on both paths of the CUDA backend, in every dtype: short axes of
+/* Sums on every path of the CUDA backend, in every dtype: short axes of
    whole 16-byte rows by hostir's kernel (one launch, several for more than
-   65535 rows outside, two axes in a row), long axes (over 256) and rows of an
-   odd length by the GEMM against ones. */
+   65535 rows outside, two axes in a row), the innermost axis by the rows
+   kernel (aligned rows 16 bytes a thread, odd ones one value a thread, more
+   rows than its grid), other long axes (over 256) and rows of an odd length
+   by the GEMM against ones. */
 TEST(test_gpu_sum, "gpu/sum", TEST_GPU) {
   static const struct { int nd; int64_t sizes[3]; int naxes, axes[2]; } cases[] = {
       {2, {4, 2048}, 1, {0}},        /* the partials of a reduce-scatter */
@@ -277,6 +338,10 @@ TEST(test_gpu_sum, "gpu/sum", TEST_GPU) {
       {3, {4, 6, 16}, 2, {0, 2}},    /* the kernel, then the GEMM (rows of one value) */
       {3, {2, 300, 64}, 1, {1}},     /* a long axis: the GEMM */
       {3, {3, 7, 1001}, 1, {1}},     /* odd rows: the GEMM */
+      {2, {1000, 4096}, 1, {1}},     /* the innermost axis: the rows kernel, 16 bytes a thread */
+      {3, {9, 2, 1001}, 1, {2}},     /* odd rows: one value a thread */
+      {2, {1100000, 3}, 1, {1}},     /* more rows than the rows kernel's grid */
+      {2, {5, 300}, 2, {0, 1}},      /* everything: the short-axis kernel, then the rows kernel */
   };
   int dt, k;
   hir_backend *be = hir_backend_cuda_create(0);
