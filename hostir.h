@@ -7639,8 +7639,9 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "  case 14: hir_cast_run<3, 2>(a); break;\n"
     "  }\n"
     "}\n",
-    /* hir_backend.layer_norm: a block a row, three passes over it (the later ones from the cache) */
-    "struct hir_ln_args { void *dst; const void *x, *w, *b; i64 rows, cols; double eps; int dt_dst, dt_x, dt_w, dt_b; };\n"
+    /* hir_backend.layer_norm: a block a row, three passes over it (the later ones from the cache; vec: the row in
+       registers, 16 bytes a load, x, dst, the weight and the bias of one dtype DT, at most 4 vectors a thread) */
+    "struct hir_ln_args { void *dst; const void *x, *w, *b; i64 rows, cols; double eps; int dt_dst, dt_x, dt_w, dt_b, vec; };\n"
     "template <typename T> __device__ T hir_block_sum(T v, T *part) {\n" /* every thread gets the block's sum */
     "  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
     "  if (blockDim.x > 32) {\n"
@@ -7669,13 +7670,60 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "    }\n"
     "  }\n"
     "}\n"
-    "extern \"C\" __global__ void hir_layer_norm(hir_ln_args a) { if (a.dt_x == 1) hir_ln<double>(a); else hir_ln<float>(a); }\n"};
+    "template <int DT> __device__ void hir_ln_vec(const hir_ln_args &a) {\n"
+    "  typedef hir_lanes<DT> L;\n"
+    "  __shared__ float part[32];\n"
+    "  i64 nvec = a.cols / L::E;\n"
+    "  for (i64 r = blockIdx.x; r < a.rows; r += gridDim.x) {\n"
+    "    const uint4 *row = (const uint4 *)a.x + r * nvec;\n"
+    "    uint4 v[4];\n"
+    "    float s = 0, q = 0;\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < 4; k++) {\n"
+    "      i64 at = threadIdx.x + (i64)k * blockDim.x;\n"
+    "      if (at < nvec) {\n"
+    "        v[k] = row[at];\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < L::E; j++) s += L::get(v[k], j);\n"
+    "      }\n"
+    "    }\n"
+    "    float mean = hir_block_sum<float>(s, part) / (float)a.cols;\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < 4; k++)\n"
+    "      if (threadIdx.x + (i64)k * blockDim.x < nvec)\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < L::E; j++) { float d = L::get(v[k], j) - mean; q += d * d; }\n"
+    "    float rstd = 1.f / sqrt(hir_block_sum<float>(q, part) / (float)a.cols + (float)a.eps);\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < 4; k++) {\n"
+    "      i64 at = threadIdx.x + (i64)k * blockDim.x;\n"
+    "      if (at < nvec) {\n"
+    "        uint4 o = v[k], wv = a.w ? ((const uint4 *)a.w)[at] : o, bv = a.b ? ((const uint4 *)a.b)[at] : o;\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < L::E; j++) {\n"
+    "          float y = (L::get(v[k], j) - mean) * rstd;\n"
+    "          if (a.w) y = y * L::get(wv, j);\n"
+    "          if (a.b) y = y + L::get(bv, j);\n"
+    "          L::put(o, j, y);\n"
+    "        }\n"
+    "        ((uint4 *)a.dst)[r * nvec + at] = o;\n"
+    "      }\n"
+    "    }\n"
+    "  }\n"
+    "}\n"
+    "extern \"C\" __global__ void hir_layer_norm(hir_ln_args a) {\n"
+    "  if (a.vec && a.dt_x == 0) hir_ln_vec<0>(a);\n"
+    "  else if (a.vec && a.dt_x == 2) hir_ln_vec<2>(a);\n"
+    "  else if (a.vec && a.dt_x == 3) hir_ln_vec<3>(a);\n"
+    "  else if (a.dt_x == 1) hir_ln<double>(a);\n"
+    "  else hir_ln<float>(a);\n"
+    "}\n"};
 typedef struct hir__ln_args { /* hir_ln_args of the kernel source, field for field */
   void *dst;
   const void *x, *w, *b;
   int64_t rows, cols;
   double eps;
-  int dt_dst, dt_x, dt_w, dt_b;
+  int dt_dst, dt_x, dt_w, dt_b, vec;
 } hir__ln_args;
 typedef struct hir__rows_args { /* hir_rows_args of the kernel source, field for field */
   void *dst;
@@ -7935,7 +7983,7 @@ static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_t
   void *argv[1];
   dim3 grid, block;
   unsigned threads = 32;
-  int64_t cols = 1;
+  int64_t cols = 1, per;
   int d;
   cudaError_t e;
   for (d = x->ndims - naxes; d < x->ndims; d++) cols *= x->sizes[d];
@@ -7946,6 +7994,11 @@ static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_t
   args.w = weight ? weight->data : NULL, args.b = bias ? bias->data : NULL;
   args.dt_dst = (int)dst->dtype, args.dt_x = (int)x->dtype;
   args.dt_w = weight ? (int)weight->dtype : 0, args.dt_b = bias ? (int)bias->dtype : 0;
+  per = x->dtype == HIR_F32 ? 4 : 8; /* values in a 16-byte vector */
+  args.vec = x->dtype == dst->dtype && x->dtype != HIR_F64 && x->dtype <= HIR_BF16 && cols % per == 0 && cols / per <= 4 * 256 &&
+             (!weight || weight->dtype == x->dtype) && (!bias || bias->dtype == x->dtype) &&
+             ((uintptr_t)x->data | (uintptr_t)dst->data | (uintptr_t)args.w | (uintptr_t)args.b) % 16 == 0;
+  if (args.vec) cols /= per; /* the row in registers: 4 vectors a thread */
   while (threads < 256 && (int64_t)threads * 4 < cols) threads *= 2;
   argv[0] = &args;
   grid.x = (unsigned)(args.rows < (1 << 20) ? args.rows : (1 << 20)), grid.y = grid.z = 1;
