@@ -7514,7 +7514,8 @@ static const char *const hir__cuda_map_tail[] = { /* pieces under C's 4095-chara
     "    hir_st<T>(a.dst, DT, k, a.binary ? hir_binary<T>(a.op, xv, hir_ld<T>(a.b, DT, k)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
     "  }\n"
     "}\n"
-    /* a unary op from one dense dtype DA into another DD (casts): 8 values a thread, in registers */
+    /* a unary op from one dense dtype DA into another DD (casts): 8 values a thread, in registers (an f32 vector
+       holds 4: two of them; the 16-bit branch is compiled for f32 too, as f16, never run) */
     "template <int D> __device__ void hir_load8(const void *p, i64 v, float *f) {\n"
     "  if (D == 0) {\n"
     "    uint4 q0 = ((const uint4 *)p)[2 * v], q1 = ((const uint4 *)p)[2 * v + 1];\n"
