@@ -6976,9 +6976,9 @@ typedef struct hir__nvrtc {
 /* The elementwise kernels, by what they compute: any op in float or in
    double (any strides and dtypes), one dtype's dense tensors 16 bytes a
    thread, the tuner's comparison, the fp8 GEMM's per-row scales, the sums
-   of a dense tensor's rows, dense casts, and layer_norm. */
+   of a dense tensor's rows, dense casts, layer_norm, and transposing copies. */
 enum { HIR__MAP_F32, HIR__MAP_F64, HIR__VEC_F32, HIR__VEC_F64, HIR__VEC_F16, HIR__VEC_BF16, HIR__MAX_ABS, HIR__SCALE_RC,
-       HIR__SUM_ROWS, HIR__CAST_VEC, HIR__LAYER_NORM, HIR__MAP_KERNELS };
+       HIR__SUM_ROWS, HIR__CAST_VEC, HIR__LAYER_NORM, HIR__TRANSPOSE, HIR__MAP_KERNELS };
 HIR__STATIC_ASSERT(vec_kernels, HIR_F32 == 0 && HIR__VEC_F32 + HIR_BF16 == HIR__VEC_BF16); /* HIR__VEC_F32 + dtype */
 
 #define HIR__CUDA_LANES 64
@@ -7015,6 +7015,8 @@ typedef struct hir__cuda {
 
 /* The elementwise kernels (below), used by copies and graph capture too. */
 static int hir__cuda_load_map(hir__cuda *c, int which);
+static hir_status hir__cuda_transpose(hir_backend *b, cudaStream_t s, void *dst, const void *src, size_t es, int nd,
+                                      const int64_t *sizes, int64_t (*strides)[HIR_MAX_DIMS]);
 static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_tensor *dst, const hir_tensor *a,
                                 const hir_tensor *x, double s);
 
@@ -7353,6 +7355,10 @@ static hir_status hir__cuda_copy(hir_backend *b, void *stream, const hir_tensor 
     return HIR_OK;
   }
   run = (strides[0][nd - 1] == 1 && strides[1][nd - 1] <= 1) ? sizes[nd - 1] : 1;
+  if (nd >= 2 && nd <= 3 && strides[0][nd - 1] == 1 && strides[1][nd - 1] > 1 && strides[1][nd - 2] == 1) {
+    hir_status st = hir__cuda_transpose(b, s, dst->data, src->data, es, nd, sizes, strides); /* [B,] R, C, tiled */
+    if (st != HIR_ERR_UNSUPPORTED) return st;
+  }
   if (run == 1) { /* element by element (a transpose): one kernel, where NVRTC gave it */
     hir_status st = hir__cuda_map(b, stream, HIR_UNARY_CAST, dst, src, NULL, 0);
     if (st != HIR_ERR_UNSUPPORTED) return st;
@@ -7718,7 +7724,41 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "  else if (a.vec && a.dt_x == 3) hir_ln_vec<3>(a);\n"
     "  else if (a.dt_x == 1) hir_ln<double>(a);\n"
     "  else hir_ln<float>(a);\n"
+    "}\n",
+    /* dst[b, r, c] = src[b, r, c] where src's r and dst's c are contiguous (a transposing copy): 32 x 32 tiles through
+       shared memory, so both sides move whole rows; elements of es bytes */
+    "struct hir_tr_args { void *dst; const void *src; i64 B, R, C, dst_b, dst_r, src_b, src_c; int es; };\n"
+    "template <typename E> __device__ void hir_tr(const hir_tr_args &a) {\n"
+    "  __shared__ E tile[32][33];\n"
+    "  const E *src = (const E *)a.src;\n"
+    "  E *dst = (E *)a.dst;\n"
+    "  i64 c0 = blockIdx.x * (i64)32;\n"
+    "  for (i64 b = blockIdx.z; b < a.B; b += gridDim.z)\n"
+    "    for (i64 r0 = blockIdx.y * (i64)32; r0 < a.R; r0 += gridDim.y * (i64)32) {\n"
+    "      for (int j = threadIdx.y; j < 32; j += blockDim.y) {\n" /* read along r: src's contiguous axis */
+    "        i64 r = r0 + threadIdx.x, c = c0 + j;\n"
+    "        if (r < a.R && c < a.C) tile[j][threadIdx.x] = src[b * a.src_b + r + c * a.src_c];\n"
+    "      }\n"
+    "      __syncthreads();\n"
+    "      for (int j = threadIdx.y; j < 32; j += blockDim.y) {\n" /* write along c: dst's */
+    "        i64 r = r0 + j, c = c0 + threadIdx.x;\n"
+    "        if (r < a.R && c < a.C) dst[b * a.dst_b + r * a.dst_r + c] = tile[threadIdx.x][j];\n"
+    "      }\n"
+    "      __syncthreads();\n"
+    "    }\n"
+    "}\n"
+    "extern \"C\" __global__ void hir_transpose(hir_tr_args a) {\n"
+    "  if (a.es == 1) hir_tr<unsigned char>(a);\n"
+    "  else if (a.es == 2) hir_tr<unsigned short>(a);\n"
+    "  else if (a.es == 4) hir_tr<unsigned>(a);\n"
+    "  else hir_tr<unsigned long long>(a);\n"
     "}\n"};
+typedef struct hir__tr_args { /* hir_tr_args of the kernel source, field for field */
+  void *dst;
+  const void *src;
+  int64_t B, R, C, dst_b, dst_r, src_b, src_c;
+  int es;
+} hir__tr_args;
 typedef struct hir__ln_args { /* hir_ln_args of the kernel source, field for field */
   void *dst;
   const void *x, *w, *b;
@@ -7861,7 +7901,7 @@ static void hir__write_all(const char *path, const char *data, size_t size) {
 static int hir__cuda_load_map(hir__cuda *c, int which) {
   static const char *const names[HIR__MAP_KERNELS] = {"hir_map_f32", "hir_map_f64", "hir_vec_f32", "hir_vec_f64",
                                                       "hir_vec_f16", "hir_vec_bf16", "hir_max_abs_all", "hir_scale_rc",
-                                                      "hir_sum_rows", "hir_cast_vec", "hir_layer_norm"};
+                                                      "hir_sum_rows", "hir_cast_vec", "hir_layer_norm", "hir_transpose"};
   void *prog = NULL;
   char *src = NULL, *bin = NULL, arch[32], opt[64], path[640];
   const char *opts[2];
@@ -8006,6 +8046,31 @@ static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_t
   block.x = threads, block.y = block.z = 1;
   e = cudaLaunchKernel((const void *)c->map_kernel[HIR__LAYER_NORM], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
   if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (layer_norm)", cudaGetErrorString(e), __FILE__, __LINE__);
+  return HIR_OK;
+}
+
+/* dst <- src of [B,] R, C (collapsed) where src's R and dst's C have unit stride: 32 x 32 tiles by the NVRTC
+   kernel. HIR_ERR_UNSUPPORTED where it is not loaded (the element kernel then copies). */
+static hir_status hir__cuda_transpose(hir_backend *b, cudaStream_t s, void *dst, const void *src, size_t es, int nd,
+                                      const int64_t *sizes, int64_t (*strides)[HIR_MAX_DIMS]) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__tr_args args;
+  void *argv[1];
+  dim3 grid, block;
+  cudaError_t e;
+  if (!hir__cuda_load_map(c, HIR__TRANSPOSE)) return HIR_ERR_UNSUPPORTED;
+  args.dst = dst, args.src = src, args.es = (int)es;
+  args.B = nd == 3 ? sizes[0] : 1, args.R = sizes[nd - 2], args.C = sizes[nd - 1];
+  args.dst_b = nd == 3 ? strides[0][0] : 0, args.dst_r = strides[0][nd - 2];
+  args.src_b = nd == 3 ? strides[1][0] : 0, args.src_c = strides[1][nd - 1];
+  argv[0] = &args;
+  grid.x = (unsigned)((args.C + 31) / 32);
+  grid.y = (unsigned)((args.R + 31) / 32 < 65535 ? (args.R + 31) / 32 : 65535);
+  grid.z = (unsigned)(args.B < 65535 ? args.B : 65535);
+  block.x = 32, block.y = 8, block.z = 1;
+  if (grid.x > 0x7fffffffu) return HIR_ERR_UNSUPPORTED;
+  e = cudaLaunchKernel((const void *)c->map_kernel[HIR__TRANSPOSE], grid, block, argv, 0, s ? s : c->caller);
+  if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (transpose)", cudaGetErrorString(e), __FILE__, __LINE__);
   return HIR_OK;
 }
 

@@ -290,6 +290,43 @@ TEST(test_gpu_layer_norm, "gpu/layer_norm", TEST_GPU) {
   hir_backend_free(be);
 }
 
+/* Permutes against the CPU backend's, exactly, in every element size (fp8
+   1 byte to f64 8): 2-D and batched transposes by the tiled kernel (sizes no
+   multiple of its 32 x 32 tiles, more tile rows than its grid's 65535), a
+   permute of three axes by whichever copy takes it. */
+TEST(test_gpu_transpose, "gpu/transpose", TEST_GPU) {
+  static const struct { int nd; int64_t sizes[3]; int perm[3]; } cases[] = {
+      {2, {70, 33}, {1, 0}}, {3, {3, 100, 257}, {0, 2, 1}}, {2, {2, 2100000}, {1, 0}}, {3, {5, 40, 3}, {2, 1, 0}}};
+  static const hir_dtype dts[5] = {HIR_F32, HIR_F64, HIR_F16, HIR_BF16, HIR_F8E4M3};
+  int k, d;
+  hir_backend *be = hir_backend_cuda_create(0);
+  CHECK(be != NULL);
+  for (k = 0; be && k < (int)(sizeof cases / sizeof cases[0]); k++)
+    for (d = 0; d < 5; d++) {
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *a = hir_input(f, dts[d], cases[k].nd);
+      hir_tensor in = trand(dts[d], cases[k].nd, cases[k].sizes), cpu, gpu;
+      char err[512] = "", what[96];
+      hir_output(f, hir_permute(f, a, cases[k].perm));
+      snprintf(what, sizeof what, "%s permute, case %d", hir_dtype_name(dts[d]), k);
+      if (run_single(f, NULL, 1, &in, 1, &cpu, err, sizeof err) != HIR_OK) {
+        fprintf(stderr, "  %s on the CPU: %s\n", what, err);
+        hir_test_failures++;
+      } else {
+        if (run_single(f, be, 1, &in, 1, &gpu, err, sizeof err) != HIR_OK || !compare(&gpu, &cpu, 0, err, sizeof err, what)) {
+          fprintf(stderr, "  %s\n", err);
+          hir_test_failures++;
+        } else {
+          tfree(&gpu);
+        }
+        tfree(&cpu);
+      }
+      tfree(&in);
+      hir_fusion_free(f);
+    }
+  hir_backend_free(be);
+}
+
 TEST(test_gpu_long_binary, "gpu/long_binary", TEST_GPU) {
   int64_t sizes[2][2] = {{4, 65536}, {3, 100003}};
   int k;
