@@ -215,6 +215,74 @@ TEST(test_ops_layer_norm, "ops/layer_norm", TEST_CPU | TEST_GPU_WORLDS) {
     }
 }
 
+static hir_status (*cpu_layer_norm)(hir_backend *, void *, const hir_tensor *, const hir_tensor *, const hir_tensor *,
+                                    const hir_tensor *, int, double);
+static int layer_norm_calls;
+static hir_status counting_layer_norm(hir_backend *b, void *s, const hir_tensor *d, const hir_tensor *x, const hir_tensor *w,
+                                      const hir_tensor *bias, int naxes, double eps) {
+  layer_norm_calls++;
+  return cpu_layer_norm(b, s, d, x, w, bias, naxes, eps);
+}
+
+/* hir_layer_norm's primitives as one backend call (hir_backend.layer_norm,
+   counted) where they stay together, on one rank: a plain one. Where they
+   do not, the primitives, the plan silent: x's rows a Stream axis (stream
+   lowering loops over the chunks of some primitives, not all); the value
+   before the bias an output too (the primitives must write it). The numbers
+   against the reference each time. */
+TEST(test_ops_layer_norm_one_call, "ops/layer_norm_one_call", TEST_CPU) {
+  int mode;
+  for (mode = 0; mode < 3; mode++) {
+    int64_t sx[2] = {6, 10}, sw[1] = {10};
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 2), *w = hir_input(f, HIR_F32, 1), *b = hir_input(f, HIR_F32, 1);
+    hir_tv *y = hir_layer_norm(f, x, 1, w, b, 1e-5), *scaled = hir_expr_input(hir_tv_definition(y), 0);
+    hir_backend *be = hir_backend_cpu_create();
+    hir_lower_desc ld;
+    hir_eval_desc ed;
+    hir_program *p = NULL;
+    hir_evaluator *ev = NULL;
+    hir_tensor in[3], out[2], want = {0}, want_scaled = {0};
+    char err[256] = "";
+    int k, fused = -1, nout = mode == 2 ? 2 : 1;
+    hir_output(f, y);
+    if (mode == 1) hir_parallelize(x, 0, HIR_STREAM);
+    if (mode == 2) hir_output(f, scaled);
+    memset(&ld, 0, sizeof ld);
+    memset(&ed, 0, sizeof ed);
+    memset(out, 0, sizeof out);
+    cpu_layer_norm = be->layer_norm;
+    be->layer_norm = counting_layer_norm;
+    layer_norm_calls = 0;
+    ed.backend = be;
+    ed.number_of_streams = 2;
+    in[0] = trand(HIR_F32, 2, sx), in[1] = trand(HIR_F32, 1, sw), in[2] = trand(HIR_F32, 1, sw);
+    CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+    if (ev && hir_run(ev, in, 3, out, nout) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK) {
+      fused = strstr(hir_program_plan(p), "fused: the layer_norm") != NULL;
+      want = ref_layer_norm(&in[0], 6, 10, &in[1], &in[2], 1e-5);
+      if (!compare(&out[0], &want, 1e-5, err, sizeof err, "layer_norm")) printf("  mode %d: %s\n", mode, err), hir_test_failures++;
+      if (mode == 2) {
+        want_scaled = ref_layer_norm(&in[0], 6, 10, &in[1], NULL, 1e-5);
+        if (!compare(&out[1], &want_scaled, 1e-5, err, sizeof err, "its value before the bias"))
+          printf("  mode %d: %s\n", mode, err), hir_test_failures++;
+      }
+    } else {
+      printf("  mode %d: %s\n", mode, ev ? hir_evaluator_error(ev) : hir_program_error(p));
+      hir_test_failures++;
+    }
+    CHECK(fused == (mode == 0));
+    CHECK(layer_norm_calls == (mode == 0));
+    tfree(&want);
+    tfree(&want_scaled);
+    for (k = 0; k < 3; k++) tfree(&in[k]);
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_backend_free(be);
+    hir_fusion_free(f);
+  }
+}
+
 /* A sum over the DIDx axis and a local one (lowered as a local sum, then an
    Allreduce), and over an inner DIDx axis (MultiDeviceReductionTest's
    reduction on dim 1). */
