@@ -624,7 +624,7 @@ struct hir_backend {
                               const hir_tensor *b, const hir_tensor *a_scale, const hir_tensor *b_scale);
   /* Optional: hir_layer_norm in one call: dst = (x - mean) / sqrt(var + eps) * weight + bias over x's last
      `naxes` axes (x and dst dense, one shape; weight and bias dense with their numel, or NULL), computed in
-     f32 (f64 for f64 x). NULL, or HIR_ERR_UNSUPPORTED for what it does not take: its primitives run. */
+     f32 or wider (f64 for f64 x). NULL, or HIR_ERR_UNSUPPORTED for what it does not take: its primitives run. */
   hir_status (*layer_norm)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
                            const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps);
 };
@@ -8063,12 +8063,12 @@ static hir_status hir__cuda_transpose(hir_backend *b, cudaStream_t s, void *dst,
   args.B = nd == 3 ? sizes[0] : 1, args.R = sizes[nd - 2], args.C = sizes[nd - 1];
   args.dst_b = nd == 3 ? strides[0][0] : 0, args.dst_r = strides[0][nd - 2];
   args.src_b = nd == 3 ? strides[1][0] : 0, args.src_c = strides[1][nd - 1];
+  if ((args.C + 31) / 32 > 0x7fffffff) return HIR_ERR_UNSUPPORTED; /* more tiles across than a grid holds */
   argv[0] = &args;
   grid.x = (unsigned)((args.C + 31) / 32);
   grid.y = (unsigned)((args.R + 31) / 32 < 65535 ? (args.R + 31) / 32 : 65535);
   grid.z = (unsigned)(args.B < 65535 ? args.B : 65535);
   block.x = 32, block.y = 8, block.z = 1;
-  if (grid.x > 0x7fffffffu) return HIR_ERR_UNSUPPORTED;
   e = cudaLaunchKernel((const void *)c->map_kernel[HIR__TRANSPOSE], grid, block, argv, 0, s ? s : c->caller);
   if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (transpose)", cudaGetErrorString(e), __FILE__, __LINE__);
   return HIR_OK;
