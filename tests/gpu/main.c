@@ -70,6 +70,25 @@ static hir_status run_single(const hir_fusion *f, hir_backend *b, int nin, const
   return s;
 }
 
+/* f's one output on the CUDA backend against the CPU backend's, within tol;
+   a failure counted and said, naming `what`. */
+static void gpu_against_cpu(const hir_fusion *f, hir_backend *be, int nin, const hir_tensor *in, double tol, const char *what) {
+  hir_tensor cpu, gpu;
+  char err[512] = "";
+  if (run_single(f, NULL, nin, in, 1, &cpu, err, sizeof err) != HIR_OK) {
+    fprintf(stderr, "  %s on the CPU: %s\n", what, err);
+    hir_test_failures++;
+    return;
+  }
+  if (run_single(f, be, nin, in, 1, &gpu, err, sizeof err) != HIR_OK || !compare(&gpu, &cpu, tol, err, sizeof err, what)) {
+    fprintf(stderr, "  %s\n", err);
+    hir_test_failures++;
+  } else {
+    tfree(&gpu);
+  }
+  tfree(&cpu);
+}
+
 /* Every op (set, add, sub with broadcasting, sum over one and two axes,
    broadcast, matmul 2-D / batched / broadcast batch / 1-D) in every dtype. */
 TEST(test_gpu_ops, "gpu/ops", TEST_GPU) {
@@ -252,26 +271,15 @@ TEST(test_gpu_layer_norm, "gpu/layer_norm", TEST_GPU) {
     hir_fusion *f = hir_fusion_create();
     int nd = cases[k].nd, nw = cases[k].naxes, n = 1, i;
     hir_tv *x = hir_input(f, cases[k].x, nd), *w = NULL, *b = NULL;
-    hir_tensor in[3], cpu, gpu;
-    char err[512] = "", what[96];
+    hir_tensor in[3];
+    char what[96];
     in[0] = trand(cases[k].x, nd, cases[k].sizes);
     if (cases[k].w != HIR_DTYPE_COUNT) w = hir_input(f, cases[k].w, nw), in[n++] = trand(cases[k].w, nw, cases[k].sizes + nd - nw);
     if (cases[k].b != HIR_DTYPE_COUNT) b = hir_input(f, cases[k].b, nw), in[n++] = trand(cases[k].b, nw, cases[k].sizes + nd - nw);
     hir_output(f, hir_layer_norm(f, x, nw, w, b, 1e-5));
     snprintf(what, sizeof what, "%s layer_norm, case %d", hir_dtype_name(cases[k].x), k);
     layer_norm_calls = 0;
-    if (run_single(f, NULL, n, in, 1, &cpu, err, sizeof err) != HIR_OK) {
-      fprintf(stderr, "  %s on the CPU: %s\n", what, err);
-      hir_test_failures++;
-    } else {
-      if (run_single(f, be, n, in, 1, &gpu, err, sizeof err) != HIR_OK || !compare(&gpu, &cpu, dtype_tol(cases[k].x), err, sizeof err, what)) {
-        fprintf(stderr, "  %s\n", err);
-        hir_test_failures++;
-      } else {
-        tfree(&gpu);
-      }
-      tfree(&cpu);
-    }
+    gpu_against_cpu(f, be, n, in, dtype_tol(cases[k].x), what);
     CHECK(layer_norm_calls == 1); /* one kernel, not the primitives */
     for (i = 0; i < n; i++) tfree(&in[i]);
     hir_fusion_free(f);
@@ -294,22 +302,11 @@ TEST(test_gpu_transpose, "gpu/transpose", TEST_GPU) {
     for (d = 0; d < 5; d++) {
       hir_fusion *f = hir_fusion_create();
       hir_tv *a = hir_input(f, dts[d], cases[k].nd);
-      hir_tensor in = trand(dts[d], cases[k].nd, cases[k].sizes), cpu, gpu;
-      char err[512] = "", what[96];
+      hir_tensor in = trand(dts[d], cases[k].nd, cases[k].sizes);
+      char what[96];
       hir_output(f, hir_permute(f, a, cases[k].perm));
       snprintf(what, sizeof what, "%s permute, case %d", hir_dtype_name(dts[d]), k);
-      if (run_single(f, NULL, 1, &in, 1, &cpu, err, sizeof err) != HIR_OK) {
-        fprintf(stderr, "  %s on the CPU: %s\n", what, err);
-        hir_test_failures++;
-      } else {
-        if (run_single(f, be, 1, &in, 1, &gpu, err, sizeof err) != HIR_OK || !compare(&gpu, &cpu, 0, err, sizeof err, what)) {
-          fprintf(stderr, "  %s\n", err);
-          hir_test_failures++;
-        } else {
-          tfree(&gpu);
-        }
-        tfree(&cpu);
-      }
+      gpu_against_cpu(f, be, 1, &in, 0, what);
       tfree(&in);
       hir_fusion_free(f);
     }
@@ -376,22 +373,11 @@ TEST(test_gpu_sum, "gpu/sum", TEST_GPU) {
     for (k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
       hir_fusion *f = hir_fusion_create();
       hir_tv *a = hir_input(f, (hir_dtype)dt, cases[k].nd);
-      hir_tensor in = trand((hir_dtype)dt, cases[k].nd, cases[k].sizes), cpu, gpu;
-      char err[512] = "", what[96];
+      hir_tensor in = trand((hir_dtype)dt, cases[k].nd, cases[k].sizes);
+      char what[96];
       hir_output(f, hir_sum(f, a, cases[k].naxes, cases[k].axes));
       snprintf(what, sizeof what, "%s sum, case %d", hir_dtype_name((hir_dtype)dt), k);
-      if (run_single(f, NULL, 1, &in, 1, &cpu, err, sizeof err) != HIR_OK) {
-        fprintf(stderr, "  %s on the CPU: %s\n", what, err);
-        hir_test_failures++;
-      } else {
-        if (run_single(f, be, 1, &in, 1, &gpu, err, sizeof err) != HIR_OK || !compare(&gpu, &cpu, dtype_tol((hir_dtype)dt), err, sizeof err, what)) {
-          fprintf(stderr, "  %s\n", err);
-          hir_test_failures++;
-        } else {
-          tfree(&gpu);
-        }
-        tfree(&cpu);
-      }
+      gpu_against_cpu(f, be, 1, &in, dtype_tol((hir_dtype)dt), what);
       tfree(&in);
       hir_fusion_free(f);
     }
