@@ -7501,17 +7501,23 @@ static const char *const hir__cuda_map_tail[] = { /* pieces under C's 4095-chara
     "  __device__ static T get(const uint4 &v, int j) { unsigned u = hir_word(v, j / 2); return __uint_as_float(j & 1 ? u & 0xffff0000u : u << 16); }\n"
     "  __device__ static void put(uint4 &v, int j, T x) { hir_set_half(v, j, hir_f2b(x)); } };\n"
     "",
-    /* dense tensors of one dtype DT: 16 bytes a thread, the dtype known when compiled */
+    /* dense tensors of one dtype DT: 16 bytes a thread, the dtype known when compiled; nd 2: [rows, cols] with b a
+       row repeated down the rows (b's strides 0, 1) or a value a row (stride 0 along the row), cols whole vectors */
     "template <int DT> __device__ void hir_vec(const hir_map_args &a) {\n"
     "  typedef hir_lanes<DT> L;\n"
     "  typedef typename L::T T;\n"
     "  i64 nv = a.n / L::E, step = (i64)gridDim.x * blockDim.x, i = blockIdx.x * (i64)blockDim.x + threadIdx.x;\n"
+    "  i64 cols = a.nd == 2 ? a.sizes[1] : 0;\n"
     "  for (i64 v = i; v < nv; v += step) {\n"
-    "    uint4 x = ((const uint4 *)a.a)[v], y = a.binary ? ((const uint4 *)a.b)[v] : x, r = x;\n"
+    "    uint4 x = ((const uint4 *)a.a)[v], y = x, r = x;\n"
+    "    T per_row = 0;\n"
+    "    if (a.binary && !cols) y = ((const uint4 *)a.b)[v];\n"
+    "    else if (a.binary && a.sb[1]) y = ((const uint4 *)a.b)[(v * L::E) % cols / L::E];\n"
+    "    else if (a.binary) per_row = hir_ld<T>(a.b, DT, (v * L::E) / cols * a.sb[0]);\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < L::E; j++) {\n"
     "      T xv = L::get(x, j);\n"
-    "      L::put(r, j, a.binary ? hir_binary<T>(a.op, xv, L::get(y, j)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
+    "      L::put(r, j, a.binary ? hir_binary<T>(a.op, xv, cols && !a.sb[1] ? per_row : L::get(y, j)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
     "    }\n"
     "    ((uint4 *)a.dst)[v] = r;\n"
     "  }\n"
@@ -7965,8 +7971,8 @@ static int hir__cuda_load_map(hir__cuda *c, int which) {
 /* dst = op(a[, b]) by the kernel: binary (b given) or unary with scalar s. */
 /* The kernel's arguments for dst = op(a[, x]), and which kernel runs them. */
 static int hir__cuda_map_args(const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x, hir__map_args *args) {
-  int64_t strides[3][HIR_MAX_DIMS];
-  int d, f64 = dst->dtype == HIR_F64 || a->dtype == HIR_F64 || (x && x->dtype == HIR_F64);
+  int64_t strides[3][HIR_MAX_DIMS], per;
+  int d, row, f64 = dst->dtype == HIR_F64 || a->dtype == HIR_F64 || (x && x->dtype == HIR_F64);
   memset(args, 0, sizeof *args);
   args->n = hir__numel(dst->ndims, dst->sizes);
   args->nd = dst->ndims;
@@ -7982,10 +7988,13 @@ static int hir__cuda_map_args(const hir_tensor *dst, const hir_tensor *a, const 
   args->dst = dst->data, args->a = a->data, args->b = x ? x->data : a->data;
   args->binary = x != NULL;
   args->dt_dst = (int)dst->dtype, args->dt_a = (int)a->dtype, args->dt_b = x ? (int)x->dtype : 0;
-  if (args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && (!x || args->sb[0] == 1) && a->dtype == dst->dtype &&
+  per = 16 / (int64_t)hir_dtype_size(dst->dtype);
+  row = args->nd == 2 && x && args->sd[1] == 1 && args->sa[1] == 1 && args->sd[0] == args->sizes[1] && args->sa[0] == args->sizes[1] &&
+        args->sizes[1] % per == 0 && ((args->sb[0] == 0 && args->sb[1] == 1) || args->sb[1] == 0); /* b broadcast along one axis */
+  if (((args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && (!x || args->sb[0] == 1)) || row) && a->dtype == dst->dtype &&
       dst->dtype <= HIR_BF16 && (!x || x->dtype == dst->dtype) &&
       ((uintptr_t)args->dst | (uintptr_t)args->a | (uintptr_t)args->b) % 16 == 0)
-    return HIR__VEC_F32 + (int)dst->dtype; /* dense, one dtype */
+    return HIR__VEC_F32 + (int)dst->dtype; /* dense, one dtype (b maybe broadcast) */
   if (args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && !x && a->dtype != dst->dtype && a->dtype != HIR_F64 &&
       a->dtype <= HIR_BF16 && dst->dtype != HIR_F64 && dst->dtype <= HIR_BF16 && ((uintptr_t)args->dst | (uintptr_t)args->a) % 16 == 0)
     return HIR__CAST_VEC; /* dense, f32, f16 and bf16 into one another */

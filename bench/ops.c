@@ -27,15 +27,16 @@ int main(void) {
   return 0;
 }
 #else
-enum { OP_ADD, OP_RELU, OP_MUL_F16, OP_CAST, OP_TRANSPOSE, OP_LAYER_NORM, OP_LINEAR, OP_LINEAR_GELU, OP_SCALED, OP_SCALED_ROWS,
+enum { OP_ADD, OP_ADD_ROW, OP_RELU, OP_MUL_F16, OP_CAST, OP_TRANSPOSE, OP_LAYER_NORM, OP_LINEAR, OP_LINEAR_GELU, OP_SCALED, OP_SCALED_ROWS,
        OP_MATMUL, OP_COUNT }; /* MATMUL: the linears' floor */
-static const char *const op_names[OP_COUNT] = {"add bf16 [64M]", "relu bf16 [64M]", "mul f16 [64M]", "cast f32->bf16 [64M]",
+static const char *const op_names[OP_COUNT] = {"add bf16 [64M]", "add bf16 [8192, 8192] + [8192] (broadcast)", "relu bf16 [64M]",
+                                               "mul f16 [64M]", "cast f32->bf16 [64M]",
                                                "transpose bf16 [8192, 8192]", "layer_norm bf16 [16384, 4096]",
                                                "linear+bias bf16 8192x4096x4096", "gelu_tanh(linear+bias) bf16 8192x4096x4096",
                                                "scaled_linear e4m3 -> bf16 8192x4096x4096, per-tensor scales",
                                                "scaled_linear e4m3 -> bf16 8192x4096x4096, per-row scales", "linear without bias"};
-static const char *const op_keys[OP_COUNT] = {"add", "relu", "mul_f16", "cast", "transpose", "layer_norm", "linear", "linear_gelu",
-                                              "scaled", "scaled_rows", "matmul"};
+static const char *const op_keys[OP_COUNT] = {"add", "add_row", "relu", "mul_f16", "cast", "transpose", "layer_norm", "linear",
+                                              "linear_gelu", "scaled", "scaled_rows", "matmul"};
 
 /* The op's fusion, its inputs' shapes and dtypes, and the bytes it must move. */
 static hir_fusion *build(int op, int *nin, hir_tensor *in, double *bytes) {
@@ -55,6 +56,15 @@ static hir_fusion *build(int op, int *nin, hir_tensor *in, double *bytes) {
     hir_output(f, op == OP_ADD ? hir_add(f, a, b) : hir_mul(f, a, b));
     *nin = 2, *bytes = 3.0 * 2 * (double)n;
     break;
+  case OP_ADD_ROW: { /* a row broadcast: the element kernel's strided path */
+    int row[2] = {1, 0};
+    in[0].ndims = 2, in[0].sizes[0] = in[0].sizes[1] = 8192;
+    in[1].ndims = 1, in[1].sizes[0] = 8192, in[1].dtype = HIR_BF16;
+    a = hir_input(f, HIR_BF16, 2), b = hir_input(f, HIR_BF16, 1);
+    hir_output(f, hir_add(f, a, hir_broadcast(f, b, 2, row)));
+    *nin = 2, *bytes = 2.0 * 2 * 8192.0 * 8192.0;
+    break;
+  }
   case OP_RELU:
     hir_output(f, hir_relu(f, hir_input(f, HIR_BF16, 1)));
     *bytes = 2.0 * 2 * (double)n;

@@ -27,6 +27,7 @@ def main():
     h1, h2 = x.half(), y.half()
     f32 = torch.rand(n, device=dev)
     t = torch.rand(8192, 8192, device=dev, dtype=torch.bfloat16)
+    bias_row = torch.rand(8192, device=dev, dtype=torch.bfloat16)
     ln = torch.rand(16384, 4096, device=dev, dtype=torch.bfloat16)
     w, b = torch.rand(4096, device=dev, dtype=torch.bfloat16), torch.rand(4096, device=dev, dtype=torch.bfloat16)
     a, wt, bias = (torch.rand(8192, 4096, device=dev, dtype=torch.bfloat16), torch.rand(4096, 4096, device=dev, dtype=torch.bfloat16),
@@ -36,6 +37,7 @@ def main():
     rows, cols = torch.rand(8192, 1, device=dev) + 0.5, torch.rand(1, 4096, device=dev) + 0.5
     cases = {
         "add": lambda: x + y,
+        "add_row": lambda: t + bias_row,
         "relu": lambda: torch.relu(x),
         "mul_f16": lambda: h1 * h2,
         "cast": lambda: f32.to(torch.bfloat16),

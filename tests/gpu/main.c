@@ -313,6 +313,37 @@ TEST(test_gpu_transpose, "gpu/transpose", TEST_GPU) {
   hir_backend_free(be);
 }
 
+/* a - b and a * b with b broadcast down the rows (a row, [cols]) or along
+   them (a value a row, [rows]) against the CPU backend's, in every dtype:
+   whole 16-byte vectors a row (the vector kernel), rows of other lengths
+   (the element kernel), three axes that collapse into two. */
+TEST(test_gpu_broadcast_binary, "gpu/broadcast_binary", TEST_GPU) {
+  static const struct { int nd; int64_t sizes[3]; } shapes[] = {{2, {37, 64}}, {2, {37, 60}}, {3, {5, 3, 16}}};
+  int k, dt, along;
+  hir_backend *be = hir_backend_cuda_create(0);
+  CHECK(be != NULL);
+  for (k = 0; be && k < 3; k++)
+    for (dt = 0; dt <= HIR_BF16; dt++)
+      for (along = 0; along < 2; along++) { /* 0: b a row [cols]; 1: b a value a row, [rows...] */
+        int nd = shapes[k].nd, flags[3] = {0, 0, 0}, i;
+        hir_fusion *f = hir_fusion_create();
+        hir_tv *a = hir_input(f, (hir_dtype)dt, nd), *b = hir_input(f, (hir_dtype)dt, along ? nd - 1 : 1), *bb;
+        hir_tensor in[2];
+        char what[96];
+        for (i = 0; i < nd; i++) flags[i] = along ? i == nd - 1 : i < nd - 1;
+        bb = hir_broadcast(f, b, nd, flags);
+        hir_output(f, along ? hir_mul(f, a, bb) : hir_sub(f, a, bb));
+        in[0] = trand((hir_dtype)dt, nd, shapes[k].sizes);
+        in[1] = along ? trand((hir_dtype)dt, nd - 1, shapes[k].sizes) : trand((hir_dtype)dt, 1, shapes[k].sizes + nd - 1);
+        snprintf(what, sizeof what, "%s %s, shape %d", hir_dtype_name((hir_dtype)dt), along ? "a * b[row]" : "a - b[col]", k);
+        gpu_against_cpu(f, be, 2, in, dtype_tol((hir_dtype)dt), what);
+        tfree(&in[0]);
+        tfree(&in[1]);
+        hir_fusion_free(f);
+      }
+  hir_backend_free(be);
+}
+
 TEST(test_gpu_long_binary, "gpu/long_binary", TEST_GPU) {
   int64_t sizes[2][2] = {{4, 65536}, {3, 100003}};
   int k;
