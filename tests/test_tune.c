@@ -368,7 +368,7 @@ static hir_status p2p_rank(int rank, void *user) {
   hir_tune_desc d = tune_desc(x, rank);
   hir_tuner *t = NULL, *u = NULL;
   hir_status s;
-  int nccl, serial, before[2];
+  int nccl, no_sends, before[2];
   FILE *f = tmpfile();
   char text[4096] = "", choice[128];
   d.eval.graph = 1;
@@ -378,10 +378,10 @@ static hir_status p2p_rank(int rank, void *user) {
   y->back_on_ce[rank] = fake_ce_on[rank] == 1;
   chosen(x->plan[rank], choice, sizeof choice);
   nccl = strstr(choice, ", NCCL") != NULL;
-  serial = !strncmp(choice, "serial", 6); /* no send/recv at all */
+  no_sends = !strncmp(choice, "serial", 6) || !strncmp(choice, "collective", 10); /* collectives only, or none */
   memcpy(before, fake_sends[rank], sizeof before);
   if (s == HIR_OK) s = tune_run_once(x, t, rank, x->M); /* the choice, cached */
-  y->run_as_chosen[rank] = fake_sends[rank][!nccl] > before[!nccl] - serial && fake_sends[rank][nccl] == before[nccl] &&
+  y->run_as_chosen[rank] = fake_sends[rank][!nccl] > before[!nccl] - no_sends && fake_sends[rank][nccl] == before[nccl] &&
                            fake_ce_on[rank] == 1;
   if (s == HIR_OK && f && (s = hir_tuner_save(t, f)) == HIR_OK) {
     size_t n;
@@ -393,7 +393,7 @@ static hir_status p2p_rank(int rank, void *user) {
     if ((s = hir_tuner_create(x->f, &d, &u)) == HIR_OK && (s = hir_tuner_load(u, f)) == HIR_OK) {
       memcpy(before, fake_sends[rank], sizeof before);
       s = tune_run_once(x, u, rank, x->M);
-      y->loaded_right[rank] = s == HIR_OK && x->worst[rank] < 1e-4 && fake_sends[rank][!nccl] > before[!nccl] - serial &&
+      y->loaded_right[rank] = s == HIR_OK && x->worst[rank] < 1e-4 && fake_sends[rank][!nccl] > before[!nccl] - no_sends &&
                               fake_sends[rank][nccl] == before[nccl];
     }
   }
