@@ -7501,23 +7501,28 @@ static const char *const hir__cuda_map_tail[] = { /* pieces under C's 4095-chara
     "  __device__ static T get(const uint4 &v, int j) { unsigned u = hir_word(v, j / 2); return __uint_as_float(j & 1 ? u & 0xffff0000u : u << 16); }\n"
     "  __device__ static void put(uint4 &v, int j, T x) { hir_set_half(v, j, hir_f2b(x)); } };\n"
     "",
-    /* dense tensors of one dtype DT: 16 bytes a thread, the dtype known when compiled; nd 2: [rows, cols] with b a
-       row repeated down the rows (b's strides 0, 1) or a value a row (stride 0 along the row), cols whole vectors */
+    /* dense tensors of one dtype DT: 16 bytes a thread, the dtype known when compiled; nd 2: [rows, cols], cols whole
+       vectors, each operand dense, a row repeated down the rows (strides 0, 1) or a value a row (stride 0 along it) */
+    "template <int DT> __device__ typename hir_lanes<DT>::T hir_vec_operand(const void *p, const i64 *s, i64 v, i64 cols, uint4 &x) {\n"
+    "  typedef hir_lanes<DT> L;\n"
+    "  if (!cols || (s[0] == cols && s[1] == 1)) x = ((const uint4 *)p)[v];\n"
+    "  else if (s[1]) x = ((const uint4 *)p)[(v * L::E) % cols / L::E];\n"
+    "  else return hir_ld<typename L::T>(p, DT, (v * L::E) / cols * s[0]);\n" /* its value on this row */
+    "  return 0;\n"
+    "}\n"
     "template <int DT> __device__ void hir_vec(const hir_map_args &a) {\n"
     "  typedef hir_lanes<DT> L;\n"
     "  typedef typename L::T T;\n"
     "  i64 nv = a.n / L::E, step = (i64)gridDim.x * blockDim.x, i = blockIdx.x * (i64)blockDim.x + threadIdx.x;\n"
     "  i64 cols = a.nd == 2 ? a.sizes[1] : 0;\n"
+    "  int a_row = cols && !a.sa[1], b_row = cols && !a.sb[1];\n" /* a value a row */
     "  for (i64 v = i; v < nv; v += step) {\n"
-    "    uint4 x = ((const uint4 *)a.a)[v], y = x, r = x;\n"
-    "    T per_row = 0;\n"
-    "    if (a.binary && !cols) y = ((const uint4 *)a.b)[v];\n"
-    "    else if (a.binary && a.sb[1]) y = ((const uint4 *)a.b)[(v * L::E) % cols / L::E];\n"
-    "    else if (a.binary) per_row = hir_ld<T>(a.b, DT, (v * L::E) / cols * a.sb[0]);\n"
+    "    uint4 x = make_uint4(0, 0, 0, 0), y = x, r = x;\n"
+    "    T xs = hir_vec_operand<DT>(a.a, a.sa, v, cols, x), ys = a.binary ? hir_vec_operand<DT>(a.b, a.sb, v, cols, y) : (T)0;\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < L::E; j++) {\n"
-    "      T xv = L::get(x, j);\n"
-    "      L::put(r, j, a.binary ? hir_binary<T>(a.op, xv, cols && !a.sb[1] ? per_row : L::get(y, j)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
+    "      T xv = a_row ? xs : L::get(x, j);\n"
+    "      L::put(r, j, a.binary ? hir_binary<T>(a.op, xv, b_row ? ys : L::get(y, j)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
     "    }\n"
     "    ((uint4 *)a.dst)[v] = r;\n"
     "  }\n"
@@ -7989,8 +7994,11 @@ static int hir__cuda_map_args(const hir_tensor *dst, const hir_tensor *a, const 
   args->binary = x != NULL;
   args->dt_dst = (int)dst->dtype, args->dt_a = (int)a->dtype, args->dt_b = x ? (int)x->dtype : 0;
   per = 16 / (int64_t)hir_dtype_size(dst->dtype);
-  row = args->nd == 2 && x && args->sd[1] == 1 && args->sa[1] == 1 && args->sd[0] == args->sizes[1] && args->sa[0] == args->sizes[1] &&
-        args->sizes[1] % per == 0 && ((args->sb[0] == 0 && args->sb[1] == 1) || args->sb[1] == 0); /* b broadcast along one axis */
+  row = args->nd == 2 && x && args->sd[1] == 1 && args->sd[0] == args->sizes[1] && args->sizes[1] % per == 0; /* each operand */
+  for (d = 0; d < 2 && row; d++) { /* dense, a row repeated, or a value a row */
+    const int64_t *st = d ? args->sb : args->sa;
+    row = (st[0] == args->sizes[1] && st[1] == 1) || (st[0] == 0 && st[1] == 1) || st[1] == 0;
+  }
   if (((args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && (!x || args->sb[0] == 1)) || row) && a->dtype == dst->dtype &&
       dst->dtype <= HIR_BF16 && (!x || x->dtype == dst->dtype) &&
       ((uintptr_t)args->dst | (uintptr_t)args->a | (uintptr_t)args->b) % 16 == 0)

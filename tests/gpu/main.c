@@ -313,10 +313,11 @@ TEST(test_gpu_transpose, "gpu/transpose", TEST_GPU) {
   hir_backend_free(be);
 }
 
-/* a - b and a * b with b broadcast down the rows (a row, [cols]) or along
-   them (a value a row, [rows]) against the CPU backend's, in every dtype:
-   whole 16-byte vectors a row (the vector kernel), rows of other lengths
-   (the element kernel), three axes that collapse into two. */
+/* a - b and a * b with one or both operands broadcast, down the rows (a
+   row, [cols]) or along them (a value a row, [rows]), against the CPU
+   backend's, in every dtype: whole 16-byte vectors a row (the vector
+   kernel), rows of other lengths (the element kernel), three axes that
+   collapse into two. */
 TEST(test_gpu_broadcast_binary, "gpu/broadcast_binary", TEST_GPU) {
   static const struct { int nd; int64_t sizes[3]; } shapes[] = {{2, {37, 64}}, {2, {37, 60}}, {3, {5, 3, 16}}};
   int k, dt, along;
@@ -324,18 +325,19 @@ TEST(test_gpu_broadcast_binary, "gpu/broadcast_binary", TEST_GPU) {
   CHECK(be != NULL);
   for (k = 0; be && k < 3; k++)
     for (dt = 0; dt <= HIR_BF16; dt++)
-      for (along = 0; along < 2; along++) { /* 0: b a row [cols]; 1: b a value a row, [rows...] */
-        int nd = shapes[k].nd, flags[3] = {0, 0, 0}, i;
+      for (along = 0; along < 4; along++) { /* b a row [cols] (0) or a value a row (1); then a is the broadcast one (2, 3) */
+        int nd = shapes[k].nd, flags[3] = {0, 0, 0}, i, per_row = along & 1;
         hir_fusion *f = hir_fusion_create();
-        hir_tv *a = hir_input(f, (hir_dtype)dt, nd), *b = hir_input(f, (hir_dtype)dt, along ? nd - 1 : 1), *bb;
+        hir_tv *a = hir_input(f, (hir_dtype)dt, nd), *b = hir_input(f, (hir_dtype)dt, per_row ? nd - 1 : 1), *bb;
         hir_tensor in[2];
         char what[96];
-        for (i = 0; i < nd; i++) flags[i] = along ? i == nd - 1 : i < nd - 1;
+        for (i = 0; i < nd; i++) flags[i] = per_row ? i == nd - 1 : i < nd - 1;
         bb = hir_broadcast(f, b, nd, flags);
-        hir_output(f, along ? hir_mul(f, a, bb) : hir_sub(f, a, bb));
+        hir_output(f, along == 1 ? hir_mul(f, a, bb) : along == 0 ? hir_sub(f, a, bb) : hir_sub(f, bb, a));
         in[0] = trand((hir_dtype)dt, nd, shapes[k].sizes);
-        in[1] = along ? trand((hir_dtype)dt, nd - 1, shapes[k].sizes) : trand((hir_dtype)dt, 1, shapes[k].sizes + nd - 1);
-        snprintf(what, sizeof what, "%s %s, shape %d", hir_dtype_name((hir_dtype)dt), along ? "a * b[row]" : "a - b[col]", k);
+        in[1] = per_row ? trand((hir_dtype)dt, nd - 1, shapes[k].sizes) : trand((hir_dtype)dt, 1, shapes[k].sizes + nd - 1);
+        snprintf(what, sizeof what, "%s %s, shape %d", hir_dtype_name((hir_dtype)dt),
+                 along == 0 ? "a - b[col]" : along == 1 ? "a * b[row]" : along == 2 ? "b[col] - a" : "b[row] - a", k);
         gpu_against_cpu(f, be, 2, in, dtype_tol((hir_dtype)dt), what);
         tfree(&in[0]);
         tfree(&in[1]);
