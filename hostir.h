@@ -9390,7 +9390,7 @@ struct hir_evaluator {
   void **team, **done;          /* by expr name: team handle; event recorded after it */
   struct hir__staging *staging; /* by (expr name, stream track, in/out): contiguous copies of strided collective buffers */
   const hir_expr **epilogue;    /* by expr name: a linear's next op, done in its epilogue (hir__find_epilogues); and back */
-  const hir_expr **fused;       /* by expr name: the first of a composite's run done in one call, its last (hir__find_fused) */
+  struct hir__fused_run *fused; /* by expr name: the run of a composite starting there, done in one call (hir__find_fused) */
   hir__env env;
   hir_tensor *slot;             /* by tensor name */
   int *slot_block;
@@ -10606,50 +10606,69 @@ static int hir__composite_run(const hir_program *p, const hir_scope *s, int from
   return end;
 }
 
-/* A composite's run (hir__find_fused) from s's expr *at: one backend call
-   on the views its primitives would read and write, then the run's
-   Deallocates; *at moves to its last expr. Where the views are not dense,
-   or the backend declines, the first expr runs as usual (the rest follow). */
-static int hir__exec_fused(hir_evaluator *ev, const hir_scope *s, int *at) {
-  const hir_expr *first = (const hir_expr *)s->exprs.items[*at], *last = ev->fused[first->name], *x = NULL;
-  const hir_tensor *xv, *ov, *w = NULL, *bias = NULL;
-  int i, k, m, end = *at, nred = 0, dense;
-  int64_t cols = 1;
-  double eps = 0;
-  hir_status st;
-  while ((const hir_expr *)s->exprs.items[end] != last) end++;
-  for (i = *at; i <= end; i++) {
+/* A composite's run whose primitives a backend call replaces, described
+   once when the evaluator is made (hir__find_fused): what the call reads and
+   writes, and how many of its scope's exprs it stands for. */
+typedef struct hir__fused_run {
+  const hir_expr *x;               /* the expr reading x (its input 0); NULL: no run starts here */
+  const hir_tv *weight, *bias, *out;
+  int span;                        /* the run's exprs after its first, Deallocates and Allocates included */
+  int nred;                        /* the normalized axes: x's last */
+  double eps;
+} hir__fused_run;
+
+/* The run of composite c from s's expr `from` to `end` (hir__composite_run),
+   described. */
+static void hir__describe_run(const hir_scope *s, int from, int end, hir__fused_run *run) {
+  int i, k, m;
+  memset(run, 0, sizeof *run);
+  run->span = end - from;
+  for (i = from; i <= end; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
     if (e->kind == HIR_EXPR_ALLOCATE || e->kind == HIR_EXPR_DEALLOCATE) continue;
     for (k = 0; k < hir__unit_size(e); k++) {
       const hir_expr *u = hir__unit_at(e, k);
-      if (u->composite_role == HIR__ROLE_X) x = u;
-      if (u->composite_role == HIR__ROLE_EPS) eps = u->scalar;
-      if (u->kind == HIR_EXPR_REDUCTION && !nred) /* the first mean's sum: the normalized axes, x's last */
-        for (m = u->out[0]->ndims - 1; m >= 0 && u->out[0]->ids[m]->iter == HIR_REDUCTION; m--) nred++;
+      if (u->composite_role == HIR__ROLE_X) run->x = u;
+      if (u->composite_role == HIR__ROLE_EPS) run->eps = u->scalar;
+      if (u->composite_role == HIR__ROLE_OUT) run->out = u->out[0];
+      if (u->kind == HIR_EXPR_REDUCTION && !run->nred) /* the first mean's sum: the normalized axes, x's last */
+        for (m = u->out[0]->ndims - 1; m >= 0 && u->out[0]->ids[m]->iter == HIR_REDUCTION; m--) run->nred++;
       if (u->composite_role == HIR__ROLE_WEIGHT || u->composite_role == HIR__ROLE_BIAS)
         for (m = 0; m < u->nin; m++) /* the operand from outside the run */
-          if (!hir__composite_made(s, *at, end, u->composite, u->in[m])) {
-            if (!(u->composite_role == HIR__ROLE_WEIGHT ? (w = hir__get(ev, u->in[m], u)) : (bias = hir__get(ev, u->in[m], u))))
-              return 0;
+          if (!hir__composite_made(s, from, end, u->composite, u->in[m])) {
+            *(u->composite_role == HIR__ROLE_WEIGHT ? &run->weight : &run->bias) = u->in[m];
             break;
           }
     }
   }
-  if (!x || !(xv = hir__get(ev, x->in[0], x))) return 0;
-  if (!(ov = hir__get_out(ev, hir__unit_at(last, hir__unit_size(last) - 1)->out[0]))) return 0;
-  for (k = xv->ndims - nred; k < xv->ndims && k >= 0; k++) cols *= xv->sizes[k];
-  dense = nred > 0 && nred <= xv->ndims && hir__is_contiguous(xv) && hir__is_contiguous(ov) && ov->ndims == xv->ndims &&
+}
+
+/* A composite's run from s's expr *at (hir__find_fused): one backend call
+   on the views its primitives would read and write, then the run's
+   Deallocates; *at moves to its last expr. Where the views are not dense,
+   or the backend declines, the first expr runs as usual (the rest follow). */
+static int hir__exec_fused(hir_evaluator *ev, const hir_scope *s, int *at) {
+  const hir_expr *first = (const hir_expr *)s->exprs.items[*at];
+  const hir__fused_run *run = &ev->fused[first->name];
+  const hir_tensor *xv, *ov, *w = NULL, *bias = NULL;
+  int i, k, dense;
+  int64_t cols = 1;
+  hir_status st;
+  if (!(xv = hir__get(ev, run->x->in[0], run->x)) || !(ov = hir__get_out(ev, run->out)) ||
+      (run->weight && !(w = hir__get(ev, run->weight, run->x))) || (run->bias && !(bias = hir__get(ev, run->bias, run->x))))
+    return 0;
+  for (k = xv->ndims - run->nred; k < xv->ndims && k >= 0; k++) cols *= xv->sizes[k];
+  dense = run->nred > 0 && run->nred <= xv->ndims && hir__is_contiguous(xv) && hir__is_contiguous(ov) && ov->ndims == xv->ndims &&
           !memcmp(ov->sizes, xv->sizes, (size_t)xv->ndims * sizeof(int64_t));
   dense = dense && (!w || (hir__is_contiguous(w) && hir__numel(w->ndims, w->sizes) == cols));
   dense = dense && (!bias || (hir__is_contiguous(bias) && hir__numel(bias->ndims, bias->sizes) == cols));
-  if (!dense || (st = ev->b->layer_norm(ev->b, ev->current, ov, xv, w, bias, nred, eps)) == HIR_ERR_UNSUPPORTED)
+  if (!dense || (st = ev->b->layer_norm(ev->b, ev->current, ov, xv, w, bias, run->nred, run->eps)) == HIR_ERR_UNSUPPORTED)
     return hir__exec(ev, first);
   if (!hir__ev_backend(ev, st, first)) return 0;
-  for (i = *at + 1; i < end; i++)
+  for (i = *at + 1; i < *at + run->span; i++)
     if (((const hir_expr *)s->exprs.items[i])->kind == HIR_EXPR_DEALLOCATE && !hir__exec(ev, (const hir_expr *)s->exprs.items[i]))
       return 0;
-  *at = end;
+  *at += run->span;
   return 1;
 }
 
@@ -10662,8 +10681,8 @@ static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
     hir__span *gpu = NULL;
     int ok;
     if (ev->recording && ev->gpu_spans && !(gpu = hir__gpu_span_begin(ev, e)) && ev->status != HIR_OK) return 0;
-    HIR__RANGE_PUSH(ev->fused[e->name] ? "LayerNorm" : hir__ops[e->kind].name);
-    ok = ev->fused[e->name] ? hir__exec_fused(ev, s, &i) : hir__exec(ev, e);
+    HIR__RANGE_PUSH(ev->fused[e->name].x ? "LayerNorm" : hir__ops[e->kind].name);
+    ok = ev->fused[e->name].x ? hir__exec_fused(ev, s, &i) : hir__exec(ev, e);
     HIR__RANGE_POP();
     if (!ok) return 0;
     if (gpu) {
@@ -10761,7 +10780,7 @@ static void hir__find_epilogues(hir_evaluator *ev, const hir_scope *s) {
 
 /* Composites (hir_layer_norm's primitives) the backend runs in one call
    (hir_backend.layer_norm), where their run is whole and alone
-   (hir__composite_run): the first expr's entry names the last. Elsewhere
+   (hir__composite_run): the first expr's entry describes the run. Elsewhere
    (a normalized axis sharded, say: a collective among them) the
    primitives run. The plan says so. */
 static void hir__find_fused(hir_evaluator *ev, const hir_scope *s) {
@@ -10774,7 +10793,7 @@ static void hir__find_fused(hir_evaluator *ev, const hir_scope *s) {
     for (k = 0; k < hir__unit_size(e); k++)
       if (hir__unit_at(e, k)->composite_role == HIR__ROLE_X) x = hir__unit_at(e, k);
     if (!x || !ev->b->layer_norm || (end = hir__composite_run(p, s, i, x->composite)) < 0) continue;
-    ev->fused[e->name] = (const hir_expr *)s->exprs.items[end];
+    hir__describe_run(s, i, end, &ev->fused[e->name]);
     if (!strstr(p->plan, "fused:")) {
       size_t n = strlen(p->plan);
       snprintf(p->plan + n, sizeof p->plan - n, "%sfused: the layer_norm of T%d in one call (%s)", n ? "; " : "", x->in[0]->name,
@@ -10862,7 +10881,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ok = ok && (ev->team = (void **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
   ok = ok && (ev->done = (void **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
   ok = ok && (ev->epilogue = (const hir_expr **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
-  ok = ok && (ev->fused = (const hir_expr **)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof(void *))) != NULL;
+  ok = ok && (ev->fused = (hir__fused_run *)HIR_MALLOC(((size_t)ev->nexpr + 1) * sizeof *ev->fused)) != NULL;
   ok = ok && (ev->env.sym = (int64_t *)HIR_MALLOC(((size_t)ev->nval + 1) * sizeof(int64_t))) != NULL;
   ok = ok && (ev->env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)ev->nval + 1)) != NULL;
   ok = ok && (ev->slot = (hir_tensor *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(hir_tensor))) != NULL;
@@ -10882,7 +10901,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   memset(ev->team, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
   memset(ev->done, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
   memset(ev->epilogue, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
-  memset(ev->fused, 0, ((size_t)ev->nexpr + 1) * sizeof(void *));
+  memset(ev->fused, 0, ((size_t)ev->nexpr + 1) * sizeof *ev->fused);
   memset(ev->bound, 0, (size_t)ev->ntv + 1);
   memset(ev->key, 0, ((size_t)ev->key_n + 1) * sizeof(int64_t));
   for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
