@@ -7,7 +7,8 @@
 #   torchrun --nproc-per-node 2 bench/torch_fused.py [--decode] [--tune] [--overhead: the last part only]
 # Then the Python layer's own cost per call: host time of a call of
 # hostir.torch.all_gather_matmul minus that of the hir_run it makes, at a
-# small shape (medians of single calls, each on an idle GPU).
+# small shape (medians of single calls, each on an idle GPU), through the
+# C++ path and the Python path alone, beside torch's ops' host time.
 import os
 import statistics
 import sys
@@ -23,28 +24,45 @@ import hostir.torch as ht  # noqa: E402
 
 
 def host_cost(a, b, group, calls=200):
-    """Microseconds of host time per call: the op, and its hir_run alone."""
+    """Microseconds of host time per call at a small AG+GEMM: hostir's op
+    (through hostir._torch_fast where the package has it, and through the
+    Python path alone), its hir_run, and torch's serial and fused ops."""
     from hostir import _lib
     kept = ht.all_gather_matmul(a, [b], 0)
     g = next(iter(ht._groups.values()))
     plan = list(g.plans.values())[-1]
-    for k, t in enumerate([kept[0]] + kept[1]):  # hir_run alone writes into the op's last outputs, kept alive
-        plan.outs[k].data = t.data_ptr()
+    runner, run = (plan.tuner.value, _lib.hir_tuner_run) if plan.tuner.value else (plan.ev.value, _lib.hir_run)
+    gathered = torch.empty(a.shape[0] * dist.get_world_size(group), a.shape[1], device=a.device, dtype=a.dtype)
+    fast = ht._torch_fast
+    ways = {"op": lambda: ht.all_gather_matmul(a, [b], 0),
+            "op without A": lambda: ht.all_gather_matmul(a, [b], 0, return_A=False),
+            "hir_run": lambda: run(runner, plan.ins, plan.nin, plan.outs, plan.nout),
+            "torch serial": lambda: (dist.all_gather_into_tensor(gathered, a, group=group), torch.mm(gathered, b)),
+            "torch fused": lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0,
+                                                                              group_name=group.group_name)}
     results = {}
-    for what in ("op", "op without A", "hir_run"):
-        times = []
-        dist.barrier(group=group)
-        for _ in range(calls):  # each call timed on the host alone, its GPU work waited for after
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            if what.startswith("op"):
-                ht.all_gather_matmul(a, [b], 0, return_A=what == "op")
-            elif plan.tuner.value:
-                _lib.hir_tuner_run(plan.tuner.value, plan.ins, plan.nin, plan.outs, plan.nout)
-            else:
-                _lib.hir_run(plan.ev.value, plan.ins, plan.nin, plan.outs, plan.nout)
-            times.append((time.perf_counter() - t0) * 1e6)
-        results[what] = statistics.median(times)
+    for second in (False, True) if fast else (False,):  # the second time: hostir's op through the Python path alone
+        ht._torch_fast = None if second else fast
+        for what, fn in ways.items():
+            if second and not what.startswith("op"):
+                continue
+            if what == "hir_run":  # alone it writes into outputs kept alive (the op's calls left freed ones there)
+                for k, t in enumerate([kept[0]] + kept[1]):
+                    plan.outs[k].data = t.data_ptr()
+            times = []
+            dist.barrier(group=group)
+            try:
+                fn()
+            except Exception as e:  # torch's fused op where symmetric memory is not there: say so, keep the rest
+                print(f"rank {dist.get_rank()}: {what} failed: {type(e).__name__}: {e}"[:300], flush=True)
+                continue
+            for _ in range(calls):  # each call timed on the host alone, its GPU work waited for after
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e6)
+            results[what + (" (Python path)" if second else "")] = statistics.median(times)
+    ht._torch_fast = fast
     return results
 
 
@@ -106,9 +124,16 @@ def main():
         for kind, M, K, N, ts, tf, to, err, first in rows:
             label = f"{'AG+GEMM' if kind == 'ag' else 'GEMM+RS'} {M},{K},{N}"
             print(f"  {label:26} {ts:12.3f} {tf:9.3f} {to:8.3f} {to / ts:9.2f} {to / tf:10.2f} {err:8.1e} {first:10.1f}")
-        print(f"  host time per call at AG+GEMM 256,1024,256: hostir.torch.all_gather_matmul {cost['op']:.1f} us, "
-              f"its hir_run {cost['hir_run']:.1f} us: the Python layer {cost['op'] - cost['hir_run']:.1f} us "
-              f"({cost['op without A'] - cost['hir_run']:.1f} us with return_A=False)", flush=True)
+        nan = float("nan")
+        path = "through hostir._torch_fast (C++)" if ht._torch_fast else "through the Python path (no hostir._torch_fast)"
+        print(f"  host time per call at AG+GEMM 256,1024,256, us (medians of 200): hostir.torch.all_gather_matmul "
+              f"{cost['op']:.1f} {path}, its hir_run {cost['hir_run']:.1f}: the Python layer "
+              f"{cost['op'] - cost['hir_run']:.1f} ({cost['op without A'] - cost['hir_run']:.1f} with return_A=False)")
+        if "op (Python path)" in cost:
+            print(f"  the Python path alone: the Python layer {cost['op (Python path)'] - cost['hir_run']:.1f} "
+                  f"({cost['op without A (Python path)'] - cost['hir_run']:.1f} with return_A=False)")
+        print(f"  torch's, the same shape: serial (all_gather_into_tensor + mm) {cost.get('torch serial', nan):.1f}, "
+              f"fused_all_gather_matmul {cost.get('torch fused', nan):.1f}", flush=True)
     dist.destroy_process_group()
 
 

@@ -102,6 +102,12 @@ HX_EXPORT int hx_nccl_unique_id(unsigned char *out) {
   return 0;
 }
 HX_EXPORT int hx_nccl_id_bytes(void) { return (int)sizeof(ncclUniqueId); }
+/* 1 if a CUDA stream is capturing a graph, or its state cannot be read:
+   hostir.torch's C++ path leaves such a call to the Python path. */
+HX_EXPORT int hx_stream_capturing(void *stream) {
+  enum cudaStreamCaptureStatus status;
+  return cudaStreamIsCapturing((cudaStream_t)stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
+}
 HX_EXPORT hir_status hx_nccl_comm_from_id(int rank, int size, int gpu, const unsigned char *id_bytes, int timeout_ms,
                                           hir_comm **out) {
   ncclUniqueId id;

@@ -54,9 +54,24 @@ _NOT_WARM = ("hostir.torch: a CUDA graph is being captured and this op has not r
 _groups = {}  # (group name, device type, index[, rank: a thread's]) -> _Group
 # A CUDA call seen before (its operands' shapes, strides, dtypes, devices, its
 # group and arguments) -> (its plan, its outputs' shapes, dtype, device): the
-# call skips the checks and lookups that passed then. Emptied whenever a plan
-# is freed or the options change.
+# call skips the checks and lookups that passed then. Emptied (_forget)
+# whenever a plan is freed, the options change or a group's capture state.
 _fast = {}
+try:  # the same in C++, where the package was built against torch: a few microseconds a call
+    from . import _torch_fast
+    _torch_fast.setup(Error, *[ctypes.cast(getattr(_lib, name), ctypes.c_void_p).value for name in (
+        "hir_run", "hir_tuner_run", "hir_evaluator_error", "hir_tuner_error", "hir_status_str",
+        "hir_backend_cuda_set_stream", "hx_stream_capturing")])
+except (ImportError, AttributeError):  # not built, built for another torch, or a package without CUDA
+    _torch_fast = None
+
+
+def _forget(plan=None):
+    """Forgets the calls seen that run `plan` (None: every call)."""
+    for key in [key for key, hit in _fast.items() if plan is None or hit[0] is plan]:
+        del _fast[key]
+    if _torch_fast is not None:
+        _torch_fast.forget(None if plan is None else plan.tuner.value or plan.ev.value)
 
 
 def set_options(tune=None, plan=None, streams=None, timeout_ms=None, cache=None):
@@ -73,7 +88,7 @@ def set_options(tune=None, plan=None, streams=None, timeout_ms=None, cache=None)
     for key, value in (("tune", tune), ("plan", plan), ("streams", streams), ("timeout_ms", timeout_ms), ("cache", cache)):
         if value is not None:
             _options[key] = value
-    _fast.clear()
+    _forget()
 
 
 def _fail(message):
@@ -154,10 +169,8 @@ class _Plan:
             capturing = torch._C._cuda_isCurrentStreamCapturing()
             if capturing and not self.warm:  # made, but its first run failed: it would allocate now
                 _fail(_NOT_WARM)
-            stream = torch._C._cuda_getCurrentRawStream(g.device)
-            if stream != g.stream:  # hostir's work goes on torch's current stream
-                _lib.hir_backend_cuda_set_stream(g.backend, stream)
-                g.stream = stream
+            # hostir's work goes on torch's current stream (cheap when it is the backend's already)
+            _lib.hir_backend_cuda_set_stream(g.backend, torch._C._cuda_getCurrentRawStream(g.device))
             if capturing != g.capturing:
                 g.set_capturing(capturing)
             self.captured |= capturing
@@ -198,7 +211,7 @@ class _Group:
         self.cuda = device.type == "cuda"
         self.size, self.rank = _group_size(group_name), 0
         self.comm = self.world = self.backend = None
-        self.capturing, self.copy_engine, self.stream, self.device = False, False, None, device.index
+        self.capturing, self.copy_engine, self.device = False, False, device.index
         self.plans, self.fusions = {}, {}
         if group_name and dist.is_initialized():
             self.rank = dist.get_rank(_group_of(group_name))
@@ -246,6 +259,7 @@ class _Group:
             if code:
                 raise Error(_status(code), _lib.hx_comm_error(self.comm).decode())
         self.capturing = capturing
+        _forget()  # calls remembered outside a capture would keep this state
 
     def plan_for(self, key, make_fusion, make_views):
         key += (_options["tune"], _options["plan"], _options["streams"])
@@ -264,13 +278,13 @@ class _Group:
             if len(self.plans) >= _options["cache"]:  # the oldest plan goes, unless a graph holds its buffers
                 oldest = next((k for k, e in self.plans.items() if not e.captured), None)
                 if oldest is not None:
-                    _fast.clear()
+                    _forget(self.plans[oldest])
                     self.plans.pop(oldest).free()
             self.plans[key] = entry
         return entry
 
     def free(self):
-        _fast.clear()
+        _forget()
         for entry in self.plans.values():
             entry.free()
         self.plans = {}
@@ -390,8 +404,19 @@ _ops.define("all_gather_matmul(Tensor a_shard, Tensor[] bs, int gather_dim, str 
 _ops.define("matmul_reduce_scatter(Tensor a, Tensor b, str reduce_op, int scatter_dim, str group_name) -> Tensor")
 
 
-def _all_gather_matmul(a_shard, bs, gather_dim, group_name, return_A=True):
-    """[the gathered A (None unless return_A: it stays in hostir's buffer), A @ B for B in bs]"""
+def _remember(kind, args, plan, shapes, divide_by=0):
+    """A call of the op `kind` (0 all_gather_matmul, 1 matmul_reduce_scatter)
+    that the Python path just ran with the wrapper's arguments `args`, for
+    the C++ path to run the next like it (never one made in a capture)."""
+    if _torch_fast is not None and not plan.group.capturing:
+        _torch_fast.remember(kind, *args, plan.tuner.value or plan.ev.value, bool(plan.tuner.value),
+                             ctypes.addressof(plan.ins), ctypes.addressof(plan.outs), plan.nin, plan.nout,
+                             plan.group.backend, shapes, divide_by)
+
+
+def _all_gather_matmul(a_shard, bs, gather_dim, group_name, return_A=True, direct=None):
+    """[the gathered A (None unless return_A: it stays in hostir's buffer), A @ B for B in bs];
+    direct: (the wrapper's group argument,) when the wrapper called it."""
     fast = None
     if a_shard.is_cuda:
         fast = (a_shard.shape, a_shard.stride(), a_shard.dtype, a_shard.device, gather_dim, group_name, return_A) + tuple(
@@ -428,7 +453,10 @@ def _all_gather_matmul(a_shard, bs, gather_dim, group_name, return_A=True):
     plan.run([a2] + bs, outs)
     if rows_shape is None:  # a 2-D shard gathered along its rows: as they are
         if fast is not None:
-            _fast[fast] = (plan, [tuple(t.shape) if t is not None else None for t in outs], dt, a_shard.device)
+            shapes = [tuple(t.shape) if t is not None else None for t in outs]
+            _fast[fast] = (plan, shapes, dt, a_shard.device)
+            if direct is not None:
+                _remember(0, (a_shard, bs, gather_dim, direct[0], return_A), plan, shapes)
         return outs
     rows_shape = [D * rows_shape[0]] + rows_shape[1:]
     return [_restore(t, rows_shape, t.shape[-1], d) if t is not None else None for t in outs]
@@ -441,7 +469,7 @@ def _(a_shard, bs, gather_dim, group_name):
     return [a_shard.new_empty(shape)] + [a_shard.new_empty(shape[:-1] + [b.shape[-1]]) for b in bs]
 
 
-def _matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group_name):
+def _matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group_name, direct=None):
     fast = None
     if a.is_cuda:
         fast = (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, reduce_op, scatter_dim,
@@ -479,6 +507,8 @@ def _matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group_name):
     plan.run([a2, b], [c])
     if fast is not None and rows_shape is None:
         _fast[fast] = (plan, (m, N), dt, a.device, D)
+        if direct is not None:
+            _remember(1, (a, b, reduce_op, scatter_dim, direct[0]), plan, [(m, N)], D if reduce_op == "avg" else 0)
     if reduce_op == "avg":
         c.div_(D)
     return c if rows_shape is None else _restore(c, [rows_shape[0] // D] + rows_shape[1:], N, d)
@@ -567,9 +597,13 @@ def _direct(*tensors):
 def all_gather_matmul(a_shard, bs, gather_dim, group=None, return_A=True):
     """torch's fused_all_gather_matmul through hostir: (the gathered A or
     None, [A @ B for B in bs])."""
+    if _torch_fast is not None and not torch.compiler.is_compiling():
+        done = _torch_fast.call(0, a_shard, bs, gather_dim, group, return_A)
+        if done is not None:
+            return done
     bs = list(bs)
     if _direct(a_shard, *bs):
-        outs = _all_gather_matmul(a_shard, bs, gather_dim, _group_name(group), return_A)
+        outs = _all_gather_matmul(a_shard, bs, gather_dim, _group_name(group), return_A, (group,))
     else:
         outs = torch.ops.hostir.all_gather_matmul(a_shard, bs, gather_dim, _group_name(group))
     return (outs[0] if return_A else None), list(outs[1:])
@@ -678,8 +712,12 @@ def all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group=N
 def matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group=None):
     """torch's fused_matmul_reduce_scatter through hostir: rank r's part of
     the ranks' a @ b summed (or averaged) along scatter_dim."""
+    if _torch_fast is not None and not torch.compiler.is_compiling():
+        done = _torch_fast.call(1, a, b, reduce_op, scatter_dim, group)
+        if done is not None:
+            return done
     if _direct(a, b):
-        return _matmul_reduce_scatter(a, b, reduce_op, scatter_dim, _group_name(group))
+        return _matmul_reduce_scatter(a, b, reduce_op, scatter_dim, _group_name(group), (group,))
     return torch.ops.hostir.matmul_reduce_scatter(a, b, reduce_op, scatter_dim, _group_name(group))
 
 

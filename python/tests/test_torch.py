@@ -207,6 +207,46 @@ def cuda_graph():
 
 
 @case
+def seen_before():
+    """Calls seen before, which run in C++ where the package has
+    hostir._torch_fast (the GPU suite builds it and says so:
+    HOSTIR_TEST_TORCH_FAST=1): new random inputs at new addresses every
+    call, every other one on a side stream, with and without the gathered
+    A, "sum" and "avg"; each against the whole problem, and the calls the
+    C++ path took counted (each shape's second call)."""
+    if W.dev.type != "cuda":
+        return
+    fast = ht._torch_fast
+    if os.environ.get("HOSTIR_TEST_TORCH_FAST") == "1" and fast is None:
+        raise AssertionError("hostir._torch_fast is not built or did not load")
+    before = fast.taken() if fast else 0
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    M, K, N = 4 * W.size, 8 * W.size, 7  # shapes no other case uses: each one's first call is the Python path's
+    m, k = M // W.size, K // W.size
+    for dtype in (torch.float32, torch.bfloat16):
+        for step in range(4):
+            A, B = draw(M, K, dtype=dtype, seed=200 + step), draw(K, N, dtype=dtype, seed=300 + step)
+            with torch.cuda.stream(side if step % 2 else torch.cuda.current_stream()):
+                gathered, (c,) = ht.all_gather_matmul(A[W.rank * m:(W.rank + 1) * m].to(W.dev), [B.to(W.dev)], 0,
+                                                      return_A=step < 2)
+                op = "sum" if step < 2 else "avg"
+                part = ht.matmul_reduce_scatter(A[:, W.rank * k:(W.rank + 1) * k].to(W.dev),
+                                                B[W.rank * k:(W.rank + 1) * k].to(W.dev), op, 0)
+            torch.cuda.synchronize()
+            what = "seen before, %s step %d" % (dtype, step)
+            full = A.double() @ B.double()
+            close(c, full, dtype, what + ": AG C")
+            if (gathered is None) != (step >= 2):
+                raise AssertionError(what + ": return_A=%s gave %s" % (step < 2, "no A" if gathered is None else "an A"))
+            if gathered is not None:
+                close(gathered, A, dtype, what + ": AG gathered A")
+            close(part, full[W.rank * m:(W.rank + 1) * m] / (W.size if op == "avg" else 1), dtype, what + ": RS " + op)
+    if fast and fast.taken() - before != 8:  # 2 dtypes x (AG, RS) x (return_A or "avg" changed: a new call) x 1 seen
+        raise AssertionError("the C++ path took %d calls; 8 were seen before" % (fast.taken() - before))
+
+
+@case
 def general_fusion():
     """A fusion built from Python, run by hostir.torch.run on this rank's
     tensors (B as a numpy array through DLPack on the CPU), a scalar input
@@ -341,7 +381,7 @@ def refusals():
 
 def rank_main(rank, size, dev):
     W.rank, W.size, W.dev, W.results = rank, size, dev, []
-    for test in (ag_forward_backward, rs_forward_backward, pipelines, compiled, cuda_graph, general_fusion, fp8_fusion,
+    for test in (ag_forward_backward, rs_forward_backward, pipelines, compiled, cuda_graph, seen_before, general_fusion, fp8_fusion,
                  fp8_fused, shutdown_and_again, refusals):
         test()
     for name, err in W.results:

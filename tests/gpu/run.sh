@@ -80,7 +80,7 @@ if command -v torchrun >/dev/null && python3 -c "import torch" 2>/dev/null; then
   n=$((ngpu < 2 ? ngpu : 2))
   stage "hostir.torch: pip install ./python (no network: --no-build-isolation), then python/tests/test_torch.py under torchrun, $n processes, and on CPU tensors as 3 threads" \
     sh -c "rm -rf build/pyhostir && python3 -m pip install -q --no-build-isolation --no-deps --target build/pyhostir ./python &&
-           PYTHONPATH=build/pyhostir timeout 300 torchrun --standalone --nproc_per_node=$n python/tests/test_torch.py &&
+           PYTHONPATH=build/pyhostir HOSTIR_TEST_TORCH_FAST=1 timeout 300 torchrun --standalone --nproc_per_node=$n python/tests/test_torch.py &&
            PYTHONPATH=build/pyhostir timeout 120 python3 python/tests/test_torch.py --threads 3"
 fi
 if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null && python3 -c "import torch" 2>/dev/null; then
