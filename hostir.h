@@ -10092,17 +10092,20 @@ static int hir__exec_broadcast(hir_evaluator *ev, const hir_expr *e, const hir_t
   return hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, ov, &src), e);
 }
 
-/* Input k of e seen through out's axes (stride 0 on those it lacks): a bias or a scale. */
+/* Input k of e seen through out's axes (stride 0 on those it lacks, and on
+   its size-1 axes where out's are longer: a broadcast one): a bias or a
+   scale. */
 static void hir__seen_as_output(hir_evaluator *ev, const hir_expr *e, int k, const hir_tensor *out, hir_tensor *view) {
+  const hir_tensor *in = &ev->slot[e->in[k]->name];
   int map[HIR_MAX_DIMS], i, d;
   *view = *out;
-  view->data = ev->slot[e->in[k]->name].data;
+  view->data = in->data;
   view->dtype = e->in[k]->dtype;
   for (i = 0; i < out->ndims; i++) view->strides[i] = 0;
   hir__axis_map(e, k, map);
   for (i = 0, d = 0; i < e->in[k]->ndims; i++)
     if (e->in[k]->ids[i]->iter != HIR_REDUCTION) {
-      if (map[i] >= 0) view->strides[map[i]] = ev->slot[e->in[k]->name].strides[d];
+      if (map[i] >= 0 && in->sizes[d] != 1) view->strides[map[i]] = in->strides[d];
       d++;
     }
 }

@@ -127,8 +127,9 @@ TEST(test_fp8_scaled_linear, "fp8/scaled_linear", TEST_CPU | TEST_GPU_WORLDS) {
 /* fp8 GEMM + reduce-scatter (the row-parallel linear: K split): each rank's
    A [1 (DIDx), D, m, k] and weight [1 (DIDx), N, k], scaled_linear summed
    over the ranks, rank j keeping rows j: out [D (DIDx), m, N]; the scales
-   one value each (replicated), or A's per row on each rank ([1 (DIDx), D,
-   m]); serial, and pipelined on streams (the P2P reduce-scatter). The
+   one value each (replicated), or A's per row and the weight's per column
+   on each rank ([1 (DIDx), D, m] and [1 (DIDx), N]: each rank quantized its
+   part of K); serial, and pipelined on streams (the P2P reduce-scatter). The
    partial products are f32, summed, then cast to the output dtype (partials
    in bf16 would round D times before the sum: torch's
    _fused_scaled_matmul_reduce_scatter does that; Transformer Engine's fp8
@@ -137,18 +138,20 @@ TEST(test_fp8_gemm_rs, "fp8/gemm_rs", TEST_CPU | TEST_GPU_WORLDS) {
   static const hir_dtype outs[3] = {HIR_BF16, HIR_F32, HIR_F16};
   int wi, mode;
   for (wi = 0; wi < 5; wi++)
-    for (mode = 0; mode < 3; mode++) {
-      int D = worlds[wi], rowwise = mode == 1, streams = mode == 2, flags[4] = {0, 1, 0, 0};
+    for (mode = 0; mode < 4; mode++) {
+      int D = worlds[wi], rowwise = mode == 1 || mode == 3, streams = mode >= 2, flags[4] = {0, 1, 0, 0};
       hir_dtype out_dt = outs[(wi + mode) % 3], wdt = (wi + mode) % 2 ? HIR_F8E5M2 : HIR_F8E4M3;
-      int64_t m = 3, k = 32, N = 16, sa[4] = {D, D, m, k}, sw[3] = {D, N, k}, ssa[3] = {D, D, m}, one[1] = {1}, so[3] = {D, m, N};
+      int64_t m = 3, k = 32, N = 16, sa[4] = {D, D, m, k}, sw[3] = {D, N, k}, ssa[3] = {D, D, m}, ssw[2] = {D, N}, one[1] = {1},
+              so[3] = {D, m, N};
       int64_t r, j, i, n, q;
       hir_tensor ref;
       spmd_case c;
       hir_fusion *f = hir_fusion_create();
       hir_tv *a = hir_input(f, HIR_F8E4M3, 4), *w = hir_input(f, wdt, 3);
       hir_tv *as = rowwise ? hir_input(f, HIR_F32, 3) : hir_input_sized(f, HIR_F32, 1, one);
-      hir_tv *ws = hir_input_sized(f, HIR_F32, 1, one);
-      hir_tv *p = hir_scaled_linear(f, a, hir_broadcast(f, w, 4, flags), as, ws, HIR_F32), *sum, *y;
+      hir_tv *ws = rowwise ? hir_input(f, HIR_F32, 2) : hir_input_sized(f, HIR_F32, 1, one);
+      hir_tv *p = hir_scaled_linear(f, a, hir_broadcast(f, w, 4, flags), as, rowwise ? hir_broadcast(f, ws, 3, flags) : ws, HIR_F32);
+      hir_tv *sum, *y;
       int sum_axis = 0;
       sum = hir_sum(f, p, 1, &sum_axis);
       y = hir_cast(f, sum, out_dt);
@@ -161,7 +164,7 @@ TEST(test_fp8_gemm_rs, "fp8/gemm_rs", TEST_CPU | TEST_GPU_WORLDS) {
       hir_set_mesh(y, D, iota_mesh);
       hir_parallelize(a, 0, HIR_DIDX);
       hir_parallelize(w, 0, HIR_DIDX);
-      if (rowwise) hir_parallelize(as, 0, HIR_DIDX);
+      if (rowwise) hir_parallelize(as, 0, HIR_DIDX), hir_parallelize(ws, 0, HIR_DIDX);
       if (streams) hir_parallelize(p, 1, HIR_STREAM);
       hir_parallelize(sum, 1, HIR_DIDX); /* [r (summed), D (DIDx), m, N] */
       hir_parallelize(y, 0, HIR_DIDX);
@@ -170,7 +173,7 @@ TEST(test_fp8_gemm_rs, "fp8/gemm_rs", TEST_CPU | TEST_GPU_WORLDS) {
       c.in[0] = trand(HIR_F8E4M3, 4, sa);
       c.in[1] = trand(wdt, 3, sw);
       c.in[2] = rowwise ? scale_values(3, ssa) : scale_values(1, one);
-      c.in[3] = scale_values(1, one);
+      c.in[3] = rowwise ? scale_values(2, ssw) : scale_values(1, one);
       ref = tn(out_dt, 3, so); /* rows j: the sum over ranks r of their products of rows j */
       for (j = 0; j < D; j++)
         for (i = 0; i < m; i++)
@@ -179,14 +182,15 @@ TEST(test_fp8_gemm_rs, "fp8/gemm_rs", TEST_CPU | TEST_GPU_WORLDS) {
             for (r = 0; r < D; r++) {
               double dot = 0;
               for (q = 0; q < k; q++) dot += tget(&c.in[0], ((r * D + j) * m + i) * k + q) * tget(&c.in[1], (r * N + n) * k + q);
-              t += dot * tget(&c.in[2], rowwise ? (r * D + j) * m + i : 0) * tget(&c.in[3], 0);
+              t += dot * tget(&c.in[2], rowwise ? (r * D + j) * m + i : 0) * tget(&c.in[3], rowwise ? r * N + n : 0);
             }
             tset(&ref, (j * m + i) * N + n, t);
           }
       c.out[0] = ref;
       c.tol = out_dt == HIR_F32 ? 1e-3 : out_dt == HIR_F16 ? 2e-3 : 1.6e-2;
       c.prealloc = wi & 1;
-      RUN_CASE(&c, mode == 0 ? "gemm_rs_scaled" : mode == 1 ? "gemm_rs_scaled_rowwise" : "gemm_rs_scaled_streams");
+      RUN_CASE(&c, mode == 0 ? "gemm_rs_scaled" : mode == 1 ? "gemm_rs_scaled_rowwise"
+                   : mode == 2 ? "gemm_rs_scaled_streams" : "gemm_rs_scaled_rowwise_streams");
       hir_fusion_free(f);
     }
 }

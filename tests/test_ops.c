@@ -498,6 +498,40 @@ TEST(test_ops_linear, "ops/linear", TEST_CPU | TEST_GPU_WORLDS) {
     }
 }
 
+/* linear with a weight and a bias broadcast along a batch axis (size 1
+   where the output has B): the bias is read again for every batch, not
+   past its end (the bias and fp8 scales were once mapped onto the output's
+   axes with their size-1 axis's stride). */
+TEST(test_ops_linear_broadcast_bias, "ops/linear_broadcast_bias", TEST_CPU | TEST_GPU_WORLDS) {
+  int di;
+  for (di = 0; di < 4; di++) {
+    hir_dtype dt = all_dtypes[di];
+    int64_t B = 3, sa[3] = {B, 2, 8}, sw[2] = {5, 8}, sb[1] = {5}, so[3] = {B, 2, 5}, r, m, n, k;
+    int flags_w[3] = {1, 0, 0}, flags_b[2] = {1, 0};
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, dt, 3), *w = hir_input(f, dt, 2), *b = hir_input(f, dt, 1);
+    hir_output(f, hir_linear(f, a, hir_broadcast(f, w, 3, flags_w), hir_broadcast(f, b, 2, flags_b)));
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_lowered(&c, 1, f, 3, 1);
+    c.in[0] = trand(dt, 3, sa);
+    c.in[1] = trand(dt, 2, sw);
+    c.in[2] = trand(dt, 1, sb);
+    c.out[0] = tn(dt, 3, so);
+    for (r = 0; r < B; r++)
+      for (m = 0; m < 2; m++)
+        for (n = 0; n < 5; n++) {
+          double t = tget(&c.in[2], n);
+          for (k = 0; k < 8; k++) t += tget(&c.in[0], (r * 2 + m) * 8 + k) * tget(&c.in[1], n * 8 + k);
+          tset(&c.out[0], (r * 2 + m) * 5 + n, t);
+        }
+    c.tol = dt == HIR_F64 ? 1e-12 : dt == HIR_F32 ? 1e-5 : op_tol(dt) * 4;
+    c.prealloc = di & 1;
+    RUN_CASE(&c, "linear_broadcast_bias");
+    hir_fusion_free(f);
+  }
+}
+
 /* gelu_tanh(linear) runs as one op (the plan says the MatmulOp takes the
    UnaryOp), with the numbers of the two; where the linear's output is also
    a fusion output, the two stay apart. Mirrors nvFuser's LinearOp + GELU
