@@ -389,6 +389,30 @@ def ag_scaled_fusion(world, a_dtype, w_dtypes, out_dtypes, rowwise_a, rowwise_ws
     return f
 
 
+def scaled_rs_fusion(world, a_dtype, w_dtype, out_dtype, rowwise_a, rowwise_w):
+    """The fp8 matmul reduce-scatter of `world` devices in one pipeline:
+    each device's A [1 (DIDx), D, m, k] (its part of K) and weight [1
+    (DIDx), N, k], scaled by A's scale (one value, or [1 (DIDx), D, m] when
+    `rowwise_a`) and the weight's (one value, or [1 (DIDx), N]), the
+    partial products in `out_dtype` (as torch's fused op and Transformer
+    Engine reduce them) chunk by chunk on streams, summed over the devices,
+    device j receiving rows j: C [D (DIDx), m, N]."""
+    f = Fusion()
+    a, w = f.input(a_dtype, 4), f.input(w_dtype, 3)
+    sa = f.input("float32", 3) if rowwise_a else f.input_sized("float32", [1])
+    sw = f.input("float32", 2) if rowwise_w else f.input_sized("float32", [1])
+    p = f.scaled_linear(a, f.broadcast(w, [False, True, False, False]), sa,
+                        f.broadcast(sw, [False, True, False]) if rowwise_w else sw, out=out_dtype)
+    c = f.output(f.sum(p, [0]))
+    for t in (a, w, sa, sw, c):
+        t.mesh(range(world))
+    for t in (a, w) + ((sa,) if rowwise_a else ()) + ((sw,) if rowwise_w else ()):
+        t.parallelize(0, "DIDx")
+    p.parallelize(1, "Stream")
+    c.parallelize(1, "DIDx")
+    return f
+
+
 def matmul_rs_fusion(world, dtype="float32"):
     """The matmul reduce-scatter of `world` devices in one pipeline: each
     device's A [1 (DIDx), D, m, k] x B [1 (DIDx), k, N], summed over the

@@ -38,9 +38,10 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import Error, _HirTensor, _lib, _status, ag_matmul_fusion, ag_scaled_fusion, matmul_rs_fusion
+from . import Error, _HirTensor, _lib, _status, ag_matmul_fusion, ag_scaled_fusion, matmul_rs_fusion, scaled_rs_fusion
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "run", "set_options", "plan", "shutdown"]
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter", "run",
+           "set_options", "plan", "shutdown"]
 
 _DTYPES_OF = {0: torch.float32, 1: torch.float64, 2: torch.float16, 3: torch.bfloat16,  # by hir_dtype
               4: torch.float8_e4m3fn, 5: torch.float8_e5m2}  # fp8: run() and the scaled op only
@@ -707,6 +708,86 @@ def all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group=N
     else:
         outs = torch.ops.hostir.all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, _group_name(group), codes)
     return (outs[0] if return_A else None), list(outs[1:])
+
+
+def _scaled_matmul_reduce_scatter(a, b, a_scale, b_scale, reduce_op, scatter_dim, group_name, out_code):
+    what = ("scaled_matmul_reduce_scatter", "a", "scatter")
+    out_dtype = _DTYPES_OF[out_code]
+    if reduce_op not in ("sum", "avg"):
+        _fail("hostir.torch.scaled_matmul_reduce_scatter: reduce_op %r; give 'sum' or 'avg'" % (reduce_op,))
+    if a.dtype not in _FP8 or b.dtype not in _FP8 or a.dtype == b.dtype == torch.float8_e5m2:
+        _fail("hostir.torch.scaled_matmul_reduce_scatter: a is %s and b %s; each must be float8_e4m3fn or float8_e5m2, not "
+              "both e5m2" % (a.dtype, b.dtype))
+    if b.dim() != 2 or b.shape[0] != a.shape[-1] or b.device != a.device:
+        _fail("hostir.torch.scaled_matmul_reduce_scatter: b is %s on %s; it must be [K, N] with K = a's last size %d, on %s"
+              % (list(b.shape), b.device, a.shape[-1], a.device))
+    a2, d, rows_shape = _rows(a, scatter_dim, what)
+    g = _group_state(group_name, a.device)
+    D, (rows, k), N = g.size, a2.shape, b.shape[1]
+    scattered = a2.shape[0] if rows_shape is None else rows_shape[0]
+    if scattered % D:
+        _fail("hostir.torch.scaled_matmul_reduce_scatter: a's scatter_dim %d has size %d, which the group's %d ranks do not "
+              "divide; pad it to a multiple of %d" % (scatter_dim, scattered, D, D))
+    row_a, row_b, m = a_scale.numel() != 1, b_scale.numel() != 1, rows // D
+    if row_a and (rows_shape is not None or a_scale.numel() != rows):
+        _fail("hostir.torch.scaled_matmul_reduce_scatter: a_scale has %d values; give one, or one per row of a 2-D a (%d)"
+              % (a_scale.numel(), rows))
+    if row_b and b_scale.numel() != N:
+        _fail("hostir.torch.scaled_matmul_reduce_scatter: b_scale has %d values; give one, or one per column (%d)"
+              % (b_scale.numel(), N))
+    for name, t in (("a_scale", a_scale), ("b_scale", b_scale)):
+        if t.device != a.device:
+            _fail("hostir.torch.scaled_matmul_reduce_scatter: %s is on %s, a on %s" % (name, t.device, a.device))
+    w = b.t()  # the weight [N, k]: a column-major B is its rows
+    key = ("rs8", (a.dtype, b.dtype, out_dtype), (row_a, row_b), a2.shape, a2.stride(), w.shape, w.stride())
+
+    def views():
+        ins = [_view((1, D, m, k), (rows * a2.stride(0), m * a2.stride(0), a2.stride(0), a2.stride(1)), a.dtype),
+               _view((1, N, k), (N * w.stride(0), w.stride(0), w.stride(1)), b.dtype),
+               _view((1, D, m) if row_a else (1,), (rows, m, 1) if row_a else (1,), torch.float32),
+               _view((1, N) if row_b else (1,), (N, 1) if row_b else (1,), torch.float32)]
+        return ins, [_view((1, m, N), (m * N, N, 1), out_dtype)]
+
+    plan = g.plan_for(key, lambda: scaled_rs_fusion(D, _NAMES[a.dtype], _NAMES[b.dtype], _NAMES[out_dtype], row_a, row_b),
+                      views)
+    c = torch.empty((m, N), dtype=out_dtype, device=a.device)
+    plan.run([a2, w, a_scale.reshape(-1).float(), b_scale.reshape(-1).float()], [c])
+    if reduce_op == "avg":
+        c.div_(D)
+    return c if rows_shape is None else _restore(c, [rows_shape[0] // D] + rows_shape[1:], N, d)
+
+
+_ops.define("scaled_matmul_reduce_scatter(Tensor a, Tensor b, Tensor a_scale, Tensor b_scale, str reduce_op, int scatter_dim, "
+            "str group_name, int out_code) -> Tensor")
+for _key in ("CPU", "CUDA"):
+    _ops.impl("scaled_matmul_reduce_scatter", _scaled_matmul_reduce_scatter, _key)
+
+
+@torch.library.register_fake("hostir::scaled_matmul_reduce_scatter")
+def _(a, b, a_scale, b_scale, reduce_op, scatter_dim, group_name, out_code):
+    shape = list(a.shape)
+    shape[scatter_dim % a.dim()] //= _group_size(group_name)
+    return a.new_empty(shape[:-1] + [b.shape[-1]], dtype=_DTYPES_OF[out_code])
+
+
+def scaled_matmul_reduce_scatter(a, b, a_scale, b_scale, reduce_op, scatter_dim, group=None, out_dtype=None):
+    """torch's fused_scaled_matmul_reduce_scatter through hostir: rank r's
+    part along scatter_dim of the ranks' (a * a_scale) @ (b * b_scale)
+    summed ("sum") or averaged ("avg"). a is fp8 [..., k] (this rank's part
+    of K), b fp8 [k, N] column-major (as torch._scaled_mm takes it);
+    a_scale one value or one per row of a 2-D a ([rows, 1]), b_scale one
+    value or one per column ([1, N]), each this rank's own (its part of K
+    quantized apart). The partial products are out_dtype (float32, float16
+    or bfloat16; default bfloat16), reduced in it, as torch's op does. A
+    torch.library op (torch.ops.hostir.scaled_matmul_reduce_scatter): it
+    runs under torch.compile and in CUDA graphs; no autograd."""
+    out_dtype = out_dtype or torch.bfloat16
+    if out_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        _fail("hostir.torch.scaled_matmul_reduce_scatter: out_dtype is %s; give float32, float16 or bfloat16" % (out_dtype,))
+    args = (a, b, a_scale, b_scale, reduce_op, scatter_dim, _group_name(group), _CODES[out_dtype])
+    if _direct(a, b, a_scale, b_scale):
+        return _scaled_matmul_reduce_scatter(*args)
+    return torch.ops.hostir.scaled_matmul_reduce_scatter(*args)
 
 
 def matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group=None):

@@ -342,6 +342,59 @@ def fp8_fused():
 
 
 @case
+def fp8_rs():
+    """hostir.torch.scaled_matmul_reduce_scatter, torch's fused_scaled_matmul_reduce_scatter's
+    swap-in: each rank's e4m3 columns of A (its part of K) with its own
+    per-row scales, its rows of a column-major B with its own per-column
+    scales (and one value each), "sum" and "avg", bf16 and float32 out;
+    against the sum in float64. Then captured in a CUDA graph and replayed
+    with new A."""
+    D, m, k, N = W.size, 2, 32, 16  # k and N multiples of 16, as GPUs' fp8 GEMMs take them
+    gen = torch.Generator().manual_seed(31)
+    A = (torch.randint(-16, 17, (D * m, D * k), generator=gen) / 4).to(torch.float8_e4m3fn)  # quarters up to 4: exact
+    B = (torch.randint(-16, 17, (N, D * k), generator=gen) / 4).to(torch.float8_e4m3fn).t()  # [K, N], column-major
+    SA = torch.randint(1, 9, (D, D * m, 1), generator=gen) / 8  # rank r's per-row scales of its part of K
+    SB = torch.randint(1, 9, (D, 1, N), generator=gen) / 8
+    cols, rows = slice(W.rank * k, (W.rank + 1) * k), slice(W.rank * m, (W.rank + 1) * m)
+    dev = lambda t: t.to(W.dev)  # noqa: E731
+    parts = [A.double()[:, r * k:(r + 1) * k] @ B.double()[r * k:(r + 1) * k] for r in range(D)]
+    for rowwise, op, out_dtype in ((True, "sum", torch.bfloat16), (False, "avg", torch.float32)):
+        sa, sb = (dev(SA[W.rank]), dev(SB[W.rank])) if rowwise else (dev(torch.tensor(0.5)), dev(torch.tensor(0.25)))
+        want = sum(p * (SA[r].double() * SB[r].double() if rowwise else 0.125) for r, p in enumerate(parts))
+        want = want / (D if op == "avg" else 1)
+        got = ht.scaled_matmul_reduce_scatter(dev(A[:, cols]), dev(B[cols]), sa, sb, op, 0, out_dtype=out_dtype)
+        if got.dtype != out_dtype:
+            raise AssertionError("fp8 RS: %s out, asked for %s" % (got.dtype, out_dtype))
+        close(got, want[rows], torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float32,
+              "fp8 RS, %s scales, %s, %s" % ("per-row" if rowwise else "one-value", op, out_dtype))
+    if W.dev.type == "cuda":
+        xa, xb, sa, sb = dev(A[:, cols]).contiguous(), dev(B[cols]), dev(SA[W.rank]), dev(SB[W.rank])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            ht.scaled_matmul_reduce_scatter(xa, xb, sa, sb, "sum", 0)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ht.scaled_matmul_reduce_scatter(xa, xb, sa, sb, "sum", 0)
+        A2 = (torch.randint(-16, 17, (D * m, D * k), generator=gen) / 4).to(torch.float8_e4m3fn)
+        xa.copy_(dev(A2[:, cols]))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = sum((A2.double()[:, r * k:(r + 1) * k] @ B.double()[r * k:(r + 1) * k]) * SA[r].double() * SB[r].double()
+                   for r in range(D))
+        close(out, want[rows], torch.bfloat16, "fp8 RS, graph replay")
+    try:
+        ht.scaled_matmul_reduce_scatter(dev(A[:, cols]), dev(B[cols]), dev(torch.ones(3)), dev(SB[W.rank]), "sum", 0)
+    except hostir.Error as e:
+        if "a_scale has 3 values" not in str(e):
+            raise AssertionError("a wrong a_scale refused, but the message does not say so: %s" % e)
+    else:
+        raise AssertionError("an a_scale of 3 values was not refused")
+
+
+@case
 def shutdown_and_again():
     """shutdown frees every group's plans and communicators; the next op
     makes them again (one CPU rank: a shutdown is the process's, and torch's
@@ -382,7 +435,7 @@ def refusals():
 def rank_main(rank, size, dev):
     W.rank, W.size, W.dev, W.results = rank, size, dev, []
     for test in (ag_forward_backward, rs_forward_backward, pipelines, compiled, cuda_graph, seen_before, general_fusion, fp8_fusion,
-                 fp8_fused, shutdown_and_again, refusals):
+                 fp8_fused, fp8_rs, shutdown_and_again, refusals):
         test()
     for name, err in W.results:
         print("rank%d: %s %s" % (rank, "FAIL" if err else "ok  ", name))
