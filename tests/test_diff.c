@@ -264,7 +264,8 @@ static diff_tv *diff_matmul(diff_prog *p, diff_tv *a, diff_tv *b) {
 
 /* t = hir_scaled_linear(e4m3(a), w, sa, sw) of a [..., M, K]: the weight w
    [N, K] an e4m3 input, the scales f32 inputs of one value or per row
-   (sa a's shape without K, sw [N]), the output f32. */
+   (sa a's shape without K, sw [N]), the output f32. By the seed, a 3-D a
+   takes the weight (and a per-row sw) broadcast to a batch axis of size 1. */
 static diff_tv *diff_scaled(diff_rng *r, diff_prog *p, diff_tv *a, int meshless) {
   int64_t K = a->sizes[a->nd - 1], N = 1 + diff_next(r, 3), ws[2], one[1] = {1}, rows = diff_numel(a->nd - 1, a->sizes), m, n, k, i;
   int row_a = diff_next(r, 2), row_w = diff_next(r, 2);
@@ -283,6 +284,10 @@ static diff_tv *diff_scaled(diff_rng *r, diff_prog *p, diff_tv *a, int meshless)
   diff_place(r, p, sa, meshless);
   diff_place(r, p, sw, meshless);
   diff_place(r, p, a8, meshless);
+  if (a->nd == 3 && p->seed % 13 == 6 && p->ntv < DIFF_MAX_TVS - 4) { /* the same values, seen through a batch axis */
+    diff_place(r, p, w = diff_broadcast(p, w, 0), meshless);
+    if (row_w) diff_place(r, p, sw = diff_broadcast(p, sw, 0), meshless);
+  }
   ws[1] = N; /* the output: a's shape with N for K */
   {
     int64_t sz[HIR_MAX_DIMS];
