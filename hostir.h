@@ -3996,22 +3996,22 @@ static int hir__chunks_contiguous(const hir_expr *e) {
    permuted first (*before), so that the axis becoming the DIDx axis, then
    the DIDx axis, lead; e moves that; the result is permuted back into e's
    output (*after), as nvFuser's ReorderShardedAxisPass does. A permuting
-   set that reshards first permutes locally, then moves. Axes under a
-   Stream axis are left to the stream lowering. */
+   set that reshards first permutes locally, then moves, under a Stream axis
+   too (a chunk's collective cannot permute); the order for the collective
+   is then left to the stream lowering. */
 static int hir__order_for_collective(hir_fusion *f, hir_expr *e, hir_expr **before, hir_expr **after) {
   hir_tv *in = e->in[0], *out = e->out[0], *orig = in, *moved;
   hir_id *ids[HIR_MAX_DIMS];
   hir_expr *back;
   int map[HIR_MAX_DIMS], perm[HIR_MAX_DIMS], first[HIR_MAX_DIMS], inv[HIR_MAX_DIMS], tdata[HIR_MAX_DIMS];
   int din, dout, lead[2], nlead = 0, i, j, n, k = 0, kept = 0;
-  if (hir__stream_axis(in) >= 0 || hir__stream_axis(out) >= 0) return 1;
   if (e->kind == HIR_EXPR_LOAD_STORE && (e->flags & HIR__SET_PERMUTE)) {
     for (i = 0; i < HIR_MAX_DIMS; i++) first[i] = e->perm[i];
     if (!(*before = hir__local_permute(f, in, first))) return 0;
     e->in[0] = in = (*before)->out[0];
     e->flags &= ~(uint32_t)HIR__SET_PERMUTE;
   }
-  if (hir__chunks_contiguous(e)) return 1;
+  if (hir__stream_axis(in) >= 0 || hir__stream_axis(out) >= 0 || hir__chunks_contiguous(e)) return 1;
   din = hir__shard_axis(in, hir__moving_ptype(e, NULL));
   dout = hir__shard_axis(out, hir__moving_ptype(e, NULL));
   n = hir__data_axes(in, ids);

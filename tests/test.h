@@ -51,7 +51,7 @@ typedef struct hir_test {
   int order;            /* registration in definition order (__COUNTER__) */
 } hir_test;
 
-static hir_test hir_tests[128];
+static hir_test hir_tests[256];
 static int hir_ntests, hir_tests_lost; /* lost: registered past the table's end (the runners fail) */
 
 static void hir_test_register(const char *name, void (*fn)(void), unsigned where, int order) {
@@ -646,6 +646,38 @@ __attribute__((unused)) static void run_one(hir_fusion *f, int D, hir_tensor in,
   hir_fusion_free(f);
 }
 #define RUN_ONE(f, D, in, want, prealloc, name) run_one(f, D, in, want, prealloc, name, __FILE__, __LINE__)
+
+/* run_one where the lowering may refuse: then every device must refuse, with
+   one message (returns 0); else the program runs against the reference. */
+__attribute__((unused)) static int run_or_refused(hir_fusion *f, int D, hir_tensor in, hir_tensor want, int prealloc,
+                                                  const char *name, const char *file, int line) {
+  char first[512] = "";
+  int dev, refused = 0;
+  for (dev = 0; dev < D; dev++) {
+    hir_lower_desc d;
+    hir_program *p = NULL;
+    memset(&d, 0, sizeof d);
+    d.my_device = dev;
+    if (hir_lower(f, &d, &p) != HIR_OK) {
+      if (!refused++) snprintf(first, sizeof first, "%s", hir_program_error(p));
+      else if (strcmp(first, hir_program_error(p)) != 0) {
+        printf("  %s:%d: %s: device %d refused with another message: %s\n", file, line, name, dev, hir_program_error(p));
+        CHECK(0);
+      }
+    }
+    hir_program_free(p);
+  }
+  if (refused) {
+    if (refused != D) printf("  %s:%d: %s: %d of %d devices refused (%s)\n", file, line, name, refused, D, first);
+    CHECK(refused == D);
+    tfree(&in);
+    tfree(&want);
+    hir_fusion_free(f);
+    return 0;
+  }
+  run_one(f, D, in, want, prealloc, name, file, line);
+  return 1;
+}
 
 __attribute__((unused)) static const int worlds[5] = {1, 2, 3, 4, 8};
 __attribute__((unused)) static int iota_mesh[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};

@@ -247,6 +247,56 @@ static diff_tv *diff_broadcast(diff_prog *p, diff_tv *a, int at) {
   return t;
 }
 
+/* t = a's axes in a random order (torch.permute: output axis i is a's perm[i]). */
+static diff_tv *diff_permute(diff_rng *r, diff_prog *p, diff_tv *a) {
+  int perm[HIR_MAX_DIMS], i;
+  int64_t sz[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, src[HIR_MAX_DIMS];
+  diff_tv *t;
+  for (i = 0; i < a->nd; i++) perm[i] = i;
+  for (i = a->nd - 1; i > 0; i--) { /* Fisher-Yates */
+    int j = diff_next(r, i + 1), k = perm[i];
+    perm[i] = perm[j], perm[j] = k;
+  }
+  for (i = 0; i < a->nd; i++) sz[i] = a->sizes[perm[i]];
+  t = diff_new(p, hir_permute(p->f, a->tv, perm), a->nd, sz);
+  if (diff_numel(a->nd, sz))
+    do {
+      for (i = 0; i < a->nd; i++) src[perm[i]] = idx[i];
+      t->v[diff_off(a->nd, sz, idx)] = a->v[diff_off(a->nd, a->sizes, src)];
+    } while (diff_step(a->nd, sz, idx));
+  return t;
+}
+
+/* t = hir_linear(a, w, bias) of a [..., M, K]: w [N, K] and bias [N] f32
+   inputs, the bias maybe broadcast to [1, N] (and w to [1, N, K]) for a 3-D a. */
+static diff_tv *diff_linear(diff_rng *r, diff_prog *p, diff_tv *a, int meshless) {
+  int64_t K = a->sizes[a->nd - 1], N = 1 + diff_next(r, 3), ws[2], rows = diff_numel(a->nd - 1, a->sizes), m, n, k, i;
+  diff_tv *w, *bias, *t;
+  int64_t sz[HIR_MAX_DIMS];
+  ws[0] = N, ws[1] = K;
+  w = diff_new(p, hir_input(p->f, HIR_F32, 2), 2, ws);
+  bias = diff_new(p, hir_input(p->f, HIR_F32, 1), 1, ws);
+  p->nin += 2;
+  for (i = 0; i < N * K; i++) w->v[i] = (double)(diff_next(r, 2001) - 1000) / 256.0;
+  for (i = 0; i < N; i++) bias->v[i] = (double)(diff_next(r, 2001) - 1000) / 256.0;
+  diff_place(r, p, w, meshless);
+  diff_place(r, p, bias, meshless);
+  if (a->nd == 3 && diff_next(r, 2)) { /* the same values, seen through a batch axis */
+    diff_place(r, p, w = diff_broadcast(p, w, 0), meshless);
+    diff_place(r, p, bias = diff_broadcast(p, bias, 0), meshless);
+  }
+  memcpy(sz, a->sizes, sizeof sz);
+  sz[a->nd - 1] = N;
+  t = diff_new(p, hir_linear(p->f, a->tv, w->tv, bias->tv), a->nd, sz);
+  for (m = 0; m < rows; m++)
+    for (n = 0; n < N; n++) {
+      double acc = bias->v[n];
+      for (k = 0; k < K; k++) acc += a->v[m * K + k] * w->v[n * K + k];
+      t->v[m * N + n] = acc;
+    }
+  return t;
+}
+
 /* t = a x b: [M, K] x [K, N], [B, M, K] x [K, N] or [B, M, K] x [B, K, N]. */
 static diff_tv *diff_matmul(diff_prog *p, diff_tv *a, diff_tv *b) {
   int64_t B = a->nd == 3 ? a->sizes[0] : 1, M = a->sizes[a->nd - 2], K = a->sizes[a->nd - 1], N = b->sizes[b->nd - 1];
@@ -323,6 +373,8 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     int64_t bs[3], n;
     if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 5 && p->seed % 5 == 3) { /* by the seed: the programs of other seeds stay */
       diff_place(r, p, diff_scaled(r, p, a, meshless), meshless);
+    } else if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 5 && p->seed % 17 == 8) {
+      diff_place(r, p, diff_linear(r, p, a, meshless), meshless);
     } else if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 2) {
       int batched = a->nd == 3 && diff_next(r, 2);
       bs[0] = a->sizes[0], bs[batched] = a->sizes[a->nd - 1], bs[batched + 1] = 1 + diff_next(r, 3);
@@ -338,7 +390,9 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     diff_tv *a = &p->t[p->ntv - 1 - diff_next(r, p->ntv < 2 ? 1 : 2)], *t = NULL;
     switch (diff_next(r, 5)) {
     case 3: /* an elementwise op; by the seed, a layer_norm (the programs of other seeds stay) */
-      t = p->seed % 11 == 4 && p->ntv < DIFF_MAX_TVS - 4 ? diff_layer_norm(r, p, a) : diff_unary(p, diff_next(r, 6), a);
+      t = p->seed % 11 == 4 && p->ntv < DIFF_MAX_TVS - 4 ? diff_layer_norm(r, p, a)
+          : p->seed % 19 == 10 && a->nd >= 2           ? diff_permute(r, p, a)
+                                                       : diff_unary(p, diff_next(r, 6), a);
       break;
     case 4: { /* a select, slice or reshape (select and slice of a non-empty axis, select of a 2+-axis tensor) */
       int which = diff_next(r, 3), ax = diff_next(r, a->nd);

@@ -60,6 +60,39 @@ TEST(test_reshard_permute, "reshard/permute", TEST_CPU | TEST_GPU_WORLDS) {
   }
 }
 
+/* A whole tensor on the last device permuted onto every device, the output
+   split on its first axis (DIDx, or whole) and maybe on streams along
+   another: every order of three axes, the permute before the scatter (with
+   a Stream axis, refused alike on every device where the chunks would be
+   strided pieces; a chunk's collective once dropped the permute: wrong
+   numbers, found by the differential check's seed 20720). */
+TEST(test_reshard_permute_moved, "reshard/permute_moved", TEST_CPU | TEST_GPU_WORLDS) {
+  static const int perms[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+  int wi, k, mode, ran = 0;
+  for (wi = 1; wi < 4; wi++)
+    for (k = 0; k < 6; k++)
+      for (mode = 0; mode < 4; mode++) { /* 0, 1: split or whole; 2, 3: the same with Stream on axis 1 */
+        int D = worlds[wi], last = D - 1, split = !(mode & 1);
+        int64_t sz[3] = {D, 2, D}; /* the output's first axis has the mesh's size whatever the order */
+        hir_fusion *f = hir_fusion_create();
+        hir_tv *x = hir_input(f, HIR_F32, 3), *y = hir_permute(f, x, perms[k]);
+        hir_tensor in;
+        char name[64];
+        sz[perms[k][0]] = D;
+        sz[perms[k][1]] = 2 + (perms[k][1] != 1);
+        hir_output(f, y);
+        hir_set_mesh(x, 1, &last);
+        hir_set_mesh(y, D, iota_mesh);
+        if (split) hir_parallelize(y, 0, HIR_DIDX);
+        if (mode >= 2) hir_parallelize(y, 1, HIR_STREAM);
+        in = trand(HIR_F32, 3, sz);
+        snprintf(name, sizeof name, "permute_moved {%d,%d,%d}%s%s", perms[k][0], perms[k][1], perms[k][2], split ? " split" : "",
+                 mode >= 2 ? " streams" : "");
+        ran += run_or_refused(f, D, in, ref_permute(&in, perms[k]), k & 1, name, __FILE__, __LINE__);
+      }
+  CHECK(ran >= 3 * 6 * 2); /* every order runs split and whole without streams; some with (the rest refused alike) */
+}
+
 /* Every collective on an inner axis: allgather, scatter, gather onto another
    mesh, reduce-scatter, and a matmul whose A is split on an inner axis.
    Mirrors LowerCollectiveTest's non-contiguous variants, InsertReshardingTest
