@@ -121,22 +121,26 @@ static void diff_place(diff_rng *r, diff_prog *p, diff_tv *t, int meshless) {
   if (nc && diff_next(r, 3)) hir_parallelize(t->tv, cand[diff_next(r, nc)], HIR_DIDX);
 }
 
-/* t = sum of a over data axis ax. */
-static diff_tv *diff_sum(diff_prog *p, diff_tv *a, int ax) {
-  int64_t sz[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, oidx[HIR_MAX_DIMS];
+/* t = sum of a over data axis ax; with mean, divided by its whole extent
+   (hir_mean: a sharded axis counts every device's part). */
+static diff_tv *diff_reduce(diff_prog *p, diff_tv *a, int ax, int mean) {
+  int64_t sz[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, oidx[HIR_MAX_DIMS], k;
   int i, n = 0;
   diff_tv *t;
   for (i = 0; i < a->nd; i++)
     if (i != ax) sz[n++] = a->sizes[i];
-  t = diff_new(p, hir_sum(p->f, a->tv, 1, &ax), n, sz);
+  t = diff_new(p, mean ? hir_mean(p->f, a->tv, 1, &ax) : hir_sum(p->f, a->tv, 1, &ax), n, sz);
   if (diff_numel(a->nd, a->sizes))
     do {
       for (i = 0, n = 0; i < a->nd; i++)
         if (i != ax) oidx[n++] = idx[i];
       t->v[diff_off(t->nd, t->sizes, oidx)] += a->v[diff_off(a->nd, a->sizes, idx)];
     } while (diff_step(a->nd, a->sizes, idx));
+  for (k = 0; mean && k < diff_numel(t->nd, t->sizes); k++) t->v[k] /= (double)a->sizes[ax];
   return t;
 }
+
+static diff_tv *diff_sum(diff_prog *p, diff_tv *a, int ax) { return diff_reduce(p, a, ax, 0); }
 
 /* t = sum of a (3 data axes) over axes ax0 < ax1, in one hir_sum. */
 static diff_tv *diff_sum2(diff_prog *p, diff_tv *a, int ax0, int ax1) {
@@ -409,8 +413,8 @@ static int diff_build(diff_rng *r, diff_prog *p) {
       if (a->nd == 3 && diff_next(r, 3) == 0) {
         int keep = diff_next(r, 3);
         t = diff_sum2(p, a, keep == 0 ? 1 : 0, keep == 2 ? 1 : 2);
-      } else {
-        t = diff_sum(p, a, diff_next(r, a->nd));
+      } else { /* by the seed, a mean */
+        t = diff_reduce(p, a, diff_next(r, a->nd), p->seed % 23 == 11);
       }
       break;
     default: /* a op b: b is a itself, another tensor of a's shape, or a's sum over an axis broadcast back */
