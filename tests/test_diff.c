@@ -193,6 +193,24 @@ static diff_tv *diff_unary(diff_prog *p, int which, diff_tv *a) {
   return t;
 }
 
+/* t = a cast to bf16 (placed anywhere: moved as 2-byte elements), cast back
+   to f32, then moved again; a is an input, whose f32 values the reference
+   rounds alike. The bf16 tensor is not among the last two, which later ops
+   take (the reference does not round their results). */
+static diff_tv *diff_bf16_trip(diff_rng *r, diff_prog *p, diff_tv *a, int meshless) {
+  diff_tv *h = diff_new(p, hir_cast(p->f, a->tv, HIR_BF16), a->nd, a->sizes), *t, *u;
+  size_t bytes = (size_t)diff_numel(a->nd, a->sizes) * sizeof(double);
+  int64_t i;
+  for (i = 0; i < diff_numel(a->nd, a->sizes); i++) h->v[i] = hir_bf16_to_float(hir_float_to_bf16((float)a->v[i]));
+  diff_place(r, p, h, meshless);
+  t = diff_new(p, hir_cast(p->f, h->tv, HIR_F32), a->nd, a->sizes);
+  memcpy(t->v, h->v, bytes);
+  diff_place(r, p, t, meshless);
+  u = diff_new(p, hir_set(p->f, t->tv), a->nd, a->sizes);
+  memcpy(u->v, h->v, bytes);
+  return u;
+}
+
 /* t = hir_layer_norm of a over its last axis, times a weight (one in two:
    an earlier 1-D tensor of that size, where there is one): the backend's
    fused call where its primitives stay together, else the primitives (a
@@ -394,9 +412,10 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     diff_tv *a = &p->t[p->ntv - 1 - diff_next(r, p->ntv < 2 ? 1 : 2)], *t = NULL;
     switch (diff_next(r, 5)) {
     case 3: /* an elementwise op; by the seed, a layer_norm (the programs of other seeds stay) */
-      t = p->seed % 11 == 4 && p->ntv < DIFF_MAX_TVS - 4 ? diff_layer_norm(r, p, a)
-          : p->seed % 19 == 10 && a->nd >= 2           ? diff_permute(r, p, a)
-                                                       : diff_unary(p, diff_next(r, 6), a);
+      t = p->seed % 11 == 4 && p->ntv < DIFF_MAX_TVS - 4        ? diff_layer_norm(r, p, a)
+          : p->seed % 19 == 10 && a->nd >= 2                   ? diff_permute(r, p, a)
+          : p->seed % 31 == 15 && a - p->t < p->nin && p->ntv < DIFF_MAX_TVS - 3 ? diff_bf16_trip(r, p, a, meshless)
+                                                               : diff_unary(p, diff_next(r, 6), a);
       break;
     case 4: { /* a select, slice or reshape (select and slice of a non-empty axis, select of a 2+-axis tensor) */
       int which = diff_next(r, 3), ax = diff_next(r, a->nd);
