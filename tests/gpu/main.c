@@ -29,6 +29,7 @@
 #include "../test_split.c"
 #include "../test_fp8.c"
 #include "../test_mesh2d.c"
+#include "../test_diff.c"
 
 /* ---- the CUDA backend against the CPU backend ---- */
 static double dtype_tol(hir_dtype d) { return d == HIR_F64 ? 1e-11 : d == HIR_F32 ? 2e-5 : d == HIR_F16 ? 2e-2 : 6e-2; }
