@@ -34,7 +34,10 @@ def host_cost(a, b, group, calls=200):
     runner, run = (plan.tuner.value, _lib.hir_tuner_run) if plan.tuner.value else (plan.ev.value, _lib.hir_run)
     gathered = torch.empty(a.shape[0] * dist.get_world_size(group), a.shape[1], device=a.device, dtype=a.dtype)
     fast = ht._torch_fast
+    a8, b8 = a.to(torch.float8_e4m3fn), b.t().contiguous().to(torch.float8_e4m3fn).t()  # B column-major, as _scaled_mm's
+    s8 = torch.tensor(0.5, device=a.device)
     ways = {"op": lambda: ht.all_gather_matmul(a, [b], 0),
+            "op fp8": lambda: ht.all_gather_scaled_matmul(a8, [b8], s8, [s8], 0, return_A=False),
             "op without A": lambda: ht.all_gather_matmul(a, [b], 0, return_A=False),
             "hir_run": lambda: run(runner, plan.ins, plan.nin, plan.outs, plan.nout),
             "torch serial": lambda: (dist.all_gather_into_tensor(gathered, a, group=group), torch.mm(gathered, b)),
@@ -132,6 +135,8 @@ def main():
         if "op (Python path)" in cost:
             print(f"  the Python path alone: the Python layer {cost['op (Python path)'] - cost['hir_run']:.1f} "
                   f"({cost['op without A (Python path)'] - cost['hir_run']:.1f} with return_A=False)")
+        print(f"  hostir.torch.all_gather_scaled_matmul, e4m3, the same shape, return_A=False: {cost.get('op fp8', nan):.1f}"
+              + (f" (the Python path alone: {cost['op fp8 (Python path)']:.1f})" if "op fp8 (Python path)" in cost else ""))
         print(f"  torch's, the same shape: serial (all_gather_into_tensor + mm) {cost.get('torch serial', nan):.1f}, "
               f"fused_all_gather_matmul {cost.get('torch fused', nan):.1f}", flush=True)
     dist.destroy_process_group()

@@ -19,6 +19,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
@@ -42,7 +43,10 @@ struct Api {  // hostir._native's functions, and hostir.Error
 Api api;
 bool ready;
 
-enum Kind { ALL_GATHER_MATMUL, MATMUL_REDUCE_SCATTER };
+/* The ops, by the kind hostir/torch.py passes: how many arguments the
+   wrapper gives here, and which is the group. */
+enum Kind { ALL_GATHER_MATMUL, MATMUL_REDUCE_SCATTER, ALL_GATHER_SCALED_MATMUL, KINDS };
+const struct { int nargs, group; } op_args[KINDS] = {{5, 3}, {5, 4}, {8, 5}};
 
 struct Seen {  // one call seen before
   int kind;
@@ -54,7 +58,7 @@ struct Seen {  // one call seen before
   int nin, nout;
   void *backend;
   std::vector<std::vector<int64_t>> out_shapes;  // empty: an output not returned (data NULL)
-  at::ScalarType dtype;
+  std::vector<at::ScalarType> out_dtypes;
   int device;
   int divide_by;  // "avg": the group's size, else 0
 };
@@ -78,6 +82,36 @@ const at::Tensor *plain_cuda(PyObject *o) {
   return &t;
 }
 
+/* Tensors of a list or tuple into the key and `tensors`; f32 ones that
+   the plan reads flat (fp8 scales: the Python path passes reshape(-1)). */
+int push_list(PyObject *list, std::vector<int64_t> &key, std::vector<const at::Tensor *> &tensors, bool flat_f32) {
+  if (!PyList_CheckExact(list) && !PyTuple_CheckExact(list)) return 0;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(list);
+  key.push_back(n);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    const at::Tensor *t = plain_cuda(PySequence_Fast_GET_ITEM(list, i));
+    if (!t || (flat_f32 && (t->scalar_type() != at::kFloat || !t->is_contiguous()))) return 0;
+    tensors.push_back(t);
+    push_tensor(key, *t);
+  }
+  return 1;
+}
+
+int push_int(PyObject *o, std::vector<int64_t> &key) {
+  if (!PyLong_CheckExact(o)) return 0;
+  long long v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) return PyErr_Clear(), 0;
+  key.push_back(v);
+  return 1;
+}
+
+int push_bool(PyObject *o, std::vector<int64_t> &key) {
+  int v = PyObject_IsTrue(o);
+  if (v < 0) return PyErr_Clear(), 0;
+  key.push_back(v);
+  return 1;
+}
+
 /* The key of a call's arguments (all but the group), into `key`, and its
    tensors in the plan's input order. 0: not a call this path takes. */
 int key_of(int kind, PyObject *const *args, std::vector<int64_t> &key, std::vector<const at::Tensor *> &tensors) {
@@ -88,56 +122,56 @@ int key_of(int kind, PyObject *const *args, std::vector<int64_t> &key, std::vect
   if (!a) return 0;
   tensors.push_back(a);
   push_tensor(key, *a);
-  if (kind == ALL_GATHER_MATMUL) {  // a_shard, bs, gather_dim, group, return_A
-    PyObject *bs = args[1];
-    if (!PyList_CheckExact(bs) && !PyTuple_CheckExact(bs)) return 0;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(bs);
-    key.push_back(n);
-    for (Py_ssize_t i = 0; i < n; i++) {
-      const at::Tensor *b = plain_cuda(PySequence_Fast_GET_ITEM(bs, i));
-      if (!b) return 0;
-      tensors.push_back(b);
-      push_tensor(key, *b);
+  if (kind == ALL_GATHER_MATMUL) /* a_shard, bs, gather_dim, group, return_A */
+    return push_list(args[1], key, tensors, false) && push_int(args[2], key) && push_bool(args[4], key);
+  if (kind == ALL_GATHER_SCALED_MATMUL) { /* a_shard, bs, a_scale, b_scales, gather_dim, group, return_A, out_dtypes */
+    PyObject *scale = args[2], *outs = args[7];
+    const at::Tensor *sa = plain_cuda(scale);
+    Py_ssize_t nb;
+    if (!push_list(args[1], key, tensors, false) || !sa || sa->scalar_type() != at::kFloat || !sa->is_contiguous()) return 0;
+    tensors.push_back(sa);
+    push_tensor(key, *sa);
+    if (!push_list(args[3], key, tensors, true) || !push_int(args[4], key) || !push_bool(args[6], key)) return 0;
+    nb = PySequence_Fast_GET_SIZE(args[1]);
+    if (outs != Py_None && (!PyList_CheckExact(outs) || PyList_GET_SIZE(outs) != nb)) return 0;
+    for (Py_ssize_t i = 0; i < nb; i++) { /* the products' dtypes, None as the wrapper reads it: bfloat16 */
+      PyObject *d = outs == Py_None ? Py_None : PyList_GET_ITEM(outs, i);
+      if (d != Py_None && !THPDtype_Check(d)) return 0;
+      key.push_back(static_cast<int64_t>(d == Py_None ? at::kBFloat16 : ((THPDtype *)d)->scalar_type));
     }
-    int return_a = PyObject_IsTrue(args[4]);
-    if (return_a < 0) return PyErr_Clear(), 0;
-    key.push_back(return_a);
-  } else {  // a, b, reduce_op, scatter_dim, group
-    const at::Tensor *b = plain_cuda(args[1]);
-    if (!b) return 0;
-    tensors.push_back(b);
-    push_tensor(key, *b);
-    Py_ssize_t len;
-    const char *op = PyUnicode_Check(args[2]) ? PyUnicode_AsUTF8AndSize(args[2], &len) : nullptr;
-    if (!op) return PyErr_Clear(), 0;
-    if (!std::strcmp(op, "sum"))
-      key.push_back(0);
-    else if (!std::strcmp(op, "avg"))
-      key.push_back(1);
-    else
-      return 0;
+    return 1;
   }
-  if (!PyLong_CheckExact(args[2 + (kind == MATMUL_REDUCE_SCATTER)])) return 0;
-  long long dim = PyLong_AsLongLong(args[2 + (kind == MATMUL_REDUCE_SCATTER)]);
-  if (dim == -1 && PyErr_Occurred()) return PyErr_Clear(), 0;
-  key.push_back(dim);
-  return 1;
+  /* MATMUL_REDUCE_SCATTER: a, b, reduce_op, scatter_dim, group */
+  const at::Tensor *b = plain_cuda(args[1]);
+  if (!b) return 0;
+  tensors.push_back(b);
+  push_tensor(key, *b);
+  Py_ssize_t len;
+  const char *op = PyUnicode_Check(args[2]) ? PyUnicode_AsUTF8AndSize(args[2], &len) : nullptr;
+  if (!op) return PyErr_Clear(), 0;
+  if (!std::strcmp(op, "sum"))
+    key.push_back(0);
+  else if (!std::strcmp(op, "avg"))
+    key.push_back(1);
+  else
+    return 0;
+  return push_int(args[3], key);
 }
 
-int group_arg(int kind) { return kind == ALL_GATHER_MATMUL ? 3 : 4; }
 
-/* call(kind, *the op's five arguments): the op's result, or None. */
+
+/* call(kind, *the op's arguments): the op's result, or None. */
 PyObject *call(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   thread_local std::vector<int64_t> key;
   thread_local std::vector<const at::Tensor *> tensors;
-  if (!ready || nargs != 6 || !PyLong_CheckExact(args[0])) Py_RETURN_NONE;
+  if (!ready || nargs < 1 || !PyLong_CheckExact(args[0])) Py_RETURN_NONE;
   int kind = (int)PyLong_AsLong(args[0]);
-  if (kind != ALL_GATHER_MATMUL && kind != MATMUL_REDUCE_SCATTER) Py_RETURN_NONE;
+  if (kind < 0 || kind >= KINDS || nargs != 1 + op_args[kind].nargs) Py_RETURN_NONE;
   args++;
   if (!key_of(kind, args, key, tensors)) Py_RETURN_NONE;
   Seen *s = nullptr;
   for (Seen &e : seen)
-    if (e.kind == kind && e.group == args[group_arg(kind)] && e.key == key) {
+    if (e.kind == kind && e.group == args[op_args[kind].group] && e.key == key) {
       s = &e;
       break;
     }
@@ -148,14 +182,13 @@ PyObject *call(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     api.set_stream(s->backend, stream);
     std::vector<at::Tensor> outs;
     outs.reserve(s->nout);
-    at::TensorOptions options = at::TensorOptions().dtype(s->dtype).device(at::kCUDA, s->device);
     for (int k = 0; k < s->nout; k++) {
       if (s->out_shapes[k].empty()) {
         outs.emplace_back();
         s->outs[k].data = nullptr;
         continue;
       }
-      outs.push_back(at::empty(s->out_shapes[k], options));
+      outs.push_back(at::empty(s->out_shapes[k], at::TensorOptions().dtype(s->out_dtypes[k]).device(at::kCUDA, s->device)));
       s->outs[k].data = outs.back().data_ptr();
     }
     for (int k = 0; k < s->nin; k++) s->ins[k].data = tensors[k]->data_ptr();
@@ -183,7 +216,8 @@ PyObject *call(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *products = PyList_New(nout - 1);
     if (!products) return nullptr;
     for (int k = 1; k < nout; k++) PyList_SET_ITEM(products, k - 1, THPVariable_Wrap(outs[k]));
-    PyObject *gathered = outs[0].defined() ? THPVariable_Wrap(outs[0]) : (Py_INCREF(Py_None), Py_None);
+    int return_a = kind == ALL_GATHER_MATMUL ? outs[0].defined() : PyObject_IsTrue(args[6]) > 0;
+    PyObject *gathered = return_a ? THPVariable_Wrap(outs[0]) : (Py_INCREF(Py_None), Py_None);
     return Py_BuildValue("(NN)", gathered, products);
   } catch (const std::exception &e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
@@ -191,32 +225,41 @@ PyObject *call(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   }
 }
 
-/* remember(kind, *the op's five arguments, runner, tuner, ins, outs, nin,
-   nout, backend, out_shapes, divide_by): a call the Python path has just
-   run, so that the next one like it runs here. */
+/* remember(kind, *the op's arguments, runner, tuner, ins, outs, nin, nout,
+   backend, out_shapes, out_dtypes, divide_by): a call the Python path has
+   just run, so that the next one like it runs here. */
 PyObject *remember(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   std::vector<int64_t> key;
   std::vector<const at::Tensor *> tensors;
-  if (nargs != 15) return PyErr_SetString(PyExc_TypeError, "remember: 15 arguments"), nullptr;
-  int kind = (int)PyLong_AsLong(args[0]);
+  int kind = nargs > 0 ? (int)PyLong_AsLong(args[0]) : -1;
+  if (kind < 0 || kind >= KINDS || nargs != 1 + op_args[kind].nargs + 10)
+    return PyErr_SetString(PyExc_TypeError, "remember: the kind, the op's arguments and 10 more"), nullptr;
   if (!key_of(kind, args + 1, key, tensors)) Py_RETURN_NONE;
+  PyObject *const *more = args + 1 + op_args[kind].nargs;
   Seen s;
   s.kind = kind;
   s.key = key;
-  s.group = args[1 + group_arg(kind)];
-  s.runner = PyLong_AsVoidPtr(args[6]);
-  s.tuner = PyObject_IsTrue(args[7]);
-  s.ins = (hir_tensor *)PyLong_AsVoidPtr(args[8]);
-  s.outs = (hir_tensor *)PyLong_AsVoidPtr(args[9]);
-  s.nin = (int)PyLong_AsLong(args[10]);
-  s.nout = (int)PyLong_AsLong(args[11]);
-  s.backend = PyLong_AsVoidPtr(args[12]);
-  s.divide_by = (int)PyLong_AsLong(args[14]);
-  PyObject *shapes = args[13];
+  s.group = args[1 + op_args[kind].group];
+  s.runner = PyLong_AsVoidPtr(more[0]);
+  s.tuner = PyObject_IsTrue(more[1]);
+  s.ins = (hir_tensor *)PyLong_AsVoidPtr(more[2]);
+  s.outs = (hir_tensor *)PyLong_AsVoidPtr(more[3]);
+  s.nin = (int)PyLong_AsLong(more[4]);
+  s.nout = (int)PyLong_AsLong(more[5]);
+  s.backend = PyLong_AsVoidPtr(more[6]);
+  s.divide_by = (int)PyLong_AsLong(more[9]);
+  PyObject *shapes = more[7], *dtypes = more[8];
   if (PyErr_Occurred()) return nullptr;
-  if (!PyList_Check(shapes) || PyList_GET_SIZE(shapes) != s.nout || s.nin != (int)tensors.size())
-    return PyErr_SetString(PyExc_ValueError, "remember: out_shapes must list nout shapes; ins must be the call's tensors"),
+  if (!PyList_Check(shapes) || PyList_GET_SIZE(shapes) != s.nout || !PyList_Check(dtypes) ||
+      PyList_GET_SIZE(dtypes) != s.nout || s.nin != (int)tensors.size())
+    return PyErr_SetString(PyExc_ValueError, "remember: out_shapes and out_dtypes must list nout each; ins must be the call's "
+                                             "tensors"),
            nullptr;
+  for (Py_ssize_t k = 0; k < s.nout; k++) {
+    PyObject *d = PyList_GET_ITEM(dtypes, k);
+    if (!THPDtype_Check(d)) return PyErr_SetString(PyExc_TypeError, "remember: out_dtypes holds torch dtypes"), nullptr;
+    s.out_dtypes.push_back(((THPDtype *)d)->scalar_type);
+  }
   for (Py_ssize_t k = 0; k < s.nout; k++) {
     PyObject *shape = PyList_GET_ITEM(shapes, k);
     std::vector<int64_t> dims;
@@ -230,7 +273,6 @@ PyObject *remember(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     }
     s.out_shapes.push_back(dims);
   }
-  s.dtype = tensors[0]->scalar_type();
   s.device = tensors[0]->device().index();
   Py_INCREF(s.group);
   seen.push_back(std::move(s));

@@ -405,14 +405,17 @@ _ops.define("all_gather_matmul(Tensor a_shard, Tensor[] bs, int gather_dim, str 
 _ops.define("matmul_reduce_scatter(Tensor a, Tensor b, str reduce_op, int scatter_dim, str group_name) -> Tensor")
 
 
-def _remember(kind, args, plan, shapes, divide_by=0):
-    """A call of the op `kind` (0 all_gather_matmul, 1 matmul_reduce_scatter)
-    that the Python path just ran with the wrapper's arguments `args`, for
-    the C++ path to run the next like it (never one made in a capture)."""
+def _remember(kind, args, plan, outs, divide_by=0):
+    """A call of the op `kind` (0 all_gather_matmul, 1 matmul_reduce_scatter,
+    2 all_gather_scaled_matmul) that the Python path just ran with the
+    wrapper's arguments `args`, making `outs` (None: left in hostir's
+    buffer), for the C++ path to run the next like it (never one made in a
+    capture)."""
     if _torch_fast is not None and not plan.group.capturing:
         _torch_fast.remember(kind, *args, plan.tuner.value or plan.ev.value, bool(plan.tuner.value),
                              ctypes.addressof(plan.ins), ctypes.addressof(plan.outs), plan.nin, plan.nout,
-                             plan.group.backend, shapes, divide_by)
+                             plan.group.backend, [tuple(t.shape) if t is not None else None for t in outs],
+                             [t.dtype if t is not None else torch.float32 for t in outs], divide_by)
 
 
 def _all_gather_matmul(a_shard, bs, gather_dim, group_name, return_A=True, direct=None):
@@ -454,10 +457,9 @@ def _all_gather_matmul(a_shard, bs, gather_dim, group_name, return_A=True, direc
     plan.run([a2] + bs, outs)
     if rows_shape is None:  # a 2-D shard gathered along its rows: as they are
         if fast is not None:
-            shapes = [tuple(t.shape) if t is not None else None for t in outs]
-            _fast[fast] = (plan, shapes, dt, a_shard.device)
+            _fast[fast] = (plan, [tuple(t.shape) if t is not None else None for t in outs], dt, a_shard.device)
             if direct is not None:
-                _remember(0, (a_shard, bs, gather_dim, direct[0], return_A), plan, shapes)
+                _remember(0, (a_shard, bs, gather_dim, direct[0], return_A), plan, outs)
         return outs
     rows_shape = [D * rows_shape[0]] + rows_shape[1:]
     return [_restore(t, rows_shape, t.shape[-1], d) if t is not None else None for t in outs]
@@ -509,7 +511,7 @@ def _matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group_name, direct=None
     if fast is not None and rows_shape is None:
         _fast[fast] = (plan, (m, N), dt, a.device, D)
         if direct is not None:
-            _remember(1, (a, b, reduce_op, scatter_dim, direct[0]), plan, [(m, N)], D if reduce_op == "avg" else 0)
+            _remember(1, (a, b, reduce_op, scatter_dim, direct[0]), plan, [c], D if reduce_op == "avg" else 0)
     if reduce_op == "avg":
         c.div_(D)
     return c if rows_shape is None else _restore(c, [rows_shape[0] // D] + rows_shape[1:], N, d)
@@ -613,9 +615,9 @@ def all_gather_matmul(a_shard, bs, gather_dim, group=None, return_A=True):
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def _all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group_name, out_codes):
+def _all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group_name, out_codes, direct=None):
     """[the gathered A, the scaled products]; out_codes: the outputs' hir_dtype codes (a schema's ScalarType
-    reaches fake kernels as an int)"""
+    reaches fake kernels as an int); direct: (the wrapper's group, return_A, out_dtypes) when it called."""
     what = ("all_gather_scaled_matmul", "a_shard", "gather")
     out_dtypes = [_DTYPES_OF[c] for c in out_codes]
     if not bs or len(b_scales) != len(bs) or len(out_dtypes) != len(bs):
@@ -664,6 +666,8 @@ def _all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group_
     outs = [torch.empty((D * m, K), dtype=a_shard.dtype, device=a_shard.device)]
     outs += [torch.empty((D * m, b.shape[1]), dtype=o, device=a_shard.device) for b, o in zip(bs, out_dtypes)]
     plan.run([a2] + [b.t() for b in bs] + scales, outs)
+    if rows_shape is None and a_shard.is_cuda and direct is not None:
+        _remember(2, (a_shard, bs, a_scale, b_scales, gather_dim, direct[0], direct[1], direct[2]), plan, outs)
     if rows_shape is not None:
         rows_shape = [D * rows_shape[0]] + rows_shape[1:]
         outs = [_restore(t, rows_shape, t.shape[-1], d) for t in outs]
@@ -695,6 +699,12 @@ def all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group=N
     are not taken; products accumulate in f32 whatever use_fast_accum. A
     torch.library op (torch.ops.hostir.all_gather_scaled_matmul): it runs
     under torch.compile and in CUDA graphs; no autograd."""
+    taken = biases is None and result_scales is None and not torch.compiler.is_compiling()
+    if taken and _torch_fast is not None:
+        done = _torch_fast.call(2, a_shard, bs, a_scale, b_scales, gather_dim, group, return_A, out_dtypes)
+        if done is not None:
+            return done
+    dtypes_arg = out_dtypes
     bs, b_scales = list(bs), list(b_scales)
     if any(x is not None for x in (biases or [])) or any(x is not None for x in (result_scales or [])):
         _fail("hostir.torch.all_gather_scaled_matmul: biases and result_scales are not supported; pass None")
@@ -704,7 +714,8 @@ def all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group=N
             _fail("hostir.torch.all_gather_scaled_matmul: out_dtypes[%d] is %s; give float32, float16 or bfloat16" % (i, o))
     codes = [_CODES[o] for o in out_dtypes]
     if _direct(a_shard, a_scale, *bs, *b_scales):
-        outs = _all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, _group_name(group), codes)
+        outs = _all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, _group_name(group), codes,
+                                         (group, return_A, dtypes_arg) if taken else None)
     else:
         outs = torch.ops.hostir.all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, _group_name(group), codes)
     return (outs[0] if return_A else None), list(outs[1:])

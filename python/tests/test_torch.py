@@ -332,6 +332,19 @@ def fp8_fused():
         graph.replay()
         torch.cuda.synchronize()
         close(out, (A2.double() @ B1.double()) * SA.double() * S1.double(), torch.bfloat16, "fp8 fused, graph replay")
+    if W.dev.type == "cuda":  # a call seen before (rows of new values at new addresses): the C++ path where built
+        before = ht._torch_fast.taken() if ht._torch_fast else 0
+        for step in range(2):
+            A3 = (torch.randint(-16, 17, (D * 2 * m, K), generator=gen) / 4).to(torch.float8_e4m3fn)  # 2m rows: a new shape
+            SA3 = torch.randint(1, 9, (D * 2 * m, 1), generator=gen) / 8
+            rows3 = slice(W.rank * 2 * m, (W.rank + 1) * 2 * m)
+            none, (c,) = ht.all_gather_scaled_matmul(dev(A3[rows3]), [dev(B1)], dev(SA3[rows3]), [dev(S1)], 0,
+                                                      out_dtypes=[torch.float32], return_A=False)
+            if none is not None:
+                raise AssertionError("fp8 fused, return_A=False, gave the gathered A")
+            close(c, (A3.double() @ B1.double()) * SA3.double() * S1.double(), torch.float32, "fp8 fused, call %d" % step)
+        if ht._torch_fast and ht._torch_fast.taken() - before != 1:
+            raise AssertionError("fp8 fused: the C++ path took %d calls; 1 was seen before" % (ht._torch_fast.taken() - before))
     try:
         ht.all_gather_scaled_matmul(dev(A[rows]), [dev(B1)], dev(SA[rows]), [dev(S1)], 0, biases=[dev(S1)])
     except hostir.Error as e:
