@@ -507,6 +507,7 @@ static hir_status diff_rank(int rank, void *user) {
   char *err = x->error[rank];
   hir_tensor din[8];
   hir_backend *b = x->backend;
+  int k;
   memset(&ed, 0, sizeof ed);
   memset(out, 0, sizeof out);
   ld.my_device = rank;
@@ -532,6 +533,22 @@ static hir_status diff_rank(int rank, void *user) {
     if (mine.data && !compare(&got, &mine, 1e-4, err, 512, "the output")) x->status[rank] = HIR_ERR_INTERNAL; /* a wrong number */
     else if (!mine.data && (out[0].data || out[0].ndims)) snprintf(err, 512, "the output should be empty here"), x->status[rank] = HIR_ERR_INTERNAL;
     if (got.data != out[0].data) tfree(&got);
+    for (k = 0; b && ed.graph && k < 2 && x->status[rank] == HIR_OK && mine.data; k++) { /* graphs: captured, replayed */
+      hir_tensor poison = tn(mine.dtype, mine.ndims, mine.sizes), again;
+      int64_t e;
+      for (e = 0; e < tnumel(&poison); e++) tset(&poison, e, 1e30); /* the run must write it all again */
+      b->upload(b, out[0].data, poison.data, (size_t)tnumel(&poison) * hir_dtype_size(poison.dtype));
+      tfree(&poison);
+      memset(&again, 0, sizeof again);
+      if ((x->status[rank] = hir_run(ev, din, x->nin, &again, 1)) != HIR_OK || (x->status[rank] = hir_evaluator_sync(ev)) != HIR_OK) {
+        snprintf(err, 512, "graph run %d: %.480s", k + 2, hir_evaluator_error(ev));
+        break;
+      }
+      got = to_host(b, &again);
+      if (!compare(&got, &mine, 1e-4, err, 512, k ? "the output, replayed" : "the output, captured")) x->status[rank] = HIR_ERR_INTERNAL;
+      if (got.data != again.data) tfree(&got);
+      out[0] = again;
+    }
     if (x->status[rank] == HIR_OK && (x->seed % 29 == 14 || b)) { /* by the seed, again: strided inputs, a strided poisoned output */
       hir_tensor rin[8], drin[8], given, dgiven, poison = mine;
       int64_t k;
@@ -656,7 +673,8 @@ TEST(test_diff_random_programs, "diff/random_programs", TEST_CPU) {
 }
 
 /* The same programs on the platform's backend (the GPU suite's one-process
-   stage: the CUDA backend), those of one rank: the backend's
+   stage: the CUDA backend; in its graph modes each is also captured and
+   replayed, its output poisoned before each), those of one rank: the backend's
    kernels on random shapes, broadcasts, permutes, strided inputs and
    outputs, against the reference. HIR_DIFF_BACKEND_PROGRAMS: how many seeds
    (20,000; about a fifth are one-rank programs that run). On one H100,
@@ -667,7 +685,7 @@ TEST(test_diff_backend, "diff/random_programs_backend", TEST_GPU_WORLDS) {
   const char *n_env = getenv("HIR_DIFF_BACKEND_PROGRAMS");
   int n = n_env ? atoi(n_env) : 20000, i, how, counts[4] = {0, 0, 0, 0}, failures = 0;
   hir_backend *b;
-  if (!platform->backend || platform->graph || platform->run != hir_spmd) return; /* once, in the one-process suite, eager */
+  if (!platform->backend || platform->run != hir_spmd) return; /* in the one-process suite: eager, and in its graph modes */
   if (!(b = platform->backend(0))) return;
   for (i = 0; i < n && failures < 5; i++) {
     if (!diff_one((uint64_t)i, b, &how)) failures++;
