@@ -1,5 +1,5 @@
-/* hostir.torch's calls seen before, in C++: the part of all_gather_matmul,
-   matmul_reduce_scatter and all_gather_scaled_matmul that runs on every call once
+/* hostir.torch's calls seen before, in C++: the part of its four fused ops
+   (bf16/f16/f32 and fp8, AG+GEMM and GEMM+RS) that runs on every call once
    a call with the same operands' shapes, strides, dtypes and devices, the
    same group and arguments has run through the Python path (hostir/torch.py)
    and made its plan. Here such a call costs a few microseconds of host time:
@@ -45,8 +45,8 @@ bool ready;
 
 /* The ops, by the kind hostir/torch.py passes: how many arguments the
    wrapper gives here, and which is the group. */
-enum Kind { ALL_GATHER_MATMUL, MATMUL_REDUCE_SCATTER, ALL_GATHER_SCALED_MATMUL, KINDS };
-const struct { int nargs, group; } op_args[KINDS] = {{5, 3}, {5, 4}, {8, 5}};
+enum Kind { ALL_GATHER_MATMUL, MATMUL_REDUCE_SCATTER, ALL_GATHER_SCALED_MATMUL, SCALED_MATMUL_REDUCE_SCATTER, KINDS };
+const struct { int nargs, group; } op_args[KINDS] = {{5, 3}, {5, 4}, {8, 5}, {8, 6}};
 
 struct Seen {  // one call seen before
   int kind;
@@ -105,6 +105,32 @@ int push_int(PyObject *o, std::vector<int64_t> &key) {
   return 1;
 }
 
+/* A torch dtype (None: bfloat16, as the wrappers read it) into the key. */
+int push_dtype(PyObject *d, std::vector<int64_t> &key) {
+  if (d != Py_None && !THPDtype_Check(d)) return 0;
+  key.push_back(static_cast<int64_t>(d == Py_None ? at::kBFloat16 : ((THPDtype *)d)->scalar_type));
+  return 1;
+}
+
+/* A scale the plan reads flat: an f32 contiguous tensor. */
+int push_scale(PyObject *o, std::vector<int64_t> &key, std::vector<const at::Tensor *> &tensors) {
+  const at::Tensor *t = plain_cuda(o);
+  if (!t || t->scalar_type() != at::kFloat || !t->is_contiguous()) return 0;
+  tensors.push_back(t);
+  push_tensor(key, *t);
+  return 1;
+}
+
+/* "sum" or "avg" into the key. */
+int push_reduce_op(PyObject *o, std::vector<int64_t> &key) {
+  Py_ssize_t len;
+  const char *op = PyUnicode_Check(o) ? PyUnicode_AsUTF8AndSize(o, &len) : nullptr;
+  if (!op) return PyErr_Clear(), 0;
+  if (std::strcmp(op, "sum") && std::strcmp(op, "avg")) return 0;
+  key.push_back(op[0] == 'a');
+  return 1;
+}
+
 int push_bool(PyObject *o, std::vector<int64_t> &key) {
   int v = PyObject_IsTrue(o);
   if (v < 0) return PyErr_Clear(), 0;
@@ -125,37 +151,26 @@ int key_of(int kind, PyObject *const *args, std::vector<int64_t> &key, std::vect
   if (kind == ALL_GATHER_MATMUL) /* a_shard, bs, gather_dim, group, return_A */
     return push_list(args[1], key, tensors, false) && push_int(args[2], key) && push_bool(args[4], key);
   if (kind == ALL_GATHER_SCALED_MATMUL) { /* a_shard, bs, a_scale, b_scales, gather_dim, group, return_A, out_dtypes */
-    PyObject *scale = args[2], *outs = args[7];
-    const at::Tensor *sa = plain_cuda(scale);
+    PyObject *outs = args[7];
     Py_ssize_t nb;
-    if (!push_list(args[1], key, tensors, false) || !sa || sa->scalar_type() != at::kFloat || !sa->is_contiguous()) return 0;
-    tensors.push_back(sa);
-    push_tensor(key, *sa);
-    if (!push_list(args[3], key, tensors, true) || !push_int(args[4], key) || !push_bool(args[6], key)) return 0;
+    if (!push_list(args[1], key, tensors, false) || !push_scale(args[2], key, tensors) || !push_list(args[3], key, tensors, true) ||
+        !push_int(args[4], key) || !push_bool(args[6], key))
+      return 0;
     nb = PySequence_Fast_GET_SIZE(args[1]);
     if (outs != Py_None && (!PyList_CheckExact(outs) || PyList_GET_SIZE(outs) != nb)) return 0;
-    for (Py_ssize_t i = 0; i < nb; i++) { /* the products' dtypes, None as the wrapper reads it: bfloat16 */
-      PyObject *d = outs == Py_None ? Py_None : PyList_GET_ITEM(outs, i);
-      if (d != Py_None && !THPDtype_Check(d)) return 0;
-      key.push_back(static_cast<int64_t>(d == Py_None ? at::kBFloat16 : ((THPDtype *)d)->scalar_type));
-    }
+    for (Py_ssize_t i = 0; i < nb; i++) /* the products' dtypes */
+      if (!push_dtype(outs == Py_None ? Py_None : PyList_GET_ITEM(outs, i), key)) return 0;
     return 1;
   }
-  /* MATMUL_REDUCE_SCATTER: a, b, reduce_op, scatter_dim, group */
   const at::Tensor *b = plain_cuda(args[1]);
   if (!b) return 0;
   tensors.push_back(b);
   push_tensor(key, *b);
-  Py_ssize_t len;
-  const char *op = PyUnicode_Check(args[2]) ? PyUnicode_AsUTF8AndSize(args[2], &len) : nullptr;
-  if (!op) return PyErr_Clear(), 0;
-  if (!std::strcmp(op, "sum"))
-    key.push_back(0);
-  else if (!std::strcmp(op, "avg"))
-    key.push_back(1);
-  else
-    return 0;
-  return push_int(args[3], key);
+  if (kind == SCALED_MATMUL_REDUCE_SCATTER) /* a, b, a_scale, b_scale, reduce_op, scatter_dim, group, out_dtype */
+    return push_scale(args[2], key, tensors) && push_scale(args[3], key, tensors) && push_reduce_op(args[4], key) &&
+           push_int(args[5], key) && push_dtype(args[7], key);
+  /* MATMUL_REDUCE_SCATTER: a, b, reduce_op, scatter_dim, group */
+  return push_reduce_op(args[2], key) && push_int(args[3], key);
 }
 
 /* call(kind, *the op's arguments): the op's result, or None. */
@@ -207,7 +222,7 @@ PyObject *call(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
       return nullptr;
     }
     taken++;
-    if (kind == MATMUL_REDUCE_SCATTER) {
+    if (kind == MATMUL_REDUCE_SCATTER || kind == SCALED_MATMUL_REDUCE_SCATTER) {
       if (divide_by) outs[0].div_(divide_by);
       return THPVariable_Wrap(outs[0]);
     }

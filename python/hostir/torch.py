@@ -407,7 +407,7 @@ _ops.define("matmul_reduce_scatter(Tensor a, Tensor b, str reduce_op, int scatte
 
 def _remember(kind, args, plan, outs, divide_by=0):
     """A call of the op `kind` (0 all_gather_matmul, 1 matmul_reduce_scatter,
-    2 all_gather_scaled_matmul) that the Python path just ran with the
+    2 all_gather_scaled_matmul, 3 scaled_matmul_reduce_scatter) that the Python path just ran with the
     wrapper's arguments `args`, making `outs` (None: left in hostir's
     buffer), for the C++ path to run the next like it (never one made in a
     capture)."""
@@ -721,7 +721,8 @@ def all_gather_scaled_matmul(a_shard, bs, a_scale, b_scales, gather_dim, group=N
     return (outs[0] if return_A else None), list(outs[1:])
 
 
-def _scaled_matmul_reduce_scatter(a, b, a_scale, b_scale, reduce_op, scatter_dim, group_name, out_code):
+def _scaled_matmul_reduce_scatter(a, b, a_scale, b_scale, reduce_op, scatter_dim, group_name, out_code, direct=None):
+    """direct: (the wrapper's group, out_dtype) when it called."""
     what = ("scaled_matmul_reduce_scatter", "a", "scatter")
     out_dtype = _DTYPES_OF[out_code]
     if reduce_op not in ("sum", "avg"):
@@ -763,6 +764,9 @@ def _scaled_matmul_reduce_scatter(a, b, a_scale, b_scale, reduce_op, scatter_dim
                       views)
     c = torch.empty((m, N), dtype=out_dtype, device=a.device)
     plan.run([a2, w, a_scale.reshape(-1).float(), b_scale.reshape(-1).float()], [c])
+    if rows_shape is None and a.is_cuda and direct is not None:
+        _remember(3, (a, b, a_scale, b_scale, reduce_op, scatter_dim, direct[0], direct[1]), plan, [c],
+                  D if reduce_op == "avg" else 0)
     if reduce_op == "avg":
         c.div_(D)
     return c if rows_shape is None else _restore(c, [rows_shape[0] // D] + rows_shape[1:], N, d)
@@ -792,12 +796,16 @@ def scaled_matmul_reduce_scatter(a, b, a_scale, b_scale, reduce_op, scatter_dim,
     or bfloat16; default bfloat16), reduced in it, as torch's op does. A
     torch.library op (torch.ops.hostir.scaled_matmul_reduce_scatter): it
     runs under torch.compile and in CUDA graphs; no autograd."""
-    out_dtype = out_dtype or torch.bfloat16
+    if _torch_fast is not None and not torch.compiler.is_compiling():
+        done = _torch_fast.call(3, a, b, a_scale, b_scale, reduce_op, scatter_dim, group, out_dtype)
+        if done is not None:
+            return done
+    dtype_arg, out_dtype = out_dtype, out_dtype or torch.bfloat16
     if out_dtype not in (torch.float32, torch.float16, torch.bfloat16):
         _fail("hostir.torch.scaled_matmul_reduce_scatter: out_dtype is %s; give float32, float16 or bfloat16" % (out_dtype,))
     args = (a, b, a_scale, b_scale, reduce_op, scatter_dim, _group_name(group), _CODES[out_dtype])
     if _direct(a, b, a_scale, b_scale):
-        return _scaled_matmul_reduce_scatter(*args)
+        return _scaled_matmul_reduce_scatter(*args, direct=(group, dtype_arg))
     return torch.ops.hostir.scaled_matmul_reduce_scatter(*args)
 
 

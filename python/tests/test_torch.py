@@ -398,6 +398,18 @@ def fp8_rs():
         want = sum((A2.double()[:, r * k:(r + 1) * k] @ B.double()[r * k:(r + 1) * k]) * SA[r].double() * SB[r].double()
                    for r in range(D))
         close(out, want[rows], torch.bfloat16, "fp8 RS, graph replay")
+    if W.dev.type == "cuda":  # a call seen before (new values at new addresses): the C++ path where built
+        before = ht._torch_fast.taken() if ht._torch_fast else 0
+        for step in range(2):
+            A4 = (torch.randint(-16, 17, (2 * D * m, D * k), generator=gen) / 4).to(torch.float8_e4m3fn)  # a new shape
+            SA4 = torch.randint(1, 9, (D, 2 * D * m, 1), generator=gen) / 8
+            got = ht.scaled_matmul_reduce_scatter(dev(A4[:, cols]), dev(B[cols]), dev(SA4[W.rank]), dev(SB[W.rank]), "avg", 0,
+                                                  out_dtype=torch.float32)
+            want = sum((A4.double()[:, r * k:(r + 1) * k] @ B.double()[r * k:(r + 1) * k]) * SA4[r].double() * SB[r].double()
+                       for r in range(D)) / D
+            close(got, want[W.rank * 2 * m:(W.rank + 1) * 2 * m], torch.float32, "fp8 RS, call %d" % step)
+        if ht._torch_fast and ht._torch_fast.taken() - before != 1:
+            raise AssertionError("fp8 RS: the C++ path took %d calls; 1 was seen before" % (ht._torch_fast.taken() - before))
     try:
         ht.scaled_matmul_reduce_scatter(dev(A[:, cols]), dev(B[cols]), dev(torch.ones(3)), dev(SB[W.rank]), "sum", 0)
     except hostir.Error as e:
