@@ -6931,8 +6931,8 @@ typedef struct hir__cuda_lane {  /* what one stream needs */
   cudaStream_t stream;
   cublasHandle_t blas;
   void *workspace;                 /* cuBLAS's, ours: it never allocates in a run (or a graph capture) */
-  void *scratch[3];
-  size_t scratch_cap[3];
+  void *scratch[6];                /* 0-2 the ops' own; 3-5 an fp8 GEMM's operands made dense */
+  size_t scratch_cap[6];
   void *ones[HIR_DTYPE_COUNT];     /* a vector of ones per dtype, for long sums: filled on this stream */
   size_t ones_len[HIR_DTYPE_COUNT];
 } hir__cuda_lane;
@@ -7144,7 +7144,7 @@ static void hir__cuda_lane_free(hir__cuda_lane *l) {
   int k;
   if (l->blas) cublasDestroy(l->blas);
   if (l->workspace) cudaFree(l->workspace);
-  for (k = 0; k < 3; k++)
+  for (k = 0; k < 6; k++)
     if (l->scratch[k]) cudaFree(l->scratch[k]);
   for (k = 0; k < HIR_DTYPE_COUNT; k++)
     if (l->ones[k]) cudaFree(l->ones[k]);
@@ -8626,26 +8626,55 @@ static cublasStatus_t hir__cuda_fp8_gemm(hir__cuda *c, hir__cuda_lane *l, hir_dt
    its outer-vector mode (Blackwell), else the GEMM writes f32 and one
    kernel (hir_scale_rc) applies both scales (Hopper). Other layouts are
    refused, naming the one needed. */
+/* Whether cuBLASLt's fp8 GEMM takes these operands as they are: a [..., M,
+   K] and C row-major, the weight [N, K] row-major (B [K, N] transposed),
+   batches folded into M (the weight repeats, A's and C's rows run on). */
+static int hir__fp8_layout(const hir_tensor *A, const hir_tensor *B, const hir_tensor *C, int64_t *lda, int64_t *ldb, int64_t *ldc) {
+  int nd = C->ndims, ta, tb, tc, d, ok;
+  int64_t N = C->sizes[nd - 1], K = A->sizes[nd - 1];
+  ok = K > 0 && hir__gemm_operand(A, nd, &ta, lda) && hir__gemm_operand(B, nd, &tb, ldb) && hir__gemm_operand(C, nd, &tc, ldc) &&
+       !ta && !tc;
+  if (ok && !tb && N == 1 && B->strides[nd - 2] == 1) tb = 1, *ldb = K; /* one weight row: either layout */
+  if (ok && !tb && K == 1 && B->strides[nd - 1] == 1) tb = 1, *ldb = 1;  /* one weight column: either layout */
+  for (d = 0; ok && d < nd - 2; d++)
+    ok = C->sizes[d] == 1 || (B->strides[d] == 0 && A->strides[d] == *lda * A->sizes[nd - 2] && C->strides[d] == *ldc * C->sizes[nd - 2]);
+  return ok && tb && (nd <= 2 || (*lda == K && *ldc == N));
+}
+
 static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
                                           const hir_tensor *x, const hir_tensor *sa, const hir_tensor *sb) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   hir__cuda_lane *l;
   hir_tensor A = *a, B = *x, C = *dst, va = *sa, vb = *sb;
-  int nd = dst->ndims, ta, tb, tc, d, ok, vectors = 0, found = 0;
+  int nd = dst->ndims, d, vectors = 0, found = 0, copy_out = 0;
   int64_t lda, ldb, ldc, M = 1, N = dst->sizes[nd - 1], K = a->sizes[nd - 1];
   const void *pa = sa->data, *pb = sb->data;
   cublasStatus_t st;
   hir_status hs;
   if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
   if ((hs = hir__cuda_lane_of(b, stream, &l)) != HIR_OK) return hs;
-  ok = K > 0 && hir__gemm_operand(&A, nd, &ta, &lda) && hir__gemm_operand(&B, nd, &tb, &ldb) &&
-       hir__gemm_operand(&C, nd, &tc, &ldc) && !ta && !tc;
-  if (ok && !tb && N == 1 && B.strides[nd - 2] == 1) tb = 1, ldb = K; /* one weight row: either layout */
-  for (d = 0; ok && d < nd - 2; d++) /* batches fold into M: the weight repeats, A's and C's rows run on */
-    ok = dst->sizes[d] == 1 || (B.strides[d] == 0 && A.strides[d] == lda * a->sizes[nd - 2] && C.strides[d] == ldc * dst->sizes[nd - 2]);
-  if (!ok || !tb || (nd > 2 && (lda != K || ldc != N))) {
-    snprintf(b->error, sizeof b->error, "cuda backend: the fp8 GEMM (cuBLASLt) takes a [..., M, K] and the weight [N, K] "
-             "row-major with K > 0, and writes a row-major output; give the operands that layout");
+  if (K > 0 && !hir__fp8_layout(&A, &B, &C, &lda, &ldb, &ldc)) { /* other layouts: the operands made dense first */
+    hir_tensor w = B, wd;
+    for (d = 0; d < nd - 2; d++) /* a weight per batch is a batched GEMM, which this is not */
+      if (B.strides[d] != 0 && B.sizes[d] > 1) {
+        snprintf(b->error, sizeof b->error, "cuda backend: the fp8 GEMM (cuBLASLt) takes one weight for every batch, not "
+                 "one per batch; loop over the batches");
+        return HIR_ERR_UNSUPPORTED;
+      }
+    if ((hs = hir__cuda_dense(b, l, 3, a, a, &A)) != HIR_OK) return hs;
+    w.ndims = 2, w.sizes[0] = N, w.sizes[1] = K, w.strides[0] = B.strides[nd - 1], w.strides[1] = B.strides[nd - 2];
+    if ((hs = hir__cuda_dense(b, l, 4, &w, &w, &wd)) != HIR_OK) return hs;
+    B.data = wd.data, B.strides[nd - 2] = 1, B.strides[nd - 1] = K; /* [K, N] seen through the dense [N, K] */
+    for (d = 0; d < nd - 2; d++) B.strides[d] = 0;
+    if (!hir__is_contiguous(&C)) { /* computed dense, copied out below */
+      if ((hs = hir__cuda_scratch(b, l, 5, (size_t)hir__numel(nd, dst->sizes) * hir_dtype_size(dst->dtype), &C.data)) != HIR_OK)
+        return hs;
+      hir__contiguous_strides(&C);
+      copy_out = 1;
+    }
+  }
+  if (!hir__fp8_layout(&A, &B, &C, &lda, &ldb, &ldc)) {
+    snprintf(b->error, sizeof b->error, "cuda backend: the fp8 GEMM (cuBLASLt) needs K > 0 (K is %lld)", (long long)K);
     return HIR_ERR_UNSUPPORTED;
   }
   for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
@@ -8690,11 +8719,11 @@ static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hi
       grid.x = (unsigned)(M < 65535 ? M : 65535), grid.y = grid.z = 1;
       block.x = 256, block.y = block.z = 1;
       HIR__CU(b, cudaLaunchKernel((const void *)c->map_kernel[HIR__SCALE_RC], grid, block, argv, 0, l->stream));
-      return HIR_OK;
+      return copy_out ? hir__cuda_copy(b, l->stream, dst, &C) : HIR_OK;
     }
   }
   if (st != CUBLAS_STATUS_SUCCESS) return hir__cuda_fail(b, "cublasLtMatmul (fp8)", cublasGetStatusString(st), __FILE__, __LINE__);
-  if (found) return HIR_OK;
+  if (found) return copy_out ? hir__cuda_copy(b, l->stream, dst, &C) : HIR_OK;
   snprintf(b->error, sizeof b->error, "cuda backend: cuBLASLt has no fp8 GEMM for %s x %s -> %s, M %lld N %lld K %lld on this GPU: "
            "fp8 needs compute capability 8.9 or later, and K and N multiples of 16", hir_dtype_name(a->dtype),
            hir_dtype_name(x->dtype), hir_dtype_name(dst->dtype), (long long)M, (long long)N, (long long)K);

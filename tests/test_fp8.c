@@ -124,6 +124,35 @@ TEST(test_fp8_scaled_linear, "fp8/scaled_linear", TEST_CPU | TEST_GPU_WORLDS) {
     }
 }
 
+/* hir_scaled_linear of a 4-D A chunked on streams along its second axis:
+   each chunk's A and output are strided batches, which cuBLASLt's fp8 GEMM
+   does not fold into M; the CUDA backend makes them dense first (and copies
+   the output back). Per-row and per-column scales, bf16 and f32 out. */
+TEST(test_fp8_strided_batches, "fp8/strided_batches", TEST_CPU | TEST_GPU_WORLDS) {
+  int k;
+  for (k = 0; k < 2; k++) {
+    int64_t K = 32, N = 16, sa[4] = {2, 3, 4, K}, sw[2] = {N, K}, ssa[3] = {2, 3, 4}, ssw[1] = {N};
+    hir_dtype out_dt = k ? HIR_F32 : HIR_BF16;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F8E4M3, 4), *w = hir_input(f, HIR_F8E4M3, 2);
+    hir_tv *as = hir_input(f, HIR_F32, 3), *ws = hir_input(f, HIR_F32, 1), *y = hir_scaled_linear(f, a, w, as, ws, out_dt);
+    hir_output(f, y);
+    hir_parallelize(y, 1, HIR_STREAM);
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_lowered(&c, 1, f, 4, 1);
+    c.in[0] = trand(HIR_F8E4M3, 4, sa);
+    c.in[1] = trand(HIR_F8E4M3, 2, sw);
+    c.in[2] = scale_values(3, ssa);
+    c.in[3] = scale_values(1, ssw);
+    c.out[0] = ref_scaled(&c.in[0], &c.in[1], &c.in[2], &c.in[3], out_dt);
+    c.tol = out_dt == HIR_F32 ? 1e-3 : 1.6e-2;
+    c.prealloc = k;
+    RUN_CASE(&c, "scaled_linear_strided_batches");
+    hir_fusion_free(f);
+  }
+}
+
 /* fp8 GEMM + reduce-scatter (the row-parallel linear: K split): each rank's
    A [1 (DIDx), D, m, k] and weight [1 (DIDx), N, k], scaled_linear summed
    over the ranks, rank j keeping rows j: out [D (DIDx), m, N]; the scales
