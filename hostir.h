@@ -8619,13 +8619,6 @@ static cublasStatus_t hir__cuda_fp8_gemm(hir__cuda *c, hir__cuda_lane *l, hir_dt
   return st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ? CUBLAS_STATUS_SUCCESS : st;
 }
 
-/* hir_backend.matmul_scaled through cuBLASLt's fp8 GEMM, which takes one
-   layout ("TN"): a row-major and the weight [N, K] row-major (b read as
-   [K, N] column-major), dst row-major, batches folded into M. One value
-   per scale goes to the GEMM itself; per-row scales too where cuBLASLt has
-   its outer-vector mode (Blackwell), else the GEMM writes f32 and one
-   kernel (hir_scale_rc) applies both scales (Hopper). Other layouts are
-   refused, naming the one needed. */
 /* Whether cuBLASLt's fp8 GEMM takes these operands as they are: a [..., M,
    K] and C row-major, the weight [N, K] row-major (B [K, N] transposed),
    batches folded into M (the weight repeats, A's and C's rows run on). */
@@ -8641,6 +8634,14 @@ static int hir__fp8_layout(const hir_tensor *A, const hir_tensor *B, const hir_t
   return ok && tb && (nd <= 2 || (*lda == K && *ldc == N));
 }
 
+/* hir_backend.matmul_scaled through cuBLASLt's fp8 GEMM, which takes one
+   layout ("TN"): a row-major and the weight [N, K] row-major (b read as
+   [K, N] column-major), dst row-major, batches folded into M; operands in
+   other layouts are made dense first (one weight for every batch). One
+   value per scale goes to the GEMM itself; per-row scales too in its
+   outer-vector mode where the heuristic offers it (Hopper with cuBLAS 13
+   does), else the GEMM writes f32 and one kernel (hir_scale_rc) applies
+   both scales. */
 static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
                                           const hir_tensor *x, const hir_tensor *sa, const hir_tensor *sb) {
   hir__cuda *c = (hir__cuda *)b->ctx;
