@@ -8675,7 +8675,8 @@ static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hi
     }
   }
   if (!hir__fp8_layout(&A, &B, &C, &lda, &ldb, &ldc)) {
-    snprintf(b->error, sizeof b->error, "cuda backend: the fp8 GEMM (cuBLASLt) needs K > 0 (K is %lld)", (long long)K);
+    snprintf(b->error, sizeof b->error, "cuda backend: the fp8 GEMM (cuBLASLt) cannot take these operands (K %lld; it needs "
+             "K > 0)", (long long)K);
     return HIR_ERR_UNSUPPORTED;
   }
   for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
