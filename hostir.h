@@ -8647,14 +8647,15 @@ static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hi
   hir__cuda *c = (hir__cuda *)b->ctx;
   hir__cuda_lane *l;
   hir_tensor A = *a, B = *x, C = *dst, va = *sa, vb = *sb;
-  int nd = dst->ndims, d, vectors = 0, found = 0, copy_out = 0;
+  int nd = dst->ndims, d, ok, vectors = 0, found = 0, copy_out = 0;
   int64_t lda, ldb, ldc, M = 1, N = dst->sizes[nd - 1], K = a->sizes[nd - 1];
   const void *pa = sa->data, *pb = sb->data;
   cublasStatus_t st;
   hir_status hs;
   if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
   if ((hs = hir__cuda_lane_of(b, stream, &l)) != HIR_OK) return hs;
-  if (K > 0 && !hir__fp8_layout(&A, &B, &C, &lda, &ldb, &ldc)) { /* other layouts: the operands made dense first */
+  ok = hir__fp8_layout(&A, &B, &C, &lda, &ldb, &ldc);
+  if (!ok && K > 0) { /* other layouts: the operands made dense first */
     hir_tensor w = B, wd;
     for (d = 0; d < nd - 2; d++) /* a weight per batch is a batched GEMM, which this is not */
       if (B.strides[d] != 0 && B.sizes[d] > 1) {
@@ -8673,8 +8674,9 @@ static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hi
       hir__contiguous_strides(&C);
       copy_out = 1;
     }
+    ok = hir__fp8_layout(&A, &B, &C, &lda, &ldb, &ldc);
   }
-  if (!hir__fp8_layout(&A, &B, &C, &lda, &ldb, &ldc)) {
+  if (!ok) {
     snprintf(b->error, sizeof b->error, "cuda backend: the fp8 GEMM (cuBLASLt) cannot take these operands (K %lld; it needs "
              "K > 0)", (long long)K);
     return HIR_ERR_UNSUPPORTED;
