@@ -324,7 +324,10 @@ HIRDEF hir_tv     *hir_linear(hir_fusion *f, hir_tv *a, hir_tv *weight, hir_tv *
    leading axes batch axes, as linear's) are HIR_F8E4M3 or HIR_F8E5M2 (not
    both e5m2: GPUs have no such GEMM); the scales are f32, one value (an
    axis of fixed size 1: hir_input_sized) or one per row: a_scale a's shape
-   without K, w_scale the weight's without K. */
+   without K, w_scale the weight's without K. On CUDA: cuBLASLt's fp8 GEMM
+   where it takes the shape (K and N multiples of 16, compute capability
+   8.9 or later), else the same values widened to bf16 (exactly) for
+   cuBLAS, slower. */
 HIRDEF hir_tv     *hir_scaled_linear(hir_fusion *f, hir_tv *a, hir_tv *weight, hir_tv *a_scale, hir_tv *w_scale, hir_dtype out);
 HIRDEF hir_status  hir_set_mesh(hir_tv *tv, int ndevices, const int *devices);
 /* A 2-D mesh (nvFuser's DeviceMesh of shape [rows, cols]): devices[r * cols
@@ -6931,8 +6934,8 @@ typedef struct hir__cuda_lane {  /* what one stream needs */
   cudaStream_t stream;
   cublasHandle_t blas;
   void *workspace;                 /* cuBLAS's, ours: it never allocates in a run (or a graph capture) */
-  void *scratch[6];                /* 0-2 the ops' own; 3-5 an fp8 GEMM's operands made dense */
-  size_t scratch_cap[6];
+  void *scratch[8];                /* 0-2 the ops' own; 3-7 an fp8 GEMM's operands made dense or widened */
+  size_t scratch_cap[8];
   void *ones[HIR_DTYPE_COUNT];     /* a vector of ones per dtype, for long sums: filled on this stream */
   size_t ones_len[HIR_DTYPE_COUNT];
 } hir__cuda_lane;
@@ -7144,7 +7147,7 @@ static void hir__cuda_lane_free(hir__cuda_lane *l) {
   int k;
   if (l->blas) cublasDestroy(l->blas);
   if (l->workspace) cudaFree(l->workspace);
-  for (k = 0; k < 6; k++)
+  for (k = 0; k < 8; k++)
     if (l->scratch[k]) cudaFree(l->scratch[k]);
   for (k = 0; k < HIR_DTYPE_COUNT; k++)
     if (l->ones[k]) cudaFree(l->ones[k]);
@@ -8408,6 +8411,20 @@ static int hir__gemm_operand(const hir_tensor *t, int nd, int *trans, int64_t *l
   return 0;
 }
 
+/* Whether t's batch axes (all but its last two of nd) run on from its
+   rows, so that [..., R, C] reads as [(...) R, C] at row stride ld: each
+   axis's stride the extent of the axes inside it (size-1 axes aside). */
+static int hir__batches_fold(const hir_tensor *t, int nd, int64_t ld) {
+  int64_t next = ld * t->sizes[nd - 2];
+  int d;
+  for (d = nd - 3; d >= 0; d--) {
+    if (t->sizes[d] == 1) continue;
+    if (t->strides[d] != next) return 0;
+    next *= t->sizes[d];
+  }
+  return 1;
+}
+
 static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   hir__cuda_lane *l;
@@ -8551,11 +8568,9 @@ static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_
       hir__cuda_lane_of(b, stream, &l) != HIR_OK)
     return HIR_ERR_UNSUPPORTED;
   ok = hir__gemm_operand(&A, nd, &ta, &lda) && hir__gemm_operand(&B, nd, &tb, &ldb) && hir__gemm_operand(&C, nd, &tc, &ldc) && !tc && !ta;
-  for (d = 0; ok && d < nd - 2; d++) { /* batches fold into M: B and the bias repeat, A's and C's rows run on */
-    ok = B.strides[d] == 0 || dst->sizes[d] == 1;
-    ok = ok && (dst->sizes[d] == 1 || (A.strides[d] == lda * a->sizes[nd - 2] && C.strides[d] == ldc * dst->sizes[nd - 2]));
-  }
-  if (!ok || (nd > 2 && (lda != K || ldc != N))) return HIR_ERR_UNSUPPORTED;
+  for (d = 0; ok && d < nd - 2; d++) ok = B.strides[d] == 0 || dst->sizes[d] == 1; /* batches fold into M: B and the bias repeat */
+  if (!ok || !hir__batches_fold(&A, nd, lda) || !hir__batches_fold(&C, nd, ldc) || (nd > 2 && (lda != K || ldc != N)))
+    return HIR_ERR_UNSUPPORTED;
   for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
   if (!c->lt && cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) return HIR_ERR_UNSUPPORTED;
   key[0] = M, key[1] = N, key[2] = K, key[3] = dst->dtype, key[4] = tb, key[5] = lda, key[6] = ldb, key[7] = ldc, key[8] = op;
@@ -8629,9 +8644,63 @@ static int hir__fp8_layout(const hir_tensor *A, const hir_tensor *B, const hir_t
        !ta && !tc;
   if (ok && !tb && N == 1 && B->strides[nd - 2] == 1) tb = 1, *ldb = K; /* one weight row: either layout */
   if (ok && !tb && K == 1 && B->strides[nd - 1] == 1) tb = 1, *ldb = 1;  /* one weight column: either layout */
-  for (d = 0; ok && d < nd - 2; d++)
-    ok = C->sizes[d] == 1 || (B->strides[d] == 0 && A->strides[d] == *lda * A->sizes[nd - 2] && C->strides[d] == *ldc * C->sizes[nd - 2]);
-  return ok && tb && (nd <= 2 || (*lda == K && *ldc == N));
+  for (d = 0; ok && d < nd - 2; d++) ok = C->sizes[d] == 1 || B->strides[d] == 0;
+  return ok && tb && hir__batches_fold(A, nd, *lda) && hir__batches_fold(C, nd, *ldc) && (nd <= 2 || (*lda == K && *ldc == N));
+}
+
+/* Where cuBLASLt has no fp8 GEMM (K or N not multiples of 16, or a GPU
+   before compute capability 8.9): raw [M, N] f32 = A [M, K] (lda) x the
+   weight [N, K] (ldb) by cuBLAS in bf16, which holds every e4m3 and e5m2
+   value exactly, accumulating in f32 as the fp8 GEMM does. Slower, the
+   same numbers. */
+static hir_status hir__cuda_fp8_widened(hir_backend *b, hir__cuda_lane *l, hir_dtype ta, hir_dtype tb, int64_t M, int64_t N,
+                                        int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, float *raw) {
+  hir_tensor from, to;
+  const void *wide[2];
+  float one = 1, zero = 0;
+  hir_status hs;
+  int k;
+  for (k = 0; k < 2; k++) {
+    int64_t rows = k ? N : M;
+    memset(&from, 0, sizeof from);
+    from.dtype = k ? tb : ta, from.ndims = 2, from.sizes[0] = rows, from.sizes[1] = K;
+    from.strides[0] = k ? ldb : lda, from.strides[1] = 1;
+    from.data = (void *)(k ? B : A);
+    to = from;
+    to.dtype = HIR_BF16, to.strides[0] = K;
+    if ((hs = hir__cuda_scratch(b, l, 6 + k, (size_t)(rows * K) * 2, &to.data)) != HIR_OK ||
+        (hs = hir__cuda_map(b, l->stream, HIR_UNARY_CAST, &to, &from, NULL, 0)) != HIR_OK)
+      return hs;
+    wide[k] = to.data;
+  }
+  HIR__BLAS(b, cublasGemmEx(l->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, wide[1], CUDA_R_16BF, (int)K, wide[0],
+                            CUDA_R_16BF, (int)K, &zero, raw, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return HIR_OK;
+}
+
+/* The scales of an fp8 GEMM [..., M, N] as dense f32 vectors: a's [M]
+   (N dropped), b's [N], single values repeated; *pa, *pb where they are. */
+static hir_status hir__cuda_fp8_scales(hir_backend *b, hir__cuda_lane *l, const hir_tensor *sa, const hir_tensor *sb, int64_t M,
+                                       int64_t N, const void **pa, const void **pb) {
+  hir_tensor va = *sa, vb = *sb, dense;
+  hir_status hs;
+  va.ndims = sa->ndims - 1;
+  vb.ndims = 1, vb.sizes[0] = N, vb.strides[0] = sb->strides[sb->ndims - 1];
+  if (!hir__is_contiguous(&va)) {
+    dense = va;
+    if ((hs = hir__cuda_scratch(b, l, 0, (size_t)M * sizeof(float), &dense.data)) != HIR_OK) return hs;
+    hir__contiguous_strides(&dense);
+    if ((hs = hir__cuda_copy(b, l->stream, &dense, &va)) != HIR_OK) return hs;
+    *pa = dense.data;
+  }
+  if (vb.strides[0] != 1 && N > 1) {
+    dense = vb;
+    if ((hs = hir__cuda_scratch(b, l, 2, (size_t)N * sizeof(float), &dense.data)) != HIR_OK) return hs;
+    dense.strides[0] = 1;
+    if ((hs = hir__cuda_copy(b, l->stream, &dense, &vb)) != HIR_OK) return hs;
+    *pb = dense.data;
+  }
+  return HIR_OK;
 }
 
 /* hir_backend.matmul_scaled through cuBLASLt's fp8 GEMM, which takes one
@@ -8641,17 +8710,22 @@ static int hir__fp8_layout(const hir_tensor *A, const hir_tensor *B, const hir_t
    value per scale goes to the GEMM itself; per-row scales too in its
    outer-vector mode where the heuristic offers it (Hopper with cuBLAS 13
    does), else the GEMM writes f32 and one kernel (hir_scale_rc) applies
-   both scales. */
+   both scales. Where cuBLASLt has no fp8 GEMM for the shape or the GPU,
+   the f32 comes from a bf16 GEMM of the widened values
+   (hir__cuda_fp8_widened). */
 static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
                                           const hir_tensor *x, const hir_tensor *sa, const hir_tensor *sb) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   hir__cuda_lane *l;
-  hir_tensor A = *a, B = *x, C = *dst, va = *sa, vb = *sb;
+  hir_tensor A = *a, B = *x, C = *dst;
   int nd = dst->ndims, d, ok, vectors = 0, found = 0, copy_out = 0;
   int64_t lda, ldb, ldc, M = 1, N = dst->sizes[nd - 1], K = a->sizes[nd - 1];
   const void *pa = sa->data, *pb = sb->data;
   cublasStatus_t st;
   hir_status hs;
+  hir__scale_args args;
+  void *argv[1];
+  dim3 grid, block;
   if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
   if ((hs = hir__cuda_lane_of(b, stream, &l)) != HIR_OK) return hs;
   ok = hir__fp8_layout(&A, &B, &C, &lda, &ldb, &ldc);
@@ -8683,55 +8757,36 @@ static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hi
   }
   for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
   for (d = 0; d < nd; d++) vectors |= sa->strides[d] != 0 || sb->strides[d] != 0;
-  if (vectors) { /* a's scale as [..., M] (N dropped), b's as [N]: dense vectors */
-    va.ndims = nd - 1;
-    vb.ndims = 1, vb.sizes[0] = N, vb.strides[0] = sb->strides[nd - 1];
-    if (!hir__is_contiguous(&va)) {
-      hir_tensor dense = va;
-      if ((hs = hir__cuda_scratch(b, l, 0, (size_t)M * sizeof(float), &dense.data)) != HIR_OK) return hs;
-      hir__contiguous_strides(&dense);
-      if ((hs = hir__cuda_copy(b, l->stream, &dense, &va)) != HIR_OK) return hs;
-      pa = dense.data;
-    }
-    if (vb.strides[0] != 1 && N > 1) {
-      hir_tensor dense = vb;
-      if ((hs = hir__cuda_scratch(b, l, 2, (size_t)N * sizeof(float), &dense.data)) != HIR_OK) return hs;
-      dense.strides[0] = 1;
-      if ((hs = hir__cuda_copy(b, l->stream, &dense, &vb)) != HIR_OK) return hs;
-      pb = dense.data;
-    }
-  }
-  st = hir__cuda_fp8_gemm(c, l, a->dtype, x->dtype, dst->dtype, M, N, K, A.data, lda, B.data, ldb, C.data, ldc, pa, pb, vectors, &found);
-  if (st == CUBLAS_STATUS_SUCCESS && !found && vectors) { /* unscaled into f32, then the scales by the elementwise kernel */
+  if (vectors && (hs = hir__cuda_fp8_scales(b, l, sa, sb, M, N, &pa, &pb)) != HIR_OK) return hs;
+  st = hir__cuda_fp8_gemm(c, l, a->dtype, x->dtype, dst->dtype, M, N, K, A.data, lda, B.data, ldb, C.data, ldc, pa, pb, vectors,
+                          &found);
+  if (st != CUBLAS_STATUS_SUCCESS) return hir__cuda_fail(b, "cublasLtMatmul (fp8)", cublasGetStatusString(st), __FILE__, __LINE__);
+  if (found) return copy_out ? hir__cuda_copy(b, l->stream, dst, &C) : HIR_OK;
+  /* none here: unscaled into f32, then the scales by the elementwise kernel */
+  if (!vectors && (hs = hir__cuda_fp8_scales(b, l, sa, sb, M, N, &pa, &pb)) != HIR_OK) return hs;
+  { /* raw f32 [M, N] from cuBLASLt's fp8 GEMM without scales, or else from the widened values; then both scales */
     hir_tensor raw = *dst;
     raw.dtype = HIR_F32;
     hir__contiguous_strides(&raw);
     if ((hs = hir__cuda_scratch(b, l, 1, (size_t)M * (size_t)N * sizeof(float), &raw.data)) != HIR_OK) return hs;
-    st = hir__cuda_fp8_gemm(c, l, a->dtype, x->dtype, HIR_F32, M, N, K, A.data, lda, B.data, ldb, raw.data, N, NULL, NULL, 0, &found);
-    if (st == CUBLAS_STATUS_SUCCESS && found) {
-      hir__scale_args args;
-      void *argv[1];
-      dim3 grid, block;
-      if (!hir__cuda_load_map(c, HIR__SCALE_RC)) {
-        snprintf(b->error, sizeof b->error, "cuda backend: fp8 per-row scales need the NVRTC kernels: %.160s", c->map_error);
-        return HIR_ERR_UNSUPPORTED;
-      }
-      args.dst = C.data, args.raw = (const float *)raw.data, args.sa = (const float *)pa, args.sb = (const float *)pb;
-      args.rows = M, args.cols = N, args.ld = ldc, args.dt = (int)dst->dtype;
-      args.vec = N % 4 == 0 && ((uintptr_t)raw.data | (uintptr_t)pb) % 16 == 0;
-      argv[0] = &args;
-      grid.x = (unsigned)(M < 65535 ? M : 65535), grid.y = grid.z = 1;
-      block.x = 256, block.y = block.z = 1;
-      HIR__CU(b, cudaLaunchKernel((const void *)c->map_kernel[HIR__SCALE_RC], grid, block, argv, 0, l->stream));
-      return copy_out ? hir__cuda_copy(b, l->stream, dst, &C) : HIR_OK;
+    if (!hir__cuda_load_map(c, HIR__SCALE_RC)) {
+      snprintf(b->error, sizeof b->error, "cuda backend: an fp8 GEMM that cuBLASLt does not scale needs the NVRTC kernels: %.160s",
+               c->map_error);
+      return HIR_ERR_UNSUPPORTED;
     }
+    st = hir__cuda_fp8_gemm(c, l, a->dtype, x->dtype, HIR_F32, M, N, K, A.data, lda, B.data, ldb, raw.data, N, NULL, NULL, 0, &found);
+    if (st != CUBLAS_STATUS_SUCCESS) return hir__cuda_fail(b, "cublasLtMatmul (fp8)", cublasGetStatusString(st), __FILE__, __LINE__);
+    if (!found && (hs = hir__cuda_fp8_widened(b, l, a->dtype, x->dtype, M, N, K, A.data, lda, B.data, ldb, (float *)raw.data)) != HIR_OK)
+      return hs;
+    args.dst = C.data, args.raw = (const float *)raw.data, args.sa = (const float *)pa, args.sb = (const float *)pb;
+    args.rows = M, args.cols = N, args.ld = ldc, args.dt = (int)dst->dtype;
+    args.vec = N % 4 == 0 && ((uintptr_t)raw.data | (uintptr_t)pb) % 16 == 0;
+    argv[0] = &args;
+    grid.x = (unsigned)(M < 65535 ? M : 65535), grid.y = grid.z = 1;
+    block.x = 256, block.y = block.z = 1;
+    HIR__CU(b, cudaLaunchKernel((const void *)c->map_kernel[HIR__SCALE_RC], grid, block, argv, 0, l->stream));
   }
-  if (st != CUBLAS_STATUS_SUCCESS) return hir__cuda_fail(b, "cublasLtMatmul (fp8)", cublasGetStatusString(st), __FILE__, __LINE__);
-  if (found) return copy_out ? hir__cuda_copy(b, l->stream, dst, &C) : HIR_OK;
-  snprintf(b->error, sizeof b->error, "cuda backend: cuBLASLt has no fp8 GEMM for %s x %s -> %s, M %lld N %lld K %lld on this GPU: "
-           "fp8 needs compute capability 8.9 or later, and K and N multiples of 16", hir_dtype_name(a->dtype),
-           hir_dtype_name(x->dtype), hir_dtype_name(dst->dtype), (long long)M, (long long)N, (long long)K);
-  return HIR_ERR_UNSUPPORTED;
+  return copy_out ? hir__cuda_copy(b, l->stream, dst, &C) : HIR_OK;
 }
 
 static hir_status hir__cuda_upload(hir_backend *b, void *dst, const void *src, size_t bytes) {

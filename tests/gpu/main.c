@@ -251,6 +251,44 @@ TEST(test_gpu_linear_and_kernels, "gpu/linear_and_kernels", TEST_GPU) {
   else unsetenv("HOSTIR_CACHE_DIR");
 }
 
+/* A [2, 3, R, K] whose batch axes run on from its rows (dense: one GEMM's
+   M), whose two batch axes share a stride (batches [1, 0] and [0, 1] are
+   the same rows: read as one M they would not be), or are swapped; through
+   hir_linear with a bias (cuBLASLt's epilogue) and hir_scaled_linear (its
+   fp8 GEMM, and the widened one for K 20), against the CPU backend. */
+TEST(test_gpu_batches_fold, "gpu/batches_fold", TEST_GPU) {
+  static const char *const layouts[3] = {"dense", "overlapping", "swapped"};
+  hir_backend *be = hir_backend_cuda_create(0);
+  int layout, op, k;
+  CHECK(be != NULL);
+  for (op = 0; be && op < 3; op++)
+    for (layout = 0; layout < 3; layout++) {
+      int64_t R = 5, K = op == 2 ? 20 : 32, N = 16, sa[4] = {2, 3, R, K}, sw[2] = {N, K}, sb[1] = {N}, one[1] = {1};
+      hir_dtype adt = op ? HIR_F8E4M3 : HIR_F32;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *a = hir_input(f, adt, 4), *w = hir_input(f, adt, 2);
+      hir_tensor in[4];
+      char what[96];
+      int nin = op ? 4 : 3;
+      if (op)
+        hir_output(f, hir_scaled_linear(f, a, w, hir_input_sized(f, HIR_F32, 1, one), hir_input_sized(f, HIR_F32, 1, one), HIR_F32));
+      else
+        hir_output(f, hir_linear(f, a, w, hir_input(f, HIR_F32, 1)));
+      in[0] = trand(adt, 4, sa); /* its 6 R K elements hold every layout's */
+      in[0].strides[3] = 1, in[0].strides[2] = K;
+      in[0].strides[1] = layout == 2 ? 2 * R * K : R * K;
+      in[0].strides[0] = layout == 0 ? 3 * R * K : R * K;
+      in[1] = trand(adt, 2, sw);
+      if (op) in[2] = scale_values(1, one), in[3] = scale_values(1, one);
+      else in[2] = trand(HIR_F32, 1, sb);
+      snprintf(what, sizeof what, "%s, A's batches %s", op ? "scaled_linear" : "linear with a bias", layouts[layout]);
+      gpu_against_cpu(f, be, nin, in, op ? 1e-3 : 8e-5, what);
+      for (k = 0; k < nin; k++) tfree(&in[k]);
+      hir_fusion_free(f);
+    }
+  hir_backend_free(be);
+}
+
 /* hir_layer_norm as one kernel (hir_backend.layer_norm, counted) against the
    CPU backend's, in every dtype: rows of 4096 (a block of 256 threads), of
    1000 and 96 (fewer threads, a row's tail), two normalized axes, rows
@@ -1125,6 +1163,235 @@ static int lent_still_works(const hir_nccl_env *env, ncclComm_t comm) {
   if (cudaMemcpy(&got, x, sizeof got, cudaMemcpyDeviceToHost) != cudaSuccess) got = -1;
   cudaFree(x);
   return got == (float)(env->size * (env->size + 1) / 2);
+}
+
+/* ---- ranks as threads on one GPU, their messages through host memory ----
+   NCCL refuses two ranks on one GPU; the local world moves host memory.
+   This joins them: a rank's communicator stages each message through the
+   host (the data read after its stream's work, written back on its
+   stream) and hands it to the local world. Slow, but every multi-rank
+   program then runs on the CUDA backend on a one-GPU machine: its kernels,
+   streams and events around the collectives, the staging of strided ones,
+   the stream pipelines' sends and receives. */
+#define STAGED_OPS 256
+typedef struct staged_comm {
+  hir_comm comm;                /* first: the evaluator's handle */
+  hir_comm *local;              /* the local world's rank */
+  int grouping, nops;
+  struct { void *host, *dev, *stream; size_t bytes; } ops[STAGED_OPS];   /* a group's: receives have dev */
+} staged_comm;
+
+static int staged_fail(hir_comm *c, const char *what, cudaError_t e) {
+  snprintf(c->error, sizeof c->error, "staged comm: rank %d: %s: %s", c->rank, what, cudaGetErrorString(e));
+  return 0;
+}
+
+/* A host copy of `bytes` at dev once the stream's work is done (NULL for no data); 0 on failure. */
+static int staged_in(hir_comm *c, const void *dev, size_t bytes, void *stream, void **host) {
+  cudaError_t e;
+  *host = NULL;
+  if (!dev || !bytes) return 1;
+  if (!(*host = malloc(bytes))) return staged_fail(c, "malloc", cudaErrorMemoryAllocation);
+  if ((e = cudaMemcpyAsync(*host, dev, bytes, cudaMemcpyDefault, (cudaStream_t)stream)) != cudaSuccess ||
+      (e = cudaStreamSynchronize((cudaStream_t)stream)) != cudaSuccess)
+    return staged_fail(c, "reading a message", e);
+  return 1;
+}
+
+/* Writes host back to dev on the stream (a pageable copy: host is free to go once it returns). */
+static int staged_out(hir_comm *c, void *dev, const void *host, size_t bytes, void *stream) {
+  cudaError_t e;
+  if (!dev || !host || !bytes) return 1;
+  if ((e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyDefault, (cudaStream_t)stream)) != cudaSuccess)
+    return staged_fail(c, "writing a message", e);
+  return 1;
+}
+
+/* One collective: the send side staged in, the local world's op on host
+   memory, the receive side staged out. in/out: their bytes (0: none here). */
+static hir_status staged_collective(hir_comm *c, void *team, const void *send, size_t in, void *recv, size_t out,
+                                    void *stream, hir_status (*op)(hir_comm *local, void *team, const void *send, void *recv,
+                                                                   void *arg),
+                                    void *arg) {
+  staged_comm *sc = (staged_comm *)c;
+  void *hs = NULL, *hr = NULL;
+  hir_status s = HIR_ERR_BACKEND;
+  sc->local->what = c->what;
+  if (staged_in(c, send, in, stream, &hs) && (!recv || !out || (hr = calloc(1, out)))) {
+    s = op(sc->local, team, hs, hr, arg);
+    if (s != HIR_OK) snprintf(c->error, sizeof c->error, "%s", sc->local->error);
+    else if (!staged_out(c, recv, hr, out, stream)) s = HIR_ERR_BACKEND;
+  }
+  free(hs);
+  free(hr);
+  return s;
+}
+
+typedef struct staged_args { size_t count, bytes; hir_dtype dtype; int root; } staged_args;
+static hir_status staged_op_allgather(hir_comm *l, void *t, const void *s, void *r, void *a) {
+  return l->allgather(l, t, s, r, ((staged_args *)a)->bytes, NULL);
+}
+static hir_status staged_op_allreduce(hir_comm *l, void *t, const void *s, void *r, void *a) {
+  return l->allreduce(l, t, s, r, ((staged_args *)a)->count, ((staged_args *)a)->dtype, NULL);
+}
+static hir_status staged_op_reduce_scatter(hir_comm *l, void *t, const void *s, void *r, void *a) {
+  return l->reduce_scatter(l, t, s, r, ((staged_args *)a)->count, ((staged_args *)a)->dtype, NULL);
+}
+static hir_status staged_op_reduce(hir_comm *l, void *t, const void *s, void *r, void *a) {
+  return l->reduce(l, t, s, r, ((staged_args *)a)->count, ((staged_args *)a)->dtype, ((staged_args *)a)->root, NULL);
+}
+static hir_status staged_op_broadcast(hir_comm *l, void *t, const void *s, void *r, void *a) {
+  return l->broadcast(l, t, s, r, ((staged_args *)a)->bytes, ((staged_args *)a)->root, NULL);
+}
+static hir_status staged_op_gather(hir_comm *l, void *t, const void *s, void *r, void *a) {
+  return l->gather(l, t, s, r, ((staged_args *)a)->bytes, ((staged_args *)a)->root, NULL);
+}
+static hir_status staged_op_scatter(hir_comm *l, void *t, const void *s, void *r, void *a) {
+  return l->scatter(l, t, s, r, ((staged_args *)a)->bytes, ((staged_args *)a)->root, NULL);
+}
+
+static size_t staged_team_size(void *team) { return (size_t)((hir__lw_team *)team)->n; }
+
+static hir_status staged_team(hir_comm *c, const int *devices, int n, void **team) {
+  hir_comm *l = ((staged_comm *)c)->local;
+  hir_status s = l->team(l, devices, n, team);
+  if (s != HIR_OK) snprintf(c->error, sizeof c->error, "%s", l->error);
+  return s;
+}
+static hir_status staged_allgather(hir_comm *c, void *t, const void *s, void *r, size_t bytes, void *st) {
+  staged_args a = {0, bytes, HIR_F32, -1};
+  return staged_collective(c, t, s, bytes, r, bytes * staged_team_size(t), st, staged_op_allgather, &a);
+}
+static hir_status staged_allreduce(hir_comm *c, void *t, const void *s, void *r, size_t count, hir_dtype dt, void *st) {
+  staged_args a = {count, 0, dt, -1};
+  return staged_collective(c, t, s, count * hir_dtype_size(dt), r, count * hir_dtype_size(dt), st, staged_op_allreduce, &a);
+}
+static hir_status staged_reduce_scatter(hir_comm *c, void *t, const void *s, void *r, size_t count, hir_dtype dt, void *st) {
+  staged_args a = {count, 0, dt, -1};
+  return staged_collective(c, t, s, count * hir_dtype_size(dt) * staged_team_size(t), r, count * hir_dtype_size(dt), st,
+                           staged_op_reduce_scatter, &a);
+}
+static hir_status staged_reduce(hir_comm *c, void *t, const void *s, void *r, size_t count, hir_dtype dt, int root, void *st) {
+  staged_args a = {count, 0, dt, root};
+  return staged_collective(c, t, s, count * hir_dtype_size(dt), r, c->rank == root ? count * hir_dtype_size(dt) : 0, st,
+                           staged_op_reduce, &a);
+}
+static hir_status staged_broadcast(hir_comm *c, void *t, const void *s, void *r, size_t bytes, int root, void *st) {
+  staged_args a = {0, bytes, HIR_F32, root};
+  return staged_collective(c, t, s, c->rank == root ? bytes : 0, r, bytes, st, staged_op_broadcast, &a);
+}
+static hir_status staged_gather(hir_comm *c, void *t, const void *s, void *r, size_t bytes, int root, void *st) {
+  staged_args a = {0, bytes, HIR_F32, root};
+  size_t chunks = staged_team_size(t) - (s ? 0 : 1); /* a root without data receives the others' */
+  return staged_collective(c, t, s, bytes, r, c->rank == root ? bytes * chunks : 0, st, staged_op_gather, &a);
+}
+static hir_status staged_scatter(hir_comm *c, void *t, const void *s, void *r, size_t bytes, int root, void *st) {
+  staged_args a = {0, bytes, HIR_F32, root};
+  return staged_collective(c, t, s, c->rank == root ? bytes * staged_team_size(t) : 0, r, bytes, st, staged_op_scatter, &a);
+}
+
+static hir_status staged_group_start(hir_comm *c) {
+  staged_comm *sc = (staged_comm *)c;
+  if (!sc->grouping++) sc->nops = 0;
+  return sc->local->group_start(sc->local);
+}
+
+/* The group's messages move at its end; then its receives are written back
+   and every staged copy freed. */
+static hir_status staged_group_end(hir_comm *c) {
+  staged_comm *sc = (staged_comm *)c;
+  hir_status s = sc->local->group_end(sc->local);
+  int i;
+  if (s != HIR_OK) snprintf(c->error, sizeof c->error, "%s", sc->local->error);
+  if (sc->grouping > 0 && --sc->grouping) return s;
+  for (i = 0; i < sc->nops; i++) {
+    if (s == HIR_OK && sc->ops[i].dev && !staged_out(c, sc->ops[i].dev, sc->ops[i].host, sc->ops[i].bytes, sc->ops[i].stream))
+      s = HIR_ERR_BACKEND;
+    free(sc->ops[i].host);
+  }
+  sc->nops = 0;
+  return s;
+}
+
+/* A send or receive: queued in a group (one of its own outside one). */
+static hir_status staged_p2p(hir_comm *c, int is_send, void *buf, size_t bytes, int peer, void *stream) {
+  staged_comm *sc = (staged_comm *)c;
+  hir_status s, end;
+  void *host = NULL;
+  if ((s = staged_group_start(c)) != HIR_OK) return s;
+  if (sc->nops == STAGED_OPS) {
+    snprintf(c->error, sizeof c->error, "staged comm: more than %d sends and receives in a group", STAGED_OPS);
+    s = HIR_ERR_UNSUPPORTED;
+  } else if (is_send ? !staged_in(c, buf, bytes, stream, &host) : !(host = malloc(bytes ? bytes : 1))) {
+    free(host);
+    s = HIR_ERR_BACKEND;
+  } else { /* freed at the group's end */
+    sc->ops[sc->nops].host = host;
+    sc->ops[sc->nops].dev = is_send ? NULL : buf;
+    sc->ops[sc->nops].stream = stream;
+    sc->ops[sc->nops++].bytes = bytes;
+    sc->local->what = c->what;
+    s = is_send ? sc->local->send(sc->local, host, bytes, peer, NULL) : sc->local->recv(sc->local, host, bytes, peer, NULL);
+    if (s != HIR_OK) snprintf(c->error, sizeof c->error, "%s", sc->local->error);
+  }
+  end = staged_group_end(c);
+  return s != HIR_OK ? s : end;
+}
+static hir_status staged_send(hir_comm *c, const void *buf, size_t bytes, int peer, void *stream) {
+  return staged_p2p(c, 1, (void *)buf, bytes, peer, stream);
+}
+static hir_status staged_recv(hir_comm *c, void *buf, size_t bytes, int peer, void *stream) {
+  return staged_p2p(c, 0, buf, bytes, peer, stream);
+}
+static void staged_abort(hir_comm *c) {
+  hir_comm *l = ((staged_comm *)c)->local;
+  snprintf(l->error, sizeof l->error, "%s", c->error);
+  l->abort(l);
+}
+
+/* diff_target's comm: the rank's staged communicator over the local world's rank. */
+static hir_comm *staged_comm_of(diff_target *t, hir_comm *local, int rank) {
+  staged_comm *sc = &((staged_comm *)t->ctx)[rank];
+  memset(sc, 0, sizeof *sc);
+  sc->local = local;
+  sc->comm.rank = local->rank;
+  sc->comm.size = local->size;
+  sc->comm.needs_device_memory = 1;
+  sc->comm.what.tensor = -1;
+  sc->comm.team = staged_team;
+  sc->comm.allgather = staged_allgather;
+  sc->comm.allreduce = staged_allreduce;
+  sc->comm.reduce_scatter = staged_reduce_scatter;
+  sc->comm.reduce = staged_reduce;
+  sc->comm.broadcast = staged_broadcast;
+  sc->comm.gather = staged_gather;
+  sc->comm.scatter = staged_scatter;
+  sc->comm.send = staged_send;
+  sc->comm.recv = staged_recv;
+  sc->comm.group_start = staged_group_start;
+  sc->comm.group_end = staged_group_end;
+  sc->comm.abort = staged_abort;
+  return &sc->comm;
+}
+
+/* The differential check's programs of 2-4 ranks, all on GPU 0 (in the
+   one-process suite's eager stage): a CUDA backend a rank, messages staged
+   through the host. HIR_DIFF_RANKS_PROGRAMS: how many seeds (4,000). */
+TEST(test_diff_ranks_one_gpu, "diff/random_programs_ranks", TEST_GPU_WORLDS) {
+  const char *n_env = getenv("HIR_DIFF_RANKS_PROGRAMS");
+  static staged_comm comms[4];
+  diff_target target;
+  int r, made = 1;
+  if (platform->backend != gpu_backend || platform->graph) return;
+  memset(&target, 0, sizeof target);
+  target.min_world = 2;
+  target.max_world = 4;
+  target.comm = staged_comm_of;
+  target.ctx = comms;
+  for (r = 0; r < 4; r++) made = made && (target.backends[r] = hir_backend_cuda_create(0)) != NULL;
+  if (made) diff_seeds(&target, n_env ? atoi(n_env) : 4000, 0.15, " on the cuda backend, 2-4 ranks on GPU 0");
+  CHECK(made);
+  for (r = 0; r < 4; r++) hir_backend_free(target.backends[r]);
 }
 
 /* ---- two processes on one GPU, joined by nccl_peer alone ----
