@@ -11457,10 +11457,10 @@ static hir_status hir__run_eager(hir_evaluator *ev, const hir_tensor *in, int ni
       ev->bound[tv->name] = 1;
     }
   if (!hir__exec_scope(ev, &ev->p->top)) {
-    if (ev->started_comm && nout) {
-      size_t n = strlen(ev->error);
-      snprintf(ev->error + n, sizeof ev->error - n, " (the outputs of this run are incomplete)");
-    }
+    static const char incomplete[] = " (the outputs of this run are incomplete)";
+    size_t n = strlen(ev->error), k = sizeof incomplete - 1;
+    if (ev->started_comm && nout && (n < k || strcmp(ev->error + n - k, incomplete))) /* not said yet (a peer's message may end with it) */
+      snprintf(ev->error + n, sizeof ev->error - n, "%s", incomplete);
     return ev->status;
   }
   for (i = 0; i < nout; i++) {

@@ -8,9 +8,8 @@
    a tensor subclass, a gradient to record, a CUDA graph being captured)
    returns None and the Python path takes it.
 
-   Built by setup.py where torch (with CUDA) is importable at build time
-   (pip install --no-build-isolation ./python); without it hostir.torch
-   runs its Python path alone. The library is not linked here: hostir/torch.py
+   Built by setup.py against the torch (with CUDA) that the installing
+   Python imports; without it hostir.torch runs its Python path alone. The library is not linked here: hostir/torch.py
    hands over the addresses of the few C functions called (from the
    hostir._native that ctypes loaded), so there is one hostir per process. */
 #include <Python.h>

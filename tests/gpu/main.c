@@ -1349,9 +1349,7 @@ static void staged_abort(hir_comm *c) {
   l->abort(l);
 }
 
-/* diff_target's comm: the rank's staged communicator over the local world's rank. */
-static hir_comm *staged_comm_of(diff_target *t, hir_comm *local, int rank) {
-  staged_comm *sc = &((staged_comm *)t->ctx)[rank];
+static void staged_init(staged_comm *sc, hir_comm *local) {
   memset(sc, 0, sizeof *sc);
   sc->local = local;
   sc->comm.rank = local->rank;
@@ -1371,24 +1369,58 @@ static hir_comm *staged_comm_of(diff_target *t, hir_comm *local, int rank) {
   sc->comm.group_start = staged_group_start;
   sc->comm.group_end = staged_group_end;
   sc->comm.abort = staged_abort;
+}
+
+/* The platform: a world of n ranks, all on GPU 0. */
+typedef struct staged_world {
+  hir_local_world *local;
+  staged_comm comms[MAXR];
+} staged_world;
+
+static void *staged_world_create(int n) {
+  staged_world *sw = (staged_world *)calloc(1, sizeof *sw);
+  int r;
+  if (!sw || !(sw->local = hir_local_world_create(n))) {
+    free(sw);
+    return NULL;
+  }
+  hir_local_world_set_timeout(sw->local, 20000);
+  for (r = 0; r < n; r++) staged_init(&sw->comms[r], hir_local_comm(sw->local, r));
+  return sw;
+}
+static void staged_world_free(void *w) {
+  if (w) hir_local_world_free(((staged_world *)w)->local);
+  free(w);
+}
+static hir_comm *staged_world_comm(void *w, int rank) { return &((staged_world *)w)->comms[rank].comm; }
+static hir_backend *staged_backend(int rank) {
+  (void)rank;
+  return hir_backend_cuda_create(0);
+}
+static test_platform staged_ranks = {"cuda, ranks as threads on GPU 0, messages staged through the host", 2, MAXR,
+                                     staged_world_create, staged_world_free, staged_world_comm, staged_backend, hir_spmd, 0, 0};
+
+/* diff_target's comm: the rank's staged communicator over the local world's rank. */
+static hir_comm *staged_comm_of(diff_target *t, hir_comm *local, int rank) {
+  staged_comm *sc = &((staged_comm *)t->ctx)[rank];
+  staged_init(sc, local);
   return &sc->comm;
 }
 
-/* The differential check's programs of 2-4 ranks, all on GPU 0 (in the
-   one-process suite's eager stage): a CUDA backend a rank, messages staged
-   through the host. HIR_DIFF_RANKS_PROGRAMS: how many seeds (4,000). */
+/* The differential check's programs of 2-4 ranks on the platform above: a
+   CUDA backend a rank. HIR_DIFF_RANKS_PROGRAMS: how many seeds (4,000). */
 TEST(test_diff_ranks_one_gpu, "diff/random_programs_ranks", TEST_GPU_WORLDS) {
   const char *n_env = getenv("HIR_DIFF_RANKS_PROGRAMS");
   static staged_comm comms[4];
   diff_target target;
   int r, made = 1;
-  if (platform->backend != gpu_backend || platform->graph) return;
+  if (platform != &staged_ranks) return;
   memset(&target, 0, sizeof target);
   target.min_world = 2;
   target.max_world = 4;
   target.comm = staged_comm_of;
   target.ctx = comms;
-  for (r = 0; r < 4; r++) made = made && (target.backends[r] = hir_backend_cuda_create(0)) != NULL;
+  for (r = 0; r < 4; r++) made = made && (target.backends[r] = staged_backend(r)) != NULL;
   if (made) diff_seeds(&target, n_env ? atoi(n_env) : 4000, 0.15, " on the cuda backend, 2-4 ranks on GPU 0");
   CHECK(made);
   for (r = 0; r < 4; r++) hir_backend_free(target.backends[r]);
@@ -1707,6 +1739,10 @@ int main(int argc, char **argv) {
     platform = &staged;
     printf("test-gpu: the pipelines as CUDA graphs on staged arguments\n");
     hir_run_tests(TEST_GPU_WORLDS, filter ? filter : "stream/numbers", "staged ", 1, &passed, &failed);
+    platform = &staged_ranks; /* every world size on any machine: the CUDA backend's side of multi-rank cases */
+    printf("test-gpu: %d-%d ranks as threads on GPU 0, their messages staged through host memory\n", staged_ranks.min_world,
+           staged_ranks.max_world);
+    hir_run_tests(TEST_GPU_WORLDS, filter, "ranks ", 1, &passed, &failed);
     platform = &gpu;
     hir_run_tests(TEST_GPU_THREADS, filter, "", 1, &passed, &failed);
     for (i = 0; i <= MAXR; i++) hir_nccl_world_free(gpu_worlds[i]);
