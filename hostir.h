@@ -630,6 +630,10 @@ struct hir_backend {
      f32 or wider (f64 for f64 x). NULL, or HIR_ERR_UNSUPPORTED for what it does not take: its primitives run. */
   hir_status (*layer_norm)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
                            const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps);
+  /* Optional: whether the backend's ops can reach the memory at ptr (1), or
+     (0) why not in `why`, with what to do. hir_run asks it of each caller's
+     tensor at an address not seen there before. NULL: not asked. */
+  int (*reachable)(hir_backend *self, const void *ptr, char *why, size_t cap);
 };
 
 /* What a communication moves, in the program's terms: the evaluator fills it
@@ -6961,7 +6965,7 @@ typedef struct hir__lt_plan {  /* see hir__lt_plan_of */
   cublasLtMatrixLayout_t la, lb, lc;
   cublasLtMatmulAlgo_t algo;
 } hir__lt_plan;
-enum { HIR__LT_PLANS = 8 };
+enum { HIR__LT_PLANS = 32, HIR__LT_PLAIN = -1 /* a plan's key[8]: no epilogue */ };
 
 /* NVRTC's entry points (nvrtc.h's types, declared here so that no NVRTC header is needed). */
 typedef struct hir__nvrtc {
@@ -6988,6 +6992,7 @@ HIR__STATIC_ASSERT(vec_kernels, HIR_F32 == 0 && HIR__VEC_F32 + HIR_BF16 == HIR__
 #define HIR__CUDA_SHARED 32
 typedef struct hir__cuda {
   int device, tf32;
+  int pageable_access;              /* the GPU reads any host memory (cudaDevAttrPageableMemoryAccess) */
   char device_name[256];            /* hir_backend.device */
   cudaStream_t caller;
   cublasLtHandle_t lt;
@@ -7012,7 +7017,7 @@ typedef struct hir__cuda {
   unsigned *max_abs_out;            /* hir_max_abs's two results, on the device */
   char map_error[200];
   cudaStream_t capture, saved_caller;  /* graph capture: the stream it runs on, and the caller's meanwhile */
-  hir__lt_plan lt_plans[HIR__LT_PLANS]; /* the bias-epilogue GEMMs' setups, by shape, reused round-robin */
+  hir__lt_plan lt_plans[HIR__LT_PLANS]; /* cuBLASLt's GEMM setups, by shape, reused round-robin */
   int lt_next;
 } hir__cuda;
 
@@ -8425,6 +8430,13 @@ static int hir__batches_fold(const hir_tensor *t, int nd, int64_t ld) {
   return 1;
 }
 
+static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
+                                        const hir_tensor *x, const hir_tensor *bias, hir_unary_op op);
+
+/* dst = a x b: one cuBLASLt GEMM with its setup kept where it takes the
+   operands (a launch costs about 1.5 us less host time than
+   cublasGemmEx's), else cuBLAS's strided-batched GEMMs (any batches,
+   transposed operands, f64, TF32). */
 static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   hir__cuda_lane *l;
@@ -8442,6 +8454,7 @@ static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tenso
   const void *one = dst->dtype == HIR_F64 ? (const void *)&one_d : (const void *)&one_f;
   const void *zero = dst->dtype == HIR_F64 ? (const void *)&zero_d : (const void *)&zero_f;
   size_t es = hir_dtype_size(dst->dtype);
+  if ((st = hir__cuda_matmul_bias(b, stream, dst, a, x, NULL, HIR_UNARY_COUNT)) != HIR_ERR_UNSUPPORTED) return st;
   if ((st = hir__cuda_lane_of(b, stream, &l)) != HIR_OK) return st;
   if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
   if (!hir__gemm_operand(&A, nd, &ta, &lda) && (st = hir__cuda_dense(b, l, 0, a, a, &A)) != HIR_OK) return st;
@@ -8486,13 +8499,10 @@ static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tenso
   return HIR_OK;
 }
 
-/* dst = a x b + bias through cuBLASLt's BIAS epilogue: one GEMM (batches
-   folded into M where a and dst allow), f32/f16/bf16, bias a dense vector
-   of N; anything else is HIR_ERR_UNSUPPORTED (the evaluator then adds the
-   bias itself). */
-/* The cuBLASLt setup of one bias-epilogue GEMM shape, made once and kept:
-   a run only points the descriptor at its bias. found = 0: no algorithm. */
-/* key's plan if made, else a slot for it (the oldest's, round-robin). */
+/* The cuBLASLt setups of GEMMs (plain, bias epilogues, fp8), made once per
+   shape and kept: a run only points a descriptor at its bias or scales,
+   and launches. key's plan if made, else a slot for it (the oldest's,
+   round-robin). */
 static hir__lt_plan *hir__lt_slot(hir__cuda *c, const int64_t *key) {
   hir__lt_plan *q;
   int i;
@@ -8524,7 +8534,8 @@ static cublasStatus_t hir__lt_find(hir__cuda *c, hir__lt_plan *q) {
 
 static hir__lt_plan *hir__lt_plan_of(hir__cuda *c, const int64_t *key, cudaDataType t, int tb, cublasStatus_t *st) {
   hir__lt_plan *q;
-  cublasLtEpilogue_t epi = key[8] == HIR_UNARY_RELU        ? CUBLASLT_EPILOGUE_RELU_BIAS
+  cublasLtEpilogue_t epi = key[8] == HIR__LT_PLAIN          ? CUBLASLT_EPILOGUE_DEFAULT
+                           : key[8] == HIR_UNARY_RELU      ? CUBLASLT_EPILOGUE_RELU_BIAS
                            : key[8] == HIR_UNARY_GELU_TANH ? CUBLASLT_EPILOGUE_GELU_BIAS /* tanh's approximation */
                                                            : CUBLASLT_EPILOGUE_BIAS;
   cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
@@ -8549,10 +8560,10 @@ static hir__lt_plan *hir__lt_plan_of(hir__cuda *c, const int64_t *key, cudaDataT
 }
 
 /* dst = op(a x b + bias) through cuBLASLt's BIAS, RELU_BIAS or GELU_BIAS
-   epilogue: one GEMM (batches folded into M where a and dst allow),
-   f32/f16/bf16, bias a dense vector of N; anything else is
-   HIR_ERR_UNSUPPORTED (the evaluator then adds the bias and applies op
-   itself). */
+   epilogue, or (bias NULL) a x b alone, its setup kept: one GEMM (batches
+   folded into M where a and dst allow), f32/f16/bf16, bias a dense vector
+   of N; anything else is HIR_ERR_UNSUPPORTED (the evaluator then adds the
+   bias and applies op itself; a plain GEMM goes to cublasGemmEx). */
 static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
                                         const hir_tensor *x, const hir_tensor *bias, hir_unary_op op) {
   hir__cuda *c = (hir__cuda *)b->ctx;
@@ -8563,8 +8574,8 @@ static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_
   int64_t lda, ldb, ldc, M = 1, N = dst->sizes[nd - 1], K = a->sizes[nd - 1], key[9];
   float one = 1, zero = 0;
   cublasStatus_t st;
-  if (dst->dtype == HIR_F64 || c->tf32 || bias->strides[nd - 1] != 1 || K == 0 || hir__numel(nd, dst->sizes) == 0 ||
-      (op != HIR_UNARY_COUNT && op != HIR_UNARY_RELU && op != HIR_UNARY_GELU_TANH) ||
+  if (dst->dtype == HIR_F64 || c->tf32 || (bias && bias->strides[nd - 1] != 1) || K == 0 || hir__numel(nd, dst->sizes) == 0 ||
+      (op != HIR_UNARY_COUNT && op != HIR_UNARY_RELU && op != HIR_UNARY_GELU_TANH) || (!bias && op != HIR_UNARY_COUNT) ||
       hir__cuda_lane_of(b, stream, &l) != HIR_OK)
     return HIR_ERR_UNSUPPORTED;
   ok = hir__gemm_operand(&A, nd, &ta, &lda) && hir__gemm_operand(&B, nd, &tb, &ldb) && hir__gemm_operand(&C, nd, &tc, &ldc) && !tc && !ta;
@@ -8573,19 +8584,21 @@ static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_
     return HIR_ERR_UNSUPPORTED;
   for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
   if (!c->lt && cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) return HIR_ERR_UNSUPPORTED;
-  key[0] = M, key[1] = N, key[2] = K, key[3] = dst->dtype, key[4] = tb, key[5] = lda, key[6] = ldb, key[7] = ldc, key[8] = op;
+  key[0] = M, key[1] = N, key[2] = K, key[3] = dst->dtype, key[4] = tb, key[5] = lda, key[6] = ldb, key[7] = ldc;
+  key[8] = bias ? (int64_t)op : (int64_t)HIR__LT_PLAIN;
   if (!(q = hir__lt_plan_of(c, key, hir__cuda_type(dst->dtype), tb, &st)) || !q->found) {
     if (!q && st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
-      return hir__cuda_fail(b, "cuBLASLt setup (bias epilogue)", cublasGetStatusString(st), __FILE__, __LINE__);
+      return hir__cuda_fail(b, "cuBLASLt setup", cublasGetStatusString(st), __FILE__, __LINE__);
     return HIR_ERR_UNSUPPORTED;
   }
-  st = cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias->data, sizeof bias->data);
+  st = bias ? cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias->data, sizeof bias->data)
+            : CUBLAS_STATUS_SUCCESS;
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmul(c->lt, q->desc, &one, B.data, q->la, A.data, q->lb, &zero, C.data, q->lc, C.data, q->lc, &q->algo,
                         l->workspace, HIR__CUDA_WORKSPACE, l->stream);
   if (st == CUBLAS_STATUS_SUCCESS) return HIR_OK;
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return HIR_ERR_UNSUPPORTED;
-  return hir__cuda_fail(b, "cublasLtMatmul (bias epilogue)", cublasGetStatusString(st), __FILE__, __LINE__);
+  return hir__cuda_fail(b, "cublasLtMatmul", cublasGetStatusString(st), __FILE__, __LINE__);
 }
 
 /* One fp8 GEMM of cuBLASLt: C [M, N] (ldc) = A [M, K] (lda) x the weight
@@ -8789,6 +8802,29 @@ static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hi
   return copy_out ? hir__cuda_copy(b, l->stream, dst, &C) : HIR_OK;
 }
 
+/* hir_backend.reachable: memory of this GPU, managed memory, host memory
+   CUDA knows (cudaMallocHost, cudaHostRegister), and any host memory where
+   the GPU reads pageable memory (HMM, ATS). */
+static int hir__cuda_reachable(hir_backend *b, const void *ptr, char *why, size_t cap) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  struct cudaPointerAttributes at;
+  if (cudaPointerGetAttributes(&at, ptr) != cudaSuccess) {
+    cudaGetLastError(); /* not sticky: clear it */
+    snprintf(why, cap, "not memory CUDA knows; pass memory of GPU %d (cudaMalloc)", c->device);
+    return 0;
+  }
+  if (at.type == cudaMemoryTypeUnregistered && !c->pageable_access) {
+    snprintf(why, cap, "host memory this GPU cannot read (not from cudaMalloc, cudaMallocHost or cudaHostRegister); copy it "
+             "to GPU %d first", c->device);
+    return 0;
+  }
+  if (at.type == cudaMemoryTypeDevice && at.device != c->device) {
+    snprintf(why, cap, "memory of GPU %d, and this backend runs on GPU %d; pass this rank's GPU's tensors", at.device, c->device);
+    return 0;
+  }
+  return 1;
+}
+
 static hir_status hir__cuda_upload(hir_backend *b, void *dst, const void *src, size_t bytes) {
   HIR__CU(b, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   return HIR_OK;
@@ -8846,6 +8882,9 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   b->graph_destroy = hir__cuda_graph_destroy;
   b->max_abs = hir__cuda_max_abs;
   b->stream_shared = hir__cuda_stream_shared;
+  b->reachable = hir__cuda_reachable;
+  if (cudaDeviceGetAttribute(&c->pageable_access, cudaDevAttrPageableMemoryAccess, device) != cudaSuccess)
+    c->pageable_access = 0, cudaGetLastError();
   { /* the driver's memsets, for the ones of long sums (hir__cuda_ones says if they are missing) */
     enum cudaDriverEntryPointQueryResult found;
     void *fn[3] = {NULL, NULL, NULL};
@@ -9508,6 +9547,7 @@ struct hir_evaluator {
   int graph, warm;              /* hir_eval_desc.graph; the current plan has run eagerly (its buffers exist) */
   unsigned char *warm_dense;    /* which arguments were dense in that run (a strided one takes a buffer to copy through) */
   hir_tensor *boundary;         /* the user's tensors seen with their split axes (hir_split), inputs then outputs; made at create */
+  const void **reached;         /* inputs then outputs: the last address the backend said it reaches (hir_backend.reachable) */
   struct hir__graph *graphs;    /* captured runs of the current plan, by their tensors' addresses */
   int ngraphs;
   int staged, nstage;           /* hir_eval_desc.graph = 2; the staged arguments (inputs, then outputs), and a run's copy */
@@ -10982,9 +11022,11 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ok = ok && (ev->blocks = (hir__block *)HIR_MALLOC((size_t)ev->cap_blocks * sizeof(hir__block))) != NULL;
   ok = ok && (ev->key = (int64_t *)HIR_MALLOC(((size_t)ev->key_n + 1) * sizeof(int64_t))) != NULL;
   ok = ok && (ev->boundary = (hir_tensor *)HIR_MALLOC(((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(hir_tensor))) != NULL;
+  ok = ok && (ev->reached = (const void **)HIR_MALLOC(((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(void *))) != NULL;
   ok = ok && (!ev->communicates || (ev->staging = (hir__staging *)HIR_MALLOC((size_t)hir__staging_n(ev) * sizeof *ev->staging)));
   if (!ok) return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
   if (ev->staging) memset(ev->staging, 0, (size_t)hir__staging_n(ev) * sizeof *ev->staging);
+  memset(ev->reached, 0, ((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(void *));
   memset(ev->pool, 0, (size_t)ev->nstreams * sizeof(void *));
   memset(ev->pool_ev, 0, (size_t)ev->nstreams * sizeof(void *));
   memset(ev->vars, 0, ((size_t)ev->nvars + 1) * sizeof(void *));
@@ -11072,6 +11114,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->shape);
   HIR_FREE(ev->blocks);
   HIR_FREE(ev->key);
+  HIR_FREE(ev->reached);
   HIR_FREE(ev->graphs);
   HIR_FREE(ev->warm_dense);
   HIR_FREE(ev->boundary);
@@ -11179,6 +11222,18 @@ HIRDEF hir_status hir_evaluator_sync(hir_evaluator *ev) {
 }
 
 /* ---- hir_run ---- */
+/* Whether the backend's ops reach a caller's tensor (asked once per address
+   of each argument k: inputs, then outputs). */
+static int hir__check_reached(hir_evaluator *ev, int k, const char *what, int i, int name, const void *data) {
+  char why[300];
+  if (!data || !ev->b->reachable || ev->reached[k] == data) return 1;
+  if (!ev->b->reachable(ev->b, data, why, sizeof why))
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: %s %d (T%d) at %p is %s (the %s backend)", what, i, name, data, why,
+                        ev->b->name);
+  ev->reached[k] = data;
+  return 1;
+}
+
 static int hir__check_input(hir_evaluator *ev, int i, const hir_tensor *t) {
   const hir_tv *tv = (const hir_tv *)ev->p->ir.inputs.items[i];
   int nd = 0, a, here = hir__in_mesh(tv, ev->device);
@@ -11209,7 +11264,7 @@ static int hir__check_input(hir_evaluator *ev, int i, const hir_tensor *t) {
     if (t->strides[a] < 0)
       return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: input %d (T%d) axis %d has stride %lld; strides are >= 0", i,
                           tv->name, a, (long long)t->strides[a]);
-  return 1;
+  return !here || hir__check_reached(ev, i, "input", i, tv->name, t->data);
 }
 
 /* The user's tensors may have any layout (a transpose's strides, an
@@ -11269,7 +11324,7 @@ static int hir__check_output(hir_evaluator *ev, int i, const hir_tensor *t) {
   if (!hir__no_overlap(t))
     return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: output %d (T%d): its strides make elements share memory (an expanded "
                         "axis?); pass a tensor each element of which has its own place", i, tv->name);
-  return 1;
+  return hir__check_reached(ev, ev->p->ir.inputs.n + i, "output", i, tv->name, t->data);
 }
 
 /* ---- split axes at the boundary: the user's tensors hold logical axes ---- */

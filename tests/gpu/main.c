@@ -485,6 +485,86 @@ TEST(test_gpu_max_abs, "gpu/max_abs", TEST_GPU) {
   hir_backend_free(cpu);
 }
 
+/* The caller's tensors in memory the GPU cannot reach: host memory from
+   malloc (refused by name, unless the GPU reads pageable memory: then it
+   runs), another GPU's (refused), pinned host memory (runs). Each refusal
+   leaves the evaluator usable: the next run on device memory gives the
+   numbers. out = in + 1.5 (an input, then an output in such memory). */
+TEST(test_gpu_unreachable_memory, "gpu/unreachable_memory", TEST_GPU) {
+  enum { N = 4096 };
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *x = hir_input(f, HIR_F32, 1);
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_eval_desc ed;
+  hir_lower_desc ld;
+  hir_tensor in, out;
+  float *host = (float *)malloc(N * sizeof(float)), *pinned = NULL, *dev = NULL, *dev_out = NULL, *other = NULL, got[N];
+  int pageable = 0, ngpu = 0, where, k, i;
+  hir_output(f, hir_scalar_binary(f, HIR_BINARY_ADD, 1.5, x));
+  memset(&ed, 0, sizeof ed);
+  memset(&ld, 0, sizeof ld);
+  CHECK((ed.backend = hir_backend_cuda_create(0)) != NULL && host);
+  if (!ed.backend || !host) return;
+  cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0);
+  cudaGetDeviceCount(&ngpu);
+  CHECK(cudaMallocHost((void **)&pinned, N * sizeof(float)) == cudaSuccess && cudaMalloc((void **)&dev, N * sizeof(float)) == cudaSuccess &&
+        cudaMalloc((void **)&dev_out, N * sizeof(float)) == cudaSuccess);
+  if (ngpu > 1) {
+    cudaSetDevice(1);
+    CHECK(cudaMalloc((void **)&other, N * sizeof(float)) == cudaSuccess);
+    cudaSetDevice(0);
+  }
+  for (i = 0; i < N; i++) host[i] = pinned[i] = (float)(i % 97) - 40.0f;
+  cudaMemcpy(dev, host, N * sizeof(float), cudaMemcpyHostToDevice);
+  CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  memset(&in, 0, sizeof in);
+  in.dtype = HIR_F32, in.ndims = 1, in.sizes[0] = N;
+  for (where = 0; ev && where < 3; where++)   /* host memory, pinned memory, another GPU's */
+    for (k = 0; k < 2; k++) { /* the input there, then the output */
+      float *there = where == 0 ? host : where == 1 ? pinned : other;
+      int reach = where == 1 || (where == 0 && pageable);
+      hir_status s;
+      if (!there) continue;
+      if (k == 1 && where != 2) for (i = 0; i < N; i++) there[i] = 1e30f; /* poisoned */
+      in.data = k ? dev : there;
+      out = in, out.data = k ? there : dev_out;
+      s = hir_run(ev, &in, 1, &out, 1);
+      if (s == HIR_OK) s = hir_evaluator_sync(ev);
+      if (reach) {
+        if (s != HIR_OK) fprintf(stderr, "  %s memory: %s\n", where ? "pinned" : "pageable", hir_evaluator_error(ev));
+        CHECK(s == HIR_OK);
+        if (k) memcpy(got, there, sizeof got);
+        else cudaMemcpy(got, dev_out, sizeof got, cudaMemcpyDeviceToHost);
+        for (i = 0; s == HIR_OK && i < N; i++)
+          if (got[i] != (float)(i % 97) - 38.5f) {
+            fprintf(stderr, "  %s memory, element %d: %g\n", where ? "pinned" : "pageable", i, got[i]);
+            CHECK(0);
+            break;
+          }
+      } else {
+        const char *want = where == 0 ? "is host memory this GPU cannot read" : "is memory of GPU 1, and this backend runs on GPU 0";
+        if (!(s == HIR_ERR_INVALID && strstr(hir_evaluator_error(ev), want) && strstr(hir_evaluator_error(ev), k ? "output 0 (T" : "input 0 (T")))
+          fprintf(stderr, "  %s: %s\n", hir_status_str(s), hir_evaluator_error(ev)), hir_test_failures++;
+        in.data = dev, out.data = dev_out; /* then device memory runs */
+        cudaMemset(dev_out, 0, N * sizeof(float));
+        CHECK(hir_run(ev, &in, 1, &out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+        cudaMemcpy(got, dev_out, sizeof got, cudaMemcpyDeviceToHost);
+        CHECK(got[N - 1] == (float)((N - 1) % 97) - 38.5f);
+      }
+    }
+  printf("  pageable host memory %s on this GPU; %s\n", pageable ? "readable" : "not readable", ngpu > 1 ? "another GPU's refused" : "one GPU");
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(ed.backend);
+  cudaFreeHost(pinned);
+  cudaFree(dev);
+  cudaFree(dev_out);
+  if (other) cudaFree(other);
+  free(host);
+  hir_fusion_free(f);
+}
+
 /* TF32 is off by default (f32 matmuls exact to f32), and the option turns it on. */
 TEST(test_gpu_tf32, "gpu/tf32", TEST_GPU) {
   hir_fusion *f = hir_fusion_create();
