@@ -562,9 +562,11 @@ static void run_case(spmd_case *c, const char *name, const char *file, int line)
 /* Runs the registered tests whose mask meets `where` and whose name holds
    `filter` (NULL: all), a line each: "ok" or "FAIL", the name, and with
    show_cases how many SPMD cases it ran. */
-/* The test running now and since when (a watchdog may read them). */
+/* The test running now and since when (a watchdog may read them), and a
+   count a long test without cases bumps as it goes (the watchdog's sign of
+   progress). */
 static const char *volatile hir_test_running;
-static volatile int hir_test_serial;
+static volatile int hir_test_serial, hir_test_steps;
 
 static void hir_run_tests(unsigned where, const char *filter, const char *prefix, int show_cases, int *passed, int *failed) {
   int i;

@@ -2,9 +2,9 @@
    axes), elementwise and tensor-scalar ops, sums over one or two axes,
    selects, slices, reshapes, matmuls, split axes - on random meshes (1-D, and 2-D for one seed in
    seven) with random DIDx, DIDy and Stream axes
-   and stream options, lowered for every rank of a local world and run on
-   random data, against a plain reference computed here on the whole
-   (unsharded) tensors. Every program either gives the reference's numbers
+   and stream options, maybe an intermediate returned beside the result,
+   lowered for every rank of a local world and run on random data, against
+   a plain reference computed here on the whole (unsharded) tensors. Every program either gives the reference's numbers
    on every rank, or is refused: by every rank's lowering, with one message,
    or by a run, with a message that is neither an internal error nor a
    timeout. HIR_DIFF_PROGRAMS=N sets how many (make test: 300; make diff:
@@ -46,6 +46,7 @@ typedef struct diff_prog {
   hir_fusion *f;
   hir_local_world *w;
   diff_target *target;
+  int nout, outs[2];           /* the program's outputs: indices into t */
   int world, ntv, nin, nstreams;
   int rows, cols, reversed;    /* a program on one 2-D mesh of the world (rows x cols, devices maybe reversed); 0: 1-D meshes */
   diff_tv t[DIFF_MAX_TVS];
@@ -465,7 +466,10 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     diff_place(r, p, t, meshless);
     if (hir_fusion_status(p->f) != HIR_OK) return 0; /* the builder refused the combination */
   }
-  hir_output(p->f, p->t[p->ntv - 1].tv);
+  p->outs[p->nout++] = p->ntv - 1;
+  if (p->seed % 37 == 17 && p->ntv - 1 > p->nin) /* by the seed: an intermediate too, read by later ops and returned */
+    p->outs[p->nout++] = p->nin + diff_next(r, p->ntv - 1 - p->nin);
+  for (i = 0; i < p->nout; i++) hir_output(p->f, p->t[p->outs[i]].tv);
   if (hir_fusion_status(p->f) != HIR_OK) return 0;
   for (i = 0; i < 2 && diff_next(r, 3) == 0; i++) { /* split axes: outer by the mesh size (then maybe sharded), or by 2 */
     diff_tv *t = &p->t[diff_next(r, p->ntv)];
@@ -505,21 +509,38 @@ static hir_tensor diff_tensor(const diff_tv *t) {
   return h;
 }
 
+/* Checks got (the backend's) against mine (this rank's part of the
+   reference, NULL data where the output is not here); 0 on a difference. */
+static int diff_check(hir_backend *b, const hir_tensor *got_there, const hir_tensor *mine, char *err, const char *what) {
+  hir_tensor got, dense;
+  int ok = 1;
+  if (!mine->data) {
+    if (got_there->data || got_there->ndims) snprintf(err, 512, "%s should be empty here", what), ok = 0;
+    return ok;
+  }
+  got = to_host(b, got_there);
+  dense = tdense(&got);
+  ok = compare(&dense, mine, 1e-4, err, 512, what);
+  if (got.data != got_there->data) tfree(&got);
+  tfree(&dense);
+  return ok;
+}
+
 static hir_status diff_rank(int rank, void *user) {
   diff_prog *x = (diff_prog *)user;
   hir_lower_desc ld = x->ld;
   hir_eval_desc ed;
   hir_program *p = NULL;
   hir_evaluator *ev = NULL;
-  hir_tensor whole[8], in[8], out[1], want; /* inputs: 1-2, and a matmul's 1 or a scaled linear's 3 */
-  const diff_tv *o = &x->t[x->ntv - 1];
-  int i;
-  char *err = x->error[rank];
+  hir_tensor whole[8], in[8], out[2], mine[2]; /* inputs: 1-2, and a matmul's 1 or a scaled linear's 3 */
+  int i, o;
+  char *err = x->error[rank], what[64];
   hir_tensor din[8];
   hir_backend *b = x->target ? x->target->backends[rank] : NULL;
   int k;
   memset(&ed, 0, sizeof ed);
   memset(out, 0, sizeof out);
+  memset(mine, 0, sizeof mine);
   ld.my_device = rank;
   ed.comm = hir_local_comm(x->w, rank);
   if (x->target && x->target->comm) ed.comm = x->target->comm(x->target, ed.comm, rank);
@@ -537,56 +558,67 @@ static hir_status diff_rank(int rank, void *user) {
     in[i] = shard(&whole[i], hir_program_input(p, i), rank);
     din[i] = to_backend(b, &in[i]);
   }
-  want = diff_tensor(o);
+  for (o = 0; o < x->nout; o++) {
+    hir_tensor want = diff_tensor(&x->t[x->outs[o]]);
+    mine[o] = shard(&want, hir_program_output(p, o), rank);
+    tfree(&want);
+  }
   if ((x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK &&
-      (x->status[rank] = hir_run(ev, din, x->nin, out, 1)) == HIR_OK && (x->status[rank] = hir_evaluator_sync(ev)) == HIR_OK) {
-    hir_tensor mine = shard(&want, hir_program_output(p, 0), rank), got = to_host(b, &out[0]);
-    if (mine.data && !compare(&got, &mine, 1e-4, err, 512, "the output")) x->status[rank] = HIR_ERR_INTERNAL; /* a wrong number */
-    else if (!mine.data && (out[0].data || out[0].ndims)) snprintf(err, 512, "the output should be empty here"), x->status[rank] = HIR_ERR_INTERNAL;
-    if (got.data != out[0].data) tfree(&got);
-    for (k = 0; b && ed.graph && k < 2 && x->status[rank] == HIR_OK && mine.data; k++) { /* graphs: captured, replayed */
-      hir_tensor poison = tn(mine.dtype, mine.ndims, mine.sizes), again;
-      int64_t e;
-      for (e = 0; e < tnumel(&poison); e++) tset(&poison, e, 1e30); /* the run must write it all again */
-      b->upload(b, out[0].data, poison.data, (size_t)tnumel(&poison) * hir_dtype_size(poison.dtype));
-      tfree(&poison);
-      memset(&again, 0, sizeof again);
-      if ((x->status[rank] = hir_run(ev, din, x->nin, &again, 1)) != HIR_OK || (x->status[rank] = hir_evaluator_sync(ev)) != HIR_OK) {
+      (x->status[rank] = hir_run(ev, din, x->nin, out, x->nout)) == HIR_OK && (x->status[rank] = hir_evaluator_sync(ev)) == HIR_OK) {
+    for (o = 0; o < x->nout && x->status[rank] == HIR_OK; o++) {
+      snprintf(what, sizeof what, "output %d", o);
+      if (!diff_check(b, &out[o], &mine[o], err, what)) x->status[rank] = HIR_ERR_INTERNAL; /* a wrong number */
+    }
+    for (k = 0; b && ed.graph && k < 2 && x->status[rank] == HIR_OK; k++) { /* graphs: captured, replayed */
+      hir_tensor again[2];
+      for (o = 0; o < x->nout; o++) { /* the run must write it all again */
+        hir_tensor poison = tn(mine[o].dtype, mine[o].ndims, mine[o].sizes);
+        int64_t e;
+        for (e = 0; mine[o].data && e < tnumel(&poison); e++) tset(&poison, e, 1e30);
+        if (mine[o].data) b->upload(b, out[o].data, poison.data, (size_t)tnumel(&poison) * hir_dtype_size(poison.dtype));
+        tfree(&poison);
+      }
+      memset(again, 0, sizeof again);
+      if ((x->status[rank] = hir_run(ev, din, x->nin, again, x->nout)) != HIR_OK || (x->status[rank] = hir_evaluator_sync(ev)) != HIR_OK) {
         snprintf(err, 512, "graph run %d: %.480s", k + 2, hir_evaluator_error(ev));
         break;
       }
-      got = to_host(b, &again);
-      if (!compare(&got, &mine, 1e-4, err, 512, k ? "the output, replayed" : "the output, captured")) x->status[rank] = HIR_ERR_INTERNAL;
-      if (got.data != again.data) tfree(&got);
-      out[0] = again;
-    }
-    if (x->status[rank] == HIR_OK && (x->seed % 29 == 14 || b)) { /* by the seed, again: strided inputs, a strided poisoned output */
-      hir_tensor rin[8], drin[8], given, dgiven, poison = mine;
-      int64_t k;
-      memset(&given, 0, sizeof given);
-      for (i = 0; i < x->nin; i++) rin[i] = trev(&in[i]), drin[i] = to_backend(b, &rin[i]);
-      if (mine.data) {
-        poison = tn(mine.dtype, mine.ndims, mine.sizes);
-        for (k = 0; k < tnumel(&poison); k++) tset(&poison, k, 1e30);
-        given = trev(&poison);
+      for (o = 0; o < x->nout && x->status[rank] == HIR_OK; o++) {
+        snprintf(what, sizeof what, "output %d, %s", o, k ? "replayed" : "captured");
+        if (!diff_check(b, &again[o], &mine[o], err, what)) x->status[rank] = HIR_ERR_INTERNAL;
+        out[o] = again[o];
       }
-      dgiven = to_backend(b, &given);
-      if ((x->status[rank] = hir_run(ev, drin, x->nin, &dgiven, 1)) != HIR_OK || (x->status[rank] = hir_evaluator_sync(ev)) != HIR_OK) {
+    }
+    if (x->status[rank] == HIR_OK && (x->seed % 29 == 14 || b)) { /* by the seed, again: strided inputs, strided poisoned outputs */
+      hir_tensor rin[8], drin[8], given[2], dgiven[2];
+      int64_t e;
+      for (i = 0; i < x->nin; i++) rin[i] = trev(&in[i]), drin[i] = to_backend(b, &rin[i]);
+      for (o = 0; o < x->nout; o++) {
+        hir_tensor poison = mine[o];
+        memset(&given[o], 0, sizeof given[o]);
+        if (mine[o].data) {
+          poison = tn(mine[o].dtype, mine[o].ndims, mine[o].sizes);
+          for (e = 0; e < tnumel(&poison); e++) tset(&poison, e, 1e30);
+          given[o] = trev(&poison);
+          tfree(&poison);
+        }
+        dgiven[o] = to_backend(b, &given[o]);
+      }
+      if ((x->status[rank] = hir_run(ev, drin, x->nin, dgiven, x->nout)) != HIR_OK || (x->status[rank] = hir_evaluator_sync(ev)) != HIR_OK)
         snprintf(err, 512, "run 2: %.480s", hir_evaluator_error(ev));
-      } else if (mine.data) {
-        hir_tensor host = to_host(b, &dgiven), dense = tdense(&host);
-        if (!compare(&dense, &mine, 1e-4, err, 512, "run 2 (strided), the output")) x->status[rank] = HIR_ERR_INTERNAL;
-        if (host.data != dgiven.data) tfree(&host);
-        tfree(&dense);
+      for (o = 0; o < x->nout && x->status[rank] == HIR_OK; o++) {
+        snprintf(what, sizeof what, "run 2 (strided), output %d", o);
+        if (mine[o].data && !diff_check(b, &dgiven[o], &mine[o], err, what)) x->status[rank] = HIR_ERR_INTERNAL;
       }
       for (i = 0; i < x->nin; i++) {
         backend_free(b, &rin[i], &drin[i]);
         if (rin[i].data != in[i].data) tfree(&rin[i]);
       }
-      backend_free(b, &given, &dgiven);
-      if (mine.data) tfree(&poison), tfree(&given);
+      for (o = 0; o < x->nout; o++) {
+        backend_free(b, &given[o], &dgiven[o]);
+        tfree(&given[o]);
+      }
     }
-    tfree(&mine);
   } else {
     snprintf(err, 512, "%s", hir_evaluator_error(ev));
   }
@@ -597,7 +629,7 @@ static hir_status diff_rank(int rank, void *user) {
     tfree(&whole[i]);
     tfree(&in[i]);
   }
-  tfree(&want);
+  for (o = 0; o < x->nout; o++) tfree(&mine[o]);
   hir_program_free(p);
   return x->status[rank];
 }
@@ -670,7 +702,7 @@ static void diff_seeds(diff_target *target, int n, double share, const char *whe
     CHECK(diff_one(strtoull(getenv("HIR_DIFF_SEED"), NULL, 10), target, &how));
     return;
   }
-  for (i = 0; i < n && failures < 5; i++) {
+  for (i = 0; i < n && failures < 5; i++, hir_test_steps++) {
     if (!diff_one((uint64_t)i, target, &how)) failures++;
     counts[how]++;
   }

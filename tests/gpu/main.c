@@ -565,6 +565,59 @@ TEST(test_gpu_unreachable_memory, "gpu/unreachable_memory", TEST_GPU) {
   hir_fusion_free(f);
 }
 
+/* An output larger than the GPU: HIR_ERR_NOMEM naming the allocation, and
+   the evaluator (and the GPU's context) usable after it: the next run, of a
+   shape that fits, gives the numbers. out [N, N] = x [N] * y [N], each
+   broadcast along the other's axis. */
+TEST(test_gpu_out_of_memory, "gpu/out_of_memory", TEST_GPU) {
+  static const int column[2] = {0, 1}, row[2] = {1, 0};
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *x = hir_input(f, HIR_F32, 1), *y = hir_input(f, HIR_F32, 1);
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_eval_desc ed;
+  hir_lower_desc ld;
+  hir_tensor in[2], hin[2], out, host;
+  int k, i, j;
+  hir_output(f, hir_mul(f, hir_broadcast(f, x, 2, column), hir_broadcast(f, y, 2, row)));
+  memset(&ed, 0, sizeof ed);
+  memset(&ld, 0, sizeof ld);
+  CHECK((ed.backend = hir_backend_cuda_create(0)) != NULL);
+  if (!ed.backend) return;
+  CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  for (k = 0; ev && k < 2; k++) {
+    int64_t n = k ? 300 : 600000; /* 600000^2 floats: 1.44 TB */
+    hir_status s;
+    hin[0] = trand(HIR_F32, 1, &n), hin[1] = trand(HIR_F32, 1, &n);
+    in[0] = to_backend(ed.backend, &hin[0]), in[1] = to_backend(ed.backend, &hin[1]);
+    memset(&out, 0, sizeof out);
+    s = hir_run(ev, in, 2, &out, 1);
+    if (s == HIR_OK) s = hir_evaluator_sync(ev);
+    if (!k) {
+      if (!(s == HIR_ERR_NOMEM && strstr(hir_evaluator_error(ev), "cudaMalloc of 1440000000000 bytes failed")))
+        fprintf(stderr, "  %s: %s\n", hir_status_str(s), hir_evaluator_error(ev)), hir_test_failures++;
+    } else if (s != HIR_OK) {
+      fprintf(stderr, "  after the failed run: %s\n", hir_evaluator_error(ev));
+      CHECK(0);
+    } else {
+      host = to_host(ed.backend, &out);
+      for (i = 0; i < n; i++)
+        for (j = 0; j < n; j++)
+          if (tget(&host, i * n + j) != (double)(float)(tget(&hin[0], i) * tget(&hin[1], j))) {
+            fprintf(stderr, "  after the failed run, element [%d, %d]: %g\n", i, j, tget(&host, i * n + j));
+            CHECK(0);
+            i = j = (int)n;
+          }
+      tfree(&host);
+    }
+    for (i = 0; i < 2; i++) backend_free(ed.backend, &hin[i], &in[i]), tfree(&hin[i]);
+  }
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(ed.backend);
+  hir_fusion_free(f);
+}
+
 /* TF32 is off by default (f32 matmuls exact to f32), and the option turns it on. */
 TEST(test_gpu_tf32, "gpu/tf32", TEST_GPU) {
   hir_fusion *f = hir_fusion_create();
@@ -1727,7 +1780,7 @@ static int ce_pair(int dead) {
   return ok;
 }
 
-/* A test that makes no progress (ends no case) for HOSTIR_TEST_HANG_S
+/* A test that makes no progress (ends no case, no step) for HOSTIR_TEST_HANG_S
    seconds (default 120) is a hang: every thread of the process prints its
    stack to stderr (resolve the
    "test-gpu(+0x...)" frames with addr2line -e build/test-gpu), then the
@@ -1747,8 +1800,8 @@ static void *hang_watchdog(void *arg) {
   int progress = -1;
   for (;;) {
     hir_nccl__sleep_ms(500);
-    if (hir_test_serial + cases_run + cases_skipped != progress || !hir_test_running) {
-      progress = hir_test_serial + cases_run + cases_skipped, since = hir__now_ms();
+    if (hir_test_serial + hir_test_steps + cases_run + cases_skipped != progress || !hir_test_running) {
+      progress = hir_test_serial + hir_test_steps + cases_run + cases_skipped, since = hir__now_ms();
       continue;
     }
     if (hir__now_ms() - since > limit_ms) {
