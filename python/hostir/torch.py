@@ -846,7 +846,10 @@ def run(fusion, inputs, group=None):
     ints for its scalar inputs, None for an input that does not live on this
     rank; every rank of the group calls it (the fusion's device ids are the
     group's ranks). Returns this rank's outputs as torch tensors (None where
-    one does not live here). Lowered for this rank per input shapes, kept."""
+    one does not live here). Lowered for this rank per input shapes, kept;
+    from the second call of a plan on, the outputs are made here and the run
+    writes them in place (the first call copies them out of hostir's
+    buffers, whose shapes it learns)."""
     name = _group_name(group)
     if len(inputs) != len(fusion.inputs):
         _fail("hostir.torch.run: %d inputs; the fusion takes %d" % (len(inputs), len(fusion.inputs)))
@@ -876,7 +879,14 @@ def run(fusion, inputs, group=None):
         return made, [_HirTensor() for _ in fusion.outputs]
 
     plan = g.plan_for(key, lambda: fusion, views)
+    made = getattr(plan, "made_outputs", None)
+    if made is not None:
+        outs = [torch.empty(shape, dtype=dtype, device=device) if shape is not None else None for shape, dtype in made]
+        plan.run(tensors, outs)
+        return outs
     plan.run(tensors, [None] * plan.nout)
+    plan.made_outputs = [((tuple(o.sizes[k] for k in range(o.ndims)), _DTYPES_OF[o.dtype]) if o.data else (None, None))
+                         for o in plan.outs[:plan.nout]]
     outs = []
     for o in plan.outs[:plan.nout]:
         if not o.data:

@@ -259,8 +259,11 @@ def general_fusion():
     a.parallelize(0, "DIDx")
     A, B = draw(W.size, 4, 8, seed=5), draw(8, 5, seed=6)
     for scale in (3, -2):  # a new scalar value: a new plan
-        out, = ht.run(f, [A[W.rank:W.rank + 1].to(W.dev), B.to(W.dev) if W.dev.type == "cuda" else B.numpy(), scale])
+        ins = [A[W.rank:W.rank + 1].to(W.dev), B.to(W.dev) if W.dev.type == "cuda" else B.numpy(), scale]
+        out, = ht.run(f, ins)  # copied out of hostir's buffer
+        again, = ht.run(f, [ins[0] * 2] + ins[1:])  # written in place into an output made here
         close(out, torch.relu(scale * (A.double() @ B.double())), torch.float32, "run(fusion) scale %d" % scale)
+        close(again, torch.relu(2 * scale * (A.double() @ B.double())), torch.float32, "run(fusion) again, scale %d" % scale)
     try:
         ht.run(f, [A[W.rank:W.rank + 1].to(W.dev), B.double().to(W.dev), 3])
     except hostir.Error as e:
