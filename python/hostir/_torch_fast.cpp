@@ -43,17 +43,20 @@ Api api;
 bool ready;
 
 /* The ops, by the kind hostir/torch.py passes: how many arguments the
-   wrapper gives here, and which is the group. */
-enum Kind { ALL_GATHER_MATMUL, MATMUL_REDUCE_SCATTER, ALL_GATHER_SCALED_MATMUL, SCALED_MATMUL_REDUCE_SCATTER, KINDS };
-const struct { int nargs, group; } op_args[KINDS] = {{5, 3}, {5, 4}, {8, 5}, {8, 6}};
+   wrapper gives here, and which is the group (RUN: hostir.torch.run's
+   fusion, inputs and group). */
+enum Kind { ALL_GATHER_MATMUL, MATMUL_REDUCE_SCATTER, ALL_GATHER_SCALED_MATMUL, SCALED_MATMUL_REDUCE_SCATTER, RUN, KINDS };
+const struct { int nargs, group; } op_args[KINDS] = {{5, 3}, {5, 4}, {8, 5}, {8, 6}, {3, 2}};
 
 struct Seen {  // one call seen before
   int kind;
   std::vector<int64_t> key;  // what key_of reads from the call's arguments but the group
   PyObject *group;           // the group argument as given (a strong reference: its identity is the key)
+  PyObject *fusion;          // RUN's fusion, likewise (else NULL)
   void *runner;              // hir_evaluator or hir_tuner
   int tuner;
-  hir_tensor *ins, *outs;  // the plan's views (ctypes arrays kept by the Python plan); data set per call
+  hir_tensor *ins, *outs;  // the plan's views (ctypes arrays kept by the Python plan); data set per call (RUN: a
+                           // scalar input's or an absent one's view stays as made)
   int nin, nout;
   void *backend;
   std::vector<std::vector<int64_t>> out_shapes;  // empty: an output not returned (data NULL)
@@ -137,12 +140,35 @@ int push_bool(PyObject *o, std::vector<int64_t> &key) {
   return 1;
 }
 
+/* RUN's inputs: a tensor, an int (a scalar input's value, which its plan
+   was made for) or None (an input not on this rank); nullptr in `tensors`
+   for the last two. */
+int push_inputs(PyObject *list, std::vector<int64_t> &key, std::vector<const at::Tensor *> &tensors) {
+  if (!PyList_CheckExact(list) && !PyTuple_CheckExact(list)) return 0;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(list);
+  key.push_back(n);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *o = PySequence_Fast_GET_ITEM(list, i);
+    const at::Tensor *t = o == Py_None || PyLong_CheckExact(o) ? nullptr : plain_cuda(o);
+    if (o == Py_None) {
+      key.push_back(-1);
+    } else if (!t) {
+      if (!PyLong_CheckExact(o) || (key.push_back(-2), !push_int(o, key))) return 0;
+    } else {
+      push_tensor(key, *t);
+    }
+    tensors.push_back(t);
+  }
+  return 1;
+}
+
 /* The key of a call's arguments (all but the group), into `key`, and its
    tensors in the plan's input order. 0: not a call this path takes. */
 int key_of(int kind, PyObject *const *args, std::vector<int64_t> &key, std::vector<const at::Tensor *> &tensors) {
   key.clear();
   tensors.clear();
   key.push_back(kind);
+  if (kind == RUN) return push_inputs(args[1], key, tensors); /* fusion, inputs, group */
   const at::Tensor *a = plain_cuda(args[0]);
   if (!a) return 0;
   tensors.push_back(a);
@@ -183,7 +209,7 @@ PyObject *call(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   if (!key_of(kind, args, key, tensors)) Py_RETURN_NONE;
   Seen *s = nullptr;
   for (Seen &e : seen)
-    if (e.kind == kind && e.group == args[op_args[kind].group] && e.key == key) {
+    if (e.kind == kind && e.group == args[op_args[kind].group] && (kind != RUN || e.fusion == args[0]) && e.key == key) {
       s = &e;
       break;
     }
@@ -203,7 +229,8 @@ PyObject *call(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
       outs.push_back(at::empty(s->out_shapes[k], at::TensorOptions().dtype(s->out_dtypes[k]).device(at::kCUDA, s->device)));
       s->outs[k].data = outs.back().data_ptr();
     }
-    for (int k = 0; k < s->nin; k++) s->ins[k].data = tensors[k]->data_ptr();
+    for (int k = 0; k < s->nin; k++)
+      if (tensors[k]) s->ins[k].data = tensors[k]->data_ptr();
     /* Without the GIL while it runs, as through ctypes; what is read after
        is copied first: another thread may change `seen` meanwhile. */
     void *runner = s->runner;
@@ -221,6 +248,12 @@ PyObject *call(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
       return nullptr;
     }
     taken++;
+    if (kind == RUN) { /* this rank's outputs, None where one does not live here */
+      PyObject *list = PyList_New(nout);
+      for (int k = 0; list && k < nout; k++)
+        PyList_SET_ITEM(list, k, outs[k].defined() ? THPVariable_Wrap(outs[k]) : (Py_INCREF(Py_None), Py_None));
+      return list;
+    }
     if (kind == MATMUL_REDUCE_SCATTER || kind == SCALED_MATMUL_REDUCE_SCATTER) {
       if (divide_by) outs[0].div_(divide_by);
       return THPVariable_Wrap(outs[0]);
@@ -252,6 +285,7 @@ PyObject *remember(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   s.kind = kind;
   s.key = key;
   s.group = args[1 + op_args[kind].group];
+  s.fusion = kind == RUN ? args[1] : nullptr;
   s.runner = PyLong_AsVoidPtr(more[0]);
   s.tuner = PyObject_IsTrue(more[1]);
   s.ins = (hir_tensor *)PyLong_AsVoidPtr(more[2]);
@@ -285,8 +319,11 @@ PyObject *remember(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     }
     s.out_shapes.push_back(dims);
   }
-  s.device = tensors[0]->device().index();
+  auto first = std::find_if(tensors.begin(), tensors.end(), [](const at::Tensor *t) { return t != nullptr; });
+  if (first == tensors.end()) Py_RETURN_NONE; /* no tensor here: its device is not known */
+  s.device = (*first)->device().index();
   Py_INCREF(s.group);
+  Py_XINCREF(s.fusion);
   seen.push_back(std::move(s));
   Py_RETURN_NONE;
 }
@@ -297,14 +334,15 @@ PyObject *remember(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 PyObject *forget(PyObject *, PyObject *runner) {
   void *which = runner == Py_None ? nullptr : PyLong_AsVoidPtr(runner);
   if (PyErr_Occurred()) return nullptr;
-  std::vector<PyObject *> groups;  // let go of after: a group's finalizer may call in here
-  auto gone = [which, &groups](Seen &s) {
+  std::vector<PyObject *> held;  // let go of after: a group's or fusion's finalizer may call in here
+  auto gone = [which, &held](Seen &s) {
     if (which && s.runner != which) return false;
-    groups.push_back(s.group);
+    held.push_back(s.group);
+    if (s.fusion) held.push_back(s.fusion);
     return true;
   };
   seen.erase(std::remove_if(seen.begin(), seen.end(), gone), seen.end());
-  for (PyObject *g : groups) Py_DECREF(g);
+  for (PyObject *o : held) Py_DECREF(o);
   Py_RETURN_NONE;
 }
 

@@ -407,7 +407,7 @@ _ops.define("matmul_reduce_scatter(Tensor a, Tensor b, str reduce_op, int scatte
 
 def _remember(kind, args, plan, outs, divide_by=0):
     """A call of the op `kind` (0 all_gather_matmul, 1 matmul_reduce_scatter,
-    2 all_gather_scaled_matmul, 3 scaled_matmul_reduce_scatter) that the Python path just ran with the
+    2 all_gather_scaled_matmul, 3 scaled_matmul_reduce_scatter, 4 run) that the Python path just ran with the
     wrapper's arguments `args`, making `outs` (None: left in hostir's
     buffer), for the C++ path to run the next like it (never one made in a
     capture)."""
@@ -849,7 +849,14 @@ def run(fusion, inputs, group=None):
     one does not live here). Lowered for this rank per input shapes, kept;
     from the second call of a plan on, the outputs are made here and the run
     writes them in place (the first call copies them out of hostir's
-    buffers, whose shapes it learns)."""
+    buffers, whose shapes it learns). Where the package has
+    hostir._torch_fast, a call like one run that way before (the same
+    fusion, group, tensors' shapes, strides, dtypes and devices, and scalar
+    values) runs in C++."""
+    if _torch_fast is not None and not torch.compiler.is_compiling():
+        done = _torch_fast.call(4, fusion, inputs, group)
+        if done is not None:
+            return done
     name = _group_name(group)
     if len(inputs) != len(fusion.inputs):
         _fail("hostir.torch.run: %d inputs; the fusion takes %d" % (len(inputs), len(fusion.inputs)))
@@ -883,6 +890,8 @@ def run(fusion, inputs, group=None):
     if made is not None:
         outs = [torch.empty(shape, dtype=dtype, device=device) if shape is not None else None for shape, dtype in made]
         plan.run(tensors, outs)
+        if all(x is t or isinstance(x, int) for x, t in zip(inputs, tensors)) and all(shape != () for shape, _ in made):
+            _remember(4, (fusion, inputs, group), plan, outs)  # torch tensors alone (an array's view is made per call)
         return outs
     plan.run(tensors, [None] * plan.nout)
     plan.made_outputs = [((tuple(o.sizes[k] for k in range(o.ndims)), _DTYPES_OF[o.dtype]) if o.data else (None, None))

@@ -258,12 +258,17 @@ def general_fusion():
         t.mesh(range(W.size))
     a.parallelize(0, "DIDx")
     A, B = draw(W.size, 4, 8, seed=5), draw(8, 5, seed=6)
+    before = ht._torch_fast.taken() if ht._torch_fast else 0
     for scale in (3, -2):  # a new scalar value: a new plan
         ins = [A[W.rank:W.rank + 1].to(W.dev), B.to(W.dev) if W.dev.type == "cuda" else B.numpy(), scale]
         out, = ht.run(f, ins)  # copied out of hostir's buffer
         again, = ht.run(f, [ins[0] * 2] + ins[1:])  # written in place into an output made here
         close(out, torch.relu(scale * (A.double() @ B.double())), torch.float32, "run(fusion) scale %d" % scale)
         close(again, torch.relu(2 * scale * (A.double() @ B.double())), torch.float32, "run(fusion) again, scale %d" % scale)
+        third, = ht.run(f, [ins[0] * 3] + ins[1:])  # seen before: in C++ where the package has it (CUDA tensors)
+        close(third, torch.relu(3 * scale * (A.double() @ B.double())), torch.float32, "run(fusion) a third time, scale %d" % scale)
+    if ht._torch_fast and W.dev.type == "cuda" and ht._torch_fast.taken() - before != 2:
+        raise AssertionError("run(fusion): the C++ path took %d calls; 2 were seen before" % (ht._torch_fast.taken() - before))
     try:
         ht.run(f, [A[W.rank:W.rank + 1].to(W.dev), B.double().to(W.dev), 3])
     except hostir.Error as e:
