@@ -8605,7 +8605,7 @@ static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_
    B, [N, K] row-major (ldb), scaled by pa (per row of A) and pb (per N):
    single values, or vectors (cuBLASLt's outer-vector mode), or NULL (1).
    Its plan is cached by shape, dtypes and mode; *found 0: cuBLASLt has no
-   such GEMM here. */
+   such GEMM here, or the operands break its rules. */
 static cublasStatus_t hir__cuda_fp8_gemm(hir__cuda *c, hir__cuda_lane *l, hir_dtype ta, hir_dtype tb, hir_dtype tc, int64_t M, int64_t N,
                                          int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
                                          const void *pa, const void *pb, int vectors, int *found) {
@@ -8614,6 +8614,11 @@ static cublasStatus_t hir__cuda_fp8_gemm(hir__cuda *c, hir__cuda_lane *l, hir_dt
   int64_t key[9];
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   *found = 0;
+  /* cuBLASLt's fp8 rules, which its heuristic does not always check (it offered an N = 1 GEMM that wrote wrong
+     rows): K and N multiples of 16, leading dimensions of 16 bytes, the matrices (and scale vectors) 16-byte aligned */
+  if (K % 16 || N % 16 || lda % 16 || ldb % 16 || ldc * (int64_t)hir_dtype_size(tc) % 16 ||
+      ((uintptr_t)A | (uintptr_t)B | (uintptr_t)C | (vectors ? (uintptr_t)pa | (uintptr_t)pb : 0)) % 16)
+    return CUBLAS_STATUS_SUCCESS;
   if (!c->lt && (st = cublasLtCreate(&c->lt)) != CUBLAS_STATUS_SUCCESS) return st;
   key[0] = M, key[1] = N, key[2] = K, key[3] = 1000 + 100 * tc + 10 * ta + tb, key[4] = 1;
   key[5] = lda, key[6] = ldb, key[7] = ldc, key[8] = 1000 + vectors;

@@ -190,6 +190,36 @@ TEST(test_fp8_any_shape, "fp8/any_shape", TEST_CPU | TEST_GPU_WORLDS) {
   }
 }
 
+/* hir_scaled_linear whose output has a Stream axis on N: each chunk is a
+   GEMM of one output column (N 1, K 16), a strided view, with per-row and
+   per-column scales. cuBLASLt's heuristic offered an fp8 GEMM for N 1 that
+   wrote wrong rows (found by the differential check, seed 1823); such a
+   chunk goes to the widened GEMM. */
+TEST(test_fp8_stream_on_n, "fp8/stream_on_n", TEST_CPU | TEST_GPU_WORLDS) {
+  int k;
+  for (k = 0; k < 2; k++) {
+    int64_t K = 16, N = 16, sa[3] = {2, 4, K}, sw[2] = {N, K}, ssa[2] = {2, 4}, ssw[1] = {N};
+    hir_dtype out_dt = k ? HIR_BF16 : HIR_F32;
+    spmd_case c;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F8E4M3, 3), *w = hir_input(f, HIR_F8E4M3, 2);
+    hir_tv *as = hir_input(f, HIR_F32, 2), *ws = hir_input(f, HIR_F32, 1), *y = hir_scaled_linear(f, a, w, as, ws, out_dt);
+    hir_output(f, y);
+    hir_parallelize(y, 2, HIR_STREAM);
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_lowered(&c, 1, f, 4, 1);
+    c.in[0] = trand(HIR_F8E4M3, 3, sa);
+    c.in[1] = trand(HIR_F8E4M3, 2, sw);
+    c.in[2] = scale_values(2, ssa);
+    c.in[3] = scale_values(1, ssw);
+    c.out[0] = ref_scaled(&c.in[0], &c.in[1], &c.in[2], &c.in[3], out_dt);
+    c.tol = out_dt == HIR_F32 ? 1e-4 : 1.6e-2;
+    c.prealloc = k;
+    RUN_CASE(&c, "scaled_linear_stream_on_n");
+    hir_fusion_free(f);
+  }
+}
+
 /* fp8 GEMM + reduce-scatter (the row-parallel linear: K split): each rank's
    A [1 (DIDx), D, m, k] and weight [1 (DIDx), N, k], scaled_linear summed
    over the ranks, rank j keeping rows j: out [D (DIDx), m, N]; the scales

@@ -1,7 +1,7 @@
 /* Right numbers or a clear refusal on inputs that once went wrong (issue 17):
    batched matmuls stream-lowered along every axis, the automatic choice on
    empty tensors, scalar expressions that would trap, sizes that overflow,
-   HOSTIR_DUMP values, an Allreduce of nothing. Numbers against references
+   HOSTIR_DUMP values, an Allreduce of nothing, memory a backend cannot reach. Numbers against references
    computed here on random data, outputs poisoned first (the harness). */
 #include "seeds.h"
 #include "test.h"
@@ -754,4 +754,70 @@ TEST(test_robust_ranks_disagree, "robust/ranks_disagree", TEST_CPU) {
                      "every rank passes the same value");
     disagree_free(&x);
   }
+}
+
+/* A backend that cannot reach some memory (hir_backend.reachable; the CUDA
+   backend's says so of host memory from malloc and of another GPU's): a
+   tensor there is refused by name, input or output, and the evaluator runs
+   the next call on memory it reaches. The backend is asked once per
+   address of each argument. Here a CPU backend calls one buffer
+   unreachable. */
+static const void *unreachable_ptr;
+static int reachable_calls;
+static int fake_reachable(hir_backend *b, const void *ptr, char *why, size_t cap) {
+  (void)b;
+  reachable_calls++;
+  if (ptr != unreachable_ptr) return 1;
+  snprintf(why, cap, "memory this backend cannot read; copy it first");
+  return 0;
+}
+
+TEST(test_robust_unreachable_memory, "robust/unreachable_memory", TEST_CPU) {
+  int64_t n = 37, i, k;
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *x = hir_input(f, HIR_F32, 1);
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_eval_desc ed;
+  hir_lower_desc ld;
+  hir_tensor good = trand(HIR_F32, 1, &n), bad = trand(HIR_F32, 1, &n), out = tn(HIR_F32, 1, &n), got;
+  hir_output(f, hir_scalar_binary(f, HIR_BINARY_ADD, 1.5, x));
+  memset(&ed, 0, sizeof ed);
+  memset(&ld, 0, sizeof ld);
+  ed.backend = hir_backend_cpu_create();
+  ed.backend->reachable = fake_reachable;
+  unreachable_ptr = bad.data;
+  reachable_calls = 0;
+  CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  for (k = 0; ev && k < 6; k++) { /* good, good again, bad input, good, bad output, good */
+    hir_tensor in = k == 2 ? bad : good, dst = out;
+    hir_status s;
+    int refused = k == 2 || k == 4;
+    if (k == 4) dst.data = bad.data;
+    for (i = 0; i < n; i++) tset(&out, i, 1e30);
+    memset(&got, 0, sizeof got);
+    s = hir_run(ev, &in, 1, k >= 4 ? &dst : &got, 1);
+    if (s == HIR_OK) s = hir_evaluator_sync(ev);
+    if (refused) {
+      const char *want = k == 2 ? "input 0 (T0) at " : "output 0 (T1) at ";
+      if (!(s == HIR_ERR_INVALID && strstr(hir_evaluator_error(ev), want) &&
+            strstr(hir_evaluator_error(ev), "is memory this backend cannot read; copy it first (the cpu backend)")))
+        fprintf(stderr, "  call %d: %s: %s\n", (int)k, hir_status_str(s), hir_evaluator_error(ev)), hir_test_failures++;
+      continue;
+    }
+    CHECK(s == HIR_OK);
+    for (i = 0; s == HIR_OK && i < n; i++)
+      if (tget(k >= 4 ? &out : &got, i) != (double)(float)(tget(&good, i) + 1.5)) {
+        fprintf(stderr, "  call %d, element %d: %g\n", (int)k, (int)i, tget(k >= 4 ? &out : &got, i));
+        CHECK(0);
+        break;
+      }
+  }
+  /* asked of: good (the input's, kept from then on), bad (input), bad (output), out (output): what was refused is not kept */
+  if (reachable_calls != 4) fprintf(stderr, "  the backend was asked %d times; 4 expected\n", reachable_calls), hir_test_failures++;
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(ed.backend);
+  hir_fusion_free(f);
+  tfree(&good), tfree(&bad), tfree(&out);
 }
