@@ -12474,6 +12474,8 @@ HIRDEF hir_status hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, 
                 d->eval.comm && d->eval.comm->p2p_copy_engine ? ", copy-engine send/recv" : "");
   for (i = 0; i < (int)strlen(t->machine); i++) /* one line in a saved plan */
     if (t->machine[i] == '\n' || t->machine[i] == '\r') t->machine[i] = ' ';
+  if (hir_team_index(t->team, t->nteam, d->lower.my_device) < 0) /* none of the fusion's devices: every candidate does */
+    t->team[0] = d->lower.my_device, t->nteam = 1;                 /* nothing here, so this rank tunes alone */
   return HIR_OK;
 }
 

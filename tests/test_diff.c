@@ -1,16 +1,17 @@
 /* The differential check: random fusions - sets, binary ops (with broadcast
    axes), elementwise and tensor-scalar ops, sums over one or two axes,
-   selects, slices, reshapes, matmuls, split axes - on random meshes (1-D, and 2-D for one seed in
-   seven) with random DIDx, DIDy and Stream axes
-   and stream options, maybe an intermediate returned beside the result,
-   lowered for every rank of a local world and run on random data, against
-   a plain reference computed here on the whole (unsharded) tensors. Every program either gives the reference's numbers
+   selects, slices, reshapes, matmuls, split axes - on random meshes (1-D,
+   and 2-D for one seed in seven) with random DIDx, DIDy and Stream axes and
+   stream options, maybe an intermediate returned beside the result, lowered
+   for every rank of a local world (by the seed, tuned by hir_tuner) and run
+   on random data, against a plain reference computed here on the whole
+   (unsharded) tensors. Every program either gives the reference's numbers
    on every rank, or is refused: by every rank's lowering, with one message,
-   or by a run, with a message that is neither an internal error nor a
-   timeout. HIR_DIFF_PROGRAMS=N sets how many (make test: 300; make diff:
-   10,000); a failure prints its seed and the fusion, HIR_DIFF_SEED=S runs
-   (and prints) only that program, HIR_DIFF_VERBOSE=1 says why each refused
-   program was refused. */
+   or by a run on every rank, with a message that is neither an internal
+   error nor a timeout. HIR_DIFF_PROGRAMS=N sets how many (make test: 300;
+   make diff: 10,000); a failure prints its seed and the fusion,
+   HIR_DIFF_SEED=S runs (and prints) only that program, HIR_DIFF_VERBOSE=1
+   says why each refused program was refused. */
 #include "seeds.h"
 #include "test.h"
 
@@ -537,12 +538,25 @@ static int diff_check(hir_backend *b, const hir_tensor *got_there, const hir_ten
   return ok;
 }
 
+/* What runs a program: its evaluator, or (by the seed) a tuner that times
+   the candidate schedules on every rank, agrees on one, and runs it. */
+typedef struct diff_runner {
+  hir_evaluator *ev;
+  hir_tuner *tuner;
+} diff_runner;
+
+static hir_status diff_run(diff_runner *r, hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  hir_status s = r->tuner ? hir_tuner_run(r->tuner, in, nin, out, nout) : hir_run(r->ev, in, nin, out, nout);
+  return s != HIR_OK ? s : r->tuner ? hir_tuner_sync(r->tuner) : hir_evaluator_sync(r->ev);
+}
+static const char *diff_error(const diff_runner *r) { return r->tuner ? hir_tuner_error(r->tuner) : hir_evaluator_error(r->ev); }
+
 static hir_status diff_rank(int rank, void *user) {
   diff_prog *x = (diff_prog *)user;
   hir_lower_desc ld = x->ld;
   hir_eval_desc ed;
   hir_program *p = NULL;
-  hir_evaluator *ev = NULL;
+  diff_runner run = {NULL, NULL};
   hir_tensor whole[8], in[8], out[2], mine[2]; /* inputs: 1-2, and a matmul's 1 or a scaled linear's 3 */
   int i, o;
   char *err = x->error[rank], what[64];
@@ -574,8 +588,15 @@ static hir_status diff_rank(int rank, void *user) {
     mine[o] = shard(&want, hir_program_output(p, o), rank);
     tfree(&want);
   }
-  if ((x->status[rank] = hir_evaluator_create(p, &ed, &ev)) == HIR_OK &&
-      (x->status[rank] = hir_run(ev, din, x->nin, out, x->nout)) == HIR_OK && (x->status[rank] = hir_evaluator_sync(ev)) == HIR_OK) {
+  if (x->seed % 41 == 20) { /* by the seed: tuned on the ranks (a few runs of each candidate) */
+    hir_tune_desc td;
+    memset(&td, 0, sizeof td);
+    td.lower = ld, td.eval = ed, td.warmup = 2, td.iters = 1;
+    x->status[rank] = hir_tuner_create(x->f, &td, &run.tuner);
+  } else {
+    x->status[rank] = hir_evaluator_create(p, &ed, &run.ev);
+  }
+  if (x->status[rank] == HIR_OK && (x->status[rank] = diff_run(&run, din, x->nin, out, x->nout)) == HIR_OK) {
     for (o = 0; o < x->nout && x->status[rank] == HIR_OK; o++) {
       snprintf(what, sizeof what, "output %d", o);
       if (!diff_check(b, &out[o], &mine[o], err, what)) x->status[rank] = HIR_ERR_INTERNAL; /* a wrong number */
@@ -590,8 +611,8 @@ static hir_status diff_rank(int rank, void *user) {
         tfree(&poison);
       }
       memset(again, 0, sizeof again);
-      if ((x->status[rank] = hir_run(ev, din, x->nin, again, x->nout)) != HIR_OK || (x->status[rank] = hir_evaluator_sync(ev)) != HIR_OK) {
-        snprintf(err, 512, "graph run %d: %.480s", k + 2, hir_evaluator_error(ev));
+      if ((x->status[rank] = diff_run(&run, din, x->nin, again, x->nout)) != HIR_OK) {
+        snprintf(err, 512, "graph run %d: %.480s", k + 2, diff_error(&run));
         break;
       }
       for (o = 0; o < x->nout && x->status[rank] == HIR_OK; o++) {
@@ -615,8 +636,8 @@ static hir_status diff_rank(int rank, void *user) {
         }
         dgiven[o] = to_backend(b, &given[o]);
       }
-      if ((x->status[rank] = hir_run(ev, drin, x->nin, dgiven, x->nout)) != HIR_OK || (x->status[rank] = hir_evaluator_sync(ev)) != HIR_OK)
-        snprintf(err, 512, "run 2: %.480s", hir_evaluator_error(ev));
+      if ((x->status[rank] = diff_run(&run, drin, x->nin, dgiven, x->nout)) != HIR_OK)
+        snprintf(err, 512, "run 2: %.480s", diff_error(&run));
       for (o = 0; o < x->nout && x->status[rank] == HIR_OK; o++) {
         snprintf(what, sizeof what, "run 2 (strided), output %d", o);
         if (mine[o].data && !diff_check(b, &dgiven[o], &mine[o], err, what)) x->status[rank] = HIR_ERR_INTERNAL;
@@ -631,10 +652,10 @@ static hir_status diff_rank(int rank, void *user) {
       }
     }
   } else {
-    snprintf(err, 512, "%s", hir_evaluator_error(ev));
+    snprintf(err, 512, "%.500s", diff_error(&run));
   }
-  hir_evaluator_free(ev); /* before the inputs' device copies go: a failed run may still have work queued on them */
-  ev = NULL;
+  hir_evaluator_free(run.ev); /* before the inputs' device copies go: a failed run may still have work queued on them */
+  hir_tuner_free(run.tuner);
   for (i = 0; i < x->nin; i++) {
     backend_free(b, &in[i], &din[i]);
     tfree(&whole[i]);
@@ -674,6 +695,8 @@ static int diff_one(uint64_t seed, diff_target *target, int *how) {
       if (x.status[i] == HIR_ERR_INTERNAL || x.status[i] == HIR_ERR_TIMEOUT) ok = 0;
       else if (x.status[i] != HIR_OK) refused_run = 1;
     }
+    for (i = 0; i < x.world && ok && refused_run; i++) /* refused by a run: on every rank, none returning success */
+      ok = x.status[i] != HIR_OK;
     for (i = 1; i < x.world && ok && lowered == 0; i++) /* refused by every lowering: with one message */
       ok = x.status[i] == x.status[0] && !strcmp(x.error[i], x.error[0]);
     if (ok && lowered && lowered < x.world) ok = 0; /* some ranks lowered, some did not */

@@ -293,6 +293,45 @@ TEST(test_tune_failing_ranks, "tune/failing_and_absent_ranks", TEST_CPU) {
   tune_end(&x);
 }
 
+/* A rank that is none of the fusion's devices (the AG+GEMM on devices 0
+   and 1 of a world of 3): its tuner has nobody to agree with and nothing to
+   run, so it tunes alone and its runs return success with no outputs; the
+   others tune together and give A x B. It once asked for the team of the
+   fusion's devices, which it is not in, and failed alone (found by the
+   differential check's tuned programs, seed 5637). */
+static hir_status tune_outside_rank(int rank, void *user) {
+  tune_ctx *x = (tune_ctx *)user;
+  hir_tune_desc d = tune_desc(x, rank);
+  hir_tuner *t = NULL;
+  hir_tensor in[2], out;
+  hir_status s;
+  if (rank < 2) return tune_rank(rank, user);
+  memset(in, 0, sizeof in); /* inputs that live elsewhere: empty */
+  memset(&out, 0, sizeof out);
+  if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK && (s = hir_tuner_run(t, in, 2, &out, 1)) == HIR_OK) s = hir_tuner_sync(t);
+  tune_note(x, t, rank, s);
+  if (s == HIR_OK && (out.data || out.ndims)) snprintf(x->err[rank], sizeof x->err[rank], "an output on a rank outside the fusion");
+  hir_tuner_free(t);
+  return s;
+}
+
+TEST(test_tune_rank_outside, "tune/rank_outside_fusion", TEST_CPU) {
+  static const int mesh[2] = {0, 1};
+  tune_ctx x;
+  seed sd;
+  int r;
+  tune_begin(&x, 3, 4, 8, 6); /* a world of 3 */
+  hir_fusion_free(x.f);
+  seed_ag_matmul_p2p(&sd, hir_fusion_create(), 2, mesh);
+  x.f = sd.f;
+  x.D = 2; /* the rows gathered: devices 0 and 1's */
+  CHECK(hir_spmd(3, tune_outside_rank, &x) == HIR_OK);
+  for (r = 0; r < 3; r++)
+    if (!EXPECT(x.st[r] == HIR_OK && !x.err[r][0] && (r == 2 || x.worst[r] < 1e-4)))
+      fprintf(stderr, "  rank %d: %s: %s (worst %g)\n", r, hir_status_str(x.st[r]), x.err[r], x.worst[r]);
+  tune_end(&x);
+}
+
 /* A backend whose GEMMs are wrong off the caller's stream (the pipelines'
    streams): the tuner must drop every pipeline, naming why, and choose
    serial on every rank. */
