@@ -8698,26 +8698,16 @@ static hir_status hir__cuda_fp8_widened(hir_backend *b, hir__cuda_lane *l, hir_d
 
 /* The scales of an fp8 GEMM [..., M, N] as dense f32 vectors: a's [M]
    (N dropped), b's [N], single values repeated; *pa, *pb where they are. */
-static hir_status hir__cuda_fp8_scales(hir_backend *b, hir__cuda_lane *l, const hir_tensor *sa, const hir_tensor *sb, int64_t M,
-                                       int64_t N, const void **pa, const void **pb) {
+static hir_status hir__cuda_fp8_scales(hir_backend *b, hir__cuda_lane *l, const hir_tensor *sa, const hir_tensor *sb, int64_t N,
+                                       const void **pa, const void **pb) {
   hir_tensor va = *sa, vb = *sb, dense;
   hir_status hs;
   va.ndims = sa->ndims - 1;
   vb.ndims = 1, vb.sizes[0] = N, vb.strides[0] = sb->strides[sb->ndims - 1];
-  if (!hir__is_contiguous(&va)) {
-    dense = va;
-    if ((hs = hir__cuda_scratch(b, l, 0, (size_t)M * sizeof(float), &dense.data)) != HIR_OK) return hs;
-    hir__contiguous_strides(&dense);
-    if ((hs = hir__cuda_copy(b, l->stream, &dense, &va)) != HIR_OK) return hs;
-    *pa = dense.data;
-  }
-  if (vb.strides[0] != 1 && N > 1) {
-    dense = vb;
-    if ((hs = hir__cuda_scratch(b, l, 2, (size_t)N * sizeof(float), &dense.data)) != HIR_OK) return hs;
-    dense.strides[0] = 1;
-    if ((hs = hir__cuda_copy(b, l->stream, &dense, &vb)) != HIR_OK) return hs;
-    *pb = dense.data;
-  }
+  if ((hs = hir__cuda_dense(b, l, 0, &va, &va, &dense)) != HIR_OK) return hs;
+  *pa = dense.data;
+  if ((hs = hir__cuda_dense(b, l, 2, &vb, &vb, &dense)) != HIR_OK) return hs;
+  *pb = dense.data;
   return HIR_OK;
 }
 
@@ -8775,13 +8765,13 @@ static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hi
   }
   for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
   for (d = 0; d < nd; d++) vectors |= sa->strides[d] != 0 || sb->strides[d] != 0;
-  if (vectors && (hs = hir__cuda_fp8_scales(b, l, sa, sb, M, N, &pa, &pb)) != HIR_OK) return hs;
+  if (vectors && (hs = hir__cuda_fp8_scales(b, l, sa, sb, N, &pa, &pb)) != HIR_OK) return hs;
   st = hir__cuda_fp8_gemm(c, l, a->dtype, x->dtype, dst->dtype, M, N, K, A.data, lda, B.data, ldb, C.data, ldc, pa, pb, vectors,
                           &found);
   if (st != CUBLAS_STATUS_SUCCESS) return hir__cuda_fail(b, "cublasLtMatmul (fp8)", cublasGetStatusString(st), __FILE__, __LINE__);
   if (found) return copy_out ? hir__cuda_copy(b, l->stream, dst, &C) : HIR_OK;
   /* none here: unscaled into f32, then the scales by the elementwise kernel */
-  if (!vectors && (hs = hir__cuda_fp8_scales(b, l, sa, sb, M, N, &pa, &pb)) != HIR_OK) return hs;
+  if (!vectors && (hs = hir__cuda_fp8_scales(b, l, sa, sb, N, &pa, &pb)) != HIR_OK) return hs;
   { /* raw f32 [M, N] from cuBLASLt's fp8 GEMM without scales, or else from the widened values; then both scales */
     hir_tensor raw = *dst;
     raw.dtype = HIR_F32;

@@ -1344,47 +1344,26 @@ static int staged_out(hir_comm *c, void *dev, const void *host, size_t bytes, vo
   return 1;
 }
 
-/* One collective: the send side staged in, the local world's op on host
-   memory, the receive side staged out. in/out: their bytes (0: none here). */
-static hir_status staged_collective(hir_comm *c, void *team, const void *send, size_t in, void *recv, size_t out,
-                                    void *stream, hir_status (*op)(hir_comm *local, void *team, const void *send, void *recv,
-                                                                   void *arg),
-                                    void *arg) {
-  staged_comm *sc = (staged_comm *)c;
-  void *hs = NULL, *hr = NULL;
-  hir_status s = HIR_ERR_BACKEND;
-  sc->local->what = c->what;
-  if (staged_in(c, send, in, stream, &hs) && (!recv || !out || (hr = calloc(1, out)))) {
-    s = op(sc->local, team, hs, hr, arg);
-    if (s != HIR_OK) snprintf(c->error, sizeof c->error, "%s", sc->local->error);
-    else if (!staged_out(c, recv, hr, out, stream)) s = HIR_ERR_BACKEND;
-  }
+/* A collective's two halves around the local world's op on host memory:
+   the send side staged in and room for the receive side (in, out: their
+   bytes, 0 for none here); then the receive side staged out. */
+static hir_status staged_begin(hir_comm *c, const void *send, size_t in, void *recv, size_t out, void *stream, void **hs,
+                               void **hr) {
+  hir_comm *l = ((staged_comm *)c)->local;
+  l->what = c->what;
+  l->error[0] = '\0'; /* set again only by the op */
+  *hr = NULL;
+  if (!staged_in(c, send, in, stream, hs)) return HIR_ERR_BACKEND;
+  if (recv && out && !(*hr = calloc(1, out))) return staged_fail(c, "calloc", cudaErrorMemoryAllocation), HIR_ERR_BACKEND;
+  return HIR_OK;
+}
+static hir_status staged_end(hir_comm *c, hir_status s, void *recv, size_t out, void *stream, void *hs, void *hr) {
+  hir_comm *l = ((staged_comm *)c)->local;
+  if (s != HIR_OK && l->error[0]) snprintf(c->error, sizeof c->error, "%s", l->error);
+  else if (s == HIR_OK && !staged_out(c, recv, hr, out, stream)) s = HIR_ERR_BACKEND;
   free(hs);
   free(hr);
   return s;
-}
-
-typedef struct staged_args { size_t count, bytes; hir_dtype dtype; int root; } staged_args;
-static hir_status staged_op_allgather(hir_comm *l, void *t, const void *s, void *r, void *a) {
-  return l->allgather(l, t, s, r, ((staged_args *)a)->bytes, NULL);
-}
-static hir_status staged_op_allreduce(hir_comm *l, void *t, const void *s, void *r, void *a) {
-  return l->allreduce(l, t, s, r, ((staged_args *)a)->count, ((staged_args *)a)->dtype, NULL);
-}
-static hir_status staged_op_reduce_scatter(hir_comm *l, void *t, const void *s, void *r, void *a) {
-  return l->reduce_scatter(l, t, s, r, ((staged_args *)a)->count, ((staged_args *)a)->dtype, NULL);
-}
-static hir_status staged_op_reduce(hir_comm *l, void *t, const void *s, void *r, void *a) {
-  return l->reduce(l, t, s, r, ((staged_args *)a)->count, ((staged_args *)a)->dtype, ((staged_args *)a)->root, NULL);
-}
-static hir_status staged_op_broadcast(hir_comm *l, void *t, const void *s, void *r, void *a) {
-  return l->broadcast(l, t, s, r, ((staged_args *)a)->bytes, ((staged_args *)a)->root, NULL);
-}
-static hir_status staged_op_gather(hir_comm *l, void *t, const void *s, void *r, void *a) {
-  return l->gather(l, t, s, r, ((staged_args *)a)->bytes, ((staged_args *)a)->root, NULL);
-}
-static hir_status staged_op_scatter(hir_comm *l, void *t, const void *s, void *r, void *a) {
-  return l->scatter(l, t, s, r, ((staged_args *)a)->bytes, ((staged_args *)a)->root, NULL);
 }
 
 static size_t staged_team_size(void *team) { return (size_t)((hir__lw_team *)team)->n; }
@@ -1396,35 +1375,58 @@ static hir_status staged_team(hir_comm *c, const int *devices, int n, void **tea
   return s;
 }
 static hir_status staged_allgather(hir_comm *c, void *t, const void *s, void *r, size_t bytes, void *st) {
-  staged_args a = {0, bytes, HIR_F32, -1};
-  return staged_collective(c, t, s, bytes, r, bytes * staged_team_size(t), st, staged_op_allgather, &a);
+  hir_comm *l = ((staged_comm *)c)->local;
+  size_t out = bytes * staged_team_size(t);
+  void *hs, *hr;
+  hir_status e = staged_begin(c, s, bytes, r, out, st, &hs, &hr);
+  if (e == HIR_OK) e = l->allgather(l, t, hs, hr, bytes, NULL);
+  return staged_end(c, e, r, out, st, hs, hr);
 }
 static hir_status staged_allreduce(hir_comm *c, void *t, const void *s, void *r, size_t count, hir_dtype dt, void *st) {
-  staged_args a = {count, 0, dt, -1};
-  return staged_collective(c, t, s, count * hir_dtype_size(dt), r, count * hir_dtype_size(dt), st, staged_op_allreduce, &a);
+  hir_comm *l = ((staged_comm *)c)->local;
+  size_t bytes = count * hir_dtype_size(dt);
+  void *hs, *hr;
+  hir_status e = staged_begin(c, s, bytes, r, bytes, st, &hs, &hr);
+  if (e == HIR_OK) e = l->allreduce(l, t, hs, hr, count, dt, NULL);
+  return staged_end(c, e, r, bytes, st, hs, hr);
 }
 static hir_status staged_reduce_scatter(hir_comm *c, void *t, const void *s, void *r, size_t count, hir_dtype dt, void *st) {
-  staged_args a = {count, 0, dt, -1};
-  return staged_collective(c, t, s, count * hir_dtype_size(dt) * staged_team_size(t), r, count * hir_dtype_size(dt), st,
-                           staged_op_reduce_scatter, &a);
+  hir_comm *l = ((staged_comm *)c)->local;
+  size_t bytes = count * hir_dtype_size(dt);
+  void *hs, *hr;
+  hir_status e = staged_begin(c, s, bytes * staged_team_size(t), r, bytes, st, &hs, &hr);
+  if (e == HIR_OK) e = l->reduce_scatter(l, t, hs, hr, count, dt, NULL);
+  return staged_end(c, e, r, bytes, st, hs, hr);
 }
 static hir_status staged_reduce(hir_comm *c, void *t, const void *s, void *r, size_t count, hir_dtype dt, int root, void *st) {
-  staged_args a = {count, 0, dt, root};
-  return staged_collective(c, t, s, count * hir_dtype_size(dt), r, c->rank == root ? count * hir_dtype_size(dt) : 0, st,
-                           staged_op_reduce, &a);
+  hir_comm *l = ((staged_comm *)c)->local;
+  size_t bytes = count * hir_dtype_size(dt), out = c->rank == root ? bytes : 0;
+  void *hs, *hr;
+  hir_status e = staged_begin(c, s, bytes, r, out, st, &hs, &hr);
+  if (e == HIR_OK) e = l->reduce(l, t, hs, hr, count, dt, root, NULL);
+  return staged_end(c, e, r, out, st, hs, hr);
 }
 static hir_status staged_broadcast(hir_comm *c, void *t, const void *s, void *r, size_t bytes, int root, void *st) {
-  staged_args a = {0, bytes, HIR_F32, root};
-  return staged_collective(c, t, s, c->rank == root ? bytes : 0, r, bytes, st, staged_op_broadcast, &a);
+  hir_comm *l = ((staged_comm *)c)->local;
+  void *hs, *hr;
+  hir_status e = staged_begin(c, s, c->rank == root ? bytes : 0, r, bytes, st, &hs, &hr);
+  if (e == HIR_OK) e = l->broadcast(l, t, hs, hr, bytes, root, NULL);
+  return staged_end(c, e, r, bytes, st, hs, hr);
 }
 static hir_status staged_gather(hir_comm *c, void *t, const void *s, void *r, size_t bytes, int root, void *st) {
-  staged_args a = {0, bytes, HIR_F32, root};
-  size_t chunks = staged_team_size(t) - (s ? 0 : 1); /* a root without data receives the others' */
-  return staged_collective(c, t, s, bytes, r, c->rank == root ? bytes * chunks : 0, st, staged_op_gather, &a);
+  hir_comm *l = ((staged_comm *)c)->local;
+  size_t chunks = staged_team_size(t) - (s ? 0 : 1), out = c->rank == root ? bytes * chunks : 0; /* a root without data: the others' */
+  void *hs, *hr;
+  hir_status e = staged_begin(c, s, bytes, r, out, st, &hs, &hr);
+  if (e == HIR_OK) e = l->gather(l, t, hs, hr, bytes, root, NULL);
+  return staged_end(c, e, r, out, st, hs, hr);
 }
 static hir_status staged_scatter(hir_comm *c, void *t, const void *s, void *r, size_t bytes, int root, void *st) {
-  staged_args a = {0, bytes, HIR_F32, root};
-  return staged_collective(c, t, s, c->rank == root ? bytes * staged_team_size(t) : 0, r, bytes, st, staged_op_scatter, &a);
+  hir_comm *l = ((staged_comm *)c)->local;
+  void *hs, *hr;
+  hir_status e = staged_begin(c, s, c->rank == root ? bytes * staged_team_size(t) : 0, r, bytes, st, &hs, &hr);
+  if (e == HIR_OK) e = l->scatter(l, t, hs, hr, bytes, root, NULL);
+  return staged_end(c, e, r, bytes, st, hs, hr);
 }
 
 static hir_status staged_group_start(hir_comm *c) {
