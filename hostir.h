@@ -8465,10 +8465,6 @@ static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tenso
     snprintf(b->error, sizeof b->error, "cuda backend: matmul output must have rows of unit stride");
     return HIR_ERR_UNSUPPORTED;
   }
-  if (K == 0) { /* an empty contraction: zeros */
-    HIR__CU(b, cudaMemsetAsync(C.data, 0, (size_t)hir__numel(nd, dst->sizes) * es, l->stream));
-    return HIR_OK;
-  }
   for (d = 0; d < nb; d++) {
     bsz[d] = dst->sizes[d];
     bst[0][d] = C.strides[d];
@@ -8486,10 +8482,14 @@ static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tenso
       pa += idx[k] * bst[1][k] * (int64_t)es;
       pb += idx[k] * bst[2][k] * (int64_t)es;
     }
-    /* row-major C = A B is column-major C^T = B^T A^T */
-    HIR__BLAS(b, cublasGemmStridedBatchedEx(l->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M,
-                                            (int)K, one, pb, t, (int)ldb, sb, pa, t, (int)lda, sa, zero, pc, t, (int)ldc, sc,
-                                            (int)count, ct, CUBLAS_GEMM_DEFAULT));
+    if (K == 0) /* an empty contraction: zeros, row by row (the bytes between C's rows are not C's) */
+      for (d = 0; d < count; d++)
+        HIR__CU(b, cudaMemset2DAsync(pc + d * sc * (long long)es, (size_t)(M > 1 ? ldc : N) * es, 0, (size_t)N * es, (size_t)M,
+                                     l->stream));
+    else /* row-major C = A B is column-major C^T = B^T A^T */
+      HIR__BLAS(b, cublasGemmStridedBatchedEx(l->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N,
+                                              (int)M, (int)K, one, pb, t, (int)ldb, sb, pa, t, (int)lda, sa, zero, pc, t, (int)ldc,
+                                              sc, (int)count, ct, CUBLAS_GEMM_DEFAULT));
     for (k = nbd - 2; k >= 0; k--) {
       if (++idx[k] < bsz[k]) break;
       idx[k] = 0;

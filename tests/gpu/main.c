@@ -926,6 +926,44 @@ TEST(test_gpu_strided_copy, "gpu/strided_copy", TEST_GPU) {
   hir_backend_free(be);
 }
 
+/* A matmul with K = 0 writes zeros into C and nothing between its rows or
+   batches (a chunk's output, or a caller's padded tensor: others' bytes):
+   on C [2, 3, 4] with strides 40, 6, 1, the gaps keep their poison. The
+   CPU backend, then the CUDA one. */
+TEST(test_gpu_empty_contraction, "gpu/empty_contraction", TEST_GPU) {
+  int k;
+  for (k = 0; k < 2; k++) {
+    hir_backend *be = k ? hir_backend_cuda_create(0) : hir_backend_cpu_create();
+    hir_tensor a, x, c;
+    float host[80];
+    int64_t i;
+    void *buf = NULL;
+    CHECK(be != NULL);
+    if (!be) return;
+    memset(&a, 0, sizeof a);
+    a.dtype = HIR_F32, a.ndims = 3;
+    a.sizes[0] = 2, a.sizes[1] = 3, a.sizes[2] = 0, a.strides[0] = a.strides[1] = a.strides[2] = 1;
+    x = a, c = a;
+    x.sizes[1] = 0, x.sizes[2] = 4;
+    c.sizes[2] = 4, c.strides[0] = 40, c.strides[1] = 6;
+    for (i = 0; i < 80; i++) host[i] = -1000.0f - (float)i;
+    CHECK(be->alloc(be, sizeof host, &buf) == HIR_OK && be->upload(be, buf, host, sizeof host) == HIR_OK);
+    a.data = x.data = c.data = buf; /* A and B hold nothing */
+    CHECK(be->matmul(be, NULL, &c, &a, &x) == HIR_OK);
+    CHECK(be->stream_synchronize(be, NULL) == HIR_OK && be->download(be, host, buf, sizeof host) == HIR_OK);
+    for (i = 0; i < 80; i++) {
+      int in_c = i / 40 < 2 && i % 40 < 18 && i % 40 % 6 < 4;
+      if (host[i] != (in_c ? 0.0f : -1000.0f - (float)i)) {
+        fprintf(stderr, "  %s backend: element %lld is %g\n", be->name, (long long)i, host[i]);
+        hir_test_failures++;
+        break;
+      }
+    }
+    be->release(be, buf);
+    hir_backend_free(be);
+  }
+}
+
 /* The timeline on two GPUs: the pipelined AG+GEMM runs twice while
    recording; the GPU spans (timing events) must lie on the stream tracks in
    order, start no earlier than the host issued them, and the matmuls must
