@@ -11,7 +11,8 @@
    error nor a timeout. HIR_DIFF_PROGRAMS=N sets how many (make test: 300;
    make diff: 10,000); a failure prints its seed and the fusion,
    HIR_DIFF_SEED=S runs (and prints) only that program, HIR_DIFF_VERBOSE=1
-   says why each refused program was refused. */
+   says why each refused program was refused. One program in 21 is bf16 or
+   f16 (diff_dtype: HIR_DIFF_LOW_PRECISION=1 makes them all so). */
 #include "seeds.h"
 #include "test.h"
 
@@ -30,6 +31,8 @@ typedef struct diff_tv {
   int nd;                      /* data axes */
   int64_t sizes[HIR_MAX_DIMS];
   double *v;
+  double bound;                /* no value's magnitude exceeds it (low-precision programs' tolerances) */
+  int inexact;                 /* bf16 or f16 values the op may round otherwise than the reference (diff_finish) */
 } diff_tv;
 
 /* Where programs run. NULL (make test): the local world's ranks on the
@@ -50,6 +53,7 @@ typedef struct diff_prog {
   int nout, outs[2];           /* the program's outputs: indices into t */
   int world, ntv, nin, nstreams;
   int rows, cols, reversed;    /* a program on one 2-D mesh of the world (rows x cols, devices maybe reversed); 0: 1-D meshes */
+  hir_dtype dt;                /* its tensors' dtype: f32, or by the seed bf16 or f16 (diff_dtype) */
   diff_tv t[DIFF_MAX_TVS];
   hir_lower_desc ld;
   /* per rank, after a run */
@@ -89,6 +93,62 @@ static diff_tv *diff_new(diff_prog *p, hir_tv *tv, int nd, const int64_t *sizes)
   t->nd = nd;
   memcpy(t->sizes, sizes, (size_t)nd * sizeof(int64_t));
   t->v = (double *)calloc((size_t)(n ? n : 1), sizeof(double));
+  return t;
+}
+
+/* By the seed (one in 43 each), a program in bf16 or in f16: its inputs
+   halves in [-3, 3], every op's result rounded by the reference as the op
+   stores it (diff_finish). The other seeds' programs stay f32, unless
+   HIR_DIFF_LOW_PRECISION=1: every program bf16 (even seeds) or f16. */
+static hir_dtype diff_dtype(uint64_t seed) {
+  if (getenv("HIR_DIFF_LOW_PRECISION")) return seed % 2 ? HIR_F16 : HIR_BF16;
+  return seed % 43 == 21 ? HIR_BF16 : seed % 43 == 42 ? HIR_F16 : HIR_F32;
+}
+static int diff_bits(hir_dtype dt) { return dt == HIR_BF16 ? 8 : dt == HIR_F16 ? 11 : 24; } /* significand bits */
+
+static double diff_input_value(diff_rng *r, const diff_prog *p) {
+  return p->dt != HIR_F32 ? (double)(diff_next(r, 13) - 6) / 2.0 : (double)(diff_next(r, 2001) - 1000) / 256.0;
+}
+
+/* The smallest q such that every value of t is a multiple of 2^-q (at most 60). */
+static int diff_grain(const diff_tv *t) {
+  int64_t i;
+  int q = 0;
+  for (i = 0; i < diff_numel(t->nd, t->sizes); i++)
+    while (q < 60 && ldexp(t->v[i], q) != floor(ldexp(t->v[i], q))) q++;
+  return q;
+}
+
+static double diff_max_abs(const diff_tv *t) {
+  int64_t i;
+  double m = 0;
+  for (i = 0; i < diff_numel(t->nd, t->sizes); i++) m = fabs(t->v[i]) > m ? fabs(t->v[i]) : m;
+  return m;
+}
+
+/* After an op's exact values: each rounded to t's dtype where it is bf16 or
+   f16, as the op stores it. The op may sum in another order than the
+   reference, and round its partial sums (a sum's local part before the
+   collective, a chunk of K): those are all exact where the terms of
+   element i, multiples of 2^-q, have absolute values summing to at most
+   abs_sum[i] < 2^(significand bits - q). Else, or from an inexact operand,
+   t is inexact: compared within a tolerance of its bound. An f16 value out
+   of its range makes t unusable (inexact 2: the program is not run). */
+static void diff_finish(diff_tv *t, const double *abs_sum, int q, int inexact) {
+  int64_t i;
+  t->inexact = inexact;
+  if (t->dt != HIR_BF16 && t->dt != HIR_F16) return;
+  for (i = 0; i < diff_numel(t->nd, t->sizes); i++) {
+    if (abs_sum && ldexp(abs_sum[i], q) > ldexp(1.0, diff_bits(t->dt)) && !t->inexact) t->inexact = 1;
+    if (t->dt == HIR_F16 && fabs(t->v[i]) > 32768) t->inexact = 2;
+    t->v[i] = t->dt == HIR_BF16 ? hir_bf16_to_float(hir_float_to_bf16((float)t->v[i])) : hir_half_to_float(hir_float_to_half((float)t->v[i]));
+  }
+}
+
+/* t is a's values moved or viewed. */
+static diff_tv *diff_like(diff_tv *t, const diff_tv *a) {
+  t->bound = a->bound;
+  t->inexact = a->inexact;
   return t;
 }
 
@@ -137,19 +197,27 @@ static void diff_place(diff_rng *r, diff_prog *p, diff_tv *t, int meshless) {
 /* t = sum of a over data axis ax; with mean, divided by its whole extent
    (hir_mean: a sharded axis counts every device's part). */
 static diff_tv *diff_reduce(diff_prog *p, diff_tv *a, int ax, int mean) {
-  int64_t sz[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, oidx[HIR_MAX_DIMS], k;
+  int64_t sz[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, oidx[HIR_MAX_DIMS], k, across = a->sizes[ax];
   int i, n = 0;
   diff_tv *t;
+  double *abs_sum;
   for (i = 0; i < a->nd; i++)
     if (i != ax) sz[n++] = a->sizes[i];
   t = diff_new(p, mean ? hir_mean(p->f, a->tv, 1, &ax) : hir_sum(p->f, a->tv, 1, &ax), n, sz);
+  abs_sum = (double *)calloc((size_t)diff_numel(n, sz) + 1, sizeof(double));
   if (diff_numel(a->nd, a->sizes))
     do {
+      int64_t at;
       for (i = 0, n = 0; i < a->nd; i++)
         if (i != ax) oidx[n++] = idx[i];
-      t->v[diff_off(t->nd, t->sizes, oidx)] += a->v[diff_off(a->nd, a->sizes, idx)];
+      at = diff_off(t->nd, t->sizes, oidx);
+      t->v[at] += a->v[diff_off(a->nd, a->sizes, idx)];
+      abs_sum[at] += fabs(a->v[diff_off(a->nd, a->sizes, idx)]);
     } while (diff_step(a->nd, a->sizes, idx));
-  for (k = 0; mean && k < diff_numel(t->nd, t->sizes); k++) t->v[k] /= (double)a->sizes[ax];
+  for (k = 0; mean && k < diff_numel(t->nd, t->sizes); k++) t->v[k] /= (double)across;
+  t->bound = mean ? a->bound : (double)across * a->bound;
+  diff_finish(t, abs_sum, diff_grain(a), a->inexact || (mean && (across & (across - 1)))); /* dividing by 3: rounded twice maybe */
+  free(abs_sum);
   return t;
 }
 
@@ -160,11 +228,17 @@ static diff_tv *diff_sum2(diff_prog *p, diff_tv *a, int ax0, int ax1) {
   int64_t idx[HIR_MAX_DIMS] = {0};
   int axes[2], keep = 3 - ax0 - ax1;
   diff_tv *t;
+  double *abs_sum = (double *)calloc((size_t)a->sizes[keep] + 1, sizeof(double));
   axes[0] = ax0, axes[1] = ax1;
   t = diff_new(p, hir_sum(p->f, a->tv, 2, axes), 1, &a->sizes[keep]);
   if (diff_numel(a->nd, a->sizes))
-    do t->v[idx[keep]] += a->v[diff_off(a->nd, a->sizes, idx)];
-    while (diff_step(a->nd, a->sizes, idx));
+    do {
+      t->v[idx[keep]] += a->v[diff_off(a->nd, a->sizes, idx)];
+      abs_sum[idx[keep]] += fabs(a->v[diff_off(a->nd, a->sizes, idx)]);
+    } while (diff_step(a->nd, a->sizes, idx));
+  t->bound = (double)(a->sizes[ax0] * a->sizes[ax1]) * a->bound;
+  diff_finish(t, abs_sum, diff_grain(a), a->inexact);
+  free(abs_sum);
   return t;
 }
 
@@ -182,6 +256,8 @@ static diff_tv *diff_binary(diff_prog *p, int op, diff_tv *a, diff_tv *b, int ba
       y = b->v[diff_off(b->nd, b->sizes, bidx)];
       t->v[diff_off(t->nd, t->sizes, idx)] = op == 0 ? x + y : op == 1 ? x - y : x * y;
     } while (diff_step(a->nd, a->sizes, idx));
+  t->bound = op == 2 ? a->bound * b->bound : a->bound + b->bound;
+  diff_finish(t, NULL, 0, a->inexact || b->inexact);
   return t;
 }
 
@@ -203,6 +279,8 @@ static diff_tv *diff_unary(diff_prog *p, int which, diff_tv *a) {
     double x = a->v[i];
     t->v[i] = which == 0 ? (x > 0 ? x : 0) : which == 1 ? fabs(x) : which == 2 ? -x : which == 3 ? x * 0.5 : which == 4 ? x + 1.25 : 2 - x;
   }
+  t->bound = which == 3 ? a->bound * 0.5 : which == 4 ? a->bound + 1.25 : which == 5 ? a->bound + 2 : a->bound;
+  diff_finish(t, NULL, 0, a->inexact);
   return t;
 }
 
@@ -241,6 +319,8 @@ static diff_tv *diff_layer_norm(diff_rng *r, diff_prog *p, diff_tv *a) {
     for (k = 0; k < C; k++) var += (a->v[m * C + k] - mean) * (a->v[m * C + k] - mean) / (double)C;
     for (k = 0; k < C; k++) t->v[m * C + k] = (a->v[m * C + k] - mean) / sqrt(var + 1e-5) * (w ? w->v[k] : 1);
   }
+  t->bound = sqrt((double)C) * (w ? w->bound : 1);
+  diff_finish(t, NULL, 0, 1);
   return t;
 }
 
@@ -257,7 +337,7 @@ static diff_tv *diff_view(diff_prog *p, int which, diff_tv *a, int ax) {
     if (a->nd >= 2) sz[nd++] = a->sizes[0] ? n / a->sizes[0] : 0;
     t = diff_new(p, tv, nd, sz);
     memcpy(t->v, a->v, (size_t)n * sizeof(double));
-    return t;
+    return diff_like(t, a);
   }
   for (i = 0; i < a->nd; i++)
     if (i != ax || which == 1) sz[nd++] = i == ax ? 1 : a->sizes[i];
@@ -267,7 +347,7 @@ static diff_tv *diff_view(diff_prog *p, int which, diff_tv *a, int ax) {
     do
       if (idx[ax] == (which == 0 ? 0 : a->sizes[ax] - 1)) t->v[at++] = a->v[diff_off(a->nd, a->sizes, idx)];
     while (diff_step(a->nd, a->sizes, idx));
-  return t;
+  return diff_like(t, a);
 }
 
 /* t = broadcast of a with a size-1 axis inserted at `at`. */
@@ -279,7 +359,7 @@ static diff_tv *diff_broadcast(diff_prog *p, diff_tv *a, int at) {
   for (i = 0; i <= a->nd; i++) sz[i] = i < at ? a->sizes[i] : i == at ? 1 : a->sizes[i - 1];
   t = diff_new(p, hir_broadcast(p->f, a->tv, a->nd + 1, flags), a->nd + 1, sz);
   memcpy(t->v, a->v, (size_t)diff_numel(a->nd, a->sizes) * sizeof(double));
-  return t;
+  return diff_like(t, a);
 }
 
 /* t = a's axes in a random order (torch.permute: output axis i is a's perm[i]). */
@@ -299,21 +379,24 @@ static diff_tv *diff_permute(diff_rng *r, diff_prog *p, diff_tv *a) {
       for (i = 0; i < a->nd; i++) src[perm[i]] = idx[i];
       t->v[diff_off(a->nd, sz, idx)] = a->v[diff_off(a->nd, a->sizes, src)];
     } while (diff_step(a->nd, sz, idx));
-  return t;
+  return diff_like(t, a);
 }
 
-/* t = hir_linear(a, w, bias) of a [..., M, K]: w [N, K] and bias [N] f32
-   inputs, the bias maybe broadcast to [1, N] (and w to [1, N, K]) for a 3-D a. */
+/* t = hir_linear(a, w, bias) of a [..., M, K]: w [N, K] and bias [N]
+   inputs of the program's dtype, the bias maybe broadcast to [1, N] (and w
+   to [1, N, K]) for a 3-D a. */
 static diff_tv *diff_linear(diff_rng *r, diff_prog *p, diff_tv *a, int meshless) {
   int64_t K = a->sizes[a->nd - 1], N = 1 + diff_next(r, 3), ws[2], rows = diff_numel(a->nd - 1, a->sizes), m, n, k, i;
   diff_tv *w, *bias, *t;
   int64_t sz[HIR_MAX_DIMS];
+  double *abs_sum;
   ws[0] = N, ws[1] = K;
-  w = diff_new(p, hir_input(p->f, HIR_F32, 2), 2, ws);
-  bias = diff_new(p, hir_input(p->f, HIR_F32, 1), 1, ws);
+  w = diff_new(p, hir_input(p->f, p->dt, 2), 2, ws);
+  bias = diff_new(p, hir_input(p->f, p->dt, 1), 1, ws);
   p->nin += 2;
-  for (i = 0; i < N * K; i++) w->v[i] = (double)(diff_next(r, 2001) - 1000) / 256.0;
-  for (i = 0; i < N; i++) bias->v[i] = (double)(diff_next(r, 2001) - 1000) / 256.0;
+  for (i = 0; i < N * K; i++) w->v[i] = diff_input_value(r, p);
+  for (i = 0; i < N; i++) bias->v[i] = diff_input_value(r, p);
+  w->bound = diff_max_abs(w), bias->bound = diff_max_abs(bias);
   diff_place(r, p, w, meshless);
   diff_place(r, p, bias, meshless);
   if (a->nd == 3 && diff_next(r, 2)) { /* the same values, seen through a batch axis */
@@ -323,12 +406,18 @@ static diff_tv *diff_linear(diff_rng *r, diff_prog *p, diff_tv *a, int meshless)
   memcpy(sz, a->sizes, sizeof sz);
   sz[a->nd - 1] = N;
   t = diff_new(p, hir_linear(p->f, a->tv, w->tv, bias->tv), a->nd, sz);
+  abs_sum = (double *)calloc((size_t)(rows * N) + 1, sizeof(double));
   for (m = 0; m < rows; m++)
     for (n = 0; n < N; n++) {
-      double acc = bias->v[n];
-      for (k = 0; k < K; k++) acc += a->v[m * K + k] * w->v[n * K + k];
+      double acc = bias->v[n], abs_acc = fabs(bias->v[n]);
+      for (k = 0; k < K; k++) acc += a->v[m * K + k] * w->v[n * K + k], abs_acc += fabs(a->v[m * K + k] * w->v[n * K + k]);
       t->v[m * N + n] = acc;
+      abs_sum[m * N + n] = abs_acc;
     }
+  t->bound = (double)K * a->bound * w->bound + bias->bound;
+  i = diff_grain(a) + diff_grain(w);
+  diff_finish(t, abs_sum, i > diff_grain(bias) ? (int)i : diff_grain(bias), a->inexact);
+  free(abs_sum);
   return t;
 }
 
@@ -337,13 +426,21 @@ static diff_tv *diff_matmul(diff_prog *p, diff_tv *a, diff_tv *b) {
   int64_t B = a->nd == 3 ? a->sizes[0] : 1, M = a->sizes[a->nd - 2], K = a->sizes[a->nd - 1], N = b->sizes[b->nd - 1];
   int64_t sz[3] = {B, M, N}, i, m, n, k;
   diff_tv *t = diff_new(p, hir_matmul(p->f, a->tv, b->tv), a->nd, a->nd == 3 ? sz : sz + 1);
+  double *abs_sum = (double *)calloc((size_t)(B * M * N) + 1, sizeof(double));
   for (i = 0; i < B; i++)
     for (m = 0; m < M; m++)
       for (n = 0; n < N; n++) {
-        double s = 0;
-        for (k = 0; k < K; k++) s += a->v[(i * M + m) * K + k] * b->v[((b->nd == 3 ? i : 0) * K + k) * N + n];
+        double s = 0, abs_s = 0;
+        for (k = 0; k < K; k++) {
+          double term = a->v[(i * M + m) * K + k] * b->v[((b->nd == 3 ? i : 0) * K + k) * N + n];
+          s += term, abs_s += fabs(term);
+        }
         t->v[(i * M + m) * N + n] = s;
+        abs_sum[(i * M + m) * N + n] = abs_s;
       }
+  t->bound = (double)K * a->bound * b->bound;
+  diff_finish(t, abs_sum, diff_grain(a) + diff_grain(b), a->inexact || b->inexact);
+  free(abs_sum);
   return t;
 }
 
@@ -408,16 +505,17 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     diff_tv *t;
     for (i = 0; i < nd; i++) sz[i] = diff_next(r, 3) == 0 ? (p->rows && diff_next(r, 2) ? p->rows : p->rows ? p->cols : D) : 1 + diff_next(r, 4);
     if (k == 0 && diff_fp8_aligned(p) && nd >= 2) sz[nd - 1] = 16; /* an fp8 linear's K as GPUs' fp8 GEMMs take it */
-    t = diff_new(p, hir_input(p->f, HIR_F32, nd), nd, sz);
+    t = diff_new(p, hir_input(p->f, p->dt, nd), nd, sz);
     for (n = 0; n < diff_numel(nd, sz); n++)
-      t->v[n] = k == 0 && diff_fp8_aligned(p) ? (double)(diff_next(r, 33) - 16) / 4.0 : (double)(diff_next(r, 2001) - 1000) / 256.0;
+      t->v[n] = k == 0 && diff_fp8_aligned(p) ? (double)(diff_next(r, 33) - 16) / 4.0 : diff_input_value(r, p);
+    t->bound = diff_max_abs(t);
     diff_place(r, p, t, meshless);
     p->nin++;
   }
   if (diff_next(r, 2)) { /* a matmul on the first input: B is [K, N] or [batch, K, N] */
     diff_tv *a = &p->t[0], *b;
     int64_t bs[3], n;
-    if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 5 && p->seed % 5 == 3) { /* by the seed: the programs of other seeds stay */
+    if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 5 && p->seed % 5 == 3 && p->dt == HIR_F32) { /* by the seed: the programs of other seeds stay */
       diff_place(r, p, diff_scaled(r, p, a, meshless), meshless);
     } else if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 5 && p->seed % 17 == 8) {
       diff_place(r, p, diff_linear(r, p, a, meshless), meshless);
@@ -425,8 +523,9 @@ static int diff_build(diff_rng *r, diff_prog *p) {
       int batched = a->nd == 3 && diff_next(r, 2);
       bs[0] = a->sizes[0], bs[batched] = a->sizes[a->nd - 1], bs[batched + 1] = 1 + diff_next(r, 3);
       if (!batched) bs[1] = 1 + diff_next(r, 3), bs[0] = a->sizes[a->nd - 1];
-      b = diff_new(p, hir_input(p->f, HIR_F32, 2 + batched), 2 + batched, bs);
-      for (n = 0; n < diff_numel(b->nd, bs); n++) b->v[n] = (double)(diff_next(r, 2001) - 1000) / 256.0;
+      b = diff_new(p, hir_input(p->f, p->dt, 2 + batched), 2 + batched, bs);
+      for (n = 0; n < diff_numel(b->nd, bs); n++) b->v[n] = diff_input_value(r, p);
+      b->bound = diff_max_abs(b);
       diff_place(r, p, b, meshless);
       p->nin++;
       diff_place(r, p, diff_matmul(p, a, b), meshless);
@@ -436,9 +535,9 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     diff_tv *a = &p->t[p->ntv - 1 - diff_next(r, p->ntv < 2 ? 1 : 2)], *t = NULL;
     switch (diff_next(r, 5)) {
     case 3: /* an elementwise op; by the seed, a layer_norm (the programs of other seeds stay) */
-      t = p->seed % 11 == 4 && p->ntv < DIFF_MAX_TVS - 4        ? diff_layer_norm(r, p, a)
+      t = p->seed % 11 == 4 && p->ntv < DIFF_MAX_TVS - 4 && (p->dt == HIR_F32 || !a->inexact) ? diff_layer_norm(r, p, a) /* it would magnify roundings */
           : p->seed % 19 == 10 && a->nd >= 2                   ? diff_permute(r, p, a)
-          : p->seed % 31 == 15 && a - p->t < p->nin && p->ntv < DIFF_MAX_TVS - 3 ? diff_bf16_trip(r, p, a, meshless)
+          : p->seed % 31 == 15 && a - p->t < p->nin && p->ntv < DIFF_MAX_TVS - 3 && p->dt == HIR_F32 ? diff_bf16_trip(r, p, a, meshless)
                                                                : diff_unary(p, diff_next(r, 6), a);
       break;
     case 4: { /* a select, slice or reshape (select and slice of a non-empty axis, select of a 2+-axis tensor) */
@@ -448,7 +547,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
       break;
     }
     case 0: /* a move: a set onto its own or another placement */
-      t = diff_new(p, hir_set(p->f, a->tv), a->nd, a->sizes);
+      t = diff_like(diff_new(p, hir_set(p->f, a->tv), a->nd, a->sizes), a);
       memcpy(t->v, a->v, (size_t)diff_numel(a->nd, a->sizes) * sizeof(double));
       break;
     case 1: /* a sum over one axis, or two (one of them maybe split: a local sum, then a collective) */
@@ -476,7 +575,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
       break;
     }
     diff_place(r, p, t, meshless);
-    if (hir_fusion_status(p->f) != HIR_OK) return 0; /* the builder refused the combination */
+    if (hir_fusion_status(p->f) != HIR_OK || t->inexact == 2) return 0; /* the builder refused the combination; an f16 overflow */
   }
   p->outs[p->nout++] = p->ntv - 1;
   if (p->seed % 37 == 17 && p->ntv - 1 > p->nin) /* by the seed: an intermediate too, read by later ops and returned */
@@ -521,18 +620,33 @@ static hir_tensor diff_tensor(const diff_tv *t) {
   return h;
 }
 
+/* How far output o may be from the reference: in f32 1e-4 relative (-1:
+   compare's); in bf16 or f16 nothing where it is exact (diff_finish), else
+   8 roundings of its bound. */
+static double diff_tolerance(const diff_prog *x, int o) {
+  const diff_tv *t = &x->t[x->outs[o]];
+  if (t->dt != HIR_BF16 && t->dt != HIR_F16) return -1;
+  return t->inexact ? ldexp(t->bound, 3 - diff_bits(t->dt)) : 0;
+}
+
 /* Checks got (the backend's) against mine (this rank's part of the
-   reference, NULL data where the output is not here); 0 on a difference. */
-static int diff_check(hir_backend *b, const hir_tensor *got_there, const hir_tensor *mine, char *err, const char *what) {
+   reference, NULL data where the output is not here) within tol
+   (diff_tolerance); 0 on a difference. */
+static int diff_check(hir_backend *b, const hir_tensor *got_there, const hir_tensor *mine, double tol, char *err, const char *what) {
   hir_tensor got, dense;
   int ok = 1;
+  int64_t i;
   if (!mine->data) {
     if (got_there->data || got_there->ndims) snprintf(err, 512, "%s should be empty here", what), ok = 0;
     return ok;
   }
   got = to_host(b, got_there);
   dense = tdense(&got);
-  ok = compare(&dense, mine, 1e-4, err, 512, what);
+  ok = compare(&dense, mine, tol < 0 ? 1e-4 : 0, err, 512, what);
+  if (!ok && tol > 0) /* within an absolute tolerance, then */
+    for (i = 0, ok = 1; i < tnumel(mine) && ok && dense.data && dense.ndims == mine->ndims; i++)
+      if (!(fabs(tget(&dense, i) - tget(mine, i)) <= tol))
+        snprintf(err, 512, "%s: element %lld is %.6g, want %.6g (within %.3g)", what, (long long)i, tget(&dense, i), tget(mine, i), tol), ok = 0;
   if (got.data != got_there->data) tfree(&got);
   tfree(&dense);
   return ok;
@@ -599,7 +713,7 @@ static hir_status diff_rank(int rank, void *user) {
   if (x->status[rank] == HIR_OK && (x->status[rank] = diff_run(&run, din, x->nin, out, x->nout)) == HIR_OK) {
     for (o = 0; o < x->nout && x->status[rank] == HIR_OK; o++) {
       snprintf(what, sizeof what, "output %d", o);
-      if (!diff_check(b, &out[o], &mine[o], err, what)) x->status[rank] = HIR_ERR_INTERNAL; /* a wrong number */
+      if (!diff_check(b, &out[o], &mine[o], diff_tolerance(x, o), err, what)) x->status[rank] = HIR_ERR_INTERNAL; /* a wrong number */
     }
     for (k = 0; b && ed.graph && k < 2 && x->status[rank] == HIR_OK; k++) { /* graphs: captured, replayed */
       hir_tensor again[2];
@@ -617,7 +731,7 @@ static hir_status diff_rank(int rank, void *user) {
       }
       for (o = 0; o < x->nout && x->status[rank] == HIR_OK; o++) {
         snprintf(what, sizeof what, "output %d, %s", o, k ? "replayed" : "captured");
-        if (!diff_check(b, &again[o], &mine[o], err, what)) x->status[rank] = HIR_ERR_INTERNAL;
+        if (!diff_check(b, &again[o], &mine[o], diff_tolerance(x, o), err, what)) x->status[rank] = HIR_ERR_INTERNAL;
         out[o] = again[o];
       }
     }
@@ -640,7 +754,7 @@ static hir_status diff_rank(int rank, void *user) {
         snprintf(err, 512, "run 2: %.480s", diff_error(&run));
       for (o = 0; o < x->nout && x->status[rank] == HIR_OK; o++) {
         snprintf(what, sizeof what, "run 2 (strided), output %d", o);
-        if (mine[o].data && !diff_check(b, &dgiven[o], &mine[o], err, what)) x->status[rank] = HIR_ERR_INTERNAL;
+        if (mine[o].data && !diff_check(b, &dgiven[o], &mine[o], diff_tolerance(x, o), err, what)) x->status[rank] = HIR_ERR_INTERNAL;
       }
       for (i = 0; i < x->nin; i++) {
         backend_free(b, &rin[i], &drin[i]);
@@ -677,6 +791,7 @@ static int diff_one(uint64_t seed, diff_target *target, int *how) {
   memset(&x, 0, sizeof x);
   r.s = seed * 0x9E3779B97F4A7C15ull + 1;
   x.seed = seed;
+  x.dt = diff_dtype(seed);
   x.world = 1 + diff_next(&r, 4);
   x.target = target;
   if (seed % 7 == 5) { /* by the seed: 2-D meshes, the programs of other seeds stay */
@@ -708,8 +823,8 @@ static int diff_one(uint64_t seed, diff_target *target, int *how) {
     if (!ok || getenv("HIR_DIFF_SEED")) {
       hir_fusion_snprint(x.f, text, sizeof text);
       if (x.rows) fprintf(stderr, "  diff: a %d x %d mesh\n", x.rows, x.cols);
-      fprintf(stderr, "  diff: seed %llu: world %d, %s, bounded %d, %d parts, %d collective parts, %d streams\n%s",
-              (unsigned long long)seed, x.world, x.ld.stream.schedule ? "ring" : "linear", x.ld.stream.bounded_buffers,
+      fprintf(stderr, "  diff: seed %llu: %s, world %d, %s, bounded %d, %d parts, %d collective parts, %d streams\n%s",
+              (unsigned long long)seed, hir_dtype_name(x.dt), x.world, x.ld.stream.schedule ? "ring" : "linear", x.ld.stream.bounded_buffers,
               x.ld.stream.chunks_per_peer, x.ld.stream.collective_chunks, x.nstreams, text);
       fprintf(stderr, "  whole sizes:");
       for (i = 0; i < x.ntv; i++) {
