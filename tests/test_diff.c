@@ -42,6 +42,7 @@ typedef struct diff_target {
   int min_world, max_world;            /* programs of other sizes are not run */
   hir_backend *backends[4];            /* a rank's */
   hir_comm *(*comm)(struct diff_target *t, hir_comm *local, int rank);   /* NULL: the local world's */
+  void (*after)(struct diff_target *t, int world, int refused_run);      /* optional: after each program's runs */
   void *ctx;
 } diff_target;
 
@@ -452,7 +453,7 @@ static int diff_fp8_aligned(const diff_prog *p) { return p->seed % 5 == 3 && (p-
 
 /* t = hir_scaled_linear(e4m3(a), w, sa, sw) of a [..., M, K]: the weight w
    [N, K] an e4m3 input, the scales f32 inputs of one value or per row
-   (sa a's shape without K, sw [N]), the output f32. By the seed, a 3-D a
+   (sa a's shape without K, sw [N]), the output of the program's dtype. By the seed, a 3-D a
    takes the weight (and a per-row sw) broadcast to a batch axis of size 1. */
 static diff_tv *diff_scaled(diff_rng *r, diff_prog *p, diff_tv *a, int meshless) {
   int64_t K = a->sizes[a->nd - 1], N = diff_fp8_aligned(p) ? 16 : 1 + diff_next(r, 3), ws[2], one[1] = {1};
@@ -484,7 +485,7 @@ static diff_tv *diff_scaled(diff_rng *r, diff_prog *p, diff_tv *a, int meshless)
     int64_t sz[HIR_MAX_DIMS];
     memcpy(sz, a->sizes, sizeof sz);
     sz[a->nd - 1] = N;
-    t = diff_new(p, hir_scaled_linear(p->f, a8->tv, w->tv, sa->tv, sw->tv, HIR_F32), a->nd, sz);
+    t = diff_new(p, hir_scaled_linear(p->f, a8->tv, w->tv, sa->tv, sw->tv, p->dt), a->nd, sz);
   }
   for (m = 0; m < rows; m++)
     for (n = 0; n < N; n++) {
@@ -492,6 +493,8 @@ static diff_tv *diff_scaled(diff_rng *r, diff_prog *p, diff_tv *a, int meshless)
       for (k = 0; k < K; k++) acc += a8->v[m * K + k] * w->v[n * K + k];
       t->v[m * N + n] = acc * sa->v[row_a ? m : 0] * sw->v[row_w ? n : 0];
     }
+  t->bound = (double)K * diff_max_abs(a8) * diff_max_abs(w) * diff_max_abs(sa) * diff_max_abs(sw);
+  diff_finish(t, NULL, 0, 1); /* bf16 or f16: the scaled f32 value rounds twice, maybe otherwise than here */
   return t;
 }
 
@@ -515,7 +518,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   if (diff_next(r, 2)) { /* a matmul on the first input: B is [K, N] or [batch, K, N] */
     diff_tv *a = &p->t[0], *b;
     int64_t bs[3], n;
-    if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 5 && p->seed % 5 == 3 && p->dt == HIR_F32) { /* by the seed: the programs of other seeds stay */
+    if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 5 && p->seed % 5 == 3) { /* by the seed: the programs of other seeds stay */
       diff_place(r, p, diff_scaled(r, p, a, meshless), meshless);
     } else if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 5 && p->seed % 17 == 8) {
       diff_place(r, p, diff_linear(r, p, a, meshless), meshless);
@@ -810,6 +813,7 @@ static int diff_one(uint64_t seed, diff_target *target, int *how) {
       if (x.status[i] == HIR_ERR_INTERNAL || x.status[i] == HIR_ERR_TIMEOUT) ok = 0;
       else if (x.status[i] != HIR_OK) refused_run = 1;
     }
+    if (target && target->after) target->after(target, x.world, refused_run || !ok);
     for (i = 0; i < x.world && ok && refused_run; i++) /* refused by a run: on every rank, none returning success */
       ok = x.status[i] != HIR_OK;
     for (i = 1; i < x.world && ok && lowered == 0; i++) /* refused by every lowering: with one message */

@@ -1603,6 +1603,60 @@ TEST(test_diff_ranks_one_gpu, "diff/random_programs_ranks", TEST_GPU_WORLDS) {
   for (r = 0; r < 4; r++) hir_backend_free(target.backends[r]);
 }
 
+/* The same programs on NCCL worlds of threads, a GPU a rank (2 to 4 ranks,
+   as many as there are GPUs; on one GPU its one-rank programs):
+   hostir_nccl's collectives and its send/recv on NCCL, then on the copy
+   engines; eager in the suite, captured where the filter names it on the
+   graph platforms. A run refused on a world aborts it (its ranks tell each
+   other): the next program gets a new one. HIR_DIFF_NCCL_PROGRAMS: how many
+   seeds each way (1,500; about 40 ms a program that runs on one H100). */
+static hir_nccl_world *diff_worlds[5];
+static int diff_copy_engine;
+
+static hir_comm *diff_nccl_comm(diff_target *t, hir_comm *local, int rank) {
+  (void)t;
+  cudaSetDevice(rank); /* the rank's thread on its backend's GPU */
+  return hir_nccl_world_comm(diff_worlds[local->size], rank);
+}
+
+static void diff_nccl_world(diff_target *t, int n, int refused_run) {
+  if (diff_worlds[n] && !refused_run) return;
+  hir_nccl_world_free(diff_worlds[n]);
+  diff_worlds[n] = NULL;
+  if (hir_nccl_world_create(n, &diff_worlds[n]) != HIR_OK) {
+    fprintf(stderr, "  diff: a world of %d ranks: %s\n", n, hir_nccl_world_error(diff_worlds[n]));
+    hir_nccl_world_free(diff_worlds[n]);
+    diff_worlds[n] = NULL;
+    t->max_world = n - 1; /* its programs are not run */
+    hir_test_failures++;
+    return;
+  }
+  hir_nccl_world_set_copy_engine(diff_worlds[n], diff_copy_engine);
+}
+
+TEST(test_diff_nccl, "diff/random_programs_nccl", TEST_GPU_WORLDS) {
+  const char *n_env = getenv("HIR_DIFF_NCCL_PROGRAMS");
+  diff_target target;
+  char where[96];
+  int r, n;
+  if (platform->world_create != gpu_world_create || gpu_copy_engine) return; /* NCCL, one process; both ways below */
+  for (diff_copy_engine = 0; diff_copy_engine < 2; diff_copy_engine++) {
+    memset(&target, 0, sizeof target);
+    target.max_world = platform->max_world < 4 ? platform->max_world : 4;
+    target.min_world = target.max_world > 1 ? 2 : 1;
+    target.comm = diff_nccl_comm;
+    target.after = diff_nccl_world;
+    for (n = target.min_world; n <= target.max_world; n++) diff_nccl_world(&target, n, 1);
+    for (r = 0; r < target.max_world; r++) CHECK((target.backends[r] = hir_backend_cuda_create(r)) != NULL);
+    snprintf(where, sizeof where, " on NCCL, %d-%d ranks a GPU each, send/recv on %s", target.min_world, target.max_world,
+             diff_copy_engine ? "the copy engines" : "NCCL");
+    diff_seeds(&target, n_env ? atoi(n_env) : 1500, 0.1, where);
+    for (r = 0; r < 4; r++) hir_backend_free(target.backends[r]);
+    for (n = 1; n <= 4; n++) hir_nccl_world_free(diff_worlds[n]), diff_worlds[n] = NULL;
+  }
+  cudaSetDevice(0);
+}
+
 /* ---- two processes on one GPU, joined by nccl_peer alone ----
    NCCL refuses two ranks on one GPU, but CUDA IPC between two processes on
    one GPU works: this joins them through the copy engines' shared block
