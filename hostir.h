@@ -7426,6 +7426,25 @@ static hir_status hir__cuda_dense(hir_backend *b, hir__cuda_lane *l, int k, cons
   return hir__cuda_copy(b, l->stream, out, t);
 }
 
+/* t <- zeros at its strides, the bytes between its elements left alone (a
+   chunk's output, a caller's padding): what an empty sum or contraction
+   gives. One memset where it is contiguous, else a copy of one zero (in
+   scratch 7) seen at stride 0 everywhere. */
+static hir_status hir__cuda_zero(hir_backend *b, hir__cuda_lane *l, const hir_tensor *t) {
+  size_t es = hir_dtype_size(t->dtype);
+  hir_tensor zero = *t;
+  hir_status st;
+  int d;
+  if (hir__is_contiguous(t)) {
+    HIR__CU(b, cudaMemsetAsync(t->data, 0, (size_t)hir__numel(t->ndims, t->sizes) * es, l->stream));
+    return HIR_OK;
+  }
+  if ((st = hir__cuda_scratch(b, l, 7, es, &zero.data)) != HIR_OK) return st;
+  HIR__CU(b, cudaMemsetAsync(zero.data, 0, es, l->stream));
+  for (d = 0; d < zero.ndims; d++) zero.strides[d] = 0;
+  return hir__cuda_copy(b, l->stream, t, &zero);
+}
+
 /* ---- elementwise kernels: CUDA C compiled at first use by NVRTC ----
    One kernel computes any op of the tables (HIR_UNARY_OP_LIST,
    HIR_BINARY_OP_LIST: their expressions become its cases) over tensors of
@@ -8364,7 +8383,9 @@ static hir_status hir__cuda_sum(hir_backend *b, void *stream, const hir_tensor *
   const void *zero = src->dtype == HIR_F64 ? (const void *)&zero_d : (const void *)&zero_f;
   int last = -1;
   if (hir__numel(dst->ndims, dst->sizes) == 0) return HIR_OK;
-  if ((st = hir__cuda_lane_of(b, stream, &l)) != HIR_OK || (st = hir__cuda_dense(b, l, 0, src, src, &cur)) != HIR_OK) return st;
+  if ((st = hir__cuda_lane_of(b, stream, &l)) != HIR_OK) return st;
+  if (hir__numel(src->ndims, src->sizes) == 0) return hir__cuda_zero(b, l, dst); /* a sum of nothing */
+  if ((st = hir__cuda_dense(b, l, 0, src, src, &cur)) != HIR_OK) return st;
   for (d = 0; d < src->ndims; d++)
     if (dst->sizes[d] == 1 && src->sizes[d] != 1) last = d;
   for (d = 0; d <= last; d++) {
@@ -8457,6 +8478,7 @@ static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tenso
   if ((st = hir__cuda_matmul_bias(b, stream, dst, a, x, NULL, HIR_UNARY_COUNT)) != HIR_ERR_UNSUPPORTED) return st;
   if ((st = hir__cuda_lane_of(b, stream, &l)) != HIR_OK) return st;
   if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
+  if (K == 0) return hir__cuda_zero(b, l, dst); /* an empty contraction */
   if (!hir__gemm_operand(&A, nd, &ta, &lda) && (st = hir__cuda_dense(b, l, 0, a, a, &A)) != HIR_OK) return st;
   if (!hir__gemm_operand(&B, nd, &tb, &ldb) && (st = hir__cuda_dense(b, l, 1, x, x, &B)) != HIR_OK) return st;
   hir__gemm_operand(&A, nd, &ta, &lda);
@@ -8482,14 +8504,10 @@ static hir_status hir__cuda_matmul(hir_backend *b, void *stream, const hir_tenso
       pa += idx[k] * bst[1][k] * (int64_t)es;
       pb += idx[k] * bst[2][k] * (int64_t)es;
     }
-    if (K == 0) /* an empty contraction: zeros, row by row (the bytes between C's rows are not C's) */
-      for (d = 0; d < count; d++)
-        HIR__CU(b, cudaMemset2DAsync(pc + d * sc * (long long)es, (size_t)(M > 1 ? ldc : N) * es, 0, (size_t)N * es, (size_t)M,
-                                     l->stream));
-    else /* row-major C = A B is column-major C^T = B^T A^T */
-      HIR__BLAS(b, cublasGemmStridedBatchedEx(l->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N,
-                                              (int)M, (int)K, one, pb, t, (int)ldb, sb, pa, t, (int)lda, sa, zero, pc, t, (int)ldc,
-                                              sc, (int)count, ct, CUBLAS_GEMM_DEFAULT));
+    /* row-major C = A B is column-major C^T = B^T A^T */
+    HIR__BLAS(b, cublasGemmStridedBatchedEx(l->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M,
+                                            (int)K, one, pb, t, (int)ldb, sb, pa, t, (int)lda, sa, zero, pc, t, (int)ldc, sc,
+                                            (int)count, ct, CUBLAS_GEMM_DEFAULT));
     for (k = nbd - 2; k >= 0; k--) {
       if (++idx[k] < bsz[k]) break;
       idx[k] = 0;
@@ -8658,7 +8676,7 @@ static cublasStatus_t hir__cuda_fp8_gemm(hir__cuda *c, hir__cuda_lane *l, hir_dt
 static int hir__fp8_layout(const hir_tensor *A, const hir_tensor *B, const hir_tensor *C, int64_t *lda, int64_t *ldb, int64_t *ldc) {
   int nd = C->ndims, ta, tb, tc, d, ok;
   int64_t N = C->sizes[nd - 1], K = A->sizes[nd - 1];
-  ok = K > 0 && hir__gemm_operand(A, nd, &ta, lda) && hir__gemm_operand(B, nd, &tb, ldb) && hir__gemm_operand(C, nd, &tc, ldc) &&
+  ok = hir__gemm_operand(A, nd, &ta, lda) && hir__gemm_operand(B, nd, &tb, ldb) && hir__gemm_operand(C, nd, &tc, ldc) &&
        !ta && !tc;
   if (ok && !tb && N == 1 && B->strides[nd - 2] == 1) tb = 1, *ldb = K; /* one weight row: either layout */
   if (ok && !tb && K == 1 && B->strides[nd - 1] == 1) tb = 1, *ldb = 1;  /* one weight column: either layout */
@@ -8736,8 +8754,9 @@ static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hi
   dim3 grid, block;
   if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
   if ((hs = hir__cuda_lane_of(b, stream, &l)) != HIR_OK) return hs;
+  if (K == 0) return hir__cuda_zero(b, l, dst); /* an empty contraction, scaled */
   ok = hir__fp8_layout(&A, &B, &C, &lda, &ldb, &ldc);
-  if (!ok && K > 0) { /* other layouts: the operands made dense first */
+  if (!ok) { /* other layouts: the operands made dense first */
     hir_tensor w = B, wd;
     for (d = 0; d < nd - 2; d++) /* a weight per batch is a batched GEMM, which this is not */
       if (B.strides[d] != 0 && B.sizes[d] > 1) {
@@ -8759,8 +8778,8 @@ static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hi
     ok = hir__fp8_layout(&A, &B, &C, &lda, &ldb, &ldc);
   }
   if (!ok) {
-    snprintf(b->error, sizeof b->error, "cuda backend: the fp8 GEMM (cuBLASLt) cannot take these operands (K %lld; it needs "
-             "K > 0)", (long long)K);
+    snprintf(b->error, sizeof b->error, "cuda backend: the fp8 GEMM's operands, made dense, still fit no layout cuBLASLt takes "
+             "(N %lld, K %lld); please report it", (long long)N, (long long)K);
     return HIR_ERR_UNSUPPORTED;
   }
   for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];

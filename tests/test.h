@@ -386,7 +386,7 @@ static int compare(const hir_tensor *got, const hir_tensor *want, double tol, ch
   }
   for (i = 0; i < tnumel(want); i++) {
     double g = tget(got, i), w = tget(want, i);
-    if (!(fabs(g - w) <= tol * (1.0 + fabs(w)))) {
+    if (!(fabs(g - w) <= tol * (1.0 + fabs(w))) && !(isnan(g) && isnan(w))) { /* NaN where NaN is due (a mean of nothing) */
       snprintf(err, cap, "%s: element %lld is %.6g, want %.6g", what, (long long)i, g, w);
       return 0;
     }

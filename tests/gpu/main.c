@@ -926,40 +926,50 @@ TEST(test_gpu_strided_copy, "gpu/strided_copy", TEST_GPU) {
   hir_backend_free(be);
 }
 
-/* A matmul with K = 0 writes zeros into C and nothing between its rows or
-   batches (a chunk's output, or a caller's padded tensor: others' bytes):
-   on C [2, 3, 4] with strides 40, 6, 1, the gaps keep their poison. The
-   CPU backend, then the CUDA one. */
+/* Sums of nothing and matmuls with K = 0 (plain and fp8) write zeros into
+   their output and nothing between its rows or batches (a chunk's output, a
+   caller's padded tensor: others' bytes): on an output [2, 3, 4] (the sum's
+   [2, 1, 4]) with strides 40, 6, 1, the gaps keep their poison. The CPU
+   backend, then the CUDA one. */
 TEST(test_gpu_empty_contraction, "gpu/empty_contraction", TEST_GPU) {
-  int k;
+  int k, op;
   for (k = 0; k < 2; k++) {
     hir_backend *be = k ? hir_backend_cuda_create(0) : hir_backend_cpu_create();
-    hir_tensor a, x, c;
-    float host[80];
-    int64_t i;
-    void *buf = NULL;
     CHECK(be != NULL);
-    if (!be) return;
-    memset(&a, 0, sizeof a);
-    a.dtype = HIR_F32, a.ndims = 3;
-    a.sizes[0] = 2, a.sizes[1] = 3, a.sizes[2] = 0, a.strides[0] = a.strides[1] = a.strides[2] = 1;
-    x = a, c = a;
-    x.sizes[1] = 0, x.sizes[2] = 4;
-    c.sizes[2] = 4, c.strides[0] = 40, c.strides[1] = 6;
-    for (i = 0; i < 80; i++) host[i] = -1000.0f - (float)i;
-    CHECK(be->alloc(be, sizeof host, &buf) == HIR_OK && be->upload(be, buf, host, sizeof host) == HIR_OK);
-    a.data = x.data = c.data = buf; /* A and B hold nothing */
-    CHECK(be->matmul(be, NULL, &c, &a, &x) == HIR_OK);
-    CHECK(be->stream_synchronize(be, NULL) == HIR_OK && be->download(be, host, buf, sizeof host) == HIR_OK);
-    for (i = 0; i < 80; i++) {
-      int in_c = i / 40 < 2 && i % 40 < 18 && i % 40 % 6 < 4;
-      if (host[i] != (in_c ? 0.0f : -1000.0f - (float)i)) {
-        fprintf(stderr, "  %s backend: element %lld is %g\n", be->name, (long long)i, host[i]);
-        hir_test_failures++;
-        break;
+    for (op = 0; be && op < 3; op++) {
+      static const float one = 1;
+      hir_tensor a, x, c, scale;
+      float host[80];
+      int64_t i;
+      void *buf = NULL, *s1 = NULL;
+      memset(&a, 0, sizeof a);
+      a.dtype = op == 2 ? HIR_F8E4M3 : HIR_F32, a.ndims = 3;
+      a.sizes[0] = 2, a.sizes[1] = op == 1 ? 0 : 3, a.sizes[2] = op == 1 ? 4 : 0;
+      a.strides[0] = a.strides[1] = a.strides[2] = 1;
+      x = a, c = a, scale = a;
+      x.sizes[1] = 0, x.sizes[2] = 4;
+      c.dtype = HIR_F32, c.sizes[1] = op == 1 ? 1 : 3, c.sizes[2] = 4, c.strides[0] = 40, c.strides[1] = 6;
+      scale.dtype = HIR_F32, scale.sizes[1] = c.sizes[1], scale.sizes[2] = 4; /* one value for every element */
+      scale.strides[0] = scale.strides[1] = scale.strides[2] = 0;
+      for (i = 0; i < 80; i++) host[i] = -1000.0f - (float)i;
+      CHECK(be->alloc(be, sizeof host, &buf) == HIR_OK && be->upload(be, buf, host, sizeof host) == HIR_OK);
+      CHECK(be->alloc(be, sizeof one, &s1) == HIR_OK && be->upload(be, s1, &one, sizeof one) == HIR_OK);
+      a.data = x.data = c.data = buf, scale.data = s1; /* a and x hold nothing */
+      CHECK((op == 0 ? be->matmul(be, NULL, &c, &a, &x) : op == 1 ? be->sum(be, NULL, &c, &a)
+                                                                  : be->matmul_scaled(be, NULL, &c, &a, &x, &scale, &scale)) == HIR_OK);
+      CHECK(be->stream_synchronize(be, NULL) == HIR_OK && be->download(be, host, buf, sizeof host) == HIR_OK);
+      for (i = 0; i < 80; i++) {
+        int in_c = i / 40 < 2 && i % 40 < 6 * c.sizes[1] && i % 40 % 6 < 4;
+        if (host[i] != (in_c ? 0.0f : -1000.0f - (float)i)) {
+          fprintf(stderr, "  %s backend, %s: element %lld is %g\n", be->name, op == 0 ? "matmul" : op == 1 ? "sum" : "fp8 matmul",
+                  (long long)i, host[i]);
+          hir_test_failures++;
+          break;
+        }
       }
+      be->release(be, buf);
+      be->release(be, s1);
     }
-    be->release(be, buf);
     hir_backend_free(be);
   }
 }
