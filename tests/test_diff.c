@@ -99,16 +99,18 @@ static diff_tv *diff_new(diff_prog *p, hir_tv *tv, int nd, const int64_t *sizes)
 
 /* By the seed (one in 43 each), a program in bf16 or in f16: its inputs
    halves in [-3, 3], every op's result rounded by the reference as the op
-   stores it (diff_finish). The other seeds' programs stay f32, unless
-   HIR_DIFF_LOW_PRECISION=1: every program bf16 (even seeds) or f16. */
+   stores it (diff_finish); one in 47 in f64. The other seeds' programs stay
+   f32, unless HIR_DIFF_LOW_PRECISION=1: every program bf16 (even seeds) or
+   f16. */
 static hir_dtype diff_dtype(uint64_t seed) {
   if (getenv("HIR_DIFF_LOW_PRECISION")) return seed % 2 ? HIR_F16 : HIR_BF16;
-  return seed % 43 == 21 ? HIR_BF16 : seed % 43 == 42 ? HIR_F16 : HIR_F32;
+  return seed % 43 == 21 ? HIR_BF16 : seed % 43 == 42 ? HIR_F16 : seed % 47 == 23 ? HIR_F64 : HIR_F32;
 }
+static int diff_low(const diff_prog *p) { return p->dt == HIR_BF16 || p->dt == HIR_F16; }
 static int diff_bits(hir_dtype dt) { return dt == HIR_BF16 ? 8 : dt == HIR_F16 ? 11 : 24; } /* significand bits */
 
 static double diff_input_value(diff_rng *r, const diff_prog *p) {
-  return p->dt != HIR_F32 ? (double)(diff_next(r, 13) - 6) / 2.0 : (double)(diff_next(r, 2001) - 1000) / 256.0;
+  return diff_low(p) ? (double)(diff_next(r, 13) - 6) / 2.0 : (double)(diff_next(r, 2001) - 1000) / 256.0;
 }
 
 /* The smallest q such that every value of t is a multiple of 2^-q (at most 60). */
@@ -539,7 +541,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     diff_tv *a = &p->t[p->ntv - 1 - diff_next(r, p->ntv < 2 ? 1 : 2)], *t = NULL;
     switch (diff_next(r, 5)) {
     case 3: /* an elementwise op; by the seed, a layer_norm (the programs of other seeds stay) */
-      t = p->seed % 11 == 4 && p->ntv < DIFF_MAX_TVS - 4 && (p->dt == HIR_F32 || !a->inexact) ? diff_layer_norm(r, p, a) /* it would magnify roundings */
+      t = p->seed % 11 == 4 && p->ntv < DIFF_MAX_TVS - 4 && (!diff_low(p) || !a->inexact) ? diff_layer_norm(r, p, a) /* it would magnify roundings */
           : p->seed % 19 == 10 && a->nd >= 2                   ? diff_permute(r, p, a)
           : p->seed % 31 == 15 && a - p->t < p->nin && p->ntv < DIFF_MAX_TVS - 3 && p->dt == HIR_F32 ? diff_bf16_trip(r, p, a, meshless)
                                                                : diff_unary(p, diff_next(r, 6), a);
