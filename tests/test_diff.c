@@ -12,7 +12,8 @@
    make diff: 10,000); a failure prints its seed and the fusion,
    HIR_DIFF_SEED=S runs (and prints) only that program, HIR_DIFF_VERBOSE=1
    says why each refused program was refused. One program in 21 is bf16 or
-   f16 (diff_dtype: HIR_DIFF_LOW_PRECISION=1 makes them all so). */
+   f16, one in 47 f64 (diff_dtype: HIR_DIFF_DTYPES=bf16,f16 makes them all
+   so). */
 #include "seeds.h"
 #include "test.h"
 
@@ -100,10 +101,18 @@ static diff_tv *diff_new(diff_prog *p, hir_tv *tv, int nd, const int64_t *sizes)
 /* By the seed (one in 43 each), a program in bf16 or in f16: its inputs
    halves in [-3, 3], every op's result rounded by the reference as the op
    stores it (diff_finish); one in 47 in f64. The other seeds' programs stay
-   f32, unless HIR_DIFF_LOW_PRECISION=1: every program bf16 (even seeds) or
-   f16. */
+   f32, unless HIR_DIFF_DTYPES names dtypes ("bf16,f16"): then every program
+   is in one of them, by the seed. */
 static hir_dtype diff_dtype(uint64_t seed) {
-  if (getenv("HIR_DIFF_LOW_PRECISION")) return seed % 2 ? HIR_F16 : HIR_BF16;
+  static const struct { const char *name; hir_dtype dt; } names[] = {
+      {"f32", HIR_F32}, {"f64", HIR_F64}, {"f16", HIR_F16}, {"bf16", HIR_BF16}};
+  const char *only = getenv("HIR_DIFF_DTYPES"), *at;
+  hir_dtype chosen[8];
+  int n = 0, k;
+  for (at = only; at && *at && n < 8; at += strcspn(at, ","), at += *at == ',')
+    for (k = 0; k < 4; k++)
+      if (strlen(names[k].name) == strcspn(at, ",") && !strncmp(at, names[k].name, strlen(names[k].name))) chosen[n++] = names[k].dt;
+  if (n) return chosen[seed % (uint64_t)n];
   return seed % 43 == 21 ? HIR_BF16 : seed % 43 == 42 ? HIR_F16 : seed % 47 == 23 ? HIR_F64 : HIR_F32;
 }
 static int diff_low(const diff_prog *p) { return p->dt == HIR_BF16 || p->dt == HIR_F16; }
