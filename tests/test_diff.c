@@ -17,7 +17,8 @@
 #include "seeds.h"
 #include "test.h"
 
-#define DIFF_MAX_TVS 10
+#define DIFF_MAX_TVS 10  /* a program's tensors; a long one's (one in 59, by the seed) DIFF_LONG_TVS */
+#define DIFF_LONG_TVS 16
 
 typedef struct diff_rng { uint64_t s; } diff_rng;
 static int diff_next(diff_rng *r, int n) { /* uniform in [0, n) */
@@ -56,7 +57,8 @@ typedef struct diff_prog {
   int world, ntv, nin, nstreams;
   int rows, cols, reversed;    /* a program on one 2-D mesh of the world (rows x cols, devices maybe reversed); 0: 1-D meshes */
   hir_dtype dt;                /* its tensors' dtype: f32, or by the seed bf16 or f16 (diff_dtype) */
-  diff_tv t[DIFF_MAX_TVS];
+  diff_tv t[DIFF_LONG_TVS];
+  int max_tvs;                 /* DIFF_MAX_TVS, or DIFF_LONG_TVS: a longer chain of ops */
   hir_lower_desc ld;
   /* per rank, after a run */
   hir_status status[8];
@@ -314,6 +316,21 @@ static diff_tv *diff_bf16_trip(diff_rng *r, diff_prog *p, diff_tv *a, int meshle
   return u;
 }
 
+/* Whether a layer_norm of a is well conditioned: every row's spread far
+   above the rounding noise its values may carry. A row of sums that cancel
+   (the sums of a layer_norm's output) is noise, which normalizing would
+   magnify to the order of one, differently here and in the backend. */
+static int diff_spread(const diff_tv *a) {
+  int64_t C = a->nd ? a->sizes[a->nd - 1] : 1, rows = diff_numel(a->nd - 1, a->sizes), m, k;
+  for (m = 0; m < rows && C; m++) {
+    double mean = 0, var = 0;
+    for (k = 0; k < C; k++) mean += a->v[m * C + k] / (double)C;
+    for (k = 0; k < C; k++) var += (a->v[m * C + k] - mean) * (a->v[m * C + k] - mean) / (double)C;
+    if (sqrt(var) < 1e-3 * (a->bound + 1)) return 0;
+  }
+  return 1;
+}
+
 /* t = hir_layer_norm of a over its last axis, times a weight (one in two:
    an earlier 1-D tensor of that size, where there is one): the backend's
    fused call where its primitives stay together, else the primitives (a
@@ -487,7 +504,7 @@ static diff_tv *diff_scaled(diff_rng *r, diff_prog *p, diff_tv *a, int meshless)
   diff_place(r, p, sa, meshless);
   diff_place(r, p, sw, meshless);
   diff_place(r, p, a8, meshless);
-  if (a->nd == 3 && p->seed % 13 == 6 && p->ntv < DIFF_MAX_TVS - 4) { /* the same values, seen through a batch axis */
+  if (a->nd == 3 && p->seed % 13 == 6 && p->ntv < p->max_tvs - 4) { /* the same values, seen through a batch axis */
     diff_place(r, p, w = diff_broadcast(p, w, 0), meshless);
     if (row_w) diff_place(r, p, sw = diff_broadcast(p, sw, 0), meshless);
   }
@@ -512,6 +529,7 @@ static diff_tv *diff_scaled(diff_rng *r, diff_prog *p, diff_tv *a, int meshless)
 /* A random program; 0 when the builder refused it (the caller moves on). */
 static int diff_build(diff_rng *r, diff_prog *p) {
   int meshless = diff_next(r, 8) == 0, nops = 1 + diff_next(r, 3), k, i, j, D = p->world;
+  if (p->max_tvs > DIFF_MAX_TVS) nops += 3 + diff_next(r, 6);
   p->f = hir_fusion_create();
   for (k = 0; k < 1 + diff_next(r, 2); k++) { /* inputs of 1-3 axes, some of them the world's size */
     int64_t sz[3], n;
@@ -530,11 +548,11 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   if (diff_next(r, 2)) { /* a matmul on the first input: B is [K, N] or [batch, K, N] */
     diff_tv *a = &p->t[0], *b;
     int64_t bs[3], n;
-    if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 5 && p->seed % 5 == 3) { /* by the seed: the programs of other seeds stay */
+    if (a->nd >= 2 && p->ntv < p->max_tvs - 5 && p->seed % 5 == 3) { /* by the seed: the programs of other seeds stay */
       diff_place(r, p, diff_scaled(r, p, a, meshless), meshless);
-    } else if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 5 && p->seed % 17 == 8) {
+    } else if (a->nd >= 2 && p->ntv < p->max_tvs - 5 && p->seed % 17 == 8) {
       diff_place(r, p, diff_linear(r, p, a, meshless), meshless);
-    } else if (a->nd >= 2 && p->ntv < DIFF_MAX_TVS - 2) {
+    } else if (a->nd >= 2 && p->ntv < p->max_tvs - 2) {
       int batched = a->nd == 3 && diff_next(r, 2);
       bs[0] = a->sizes[0], bs[batched] = a->sizes[a->nd - 1], bs[batched + 1] = 1 + diff_next(r, 3);
       if (!batched) bs[1] = 1 + diff_next(r, 3), bs[0] = a->sizes[a->nd - 1];
@@ -546,13 +564,13 @@ static int diff_build(diff_rng *r, diff_prog *p) {
       diff_place(r, p, diff_matmul(p, a, b), meshless);
     }
   }
-  for (k = 0; k < nops && p->ntv < DIFF_MAX_TVS - 3; k++) {
+  for (k = 0; k < nops && p->ntv < p->max_tvs - 3; k++) {
     diff_tv *a = &p->t[p->ntv - 1 - diff_next(r, p->ntv < 2 ? 1 : 2)], *t = NULL;
     switch (diff_next(r, 5)) {
     case 3: /* an elementwise op; by the seed, a layer_norm (the programs of other seeds stay) */
-      t = p->seed % 11 == 4 && p->ntv < DIFF_MAX_TVS - 4 && (!diff_low(p) || !a->inexact) ? diff_layer_norm(r, p, a) /* it would magnify roundings */
+      t = p->seed % 11 == 4 && p->ntv < p->max_tvs - 4 && (!diff_low(p) || !a->inexact) && diff_spread(a) ? diff_layer_norm(r, p, a)
           : p->seed % 19 == 10 && a->nd >= 2                   ? diff_permute(r, p, a)
-          : p->seed % 31 == 15 && a - p->t < p->nin && p->ntv < DIFF_MAX_TVS - 3 && p->dt == HIR_F32 ? diff_bf16_trip(r, p, a, meshless)
+          : p->seed % 31 == 15 && a - p->t < p->nin && p->ntv < p->max_tvs - 3 && p->dt == HIR_F32 ? diff_bf16_trip(r, p, a, meshless)
                                                                : diff_unary(p, diff_next(r, 6), a);
       break;
     case 4: { /* a select, slice or reshape (select and slice of a non-empty axis, select of a 2+-axis tensor) */
@@ -807,6 +825,7 @@ static int diff_one(uint64_t seed, diff_target *target, int *how) {
   r.s = seed * 0x9E3779B97F4A7C15ull + 1;
   x.seed = seed;
   x.dt = diff_dtype(seed);
+  x.max_tvs = seed % 59 == 29 ? DIFF_LONG_TVS : DIFF_MAX_TVS;
   x.world = 1 + diff_next(&r, 4);
   x.target = target;
   if (seed % 7 == 5) { /* by the seed: 2-D meshes, the programs of other seeds stay */
