@@ -298,6 +298,38 @@ static diff_tv *diff_unary(diff_prog *p, int which, diff_tv *a) {
   return t;
 }
 
+/* t = a / (|b| + 0.5), b a or an earlier tensor of a's shape (the
+   denominator its own two ops, placed anywhere), or (sine) sin(a): the
+   kernels' division and transcendental, within the dtype's roundings. */
+static diff_tv *diff_divide(diff_rng *r, diff_prog *p, diff_tv *a, int sine, int meshless) {
+  diff_tv *b = a, *m, *d, *t;
+  int64_t i, n = diff_numel(a->nd, a->sizes);
+  if (sine) {
+    t = diff_new(p, hir_sin(p->f, a->tv), a->nd, a->sizes);
+    for (i = 0; i < n; i++) t->v[i] = sin(a->v[i]);
+    t->bound = 1;
+    diff_finish(t, NULL, 0, 1);
+    return t;
+  }
+  for (i = 0; i < p->ntv && diff_next(r, 2); i++)
+    if (&p->t[i] != a && p->t[i].nd == a->nd && !memcmp(p->t[i].sizes, a->sizes, (size_t)a->nd * sizeof(int64_t))) b = &p->t[i];
+  m = diff_new(p, hir_abs(p->f, b->tv), a->nd, a->sizes);
+  for (i = 0; i < n; i++) m->v[i] = fabs(b->v[i]);
+  m->bound = b->bound;
+  diff_finish(m, NULL, 0, b->inexact);
+  diff_place(r, p, m, meshless);
+  d = diff_new(p, hir_binary_scalar(p->f, HIR_BINARY_ADD, m->tv, 0.5), a->nd, a->sizes);
+  for (i = 0; i < n; i++) d->v[i] = m->v[i] + 0.5;
+  d->bound = m->bound + 0.5;
+  diff_finish(d, NULL, 0, m->inexact);
+  diff_place(r, p, d, meshless);
+  t = diff_new(p, hir_div(p->f, a->tv, d->tv), a->nd, a->sizes);
+  for (i = 0; i < n; i++) t->v[i] = a->v[i] / d->v[i];
+  t->bound = 2 * a->bound;
+  diff_finish(t, NULL, 0, 1);
+  return t;
+}
+
 /* t = a cast to bf16 (placed anywhere: moved as 2-byte elements), cast back
    to f32, then moved again; a is an input, whose f32 values the reference
    rounds alike. The bf16 tensor is not among the last two, which later ops
@@ -571,6 +603,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
       t = p->seed % 11 == 4 && p->ntv < p->max_tvs - 4 && (!diff_low(p) || !a->inexact) && diff_spread(a) ? diff_layer_norm(r, p, a)
           : p->seed % 19 == 10 && a->nd >= 2                   ? diff_permute(r, p, a)
           : p->seed % 31 == 15 && a - p->t < p->nin && p->ntv < p->max_tvs - 3 && p->dt == HIR_F32 ? diff_bf16_trip(r, p, a, meshless)
+          : (p->seed % 61 == 30 || p->seed % 67 == 33) && p->ntv < p->max_tvs - 4 ? diff_divide(r, p, a, p->seed % 67 == 33, meshless)
                                                                : diff_unary(p, diff_next(r, 6), a);
       break;
     case 4: { /* a select, slice or reshape (select and slice of a non-empty axis, select of a 2+-axis tensor) */
