@@ -570,6 +570,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     for (i = 0; i < nd; i++) sz[i] = diff_next(r, 3) == 0 ? (p->rows && diff_next(r, 2) ? p->rows : p->rows ? p->cols : D) : 1 + diff_next(r, 4);
     if (k == 0 && diff_fp8_aligned(p) && nd >= 2) sz[nd - 1] = 16; /* an fp8 linear's K as GPUs' fp8 GEMMs take it */
     else if (k == 0 && p->seed % 53 == 26) sz[diff_next(r, nd)] = 0; /* by the seed: an empty axis (a matmul's K maybe) */
+    else if (k == 0 && p->seed % 73 == 36) sz[diff_next(r, nd)] = 17 + diff_next(r, 300); /* a long axis: kernels' vectors, blocks */
     t = diff_new(p, hir_input(p->f, p->dt, nd), nd, sz);
     for (n = 0; n < diff_numel(nd, sz); n++)
       t->v[n] = k == 0 && diff_fp8_aligned(p) ? (double)(diff_next(r, 33) - 16) / 4.0 : diff_input_value(r, p);
