@@ -9543,7 +9543,8 @@ struct hir_evaluator {
   int key_n, planned, started_comm;
   hir_status status;
   int broken, timeout_ms;
-  int communicates, told_world;  /* the program communicates; this rank aborted the world with its error */
+  int communicates, told_world;  /* the program talks to other ranks; this rank aborted the world with its error */
+  int comm_ops;                  /* it has communication ops (with a one-member team they talk to no one) */
   int *devices, ndevices;       /* the fusion's devices (lowered programs): who compares new shapes together */
   int64_t *shape_rows;          /* this rank's row of shapes, then every device's (hir__shapes_agree) */
   size_t shape_words;           /* a row's */
@@ -9620,12 +9621,16 @@ static hir_status hir__tell_world(hir_evaluator *ev) {
   return ev->status;
 }
 
-/* Whether a scope talks to other ranks. */
-static int hir__communicates(const hir_scope *s) {
+/* Whether a scope has communication ops (peers 0), or talks to other ranks
+   (peers 1): a collective of a one-member team (a Broadcast from device 0 to
+   device 0) talks to none, so a graph of it is this rank's alone,
+   recaptured when its buffers move. */
+static int hir__communicates(const hir_scope *s, int peers) {
   int i;
   for (i = 0; i < s->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
-    if ((hir__ops[e->kind].flags & HIR__OP_COMM) || hir__communicates(&e->body) || hir__communicates(&e->orelse)) return 1;
+    int talks = (hir__ops[e->kind].flags & HIR__OP_COMM) && (!peers || e->kind != HIR_EXPR_COMMUNICATION || e->team_size > 1);
+    if (talks || hir__communicates(&e->body, peers) || hir__communicates(&e->orelse, peers)) return 1;
   }
   return 0;
 }
@@ -10958,7 +10963,7 @@ HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc
   if (hir__evaluator_create(ev, p, d) == HIR_OK) return HIR_OK;
   if (!ev->comm && p && d->comm && p->ir.status == HIR_OK) { /* it failed before taking the communicator: tell the world */
     ev->comm = d->comm;
-    ev->communicates = hir__communicates(&p->top) || p->my_device >= 0; /* a lowered program's ranks compare shapes */
+    ev->communicates = hir__communicates(&p->top, 1) || p->my_device >= 0; /* a lowered program's ranks compare shapes */
   }
   return hir__tell_world(ev);
 }
@@ -10985,7 +10990,8 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
     return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
   ev->env.named[HIR_NAMED_NUM_STREAMS] = ev->nstreams;
   ev->comm = d->comm;
-  ev->communicates = hir__communicates(&p->top);
+  ev->communicates = hir__communicates(&p->top, 1);
+  ev->comm_ops = hir__communicates(&p->top, 0);
   ev->check_shapes = d->check_shapes != 0;
   ev->device = d->comm ? d->comm->rank : p->my_device > 0 ? p->my_device : 0;
   ev->env.named[HIR_NAMED_RANK] = ev->device;
@@ -11037,7 +11043,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ok = ok && (ev->key = (int64_t *)HIR_MALLOC(((size_t)ev->key_n + 1) * sizeof(int64_t))) != NULL;
   ok = ok && (ev->boundary = (hir_tensor *)HIR_MALLOC(((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(hir_tensor))) != NULL;
   ok = ok && (ev->reached = (const void **)HIR_MALLOC(((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(void *))) != NULL;
-  ok = ok && (!ev->communicates || (ev->staging = (hir__staging *)HIR_MALLOC((size_t)hir__staging_n(ev) * sizeof *ev->staging)));
+  ok = ok && (!ev->comm_ops || (ev->staging = (hir__staging *)HIR_MALLOC((size_t)hir__staging_n(ev) * sizeof *ev->staging)));
   if (!ok) return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
   if (ev->staging) memset(ev->staging, 0, (size_t)hir__staging_n(ev) * sizeof *ev->staging);
   memset(ev->reached, 0, ((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(void *));
@@ -11558,7 +11564,7 @@ static hir_status hir__run_eager(hir_evaluator *ev, const hir_tensor *in, int ni
 static const char *hir__graph_obstacle(const hir_evaluator *ev) {
   if (!ev->b->graph_begin) return "the backend has nothing to capture";
   if (ev->recording) return "a timeline is being recorded (it times each node as it runs)";
-  if (ev->communicates && ev->comm && !ev->comm->capturable)
+  if (ev->comm_ops && ev->comm && !ev->comm->capturable)
     return "the communicator cannot be captured (hir_comm.capturable is 0)";
   return "";
 }

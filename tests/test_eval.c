@@ -1151,6 +1151,90 @@ TEST(test_eval_graph_allocation, "eval/graph_new_allocation_refused", TEST_CPU) 
   hir_fusion_free(x.f);
 }
 
+/* A program whose one communication has a one-member team talks to no
+   peer: T1 on devices 0 and 1 sliced onto device 0 is a Broadcast from 0
+   to 0 (seed 86 of the differential check, on 2 GPUs). In graph mode 1,
+   rank 0's input and output moving is captured anew there; it was refused
+   on rank 0 alone while rank 1 returned success. The graphs launch
+   nothing, so the numbers are checked on the runs that compute: eager,
+   the capture, the recapture. */
+typedef struct lone_case {
+  hir_local_world *w;
+  hir_fusion *f;
+  hir_tensor in[2][2], out[2]; /* rank r's input; rank 0's outputs, before and after the move */
+  hir_status st[2][4];
+  int ngraphs[2], wrong;
+  char err[2][400];
+} lone_case;
+static hir_status lone_rank(int rank, void *user) {
+  lone_case *x = (lone_case *)user;
+  hir_comm *c = hir_local_comm(x->w, rank);
+  hir_backend *be = hir_backend_cpu_create();
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  int run, made;
+  c->capturable = 1;
+  be->graph_begin = noop_graph_begin;
+  be->graph_end = noop_graph_end;
+  be->graph_launch = noop_graph_launch;
+  be->graph_destroy = fake_graph_destroy;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  ld.my_device = rank;
+  ed.backend = be;
+  ed.comm = c;
+  ed.graph = 1;
+  ed.timeout_ms = 20000;
+  made = hir_lower(x->f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK;
+  for (run = 0; run < 4; run++) { /* eager, captured, replayed, then rank 0's arguments moved */
+    int moved = run == 3 && rank == 0;
+    const hir_tensor *in = &x->in[rank][moved];
+    hir_tensor none, *out = rank == 0 ? &x->out[moved] : &none;
+    memset(&none, 0, sizeof none);
+    if (rank == 0) tset(out, 0, 1e30);
+    x->st[rank][run] = made ? hir_run(ev, in, 1, out, 1) : HIR_ERR_INVALID;
+    if (x->st[rank][run] == HIR_OK) x->st[rank][run] = hir_evaluator_sync(ev);
+    if (rank == 0 && run != 2 && x->st[rank][run] == HIR_OK)
+      x->wrong += fabs(tget(out, 0) - (tget(in, 1) + tget(in, 3) + tget(in, 5))) > 1e-5;
+  }
+  x->ngraphs[rank] = ev ? ev->ngraphs : -1;
+  snprintf(x->err[rank], sizeof x->err[rank], "%.399s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(be);
+  return HIR_OK;
+}
+TEST(test_eval_graph_lone_team, "eval/graph_one_member_team", TEST_CPU) {
+  lone_case x;
+  int both[2] = {0, 1}, first = 0, axis = 0, r, k;
+  int64_t si[2] = {3, 2}, so[1] = {1};
+  hir_tv *t0, *t1, *t2;
+  memset(&x, 0, sizeof x);
+  x.f = hir_fusion_create();
+  t0 = hir_input(x.f, HIR_F32, 2);
+  hir_set_mesh(t0, 2, both);
+  t1 = hir_sum(x.f, t0, 1, &axis);
+  hir_set_mesh(t1, 2, both);
+  t2 = hir_slice_step(x.f, t1, 0, -1, HIR_END, 1);
+  hir_set_mesh(t2, 1, &first);
+  hir_output(x.f, t2);
+  for (r = 0; r < 2; r++) x.in[r][0] = trand(HIR_F32, 2, si), x.in[r][1] = trand(HIR_F32, 2, si), x.out[r] = tn(HIR_F32, 1, so);
+  x.w = hir_local_world_create(2);
+  hir_local_world_set_timeout(x.w, 20000);
+  CHECK(hir_spmd(2, lone_rank, &x) == HIR_OK);
+  for (r = 0; r < 2; r++)
+    for (k = 0; k < 4; k++) {
+      if (x.st[r][k] != HIR_OK) fprintf(stderr, "  rank %d run %d: %s: %s\n", r, k, hir_status_str(x.st[r][k]), x.err[r]);
+      CHECK(x.st[r][k] == HIR_OK);
+    }
+  CHECK(x.wrong == 0 && x.ngraphs[0] == 2 && x.ngraphs[1] == 1);
+  for (r = 0; r < 2; r++) tfree(&x.in[r][0]), tfree(&x.in[r][1]), tfree(&x.out[r]);
+  hir_local_world_free(x.w);
+  hir_fusion_free(x.f);
+}
+
 /* Host loops of their own index, nested: a ring allgather by hand, the
    outer loop over steps j, the inner over parts k of the shard; at step j
    each rank sends part k to rank + j and receives it from rank - j (nvFuser's
