@@ -348,6 +348,23 @@ HIRDEF hir_status  hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype);
    named, where an op cannot take it: a matmul's K or N, a permute, a
    select, slice or reshape of that axis. */
 HIRDEF hir_status  hir_split(hir_tv *tv, int axis, int64_t factor, int outer);
+/* nvFuser's reorder of tv's loop domain: the axis at loop position from[k]
+   moves to to[k] (negative from the end), the others keep their order in
+   the places left. Later schedule calls (hir_parallelize, hir_split,
+   hir_tv_ptype, ...) count axes in this order, and the printer shows it,
+   as nvFuser's tv->axis(i) and dumps do; a DIDx axis is reordered to the
+   front this way (nvFuser's reorderDIDToFront). What a tensor holds and
+   the layout of the user's tensors (strides given at run time) do not
+   change. */
+HIRDEF hir_status  hir_reorder(hir_tv *tv, int n, const int *from, const int *to);
+/* nvFuser's tv->setAllocationDomain(tv->getLoopDomain(), true): the user's
+   tensors of tv laid out in its loop order (a DIDx or DIDy part, one element
+   a device, takes no place). An output the evaluator hands back (data NULL)
+   comes in this layout; inputs and preallocated outputs are read and
+   written in the strides the caller gives, whatever they are. Refused where
+   the loop order puts another axis between the parts of a split axis, or
+   its inner part first: no strides give that layout. */
+HIRDEF hir_status  hir_set_allocation_loop(hir_tv *tv);
 HIRDEF hir_status  hir_fusion_print(const hir_fusion *f, FILE *out);
 HIRDEF size_t      hir_fusion_snprint(const hir_fusion *f, char *buf, size_t cap);   /* like snprintf */
 /* Axis arguments count every axis of the tensor, reduction axes included
@@ -1085,6 +1102,7 @@ struct hir_id {
   hir_val *extent;
   hir_iter_type iter;
   hir_ptype ptype;
+  int loop_pos; /* 1 + its place in the tensor's loop order after hir_reorder; 0: the order of ids */
 };
 
 struct hir_tv {
@@ -1106,6 +1124,10 @@ struct hir_tv {
   unsigned char logical_of[HIR_MAX_DIMS];
   hir_val *logical_extent[HIR_MAX_DIMS];
   hir_val *scalar;        /* a scalar input (hir_input_scalar): the value hir_run binds to this symbol */
+  /* hir_set_allocation_loop: the user's tensors hold logical axis
+     alloc_order[0] outermost, alloc_order[nalloc - 1] innermost (0: row-major). */
+  int nalloc;
+  unsigned char alloc_order[HIR_MAX_DIMS];
 };
 
 struct hir_scope {
@@ -1482,6 +1504,40 @@ static int hir__norm_axis(hir_fusion *f, int axis, int ndims, const char *fn, co
     return -1;
   }
   return a;
+}
+
+/* The loop order (hir_reorder): order[p] is the index in tv->ids of the
+   axis at loop position p. The axes keep their order in ids, which every
+   pass reads; only the printer and the schedule calls' axis numbers see
+   the loop order. A tensor any of whose axes has no loop place (one the
+   lowering made) is in the order of ids. */
+static void hir__loop_order(const hir_tv *tv, int *order) {
+  int i, j, n = 0;
+  for (i = 0; i < tv->ndims; i++) order[i] = i;
+  for (i = 0; i < tv->ndims; i++) n += tv->ids[i]->loop_pos > 0;
+  if (n < tv->ndims) return;
+  for (i = 1; i < tv->ndims; i++) /* by loop place; lowering may have dropped some of the places */
+    for (j = i; j > 0 && tv->ids[order[j - 1]]->loop_pos > tv->ids[order[j]]->loop_pos; j--) {
+      int t = order[j];
+      order[j] = order[j - 1], order[j - 1] = t;
+    }
+}
+
+/* A schedule call's axis (a loop position, negative from the end) as an
+   index in tv->ids; -1 (error recorded) when out of range. */
+static int hir__loop_axis(hir_fusion *f, const hir_tv *tv, int axis, const char *fn) {
+  int order[HIR_MAX_DIMS], a = hir__norm_axis(f, axis, tv->ndims, fn, tv);
+  if (a < 0) return -1;
+  hir__loop_order(tv, order);
+  return order[a];
+}
+
+/* The loop position of tv->ids[i]. */
+static int hir__loop_place(const hir_tv *tv, int i) {
+  int order[HIR_MAX_DIMS], p;
+  hir__loop_order(tv, order);
+  for (p = 0; p < tv->ndims && order[p] != i; p++) {}
+  return p;
 }
 
 /* Whether e may read or write fp8 tensors: moves and views, casts, and the scaled matmul. */
@@ -2239,7 +2295,7 @@ HIRDEF hir_status hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype) {
   if (!tv) return HIR_ERR_INVALID;
   f = tv->ir;
   if (f->status != HIR_OK) return f->status;
-  if ((a = hir__norm_axis(f, axis, tv->ndims, "hir_parallelize", tv)) < 0) return f->status;
+  if ((a = hir__loop_axis(f, tv, axis, "hir_parallelize")) < 0) return f->status;
   if ((unsigned)ptype >= HIR_PTYPE_COUNT) {
     hir__fail(f, HIR_ERR_INVALID, "hir_parallelize: unknown parallel type %d; use HIR_SERIAL, HIR_DIDX, HIR_DIDY or HIR_STREAM",
               (int)ptype);
@@ -2249,7 +2305,7 @@ HIRDEF hir_status hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype) {
     for (i = 0; i < tv->ndims; i++)
       if (i != a && tv->ids[i]->ptype == ptype) {
         hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_parallelize: T%d already has a %s axis (axis %d); one %s axis per tensor",
-                  tv->name, hir__ptype_labels[ptype], i, hir__ptype_labels[ptype]);
+                  tv->name, hir__ptype_labels[ptype], hir__loop_place(tv, i), hir__ptype_labels[ptype]);
         return f->status;
       }
   }
@@ -2260,14 +2316,24 @@ HIRDEF hir_status hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype) {
 HIRDEF int hir_tv_ndims(const hir_tv *tv) { return tv ? tv->ndims : 0; }
 HIRDEF int hir_tv_name(const hir_tv *tv) { return tv ? tv->name : -1; }
 HIRDEF hir_dtype hir_tv_dtype(const hir_tv *tv) { return tv ? tv->dtype : HIR_F32; }
+/* The axis at loop position `axis` (hir_reorder), or NULL. */
+static const hir_id *hir__tv_axis(const hir_tv *tv, int axis) {
+  int order[HIR_MAX_DIMS];
+  if (!tv || axis < 0 || axis >= tv->ndims) return NULL;
+  hir__loop_order(tv, order);
+  return tv->ids[order[axis]];
+}
 HIRDEF hir_iter_type hir_tv_iter_type(const hir_tv *tv, int axis) {
-  return (tv && axis >= 0 && axis < tv->ndims) ? tv->ids[axis]->iter : HIR_ITERATION;
+  const hir_id *id = hir__tv_axis(tv, axis);
+  return id ? id->iter : HIR_ITERATION;
 }
 HIRDEF hir_ptype hir_tv_ptype(const hir_tv *tv, int axis) {
-  return (tv && axis >= 0 && axis < tv->ndims) ? tv->ids[axis]->ptype : HIR_SERIAL;
+  const hir_id *id = hir__tv_axis(tv, axis);
+  return id ? id->ptype : HIR_SERIAL;
 }
 HIRDEF hir_val *hir_tv_extent(const hir_tv *tv, int axis) {
-  return (tv && axis >= 0 && axis < tv->ndims) ? tv->ids[axis]->extent : NULL;
+  const hir_id *id = hir__tv_axis(tv, axis);
+  return id ? id->extent : NULL;
 }
 HIRDEF int hir_tv_mesh_cols(const hir_tv *tv) { return tv ? tv->mesh_cols : 0; }
 HIRDEF const int *hir_tv_mesh(const hir_tv *tv, int *ndevices) {
@@ -2277,7 +2343,10 @@ HIRDEF const int *hir_tv_mesh(const hir_tv *tv, int *ndevices) {
 HIRDEF hir_expr *hir_tv_definition(const hir_tv *tv) { return tv ? tv->definition : NULL; }
 HIRDEF int hir_tv_logical_ndims(const hir_tv *tv) { return tv ? tv->nlogical : 0; }
 HIRDEF int hir_tv_logical_axis(const hir_tv *tv, int axis) {
+  int order[HIR_MAX_DIMS];
   if (!tv || axis < 0 || axis >= tv->ndims) return -1;
+  hir__loop_order(tv, order);
+  axis = order[axis];
   return tv->nlogical ? tv->logical_of[axis] : hir__data_index(tv, axis);
 }
 
@@ -2450,7 +2519,7 @@ HIRDEF hir_expr *hir_host_for_loop(hir_program *p, hir_tv *tv, int axis) {
   hir_expr *e;
   int a;
   if (!f || !hir__check_tv(f, tv, "hir_host_for_loop", "tv")) return NULL;
-  if ((a = hir__norm_axis(f, axis, tv->ndims, "hir_host_for_loop", tv)) < 0) return NULL;
+  if ((a = hir__loop_axis(f, tv, axis, "hir_host_for_loop")) < 0) return NULL;
   if (!(e = hir__new_expr(f, HIR_EXPR_FOR_LOOP, 0, 0))) return NULL;
   e->id = tv->ids[a];
   if (!(e->val = hir__named(f, HIR_NAMED_STREAM_IDX))) return NULL;
@@ -2835,11 +2904,12 @@ static void hir__print_id(hir__writer *w, const hir_id *id) {
 }
 
 static void hir__print_tv(hir__writer *w, const hir_tv *tv) {
-  int i;
+  int i, order[HIR_MAX_DIMS];
   hir__emit(w, "T%d_%c_%s[", tv->name, tv->mem == HIR_MEM_GLOBAL ? 'g' : 'l', hir__dtype_names[tv->dtype]);
+  hir__loop_order(tv, order); /* nvFuser prints the loop domain */
   for (i = 0; i < tv->ndims; i++) {
     if (i) hir__emit(w, ", ");
-    hir__print_id(w, tv->ids[i]);
+    hir__print_id(w, tv->ids[order[i]]);
   }
   hir__emit(w, "]");
   if (tv->mesh_size) { /* a 2-D mesh row by row, as nvFuser: DeviceMesh{{0 1}{2 3}} */
@@ -3616,7 +3686,8 @@ static int hir__split_sites(hir_fusion *f, hir_tv *tv, int axis, hir__split_site
         if (e->in[k] != at.tv && e->out[0] != at.tv) continue;
         if ((why = hir__split_blocked(e, at.tv, at.axis))) {
           hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d axis %d maps onto %s (%s %d), which a split axis cannot pass; "
-                    "split another axis, or keep this one whole", tv->name, axis, why, hir__ops[e->kind].name, e->name);
+                    "split another axis, or keep this one whole", tv->name, hir__loop_place(tv, axis), why,
+                    hir__ops[e->kind].name, e->name);
           return 0;
         }
         hir__axis_map(e, k, map);
@@ -3629,7 +3700,8 @@ static int hir__split_sites(hir_fusion *f, hir_tv *tv, int axis, hir__split_site
           for (q = 0; q < *n; q++) seen |= sites[q].tv == next[s].tv && sites[q].axis == next[s].axis;
           if (seen) continue;
           if (*n == cap) {
-            hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d axis %d reaches more than %d tensors", tv->name, axis, cap);
+            hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d axis %d reaches more than %d tensors", tv->name,
+                      hir__loop_place(tv, axis), cap);
             return 0;
           }
           sites[(*n)++] = next[s];
@@ -3648,9 +3720,9 @@ static int hir__split_sites(hir_fusion *f, hir_tv *tv, int axis, hir__split_site
    which tells mapped axes from others of the same size. */
 static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, hir_val *fv, int outer, hir_val **rest_of, hir_val **rests,
                           int *nrests) {
-  hir_id *x = tv->ids[axis], *o, *in;
+  hir_id *x = tv->ids[axis], *o, *in, *loop[HIR_MAX_DIMS];
   hir_val *rest = NULL;
-  int i, d = hir__data_index(tv, axis);
+  int i, d = hir__data_index(tv, axis), order[HIR_MAX_DIMS], place = 1;
   for (i = 0; i < *nrests && !rest; i++)
     if (rest_of[i] == x->extent) rest = rests[i];
   if (!rest) {
@@ -3668,11 +3740,17 @@ static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, hir_val *fv, int 
     }
     tv->nlogical = hir__data_index(tv, tv->ndims);
   }
+  hir__loop_order(tv, order); /* before the ids move: a reordered tensor's two parts take x's loop place */
+  for (i = 0; i < tv->ndims; i++) loop[i] = tv->ids[order[i]];
   for (i = tv->ndims; i > axis + 1; i--) tv->ids[i] = tv->ids[i - 1], tv->logical_of[i] = tv->logical_of[i - 1];
   tv->ids[axis] = o;
   tv->ids[axis + 1] = in;
   tv->logical_of[axis + 1] = tv->logical_of[axis];
   tv->ndims++;
+  for (i = 0; x->loop_pos && i < tv->ndims - 1; i++) {
+    if (loop[i] != x) loop[i]->loop_pos = place++;
+    else o->loop_pos = place++, in->loop_pos = place++;
+  }
   for (i = 0; i < f->exprs.n; i++) {
     hir_expr *e = (hir_expr *)f->exprs.items[i];
     if (e->kind == HIR_EXPR_BROADCAST && e->out[0] == tv) /* a 0 flag for the new axis */
@@ -3690,9 +3768,9 @@ HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
   if (!tv) return HIR_ERR_INVALID;
   f = tv->ir;
   if (f->status != HIR_OK) return f->status;
-  if ((a = hir__norm_axis(f, axis, tv->ndims, "hir_split", tv)) < 0) return f->status;
+  if ((a = hir__loop_axis(f, tv, axis, "hir_split")) < 0) return f->status;
   if (factor < 1 || tv->ids[a]->iter == HIR_BROADCAST || tv->ids[a]->ptype != HIR_SERIAL || f->program) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_split: T%d axis %d: %s", tv->name, a,
+    hir__fail(f, HIR_ERR_INVALID, "hir_split: T%d axis %d: %s", tv->name, hir__loop_place(tv, a),
               factor < 1 ? "the factor must be 1 or more" : tv->ids[a]->iter == HIR_BROADCAST ? "a broadcast axis has nothing to split"
               : f->program ? "split a fusion's tensors, not a program's" : "split first, then parallelize the parts");
     return f->status;
@@ -3711,8 +3789,9 @@ HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
     const hir_val *x = t->ids[sites[i].axis]->extent;
     if (t->ndims + more > HIR_MAX_DIMS || t->ids[sites[i].axis]->ptype != HIR_SERIAL ||
         (x->kind == HIR__VAL_CONST && x->value % factor)) {
-      hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d axis %d reaches T%d axis %d, which %s", tv->name, a, t->name,
-                sites[i].axis, t->ids[sites[i].axis]->ptype != HIR_SERIAL ? "is parallelized; split first, then parallelize the parts"
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d axis %d reaches T%d axis %d, which %s", tv->name, hir__loop_place(tv, a),
+                t->name, hir__loop_place(t, sites[i].axis),
+                t->ids[sites[i].axis]->ptype != HIR_SERIAL ? "is parallelized; split first, then parallelize the parts"
                 : t->ndims + more > HIR_MAX_DIMS ? "would have more than HIR_MAX_DIMS axes" : "has a fixed extent the factor does not divide");
       return f->status;
     }
@@ -3720,6 +3799,79 @@ HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
   if (!(fv = hir__const(f, factor))) return f->status;
   for (i = 0; i < n; i++)
     if (!hir__split_one(f, sites[i].tv, sites[i].axis, fv, outer, rest_of, rests, &nrests)) return f->status;
+  return HIR_OK;
+}
+
+HIRDEF hir_status hir_reorder(hir_tv *tv, int n, const int *from, const int *to) {
+  hir_fusion *f;
+  int order[HIR_MAX_DIMS], placed[HIR_MAX_DIMS], taken[HIR_MAX_DIMS], k, p, a, next = 0;
+  if (!tv) return HIR_ERR_INVALID;
+  f = tv->ir;
+  if (f->status != HIR_OK) return f->status;
+  if (f->program || n < 1 || n > tv->ndims || !from || !to) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_reorder: T%d: %s", tv->name, f->program ? "reorder a fusion's tensors, not a program's"
+              : !from || !to ? "from and to are NULL" : "give 1 to hir_tv_ndims(tv) pairs of positions");
+    return f->status;
+  }
+  hir__loop_order(tv, order);
+  for (p = 0; p < tv->ndims; p++) placed[p] = -1, taken[p] = 0;
+  for (k = 0; k < n; k++) {
+    int src = hir__norm_axis(f, from[k], tv->ndims, "hir_reorder", tv), dst;
+    if (src < 0 || (dst = hir__norm_axis(f, to[k], tv->ndims, "hir_reorder", tv)) < 0) return f->status;
+    if (taken[src] || placed[dst] >= 0) {
+      hir__fail(f, HIR_ERR_INVALID, "hir_reorder: T%d: %s %d is named twice; each axis moves once, to a place of its own",
+                tv->name, taken[src] ? "axis" : "place", taken[src] ? from[k] : to[k]);
+      return f->status;
+    }
+    taken[src] = 1;
+    placed[dst] = order[src];
+  }
+  for (a = 0; a < tv->ndims; a++) { /* the others, in their order, into the places left */
+    if (taken[a]) continue;
+    while (placed[next] >= 0) next++;
+    placed[next] = order[a];
+  }
+  for (p = 0; p < tv->ndims; p++) tv->ids[placed[p]]->loop_pos = p + 1;
+  return HIR_OK;
+}
+
+HIRDEF hir_status hir_set_allocation_loop(hir_tv *tv) {
+  hir_fusion *f;
+  int order[HIR_MAX_DIMS], seen[HIR_MAX_DIMS], p, l, n = 0, last = -1, last_id = -1, nlogical, moved = 0;
+  unsigned char layout[HIR_MAX_DIMS];
+  if (!tv) return HIR_ERR_INVALID;
+  f = tv->ir;
+  if (f->status != HIR_OK) return f->status;
+  if (f->program) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_set_allocation_loop: T%d: lay out a fusion's tensors, not a program's", tv->name);
+    return f->status;
+  }
+  nlogical = tv->nlogical ? tv->nlogical : hir__data_index(tv, tv->ndims);
+  memset(seen, 0, sizeof seen);
+  hir__loop_order(tv, order);
+  for (p = 0; p < tv->ndims; p++) {
+    const hir_id *id = tv->ids[order[p]];
+    if (id->iter == HIR_REDUCTION || hir__is_did(id->ptype)) continue; /* no data here; one element a device */
+    l = tv->nlogical ? tv->logical_of[order[p]] : hir__data_index(tv, order[p]);
+    if (l == last && order[p] > last_id) { /* the next part of the axis just placed */
+      last_id = order[p];
+      continue;
+    }
+    if (seen[l]) {
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_set_allocation_loop: T%d's loop order puts %s logical axis %d's parts; no "
+                "strides give that layout: keep the parts of a split axis together, outer first (hir_reorder)", tv->name,
+                l == last ? "the inner part first among" : "another axis between", l);
+      return f->status;
+    }
+    seen[l] = 1;
+    moved |= l != n;
+    layout[n++] = (unsigned char)l;
+    last = l, last_id = order[p];
+  }
+  for (l = 0; l < nlogical; l++) /* axes wholly sharded: one element here, anywhere */
+    if (!seen[l]) moved |= l != n, layout[n++] = (unsigned char)l;
+  memcpy(tv->alloc_order, layout, (size_t)n);
+  tv->nalloc = moved ? n : 0;
   return HIR_OK;
 }
 
@@ -9562,6 +9714,8 @@ struct hir_evaluator {
   int graph, warm;              /* hir_eval_desc.graph; the current plan has run eagerly (its buffers exist) */
   unsigned char *warm_dense;    /* which arguments were dense in that run (a strided one takes a buffer to copy through) */
   hir_tensor *boundary;         /* the user's tensors seen with their split axes (hir_split), inputs then outputs; made at create */
+  unsigned char *handed;        /* by output: this run hands back a buffer of ours (the caller gave none) */
+  struct hir__staging *laid_out; /* by output: the one handed back in its tensor's layout (hir_set_allocation_loop) */
   const void **reached;         /* inputs then outputs: the last address the backend said it reaches (hir_backend.reachable) */
   struct hir__graph *graphs;    /* captured runs of the current plan, by their tensors' addresses */
   int ngraphs;
@@ -11043,9 +11197,12 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ok = ok && (ev->key = (int64_t *)HIR_MALLOC(((size_t)ev->key_n + 1) * sizeof(int64_t))) != NULL;
   ok = ok && (ev->boundary = (hir_tensor *)HIR_MALLOC(((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(hir_tensor))) != NULL;
   ok = ok && (ev->reached = (const void **)HIR_MALLOC(((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(void *))) != NULL;
+  ok = ok && (ev->handed = (unsigned char *)HIR_MALLOC((size_t)p->ir.outputs.n + 1)) != NULL;
+  ok = ok && (ev->laid_out = (hir__staging *)HIR_MALLOC(((size_t)p->ir.outputs.n + 1) * sizeof *ev->laid_out)) != NULL;
   ok = ok && (!ev->comm_ops || (ev->staging = (hir__staging *)HIR_MALLOC((size_t)hir__staging_n(ev) * sizeof *ev->staging)));
   if (!ok) return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
   if (ev->staging) memset(ev->staging, 0, (size_t)hir__staging_n(ev) * sizeof *ev->staging);
+  memset(ev->laid_out, 0, ((size_t)p->ir.outputs.n + 1) * sizeof *ev->laid_out);
   memset(ev->reached, 0, ((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(void *));
   memset(ev->pool, 0, (size_t)ev->nstreams * sizeof(void *));
   memset(ev->pool_ev, 0, (size_t)ev->nstreams * sizeof(void *));
@@ -11112,6 +11269,8 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
     if (ev->meet_buf) ev->b->release(ev->b, ev->meet_buf);
     for (i = 0; ev->staging && i < hir__staging_n(ev); i++)
       if (ev->staging[i].data) ev->b->release(ev->b, ev->staging[i].data);
+    for (i = 0; ev->laid_out && ev->p && i < ev->p->ir.outputs.n; i++)
+      if (ev->laid_out[i].data) ev->b->release(ev->b, ev->laid_out[i].data);
     if (ev->owns_backend) hir_backend_free(ev->b);
   }
   HIR_FREE(ev->devices);
@@ -11138,6 +11297,8 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->graphs);
   HIR_FREE(ev->warm_dense);
   HIR_FREE(ev->boundary);
+  HIR_FREE(ev->handed);
+  HIR_FREE(ev->laid_out);
   HIR_FREE(ev);
 }
 
@@ -11149,6 +11310,7 @@ HIRDEF size_t hir_evaluator_memory(const hir_evaluator *ev) {
   int i;
   for (i = 0; ev && i < ev->nblocks; i++) n += ev->blocks[i].bytes;
   for (i = 0; ev && ev->staging && i < hir__staging_n(ev); i++) n += ev->staging[i].bytes;
+  for (i = 0; ev && ev->laid_out && ev->p && i < ev->p->ir.outputs.n; i++) n += ev->laid_out[i].bytes;
   return n;
 }
 
@@ -11470,6 +11632,7 @@ static hir_status hir__prepare(hir_evaluator *ev, const hir_tensor *in, int nin,
   for (i = 0; i < nout; i++) { /* an output holding a buffer of ours (the last run's) asks for a new one */
     for (a = 0; out[i].data && a < ev->nblocks; a++)
       if (out[i].data == ev->blocks[a].ptr) out[i].data = NULL;
+    if (out[i].data && ev->laid_out && out[i].data == ev->laid_out[i].data) out[i].data = NULL;
   }
   for (i = 0; i < nin; i++) { /* replan when the shapes change, or a scalar's value */
     int64_t *k = ev->key + i * (HIR_MAX_DIMS + 1);
@@ -11854,10 +12017,46 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
   return hir__ev_fail(ev, HIR_ERR_SHAPE, "%s", msg);
 }
 
+/* Outputs the evaluator hands back, in the layouts their tensors were
+   given (hir_set_allocation_loop): copied on the caller's stream into a
+   buffer of ours with those strides. */
+static hir_status hir__lay_out(hir_evaluator *ev, hir_tensor *out, int nout) {
+  int i, k;
+  for (i = 0; i < nout; i++) {
+    const hir_tv *tv = (const hir_tv *)ev->p->ir.outputs.items[i];
+    hir__staging *buf = &ev->laid_out[i];
+    hir_tensor t = out[i];
+    size_t bytes = (size_t)hir__numel(t.ndims, t.sizes) * hir_dtype_size(t.dtype);
+    int64_t stride = 1;
+    hir_status s;
+    if (!tv->nalloc || !ev->handed[i] || !t.data || t.ndims != tv->nalloc) continue;
+    if (buf->bytes < bytes) {
+      if (buf->data) ev->b->release(ev->b, buf->data);
+      buf->data = NULL, buf->bytes = 0;
+      if ((s = ev->b->alloc(ev->b, bytes, &buf->data)) != HIR_OK)
+        return hir__ev_fail(ev, s, "hir_run: allocating %zu bytes for output %d (T%d) in its layout failed: %s (the outputs of "
+                            "this run are incomplete)", bytes, i, tv->name, ev->b->error), ev->status;
+      buf->bytes = bytes;
+    }
+    t.data = buf->data;
+    for (k = tv->nalloc - 1; k >= 0; k--) t.strides[tv->alloc_order[k]] = stride, stride *= t.sizes[tv->alloc_order[k]];
+    if (bytes && (s = ev->b->copy(ev->b, ev->b->current_stream(ev->b), &t, &out[i])) != HIR_OK)
+      return hir__ev_fail(ev, s, "hir_run: laying out output %d (T%d) failed on the %s backend: %s (the outputs of this run "
+                          "are incomplete)", i, tv->name, ev->b->name, ev->b->error), ev->status;
+    out[i] = t;
+  }
+  return HIR_OK;
+}
+
 static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin, hir_tensor *user_out, int nout) {
   const hir_tensor *in = user_in;
   hir_tensor *out = user_out;
   hir_status s;
+  int i, k;
+  for (i = 0; ev && ev->p && ev->handed && user_out && nout == ev->p->ir.outputs.n && i < nout; i++) { /* prepare forgets it */
+    ev->handed[i] = !user_out[i].data || (ev->laid_out && user_out[i].data == ev->laid_out[i].data);
+    for (k = 0; k < ev->nblocks && !ev->handed[i]; k++) ev->handed[i] = user_out[i].data == ev->blocks[k].ptr;
+  }
   if (ev && !hir__unfold_args(ev, &in, nin, &out, nout)) return ev->status;
   if ((s = hir__prepare(ev, in, nin, out, nout)) != HIR_OK) return s;
   if ((ev->shapes_unchecked || ev->check_shapes) && ev->devices_team && !hir__shapes_agree(ev, user_in, nin)) return ev->status;
@@ -11866,7 +12065,7 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin
       : ev->staged ? hir__run_staged(ev, in, nin, out, nout)
                    : hir__run_graph(ev, in, nin, out, nout);
   if (s == HIR_OK) hir__fold_outputs(ev, out, user_out, nout);
-  return s;
+  return s == HIR_OK ? hir__lay_out(ev, user_out, nout) : s;
 }
 
 // >>tune

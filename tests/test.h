@@ -232,9 +232,10 @@ static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
   if (tv->scalar) return *full; /* a scalar input: by value, on every rank */
   if (hir_tv_logical_ndims(tv)) return shard_split(full, tv, device);
   t = *full;
-  for (i = 0; i < hir_tv_ndims(tv); i++) {
+  for (i = 0; i < hir_tv_ndims(tv); i++) { /* in loop order (hir_reorder): each axis says which data axis it is */
+    int d = hir_tv_logical_axis(tv, i);
     if (hir_tv_iter_type(tv, i) == HIR_REDUCTION) continue;
-    if ((split[k] = split_on(tv, i, device, &pos[k], &count))) t.sizes[k] = 1;
+    if ((split[d] = split_on(tv, i, device, &pos[d], &count))) t.sizes[d] = 1;
     k++;
   }
   if (nmesh && hir_team_index(mesh, nmesh, device) < 0) { /* lives elsewhere: shape only */

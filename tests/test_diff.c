@@ -671,6 +671,23 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     if (hir_tv_iter_type(t->tv, ax) != HIR_BROADCAST && hir_tv_ptype(t->tv, ax) == HIR_SERIAL)
       hir_parallelize(t->tv, ax, HIR_STREAM);
   }
+  for (i = 0; p->seed % 79 == 39 && i < p->nout; i++) { /* by the seed: outputs laid out in another order of their axes */
+    hir_tv *tv = p->t[p->outs[i]].tv;
+    int nd = hir_tv_ndims(tv), nl = 0, k, q, n = 0, logical[HIR_MAX_DIMS], from[HIR_MAX_DIMS], to[HIR_MAX_DIMS];
+    for (k = 0; k < nd; k++)
+      if (hir_tv_iter_type(tv, k) != HIR_REDUCTION && hir_tv_logical_axis(tv, k) + 1 > nl) nl = hir_tv_logical_axis(tv, k) + 1;
+    for (k = 0; k < nl; k++) logical[k] = k;
+    for (k = nl - 1; k > 0; k--) { /* shuffled */
+      int j = diff_next(r, k + 1), t = logical[k];
+      logical[k] = logical[j], logical[j] = t;
+    }
+    for (q = 0; q <= nl; q++) /* each axis's parts together, outer first; reduction axes last */
+      for (k = 0; k < nd; k++)
+        if (q < nl ? hir_tv_iter_type(tv, k) != HIR_REDUCTION && hir_tv_logical_axis(tv, k) == logical[q]
+                   : hir_tv_iter_type(tv, k) == HIR_REDUCTION)
+          from[k] = k, to[k] = n++;
+    if (n == nd && (hir_reorder(tv, nd, from, to) != HIR_OK || hir_set_allocation_loop(tv) != HIR_OK)) return 0;
+  }
   p->ld.stream.schedule = diff_next(r, 2) ? HIR_P2P_RING : HIR_P2P_LINEAR;
   p->ld.stream.bounded_buffers = diff_next(r, 2);
   p->ld.stream.chunks_per_peer = 1 + diff_next(r, 2);

@@ -150,28 +150,31 @@ TEST(test_split_sum_resharded, "split/sum_resharded", TEST_CPU | TEST_GPU_WORLDS
 
 /* y = x / sum(x, -1) of x [b, h, s, s] whose h is split by D and sharded,
    the split and the sharding carried to the sum, its broadcast and y (set
-   on x alone). MultiDeviceTest.DivideBySum, without its reorder: nvFuser
-   reorders the DIDx part outermost, which hostir's lowering does itself
-   where a collective needs it (here none does). */
+   on x alone), the DIDx part reordered to the front of every tensor.
+   MultiDeviceTest.DivideBySum. */
 TEST(test_split_divide_by_sum, "split/divide_by_sum", TEST_CPU | TEST_GPU_WORLDS) {
-  static const int last[1] = {3}, bcast[4] = {0, 0, 0, 1};
+  static const int last[1] = {3}, bcast[4] = {0, 0, 0, 1}, did[1] = {1}, front[1] = {0};
   int wi;
   for (wi = 0; wi < 5; wi++) {
     int D = worlds[wi];
     int64_t b = 2, h = 3 * D, S = 5, sz[4] = {b, h, S, S}, i, j;
     hir_fusion *f = hir_fusion_create();
-    hir_tv *x = hir_input(f, HIR_F64, 4), *y = hir_div(f, x, hir_broadcast(f, hir_sum(f, x, 1, last), 4, bcast));
+    hir_tv *x = hir_input(f, HIR_F64, 4), *sum = hir_sum(f, x, 1, last), *bc = hir_broadcast(f, sum, 4, bcast);
+    hir_tv *y = hir_div(f, x, bc), *all[4];
     hir_tensor in, want;
+    int k;
     hir_output(f, y);
     hir_set_mesh(x, D, iota_mesh);
     hir_split(x, 1, D, 1); /* x [b, D, h / D, s, s] */
     hir_parallelize(x, 1, HIR_DIDX);
-    CHECK(hir_fusion_error(f)[0] == 0 && hir_tv_logical_ndims(y) == 4);
+    all[0] = x, all[1] = sum, all[2] = bc, all[3] = y;
+    for (k = 0; k < 4; k++) hir_reorder(all[k], 1, did, front); /* [D, b, h / D, s, s] */
+    CHECK(hir_fusion_error(f)[0] == 0 && hir_tv_logical_ndims(y) == 4 && hir_tv_ptype(x, 0) == HIR_DIDX);
     { /* y is sharded as x: each device computes and returns its part */
       hir_program *p = NULL;
       hir_lower_desc d;
       memset(&d, 0, sizeof d);
-      CHECK(hir_lower(f, &d, &p) == HIR_OK && hir_tv_ptype(hir_program_output(p, 0), 1) == HIR_DIDX);
+      CHECK(hir_lower(f, &d, &p) == HIR_OK && hir_tv_ptype(hir_program_output(p, 0), 0) == HIR_DIDX);
       hir_program_free(p);
     }
     in = trand(HIR_F64, 4, sz);
@@ -182,6 +185,169 @@ TEST(test_split_divide_by_sum, "split/divide_by_sum", TEST_CPU | TEST_GPU_WORLDS
       for (j = 0; j < S; j++) tset(&want, i * S + j, tget(&in, i * S + j) / t);
     }
     RUN_ONE(f, D, in, want, wi & 1, "split_divide_by_sum");
+  }
+}
+
+/* hir_reorder: the loop order nvFuser's schedules set. x [b, s, h] with h
+   split by D, the DIDx part moved to the front of x and y = relu(x)
+   (MultiDeviceTest.ReorderDIDToFront, BiasAddRelu's reorder); and the other
+   way round, z [a, c] reordered to [c, a] and then split at loop position 0,
+   which is c: the split, the sharding and the printed loop domain follow the
+   loop order, the numbers each device's part of relu(z). */
+TEST(test_split_reorder, "split/reorder", TEST_CPU | TEST_GPU_WORLDS) {
+  static const int inner[1] = {-2}, front[1] = {0}, second[1] = {1};
+  int wi, which;
+  for (wi = 0; wi < 5; wi++)
+    for (which = 0; which < 2; which++) {
+      int D = worlds[wi];
+      int64_t sz3[3] = {2, 3, 4 * D}, sz2[2] = {3, 2 * D}, i, n = which ? 6 * D : 24 * D;
+      char text[2048], want_x[160];
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, HIR_F32, which ? 2 : 3), *y = hir_relu(f, x);
+      hir_tensor in, want;
+      hir_output(f, y);
+      hir_set_mesh(x, D, iota_mesh);
+      hir_set_mesh(y, D, iota_mesh);
+      if (!which) { /* split, parallelize, reorder */
+        hir_split(x, -1, D, 1);       /* x [b, s, D, h / D] */
+        hir_parallelize(x, -2, HIR_DIDX);
+        hir_parallelize(y, -2, HIR_DIDX);
+        hir_reorder(x, 1, inner, front); /* x [D, b, s, h / D] */
+        hir_reorder(y, 1, inner, front);
+      } else { /* reorder, split, parallelize */
+        hir_reorder(x, 1, second, front); /* x [c, a] */
+        hir_split(x, 0, D, 1);             /* x [D, c / D, a]: c is split */
+        hir_parallelize(x, 0, HIR_DIDX);
+        hir_parallelize(y, 1, HIR_DIDX);   /* y [a, D, c / D]: not reordered */
+      }
+      CHECK(hir_fusion_error(f)[0] == 0);
+      CHECK(hir_tv_ptype(x, 0) == HIR_DIDX && hir_tv_logical_axis(x, 0) == (which ? 1 : 2));
+      CHECK(hir_tv_ptype(y, which ? 1 : 0) == HIR_DIDX && hir_tv_logical_ndims(y) == (which ? 2 : 3));
+      hir_fusion_snprint(f, text, sizeof text);
+      if (!which)
+        snprintf(want_x, sizeof want_x, "T0_g_float[ideviceIdx.x6{%d}, iS0{i0}, iS1{i2}, iS7{( i3 / %d )}]", D, D);
+      else
+        snprintf(want_x, sizeof want_x, "T0_g_float[ideviceIdx.x4{%d}, iS5{( i2 / %d )}, iS0{i0}]", D, D);
+      if (!strstr(text, want_x)) printf("  want %s in\n%s\n", want_x, text);
+      CHECK(strstr(text, want_x) != NULL);
+      in = trand(HIR_F32, which ? 2 : 3, which ? sz2 : sz3);
+      want = tn(HIR_F32, which ? 2 : 3, which ? sz2 : sz3);
+      for (i = 0; i < n; i++) tset(&want, i, tget(&in, i) > 0 ? tget(&in, i) : 0);
+      RUN_ONE(f, D, in, want, wi & 1, which ? "reorder_then_split" : "reorder_did_to_front");
+    }
+}
+
+/* hir_set_allocation_loop: y = relu(x) of x [a, c], c split by D and
+   sharded; y's loop order [D, c / D, a], its allocation that order, so the
+   y the evaluator hands back is column-major ([a, c / D] with strides 1, a),
+   a preallocated one is written in its own strides. MultiDeviceTest's
+   Transpose and LoopSplitWithReorder set an allocation domain so. Then what
+   it refuses: a split axis's parts apart, or the inner first. */
+TEST(test_split_allocation, "split/allocation_loop", TEST_CPU | TEST_GPU_WORLDS) {
+  static const int first[1] = {0}, last[1] = {2}, middle[1] = {1};
+  int wi, k;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi];
+    int64_t a = 3, c = 2 * D, sz[2] = {a, c}, i;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 2), *y = hir_relu(f, x);
+    hir_tensor in, want;
+    hir_output(f, y);
+    hir_set_mesh(x, D, iota_mesh);
+    hir_set_mesh(y, D, iota_mesh);
+    hir_split(x, 1, D, 1); /* [a, D, c / D] */
+    hir_parallelize(x, 1, HIR_DIDX);
+    hir_parallelize(y, 1, HIR_DIDX);
+    hir_reorder(y, 1, first, last); /* y [D, c / D, a] */
+    CHECK(hir_set_allocation_loop(y) == HIR_OK && hir_fusion_error(f)[0] == 0);
+    in = trand(HIR_F32, 2, sz);
+    want = tn(HIR_F32, 2, sz);
+    for (i = 0; i < a * c; i++) tset(&want, i, tget(&in, i) > 0 ? tget(&in, i) : 0);
+    if (D == 2) { /* device 1's y, handed back: column-major, its columns c / D .. c */
+      hir_local_world *w = hir_local_world_create(1);
+      hir_fusion *g = hir_fusion_create();
+      hir_tv *gx = hir_input(g, HIR_F32, 2), *gy = hir_relu(g, gx);
+      hir_program *p = NULL;
+      hir_evaluator *ev = NULL;
+      hir_lower_desc ld;
+      hir_eval_desc ed;
+      hir_tensor out;
+      int64_t one[2] = {a, 2};
+      hir_tensor mine = tn(HIR_F32, 2, one);
+      hir_output(g, gy);
+      hir_reorder(gy, 1, first, middle); /* one device: y [c, a], laid out so */
+      hir_set_allocation_loop(gy);
+      for (i = 0; i < a * 2; i++) tset(&mine, i, tget(&in, (i / 2) * c + 2 + i % 2));
+      memset(&ld, 0, sizeof ld);
+      memset(&ed, 0, sizeof ed);
+      memset(&out, 0, sizeof out);
+      ed.comm = hir_local_comm(w, 0);
+      CHECK(hir_lower(g, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+      for (k = 0; k < 2; k++) { /* the second run given the first's buffer back: the same layout */
+        CHECK(hir_run(ev, &mine, 1, &out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+        CHECK(out.ndims == 2 && out.sizes[0] == a && out.sizes[1] == 2 && out.strides[0] == 1 && out.strides[1] == a);
+        for (i = 0; i < a * 2 && out.data; i++)
+          CHECK(((float *)out.data)[(i / 2) + (i % 2) * a] == (float)(tget(&mine, i) > 0 ? tget(&mine, i) : 0));
+      }
+      hir_evaluator_free(ev);
+      hir_program_free(p);
+      hir_fusion_free(g);
+      hir_local_world_free(w);
+      tfree(&mine);
+    }
+    RUN_ONE(f, D, in, want, wi & 1, "allocation_loop");
+  }
+  for (k = 0; k < 2; k++) { /* refused: c's parts apart, or its inner part first */
+    static const int two[1] = {2};
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 2);
+    hir_output(f, hir_neg(f, x));
+    hir_split(x, 1, 4, 1); /* [a, 4, c / 4] */
+    hir_reorder(x, 1, k ? two : first, k ? middle : last); /* [4, c / 4, a]: fine; [a, c / 4, 4] */
+    if (!k) CHECK(hir_set_allocation_loop(x) == HIR_OK && x->nalloc == 2);
+    hir_reorder(x, 1, k ? first : two, k ? last : middle); /* [4, a, c / 4]; [c / 4, 4, a] */
+    CHECK(hir_set_allocation_loop(x) == HIR_ERR_UNSUPPORTED);
+    CHECK(strstr(hir_fusion_error(f), k ? "puts the inner part first among logical axis 1's parts"
+                                        : "puts another axis between logical axis 1's parts") != NULL);
+    CHECK(strstr(hir_fusion_error(f), "no strides give that layout") != NULL);
+    hir_fusion_free(f);
+  }
+}
+
+/* What hir_reorder refuses, by name. */
+TEST(test_split_reorder_errors, "split/reorder_errors", TEST_CPU) {
+  static const int twice[2] = {0, 0}, to[2] = {1, 0}, far[1] = {3}, zero[1] = {0};
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *x = hir_input(f, HIR_F32, 2);
+  hir_output(f, hir_neg(f, x));
+  CHECK(hir_reorder(x, 2, twice, to) == HIR_ERR_INVALID && strstr(hir_fusion_error(f), "hir_reorder: T0: axis 0 is named twice"));
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  x = hir_input(f, HIR_F32, 2);
+  CHECK(hir_reorder(x, 1, far, zero) == HIR_ERR_INVALID &&
+        strstr(hir_fusion_error(f), "hir_reorder: axis 3 is out of range for T0, which has 2 axes"));
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  x = hir_input(f, HIR_F32, 2);
+  CHECK(hir_reorder(x, 3, to, to) == HIR_ERR_INVALID && strstr(hir_fusion_error(f), "give 1 to hir_tv_ndims(tv) pairs"));
+  hir_fusion_free(f);
+  f = hir_fusion_create(); /* a reordered tensor's axis numbers in the messages are loop positions */
+  x = hir_input(f, HIR_F32, 2);
+  hir_parallelize(x, 0, HIR_DIDX);
+  CHECK(hir_reorder(x, 1, zero, to) == HIR_OK && hir_tv_ptype(x, 1) == HIR_DIDX && hir_tv_ptype(x, 0) == HIR_SERIAL);
+  CHECK(hir_parallelize(x, 0, HIR_DIDX) == HIR_ERR_UNSUPPORTED &&
+        strstr(hir_fusion_error(f), "already has a DIDx axis (axis 1)"));
+  hir_fusion_free(f);
+  { /* not on a program's tensors */
+    hir_program *p = NULL;
+    f = hir_fusion_create();
+    x = hir_input(f, HIR_F32, 2);
+    hir_output(f, hir_neg(f, x));
+    CHECK(hir_lower(f, NULL, &p) == HIR_OK);
+    CHECK(hir_reorder(hir_program_input(p, 0), 1, zero, to) == HIR_ERR_INVALID &&
+          strstr(hir_program_error(p), "reorder a fusion's tensors, not a program's"));
+    hir_program_free(p);
+    hir_fusion_free(f);
   }
 }
 

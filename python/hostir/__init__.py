@@ -59,6 +59,7 @@ def _load():
         "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
         "hir_set_mesh_2d": (i, [p, i, i, ctypes.POINTER(i)]),
         "hir_split": (i, [p, i, ctypes.c_int64, i]), "hir_input_sized": (p, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
+        "hir_reorder": (i, [p, i, ctypes.POINTER(i), ctypes.POINTER(i)]),
         "hir_input_scalar": (p, [p]), "hir_binary_val": (p, [p, i, p, p]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
         "hx_lower": (i, [p, i, i, i, i, i, i, p, p, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
@@ -152,6 +153,15 @@ class Tensor:
         """nvFuser's split: the axis becomes [factor, rest] (outer) or [rest, factor]; the user's arrays keep the
         logical axes (a DIDx-split axis holds this device's part)."""
         self.fusion._check(_lib.hir_split(self._h, axis, factor, int(bool(outer))))
+        return self
+
+    def reorder(self, moves):
+        """nvFuser's reorder of the loop order: moves maps old loop positions to new ones ({1: 0} brings axis 1 to
+        the front); later split and parallelize calls count axes in the new order."""
+        n = len(moves)
+        src = (ctypes.c_int * max(1, n))(*moves.keys())
+        dst = (ctypes.c_int * max(1, n))(*moves.values())
+        self.fusion._check(_lib.hir_reorder(self._h, n, src, dst))
         return self
 
     def parallelize(self, axis, ptype):

@@ -165,6 +165,17 @@ class CpuTests(unittest.TestCase):
         outs = hostir.run(f, [[A[r * m:(r + 1) * m], B] for r in range(D)])
         for r in range(D):
             np.testing.assert_allclose(outs[r][0], A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+        h = hostir.Fusion()  # reordered, then split at loop position 0 (X's columns): each rank passes its columns
+        X = rng.standard_normal((2, D * 2)).astype(np.float32)
+        x = h.input("float32", 2)
+        y = h.output(h.unary("neg", x))
+        for t in (x, y):
+            t.mesh(range(D))
+        x.reorder({1: 0}).split(0, D).parallelize(0, "DIDx")
+        self.assertIn("T0_g_float[ideviceIdx.x", str(h))
+        outs = hostir.run(h, [[np.ascontiguousarray(X[:, r * 2:(r + 1) * 2])] for r in range(D)])
+        for r in range(D):
+            np.testing.assert_array_equal(outs[r][0], -X)
         g = hostir.Fusion()  # a fixed-size input refuses another size
         g.output(g.unary("neg", g.input_sized("float32", [2, 3])))
         with self.assertRaises(hostir.Error) as e:
