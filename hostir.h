@@ -162,7 +162,8 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_MATMUL, "MatmulOp", -1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                  \
   X(HIR_EXPR_SELECT, "SelectOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                   \
   X(HIR_EXPR_SLICE, "SliceOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                     \
-  X(HIR_EXPR_RESHAPE, "ViewOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)
+  X(HIR_EXPR_RESHAPE, "ViewOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                    \
+  X(HIR_EXPR_COLLECTIVE_PERMUTE, "CollectivePermute", 1, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM)
 #define HIR__EXPR_ENUM(e, name, nin, nout, flags) e,
 typedef enum hir_expr_kind { HIR_EXPR_KIND_LIST(HIR__EXPR_ENUM) HIR_EXPR_KIND_COUNT } hir_expr_kind;
 
@@ -450,6 +451,13 @@ HIRDEF hir_expr *hir_host_matmul(hir_program *p, hir_tv *out, hir_tv *a, hir_tv 
 HIRDEF hir_expr *hir_host_communication(hir_program *p, hir_collective type, int nteam, const int *team,
                                         int root, hir_tv *in, hir_tv *out);   /* root ignored unless the type has one */
 HIRDEF hir_expr *hir_host_p2p(hir_program *p, hir_p2p_type type, hir_tv *buffer, hir_val *peer);
+/* nvFuser's CollectivePermute: every device of the team sends `in` to
+   device send_peer and receives `out` from device recv_peer, in one group
+   (a step of a ring: send_peer = (rank + j) % n, recv_peer = (rank - j + n)
+   % n, of the loop index j and HIR_NAMED_RANK). in and out have one shape;
+   a device outside the team skips it; send_peer = recv_peer = rank copies. */
+HIRDEF hir_expr *hir_host_collective_permute(hir_program *p, int nteam, const int *team, hir_val *send_peer,
+                                             hir_val *recv_peer, hir_tv *in, hir_tv *out);
 HIRDEF hir_expr *hir_host_start_coalescing(hir_program *p);
 HIRDEF hir_expr *hir_host_end_coalescing(hir_program *p);
 HIRDEF hir_expr *hir_host_wait(hir_program *p, hir_expr *communication);
@@ -1153,7 +1161,8 @@ struct hir_expr {
   int nin, nout;
   hir_tv **in, **out;
   hir_val *val;           /* ForLoop index, IfThenElse predicate, P2P peer, AliasSelect/Slice index,
-                             UnaryOp's scalar when it is an integer known at run time */
+                             UnaryOp's scalar when it is an integer known at run time, CollectivePermute's send peer */
+  hir_val *recv_peer;     /* CollectivePermute */
   double scalar;          /* UnaryOp's scalar (when val is NULL) */
   hir_id *id;             /* ForLoop and AliasSelect/Slice axis */
   int axis;               /* AliasSelect/Slice axis */
@@ -2730,6 +2739,34 @@ HIRDEF hir_expr *hir_host_p2p(hir_program *p, hir_p2p_type type, hir_tv *buffer,
   return e;
 }
 
+HIRDEF hir_expr *hir_host_collective_permute(hir_program *p, int nteam, const int *team, hir_val *send_peer,
+                                             hir_val *recv_peer, hir_tv *in, hir_tv *out) {
+  const char *fn = "hir_host_collective_permute";
+  hir_fusion *f = hir__host(p);
+  hir_expr *e;
+  int *copy;
+  if (!f || !hir__check_team(f, nteam, team, fn)) return NULL;
+  if (!hir__check_tv(f, in, fn, "in") || !hir__check_tv(f, out, fn, "out") || !hir__check_val(f, send_peer, fn, "send_peer") ||
+      !hir__check_val(f, recv_peer, fn, "recv_peer"))
+    return NULL;
+  if (in->dtype != out->dtype) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: it moves T%d (%s) into T%d (%s); a permute keeps the dtype", fn, in->name,
+              hir_dtype_name(in->dtype), out->name, hir_dtype_name(out->dtype));
+    return NULL;
+  }
+  if (!(e = hir__new_expr(f, HIR_EXPR_COLLECTIVE_PERMUTE, 1, 1)) || !(copy = (int *)hir__alloc(f, (size_t)nteam * sizeof(int))))
+    return NULL;
+  memcpy(copy, team, (size_t)nteam * sizeof(int));
+  (e->in[0] = in)->mem = HIR_MEM_GLOBAL;
+  (e->out[0] = out)->mem = HIR_MEM_GLOBAL;
+  e->team = copy;
+  e->team_size = nteam;
+  e->root = -1;
+  e->val = send_peer;
+  e->recv_peer = recv_peer;
+  return e;
+}
+
 HIRDEF hir_expr *hir_host_start_coalescing(hir_program *p) {
   hir_fusion *f = hir__host(p);
   return f ? hir__new_expr(f, HIR_EXPR_START_COALESCING, 0, 0) : NULL;
@@ -3049,6 +3086,23 @@ static void hir__print_communication(hir__writer *w, const hir_expr *e, int ind)
   hir__emit(w, ", backend=NCCL)\n");
 }
 
+/* nvFuser's form: CollectivePermute 3 (team=(0 1), send_peer=..., recv_peer=..., input=..., output=..., backend=NCCL) */
+static void hir__print_permute(hir__writer *w, const hir_expr *e, int ind) {
+  int i;
+  hir__indent(w, ind);
+  hir__emit(w, "CollectivePermute %d (team=(", e->name);
+  for (i = 0; i < e->team_size; i++) hir__emit(w, i ? " %d" : "%d", e->team[i]);
+  hir__emit(w, "), send_peer=");
+  hir__print_val(w, e->val);
+  hir__emit(w, ", recv_peer=");
+  hir__print_val(w, e->recv_peer);
+  hir__emit(w, ", input=");
+  hir__print_tv(w, e->in[0]);
+  hir__emit(w, ", output=");
+  hir__print_tv(w, e->out[0]);
+  hir__emit(w, ", backend=NCCL)\n");
+}
+
 static void hir__print_p2p(hir__writer *w, const hir_expr *e, int ind) {
   hir__indent(w, ind);
   hir__emit(w, "P2PCommunication %d (type=%s, buffer=", e->name, e->sub == HIR_P2P_SEND ? "send" : "recv");
@@ -3212,6 +3266,7 @@ static void hir__print_expr(hir__writer *w, const hir_expr *e, int ind) {
   case HIR_EXPR_POST_ON_STREAM: hir__print_post(w, e, ind); break;
   case HIR_EXPR_COMMUNICATION: hir__print_communication(w, e, ind); break;
   case HIR_EXPR_P2P_COMMUNICATION: hir__print_p2p(w, e, ind); break;
+  case HIR_EXPR_COLLECTIVE_PERMUTE: hir__print_permute(w, e, ind); break;
   case HIR_EXPR_WAIT: hir__indent(w, ind), hir__emit(w, "Wait Communication %d\n", e->target->name); break;
   case HIR_EXPR_START_COALESCING: hir__indent(w, ind), hir__emit(w, "StartCoalescing\n"); break;
   case HIR_EXPR_END_COALESCING: hir__indent(w, ind), hir__emit(w, "EndCoalescing %d\n", e->name); break;
@@ -5658,7 +5713,7 @@ static int hir__verify_operands(hir__verifier *v, const hir_expr *e) {
       e->nin != ((e->flags & HIR__MATMUL_SCALED) ? 4 : 2 + (e->nin == 3 && (e->flags & HIR__MATMUL_LINEAR))))
     return hir__verify_fail(v, "MatmulOp %d has %d inputs; a matmul has 2, a linear 2 or 3 (with its bias), a scaled linear 4",
                             e->name, e->nin);
-  if (e->kind == HIR_EXPR_COMMUNICATION ||
+  if (e->kind == HIR_EXPR_COMMUNICATION || e->kind == HIR_EXPR_COLLECTIVE_PERMUTE ||
       ((hir__ops[e->kind].flags & HIR__OP_COMPUTE) && e->kind != HIR_EXPR_UNARY &&
        !(e->kind == HIR_EXPR_MATMUL && (e->flags & HIR__MATMUL_SCALED))))
     for (k = 0; k < e->nin; k++)
@@ -5865,16 +5920,21 @@ static int hir__sched_walk(hir__sched_rank *r, const hir_scope *s, int me) {
       r->open_group = -1;
       break;
     case HIR_EXPR_P2P_COMMUNICATION:
-      if (r->open_group < 0) { /* alone: a group of one */
+    case HIR_EXPR_COLLECTIVE_PERMUTE: { /* a send and a receive: one group, or two ops of the open one */
+      int permute = e->kind == HIR_EXPR_COLLECTIVE_PERMUTE, nops = 1 + permute;
+      if (permute && hir_team_index(e->team, e->team_size, me) < 0) break;
+      if (r->open_group < 0) { /* alone: a group of its own */
         ev.is_group = 1;
         ev.first_op = r->nops;
-        ev.nops = 1;
+        ev.nops = nops;
         if (!hir__sched_push_ev(r, ev)) return 0;
       } else {
-        r->ev[r->open_group].nops++;
+        r->ev[r->open_group].nops += nops;
       }
-      if (!hir__sched_push_op(r, e->sub == HIR_P2P_SEND, (int)hir__eval_val(&r->env, e->val))) return 0;
+      if (!hir__sched_push_op(r, permute || e->sub == HIR_P2P_SEND, (int)hir__eval_val(&r->env, e->val))) return 0;
+      if (permute && !hir__sched_push_op(r, 0, (int)hir__eval_val(&r->env, e->recv_peer))) return 0;
       break;
+    }
     default: break;
     }
   }
@@ -9783,7 +9843,8 @@ static int hir__communicates(const hir_scope *s, int peers) {
   int i;
   for (i = 0; i < s->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
-    int talks = (hir__ops[e->kind].flags & HIR__OP_COMM) && (!peers || e->kind != HIR_EXPR_COMMUNICATION || e->team_size > 1);
+    int teamed = e->kind == HIR_EXPR_COMMUNICATION || e->kind == HIR_EXPR_COLLECTIVE_PERMUTE;
+    int talks = (hir__ops[e->kind].flags & HIR__OP_COMM) && (!peers || !teamed || e->team_size > 1);
     if (talks || hir__communicates(&e->body, peers) || hir__communicates(&e->orelse, peers)) return 1;
   }
   return 0;
@@ -10094,6 +10155,12 @@ static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
   case HIR_EXPR_SLICE:
   case HIR_EXPR_RESHAPE: return hir__check_view_op(ev, e);
   case HIR_EXPR_COMMUNICATION: return hir__check_communication(ev, e);
+  case HIR_EXPR_COLLECTIVE_PERMUTE: {
+    const hir__shape *a, *o;
+    if (hir_team_index(e->team, e->team_size, ev->device) < 0) return 1;
+    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+    return hir__shapes_equal(a, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a permute moves one shape");
+  }
   case HIR_EXPR_P2P_COMMUNICATION:
   case HIR_EXPR_DEALLOCATE:
     return hir__need_shape(ev, e->in[0]) != NULL;
@@ -10732,6 +10799,37 @@ static int hir__exec_p2p(hir_evaluator *ev, const hir_expr *e) {
   return hir__ev_backend(ev, ev->b->event_record(ev->b, ev->done[e->name], ev->current), e);
 }
 
+/* CollectivePermute: a send and a receive in one group (inside an open
+   StartCoalescing, part of that group); to itself, a copy. */
+static int hir__exec_permute(hir_evaluator *ev, const hir_expr *e) {
+  const hir_tensor *src, *dst;
+  int64_t to = hir__eval_val(&ev->env, e->val), from = hir__eval_val(&ev->env, e->recv_peer);
+  size_t bytes;
+  hir_status s, end;
+  if (hir_team_index(e->team, e->team_size, ev->device) < 0) return 1; /* not in its team */
+  if (!(src = hir__get(ev, e->in[0], e)) || !(dst = hir__get_out(ev, e->out[0]))) return 0;
+  if (to < 0 || to >= ev->comm->size || from < 0 || from >= ev->comm->size ||
+      hir_team_index(e->team, e->team_size, (int)to) < 0 || hir_team_index(e->team, e->team_size, (int)from) < 0)
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: CollectivePermute %d on device %d sends to %lld and receives from %lld; "
+                        "both peers must be in its team", e->name, ev->device, (long long)to, (long long)from);
+  if (to == ev->device && from == ev->device)
+    return hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, dst, src), e) &&
+           hir__ev_backend(ev, ev->b->event_record(ev->b, ev->done[e->name], ev->current), e);
+  if (!hir__is_contiguous(src) || !hir__is_contiguous(dst))
+    return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: CollectivePermute %d moves T%d into T%d, one of them a strided view; "
+                        "send/recv need contiguous buffers (slice the outermost axis)", e->name, e->in[0]->name,
+                        e->out[0]->name);
+  bytes = (size_t)hir__numel(src->ndims, src->sizes) * hir_dtype_size(src->dtype);
+  hir__comm_what(ev, e->in[0], src);
+  ev->started_comm = 1;
+  if (!hir__ev_comm(ev, ev->comm->group_start(ev->comm), e)) return 0;
+  if ((s = ev->comm->send(ev->comm, src->data, bytes, (int)to, ev->current)) == HIR_OK)
+    s = ev->comm->recv(ev->comm, dst->data, bytes, (int)from, ev->current);
+  end = ev->comm->group_end(ev->comm);
+  if (!hir__ev_comm(ev, s != HIR_OK ? s : end, e)) return 0;
+  return hir__ev_backend(ev, ev->b->event_record(ev->b, ev->done[e->name], ev->current), e);
+}
+
 /* HirAliasSelect (index `i` of the axis, which goes) or HirAliasSlice (part
    `i` of `parts`, the axis kept): pointer arithmetic on the source. */
 static int hir__exec_view(hir_evaluator *ev, const hir_expr *e) {
@@ -10787,6 +10885,7 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
   case HIR_EXPR_COMMUNICATION:
     return !ev->team[e->name] || hir__exec_comm(ev, e); /* no team handle: this rank is not in it */
   case HIR_EXPR_P2P_COMMUNICATION: return hir__exec_p2p(ev, e);
+  case HIR_EXPR_COLLECTIVE_PERMUTE: return hir__exec_permute(ev, e);
   case HIR_EXPR_START_COALESCING:
     return hir__ev_comm(ev, ev->comm->group_start(ev->comm), e);
   case HIR_EXPR_END_COALESCING:
@@ -11027,10 +11126,10 @@ static int hir__setup_expr(hir_evaluator *ev, const hir_expr *e) {
       return hir__ev_fail(ev, HIR_ERR_INVALID,
                           "hir_evaluator_create: the program communicates (%s %d); give a communicator in hir_eval_desc.comm",
                           hir__ops[e->kind].name, e->name);
-    for (i = 0; e->kind == HIR_EXPR_COMMUNICATION && i < e->team_size; i++)
+    for (i = 0; (e->kind == HIR_EXPR_COMMUNICATION || e->kind == HIR_EXPR_COLLECTIVE_PERMUTE) && i < e->team_size; i++)
       if (e->team[i] >= ev->comm->size)
-        return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: Communication %d names device %d, outside the world of %d ranks",
-                            e->name, e->team[i], ev->comm->size);
+        return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: %s %d names device %d, outside the world of %d ranks",
+                            hir__ops[e->kind].name, e->name, e->team[i], ev->comm->size);
   }
   if (e->kind == HIR_EXPR_COMMUNICATION) {
     if (hir_team_index(e->team, e->team_size, ev->device) >= 0 &&

@@ -1238,9 +1238,11 @@ TEST(test_eval_graph_lone_team, "eval/graph_one_member_team", TEST_CPU) {
 /* Host loops of their own index, nested: a ring allgather by hand, the
    outer loop over steps j, the inner over parts k of the shard; at step j
    each rank sends part k to rank + j and receives it from rank - j (nvFuser's
-   host IR tests with nested ForLoops, as its ring-overlap tests build).
+   host IR tests with nested ForLoops, as its ring-overlap tests build): as a
+   coalesced send/recv pair, or as one CollectivePermute (nvFuser's, of its
+   ring-based column-parallel linear, test_overlap.py).
    out [D, P, 4] must be the whole input; hir_verify_schedule accepts it. */
-typedef struct ring_case { int D, P; } ring_case;
+typedef struct ring_case { int D, P, permute; } ring_case;
 
 static hir_program *prog_nested_ring(void *user, int rank) {
   ring_case *rc = (ring_case *)user;
@@ -1269,10 +1271,15 @@ static hir_program *prog_nested_ring(void *user, int rank) {
   hir_scope_append(hir_expr_body(parts), part);
   ite = hir_host_if(p, hir_val_binary(f, HIR_SCALAR_EQ, j, hir_val_const(f, 0)));
   hir_scope_append(hir_expr_body(ite), mine = hir_host_set(p, hir_expr_output(cell, 0), hir_expr_output(part, 0)));
-  hir_scope_append(hir_expr_else(ite), hir_host_start_coalescing(p));
-  hir_scope_append(hir_expr_else(ite), hir_host_p2p(p, HIR_P2P_RECV, hir_expr_output(cell, 0), src));
-  hir_scope_append(hir_expr_else(ite), hir_host_p2p(p, HIR_P2P_SEND, hir_expr_output(part, 0), dst));
-  hir_scope_append(hir_expr_else(ite), end = hir_host_end_coalescing(p));
+  if (rc->permute) {
+    end = hir_host_collective_permute(p, rc->D, iota_mesh, dst, src, hir_expr_output(part, 0), hir_expr_output(cell, 0));
+    hir_scope_append(hir_expr_else(ite), end);
+  } else {
+    hir_scope_append(hir_expr_else(ite), hir_host_start_coalescing(p));
+    hir_scope_append(hir_expr_else(ite), hir_host_p2p(p, HIR_P2P_RECV, hir_expr_output(cell, 0), src));
+    hir_scope_append(hir_expr_else(ite), hir_host_p2p(p, HIR_P2P_SEND, hir_expr_output(part, 0), dst));
+    hir_scope_append(hir_expr_else(ite), end = hir_host_end_coalescing(p));
+  }
   hir_scope_append(hir_expr_else(ite), hir_host_wait(p, end));
   hir_scope_append(hir_expr_body(parts), ite);
   (void)mine;
@@ -1280,8 +1287,9 @@ static hir_program *prog_nested_ring(void *user, int rank) {
 }
 
 TEST(test_eval_nested_loops, "eval/nested_host_loops", TEST_CPU | TEST_GPU_WORLDS) {
-  int wi;
-  for (wi = 0; wi < 5; wi++) {
+  int wi, permute;
+  for (wi = 0; wi < 5; wi++)
+    for (permute = 0; permute < 2; permute++) {
     ring_case rc;
     spmd_case c;
     hir_program *progs[MAXR];
@@ -1290,6 +1298,7 @@ TEST(test_eval_nested_loops, "eval/nested_host_loops", TEST_CPU | TEST_GPU_WORLD
     int64_t sz[3] = {D, 3, 4};
     rc.D = D;
     rc.P = 3;
+    rc.permute = permute;
     for (r = 0; r < D; r++) progs[r] = prog_nested_ring(&rc, r);
     CHECK(hir_program_verify(progs[0]) == HIR_OK);
     CHECK(hir_verify_schedule(progs, D, 2, msg, sizeof msg) == HIR_OK);
@@ -1305,14 +1314,98 @@ TEST(test_eval_nested_loops, "eval/nested_host_loops", TEST_CPU | TEST_GPU_WORLD
     c.out[0] = tn(HIR_F32, 3, sz);
     memcpy(c.out[0].data, c.in[0].data, (size_t)tnumel(&c.out[0]) * 4);
     c.prealloc = wi & 1;
-    RUN_CASE(&c, "nested ring allgather");
+    RUN_CASE(&c, permute ? "nested ring allgather, CollectivePermute" : "nested ring allgather");
   }
   { /* the print, and a StreamIdx loop inside a loop of its own index is fine */
-    hir_program *p = prog_nested_ring(&(ring_case){2, 3}, 0);
+    hir_program *p = prog_nested_ring(&(ring_case){2, 3, 0}, 0);
     char text[8192];
     hir_program_snprint(p, text, sizeof text);
     CHECK(strstr(text, "FOR i") != NULL && strstr(text, "  FOR i") != NULL);
     hir_program_free(p);
+    p = prog_nested_ring(&(ring_case){2, 3, 1}, 0);
+    hir_program_snprint(p, text, sizeof text);
+    CHECK(strstr(text, "CollectivePermute 10 (team=(0 1), send_peer=( ( rank + i8 ) % 2 ), "
+                       "recv_peer=( ( ( rank + 2 ) - i8 ) % 2 ), input=T6_g_float[iS16{i3}] (DeviceMesh{0 1}), "
+                       "output=T5_g_float[iS15{i6}], backend=NCCL)\n"
+                       "        Wait Communication 10\n") != NULL);
+    hir_program_free(p);
+  }
+}
+
+/* What a CollectivePermute refuses: a team or dtypes that cannot be, when
+   built; a peer outside its team, when run (on the rank that computes it). */
+TEST(test_eval_permute_errors, "eval/collective_permute_errors", TEST_CPU) {
+  hir_program *p = hir_program_create();
+  hir_fusion *f = hir_program_fusion(p);
+  hir_tv *a = hir_input(f, HIR_F32, 1), *b = hir_input(f, HIR_F64, 1), *o = hir_set(f, a);
+  int twice[2] = {0, 0}, team[2] = {0, 1};
+  hir_val *zero = hir_val_const(f, 0), *far = hir_val_const(f, 5);
+  hir_output(f, o);
+  CHECK(hir_host_collective_permute(p, 2, twice, zero, zero, a, o) == NULL && strstr(hir_program_error(p), "appears twice"));
+  hir_program_free(p);
+  p = hir_program_create();
+  f = hir_program_fusion(p);
+  a = hir_input(f, HIR_F32, 1), b = hir_input(f, HIR_F64, 1), o = hir_set(f, a);
+  zero = hir_val_const(f, 0);
+  hir_output(f, o);
+  CHECK(hir_host_collective_permute(p, 2, team, zero, zero, a, b) == NULL && strstr(hir_program_error(p), "keeps the dtype"));
+  hir_program_free(p);
+  { /* sends to device 5 of a team of 2: refused by the run */
+    hir_local_world *w = hir_local_world_create(1);
+    hir_eval_desc ed;
+    hir_evaluator *ev = NULL;
+    hir_tensor in[1], out[1];
+    int64_t sz[1] = {4};
+    int one[1] = {0};
+    p = hir_program_create();
+    f = hir_program_fusion(p);
+    a = hir_input(f, HIR_F32, 1), o = hir_set(f, a);
+    far = hir_val_const(f, 5), zero = hir_val_const(f, 0);
+    hir_output(f, o);
+    hir_scope_append(hir_program_body(p), hir_host_allocate(p, o));
+    hir_scope_append(hir_program_body(p), hir_host_collective_permute(p, 1, one, far, zero, a, o));
+    memset(&ed, 0, sizeof ed);
+    ed.comm = hir_local_comm(w, 0);
+    in[0] = trand(HIR_F32, 1, sz);
+    memset(out, 0, sizeof out);
+    CHECK(hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+    CHECK(hir_run(ev, in, 1, out, 1) == HIR_ERR_INVALID &&
+          strstr(hir_evaluator_error(ev), "on device 0 sends to 5 and receives from 0; both peers must be in its team"));
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    p = hir_program_create(); /* to itself: a copy */
+    f = hir_program_fusion(p);
+    a = hir_input(f, HIR_F32, 1), o = hir_set(f, a);
+    zero = hir_val_const(f, 0);
+    hir_output(f, o);
+    hir_scope_append(hir_program_body(p), hir_host_allocate(p, o));
+    hir_scope_append(hir_program_body(p), hir_host_collective_permute(p, 1, one, zero, zero, a, o));
+    CHECK(hir_evaluator_create(p, &ed, &ev) == HIR_OK && hir_run(ev, in, 1, out, 1) == HIR_OK);
+    CHECK(hir_evaluator_sync(ev) == HIR_OK);
+    CHECK(out[0].data && memcmp(out[0].data, in[0].data, 16) == 0);
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    tfree(&in[0]);
+    hir_local_world_free(w);
+  }
+  { /* a ring whose devices all receive from the one they send to deadlocks on 3: the schedule check says so */
+    hir_program *ring[3];
+    int r, three[3] = {0, 1, 2};
+    char msg[512] = "";
+    for (r = 0; r < 3; r++) {
+      hir_val *next;
+      ring[r] = p = hir_program_create();
+      f = hir_program_fusion(p);
+      a = hir_input(f, HIR_F32, 1), o = hir_set(f, a);
+      hir_output(f, o);
+      next = hir_val_binary(f, HIR_SCALAR_MOD, hir_val_binary(f, HIR_SCALAR_ADD, hir_val_named(f, HIR_NAMED_RANK),
+                                                               hir_val_const(f, 1)), hir_val_const(f, 3));
+      hir_scope_append(hir_program_body(p), hir_host_allocate(p, o));
+      hir_scope_append(hir_program_body(p), hir_host_collective_permute(p, 3, three, next, next, a, o));
+    }
+    CHECK(hir_verify_schedule(ring, 3, 1, msg, sizeof msg) != HIR_OK &&
+          strstr(msg, "deadlock: no rank can go on: rank 0 at a send/recv group (send to 1, recv from 1)") != NULL);
+    for (r = 0; r < 3; r++) hir_program_free(ring[r]);
   }
 }
 
