@@ -346,8 +346,9 @@ HIRDEF hir_status  hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype);
    nvFuser's transform propagation), so they stay one computation; the
    user's tensors keep their logical axes (a DIDx-split axis holds this
    device's part, as nvFuser's sharded inputs do). Refused, with the op
-   named, where an op cannot take it: a matmul's K or N, a permute, a
-   select, slice or reshape of that axis. */
+   named, where an op cannot take it: a matmul's K or N, a select, slice
+   or reshape of that axis. Through a permute, the split reaches the
+   output axis that reads the split one. */
 HIRDEF hir_status  hir_split(hir_tv *tv, int axis, int64_t factor, int outer);
 /* nvFuser's reorder of tv's loop domain: the axis at loop position from[k]
    moves to to[k] (negative from the end), the others keep their order in
@@ -2781,7 +2782,8 @@ HIRDEF hir_expr *hir_host_wait(hir_program *p, hir_expr *communication) {
   hir_expr *e;
   if (!f) return NULL;
   if (!communication || communication->ir != f || !(hir__ops[communication->kind].flags & HIR__OP_WAITABLE)) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_host_wait: %s; wait on a Communication, P2PCommunication or EndCoalescing",
+    hir__fail(f, HIR_ERR_INVALID, "hir_host_wait: %s; wait on a Communication, P2PCommunication, CollectivePermute or "
+              "EndCoalescing",
               !communication ? "the expr is NULL" : communication->ir != f ? "the expr is from another program"
                                                                            : "that expr cannot be waited on");
     return NULL;
@@ -3707,7 +3709,6 @@ typedef struct hir__split_site {
 /* Why e cannot carry a split of tv's axis (tv an operand of e), or NULL. */
 static const char *hir__split_blocked(const hir_expr *e, const hir_tv *tv, int axis) {
   int d = hir__data_index(tv, axis), k;
-  if (e->kind == HIR_EXPR_LOAD_STORE && (e->flags & HIR__SET_PERMUTE)) return "a permute";
   if (e->kind == HIR_EXPR_RESHAPE) return "a reshape";
   if ((e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE) && tv == e->in[0] && d == e->axis)
     return "the select or slice of that axis";
@@ -3767,6 +3768,74 @@ static int hir__split_sites(hir_fusion *f, hir_tv *tv, int axis, hir__split_site
   return 1;
 }
 
+/* The ids one hir_split replaced (x became outer and inner), and the
+   permutes it reaches, each output axis with the input axis it reads. */
+typedef struct hir__split_log {
+  hir_id *x[64], *outer[64], *inner[64];
+  int n;
+  struct {
+    hir_expr *e;
+    int n; /* its output's axes before the split */
+    hir_id *out_id[HIR_MAX_DIMS], *in_id[HIR_MAX_DIMS];
+  } permutes[64];
+  int npermutes;
+} hir__split_log;
+
+/* Before the split: the permutes naming a site's tensor, and what each of
+   their output axes reads. */
+static int hir__log_permutes(hir_fusion *f, const hir__split_site *sites, int n, hir__split_log *log) {
+  int i, k, o;
+  for (i = 0; i < f->exprs.n; i++) {
+    hir_expr *e = (hir_expr *)f->exprs.items[i];
+    hir_id *data[HIR_MAX_DIMS];
+    int reached = 0;
+    if (e->kind != HIR_EXPR_LOAD_STORE || !(e->flags & HIR__SET_PERMUTE)) continue;
+    for (k = 0; k < n; k++) reached |= sites[k].tv == e->in[0] || sites[k].tv == e->out[0];
+    if (!reached) continue;
+    if (log->npermutes == 64) {
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: the split reaches more than 64 permutes");
+      return 0;
+    }
+    hir__data_axes(e->in[0], data);
+    log->permutes[log->npermutes].e = e;
+    log->permutes[log->npermutes].n = e->out[0]->ndims;
+    for (o = 0; o < e->out[0]->ndims; o++) {
+      log->permutes[log->npermutes].out_id[o] = e->out[0]->ids[o];
+      log->permutes[log->npermutes].in_id[o] = data[e->perm[o]];
+    }
+    log->npermutes++;
+  }
+  return 1;
+}
+
+/* After the split: each permute's output axes read the input axes they
+   read before, a split part the same part of its split input axis. */
+static int hir__relink_permutes(hir_fusion *f, const hir__split_log *log) {
+  int r, o, k, s, t, j;
+  for (r = 0; r < log->npermutes; r++) {
+    hir_expr *e = log->permutes[r].e;
+    hir_id *data[HIR_MAX_DIMS];
+    int nd = hir__data_axes(e->in[0], data), n = log->permutes[r].n;
+    for (o = 0; o < e->out[0]->ndims; o++) {
+      const hir_id *id = e->out[0]->ids[o], *src = NULL;
+      for (k = 0; k < n && !src; k++)
+        if (log->permutes[r].out_id[k] == id) src = log->permutes[r].in_id[k];
+      for (s = 0; s < log->n && !src; s++) /* a part of a split output axis: that part of the input axis it read */
+        for (k = 0; (log->outer[s] == id || log->inner[s] == id) && k < n; k++)
+          for (t = 0; log->permutes[r].out_id[k] == log->x[s] && t < log->n; t++)
+            if (log->x[t] == log->permutes[r].in_id[k]) src = log->outer[s] == id ? log->outer[t] : log->inner[t];
+      for (j = 0; j < nd && data[j] != src; j++) {}
+      if (j == nd) {
+        hir__fail(f, HIR_ERR_INTERNAL, "hir_split: Set.Permute %d lost which input axis its output axis %d reads (a hostir "
+                  "bug; please report it)", e->name, o);
+        return 0;
+      }
+      e->perm[o] = (unsigned char)j;
+    }
+  }
+  return 1;
+}
+
 /* Splits one site: its id becomes two (extents fv, the factor, and
    extent / factor, the one `rest` of the split's sites with that extent);
    the ops naming the tensor keep their meaning (a broadcast's flags, a
@@ -3774,7 +3843,7 @@ static int hir__split_sites(hir_fusion *f, hir_tv *tv, int axis, hir__split_site
    lowering chains the ops whose Stream axes share their extent's value,
    which tells mapped axes from others of the same size. */
 static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, hir_val *fv, int outer, hir_val **rest_of, hir_val **rests,
-                          int *nrests) {
+                          int *nrests, hir__split_log *log) {
   hir_id *x = tv->ids[axis], *o, *in, *loop[HIR_MAX_DIMS];
   hir_val *rest = NULL;
   int i, d = hir__data_index(tv, axis), order[HIR_MAX_DIMS], place = 1;
@@ -3795,6 +3864,7 @@ static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, hir_val *fv, int 
     }
     tv->nlogical = hir__data_index(tv, tv->ndims);
   }
+  log->x[log->n] = x, log->outer[log->n] = o, log->inner[log->n++] = in;
   hir__loop_order(tv, order); /* before the ids move: a reordered tensor's two parts take x's loop place */
   for (i = 0; i < tv->ndims; i++) loop[i] = tv->ids[order[i]];
   for (i = tv->ndims; i > axis + 1; i--) tv->ids[i] = tv->ids[i - 1], tv->logical_of[i] = tv->logical_of[i - 1];
@@ -3817,6 +3887,7 @@ static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, hir_val *fv, int 
 
 HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
   hir__split_site sites[64];
+  hir__split_log *log;
   hir_val *fv, *rest_of[64], *rests[64];
   hir_fusion *f;
   int a, n, i, j, nrests = 0;
@@ -3851,10 +3922,17 @@ HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
       return f->status;
     }
   }
-  if (!(fv = hir__const(f, factor))) return f->status;
-  for (i = 0; i < n; i++)
-    if (!hir__split_one(f, sites[i].tv, sites[i].axis, fv, outer, rest_of, rests, &nrests)) return f->status;
-  return HIR_OK;
+  if (!(log = (hir__split_log *)HIR_MALLOC(sizeof *log))) {
+    hir__fail(f, HIR_ERR_NOMEM, "hir_split: out of memory");
+    return f->status;
+  }
+  memset(log, 0, sizeof *log);
+  if ((fv = hir__const(f, factor)) && hir__log_permutes(f, sites, n, log)) {
+    for (i = 0; i < n && hir__split_one(f, sites[i].tv, sites[i].axis, fv, outer, rest_of, rests, &nrests, log); i++) {}
+    if (i == n) hir__relink_permutes(f, log);
+  }
+  HIR_FREE(log);
+  return f->status;
 }
 
 HIRDEF hir_status hir_reorder(hir_tv *tv, int n, const int *from, const int *to) {

@@ -59,6 +59,7 @@ typedef struct diff_prog {
   hir_dtype dt;                /* its tensors' dtype: f32, or by the seed bf16 or f16 (diff_dtype) */
   diff_tv t[DIFF_LONG_TVS];
   int max_tvs;                 /* DIFF_MAX_TVS, or DIFF_LONG_TVS: a longer chain of ops */
+  int permuted;                /* the last permute's output (an index into t; 0: none) */
   hir_lower_desc ld;
   /* per rank, after a run */
   hir_status status[8];
@@ -275,7 +276,8 @@ static diff_tv *diff_binary(diff_prog *p, int op, diff_tv *a, diff_tv *b, int ba
   return t;
 }
 
-/* t = an elementwise op of a, exact on the generator's values (multiples of 1/256). */
+/* t = an elementwise op of a, exact on the generator's values (multiples of 1/256); relu keeps a NaN (a mean over an
+   empty axis), as torch's does. */
 static diff_tv *diff_unary(diff_prog *p, int which, diff_tv *a) {
   static const hir_unary_op ops[6] = {HIR_UNARY_RELU, HIR_UNARY_ABS, HIR_UNARY_NEG, HIR_UNARY_MUL_SCALAR,
                                       HIR_UNARY_ADD_SCALAR, HIR_UNARY_SCALAR_SUB};
@@ -291,7 +293,7 @@ static diff_tv *diff_unary(diff_prog *p, int which, diff_tv *a) {
   t = diff_new(p, tv, a->nd, a->sizes);
   for (i = 0; i < diff_numel(a->nd, a->sizes); i++) {
     double x = a->v[i];
-    t->v[i] = which == 0 ? (x > 0 ? x : 0) : which == 1 ? fabs(x) : which == 2 ? -x : which == 3 ? x * 0.5 : which == 4 ? x + 1.25 : 2 - x;
+    t->v[i] = which == 0 ? (x < 0 ? 0 : x) : which == 1 ? fabs(x) : which == 2 ? -x : which == 3 ? x * 0.5 : which == 4 ? x + 1.25 : 2 - x;
   }
   t->bound = which == 3 ? a->bound * 0.5 : which == 4 ? a->bound + 1.25 : which == 5 ? a->bound + 2 : a->bound;
   diff_finish(t, NULL, 0, a->inexact);
@@ -435,6 +437,7 @@ static diff_tv *diff_permute(diff_rng *r, diff_prog *p, diff_tv *a) {
   }
   for (i = 0; i < a->nd; i++) sz[i] = a->sizes[perm[i]];
   t = diff_new(p, hir_permute(p->f, a->tv, perm), a->nd, sz);
+  p->permuted = p->ntv - 1;
   if (diff_numel(a->nd, sz))
     do {
       for (i = 0; i < a->nd; i++) src[perm[i]] = idx[i];
@@ -602,7 +605,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     switch (diff_next(r, 5)) {
     case 3: /* an elementwise op; by the seed, a layer_norm (the programs of other seeds stay) */
       t = p->seed % 11 == 4 && p->ntv < p->max_tvs - 4 && (!diff_low(p) || !a->inexact) && diff_spread(a) ? diff_layer_norm(r, p, a)
-          : p->seed % 19 == 10 && a->nd >= 2                   ? diff_permute(r, p, a)
+          : (p->seed % 19 == 10 || p->seed % 89 == 44) && a->nd >= 2 ? diff_permute(r, p, a)
           : p->seed % 31 == 15 && a - p->t < p->nin && p->ntv < p->max_tvs - 3 && p->dt == HIR_F32 ? diff_bf16_trip(r, p, a, meshless)
           : (p->seed % 61 == 30 || p->seed % 67 == 33) && p->ntv < p->max_tvs - 4 ? diff_divide(r, p, a, p->seed % 67 == 33, meshless)
                                                                : diff_unary(p, diff_next(r, 6), a);
@@ -644,24 +647,37 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     diff_place(r, p, t, meshless);
     if (hir_fusion_status(p->f) != HIR_OK || t->inexact == 2) return 0; /* the builder refused the combination; an f16 overflow */
   }
+  if (p->seed % 89 == 44 && !p->permuted && p->t[p->ntv - 1].nd >= 2 && p->ntv < p->max_tvs) { /* a permute to split through */
+    diff_tv *t = diff_permute(r, p, &p->t[p->ntv - 1]);
+    diff_place(r, p, t, meshless);
+    if (hir_fusion_status(p->f) != HIR_OK) return 0;
+  }
   p->outs[p->nout++] = p->ntv - 1;
   if (p->seed % 37 == 17 && p->ntv - 1 > p->nin) /* by the seed: an intermediate too, read by later ops and returned */
     p->outs[p->nout++] = p->nin + diff_next(r, p->ntv - 1 - p->nin);
   for (i = 0; i < p->nout; i++) hir_output(p->f, p->t[p->outs[i]].tv);
   if (hir_fusion_status(p->f) != HIR_OK) return 0;
-  for (i = 0; i < 2 && diff_next(r, 3) == 0; i++) { /* split axes: outer by the mesh size (then maybe sharded), or by 2 */
+  /* split axes: outer by the mesh size (then maybe sharded), or by 2; by the seed, at least one (through permutes) */
+  for (i = 0; i < 2 && (diff_next(r, 3) == 0 || (i == 0 && p->seed % 89 == 44)); i++) {
     diff_tv *t = &p->t[diff_next(r, p->ntv)];
-    int ax = diff_next(r, t->nd), n, id = -1, k, y = p->rows && diff_next(r, 2);
-    int64_t factor, size = t->sizes[ax];
+    int through = i == 0 && p->seed % 89 == 44 && p->permuted, ax, n, id = -1, k, y;
+    int64_t factor, size;
+    if (through) t = &p->t[p->permuted]; /* a split through the permute */
+    ax = diff_next(r, t->nd);
+    y = p->rows && diff_next(r, 2);
     hir_tv_mesh(t->tv, &n);
     if (p->rows) n = y ? p->rows : p->cols; /* split for DIDy or for DIDx */
     factor = n > 1 ? n : 2;
+    for (k = 0; through && k < t->nd; k++) /* an axis it can split */
+      if (t->sizes[k] > factor && t->sizes[k] % factor == 0) ax = k;
+    size = t->sizes[ax];
     for (k = 0; k < hir_tv_ndims(t->tv); k++) /* the data axis's part left by earlier splits, and its size */
       if (hir_tv_iter_type(t->tv, k) != HIR_REDUCTION && hir_tv_logical_axis(t->tv, k) == ax) {
         if (hir_tv_extent(t->tv, k)->kind == HIR__VAL_CONST) size /= hir_tv_extent(t->tv, k)->value;
         else id = k;
       }
-    if (id >= 0 && size > factor && size % factor == 0 && hir_split(t->tv, id, factor, 1) == HIR_OK && n > 1 && diff_next(r, 2))
+    if (id >= 0 && (size > factor || (through && size == factor)) && size % factor == 0 &&
+        hir_split(t->tv, id, factor, 1) == HIR_OK && n > 1 && diff_next(r, 2))
       hir_parallelize(t->tv, id, y ? HIR_DIDY : HIR_DIDX);
     if (hir_fusion_status(p->f) != HIR_OK) return 0;
   }

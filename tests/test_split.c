@@ -314,6 +314,51 @@ TEST(test_split_allocation, "split/allocation_loop", TEST_CPU | TEST_GPU_WORLDS)
   }
 }
 
+/* A split through a permute: x [M, K] split by D on M and sharded, y =
+   transpose(x) [K, M] (the split reaches y's M), y's M part sharded and
+   reordered to the front, laid out in that order (MultiDeviceTest.Transpose:
+   each device transposes its rows); or y left whole (gathered after the
+   local transpose). Then with a third axis in the middle: x [M, B, K]
+   permuted to [K, M, B], split by 2 on M (not sharded, two parts each). */
+TEST(test_split_permute, "split/through_permute", TEST_CPU | TEST_GPU_WORLDS) {
+  static const int did[1] = {1}, front[1] = {0}, perm3[3] = {2, 0, 1};
+  int wi, mode;
+  for (wi = 0; wi < 5; wi++)
+    for (mode = 0; mode < 3; mode++) {
+      int D = worlds[wi], three = mode == 2;
+      int64_t M = 2 * D, B = 3, K = 5, sx[3] = {M, three ? B : K, K}, sy[3] = {K, M, B}, i, j, b;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, HIR_F32, three ? 3 : 2), *y = three ? hir_permute(f, x, perm3) : hir_transpose(f, x, 0, 1);
+      hir_tensor in, want;
+      char text[2048];
+      hir_output(f, y);
+      hir_set_mesh(x, D, iota_mesh);
+      hir_set_mesh(y, D, iota_mesh);
+      hir_split(x, 0, three ? 2 : D, 1); /* x [D, M / D, ...]; y [K, D, M / D, ...] */
+      if (!three) hir_parallelize(x, 0, HIR_DIDX);
+      if (mode == 0) {
+        hir_parallelize(y, 1, HIR_DIDX);
+        hir_reorder(y, 1, did, front);
+        hir_set_allocation_loop(y);
+      }
+      CHECK(hir_fusion_error(f)[0] == 0);
+      if (hir_fusion_error(f)[0]) printf("  %s\n", hir_fusion_error(f));
+      hir_fusion_snprint(f, text, sizeof text);
+      CHECK(strstr(text, "Set.Permute") != NULL);
+      in = trand(HIR_F32, three ? 3 : 2, sx);
+      want = tn(HIR_F32, three ? 3 : 2, sy);
+      if (!three) {
+        for (i = 0; i < M; i++)
+          for (j = 0; j < K; j++) tset(&want, j * M + i, tget(&in, i * K + j));
+      } else {
+        for (i = 0; i < M; i++)
+          for (b = 0; b < B; b++)
+            for (j = 0; j < K; j++) tset(&want, (j * M + i) * B + b, tget(&in, (i * B + b) * K + j));
+      }
+      RUN_ONE(f, D, in, want, wi & 1, mode == 0 ? "transpose_sharded" : mode == 1 ? "transpose_gathered" : "permute_split_by_2");
+    }
+}
+
 /* What hir_reorder refuses, by name. */
 TEST(test_split_reorder_errors, "split/reorder_errors", TEST_CPU) {
   static const int twice[2] = {0, 0}, to[2] = {1, 0}, far[1] = {3}, zero[1] = {0};
