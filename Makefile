@@ -102,9 +102,10 @@ FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 $(BUILD)/fuzz: tests/fuzz.c $(HEADERS) | $(BUILD)
 	$(FUZZ_CC) -std=c11 $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -o $@ tests/fuzz.c $(LDLIBS)
-	$(FUZZ_CC) -std=c11 $(WARN) -O1 -g -DHIR_FUZZ_MAIN -fsanitize=address,undefined -o $(BUILD)/fuzz-replay tests/fuzz.c $(LDLIBS)
+$(BUILD)/fuzz-replay: tests/fuzz.c $(HEADERS) | $(BUILD)
+	$(FUZZ_CC) -std=c11 $(WARN) -O1 -g -DHIR_FUZZ_MAIN -fsanitize=address,undefined -o $@ tests/fuzz.c $(LDLIBS)
 
-fuzz: $(BUILD)/fuzz
+fuzz: $(BUILD)/fuzz $(BUILD)/fuzz-replay
 	rm -rf $(BUILD)/fuzz_work && mkdir -p $(BUILD)/fuzz_work && cp tests/fuzz_corpus/* $(BUILD)/fuzz_work/
 	cd $(BUILD) && ./fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 fuzz_work > fuzz.log 2>&1; s=$$?; \
 	  grep -E "^#[0-9]+.*(DONE|pulse)|finding|ERROR|SUMMARY|number_of_executed_units|Test unit" fuzz.log | tail -8; exit $$s
