@@ -59,7 +59,7 @@ def _load():
         "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
         "hir_set_mesh_2d": (i, [p, i, i, ctypes.POINTER(i)]),
         "hir_split": (i, [p, i, ctypes.c_int64, i]), "hir_input_sized": (p, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
-        "hir_reorder": (i, [p, i, ctypes.POINTER(i), ctypes.POINTER(i)]),
+        "hir_reorder": (i, [p, i, ctypes.POINTER(i), ctypes.POINTER(i)]), "hir_set_allocation_loop": (i, [p]),
         "hir_input_scalar": (p, [p]), "hir_binary_val": (p, [p, i, p, p]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
         "hx_lower": (i, [p, i, i, i, i, i, i, p, p, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
@@ -162,6 +162,12 @@ class Tensor:
         src = (ctypes.c_int * max(1, n))(*moves.keys())
         dst = (ctypes.c_int * max(1, n))(*moves.values())
         self.fusion._check(_lib.hir_reorder(self._h, n, src, dst))
+        return self
+
+    def allocation_loop(self):
+        """nvFuser's setAllocationDomain(loop domain): the arrays of this tensor laid out in its loop order (an output
+        run hands back comes so; run copies it into a numpy array of the logical shape)."""
+        self.fusion._check(_lib.hir_set_allocation_loop(self._h))
         return self
 
     def parallelize(self, axis, ptype):
@@ -521,10 +527,12 @@ def run(fusion, inputs, world=None, streams=0, schedule="linear", parts=0, timeo
                     got.append(None)
                     continue
                 shape = tuple(o.sizes[k] for k in range(o.ndims))
-                count = int(np.prod(shape)) if shape else 1
+                steps = tuple(o.strides[k] for k in range(o.ndims))  # a layout asked for (allocation_loop) is strided
+                span = 1 + sum((n - 1) * s for n, s in zip(shape, steps)) if all(shape) else 1
                 ctype = {0: ctypes.c_float, 1: ctypes.c_double, 2: ctypes.c_uint16}[o.dtype]
-                raw = np.ctypeslib.as_array((ctype * count).from_address(o.data))
-                got.append(raw.view(_NUMPY[o.dtype]).reshape(shape).copy())  # the evaluator's buffer lives until it goes
+                raw = np.ctypeslib.as_array((ctype * span).from_address(o.data)).view(_NUMPY[o.dtype])
+                arr = np.lib.stride_tricks.as_strided(raw, shape, tuple(s * raw.itemsize for s in steps))
+                got.append(np.array(arr))  # copied: the evaluator's buffer lives until it goes
             results[r] = got
         except Error as e:
             errors[r] = e

@@ -176,6 +176,12 @@ class CpuTests(unittest.TestCase):
         outs = hostir.run(h, [[np.ascontiguousarray(X[:, r * 2:(r + 1) * 2])] for r in range(D)])
         for r in range(D):
             np.testing.assert_array_equal(outs[r][0], -X)
+        h = hostir.Fusion()  # an output laid out column-major (its loop order [c, a]): run's arrays are still X's shape
+        x = h.input("float32", 2)
+        y = h.output(h.unary("neg", x))
+        y.reorder({1: 0}).allocation_loop()
+        outs = hostir.run(h, [[X]])
+        np.testing.assert_array_equal(outs[0][0], -X)
         g = hostir.Fusion()  # a fixed-size input refuses another size
         g.output(g.unary("neg", g.input_sized("float32", [2, 3])))
         with self.assertRaises(hostir.Error) as e:
