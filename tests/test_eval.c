@@ -1083,6 +1083,39 @@ static hir_status noop_graph_end(hir_backend *b, void **graph) {
   return HIR_OK;
 }
 static hir_status noop_graph_launch(hir_backend *b, void *graph) { return (void)b, (void)graph, HIR_OK; }
+
+/* A rank of a local world in graph mode 1 on a CPU backend whose graphs
+   launch nothing (its communicator capturable): f lowered for the rank, its
+   evaluator made; 0 when either fails (*p or *ev says why). */
+static int noop_graph_rank(hir_local_world *w, const hir_fusion *f, int rank, hir_backend **be, hir_program **p,
+                           hir_evaluator **ev) {
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  *be = hir_backend_cpu_create();
+  (*be)->graph_begin = noop_graph_begin;
+  (*be)->graph_end = noop_graph_end;
+  (*be)->graph_launch = noop_graph_launch;
+  (*be)->graph_destroy = fake_graph_destroy;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  ld.my_device = rank;
+  ed.backend = *be;
+  ed.comm = hir_local_comm(w, rank);
+  ed.comm->capturable = 1;
+  ed.graph = 1;
+  ed.timeout_ms = 20000;
+  *p = NULL;
+  *ev = NULL;
+  return hir_lower(f, &ld, p) == HIR_OK && hir_evaluator_create(*p, &ed, ev) == HIR_OK;
+}
+
+/* The rank's last message, and everything it made freed. */
+static void noop_graph_rank_end(hir_evaluator *ev, hir_program *p, hir_backend *be, char *err, size_t cap) {
+  snprintf(err, cap, "%.399s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(be);
+}
 typedef struct alloc_case {
   hir_local_world *w;
   hir_fusion *f;
@@ -1093,37 +1126,19 @@ typedef struct alloc_case {
 } alloc_case;
 static hir_status alloc_rank(int rank, void *user) {
   alloc_case *x = (alloc_case *)user;
-  hir_comm *c = hir_local_comm(x->w, rank);
-  hir_backend *be = hir_backend_cpu_create();
-  hir_lower_desc ld;
-  hir_eval_desc ed;
-  hir_program *p = NULL;
-  hir_evaluator *ev = NULL;
+  hir_backend *be;
+  hir_program *p;
+  hir_evaluator *ev;
   int run, made;
-  c->capturable = 1;
-  c->allocation_of = fake_allocation_of;
-  be->graph_begin = noop_graph_begin;
-  be->graph_end = noop_graph_end;
-  be->graph_launch = noop_graph_launch;
-  be->graph_destroy = fake_graph_destroy;
-  memset(&ld, 0, sizeof ld);
-  memset(&ed, 0, sizeof ed);
-  ld.my_device = rank;
-  ed.backend = be;
-  ed.comm = c;
-  ed.graph = 1;
-  ed.timeout_ms = 20000;
-  made = hir_lower(x->f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK;
+  hir_local_comm(x->w, rank)->allocation_of = fake_allocation_of;
+  made = noop_graph_rank(x->w, x->f, rank, &be, &p, &ev);
   for (run = 0; run < 4; run++) { /* eager, captured, replayed, then the output "reallocated" at its address */
     alloc_id[rank] = run < 3 ? 7 : 8;
     pthread_barrier_wait(&x->between);
     x->st[rank][run] = made ? hir_run(ev, &x->in[rank], 1, &x->out[rank], 1) : HIR_ERR_INVALID;
     if (x->st[rank][run] == HIR_OK) x->st[rank][run] = hir_evaluator_sync(ev);
   }
-  snprintf(x->err[rank], sizeof x->err[rank], "%.399s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
-  hir_evaluator_free(ev);
-  hir_program_free(p);
-  hir_backend_free(be);
+  noop_graph_rank_end(ev, p, be, x->err[rank], sizeof x->err[rank]);
   return HIR_OK;
 }
 TEST(test_eval_graph_allocation, "eval/graph_new_allocation_refused", TEST_CPU) {
@@ -1168,26 +1183,11 @@ typedef struct lone_case {
 } lone_case;
 static hir_status lone_rank(int rank, void *user) {
   lone_case *x = (lone_case *)user;
-  hir_comm *c = hir_local_comm(x->w, rank);
-  hir_backend *be = hir_backend_cpu_create();
-  hir_lower_desc ld;
-  hir_eval_desc ed;
-  hir_program *p = NULL;
-  hir_evaluator *ev = NULL;
+  hir_backend *be;
+  hir_program *p;
+  hir_evaluator *ev;
   int run, made;
-  c->capturable = 1;
-  be->graph_begin = noop_graph_begin;
-  be->graph_end = noop_graph_end;
-  be->graph_launch = noop_graph_launch;
-  be->graph_destroy = fake_graph_destroy;
-  memset(&ld, 0, sizeof ld);
-  memset(&ed, 0, sizeof ed);
-  ld.my_device = rank;
-  ed.backend = be;
-  ed.comm = c;
-  ed.graph = 1;
-  ed.timeout_ms = 20000;
-  made = hir_lower(x->f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK;
+  made = noop_graph_rank(x->w, x->f, rank, &be, &p, &ev);
   for (run = 0; run < 4; run++) { /* eager, captured, replayed, then rank 0's arguments moved */
     int moved = run == 3 && rank == 0;
     const hir_tensor *in = &x->in[rank][moved];
@@ -1200,10 +1200,7 @@ static hir_status lone_rank(int rank, void *user) {
       x->wrong += fabs(tget(out, 0) - (tget(in, 1) + tget(in, 3) + tget(in, 5))) > 1e-5;
   }
   x->ngraphs[rank] = ev ? ev->ngraphs : -1;
-  snprintf(x->err[rank], sizeof x->err[rank], "%.399s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
-  hir_evaluator_free(ev);
-  hir_program_free(p);
-  hir_backend_free(be);
+  noop_graph_rank_end(ev, p, be, x->err[rank], sizeof x->err[rank]);
   return HIR_OK;
 }
 TEST(test_eval_graph_lone_team, "eval/graph_one_member_team", TEST_CPU) {
