@@ -769,7 +769,8 @@ typedef struct hir_eval_desc {
      arguments the evaluator keeps; each run copies the caller's inputs in
      and outputs out around the launch, on the caller's stream. A program
      that communicates then replays at any addresses (a decode loop's new
-     outputs each step), for the copies' time and memory. */
+     outputs each step), an output passed or left to the evaluator as each
+     run likes, for the copies' time and memory. */
   int graph;
   /* check_shapes = 1: the ranks compare their shapes on every run, not only
      when they change (hir_run), so that a rank that alone changes its shapes
@@ -11810,6 +11811,7 @@ static hir_status hir__prepare(hir_evaluator *ev, const hir_tensor *in, int nin,
     for (a = 0; out[i].data && a < ev->nblocks; a++)
       if (out[i].data == ev->blocks[a].ptr) out[i].data = NULL;
     if (out[i].data && ev->laid_out && out[i].data == ev->laid_out[i].data) out[i].data = NULL;
+    if (out[i].data && ev->stage && ev->nstage == nin + nout && out[i].data == ev->stage[nin + i].data) out[i].data = NULL;
   }
   for (i = 0; i < nin; i++) { /* replan when the shapes change, or a scalar's value */
     int64_t *k = ev->key + i * (HIR_MAX_DIMS + 1);
@@ -12025,19 +12027,23 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
 
 /* Graph mode 2's arguments: dense buffers of ours shaped as the caller's
    (an output the caller leaves to the evaluator stays so), made when the
-   shapes change - the graphs, captured on the old ones, go with them. */
+   inputs' shapes change - the graphs, captured on the old ones, go with
+   them. Only the inputs decide: every rank sees their shapes change at the
+   same run (hir__shapes_agree), while whether a rank passes an output is
+   its own affair. Capturing anew on one rank while its peers replay would
+   hang a copy-engine receive: a captured one posts nothing to its sender. */
 static int hir__stage(hir_evaluator *ev, const hir_tensor *in, int nin, const hir_tensor *out, int nout) {
   int i, k, n = nin + nout, shapes = ev->stage && ev->nstage == n, given = shapes;
-  for (i = 0; i < n && shapes; i++) {
-    const hir_tensor *t = i < nin ? &in[i] : &out[i - nin], *st = &ev->stage[i];
+  for (i = 0; i < nin && shapes; i++) {
+    const hir_tensor *t = &in[i], *st = &ev->stage[i];
     shapes = t->dtype == st->dtype && t->ndims == st->ndims && !memcmp(t->sizes, st->sizes, (size_t)t->ndims * sizeof *t->sizes);
     given = given && (t->data != NULL) == (st->data != NULL);
   }
   if (shapes && given) return 1;
   if (shapes && ev->communicates && ev->ngraphs > 0)
-    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: graph mode 2: an output the evaluator kept is now passed, or the other "
-                        "way round, after this program, which communicates, was captured on every rank; keep passing "
-                        "outputs as the first captured run did"), 0;
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_run: graph mode 2: an input that lived elsewhere (no data) is now passed, "
+                        "or the other way round, after this program, which communicates, was captured on every rank; keep "
+                        "passing inputs as the first captured run did"), 0;
   for (k = 0; k < ev->ngraphs; k++) hir__free_graph(ev, &ev->graphs[k]);
   ev->ngraphs = 0;
   ev->warm = 0; /* the new copies run eagerly first: a capture finds all made for them (between processes, peers' mappings) */
@@ -12070,7 +12076,9 @@ static hir_status hir__copy_args(hir_evaluator *ev, void *stream, const hir_tens
 
 /* Graph mode 2: the graph replays on the staged arguments, the caller's
    inputs copied in before it and its outputs out after, in stream order.
-   New copies run once eagerly, as graph mode 1's new shapes do. */
+   New copies run once eagerly, as graph mode 1's new shapes do. An output
+   the caller passes now but left to the evaluator when staged is copied
+   out of the evaluator's buffer; one it leaves now is handed back in ours. */
 static hir_status hir__run_staged(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
   void *stream;
   hir_tensor *run;

@@ -1084,10 +1084,10 @@ static hir_status noop_graph_end(hir_backend *b, void **graph) {
 }
 static hir_status noop_graph_launch(hir_backend *b, void *graph) { return (void)b, (void)graph, HIR_OK; }
 
-/* A rank of a local world in graph mode 1 on a CPU backend whose graphs
-   launch nothing (its communicator capturable): f lowered for the rank, its
-   evaluator made; 0 when either fails (*p or *ev says why). */
-static int noop_graph_rank(hir_local_world *w, const hir_fusion *f, int rank, hir_backend **be, hir_program **p,
+/* A rank of a local world in graph mode `graph` on a CPU backend whose
+   graphs launch nothing (its communicator capturable): f lowered for the
+   rank, its evaluator made; 0 when either fails (*p or *ev says why). */
+static int noop_graph_rank(hir_local_world *w, const hir_fusion *f, int rank, int graph, hir_backend **be, hir_program **p,
                            hir_evaluator **ev) {
   hir_lower_desc ld;
   hir_eval_desc ed;
@@ -1102,7 +1102,7 @@ static int noop_graph_rank(hir_local_world *w, const hir_fusion *f, int rank, hi
   ed.backend = *be;
   ed.comm = hir_local_comm(w, rank);
   ed.comm->capturable = 1;
-  ed.graph = 1;
+  ed.graph = graph;
   ed.timeout_ms = 20000;
   *p = NULL;
   *ev = NULL;
@@ -1131,7 +1131,7 @@ static hir_status alloc_rank(int rank, void *user) {
   hir_evaluator *ev;
   int run, made;
   hir_local_comm(x->w, rank)->allocation_of = fake_allocation_of;
-  made = noop_graph_rank(x->w, x->f, rank, &be, &p, &ev);
+  made = noop_graph_rank(x->w, x->f, rank, 1, &be, &p, &ev);
   for (run = 0; run < 4; run++) { /* eager, captured, replayed, then the output "reallocated" at its address */
     alloc_id[rank] = run < 3 ? 7 : 8;
     pthread_barrier_wait(&x->between);
@@ -1187,7 +1187,7 @@ static hir_status lone_rank(int rank, void *user) {
   hir_program *p;
   hir_evaluator *ev;
   int run, made;
-  made = noop_graph_rank(x->w, x->f, rank, &be, &p, &ev);
+  made = noop_graph_rank(x->w, x->f, rank, 1, &be, &p, &ev);
   for (run = 0; run < 4; run++) { /* eager, captured, replayed, then rank 0's arguments moved */
     int moved = run == 3 && rank == 0;
     const hir_tensor *in = &x->in[rank][moved];
@@ -1228,6 +1228,72 @@ TEST(test_eval_graph_lone_team, "eval/graph_one_member_team", TEST_CPU) {
     }
   CHECK(x.wrong == 0 && x.ngraphs[0] == 2 && x.ngraphs[1] == 1);
   for (r = 0; r < 2; r++) tfree(&x.in[r][0]), tfree(&x.in[r][1]), tfree(&x.out[r]);
+  hir_local_world_free(x.w);
+  hir_fusion_free(x.f);
+}
+
+/* Graph mode 2 on a world of 2 where only rank 1 has an output: T1 =
+   relu(T0), T0 on device 0, T1 on device 1. Rank 1 leaves the output to the
+   evaluator, then passes one of its own, then leaves it again. Passing it
+   captured anew on rank 1 alone while rank 0 replayed: on the copy engines
+   rank 1's eager receive then waited for a post rank 0's graph never makes
+   (seed 63 of diff/random_programs_nccl, graph mode 2, 2 H200). Every run
+   now replays the one graph on both ranks; the graphs launch nothing here,
+   so the outputs of the replays hold the capture's numbers, which are
+   checked, inputs unchanged. */
+typedef struct pass_case {
+  hir_local_world *w;
+  hir_fusion *f;
+  hir_tensor in, out; /* rank 0's input; rank 1's own output */
+  hir_status st[2][5];
+  int ngraphs[2], wrong;
+  char err[2][400];
+} pass_case;
+static hir_status pass_rank(int rank, void *user) {
+  pass_case *x = (pass_case *)user;
+  hir_backend *be;
+  hir_program *p;
+  hir_evaluator *ev;
+  int run, made, e;
+  made = noop_graph_rank(x->w, x->f, rank, 2, &be, &p, &ev);
+  for (run = 0; run < 5; run++) { /* eager, captured, replayed, replayed into rank 1's buffer, replayed into ours */
+    hir_tensor none, shape = x->in, out; /* rank 1 passes the input shape-only */
+    memset(&none, 0, sizeof none);
+    shape.data = NULL;
+    out = rank == 1 && run == 3 ? x->out : none;
+    for (e = 0; out.data && e < 6; e++) tset(&out, e, 1e30);
+    x->st[rank][run] = made ? hir_run(ev, rank == 0 ? &x->in : &shape, 1, &out, 1) : HIR_ERR_INVALID;
+    if (x->st[rank][run] == HIR_OK) x->st[rank][run] = hir_evaluator_sync(ev);
+    for (e = 0; rank == 1 && x->st[rank][run] == HIR_OK && e < 6; e++)
+      x->wrong += !out.data || tget(&out, e) != (tget(&x->in, e) > 0 ? tget(&x->in, e) : 0);
+  }
+  x->ngraphs[rank] = ev ? ev->ngraphs : -1;
+  noop_graph_rank_end(ev, p, be, x->err[rank], sizeof x->err[rank]);
+  return HIR_OK;
+}
+TEST(test_eval_graph_staged_output_passed, "eval/graph_staged_output_passed", TEST_CPU) {
+  pass_case x;
+  int first = 0, second = 1, r, k;
+  int64_t sizes[2] = {2, 3};
+  hir_tv *t0, *t1;
+  memset(&x, 0, sizeof x);
+  x.f = hir_fusion_create();
+  t0 = hir_input(x.f, HIR_F32, 2);
+  hir_set_mesh(t0, 1, &first);
+  t1 = hir_relu(x.f, t0);
+  hir_set_mesh(t1, 1, &second);
+  hir_output(x.f, t1);
+  x.in = trand(HIR_F32, 2, sizes), x.out = tn(HIR_F32, 2, sizes);
+  x.w = hir_local_world_create(2);
+  hir_local_world_set_timeout(x.w, 3000);
+  CHECK(hir_spmd(2, pass_rank, &x) == HIR_OK);
+  for (r = 0; r < 2; r++)
+    for (k = 0; k < 5; k++) {
+      if (x.st[r][k] != HIR_OK) fprintf(stderr, "  rank %d run %d: %s: %s\n", r, k, hir_status_str(x.st[r][k]), x.err[r]);
+      CHECK(x.st[r][k] == HIR_OK);
+    }
+  CHECK(x.wrong == 0 && x.ngraphs[0] == 1 && x.ngraphs[1] == 1);
+  tfree(&x.in), tfree(&x.out);
   hir_local_world_free(x.w);
   hir_fusion_free(x.f);
 }
