@@ -745,7 +745,7 @@ static int diff_check(hir_backend *b, const hir_tensor *got_there, const hir_ten
   ok = compare(&dense, mine, tol < 0 ? 1e-4 : 0, err, 512, what);
   if (!ok && tol > 0) /* within an absolute tolerance, then */
     for (i = 0, ok = 1; i < tnumel(mine) && ok && dense.data && dense.ndims == mine->ndims; i++)
-      if (!(fabs(tget(&dense, i) - tget(mine, i)) <= tol) && !(isnan(tget(&dense, i)) && isnan(tget(mine, i))))
+      if (!close_enough(tget(&dense, i), tget(mine, i), tol))
         snprintf(err, 512, "%s: element %lld is %.6g, want %.6g (within %.3g)", what, (long long)i, tget(&dense, i), tget(mine, i), tol), ok = 0;
   if (got.data != got_there->data) tfree(&got);
   tfree(&dense);

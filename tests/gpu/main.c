@@ -172,7 +172,8 @@ TEST(test_gpu_ops, "gpu/ops", TEST_GPU) {
    65536 rows where halving allows (2^18 elements), else as one column (an
    odd length). */
 /* linear + bias through cuBLASLt's BIAS epilogue, and relu(linear) and
-   gelu_tanh(linear) through RELU_BIAS and GELU_BIAS (counted: they must
+   gelu_tanh(linear) through RELU_BIAS and GELU_BIAS, a NaN in a row of the
+   input kept in every output as the CPU keeps it (counted: they must
    take f32, f16 and bf16; f64 falls back to a GEMM, an add and the op), a
    transpose and elementwise ops through the NVRTC kernels, against the CPU;
    the time of the first elementwise op (NVRTC's compile) is printed. */
@@ -218,6 +219,7 @@ TEST(test_gpu_linear_and_kernels, "gpu/linear_and_kernels", TEST_GPU) {
     in[0] = trand(d, 3, sa);
     in[1] = trand(d, 2, sw);
     in[2] = trand(d, 1, sb);
+    tset(&in[0], 70, NAN); /* row 1 of batch 0: a NaN in every output of that row, kept by relu (torch's too) */
     CHECK(be != NULL);
     if (!be) return;
     cuda_matmul_bias = be->matmul_bias;
