@@ -59,12 +59,18 @@ def host_cost(a, b, group, calls=200):
             except Exception as e:  # torch's fused op where symmetric memory is not there: say so, keep the rest
                 print(f"rank {dist.get_rank()}: {what} failed: {type(e).__name__}: {e}"[:300], flush=True)
                 continue
-            for _ in range(calls):  # each call timed on the host alone, its GPU work waited for after
+            inside = ht._torch_fast and what.startswith("op") and hasattr(ht._torch_fast, "last_run_us")
+            layer = []  # a call's host time less its own hir_run's, timed inside it (hir_run's host time varies
+            for _ in range(calls):  # with what the peer does meanwhile); each call alone, its GPU work waited for after
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 fn()
                 times.append((time.perf_counter() - t0) * 1e6)
+                if inside:
+                    layer.append(times[-1] - ht._torch_fast.last_run_us())
             results[what + (" (Python path)" if second else "")] = statistics.median(times)
+            if inside:
+                results[what + " layer"] = statistics.median(layer)
     ht._torch_fast = fast
     return results
 
@@ -132,6 +138,9 @@ def main():
         print(f"  host time per call at AG+GEMM 256,1024,256, us (medians of 200): hostir.torch.all_gather_matmul "
               f"{cost['op']:.1f} {path}, its hir_run {cost['hir_run']:.1f}: the Python layer "
               f"{cost['op'] - cost['hir_run']:.1f} ({cost['op without A'] - cost['hir_run']:.1f} with return_A=False)")
+        if "op layer" in cost:
+            print(f"  the Python layer timed inside the same calls (each call less its own hir_run): {cost['op layer']:.1f} "
+                  f"({cost['op without A layer']:.1f} with return_A=False; fp8 {cost['op fp8 layer']:.1f})")
         if "op (Python path)" in cost:
             print(f"  the Python path alone: the Python layer {cost['op (Python path)'] - cost['hir_run']:.1f} "
                   f"({cost['op without A (Python path)'] - cost['hir_run']:.1f} with return_A=False)")

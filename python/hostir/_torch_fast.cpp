@@ -22,6 +22,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -65,7 +66,8 @@ struct Seen {  // one call seen before
   int divide_by;  // "avg": the group's size, else 0
 };
 std::vector<Seen> seen;
-long long taken;  // calls run here, for tests
+long long taken;     // calls run here, for tests
+double last_run_us;  // the last call's hir_run (or hir_tuner_run), host time: bench/torch_fused.py's Python layer is the rest
 
 void push_tensor(std::vector<int64_t> &key, const at::Tensor &t) {
   key.push_back(t.dim());
@@ -238,9 +240,11 @@ PyObject *call(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     hir_tensor *ins = s->ins, *out_views = s->outs;
     int nin = s->nin, nout = s->nout;
     hir_status st;
+    auto t0 = std::chrono::steady_clock::now();
     Py_BEGIN_ALLOW_THREADS;
     st = (tuner ? api.tuner_run : api.run)(runner, ins, nin, out_views, nout);
     Py_END_ALLOW_THREADS;
+    last_run_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     if (st != HIR_OK) {
       PyObject *e = PyObject_CallFunction(api.error, "ss", api.status_str(st),
                                           tuner ? api.tuner_error(runner) : api.evaluator_error(runner));
@@ -347,6 +351,7 @@ PyObject *forget(PyObject *, PyObject *runner) {
 }
 
 PyObject *taken_count(PyObject *, PyObject *) { return PyLong_FromLongLong(taken); }
+PyObject *last_run(PyObject *, PyObject *) { return PyFloat_FromDouble(last_run_us); }
 
 /* setup(Error, run, tuner_run, evaluator_error, tuner_error, status_str,
    set_stream, stream_capturing): the functions' addresses. */
@@ -375,6 +380,7 @@ PyMethodDef methods[] = {
     {"remember", (PyCFunction)(void (*)(void))remember, METH_FASTCALL, "remember a call the Python path ran"},
     {"forget", forget, METH_O, "forget the calls seen that run an evaluator or tuner (None: every call)"},
     {"taken", taken_count, METH_NOARGS, "how many calls ran here"},
+    {"last_run_us", last_run, METH_NOARGS, "the host time of the last call's hir_run here, us"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL, "the C functions' addresses"},
     {nullptr, nullptr, 0, nullptr}};
 
