@@ -32,13 +32,19 @@
    slowest rank. bf16 inputs from a fixed-seed generator.
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
-                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [--pause MS] [--graph [2]] [--decode]
+                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [--pause MS] [--rematch 3] [--graph [2]]
+                         [--decode]
                          [ag M K N] [rs M K N] ...
      torchrun --nproc-per-node 2 --no-python build/bench-overlap --processes ...
 
    --pause MS: every row's runs start after MS idle (the automatic row's
    after its tuning too): whether a GPU's clocks after sustained load
    decide a row (bench/RESULTS.md).
+   --rematch N (default 3; 0: none): after the table, the best row and the
+   automatic row run again in turns, N rounds, each round a fresh row (the
+   automatic one tuned anew), and their medians are compared. The best of
+   many rows measured once is partly the luckiest; the rematch times both
+   alike.
    --graph: every pipeline also as a CUDA graph (hir_eval_desc.graph),
    rows marked [graph], and the tuner in graph mode (its candidates also
    timed with send/recv on NCCL, captured); --graph 2: graph mode 2 (the
@@ -66,7 +72,7 @@
 #include <math.h>
 #include <pthread.h>
 
-enum { MAXR = 8, MAXIT = 100, MAXCFG = 96 };
+enum { MAXR = 8, MAXIT = 100, MAXCFG = 96, MAXREMATCH = 9 };
 
 typedef enum { AG, RS } pattern;
 typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_AS_COLLECTIVES, P2P_LINEAR, P2P_RING, AUTO } pipeline;
@@ -109,6 +115,7 @@ typedef struct bench {
   double tune_ms[MAXR];         /* how long each rank's tuning took */
   size_t memory_limit;          /* --memory-limit: the tuner's cap on a candidate's buffers */
   int pause_ms;                 /* --pause: idle before each row's runs (and after tuning), every row from a rested GPU */
+  int rematch;                  /* --rematch: rounds of the best row and the automatic one in turns, after the table */
   int graphs;                   /* --graph: every pipeline also as a CUDA graph (in this mode of hir_eval_desc.graph) */
   const char *trace_dir;        /* --trace */
   hir_evaluator *trace_ev[MAXR];
@@ -589,6 +596,12 @@ static hir_status share_results(bench *B, hir_status s) {
 }
 #endif
 
+/* The median of n values (sorted in place). */
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /* The median over iterations of the slowest rank's time. */
 static double median_of_slowest(bench *B) {
   double it[MAXIT];
@@ -597,8 +610,7 @@ static double median_of_slowest(bench *B) {
     it[k] = 0;
     for (i = 0; i < B->D; i++) it[k] = B->ms[i][k] > it[k] ? B->ms[i][k] : it[k];
   }
-  qsort(it, (size_t)B->iters, sizeof *it, cmp_double);
-  return B->iters % 2 ? it[B->iters / 2] : 0.5 * (it[B->iters / 2 - 1] + it[B->iters / 2]);
+  return median(it, B->iters);
 }
 
 #ifdef HOSTIR_CUDA
@@ -796,6 +808,25 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     printf("  automatic: %.3f ms = %.3fx serial, %.3fx the best measured here; tuning took %.0f ms (the slowest rank)\n"
            "    %s\n", res[auto_at].ms, res[auto_at].ms / serial, best >= 0 ? res[auto_at].ms / res[best].ms : 0, tuned, B->plan);
   }
+  if (B->rematch > 0 && best >= 0 && best != auto_at && res[auto_at].ok) {
+    double rounds[2][MAXREMATCH];
+    result again;
+    int got = 0;
+    char name[64];
+    while (got < B->rematch && run_config(B, cfgs[best], &again)) {
+      rounds[0][got] = again.ms;
+      if (!run_config(B, cfgs[auto_at], &again)) break;
+      rounds[1][got++] = again.ms;
+    }
+    config_name(&cfgs[best], name, sizeof name);
+    if (got) {
+      double b = median(rounds[0], got), a = median(rounds[1], got);
+      printf("  rematch, in turns (%d rounds, medians): %s %.3f ms, automatic %.3f ms = %.3fx\n", got, name, b, a, a / b);
+    } else {
+      printf("  rematch: FAILED: %s\n", again.msg);
+      failed++;
+    }
+  }
   printf("\n");
   fflush(stdout);
   for (i = 0; i < B->D; i++) {
@@ -831,6 +862,7 @@ int main(int argc, char **argv) {
       failed = 0;
   B.iters = 10;
   B.warmup = 3;
+  B.rematch = 3;
   for (i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--iters") && i + 1 < argc) B.iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) B.warmup = atoi(argv[++i]);
@@ -843,6 +875,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--decode")) decode = 1;
     else if (!strcmp(argv[i], "--memory-limit") && i + 1 < argc) B.memory_limit = (size_t)(atof(argv[++i]) * (1 << 20));
     else if (!strcmp(argv[i], "--pause") && i + 1 < argc) B.pause_ms = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--rematch") && i + 1 < argc) B.rematch = atoi(argv[++i]);
     else if ((!strcmp(argv[i], "ag") || !strcmp(argv[i], "rs")) && i + 3 < argc && nshapes < 32) {
       shapes[nshapes].pat = argv[i][0] == 'a' ? AG : RS;
       shapes[nshapes].M = atoll(argv[i + 1]);
@@ -851,13 +884,15 @@ int main(int argc, char **argv) {
       i += 3;
     } else {
       fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--trace DIR] "
-                      "[--processes] [--memory-limit MiB] [--pause MS] [--graph] [--decode] [ag|rs M K N]...\n", argv[0]);
+                      "[--processes] [--memory-limit MiB] [--pause MS] [--rematch N] [--graph] [--decode] [ag|rs M K N]...\n",
+              argv[0]);
       return 2;
     }
   }
-  if (B.iters < 1 || B.iters > MAXIT || B.warmup < 0 || !nstreams || !nchunks || !nparts) {
-    fprintf(stderr, "%s: --iters takes 1..%d, --warmup 0 or more, --streams, --chunks and --parts positive lists\n", argv[0],
-            MAXIT);
+  if (B.iters < 1 || B.iters > MAXIT || B.warmup < 0 || B.rematch < 0 || B.rematch > MAXREMATCH || !nstreams || !nchunks ||
+      !nparts) {
+    fprintf(stderr, "%s: --iters takes 1..%d, --warmup 0 or more, --rematch 0..%d, --streams, --chunks and --parts positive "
+                    "lists\n", argv[0], MAXIT, MAXREMATCH);
     return 2;
   }
 #ifdef HOSTIR_CUDA
