@@ -190,7 +190,7 @@ TEST(test_split_divide_by_sum, "split/divide_by_sum", TEST_CPU | TEST_GPU_WORLDS
 
 /* hir_reorder: the loop order nvFuser's schedules set. x [b, s, h] with h
    split by D, the DIDx part moved to the front of x and y = relu(x)
-   (MultiDeviceTest.ReorderDIDToFront, BiasAddRelu's reorder); and the other
+   (ShardingTest.ReorderParallelizedToFront, BiasAddRelu's reorder); and the other
    way round, z [a, c] reordered to [c, a] and then split at loop position 0,
    which is c: the split, the sharding and the printed loop domain follow the
    loop order, the numbers each device's part of relu(z). */
