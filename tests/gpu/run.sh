@@ -12,15 +12,20 @@
 # torchrun's random one can be taken by a connection. The last line is "N passed,
 # N failed" over these stages. A test that hangs ends its stage within
 # HOSTIR_TEST_HANG_S (default 120) seconds without progress, its threads' stacks printed.
+# TEST_GPU_STAGES=FIRST-LAST (numbers as printed, "== [n] ...") runs only those stages, so that a machine
+# whose whole suite takes longer than one sitting (4 or 8 GPUs) runs it in parts; the counts are the parts' own.
 set -u
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 bin=${TEST_GPU_BIN:-build/test-gpu}
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-passed=0 failed=0
+passed=0 failed=0 number=0
+range=${TEST_GPU_STAGES:-1-99}
 stage() { # name, command...
   local name=$1 t0=$SECONDS; shift
-  echo "== $name"
+  number=$((number + 1))
+  [ "$number" -ge "${range%-*}" ] && [ "$number" -le "${range#*-}" ] || return 0
+  echo "== [$number] $name"
   if timeout 900 "$@"; then passed=$((passed + 1)); echo "== $name: ok ($((SECONDS - t0)) s)"
   else failed=$((failed + 1)); echo "== $name: FAILED ($((SECONDS - t0)) s)"; fi
 }
