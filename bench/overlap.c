@@ -17,6 +17,10 @@
                    engines: hir_nccl_world_set_copy_engine)
      bounded       the p2p ring with bounded buffers (numberOfStreams slices
                    of the gathered tensor instead of D)
+     p2p, one GEMM the exchange as send/recv (AllgatherP2p: a Stream axis on a
+                   set), then one GEMM of every row (AG), or one GEMM, then
+                   the exchange (RS): where each chunk's GEMM would read the
+                   whole weight again (decode-size M), nothing split
      automatic     the p2p fusion through hir_tuner: serial, the p2p
                    schedules and the p2p fusion as collectives measured on
                    every rank, the fastest agreed
@@ -75,9 +79,9 @@
 enum { MAXR = 8, MAXIT = 100, MAXCFG = 96, MAXREMATCH = 9 };
 
 typedef enum { AG, RS } pattern;
-typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_AS_COLLECTIVES, P2P_LINEAR, P2P_RING, AUTO } pipeline;
+typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_AS_COLLECTIVES, P2P_LINEAR, P2P_RING, P2P_ONE_GEMM, AUTO } pipeline;
 static const char *pipeline_names[] = {"comm alone", "GEMM alone", "serial", "collective", "p2p as collectives", "p2p linear",
-                                       "p2p ring", "automatic (tuned"};
+                                       "p2p ring", "p2p, one GEMM", "automatic (tuned"};
 
 typedef struct config {
   pipeline pipe;
@@ -212,6 +216,16 @@ static hir_fusion *build_ag(pipeline pipe, int D) {
   }
   t[0] = hir_input(f, HIR_BF16, pipe == COLLECTIVE ? 4 : 3);
   t[1] = hir_input(f, HIR_BF16, 2);
+  if (pipe == P2P_ONE_GEMM) { /* the rows gathered by send/recv, then one GEMM */
+    hir_tv *gathered = hir_set(f, t[0]);
+    t[2] = hir_matmul(f, gathered, t[1]);
+    hir_output(f, t[2]);
+    mesh_all(t, 3, D);
+    mesh_all(&gathered, 1, D);
+    hir_parallelize(t[0], 0, HIR_DIDX);
+    hir_parallelize(gathered, 0, HIR_STREAM);
+    return f;
+  }
   t[2] = hir_matmul(f, t[0], t[1]);
   hir_output(f, t[2]);
   mesh_all(t, 3, D);
@@ -261,6 +275,11 @@ static hir_fusion *build_rs(pipeline pipe, int D) {
     t[1] = hir_input(f, HIR_BF16, 3);
     t[2] = hir_broadcast(f, t[1], 4, flags);
     t[3] = hir_matmul(f, t[0], t[2]);
+    if (pipe == P2P_ONE_GEMM) { /* one GEMM, then its partials sent by send/recv (a Stream axis on a set) */
+      t[3] = hir_set(f, t[3]);
+      mesh_all(&t[3], 1, D);
+      hir_parallelize(t[3], 0, HIR_DIDX);
+    }
     t[4] = hir_sum(f, t[3], 1, &axis0);
     hir_output(f, t[4]);
     hir_tv *meshed[3];
@@ -744,6 +763,8 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
           if (m % parts[k] == 0) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce, parts[k], 0, 0};
   for (j = 0; j < nstreams && n < MAXCFG - 1; j++) /* bounded buffers: the memory they save, the time they cost */
     cfgs[n++] = (config){P2P_RING, B->D, streams[j], B->gpu, 1, 1, 0};
+  for (ce = 0; ce <= B->gpu && n < MAXCFG - 1; ce++)
+    cfgs[n++] = (config){P2P_ONE_GEMM, B->D, streams[0], ce, 1, 0, 0};
   auto_at = n;
   cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0, 0, B->graphs}; /* the plan it prints is its own */
   for (i = 2, k = n; B->graphs && i < k && n < MAXCFG; i++) /* --graph: each pipeline again as a CUDA graph */
