@@ -1166,6 +1166,28 @@ TEST(test_eval_graph_allocation, "eval/graph_new_allocation_refused", TEST_CPU) 
   hir_fusion_free(x.f);
 }
 
+/* What a rank of a two-rank graph case reports: each run's status, its
+   evaluator's graphs, wrong numbers seen, its last message. */
+typedef struct graph_pair {
+  hir_local_world *w;
+  hir_fusion *f;
+  hir_status st[2][5];
+  int ngraphs[2], wrong;
+  char err[2][400];
+} graph_pair;
+
+/* Every one of nruns runs succeeded on both ranks (else each failure said),
+   the numbers were right, and each rank holds the graphs it should. */
+static void check_graph_pair(const graph_pair *g, int nruns, int ngraphs0, int ngraphs1) {
+  int r, k;
+  for (r = 0; r < 2; r++)
+    for (k = 0; k < nruns; k++) {
+      if (g->st[r][k] != HIR_OK) fprintf(stderr, "  rank %d run %d: %s: %s\n", r, k, hir_status_str(g->st[r][k]), g->err[r]);
+      CHECK(g->st[r][k] == HIR_OK);
+    }
+  CHECK(g->wrong == 0 && g->ngraphs[0] == ngraphs0 && g->ngraphs[1] == ngraphs1);
+}
+
 /* A program whose one communication has a one-member team talks to no
    peer: T1 on devices 0 and 1 sliced onto device 0 is a Broadcast from 0
    to 0 (seed 86 of the differential check, on 2 GPUs). In graph mode 1,
@@ -1174,12 +1196,8 @@ TEST(test_eval_graph_allocation, "eval/graph_new_allocation_refused", TEST_CPU) 
    nothing, so the numbers are checked on the runs that compute: eager,
    the capture, the recapture. */
 typedef struct lone_case {
-  hir_local_world *w;
-  hir_fusion *f;
+  graph_pair g;
   hir_tensor in[2][2], out[2]; /* rank r's input; rank 0's outputs, before and after the move */
-  hir_status st[2][4];
-  int ngraphs[2], wrong;
-  char err[2][400];
 } lone_case;
 static hir_status lone_rank(int rank, void *user) {
   lone_case *x = (lone_case *)user;
@@ -1187,49 +1205,44 @@ static hir_status lone_rank(int rank, void *user) {
   hir_program *p;
   hir_evaluator *ev;
   int run, made;
-  made = noop_graph_rank(x->w, x->f, rank, 1, &be, &p, &ev);
+  made = noop_graph_rank(x->g.w, x->g.f, rank, 1, &be, &p, &ev);
   for (run = 0; run < 4; run++) { /* eager, captured, replayed, then rank 0's arguments moved */
     int moved = run == 3 && rank == 0;
     const hir_tensor *in = &x->in[rank][moved];
     hir_tensor none, *out = rank == 0 ? &x->out[moved] : &none;
     memset(&none, 0, sizeof none);
     if (rank == 0) tset(out, 0, 1e30);
-    x->st[rank][run] = made ? hir_run(ev, in, 1, out, 1) : HIR_ERR_INVALID;
-    if (x->st[rank][run] == HIR_OK) x->st[rank][run] = hir_evaluator_sync(ev);
-    if (rank == 0 && run != 2 && x->st[rank][run] == HIR_OK)
-      x->wrong += fabs(tget(out, 0) - (tget(in, 1) + tget(in, 3) + tget(in, 5))) > 1e-5;
+    x->g.st[rank][run] = made ? hir_run(ev, in, 1, out, 1) : HIR_ERR_INVALID;
+    if (x->g.st[rank][run] == HIR_OK) x->g.st[rank][run] = hir_evaluator_sync(ev);
+    if (rank == 0 && run != 2 && x->g.st[rank][run] == HIR_OK)
+      x->g.wrong += fabs(tget(out, 0) - (tget(in, 1) + tget(in, 3) + tget(in, 5))) > 1e-5;
   }
-  x->ngraphs[rank] = ev ? ev->ngraphs : -1;
-  noop_graph_rank_end(ev, p, be, x->err[rank], sizeof x->err[rank]);
+  x->g.ngraphs[rank] = ev ? ev->ngraphs : -1;
+  noop_graph_rank_end(ev, p, be, x->g.err[rank], sizeof x->g.err[rank]);
   return HIR_OK;
 }
 TEST(test_eval_graph_lone_team, "eval/graph_one_member_team", TEST_CPU) {
   lone_case x;
-  int both[2] = {0, 1}, first = 0, axis = 0, r, k;
+  int both[2] = {0, 1}, first = 0, axis = 0, r;
   int64_t si[2] = {3, 2}, so[1] = {1};
   hir_tv *t0, *t1, *t2;
   memset(&x, 0, sizeof x);
-  x.f = hir_fusion_create();
-  t0 = hir_input(x.f, HIR_F32, 2);
+  x.g.f = hir_fusion_create();
+  t0 = hir_input(x.g.f, HIR_F32, 2);
   hir_set_mesh(t0, 2, both);
-  t1 = hir_sum(x.f, t0, 1, &axis);
+  t1 = hir_sum(x.g.f, t0, 1, &axis);
   hir_set_mesh(t1, 2, both);
-  t2 = hir_slice_step(x.f, t1, 0, -1, HIR_END, 1);
+  t2 = hir_slice_step(x.g.f, t1, 0, -1, HIR_END, 1);
   hir_set_mesh(t2, 1, &first);
-  hir_output(x.f, t2);
+  hir_output(x.g.f, t2);
   for (r = 0; r < 2; r++) x.in[r][0] = trand(HIR_F32, 2, si), x.in[r][1] = trand(HIR_F32, 2, si), x.out[r] = tn(HIR_F32, 1, so);
-  x.w = hir_local_world_create(2);
-  hir_local_world_set_timeout(x.w, 20000);
+  x.g.w = hir_local_world_create(2);
+  hir_local_world_set_timeout(x.g.w, 20000);
   CHECK(hir_spmd(2, lone_rank, &x) == HIR_OK);
-  for (r = 0; r < 2; r++)
-    for (k = 0; k < 4; k++) {
-      if (x.st[r][k] != HIR_OK) fprintf(stderr, "  rank %d run %d: %s: %s\n", r, k, hir_status_str(x.st[r][k]), x.err[r]);
-      CHECK(x.st[r][k] == HIR_OK);
-    }
-  CHECK(x.wrong == 0 && x.ngraphs[0] == 2 && x.ngraphs[1] == 1);
+  check_graph_pair(&x.g, 4, 2, 1);
   for (r = 0; r < 2; r++) tfree(&x.in[r][0]), tfree(&x.in[r][1]), tfree(&x.out[r]);
-  hir_local_world_free(x.w);
-  hir_fusion_free(x.f);
+  hir_local_world_free(x.g.w);
+  hir_fusion_free(x.g.f);
 }
 
 /* Graph mode 2 on a world of 2 where only rank 1 has an output: T1 =
@@ -1242,12 +1255,8 @@ TEST(test_eval_graph_lone_team, "eval/graph_one_member_team", TEST_CPU) {
    so the outputs of the replays hold the capture's numbers, which are
    checked, inputs unchanged. */
 typedef struct pass_case {
-  hir_local_world *w;
-  hir_fusion *f;
+  graph_pair g;
   hir_tensor in, out; /* rank 0's input; rank 1's own output */
-  hir_status st[2][5];
-  int ngraphs[2], wrong;
-  char err[2][400];
 } pass_case;
 static hir_status pass_rank(int rank, void *user) {
   pass_case *x = (pass_case *)user;
@@ -1255,47 +1264,42 @@ static hir_status pass_rank(int rank, void *user) {
   hir_program *p;
   hir_evaluator *ev;
   int run, made, e;
-  made = noop_graph_rank(x->w, x->f, rank, 2, &be, &p, &ev);
+  made = noop_graph_rank(x->g.w, x->g.f, rank, 2, &be, &p, &ev);
   for (run = 0; run < 5; run++) { /* eager, captured, replayed, replayed into rank 1's buffer, replayed into ours */
     hir_tensor none, shape = x->in, out; /* rank 1 passes the input shape-only */
     memset(&none, 0, sizeof none);
     shape.data = NULL;
     out = rank == 1 && run == 3 ? x->out : none;
     for (e = 0; out.data && e < 6; e++) tset(&out, e, 1e30);
-    x->st[rank][run] = made ? hir_run(ev, rank == 0 ? &x->in : &shape, 1, &out, 1) : HIR_ERR_INVALID;
-    if (x->st[rank][run] == HIR_OK) x->st[rank][run] = hir_evaluator_sync(ev);
-    for (e = 0; rank == 1 && x->st[rank][run] == HIR_OK && e < 6; e++)
-      x->wrong += !out.data || tget(&out, e) != (tget(&x->in, e) > 0 ? tget(&x->in, e) : 0);
+    x->g.st[rank][run] = made ? hir_run(ev, rank == 0 ? &x->in : &shape, 1, &out, 1) : HIR_ERR_INVALID;
+    if (x->g.st[rank][run] == HIR_OK) x->g.st[rank][run] = hir_evaluator_sync(ev);
+    for (e = 0; rank == 1 && x->g.st[rank][run] == HIR_OK && e < 6; e++)
+      x->g.wrong += !out.data || tget(&out, e) != (tget(&x->in, e) > 0 ? tget(&x->in, e) : 0);
   }
-  x->ngraphs[rank] = ev ? ev->ngraphs : -1;
-  noop_graph_rank_end(ev, p, be, x->err[rank], sizeof x->err[rank]);
+  x->g.ngraphs[rank] = ev ? ev->ngraphs : -1;
+  noop_graph_rank_end(ev, p, be, x->g.err[rank], sizeof x->g.err[rank]);
   return HIR_OK;
 }
 TEST(test_eval_graph_staged_output_passed, "eval/graph_staged_output_passed", TEST_CPU) {
   pass_case x;
-  int first = 0, second = 1, r, k;
+  int first = 0, second = 1;
   int64_t sizes[2] = {2, 3};
   hir_tv *t0, *t1;
   memset(&x, 0, sizeof x);
-  x.f = hir_fusion_create();
-  t0 = hir_input(x.f, HIR_F32, 2);
+  x.g.f = hir_fusion_create();
+  t0 = hir_input(x.g.f, HIR_F32, 2);
   hir_set_mesh(t0, 1, &first);
-  t1 = hir_relu(x.f, t0);
+  t1 = hir_relu(x.g.f, t0);
   hir_set_mesh(t1, 1, &second);
-  hir_output(x.f, t1);
+  hir_output(x.g.f, t1);
   x.in = trand(HIR_F32, 2, sizes), x.out = tn(HIR_F32, 2, sizes);
-  x.w = hir_local_world_create(2);
-  hir_local_world_set_timeout(x.w, 3000);
+  x.g.w = hir_local_world_create(2);
+  hir_local_world_set_timeout(x.g.w, 3000);
   CHECK(hir_spmd(2, pass_rank, &x) == HIR_OK);
-  for (r = 0; r < 2; r++)
-    for (k = 0; k < 5; k++) {
-      if (x.st[r][k] != HIR_OK) fprintf(stderr, "  rank %d run %d: %s: %s\n", r, k, hir_status_str(x.st[r][k]), x.err[r]);
-      CHECK(x.st[r][k] == HIR_OK);
-    }
-  CHECK(x.wrong == 0 && x.ngraphs[0] == 1 && x.ngraphs[1] == 1);
+  check_graph_pair(&x.g, 5, 1, 1);
   tfree(&x.in), tfree(&x.out);
-  hir_local_world_free(x.w);
-  hir_fusion_free(x.f);
+  hir_local_world_free(x.g.w);
+  hir_fusion_free(x.g.f);
 }
 
 /* Host loops of their own index, nested: a ring allgather by hand, the
