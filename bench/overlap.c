@@ -48,7 +48,7 @@
    automatic row run again in turns, N rounds, each round a fresh row (the
    automatic one tuned anew), and their medians are compared. The best of
    many rows measured once is partly the luckiest; the rematch times both
-   alike.
+   alike, and prints each round's times and what its tuning chose.
    --graph: every pipeline also as a CUDA graph (hir_eval_desc.graph),
    rows marked [graph], and the tuner in graph mode (its candidates also
    timed with send/recv on NCCL, captured); --graph 2: graph mode 2 (the
@@ -291,6 +291,15 @@ static hir_fusion *build_rs(pipeline pipe, int D) {
     hir_parallelize(t[4], 1, HIR_DIDX);
   }
   return f;
+}
+
+/* The tuner's choice in its plan ("tuned on N ranks in T ms: CHOICE (the
+   slowest rank's ...)"), or the plan's start where it reads otherwise. */
+static void plan_choice(const char *plan, char *out, size_t cap) {
+  const char *from = strstr(plan, " ms: "), *to;
+  from = from ? from + 5 : plan;
+  to = strstr(from, " (the slowest");
+  snprintf(out, cap, "%.*s", (int)(to ? to - from : (ptrdiff_t)strlen(from)), from);
 }
 
 /* ---- data ---- */
@@ -833,16 +842,19 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     double rounds[2][MAXREMATCH];
     result again;
     int got = 0;
-    char name[64];
+    char name[64], chosen[MAXREMATCH][64];
     while (got < B->rematch && run_config(B, cfgs[best], &again)) {
       rounds[0][got] = again.ms;
       if (!run_config(B, cfgs[auto_at], &again)) break;
+      plan_choice(B->plan, chosen[got], sizeof chosen[got]);
       rounds[1][got++] = again.ms;
     }
     config_name(&cfgs[best], name, sizeof name);
     if (got) {
       double b = median(rounds[0], got), a = median(rounds[1], got);
       printf("  rematch, in turns (%d rounds, medians): %s %.3f ms, automatic %.3f ms = %.3fx\n", got, name, b, a, a / b);
+      for (i = 0; i < got; i++) /* a round's automatic row tunes anew: what it chose, and how it ran */
+        printf("    round %d: %s %.3f ms; automatic %.3f ms, tuned to %s\n", i + 1, name, rounds[0][i], rounds[1][i], chosen[i]);
     } else {
       printf("  rematch: FAILED: %s\n", again.msg);
       failed++;

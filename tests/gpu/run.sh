@@ -14,6 +14,7 @@
 # HOSTIR_TEST_HANG_S (default 120) seconds without progress, its threads' stacks printed.
 # TEST_GPU_STAGES=FIRST-LAST (numbers as printed, "== [n] ...") runs only those stages, so that a machine
 # whose whole suite takes longer than one sitting (4 or 8 GPUs) runs it in parts; the counts are the parts' own.
+# TEST_GPU_PARTS=N makes the one-process stage N stages, each with every Nth test (numbered stages shift by N - 1).
 set -u
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -29,7 +30,10 @@ stage() { # name, command...
   if timeout 900 "$@"; then passed=$((passed + 1)); echo "== $name: ok ($((SECONDS - t0)) s)"
   else failed=$((failed + 1)); echo "== $name: FAILED ($((SECONDS - t0)) s)"; fi
 }
-stage "one process, $ngpu GPUs" "$bin"
+parts=${TEST_GPU_PARTS:-1}
+for part in $(seq "$parts"); do
+  stage "one process, $ngpu GPUs$([ "$parts" -gt 1 ] && echo ", part $part of $parts")" env HOSTIR_TEST_PART="$part/$parts" "$bin"
+done
 stage "copy engines between 2 processes on GPU 0 (CUDA IPC, no NCCL world)" "$bin" --ce-pair
 stage "a peer process gone during a copy-engine exchange" "$bin" --ce-pair --dead-peer
 stage "a peer process gone during a CUDA graph replay on the copy engines" "$bin" --ce-pair --dead-peer-replay
