@@ -37,7 +37,7 @@
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
                          [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [--pause MS] [--rematch 3] [--graph [2]]
-                         [--decode]
+                         [--decode] [--ranks N]
                          [ag M K N] [rs M K N] ...
      torchrun --nproc-per-node 2 --no-python build/bench-overlap --processes ...
 
@@ -56,7 +56,9 @@
    2]: what the copies cost). --decode: the decode-size shapes, M = 256, 1024,
    4096 tokens, K = 8192, N = 4096, AG+GEMM and GEMM+RS.
    --processes: one process per GPU (torchrun, mpirun, srun) instead of a
-   thread per GPU; the same table, rank 0 prints it. The physical floor is
+   thread per GPU; the same table, rank 0 prints it. --ranks N: a thread for
+   each of the first N GPUs (default: every visible one, at most 8), or N
+   in-process CPU ranks where fewer than 2 GPUs are visible (default 4). The physical floor is
    max(GEMM alone, the bytes each rank receives / the peer-copy bandwidth),
    the bandwidth measured first in the same run: every rank sends 256 MiB
    to the next through the communicator's copy engines.
@@ -644,35 +646,79 @@ static double median_of_slowest(bench *B) {
 #ifdef HOSTIR_CUDA
 enum { PEER_BYTES = 256 << 20 };
 
-/* The peer-copy bandwidth: every rank sends PEER_BYTES to the next and
-   receives from the previous, through the communicator's copy engines. */
-static hir_status peer_rank(int rank, void *user) {
-  bench *B = (bench *)user;
+/* A communication of this rank's, timed like the rows (the ranks meet, it
+   runs, its stream is synchronized): `op` from src (src_bytes) into dst
+   (dst_bytes) on device memory of its own. */
+typedef hir_status (*comm_op)(bench *B, hir_comm *c, int rank, void *src, void *dst, cudaStream_t st);
+
+static hir_status time_comm(bench *B, int rank, size_t src_bytes, size_t dst_bytes, comm_op op, const char *what) {
   hir_comm *c = B->procs ? B->pcomm : hir_nccl_world_comm(B->nccl, rank);
   void *src = NULL, *dst = NULL;
   cudaStream_t st = NULL;
   hir_status s = HIR_OK;
   int k;
   cudaSetDevice(B->procs ? B->device : rank);
-  if (cudaMalloc(&src, PEER_BYTES) != cudaSuccess || cudaMalloc(&dst, PEER_BYTES) != cudaSuccess ||
+  if (cudaMalloc(&src, src_bytes) != cudaSuccess || cudaMalloc(&dst, dst_bytes) != cudaSuccess ||
       cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
-    s = fail(B, rank, HIR_ERR_BACKEND, "peer copy", "out of device memory");
+    s = fail(B, rank, HIR_ERR_BACKEND, what, "out of device memory");
   c->what.tensor = -1;
-  for (k = 0; k < B->warmup + B->iters; k++) {
+  for (k = 0; k < B->warmup + B->iters; k++) { /* every rank meets every barrier, failed or not */
     double t0;
     barrier(B);
     t0 = now_ms();
-    if (s == HIR_OK && ((s = c->group_start(c)) != HIR_OK || (s = c->send(c, src, PEER_BYTES, (rank + 1) % B->D, st)) != HIR_OK ||
-                        (s = c->recv(c, dst, PEER_BYTES, (rank + B->D - 1) % B->D, st)) != HIR_OK ||
-                        (s = c->group_end(c)) != HIR_OK))
-      fail(B, rank, s, "peer copy", c->error);
-    if (s == HIR_OK && cudaStreamSynchronize(st) != cudaSuccess) s = fail(B, rank, HIR_ERR_BACKEND, "peer copy", "failed");
+    if (s == HIR_OK && (s = op(B, c, rank, src, dst, st)) != HIR_OK) fail(B, rank, s, what, c->error);
+    if (s == HIR_OK && cudaStreamSynchronize(st) != cudaSuccess) s = fail(B, rank, HIR_ERR_BACKEND, what, "failed");
     if (k >= B->warmup) B->ms[rank][k - B->warmup] = now_ms() - t0;
   }
   cudaFree(src);
   cudaFree(dst);
   if (st) cudaStreamDestroy(st);
   return s;
+}
+
+/* The peer-copy bandwidth: every rank sends PEER_BYTES to the next and
+   receives from the previous, through the communicator's copy engines. */
+static hir_status peer_op(bench *B, hir_comm *c, int rank, void *src, void *dst, cudaStream_t st) {
+  hir_status s, end;
+  if ((s = c->group_start(c)) != HIR_OK) return s;
+  if ((s = c->send(c, src, PEER_BYTES, (rank + 1) % B->D, st)) == HIR_OK) s = c->recv(c, dst, PEER_BYTES, (rank + B->D - 1) % B->D, st);
+  end = c->group_end(c);
+  return s != HIR_OK ? s : end;
+}
+
+static hir_status peer_rank(int rank, void *user) { return time_comm((bench *)user, rank, PEER_BYTES, PEER_BYTES, peer_op, "peer copy"); }
+
+/* The shape's collective called on the communicator itself: no program and
+   no evaluator, what hostir_nccl's call costs beside the "alone" row (which
+   runs it through hir_run). AG: each rank's rows gathered; RS: the partial
+   products summed and scattered. */
+static size_t direct_chunk(const bench *B) { /* one rank's bytes */
+  return (size_t)(B->sh.M / B->D) * (size_t)(B->sh.pat == AG ? B->sh.K : B->sh.N) * 2;
+}
+
+static hir_status direct_op(bench *B, hir_comm *c, int rank, void *src, void *dst, cudaStream_t st) {
+  static const int world[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};
+  size_t chunk = direct_chunk(B);
+  void *team = NULL;
+  hir_status s;
+  (void)rank;
+  if ((s = c->team(c, world, B->D, &team)) != HIR_OK) return s; /* the world's, made once */
+  return B->sh.pat == AG ? c->allgather(c, team, src, dst, chunk, st) : c->reduce_scatter(c, team, src, dst, chunk / 2, HIR_BF16, st);
+}
+
+static hir_status direct_rank(int rank, void *user) {
+  bench *B = (bench *)user;
+  size_t chunk = direct_chunk(B), all = chunk * (size_t)B->D;
+  return time_comm(B, rank, B->sh.pat == AG ? chunk : all, B->sh.pat == AG ? all : chunk, direct_op, "direct collective");
+}
+
+static void measure_direct(bench *B, const char *cname) {
+  hir_status s = run_ranks(B, direct_rank);
+  if (B->procs) s = share_results(B, s);
+  if (s == HIR_OK) printf("  %-44s %9.3f   (no program: the communicator's own call, %s)\n", "", median_of_slowest(B),
+                          getenv("HOSTIR_NCCL_BLOCKING") && !strcmp(getenv("HOSTIR_NCCL_BLOCKING"), "1")
+                              ? "blocking NCCL communicators" : "nonblocking NCCL communicators, polled");
+  else printf("  %s called directly: FAILED (%s)\n", cname, B->msg[0][0] ? B->msg[0] : hir_status_str(s));
 }
 
 static void measure_peer_copy(bench *B) {
@@ -819,6 +865,9 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
       if (!(res[i].err < 3e-2)) failed++;
     }
     printf("\n");
+#ifdef HOSTIR_CUDA
+    if (cfgs[i].pipe == COMM_ALONE && B->gpu) measure_direct(B, name); /* what of that row is the call itself */
+#endif
     if (cfgs[i].pipe >= SERIAL && (best < 0 || res[i].ms < res[best].ms)) best = i;
   }
   if (res[0].ok && res[1].ok) printf("  %-44s %9.3f %8.2f\n", "floor = max(comm, GEMM)", floor_ms, 1.0);
@@ -889,7 +938,7 @@ int main(int argc, char **argv) {
   static const shape cpu_shapes[] = {{AG, 256, 128, 64}, {RS, 256, 128, 64}};
   static const shape decode_shapes[] = {{AG, 256, 8192, 4096}, {AG, 1024, 8192, 4096}, {AG, 4096, 8192, 4096},
                                         {RS, 256, 8192, 4096}, {RS, 1024, 8192, 4096}, {RS, 4096, 8192, 4096}};
-  int decode = 0;
+  int decode = 0, ranks = 0;
   shape shapes[32];
   int nshapes = 0, streams[4] = {2, 4}, nstreams = 2, chunks[4] = {4, 8}, nchunks = 2, parts[4] = {1, 2, 4}, nparts = 3, i,
       failed = 0;
@@ -906,6 +955,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--processes")) B.procs = 1;
     else if (!strcmp(argv[i], "--graph")) B.graphs = i + 1 < argc && !strcmp(argv[i + 1], "2") ? (i++, 2) : 1;
     else if (!strcmp(argv[i], "--decode")) decode = 1;
+    else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) ranks = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--memory-limit") && i + 1 < argc) B.memory_limit = (size_t)(atof(argv[++i]) * (1 << 20));
     else if (!strcmp(argv[i], "--pause") && i + 1 < argc) B.pause_ms = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rematch") && i + 1 < argc) B.rematch = atoi(argv[++i]);
@@ -917,15 +967,15 @@ int main(int argc, char **argv) {
       i += 3;
     } else {
       fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--trace DIR] "
-                      "[--processes] [--memory-limit MiB] [--pause MS] [--rematch N] [--graph] [--decode] [ag|rs M K N]...\n",
+                      "[--processes] [--memory-limit MiB] [--pause MS] [--rematch N] [--graph] [--decode] [--ranks N] [ag|rs M K N]...\n",
               argv[0]);
       return 2;
     }
   }
   if (B.iters < 1 || B.iters > MAXIT || B.warmup < 0 || B.rematch < 0 || B.rematch > MAXREMATCH || !nstreams || !nchunks ||
-      !nparts) {
-    fprintf(stderr, "%s: --iters takes 1..%d, --warmup 0 or more, --rematch 0..%d, --streams, --chunks and --parts positive "
-                    "lists\n", argv[0], MAXIT, MAXREMATCH);
+      !nparts || (ranks && (ranks < 2 || ranks > MAXR))) {
+    fprintf(stderr, "%s: --iters takes 1..%d, --warmup 0 or more, --rematch 0..%d, --ranks 2..%d, --streams, --chunks and "
+                    "--parts positive lists\n", argv[0], MAXIT, MAXREMATCH, MAXR);
     return 2;
   }
 #ifdef HOSTIR_CUDA
@@ -944,6 +994,10 @@ int main(int argc, char **argv) {
       fprintf(stderr, "%s: rank %d: %s\n", argv[0], env.rank, B.pcomm ? B.pcomm->error : "out of memory");
       return 1;
     }
+    if (ranks && ranks != env.size) {
+      fprintf(stderr, "%s: --ranks %d, but the launcher started %d processes\n", argv[0], ranks, env.size);
+      return 2;
+    }
     B.D = env.size;
     B.me = env.rank;
     B.device = env.gpu;
@@ -959,7 +1013,12 @@ int main(int argc, char **argv) {
     if (B.me != 0 && !freopen("/dev/null", "w", stdout)) return 1; /* rank 0 prints the table */
   } else {
     if (cudaGetDeviceCount(&B.D) != cudaSuccess) B.D = 0;
-    B.D = B.D > 4 ? 4 : B.D;
+    B.D = B.D > MAXR ? MAXR : B.D;
+    if (ranks && B.D >= 2 && ranks > B.D) {
+      fprintf(stderr, "%s: --ranks %d, but %d GPUs are visible\n", argv[0], ranks, B.D);
+      return 2;
+    }
+    if (ranks && B.D >= 2) B.D = ranks;
   }
   B.gpu = B.D >= 2;
 #else
@@ -969,9 +1028,10 @@ int main(int argc, char **argv) {
   }
 #endif
   if (!B.gpu) { /* said first: the CPU runs GPU-sized shapes for minutes */
-    printf("bench-overlap: %d GPU(s) visible, 2 needed; the CPU backend and 4 in-process ranks run it instead\n\n", B.D);
+    printf("bench-overlap: %d GPU(s) visible, 2 needed; the CPU backend and %d in-process ranks run it instead\n\n", B.D,
+           ranks ? ranks : 4);
     fflush(stdout);
-    B.D = 4;
+    B.D = ranks ? ranks : 4;
   }
   if (!nshapes) {
     const shape *d = decode ? decode_shapes : B.gpu ? gpu_shapes : cpu_shapes;

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 make -s build/bench-overlap
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-ngpu=$(nvidia-smi -L | wc -l); [ "$ngpu" -gt 4 ] && ngpu=4
+ngpu=$(nvidia-smi -L | wc -l); [ "$ngpu" -gt 8 ] && ngpu=8 # bench-overlap's most
 echo "== one process, a thread per GPU"
 ./build/bench-overlap "$@"
 if command -v torchrun >/dev/null; then
