@@ -1463,7 +1463,7 @@ struct hir_nccl_world {
   unsigned char *block;         /* the ranks' shared block for copy-engine send/recv (pinned) */
   pthread_mutex_t mu;
   hir_nccl__team_id *ids;       /* the ids of the teams made so far */
-  int aborted;                  /* with mu: the first failing rank's note */
+  int aborted;                  /* set (atomically, with mu) after the first failing rank's note */
   char abort_note[512];
   char error[512];
 };
@@ -1528,8 +1528,9 @@ static void hir_nccl__abort(hir_comm *c) {
     if (nc->ce.block) hir_nccl__ce_tell(&nc->ce, note);
     if (nc->shared) {
       pthread_mutex_lock(&nc->shared->mu);
-      if (!nc->shared->aborted) snprintf(nc->shared->abort_note, sizeof nc->shared->abort_note, "%s", note);
-      nc->shared->aborted = 1;
+      if (!__atomic_load_n(&nc->shared->aborted, __ATOMIC_ACQUIRE))
+        snprintf(nc->shared->abort_note, sizeof nc->shared->abort_note, "%s", note);
+      __atomic_store_n(&nc->shared->aborted, 1, __ATOMIC_RELEASE); /* after the note: told() reads it without the lock */
       pthread_mutex_unlock(&nc->shared->mu);
     } else if (nc->store.naddrs) {
       char ignored[HIR_NCCL__VALUE_BYTES];
@@ -1550,10 +1551,12 @@ static int hir_nccl__told(hir_comm *c) {
   if (nc->told) return 1;
   if (nc->ce.block) hir_nccl__ce_heard(&nc->ce, note, sizeof note);
   if (note[0]) {
-  } else if (nc->shared) {
-    pthread_mutex_lock(&nc->shared->mu);
-    if (nc->shared->aborted) snprintf(note, sizeof note, "%s", nc->shared->abort_note);
-    pthread_mutex_unlock(&nc->shared->mu);
+  } else if (nc->shared) { /* polled while NCCL works: the lock only once a rank has failed */
+    if (__atomic_load_n(&nc->shared->aborted, __ATOMIC_ACQUIRE)) {
+      pthread_mutex_lock(&nc->shared->mu);
+      snprintf(note, sizeof note, "%s", nc->shared->abort_note);
+      pthread_mutex_unlock(&nc->shared->mu);
+    }
   } else if (nc->store.naddrs && (nc->store.serving || hir_nccl__wall_ms() >= nc->next_look_ms)) {
     hir_nccl__msg m;
     memset(&m, 0, sizeof m);
