@@ -1948,6 +1948,7 @@ int main(int argc, char **argv) {
   const char *filter = argc > (processes ? 2 : 1) && argv[processes ? 2 : 1][0] != '-' ? argv[processes ? 2 : 1]
                        : argc > 3 && processes ? argv[3] : NULL;
   char prefix[32] = "", err[256];
+  const char *part = getenv("HOSTIR_TEST_PART");
   static test_platform gpu = {"cuda+nccl threads", 1, 1, gpu_world_create, gpu_world_keep, gpu_comm, gpu_backend, hir_spmd, 0, 0};
   static test_platform mp = {"cuda+nccl processes", 1, 1, mp_world, gpu_world_keep, mp_comm_of, mp_backend, mp_run, 0, 0};
   static test_platform graphs = {"cuda+nccl threads, CUDA graphs", 1, 1, gpu_world_create, gpu_world_keep, gpu_comm, gpu_backend,
@@ -1961,13 +1962,13 @@ int main(int argc, char **argv) {
     return ok ? 0 : 1;
   }
   hang_watchdog_start();
-  if (getenv("HOSTIR_TEST_PART") && /* "k/n": part k (1..n) of the one-process stage (tests/gpu/run.sh, TEST_GPU_PARTS) */
-      (sscanf(getenv("HOSTIR_TEST_PART"), "%d/%d", &hir_test_part, &hir_test_parts) != 2 || hir_test_part < 1 ||
-       hir_test_part > hir_test_parts)) {
-    printf("test-gpu: HOSTIR_TEST_PART=%s is not k/n with 1 <= k <= n\n0 passed, 1 failed\n", getenv("HOSTIR_TEST_PART"));
-    return 1;
+  if (part) { /* "k/n": part k (1..n) of the one-process stage (tests/gpu/run.sh, TEST_GPU_PARTS) */
+    if (sscanf(part, "%d/%d", &hir_test_part, &hir_test_parts) != 2 || hir_test_part < 1 || hir_test_part > hir_test_parts) {
+      printf("test-gpu: HOSTIR_TEST_PART=%s is not k/n with 1 <= k <= n\n0 passed, 1 failed\n", part);
+      return 1;
+    }
+    hir_test_part--;
   }
-  if (getenv("HOSTIR_TEST_PART")) hir_test_part--;
   if (cudaGetDeviceCount(&ngpu) != cudaSuccess || ngpu < 1) {
     printf("test-gpu: no GPU visible\n0 passed, 1 failed\n");
     return 1;
