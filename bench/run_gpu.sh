@@ -5,12 +5,16 @@
 # process per GPU under torchrun (--processes); then the decode-size shapes
 # the same way, eager and as CUDA graphs (--decode --graph). Multicast stays off (NVLS,
 # symmetric-memory multicast). Arguments go to both runs of bench-overlap.
+# RUN_GPU_SETS="large decode" (the default) picks the tables: "decode" alone
+# runs the decode-size ones, for a machine where both outlast one sitting.
 set -e
+sets=${RUN_GPU_SETS:-large decode}
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 make -s build/bench-overlap
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 ngpu=$(nvidia-smi -L | wc -l); [ "$ngpu" -gt 8 ] && ngpu=8 # bench-overlap's most
+case " $sets " in *" large "*)
 echo "== one process, a thread per GPU"
 ./build/bench-overlap "$@"
 if command -v torchrun >/dev/null; then
@@ -18,7 +22,8 @@ if command -v torchrun >/dev/null; then
   torchrun --standalone --nproc-per-node "$ngpu" --no-python ./build/bench-overlap --processes "$@"
   echo "== PyTorch async-TP (torchrun --nproc-per-node $ngpu)"
   torchrun --standalone --nproc-per-node "$ngpu" bench/torch_async_tp.py
-fi
+fi;; esac
+case " $sets " in *" decode "*) ;; *) exit 0;; esac
 echo "== decode-size shapes, eager and CUDA graphs: one process, a thread per GPU"
 ./build/bench-overlap --decode --graph "$@"
 if command -v torchrun >/dev/null; then
