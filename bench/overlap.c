@@ -58,7 +58,9 @@
    --processes: one process per GPU (torchrun, mpirun, srun) instead of a
    thread per GPU; the same table, rank 0 prints it. --ranks N: a thread for
    each of the first N GPUs (default: every visible one, at most 8), or N
-   in-process CPU ranks where fewer than 2 GPUs are visible (default 4). The physical floor is
+   in-process CPU ranks where fewer than 2 GPUs are visible (default 4).
+   Under each "alone" row, on GPUs: the same collective called on the
+   communicator directly (no program, no evaluator). The physical floor is
    max(GEMM alone, the bytes each rank receives / the peer-copy bandwidth),
    the bandwidth measured first in the same run: every rank sends 256 MiB
    to the next through the communicator's copy engines.
