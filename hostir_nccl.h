@@ -1406,7 +1406,8 @@ static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_
 typedef struct hir_nccl__team {
   struct hir_nccl__team *next;
   int n, me, *devices;
-  ncclComm_t comm;
+  ncclComm_t comm;              /* nonblocking: setup, and the parent of `fast` */
+  ncclComm_t fast;              /* blocking twin for the data path (hir_nccl__twin); NULL: `comm` */
 } hir_nccl__team;
 
 typedef struct hir_nccl__team_id {
@@ -1453,8 +1454,16 @@ typedef struct hir_nccl__rank {
   size_t zeros_cap;
   void *zeros_old[16];          /* outgrown, kept: a run never frees (see HIR__CUDA_RETIRED) */
   int nzeros_old;
-  pthread_t *aborting;          /* each aborting a communicator (hir_nccl__abort_comms) */
+  pthread_t *aborting;          /* each aborting a communicator and its twin (hir_nccl__abort_comms) */
+  ncclComm_t (*abort_pairs)[2];
   int naborting;
+  int twins;                    /* the data path runs on blocking twins, watched (hir_nccl__twin) */
+  long long inside;             /* atomic: > 0 when a data-path call began (us); the watchdog's states below */
+  pthread_t watchdog;
+  int watching, watch_stop;
+  pthread_mutex_t watch_mu;
+  pthread_cond_t watch_cv;
+  char trip_why[200];           /* why the watchdog ended a call */
 } hir_nccl__rank;
 
 struct hir_nccl_world {
@@ -1475,13 +1484,11 @@ static ncclDataType_t hir_nccl__type(hir_dtype d) { /* fp8 only moves (hostir ne
 static hir_nccl__rank *hir_nccl__of(hir_comm *c) { return (hir_nccl__rank *)c->ctx; }
 
 /* Our communicators are nonblocking, so that a dead peer cannot hold the
-   caller inside NCCL (connecting to it, say) past any deadline.
-   HOSTIR_NCCL_BLOCKING=1 makes them blocking, to measure what the
-   nonblocking mode costs the host a call (a dead peer can then hang). */
+   caller inside NCCL (connecting to it, say) past any deadline; the data
+   path runs on their blocking twins (hir_nccl__twin). */
 static ncclConfig_t hir_nccl__config(void) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  const char *blocking = getenv("HOSTIR_NCCL_BLOCKING");
-  config.blocking = blocking && !strcmp(blocking, "1");
+  config.blocking = 0;
   return config;
 }
 
@@ -1491,27 +1498,37 @@ static ncclConfig_t hir_nccl__config(void) {
    running, on this very thread maybe. So each communicator is aborted on a
    thread of its own (not one thread for all: while it waited on the first
    one's graphs, the next one's kernels would keep spinning), joined when the
-   rank is released, after its evaluators. */
-static void *hir_nccl__abort_thread(void *comm) {
-  ncclCommAbort((ncclComm_t)comm);
+   rank is released, after its evaluators. A communicator and its blocking
+   twin share one abort flag, so one thread aborts both, the parent first
+   (no graph holds it). */
+static void *hir_nccl__abort_thread(void *pair) {
+  ncclCommAbort(((ncclComm_t *)pair)[0]); /* NULL where the watchdog aborted it already */
+  ncclCommAbort(((ncclComm_t *)pair)[1]);
   return NULL;
 }
 
-static void hir_nccl__abort_async(hir_nccl__rank *nc, ncclComm_t comm) {
-  if (nc->aborting && pthread_create(&nc->aborting[nc->naborting], NULL, hir_nccl__abort_thread, comm) == 0) nc->naborting++;
-  else ncclCommAbort(comm); /* no thread to be had: here, then */
+static void hir_nccl__abort_async(hir_nccl__rank *nc, ncclComm_t parent, ncclComm_t twin) {
+  ncclComm_t *pair = nc->abort_pairs ? nc->abort_pairs[nc->naborting] : NULL;
+  if (!parent && !twin) return;
+  if (pair) pair[0] = parent, pair[1] = twin;
+  if (pair && pthread_create(&nc->aborting[nc->naborting], NULL, hir_nccl__abort_thread, pair) == 0) nc->naborting++;
+  else ncclCommAbort(parent), ncclCommAbort(twin); /* no thread to be had: here, then */
 }
 
 static void hir_nccl__abort_comms(hir_nccl__rank *nc, const char *why) {
   hir_nccl__team *t;
-  size_t n = nc->world && !nc->borrowed;
+  size_t n = (nc->world && !nc->borrowed) || nc->world_team.fast;
   if (nc->aborted) return;
   nc->aborted = 1;
   snprintf(nc->why, sizeof nc->why, "%s", why);
   for (t = nc->teams; t; t = t->next) n++;
-  if (n) nc->aborting = (pthread_t *)malloc(n * sizeof *nc->aborting);
-  for (t = nc->teams; t; t = t->next) hir_nccl__abort_async(nc, t->comm);
-  if (nc->world && !nc->borrowed) hir_nccl__abort_async(nc, nc->world);
+  if (n) {
+    nc->aborting = (pthread_t *)malloc(n * sizeof *nc->aborting);
+    nc->abort_pairs = (ncclComm_t(*)[2])malloc(n * sizeof *nc->abort_pairs);
+  }
+  if (!nc->aborting || !nc->abort_pairs) free(nc->aborting), free(nc->abort_pairs), nc->aborting = NULL, nc->abort_pairs = NULL;
+  for (t = nc->teams; t; t = t->next) hir_nccl__abort_async(nc, t->comm, t->fast);
+  hir_nccl__abort_async(nc, nc->borrowed ? NULL : nc->world, nc->world_team.fast);
   hir_nccl__ce_release(&nc->ce);
 }
 
@@ -1646,6 +1663,138 @@ static hir_status hir_nccl__init_comm(hir_comm *c, ncclComm_t *comm, int n, nccl
   if (r == ncclInProgress) return hir_nccl__settle(c, *comm, "ncclCommInitRankConfig");
   return HIR_NCCL__CHECK(c, r);
 }
+
+/* ---- the data path's blocking twins, and their watchdog ----
+   Each launch on a nonblocking communicator costs the host 60-240 us: NCCL
+   starts a thread to make it (bench/NOTES.md section 37). So the data path
+   runs on a blocking twin of every communicator, split from it with
+   splitShare, which shares the parent's connections and its abort flag;
+   setup stays on the nonblocking parent. A blocking call waits on the host
+   for its peers only while NCCL connects (a peer's or an algorithm's first
+   use). A watchdog thread bounds that wait: once a call has run past the
+   deadline, or another rank of a threaded world has failed, it aborts the
+   idle parents, which raises the flag the call's loops read, and the call
+   returns. Opt-in (HOSTIR_NCCL_BLOCKING=1 on every rank) until a dead peer
+   ends it as promptly as the nonblocking path does (section 37: it did not,
+   twice on 2 H200).
+   `inside` is the call's start (us, > 0), 0 outside a call, or one of: */
+enum { HIR_NCCL__TRIPPING = -1, HIR_NCCL__TRIPPED = -2 };
+
+static long long hir_nccl__now_us(void) { return (long long)(hir_nccl__wall_ms() * 1000.0) + 1; }
+
+/* Past the deadline (or told), the watchdog takes the call over and aborts
+   every parent, leaving NULL where one was. Only the rank's own thread
+   writes a start, and only the watchdog a negative state, so the exchange
+   decides who goes on. */
+static void hir_nccl__watch(hir_nccl__rank *nc) {
+  long long since = __atomic_load_n(&nc->inside, __ATOMIC_ACQUIRE);
+  int told = nc->shared && __atomic_load_n(&nc->shared->aborted, __ATOMIC_ACQUIRE);
+  hir_nccl__team *t;
+  if (since <= 0 || (!told && hir_nccl__now_us() - since < (long long)nc->timeout_ms * 1000)) return;
+  if (!__atomic_compare_exchange_n(&nc->inside, &since, (long long)HIR_NCCL__TRIPPING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return;
+  if (told) snprintf(nc->trip_why, sizeof nc->trip_why, "was ended by another rank's failure");
+  else snprintf(nc->trip_why, sizeof nc->trip_why, "still waited for its peers after %d ms (NCCL connecting to them): a peer "
+                "is dead or stuck, so the communicator was aborted (raise the timeout of hir_nccl_comm_create if they are "
+                "only slow)", nc->timeout_ms);
+  for (t = nc->teams; t; t = t->next) ncclCommAbort(t->comm), t->comm = NULL;
+  if (nc->world && !nc->borrowed) ncclCommAbort(nc->world), nc->world = nc->world_team.comm = NULL;
+  __atomic_store_n(&nc->inside, (long long)HIR_NCCL__TRIPPED, __ATOMIC_RELEASE);
+}
+
+static void *hir_nccl__watchdog(void *arg) {
+  hir_nccl__rank *nc = (hir_nccl__rank *)arg;
+  pthread_mutex_lock(&nc->watch_mu);
+  while (!nc->watch_stop) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 20000000L; /* 20 ms: a failing peer's note is heard that soon */
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&nc->watch_cv, &nc->watch_mu, &until);
+    if (!nc->watch_stop) hir_nccl__watch(nc);
+  }
+  pthread_mutex_unlock(&nc->watch_mu);
+  return NULL;
+}
+
+static void hir_nccl__watch_stop(hir_nccl__rank *nc) {
+  if (!nc->watching) return;
+  pthread_mutex_lock(&nc->watch_mu);
+  nc->watch_stop = 1;
+  pthread_cond_signal(&nc->watch_cv);
+  pthread_mutex_unlock(&nc->watch_mu);
+  pthread_join(nc->watchdog, NULL);
+  pthread_cond_destroy(&nc->watch_cv);
+  pthread_mutex_destroy(&nc->watch_mu);
+  nc->watching = 0;
+}
+
+/* Whether this rank's data path can take twins: its watchdog runs. The
+   ranks then agree (every rank's data path must be on the same kind). */
+static int hir_nccl__twins_on(hir_nccl__rank *nc) {
+  const char *v = getenv("HOSTIR_NCCL_BLOCKING");
+  if (nc->borrowed || !v || strcmp(v, "1")) return 0; /* a borrowed communicator: the caller's mode */
+  if (nc->watching) return 1;
+  pthread_mutex_init(&nc->watch_mu, NULL);
+  pthread_cond_init(&nc->watch_cv, NULL);
+  nc->watch_stop = 0;
+  if (pthread_create(&nc->watchdog, NULL, hir_nccl__watchdog, nc) != 0) {
+    pthread_cond_destroy(&nc->watch_cv);
+    pthread_mutex_destroy(&nc->watch_mu);
+    return 0;
+  }
+  return nc->watching = 1;
+}
+
+/* The blocking twin of `parent` (this rank's `me` in it), or none (NULL)
+   where twins are off. Collective over the parent's ranks; waited for
+   under the deadline like every setup call. */
+static hir_status hir_nccl__twin(hir_comm *c, ncclComm_t parent, int me, ncclComm_t *fast) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  ncclResult_t r;
+  *fast = NULL;
+  if (!nc->twins) return HIR_OK;
+  config.blocking = 1;
+  config.splitShare = 1;
+  r = ncclCommSplit(parent, 0, me, fast, &config);
+  /* from a nonblocking parent the split goes on after the call returns (even
+     ncclSuccess): done once the parent is no longer in progress */
+  if (r == ncclSuccess || r == ncclInProgress) r = hir_nccl__wait(c, parent, hir_nccl__wall_ms() + nc->timeout_ms);
+  if (r == ncclSuccess && *fast) return HIR_OK;
+  if (*fast) ncclCommAbort(*fast), *fast = NULL;
+  if (r == ncclInProgress) {
+    snprintf(c->error, sizeof c->error, "ncclCommSplit (the data path's blocking twin) on rank %d still waited for its peers "
+             "after %d ms: a peer is dead or stuck", c->rank, nc->timeout_ms);
+    hir_nccl__abort(c);
+    return HIR_ERR_TIMEOUT;
+  }
+  snprintf(c->error, sizeof c->error, "ncclCommSplit (the data path's blocking twin) failed on rank %d: %s", c->rank,
+           r == ncclSuccess ? "no communicator came back" : ncclGetErrorString(r));
+  return HIR_ERR_COMM;
+}
+
+/* The communicator a team's data path uses. */
+static ncclComm_t hir_nccl__data(const hir_nccl__team *t) { return t->fast ? t->fast : t->comm; }
+
+/* A data-path call's end: its result, or the watchdog's verdict. */
+static hir_status hir_nccl__data_check(hir_comm *c, ncclResult_t r, const char *what, int line) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  long long since;
+  if (!nc->twins) return hir_nccl__check(c, r, what, line);
+  since = __atomic_load_n(&nc->inside, __ATOMIC_ACQUIRE);
+  if (since > 0 && __atomic_compare_exchange_n(&nc->inside, &since, 0LL, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return hir_nccl__check(c, r, what, line);
+  while (__atomic_load_n(&nc->inside, __ATOMIC_ACQUIRE) != HIR_NCCL__TRIPPED) hir_nccl__sleep_ms(1);
+  __atomic_store_n(&nc->inside, 0LL, __ATOMIC_RELEASE);
+  if (hir_nccl__told(c)) return HIR_ERR_COMM;
+  snprintf(c->error, sizeof c->error, "%s on rank %d %s", what, c->rank, nc->trip_why);
+  hir_nccl__abort(c);
+  return HIR_ERR_TIMEOUT;
+}
+#define HIR_NCCL__DATA(c, call)                                                                                               \
+  (hir_nccl__of(c)->twins ? __atomic_store_n(&hir_nccl__of(c)->inside, hir_nccl__now_us(), __ATOMIC_RELEASE) : (void)0,     \
+   hir_nccl__data_check(c, (call), #call, __LINE__))
 
 /* Waits for the setup's own work on `stream` (an exchange between ranks)
    under the communicator's deadline: a dead peer aborts the world. */
@@ -1799,7 +1948,9 @@ static hir_status hir_nccl__make_team(hir_comm *c, const int *devices, int n, vo
   t->n = n;
   t->me = me;
   cudaSetDevice(nc->device);
-  if ((s = hir_nccl__init_comm(c, &t->comm, n, id, me)) != HIR_OK) {
+  if ((s = hir_nccl__init_comm(c, &t->comm, n, id, me)) == HIR_OK && (s = hir_nccl__twin(c, t->comm, me, &t->fast)) != HIR_OK)
+    ncclCommAbort(t->comm); /* made, but its twin failed */
+  if (s != HIR_OK) {
     free(t->devices);
     free(t);
     return s;
@@ -1819,21 +1970,21 @@ static hir_status hir_nccl__root(hir_comm *c, const hir_nccl__team *t, int root,
 static hir_status hir_nccl__allgather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, void *stream) {
   hir_nccl__team *t = (hir_nccl__team *)team;
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
-  return HIR_NCCL__CHECK(c, ncclAllGather(send, recv, bytes, ncclUint8, t->comm, (cudaStream_t)stream));
+  return HIR_NCCL__DATA(c, ncclAllGather(send, recv, bytes, ncclUint8, hir_nccl__data(t), (cudaStream_t)stream));
 }
 
 static hir_status hir_nccl__allreduce(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
                                       void *stream) {
   hir_nccl__team *t = (hir_nccl__team *)team;
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
-  return HIR_NCCL__CHECK(c, ncclAllReduce(send, recv, count, hir_nccl__type(dt), ncclSum, t->comm, (cudaStream_t)stream));
+  return HIR_NCCL__DATA(c, ncclAllReduce(send, recv, count, hir_nccl__type(dt), ncclSum, hir_nccl__data(t), (cudaStream_t)stream));
 }
 
 static hir_status hir_nccl__reduce_scatter(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
                                            void *stream) {
   hir_nccl__team *t = (hir_nccl__team *)team;
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
-  return HIR_NCCL__CHECK(c, ncclReduceScatter(send, recv, count, hir_nccl__type(dt), ncclSum, t->comm, (cudaStream_t)stream));
+  return HIR_NCCL__DATA(c, ncclReduceScatter(send, recv, count, hir_nccl__type(dt), ncclSum, hir_nccl__data(t), (cudaStream_t)stream));
 }
 
 static hir_status hir_nccl__reduce(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt, int root,
@@ -1870,7 +2021,7 @@ static hir_status hir_nccl__reduce(hir_comm *c, void *team, const void *send, vo
     }
     send = nc->zeros;
   }
-  return HIR_NCCL__CHECK(c, ncclReduce(send, recv, count, hir_nccl__type(dt), ncclSum, r, t->comm, (cudaStream_t)stream));
+  return HIR_NCCL__DATA(c, ncclReduce(send, recv, count, hir_nccl__type(dt), ncclSum, r, hir_nccl__data(t), (cudaStream_t)stream));
 }
 
 static hir_status hir_nccl__broadcast(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, int root, void *stream) {
@@ -1880,7 +2031,7 @@ static hir_status hir_nccl__broadcast(hir_comm *c, void *team, const void *send,
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
   if (!recv) recv = (void *)send; /* the root need not keep a copy */
-  return HIR_NCCL__CHECK(c, ncclBroadcast(send, recv, bytes, ncclUint8, r, t->comm, (cudaStream_t)stream));
+  return HIR_NCCL__DATA(c, ncclBroadcast(send, recv, bytes, ncclUint8, r, hir_nccl__data(t), (cudaStream_t)stream));
 }
 
 /* Gather and scatter as grouped send/recv in the team's communicator. */
@@ -1892,18 +2043,18 @@ static hir_status hir_nccl__gather(hir_comm *c, void *team, const void *send, vo
   size_t at = 0;
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
-  if (t->me != r) return HIR_NCCL__CHECK(c, ncclSend(send, bytes, ncclUint8, r, t->comm, st));
+  if (t->me != r) return HIR_NCCL__DATA(c, ncclSend(send, bytes, ncclUint8, r, hir_nccl__data(t), st));
   if ((s = HIR_NCCL__CHECK(c, ncclGroupStart())) != HIR_OK) return s;
   for (i = 0; i < t->n && s == HIR_OK; i++) {
     if (i == r && !send) continue; /* the root holds no chunk */
     if (i == r)
       s = cudaMemcpyAsync((char *)recv + at, send, bytes, cudaMemcpyDeviceToDevice, st) == cudaSuccess ? HIR_OK : HIR_ERR_BACKEND;
     else
-      s = HIR_NCCL__CHECK(c, ncclRecv((char *)recv + at, bytes, ncclUint8, i, t->comm, st));
+      s = HIR_NCCL__DATA(c, ncclRecv((char *)recv + at, bytes, ncclUint8, i, hir_nccl__data(t), st));
     at += bytes;
   }
   if (s == HIR_ERR_BACKEND) snprintf(c->error, sizeof c->error, "hostir_nccl: cudaMemcpyAsync in a gather failed");
-  return s == HIR_OK ? HIR_NCCL__CHECK(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
+  return s == HIR_OK ? HIR_NCCL__DATA(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
 }
 
 static hir_status hir_nccl__scatter(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, int root, void *stream) {
@@ -1913,17 +2064,17 @@ static hir_status hir_nccl__scatter(hir_comm *c, void *team, const void *send, v
   int r, i;
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__root(c, t, root, &r)) != HIR_OK) return s;
-  if (t->me != r) return HIR_NCCL__CHECK(c, ncclRecv(recv, bytes, ncclUint8, r, t->comm, st));
+  if (t->me != r) return HIR_NCCL__DATA(c, ncclRecv(recv, bytes, ncclUint8, r, hir_nccl__data(t), st));
   if ((s = HIR_NCCL__CHECK(c, ncclGroupStart())) != HIR_OK) return s;
   for (i = 0; i < t->n && s == HIR_OK; i++) {
     const char *chunk = (const char *)send + (size_t)i * bytes;
     if (i == r)
       s = cudaMemcpyAsync(recv, chunk, bytes, cudaMemcpyDeviceToDevice, st) == cudaSuccess ? HIR_OK : HIR_ERR_BACKEND;
     else
-      s = HIR_NCCL__CHECK(c, ncclSend(chunk, bytes, ncclUint8, i, t->comm, st));
+      s = HIR_NCCL__DATA(c, ncclSend(chunk, bytes, ncclUint8, i, hir_nccl__data(t), st));
   }
   if (s == HIR_ERR_BACKEND) snprintf(c->error, sizeof c->error, "hostir_nccl: cudaMemcpyAsync in a scatter failed");
-  return s == HIR_OK ? HIR_NCCL__CHECK(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
+  return s == HIR_OK ? HIR_NCCL__DATA(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
 }
 
 /* ---- copy-engine send/recv (nccl_peer's block) ---- */
@@ -2211,12 +2362,12 @@ static hir_status hir_nccl__ce_queue(hir_comm *c, int send, const void *buf, siz
 static hir_status hir_nccl__send(hir_comm *c, const void *buf, size_t bytes, int peer, void *stream) {
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if (hir_nccl__ce_peer(c, peer)) return hir_nccl__ce_queue(c, 1, buf, bytes, peer, stream);
-  return HIR_NCCL__CHECK(c, ncclSend(buf, bytes, ncclUint8, peer, hir_nccl__of(c)->world, (cudaStream_t)stream));
+  return HIR_NCCL__DATA(c, ncclSend(buf, bytes, ncclUint8, peer, hir_nccl__data(&hir_nccl__of(c)->world_team), (cudaStream_t)stream));
 }
 static hir_status hir_nccl__recv(hir_comm *c, void *buf, size_t bytes, int peer, void *stream) {
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if (hir_nccl__ce_peer(c, peer)) return hir_nccl__ce_queue(c, 0, buf, bytes, peer, stream);
-  return HIR_NCCL__CHECK(c, ncclRecv(buf, bytes, ncclUint8, peer, hir_nccl__of(c)->world, (cudaStream_t)stream));
+  return HIR_NCCL__DATA(c, ncclRecv(buf, bytes, ncclUint8, peer, hir_nccl__data(&hir_nccl__of(c)->world_team), (cudaStream_t)stream));
 }
 static hir_status hir_nccl__group_start(hir_comm *c) {
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
@@ -2231,20 +2382,21 @@ static hir_status hir_nccl__group_end(hir_comm *c) { /* the copies of the outerm
     s = hir_nccl__ended(c) ? HIR_ERR_COMM : hir_nccl__ce_run(c, nc->ce_ops, nc->ce_nops);
     nc->ce_nops = 0;
   }
-  return s == HIR_OK ? HIR_NCCL__CHECK(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
+  return s == HIR_OK ? HIR_NCCL__DATA(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
 }
 
 /* User-buffer registration (where NCCL supports it; a buffer it refuses
-   still works, through NCCL's own staging): with the world and each team. */
+   still works, through NCCL's own staging): with the data path's
+   communicator of the world and of each team. */
 static void hir_nccl__register(hir_comm *c, void *ptr, size_t bytes) {
   hir_nccl__rank *nc = hir_nccl__of(c);
   hir_nccl__reg *r;
-  hir_nccl__team *t;
+  hir_nccl__team *t = &nc->world_team;
   if (bytes < ((size_t)1 << 20) || nc->aborted || !(r = (hir_nccl__reg *)calloc(1, sizeof *r))) return;
   r->ptr = ptr;
-  if (HIR_NCCL__CHECK(c, ncclCommRegister(nc->world, ptr, bytes, &r->handles[r->n])) == HIR_OK) r->comms[r->n++] = nc->world;
-  for (t = nc->teams; t && r->n < 16; t = t->next)
-    if (HIR_NCCL__CHECK(c, ncclCommRegister(t->comm, ptr, bytes, &r->handles[r->n])) == HIR_OK) r->comms[r->n++] = t->comm;
+  for (; t && r->n < 16; t = t == &nc->world_team ? nc->teams : t->next)
+    if (HIR_NCCL__CHECK(c, ncclCommRegister(hir_nccl__data(t), ptr, bytes, &r->handles[r->n])) == HIR_OK)
+      r->comms[r->n++] = hir_nccl__data(t);
   r->next = nc->regs;
   nc->regs = r;
 }
@@ -2270,11 +2422,12 @@ static hir_status hir_nccl__poll(hir_comm *c) {
     snprintf(c->error, sizeof c->error, "hostir_nccl: the communicator of rank %d was aborted", c->rank);
     return HIR_ERR_COMM;
   }
-  if (nc->world && ncclCommGetAsyncError(nc->world, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
-    return hir_nccl__check(c, r, "NCCL (asynchronous, world)", __LINE__);
-  for (t = nc->teams; t; t = t->next)
-    if (ncclCommGetAsyncError(t->comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
-      return hir_nccl__check(c, r, "NCCL (asynchronous, team)", __LINE__);
+  for (t = &nc->world_team; t; t = t == &nc->world_team ? nc->teams : t->next) {
+    if (t->comm && ncclCommGetAsyncError(t->comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
+      return hir_nccl__check(c, r, t == &nc->world_team ? "NCCL (asynchronous, world)" : "NCCL (asynchronous, team)", __LINE__);
+    if (t->fast && ncclCommGetAsyncError(t->fast, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
+      return hir_nccl__check(c, r, t == &nc->world_team ? "NCCL (asynchronous, world)" : "NCCL (asynchronous, team)", __LINE__);
+  }
   return HIR_OK;
 }
 
@@ -2341,18 +2494,25 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
 }
 
 static void hir_nccl__release(hir_nccl__rank *nc) {
+  hir_nccl__watch_stop(nc);
   while (nc->regs) hir_nccl__deregister(&nc->comm, nc->regs->ptr);
   while (nc->teams) {
     hir_nccl__team *t = nc->teams;
     nc->teams = t->next;
-    if (!nc->aborted) ncclCommDestroy(t->comm);
+    if (!nc->aborted) {
+      if (t->fast) ncclCommDestroy(t->fast);
+      ncclCommDestroy(t->comm);
+    }
     free(t->devices);
     free(t);
   }
+  if (nc->world_team.fast && !nc->aborted) ncclCommDestroy(nc->world_team.fast);
   if (nc->world && !nc->borrowed && !nc->aborted) ncclCommDestroy(nc->world);
   while (nc->naborting) pthread_join(nc->aborting[--nc->naborting], NULL);
   free(nc->aborting);
+  free(nc->abort_pairs);
   nc->aborting = NULL;
+  nc->abort_pairs = NULL;
   if (nc->zeros) cudaFree(nc->zeros);
   while (nc->nzeros_old) cudaFree(nc->zeros_old[--nc->nzeros_old]);
   hir_nccl__ce_detach(&nc->ce, 1);
@@ -2370,6 +2530,31 @@ static hir_status hir_nccl__world_team(hir_nccl__rank *nc) {
   nc->world_team.me = nc->comm.rank;
   nc->world_team.comm = nc->world;
   return HIR_OK;
+}
+
+/* The world's blocking twin, on a rank of one process per GPU, where every
+   rank can take one (a threaded world makes its ranks' twins in one group:
+   hir_nccl_world_create). */
+static hir_status hir_nccl__world_twin(hir_nccl__rank *nc) {
+  hir_comm *c = &nc->comm;
+  int want = hir_nccl__twins_on(nc), every = want, i, *all;
+  hir_status s = HIR_OK;
+  if (nc->borrowed) return HIR_OK;
+  if (c->size > 1) {
+    if (!(all = (int *)calloc((size_t)c->size, sizeof *all))) {
+      snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
+      return HIR_ERR_NOMEM;
+    }
+    s = hir_nccl__exchange(c, &want, all, sizeof want, -1, NULL, 0);
+    for (i = 0; i < c->size; i++) every &= all[i];
+    free(all);
+  }
+  if (s != HIR_OK || !every) {
+    hir_nccl__watch_stop(nc);
+    return s;
+  }
+  nc->twins = 1;
+  return hir_nccl__twin(c, nc->world, c->rank, &nc->world_team.fast);
 }
 
 // >>nccl_bootstrap
@@ -2413,7 +2598,7 @@ static hir_status hir_nccl__join(hir_nccl__rank *nc) {
   int i, round, leader = -1, nlocal = 0, on = 0, created = 0;
   hir_status s;
   size_t bytes = 0;
-  if ((s = hir_nccl__world_team(nc)) != HIR_OK || c->size == 1) return s;
+  if ((s = hir_nccl__world_team(nc)) != HIR_OK || (s = hir_nccl__world_twin(nc)) != HIR_OK || c->size == 1) return s;
   if (!(all = (hir_nccl__who *)calloc((size_t)c->size, sizeof *all)) ||
       !(nc->ce.local = (int *)malloc((size_t)c->size * sizeof(int)))) {
     free(all);
@@ -2502,6 +2687,50 @@ static int hir_nccl__init_all(ncclComm_t *comms, int n, char *err, size_t cap) {
   return 0;
 }
 
+/* The ranks' blocking twins (hir_nccl__twin), split in one group as
+   hir_nccl__init_all makes their parents; every rank or none. */
+static int hir_nccl__world_twins(hir_nccl_world *w, int n, char *err, size_t cap) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  ncclResult_t r = ncclSuccess, q, state;
+  double deadline = hir_nccl__wall_ms() + 60000;
+  int i, every = 1, current = 0;
+  for (i = 0; i < n; i++) every &= hir_nccl__twins_on(&w->ranks[i]);
+  if (!every) {
+    for (i = 0; i < n; i++) hir_nccl__watch_stop(&w->ranks[i]);
+    return 1;
+  }
+  config.blocking = 1;
+  config.splitShare = 1;
+  cudaGetDevice(&current);
+  r = ncclGroupStart();
+  for (i = 0; i < n && r == ncclSuccess; i++) {
+    cudaSetDevice(i);
+    r = ncclCommSplit(w->ranks[i].world, 0, i, &w->ranks[i].world_team.fast, &config);
+    if (r == ncclInProgress) r = ncclSuccess;
+  }
+  q = ncclGroupEnd();
+  if (r == ncclSuccess && q != ncclInProgress) r = q;
+  for (i = 0; i < n && r == ncclSuccess; i++) {
+    while ((q = ncclCommGetAsyncError(w->ranks[i].world, &state)) == ncclSuccess && state == ncclInProgress &&
+           hir_nccl__wall_ms() < deadline)
+      hir_nccl__sleep_ms(1);
+    r = q != ncclSuccess ? q : state != ncclSuccess ? state : w->ranks[i].world_team.fast ? ncclSuccess : ncclInternalError;
+  }
+  cudaSetDevice(current);
+  for (i = 0; i < n; i++) w->ranks[i].twins = r == ncclSuccess;
+  if (r == ncclSuccess) return 1;
+  for (i = 0; i < n; i++) { /* the world is not made: nothing of it runs on */
+    hir_nccl__rank *nc = &w->ranks[i];
+    hir_nccl__watch_stop(nc);
+    ncclCommAbort(nc->world);
+    ncclCommAbort(nc->world_team.fast);
+    nc->world = nc->world_team.comm = nc->world_team.fast = NULL;
+  }
+  snprintf(err, cap, "hir_nccl_world_create: the data path's blocking twins over %d GPUs %s", n,
+           r == ncclInProgress ? "were not ready after 60 s" : ncclGetErrorString(r));
+  return 0;
+}
+
 HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
   hir_nccl_world *w;
   ncclComm_t *comms;
@@ -2528,6 +2757,7 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
     w->ranks[i].shared = w;
     if ((s = hir_nccl__world_team(&w->ranks[i])) != HIR_OK) snprintf(w->error, sizeof w->error, "%s", w->ranks[i].comm.error);
   }
+  if (s == HIR_OK && !hir_nccl__world_twins(w, nranks, w->error, sizeof w->error)) s = HIR_ERR_COMM;
   w->n = s == HIR_OK ? nranks : 0;
   free(comms);
   /* the copy engines' block, in pinned memory every GPU maps; without it

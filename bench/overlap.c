@@ -719,7 +719,7 @@ static void measure_direct(bench *B, const char *cname) {
   if (B->procs) s = share_results(B, s);
   if (s == HIR_OK) printf("  %-44s %9.3f   (no program: the communicator's own call, %s)\n", "", median_of_slowest(B),
                           getenv("HOSTIR_NCCL_BLOCKING") && !strcmp(getenv("HOSTIR_NCCL_BLOCKING"), "1")
-                              ? "blocking NCCL communicators" : "nonblocking NCCL communicators, polled");
+                              ? "blocking twins, watched" : "nonblocking NCCL communicators, polled");
   else printf("  %s called directly: FAILED (%s)\n", cname, B->msg[0][0] ? B->msg[0] : hir_status_str(s));
 }
 
