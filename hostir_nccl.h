@@ -1239,9 +1239,28 @@ static int hir_nccl__peer_ended(hir_nccl__ce *ce, int i) {
   unsigned long long started = 0, want = __atomic_load_n(&h->started[i], __ATOMIC_ACQUIRE);
   char state = 0;
   int seen = hir_nccl__process(h->pid[i], &state, &started);
-  if (!ce->watch[i]) ce->watch[i] = seen && started == want && want ? 1 : -1;
+  if (!ce->watch[i]) __atomic_store_n(&ce->watch[i], (signed char)(seen && started == want && want ? 1 : -1), __ATOMIC_RELEASE);
   if (ce->watch[i] < 0) return 0;
   return !seen || started != want || state == 'Z' || state == 'X';
+}
+
+/* The same for the data path's watchdog (its own thread): reads only, and
+   only peers the rank's thread has seen as themselves. */
+static int hir_nccl__ce_noted(hir_nccl__ce *ce) {
+  hir_nccl__ce_head *h;
+  int i;
+  if (!ce->block) return 0;
+  h = hir_nccl__ce_head_of(ce);
+  if (__atomic_load_n(&h->note_ready, __ATOMIC_ACQUIRE)) return 1;
+  for (i = 0; ce->segment && i < ce->nlocal; i++) {
+    unsigned long long started = 0, want = __atomic_load_n(&h->started[i], __ATOMIC_ACQUIRE);
+    char state = 0;
+    int seen;
+    if (i == ce->me || __atomic_load_n(&ce->watch[i], __ATOMIC_ACQUIRE) != 1) continue;
+    seen = hir_nccl__process(__atomic_load_n(&h->pid[i], __ATOMIC_ACQUIRE), &state, &started);
+    if (!seen || started != want || state == 'Z' || state == 'X') return 1;
+  }
+  return 0;
 }
 
 /* Another rank's failure on this host: its note, or a peer process that has
@@ -1672,11 +1691,12 @@ static hir_status hir_nccl__init_comm(hir_comm *c, ncclComm_t *comm, int n, nccl
    setup stays on the nonblocking parent. A blocking call waits on the host
    for its peers only while NCCL connects (a peer's or an algorithm's first
    use). A watchdog thread bounds that wait: once a call has run past the
-   deadline, or another rank of a threaded world has failed, it aborts the
-   idle parents, which raises the flag the call's loops read, and the call
-   returns. Opt-in (HOSTIR_NCCL_BLOCKING=1 on every rank) until a dead peer
-   ends it as promptly as the nonblocking path does (section 37: it did not,
-   twice on 2 H200).
+   deadline, or another rank has failed (a threaded world's note, or on
+   this host's block a note or a peer process gone; rank 0's store not
+   yet), it aborts the idle parents, which raises the flag the call's loops
+   read, and the call returns. Opt-in (HOSTIR_NCCL_BLOCKING=1 on every
+   rank) until a dead peer ends a call as promptly as the nonblocking path
+   does (section 37: on 2 H200 it took 60 s or hung).
    `inside` is the call's start (us, > 0), 0 outside a call, or one of: */
 enum { HIR_NCCL__TRIPPING = -1, HIR_NCCL__TRIPPED = -2 };
 
@@ -1688,9 +1708,11 @@ static long long hir_nccl__now_us(void) { return (long long)(hir_nccl__wall_ms()
    decides who goes on. */
 static void hir_nccl__watch(hir_nccl__rank *nc) {
   long long since = __atomic_load_n(&nc->inside, __ATOMIC_ACQUIRE);
-  int told = nc->shared && __atomic_load_n(&nc->shared->aborted, __ATOMIC_ACQUIRE);
   hir_nccl__team *t;
-  if (since <= 0 || (!told && hir_nccl__now_us() - since < (long long)nc->timeout_ms * 1000)) return;
+  int told;
+  if (since <= 0) return;
+  told = (nc->shared && __atomic_load_n(&nc->shared->aborted, __ATOMIC_ACQUIRE)) || hir_nccl__ce_noted(&nc->ce);
+  if (!told && hir_nccl__now_us() - since < (long long)nc->timeout_ms * 1000) return;
   if (!__atomic_compare_exchange_n(&nc->inside, &since, (long long)HIR_NCCL__TRIPPING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
     return;
   if (told) snprintf(nc->trip_why, sizeof nc->trip_why, "was ended by another rank's failure");
