@@ -3,8 +3,8 @@
    rank 0's store on 127.0.0.1 (and ::1 where the host has IPv6) against
    garbage, stalled connections, wrong secrets and too many keys, and the
    abort note that a failing rank leaves for the others (threads and
-   processes), and the copy engines' shared block: host ids, layout, notes
-   and ended peers. Needs NCCL's and CUDA's headers and libraries to link, no
+   processes), the copy engines' shared block: host ids, layout, notes and
+   ended peers, and the blocking twins' watchdog. Needs NCCL's and CUDA's headers and libraries to link, no
    GPU. The last line is "N passed, N failed". */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #define HOSTIR_IMPLEMENTATION
@@ -529,6 +529,105 @@ TEST(test_peer_notes, "peer/notes_and_ended_peers", TEST_CPU) {
   a.local = b.local = NULL;
   hir_nccl__ce_detach(&a, 0);
   hir_nccl__ce_detach(&b, 0);
+}
+
+/* ---- the blocking twins' watchdog (hir_nccl__twin), without NCCL ----
+   The ranks have no communicators (aborting none does nothing); a blocked
+   call is one that returns once the watchdog has ended it, as NCCL does on
+   its abort flag, or after `ms`. */
+static ncclResult_t blocked_call(hir_nccl__rank *nc, int ms) {
+  double until = hir_nccl__wall_ms() + ms;
+  while (__atomic_load_n(&nc->inside, __ATOMIC_ACQUIRE) > 0 && hir_nccl__wall_ms() < until) hir_nccl__sleep_ms(1);
+  return ncclSuccess;
+}
+
+static void twins_rank(hir_nccl__rank *r, int rank, int timeout_ms) {
+  hir_nccl__init(r, rank, 2, -1);
+  r->store.wake[0] = r->store.wake[1] = -1;
+  r->timeout_ms = timeout_ms;
+  CHECK(hir_nccl__twins_on(r) == 1);
+  r->twins = 1;
+}
+
+/* Quick calls pass untouched; a call past its rank's deadline ends in
+   HIR_ERR_TIMEOUT naming it, soon after the deadline; then a call on the
+   other rank of the threaded world ends in HIR_ERR_COMM naming the first
+   rank's failure, long before its own deadline. */
+TEST(test_twins_watchdog, "twins/watchdog_deadline_and_note", TEST_CPU) {
+  hir_nccl_world *w = (hir_nccl_world *)calloc(1, sizeof *w);
+  hir_nccl__rank *r = (hir_nccl__rank *)calloc(2, sizeof *r);
+  hir_status s = HIR_OK;
+  double t0, dt;
+  int i;
+  setenv("HOSTIR_NCCL_BLOCKING", "1", 1);
+  pthread_mutex_init(&w->mu, NULL);
+  twins_rank(&r[0], 0, 300);
+  twins_rank(&r[1], 1, 60000);
+  r[0].shared = r[1].shared = w;
+  for (i = 0; i < 2000 && s == HIR_OK; i++) s = HIR_NCCL__DATA(&r[1].comm, blocked_call(&r[1], 0));
+  CHECK(s == HIR_OK && r[1].inside == 0);
+  CHECK(HIR_NCCL__DATA(&r[0].comm, blocked_call(&r[0], 30)) == HIR_OK);
+  t0 = hir_nccl__wall_ms();
+  s = HIR_NCCL__DATA(&r[0].comm, blocked_call(&r[0], 5000));
+  dt = hir_nccl__wall_ms() - t0;
+  CHECK(s == HIR_ERR_TIMEOUT && dt >= 300 && dt < 2500 && r[0].aborted && w->aborted &&
+        strstr(r[0].comm.error, "blocked_call(&r[0], 5000) on rank 0 still waited for its peers after 300 ms"));
+  t0 = hir_nccl__wall_ms();
+  s = HIR_NCCL__DATA(&r[1].comm, blocked_call(&r[1], 5000));
+  dt = hir_nccl__wall_ms() - t0;
+  CHECK(s == HIR_ERR_COMM && dt < 1000 &&
+        strstr(r[1].comm.error, "rank 1 stopped: the world was aborted: rank 0 failed: blocked_call(&r[0], 5000)"));
+  for (i = 0; i < 2; i++) hir_nccl__watch_stop(&r[i]);
+  unsetenv("HOSTIR_NCCL_BLOCKING");
+  pthread_mutex_destroy(&w->mu);
+  free(w);
+  free(r);
+}
+
+/* One process per GPU: a peer process of this host that has ended (seen
+   before as itself) ends a blocked call within a few polls, naming it. */
+TEST(test_twins_host_block, "twins/watchdog_peer_process_gone", TEST_CPU) {
+  char name[64], err[256] = "";
+  size_t bytes = hir_nccl__ce_bytes(2);
+  hir_nccl__rank *r = (hir_nccl__rank *)calloc(1, sizeof *r);
+  int local[2] = {0, 1}, status;
+  unsigned long long started = 0, kid_started = 0;
+  char state = 0;
+  hir_status s;
+  double t0, dt;
+  pid_t kid;
+  setenv("HOSTIR_NCCL_BLOCKING", "1", 1);
+  twins_rank(r, 0, 60000);
+  snprintf(name, sizeof name, "/dev/shm/hostir-bootstrap-twins-%d", (int)getpid());
+  r->ce.block = hir_nccl__ce_segment(name, bytes, 1, err, sizeof err);
+  unlink(name);
+  CHECK(r->ce.block != NULL);
+  if (r->ce.block) {
+    r->ce.nlocal = 2;
+    r->ce.me = 0;
+    r->ce.local = local;
+    r->ce.segment = 1;
+    r->ce.block_bytes = bytes;
+    hir_nccl__process((int)getpid(), &state, &started);
+    hir_nccl__ce_head_of(&r->ce)->pid[0] = (int)getpid();
+    hir_nccl__ce_head_of(&r->ce)->started[0] = started;
+    if ((kid = fork()) == 0) _exit(0);
+    hir_nccl__sleep_ms(50);
+    hir_nccl__process((int)kid, &state, &kid_started);
+    hir_nccl__ce_head_of(&r->ce)->started[1] = kid_started;
+    hir_nccl__ce_head_of(&r->ce)->pid[1] = (int)kid;
+    r->ce.watch[1] = 1; /* the rank's thread saw it as itself before */
+    t0 = hir_nccl__wall_ms();
+    s = HIR_NCCL__DATA(&r->comm, blocked_call(r, 5000));
+    dt = hir_nccl__wall_ms() - t0;
+    CHECK(s == HIR_ERR_COMM && dt < 1000 && strstr(r->comm.error, "rank 1 (process") && strstr(r->comm.error, "exited"));
+    waitpid(kid, &status, 0);
+    r->ce.local = NULL;
+    hir_nccl__ce_detach(&r->ce, 0);
+  }
+  hir_nccl__watch_stop(r);
+  unsetenv("HOSTIR_NCCL_BLOCKING");
+  free(r);
 }
 
 int main(int argc, char **argv) {
