@@ -1503,11 +1503,14 @@ static ncclDataType_t hir_nccl__type(hir_dtype d) { /* fp8 only moves (hostir ne
 static hir_nccl__rank *hir_nccl__of(hir_comm *c) { return (hir_nccl__rank *)c->ctx; }
 
 /* Our communicators are nonblocking, so that a dead peer cannot hold the
-   caller inside NCCL (connecting to it, say) past any deadline; the data
-   path runs on their blocking twins (hir_nccl__twin). */
+   caller inside NCCL (connecting to it, say) past any deadline. Their
+   splits share their connections and abort flag: NCCL takes that from the
+   parent's config, and the data path's blocking twins need it
+   (hir_nccl__twin). */
 static ncclConfig_t hir_nccl__config(void) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  config.splitShare = 1;
   return config;
 }
 
@@ -1695,8 +1698,9 @@ static hir_status hir_nccl__init_comm(hir_comm *c, ncclComm_t *comm, int n, nccl
    this host's block a note or a peer process gone; rank 0's store not
    yet), it aborts the idle parents, which raises the flag the call's loops
    read, and the call returns. Opt-in (HOSTIR_NCCL_BLOCKING=1 on every
-   rank) until a dead peer ends a call as promptly as the nonblocking path
-   does (section 37: on 2 H200 it took 60 s or hung).
+   rank) until a dead peer is seen to end a call as promptly as on the
+   nonblocking path (section 37: on 2 H200 it took 60 s or hung, when the
+   parents did not yet ask NCCL to share).
    `inside` is the call's start (us, > 0), 0 outside a call, or one of: */
 enum { HIR_NCCL__TRIPPING = -1, HIR_NCCL__TRIPPED = -2 };
 
@@ -1754,8 +1758,9 @@ static void hir_nccl__watch_stop(hir_nccl__rank *nc) {
 /* Whether this rank's data path can take twins: its watchdog runs. The
    ranks then agree (every rank's data path must be on the same kind). */
 static int hir_nccl__twins_on(hir_nccl__rank *nc) {
-  const char *v = getenv("HOSTIR_NCCL_BLOCKING");
+  const char *v = getenv("HOSTIR_NCCL_BLOCKING"), *share = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
   if (nc->borrowed || !v || strcmp(v, "1")) return 0; /* a borrowed communicator: the caller's mode */
+  if (share && strcmp(share, "1")) return 0;          /* a twin that shares nothing could not be ended */
   if (nc->watching) return 1;
   pthread_mutex_init(&nc->watch_mu, NULL);
   pthread_cond_init(&nc->watch_cv, NULL);
