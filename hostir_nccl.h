@@ -1232,34 +1232,28 @@ static void hir_nccl__ce_tell(hir_nccl__ce *ce, const char *note) {
 
 /* Whether a peer's process has ended: gone, a zombie its launcher has not
    reaped yet, or its pid now another process's. A pid this host's /proc
-   does not show as the peer when first looked at (another pid namespace)
-   is not watched: timeouts still catch that peer. */
-static int hir_nccl__peer_ended(hir_nccl__ce *ce, int i) {
+   does not show as the peer when the rank's thread first looks (`learn`;
+   another pid namespace) is not watched: timeouts still catch that peer.
+   The data path's watchdog (its own thread) asks without learning. */
+static int hir_nccl__peer_ended(hir_nccl__ce *ce, int i, int learn) {
   hir_nccl__ce_head *h = hir_nccl__ce_head_of(ce);
   unsigned long long started = 0, want = __atomic_load_n(&h->started[i], __ATOMIC_ACQUIRE);
   char state = 0;
-  int seen = hir_nccl__process(h->pid[i], &state, &started);
+  int seen;
+  if (!learn && __atomic_load_n(&ce->watch[i], __ATOMIC_ACQUIRE) != 1) return 0;
+  seen = hir_nccl__process(__atomic_load_n(&h->pid[i], __ATOMIC_ACQUIRE), &state, &started);
   if (!ce->watch[i]) __atomic_store_n(&ce->watch[i], (signed char)(seen && started == want && want ? 1 : -1), __ATOMIC_RELEASE);
   if (ce->watch[i] < 0) return 0;
   return !seen || started != want || state == 'Z' || state == 'X';
 }
 
-/* The same for the data path's watchdog (its own thread): reads only, and
-   only peers the rank's thread has seen as themselves. */
+/* For the watchdog: a note on this host's block, or a watched peer gone. */
 static int hir_nccl__ce_noted(hir_nccl__ce *ce) {
-  hir_nccl__ce_head *h;
   int i;
   if (!ce->block) return 0;
-  h = hir_nccl__ce_head_of(ce);
-  if (__atomic_load_n(&h->note_ready, __ATOMIC_ACQUIRE)) return 1;
-  for (i = 0; ce->segment && i < ce->nlocal; i++) {
-    unsigned long long started = 0, want = __atomic_load_n(&h->started[i], __ATOMIC_ACQUIRE);
-    char state = 0;
-    int seen;
-    if (i == ce->me || __atomic_load_n(&ce->watch[i], __ATOMIC_ACQUIRE) != 1) continue;
-    seen = hir_nccl__process(__atomic_load_n(&h->pid[i], __ATOMIC_ACQUIRE), &state, &started);
-    if (!seen || started != want || state == 'Z' || state == 'X') return 1;
-  }
+  if (__atomic_load_n(&hir_nccl__ce_head_of(ce)->note_ready, __ATOMIC_ACQUIRE)) return 1;
+  for (i = 0; ce->segment && i < ce->nlocal; i++)
+    if (i != ce->me && hir_nccl__peer_ended(ce, i, 0)) return 1;
   return 0;
 }
 
@@ -1276,7 +1270,7 @@ static void hir_nccl__ce_heard(hir_nccl__ce *ce, char *note, size_t cap) {
   if (!ce->segment || hir_nccl__wall_ms() < ce->next_pid_look_ms) return;
   ce->next_pid_look_ms = hir_nccl__wall_ms() + 100;
   for (i = 0; i < ce->nlocal; i++)
-    if (i != ce->me && __atomic_load_n(&h->pid[i], __ATOMIC_ACQUIRE) > 0 && hir_nccl__peer_ended(ce, i)) {
+    if (i != ce->me && __atomic_load_n(&h->pid[i], __ATOMIC_ACQUIRE) > 0 && hir_nccl__peer_ended(ce, i, 1)) {
       int r;
       for (r = 0; ce->local[r] != i; r++) {}
       snprintf(note, cap, "rank %d (process %d on this host) exited", r, h->pid[i]);
