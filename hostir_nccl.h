@@ -1477,6 +1477,7 @@ typedef struct hir_nccl__rank {
   pthread_mutex_t watch_mu;
   pthread_cond_t watch_cv;
   char trip_why[200];           /* why the watchdog ended a call */
+  double watch_next_look_ms;    /* the watchdog's next look in rank 0's store */
 } hir_nccl__rank;
 
 struct hir_nccl_world {
@@ -1688,10 +1689,10 @@ static hir_status hir_nccl__init_comm(hir_comm *c, ncclComm_t *comm, int n, nccl
    setup stays on the nonblocking parent. A blocking call waits on the host
    for its peers only while NCCL connects (a peer's or an algorithm's first
    use). A watchdog thread bounds that wait: once a call has run past the
-   deadline, or another rank has failed (a threaded world's note, or on
-   this host's block a note or a peer process gone; rank 0's store not
-   yet), it aborts the idle parents, which raises the flag the call's loops
-   read, and the call returns. Opt-in (HOSTIR_NCCL_BLOCKING=1 on every
+   deadline, or another rank has failed (a threaded world's note; this
+   host's block: a note, a peer process gone; rank 0's store, asked every
+   100 ms once a call has waited that long), it aborts the idle parents,
+   which raises the flag the call's loops read, and the call returns. Opt-in (HOSTIR_NCCL_BLOCKING=1 on every
    rank) until a dead peer is seen to end a call as promptly as on the
    nonblocking path (section 37: on 2 H200 it took 60 s or hung, when the
    parents did not yet ask NCCL to share).
@@ -1699,6 +1700,20 @@ static hir_status hir_nccl__init_comm(hir_comm *c, ncclComm_t *comm, int n, nccl
 enum { HIR_NCCL__TRIPPING = -1, HIR_NCCL__TRIPPED = -2 };
 
 static long long hir_nccl__now_us(void) { return (long long)(hir_nccl__wall_ms() * 1000.0) + 1; }
+
+/* Whether another rank's failure has been noted, for the watchdog of a
+   call that began at `since` (rank 0's store answers from any thread). */
+static int hir_nccl__watch_told(hir_nccl__rank *nc, long long since) {
+  hir_nccl__msg m;
+  double now = hir_nccl__wall_ms();
+  if ((nc->shared && __atomic_load_n(&nc->shared->aborted, __ATOMIC_ACQUIRE)) || hir_nccl__ce_noted(&nc->ce)) return 1;
+  if (!nc->store.naddrs || hir_nccl__now_us() - since < 100000 || now < nc->watch_next_look_ms) return 0;
+  nc->watch_next_look_ms = now + 100;
+  memset(&m, 0, sizeof m);
+  m.op = 'G';
+  snprintf(m.key, sizeof m.key, "abort");
+  return hir_nccl__store_ask(&nc->store, &m, now + 250) && m.op == 'V';
+}
 
 /* Past the deadline (or told), the watchdog takes the call over and aborts
    every parent, leaving NULL where one was. Only the rank's own thread
@@ -1709,7 +1724,7 @@ static void hir_nccl__watch(hir_nccl__rank *nc) {
   hir_nccl__team *t;
   int told;
   if (since <= 0) return;
-  told = (nc->shared && __atomic_load_n(&nc->shared->aborted, __ATOMIC_ACQUIRE)) || hir_nccl__ce_noted(&nc->ce);
+  told = hir_nccl__watch_told(nc, since);
   if (!told && hir_nccl__now_us() - since < (long long)nc->timeout_ms * 1000) return;
   if (!__atomic_compare_exchange_n(&nc->inside, &since, (long long)HIR_NCCL__TRIPPING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
     return;

@@ -4,7 +4,8 @@
    garbage, stalled connections, wrong secrets and too many keys, and the
    abort note that a failing rank leaves for the others (threads and
    processes), the copy engines' shared block: host ids, layout, notes and
-   ended peers, and the blocking twins' watchdog. Needs NCCL's and CUDA's headers and libraries to link, no
+   ended peers, and the blocking twins' watchdog (a deadline, another
+   rank's note in the world, on the host or in rank 0's store). Needs NCCL's and CUDA's headers and libraries to link, no
    GPU. The last line is "N passed, N failed". */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #define HOSTIR_IMPLEMENTATION
@@ -626,6 +627,35 @@ TEST(test_twins_host_block, "twins/watchdog_peer_process_gone", TEST_CPU) {
     hir_nccl__ce_detach(&r->ce, 0);
   }
   hir_nccl__watch_stop(r);
+  unsetenv("HOSTIR_NCCL_BLOCKING");
+  free(r);
+}
+
+/* Processes on other hosts: rank 0's note in its store ends rank 1's
+   blocked call (a call under its deadline, before the note, is not). */
+TEST(test_twins_store, "twins/watchdog_store_note", TEST_CPU) {
+  hir_nccl__rank *r = (hir_nccl__rank *)calloc(2, sizeof *r);
+  char err[512];
+  int port = free_port(AF_INET), i;
+  hir_status s;
+  double t0, dt;
+  setenv("HOSTIR_NCCL_BLOCKING", "1", 1);
+  for (i = 0; i < 2; i++) {
+    twins_rank(&r[i], i, 60000);
+    CHECK(open_store(&r[i].store, "127.0.0.1", port, "job", i == 0, err) == HIR_OK);
+  }
+  CHECK(HIR_NCCL__DATA(&r[1].comm, blocked_call(&r[1], 300)) == HIR_OK);
+  snprintf(r[0].comm.error, sizeof r[0].comm.error, "hir_run: input 0 (A) has M = 3, the program expects 4");
+  r[0].comm.abort(&r[0].comm);
+  t0 = hir_nccl__wall_ms();
+  s = HIR_NCCL__DATA(&r[1].comm, blocked_call(&r[1], 5000));
+  dt = hir_nccl__wall_ms() - t0;
+  CHECK(s == HIR_ERR_COMM && dt < 1000 &&
+        strstr(r[1].comm.error, "rank 1 stopped: the world was aborted: rank 0 failed: hir_run: input 0 (A) has M = 3"));
+  for (i = 1; i >= 0; i--) {
+    hir_nccl__watch_stop(&r[i]);
+    hir_nccl__store_close(&r[i].store);
+  }
   unsetenv("HOSTIR_NCCL_BLOCKING");
   free(r);
 }
