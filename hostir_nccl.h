@@ -1509,6 +1509,22 @@ static ncclConfig_t hir_nccl__config(void) {
   return config;
 }
 
+/* A blocking twin's (hir_nccl__twin). */
+static ncclConfig_t hir_nccl__twin_config(void) {
+  ncclConfig_t config = hir_nccl__config();
+  config.blocking = 1;
+  return config;
+}
+
+/* Waits, up to the deadline, until a communicator made in a group from
+   this thread (a threaded world's) is no longer in progress: its state. */
+static ncclResult_t hir_nccl__made(ncclComm_t comm, double deadline) {
+  ncclResult_t q, state = ncclInProgress;
+  while ((q = ncclCommGetAsyncError(comm, &state)) == ncclSuccess && state == ncclInProgress && hir_nccl__wall_ms() < deadline)
+    hir_nccl__sleep_ms(1);
+  return q != ncclSuccess ? q : state;
+}
+
 /* Stops this rank's NCCL work for good. ncclCommAbort first tells the
    kernels in flight to quit, then waits until every CUDA graph that captured
    the communicator is destroyed - graphs of evaluators that are still
@@ -1787,12 +1803,10 @@ static int hir_nccl__twins_on(hir_nccl__rank *nc) {
    under the deadline like every setup call. */
 static hir_status hir_nccl__twin(hir_comm *c, ncclComm_t parent, int me, ncclComm_t *fast) {
   hir_nccl__rank *nc = hir_nccl__of(c);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  ncclConfig_t config = hir_nccl__twin_config();
   ncclResult_t r;
   *fast = NULL;
   if (!nc->twins) return HIR_OK;
-  config.blocking = 1;
-  config.splitShare = 1;
   r = ncclCommSplit(parent, 0, me, fast, &config);
   /* from a nonblocking parent the split goes on after the call returns (even
      ncclSuccess): done once the parent is no longer in progress */
@@ -1812,6 +1826,11 @@ static hir_status hir_nccl__twin(hir_comm *c, ncclComm_t parent, int me, ncclCom
 
 /* The communicator a team's data path uses. */
 static ncclComm_t hir_nccl__data(const hir_nccl__team *t) { return t->fast ? t->fast : t->comm; }
+
+/* The world's team, then every other: for (t = &nc->world_team; t; t = hir_nccl__next_team(nc, t)). */
+static hir_nccl__team *hir_nccl__next_team(hir_nccl__rank *nc, hir_nccl__team *t) {
+  return t == &nc->world_team ? nc->teams : t->next;
+}
 
 /* A data-path call's end: its result, or the watchdog's verdict. */
 static hir_status hir_nccl__data_check(hir_comm *c, ncclResult_t r, const char *what, int line) {
@@ -2430,7 +2449,7 @@ static void hir_nccl__register(hir_comm *c, void *ptr, size_t bytes) {
   hir_nccl__team *t = &nc->world_team;
   if (bytes < ((size_t)1 << 20) || nc->aborted || !(r = (hir_nccl__reg *)calloc(1, sizeof *r))) return;
   r->ptr = ptr;
-  for (; t && r->n < 16; t = t == &nc->world_team ? nc->teams : t->next)
+  for (; t && r->n < 16; t = hir_nccl__next_team(nc, t))
     if (HIR_NCCL__CHECK(c, ncclCommRegister(hir_nccl__data(t), ptr, bytes, &r->handles[r->n])) == HIR_OK)
       r->comms[r->n++] = hir_nccl__data(t);
   r->next = nc->regs;
@@ -2458,7 +2477,7 @@ static hir_status hir_nccl__poll(hir_comm *c) {
     snprintf(c->error, sizeof c->error, "hostir_nccl: the communicator of rank %d was aborted", c->rank);
     return HIR_ERR_COMM;
   }
-  for (t = &nc->world_team; t; t = t == &nc->world_team ? nc->teams : t->next) {
+  for (t = &nc->world_team; t; t = hir_nccl__next_team(nc, t)) {
     if (t->comm && ncclCommGetAsyncError(t->comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
       return hir_nccl__check(c, r, t == &nc->world_team ? "NCCL (asynchronous, world)" : "NCCL (asynchronous, team)", __LINE__);
     if (t->fast && ncclCommGetAsyncError(t->fast, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
@@ -2696,7 +2715,7 @@ static hir_status hir_nccl__join(hir_nccl__rank *nc) {
 static int hir_nccl__init_all(ncclComm_t *comms, int n, char *err, size_t cap) {
   ncclConfig_t config = hir_nccl__config();
   ncclUniqueId id;
-  ncclResult_t r = ncclGetUniqueId(&id), q, state;
+  ncclResult_t r = ncclGetUniqueId(&id), q;
   double deadline = hir_nccl__wall_ms() + 60000;
   int i, current = 0;
   cudaGetDevice(&current);
@@ -2708,12 +2727,7 @@ static int hir_nccl__init_all(ncclComm_t *comms, int n, char *err, size_t cap) {
   }
   q = ncclGroupEnd();
   if (r == ncclSuccess && q != ncclInProgress) r = q;
-  for (i = 0; i < n && r == ncclSuccess; i++) {
-    while ((q = ncclCommGetAsyncError(comms[i], &state)) == ncclSuccess && state == ncclInProgress &&
-           hir_nccl__wall_ms() < deadline)
-      hir_nccl__sleep_ms(1);
-    r = q != ncclSuccess ? q : state;
-  }
+  for (i = 0; i < n && r == ncclSuccess; i++) r = hir_nccl__made(comms[i], deadline);
   cudaSetDevice(current);
   if (r == ncclSuccess) return 1;
   for (i = 0; i < n; i++)
@@ -2726,8 +2740,8 @@ static int hir_nccl__init_all(ncclComm_t *comms, int n, char *err, size_t cap) {
 /* The ranks' blocking twins (hir_nccl__twin), split in one group as
    hir_nccl__init_all makes their parents; every rank or none. */
 static int hir_nccl__world_twins(hir_nccl_world *w, int n, char *err, size_t cap) {
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  ncclResult_t r = ncclSuccess, q, state;
+  ncclConfig_t config = hir_nccl__twin_config();
+  ncclResult_t r = ncclSuccess, q;
   double deadline = hir_nccl__wall_ms() + 60000;
   int i, every = 1, current = 0;
   for (i = 0; i < n; i++) every &= hir_nccl__twins_on(&w->ranks[i]);
@@ -2735,8 +2749,6 @@ static int hir_nccl__world_twins(hir_nccl_world *w, int n, char *err, size_t cap
     for (i = 0; i < n; i++) hir_nccl__watch_stop(&w->ranks[i]);
     return 1;
   }
-  config.blocking = 1;
-  config.splitShare = 1;
   cudaGetDevice(&current);
   r = ncclGroupStart();
   for (i = 0; i < n && r == ncclSuccess; i++) {
@@ -2746,12 +2758,8 @@ static int hir_nccl__world_twins(hir_nccl_world *w, int n, char *err, size_t cap
   }
   q = ncclGroupEnd();
   if (r == ncclSuccess && q != ncclInProgress) r = q;
-  for (i = 0; i < n && r == ncclSuccess; i++) {
-    while ((q = ncclCommGetAsyncError(w->ranks[i].world, &state)) == ncclSuccess && state == ncclInProgress &&
-           hir_nccl__wall_ms() < deadline)
-      hir_nccl__sleep_ms(1);
-    r = q != ncclSuccess ? q : state != ncclSuccess ? state : w->ranks[i].world_team.fast ? ncclSuccess : ncclInternalError;
-  }
+  for (i = 0; i < n && r == ncclSuccess; i++)
+    if ((r = hir_nccl__made(w->ranks[i].world, deadline)) == ncclSuccess && !w->ranks[i].world_team.fast) r = ncclInternalError;
   cudaSetDevice(current);
   for (i = 0; i < n; i++) w->ranks[i].twins = r == ncclSuccess;
   if (r == ncclSuccess) return 1;
