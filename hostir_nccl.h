@@ -118,6 +118,12 @@ HIRDEF hir_status hir_nccl_comm_from_nccl(ncclComm_t comm, int timeout_ms, hir_c
    1 when every peer shares the host). Switch it on every rank alike, while
    no rank runs a program: HIR_ERR_UNSUPPORTED where it could not be set up. */
 HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable);
+/* 1 where this rank's collectives and NCCL send/recv run on blocking twins
+   of hostir's communicators, watched for its deadlines (the default: a
+   launch on a nonblocking communicator costs the host 60-240 us); 0 where
+   they run on the nonblocking ones (HOSTIR_NCCL_BLOCKING=0 on any rank, or
+   a borrowed communicator). Every rank of a world answers alike. */
+HIRDEF int        hir_nccl_comm_blocking(hir_comm *c);
 /* Free the evaluators that use a communicator first: after a failure NCCL
    frees it only once the CUDA graphs that captured it are gone. */
 HIRDEF void       hir_nccl_comm_free(hir_comm *c);
@@ -1708,10 +1714,9 @@ static hir_status hir_nccl__init_comm(hir_comm *c, ncclComm_t *comm, int n, nccl
    deadline, or another rank has failed (a threaded world's note; this
    host's block: a note, a peer process gone; rank 0's store, asked every
    100 ms once a call has waited that long), it aborts the idle parents,
-   which raises the flag the call's loops read, and the call returns. Opt-in (HOSTIR_NCCL_BLOCKING=1 on every
-   rank) until a dead peer is seen to end a call as promptly as on the
-   nonblocking path (section 37: on 2 H200 it took 60 s or hung, when the
-   parents did not yet ask NCCL to share).
+   which raises the flag the call's loops read, and the call returns. On
+   by default; HOSTIR_NCCL_BLOCKING=0 on any rank keeps every rank's data
+   path on the nonblocking parents (each launch then pays NCCL's thread).
    `inside` is the call's start (us, > 0), 0 outside a call, or one of: */
 enum { HIR_NCCL__TRIPPING = -1, HIR_NCCL__TRIPPED = -2 };
 
@@ -1784,7 +1789,7 @@ static void hir_nccl__watch_stop(hir_nccl__rank *nc) {
    ranks then agree (every rank's data path must be on the same kind). */
 static int hir_nccl__twins_on(hir_nccl__rank *nc) {
   const char *v = getenv("HOSTIR_NCCL_BLOCKING"), *share = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
-  if (nc->borrowed || !v || strcmp(v, "1")) return 0; /* a borrowed communicator: the caller's mode */
+  if (nc->borrowed || (v && !strcmp(v, "0"))) return 0; /* a borrowed communicator: the caller's mode */
   if (share && strcmp(share, "1")) return 0;          /* a twin that shares nothing could not be ended */
   if (nc->watching) return 1;
   pthread_mutex_init(&nc->watch_mu, NULL);
@@ -2985,6 +2990,8 @@ HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable) {
   }
   return hir_nccl__set_copy_engine(c, enable);
 }
+
+HIRDEF int hir_nccl_comm_blocking(hir_comm *c) { return c && hir_nccl__of(c)->twins; }
 
 HIRDEF void hir_nccl_comm_free(hir_comm *c) {
   hir_nccl__rank *nc;

@@ -718,7 +718,7 @@ static void measure_direct(bench *B, const char *cname) {
   hir_status s = run_ranks(B, direct_rank);
   if (B->procs) s = share_results(B, s);
   if (s == HIR_OK) printf("  %-44s %9.3f   (no program: the communicator's own call, %s)\n", "", median_of_slowest(B),
-                          getenv("HOSTIR_NCCL_BLOCKING") && !strcmp(getenv("HOSTIR_NCCL_BLOCKING"), "1")
+                          hir_nccl_comm_blocking(B->procs ? B->pcomm : hir_nccl_world_comm(B->nccl, 0))
                               ? "blocking twins, watched" : "nonblocking NCCL communicators, polled");
   else printf("  %s called directly: FAILED (%s)\n", cname, B->msg[0][0] ? B->msg[0] : hir_status_str(s));
 }

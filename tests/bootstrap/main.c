@@ -560,7 +560,11 @@ TEST(test_twins_watchdog, "twins/watchdog_deadline_and_note", TEST_CPU) {
   hir_status s = HIR_OK;
   double t0, dt;
   int i;
-  setenv("HOSTIR_NCCL_BLOCKING", "1", 1);
+  hir_nccl__rank off;
+  memset(&off, 0, sizeof off);
+  setenv("HOSTIR_NCCL_BLOCKING", "0", 1); /* the opt-out: no twins, no watchdog */
+  CHECK(hir_nccl__twins_on(&off) == 0 && !off.watching);
+  unsetenv("HOSTIR_NCCL_BLOCKING"); /* the default: twins */
   pthread_mutex_init(&w->mu, NULL);
   twins_rank(&r[0], 0, 300);
   twins_rank(&r[1], 1, 60000);
@@ -579,7 +583,6 @@ TEST(test_twins_watchdog, "twins/watchdog_deadline_and_note", TEST_CPU) {
   CHECK(s == HIR_ERR_COMM && dt < 1000 &&
         strstr(r[1].comm.error, "rank 1 stopped: the world was aborted: rank 0 failed: blocked_call(&r[0], 5000)"));
   for (i = 0; i < 2; i++) hir_nccl__watch_stop(&r[i]);
-  unsetenv("HOSTIR_NCCL_BLOCKING");
   pthread_mutex_destroy(&w->mu);
   free(w);
   free(r);
@@ -597,7 +600,7 @@ TEST(test_twins_host_block, "twins/watchdog_peer_process_gone", TEST_CPU) {
   hir_status s;
   double t0, dt;
   pid_t kid;
-  setenv("HOSTIR_NCCL_BLOCKING", "1", 1);
+  unsetenv("HOSTIR_NCCL_BLOCKING"); /* the default: twins */
   twins_rank(r, 0, 60000);
   snprintf(name, sizeof name, "/dev/shm/hostir-bootstrap-twins-%d", (int)getpid());
   r->ce.block = hir_nccl__ce_segment(name, bytes, 1, err, sizeof err);
@@ -627,7 +630,6 @@ TEST(test_twins_host_block, "twins/watchdog_peer_process_gone", TEST_CPU) {
     hir_nccl__ce_detach(&r->ce, 0);
   }
   hir_nccl__watch_stop(r);
-  unsetenv("HOSTIR_NCCL_BLOCKING");
   free(r);
 }
 
@@ -639,7 +641,7 @@ TEST(test_twins_store, "twins/watchdog_store_note", TEST_CPU) {
   int port = free_port(AF_INET), i;
   hir_status s;
   double t0, dt;
-  setenv("HOSTIR_NCCL_BLOCKING", "1", 1);
+  unsetenv("HOSTIR_NCCL_BLOCKING"); /* the default: twins */
   for (i = 0; i < 2; i++) {
     twins_rank(&r[i], i, 60000);
     CHECK(open_store(&r[i].store, "127.0.0.1", port, "job", i == 0, err) == HIR_OK);
@@ -656,7 +658,6 @@ TEST(test_twins_store, "twins/watchdog_store_note", TEST_CPU) {
     hir_nccl__watch_stop(&r[i]);
     hir_nccl__store_close(&r[i].store);
   }
-  unsetenv("HOSTIR_NCCL_BLOCKING");
   free(r);
 }
 

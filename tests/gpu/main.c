@@ -1064,6 +1064,14 @@ TEST(test_gpu_timeline, "gpu/timeline", TEST_GPU) {
 }
 
 /* ---- platforms ---- */
+/* Whether hostir_nccl should put the data path on blocking twins: its
+   default, unless HOSTIR_NCCL_BLOCKING=0, NCCL_COMM_SPLIT_SHARE_RESOURCES=0
+   (a twin could not be ended) or the communicator is borrowed. */
+static int data_path_blocking(int borrowed) {
+  const char *v = getenv("HOSTIR_NCCL_BLOCKING"), *share = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  return !borrowed && !(v && !strcmp(v, "0")) && !(share && strcmp(share, "1"));
+}
+
 static hir_nccl_world *gpu_worlds[MAXR + 1];
 static int gpu_copy_engine; /* send/recv on the copy engines */
 static void *gpu_world_create(int n) {
@@ -1087,6 +1095,7 @@ TEST(test_gpu_copy_engine, "gpu/copy_engine_p2p", TEST_GPU_THREADS) {
   gpu_copy_engine = 0;
   if (platform->max_world < 2 || !(w = (hir_nccl_world *)gpu_world_create(2))) return;
   for (r = 0; r < 2; r++) CHECK(hir_nccl_world_comm(w, r)->p2p_copy_engine == 0); /* each rank says what it does */
+  for (r = 0; r < 2; r++) CHECK(hir_nccl_comm_blocking(hir_nccl_world_comm(w, r)) == data_path_blocking(0));
   hir_nccl_world_set_copy_engine(w, 1);
   for (r = 0; r < 2; r++) CHECK(hir_nccl_world_comm(w, r)->p2p_copy_engine == 1);
   hir_nccl_world_set_copy_engine(w, 0);
@@ -2025,6 +2034,11 @@ int main(int argc, char **argv) {
     if (made == HIR_OK && expect_ce && mp_comm->p2p_copy_engine != atoi(expect_ce)) {
       printf("%sFAIL the copy engines are %s, expected %s\n", prefix, mp_comm->p2p_copy_engine ? "on" : "off",
              atoi(expect_ce) ? "on" : "off");
+      failed++;
+    }
+    if (made == HIR_OK && hir_nccl_comm_blocking(mp_comm) != data_path_blocking(lent)) {
+      printf("%sFAIL the data path is on %s communicators, expected the other kind\n", prefix,
+             hir_nccl_comm_blocking(mp_comm) ? "blocking" : "nonblocking");
       failed++;
     }
     if (made != HIR_OK) {

@@ -4,8 +4,8 @@
 # and captured (and one of them dying mid-exchange, and mid-replay), then with one process per GPU under torchrun
 # and mpirun (2 GPUs, and all when more) on the copy engines, two "hosts" by
 # NCCL_HOSTID, the caller's NCCL id and communicator, a dead peer (also during
-# a graph replay), a failing rank, then the data path on blocking twins (HOSTIR_NCCL_BLOCKING=1) where ranks
-# fail, the bootstrap's own tests, hostir.torch (the package
+# a graph replay), a failing rank (the data path on blocking twins, the default), then on the nonblocking
+# communicators (HOSTIR_NCCL_BLOCKING=0) where ranks fail, the bootstrap's own tests, hostir.torch (the package
 # pip-installed, its ops under torchrun against torch's), then the examples:
 # built with nvcc, run on the GPUs, NVTX ranges as a tool sees them, launch_processes under torchrun and mpirun, and
 # hostir driven from PyTorch through DLPack. Under torchrun --standalone the
@@ -72,19 +72,21 @@ if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   stage "a failing rank ($n processes, the last with a wrong M, then a wrong K; every rank back within 1 s)" timeout 120 mpirun \
     --allow-run-as-root -np "$n" -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29690 "$bin" --processes --failing-rank
 fi
-if [ "$ngpu" -ge 2 ]; then # the opt-in data path on blocking twins (hostir_nccl.h), where a rank fails above all
-  stage "blocking twins (HOSTIR_NCCL_BLOCKING=1), one process: the NCCL worlds' eval/ tests" env HOSTIR_NCCL_BLOCKING=1 "$bin" eval/
-  stage "blocking twins, one process: gpu/ (a refused graph replay, the copy engines, a failing rank)" \
-    env HOSTIR_NCCL_BLOCKING=1 "$bin" gpu/
+if [ "$ngpu" -ge 2 ]; then # the data path on the nonblocking communicators (the opt-out), where a rank fails above all
+  stage "nonblocking data path (HOSTIR_NCCL_BLOCKING=0), one process: the NCCL worlds' eval/ tests" \
+    env HOSTIR_NCCL_BLOCKING=0 "$bin" eval/
+  stage "nonblocking data path, one process: gpu/ (a refused graph replay, the copy engines, a failing rank)" \
+    env HOSTIR_NCCL_BLOCKING=0 "$bin" gpu/
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
-  stage "blocking twins: a dead peer (2 processes)" timeout 120 mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE \
-    -x HOSTIR_NCCL_BLOCKING=1 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29660 "$bin" --processes --dead-peer
-  stage "blocking twins: a dead peer during a CUDA graph replay (2 processes)" timeout 120 mpirun --allow-run-as-root -np 2 \
-    -x NCCL_NVLS_ENABLE -x HOSTIR_NCCL_BLOCKING=1 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29665 "$bin" --processes \
+  stage "nonblocking data path: a dead peer (2 processes)" timeout 120 mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE \
+    -x HOSTIR_NCCL_BLOCKING=0 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29660 "$bin" --processes --dead-peer
+  stage "nonblocking data path: a dead peer during a CUDA graph replay (2 processes)" timeout 120 mpirun --allow-run-as-root \
+    -np 2 -x NCCL_NVLS_ENABLE -x HOSTIR_NCCL_BLOCKING=0 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29665 "$bin" --processes \
     --dead-peer-replay
-  stage "blocking twins: a failing rank ($n processes)" timeout 120 mpirun --allow-run-as-root -np "$n" -x NCCL_NVLS_ENABLE \
-    -x HOSTIR_NCCL_BLOCKING=1 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29695 "$bin" --processes --failing-rank
+  stage "nonblocking data path: a failing rank ($n processes)" timeout 120 mpirun --allow-run-as-root -np "$n" \
+    -x NCCL_NVLS_ENABLE -x HOSTIR_NCCL_BLOCKING=0 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29695 "$bin" --processes \
+    --failing-rank
 fi
 stage "the bootstrap without GPUs (make test-bootstrap)" make -s test-bootstrap
 if command -v nvcc >/dev/null; then
