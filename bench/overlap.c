@@ -48,7 +48,10 @@
    automatic row run again in turns, N rounds, each round a fresh row (the
    automatic one tuned anew), and their medians are compared. The best of
    many rows measured once is partly the luckiest; the rematch times both
-   alike, and prints each round's times and what its tuning chose.
+   alike, and prints each round's times and what its tuning chose. A third
+   run each round times the best row again right after a tuning of its own
+   (that tuner freed first): whether what runs before, not the tuner's
+   evaluator, slows the automatic row.
    --graph: every pipeline also as a CUDA graph (hir_eval_desc.graph),
    rows marked [graph], and the tuner in graph mode (its candidates also
    timed with send/recv on NCCL, captured); --graph 2: graph mode 2 (the
@@ -124,6 +127,7 @@ typedef struct bench {
   size_t memory_limit;          /* --memory-limit: the tuner's cap on a candidate's buffers */
   int pause_ms;                 /* --pause: idle before each row's runs (and after tuning), every row from a rested GPU */
   int rematch;                  /* --rematch: rounds of the best row and the automatic one in turns, after the table */
+  int tune_first;               /* the rematch's third run: a tuning of the shape (its tuner freed) before the row */
   int graphs;                   /* --graph: every pipeline also as a CUDA graph (in this mode of hir_eval_desc.graph) */
   const char *trace_dir;        /* --trace */
   hir_evaluator *trace_ev[MAXR];
@@ -493,6 +497,19 @@ static hir_status run_rank(int rank, void *user) {
       fail(B, rank, s, "upload", be->error);
       goto done;
     }
+  if (B->tune_first) { /* the load and the churn of a tuning, then this row as usual */
+    hir_tune_desc td;
+    hir_tuner *before = NULL;
+    memset(&td, 0, sizeof td);
+    td.lower = ld;
+    td.eval = ed;
+    td.memory_limit = B->memory_limit;
+    if ((s = hir_tuner_create(B->f, &td, &before)) == HIR_OK) barrier(B);
+    if (s == HIR_OK) s = hir_tuner_tune(before, din, nin);
+    if (s != HIR_OK) fail(B, rank, s, "the tuning before the row", hir_tuner_error(before));
+    hir_tuner_free(before);
+    if (s != HIR_OK) goto done;
+  }
   if (B->cfg.pipe == AUTO) { /* the tuner: every candidate measured on these shapes, the ranks agreeing */
     hir_tune_desc td;
     double t0;
@@ -890,22 +907,29 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
            "    %s\n", res[auto_at].ms, res[auto_at].ms / serial, best >= 0 ? res[auto_at].ms / res[best].ms : 0, tuned, B->plan);
   }
   if (B->rematch > 0 && best >= 0 && best != auto_at && res[auto_at].ok) {
-    double rounds[2][MAXREMATCH];
+    double rounds[3][MAXREMATCH];
     result again;
-    int got = 0;
+    int got = 0, ok;
     char name[64], chosen[MAXREMATCH][64];
     while (got < B->rematch && run_config(B, cfgs[best], &again)) {
       rounds[0][got] = again.ms;
       if (!run_config(B, cfgs[auto_at], &again)) break;
       plan_choice(B->plan, chosen[got], sizeof chosen[got]);
-      rounds[1][got++] = again.ms;
+      rounds[1][got] = again.ms;
+      B->tune_first = 1;
+      ok = run_config(B, cfgs[best], &again);
+      B->tune_first = 0;
+      if (!ok) break;
+      rounds[2][got++] = again.ms;
     }
     config_name(&cfgs[best], name, sizeof name);
     if (got) {
-      double b = median(rounds[0], got), a = median(rounds[1], got);
-      printf("  rematch, in turns (%d rounds, medians): %s %.3f ms, automatic %.3f ms = %.3fx\n", got, name, b, a, a / b);
+      double b = median(rounds[0], got), a = median(rounds[1], got), t = median(rounds[2], got);
+      printf("  rematch, in turns (%d rounds, medians): %s %.3f ms, automatic %.3f ms = %.3fx; the row right after a "
+             "tuning %.3f ms = %.3fx\n", got, name, b, a, a / b, t, t / b);
       for (i = 0; i < got; i++) /* a round's automatic row tunes anew: what it chose, and how it ran */
-        printf("    round %d: %s %.3f ms; automatic %.3f ms, tuned to %s\n", i + 1, name, rounds[0][i], rounds[1][i], chosen[i]);
+        printf("    round %d: %s %.3f ms; automatic %.3f ms, tuned to %s; the row after a tuning %.3f ms\n", i + 1, name,
+               rounds[0][i], rounds[1][i], chosen[i], rounds[2][i]);
     } else {
       printf("  rematch: FAILED: %s\n", again.msg);
       failed++;
