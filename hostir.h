@@ -832,7 +832,8 @@ typedef struct hir_tune_desc {
   size_t memory_limit;    /* bytes a candidate's evaluator may hold besides the outputs; 0: no limit */
   int warmup, iters;      /* runs per candidate (warmup counts the first run, >= 2); 0: each fills about 10 ms,
                              iters at least 3. With eval.graph on a communicator whose send/recv run on copy
-                             engines and can switch to NCCL's (set_copy_engine), the candidates are timed both ways */
+                             engines and can switch to NCCL's (set_copy_engine), the candidates are timed both ways;
+                             with eval.graph on a backend that captures, the 3 fastest again without a graph */
   const char *machine;    /* names the machine in saved plans; NULL: the backend's device, the ranks, the copy engines */
 } hir_tune_desc;
 HIRDEF hir_status         hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, hir_tuner **out);
@@ -12264,8 +12265,8 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin
    a verdict against it anywhere drops it, and every rank picks the same
    fastest one. The choice is cached by the input shapes; at most
    HIR__TUNE_LIVE choices keep their program and buffers at once. */
-#define HOSTIR_VERSION "0.21"
-enum { HIR__TUNE_LIVE = 4, HIR__TUNE_MAX_CANDS = 64 }; /* each live choice holds its buffers and streams */
+#define HOSTIR_VERSION "0.22"
+enum { HIR__TUNE_LIVE = 4, HIR__TUNE_MAX_CANDS = 64, HIR__TUNE_EAGER = 3 }; /* each live choice holds its buffers and streams */
 
 typedef struct hir__cand {
   int serial;                   /* the fusion without its Stream axes */
@@ -12273,6 +12274,7 @@ typedef struct hir__cand {
   hir_p2p_schedule schedule;
   int parts, streams, bounded;
   int nccl_p2p;                 /* send/recv on NCCL, not the copy engines (hir_tuner.vary_p2p) */
+  int eager;                    /* in graph mode, run without a graph (the eager round of hir__tune_shape) */
 } hir__cand;
 
 enum { HIR__CAND_DROPPED, HIR__CAND_RUN, HIR__CAND_SAME };
@@ -12327,19 +12329,23 @@ static hir_status hir__tune_fail(hir_tuner *t, hir_status s, const char *fmt, ..
   return s;
 }
 
-/* "serial", "p2p ring, 2 parts, 4 streams, bounded" (the plan's words), or
-   with file = 1 the saved form "serial" / "ring parts 2 streams 4 bounded 0"
-   ("collective parts 4 ...": collective pipelines). */
+/* "serial", "p2p ring, 2 parts, 4 streams, bounded, eager" (the plan's
+   words), or with file = 1 the saved form "serial nccl 0 eager 0" / "ring
+   parts 2 streams 4 bounded 0 nccl 0 eager 0" ("collective parts 4 ...":
+   collective pipelines). */
 static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t cap) {
   const char *sched = c->collective ? "collective" : c->schedule == HIR_P2P_RING ? "ring" : "linear";
-  int n;
-  const char *nccl = c->nccl_p2p ? ", NCCL" : "";
-  if (c->serial) return (size_t)(file ? snprintf(buf, cap, "serial nccl %d", c->nccl_p2p) : snprintf(buf, cap, "serial%s", nccl));
+  const char *nccl = c->nccl_p2p ? ", NCCL" : "", *eager = c->eager ? ", eager" : "";
+  if (c->serial)
+    return (size_t)(file ? snprintf(buf, cap, "serial nccl %d eager %d", c->nccl_p2p, c->eager)
+                         : snprintf(buf, cap, "serial%s%s", nccl, eager));
   if (file)
-    return (size_t)snprintf(buf, cap, "%s parts %d streams %d bounded %d nccl %d", sched, c->parts, c->streams, c->bounded, c->nccl_p2p);
-  if (c->parts > 1) n = snprintf(buf, cap, "%s, %d parts, %d streams%s%s", sched, c->parts, c->streams, c->bounded ? ", bounded" : "", nccl);
-  else n = snprintf(buf, cap, "%s, %d streams%s%s", sched, c->streams, c->bounded ? ", bounded" : "", nccl);
-  return (size_t)n;
+    return (size_t)snprintf(buf, cap, "%s parts %d streams %d bounded %d nccl %d eager %d", sched, c->parts, c->streams, c->bounded,
+                            c->nccl_p2p, c->eager);
+  if (c->parts > 1)
+    return (size_t)snprintf(buf, cap, "%s, %d parts, %d streams%s%s%s", sched, c->parts, c->streams, c->bounded ? ", bounded" : "",
+                            nccl, eager);
+  return (size_t)snprintf(buf, cap, "%s, %d streams%s%s%s", sched, c->streams, c->bounded ? ", bounded" : "", nccl, eager);
 }
 
 /* The candidates, serial first (the reference): ring and linear, 1, 2 and 4
@@ -12390,20 +12396,22 @@ static hir_status hir__cand_p2p(hir_tuner *t, const hir__cand *c) {
 static hir_status hir__cand_evaluator(hir_tuner *t, const hir__cand *c, const hir_program *p, hir_evaluator **ev) {
   hir_eval_desc e = t->d.eval;
   e.number_of_streams = c->streams;
+  if (c->eager) e.graph = 0;
   return hir_evaluator_create(p, &e, ev);
 }
 
+/* The candidate's program, and its evaluator unless ev is NULL. */
 static hir_status hir__cand_lower(hir_tuner *t, const hir__cand *c, hir_program **p, hir_evaluator **ev) {
   hir_lower_desc d = t->d.lower;
   hir_status s;
-  *ev = NULL;
+  if (ev) *ev = NULL;
   d.stream.automatic = 0;
   d.stream.serial = c->serial;
   d.stream.schedule = c->schedule;
   d.stream.chunks_per_peer = c->collective ? 1 : c->parts;
   d.stream.collective_chunks = c->collective ? c->parts : 0;
   d.stream.bounded_buffers = c->bounded;
-  if ((s = hir_lower(t->f, &d, p)) != HIR_OK) return s;
+  if ((s = hir_lower(t->f, &d, p)) != HIR_OK || !ev) return s;
   return hir__cand_evaluator(t, c, *p, ev);
 }
 
@@ -12521,7 +12529,7 @@ static hir_status hir__cand_time(hir_tuner *t, hir__cand_state *cs, const hir_te
     size_t bytes = (size_t)hir__numel(out[i].ndims, out[i].sizes) * hir_dtype_size(out[i].dtype);
     if (!out[i].data) continue; /* lives on another rank */
     cs->memory -= bytes <= cs->memory ? bytes : cs->memory; /* the limit is on what it holds besides the outputs */
-    if (cs->c.serial) { /* the reference, kept where it was computed */
+    if (cs->c.serial && !ref[i].data) { /* the reference, kept where computed (once: serial may run eagerly too) */
       ref[i] = out[i];
       ref[i].data = NULL;
       hir__contiguous_strides(&ref[i]);
@@ -12603,6 +12611,88 @@ typedef struct hir__cand_verdict { /* what each rank says of a candidate after t
   uint64_t memory;                 /* its buffers' bytes */
 } hir__cand_verdict;
 
+/* Times candidates [from, n) that run, one at a time (its buffers go
+   before the next's come), then agrees with the other ranks: a candidate's
+   time is its slowest rank's; the first rank (in team order) that finds it
+   wrong or too big drops it, with the same words everywhere. spent adds
+   this rank's ms making evaluators, running, comparing outputs. */
+static hir_status hir__cands_time(hir_tuner *t, hir_backend *b, hir__cand_state *cs, int from, int n, const hir_tensor *in,
+                                  int nin, hir_tensor *ref, hir_tensor *out, int nout, hir__cand_verdict *verdicts,
+                                  hir__cand_verdict *heard, double *spent) {
+  int k, r, m = n - from;
+  hir_status s;
+  double t1;
+  if (m <= 0) return HIR_OK;
+  for (k = from; k < n; k++) {
+    double worst = 0;
+    memset(&verdicts[k], 0, sizeof verdicts[k]);
+    if (cs[k].state != HIR__CAND_RUN) continue;
+    t1 = hir__now_ms();
+    if ((s = hir__cand_p2p(t, &cs[k].c)) != HIR_OK) return s;
+    if ((s = hir__cand_evaluator(t, &cs[k].c, cs[k].p, &cs[k].ev)) != HIR_OK)
+      return hir__tune_fail(t, s, "hir_tuner: %s", cs[k].ev ? hir_evaluator_error(cs[k].ev) : "out of memory");
+    spent[0] += hir__now_ms() - t1;
+    t1 = hir__now_ms();
+    if ((s = hir__cand_time(t, &cs[k], in, nin, ref, out, nout, &worst, &spent[2], (double *)heard)) != HIR_OK) return s;
+    spent[1] += hir__now_ms() - t1;
+    verdicts[k].ms = cs[k].ms;
+    verdicts[k].worst = worst;
+    verdicts[k].memory = cs[k].memory;
+    hir__cand_free(&cs[k].p, &cs[k].ev);
+  }
+  if ((s = hir__tune_exchange(t, b, verdicts + from, heard, (size_t)m * sizeof *verdicts)) != HIR_OK) return s;
+  for (k = from; k < n; k++) {
+    if (cs[k].state != HIR__CAND_RUN) continue;
+    cs[k].ms = 0;
+    for (r = 0; r < t->nteam; r++) {
+      const hir__cand_verdict *v = &heard[r * m + k - from];
+      if (v->ms > cs[k].ms) cs[k].ms = v->ms;
+      if (cs[k].state != HIR__CAND_RUN) continue;
+      if (v->worst > 1) {
+        cs[k].state = HIR__CAND_DROPPED;
+        snprintf(cs[k].why, sizeof cs[k].why, "its outputs differ from serial's on device %d by %.3g times the tolerance",
+                 t->team[r], v->worst);
+      } else if (t->d.memory_limit && v->memory > t->d.memory_limit) {
+        cs[k].state = HIR__CAND_DROPPED;
+        snprintf(cs[k].why, sizeof cs[k].why, "its buffers take %llu bytes on device %d, over the limit of %zu",
+                 (unsigned long long)v->memory, t->team[r], t->d.memory_limit);
+      }
+    }
+  }
+  return HIR_OK;
+}
+
+/* The eager round: in graph mode on a backend that captures, the
+   HIR__TUNE_EAGER fastest candidates again without a graph, appended after
+   cs[n - 1]; returns how many (the agreed times make every rank pick the
+   same). A graph can lose to its own eager run: on 4 H100 a copy-engine
+   ring ran slower captured (bench/NOTES.md section 38). */
+static int hir__eager_round(hir_tuner *t, hir__cand_state *cs, int n, hir_status *s) {
+  int m = 0, k, pick;
+  *s = HIR_OK;
+  if (!t->d.eval.graph || !t->d.eval.backend || !t->d.eval.backend->graph_begin) return 0;
+  while (m < HIR__TUNE_EAGER && n + m < HIR__TUNE_MAX_CANDS) {
+    hir__cand_state *e = &cs[n + m];
+    for (pick = -1, k = 0; k < n; k++)
+      if (cs[k].state == HIR__CAND_RUN && !cs[k].c.eager && (pick < 0 || cs[k].ms < cs[pick].ms)) pick = k;
+    if (pick < 0) break;
+    cs[pick].c.eager = 1; /* picked; undone below */
+    memset(e, 0, sizeof *e);
+    e->c = cs[pick].c;
+    e->state = HIR__CAND_RUN;
+    e->same_as = -1;
+    m++;
+    if ((*s = hir__cand_lower(t, &e->c, &e->p, NULL)) != HIR_OK) {
+      char name[96];
+      hir__cand_snprint(&e->c, 0, name, sizeof name);
+      *s = hir__tune_fail(t, *s, "hir_tuner: %s, lowered again: %s", name, e->p ? hir_program_error(e->p) : "out of memory");
+      break;
+    }
+  }
+  for (k = 0; k < n; k++) cs[k].c.eager = 0;
+  return m;
+}
+
 /* The tuning of one shape: every rank checks, the ranks agree on what runs,
    time it, and agree on the fastest. The report goes to t->report. */
 static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, hir__cand *choice, double *choice_ms) {
@@ -12613,9 +12703,9 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
   hir__cand_verdict verdicts[HIR__TUNE_MAX_CANDS], *heard = NULL;
   hir_backend *b = NULL;
   hir_tensor *out = NULL, *ref = NULL;
-  int n = hir__candidates(t, cands), nout = t->f->outputs.n, k, r, best = -1, same = 0;
+  int n = hir__candidates(t, cands), nout = t->f->outputs.n, k, r, best = -1, same = 0, from;
   hir_status s = HIR_OK;
-  double t0 = hir__now_ms(), lower_ms, create_ms = 0, run_ms = 0, compare_ms = 0, t1;
+  double t0 = hir__now_ms(), lower_ms, spent[3] = {0, 0, 0}; /* making evaluators, running, comparing outputs */
   size_t at;
   memset(cs, 0, sizeof cs);
   for (k = 0; k < n; k++) cs[k].c = cands[k];
@@ -12652,48 +12742,13 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
     cs[k].state = dropped_on >= 0 ? HIR__CAND_DROPPED : all_same ? HIR__CAND_SAME : HIR__CAND_RUN;
     if (cs[k].state != HIR__CAND_RUN) hir__cand_free(&cs[k].p, &cs[k].ev);
   }
-  /* 2. time each, one at a time (its buffers go before the next's come) */
-  for (k = 0; k < n; k++) {
-    double worst = 0;
-    memset(&verdicts[k], 0, sizeof verdicts[k]);
-    if (cs[k].state != HIR__CAND_RUN) continue;
-    t1 = hir__now_ms();
-    if ((s = hir__cand_p2p(t, &cs[k].c)) != HIR_OK) goto done;
-    if ((s = hir__cand_evaluator(t, &cs[k].c, cs[k].p, &cs[k].ev)) != HIR_OK) {
-      s = hir__tune_fail(t, s, "hir_tuner: %s", cs[k].ev ? hir_evaluator_error(cs[k].ev) : "out of memory");
-      goto done;
-    }
-    create_ms += hir__now_ms() - t1;
-    t1 = hir__now_ms();
-    if ((s = hir__cand_time(t, &cs[k], in, nin, ref, out, nout, &worst, &compare_ms, (double *)heard)) != HIR_OK) goto done;
-    run_ms += hir__now_ms() - t1;
-    verdicts[k].ms = cs[k].ms;
-    verdicts[k].worst = worst;
-    verdicts[k].memory = cs[k].memory;
-    hir__cand_free(&cs[k].p, &cs[k].ev);
-  }
-  /* 3. the slowest rank's time; the first rank (in team order) that finds
-     a candidate wrong or too big drops it, with the same words everywhere */
-  if ((s = hir__tune_exchange(t, b, verdicts, heard, (size_t)n * sizeof *verdicts)) != HIR_OK) goto done;
-  for (k = 0; k < n; k++) {
-    if (cs[k].state != HIR__CAND_RUN) continue;
-    cs[k].ms = 0;
-    for (r = 0; r < t->nteam; r++) {
-      const hir__cand_verdict *v = &heard[r * n + k];
-      if (v->ms > cs[k].ms) cs[k].ms = v->ms;
-      if (cs[k].state != HIR__CAND_RUN) continue;
-      if (v->worst > 1) {
-        cs[k].state = HIR__CAND_DROPPED;
-        snprintf(cs[k].why, sizeof cs[k].why, "its outputs differ from serial's on device %d by %.3g times the tolerance",
-                 t->team[r], v->worst);
-      } else if (t->d.memory_limit && v->memory > t->d.memory_limit) {
-        cs[k].state = HIR__CAND_DROPPED;
-        snprintf(cs[k].why, sizeof cs[k].why, "its buffers take %llu bytes on device %d, over the limit of %zu",
-                 (unsigned long long)v->memory, t->team[r], t->d.memory_limit);
-      }
-    }
+  /* 2. time each, 3. agree on the times and verdicts; 4. the eager round */
+  if ((s = hir__cands_time(t, b, cs, 0, n, in, nin, ref, out, nout, verdicts, heard, spent)) != HIR_OK) goto done;
+  from = n;
+  n += hir__eager_round(t, cs, n, &s);
+  if (s != HIR_OK || (s = hir__cands_time(t, b, cs, from, n, in, nin, ref, out, nout, verdicts, heard, spent)) != HIR_OK) goto done;
+  for (k = 0; k < n; k++)
     if (cs[k].state == HIR__CAND_RUN && (best < 0 || cs[k].ms < cs[best].ms)) best = k;
-  }
   if (best < 0) {
     s = hir__tune_fail(t, cs[0].state == HIR__CAND_DROPPED && strstr(cs[0].why, "over the limit") ? HIR_ERR_NOMEM : HIR_ERR_SHAPE,
                        "hir_tuner: every candidate was dropped; serial %s", cs[0].why);
@@ -12707,7 +12762,7 @@ static hir_status hir__tune_shape(hir_tuner *t, const hir_tensor *in, int nin, h
     at = (size_t)snprintf(t->report, sizeof t->report, "tuned on %d rank%s in %.0f ms: %s, %.3f ms (the slowest rank's median; "
                           "this rank's tuning: lowering and checking %.0f ms, evaluators %.0f, runs %.0f, comparing outputs "
                           "%.0f); measured:", t->nteam, t->nteam == 1 ? "" : "s", hir__now_ms() - t0, name, cs[best].ms,
-                          lower_ms, create_ms, run_ms - compare_ms, compare_ms);
+                          lower_ms, spent[0], spent[1] - spent[2], spent[2]);
     for (k = 0; k < n && at < sizeof t->report; k++)
       if (cs[k].state == HIR__CAND_RUN) {
         hir__cand_snprint(&cs[k].c, 0, name, sizeof name);
@@ -12927,10 +12982,10 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
        version 0.21
        machine NVIDIA H200, 2 ranks, copy-engine send/recv
        fusion 3f2a9c0d11e4b7a5
-       plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 nccl 0 | 0.112
+       plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 nccl 0 eager 0 | 0.112
    One plan a line: the inputs (count, then each one's dtype, rank and
    sizes), the choice (ring, linear or collective; nccl 1: its send/recv on
-   NCCL, in graph mode), its
+   NCCL, in graph mode; eager 1: run without a graph, in graph mode), its
    time in ms. A file made by another hostir version, on another machine or
    for another fusion is refused by name. */
 HIRDEF hir_status hir_tuner_save(const hir_tuner *t, FILE *f) {
@@ -12977,14 +13032,14 @@ static int hir__parse_plan(const char *line, int64_t *key, int cap, int *nkey, h
       else key[n++] = v;
   }
   memset(c, 0, sizeof *c);
-  if (sscanf(p, " | serial nccl %d | %lf", &c->nccl_p2p, ms) == 2) c->serial = 1, c->parts = c->streams = 1;
-  else if (sscanf(p, " | %15s parts %d streams %d bounded %d nccl %d | %lf", sched, &c->parts, &c->streams, &c->bounded,
-                  &c->nccl_p2p, ms) != 6 ||
+  if (sscanf(p, " | serial nccl %d eager %d | %lf", &c->nccl_p2p, &c->eager, ms) == 3) c->serial = 1, c->parts = c->streams = 1;
+  else if (sscanf(p, " | %15s parts %d streams %d bounded %d nccl %d eager %d | %lf", sched, &c->parts, &c->streams, &c->bounded,
+                  &c->nccl_p2p, &c->eager, ms) != 7 ||
            (strcmp(sched, "ring") && strcmp(sched, "linear") && strcmp(sched, "collective")) || c->parts < 1 || c->parts > 64 ||
            c->streams < 1 || c->streams > 64 || (c->bounded != 0 && c->bounded != 1))
     return 0;
   else c->schedule = strcmp(sched, "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING, c->collective = !strcmp(sched, "collective");
-  if (c->nccl_p2p != 0 && c->nccl_p2p != 1) return 0;
+  if ((c->nccl_p2p != 0 && c->nccl_p2p != 1) || (c->eager != 0 && c->eager != 1)) return 0;
   *nkey = n;
   return 1;
 }

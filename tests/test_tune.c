@@ -213,7 +213,7 @@ TEST(test_tune_refusals, "tune/saved_plan_refusals", TEST_CPU) {
   for (r = 0; r < 3; r++) { /* rank 0 saved ring, the others linear */
     x.load[r] = tmpfile();
     snprintf(text, sizeof text, "hostir tuning plans 1\nversion %s\nmachine cpu, 3 ranks\n%s\nplan 2 | float 3 1 4 8 | float 2 8 6 | "
-             "%s parts 1 streams 2 bounded 0 nccl 0 | 1.0\n", HOSTIR_VERSION, fusion_line, r == 0 ? "ring" : "linear");
+             "%s parts 1 streams 2 bounded 0 nccl 0 eager 0 | 1.0\n", HOSTIR_VERSION, fusion_line, r == 0 ? "ring" : "linear");
     fputs(text, x.load[r]);
   }
   CHECK(hir_spmd(3, tune_loaded_rank, &x) != HIR_OK);
@@ -225,7 +225,7 @@ TEST(test_tune_refusals, "tune/saved_plan_refusals", TEST_CPU) {
     fclose(x.load[r]);
     x.load[r] = tmpfile();
     snprintf(text, sizeof text, "hostir tuning plans 1\nversion %s\nmachine cpu, 3 ranks\n%s\nplan 2 | float 3 1 4 8 | float 2 8 6 | "
-             "collective parts 4 streams 2 bounded 0 nccl 0 | 1.0\n", HOSTIR_VERSION, fusion_line);
+             "collective parts 4 streams 2 bounded 0 nccl 0 eager 0 | 1.0\n", HOSTIR_VERSION, fusion_line);
     fputs(text, x.load[r]);
   }
   CHECK(hir_spmd(3, tune_loaded_rank, &x) == HIR_OK);
@@ -396,6 +396,24 @@ static hir_status fake_send(hir_comm *c, const void *buf, size_t bytes, int peer
   return lw_send(c, buf, bytes, peer, stream);
 }
 
+/* Saves t's plans into text, then loads them into a new tuner *u (made
+   with d). */
+static hir_status save_and_load(tune_ctx *x, hir_tuner *t, const hir_tune_desc *d, char *text, size_t cap, hir_tuner **u) {
+  FILE *f = tmpfile();
+  hir_status s = f ? hir_tuner_save(t, f) : HIR_ERR_NOMEM;
+  *u = NULL;
+  if (s == HIR_OK) {
+    size_t n;
+    rewind(f);
+    n = fread(text, 1, cap - 1, f);
+    text[n] = 0;
+    rewind(f);
+    if ((s = hir_tuner_create(x->f, d, u)) == HIR_OK) s = hir_tuner_load(*u, f);
+  }
+  if (f) fclose(f);
+  return s;
+}
+
 typedef struct p2p_ctx {
   tune_ctx *x;
   int tuned_both[TUNE_MAXR], back_on_ce[TUNE_MAXR], run_as_chosen[TUNE_MAXR], saved_flag[TUNE_MAXR], loaded_right[TUNE_MAXR];
@@ -408,7 +426,6 @@ static hir_status p2p_rank(int rank, void *user) {
   hir_tuner *t = NULL, *u = NULL;
   hir_status s;
   int nccl, no_sends, before[2];
-  FILE *f = tmpfile();
   char text[4096] = "", choice[128];
   d.eval.graph = 1;
   if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) s = tune_run_once(x, t, rank, x->M); /* tunes, then runs */
@@ -422,22 +439,14 @@ static hir_status p2p_rank(int rank, void *user) {
   if (s == HIR_OK) s = tune_run_once(x, t, rank, x->M); /* the choice, cached */
   y->run_as_chosen[rank] = fake_sends[rank][!nccl] > before[!nccl] - no_sends && fake_sends[rank][nccl] == before[nccl] &&
                            fake_ce_on[rank] == 1;
-  if (s == HIR_OK && f && (s = hir_tuner_save(t, f)) == HIR_OK) {
-    size_t n;
-    rewind(f);
-    n = fread(text, 1, sizeof text - 1, f);
-    text[n] = 0;
-    y->saved_flag[rank] = strstr(text, nccl ? " nccl 1 | " : " nccl 0 | ") != NULL;
-    rewind(f);
-    if ((s = hir_tuner_create(x->f, &d, &u)) == HIR_OK && (s = hir_tuner_load(u, f)) == HIR_OK) {
-      memcpy(before, fake_sends[rank], sizeof before);
-      s = tune_run_once(x, u, rank, x->M);
-      y->loaded_right[rank] = s == HIR_OK && x->worst[rank] < 1e-4 && fake_sends[rank][!nccl] > before[!nccl] - no_sends &&
-                              fake_sends[rank][nccl] == before[nccl];
-    }
+  if (s == HIR_OK && (s = save_and_load(x, t, &d, text, sizeof text, &u)) == HIR_OK) {
+    y->saved_flag[rank] = strstr(text, nccl ? " nccl 1 eager 0 | " : " nccl 0 eager 0 | ") != NULL;
+    memcpy(before, fake_sends[rank], sizeof before);
+    s = tune_run_once(x, u, rank, x->M);
+    y->loaded_right[rank] = s == HIR_OK && x->worst[rank] < 1e-4 && fake_sends[rank][!nccl] > before[!nccl] - no_sends &&
+                            fake_sends[rank][nccl] == before[nccl];
   }
   if (s != HIR_OK) tune_note(x, u ? u : t, rank, s);
-  if (f) fclose(f);
   hir_tuner_free(u);
   hir_tuner_free(t);
   return s;
@@ -465,12 +474,104 @@ TEST(test_tune_graph_p2p, "tune/graph_p2p_on_nccl", TEST_CPU) {
     for (r = 0; r < 3; r++) {
       chosen(x.plan[r], choice, sizeof choice);
       if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && strstr(x.plan[r], "streams, NCCL") && y.tuned_both[r] &&
-                  y.back_on_ce[r] && y.run_as_chosen[r] && y.saved_flag[r] && y.loaded_right[r] &&
+                  y.back_on_ce[r] && y.run_as_chosen[r] && y.saved_flag[r] && y.loaded_right[r] && !strstr(x.plan[r], ", eager ") &&
                   (limited ? strstr(choice, "bounded") != NULL : strstr(x.plan[r], "serial, NCCL") != NULL)))
         fprintf(stderr, "  rank %d: %s (%d %d %d %d %d): %s %s\n", r, hir_status_str(x.st[r]), y.tuned_both[r], y.back_on_ce[r],
                 y.run_as_chosen[r], y.saved_flag[r], y.loaded_right[r], x.plan[r], x.err[r]);
     }
   }
+  tune_end(&x);
+}
+
+/* The eager round: in graph mode on a backend that captures, the fastest
+   candidates are timed again without a graph, and win where the graph is
+   slower. A CPU backend whose capture only walks the program (its ops run
+   as they are issued) and whose graphs "launch" by waiting `launch_ms`
+   (the inputs never change, so the outputs stay right): slow graphs make
+   the choice an eager one, which runs without launching, is saved as
+   "eager 1" and loads as such; free graphs keep a graph. */
+static hir_backend *eager_be[TUNE_MAXR];
+static int eager_launches[TUNE_MAXR];
+static double launch_ms;
+static hir_status eager_graph_begin(hir_backend *b) { return (void)b, HIR_OK; }
+static hir_status eager_graph_end(hir_backend *b, void **graph) {
+  *graph = b;
+  return HIR_OK;
+}
+static hir_status eager_graph_launch(hir_backend *b, void *graph) {
+  double until = hir__now_ms() + launch_ms;
+  int r;
+  (void)graph;
+  for (r = 0; r < TUNE_MAXR; r++)
+    if (eager_be[r] == b) eager_launches[r]++; /* only rank r's thread launches on its backend */
+  while (hir__now_ms() < until) {}
+  return HIR_OK;
+}
+static void eager_graph_destroy(hir_backend *b, void *graph) { (void)b, (void)graph; }
+
+typedef struct eager_ctx {
+  tune_ctx *x;
+  int runs_eagerly[TUNE_MAXR], saved_eager[TUNE_MAXR], loaded_eager[TUNE_MAXR];
+} eager_ctx;
+
+static hir_status eager_rank(int rank, void *user) {
+  eager_ctx *y = (eager_ctx *)user;
+  tune_ctx *x = y->x;
+  hir_tune_desc d = tune_desc(x, rank);
+  hir_tuner *t = NULL, *u = NULL;
+  hir_status s;
+  char text[4096] = "", choice[128];
+  int eager, before;
+  d.eval.backend = eager_be[rank];
+  d.eval.graph = 1;
+  if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) s = tune_run_once(x, t, rank, x->M);
+  tune_note(x, t, rank, s);
+  chosen(x->plan[rank], choice, sizeof choice);
+  eager = strstr(choice, ", eager") != NULL;
+  before = eager_launches[rank];
+  if (s == HIR_OK) s = tune_run_once(x, t, rank, x->M); /* the choice, cached: launches its graph unless eager */
+  y->runs_eagerly[rank] = s == HIR_OK && eager == (eager_launches[rank] == before);
+  if (s == HIR_OK && (s = save_and_load(x, t, &d, text, sizeof text, &u)) == HIR_OK) {
+    y->saved_eager[rank] = strstr(text, eager ? " eager 1 | " : " eager 0 | ") != NULL;
+    before = eager_launches[rank];
+    if ((s = tune_run_once(x, u, rank, x->M)) == HIR_OK) s = tune_run_once(x, u, rank, x->M);
+    y->loaded_eager[rank] = s == HIR_OK && x->worst[rank] < 1e-4 && eager == (eager_launches[rank] == before);
+  }
+  if (s != HIR_OK) tune_note(x, u ? u : t, rank, s);
+  hir_tuner_free(u);
+  hir_tuner_free(t);
+  return s;
+}
+
+TEST(test_tune_eager_round, "tune/eager_round", TEST_CPU) {
+  tune_ctx x;
+  eager_ctx y;
+  int r, slow;
+  tune_begin(&x, 3, 8, 16, 12);
+  for (r = 0; r < 3; r++) hir_local_comm(x.w, r)->capturable = 1;
+  for (slow = 1; slow >= 0; slow--) {
+    char choice[128];
+    launch_ms = slow ? 3 : 0;
+    memset(&y, 0, sizeof y);
+    y.x = &x;
+    for (r = 0; r < 3; r++) { /* made before the ranks' threads, which read them all */
+      hir_backend *be = eager_be[r] = hir_backend_cpu_create();
+      be->graph_begin = eager_graph_begin;
+      be->graph_end = eager_graph_end;
+      be->graph_launch = eager_graph_launch;
+      be->graph_destroy = eager_graph_destroy;
+    }
+    CHECK(hir_spmd(3, eager_rank, &y) == HIR_OK);
+    for (r = 0; r < 3; r++) hir_backend_free(eager_be[r]), eager_be[r] = NULL;
+    for (r = 0; r < 3; r++) {
+      chosen(x.plan[r], choice, sizeof choice);
+      if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && y.runs_eagerly[r] && y.saved_eager[r] && y.loaded_eager[r] &&
+                  strstr(x.plan[r], ", eager ") && (strstr(choice, ", eager") != NULL) == slow && same_choice(x.plan[r], x.plan[0])))
+        fprintf(stderr, "  rank %d, launches %s: %s (%d %d %d): %s %s\n", r, slow ? "slow" : "free", hir_status_str(x.st[r]),
+                y.runs_eagerly[r], y.saved_eager[r], y.loaded_eager[r], x.plan[r], x.err[r]);
+    }
+  }
+  for (r = 0; r < 3; r++) hir_local_comm(x.w, r)->capturable = 0;
   tune_end(&x);
 }
 
