@@ -926,7 +926,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     if (got) {
       double b = median(rounds[0], got), a = median(rounds[1], got), t = median(rounds[2], got);
       printf("  rematch, in turns (%d rounds, medians): %s %.3f ms, automatic %.3f ms = %.3fx; the row right after a "
-             "tuning %.3f ms = %.3fx\n", got, name, b, a, a / b, t, t / b);
+             "tuning %.3f ms = %.3fx (automatic / it: %.3fx)\n", got, name, b, a, a / b, t, t / b, a / t);
       for (i = 0; i < got; i++) /* a round's automatic row tunes anew: what it chose, and how it ran */
         printf("    round %d: %s %.3f ms; automatic %.3f ms, tuned to %s; the row after a tuning %.3f ms\n", i + 1, name,
                rounds[0][i], rounds[1][i], chosen[i], rounds[2][i]);
