@@ -12668,17 +12668,19 @@ static hir_status hir__cands_time(hir_tuner *t, hir_backend *b, hir__cand_state 
    same). A graph can lose to its own eager run: on 4 H100 a copy-engine
    ring ran slower captured (bench/NOTES.md section 38). */
 static int hir__eager_round(hir_tuner *t, hir__cand_state *cs, int n, hir_status *s) {
+  unsigned char picked[HIR__TUNE_MAX_CANDS] = {0};
   int m = 0, k, pick;
   *s = HIR_OK;
   if (!t->d.eval.graph || !t->d.eval.backend || !t->d.eval.backend->graph_begin) return 0;
   while (m < HIR__TUNE_EAGER && n + m < HIR__TUNE_MAX_CANDS) {
     hir__cand_state *e = &cs[n + m];
     for (pick = -1, k = 0; k < n; k++)
-      if (cs[k].state == HIR__CAND_RUN && !cs[k].c.eager && (pick < 0 || cs[k].ms < cs[pick].ms)) pick = k;
+      if (cs[k].state == HIR__CAND_RUN && !picked[k] && (pick < 0 || cs[k].ms < cs[pick].ms)) pick = k;
     if (pick < 0) break;
-    cs[pick].c.eager = 1; /* picked; undone below */
+    picked[pick] = 1;
     memset(e, 0, sizeof *e);
     e->c = cs[pick].c;
+    e->c.eager = 1;
     e->state = HIR__CAND_RUN;
     e->same_as = -1;
     m++;
@@ -12689,7 +12691,6 @@ static int hir__eager_round(hir_tuner *t, hir__cand_state *cs, int n, hir_status
       break;
     }
   }
-  for (k = 0; k < n; k++) cs[k].c.eager = 0;
   return m;
 }
 

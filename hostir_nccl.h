@@ -2476,6 +2476,7 @@ static void hir_nccl__deregister(hir_comm *c, void *ptr) {
 static hir_status hir_nccl__poll(hir_comm *c) {
   hir_nccl__rank *nc = hir_nccl__of(c);
   hir_nccl__team *t;
+  int k;
   ncclResult_t r = ncclSuccess;
   if (hir_nccl__told(c)) return HIR_ERR_COMM;
   if (nc->aborted) {
@@ -2483,10 +2484,10 @@ static hir_status hir_nccl__poll(hir_comm *c) {
     return HIR_ERR_COMM;
   }
   for (t = &nc->world_team; t; t = hir_nccl__next_team(nc, t)) {
-    if (t->comm && ncclCommGetAsyncError(t->comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
-      return hir_nccl__check(c, r, t == &nc->world_team ? "NCCL (asynchronous, world)" : "NCCL (asynchronous, team)", __LINE__);
-    if (t->fast && ncclCommGetAsyncError(t->fast, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
-      return hir_nccl__check(c, r, t == &nc->world_team ? "NCCL (asynchronous, world)" : "NCCL (asynchronous, team)", __LINE__);
+    ncclComm_t both[2] = {t->comm, t->fast}; /* the parent, its twin */
+    for (k = 0; k < 2; k++)
+      if (both[k] && ncclCommGetAsyncError(both[k], &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
+        return hir_nccl__check(c, r, t == &nc->world_team ? "NCCL (asynchronous, world)" : "NCCL (asynchronous, team)", __LINE__);
   }
   return HIR_OK;
 }
