@@ -2,7 +2,12 @@
 # (serial: NCCL + matmul; async-TP: torch.ops.symm_mem's fused ops) on the
 # shapes of bench/overlap.c, timed alike (bench/torch_async_tp.py's timed:
 # ranks meet, run, synchronize; an iteration takes its slowest rank; median
-# of 10 after 3 warm-up), one process per GPU:
+# of 10 after 3 warm-up), one process per GPU. After hostir's first call
+# (which makes its plan, or tunes it with --tune) each contender is timed
+# three times in turns, the median of those kept: a tuning's load right
+# before slows the next GEMM-bound runs (bench/NOTES.md section 39). Beside
+# hostir's op, its plan's own hir_run called from Python: the C program
+# without the op's layer.
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #   torchrun --nproc-per-node 2 bench/torch_fused.py [--decode] [--tune] [--overhead: the last part only]
 # Then the Python layer's own cost per call: host time of a call of
@@ -23,15 +28,32 @@ from torch_async_tp import DECODE, SHAPES, setup, timed  # noqa: E402
 import hostir.torch as ht  # noqa: E402
 
 
+ROUNDS = 3
+
+
+def plan_run(kept):
+    """The newest plan's own run, called from Python: hir_run (hir_tuner_run
+    when tuned), the C program the op runs, without the op's layer. It writes
+    into `kept` (the op's outputs, kept alive): call the returned function
+    only after the returned `aim` (the op's calls leave their own outputs in
+    the plan, freed once dropped)."""
+    from hostir import _lib
+    g = next(iter(ht._groups.values()))
+    plan = list(g.plans.values())[-1]
+    runner, run = (plan.tuner.value, _lib.hir_tuner_run) if plan.tuner.value else (plan.ev.value, _lib.hir_run)
+
+    def aim():
+        for k, t in enumerate(kept):
+            plan.outs[k].data = t.data_ptr()
+    return aim, lambda: run(runner, plan.ins, plan.nin, plan.outs, plan.nout)
+
+
 def host_cost(a, b, group, calls=200):
     """Microseconds of host time per call at a small AG+GEMM: hostir's op
     (through hostir._torch_fast where the package has it, and through the
     Python path alone), its hir_run, and torch's serial and fused ops."""
-    from hostir import _lib
     kept = ht.all_gather_matmul(a, [b], 0)
-    g = next(iter(ht._groups.values()))
-    plan = list(g.plans.values())[-1]
-    runner, run = (plan.tuner.value, _lib.hir_tuner_run) if plan.tuner.value else (plan.ev.value, _lib.hir_run)
+    aim, direct = plan_run([kept[0]] + kept[1])
     gathered = torch.empty(a.shape[0] * dist.get_world_size(group), a.shape[1], device=a.device, dtype=a.dtype)
     fast = ht._torch_fast
     a8, b8 = a.to(torch.float8_e4m3fn), b.t().contiguous().to(torch.float8_e4m3fn).t()  # B column-major, as _scaled_mm's
@@ -39,7 +61,7 @@ def host_cost(a, b, group, calls=200):
     ways = {"op": lambda: ht.all_gather_matmul(a, [b], 0),
             "op fp8": lambda: ht.all_gather_scaled_matmul(a8, [b8], s8, [s8], 0, return_A=False),
             "op without A": lambda: ht.all_gather_matmul(a, [b], 0, return_A=False),
-            "hir_run": lambda: run(runner, plan.ins, plan.nin, plan.outs, plan.nout),
+            "hir_run": direct,
             "torch serial": lambda: (dist.all_gather_into_tensor(gathered, a, group=group), torch.mm(gathered, b)),
             "torch fused": lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0,
                                                                               group_name=group.group_name)}
@@ -49,9 +71,8 @@ def host_cost(a, b, group, calls=200):
         for what, fn in ways.items():
             if second and not what.startswith("op"):
                 continue
-            if what == "hir_run":  # alone it writes into outputs kept alive (the op's calls left freed ones there)
-                for k, t in enumerate([kept[0]] + kept[1]):
-                    plan.outs[k].data = t.data_ptr()
+            if what == "hir_run":
+                aim()
             times = []
             dist.barrier(group=group)
             try:
@@ -94,7 +115,8 @@ def main():
                 return torch.mm(gathered, b)
 
             fused = lambda: symm.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=name)[1][0]
-            ours = lambda: ht.all_gather_matmul(a, [b], 0)[1][0]
+            ours = lambda: ht.all_gather_matmul(a, [b], 0)
+            outs_of = lambda got: [got[0]] + got[1]
         else:
             a = torch.rand(M, K // D, device="cuda", dtype=torch.bfloat16) * 2 - 1
             b = torch.rand(K // D, N, device="cuda", dtype=torch.bfloat16) * 2 - 1
@@ -106,21 +128,30 @@ def main():
 
             fused = lambda: symm.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=name)
             ours = lambda: ht.matmul_reduce_scatter(a, b, "sum", 0)
+            outs_of = lambda got: [got]
         ref = serial().float()
-        t_serial = timed(serial, group)
-        try:
-            t_fused = timed(fused, group)
-        except Exception as e:  # report it, do not hide the row
-            t_fused = float("nan")
-            print(f"rank {rank}: torch's fused op failed: {type(e).__name__}: {e}"[:300], flush=True)
         t0 = time.perf_counter()
-        got = ours().float()
+        kept = ours()
         torch.cuda.synchronize()
-        first = (time.perf_counter() - t0) * 1e3
+        first = (time.perf_counter() - t0) * 1e3  # the plan made (tuned with --tune) and run
+        got = outs_of(kept)[-1].float()
         err = ((got - ref).abs().max() / ref.abs().max()).item()
-        t_ours = timed(ours, group)
-        rows.append((kind, M, K, N, t_serial, t_fused, t_ours, err, first))
-        del a, b
+        aim, direct = plan_run(outs_of(kept))
+        times = {"serial": [], "fused": [], "ours": [], "plan": []}
+        for _ in range(ROUNDS):  # in turns, so that what ran before (a tuning's load) falls on each alike
+            times["serial"].append(timed(serial, group))
+            if times["fused"] is not None:
+                try:
+                    times["fused"].append(timed(fused, group))
+                except Exception as e:  # report it, do not hide the row
+                    times["fused"] = None
+                    print(f"rank {rank}: torch's fused op failed: {type(e).__name__}: {e}"[:300], flush=True)
+            times["ours"].append(timed(ours, group))
+            aim()
+            times["plan"].append(timed(direct, group))
+        t = {k: statistics.median(v) if v else float("nan") for k, v in times.items()}
+        rows.append((kind, M, K, N, t["serial"], t["fused"], t["ours"], t["plan"], err, first))
+        del a, b, kept, got
         torch.cuda.empty_cache()
     small = torch.rand(256 // D, 1024, device="cuda", dtype=torch.bfloat16), torch.rand(1024, 256, device="cuda",
                                                                                        dtype=torch.bfloat16)
@@ -129,10 +160,13 @@ def main():
         print(f"hostir.torch beside PyTorch {torch.__version__}, {D} GPUs, one process each, bf16, "
               f"median of 10 (ms); hostir's plans {'tuned' if '--tune' in sys.argv else 'from its cost model'}")
         print(f"  {'shape (M, K, N)':26} {'torch serial':>12} {'async-TP':>9} {'hostir':>8} {'x serial':>9} "
-              f"{'x async-TP':>10} {'max err':>8} {'first call':>10}")
-        for kind, M, K, N, ts, tf, to, err, first in rows:
+              f"{'x async-TP':>10} {'its run':>8} {'x its run':>9} {'max err':>8} {'first call':>10}")
+        for kind, M, K, N, ts, tf, to, tp, err, first in rows:
             label = f"{'AG+GEMM' if kind == 'ag' else 'GEMM+RS'} {M},{K},{N}"
-            print(f"  {label:26} {ts:12.3f} {tf:9.3f} {to:8.3f} {to / ts:9.2f} {to / tf:10.2f} {err:8.1e} {first:10.1f}")
+            print(f"  {label:26} {ts:12.3f} {tf:9.3f} {to:8.3f} {to / ts:9.2f} {to / tf:10.2f} {tp:8.3f} {to / tp:9.3f} "
+                  f"{err:8.1e} {first:10.1f}")
+        print(f"  ({ROUNDS} rounds in turns, the median of each's medians; its run: the same plan's hir_run called from "
+              f"Python alone, the C program without the op's layer)")
         nan = float("nan")
         path = "through hostir._torch_fast (C++)" if ht._torch_fast else "through the Python path (no hostir._torch_fast)"
         print(f"  host time per call at AG+GEMM 256,1024,256, us (medians of 200): hostir.torch.all_gather_matmul "
