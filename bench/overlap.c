@@ -51,8 +51,8 @@
    alike, and prints each round's times and what its tuning chose. A third
    run each round is the automatic row as a server runs it: a fresh tuner
    loads the plan that round's tuning saved (hir_tuner_load) and runs with no
-   tuning before it (a tuning's load slows the runs right after it by 2-8% on
-   GEMM-bound shapes of 2 H100, bench/NOTES.md section 38).
+   tuning before it (a tuning's load slows the GEMM-bound runs right after it
+   for a second or two: bench/NOTES.md sections 38-39).
    --graph: every pipeline also as a CUDA graph (hir_eval_desc.graph),
    rows marked [graph], and the tuner in graph mode (its candidates also
    timed with send/recv on NCCL, captured); --graph 2: graph mode 2 (the
