@@ -36,7 +36,8 @@
    slowest rank. bf16 inputs from a fixed-seed generator.
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
-                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [--pause MS] [--rematch 3] [--graph [2]]
+                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [--pause MS] [--rematch 3] [--serve CHOICE]
+                         [--graph [2]]
                          [--decode] [--ranks N]
                          [ag M K N] [rs M K N] ...
      torchrun --nproc-per-node 2 --no-python build/bench-overlap --processes ...
@@ -53,6 +54,9 @@
    loads the plan that round's tuning saved (hir_tuner_load) and runs with no
    tuning before it (a tuning's load slows the GEMM-bound runs right after it
    for a second or two: bench/NOTES.md sections 38-39).
+   --serve CHOICE: that run's plan names CHOICE (a saved plan's choice, e.g.
+   "linear parts 1 streams 2 bounded 0 nccl 0 eager 0") instead of what the
+   tuning chose: the serving path against the table's row of one schedule.
    --graph: every pipeline also as a CUDA graph (hir_eval_desc.graph),
    rows marked [graph], and the tuner in graph mode (its candidates also
    timed with send/recv on NCCL, captured); --graph 2: graph mode 2 (the
@@ -130,6 +134,7 @@ typedef struct bench {
   int rematch;                  /* --rematch: rounds of the best row and the automatic one in turns, after the table */
   FILE *plan_file[MAXR];        /* the rematch: each rank's plan, saved by the automatic row's tuning */
   int from_plan;                /* the rematch's third run: the automatic row from that plan, no tuning (as a server) */
+  const char *serve;            /* --serve: the choice that plan names instead of the tuning's */
   int graphs;                   /* --graph: every pipeline also as a CUDA graph (in this mode of hir_eval_desc.graph) */
   const char *trace_dir;        /* --trace */
   hir_evaluator *trace_ev[MAXR];
@@ -306,9 +311,9 @@ static hir_fusion *build_rs(pipeline pipe, int D) {
 /* The tuner's choice in its plan ("tuned on N ranks in T ms: CHOICE (the
    slowest rank's ...)"), or the plan's start where it reads otherwise. */
 static void plan_choice(const char *plan, char *out, size_t cap) {
-  const char *from = strstr(plan, " ms: "), *to;
-  from = from ? from + 5 : plan;
-  to = strstr(from, " (the slowest");
+  const char *from = strstr(plan, " ms: "), *saved = strstr(plan, "from a saved plan: "), *to;
+  from = from ? from + 5 : saved ? saved + 19 : plan;
+  to = strstr(from, saved ? " (not measured" : " (the slowest");
   snprintf(out, cap, "%.*s", (int)(to ? to - from : (ptrdiff_t)strlen(from)), from);
 }
 
@@ -452,6 +457,23 @@ static void write_trace(bench *B) {
   if (f) fclose(f);
 }
 
+/* --serve: a saved plan file with every plan's choice replaced (hir_tuner_save's lines "plan <shapes> | <choice> |
+   <ms>"); the old file is closed, the new one returned (NULL: no temporary file). */
+static FILE *plan_serving(FILE *saved, const char *choice) {
+  FILE *out = tmpfile();
+  char line[4096], *ms, *at;
+  if (out && fseek(saved, 0, SEEK_SET) == 0) {
+    while (fgets(line, sizeof line, saved)) {
+      if (!strncmp(line, "plan ", 5) && (ms = strrchr(line, '|')) && (*ms = 0, at = strrchr(line, '|')))
+        fprintf(out, "%.*s| %s |%s", (int)(at - line), line, choice, ms + 1);
+      else fputs(line, out);
+    }
+  }
+  fclose(saved);
+  if (out && fflush(out)) fclose(out), out = NULL;
+  return out;
+}
+
 static hir_status run_rank(int rank, void *user) {
   bench *B = (bench *)user;
   hir_backend *be;
@@ -524,7 +546,8 @@ static hir_status run_rank(int rank, void *user) {
     B->tune_ms[rank] = now_ms() - t0;
     if (!B->from_plan && B->rematch > 0) { /* for the rematch's run from a saved plan */
       if (B->plan_file[rank]) fclose(B->plan_file[rank]);
-      if (!(B->plan_file[rank] = tmpfile()) || (s = hir_tuner_save(tuner, B->plan_file[rank])) != HIR_OK || fflush(B->plan_file[rank])) {
+      if (!(B->plan_file[rank] = tmpfile()) || (s = hir_tuner_save(tuner, B->plan_file[rank])) != HIR_OK || fflush(B->plan_file[rank]) ||
+          (B->serve && !(B->plan_file[rank] = plan_serving(B->plan_file[rank], B->serve)))) {
         fail(B, rank, s ? s : HIR_ERR_BACKEND, "hir_tuner_save", B->plan_file[rank] ? hir_tuner_error(tuner) : "no temporary file");
         goto done;
       }
@@ -911,7 +934,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     double rounds[3][MAXREMATCH];
     result again;
     int got = 0, ok;
-    char name[64], chosen[MAXREMATCH][64];
+    char name[64], chosen[MAXREMATCH][64], served[MAXREMATCH][64];
     while (got < B->rematch && run_config(B, cfgs[best], &again)) {
       rounds[0][got] = again.ms;
       if (!run_config(B, cfgs[auto_at], &again)) break;
@@ -921,16 +944,18 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
       ok = run_config(B, cfgs[auto_at], &again);
       B->from_plan = 0;
       if (!ok) break;
+      plan_choice(B->plan, served[got], sizeof served[got]);
       rounds[2][got++] = again.ms;
     }
     config_name(&cfgs[best], name, sizeof name);
     if (got) {
       double b = median(rounds[0], got), a = median(rounds[1], got), t = median(rounds[2], got);
       printf("  rematch, in turns (%d rounds, medians): %s %.3f ms; automatic, tuned in its row %.3f ms = %.3fx; automatic "
-             "from the plan it saved (no tuning, as a server starts) %.3f ms = %.3fx\n", got, name, b, a, a / b, t, t / b);
+             "from the plan it saved (no tuning, as a server starts%s%s) %.3f ms = %.3fx\n", got, name, b, a, a / b,
+             B->serve ? "; the plan's choice replaced by " : "", B->serve ? B->serve : "", t, t / b);
       for (i = 0; i < got; i++) /* a round's automatic row tunes anew: what it chose, and how it ran */
-        printf("    round %d: %s %.3f ms; automatic %.3f ms, tuned to %s; from its plan %.3f ms\n", i + 1, name, rounds[0][i],
-               rounds[1][i], chosen[i], rounds[2][i]);
+        printf("    round %d: %s %.3f ms; automatic %.3f ms, tuned to %s; from its plan %.3f ms (%s)\n", i + 1, name,
+               rounds[0][i], rounds[1][i], chosen[i], rounds[2][i], served[i]);
     } else {
       printf("  rematch: FAILED: %s\n", again.msg);
       failed++;
@@ -986,6 +1011,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--memory-limit") && i + 1 < argc) B.memory_limit = (size_t)(atof(argv[++i]) * (1 << 20));
     else if (!strcmp(argv[i], "--pause") && i + 1 < argc) B.pause_ms = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rematch") && i + 1 < argc) B.rematch = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--serve") && i + 1 < argc) B.serve = argv[++i];
     else if ((!strcmp(argv[i], "ag") || !strcmp(argv[i], "rs")) && i + 3 < argc && nshapes < 32) {
       shapes[nshapes].pat = argv[i][0] == 'a' ? AG : RS;
       shapes[nshapes].M = atoll(argv[i + 1]);
@@ -994,7 +1020,7 @@ int main(int argc, char **argv) {
       i += 3;
     } else {
       fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--trace DIR] "
-                      "[--processes] [--memory-limit MiB] [--pause MS] [--rematch N] [--graph] [--decode] [--ranks N] [ag|rs M K N]...\n",
+                      "[--processes] [--memory-limit MiB] [--pause MS] [--rematch N] [--serve CHOICE] [--graph] [--decode] [--ranks N] [ag|rs M K N]...\n",
               argv[0]);
       return 2;
     }
