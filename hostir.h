@@ -12980,7 +12980,7 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
 
 /* ---- saved plans: a text file ----
        hostir tuning plans 1
-       version 0.21
+       version 0.22
        machine NVIDIA H200, 2 ranks, copy-engine send/recv
        fusion 3f2a9c0d11e4b7a5
        plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 nccl 0 eager 0 | 0.112
