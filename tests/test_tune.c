@@ -575,6 +575,64 @@ TEST(test_tune_eager_round, "tune/eager_round", TEST_CPU) {
   tune_end(&x);
 }
 
+/* The final round: the fastest candidates are timed again in turns, and
+   the choice is the fastest there. A CPU backend whose chunk GEMMs each
+   wait 1 ms and whose whole GEMM (serial's, all rows at once) is free for
+   the first round's four runs and then waits 15 ms, as a schedule timed in
+   a block of its own while the clocks drift: serial wins the first round,
+   loses in turns, and is not chosen. Without the drift it is. */
+static hir_backend *final_be[TUNE_MAXR];
+static int final_whole[TUNE_MAXR], final_drift;
+static hir_status (*cpu_matmul)(hir_backend *, void *, const hir_tensor *, const hir_tensor *, const hir_tensor *);
+static hir_status final_matmul(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a, const hir_tensor *w) {
+  int r = 0, whole = hir__numel(dst->ndims, dst->sizes) == 3 * 8 * 12; /* tune_begin(3, 8, 16, 12)'s output */
+  double until;
+  while (r < TUNE_MAXR - 1 && final_be[r] != b) r++;
+  until = hir__now_ms() + (!whole ? 1 : ++final_whole[r] > 4 && final_drift ? 15 : 0);
+  while (hir__now_ms() < until) {}
+  return cpu_matmul(b, stream, dst, a, w);
+}
+
+static hir_status final_rank(int rank, void *user) {
+  tune_ctx *x = (tune_ctx *)user;
+  hir_tune_desc d = tune_desc(x, rank);
+  hir_tuner *t = NULL;
+  hir_status s;
+  d.eval.backend = final_be[rank];
+  d.warmup = 2; /* serial's first round: its first run, one more, two timed */
+  if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) s = tune_run_once(x, t, rank, x->M);
+  tune_note(x, t, rank, s);
+  hir_tuner_free(t);
+  return s;
+}
+
+TEST(test_tune_final_round, "tune/final_round", TEST_CPU) {
+  tune_ctx x;
+  int r;
+  tune_begin(&x, 3, 8, 16, 12);
+  for (final_drift = 1; final_drift >= 0; final_drift--) {
+    char choice[128];
+    const char *turns;
+    for (r = 0; r < 3; r++) { /* made before the ranks' threads, which read them all */
+      final_be[r] = hir_backend_cpu_create();
+      cpu_matmul = final_be[r]->matmul;
+      final_be[r]->matmul = final_matmul;
+      final_whole[r] = 0;
+    }
+    CHECK(hir_spmd(3, final_rank, &x) == HIR_OK);
+    for (r = 0; r < 3; r++) hir_backend_free(final_be[r]), final_be[r] = NULL;
+    for (r = 0; r < 3; r++) {
+      chosen(x.plan[r], choice, sizeof choice);
+      turns = strstr(x.plan[r], "then the 3 fastest again, in turns: ");
+      if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && same_choice(x.plan[r], x.plan[0]) && turns &&
+                  strstr(turns, " serial ") && strstr(turns, choice) && !strcmp(choice, "serial") == !final_drift))
+        fprintf(stderr, "  rank %d, %s: %s: %s %s\n", r, final_drift ? "drifting" : "steady", hir_status_str(x.st[r]), x.plan[r],
+                x.err[r]);
+    }
+  }
+  tune_end(&x);
+}
+
 /* ---- on the GPU suite's platforms: threads, processes ---- */
 typedef struct tune_gpu {
   void *w;
