@@ -1302,9 +1302,26 @@ static void hir_nccl__ce_release(hir_nccl__ce *ce) {
   }
 }
 
+/* Whether export i is named by a receive not yet taken, or by a graph. */
+static int hir_nccl__ce_export_pending(hir_nccl__ce *ce, int i) {
+  int p;
+  for (p = 0; p < ce->nlocal && hir_nccl__ce_exports(ce, ce->me)[i].buffer_id; p++) {
+    hir_nccl__ce_box *box = hir_nccl__ce_box_of(ce, p, ce->me);
+    unsigned long long k;
+    for (k = hir_nccl__counter(&box->taken); k < box->posted; k++)
+      if (box->slot[k % HIR_NCCL__CE_SLOTS].export_index == i) return 1;
+  }
+  return __atomic_load_n(&ce->graphs->export_graphs[i], __ATOMIC_ACQUIRE) > 0; /* a graph copies into it */
+}
+
 /* The export that holds `buf` (processes): found by its allocation's buffer
    id, else made, in a free entry or the least recently used one that no
-   pending post names. */
+   pending post names. Making one first withdraws the exports of
+   allocations freed since: a peer's mapping keeps a freed allocation's
+   memory from coming back until the peer closes it, which it does once it
+   sees the export gone (hir_nccl__ce_target); without that, the 64 exports
+   of a tuning's candidates held their buffers on the GPU (cudaMalloc
+   failed on an 80 GiB H100, bench/NOTES.md section 40). */
 static int hir_nccl__ce_export_of(hir_nccl__ce *ce, void *buf, hir_nccl__ce_slot *slot, char *err, size_t cap) {
   hir_nccl__ce_export *ex = hir_nccl__ce_exports(ce, ce->me);
   CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
@@ -1313,7 +1330,7 @@ static int hir_nccl__ce_export_of(hir_nccl__ce *ce, void *buf, hir_nccl__ce_slot
   size_t size = 0;
   unsigned long long id = 0;
   void *values[3] = {&start, &size, &id};
-  int i, pick = -1, p;
+  int i, pick = -1;
   cudaError_t e;
   if (ce->pointer_attrs(3, which, values, (CUdeviceptr)(uintptr_t)buf) != CUDA_SUCCESS || !id) {
     snprintf(err, cap, "the receive buffer %p is not the GPU's memory", buf);
@@ -1324,14 +1341,14 @@ static int hir_nccl__ce_export_of(hir_nccl__ce *ce, void *buf, hir_nccl__ce_slot
   if (i == HIR_NCCL__CE_EXPORTS) {
     unsigned long long oldest = ~0ull;
     for (i = 0; i < HIR_NCCL__CE_EXPORTS; i++) {
-      int pending = 0;
-      for (p = 0; p < ce->nlocal && !pending && ex[i].buffer_id; p++) {
-        hir_nccl__ce_box *box = hir_nccl__ce_box_of(ce, p, ce->me);
-        unsigned long long k;
-        for (k = hir_nccl__counter(&box->taken); k < box->posted && !pending; k++)
-          pending = box->slot[k % HIR_NCCL__CE_SLOTS].export_index == i;
+      unsigned long long still = 0;
+      void *at = &still;
+      int pending = hir_nccl__ce_export_pending(ce, i);
+      if (ex[i].buffer_id && !pending &&
+          (ce->pointer_attrs(1, &which[2], &at, (CUdeviceptr)ex[i].start) != CUDA_SUCCESS || still != ex[i].buffer_id)) {
+        __atomic_store_n(&ex[i].buffer_id, 0ull, __ATOMIC_RELEASE); /* freed: withdrawn */
+        ce->export_used[i] = 0;
       }
-      pending = pending || __atomic_load_n(&ce->graphs->export_graphs[i], __ATOMIC_ACQUIRE) > 0; /* a graph copies into it */
       if (!pending && ce->export_used[i] < oldest) oldest = ce->export_used[i], pick = i;
     }
     if (pick < 0) {
@@ -1384,6 +1401,16 @@ static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_
   }
   im = &ce->imports[peer * HIR_NCCL__CE_EXPORTS + slot->export_index];
   ex = &hir_nccl__ce_exports(ce, peer)[slot->export_index];
+  for (k = 0; !captured && k < HIR_NCCL__CE_EXPORTS; k++) { /* the peer withdrew or replaced these exports: closed */
+    hir_nccl__ce_import *held = &ce->imports[peer * HIR_NCCL__CE_EXPORTS + k];
+    if (!held->base || held->buffer_id == slot->buffer_id ||
+        __atomic_load_n(&hir_nccl__ce_exports(ce, peer)[k].buffer_id, __ATOMIC_ACQUIRE) == held->buffer_id)
+      continue;
+    if (!hir_nccl__ce_drain_for(ce, captured, deadline, err, cap)) return NULL;
+    cudaIpcCloseMemHandle(held->base);
+    held->base = NULL;
+    held->buffer_id = 0;
+  }
   if (im->buffer_id != slot->buffer_id) {
     if (ex->buffer_id != slot->buffer_id || slot->offset + slot->bytes > ex->bytes) {
       snprintf(err, cap, "a post names an allocation its export does not hold (hostir bug)");

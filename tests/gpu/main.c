@@ -1839,6 +1839,46 @@ static int ce_pair_remapped(int rank) {
   return ok;
 }
 
+/* Rank 1 receives into a new allocation each round and frees the last one
+   (after making the new one, so the addresses differ): rank 0 must close
+   its mapping of each freed one, which would otherwise keep the memory
+   from coming back (the exports of a tuning's candidates held their
+   buffers on the GPU), and map only the live one; the values are each
+   round's. */
+static int ce_pair_freed_unmapped(int rank) {
+  enum { N = 1 << 18, ROUNDS = 6 };
+  float *host = (float *)malloc((size_t)N * 4);
+  void *last = NULL;
+  int round, i, k, mapped = 0, ok = host != NULL;
+  hir_nccl__ce *ce = &hir_nccl__of(mp_comm)->ce;
+  for (round = 0; round < ROUNDS && ok; round++) {
+    void *buf = NULL;
+    for (i = 0; i < N; i++) host[i] = rank == 0 ? (float)(i % 613) + 500.0f * (float)round : -1.0f;
+    ok = cudaMalloc(&buf, (size_t)N * 4) == cudaSuccess && cudaMemcpy(buf, host, (size_t)N * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+    if (last) cudaFree(last);
+    last = buf;
+    ok = ok && mp_comm->group_start(mp_comm) == HIR_OK &&
+         (rank == 0 ? mp_comm->send(mp_comm, buf, (size_t)N * 4, 1, NULL) : mp_comm->recv(mp_comm, buf, (size_t)N * 4, 0, NULL)) ==
+             HIR_OK &&
+         mp_comm->group_end(mp_comm) == HIR_OK;
+    if (!ok) printf("rank%d: FAIL round %d of freed receive buffers: %s\n", rank, round, mp_comm->error);
+    ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaMemcpy(host, buf, (size_t)N * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+    for (i = 0; rank == 1 && ok && i < N; i++)
+      if (host[i] != (float)(i % 613) + 500.0f * (float)round) {
+        printf("rank1: FAIL round %d of freed receive buffers: element %d is %g\n", round, i, host[i]);
+        ok = 0;
+      }
+  }
+  for (k = 0; rank == 0 && k < HIR_NCCL__CE_EXPORTS; k++) mapped += ce->imports[ce->local[1] * HIR_NCCL__CE_EXPORTS + k].base != NULL;
+  if (rank == 0 && mapped != 1) printf("rank0: FAIL %d of rank 1's allocations mapped after %d rounds; only the live one should be\n",
+                                       mapped, ROUNDS), ok = 0;
+  cudaFree(last);
+  printf("rank%d: %s freed receive buffers unmapped (%d rounds, %d mapped at the end)\n", rank, ok ? "ok  " : "FAIL", ROUNDS,
+         rank == 0 ? mapped : -1);
+  free(host);
+  return ok;
+}
+
 static int ce_pair_child(int rank, const char *name, int dead, int *passed, int *failed) {
   static test_platform pair = {"cuda copy engines, 2 processes on GPU 0", 2, 2, mp_world, gpu_world_keep, mp_comm_of,
                                mp_backend, mp_run, 1, 0};
@@ -1864,6 +1904,8 @@ static int ce_pair_child(int rank, const char *name, int dead, int *passed, int 
     hir_run_tests(TEST_GPU_WORLDS, "mesh2d/p2p", prefix, 1, passed, failed); /* on the 1 x 2 and 2 x 1 meshes */
   }
   if (ce_pair_remapped(rank)) ++*passed;
+  else ++*failed;
+  if (ce_pair_freed_unmapped(rank)) ++*passed;
   else ++*failed;
   hir_nccl_comm_free(mp_comm);
   return *failed == 0 && *passed > 0;
