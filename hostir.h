@@ -8350,12 +8350,13 @@ static void hir__cuda_load_all(hir__cuda *c) {
   hir__map_build m[HIR__MAP_KERNELS];
   pthread_t thread[HIR__MAP_KERNELS];
   int k, compile[HIR__MAP_KERNELS] = {0}, started[HIR__MAP_KERNELS] = {0}, any = 0;
+  char why[200];
   for (k = 0; k < HIR__MAP_KERNELS; k++)
     if (!c->map_state[k] && !hir__map_begin(c, k, &m[k]) && m[k].src) compile[k] = any = 1;
   if (!any) return;
-  if (!c->nvrtc.lib && !hir__nvrtc_open(&c->nvrtc, m[0].error, sizeof m[0].error)) {
+  if (!c->nvrtc.lib && !hir__nvrtc_open(&c->nvrtc, why, sizeof why)) {
     for (k = 0; k < HIR__MAP_KERNELS; k++)
-      if (compile[k]) snprintf(m[k].error, sizeof m[k].error, "%s", m[0].error), hir__map_end(c, &m[k]);
+      if (compile[k]) snprintf(m[k].error, sizeof m[k].error, "%s", why), hir__map_end(c, &m[k]);
     return;
   }
   for (k = 0; k < HIR__MAP_KERNELS; k++)
