@@ -167,7 +167,9 @@ static int meet(bench *B, const void *mine, void *all, size_t bytes) {
       cudaStreamSynchronize((cudaStream_t)B->pstream) != cudaSuccess ||
       cudaMemcpy(all, dev + bytes, bytes * (size_t)B->D, cudaMemcpyDeviceToHost) != cudaSuccess) {
     fprintf(stderr, "bench-overlap: rank %d: the ranks could not meet: %s\n", B->me, B->pcomm->error);
-    exit(1);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(1); /* at once: after exit(1) here the process segfaulted in its teardown (bench/NOTES.md section 40) */
   }
   return 1;
 }
