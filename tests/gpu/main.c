@@ -1809,51 +1809,26 @@ static int ce_pair_dead_peer(int rank, int graph) {
   return ok && dt < 2000;
 }
 
-/* Rank 1 receives into a new allocation each round, freeing the last one
-   first (CUDA hands the same addresses out again): rank 0 must map each
-   anew, not fail with "resource already mapped" on the freed one's
-   mapping, and the values must be each round's. */
-static int ce_pair_remapped(int rank) {
-  enum { N = 1 << 18, ROUNDS = 4 };
-  float *host = (float *)malloc((size_t)N * 4);
-  int round, i, ok = host != NULL;
-  for (round = 0; round < ROUNDS && ok; round++) {
-    void *buf = NULL;
-    for (i = 0; i < N; i++) host[i] = rank == 0 ? (float)(i % 977) + 1000.0f * (float)round : -1.0f;
-    ok = cudaMalloc(&buf, (size_t)N * 4) == cudaSuccess && cudaMemcpy(buf, host, (size_t)N * 4, cudaMemcpyHostToDevice) == cudaSuccess;
-    ok = ok && mp_comm->group_start(mp_comm) == HIR_OK &&
-         (rank == 0 ? mp_comm->send(mp_comm, buf, (size_t)N * 4, 1, NULL) : mp_comm->recv(mp_comm, buf, (size_t)N * 4, 0, NULL)) ==
-             HIR_OK &&
-         mp_comm->group_end(mp_comm) == HIR_OK;
-    if (!ok) printf("rank%d: FAIL round %d of remapped receives: %s\n", rank, round, mp_comm->error);
-    ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaMemcpy(host, buf, (size_t)N * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
-    for (i = 0; rank == 1 && ok && i < N; i++)
-      if (host[i] != (float)(i % 977) + 1000.0f * (float)round) {
-        printf("rank1: FAIL round %d of remapped receives: element %d is %g\n", round, i, host[i]);
-        ok = 0;
-      }
-    cudaFree(buf);
-  }
-  printf("rank%d: %s remapped receives (%d rounds, a new allocation each)\n", rank, ok ? "ok  " : "FAIL", ROUNDS);
-  free(host);
-  return ok;
-}
-
-/* Rank 1 receives into a new allocation each round and frees the last one
-   (after making the new one, so the addresses differ): rank 0 must close
-   its mapping of each freed one, which would otherwise keep the memory
-   from coming back (the exports of a tuning's candidates held their
-   buffers on the GPU), and map only the live one; the values are each
-   round's. */
-static int ce_pair_freed_unmapped(int rank) {
-  enum { N = 1 << 18, ROUNDS = 6 };
+/* Rank 1 receives into a new allocation each round, the values checked
+   each round. freed_first: it frees the last one before making the next
+   (CUDA hands the same addresses out again): rank 0 must map each anew,
+   not fail with "resource already mapped" on the freed one's mapping.
+   Else it frees the last one after making the next (the addresses
+   differ): rank 0 must close its mapping of each freed one, which would
+   otherwise keep the memory from coming back (the exports of a tuning's
+   candidates held their buffers on the GPU), and map only the live one. */
+static int ce_pair_new_buffers(int rank, int freed_first) {
+  enum { N = 1 << 18 };
+  const int rounds = freed_first ? 4 : 6;
+  const char *what = freed_first ? "remapped receives" : "freed receive buffers unmapped";
   float *host = (float *)malloc((size_t)N * 4);
   void *last = NULL;
   int round, i, k, mapped = 0, ok = host != NULL;
   hir_nccl__ce *ce = &hir_nccl__of(mp_comm)->ce;
-  for (round = 0; round < ROUNDS && ok; round++) {
+  for (round = 0; round < rounds && ok; round++) {
     void *buf = NULL;
-    for (i = 0; i < N; i++) host[i] = rank == 0 ? (float)(i % 613) + 500.0f * (float)round : -1.0f;
+    for (i = 0; i < N; i++) host[i] = rank == 0 ? (float)(i % 977) + 1000.0f * (float)round : -1.0f;
+    if (freed_first && last) cudaFree(last), last = NULL;
     ok = cudaMalloc(&buf, (size_t)N * 4) == cudaSuccess && cudaMemcpy(buf, host, (size_t)N * 4, cudaMemcpyHostToDevice) == cudaSuccess;
     if (last) cudaFree(last);
     last = buf;
@@ -1861,20 +1836,20 @@ static int ce_pair_freed_unmapped(int rank) {
          (rank == 0 ? mp_comm->send(mp_comm, buf, (size_t)N * 4, 1, NULL) : mp_comm->recv(mp_comm, buf, (size_t)N * 4, 0, NULL)) ==
              HIR_OK &&
          mp_comm->group_end(mp_comm) == HIR_OK;
-    if (!ok) printf("rank%d: FAIL round %d of freed receive buffers: %s\n", rank, round, mp_comm->error);
+    if (!ok) printf("rank%d: FAIL round %d of %s: %s\n", rank, round, what, mp_comm->error);
     ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaMemcpy(host, buf, (size_t)N * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
     for (i = 0; rank == 1 && ok && i < N; i++)
-      if (host[i] != (float)(i % 613) + 500.0f * (float)round) {
-        printf("rank1: FAIL round %d of freed receive buffers: element %d is %g\n", round, i, host[i]);
+      if (host[i] != (float)(i % 977) + 1000.0f * (float)round) {
+        printf("rank1: FAIL round %d of %s: element %d is %g\n", round, what, i, host[i]);
         ok = 0;
       }
   }
-  for (k = 0; rank == 0 && k < HIR_NCCL__CE_EXPORTS; k++) mapped += ce->imports[ce->local[1] * HIR_NCCL__CE_EXPORTS + k].base != NULL;
-  if (rank == 0 && mapped != 1) printf("rank0: FAIL %d of rank 1's allocations mapped after %d rounds; only the live one should be\n",
-                                       mapped, ROUNDS), ok = 0;
+  for (k = 0; !freed_first && rank == 0 && k < HIR_NCCL__CE_EXPORTS; k++)
+    mapped += ce->imports[ce->local[1] * HIR_NCCL__CE_EXPORTS + k].base != NULL;
+  if (!freed_first && rank == 0 && mapped != 1)
+    printf("rank0: FAIL %d of rank 1's allocations mapped after %d rounds; only the live one should be\n", mapped, rounds), ok = 0;
   cudaFree(last);
-  printf("rank%d: %s freed receive buffers unmapped (%d rounds, %d mapped at the end)\n", rank, ok ? "ok  " : "FAIL", ROUNDS,
-         rank == 0 ? mapped : -1);
+  printf("rank%d: %s %s (%d rounds, a new allocation each)\n", rank, ok ? "ok  " : "FAIL", what, rounds);
   free(host);
   return ok;
 }
@@ -1903,10 +1878,9 @@ static int ce_pair_child(int rank, const char *name, int dead, int *passed, int 
     hir_run_tests(TEST_GPU_WORLDS, "stream/numbers", prefix, 1, passed, failed);
     hir_run_tests(TEST_GPU_WORLDS, "mesh2d/p2p", prefix, 1, passed, failed); /* on the 1 x 2 and 2 x 1 meshes */
   }
-  if (ce_pair_remapped(rank)) ++*passed;
-  else ++*failed;
-  if (ce_pair_freed_unmapped(rank)) ++*passed;
-  else ++*failed;
+  for (k = 1; k >= 0; k--) /* the same addresses again, then others */
+    if (ce_pair_new_buffers(rank, k)) ++*passed;
+    else ++*failed;
   hir_nccl_comm_free(mp_comm);
   return *failed == 0 && *passed > 0;
 }
