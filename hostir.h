@@ -519,6 +519,12 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
      whose send/recv do not overlap the GEMMs (NCCL between hosts), and for
      hir_tuner to compare. 0 or 1: P2P send/recv. */
   int collective_chunks;
+  /* 1: a P2P allgather is a loop of its own (nvFuser's AllgatherP2p: the
+     exchange alone on the Stream axis), and the ops that read the gathered
+     tensor run once, whole, after it, instead of a chunk as each arrives.
+     Where M is small (decode) a GEMM cut by rows reads its whole weight once
+     a chunk, and the exchange is short: bench/NOTES.md section 41. */
+  int gather_first;
 } hir_stream_options;
 typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   int my_device;                    /* this rank's device id */
@@ -3698,6 +3704,37 @@ HIRDEF int hir_expr_is_resharding(const hir_expr *e) {
   return hir__output_reshards(e);
 }
 
+/* The resharding patterns stream lowering makes point-to-point (>>pass_stream). */
+enum { HIR__P2P_NONE, HIR__P2P_ALLGATHER, HIR__P2P_REDUCE_SCATTER };
+
+/* Which P2P pattern e is, if any; *in_axis: the input axis that streams.
+   On a 2-D mesh, along one mesh axis (the other's split unchanged): the
+   exchanges run within each row (DIDx) or column (DIDy). */
+static int hir__p2p_kind(const hir_expr *e, int *in_axis) {
+  int map[HIR_MAX_DIMS], s, d, i, both;
+  hir_ptype along;
+  if (!(hir__ops[e->kind].flags & HIR__OP_MOVES)) return HIR__P2P_NONE;
+  along = hir__moving_ptype(e, &both);
+  if (both || (d = hir__shard_axis(e->in[0], along)) < 0 || !hir__same_devices(e->in[0], e->out[0])) return HIR__P2P_NONE;
+  if ((e->in[0]->mesh_cols || e->out[0]->mesh_cols) && !hir__same_mesh(e->in[0], e->out[0])) return HIR__P2P_NONE;
+  hir__axis_map(e, 0, map);
+  /* an allgather leaves the output whole on every device: its mesh's order does not matter */
+  if (e->kind == HIR_EXPR_LOAD_STORE && hir__shard_axis(e->out[0], along) < 0 && (s = hir__stream_axis(e->out[0])) >= 0 &&
+      map[d] == s) {
+    *in_axis = d;
+    return HIR__P2P_ALLGATHER;
+  }
+  if (e->kind == HIR_EXPR_REDUCTION && hir__same_mesh(e->in[0], e->out[0]) && (s = hir__stream_axis(e->in[0])) >= 0 &&
+      map[s] >= 0 && map[s] == hir__shard_axis(e->out[0], along) && e->out[0]->ids[map[d]]->iter == HIR_REDUCTION) {
+    for (i = 0; i < e->in[0]->ndims; i++) /* only the split axis may be reduced */
+      if (i != d && map[i] >= 0 && e->out[0]->ids[map[i]]->iter == HIR_REDUCTION && e->in[0]->ids[i]->iter != HIR_REDUCTION)
+        return HIR__P2P_NONE;
+    *in_axis = s;
+    return HIR__P2P_REDUCE_SCATTER;
+  }
+  return HIR__P2P_NONE;
+}
+
 static int hir__expr_is_standalone(const hir_expr *e) {
   return (hir__ops[e->kind].flags & HIR__OP_STANDALONE) || hir_expr_is_resharding(e);
 }
@@ -4603,15 +4640,38 @@ static void hir__strip_streams(hir_fusion *ir) {
   }
 }
 
+/* 2c. stream.gather_first: the ops that read a P2P allgather's output lose
+   their Stream axes (they run whole, after the gather's loop); the set
+   keeps its own. */
+static void hir__gather_first(hir_program *p) {
+  hir_fusion *f = &p->ir;
+  int i, j, k, a, axis;
+  for (i = 0; i < f->exprs.n; i++) {
+    const hir_expr *set = (const hir_expr *)f->exprs.items[i];
+    if (hir__p2p_kind(set, &axis) != HIR__P2P_ALLGATHER) continue;
+    for (j = 0; j < f->exprs.n; j++) {
+      hir_expr *e = (hir_expr *)f->exprs.items[j];
+      int reads = 0;
+      for (k = 0; k < e->nin; k++) reads |= e->in[k] == set->out[0];
+      if (!reads || (hir__ops[e->kind].flags & HIR__OP_MOVES)) continue;
+      for (k = 0; k < e->nout; k++)
+        for (a = 0; e->out[k] && a < e->out[k]->ndims; a++)
+          if (e->out[k]->ids[a]->ptype == HIR_STREAM) e->out[k]->ids[a]->ptype = HIR_SERIAL;
+    }
+  }
+}
+
 /* Steps 1-2 into p, a fresh program: a copy of the fusion (its serial form
    if asked), shardings propagated, reshardings decomposed. */
-static int hir__front_end(hir_program *p, const hir_fusion *f, int serial) {
+static int hir__front_end(hir_program *p, const hir_fusion *f, int serial, int gather_first) {
   if (!hir__clone_fusion(p, f)) return 0;
   if (serial) hir__strip_streams(&p->ir);
   hir__propagate_shardings(p);
   hir__streams_from_inputs(p);
   hir__streams_from_sums(p);
-  return hir__validate_fusion(p) && hir__decompose_reshardings(p) && hir__one_mesh_axis_per_move(p) && hir__order_moves(p);
+  if (!hir__validate_fusion(p) || !hir__decompose_reshardings(p)) return 0;
+  if (gather_first) hir__gather_first(p);
+  return hir__one_mesh_axis_per_move(p) && hir__order_moves(p);
 }
 
 /* The arguments of hir_lower and hir_segment; a failure is recorded in p. */
@@ -4650,7 +4710,7 @@ HIRDEF hir_status hir_segment(const hir_fusion *f, const hir_lower_desc *d, hir_
     return HIR_ERR_NOMEM;
   }
   s->p->my_device = d->my_device;
-  if (hir__check_lower_args(s->p, f, d, "hir_segment") && hir__front_end(s->p, f, 0))
+  if (hir__check_lower_args(s->p, f, d, "hir_segment") && hir__front_end(s->p, f, 0, d->stream.gather_first))
     hir__segment(s->p, d->should_merge, d->merge_user, &s->groups);
   return s->p->ir.status;
 }
@@ -5103,35 +5163,6 @@ done:
    become point-to-point schedules in the loop: the P2P allgather (a set whose
    DIDx axis becomes the Stream axis) and its mirror, the P2P reduce-scatter
    (a sum over DIDx whose input's Stream axis becomes the output's DIDx axis). */
-enum { HIR__P2P_NONE, HIR__P2P_ALLGATHER, HIR__P2P_REDUCE_SCATTER };
-
-/* Which P2P pattern e is, if any; *in_axis: the input axis that streams.
-   On a 2-D mesh, along one mesh axis (the other's split unchanged): the
-   exchanges run within each row (DIDx) or column (DIDy). */
-static int hir__p2p_kind(const hir_expr *e, int *in_axis) {
-  int map[HIR_MAX_DIMS], s, d, i, both;
-  hir_ptype along;
-  if (!(hir__ops[e->kind].flags & HIR__OP_MOVES)) return HIR__P2P_NONE;
-  along = hir__moving_ptype(e, &both);
-  if (both || (d = hir__shard_axis(e->in[0], along)) < 0 || !hir__same_devices(e->in[0], e->out[0])) return HIR__P2P_NONE;
-  if ((e->in[0]->mesh_cols || e->out[0]->mesh_cols) && !hir__same_mesh(e->in[0], e->out[0])) return HIR__P2P_NONE;
-  hir__axis_map(e, 0, map);
-  /* an allgather leaves the output whole on every device: its mesh's order does not matter */
-  if (e->kind == HIR_EXPR_LOAD_STORE && hir__shard_axis(e->out[0], along) < 0 && (s = hir__stream_axis(e->out[0])) >= 0 &&
-      map[d] == s) {
-    *in_axis = d;
-    return HIR__P2P_ALLGATHER;
-  }
-  if (e->kind == HIR_EXPR_REDUCTION && hir__same_mesh(e->in[0], e->out[0]) && (s = hir__stream_axis(e->in[0])) >= 0 &&
-      map[s] >= 0 && map[s] == hir__shard_axis(e->out[0], along) && e->out[0]->ids[map[d]]->iter == HIR_REDUCTION) {
-    for (i = 0; i < e->in[0]->ndims; i++) /* only the split axis may be reduced */
-      if (i != d && map[i] >= 0 && e->out[0]->ids[map[i]]->iter == HIR_REDUCTION && e->in[0]->ids[i]->iter != HIR_REDUCTION)
-        return HIR__P2P_NONE;
-    *in_axis = s;
-    return HIR__P2P_REDUCE_SCATTER;
-  }
-  return HIR__P2P_NONE;
-}
 
 /* The devices a P2P exchange e runs among, in ring order, on this device:
    the mesh (1-D), or this device's row or column of a 2-D mesh. */
@@ -6444,7 +6475,7 @@ static hir_status hir__lower_passes(hir_program *p, const hir_fusion *f, const h
   hir__vec groups = {NULL, 0, 0};
   int serial = mode == HIR__LOWER_SERIAL_FORM || stream.serial;
   /* the pipeline, written out: each pass, then the verifier */
-  if (!hir__front_end(p, f, serial)) return hir__step_failed(p, "the front end");
+  if (!hir__front_end(p, f, serial, stream.gather_first)) return hir__step_failed(p, "the front end");
   if (stream.automatic && !serial) { /* the pipeline, or the serial form where it is predicted faster and lowers */
     int64_t chunks;
     if (!hir__choose_pipeline(p, f, d->comm, &stream, &chunks, &serial)) return hir__step_failed(p, "the automatic choice");
@@ -12350,6 +12381,7 @@ enum { HIR__TUNE_FINAL = 3, HIR__TUNE_TURNS = 3 }; /* the final round: how many 
 typedef struct hir__cand {
   int serial;                   /* the fusion without its Stream axes */
   int collective;               /* the P2P chains as collective pipelines of `parts` parts (stream.collective_chunks) */
+  int gather_first;             /* the P2P allgathers' loops first, their readers whole (stream.gather_first) */
   hir_p2p_schedule schedule;
   int parts, streams, bounded;
   int nccl_p2p;                 /* send/recv on NCCL, not the copy engines (hir_tuner.vary_p2p) */
@@ -12413,9 +12445,14 @@ static hir_status hir__tune_fail(hir_tuner *t, hir_status s, const char *fmt, ..
 /* "serial", "p2p ring, 2 parts, 4 streams, bounded, eager" (the plan's
    words), or with file = 1 the saved form "serial nccl 0 eager 0" / "ring
    parts 2 streams 4 bounded 0 nccl 0 eager 0" ("collective parts 4 ...":
-   collective pipelines). */
+   collective pipelines; "gather first, ring" / "gather-ring": the
+   allgathers first). */
 static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t cap) {
-  const char *sched = c->collective ? "collective" : c->schedule == HIR_P2P_RING ? "ring" : "linear";
+  const char *sched = c->collective                ? "collective"
+                      : c->gather_first            ? (c->schedule == HIR_P2P_RING ? (file ? "gather-ring" : "gather first, ring")
+                                                                                  : (file ? "gather-linear" : "gather first, linear"))
+                      : c->schedule == HIR_P2P_RING ? "ring"
+                                                   : "linear";
   const char *nccl = c->nccl_p2p ? ", NCCL" : "", *eager = c->eager ? ", eager" : "";
   if (c->serial)
     return (size_t)(file ? snprintf(buf, cap, "serial nccl %d eager %d", c->nccl_p2p, c->eager)
@@ -12431,7 +12468,8 @@ static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t 
 
 /* The candidates, serial first (the reference): ring and linear, 1, 2 and 4
    parts a peer, 2 and 4 streams, and bounded buffers under a memory limit;
-   collective pipelines of 2 and 4 parts on 2 and 4 streams.
+   collective pipelines of 2 and 4 parts on 2 and 4 streams; the P2P
+   allgathers first and their readers whole (a ring on 2 streams).
    Options that do not apply to a fusion lower to the same program as
    another candidate, and are timed once. In graph mode on copy-engine
    send/recv (hir_tuner.vary_p2p), each pipeline is also timed with its
@@ -12461,6 +12499,13 @@ static int hir__candidates(const hir_tuner *t, hir__cand *c) {
       c[n].streams = streams[k];
       c[n++].nccl_p2p = t->vary_p2p; /* no send/recv: NCCL's path, as serial's */
     }
+  for (nccl = 0; nccl <= t->vary_p2p; nccl++) {
+    c[n].gather_first = 1;
+    c[n].schedule = HIR_P2P_RING;
+    c[n].parts = 1;
+    c[n].streams = 2;
+    c[n++].nccl_p2p = nccl;
+  }
   return n;
 }
 
@@ -12492,6 +12537,7 @@ static hir_status hir__cand_lower(hir_tuner *t, const hir__cand *c, hir_program 
   d.stream.chunks_per_peer = c->collective ? 1 : c->parts;
   d.stream.collective_chunks = c->collective ? c->parts : 0;
   d.stream.bounded_buffers = c->bounded;
+  d.stream.gather_first = c->gather_first;
   if ((s = hir_lower(t->f, &d, p)) != HIR_OK || !ev) return s;
   return hir__cand_evaluator(t, c, *p, ev);
 }
@@ -13140,7 +13186,8 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
        fusion 3f2a9c0d11e4b7a5
        plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 nccl 0 eager 0 | 0.112
    One plan a line: the inputs (count, then each one's dtype, rank and
-   sizes), the choice (ring, linear or collective; nccl 1: its send/recv on
+   sizes), the choice (ring, linear, collective, gather-ring or
+   gather-linear; nccl 1: its send/recv on
    NCCL, in graph mode; eager 1: run without a graph, in graph mode), its
    time in ms. A file made by another hostir version, on another machine or
    for another fusion is refused by name. */
@@ -13191,10 +13238,15 @@ static int hir__parse_plan(const char *line, int64_t *key, int cap, int *nkey, h
   if (sscanf(p, " | serial nccl %d eager %d | %lf", &c->nccl_p2p, &c->eager, ms) == 3) c->serial = 1, c->parts = c->streams = 1;
   else if (sscanf(p, " | %15s parts %d streams %d bounded %d nccl %d eager %d | %lf", sched, &c->parts, &c->streams, &c->bounded,
                   &c->nccl_p2p, &c->eager, ms) != 7 ||
-           (strcmp(sched, "ring") && strcmp(sched, "linear") && strcmp(sched, "collective")) || c->parts < 1 || c->parts > 64 ||
-           c->streams < 1 || c->streams > 64 || (c->bounded != 0 && c->bounded != 1))
+           (strcmp(sched, "ring") && strcmp(sched, "linear") && strcmp(sched, "collective") && strcmp(sched, "gather-ring") &&
+            strcmp(sched, "gather-linear")) ||
+           c->parts < 1 || c->parts > 64 || c->streams < 1 || c->streams > 64 || (c->bounded != 0 && c->bounded != 1))
     return 0;
-  else c->schedule = strcmp(sched, "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING, c->collective = !strcmp(sched, "collective");
+  else {
+    c->gather_first = !strncmp(sched, "gather-", 7);
+    c->schedule = strcmp(sched + (c->gather_first ? 7 : 0), "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING;
+    c->collective = !strcmp(sched, "collective");
+  }
   if ((c->nccl_p2p != 0 && c->nccl_p2p != 1) || (c->eager != 0 && c->eager != 1)) return 0;
   *nkey = n;
   return 1;

@@ -255,7 +255,8 @@ static void seed_data(spmd_case *c, const char *which, int D) {
    P2P GEMMs also with each peer's 3 rows cut into 3 parts, and the P2P
    seeds as collective pipelines (stream.collective_chunks: an allgather
    or reduce-scatter of one row of every peer's chunk an iteration, staged
-   through a contiguous buffer). */
+   through a contiguous buffer) and with the gather first (stream.gather_first:
+   the allgather's loop, then one GEMM). */
 TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
   static const char *names[] = {"SingleSetOp", "TwoSetOps", "ThreeSetOps", "Allgather", "Allreduce", "ReduceScatter",
                                 "AG_matmul", "AllgatherP2p", "AG_matmul_P2p", "matmul_AR", "matmul_RS_through_bcast", "matmul_RS_p2p",
@@ -270,8 +271,8 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
       for (ring = 0; ring < 2; ring++)
         for (bounded = 0; bounded < 2; bounded++)
           for (ns = 1; ns <= 4; ns++)
-            for (cut = 1; cut <= 5; cut += 2) {
-            int D = wi < 5 ? worlds[wi] : 4, world = wi < 5 ? D : 8, collective = cut == 5;
+            for (cut = 1; cut <= 7; cut += 2) {
+            int D = wi < 5 ? worlds[wi] : 4, world = wi < 5 ? D : 8, collective = cut == 5, gather = cut == 7;
             const int *mesh = wi < 5 ? iota_mesh : odd;
             char what[160];
             lowered_case lc;
@@ -283,12 +284,14 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
             if (cut == 3 && k != 8 && k < 11) continue;      /* cut: the P2P GEMMs */
             if (collective && ((platform->p2p_only && k != 7 && k != 8) || (k != 7 && k != 8 && k < 11) || ring || bounded))
               continue; /* a P2P-only world still has the allgather its shape check uses */
+            if (gather && k != 7 && k != 8) continue; /* gather first: the P2P allgathers */
             fns[k](&s, hir_fusion_create(), D, mesh);
             memset(&lc, 0, sizeof lc);
             lc.f = s.f;
             lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
             lc.d.stream.bounded_buffers = bounded;
-            lc.d.stream.chunks_per_peer = collective ? 1 : cut;
+            lc.d.stream.chunks_per_peer = collective || gather ? 1 : cut;
+            lc.d.stream.gather_first = gather;
             lc.d.stream.collective_chunks = collective ? (k == 7 ? 5 : 3) : 0; /* what the cut axis divides into */
             case_init(&c, world);
             c.nstreams = ns;
@@ -298,7 +301,7 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
             c.user = &lc;
             seed_data(&c, names[k], D);
             snprintf(what, sizeof what, "%s (%s%s%s, mesh %s)", names[k], collective ? "collectives" : ring ? "ring" : "linear",
-                     bounded ? ", bounded" : "", cut == 3 ? ", 3 parts per peer" : collective ? ", a row a part" : "",
+                     bounded ? ", bounded" : "", cut == 3 ? ", 3 parts per peer" : collective ? ", a row a part" : gather ? ", gather first" : "",
                      wi < 5 ? "0..D-1" : "{3 1 7 5}");
             RUN_CASE(&c, what);
             hir_fusion_free(s.f);
@@ -306,6 +309,31 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
             if (hir_test_failures) return;
           }
   CHECK(runs > (platform->p2p_only ? 100 : 500) && (platform != &cpu_platform || cases_skipped == 0));
+}
+
+/* stream.gather_first: AG_matmul_P2p's exchange is a loop of its own
+   (send/recv, a chunk a step) and its GEMM runs once, after it, at the top
+   level of the program; without it, a GEMM a chunk inside the loop. */
+TEST(test_stream_gather_first_program, "stream/gather_first_program", TEST_CPU) {
+  static char text[1 << 16];
+  hir_lower_desc d;
+  hir_program *p;
+  seed s;
+  int gather;
+  seed_ag_matmul_p2p(&s, hir_fusion_create(), 3, iota_mesh);
+  for (gather = 0; gather < 2; gather++) {
+    memset(&d, 0, sizeof d);
+    d.my_device = 1;
+    d.stream.schedule = HIR_P2P_RING;
+    d.stream.gather_first = gather;
+    CHECK(hir_lower(s.f, &d, &p) == HIR_OK);
+    hir_program_snprint(p, text, sizeof text);
+    CHECK(strstr(text, "FOR StreamIdx") && strstr(text, "P2PCommunication") && strstr(text, "type=recv"));
+    CHECK((strstr(text, "\n     = matmul(") != NULL) == gather);  /* at the top level */
+    CHECK((strstr(text, "\n       = matmul(") != NULL) == !gather); /* inside the loop */
+    hir_program_free(p);
+  }
+  hir_fusion_free(s.f);
 }
 
 /* Bounded buffers keep numberOfStreams slices of the gathered A instead of

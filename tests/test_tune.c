@@ -633,6 +633,85 @@ TEST(test_tune_final_round, "tune/final_round", TEST_CPU) {
   tune_end(&x);
 }
 
+/* Gather first (stream.gather_first): where every GEMM costs the same
+   whatever its rows (a decode GEMM reads its whole weight) and the
+   collective allgather is slow, the P2P exchange's own loop and then one
+   GEMM is the fastest: the tuner chooses it, its numbers are A x B, and a
+   saved plan names it and runs it again untuned. */
+static hir_backend *gather_be[TUNE_MAXR];
+static hir_status (*gather_cpu_matmul)(hir_backend *, void *, const hir_tensor *, const hir_tensor *, const hir_tensor *);
+static hir_status (*lw_allgather)(hir_comm *, void *, const void *, void *, size_t, void *);
+static void gather_wait(double ms) {
+  double until = hir__now_ms() + ms;
+  while (hir__now_ms() < until) {}
+}
+static hir_status gather_matmul(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a, const hir_tensor *w) {
+  gather_wait(2);
+  return gather_cpu_matmul(b, stream, dst, a, w);
+}
+static hir_status gather_slow_allgather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, void *stream) {
+  gather_wait(6);
+  return lw_allgather(c, team, send, recv, bytes, stream);
+}
+
+typedef struct gather_ctx {
+  tune_ctx *x;
+  int saved[TUNE_MAXR], loaded[TUNE_MAXR];
+} gather_ctx;
+
+static hir_status gather_rank(int rank, void *user) {
+  gather_ctx *y = (gather_ctx *)user;
+  tune_ctx *x = y->x;
+  hir_tune_desc d = tune_desc(x, rank);
+  hir_tuner *t = NULL, *u = NULL;
+  hir_status s;
+  char text[4096] = "";
+  d.eval.backend = gather_be[rank];
+  if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) s = tune_run_once(x, t, rank, x->M);
+  tune_note(x, t, rank, s);
+  if (s == HIR_OK && (s = save_and_load(x, t, &d, text, sizeof text, &u)) == HIR_OK) {
+    y->saved[rank] = strstr(text, "| gather-ring parts 1 streams 2 bounded 0 nccl 0 eager 0 | ") != NULL;
+    x->worst[rank] = 1e30;
+    s = tune_run_once(x, u, rank, x->M);
+    y->loaded[rank] = s == HIR_OK && x->worst[rank] < 1e-4 && strstr(hir_program_plan(hir_tuner_program(u)), "gather first, ring") &&
+                      u->n == 1;
+  }
+  hir_tuner_free(u);
+  hir_tuner_free(t);
+  return s;
+}
+
+TEST(test_tune_gather_first, "tune/gather_first", TEST_CPU) {
+  tune_ctx x;
+  gather_ctx y;
+  int r;
+  char choice[128];
+  tune_begin(&x, 3, 8, 16, 12);
+  memset(&y, 0, sizeof y);
+  y.x = &x;
+  for (r = 0; r < 3; r++) { /* made before the ranks' threads, which read them all */
+    hir_comm *c = hir_local_comm(x.w, r);
+    gather_be[r] = hir_backend_cpu_create();
+    gather_cpu_matmul = gather_be[r]->matmul;
+    gather_be[r]->matmul = gather_matmul;
+    lw_allgather = c->allgather;
+    c->allgather = gather_slow_allgather;
+  }
+  CHECK(hir_spmd(3, gather_rank, &y) == HIR_OK);
+  for (r = 0; r < 3; r++) {
+    hir_local_comm(x.w, r)->allgather = lw_allgather;
+    hir_backend_free(gather_be[r]), gather_be[r] = NULL;
+  }
+  for (r = 0; r < 3; r++) {
+    chosen(x.plan[r], choice, sizeof choice);
+    if (!EXPECT(x.st[r] == HIR_OK && !strcmp(choice, "gather first, ring, 2 streams") && same_choice(x.plan[r], x.plan[0]) &&
+                y.saved[r] && y.loaded[r]))
+      fprintf(stderr, "  rank %d: %s (saved %d, loaded %d): %s %s\n", r, hir_status_str(x.st[r]), y.saved[r], y.loaded[r], x.plan[r],
+              x.err[r]);
+  }
+  tune_end(&x);
+}
+
 /* ---- on the GPU suite's platforms: threads, processes ---- */
 typedef struct tune_gpu {
   void *w;
