@@ -17,10 +17,11 @@
                    engines: hir_nccl_world_set_copy_engine)
      bounded       the p2p ring with bounded buffers (numberOfStreams slices
                    of the gathered tensor instead of D)
-     p2p, one GEMM the exchange as send/recv (AllgatherP2p: a Stream axis on a
-                   set), then one GEMM of every row (AG), or one GEMM, then
-                   the exchange (RS): where each chunk's GEMM would read the
-                   whole weight again (decode-size M), nothing split
+     p2p, one GEMM the exchange as send/recv (AllgatherP2p), then one GEMM of
+                   every row (AG: the p2p fusion with stream.gather_first),
+                   or one GEMM, then the exchange (RS: a Stream axis on a
+                   set): where each chunk's GEMM would read the whole weight
+                   again (decode-size M), nothing split
      automatic     the p2p fusion through hir_tuner: serial, the p2p
                    schedules and the p2p fusion as collectives measured on
                    every rank, the fastest agreed
@@ -219,7 +220,8 @@ static hir_fusion *build_gemm(void) {
 /* AG+GEMM. m = M/D rows per rank. comm alone: A [DIDx D, m, K] gathered.
    serial: matmul(A [DIDx D, m, K], B [K, N]) replicated. collective: A
    [Stream S, DIDx D, m/S, K] (nvFuser's AG_matmul). p2p: A [DIDx D, m, K],
-   the output's D axis on Stream (AG_matmul_P2p). */
+   the output's D axis on Stream (AG_matmul_P2p; "p2p, one GEMM" lowers it
+   with stream.gather_first). */
 static hir_fusion *build_ag(pipeline pipe, int D) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *t[3];
@@ -233,16 +235,6 @@ static hir_fusion *build_ag(pipeline pipe, int D) {
   }
   t[0] = hir_input(f, HIR_BF16, pipe == COLLECTIVE ? 4 : 3);
   t[1] = hir_input(f, HIR_BF16, 2);
-  if (pipe == P2P_ONE_GEMM) { /* the rows gathered by send/recv, then one GEMM */
-    hir_tv *gathered = hir_set(f, t[0]);
-    t[2] = hir_matmul(f, gathered, t[1]);
-    hir_output(f, t[2]);
-    mesh_all(t, 3, D);
-    mesh_all(&gathered, 1, D);
-    hir_parallelize(t[0], 0, HIR_DIDX);
-    hir_parallelize(gathered, 0, HIR_STREAM);
-    return f;
-  }
   t[2] = hir_matmul(f, t[0], t[1]);
   hir_output(f, t[2]);
   mesh_all(t, 3, D);
@@ -513,6 +505,7 @@ static hir_status run_rank(int rank, void *user) {
   ld.stream.chunks_per_peer = B->cfg.parts;
   ld.stream.collective_chunks = B->cfg.pipe == P2P_AS_COLLECTIVES ? B->cfg.chunks : 0;
   ld.stream.bounded_buffers = B->cfg.bounded;
+  ld.stream.gather_first = B->cfg.pipe == P2P_ONE_GEMM; /* AG: the p2p fusion, its exchange first; RS: no allgather */
   memset(&ed, 0, sizeof ed);
   ed.backend = be;
   ed.comm = comm;
