@@ -325,10 +325,13 @@ class Fusion:
 
     def lower(self, device=0, schedule="linear", parts=0, bounded=False, serial=False):
         """The host program of one device (hir_lower). schedule "collective":
-        P2P pipelines as collective pipelines of `parts` parts."""
-        schedules = ("linear", "ring", "collective")
+        P2P pipelines as collective pipelines of `parts` parts; "gather": each
+        P2P allgather a ring of its own, the ops reading what it gathers run
+        once, whole, after it (stream.gather_first: a decode-size GEMM reads
+        its weight once)."""
+        schedules = ("linear", "ring", "collective", "gather")
         if schedule not in schedules:
-            raise Error("invalid argument", "lower: schedule %r; give 'linear', 'ring' or 'collective'" % (schedule,))
+            raise Error("invalid argument", "lower: schedule %r; give 'linear', 'ring', 'collective' or 'gather'" % (schedule,))
         out = ctypes.c_void_p()
         code = _lib.hx_lower(self._h, device, schedules.index(schedule), parts, int(bounded), int(serial), 0, None, None, 0,
                              ctypes.byref(out))

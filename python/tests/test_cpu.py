@@ -264,6 +264,8 @@ class CpuTests(unittest.TestCase):
             text = str(hostir.ag_matmul_fusion(D, nb=2).lower(device=D - 1, schedule="ring"))
             self.assertEqual(text.count("FOR StreamIdx"), 2, text)  # the streams' fork, then one pipeline
             self.assertEqual(text.count("= matmul("), 2)
+            text = str(hostir.ag_matmul_fusion(D, nb=2).lower(device=D - 1, schedule="gather"))
+            self.assertEqual(text.count("\n     = matmul("), 2 * (D > 1), text)  # whole, after the exchange's loop
             text = str(hostir.ag_matmul_fusion(D, nb=2).lower(device=D - 1, schedule="collective", parts=3))
             self.assertEqual(text.count("type=Allgather"), D > 1, text)  # one allgather of a part a pipeline step
             self.assertNotIn("P2PCommunication", text)
@@ -278,7 +280,7 @@ class CpuTests(unittest.TestCase):
             for t in [g] + cs:
                 t.parallelize(0, "Stream")
             self.assertEqual(str(f.lower(device=0, schedule="ring")).count("FOR StreamIdx"), 2)
-            for schedule in ("linear", "ring", "collective"):  # collective: 3 parts, an allgather (reduce-scatter) each
+            for schedule in ("linear", "ring", "collective", "gather"):  # collective: 3 parts, an allgather (reduce-scatter) each
                 m, K = 3, 8
                 A = rng.standard_normal((D * m, K)).astype(np.float32)
                 B1, B2 = rng.standard_normal((K, 5)).astype(np.float32), rng.standard_normal((K, 7)).astype(np.float32)
@@ -313,7 +315,7 @@ class CpuTests(unittest.TestCase):
         self.assertIn("float32", str(e.exception))
         with self.assertRaises(hostir.Error) as e:
             ag_matmul(2).lower(schedule="spiral")
-        self.assertIn("'linear', 'ring' or 'collective'", str(e.exception))
+        self.assertIn("'linear', 'ring', 'collective' or 'gather'", str(e.exception))
 
 
 if __name__ == "__main__":
