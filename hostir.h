@@ -12448,22 +12448,19 @@ static hir_status hir__tune_fail(hir_tuner *t, hir_status s, const char *fmt, ..
    collective pipelines; "gather first, ring" / "gather-ring": the
    allgathers first). */
 static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t cap) {
-  const char *sched = c->collective                ? "collective"
-                      : c->gather_first            ? (c->schedule == HIR_P2P_RING ? (file ? "gather-ring" : "gather first, ring")
-                                                                                  : (file ? "gather-linear" : "gather first, linear"))
-                      : c->schedule == HIR_P2P_RING ? "ring"
-                                                   : "linear";
+  const char *sched = c->collective ? "collective" : c->schedule == HIR_P2P_RING ? "ring" : "linear";
+  const char *first = !c->gather_first ? "" : file ? "gather-" : "gather first, ";
   const char *nccl = c->nccl_p2p ? ", NCCL" : "", *eager = c->eager ? ", eager" : "";
   if (c->serial)
     return (size_t)(file ? snprintf(buf, cap, "serial nccl %d eager %d", c->nccl_p2p, c->eager)
                          : snprintf(buf, cap, "serial%s%s", nccl, eager));
   if (file)
-    return (size_t)snprintf(buf, cap, "%s parts %d streams %d bounded %d nccl %d eager %d", sched, c->parts, c->streams, c->bounded,
-                            c->nccl_p2p, c->eager);
+    return (size_t)snprintf(buf, cap, "%s%s parts %d streams %d bounded %d nccl %d eager %d", first, sched, c->parts, c->streams,
+                            c->bounded, c->nccl_p2p, c->eager);
   if (c->parts > 1)
-    return (size_t)snprintf(buf, cap, "%s, %d parts, %d streams%s%s%s", sched, c->parts, c->streams, c->bounded ? ", bounded" : "",
-                            nccl, eager);
-  return (size_t)snprintf(buf, cap, "%s, %d streams%s%s%s", sched, c->streams, c->bounded ? ", bounded" : "", nccl, eager);
+    return (size_t)snprintf(buf, cap, "%s%s, %d parts, %d streams%s%s%s", first, sched, c->parts, c->streams,
+                            c->bounded ? ", bounded" : "", nccl, eager);
+  return (size_t)snprintf(buf, cap, "%s%s, %d streams%s%s%s", first, sched, c->streams, c->bounded ? ", bounded" : "", nccl, eager);
 }
 
 /* The candidates, serial first (the reference): ring and linear, 1, 2 and 4
