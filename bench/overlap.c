@@ -7,6 +7,11 @@
      collective    the A rows split into `chunks` Stream chunks, one
                    collective and one GEMM per chunk (nvFuser's AG_matmul and
                    matmul_RS_through_bcast)
+     collective on N  GEMM+RS: the weight's columns split into `chunks`
+                   Stream chunks instead (B laid out [chunks, K/D, N/chunks],
+                   the output [chunks, M/D, N/chunks]), a GEMM and a
+                   reduce-scatter per chunk: each GEMM reads its part of the
+                   weight only, where chunks of rows each read all of it
      p2p as collectives  the p2p fusion lowered as the collective pipeline
                    (stream.collective_chunks): the same chunks, the p2p
                    fusion's layout, strided parts staged
@@ -89,12 +94,14 @@
 #include <math.h>
 #include <pthread.h>
 
-enum { MAXR = 8, MAXIT = 100, MAXCFG = 96, MAXREMATCH = 9 };
+enum { MAXR = 8, MAXIT = 100, MAXCFG = 128, MAXREMATCH = 9 };
 
 typedef enum { AG, RS } pattern;
-typedef enum { COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, P2P_AS_COLLECTIVES, P2P_LINEAR, P2P_RING, P2P_ONE_GEMM, AUTO } pipeline;
-static const char *pipeline_names[] = {"comm alone", "GEMM alone", "serial", "collective", "p2p as collectives", "p2p linear",
-                                       "p2p ring", "p2p, one GEMM", "automatic (tuned"};
+typedef enum {
+  COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, COLLECTIVE_N, P2P_AS_COLLECTIVES, P2P_LINEAR, P2P_RING, P2P_ONE_GEMM, AUTO
+} pipeline;
+static const char *pipeline_names[] = {"comm alone",         "GEMM alone", "serial",   "collective",    "collective on N",
+                                       "p2p as collectives", "p2p linear", "p2p ring", "p2p, one GEMM", "automatic (tuned"};
 
 typedef struct config {
   pipeline pipe;
@@ -203,10 +210,10 @@ static hir_status run_ranks(bench *B, hir_status (*fn)(int rank, void *user)) {
 
 /* ---- the fusions ---- */
 
+static const int mesh_iota[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};
 static void mesh_all(hir_tv **t, int n, int D) {
-  static const int iota[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};
   int i;
-  for (i = 0; i < n; i++) hir_set_mesh(t[i], D, iota);
+  for (i = 0; i < n; i++) hir_set_mesh(t[i], D, mesh_iota);
 }
 
 /* One device's GEMM: [rows, k] x [k, N]. */
@@ -260,6 +267,21 @@ static hir_fusion *build_rs(pipeline pipe, int D) {
     mesh_all(t, 2, D);
     hir_parallelize(t[0], 0, HIR_DIDX);
     hir_parallelize(t[1], 1, HIR_DIDX);
+    return f;
+  }
+  if (pipe == COLLECTIVE_N) { /* A [DIDx D, D, m, K/D] x B [DIDx D, S, K/D, N/S], both broadcast to 5 axes */
+    int flags_a[5] = {0, 1, 0, 0, 0}, flags_b[5] = {0, 0, 1, 0, 0};
+    t[0] = hir_input(f, HIR_BF16, 4);
+    t[1] = hir_input(f, HIR_BF16, 4);
+    t[2] = hir_matmul(f, hir_broadcast(f, t[0], 5, flags_a), hir_broadcast(f, t[1], 5, flags_b)); /* [D, S, D, m, N/S] */
+    t[3] = hir_sum(f, t[2], 1, &axis0);
+    hir_output(f, t[3]);
+    hir_set_mesh(t[0], D, mesh_iota), hir_set_mesh(t[1], D, mesh_iota), hir_set_mesh(t[3], D, mesh_iota);
+    hir_parallelize(t[0], 0, HIR_DIDX);
+    hir_parallelize(t[1], 0, HIR_DIDX);
+    hir_parallelize(t[2], 1, HIR_STREAM);
+    hir_parallelize(t[3], 1, HIR_STREAM);
+    hir_parallelize(t[3], 2, HIR_DIDX);
     return f;
   }
   if (pipe == COLLECTIVE) {
@@ -393,6 +415,17 @@ static int host_inputs(bench *B, int rank, hir_tensor in[2], void **owned) {
     in[0] = tensor(p, 5, (int64_t[]){S, 1, D, rows, kd});
     break;
   }
+  case COLLECTIVE_N: { /* B's columns (k, s, j) -> (s, k, j): chunk s of the columns whole */
+    uint16_t *p = (uint16_t *)malloc((size_t)(kd * N) * 2);
+    int64_t c, k, cols = N / S;
+    if (!p) return -1;
+    for (c = 0; c < S; c++)
+      for (k = 0; k < kd; k++) memcpy(p + (c * kd + k) * cols, B->b[rank] + k * N + c * cols, (size_t)cols * 2);
+    *owned = p;
+    in[0] = tensor(B->a[rank], 4, (int64_t[]){1, D, m, kd});
+    in[1] = tensor(p, 4, (int64_t[]){1, S, kd, cols});
+    return 2;
+  }
   default: in[0] = tensor(B->a[rank], 4, (int64_t[]){1, D, m, kd}); break;
   }
   in[1] = tensor(B->b[rank], 3, (int64_t[]){1, kd, N});
@@ -400,9 +433,11 @@ static int host_inputs(bench *B, int rank, hir_tensor in[2], void **owned) {
 }
 
 /* Index in the serial output of element i of this pipeline's output: the
-   AG collective pipeline's rows come out (s, d, i) instead of (d, s, i). */
+   AG collective pipeline's rows come out (s, d, i) instead of (d, s, i);
+   RS on N's columns (s, i, j) instead of (i, s, j). */
 static int64_t serial_index(const bench *B, int64_t i) {
   int64_t D = B->D, N = B->sh.N, m = B->sh.M / D, S = B->cfg.chunks, rows = m / S, row, col, c, d, r;
+  if (B->cfg.pipe == COLLECTIVE_N) return i / (N / S) % m * N + i / (m * (N / S)) * (N / S) + i % (N / S);
   if (B->sh.pat != AG || B->cfg.pipe != COLLECTIVE) return i;
   row = i / N;
   col = i % N;
@@ -816,7 +851,7 @@ static void config_name(const config *c, char *buf, size_t cap) {
 }
 
 static void config_base_name(const config *c, char *buf, size_t cap) {
-  if (c->pipe == COLLECTIVE || c->pipe == P2P_AS_COLLECTIVES)
+  if (c->pipe == COLLECTIVE || c->pipe == COLLECTIVE_N || c->pipe == P2P_AS_COLLECTIVES)
     snprintf(buf, cap, "%s, %d chunks, %d streams", pipeline_names[c->pipe], c->chunks, c->streams);
   else if (c->pipe == AUTO)
     snprintf(buf, cap, "%s%s)", pipeline_names[c->pipe], c->copy_engine ? ", copy eng." : "");
@@ -849,6 +884,9 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
         cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1, 0, 0};
         cfgs[n++] = (config){P2P_AS_COLLECTIVES, chunks[i], streams[j], 0, 1, 0, 0}; /* the same, on the p2p fusion's layout */
       }
+  for (i = 0; i < nchunks && B->sh.pat == RS; i++)
+    for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
+      if (B->sh.N % chunks[i] == 0) cfgs[n++] = (config){COLLECTIVE_N, chunks[i], streams[j], 0, 1, 0, 0};
   for (ce = 0; ce <= B->gpu; ce++)
     for (i = P2P_LINEAR; i <= P2P_RING; i++)
       for (k = 0; k < nparts; k++)
