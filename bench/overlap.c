@@ -7,11 +7,11 @@
      collective    the A rows split into `chunks` Stream chunks, one
                    collective and one GEMM per chunk (nvFuser's AG_matmul and
                    matmul_RS_through_bcast)
-     collective on N  GEMM+RS: the weight's columns split into `chunks`
-                   Stream chunks instead (B laid out [chunks, K/D, N/chunks],
-                   the output [chunks, M/D, N/chunks]), a GEMM and a
-                   reduce-scatter per chunk: each GEMM reads its part of the
-                   weight only, where chunks of rows each read all of it
+     collective on N  GEMM+RS: the weight's columns cut into S Stream
+                   chunks instead (--column-parts S; B laid out [S, K/D, N/S],
+                   the output [S, M/D, N/S]), a GEMM and a reduce-scatter per
+                   chunk: each GEMM reads its part of the weight only, where
+                   chunks of rows each read all of it
      p2p as collectives  the p2p fusion lowered as the collective pipeline
                    (stream.collective_chunks): the same chunks, the p2p
                    fusion's layout, strided parts staged
@@ -27,6 +27,10 @@
                    or one GEMM, then the exchange (RS: a Stream axis on a
                    set): where each chunk's GEMM would read the whole weight
                    again (decode-size M), nothing split
+     p2p ring, split weight  AG+GEMM: the weight's first N/S columns
+                   (--column-parts S) as the p2p ring (local rows first,
+                   while the exchange runs), then the other columns in one
+                   GEMM of every row; B and the output as two tensors each
      automatic     the p2p fusion through hir_tuner: serial, the p2p
                    schedules and the p2p fusion as collectives measured on
                    every rank, the fastest agreed
@@ -42,7 +46,7 @@
    slowest rank. bf16 inputs from a fixed-seed generator.
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
-                         [--parts 1,2,4] [--trace DIR] [--memory-limit MiB] [--pause MS] [--rematch 3] [--serve CHOICE]
+                         [--parts 1,2,4] [--column-parts 2,4] [--trace DIR] [--memory-limit MiB] [--pause MS] [--rematch 3] [--serve CHOICE]
                          [--graph [2]]
                          [--decode] [--ranks N]
                          [ag M K N] [rs M K N] ...
@@ -98,10 +102,12 @@ enum { MAXR = 8, MAXIT = 100, MAXCFG = 128, MAXREMATCH = 9 };
 
 typedef enum { AG, RS } pattern;
 typedef enum {
-  COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, COLLECTIVE_N, P2P_AS_COLLECTIVES, P2P_LINEAR, P2P_RING, P2P_ONE_GEMM, AUTO
+  COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, COLLECTIVE_N, P2P_AS_COLLECTIVES, P2P_LINEAR, P2P_RING, P2P_ONE_GEMM,
+  P2P_SPLIT_WEIGHT, AUTO
 } pipeline;
-static const char *pipeline_names[] = {"comm alone",         "GEMM alone", "serial",   "collective",    "collective on N",
-                                       "p2p as collectives", "p2p linear", "p2p ring", "p2p, one GEMM", "automatic (tuned"};
+static const char *pipeline_names[] = {"comm alone", "GEMM alone",    "serial",           "collective",
+                                       "collective on N", "p2p as collectives", "p2p linear", "p2p ring",
+                                       "p2p, one GEMM", "p2p ring, split weight", "automatic (tuned"};
 
 typedef struct config {
   pipeline pipe;
@@ -238,6 +244,22 @@ static hir_fusion *build_ag(pipeline pipe, int D) {
     hir_output(f, t[1]);
     mesh_all(t, 2, D);
     hir_parallelize(t[0], 0, HIR_DIDX);
+    return f;
+  }
+  if (pipe == P2P_SPLIT_WEIGHT) { /* A [DIDx D, m, K] gathered into G [Stream D, m, K]; G x B0 on Stream, G x B1 whole */
+    hir_tv *w0, *w1, *g, *o[2];
+    t[0] = hir_input(f, HIR_BF16, 3);
+    w0 = hir_input(f, HIR_BF16, 2);
+    w1 = hir_input(f, HIR_BF16, 2);
+    g = hir_set(f, t[0]);
+    o[0] = hir_matmul(f, g, w0);
+    o[1] = hir_matmul(f, g, w1);
+    hir_output(f, o[0]);
+    hir_output(f, o[1]);
+    mesh_all(&t[0], 1, D), mesh_all(&g, 1, D), mesh_all(&w0, 1, D), mesh_all(&w1, 1, D), mesh_all(o, 2, D);
+    hir_parallelize(t[0], 0, HIR_DIDX);
+    hir_parallelize(g, 0, HIR_STREAM);
+    hir_parallelize(o[0], 0, HIR_STREAM);
     return f;
   }
   t[0] = hir_input(f, HIR_BF16, pipe == COLLECTIVE ? 4 : 3);
@@ -377,9 +399,16 @@ static int64_t numel(const hir_tensor *t) {
   return n;
 }
 
+/* Columns [from, to) of the rows x N matrix b, into dst whole. */
+static void copy_columns(const uint16_t *b, int64_t rows, int64_t N, int64_t from, int64_t to, uint16_t *dst) {
+  int64_t r;
+  for (r = 0; r < rows; r++) memcpy(dst + r * (to - from), b + r * N + from, (size_t)(to - from) * 2);
+}
+
 /* The inputs of `rank` for the current pipeline, in host memory (*owned is
-   what to free). A's rows are permuted where the pipeline splits them. */
-static int host_inputs(bench *B, int rank, hir_tensor in[2], void **owned) {
+   what to free). A's rows, or B's columns, are permuted where the pipeline
+   splits them. */
+static int host_inputs(bench *B, int rank, hir_tensor in[3], void **owned) {
   const shape *s = &B->sh;
   int64_t D = B->D, m = s->M / D, S = B->cfg.chunks, M = s->M, K = s->K, N = s->N, kd = K / D;
   *owned = NULL;
@@ -391,6 +420,17 @@ static int host_inputs(bench *B, int rank, hir_tensor in[2], void **owned) {
       in[1] = tensor(B->b[rank], 2, (int64_t[]){K, N});
       return 2;
     case COLLECTIVE: in[0] = tensor(B->a[rank], 4, (int64_t[]){S, 1, m / S, K}); break;
+    case P2P_SPLIT_WEIGHT: { /* B's first N/S columns, then the others */
+      uint16_t *p = (uint16_t *)malloc((size_t)(K * N) * 2);
+      if (!p) return -1;
+      copy_columns(B->b[rank], K, N, 0, N / S, p);
+      copy_columns(B->b[rank], K, N, N / S, N, p + K * (N / S));
+      *owned = p;
+      in[0] = tensor(B->a[rank], 3, (int64_t[]){1, m, K});
+      in[1] = tensor(p, 2, (int64_t[]){K, N / S});
+      in[2] = tensor(p + K * (N / S), 2, (int64_t[]){K, N - N / S});
+      return 3;
+    }
     default: in[0] = tensor(B->a[rank], 3, (int64_t[]){1, m, K}); break;
     }
     in[1] = tensor(B->b[rank], 2, (int64_t[]){K, N});
@@ -417,10 +457,9 @@ static int host_inputs(bench *B, int rank, hir_tensor in[2], void **owned) {
   }
   case COLLECTIVE_N: { /* B's columns (k, s, j) -> (s, k, j): chunk s of the columns whole */
     uint16_t *p = (uint16_t *)malloc((size_t)(kd * N) * 2);
-    int64_t c, k, cols = N / S;
+    int64_t c, cols = N / S;
     if (!p) return -1;
-    for (c = 0; c < S; c++)
-      for (k = 0; k < kd; k++) memcpy(p + (c * kd + k) * cols, B->b[rank] + k * N + c * cols, (size_t)cols * 2);
+    for (c = 0; c < S; c++) copy_columns(B->b[rank], kd, N, c * cols, (c + 1) * cols, p + c * kd * cols);
     *owned = p;
     in[0] = tensor(B->a[rank], 4, (int64_t[]){1, D, m, kd});
     in[1] = tensor(p, 4, (int64_t[]){1, S, kd, cols});
@@ -432,12 +471,14 @@ static int host_inputs(bench *B, int rank, hir_tensor in[2], void **owned) {
   return 2;
 }
 
-/* Index in the serial output of element i of this pipeline's output: the
+/* Index in the serial output of element i of this pipeline's output q: the
    AG collective pipeline's rows come out (s, d, i) instead of (d, s, i);
-   RS on N's columns (s, i, j) instead of (i, s, j). */
-static int64_t serial_index(const bench *B, int64_t i) {
+   RS on N's columns (s, i, j) instead of (i, s, j); the split weight's
+   outputs hold the first N/S columns and the others. */
+static int64_t serial_index(const bench *B, int q, int64_t i) {
   int64_t D = B->D, N = B->sh.N, m = B->sh.M / D, S = B->cfg.chunks, rows = m / S, row, col, c, d, r;
   if (B->cfg.pipe == COLLECTIVE_N) return i / (N / S) % m * N + i / (m * (N / S)) * (N / S) + i % (N / S);
+  if (B->cfg.pipe == P2P_SPLIT_WEIGHT) return q ? i / (N - N / S) * N + N / S + i % (N - N / S) : i / (N / S) * N + i % (N / S);
   if (B->sh.pat != AG || B->cfg.pipe != COLLECTIVE) return i;
   row = i / N;
   col = i % N;
@@ -512,9 +553,9 @@ static hir_status run_rank(int rank, void *user) {
   hir_program *p = NULL;
   hir_evaluator *ev = NULL;
   hir_tuner *tuner = NULL;
-  hir_tensor hin[2], din[2], out;
+  hir_tensor hin[3], din[3], out[2];
   void *owned = NULL;
-  int nin, i, k;
+  int nin, nout = B->cfg.pipe == P2P_SPLIT_WEIGHT ? 2 : 1, i, k, q;
   hir_status s = HIR_OK;
   memset(din, 0, sizeof din);
   B->msg[rank][0] = 0;
@@ -602,7 +643,7 @@ static hir_status run_rank(int rank, void *user) {
     fail(B, rank, s, "upload", be->error);
     goto done;
   }
-  memset(&out, 0, sizeof out);
+  memset(out, 0, sizeof out);
   if (B->pause_ms > 0) {
     struct timespec rest = {B->pause_ms / 1000, (long)(B->pause_ms % 1000) * 1000000L};
     barrier(B);
@@ -612,7 +653,7 @@ static hir_status run_rank(int rank, void *user) {
     double t0;
     barrier(B);
     t0 = now_ms();
-    s = tuner ? hir_tuner_run(tuner, din, nin, &out, 1) : hir_run(ev, din, nin, &out, 1);
+    s = tuner ? hir_tuner_run(tuner, din, nin, out, nout) : hir_run(ev, din, nin, out, nout);
     if (s == HIR_OK) s = tuner ? hir_tuner_sync(tuner) : hir_evaluator_sync(ev);
     if (k >= B->warmup) B->ms[rank][k - B->warmup] = now_ms() - t0;
     if (s != HIR_OK) { /* the other ranks would wait at the barrier: this one still arrives */
@@ -625,7 +666,7 @@ static hir_status run_rank(int rank, void *user) {
   if (B->trace_dir && B->cfg.pipe >= SERIAL) { /* one more run, recorded; every rank meets every barrier */
     hir_status t = hir_evaluator_record_timeline(ev, 1);
     barrier(B);
-    if (t == HIR_OK && (t = hir_run(ev, din, nin, &out, 1)) == HIR_OK) t = hir_evaluator_sync(ev);
+    if (t == HIR_OK && (t = hir_run(ev, din, nin, out, nout)) == HIR_OK) t = hir_evaluator_sync(ev);
     B->trace_ev[rank] = t == HIR_OK ? ev : NULL;
     if (t != HIR_OK) fail(B, rank, t, "the recorded run", hir_evaluator_error(ev));
     barrier(B);
@@ -635,35 +676,36 @@ static hir_status run_rank(int rank, void *user) {
     if ((s = t) != HIR_OK) goto done;
   }
   if (B->cfg.pipe >= SERIAL) { /* the result, against the serial one */
-    int64_t n = numel(&out);
-    uint16_t *h = (uint16_t *)malloc((size_t)n * 2);
-    if (!h || (s = be->download(be, h, out.data, (size_t)n * 2)) != HIR_OK) {
-      free(h);
-      s = fail(B, rank, h ? s : HIR_ERR_NOMEM, "download", h ? be->error : "out of host memory");
-      goto done;
-    }
-    if (B->cfg.pipe == SERIAL) {
-      free(B->ref[rank]);
-      B->ref[rank] = h;
-      B->ref_numel = n;
-    } else if (n != B->ref_numel) {
-      free(h);
-      s = fail(B, rank, HIR_ERR_SHAPE, "output", "its size differs from the serial output's");
-      goto done;
-    } else {
-      double worst = 0, scale = 0;
-      int64_t j;
-      for (j = 0; j < n; j++) {
-        double r = hir_bf16_to_float(B->ref[rank][serial_index(B, j)]), d = fabs(hir_bf16_to_float(h[j]) - r);
+    double worst = 0, scale = 0;
+    int64_t total = 0, n, j;
+    for (q = 0; q < nout; q++) {
+      uint16_t *h = (uint16_t *)malloc((size_t)(n = numel(&out[q])) * 2);
+      if (!h || (s = be->download(be, h, out[q].data, (size_t)n * 2)) != HIR_OK) {
+        free(h);
+        s = fail(B, rank, h ? s : HIR_ERR_NOMEM, "download", h ? be->error : "out of host memory");
+        goto done;
+      }
+      if (B->cfg.pipe == SERIAL) {
+        free(B->ref[rank]);
+        B->ref[rank] = h;
+        B->ref_numel = n;
+        continue;
+      }
+      for (j = 0, total += n; j < n && total <= B->ref_numel; j++) {
+        double r = hir_bf16_to_float(B->ref[rank][serial_index(B, q, j)]), d = fabs(hir_bf16_to_float(h[j]) - r);
         if (!(d <= worst)) worst = d; /* NaN counts as the worst */
         if (fabs(r) > scale) scale = fabs(r);
       }
-      B->err[rank] = worst / (scale > 0 ? scale : 1);
       free(h);
     }
+    if (B->cfg.pipe != SERIAL && total != B->ref_numel) {
+      s = fail(B, rank, HIR_ERR_SHAPE, "output", "its size differs from the serial output's");
+      goto done;
+    }
+    B->err[rank] = worst / (scale > 0 ? scale : 1);
   }
 done:
-  for (i = 0; i < 2; i++)
+  for (i = 0; i < 3; i++)
     if (din[i].data) be->release(be, din[i].data);
   free(owned);
   if (tuner) hir_tuner_free(tuner); /* and the evaluator it chose */
@@ -855,6 +897,9 @@ static void config_base_name(const config *c, char *buf, size_t cap) {
     snprintf(buf, cap, "%s, %d chunks, %d streams", pipeline_names[c->pipe], c->chunks, c->streams);
   else if (c->pipe == AUTO)
     snprintf(buf, cap, "%s%s)", pipeline_names[c->pipe], c->copy_engine ? ", copy eng." : "");
+  else if (c->pipe == P2P_SPLIT_WEIGHT)
+    snprintf(buf, cap, "%s 1/%d%s, %d streams", pipeline_names[c->pipe], c->chunks, c->copy_engine ? " (copy eng.)" : "",
+             c->streams);
   else if (c->pipe >= P2P_LINEAR && c->parts > 1)
     snprintf(buf, cap, "%s%s, %d parts, %d streams%s", pipeline_names[c->pipe], c->copy_engine ? " (copy eng.)" : "", c->parts,
              c->streams, c->bounded ? ", bounded" : "");
@@ -867,7 +912,7 @@ static void config_base_name(const config *c, char *buf, size_t cap) {
 
 /* Every pipeline for one shape; returns the number that failed. */
 static int bench_shape(bench *B, const int *streams, int nstreams, const int *chunks, int nchunks, const int *parts,
-                       int nparts) {
+                       int nparts, const int *column_parts, int ncolumn_parts) {
   config cfgs[MAXCFG];
   result res[MAXCFG];
   int n = 0, i, j, failed = 0, best = -1;
@@ -884,9 +929,9 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
         cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1, 0, 0};
         cfgs[n++] = (config){P2P_AS_COLLECTIVES, chunks[i], streams[j], 0, 1, 0, 0}; /* the same, on the p2p fusion's layout */
       }
-  for (i = 0; i < nchunks && B->sh.pat == RS; i++)
+  for (i = 0; i < ncolumn_parts && B->sh.pat == RS; i++)
     for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
-      if (B->sh.N % chunks[i] == 0) cfgs[n++] = (config){COLLECTIVE_N, chunks[i], streams[j], 0, 1, 0, 0};
+      if (B->sh.N % column_parts[i] == 0) cfgs[n++] = (config){COLLECTIVE_N, column_parts[i], streams[j], 0, 1, 0, 0};
   for (ce = 0; ce <= B->gpu; ce++)
     for (i = P2P_LINEAR; i <= P2P_RING; i++)
       for (k = 0; k < nparts; k++)
@@ -896,6 +941,10 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     cfgs[n++] = (config){P2P_RING, B->D, streams[j], B->gpu, 1, 1, 0};
   for (ce = 0; ce <= B->gpu && n < MAXCFG - 1; ce++)
     cfgs[n++] = (config){P2P_ONE_GEMM, B->D, streams[0], ce, 1, 0, 0};
+  for (i = 0; i < ncolumn_parts && B->sh.pat == AG; i++)
+    for (ce = 0; ce <= B->gpu && n < MAXCFG - 1; ce++)
+      if (column_parts[i] > 1 && B->sh.N % column_parts[i] == 0)
+        cfgs[n++] = (config){P2P_SPLIT_WEIGHT, column_parts[i], streams[0], ce, 1, 0, 0};
   auto_at = n;
   cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0, 0, B->graphs}; /* the plan it prints is its own */
   for (i = 2, k = n; B->graphs && i < k && n < MAXCFG; i++) /* --graph: each pipeline again as a CUDA graph */
@@ -1025,8 +1074,8 @@ int main(int argc, char **argv) {
                                         {RS, 256, 8192, 4096}, {RS, 1024, 8192, 4096}, {RS, 4096, 8192, 4096}};
   int decode = 0, ranks = 0;
   shape shapes[32];
-  int nshapes = 0, streams[4] = {2, 4}, nstreams = 2, chunks[4] = {4, 8}, nchunks = 2, parts[4] = {1, 2, 4}, nparts = 3, i,
-      failed = 0;
+  int nshapes = 0, streams[4] = {2, 4}, nstreams = 2, chunks[4] = {4, 8}, nchunks = 2, parts[4] = {1, 2, 4}, nparts = 3;
+  int column_parts[4] = {2, 4}, ncolumn_parts = 2, i, failed = 0;
   B.iters = 10;
   B.warmup = 3;
   B.rematch = 3;
@@ -1036,6 +1085,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--streams") && i + 1 < argc) nstreams = parse_list(argv[++i], streams, 4);
     else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) nchunks = parse_list(argv[++i], chunks, 4);
     else if (!strcmp(argv[i], "--parts") && i + 1 < argc) nparts = parse_list(argv[++i], parts, 4);
+    else if (!strcmp(argv[i], "--column-parts") && i + 1 < argc) ncolumn_parts = parse_list(argv[++i], column_parts, 4);
     else if (!strcmp(argv[i], "--trace") && i + 1 < argc) B.trace_dir = argv[++i];
     else if (!strcmp(argv[i], "--processes")) B.procs = 1;
     else if (!strcmp(argv[i], "--graph")) B.graphs = i + 1 < argc && !strcmp(argv[i + 1], "2") ? (i++, 2) : 1;
@@ -1052,16 +1102,16 @@ int main(int argc, char **argv) {
       shapes[nshapes++].N = atoll(argv[i + 3]);
       i += 3;
     } else {
-      fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--trace DIR] "
+      fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--column-parts 2,4] [--trace DIR] "
                       "[--processes] [--memory-limit MiB] [--pause MS] [--rematch N] [--serve CHOICE] [--graph] [--decode] [--ranks N] [ag|rs M K N]...\n",
               argv[0]);
       return 2;
     }
   }
   if (B.iters < 1 || B.iters > MAXIT || B.warmup < 0 || B.rematch < 0 || B.rematch > MAXREMATCH || !nstreams || !nchunks ||
-      !nparts || (ranks && (ranks < 2 || ranks > MAXR))) {
-    fprintf(stderr, "%s: --iters takes 1..%d, --warmup 0 or more, --rematch 0..%d, --ranks 2..%d, --streams, --chunks and "
-                    "--parts positive lists\n", argv[0], MAXIT, MAXREMATCH, MAXR);
+      !nparts || !ncolumn_parts || (ranks && (ranks < 2 || ranks > MAXR))) {
+    fprintf(stderr, "%s: --iters takes 1..%d, --warmup 0 or more, --rematch 0..%d, --ranks 2..%d, --streams, --chunks, "
+                    "--parts and --column-parts positive lists\n", argv[0], MAXIT, MAXREMATCH, MAXR);
     return 2;
   }
 #ifdef HOSTIR_CUDA
@@ -1141,7 +1191,7 @@ int main(int argc, char **argv) {
   if (!B.gpu && !(B.local = hir_local_world_create(B.D))) return 1;
   for (i = 0; i < nshapes; i++) {
     B.sh = shapes[i];
-    failed += bench_shape(&B, streams, nstreams, chunks, nchunks, parts, nparts);
+    failed += bench_shape(&B, streams, nstreams, chunks, nchunks, parts, nparts, column_parts, ncolumn_parts);
   }
 #ifdef HOSTIR_CUDA
   hir_nccl_world_free(B.nccl);
