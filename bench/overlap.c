@@ -105,9 +105,9 @@ typedef enum {
   COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, COLLECTIVE_N, P2P_AS_COLLECTIVES, P2P_LINEAR, P2P_RING, P2P_ONE_GEMM,
   P2P_SPLIT_WEIGHT, AUTO
 } pipeline;
-static const char *pipeline_names[] = {"comm alone", "GEMM alone",    "serial",           "collective",
-                                       "collective on N", "p2p as collectives", "p2p linear", "p2p ring",
-                                       "p2p, one GEMM", "p2p ring, split weight", "automatic (tuned"};
+static const char *pipeline_names[] = {"comm alone", "GEMM alone", "serial", "collective", "collective on N",
+                                       "p2p as collectives", "p2p linear", "p2p ring", "p2p, one GEMM",
+                                       "p2p ring, split weight", "automatic (tuned"};
 
 typedef struct config {
   pipeline pipe;
