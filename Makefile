@@ -57,9 +57,10 @@ test-bootstrap: $(BUILD)/test-bootstrap
 $(BUILD)/nvtx_probe.so: tests/gpu/nvtx_probe.c | $(BUILD)
 	$(CC) $(WARN) -O2 -shared -fPIC -I$(CUDA_HOME)/include -o $@ $< -lpthread
 
-examples-nvcc: | $(BUILD)
-	@for e in examples/*.c; do n=$$(basename $$e .c); \
-	  nvcc -x cu -O2 $(CUDA_CFLAGS) -o $(BUILD)/$$n-nvcc $$e $(CUDA_LDLIBS) -lpthread || exit 1; done
+# Files, so that a build carried to a GPU machine is not compiled again there.
+examples-nvcc: $(patsubst examples/%.c,$(BUILD)/%-nvcc,$(wildcard examples/*.c))
+$(BUILD)/%-nvcc: examples/%.c $(HEADERS) | $(BUILD)
+	nvcc -x cu -O2 $(CUDA_CFLAGS) -o $@ $< $(CUDA_LDLIBS) -lpthread
 
 run: $(BUILD)/main
 	./$(BUILD)/main
