@@ -333,8 +333,10 @@ TEST(test_tune_rank_outside, "tune/rank_outside_fusion", TEST_CPU) {
 }
 
 /* A backend whose GEMMs are wrong off the caller's stream (the pipelines'
-   streams): the tuner must drop every pipeline, naming why, and choose
-   serial on every rank. */
+   streams): the tuner must drop every pipeline that runs them there, naming
+   why, and choose alike on every rank: serial, or gather first, whose one
+   GEMM runs on the caller's stream as serial's does (the two are within
+   noise here; under TSan gather first has won). */
 static hir_status (*tune_cpu_matmul)(hir_backend *, void *, const hir_tensor *, const hir_tensor *, const hir_tensor *);
 static hir_status tune_wrong_matmul(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *a,
                                     const hir_tensor *c) {
@@ -369,7 +371,8 @@ TEST(test_tune_wrong_candidates, "tune/drops_wrong_candidates", TEST_CPU) {
   CHECK(hir_spmd(3, tune_wrong_rank, &x) == HIR_OK);
   for (r = 0; r < 3; r++) {
     chosen(x.plan[r], choice, sizeof choice);
-    if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && !strcmp(choice, "serial") &&
+    if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && (!strcmp(choice, "serial") || !strncmp(choice, "gather first", 12)) &&
+                same_choice(x.plan[r], x.plan[0]) &&
                 strstr(x.plan[r], "dropped ring, 2 streams: its outputs differ from serial's on device 0") &&
                 strstr(x.plan[r], "measured:") && !strcmp(strstr(x.plan[r], "measured:"), strstr(x.plan[0], "measured:"))))
       fprintf(stderr, "  rank %d: %s, max err %g: %s %s\n", r, hir_status_str(x.st[r]), x.worst[r], x.plan[r], x.err[r]);
