@@ -36,6 +36,47 @@ static void seed_matmul_rs_p2p_partials_out(seed *s, hir_fusion *f, int n, const
   hir_output(f, s->t[3]);
 }
 
+/* AG+GEMM with the weight in two column parts (bench-overlap's "p2p ring,
+   split weight"): G = set(A [DIDx(D), M, K]) on Stream, G x W0 on Stream
+   (the P2P allgather's loop), G x W1 once, whole, after it. */
+static void seed_ag_split_weight(seed *s, hir_fusion *f, int n, const int *mesh) {
+  seed_begin(s, f);
+  seed_tv(s, hir_input(f, HIR_F32, 3));
+  seed_tv(s, hir_input(f, HIR_F32, 2));
+  seed_tv(s, hir_input(f, HIR_F32, 2));
+  seed_tv(s, hir_set(f, s->t[0]));
+  seed_tv(s, hir_matmul(f, s->t[3], s->t[1]));
+  seed_tv(s, hir_matmul(f, s->t[3], s->t[2]));
+  hir_output(f, s->t[4]);
+  hir_output(f, s->t[5]);
+  seed_mesh_all(s, n, mesh);
+  hir_parallelize(s->t[0], 0, HIR_DIDX);
+  hir_parallelize(s->t[3], 0, HIR_STREAM);
+  hir_parallelize(s->t[4], 0, HIR_STREAM);
+}
+
+/* GEMM + reduce-scatter by column chunks (bench-overlap's "collective on
+   N"): A [DIDx(D), D2, M, K] x B [DIDx(D), S, K, N], both broadcast to
+   [D, S, D2, .., ..], summed over D, scattered on D2; S on Stream: a GEMM
+   and a ReduceScatter per chunk of the weight's columns. */
+static void seed_matmul_rs_columns(seed *s, hir_fusion *f, int n, const int *mesh) {
+  int flags_a[5] = {0, 1, 0, 0, 0}, flags_b[5] = {0, 0, 1, 0, 0}, axis = 0;
+  seed_begin(s, f);
+  seed_tv(s, hir_input(f, HIR_F32, 4));
+  seed_tv(s, hir_input(f, HIR_F32, 4));
+  seed_tv(s, hir_matmul(f, hir_broadcast(f, s->t[0], 5, flags_a), hir_broadcast(f, s->t[1], 5, flags_b)));
+  seed_tv(s, hir_sum(f, s->t[2], 1, &axis));
+  hir_output(f, s->t[3]);
+  hir_set_mesh(s->t[0], n, mesh);
+  hir_set_mesh(s->t[1], n, mesh);
+  hir_set_mesh(s->t[3], n, mesh);
+  hir_parallelize(s->t[0], 0, HIR_DIDX);
+  hir_parallelize(s->t[1], 0, HIR_DIDX);
+  hir_parallelize(s->t[2], 1, HIR_STREAM);
+  hir_parallelize(s->t[3], 1, HIR_STREAM);
+  hir_parallelize(s->t[3], 2, HIR_DIDX);
+}
+
 static const struct {
   const char *name;
   seed_fn fn;
@@ -209,6 +250,34 @@ static void seed_data(spmd_case *c, const char *which, int D) {
     free(y);
     c->nin = 2;
     c->nout = 1;
+  } else if (!strcmp(which, "AG_split_weight")) { /* [D, M, K] x [K, 2] and x [K, 3] */
+    int64_t sa[3] = {D, M, K}, sw[2][2] = {{K, 2}, {K, 3}}, q;
+    c->in[0] = trand(HIR_F32, 3, sa);
+    for (q = 0; q < 2; q++) {
+      int64_t so[3] = {D, M, sw[q][1]};
+      c->in[1 + q] = trand(HIR_F32, 2, sw[q]);
+      c->out[q] = tn(HIR_F32, 3, so);
+      y = (double *)calloc((size_t)(D * M * sw[q][1]), sizeof(double));
+      gemm_ref(&c->in[0], 0, &c->in[1 + q], 0, y, D * M, K, sw[q][1]);
+      for (i = 0; i < D * M * sw[q][1]; i++) tset(&c->out[q], i, y[i]);
+      free(y);
+    }
+    c->nin = 3;
+    c->nout = 2;
+  } else if (!strcmp(which, "matmul_RS_columns")) { /* out[s, j] = sum_d A[d, j] B[d, s] */
+    int64_t sa[4] = {D, D, M, K}, sb[4] = {D, S, K, N}, so[4] = {S, D, M, N};
+    c->in[0] = trand(HIR_F32, 4, sa);
+    c->in[1] = trand(HIR_F32, 4, sb);
+    c->out[0] = tn(HIR_F32, 4, so);
+    y = (double *)calloc((size_t)(S * D * M * N), sizeof(double));
+    for (s = 0; s < S; s++)
+      for (j = 0; j < D; j++)
+        for (d = 0; d < D; d++)
+          gemm_ref(&c->in[0], (d * D + j) * M * K, &c->in[1], (d * S + s) * K * N, y + (s * D + j) * M * N, M, K, N);
+    for (i = 0; i < S * D * M * N; i++) tset(&c->out[0], i, y[i]);
+    free(y);
+    c->nin = 2;
+    c->nout = 1;
   } else if (!strcmp(which, "matmul_AR")) {
     int64_t sa[4] = {S, D, M, K}, sb[3] = {D, K, N}, so[3] = {S, M, N};
     c->in[0] = trand(HIR_F32, 4, sa);
@@ -256,17 +325,20 @@ static void seed_data(spmd_case *c, const char *which, int D) {
    seeds as collective pipelines (stream.collective_chunks: an allgather
    or reduce-scatter of one row of every peer's chunk an iteration, staged
    through a contiguous buffer) and with the gather first (stream.gather_first:
-   the allgather's loop, then one GEMM). */
+   the allgather's loop, then one GEMM); and bench-overlap's decode programs
+   with the weight cut by columns (an AG whose gathered tensor is read on
+   Stream and whole, a reduce-scatter a column chunk). */
 TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
   static const char *names[] = {"SingleSetOp", "TwoSetOps", "ThreeSetOps", "Allgather", "Allreduce", "ReduceScatter",
                                 "AG_matmul", "AllgatherP2p", "AG_matmul_P2p", "matmul_AR", "matmul_RS_through_bcast", "matmul_RS_p2p",
-                                "matmul_RS_p2p_partials_out"};
+                                "matmul_RS_p2p_partials_out", "AG_split_weight", "matmul_RS_columns"};
   static const seed_fn fns[] = {seed1, seed2, seed3, seed_allgather, seed_allreduce, seed_reduce_scatter, seed_ag_matmul,
                                 seed_allgather_p2p, seed_ag_matmul_p2p, seed_matmul_ar, seed_matmul_rs_through_bcast,
-                                seed_matmul_rs_p2p, seed_matmul_rs_p2p_partials_out};
+                                seed_matmul_rs_p2p, seed_matmul_rs_p2p_partials_out, seed_ag_split_weight,
+                                seed_matmul_rs_columns};
   static const int odd[4] = {3, 1, 7, 5};
   int k, wi, ring, bounded, ns, cut, runs = 0;
-  for (k = 0; k < 13; k++)
+  for (k = 0; k < 15; k++)
     for (wi = 0; wi < 6; wi++)
       for (ring = 0; ring < 2; ring++)
         for (bounded = 0; bounded < 2; bounded++)
@@ -279,12 +351,13 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
             spmd_case c;
             seed s;
             if (wi == 5 && k < 3) continue; /* single-device seeds: no mesh */
-            if (platform->p2p_only && k != 7 && k != 8 && k < 11) continue;
+            if (platform->p2p_only && ((k != 7 && k != 8 && k < 11) || k == 14)) continue;
+            if (k == 14 && (ring || bounded || cut > 1)) continue; /* columns: no P2P, one schedule */
             if (ns > 2 && (wi == 1 || wi == 3)) continue; /* keep the matrix small: 3-4 streams on 1, 3, 8 and the odd mesh */
             if (cut == 3 && k != 8 && k < 11) continue;      /* cut: the P2P GEMMs */
             if (collective && ((platform->p2p_only && k != 7 && k != 8) || (k != 7 && k != 8 && k < 11) || ring || bounded))
               continue; /* a P2P-only world still has the allgather its shape check uses */
-            if (gather && k != 7 && k != 8) continue; /* gather first: the P2P allgathers */
+            if (gather && k != 7 && k != 8 && k != 13) continue; /* gather first: the P2P allgathers */
             fns[k](&s, hir_fusion_create(), D, mesh);
             memset(&lc, 0, sizeof lc);
             lc.f = s.f;
