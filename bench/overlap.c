@@ -576,7 +576,7 @@ static hir_status run_rank(int rank, void *user) {
   }
   memset(&ld, 0, sizeof ld);
   ld.my_device = rank;
-  ld.stream.schedule = B->cfg.pipe == P2P_RING ? HIR_P2P_RING : HIR_P2P_LINEAR;
+  ld.stream.schedule = B->cfg.pipe == P2P_RING || B->cfg.pipe == P2P_SPLIT_WEIGHT ? HIR_P2P_RING : HIR_P2P_LINEAR;
   ld.comm = comm;
   ld.stream.chunks_per_peer = B->cfg.parts;
   ld.stream.collective_chunks = B->cfg.pipe == P2P_AS_COLLECTIVES ? B->cfg.chunks : 0;
