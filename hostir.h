@@ -46,7 +46,7 @@
        // >>segment       copy, sharding propagation, decomposition, segmenter
        // >>lower         building the program, resharding ops to communications
        // >>pass_dealloc  Deallocate after last uses
-       // >>pass_stream   stream lowering: loops over chunks, P2P schedules
+       // >>pass_stream   stream lowering: loops over chunks, P2P schedules; gathered GEMMs cut by columns
        // >>verify        the program verifier run between passes
        // >>schedule      the cross-rank schedule verifier
        // >>automatic     the automatic choice: pipeline or serial, by a cost model
@@ -525,6 +525,14 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
      Where M is small (decode) a GEMM cut by rows reads its whole weight once
      a chunk, and the exchange is short: bench/NOTES.md section 41. */
   int gather_first;
+  /* S >= 2: a GEMM on a P2P allgather's chunks computes, in the loop, only
+     the first N/S columns (its weight's first N/S columns, the exchange
+     behind the local rows' part); the other parts run after the loop, one
+     GEMM each of every row. The weight is read 1 + (D - 1)/S times instead
+     of D: for decode-size M, whose GEMMs read their whole weight whatever
+     their rows (bench/NOTES.md section 42). N must divide by S at run time.
+     0 or 1: off. */
+  int column_parts;
 } hir_stream_options;
 typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   int my_device;                    /* this rank's device id */
@@ -5778,6 +5786,111 @@ done:
   return f->status;
 }
 
+/* stream.column_parts = S: in a StreamIdx loop, a matmul X x W whose X is
+   a chunk of a P2P allgather's gathered tensor G (a receive writes it in
+   the loop) computes only the first N/S columns of its output chunk, with
+   the first N/S columns of W; after the loop one GEMM a part computes the
+   other columns of every row, X whole. At decode-size M a GEMM reads its
+   whole weight whatever its rows, so the exchange hides behind the local
+   rows' GEMM of one part of the weight, and the weight is read 1 + 1/S
+   times on 2 ranks instead of once a chunk (bench/NOTES.md section 42).
+   Views only (HirAliasSlice of W and of the output along N): the GEMMs
+   take the strided columns through their leading dimension. */
+static hir_expr *hir__defined_in(const hir_scope *body, const hir_tv *tv, hir_expr_kind kind) {
+  int i;
+  for (i = 0; i < body->exprs.n; i++) {
+    hir_expr *x = (hir_expr *)body->exprs.items[i];
+    if (x->kind == kind && x->nout && x->out[0] == tv) return x;
+  }
+  return NULL;
+}
+
+static int hir__received_in(const hir_scope *s, const hir_tv *tv) {
+  int i;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *x = (const hir_expr *)s->exprs.items[i];
+    if ((x->kind == HIR_EXPR_P2P_COMMUNICATION && x->sub == HIR_P2P_RECV && x->in[0] == tv) || hir__received_in(&x->body, tv) ||
+        hir__received_in(&x->orelse, tv))
+      return 1;
+  }
+  return 0;
+}
+
+/* Whether e, in `loop`'s body, is a matmul column_parts cuts: X x W with
+   X a chunk of the gathered tensor that a receive of the loop writes, W
+   made outside the loop, [K, N], and the output a chunk at X's index
+   (bounded buffers index the gathered tensor by slot: not whole after the
+   loop, left alone). *of_g, *of_out: the chunks' views. */
+static int hir__column_matmul(const hir_expr *loop, const hir_expr *e, hir_expr **of_g, hir_expr **of_out) {
+  int j, m_axis, n_axis;
+  if (e->kind != HIR_EXPR_MATMUL || e->nin != 2 || e->flags || e->in[1]->ndims != 2) return 0;
+  *of_g = hir__defined_in(&loop->body, e->in[0], HIR_EXPR_ALIAS_SELECT);
+  *of_out = hir__defined_in(&loop->body, e->out[0], HIR_EXPR_ALIAS_SELECT);
+  hir__matmul_out_axes(e, &m_axis, &n_axis);
+  for (j = 0; j < loop->body.exprs.n; j++) {
+    const hir_expr *x = (const hir_expr *)loop->body.exprs.items[j];
+    if (x->nout && x->out[0] == e->in[1]) return 0;
+  }
+  return *of_g && *of_out && (*of_g)->val == (*of_out)->val && n_axis >= 0 && hir__received_in(&loop->body, e->in[0]);
+}
+
+/* `loop` into out, each matmul it cuts computing part 0 of the columns,
+   the weight's part 0 made before the loop, the other parts after it. */
+static int hir__cut_columns(hir_program *p, int parts, hir__vec *out, hir_expr *loop) {
+  hir_fusion *f = &p->ir;
+  hir__vec body = {NULL, 0, 0}, tail = {NULL, 0, 0};
+  int i, k, m_axis, n_axis;
+  for (i = 0; i < loop->body.exprs.n; i++) {
+    hir_expr *e = (hir_expr *)loop->body.exprs.items[i], *of_g, *of_out, *w0, *o0;
+    hir_tv *w = e->in && e->nin > 1 ? e->in[1] : NULL;
+    if (hir__column_matmul(loop, e, &of_g, &of_out)) { /* W [K, N]: its axis 1 cut */
+      hir__matmul_out_axes(e, &m_axis, &n_axis);
+      if (!(w0 = hir__alias_view(f, w, 1, hir__const(f, 0), parts)) || !hir__push(f, out, w0) ||
+          !(o0 = hir__alias_view(f, e->out[0], n_axis, hir__const(f, 0), parts)) || !hir__push(f, &body, o0))
+        return 0;
+      e->in[1] = w0->out[0];
+      e->out[0] = o0->out[0];
+      for (k = 1; k < parts; k++) { /* after the loop: part k of the columns, every row */
+        hir_tv *whole = of_out->in[0];
+        hir_expr *wk = hir__alias_view(f, w, 1, hir__const(f, k), parts), *ok, *mm;
+        if (!wk || !(ok = hir__alias_view(f, whole, n_axis + (of_out->axis <= n_axis), hir__const(f, k), parts)) ||
+            !(mm = hir__new_expr(f, HIR_EXPR_MATMUL, 2, 1)))
+          return 0;
+        mm->in[0] = of_g->in[0];
+        mm->in[1] = wk->out[0];
+        mm->out[0] = ok->out[0];
+        if (!hir__push(f, &tail, wk) || !hir__push(f, &tail, ok) || !hir__push(f, &tail, mm)) return 0;
+      }
+    }
+    if (!hir__push(f, &body, e)) return 0;
+  }
+  hir__scope_reset(&loop->body, &body);
+  if (!hir__push(f, out, loop)) return 0;
+  for (i = 0; i < tail.n; i++)
+    if (!hir__push(f, out, tail.items[i])) return 0;
+  return 1;
+}
+
+static hir_status hir__column_parts(hir_program *p, int parts) {
+  hir_fusion *f = &p->ir;
+  hir__vec out = {NULL, 0, 0};
+  int i;
+  if (f->status != HIR_OK) return f->status;
+  if (parts < 0 || parts > 1024) {
+    hir__fail(f, HIR_ERR_INVALID, "stream lowering: column_parts is %d; give 2 to 1024 (0 or 1: off)", parts);
+    return f->status;
+  }
+  for (i = 0; i < p->top.exprs.n; i++) {
+    hir_expr *x = (hir_expr *)p->top.exprs.items[i];
+    if (!(x->kind == HIR_EXPR_FOR_LOOP ? hir__cut_columns(p, parts, &out, x) : hir__push(f, &out, x))) {
+      if (f->status == HIR_OK) hir__fail(f, HIR_ERR_NOMEM, "stream lowering: out of memory");
+      return f->status;
+    }
+  }
+  hir__scope_reset(&p->top, &out);
+  return HIR_OK;
+}
+
 // >>verify
 typedef struct hir__verifier {
   const hir_program *p;
@@ -6497,6 +6610,9 @@ static hir_status hir__lower_passes(hir_program *p, const hir_fusion *f, const h
   if (!hir__pipeline_check(p, "segmentation", dump)) return p->ir.status;
   if (!d->skip_stream_lowering &&
       (hir_pass_stream_lowering(p, &stream), !hir__pipeline_check(p, "stream_lowering", dump)))
+    return p->ir.status;
+  if (!d->skip_stream_lowering && !serial && stream.column_parts != 0 && stream.column_parts != 1 &&
+      (hir__column_parts(p, stream.column_parts), !hir__pipeline_check(p, "column_parts", dump)))
     return p->ir.status;
   if ((hir_pass_convert_communications(p), !hir__pipeline_check(p, "convert_communications", dump))) return p->ir.status;
   if (!d->skip_deallocations &&
@@ -10150,7 +10266,7 @@ static int hir__check_view(hir_evaluator *ev, const hir_expr *e) {
                ((const hir_tv *)ev->p->ir.inputs.items[input])->name, axis);
     return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSlice %d: T%d axis %d has size %lld%s which does not cut "
                         "into %d equal parts; give it a size that %d divides, or cut it into fewer parts "
-                        "(stream.chunks_per_peer, or collective_chunks)",
+                        "(stream.chunks_per_peer, collective_chunks or column_parts)",
                         e->name, e->in[0]->name, e->axis, (long long)a->sizes[k], from, e->parts, e->parts);
   } else {
     want.sizes[k] /= e->parts;
@@ -12382,6 +12498,7 @@ typedef struct hir__cand {
   int serial;                   /* the fusion without its Stream axes */
   int collective;               /* the P2P chains as collective pipelines of `parts` parts (stream.collective_chunks) */
   int gather_first;             /* the P2P allgathers' loops first, their readers whole (stream.gather_first) */
+  int column_parts;             /* a GEMM on a P2P allgather's chunks cut by columns (stream.column_parts) */
   hir_p2p_schedule schedule;
   int parts, streams, bounded;
   int nccl_p2p;                 /* send/recv on NCCL, not the copy engines (hir_tuner.vary_p2p) */
@@ -12446,11 +12563,14 @@ static hir_status hir__tune_fail(hir_tuner *t, hir_status s, const char *fmt, ..
    words), or with file = 1 the saved form "serial nccl 0 eager 0" / "ring
    parts 2 streams 4 bounded 0 nccl 0 eager 0" ("collective parts 4 ...":
    collective pipelines; "gather first, ring" / "gather-ring": the
-   allgathers first). */
+   allgathers first; "split weight 1/2, ring" / "split2-ring": a GEMM cut
+   by columns). */
 static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t cap) {
   const char *sched = c->collective ? "collective" : c->schedule == HIR_P2P_RING ? "ring" : "linear";
-  const char *first = !c->gather_first ? "" : file ? "gather-" : "gather first, ";
   const char *nccl = c->nccl_p2p ? ", NCCL" : "", *eager = c->eager ? ", eager" : "";
+  char first[32] = "";
+  if (c->gather_first) snprintf(first, sizeof first, "%s", file ? "gather-" : "gather first, ");
+  else if (c->column_parts > 1) snprintf(first, sizeof first, file ? "split%d-" : "split weight 1/%d, ", c->column_parts);
   if (c->serial)
     return (size_t)(file ? snprintf(buf, cap, "serial nccl %d eager %d", c->nccl_p2p, c->eager)
                          : snprintf(buf, cap, "serial%s%s", nccl, eager));
@@ -12466,7 +12586,8 @@ static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t 
 /* The candidates, serial first (the reference): ring and linear, 1, 2 and 4
    parts a peer, 2 and 4 streams, and bounded buffers under a memory limit;
    collective pipelines of 2 and 4 parts on 2 and 4 streams; the P2P
-   allgathers first and their readers whole (a ring on 2 streams).
+   allgathers first and their readers whole (a ring on 2 streams); a GEMM
+   on an allgather's chunks cut into 2 column parts (a ring on 2 streams).
    Options that do not apply to a fusion lower to the same program as
    another candidate, and are timed once. In graph mode on copy-engine
    send/recv (hir_tuner.vary_p2p), each pipeline is also timed with its
@@ -12496,13 +12617,15 @@ static int hir__candidates(const hir_tuner *t, hir__cand *c) {
       c[n].streams = streams[k];
       c[n++].nccl_p2p = t->vary_p2p; /* no send/recv: NCCL's path, as serial's */
     }
-  for (nccl = 0; nccl <= t->vary_p2p; nccl++) {
-    c[n].gather_first = 1;
-    c[n].schedule = HIR_P2P_RING;
-    c[n].parts = 1;
-    c[n].streams = 2;
-    c[n++].nccl_p2p = nccl;
-  }
+  for (k = 0; k < 2; k++)
+    for (nccl = 0; nccl <= t->vary_p2p; nccl++) {
+      c[n].gather_first = k == 0;
+      c[n].column_parts = k == 1 ? 2 : 0;
+      c[n].schedule = HIR_P2P_RING;
+      c[n].parts = 1;
+      c[n].streams = 2;
+      c[n++].nccl_p2p = nccl;
+    }
   return n;
 }
 
@@ -12535,6 +12658,7 @@ static hir_status hir__cand_lower(hir_tuner *t, const hir__cand *c, hir_program 
   d.stream.collective_chunks = c->collective ? c->parts : 0;
   d.stream.bounded_buffers = c->bounded;
   d.stream.gather_first = c->gather_first;
+  d.stream.column_parts = c->column_parts;
   if ((s = hir_lower(t->f, &d, p)) != HIR_OK || !ev) return s;
   return hir__cand_evaluator(t, c, *p, ev);
 }
@@ -13183,8 +13307,8 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
        fusion 3f2a9c0d11e4b7a5
        plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 nccl 0 eager 0 | 0.112
    One plan a line: the inputs (count, then each one's dtype, rank and
-   sizes), the choice (ring, linear, collective, gather-ring or
-   gather-linear; nccl 1: its send/recv on
+   sizes), the choice (ring, linear, collective, or ring or linear after
+   gather- or splitN-; nccl 1: its send/recv on
    NCCL, in graph mode; eager 1: run without a graph, in graph mode), its
    time in ms. A file made by another hostir version, on another machine or
    for another fusion is refused by name. */
@@ -13232,17 +13356,22 @@ static int hir__parse_plan(const char *line, int64_t *key, int cap, int *nkey, h
       else key[n++] = v;
   }
   memset(c, 0, sizeof *c);
-  if (sscanf(p, " | serial nccl %d eager %d | %lf", &c->nccl_p2p, &c->eager, ms) == 3) c->serial = 1, c->parts = c->streams = 1;
-  else if (sscanf(p, " | %15s parts %d streams %d bounded %d nccl %d eager %d | %lf", sched, &c->parts, &c->streams, &c->bounded,
-                  &c->nccl_p2p, &c->eager, ms) != 7 ||
-           (strcmp(sched, "ring") && strcmp(sched, "linear") && strcmp(sched, "collective") && strcmp(sched, "gather-ring") &&
-            strcmp(sched, "gather-linear")) ||
-           c->parts < 1 || c->parts > 64 || c->streams < 1 || c->streams > 64 || (c->bounded != 0 && c->bounded != 1))
-    return 0;
-  else {
-    c->gather_first = !strncmp(sched, "gather-", 7);
-    c->schedule = strcmp(sched + (c->gather_first ? 7 : 0), "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING;
-    c->collective = !strcmp(sched, "collective");
+  if (sscanf(p, " | serial nccl %d eager %d | %lf", &c->nccl_p2p, &c->eager, ms) == 3) {
+    c->serial = 1, c->parts = c->streams = 1;
+  } else {
+    const char *base = sched;
+    int skip = 0;
+    if (sscanf(p, " | %15s parts %d streams %d bounded %d nccl %d eager %d | %lf", sched, &c->parts, &c->streams, &c->bounded,
+               &c->nccl_p2p, &c->eager, ms) != 7 || c->parts < 1 || c->parts > 64 || c->streams < 1 || c->streams > 64 ||
+        (c->bounded != 0 && c->bounded != 1))
+      return 0;
+    if (!strncmp(sched, "gather-", 7)) c->gather_first = 1, base += 7; /* a prefix: gather-, splitN- */
+    else if (sscanf(sched, "split%d-%n", &c->column_parts, &skip) == 1 && skip > 0) base += skip;
+    if ((c->column_parts != 0 && (c->column_parts < 2 || c->column_parts > 1024)) ||
+        (strcmp(base, "ring") && strcmp(base, "linear") && (strcmp(base, "collective") || base != sched)))
+      return 0;
+    c->schedule = strcmp(base, "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING;
+    c->collective = !strcmp(base, "collective");
   }
   if ((c->nccl_p2p != 0 && c->nccl_p2p != 1) || (c->eager != 0 && c->eager != 1)) return 0;
   *nkey = n;

@@ -318,6 +318,17 @@ static void seed_data(spmd_case *c, const char *which, int D) {
   }
 }
 
+/* A case on `world` ranks lowered by lc, on ns streams, its outputs
+   preallocated on every other (ns, ring). */
+static void lowered_case_init(spmd_case *c, lowered_case *lc, int world, int ns, int ring) {
+  case_init(c, world);
+  c->nstreams = ns;
+  c->tol = 1e-4;
+  c->prealloc = (ns + ring) & 1;
+  c->build = build_lowered_with;
+  c->user = lc;
+}
+
 /* Every stream-lowered seed, plus the GEMM + P2P reduce-scatter, gives the
    right numbers for both schedules, with and without bounded buffers, with
    1..4 streams, on worlds of 1, 2, 3, 4 and 8 (and a mesh {3 1 7 5}); the
@@ -366,12 +377,7 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
             lc.d.stream.chunks_per_peer = collective || gather ? 1 : cut;
             lc.d.stream.gather_first = gather;
             lc.d.stream.collective_chunks = collective ? (k == 7 ? 5 : 3) : 0; /* what the cut axis divides into */
-            case_init(&c, world);
-            c.nstreams = ns;
-            c.tol = 1e-4;
-            c.prealloc = (ns + ring) & 1;
-            c.build = build_lowered_with;
-            c.user = &lc;
+            lowered_case_init(&c, &lc, world, ns, ring);
             seed_data(&c, names[k], D);
             snprintf(what, sizeof what, "%s (%s%s%s, mesh %s)", names[k], collective ? "collectives" : ring ? "ring" : "linear",
                      bounded ? ", bounded" : "", cut == 3 ? ", 3 parts per peer" : collective ? ", a row a part" : gather ? ", gather first" : "",
@@ -407,6 +413,115 @@ TEST(test_stream_gather_first_program, "stream/gather_first_program", TEST_CPU) 
     hir_program_free(p);
   }
   hir_fusion_free(s.f);
+}
+
+/* Whether AG_matmul_P2p on 2 ranks, lowered with d, refuses rank 0's run
+   of A [1, 3, 4] x B [4, sb[1]] with `needle` in its message before it
+   writes anything (the check comes before any transfer). */
+static int ag_run_refused(const hir_fusion *f, const hir_lower_desc *d, const int64_t *sb, const char *needle) {
+  int64_t sa[3] = {1, 3, 4}, so[3] = {2, 3, sb[1]}, k;
+  hir_local_world *w = hir_local_world_create(2);
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_eval_desc ed;
+  hir_tensor in[2], out;
+  int ok;
+  memset(&ed, 0, sizeof ed);
+  ed.comm = hir_local_comm(w, 0);
+  in[0] = trand(HIR_F32, 3, sa);
+  in[1] = trand(HIR_F32, 2, sb);
+  out = tn(HIR_F32, 3, so);
+  for (k = 0; k < tnumel(&out); k++) tset(&out, k, 7.0); /* poison */
+  ok = hir_lower(f, d, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK && hir_run(ev, in, 2, &out, 1) == HIR_ERR_SHAPE &&
+       strstr(hir_evaluator_error(ev), needle) != NULL;
+  for (k = 0; k < tnumel(&out); k++) ok &= tget(&out, k) == 7.0; /* nothing written */
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  tfree(&in[0]);
+  tfree(&in[1]);
+  tfree(&out);
+  hir_local_world_free(w);
+  return ok;
+}
+
+/* stream.column_parts = S: AG_matmul_P2p's GEMM computes, in the
+   exchange's loop, only the first N/S columns (HirAliasSlice views of the
+   weight and the output chunk), and the other parts after it, one GEMM a
+   part of every row. Numbers on worlds of 1-8 and the odd mesh, both
+   schedules, 1-3 streams, S = 2 and 3 of N = 6, and with bounded buffers
+   (where it stays off: the gathered tensor is not whole after the loop);
+   the program; N = 5 cut in 2 refused by the run before it writes
+   anything, naming the option; S = -1 refused by lowering. */
+TEST(test_stream_column_parts, "stream/column_parts", TEST_CPU | TEST_GPU_WORLDS) {
+  static const int odd[4] = {3, 1, 7, 5};
+  int wi, ring, bounded, ns, parts, runs = 0;
+  for (wi = 0; wi < 6; wi++)
+    for (ring = 0; ring < 2; ring++)
+      for (bounded = 0; bounded < 2; bounded++)
+        for (ns = 1; ns <= 3; ns++)
+          for (parts = 2; parts <= 3; parts++) {
+            int D = wi < 5 ? worlds[wi] : 4, world = wi < 5 ? D : 8;
+            int64_t M = 3, K = 4, N = 6, sa[3] = {D, M, K}, sb[2] = {K, N}, so[3] = {D, M, N}, i;
+            double *y = (double *)calloc((size_t)(D * M * N), sizeof(double));
+            char what[128];
+            lowered_case lc;
+            spmd_case c;
+            seed sd;
+            seed_ag_matmul_p2p(&sd, hir_fusion_create(), D, wi < 5 ? iota_mesh : odd);
+            memset(&lc, 0, sizeof lc);
+            lc.f = sd.f;
+            lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+            lc.d.stream.bounded_buffers = bounded;
+            lc.d.stream.column_parts = parts;
+            lowered_case_init(&c, &lc, world, ns, ring);
+            c.in[0] = trand(HIR_F32, 3, sa);
+            c.in[1] = trand(HIR_F32, 2, sb);
+            c.out[0] = tn(HIR_F32, 3, so);
+            gemm_ref(&c.in[0], 0, &c.in[1], 0, y, D * M, K, N);
+            for (i = 0; i < D * M * N; i++) tset(&c.out[0], i, y[i]);
+            free(y);
+            c.nin = 2;
+            c.nout = 1;
+            snprintf(what, sizeof what, "AG_matmul_P2p, %d column parts (%s%s, mesh %s)", parts, ring ? "ring" : "linear",
+                     bounded ? ", bounded" : "", wi < 5 ? "0..D-1" : "{3 1 7 5}");
+            RUN_CASE(&c, what);
+            hir_fusion_free(sd.f);
+            runs++;
+            if (hir_test_failures) return;
+          }
+  CHECK(runs == 144);
+  if (platform != &cpu_platform) return;
+  { /* the program: part 0 in the loop, part 1 after it; bounded buffers leave it alone */
+    static const int m2[2] = {0, 1};
+    int64_t sb[2] = {4, 5};
+    hir_lower_desc d;
+    hir_program *p;
+    seed sd;
+    int b;
+    seed_ag_matmul_p2p(&sd, hir_fusion_create(), 3, iota_mesh);
+    memset(&d, 0, sizeof d);
+    d.stream.schedule = HIR_P2P_RING;
+    d.stream.column_parts = 2;
+    for (b = 0; b < 2; b++) {
+      char *text;
+      d.stream.bounded_buffers = b;
+      text = lower_text(sd.f, &d, 1);
+      CHECK((strstr(text, "\n     = matmul(") != NULL) == !b); /* the other part, at the top level */
+      CHECK(strstr(text, "\n       = matmul(") != NULL);        /* part 0 (or all, bounded), inside the loop */
+      CHECK((strstr(text, "index = 1, parts = 2 )") != NULL) == !b);
+      free(text);
+    }
+    d.stream.column_parts = -1;
+    CHECK(hir_lower(sd.f, &d, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "column_parts is -1; give 2 to 1024"));
+    hir_program_free(p);
+    hir_fusion_free(sd.f);
+    seed_ag_matmul_p2p(&sd, hir_fusion_create(), 2, m2); /* N = 5 does not cut in 2: refused before anything is written */
+    d.stream.column_parts = 2;
+    d.stream.bounded_buffers = 0;
+    CHECK(ag_run_refused(sd.f, &d, sb, "which does not cut into 2 equal parts") &&
+          ag_run_refused(sd.f, &d, sb, "column_parts"));
+    hir_fusion_free(sd.f);
+  }
 }
 
 /* Bounded buffers keep numberOfStreams slices of the gathered A instead of
@@ -585,14 +700,9 @@ TEST(test_schedule_verifier_rejects, "stream/verifier_rejects", TEST_CPU) {
    run time, before anything is written) a size the parts do not divide. */
 static void test_stream_cut_errors(void) {
   static const int m2[2] = {0, 1};
-  int64_t sa[3] = {1, 3, 4}, sb[2] = {4, 5}, so[3] = {2, 3, 5};
+  int64_t sb[2] = {4, 5};
   hir_lower_desc d;
   hir_program *p;
-  hir_evaluator *ev = NULL;
-  hir_eval_desc ed;
-  hir_local_world *w = hir_local_world_create(2); /* rank 0 alone: the check comes before any transfer */
-  hir_tensor in[2], out;
-  int64_t k;
   seed sd;
   memset(&d, 0, sizeof d);
   seed_ag_matmul_p2p(&sd, hir_fusion_create(), 2, m2);
@@ -600,23 +710,7 @@ static void test_stream_cut_errors(void) {
   CHECK(hir_lower(sd.f, &d, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "chunks_per_peer is -1; give 1 to 1024"));
   hir_program_free(p);
   d.stream.chunks_per_peer = 2; /* the 3 rows of a peer's chunk do not cut in 2 */
-  CHECK(hir_lower(sd.f, &d, &p) == HIR_OK);
-  memset(&ed, 0, sizeof ed);
-  ed.comm = hir_local_comm(w, 0);
-  CHECK(hir_evaluator_create(p, &ed, &ev) == HIR_OK);
-  in[0] = trand(HIR_F32, 3, sa);
-  in[1] = trand(HIR_F32, 2, sb);
-  out = tn(HIR_F32, 3, so);
-  for (k = 0; k < tnumel(&out); k++) tset(&out, k, 7.0); /* poison */
-  CHECK(hir_run(ev, in, 2, &out, 1) == HIR_ERR_SHAPE &&
-        strstr(hir_evaluator_error(ev), "has size 3, the size of input 0 (T0) axis 1, which does not cut into 2 equal parts"));
-  for (k = 0; k < tnumel(&out); k++) CHECK(tget(&out, k) == 7.0); /* nothing written */
-  hir_evaluator_free(ev);
-  hir_program_free(p);
-  tfree(&in[0]);
-  tfree(&in[1]);
-  tfree(&out);
-  hir_local_world_free(w);
+  CHECK(ag_run_refused(sd.f, &d, sb, "has size 3, the size of input 0 (T0) axis 1, which does not cut into 2 equal parts"));
   hir_fusion_free(sd.f);
   seed_allgather_p2p(&sd, hir_fusion_create(), 2, m2); /* [D, N] gathered into [Stream D, N]: N is cut */
   d.stream.chunks_per_peer = 5;

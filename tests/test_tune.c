@@ -718,6 +718,70 @@ TEST(test_tune_gather_first, "tune/gather_first", TEST_CPU) {
   tune_end(&x);
 }
 
+/* stream.column_parts as a candidate: measured where N cuts in 2 and
+   dropped, named, where it does not; a saved plan that names it
+   ("split2-ring") runs untuned with the right numbers. */
+typedef struct columns_ctx {
+  tune_ctx *x;
+  int measured[TUNE_MAXR], dropped[TUNE_MAXR], loaded[TUNE_MAXR];
+} columns_ctx;
+
+static hir_status columns_rank(int rank, void *user) {
+  columns_ctx *y = (columns_ctx *)user;
+  tune_ctx *x = y->x;
+  hir_tune_desc d = tune_desc(x, rank);
+  hir_tuner *t = NULL, *u = NULL;
+  hir_status s;
+  char text[4096] = "", *at, *end;
+  const char *plan;
+  FILE *f;
+  if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) s = tune_run_once(x, t, rank, x->M);
+  tune_note(x, t, rank, s);
+  plan = x->plan[rank];
+  y->measured[rank] = strstr(plan, "; split weight 1/2, ring, 2 streams ") != NULL;
+  y->dropped[rank] = strstr(plan, "dropped split weight 1/2, ring, 2 streams: ") && strstr(plan, "does not cut into 2 equal parts");
+  if (s != HIR_OK || x->N % 2) return hir_tuner_free(t), s;
+  if ((s = save_and_load(x, t, &d, text, sizeof text, &u)) == HIR_OK) { /* its plan, the choice replaced */
+    hir_tuner_free(u), u = NULL;
+    if (!(at = strstr(text, "\nplan ")) || !(at = strchr(at + 1, '|')) || !(end = strrchr(text, '|'))) return hir_tuner_free(t), HIR_ERR_INVALID;
+    while ((at = strchr(at + 1, '|')) && at < end && strchr(at + 1, '|') != end) {} /* the choice's own bar */
+    if (!at || !(f = tmpfile())) return hir_tuner_free(t), HIR_ERR_INVALID;
+    fprintf(f, "%.*s| split2-ring parts 1 streams 2 bounded 0 nccl 0 eager 0 %s", (int)(at - text), text, end);
+    rewind(f);
+    if ((s = hir_tuner_create(x->f, &d, &u)) == HIR_OK && (s = hir_tuner_load(u, f)) == HIR_OK) {
+      x->worst[rank] = 1e30;
+      s = tune_run_once(x, u, rank, x->M);
+      static char program[TUNE_MAXR][1 << 15];
+      if (s == HIR_OK) hir_program_snprint(hir_tuner_program(u), program[rank], sizeof program[rank]);
+      y->loaded[rank] = s == HIR_OK && x->worst[rank] < 1e-4 && u->n == 1 &&
+                        strstr(hir_program_plan(hir_tuner_program(u)), "split weight 1/2, ring, 2 streams") &&
+                        strstr(program[rank], "\n     = matmul(") && strstr(program[rank], "index = 1, parts = 2 )"); /* the part after the loop */
+    }
+    fclose(f);
+  }
+  hir_tuner_free(u);
+  hir_tuner_free(t);
+  return s;
+}
+
+TEST(test_tune_column_parts, "tune/column_parts", TEST_CPU) {
+  int N, r;
+  for (N = 12; N <= 13; N++) {
+    tune_ctx x;
+    columns_ctx y;
+    tune_begin(&x, 3, 8, 16, N);
+    memset(&y, 0, sizeof y);
+    y.x = &x;
+    CHECK(hir_spmd(3, columns_rank, &y) == HIR_OK);
+    for (r = 0; r < 3; r++)
+      if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && same_choice(x.plan[r], x.plan[0]) &&
+                  (N == 12 ? y.measured[r] && y.loaded[r] : y.dropped[r] && !y.measured[r])))
+        fprintf(stderr, "  rank %d, N %d: %s (measured %d, dropped %d, loaded %d): %s %s\n", r, N, hir_status_str(x.st[r]),
+                y.measured[r], y.dropped[r], y.loaded[r], x.plan[r], x.err[r]);
+    tune_end(&x);
+  }
+}
+
 /* ---- on the GPU suite's platforms: threads, processes ---- */
 typedef struct tune_gpu {
   void *w;
