@@ -328,10 +328,13 @@ class Fusion:
         P2P pipelines as collective pipelines of `parts` parts; "gather": each
         P2P allgather a ring of its own, the ops reading what it gathers run
         once, whole, after it (stream.gather_first: a decode-size GEMM reads
-        its weight once)."""
-        schedules = ("linear", "ring", "collective", "gather")
+        its weight once); "split": a ring whose GEMMs on the gathered chunks
+        compute the first half of their columns in it and the second half
+        after it, every row at once (stream.column_parts = 2)."""
+        schedules = ("linear", "ring", "collective", "gather", "split")
         if schedule not in schedules:
-            raise Error("invalid argument", "lower: schedule %r; give 'linear', 'ring', 'collective' or 'gather'" % (schedule,))
+            raise Error("invalid argument",
+                        "lower: schedule %r; give 'linear', 'ring', 'collective', 'gather' or 'split'" % (schedule,))
         out = ctypes.c_void_p()
         code = _lib.hx_lower(self._h, device, schedules.index(schedule), parts, int(bounded), int(serial), 0, None, None, 0,
                              ctypes.byref(out))

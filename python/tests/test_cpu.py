@@ -266,6 +266,9 @@ class CpuTests(unittest.TestCase):
             self.assertEqual(text.count("= matmul("), 2)
             text = str(hostir.ag_matmul_fusion(D, nb=2).lower(device=D - 1, schedule="gather"))
             self.assertEqual(text.count("\n     = matmul("), 2 * (D > 1), text)  # whole, after the exchange's loop
+            text = str(hostir.ag_matmul_fusion(D, nb=2).lower(device=D - 1, schedule="split"))
+            self.assertEqual(text.count("\n     = matmul("), 2 * (D > 1), text)  # each GEMM's second half, after the loop
+            self.assertEqual(text.count("\n       = matmul("), 2, text)        # and its first half in it
             text = str(hostir.ag_matmul_fusion(D, nb=2).lower(device=D - 1, schedule="collective", parts=3))
             self.assertEqual(text.count("type=Allgather"), D > 1, text)  # one allgather of a part a pipeline step
             self.assertNotIn("P2PCommunication", text)
@@ -280,16 +283,17 @@ class CpuTests(unittest.TestCase):
             for t in [g] + cs:
                 t.parallelize(0, "Stream")
             self.assertEqual(str(f.lower(device=0, schedule="ring")).count("FOR StreamIdx"), 2)
-            for schedule in ("linear", "ring", "collective", "gather"):  # collective: 3 parts, an allgather (reduce-scatter) each
+            for schedule in ("linear", "ring", "collective", "gather", "split"):  # collective: 3 parts, an allgather (reduce-scatter) each
                 m, K = 3, 8
+                n1, n2 = (6, 8) if schedule == "split" else (5, 7)  # split: N cut in 2
                 A = rng.standard_normal((D * m, K)).astype(np.float32)
-                B1, B2 = rng.standard_normal((K, 5)).astype(np.float32), rng.standard_normal((K, 7)).astype(np.float32)
+                B1, B2 = rng.standard_normal((K, n1)).astype(np.float32), rng.standard_normal((K, n2)).astype(np.float32)
                 outs = hostir.run(hostir.ag_matmul_fusion(D, nb=2), [[A[r * m:(r + 1) * m][None], B1, B2] for r in range(D)],
                                   schedule=schedule, streams=2, parts=3 if schedule == "collective" else 0)
                 for gathered, c1, c2 in outs:
                     np.testing.assert_allclose(gathered.reshape(D * m, K), A)
-                    np.testing.assert_allclose(c1.reshape(D * m, 5), A @ B1, rtol=1e-5, atol=1e-5)
-                    np.testing.assert_allclose(c2.reshape(D * m, 7), A @ B2, rtol=1e-5, atol=1e-5)
+                    np.testing.assert_allclose(c1.reshape(D * m, n1), A @ B1, rtol=1e-5, atol=1e-5)
+                    np.testing.assert_allclose(c2.reshape(D * m, n2), A @ B2, rtol=1e-5, atol=1e-5)
                 M, k = 2 * D, 4
                 A = rng.standard_normal((M, k * D)).astype(np.float32)
                 B = rng.standard_normal((k * D, 5)).astype(np.float32)
@@ -315,7 +319,7 @@ class CpuTests(unittest.TestCase):
         self.assertIn("float32", str(e.exception))
         with self.assertRaises(hostir.Error) as e:
             ag_matmul(2).lower(schedule="spiral")
-        self.assertIn("'linear', 'ring', 'collective' or 'gather'", str(e.exception))
+        self.assertIn("'linear', 'ring', 'collective', 'gather' or 'split'", str(e.exception))
 
 
 if __name__ == "__main__":
