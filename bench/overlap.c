@@ -27,10 +27,10 @@
                    or one GEMM, then the exchange (RS: a Stream axis on a
                    set): where each chunk's GEMM would read the whole weight
                    again (decode-size M), nothing split
-     p2p ring, split weight  AG+GEMM: the weight's first N/S columns
-                   (--column-parts S) as the p2p ring (local rows first,
-                   while the exchange runs), then the other columns in one
-                   GEMM of every row; B and the output as two tensors each
+     p2p ring, split weight  AG+GEMM: the p2p ring whose GEMM computes the
+                   first N/S columns (--column-parts S; stream.column_parts:
+                   the local rows' part while the exchange runs), then the
+                   other parts after it, one GEMM each of every row
      automatic     the p2p fusion through hir_tuner: serial, the p2p
                    schedules and the p2p fusion as collectives measured on
                    every rank, the fastest agreed
@@ -246,22 +246,6 @@ static hir_fusion *build_ag(pipeline pipe, int D) {
     hir_parallelize(t[0], 0, HIR_DIDX);
     return f;
   }
-  if (pipe == P2P_SPLIT_WEIGHT) { /* A [DIDx D, m, K] gathered into G [Stream D, m, K]; G x B0 on Stream, G x B1 whole */
-    hir_tv *w0, *w1, *g, *o[2];
-    t[0] = hir_input(f, HIR_BF16, 3);
-    w0 = hir_input(f, HIR_BF16, 2);
-    w1 = hir_input(f, HIR_BF16, 2);
-    g = hir_set(f, t[0]);
-    o[0] = hir_matmul(f, g, w0);
-    o[1] = hir_matmul(f, g, w1);
-    hir_output(f, o[0]);
-    hir_output(f, o[1]);
-    mesh_all(&t[0], 1, D), mesh_all(&g, 1, D), mesh_all(&w0, 1, D), mesh_all(&w1, 1, D), mesh_all(o, 2, D);
-    hir_parallelize(t[0], 0, HIR_DIDX);
-    hir_parallelize(g, 0, HIR_STREAM);
-    hir_parallelize(o[0], 0, HIR_STREAM);
-    return f;
-  }
   t[0] = hir_input(f, HIR_BF16, pipe == COLLECTIVE ? 4 : 3);
   t[1] = hir_input(f, HIR_BF16, 2);
   t[2] = hir_matmul(f, t[0], t[1]);
@@ -399,16 +383,10 @@ static int64_t numel(const hir_tensor *t) {
   return n;
 }
 
-/* Columns [from, to) of the rows x N matrix b, into dst whole. */
-static void copy_columns(const uint16_t *b, int64_t rows, int64_t N, int64_t from, int64_t to, uint16_t *dst) {
-  int64_t r;
-  for (r = 0; r < rows; r++) memcpy(dst + r * (to - from), b + r * N + from, (size_t)(to - from) * 2);
-}
-
 /* The inputs of `rank` for the current pipeline, in host memory (*owned is
    what to free). A's rows, or B's columns, are permuted where the pipeline
    splits them. */
-static int host_inputs(bench *B, int rank, hir_tensor in[3], void **owned) {
+static int host_inputs(bench *B, int rank, hir_tensor in[2], void **owned) {
   const shape *s = &B->sh;
   int64_t D = B->D, m = s->M / D, S = B->cfg.chunks, M = s->M, K = s->K, N = s->N, kd = K / D;
   *owned = NULL;
@@ -420,17 +398,6 @@ static int host_inputs(bench *B, int rank, hir_tensor in[3], void **owned) {
       in[1] = tensor(B->b[rank], 2, (int64_t[]){K, N});
       return 2;
     case COLLECTIVE: in[0] = tensor(B->a[rank], 4, (int64_t[]){S, 1, m / S, K}); break;
-    case P2P_SPLIT_WEIGHT: { /* B's first N/S columns, then the others */
-      uint16_t *p = (uint16_t *)malloc((size_t)(K * N) * 2);
-      if (!p) return -1;
-      copy_columns(B->b[rank], K, N, 0, N / S, p);
-      copy_columns(B->b[rank], K, N, N / S, N, p + K * (N / S));
-      *owned = p;
-      in[0] = tensor(B->a[rank], 3, (int64_t[]){1, m, K});
-      in[1] = tensor(p, 2, (int64_t[]){K, N / S});
-      in[2] = tensor(p + K * (N / S), 2, (int64_t[]){K, N - N / S});
-      return 3;
-    }
     default: in[0] = tensor(B->a[rank], 3, (int64_t[]){1, m, K}); break;
     }
     in[1] = tensor(B->b[rank], 2, (int64_t[]){K, N});
@@ -457,9 +424,10 @@ static int host_inputs(bench *B, int rank, hir_tensor in[3], void **owned) {
   }
   case COLLECTIVE_N: { /* B's columns (k, s, j) -> (s, k, j): chunk s of the columns whole */
     uint16_t *p = (uint16_t *)malloc((size_t)(kd * N) * 2);
-    int64_t c, cols = N / S;
+    int64_t c, k, cols = N / S;
     if (!p) return -1;
-    for (c = 0; c < S; c++) copy_columns(B->b[rank], kd, N, c * cols, (c + 1) * cols, p + c * kd * cols);
+    for (c = 0; c < S; c++)
+      for (k = 0; k < kd; k++) memcpy(p + (c * kd + k) * cols, B->b[rank] + k * N + c * cols, (size_t)cols * 2);
     *owned = p;
     in[0] = tensor(B->a[rank], 4, (int64_t[]){1, D, m, kd});
     in[1] = tensor(p, 4, (int64_t[]){1, S, kd, cols});
@@ -471,14 +439,12 @@ static int host_inputs(bench *B, int rank, hir_tensor in[3], void **owned) {
   return 2;
 }
 
-/* Index in the serial output of element i of this pipeline's output q: the
+/* Index in the serial output of element i of this pipeline's output: the
    AG collective pipeline's rows come out (s, d, i) instead of (d, s, i);
-   RS on N's columns (s, i, j) instead of (i, s, j); the split weight's
-   outputs hold the first N/S columns and the others. */
-static int64_t serial_index(const bench *B, int q, int64_t i) {
+   RS on N's columns (s, i, j) instead of (i, s, j). */
+static int64_t serial_index(const bench *B, int64_t i) {
   int64_t D = B->D, N = B->sh.N, m = B->sh.M / D, S = B->cfg.chunks, rows = m / S, row, col, c, d, r;
   if (B->cfg.pipe == COLLECTIVE_N) return i / (N / S) % m * N + i / (m * (N / S)) * (N / S) + i % (N / S);
-  if (B->cfg.pipe == P2P_SPLIT_WEIGHT) return q ? i / (N - N / S) * N + N / S + i % (N - N / S) : i / (N / S) * N + i % (N / S);
   if (B->sh.pat != AG || B->cfg.pipe != COLLECTIVE) return i;
   row = i / N;
   col = i % N;
@@ -553,9 +519,9 @@ static hir_status run_rank(int rank, void *user) {
   hir_program *p = NULL;
   hir_evaluator *ev = NULL;
   hir_tuner *tuner = NULL;
-  hir_tensor hin[3], din[3], out[2];
+  hir_tensor hin[2], din[2], out;
   void *owned = NULL;
-  int nin, nout = B->cfg.pipe == P2P_SPLIT_WEIGHT ? 2 : 1, i, k, q;
+  int nin, i, k;
   hir_status s = HIR_OK;
   memset(din, 0, sizeof din);
   B->msg[rank][0] = 0;
@@ -582,6 +548,7 @@ static hir_status run_rank(int rank, void *user) {
   ld.stream.collective_chunks = B->cfg.pipe == P2P_AS_COLLECTIVES ? B->cfg.chunks : 0;
   ld.stream.bounded_buffers = B->cfg.bounded;
   ld.stream.gather_first = B->cfg.pipe == P2P_ONE_GEMM; /* AG: the p2p fusion, its exchange first; RS: no allgather */
+  ld.stream.column_parts = B->cfg.pipe == P2P_SPLIT_WEIGHT ? B->cfg.chunks : 0;
   memset(&ed, 0, sizeof ed);
   ed.backend = be;
   ed.comm = comm;
@@ -643,7 +610,7 @@ static hir_status run_rank(int rank, void *user) {
     fail(B, rank, s, "upload", be->error);
     goto done;
   }
-  memset(out, 0, sizeof out);
+  memset(&out, 0, sizeof out);
   if (B->pause_ms > 0) {
     struct timespec rest = {B->pause_ms / 1000, (long)(B->pause_ms % 1000) * 1000000L};
     barrier(B);
@@ -653,7 +620,7 @@ static hir_status run_rank(int rank, void *user) {
     double t0;
     barrier(B);
     t0 = now_ms();
-    s = tuner ? hir_tuner_run(tuner, din, nin, out, nout) : hir_run(ev, din, nin, out, nout);
+    s = tuner ? hir_tuner_run(tuner, din, nin, &out, 1) : hir_run(ev, din, nin, &out, 1);
     if (s == HIR_OK) s = tuner ? hir_tuner_sync(tuner) : hir_evaluator_sync(ev);
     if (k >= B->warmup) B->ms[rank][k - B->warmup] = now_ms() - t0;
     if (s != HIR_OK) { /* the other ranks would wait at the barrier: this one still arrives */
@@ -666,7 +633,7 @@ static hir_status run_rank(int rank, void *user) {
   if (B->trace_dir && B->cfg.pipe >= SERIAL) { /* one more run, recorded; every rank meets every barrier */
     hir_status t = hir_evaluator_record_timeline(ev, 1);
     barrier(B);
-    if (t == HIR_OK && (t = hir_run(ev, din, nin, out, nout)) == HIR_OK) t = hir_evaluator_sync(ev);
+    if (t == HIR_OK && (t = hir_run(ev, din, nin, &out, 1)) == HIR_OK) t = hir_evaluator_sync(ev);
     B->trace_ev[rank] = t == HIR_OK ? ev : NULL;
     if (t != HIR_OK) fail(B, rank, t, "the recorded run", hir_evaluator_error(ev));
     barrier(B);
@@ -676,36 +643,35 @@ static hir_status run_rank(int rank, void *user) {
     if ((s = t) != HIR_OK) goto done;
   }
   if (B->cfg.pipe >= SERIAL) { /* the result, against the serial one */
-    double worst = 0, scale = 0;
-    int64_t total = 0, n, j;
-    for (q = 0; q < nout; q++) {
-      uint16_t *h = (uint16_t *)malloc((size_t)(n = numel(&out[q])) * 2);
-      if (!h || (s = be->download(be, h, out[q].data, (size_t)n * 2)) != HIR_OK) {
-        free(h);
-        s = fail(B, rank, h ? s : HIR_ERR_NOMEM, "download", h ? be->error : "out of host memory");
-        goto done;
-      }
-      if (B->cfg.pipe == SERIAL) {
-        free(B->ref[rank]);
-        B->ref[rank] = h;
-        B->ref_numel = n;
-        continue;
-      }
-      for (j = 0, total += n; j < n && total <= B->ref_numel; j++) {
-        double r = hir_bf16_to_float(B->ref[rank][serial_index(B, q, j)]), d = fabs(hir_bf16_to_float(h[j]) - r);
+    int64_t n = numel(&out);
+    uint16_t *h = (uint16_t *)malloc((size_t)n * 2);
+    if (!h || (s = be->download(be, h, out.data, (size_t)n * 2)) != HIR_OK) {
+      free(h);
+      s = fail(B, rank, h ? s : HIR_ERR_NOMEM, "download", h ? be->error : "out of host memory");
+      goto done;
+    }
+    if (B->cfg.pipe == SERIAL) {
+      free(B->ref[rank]);
+      B->ref[rank] = h;
+      B->ref_numel = n;
+    } else if (n != B->ref_numel) {
+      free(h);
+      s = fail(B, rank, HIR_ERR_SHAPE, "output", "its size differs from the serial output's");
+      goto done;
+    } else {
+      double worst = 0, scale = 0;
+      int64_t j;
+      for (j = 0; j < n; j++) {
+        double r = hir_bf16_to_float(B->ref[rank][serial_index(B, j)]), d = fabs(hir_bf16_to_float(h[j]) - r);
         if (!(d <= worst)) worst = d; /* NaN counts as the worst */
         if (fabs(r) > scale) scale = fabs(r);
       }
+      B->err[rank] = worst / (scale > 0 ? scale : 1);
       free(h);
     }
-    if (B->cfg.pipe != SERIAL && total != B->ref_numel) {
-      s = fail(B, rank, HIR_ERR_SHAPE, "output", "its size differs from the serial output's");
-      goto done;
-    }
-    B->err[rank] = worst / (scale > 0 ? scale : 1);
   }
 done:
-  for (i = 0; i < 3; i++)
+  for (i = 0; i < 2; i++)
     if (din[i].data) be->release(be, din[i].data);
   free(owned);
   if (tuner) hir_tuner_free(tuner); /* and the evaluator it chose */
