@@ -9114,8 +9114,8 @@ static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_
     return HIR_ERR_UNSUPPORTED;
   ok = hir__gemm_operand(&A, nd, &ta, &lda) && hir__gemm_operand(&B, nd, &tb, &ldb) && hir__gemm_operand(&C, nd, &tc, &ldc) && !tc && !ta;
   for (d = 0; ok && d < nd - 2; d++) ok = B.strides[d] == 0 || dst->sizes[d] == 1; /* batches fold into M: B and the bias repeat */
-  if (!ok || !hir__batches_fold(&A, nd, lda) || !hir__batches_fold(&C, nd, ldc) || (nd > 2 && (lda != K || ldc != N)))
-    return HIR_ERR_UNSUPPORTED;
+  /* folded, rows stay at their strides lda and ldc: stream.column_parts's GEMMs write columns of a wider output */
+  if (!ok || !hir__batches_fold(&A, nd, lda) || !hir__batches_fold(&C, nd, ldc)) return HIR_ERR_UNSUPPORTED;
   for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
   if (!c->lt && cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) return HIR_ERR_UNSUPPORTED;
   key[0] = M, key[1] = N, key[2] = K, key[3] = dst->dtype, key[4] = tb, key[5] = lda, key[6] = ldb, key[7] = ldc;
