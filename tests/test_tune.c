@@ -732,6 +732,7 @@ static hir_status columns_rank(int rank, void *user) {
   hir_tune_desc d = tune_desc(x, rank);
   hir_tuner *t = NULL, *u = NULL;
   hir_status s;
+  static char program[TUNE_MAXR][1 << 15];
   char text[4096] = "", *at, *end;
   const char *plan;
   FILE *f;
@@ -743,15 +744,14 @@ static hir_status columns_rank(int rank, void *user) {
   if (s != HIR_OK || x->N % 2) return hir_tuner_free(t), s;
   if ((s = save_and_load(x, t, &d, text, sizeof text, &u)) == HIR_OK) { /* its plan, the choice replaced */
     hir_tuner_free(u), u = NULL;
-    if (!(at = strstr(text, "\nplan ")) || !(at = strchr(at + 1, '|')) || !(end = strrchr(text, '|'))) return hir_tuner_free(t), HIR_ERR_INVALID;
-    while ((at = strchr(at + 1, '|')) && at < end && strchr(at + 1, '|') != end) {} /* the choice's own bar */
-    if (!at || !(f = tmpfile())) return hir_tuner_free(t), HIR_ERR_INVALID;
+    if (!strstr(text, "\nplan ") || !(end = strrchr(text, '|'))) return hir_tuner_free(t), HIR_ERR_INVALID;
+    for (at = end - 1; at > text && *at != '|'; at--) {} /* "plan <inputs> | <choice> | <ms>": the choice's bars */
+    if (at == text || !(f = tmpfile())) return hir_tuner_free(t), HIR_ERR_INVALID;
     fprintf(f, "%.*s| split2-ring parts 1 streams 2 bounded 0 nccl 0 eager 0 %s", (int)(at - text), text, end);
     rewind(f);
     if ((s = hir_tuner_create(x->f, &d, &u)) == HIR_OK && (s = hir_tuner_load(u, f)) == HIR_OK) {
       x->worst[rank] = 1e30;
       s = tune_run_once(x, u, rank, x->M);
-      static char program[TUNE_MAXR][1 << 15];
       if (s == HIR_OK) hir_program_snprint(hir_tuner_program(u), program[rank], sizeof program[rank]);
       y->loaded[rank] = s == HIR_OK && x->worst[rank] < 1e-4 && u->n == 1 &&
                         strstr(hir_program_plan(hir_tuner_program(u)), "split weight 1/2, ring, 2 streams") &&
