@@ -5818,20 +5818,23 @@ static int hir__received_in(const hir_scope *s, const hir_tv *tv) {
 
 /* Whether e, in `loop`'s body, is a matmul column_parts cuts: X x W with
    X a chunk of the gathered tensor that a receive of the loop writes, W
-   made outside the loop, [K, N], and the output a chunk at X's index
-   (bounded buffers index the gathered tensor by slot: not whole after the
-   loop, left alone). *of_g, *of_out: the chunks' views. */
+   made outside the loop, [K, N] with N whole on this device (not sharded),
+   and the output a chunk at X's index (bounded buffers index the gathered
+   tensor by slot: not whole after the loop, left alone). *of_g, *of_out:
+   the chunks' views. */
 static int hir__column_matmul(const hir_expr *loop, const hir_expr *e, hir_expr **of_g, hir_expr **of_out) {
   int j, m_axis, n_axis;
-  if (e->kind != HIR_EXPR_MATMUL || e->nin != 2 || e->flags || e->in[1]->ndims != 2) return 0;
+  if (e->kind != HIR_EXPR_MATMUL || e->nin != 2 || e->flags || e->in[1]->ndims != 2 || e->in[1]->ids[1]->ptype != HIR_SERIAL)
+    return 0;
   *of_g = hir__defined_in(&loop->body, e->in[0], HIR_EXPR_ALIAS_SELECT);
   *of_out = hir__defined_in(&loop->body, e->out[0], HIR_EXPR_ALIAS_SELECT);
   hir__matmul_out_axes(e, &m_axis, &n_axis);
+  if (n_axis < 0 || e->out[0]->ids[n_axis]->ptype != HIR_SERIAL) return 0;
   for (j = 0; j < loop->body.exprs.n; j++) {
     const hir_expr *x = (const hir_expr *)loop->body.exprs.items[j];
     if (x->nout && x->out[0] == e->in[1]) return 0;
   }
-  return *of_g && *of_out && (*of_g)->val == (*of_out)->val && n_axis >= 0 && hir__received_in(&loop->body, e->in[0]);
+  return *of_g && *of_out && (*of_g)->val == (*of_out)->val && hir__received_in(&loop->body, e->in[0]);
 }
 
 /* `loop` into out, each matmul it cuts computing part 0 of the columns,

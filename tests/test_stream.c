@@ -449,9 +449,10 @@ static int ag_run_refused(const hir_fusion *f, const hir_lower_desc *d, const in
    weight and the output chunk), and the other parts after it, one GEMM a
    part of every row. Numbers on worlds of 1-8 and the odd mesh, both
    schedules, 1-3 streams, S = 2 and 3 of N = 6, and with bounded buffers
-   (where it stays off: the gathered tensor is not whole after the loop);
-   the program; N = 5 cut in 2 refused by the run before it writes
-   anything, naming the option; S = -1 refused by lowering. */
+   (where it stays off: the gathered tensor is not whole after the loop),
+   and with W sharded on N (off too: N is not the device's to cut); the
+   program; N = 5 cut in 2 refused by the run before it writes anything,
+   naming the option; S = -1 refused by lowering. */
 TEST(test_stream_column_parts, "stream/column_parts", TEST_CPU | TEST_GPU_WORLDS) {
   static const int odd[4] = {3, 1, 7, 5};
   int wi, ring, bounded, ns, parts, runs = 0;
@@ -490,6 +491,40 @@ TEST(test_stream_column_parts, "stream/column_parts", TEST_CPU | TEST_GPU_WORLDS
             if (hir_test_failures) return;
           }
   CHECK(runs == 144);
+  for (wi = 1; wi < 3; wi++) { /* W sharded on N (a column-parallel weight): its N is not this device's to cut; left alone */
+    int D = worlds[wi];
+    int64_t M = 3, K = 4, n = 2, sa[3] = {D, M, K}, sb[2] = {K, D * n}, so[3] = {D, M, D * n}, i;
+    double *y = (double *)calloc((size_t)(D * M * D * n), sizeof(double));
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F32, 3), *w = hir_input(f, HIR_F32, 2), *o = hir_matmul(f, a, w);
+    lowered_case lc;
+    spmd_case c;
+    char *text;
+    hir_output(f, o);
+    hir_set_mesh(a, D, iota_mesh), hir_set_mesh(w, D, iota_mesh), hir_set_mesh(o, D, iota_mesh);
+    hir_parallelize(a, 0, HIR_DIDX);
+    hir_parallelize(w, 1, HIR_DIDX);
+    hir_parallelize(o, 0, HIR_STREAM);
+    hir_parallelize(o, 2, HIR_DIDX);
+    memset(&lc, 0, sizeof lc);
+    lc.f = f;
+    lc.d.stream.schedule = HIR_P2P_RING;
+    lc.d.stream.column_parts = 2;
+    text = lower_text(f, &lc.d, 0);
+    CHECK(strstr(text, "P2PCommunication") && !strstr(text, "parts = 2"));
+    free(text);
+    lowered_case_init(&c, &lc, D, 2, 1);
+    c.in[0] = trand(HIR_F32, 3, sa);
+    c.in[1] = trand(HIR_F32, 2, sb);
+    c.out[0] = tn(HIR_F32, 3, so);
+    gemm_ref(&c.in[0], 0, &c.in[1], 0, y, D * M, K, D * n);
+    for (i = 0; i < D * M * D * n; i++) tset(&c.out[0], i, y[i]);
+    free(y);
+    c.nin = 2;
+    c.nout = 1;
+    RUN_CASE(&c, "AG_matmul_P2p, W sharded on N, column parts asked");
+    hir_fusion_free(f);
+  }
   if (platform != &cpu_platform) return;
   { /* the program: part 0 in the loop, part 1 after it; bounded buffers leave it alone */
     static const int m2[2] = {0, 1};
