@@ -5820,21 +5820,21 @@ static int hir__received_in(const hir_scope *s, const hir_tv *tv) {
    X a chunk of the gathered tensor that a receive of the loop writes, W
    made outside the loop, [K, N] with N whole on this device (not sharded),
    and the output a chunk at X's index (bounded buffers index the gathered
-   tensor by slot: not whole after the loop, left alone). *of_g, *of_out:
-   the chunks' views. */
+   tensor by slot: not whole after the loop, left alone). Its output's N
+   axis, or -1; *of_g, *of_out: the chunks' views. */
 static int hir__column_matmul(const hir_expr *loop, const hir_expr *e, hir_expr **of_g, hir_expr **of_out) {
   int j, m_axis, n_axis;
   if (e->kind != HIR_EXPR_MATMUL || e->nin != 2 || e->flags || e->in[1]->ndims != 2 || e->in[1]->ids[1]->ptype != HIR_SERIAL)
-    return 0;
+    return -1;
   *of_g = hir__defined_in(&loop->body, e->in[0], HIR_EXPR_ALIAS_SELECT);
   *of_out = hir__defined_in(&loop->body, e->out[0], HIR_EXPR_ALIAS_SELECT);
   hir__matmul_out_axes(e, &m_axis, &n_axis);
-  if (n_axis < 0 || e->out[0]->ids[n_axis]->ptype != HIR_SERIAL) return 0;
+  if (n_axis < 0 || e->out[0]->ids[n_axis]->ptype != HIR_SERIAL) return -1;
   for (j = 0; j < loop->body.exprs.n; j++) {
     const hir_expr *x = (const hir_expr *)loop->body.exprs.items[j];
-    if (x->nout && x->out[0] == e->in[1]) return 0;
+    if (x->nout && x->out[0] == e->in[1]) return -1;
   }
-  return *of_g && *of_out && (*of_g)->val == (*of_out)->val && hir__received_in(&loop->body, e->in[0]);
+  return *of_g && *of_out && (*of_g)->val == (*of_out)->val && hir__received_in(&loop->body, e->in[0]) ? n_axis : -1;
 }
 
 /* `loop` into out, each matmul it cuts computing part 0 of the columns,
@@ -5842,12 +5842,11 @@ static int hir__column_matmul(const hir_expr *loop, const hir_expr *e, hir_expr 
 static int hir__cut_columns(hir_program *p, int parts, hir__vec *out, hir_expr *loop) {
   hir_fusion *f = &p->ir;
   hir__vec body = {NULL, 0, 0}, tail = {NULL, 0, 0};
-  int i, k, m_axis, n_axis;
+  int i, k, n_axis;
   for (i = 0; i < loop->body.exprs.n; i++) {
     hir_expr *e = (hir_expr *)loop->body.exprs.items[i], *of_g, *of_out, *w0, *o0;
-    hir_tv *w = e->in && e->nin > 1 ? e->in[1] : NULL;
-    if (hir__column_matmul(loop, e, &of_g, &of_out)) { /* W [K, N]: its axis 1 cut */
-      hir__matmul_out_axes(e, &m_axis, &n_axis);
+    if ((n_axis = hir__column_matmul(loop, e, &of_g, &of_out)) >= 0) { /* W [K, N]: its axis 1 cut */
+      hir_tv *w = e->in[1];
       if (!(w0 = hir__alias_view(f, w, 1, hir__const(f, 0), parts)) || !hir__push(f, out, w0) ||
           !(o0 = hir__alias_view(f, e->out[0], n_axis, hir__const(f, 0), parts)) || !hir__push(f, &body, o0))
         return 0;

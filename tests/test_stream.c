@@ -36,9 +36,10 @@ static void seed_matmul_rs_p2p_partials_out(seed *s, hir_fusion *f, int n, const
   hir_output(f, s->t[3]);
 }
 
-/* AG+GEMM with the weight in two column parts (bench-overlap's "p2p ring,
-   split weight"): G = set(A [DIDx(D), M, K]) on Stream, G x W0 on Stream
-   (the P2P allgather's loop), G x W1 once, whole, after it. */
+/* AG+GEMM with the weight in two column parts, written out (the program
+   stream.column_parts makes of one weight): G = set(A [DIDx(D), M, K]) on
+   Stream, G x W0 on Stream (the P2P allgather's loop), G x W1 once, whole,
+   after it. */
 static void seed_ag_split_weight(seed *s, hir_fusion *f, int n, const int *mesh) {
   seed_begin(s, f);
   seed_tv(s, hir_input(f, HIR_F32, 3));
@@ -394,23 +395,20 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
    (send/recv, a chunk a step) and its GEMM runs once, after it, at the top
    level of the program; without it, a GEMM a chunk inside the loop. */
 TEST(test_stream_gather_first_program, "stream/gather_first_program", TEST_CPU) {
-  static char text[1 << 16];
   hir_lower_desc d;
-  hir_program *p;
   seed s;
   int gather;
   seed_ag_matmul_p2p(&s, hir_fusion_create(), 3, iota_mesh);
+  memset(&d, 0, sizeof d);
+  d.stream.schedule = HIR_P2P_RING;
   for (gather = 0; gather < 2; gather++) {
-    memset(&d, 0, sizeof d);
-    d.my_device = 1;
-    d.stream.schedule = HIR_P2P_RING;
+    char *text;
     d.stream.gather_first = gather;
-    CHECK(hir_lower(s.f, &d, &p) == HIR_OK);
-    hir_program_snprint(p, text, sizeof text);
+    text = lower_text(s.f, &d, 1);
     CHECK(strstr(text, "FOR StreamIdx") && strstr(text, "P2PCommunication") && strstr(text, "type=recv"));
     CHECK((strstr(text, "\n     = matmul(") != NULL) == gather);  /* at the top level */
     CHECK((strstr(text, "\n       = matmul(") != NULL) == !gather); /* inside the loop */
-    hir_program_free(p);
+    free(text);
   }
   hir_fusion_free(s.f);
 }
