@@ -9562,9 +9562,9 @@ static hir_status hir__lw_barrier(hir_comm *c, hir__lw_team *t, const char *what
     pthread_cond_broadcast(&w->cv);
     return HIR_OK;
   }
-  while (t->gen == gen) {
+  while (t->gen == gen) { /* an abort after every member arrived does not undo the barrier */
     hir_status s = hir__lw_wait(c, &deadline, what);
-    if (s != HIR_OK) return s;
+    if (s != HIR_OK && t->gen == gen) return s;
   }
   return HIR_OK;
 }
@@ -9760,9 +9760,9 @@ static hir_status hir__lw_take(hir_comm *c, const hir__lw_op *op, const struct t
   hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
   int src = op->peer, box = src * w->n + c->rank;
   hir__lw_post *post;
-  while (!w->nmail[box]) {
+  while (!w->nmail[box]) { /* a send posted before an abort is still taken */
     hir_status s = hir__lw_wait(c, deadline, "recv");
-    if (s != HIR_OK) return s;
+    if (s != HIR_OK && !w->nmail[box]) return s;
   }
   post = w->mail[box][0];
   memmove(w->mail[box], w->mail[box] + 1, (size_t)(--w->nmail[box]) * sizeof(hir__lw_post *));
@@ -9784,7 +9784,7 @@ static hir_status hir__lw_take(hir_comm *c, const hir__lw_op *op, const struct t
 static hir_status hir__lw_wait_taken(hir_comm *c, hir__lw_post *post, const struct timespec *deadline) {
   while (!post->taken) {
     hir_status s = hir__lw_wait(c, deadline, "send");
-    if (s != HIR_OK) return s;
+    if (s != HIR_OK && !post->taken) return s;
   }
   return HIR_OK;
 }
