@@ -12588,9 +12588,9 @@ static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t 
 /* The candidates, serial first (the reference): ring and linear, 1, 2 and 4
    parts a peer, 2 and 4 streams, and bounded buffers under a memory limit;
    collective pipelines of 2 and 4 parts on 2 and 4 streams; the P2P
-   allgathers first and their readers whole (a ring on 2 streams); a GEMM
-   on an allgather's chunks cut into 2 column parts (a ring on 2 streams).
-   Options that do not apply to a fusion lower to the same program as
+   allgathers first and their readers whole (a ring on 2 streams); a plan
+   file may also name column parts (stream.column_parts), which are not
+   timed. Options that do not apply to a fusion lower to the same program as
    another candidate, and are timed once. In graph mode on copy-engine
    send/recv (hir_tuner.vary_p2p), each pipeline is also timed with its
    send/recv on NCCL: in a graph NCCL's kernels launch at no host cost and
@@ -12619,15 +12619,13 @@ static int hir__candidates(const hir_tuner *t, hir__cand *c) {
       c[n].streams = streams[k];
       c[n++].nccl_p2p = t->vary_p2p; /* no send/recv: NCCL's path, as serial's */
     }
-  for (k = 0; k < 2; k++)
-    for (nccl = 0; nccl <= t->vary_p2p; nccl++) {
-      c[n].gather_first = k == 0;
-      c[n].column_parts = k == 1 ? 2 : 0;
-      c[n].schedule = HIR_P2P_RING;
-      c[n].parts = 1;
-      c[n].streams = 2;
-      c[n++].nccl_p2p = nccl;
-    }
+  for (nccl = 0; nccl <= t->vary_p2p; nccl++) { /* not column_parts: it lost every decode shape on 2 GPUs (NOTES.md 43) */
+    c[n].gather_first = 1;
+    c[n].schedule = HIR_P2P_RING;
+    c[n].parts = 1;
+    c[n].streams = 2;
+    c[n++].nccl_p2p = nccl;
+  }
   return n;
 }
 

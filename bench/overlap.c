@@ -46,7 +46,7 @@
    slowest rank. bf16 inputs from a fixed-seed generator.
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
-                         [--parts 1,2,4] [--column-parts 2,4] [--trace DIR] [--memory-limit MiB] [--pause MS] [--rematch 3] [--serve CHOICE]
+                         [--parts 1,2,4] [--column-parts 2] [--trace DIR] [--memory-limit MiB] [--pause MS] [--rematch 3] [--serve CHOICE]
                          [--graph [2]]
                          [--decode] [--ranks N]
                          [ag M K N] [rs M K N] ...
@@ -1041,7 +1041,7 @@ int main(int argc, char **argv) {
   int decode = 0, ranks = 0;
   shape shapes[32];
   int nshapes = 0, streams[4] = {2, 4}, nstreams = 2, chunks[4] = {4, 8}, nchunks = 2, parts[4] = {1, 2, 4}, nparts = 3;
-  int column_parts[4] = {2, 4}, ncolumn_parts = 2, i, failed = 0;
+  int column_parts[4] = {2}, ncolumn_parts = 1, i, failed = 0;
   B.iters = 10;
   B.warmup = 3;
   B.rematch = 3;
@@ -1068,7 +1068,7 @@ int main(int argc, char **argv) {
       shapes[nshapes++].N = atoll(argv[i + 3]);
       i += 3;
     } else {
-      fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--column-parts 2,4] [--trace DIR] "
+      fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--column-parts 2] [--trace DIR] "
                       "[--processes] [--memory-limit MiB] [--pause MS] [--rematch N] [--serve CHOICE] [--graph] [--decode] [--ranks N] [ag|rs M K N]...\n",
               argv[0]);
       return 2;
