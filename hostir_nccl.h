@@ -959,8 +959,10 @@ static hir_status hir_nccl__env_parse(hir_nccl__getter get, void *user, int visi
    The block holds
      - a mailbox per ordered pair of ranks: the receiver posts where a receive
        lands (an allocation it exported, the offset, the size) in a ring of
-       slots; the sender takes the posts in order. Only the sender's host
-       waits (for the post); the receiver's host runs on;
+       slots; the sender takes the posts in order. The sender's host waits
+       for the post; a receiver's host runs on, except among threads of one
+       process, where it waits for the sender to have queued its copy
+       (hir_nccl__ce_finish_recv says why);
      - the signal pad, two words per slot: `ready` (the receiver's stream has
        reached the receive, its buffer may be written) and `arrived` (the
        sender's copy has landed). The GPUs write and wait on them with stream
@@ -2390,6 +2392,16 @@ static hir_status hir_nccl__ce_finish_recv(hir_comm *c, const hir_nccl__ce_op *o
   int peer = ce->local[op->peer];
   CUdeviceptr arrived;
   hir_status s;
+  /* Threads of one process: the sender's copy queued before this GPU waits
+     for it. Else the GPU could wait on work a peer thread has not queued
+     while this thread holds the driver's lock in a kernel's first launch
+     (lazy module loading drains the GPU under it), and the peer's
+     cudaMemcpyAsync into this GPU's memory waits for that lock: the hang of
+     bench/NOTES.md section 43. The local world's receives wait for their
+     send alike, so a program that runs there runs here. */
+  if (!ce->segment && (s = hir_nccl__ce_wait(c, &hir_nccl__ce_box_of(ce, peer, ce->me)->taken, op->seq + 1, op->peer,
+                                             "a receive")) != HIR_OK)
+    return s;
   if (op->graph_word < 0)
     return hir_nccl__ce_cu(c, "waiting for a copy",
                            ce->wait_value((CUstream)op->stream,
