@@ -47,11 +47,14 @@
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
                          [--parts 1,2,4] [--column-parts 2] [--trace DIR] [--memory-limit MiB] [--pause MS] [--rematch 3] [--serve CHOICE]
-                         [--graph [2]]
+                         [--graph [2]] [--hang-s 180]
                          [--decode] [--ranks N]
                          [ag M K N] [rs M K N] ...
      torchrun --nproc-per-node 2 --no-python build/bench-overlap --processes ...
 
+   --hang-s S (default 180 on GPUs, 0: never): a row that has run S seconds
+   ends the run with exit status 3, naming the row (a hang inside CUDA's
+   driver is past hostir's deadlines, bench/NOTES.md section 43).
    --pause MS: every row's runs start after MS idle (the automatic row's
    after its tuning too): whether a GPU's clocks after sustained load
    decide a row (bench/RESULTS.md).
@@ -151,6 +154,9 @@ typedef struct bench {
   const char *serve;            /* --serve: the choice that plan names instead of the tuning's */
   int graphs;                   /* --graph: every pipeline also as a CUDA graph (in this mode of hir_eval_desc.graph) */
   const char *trace_dir;        /* --trace */
+  int hang_s;                   /* --hang-s: a row running longer ends the run, named (0: never) */
+  unsigned long rows_begun;     /* the watch's view of progress (mu) */
+  char row[160];                /* the row running now (mu) */
   hir_evaluator *trace_ev[MAXR];
   double ms[MAXR][MAXIT];
   size_t mem[MAXR];
@@ -820,6 +826,13 @@ static void measure_peer_copy(bench *B) {
 static int run_config(bench *B, config cfg, result *r) {
   int i;
   hir_status s;
+  char name[64];
+  config_name(&cfg, name, sizeof name);
+  pthread_mutex_lock(&B->mu);
+  B->rows_begun++;
+  snprintf(B->row, sizeof B->row, "\"%s\" of %s M=%lld K=%lld N=%lld", name, B->sh.pat == AG ? "AllGather+GEMM" : "GEMM+ReduceScatter",
+           (long long)B->sh.M, (long long)B->sh.K, (long long)B->sh.N);
+  pthread_mutex_unlock(&B->mu);
   B->cfg = cfg;
   B->f = cfg.pipe == GEMM_ALONE ? build_gemm() : B->sh.pat == AG ? build_ag(cfg.pipe, B->D) : build_rs(cfg.pipe, B->D);
   memset(r, 0, sizeof *r);
@@ -1031,6 +1044,32 @@ static int parse_list(const char *s, int *out, int cap) {
   return n;
 }
 
+/* A row that has run --hang-s seconds ends the run, named: a hang inside
+   CUDA's driver is past every deadline of hostir's (bench/NOTES.md section
+   43), and a script's next stage should still run. */
+static void *hang_watch(void *user) {
+  bench *B = (bench *)user;
+  unsigned long seen = 0;
+  struct timespec second = {1, 0};
+  int still = 0;
+  for (;;) {
+    nanosleep(&second, NULL);
+    pthread_mutex_lock(&B->mu);
+    if (B->rows_begun != seen) seen = B->rows_begun, still = 0;
+    else if (seen && ++still >= B->hang_s) {
+      char who[32] = "";
+      if (B->procs) snprintf(who, sizeof who, "rank %d: ", B->me);
+      fprintf(stderr, "bench-overlap: %s%s has run %d s, a hang: the run ends here (bench/NOTES.md section 43)\n", who, B->row,
+              B->hang_s);
+      fflush(stdout);
+      fflush(stderr);
+      _Exit(3);
+    }
+    pthread_mutex_unlock(&B->mu);
+  }
+  return NULL;
+}
+
 int main(int argc, char **argv) {
   static bench B;
   static const shape gpu_shapes[] = {{AG, 32768, 32768, 1024}, {AG, 16384, 8192, 7168}, {AG, 4096, 4096, 1024},
@@ -1044,6 +1083,7 @@ int main(int argc, char **argv) {
   int column_parts[4] = {2}, ncolumn_parts = 1, i, failed = 0;
   B.iters = 10;
   B.warmup = 3;
+  B.hang_s = -1;
   B.rematch = 3;
   for (i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--iters") && i + 1 < argc) B.iters = atoi(argv[++i]);
@@ -1053,6 +1093,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--parts") && i + 1 < argc) nparts = parse_list(argv[++i], parts, 4);
     else if (!strcmp(argv[i], "--column-parts") && i + 1 < argc) ncolumn_parts = parse_list(argv[++i], column_parts, 4);
     else if (!strcmp(argv[i], "--trace") && i + 1 < argc) B.trace_dir = argv[++i];
+    else if (!strcmp(argv[i], "--hang-s") && i + 1 < argc) B.hang_s = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--processes")) B.procs = 1;
     else if (!strcmp(argv[i], "--graph")) B.graphs = i + 1 < argc && !strcmp(argv[i + 1], "2") ? (i++, 2) : 1;
     else if (!strcmp(argv[i], "--decode")) decode = 1;
@@ -1068,7 +1109,7 @@ int main(int argc, char **argv) {
       shapes[nshapes++].N = atoll(argv[i + 3]);
       i += 3;
     } else {
-      fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--column-parts 2] [--trace DIR] "
+      fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--column-parts 2] [--trace DIR] [--hang-s S] "
                       "[--processes] [--memory-limit MiB] [--pause MS] [--rematch N] [--serve CHOICE] [--graph] [--decode] [--ranks N] [ag|rs M K N]...\n",
               argv[0]);
       return 2;
@@ -1155,6 +1196,11 @@ int main(int argc, char **argv) {
   if (B.gpu) measure_peer_copy(&B);
 #endif
   if (!B.gpu && !(B.local = hir_local_world_create(B.D))) return 1;
+  if (B.hang_s < 0) B.hang_s = B.gpu ? 180 : 0; /* the CPU's rows take minutes */
+  if (B.hang_s > 0) {
+    pthread_t watch;
+    if (pthread_create(&watch, NULL, hang_watch, &B) == 0) pthread_detach(watch);
+  }
   for (i = 0; i < nshapes; i++) {
     B.sh = shapes[i];
     failed += bench_shape(&B, streams, nstreams, chunks, nchunks, parts, nparts, column_parts, ncolumn_parts);
