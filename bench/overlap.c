@@ -899,6 +899,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   const char *cname = B->sh.pat == AG ? "AG" : "RS";
   int64_t m = B->sh.M / B->D;
   int ce, auto_at, k;
+  double began = now_ms();
   cfgs[n++] = (config){COMM_ALONE, 1, 1, 0, 1, 0, 0};
   cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0, 1, 0, 0};
   cfgs[n++] = (config){SERIAL, 1, 1, 0, 1, 0, 0}; /* first of the checked ones: their reference */
@@ -1022,7 +1023,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
       failed++;
     }
   }
-  printf("\n");
+  printf("  this table took %.1f s (%d rows)\n\n", (now_ms() - began) / 1e3, n);
   fflush(stdout);
   for (i = 0; i < B->D; i++) {
     free(B->a[i]);
