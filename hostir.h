@@ -9522,7 +9522,10 @@ static void hir__lw_abort_locked(hir_local_world *w, const char *msg) {
   pthread_cond_broadcast(&w->cv);
 }
 
-/* Waits on the world's condition until *cond changes from `was` (mu held). */
+/* One wait on the world's condition (mu held): HIR_ERR_COMM once the world
+   is aborted, HIR_ERR_TIMEOUT past the deadline. Its callers loop on their
+   own condition and return the error only while it is still unmet: an abort
+   that comes after a barrier completed or a send was posted undoes nothing. */
 static hir_status hir__lw_wait(hir_comm *c, const struct timespec *deadline, const char *what) {
   hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
   int rc = w->aborted ? 0 : pthread_cond_timedwait(&w->cv, &w->mu, deadline);
@@ -9562,7 +9565,7 @@ static hir_status hir__lw_barrier(hir_comm *c, hir__lw_team *t, const char *what
     pthread_cond_broadcast(&w->cv);
     return HIR_OK;
   }
-  while (t->gen == gen) { /* an abort after every member arrived does not undo the barrier */
+  while (t->gen == gen) {
     hir_status s = hir__lw_wait(c, &deadline, what);
     if (s != HIR_OK && t->gen == gen) return s;
   }
@@ -9760,7 +9763,7 @@ static hir_status hir__lw_take(hir_comm *c, const hir__lw_op *op, const struct t
   hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
   int src = op->peer, box = src * w->n + c->rank;
   hir__lw_post *post;
-  while (!w->nmail[box]) { /* a send posted before an abort is still taken */
+  while (!w->nmail[box]) {
     hir_status s = hir__lw_wait(c, deadline, "recv");
     if (s != HIR_OK && !w->nmail[box]) return s;
   }
