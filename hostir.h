@@ -7450,7 +7450,7 @@ typedef struct hir__cuda {
   int kernels_state;                /* 0: not loaded yet, 1: loaded, -1: failed to load (cuBLAS only) */
   cudaLibrary_t kernels;
   cudaKernel_t sum_kernel[HIR_DTYPE_COUNT]; /* the short-axis sum per dtype, NULL where none */
-  /* the elementwise kernels (NVRTC), each compiled when first needed: state 0 not tried, 1 loaded, -1 failed (map_error) */
+  /* the elementwise kernels (NVRTC), all loaded by hir_backend_cuda_create: state 1 loaded, -1 failed (map_error) */
   signed char map_state[HIR__MAP_KERNELS];
   cudaLibrary_t map_library[HIR__MAP_KERNELS];
   cudaKernel_t map_kernel[HIR__MAP_KERNELS];
@@ -7462,8 +7462,7 @@ typedef struct hir__cuda {
   int lt_next;
 } hir__cuda;
 
-/* The elementwise kernels (below), used by copies and graph capture too. */
-static int hir__cuda_load_map(hir__cuda *c, int which);
+/* The elementwise kernels (below), used by copies too. */
 static void hir__cuda_load_all(hir__cuda *c);
 static hir_status hir__cuda_transpose(hir_backend *b, cudaStream_t s, void *dst, const void *src, size_t es, int nd,
                                       const int64_t *sizes, int64_t (*strides)[HIR_MAX_DIMS]);
@@ -7694,7 +7693,6 @@ static hir_status hir__cuda_timer_elapsed(hir_backend *b, void *from, void *to, 
    graph then launches on the caller's stream. */
 static hir_status hir__cuda_graph_begin(hir_backend *b) {
   hir__cuda *c = (hir__cuda *)b->ctx;
-  hir__cuda_load_all(c); /* compiled now, not while capturing */
   if (!c->capture) HIR__CU(b, cudaStreamCreateWithFlags(&c->capture, cudaStreamNonBlocking));
   HIR__CU(b, cudaStreamBeginCapture(c->capture, cudaStreamCaptureModeThreadLocal));
   c->saved_caller = c->caller;
@@ -8481,20 +8479,13 @@ static int hir__map_end(hir__cuda *c, hir__map_build *m) {
   return ok;
 }
 
-/* Loads one kernel when first needed (from the cache, else compiled by
-   NVRTC); map_error says why not. */
-static int hir__cuda_load_map(hir__cuda *c, int which) {
-  hir__map_build m;
-  if (c->map_state[which]) return c->map_state[which] == 1;
-  if (hir__map_begin(c, which, &m)) return 1;
-  if (!m.src) return 0;
-  if (c->nvrtc.lib || hir__nvrtc_open(&c->nvrtc, m.error, sizeof m.error)) hir__map_compile(&m);
-  return hir__map_end(c, &m);
-}
-
-/* Every kernel not tried yet, before a capture (nothing compiles while
-   capturing). Those the disk cache lacks compile at once, a thread each:
-   one after another, the twelve took 9.9 s on a fresh machine. */
+/* Every kernel, from the disk cache or compiled by NVRTC, when the backend
+   is created, before any exchange: with CUDA_MODULE_LOADING=EAGER,
+   cudaLibraryLoadData loads into every context of the process and waits
+   for their queued work, and a rank thread loading while a peer's graph
+   waited for its copies never returned (bench/NOTES.md section 44). Nothing
+   compiles while capturing either. Those the cache lacks compile at once, a
+   thread each: one after another, the twelve took 9.9 s on a fresh machine. */
 static void hir__cuda_load_all(hir__cuda *c) {
   hir__map_build m[HIR__MAP_KERNELS];
   pthread_t thread[HIR__MAP_KERNELS];
@@ -8564,7 +8555,7 @@ static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_
   dim3 grid, block;
   cudaError_t e;
   if (args.n == 0) return HIR_OK;
-  if (!hir__cuda_load_map(c, which)) {
+  if (c->map_state[which] != 1) {
     snprintf(b->error, sizeof b->error, "cuda backend: the elementwise kernels are unavailable: %s", c->map_error);
     return HIR_ERR_UNSUPPORTED;
   }
@@ -8592,7 +8583,7 @@ static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_t
   for (d = x->ndims - naxes; d < x->ndims; d++) cols *= x->sizes[d];
   args.rows = cols ? hir__numel(x->ndims, x->sizes) / cols : 0;
   if (args.rows == 0) return HIR_OK;
-  if (!hir__cuda_load_map(c, HIR__LAYER_NORM)) return HIR_ERR_UNSUPPORTED; /* its primitives run */
+  if (c->map_state[HIR__LAYER_NORM] != 1) return HIR_ERR_UNSUPPORTED; /* its primitives run */
   args.dst = dst->data, args.x = x->data, args.cols = cols, args.eps = eps;
   args.w = weight ? weight->data : NULL, args.b = bias ? bias->data : NULL;
   args.dt_dst = (int)dst->dtype, args.dt_x = (int)x->dtype;
@@ -8620,7 +8611,7 @@ static hir_status hir__cuda_transpose(hir_backend *b, cudaStream_t s, void *dst,
   void *argv[1];
   dim3 grid, block;
   cudaError_t e;
-  if (!hir__cuda_load_map(c, HIR__TRANSPOSE)) return HIR_ERR_UNSUPPORTED;
+  if (c->map_state[HIR__TRANSPOSE] != 1) return HIR_ERR_UNSUPPORTED;
   args.dst = dst, args.src = src, args.es = (int)es;
   args.B = nd == 3 ? sizes[0] : 1, args.R = sizes[nd - 2], args.C = sizes[nd - 1];
   args.dst_b = nd == 3 ? strides[0][0] : 0, args.dst_r = strides[0][nd - 2];
@@ -8645,7 +8636,7 @@ static hir_status hir__cuda_max_abs(hir_backend *b, void *stream, const hir_tens
   float f[2];
   void *argv[1];
   dim3 grid, block;
-  if (!hir__cuda_load_map(c, HIR__MAX_ABS)) {
+  if (c->map_state[HIR__MAX_ABS] != 1) {
     snprintf(b->error, sizeof b->error, "cuda backend: the comparison kernel is unavailable: %s", c->map_error);
     return HIR_ERR_UNSUPPORTED;
   }
@@ -8838,7 +8829,6 @@ static int hir__cuda_sum_kernel(hir_backend *b, cudaStream_t s, void *next, cons
   int64_t es = (int64_t)hir_dtype_size(dt), o;
   uint64_t nvec = (uint64_t)(I * es / 16), rstride = (uint64_t)(I * es), osrc = (uint64_t)(R * I * es), odst = rstride;
   unsigned r = (unsigned)R;
-  hir__cuda_load_kernels(c);
   if (!c->sum_kernel[dt] || R < 1 || R > 256 || (I * es) % 16 || ((uintptr_t)next | (uintptr_t)cur) % 16) return 0;
   for (o = 0; o < O; o += 65535) { /* blockIdx.y is o: at most 65535 a launch */
     void *dp = (char *)next + o * (int64_t)odst;
@@ -8870,7 +8860,7 @@ static int hir__cuda_sum_rows(hir_backend *b, cudaStream_t s, void *next, const 
   unsigned threads = 32;
   int64_t per = 16 / (int64_t)hir_dtype_size(dt);
   cudaError_t e;
-  if (dt > HIR_BF16 || !hir__cuda_load_map(c, HIR__SUM_ROWS)) return 0;
+  if (dt > HIR_BF16 || c->map_state[HIR__SUM_ROWS] != 1) return 0;
   args.dst = next, args.src = cur, args.rows = O, args.cols = R, args.dt = (int)dt;
   args.vec = (R * (int64_t)hir_dtype_size(dt)) % 16 == 0 && (uintptr_t)cur % 16 == 0;
   while (threads < 256 && (int64_t)threads * per < R) threads *= 2;
@@ -9314,7 +9304,7 @@ static hir_status hir__cuda_matmul_scaled(hir_backend *b, void *stream, const hi
     raw.dtype = HIR_F32;
     hir__contiguous_strides(&raw);
     if ((hs = hir__cuda_scratch(b, l, 1, (size_t)M * (size_t)N * sizeof(float), &raw.data)) != HIR_OK) return hs;
-    if (!hir__cuda_load_map(c, HIR__SCALE_RC)) {
+    if (c->map_state[HIR__SCALE_RC] != 1) {
       snprintf(b->error, sizeof b->error, "cuda backend: an fp8 GEMM that cuBLASLt does not scale needs the NVRTC kernels: %.160s",
                c->map_error);
       return HIR_ERR_UNSUPPORTED;
@@ -9430,10 +9420,11 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
     memcpy(&c->memset16, &fn[1], sizeof fn[1]);
     memcpy(&c->memset2d32, &fn[2], sizeof fn[2]);
   }
-  { /* the caller's lane and our kernels now, so that the first run does not stall on them (a failure shows at the first op) */
+  { /* the caller's lane and our kernels now, so that no run stalls on them (a failure shows at the first op that needs them) */
     hir__cuda_lane *l;
     hir__cuda_lane_of(b, NULL, &l);
     hir__cuda_load_kernels(c);
+    hir__cuda_load_all(c);
   }
   return b;
 }
