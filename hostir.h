@@ -7463,7 +7463,6 @@ typedef struct hir__cuda {
 } hir__cuda;
 
 /* The elementwise kernels (below), used by copies too. */
-static void hir__cuda_load_all(hir__cuda *c);
 static hir_status hir__cuda_transpose(hir_backend *b, cudaStream_t s, void *dst, const void *src, size_t es, int nd,
                                       const int64_t *sizes, int64_t (*strides)[HIR_MAX_DIMS]);
 static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_tensor *dst, const hir_tensor *a,
@@ -8480,7 +8479,7 @@ static int hir__map_end(hir__cuda *c, hir__map_build *m) {
 }
 
 /* Every kernel, from the disk cache or compiled by NVRTC, when the backend
-   is created, before any exchange: with CUDA_MODULE_LOADING=EAGER,
+   is created, not during a run: with CUDA_MODULE_LOADING=EAGER,
    cudaLibraryLoadData loads into every context of the process and waits
    for their queued work, and a rank thread loading while a peer's graph
    waited for its copies never returned (bench/NOTES.md section 44). Nothing
