@@ -7996,8 +7996,9 @@ static const char *const hir__cuda_map_tail[] = { /* pieces under C's 4095-chara
     "    hir_st<T>(a.dst, DT, k, a.binary ? hir_binary<T>(a.op, xv, hir_ld<T>(a.b, DT, k)) : hir_unary<T>(a.op, xv, (T)a.s));\n"
     "  }\n"
     "}\n"
-    /* a unary op from one dense dtype DA into another DD (casts): 8 values a thread, in registers (an f32 vector
-       holds 4: two of them; the 16-bit branch is compiled for f32 too, as f16, never run) */
+    /* a cast from one dense dtype DA into another DD: 8 values a thread, in registers (an f32 vector holds 4: two
+       of them; the 16-bit branch is compiled for f32 too, as f16, never run). Casts only: with every unary op
+       unrolled into each of its dtype pairs it took 5.1 s of NVRTC's 8.8 s for all (bench/NOTES.md section 45). */
     "template <int D> __device__ void hir_load8(const void *p, i64 v, float *f) {\n"
     "  if (D == 0) {\n"
     "    uint4 q0 = ((const uint4 *)p)[2 * v], q1 = ((const uint4 *)p)[2 * v + 1];\n"
@@ -8026,11 +8027,9 @@ static const char *const hir__cuda_map_tail[] = { /* pieces under C's 4095-chara
     "  for (i64 v = i; v < nv; v += step) {\n"
     "    float f[8];\n"
     "    hir_load8<DA>(a.a, v, f);\n"
-    "#pragma unroll\n"
-    "    for (int j = 0; j < 8; j++) f[j] = hir_unary<float>(a.op, f[j], (float)a.s);\n"
     "    hir_store8<DD>(a.dst, v, f);\n"
     "  }\n"
-    "  for (i64 k = nv * 8 + i; k < a.n; k += step) hir_st<float>(a.dst, DD, k, hir_unary<float>(a.op, hir_ld<float>(a.a, DA, k), (float)a.s));\n"
+    "  for (i64 k = nv * 8 + i; k < a.n; k += step) hir_st<float>(a.dst, DD, k, hir_ld<float>(a.a, DA, k));\n"
     "}\n"
     /* the largest |a - b| and |b| (dense, dtype dt_a) into dst's two words: non-negative floats order as their bits */
     "__device__ void hir_max_abs(const hir_map_args &a) {\n"
@@ -8327,7 +8326,7 @@ static int hir__nvrtc_open(hir__nvrtc *n, char *why, size_t cap) {
 static int hir__kernel_cache_path(const char *src, const char *arch, char *path, size_t cap) {
   const char *dir = getenv("HOSTIR_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
   uint64_t h = hir__fnv(arch, strlen(arch), hir__fnv(src, strlen(src), 1469598103934665603ull)); /* the source, the GPU */
-  char base[400];
+  char base[400], tag[32];
   if (dir && (!dir[0] || !strcmp(dir, "off"))) return 0;
   if (dir) snprintf(base, sizeof base, "%.390s", dir);
   else if (xdg && xdg[0]) snprintf(base, sizeof base, "%.380s/hostir", xdg);
@@ -8340,7 +8339,8 @@ static int hir__kernel_cache_path(const char *src, const char *arch, char *path,
     mkdir(parent, 0755);
   }
   mkdir(base, 0755);
-  snprintf(path, cap, "%s/map-%016llx-%s.cubin", base, (unsigned long long)h, arch);
+  snprintf(tag, sizeof tag, "%s", arch); /* a copy: GCC's -Wrestrict can't tell arch and path apart when both are m's */
+  snprintf(path, cap, "%s/map-%016llx-%s.cubin", base, (unsigned long long)h, tag);
   return 1;
 }
 
@@ -8510,7 +8510,7 @@ static void hir__cuda_load_all(hir__cuda *c) {
 
 /* dst = op(a[, b]) by the kernel: binary (b given) or unary with scalar s. */
 /* The kernel's arguments for dst = op(a[, x]), and which kernel runs them. */
-static int hir__cuda_map_args(const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x, hir__map_args *args) {
+static int hir__cuda_map_args(int op, const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x, hir__map_args *args) {
   int64_t strides[3][HIR_MAX_DIMS], per;
   int d, row, f64 = dst->dtype == HIR_F64 || a->dtype == HIR_F64 || (x && x->dtype == HIR_F64);
   memset(args, 0, sizeof *args);
@@ -8538,9 +8538,10 @@ static int hir__cuda_map_args(const hir_tensor *dst, const hir_tensor *a, const 
       dst->dtype <= HIR_BF16 && (!x || x->dtype == dst->dtype) &&
       ((uintptr_t)args->dst | (uintptr_t)args->a | (uintptr_t)args->b) % 16 == 0)
     return HIR__VEC_F32 + (int)dst->dtype; /* dense, one dtype (b maybe broadcast) */
-  if (args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && !x && a->dtype != dst->dtype && a->dtype != HIR_F64 &&
-      a->dtype <= HIR_BF16 && dst->dtype != HIR_F64 && dst->dtype <= HIR_BF16 && ((uintptr_t)args->dst | (uintptr_t)args->a) % 16 == 0)
-    return HIR__CAST_VEC; /* dense, f32, f16 and bf16 into one another */
+  if (op == HIR_UNARY_CAST && args->nd == 1 && args->sd[0] == 1 && args->sa[0] == 1 && !x && a->dtype != dst->dtype &&
+      a->dtype != HIR_F64 && a->dtype <= HIR_BF16 && dst->dtype != HIR_F64 && dst->dtype <= HIR_BF16 &&
+      ((uintptr_t)args->dst | (uintptr_t)args->a) % 16 == 0)
+    return HIR__CAST_VEC; /* a cast, dense, f32, f16 and bf16 into one another */
   return f64 ? HIR__MAP_F64 : HIR__MAP_F32;
 }
 
@@ -8550,7 +8551,7 @@ static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_
   hir__map_args args;
   int64_t per;
   void *argv[1];
-  int which = hir__cuda_map_args(dst, a, x, &args);
+  int which = hir__cuda_map_args(op, dst, a, x, &args);
   dim3 grid, block;
   cudaError_t e;
   if (args.n == 0) return HIR_OK;
