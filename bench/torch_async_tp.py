@@ -3,7 +3,8 @@
 # its slowest rank; median of 10 after 3 warm-up), for the comparison issue 7
 # asks for. Run beside build/bench-overlap on the same machine:
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-#   torchrun --nproc-per-node 4 bench/torch_async_tp.py [--decode]
+#   torchrun --nproc-per-node 4 bench/torch_async_tp.py [--decode] [ag M K N] [rs M K N] ...
+# Shapes given as bench-overlap takes them replace the default set.
 import os
 import statistics
 import sys
@@ -47,11 +48,18 @@ def setup():
     return rank, D, group
 
 
+def shapes_of(argv):
+    """The shapes named on the command line ("ag M K N", "rs M K N"), else --decode's or the default set."""
+    given = [(argv[i], int(argv[i + 1]), int(argv[i + 2]), int(argv[i + 3]))
+             for i in range(len(argv) - 3) if argv[i] in ("ag", "rs")]
+    return given or (DECODE if "--decode" in argv else SHAPES)
+
+
 def main():
     rank, D, group = setup()
     symm = torch.ops.symm_mem
     torch.manual_seed(1234 + rank)
-    for kind, M, K, N in DECODE if "--decode" in sys.argv else SHAPES:
+    for kind, M, K, N in shapes_of(sys.argv[1:]):
         m = M // D
         if kind == "ag":
             a = torch.rand(m, K, device="cuda", dtype=torch.bfloat16) * 2 - 1
