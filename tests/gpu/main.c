@@ -1242,7 +1242,10 @@ static hir_status mp_run(int n, hir_status (*fn)(int rank, void *user), void *us
 /* A peer that never comes: rank 1 leaves at once (replay = 0), or after two
    runs as a CUDA graph on NCCL (eager, captured: replay = 1); rank 0's next
    allgather (a graph replay) must end in a timeout or a communication error
-   within its deadline, not hang. */
+   within its deadline, not hang. replay = 2: no peer dies; both ranks run
+   twice as a graph (send/recv as the world has it) and call exit() with the
+   evaluator, backend and communicator alive, as a user's process may: it
+   must end with status 0, not crash in its teardown. */
 static int dead_peer(int replay) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a);
@@ -1265,8 +1268,8 @@ static int dead_peer(int replay) {
   ed.comm = mp_comm;
   ed.backend = hir_backend_cuda_create(mp_env.gpu);
   ed.timeout_ms = 3000;
-  ed.graph = replay;
-  if (replay && hir_nccl_comm_set_copy_engine(mp_comm, 0) != HIR_OK) return 0;
+  ed.graph = replay != 0;
+  if (replay == 1 && hir_nccl_comm_set_copy_engine(mp_comm, 0) != HIR_OK) return 0;
   if (hir_lower(f, &ld, &p) != HIR_OK || hir_evaluator_create(p, &ed, &ev) != HIR_OK) {
     printf("rank%d: setup failed: %s\n", mp_env.rank, ev ? hir_evaluator_error(ev) : hir_program_error(p));
     return 0;
@@ -1280,6 +1283,11 @@ static int dead_peer(int replay) {
         printf("rank%d: run %d failed: %s\n", mp_env.rank, run, hir_evaluator_error(ev));
         return 0;
       }
+    if (replay == 2) {
+      printf("rank%d: ran twice as a graph, calling exit() with everything alive\n", mp_env.rank);
+      fflush(stdout);
+      exit(0);
+    }
     if (replay && mp_env.rank == 1) {
       printf("rank1: ran twice as a graph, leaving\n");
       fflush(stdout);
@@ -2030,8 +2038,9 @@ int main(int argc, char **argv) {
       return 1;
     }
     snprintf(prefix, sizeof prefix, "rank%d: ", mp_env.rank);
-    int dead = argc > 2 && !strcmp(argv[2], "--dead-peer"), failing = argc > 2 && !strcmp(argv[2], "--failing-rank");
+    int dead = argc > 2 && (!strcmp(argv[2], "--dead-peer") || !strcmp(argv[2], "--dead-peer-exit")), failing = argc > 2 && !strcmp(argv[2], "--failing-rank");
     int dead_replay = argc > 2 && !strcmp(argv[2], "--dead-peer-replay");
+    int exit_live = argc > 2 && !strcmp(argv[2], "--exit-live"), dead_exit = argc > 2 && !strcmp(argv[2], "--dead-peer-exit");
     int from_id = argc > 2 && !strcmp(argv[2], "--from-id"), lent = argc > 2 && !strcmp(argv[2], "--lent-nccl");
     const char *expect_ce = getenv("HOSTIR_TEST_COPY_ENGINE");
     ncclUniqueId id;
@@ -2063,12 +2072,14 @@ int main(int argc, char **argv) {
       hir_nccl_comm_free(mp_comm);
       return 1;
     }
-    if (dead || dead_replay) { /* rank 1 leaves; rank 0 must not hang */
+    if (dead || dead_replay || exit_live) { /* rank 1 leaves; rank 0 must not hang (exit_live: both leave by exit()) */
       int ok;
-      hir_test_running = dead_replay ? "--dead-peer-replay" : "--dead-peer", hir_test_serial++;
-      ok = (mp_env.rank != 0 && !dead_replay) || dead_peer(dead_replay);
+      hir_test_running = argv[2], hir_test_serial++;
+      ok = (mp_env.rank != 0 && !dead_replay && !exit_live) || dead_peer(exit_live ? 2 : dead_replay);
       printf("%s%d passed, %d failed\n", prefix, ok, !ok);
-      if (mp_env.rank == 0) _exit(ok ? 0 : 1); /* the aborted world is not torn down */
+      fflush(stdout);
+      if (mp_env.rank == 0 && dead_exit) exit(ok ? 0 : 1); /* as a user's process may, the aborted world alive */
+      if (mp_env.rank == 0 || exit_live) _exit(ok ? 0 : 1); /* the aborted world is not torn down */
       _exit(0);
     }
     if (failing) { /* the last rank has a wrong M, then a wrong K; every rank returns within a second */

@@ -4,7 +4,7 @@
 # and captured (and one of them dying mid-exchange, and mid-replay), then with one process per GPU under torchrun
 # and mpirun (2 GPUs, and all when more) on the copy engines, two "hosts" by
 # NCCL_HOSTID, the caller's NCCL id and communicator, a dead peer (also during
-# a graph replay), a failing rank (the data path on blocking twins, the default), then on the nonblocking
+# a graph replay), processes that call exit() with a live or aborted world, a failing rank (the data path on blocking twins, the default), then on the nonblocking
 # communicators (HOSTIR_NCCL_BLOCKING=0) where ranks fail, the bootstrap's own tests, hostir.torch (the package
 # pip-installed, its ops under torchrun against torch's), then the examples:
 # built with nvcc, run on the GPUs, NVTX ranges as a tool sees them, launch_processes under torchrun and mpirun, and
@@ -66,6 +66,10 @@ fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   stage "a dead peer during a CUDA graph replay (2 processes, NCCL)" timeout 120 mpirun --allow-run-as-root -np 2 \
     -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29655 "$bin" --processes --dead-peer-replay
+  stage "processes that call exit() with a live world (2 processes, graphs on the copy engines, nothing freed)" timeout 120 \
+    mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29657 "$bin" --processes --exit-live
+  stage "a dead peer, then exit() with the aborted world alive (2 processes)" timeout 120 mpirun --allow-run-as-root -np 2 \
+    -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29658 "$bin" --processes --dead-peer-exit
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   n=$((ngpu < 4 ? ngpu : 4))
