@@ -1243,9 +1243,9 @@ static hir_status mp_run(int n, hir_status (*fn)(int rank, void *user), void *us
    runs as a CUDA graph on NCCL (eager, captured: replay = 1); rank 0's next
    allgather (a graph replay) must end in a timeout or a communication error
    within its deadline, not hang. replay = 2: no peer dies; both ranks run
-   twice as a graph (send/recv as the world has it) and call exit() with the
-   evaluator, backend and communicator alive, as a user's process may: it
-   must end with status 0, not crash in its teardown. */
+   twice as a graph (an allgather) and call exit() with the evaluator,
+   backend and communicator alive, as a user's process may: it must end
+   with status 0, not crash in its teardown. */
 static int dead_peer(int replay) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a);
@@ -2038,9 +2038,9 @@ int main(int argc, char **argv) {
       return 1;
     }
     snprintf(prefix, sizeof prefix, "rank%d: ", mp_env.rank);
-    int dead = argc > 2 && (!strcmp(argv[2], "--dead-peer") || !strcmp(argv[2], "--dead-peer-exit")), failing = argc > 2 && !strcmp(argv[2], "--failing-rank");
+    int dead_exit = argc > 2 && !strcmp(argv[2], "--dead-peer-exit"), exit_live = argc > 2 && !strcmp(argv[2], "--exit-live");
+    int dead = dead_exit || (argc > 2 && !strcmp(argv[2], "--dead-peer")), failing = argc > 2 && !strcmp(argv[2], "--failing-rank");
     int dead_replay = argc > 2 && !strcmp(argv[2], "--dead-peer-replay");
-    int exit_live = argc > 2 && !strcmp(argv[2], "--exit-live"), dead_exit = argc > 2 && !strcmp(argv[2], "--dead-peer-exit");
     int from_id = argc > 2 && !strcmp(argv[2], "--from-id"), lent = argc > 2 && !strcmp(argv[2], "--lent-nccl");
     const char *expect_ce = getenv("HOSTIR_TEST_COPY_ENGINE");
     ncclUniqueId id;

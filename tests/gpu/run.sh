@@ -66,7 +66,7 @@ fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   stage "a dead peer during a CUDA graph replay (2 processes, NCCL)" timeout 120 mpirun --allow-run-as-root -np 2 \
     -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29655 "$bin" --processes --dead-peer-replay
-  stage "processes that call exit() with a live world (2 processes, graphs on the copy engines, nothing freed)" timeout 120 \
+  stage "processes that call exit() with a live world (2 processes, a captured allgather, nothing freed)" timeout 120 \
     mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29657 "$bin" --processes --exit-live
   stage "a dead peer, then exit() with the aborted world alive (2 processes)" timeout 120 mpirun --allow-run-as-root -np 2 \
     -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29658 "$bin" --processes --dead-peer-exit
