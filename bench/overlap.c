@@ -42,8 +42,9 @@
    overlap efficiency E = (serial - T) / min(comm, GEMM), the buffers the
    evaluator holds (peak), and the largest difference from the serial result
    relative to its largest value. Times are wall clock on the host: ranks
-   meet at a barrier, run, and hir_evaluator_sync; an iteration takes its
-   slowest rank. bf16 inputs from a fixed-seed generator.
+   meet and start together (see barrier), run, and hir_evaluator_sync; an
+   iteration takes its slowest rank, and the table says how far apart the
+   ranks began. bf16 inputs from a fixed-seed generator.
 
      build/bench-overlap [--iters 10] [--warmup 3] [--streams 2,4] [--chunks 4,8]
                          [--parts 1,2,4] [--column-parts 2] [--trace DIR] [--memory-limit MiB] [--pause MS] [--rematch 3] [--serve CHOICE]
@@ -128,6 +129,7 @@ typedef struct shape {
 
 typedef struct result {
   double ms, err;
+  double skew_us;               /* the median over iterations of the spread of the ranks' starts after the barrier */
   size_t mem;
   int ok;
   char msg[512];
@@ -160,6 +162,7 @@ typedef struct bench {
   char row[160];                /* the row running now (mu) */
   hir_evaluator *trace_ev[MAXR];
   double ms[MAXR][MAXIT];
+  double start[MAXR][MAXIT];    /* when each rank's timed run began (CLOCK_MONOTONIC, one clock for the host's processes) */
   size_t mem[MAXR];
   double err[MAXR];
   char msg[MAXR][512];
@@ -173,7 +176,7 @@ typedef struct bench {
 } bench;
 
 typedef struct rank_record { /* what a rank reports after a pipeline, gathered to every rank (processes) */
-  double ms[MAXIT], err, tune_ms;
+  double ms[MAXIT], start[MAXIT], err, tune_ms;
   size_t mem;
   char msg[512];
 } rank_record;
@@ -196,12 +199,26 @@ static int meet(bench *B, const void *mine, void *all, size_t bytes) {
 }
 #endif
 
+/* The ranks meet before each timed run, and start together: a rank that
+   starts early waits for the last inside the exchange, and its time carries
+   the difference (the table prints how far apart the ranks began).
+   Processes meet through the communicator and then wait for one moment,
+   0.3 ms after the last arrival on the host's monotonic clock (at most 2
+   ms: another host's clock is not ours). Threads on GPUs spin a while
+   before sleeping, as one woken from a condition variable starts later
+   than the last to arrive; CPU ranks sleep at once, as they compute on the
+   cores a spin would take. */
 static void barrier(bench *B) {
   int gen;
+  double until;
 #ifdef HOSTIR_CUDA
   if (B->procs) {
-    char one = 1, all[MAXR];
-    meet(B, &one, all, 1);
+    double mine = now_ms(), all[MAXR], start = mine, cap;
+    int i;
+    meet(B, &mine, all, sizeof mine);
+    for (i = 0; i < B->D; i++) start = all[i] > start ? all[i] : start;
+    for (start += 0.3, cap = now_ms() + 2; now_ms() < start && now_ms() < cap;) {
+    }
     return;
   }
 #endif
@@ -209,10 +226,16 @@ static void barrier(bench *B) {
   gen = B->generation;
   if (++B->arrived == B->D) {
     B->arrived = 0;
-    B->generation++;
+    __atomic_store_n(&B->generation, gen + 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&B->cv);
-  } else
-    while (gen == B->generation) pthread_cond_wait(&B->cv, &B->mu);
+    pthread_mutex_unlock(&B->mu);
+    return;
+  }
+  pthread_mutex_unlock(&B->mu);
+  for (until = now_ms() + (B->gpu ? 20 : 0); __atomic_load_n(&B->generation, __ATOMIC_ACQUIRE) == gen && now_ms() < until;) {
+  }
+  pthread_mutex_lock(&B->mu);
+  while (__atomic_load_n(&B->generation, __ATOMIC_ACQUIRE) == gen) pthread_cond_wait(&B->cv, &B->mu);
   pthread_mutex_unlock(&B->mu);
 }
 
@@ -629,7 +652,7 @@ static hir_status run_rank(int rank, void *user) {
     t0 = now_ms();
     s = tuner ? hir_tuner_run(tuner, din, nin, &out, 1) : hir_run(ev, din, nin, &out, 1);
     if (s == HIR_OK) s = tuner ? hir_tuner_sync(tuner) : hir_evaluator_sync(ev);
-    if (k >= B->warmup) B->ms[rank][k - B->warmup] = now_ms() - t0;
+    if (k >= B->warmup) B->ms[rank][k - B->warmup] = now_ms() - t0, B->start[rank][k - B->warmup] = t0;
     if (s != HIR_OK) { /* the other ranks would wait at the barrier: this one still arrives */
       fail(B, rank, s, "hir_run", tuner ? hir_tuner_error(tuner) : hir_evaluator_error(ev));
       for (k++; k < B->warmup + B->iters; k++) barrier(B);
@@ -697,6 +720,7 @@ static hir_status share_results(bench *B, hir_status s) {
   static rank_record mine, all[MAXR];
   int i;
   memcpy(mine.ms, B->ms[B->me], sizeof mine.ms);
+  memcpy(mine.start, B->start[B->me], sizeof mine.start);
   mine.err = B->err[B->me];
   mine.tune_ms = B->tune_ms[B->me];
   mine.mem = B->mem[B->me];
@@ -704,6 +728,7 @@ static hir_status share_results(bench *B, hir_status s) {
   meet(B, &mine, all, sizeof mine);
   for (i = 0; i < B->D; i++) {
     memcpy(B->ms[i], all[i].ms, sizeof all[i].ms);
+    memcpy(B->start[i], all[i].start, sizeof all[i].start);
     B->err[i] = all[i].err;
     B->tune_ms[i] = all[i].tune_ms;
     B->mem[i] = all[i].mem;
@@ -727,6 +752,20 @@ static double median_of_slowest(bench *B) {
   for (k = 0; k < B->iters; k++) {
     it[k] = 0;
     for (i = 0; i < B->D; i++) it[k] = B->ms[i][k] > it[k] ? B->ms[i][k] : it[k];
+  }
+  return median(it, B->iters);
+}
+
+/* The median over iterations of how far apart the ranks began (us): a rank
+   that leaves the barrier first waits inside the exchange for the last, so
+   a communicating row's slowest-rank time carries this spread. */
+static double median_skew_us(bench *B) {
+  double it[MAXIT];
+  int i, k;
+  for (k = 0; k < B->iters; k++) {
+    double lo = B->start[0][k], hi = lo;
+    for (i = 1; i < B->D; i++) lo = B->start[i][k] < lo ? B->start[i][k] : lo, hi = B->start[i][k] > hi ? B->start[i][k] : hi;
+    it[k] = (hi - lo) * 1e3;
   }
   return median(it, B->iters);
 }
@@ -856,6 +895,7 @@ static int run_config(bench *B, config cfg, result *r) {
     return 0;
   }
   r->ms = median_of_slowest(B);
+  r->skew_us = median_skew_us(B);
   for (i = 0; i < B->D; i++) {
     if (B->mem[i] > r->mem) r->mem = B->mem[i];
     if (!(B->err[i] <= r->err)) r->err = B->err[i];
@@ -981,6 +1021,15 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   if (gemm_ok && copy_ms > 0)
     printf("  %-44s %9.3f %8.2f %7.2f   (%.0f MiB received at %.0f GB/s: %.3f ms)\n", "physical floor = max(GEMM, copies)", phys,
            phys / floor_ms, 1.0, received / (1 << 20), B->peer_gbs, copy_ms);
+  { /* how far apart the ranks began, which every communicating row's time carries */
+    double skew[MAXCFG], widest = 0;
+    int nskew = 0;
+    for (i = 0; i < n; i++)
+      if (res[i].ok) skew[nskew++] = res[i].skew_us, widest = res[i].skew_us > widest ? res[i].skew_us : widest;
+    if (nskew && B->D > 1)
+      printf("  the ranks began %.1f us apart after the barrier (median of the rows' medians; the widest row's %.1f us)\n",
+             median(skew, nskew), widest);
+  }
   if (best >= 0) {
     char name[64];
     config_name(&cfgs[best], name, sizeof name);

@@ -1,6 +1,6 @@
 # PyTorch's async tensor parallelism on the shapes of bench/overlap.c, timed
-# the same way (ranks meet at a barrier, run, synchronize; an iteration takes
-# its slowest rank; median of 10 after 3 warm-up), for the comparison issue 7
+# the same way (ranks meet and start together, run, synchronize; an iteration
+# takes its slowest rank; median of 10 after 3 warm-up), for the comparison issue 7
 # asks for. Run beside build/bench-overlap on the same machine:
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #   torchrun --nproc-per-node 4 bench/torch_async_tp.py [--decode] [ag M K N] [rs M K N] ...
@@ -19,11 +19,22 @@ DECODE = [(k, M, 8192, 4096) for k in ("ag", "rs") for M in (256, 1024, 4096)]  
 ITERS, WARMUP = 10, 3
 
 
+def start_together(group):
+    """The ranks meet, then start at one moment: 0.3 ms after the last arrival on the host's monotonic clock (at
+    most 2 ms on), as bench-overlap's processes do; a rank that started early would wait inside the collective."""
+    mine = torch.tensor([time.monotonic()], dtype=torch.float64, device="cuda")
+    every = torch.empty(dist.get_world_size(group), dtype=torch.float64, device="cuda")
+    dist.all_gather_into_tensor(every, mine, group=group)
+    start = min(every.max().item() + 0.0003, time.monotonic() + 0.002)
+    while time.monotonic() < start:
+        pass
+
+
 def timed(fn, group):
     times = []
     for it in range(WARMUP + ITERS):
-        dist.barrier(group=group)
         torch.cuda.synchronize()
+        start_together(group)
         t0 = time.perf_counter()
         fn()
         torch.cuda.synchronize()
