@@ -2054,6 +2054,7 @@ int main(int argc, char **argv) {
       printf("%sthe caller's own NCCL communicator could not be made\n%s0 passed, 1 failed\n", prefix, prefix);
       return 1;
     }
+    hir_test_running = "making the world (hir_nccl_comm_create)"; /* a hang here prints its stacks too */
     made = from_id ? hir_nccl_comm_create_from_id(mp_env.rank, mp_env.size, mp_env.local_rank, &id, 60000, &mp_comm)
          : lent    ? hir_nccl_comm_from_nccl(own, 60000, &mp_comm)
                    : hir_nccl_comm_create(&mp_env, dead || dead_replay ? 5000 : 60000, &mp_comm);

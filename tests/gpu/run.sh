@@ -12,7 +12,8 @@
 # bootstrap port is set (HOSTIR_PORT) below the ephemeral range: the port after
 # torchrun's random one can be taken by a connection. The last line is "N passed,
 # N failed" over these stages. A test that hangs ends its stage within
-# HOSTIR_TEST_HANG_S (default 120) seconds without progress, its threads' stacks printed.
+# HOSTIR_TEST_HANG_S (default 120) seconds without progress, its threads' stacks printed; under mpirun 90, so
+# that this comes before the 120 s timeout of the dead-peer and failing-rank stages.
 # TEST_GPU_STAGES=FIRST-LAST (numbers as printed, "== [n] ...") runs only those stages, so that a machine
 # whose whole suite takes longer than one sitting (4 or 8 GPUs) runs it in parts; the counts are the parts' own.
 # TEST_GPU_PARTS=N makes the one-process stage N stages, each with every Nth test (numbered stages shift by N - 1).
@@ -46,12 +47,12 @@ for n in $sizes; do
       torchrun --standalone --nproc_per_node="$n" --no-python "$bin" --processes
   fi
   if command -v mpirun >/dev/null; then
-    stage "mpirun, $n processes (send/recv on the copy engines)" mpirun --allow-run-as-root --oversubscribe -np "$n" \
+    stage "mpirun, $n processes (send/recv on the copy engines)" mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 --oversubscribe -np "$n" \
       -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29600 + n)) -x HOSTIR_TEST_COPY_ENGINE=1 "$bin" --processes
   fi
 done
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
-  stage "2 processes on two hosts by NCCL_HOSTID (send/recv on NCCL)" mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE \
+  stage "2 processes on two hosts by NCCL_HOSTID (send/recv on NCCL)" mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 -x NCCL_NVLS_ENABLE \
     -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29640 -x HOSTIR_TEST_COPY_ENGINE=0 \
     sh -c 'NCCL_HOSTID=hostir-test-host-$OMPI_COMM_WORLD_RANK exec "$0" --processes' "$bin"
 fi
@@ -60,21 +61,21 @@ if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null; then
   stage "2 processes on the caller's NCCL communicator (hir_nccl_comm_from_nccl)" env HOSTIR_TEST_COPY_ENGINE=1 torchrun --standalone --nproc_per_node=2 --no-python "$bin" --processes --lent-nccl
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
-  stage "a dead peer (2 processes, rank 1 exits after joining)" timeout 120 mpirun --allow-run-as-root -np 2 \
+  stage "a dead peer (2 processes, rank 1 exits after joining)" timeout 120 mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 \
     -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29650 "$bin" --processes --dead-peer
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
-  stage "a dead peer during a CUDA graph replay (2 processes, NCCL)" timeout 120 mpirun --allow-run-as-root -np 2 \
+  stage "a dead peer during a CUDA graph replay (2 processes, NCCL)" timeout 120 mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 \
     -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29655 "$bin" --processes --dead-peer-replay
   stage "processes that call exit() with a live world (2 processes, a captured allgather, nothing freed)" timeout 120 \
-    mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29657 "$bin" --processes --exit-live
-  stage "a dead peer, then exit() with the aborted world alive (2 processes)" timeout 120 mpirun --allow-run-as-root -np 2 \
+    mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29657 "$bin" --processes --exit-live
+  stage "a dead peer, then exit() with the aborted world alive (2 processes)" timeout 120 mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 \
     -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29658 "$bin" --processes --dead-peer-exit
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   n=$((ngpu < 4 ? ngpu : 4))
   stage "a failing rank ($n processes, the last with a wrong M, then a wrong K; every rank back within 1 s)" timeout 120 mpirun \
-    --allow-run-as-root -np "$n" -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29690 "$bin" --processes --failing-rank
+    --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np "$n" -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29690 "$bin" --processes --failing-rank
 fi
 if [ "$ngpu" -ge 2 ]; then # the data path on the nonblocking communicators (the opt-out), where a rank fails above all
   stage "nonblocking data path (HOSTIR_NCCL_BLOCKING=0), one process: the NCCL worlds' eval/ tests" \
@@ -83,12 +84,12 @@ if [ "$ngpu" -ge 2 ]; then # the data path on the nonblocking communicators (the
     env HOSTIR_NCCL_BLOCKING=0 "$bin" gpu/
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
-  stage "nonblocking data path: a dead peer (2 processes)" timeout 120 mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE \
+  stage "nonblocking data path: a dead peer (2 processes)" timeout 120 mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 -x NCCL_NVLS_ENABLE \
     -x HOSTIR_NCCL_BLOCKING=0 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29660 "$bin" --processes --dead-peer
-  stage "nonblocking data path: a dead peer during a CUDA graph replay (2 processes)" timeout 120 mpirun --allow-run-as-root \
+  stage "nonblocking data path: a dead peer during a CUDA graph replay (2 processes)" timeout 120 mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 \
     -np 2 -x NCCL_NVLS_ENABLE -x HOSTIR_NCCL_BLOCKING=0 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29665 "$bin" --processes \
     --dead-peer-replay
-  stage "nonblocking data path: a failing rank ($n processes)" timeout 120 mpirun --allow-run-as-root -np "$n" \
+  stage "nonblocking data path: a failing rank ($n processes)" timeout 120 mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np "$n" \
     -x NCCL_NVLS_ENABLE -x HOSTIR_NCCL_BLOCKING=0 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29695 "$bin" --processes \
     --failing-rank
 fi
@@ -103,7 +104,7 @@ if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null; then
     env HOSTIR_PORT=29670 torchrun --standalone --nproc_per_node="$ngpu" --no-python build/launch_processes
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
-  stage "examples/launch_processes under mpirun, 2 processes" mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE \
+  stage "examples/launch_processes under mpirun, 2 processes" mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 -x NCCL_NVLS_ENABLE \
     -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29660 build/launch_processes
 fi
 if command -v torchrun >/dev/null && python3 -c "import torch" 2>/dev/null; then
