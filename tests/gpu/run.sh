@@ -104,7 +104,7 @@ if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null; then
     env HOSTIR_PORT=29670 torchrun --standalone --nproc_per_node="$ngpu" --no-python build/launch_processes
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
-  stage "examples/launch_processes under mpirun, 2 processes" mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 -x NCCL_NVLS_ENABLE \
+  stage "examples/launch_processes under mpirun, 2 processes" mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE \
     -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29660 build/launch_processes
 fi
 if command -v torchrun >/dev/null && python3 -c "import torch" 2>/dev/null; then
