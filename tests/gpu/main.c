@@ -2073,6 +2073,7 @@ int main(int argc, char **argv) {
       hir_nccl_comm_free(mp_comm);
       return 1;
     }
+    hir_test_running = NULL; /* the world is made; what runs next names itself */
     if (dead || dead_replay || exit_live) { /* rank 1 leaves; rank 0 must not hang (exit_live: both leave by exit()) */
       int ok;
       hir_test_running = argv[2], hir_test_serial++;
@@ -2086,6 +2087,7 @@ int main(int argc, char **argv) {
     if (failing) { /* the last rank has a wrong M, then a wrong K; every rank returns within a second */
       static gpu_failing x;
       int ok, disagree;
+      hir_test_running = argv[2], hir_test_serial++;
       for (ok = 1, disagree = 1; disagree >= 0; disagree--) {
         gpu_failing_begin(&x, mp_env.size, mp_env.size - 1, disagree);
         x.comm[mp_env.rank] = mp_comm;
