@@ -674,6 +674,15 @@ struct hir_backend {
      (0) why not in `why`, with what to do. hir_run asks it of each caller's
      tensor at an address not seen there before. NULL: not asked. */
   int (*reachable)(hir_backend *self, const void *ptr, char *why, size_t cap);
+  /* Optional: pinned host memory, and bytes copied between it and the
+     backend's memory in `stream`'s order, done once stream_query says the
+     stream is idle: the host never waits in them. The ranks' meetings go
+     through them, so that every wait for a peer is one under a deadline (a
+     synchronous download behind a dead peer's collective never returns).
+     NULL: upload and download, which wait on the host. */
+  hir_status (*host_alloc)(hir_backend *self, size_t bytes, void **ptr);
+  void (*host_release)(hir_backend *self, void *ptr);
+  hir_status (*copy_async)(hir_backend *self, void *stream, void *dst, const void *src, size_t bytes);
 };
 
 /* What a communication moves, in the program's terms: the evaluator fills it
@@ -9354,6 +9363,18 @@ static hir_status hir__cuda_download(hir_backend *b, void *dst, const void *src,
   HIR__CU(b, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
   return HIR_OK;
 }
+static hir_status hir__cuda_host_alloc(hir_backend *b, size_t bytes, void **ptr) {
+  HIR__CU(b, cudaMallocHost(ptr, bytes));
+  return HIR_OK;
+}
+static void hir__cuda_host_release(hir_backend *b, void *ptr) {
+  (void)b;
+  cudaFreeHost(ptr);
+}
+static hir_status hir__cuda_copy_async(hir_backend *b, void *stream, void *dst, const void *src, size_t bytes) {
+  HIR__CU(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream));
+  return HIR_OK;
+}
 
 HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   hir_backend *b = (hir_backend *)HIR_MALLOC(sizeof(hir_backend));
@@ -9395,6 +9416,9 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
   b->layer_norm = hir__cuda_layer_norm;
   b->upload = hir__cuda_upload;
   b->download = hir__cuda_download;
+  b->host_alloc = hir__cuda_host_alloc;
+  b->host_release = hir__cuda_host_release;
+  b->copy_async = hir__cuda_copy_async;
   b->timer_create = hir__cuda_timer_create;
   b->timer_elapsed = hir__cuda_timer_elapsed;
   b->graph_begin = hir__cuda_graph_begin;
@@ -10029,6 +10053,14 @@ typedef struct hir__span {   /* one executed host IR node: host clock, microseco
   void *start, *end;            /* GPU spans: timing events around the node's work */
 } hir__span;
 
+/* Where a team's ranks meet (hir__meet), kept from one meeting to the next:
+   backend memory for the collective and, where the backend has it, pinned
+   host memory the copies to and from it go through. */
+typedef struct hir__meeting {
+  void *dev, *host;
+  size_t cap;
+} hir__meeting;
+
 enum { HIR__SHAPE_WORDS = 2 + HIR_MAX_DIMS }; /* an input in a row of shapes: kind, ndims, sizes (hir__shape_words) */
 struct hir_evaluator {
   const hir_program *p;
@@ -10059,8 +10091,8 @@ struct hir_evaluator {
   int *devices, ndevices;       /* the fusion's devices (lowered programs): who compares new shapes together */
   int64_t *shape_rows;          /* this rank's row of shapes, then every device's (hir__shapes_agree) */
   size_t shape_words;           /* a row's */
-  void *devices_team, *meet_buf;
-  size_t meet_cap;
+  void *devices_team;
+  hir__meeting meeting;
   int shapes_unchecked;         /* planned for shapes the ranks have not compared yet */
   int check_shapes;             /* hir_eval_desc.check_shapes: compared on every run */
   int shared_error;             /* every rank found this run's error itself: the world needs no telling */
@@ -10588,6 +10620,13 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
 }
 
 /* ---- buffers ---- */
+
+static void hir__meeting_free(hir_backend *b, hir__meeting *m) {
+  if (m->dev) b->release(b, m->dev);
+  if (m->host) b->host_release(b, m->host);
+  memset(m, 0, sizeof *m);
+}
+
 static int hir__bind_new(hir_evaluator *ev, const hir_tv *tv) {
   const hir__shape *sh = &ev->shape[tv->name];
   hir_tensor *t = &ev->slot[tv->name];
@@ -11664,7 +11703,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
     for (i = 0; ev->done && i <= ev->nexpr; i++)
       if (ev->done[i]) ev->b->event_destroy(ev->b, ev->done[i]);
     hir__gpu_timeline_free(ev);
-    if (ev->meet_buf) ev->b->release(ev->b, ev->meet_buf);
+    hir__meeting_free(ev->b, &ev->meeting);
     for (i = 0; ev->staging && i < hir__staging_n(ev); i++)
       if (ev->staging[i].data) ev->b->release(ev->b, ev->staging[i].data);
     for (i = 0; ev->laid_out && ev->p && i < ev->p->ir.outputs.n; i++)
@@ -11714,20 +11753,22 @@ HIRDEF size_t hir_evaluator_memory(const hir_evaluator *ev) {
 
 /* Waits for a stream without trusting it to finish: polls it and the
    communicator (*from_comm: the communicator failed); HIR_ERR_TIMEOUT past
-   the deadline. Short waits spin, as cudaStreamSynchronize does; longer ones
-   nap 50 us at a time (a nap costs ~60 us). */
+   the deadline, never HIR_OK while the stream is busy. Short waits spin, as
+   cudaStreamSynchronize does; longer ones nap 50 us at a time (a nap costs
+   ~60 us). */
 static hir_status hir__wait_stream(hir_backend *b, void *stream, hir_comm *comm, double deadline, int *from_comm) {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   double spin_until = hir__now_ms() + 2;
-  hir_status s;
+  hir_status s, polled;
   *from_comm = 0;
   pthread_mutex_init(&mu, NULL);
   pthread_cond_init(&cv, NULL);
   while ((s = b->stream_query(b, stream)) == HIR_ERR_TIMEOUT) {
     struct timespec nap = hir__deadline(0.05);
-    if (comm && comm->poll && (s = comm->poll(comm)) != HIR_OK) {
+    if (comm && comm->poll && (polled = comm->poll(comm)) != HIR_OK) {
       *from_comm = 1;
+      s = polled;
       break;
     }
     if (hir__now_ms() > deadline) break;
@@ -11742,63 +11783,79 @@ static hir_status hir__wait_stream(hir_backend *b, void *stream, hir_comm *comm,
 }
 
 /* The ranks of a team meet: every member's `bytes` into all (team order),
-   through the backend's memory (device memory kept in *buf, grown to
-   *cap: a meeting must not cost an allocation each time), waiting under the
-   deadline. *from_comm: the communicator failed (its error says why); else
-   HIR_ERR_TIMEOUT past the deadline, or the backend's error. */
-static hir_status hir__meet(hir_comm *c, void *team, int nteam, hir_backend *b, void **buf, size_t *cap, const void *mine,
-                            void *all, size_t bytes, double deadline, int *from_comm) {
+   through the backend's memory (kept in *m: a meeting must not cost an
+   allocation each time), waiting under the deadline: with copy_async the
+   host waits for the GPU only in hir__wait_stream. *from_comm: the
+   communicator failed (its error says why); else HIR_ERR_TIMEOUT past the
+   deadline, or the backend's error. */
+static hir_status hir__meet(hir_comm *c, void *team, int nteam, hir_backend *b, hir__meeting *m, const void *mine, void *all,
+                            size_t bytes, double deadline, int *from_comm) {
   size_t need = bytes * (size_t)(nteam + 1);
-  char *dev;
+  int async = b->copy_async && b->host_alloc && b->host_release;
+  void *stream = b->current_stream(b);
+  char *dev, *host;
   hir_status s;
   *from_comm = 0;
   memset(&c->what, 0, sizeof c->what);
   c->what.tensor = -1; /* "a buffer" */
-  if (b->host_memory) return (s = c->allgather(c, team, mine, all, bytes, b->current_stream(b))) != HIR_OK ? (*from_comm = 1, s) : s;
-  if (*cap < need) {
-    if (*buf) b->release(b, *buf);
-    *buf = NULL;
-    *cap = 0;
-    if ((s = b->alloc(b, need, buf)) != HIR_OK) return s;
-    *cap = need;
+  if (b->host_memory) return (s = c->allgather(c, team, mine, all, bytes, stream)) != HIR_OK ? (*from_comm = 1, s) : s;
+  if (m->cap < need) {
+    hir__meeting_free(b, m);
+    if ((s = b->alloc(b, need, &m->dev)) != HIR_OK || (async && (s = b->host_alloc(b, need, &m->host)) != HIR_OK)) {
+      hir__meeting_free(b, m);
+      return s;
+    }
+    m->cap = need;
   }
-  dev = (char *)*buf;
-  if ((s = b->upload(b, dev, mine, bytes)) != HIR_OK) return s;
-  if ((s = c->allgather(c, team, dev, dev + bytes, bytes, b->current_stream(b))) != HIR_OK) return *from_comm = 1, s;
-  if ((s = hir__wait_stream(b, b->current_stream(b), c, deadline, from_comm)) == HIR_OK)
+  dev = (char *)m->dev, host = (char *)m->host;
+  if (async) {
+    memcpy(host, mine, bytes);
+    s = b->copy_async(b, stream, dev, host, bytes);
+  } else {
+    s = b->upload(b, dev, mine, bytes);
+  }
+  if (s != HIR_OK) return s;
+  if ((s = c->allgather(c, team, dev, dev + bytes, bytes, stream)) != HIR_OK) return *from_comm = 1, s;
+  if (async && (s = b->copy_async(b, stream, host + bytes, dev + bytes, bytes * (size_t)nteam)) != HIR_OK) return s;
+  if ((s = hir__wait_stream(b, stream, c, deadline, from_comm)) == HIR_OK && async)
+    memcpy(all, host + bytes, bytes * (size_t)nteam);
+  else if (s == HIR_OK)
     s = b->download(b, all, dev + bytes, bytes * (size_t)nteam);
-  if (s != HIR_OK && s != HIR_ERR_BACKEND) *buf = NULL, *cap = 0; /* a dead peer may still write it: left */
+  if (s != HIR_OK && s != HIR_ERR_BACKEND) memset(m, 0, sizeof *m); /* a dead peer may still write them: left */
   return s;
 }
 
 /* A stream of the evaluator, under its deadline; past it the caller aborts
-   the communicator with this message (hir__tell_world). */
-static int hir__sync_stream(hir_evaluator *ev, void *stream, double deadline) {
+   the communicator with this message (hir__tell_world), `who`'s. */
+static int hir__sync_stream(hir_evaluator *ev, void *stream, double deadline, const char *who) {
   int from_comm;
   hir_status s = hir__wait_stream(ev->b, stream, ev->comm, deadline, &from_comm);
   if (s == HIR_OK) return 1;
   if (from_comm) {
     ev->broken = 1;
-    return hir__ev_fail(ev, s, "hir_evaluator_sync: a communication failed: %s", ev->comm->error);
+    return hir__ev_fail(ev, s, "%s: a communication failed: %s", who, ev->comm->error);
   }
   if (s == HIR_ERR_TIMEOUT)
     return hir__ev_fail(ev, HIR_ERR_TIMEOUT,
-                        "hir_evaluator_sync: the streams were still busy after %d ms; a peer is dead or stuck, so the "
-                        "communicator was aborted (raise hir_eval_desc.timeout_ms if the work is that long)",
-                        ev->timeout_ms);
-  return hir__ev_fail(ev, s, "hir_evaluator_sync: %s", ev->b->error);
+                        "%s: the streams were still busy after %d ms; a peer is dead or stuck, so the communicator was "
+                        "aborted (raise hir_eval_desc.timeout_ms if the work is that long)", who, ev->timeout_ms);
+  return hir__ev_fail(ev, s, "%s: %s", who, ev->b->error);
+}
+
+/* The pool's streams, then the caller's, under one deadline. */
+static hir_status hir__sync_streams(hir_evaluator *ev, const char *who) {
+  double deadline = hir__now_ms() + ev->timeout_ms;
+  int i;
+  for (i = 0; i <= ev->nstreams; i++)
+    if (!hir__sync_stream(ev, i < ev->nstreams ? ev->pool[i] : ev->b->current_stream(ev->b), deadline, who))
+      return hir__tell_world(ev);
+  return HIR_OK;
 }
 
 HIRDEF hir_status hir_evaluator_sync(hir_evaluator *ev) {
-  double deadline;
-  int i;
   if (!ev || !ev->b) return HIR_ERR_INVALID;
   ev->status = HIR_OK;
-  deadline = hir__now_ms() + ev->timeout_ms;
-  for (i = 0; i < ev->nstreams; i++)
-    if (!hir__sync_stream(ev, ev->pool[i], deadline)) return hir__tell_world(ev);
-  if (!hir__sync_stream(ev, ev->b->current_stream(ev->b), deadline)) return hir__tell_world(ev);
-  return HIR_OK;
+  return hir__sync_streams(ev, "hir_evaluator_sync");
 }
 
 /* ---- hir_run ---- */
@@ -12049,7 +12106,12 @@ static hir_status hir__prepare(hir_evaluator *ev, const hir_tensor *in, int nin,
     }
   }
   if (changed || !ev->planned) {
-    ev->planned = 0;
+    int was_planned = ev->planned;
+    ev->planned = 0; /* until the new plan is made: the old one must not serve the new shapes at the next run */
+    /* The old plan's buffers may be in use by work a dead peer holds forever: it is waited for here, under the
+       deadline, not in the backend's release (cudaFree waits for the whole device, without one). */
+    if (was_planned && hir__sync_streams(ev, "hir_run: waiting for the last run's work before planning new shapes") != HIR_OK)
+      return ev->status;
     hir__free_blocks(ev);
     if (!hir__plan(ev, in)) return ev->status;
     ev->planned = 1;
@@ -12364,7 +12426,7 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
   mine[0] = 0x6869727368617065ll; /* "hirshape": a row from a rank running something else is not read as shapes */
   mine[1] = nin;
   for (i = 0; i < nin; i++) hir__shape_words(ev, i, &in[i], mine + 2 + i * HIR__SHAPE_WORDS);
-  s = hir__meet(ev->comm, ev->devices_team, ev->ndevices, ev->b, &ev->meet_buf, &ev->meet_cap, mine, all, row,
+  s = hir__meet(ev->comm, ev->devices_team, ev->ndevices, ev->b, &ev->meeting, mine, all, row,
                 hir__now_ms() + ev->timeout_ms, &from_comm);
   if (s != HIR_OK) {
     if (from_comm) {
@@ -12534,8 +12596,7 @@ struct hir_tuner {
   int *team, nteam;             /* the devices of the fusion's meshes, ascending */
   void *team_handle;
   hir_backend *own_backend;     /* for meeting the ranks when the caller gave no backend */
-  void *xbuf;                   /* device memory for the ranks' meetings, on the backend they meet through */
-  size_t xbuf_bytes;
+  hir__meeting meeting;         /* the ranks', on the backend they meet through */
   hir__tune_entry *entries;
   int n, cap;
   hir__tune_entry *last;
@@ -12680,7 +12741,7 @@ static hir_status hir__tune_exchange(hir_tuner *t, hir_backend *b, const void *m
   if (!c || t->nteam < 2) return memcpy(all, mine, bytes), HIR_OK;
   if (!t->team_handle && (s = c->team(c, t->team, t->nteam, &t->team_handle)) != HIR_OK)
     return hir__tune_fail(t, s, "hir_tuner: the team of the fusion's devices: %s", c->error);
-  s = hir__meet(c, t->team_handle, t->nteam, b, &t->xbuf, &t->xbuf_bytes, mine, all, bytes, hir__now_ms() + ms, &from_comm);
+  s = hir__meet(c, t->team_handle, t->nteam, b, &t->meeting, mine, all, bytes, hir__now_ms() + ms, &from_comm);
   if (s == HIR_OK) return HIR_OK;
   if (from_comm) return hir__tune_fail(t, s, "hir_tuner: the ranks could not meet: %s", c->error);
   if (s != HIR_ERR_TIMEOUT) return hir__tune_fail(t, s, "hir_tuner: %s", b->error);
@@ -13288,7 +13349,7 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
   }
   HIR_FREE(t->entries);
   HIR_FREE(t->team);
-  if (t->xbuf) hir__tune_backend(t)->release(hir__tune_backend(t), t->xbuf);
+  if (t->meeting.cap) hir__meeting_free(hir__tune_backend(t), &t->meeting);
   hir_backend_free(t->own_backend);
   HIR_FREE(t);
 }

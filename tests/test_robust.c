@@ -772,6 +772,68 @@ static int fake_reachable(hir_backend *b, const void *ptr, char *why, size_t cap
   return 0;
 }
 
+/* A stream that never finishes beside a communicator that sees nothing
+   wrong (a dead peer it has not noticed): hir_evaluator_sync, and hir_run
+   with new shapes (whose old buffers that work may use), must end in
+   HIR_ERR_TIMEOUT at the deadline, never HIR_OK with the work unfinished;
+   once the stream is free, the new shapes run and compute. */
+static hir_status busy_stream(hir_backend *b, void *stream) { return (void)b, (void)stream, HIR_ERR_TIMEOUT; }
+static int quiet_polls;
+static hir_status quiet_poll(hir_comm *c) { return (void)c, quiet_polls++, HIR_OK; }
+
+TEST(test_robust_busy_stream_times_out, "robust/busy_stream_times_out", TEST_CPU) {
+  int64_t n = 19, m = 23, i;
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *x = hir_input(f, HIR_F32, 1);
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_eval_desc ed;
+  hir_lower_desc ld;
+  hir_local_world *w = hir_local_world_create(1);
+  hir_tensor in = trand(HIR_F32, 1, &n), in2 = trand(HIR_F32, 1, &m), out = tn(HIR_F32, 1, &n), out2 = tn(HIR_F32, 1, &m);
+  hir_status (*query)(hir_backend *, void *);
+  int k;
+  hir_output(f, hir_scalar_binary(f, HIR_BINARY_ADD, 2.5, x));
+  memset(&ed, 0, sizeof ed);
+  memset(&ld, 0, sizeof ld);
+  ed.backend = hir_backend_cpu_create();
+  query = ed.backend->stream_query;
+  ed.comm = hir_local_comm(w, 0);
+  ed.comm->poll = quiet_poll;
+  ed.timeout_ms = 60;
+  CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  CHECK(ev && hir_run(ev, &in, 1, &out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+  for (k = 0; ev && k < 2; k++) { /* the sync, then a run with new shapes */
+    const char *want = k == 0 ? "hir_evaluator_sync: the streams were still busy after 60 ms"
+                              : "hir_run: waiting for the last run's work before planning new shapes: the streams were "
+                                "still busy after 60 ms";
+    double t0 = hir__now_ms(), ms;
+    hir_status s;
+    quiet_polls = 0;
+    ed.backend->stream_query = busy_stream;
+    s = k == 0 ? hir_evaluator_sync(ev) : hir_run(ev, &in2, 1, &out2, 1);
+    ms = hir__now_ms() - t0;
+    ed.backend->stream_query = query;
+    if (!(s == HIR_ERR_TIMEOUT && strstr(hir_evaluator_error(ev), want) && ms >= 55 && ms < 5000 && quiet_polls > 0))
+      fprintf(stderr, "  %s: %s after %.0f ms, %d polls: %s\n", k == 0 ? "sync" : "new shapes", hir_status_str(s), ms,
+              quiet_polls, hir_evaluator_error(ev)), hir_test_failures++;
+  }
+  for (i = 0; i < m; i++) tset(&out2, i, 1e30);
+  CHECK(ev && hir_run(ev, &in2, 1, &out2, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK); /* the new shapes, planned now */
+  for (i = 0; i < m; i++)
+    if (tget(&out2, i) != (double)(float)(tget(&in2, i) + 2.5)) {
+      fprintf(stderr, "  element %d of the new shape: %g\n", (int)i, tget(&out2, i));
+      CHECK(0);
+      break;
+    }
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(ed.backend);
+  hir_local_world_free(w);
+  hir_fusion_free(f);
+  tfree(&in), tfree(&in2), tfree(&out), tfree(&out2);
+}
+
 TEST(test_robust_unreachable_memory, "robust/unreachable_memory", TEST_CPU) {
   int64_t n = 37, i, k;
   hir_fusion *f = hir_fusion_create();

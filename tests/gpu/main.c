@@ -1245,7 +1245,10 @@ static hir_status mp_run(int n, hir_status (*fn)(int rank, void *user), void *us
    within its deadline, not hang. replay = 2: no peer dies; both ranks run
    twice as a graph (an allgather) and call exit() with the evaluator,
    backend and communicator alive, as a user's process may: it must end
-   with status 0, not crash in its teardown. */
+   with status 0, not crash in its teardown. replay = 3: both ranks run once
+   (eager); rank 1 leaves a second later, while rank 0's second run waits
+   for it on the GPU; rank 0 then passes a new shape, so that the ranks
+   meet behind that stuck work: the meeting must end within its deadline. */
 static int dead_peer(int replay) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a);
@@ -1268,7 +1271,7 @@ static int dead_peer(int replay) {
   ed.comm = mp_comm;
   ed.backend = hir_backend_cuda_create(mp_env.gpu);
   ed.timeout_ms = 3000;
-  ed.graph = replay != 0;
+  ed.graph = replay == 1 || replay == 2;
   if (replay == 1 && hir_nccl_comm_set_copy_engine(mp_comm, 0) != HIR_OK) return 0;
   if (hir_lower(f, &ld, &p) != HIR_OK || hir_evaluator_create(p, &ed, &ev) != HIR_OK) {
     printf("rank%d: setup failed: %s\n", mp_env.rank, ev ? hir_evaluator_error(ev) : hir_program_error(p));
@@ -1276,9 +1279,9 @@ static int dead_peer(int replay) {
   }
   in = tn(HIR_F32, 2, sz);
   memset(&out, 0, sizeof out);
-  { hir_tensor d = to_backend(ed.backend, &in);
+  { hir_tensor d = to_backend(ed.backend, &in), small = d;
     int run;
-    for (run = 0; replay && run < 2; run++) /* eager, then captured and launched: both ranks */
+    for (run = 0; replay && run < (replay == 3 ? 1 : 2); run++) /* eager, then captured and launched: both ranks */
       if (hir_run(ev, &d, 1, &out, 1) != HIR_OK || hir_evaluator_sync(ev) != HIR_OK) {
         printf("rank%d: run %d failed: %s\n", mp_env.rank, run, hir_evaluator_error(ev));
         return 0;
@@ -1289,19 +1292,28 @@ static int dead_peer(int replay) {
       exit(0);
     }
     if (replay && mp_env.rank == 1) {
-      printf("rank1: ran twice as a graph, leaving\n");
+      printf("rank1: ran %s, leaving\n", replay == 3 ? "once, and a second later" : "twice as a graph");
       fflush(stdout);
+      if (replay == 3) hir_nccl__sleep_ms(1000);
       _exit(0);
     }
-    if (replay) hir_nccl__sleep_ms(300); /* rank 1 is gone */
+    if (replay == 3) {
+      s = hir_run(ev, &d, 1, &out, 1); /* rank 1 never runs it: its allgather waits on the GPU */
+      printf("rank0: the second run, which rank 1 skips: %s\n", hir_status_str(s));
+      small.sizes[1] /= 2; /* a new shape: the ranks meet */
+    } else if (replay) {
+      hir_nccl__sleep_ms(300); /* rank 1 is gone */
+    }
     t0 = hir__now_ms();
-    s = hir_run(ev, &d, 1, &out, 1);
+    s = hir_run(ev, &small, 1, &out, 1);
     if (s == HIR_OK) s = hir_evaluator_sync(ev);
     dt = hir__now_ms() - t0;
+    ok = (s == HIR_ERR_TIMEOUT || s == HIR_ERR_COMM) && dt < 20000;
+    printf("rank0: dead peer%s: %s after %.0f ms: %s\n",
+           replay == 3 ? " behind a run it skipped" : replay ? " during a graph replay" : "", hir_status_str(s), dt,
+           hir_evaluator_error(ev));
+    fflush(stdout); /* said before the frees: cudaFree waits for the device */
     backend_free(ed.backend, &in, &d); }
-  ok = (s == HIR_ERR_TIMEOUT || s == HIR_ERR_COMM) && dt < 20000;
-  printf("rank0: dead peer%s: %s after %.0f ms: %s\n", replay ? " during a graph replay" : "", hir_status_str(s), dt,
-         hir_evaluator_error(ev));
   tfree(&in);
   hir_evaluator_free(ev);
   hir_program_free(p);
@@ -2040,7 +2052,7 @@ int main(int argc, char **argv) {
     snprintf(prefix, sizeof prefix, "rank%d: ", mp_env.rank);
     int dead_exit = argc > 2 && !strcmp(argv[2], "--dead-peer-exit"), exit_live = argc > 2 && !strcmp(argv[2], "--exit-live");
     int dead = dead_exit || (argc > 2 && !strcmp(argv[2], "--dead-peer")), failing = argc > 2 && !strcmp(argv[2], "--failing-rank");
-    int dead_replay = argc > 2 && !strcmp(argv[2], "--dead-peer-replay");
+    int dead_replay = argc <= 2 ? 0 : !strcmp(argv[2], "--dead-peer-replay") ? 1 : !strcmp(argv[2], "--dead-peer-reshape") ? 3 : 0;
     int from_id = argc > 2 && !strcmp(argv[2], "--from-id"), lent = argc > 2 && !strcmp(argv[2], "--lent-nccl");
     const char *expect_ce = getenv("HOSTIR_TEST_COPY_ENGINE");
     ncclUniqueId id;

@@ -4,7 +4,7 @@
 # and captured (and one of them dying mid-exchange, and mid-replay), then with one process per GPU under torchrun
 # and mpirun (2 GPUs, and all when more) on the copy engines, two "hosts" by
 # NCCL_HOSTID, the caller's NCCL id and communicator, a dead peer (also during
-# a graph replay), processes that call exit() with a live or aborted world, a failing rank (the data path on blocking twins, the default), then on the nonblocking
+# a graph replay, and behind a run it skipped when the ranks meet over a new shape), processes that call exit() with a live or aborted world, a failing rank (the data path on blocking twins, the default), then on the nonblocking
 # communicators (HOSTIR_NCCL_BLOCKING=0) where ranks fail, the bootstrap's own tests, hostir.torch (the package
 # pip-installed, its ops under torchrun against torch's), then the examples:
 # built with nvcc, run on the GPUs, NVTX ranges as a tool sees them, launch_processes under torchrun and mpirun, and
@@ -63,6 +63,9 @@ fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   stage "a dead peer (2 processes, rank 1 exits after joining)" timeout 120 mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 \
     -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29650 "$bin" --processes --dead-peer
+  stage "a dead peer behind a run it skipped, then a new shape: the ranks meet behind stuck work (2 processes)" timeout 120 \
+    mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 -x NCCL_NVLS_ENABLE -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29652 \
+    "$bin" --processes --dead-peer-reshape
 fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   stage "a dead peer during a CUDA graph replay (2 processes, NCCL)" timeout 120 mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 \
@@ -86,6 +89,9 @@ fi
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
   stage "nonblocking data path: a dead peer (2 processes)" timeout 120 mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 -x NCCL_NVLS_ENABLE \
     -x HOSTIR_NCCL_BLOCKING=0 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29660 "$bin" --processes --dead-peer
+  stage "nonblocking data path: a dead peer behind a run it skipped, then a new shape (2 processes)" timeout 120 mpirun \
+    --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 -np 2 -x NCCL_NVLS_ENABLE -x HOSTIR_NCCL_BLOCKING=0 -x MASTER_ADDR=127.0.0.1 \
+    -x MASTER_PORT=29662 "$bin" --processes --dead-peer-reshape
   stage "nonblocking data path: a dead peer during a CUDA graph replay (2 processes)" timeout 120 mpirun --allow-run-as-root -x HOSTIR_TEST_HANG_S=90 \
     -np 2 -x NCCL_NVLS_ENABLE -x HOSTIR_NCCL_BLOCKING=0 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29665 "$bin" --processes \
     --dead-peer-replay
