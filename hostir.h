@@ -10107,6 +10107,8 @@ struct hir_evaluator {
   hir_tensor *boundary;         /* the user's tensors seen with their split axes (hir_split), inputs then outputs; made at create */
   unsigned char *handed;        /* by output: this run hands back a buffer of ours (the caller gave none) */
   struct hir__staging *laid_out; /* by output: the one handed back in its tensor's layout (hir_set_allocation_loop) */
+  void **retired;               /* buffers outgrown in a run, released once the streams are idle (hir__retire) */
+  int nretired, cap_retired;
   const void **reached;         /* inputs then outputs: the last address the backend said it reaches (hir_backend.reachable) */
   struct hir__graph *graphs;    /* captured runs of the current plan, by their tensors' addresses */
   int ngraphs;
@@ -10621,6 +10623,27 @@ static int hir__plan(hir_evaluator *ev, const hir_tensor *in) {
 
 /* ---- buffers ---- */
 
+/* A buffer outgrown in a run: work issued before may still use it, and the
+   backend's release may wait for the whole device (cudaFree) with no
+   deadline, behind a dead peer's collective. So it is released once the
+   streams are known idle (hir__release_retired). */
+static void hir__retire(hir_evaluator *ev, void *ptr) {
+  if (ev->nretired == ev->cap_retired) {
+    int cap = ev->cap_retired ? 2 * ev->cap_retired : 8;
+    void **grown = (void **)HIR_REALLOC(ev->retired, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      ev->b->release(ev->b, ptr); /* no memory to keep it: released now */
+      return;
+    }
+    ev->retired = grown, ev->cap_retired = cap;
+  }
+  ev->retired[ev->nretired++] = ptr;
+}
+
+static void hir__release_retired(hir_evaluator *ev) {
+  while (ev->nretired > 0) ev->b->release(ev->b, ev->retired[--ev->nretired]);
+}
+
 static void hir__meeting_free(hir_backend *b, hir__meeting *m) {
   if (m->dev) b->release(b, m->dev);
   if (m->host) b->host_release(b, m->host);
@@ -10940,7 +10963,7 @@ static int hir__contiguous_buffer(hir_evaluator *ev, const hir_tensor *t, const 
   if (hir__is_contiguous(t)) return 1;
   st = &ev->staging[((size_t)e->name * (size_t)(ev->nstreams + 1) + (size_t)ev->current_track) * 2 + (size_t)in];
   if (st->bytes < bytes) {
-    if (st->data) ev->b->release(ev->b, st->data);
+    if (st->data) hir__retire(ev, st->data);
     st->data = NULL;
     st->bytes = 0;
     if ((s = ev->b->alloc(ev->b, bytes, &st->data)) != HIR_OK) return hir__ev_backend(ev, s, e);
@@ -11704,6 +11727,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
       if (ev->done[i]) ev->b->event_destroy(ev->b, ev->done[i]);
     hir__gpu_timeline_free(ev);
     hir__meeting_free(ev->b, &ev->meeting);
+    hir__release_retired(ev);
     for (i = 0; ev->staging && i < hir__staging_n(ev); i++)
       if (ev->staging[i].data) ev->b->release(ev->b, ev->staging[i].data);
     for (i = 0; ev->laid_out && ev->p && i < ev->p->ir.outputs.n; i++)
@@ -11736,6 +11760,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->boundary);
   HIR_FREE(ev->handed);
   HIR_FREE(ev->laid_out);
+  HIR_FREE(ev->retired);
   HIR_FREE(ev);
 }
 
@@ -11849,6 +11874,7 @@ static hir_status hir__sync_streams(hir_evaluator *ev, const char *who) {
   for (i = 0; i <= ev->nstreams; i++)
     if (!hir__sync_stream(ev, i < ev->nstreams ? ev->pool[i] : ev->b->current_stream(ev->b), deadline, who))
       return hir__tell_world(ev);
+  hir__release_retired(ev);
   return HIR_OK;
 }
 
@@ -12498,7 +12524,7 @@ static hir_status hir__lay_out(hir_evaluator *ev, hir_tensor *out, int nout) {
     hir_status s;
     if (!tv->nalloc || !ev->handed[i] || !t.data || t.ndims != tv->nalloc) continue;
     if (buf->bytes < bytes) {
-      if (buf->data) ev->b->release(ev->b, buf->data);
+      if (buf->data) hir__retire(ev, buf->data);
       buf->data = NULL, buf->bytes = 0;
       if ((s = ev->b->alloc(ev->b, bytes, &buf->data)) != HIR_OK)
         return hir__ev_fail(ev, s, "hir_run: allocating %zu bytes for output %d (T%d) in its layout failed: %s (the outputs of "

@@ -834,6 +834,68 @@ TEST(test_robust_busy_stream_times_out, "robust/busy_stream_times_out", TEST_CPU
   tfree(&in), tfree(&in2), tfree(&out), tfree(&out2);
 }
 
+/* An outgrown buffer is not released in the run that outgrows it: work
+   issued before may still use it, and a release can wait for the whole
+   device (cudaFree) without a deadline. y = relu(x) handed back in its
+   allocation's layout ([c, a] order: column-major), run on [3, 2], then on
+   [5, 4]: the first layout buffer is released by the sync after that run,
+   not in it, and both runs compute. */
+static void *released_watch;
+static int released_seen;
+static void (*cpu_release)(hir_backend *, void *);
+static void watching_release(hir_backend *b, void *ptr) {
+  if (ptr == released_watch) released_seen++;
+  cpu_release(b, ptr);
+}
+
+TEST(test_robust_outgrown_buffer_waits, "robust/outgrown_buffer_waits", TEST_CPU) {
+  static const int first[1] = {0}, middle[1] = {1};
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *x = hir_input(f, HIR_F32, 2), *y = hir_relu(f, x);
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  int k;
+  hir_output(f, y);
+  hir_reorder(y, 1, first, middle); /* y [c, a], laid out so */
+  CHECK(hir_set_allocation_loop(y) == HIR_OK);
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  ed.backend = hir_backend_cpu_create();
+  cpu_release = ed.backend->release;
+  ed.backend->release = watching_release;
+  released_watch = NULL;
+  CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  for (k = 0; ev && k < 2; k++) {
+    int64_t sz[2] = {k ? 5 : 3, k ? 4 : 2}, i;
+    hir_tensor in = trand(HIR_F32, 2, sz), out;
+    memset(&out, 0, sizeof out);
+    released_seen = 0;
+    CHECK(hir_run(ev, &in, 1, &out, 1) == HIR_OK);
+    if (k == 1 && released_seen) fprintf(stderr, "  the outgrown layout buffer was released in the run\n"), hir_test_failures++;
+    CHECK(hir_evaluator_sync(ev) == HIR_OK);
+    if (k == 1 && released_seen != 1)
+      fprintf(stderr, "  the outgrown layout buffer was released %d times by the sync; once expected\n", released_seen),
+          hir_test_failures++;
+    CHECK(out.ndims == 2 && out.sizes[0] == sz[0] && out.sizes[1] == sz[1] && out.strides[0] == 1 && out.strides[1] == sz[0]);
+    for (i = 0; i < sz[0] * sz[1] && out.data; i++) {
+      double v = tget(&in, i);
+      if (((float *)out.data)[(i / sz[1]) + (i % sz[1]) * sz[0]] != (float)(v > 0 ? v : 0)) {
+        fprintf(stderr, "  run %d, element %d\n", k, (int)i);
+        CHECK(0);
+        break;
+      }
+    }
+    released_watch = out.data; /* the first run's buffer, outgrown by the second */
+    tfree(&in);
+  }
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(ed.backend);
+  hir_fusion_free(f);
+}
+
 TEST(test_robust_unreachable_memory, "robust/unreachable_memory", TEST_CPU) {
   int64_t n = 37, i, k;
   hir_fusion *f = hir_fusion_create();
