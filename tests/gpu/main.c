@@ -1247,8 +1247,9 @@ static hir_status mp_run(int n, hir_status (*fn)(int rank, void *user), void *us
    backend and communicator alive, as a user's process may: it must end
    with status 0, not crash in its teardown. replay = 3: both ranks run once
    (eager); rank 1 leaves a second later, while rank 0's second run waits
-   for it on the GPU; rank 0 then passes a new shape, so that the ranks
-   meet behind that stuck work: the meeting must end within its deadline. */
+   for it on the GPU; rank 0 then passes a new shape, so that, behind that
+   stuck work, it frees the old plan's buffers and the ranks meet: the run
+   must end within its deadline all the same. */
 static int dead_peer(int replay) {
   hir_fusion *f = hir_fusion_create();
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_set(f, a);
