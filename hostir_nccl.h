@@ -1240,8 +1240,9 @@ static void hir_nccl__ce_tell(hir_nccl__ce *ce, const char *note) {
 
 /* Whether a peer's process has ended: gone, a zombie its launcher has not
    reaped yet, or its pid now another process's. A pid this host's /proc
-   does not show as the peer when the rank's thread first looks (`learn`;
-   another pid namespace) is not watched: timeouts still catch that peer.
+   does not show as the peer when the rank's thread first looks (`learn`:
+   as the rank joins the world; another pid namespace, or a peer gone that
+   soon) is not watched: timeouts still catch that peer.
    The data path's watchdog (its own thread) asks without learning. */
 static int hir_nccl__peer_ended(hir_nccl__ce *ce, int i, int learn) {
   hir_nccl__ce_head *h = hir_nccl__ce_head_of(ce);
@@ -2750,6 +2751,8 @@ static hir_status hir_nccl__join(hir_nccl__rank *nc) {
   }
   nc->ce_on = 1;
   c->p2p_copy_engine = nlocal == c->size; /* peers on other hosts take NCCL's kernels */
+  for (i = 0; i < nlocal; i++) /* each peer's process learnt now, while it lives: one first looked at once gone is not watched */
+    if (i != nc->ce.me) hir_nccl__peer_ended(&nc->ce, i, 1);
   return HIR_OK;
 }
 
