@@ -678,7 +678,7 @@ struct hir_backend {
      backend's memory in `stream`'s order, done once stream_query says the
      stream is idle: the host never waits in them. The ranks' meetings go
      through them, so that every wait for a peer is one under a deadline (a
-     synchronous download behind a dead peer's collective never returns).
+     synchronous copy behind a dead peer's collective never returns).
      NULL: upload and download, which wait on the host. */
   hir_status (*host_alloc)(hir_backend *self, size_t bytes, void **ptr);
   void (*host_release)(hir_backend *self, void *ptr);
