@@ -13524,9 +13524,14 @@ HIRDEF hir_status hir_evaluator_record_timeline(hir_evaluator *ev, int record) {
   if (!ev->b) return ev->status ? ev->status : HIR_ERR_INVALID; /* a failed create */
   if (record && !ev->spans && !(ev->spans = (hir__span *)HIR_MALLOC(HIR__TIMELINE_CAP * sizeof *ev->spans)))
     return HIR_ERR_NOMEM;
-  if (record && !ev->recording && ev->b->timer_create && ev->b->timer_elapsed && (s = hir__gpu_timeline_start(ev)) != HIR_OK) {
-    snprintf(ev->error, sizeof ev->error, "hir_evaluator_record_timeline: GPU timing events: %s", ev->b->error);
-    return s;
+  if (record && !ev->recording && ev->b->timer_create && ev->b->timer_elapsed) {
+    /* the epoch needs idle streams: waited for under the deadline (a dead peer's work may hold them) */
+    ev->status = HIR_OK;
+    if ((s = hir__sync_streams(ev, "hir_evaluator_record_timeline: waiting for the streams")) != HIR_OK) return s;
+    if ((s = hir__gpu_timeline_start(ev)) != HIR_OK) {
+      snprintf(ev->error, sizeof ev->error, "hir_evaluator_record_timeline: GPU timing events: %s", ev->b->error);
+      return s;
+    }
   }
   ev->recording = record != 0;
   ev->in_group = 0;

@@ -773,13 +773,17 @@ static int fake_reachable(hir_backend *b, const void *ptr, char *why, size_t cap
 }
 
 /* A stream that never finishes beside a communicator that sees nothing
-   wrong (a dead peer it has not noticed): hir_evaluator_sync, and hir_run
-   with new shapes (whose old buffers that work may use), must end in
-   HIR_ERR_TIMEOUT at the deadline, never HIR_OK with the work unfinished;
-   once the stream is free, the new shapes run and compute. */
+   wrong (a dead peer it has not noticed): hir_evaluator_sync, hir_run with
+   new shapes (whose old buffers that work may use) and a GPU timeline's
+   start must end in HIR_ERR_TIMEOUT at the deadline, never HIR_OK with the
+   work unfinished; once the stream is free, the new shapes run and compute. */
 static hir_status busy_stream(hir_backend *b, void *stream) { return (void)b, (void)stream, HIR_ERR_TIMEOUT; }
 static int quiet_polls;
 static hir_status quiet_poll(hir_comm *c) { return (void)c, quiet_polls++, HIR_OK; }
+static hir_status no_timer(hir_backend *b, void **event) { return (void)b, *event = NULL, HIR_ERR_UNSUPPORTED; }
+static hir_status no_elapsed(hir_backend *b, void *from, void *to, double *ms) {
+  return (void)b, (void)from, (void)to, *ms = 0, HIR_ERR_UNSUPPORTED;
+}
 
 TEST(test_robust_busy_stream_times_out, "robust/busy_stream_times_out", TEST_CPU) {
   int64_t n = 19, m = 23, i;
@@ -817,6 +821,20 @@ TEST(test_robust_busy_stream_times_out, "robust/busy_stream_times_out", TEST_CPU
     if (!(s == HIR_ERR_TIMEOUT && strstr(hir_evaluator_error(ev), want) && ms >= 55 && ms < 5000 && quiet_polls > 0))
       fprintf(stderr, "  %s: %s after %.0f ms, %d polls: %s\n", k == 0 ? "sync" : "new shapes", hir_status_str(s), ms,
               quiet_polls, hir_evaluator_error(ev)), hir_test_failures++;
+  }
+  if (ev) { /* a timeline's start waits for the streams too (timers the CPU lacks, never reached) */
+    hir_status s;
+    quiet_polls = 0;
+    ed.backend->timer_create = no_timer;
+    ed.backend->timer_elapsed = no_elapsed;
+    ed.backend->stream_query = busy_stream;
+    s = hir_evaluator_record_timeline(ev, 1);
+    ed.backend->stream_query = query;
+    ed.backend->timer_create = NULL;
+    ed.backend->timer_elapsed = NULL;
+    if (!(s == HIR_ERR_TIMEOUT && strstr(hir_evaluator_error(ev), "hir_evaluator_record_timeline: waiting for the streams: the "
+                                         "streams were still busy after 60 ms") && quiet_polls > 0))
+      fprintf(stderr, "  timeline: %s: %s\n", hir_status_str(s), hir_evaluator_error(ev)), hir_test_failures++;
   }
   for (i = 0; i < m; i++) tset(&out2, i, 1e30);
   CHECK(ev && hir_run(ev, &in2, 1, &out2, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK); /* the new shapes, planned now */
