@@ -13496,8 +13496,9 @@ HIRDEF hir_status hir_tuner_load(hir_tuner *t, FILE *f) {
 
 // >>timeline
 /* GPU spans need timing events, made here so that runs only record them;
-   the epoch event ties the GPU's clock to the host's: the caller's stream
-   is drained, the event passes at once, and the host notes the time. */
+   the epoch event ties the GPU's clock to the host's: on the streams the
+   caller has drained (hir__sync_streams) the event passes at once, and the
+   host notes the time. */
 static hir_status hir__gpu_timeline_start(hir_evaluator *ev) {
   hir_backend *b = ev->b;
   void *s = b->current_stream(b);
@@ -13511,9 +13512,7 @@ static hir_status hir__gpu_timeline_start(hir_evaluator *ev) {
       if ((st = b->timer_create(b, &ev->gpu_spans[i].start)) == HIR_OK) st = b->timer_create(b, &ev->gpu_spans[i].end);
     if (st != HIR_OK) return hir__gpu_timeline_free(ev), st;
   }
-  if ((st = b->stream_synchronize(b, s)) != HIR_OK || (st = b->event_record(b, ev->epoch, s)) != HIR_OK ||
-      (st = b->stream_synchronize(b, s)) != HIR_OK)
-    return st;
+  if ((st = b->event_record(b, ev->epoch, s)) != HIR_OK || (st = b->stream_synchronize(b, s)) != HIR_OK) return st;
   ev->epoch_us = hir__now_ms() * 1e3;
   return HIR_OK;
 }
