@@ -983,7 +983,9 @@ static hir_status hir_nccl__env_parse(hir_nccl__getter get, void *user, int visi
    one uses a pair of graph words of its own instead (the receiver hands
    them out, for as long as its graph lives): flags, set to 1 by the side
    that signals and back to 0 by the side that waited, ready for the next
-   replay (replays on a stream never overlap). */
+   replay (replays on a stream never overlap); the wait and the take-back
+   are one memory-operation node (cuStreamBatchMemOp), each node on a
+   replay's path costing microseconds. */
 enum {
   HIR_NCCL__CE_SLOTS = 32, HIR_NCCL__CE_GROUP = 256, HIR_NCCL__CE_EXPORTS = 64, HIR_NCCL__LOCAL_MAX = 64,
   HIR_NCCL__CE_GRAPH_WORDS = 512,    /* word pairs a receiver hands out to a sender's captured receives */
@@ -1038,6 +1040,7 @@ typedef struct hir_nccl__ce_graphs {
 typedef CUresult (*hir_nccl__write_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 typedef CUresult (*hir_nccl__wait_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 typedef CUresult (*hir_nccl__pointer_attrs_fn)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
+typedef CUresult (*hir_nccl__batch_memops_fn)(CUstream, unsigned int, CUstreamBatchMemOpParams *, unsigned int);
 
 typedef struct hir_nccl__ce {
   unsigned char *block;              /* the shared block; NULL: copy engines off */
@@ -1054,6 +1057,7 @@ typedef struct hir_nccl__ce {
   hir_nccl__write_value_fn write_value;
   hir_nccl__wait_value_fn wait_value;
   hir_nccl__pointer_attrs_fn pointer_attrs;
+  hir_nccl__batch_memops_fn batch_memops;
   double next_pid_look_ms;
   signed char watch[HIR_NCCL__LOCAL_MAX]; /* a peer's process: 1 seen as itself, -1 not visible here (another pid namespace) */
 } hir_nccl__ce;
@@ -1097,10 +1101,10 @@ static void hir_nccl__set_counter(unsigned long long *p, unsigned long long v) {
    runtime (no -lcuda). */
 static int hir_nccl__ce_driver(hir_nccl__ce *ce, char *err, size_t cap) {
   enum cudaDriverEntryPointQueryResult q;
-  void *fn[3] = {NULL, NULL, NULL};
-  const char *names[3] = {"cuStreamWriteValue32", "cuStreamWaitValue32", "cuPointerGetAttributes"};
+  void *fn[4] = {NULL, NULL, NULL, NULL};
+  const char *names[4] = {"cuStreamWriteValue32", "cuStreamWaitValue32", "cuPointerGetAttributes", "cuStreamBatchMemOp"};
   int i;
-  for (i = 0; i < 3; i++)
+  for (i = 0; i < 4; i++)
     if (cudaGetDriverEntryPointByVersion(names[i], &fn[i], 12000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess || !fn[i]) {
       cudaGetLastError();
@@ -1110,6 +1114,7 @@ static int hir_nccl__ce_driver(hir_nccl__ce *ce, char *err, size_t cap) {
   memcpy(&ce->write_value, &fn[0], sizeof fn[0]); /* ISO C has no cast from void * to a function */
   memcpy(&ce->wait_value, &fn[1], sizeof fn[1]);
   memcpy(&ce->pointer_attrs, &fn[2], sizeof fn[2]);
+  memcpy(&ce->batch_memops, &fn[3], sizeof fn[3]);
   return 1;
 }
 
@@ -2213,6 +2218,25 @@ static hir_status hir_nccl__ce_cu(hir_comm *c, const char *what, CUresult r) {
   return hir_nccl__ce_fail(c, HIR_ERR_BACKEND, what, detail);
 }
 
+/* `stream` waits until a pad word reaches `value`. Captured, a graph word is a
+   flag: the wait is for 1 and takes the flag back to 0 for the next replay in
+   the same memory-operation node, one node fewer on a replay's path. */
+static CUresult hir_nccl__ce_wait_word(const hir_nccl__ce *ce, void *stream, CUdeviceptr word, cuuint32_t value,
+                                       int captured) {
+  CUstreamBatchMemOpParams op[2];
+  if (!captured) return ce->wait_value((CUstream)stream, word, value, CU_STREAM_WAIT_VALUE_GEQ);
+  memset(op, 0, sizeof op);
+  op[0].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  op[0].waitValue.address = word;
+  op[0].waitValue.value = 1;
+  op[0].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+  op[1].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  op[1].writeValue.address = word;
+  op[1].writeValue.value = 0;
+  op[1].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  return ce->batch_memops((CUstream)stream, 2, op, 0);
+}
+
 /* Whether `stream`'s work is being captured into a CUDA graph (*graph). */
 static int hir_nccl__capturing(void *stream, cudaGraph_t *graph) {
   enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -2371,10 +2395,7 @@ static hir_status hir_nccl__ce_send(hir_comm *c, const hir_nccl__ce_op *op) {
   if ((s = hir_nccl__ce_cuda(c, "a send", cudaEventRecord(ce->source, (cudaStream_t)op->stream))) != HIR_OK ||
       (s = hir_nccl__ce_cuda(c, "a send", cudaStreamWaitEvent(ce->stream, ce->source, 0))) != HIR_OK ||
       (s = hir_nccl__ce_cu(c, "waiting for the receiver's buffer",
-                           ce->wait_value((CUstream)ce->stream, ready, value,
-                                          captured ? CU_STREAM_WAIT_VALUE_EQ : CU_STREAM_WAIT_VALUE_GEQ))) != HIR_OK ||
-      (captured && (s = hir_nccl__ce_cu(c, "taking a receive's ready flag back",
-                                        ce->write_value((CUstream)ce->stream, ready, 0, CU_STREAM_WRITE_VALUE_DEFAULT))) != HIR_OK) ||
+                           hir_nccl__ce_wait_word(ce, ce->stream, ready, value, captured))) != HIR_OK ||
       (s = hir_nccl__ce_cuda(c, "a peer copy", cudaMemcpyAsync(dst, op->buf, op->bytes, cudaMemcpyDefault, ce->stream))) !=
           HIR_OK ||
       (s = hir_nccl__ce_cu(c, "signalling a copy's arrival",
@@ -2403,17 +2424,11 @@ static hir_status hir_nccl__ce_finish_recv(hir_comm *c, const hir_nccl__ce_op *o
   if (!ce->segment && (s = hir_nccl__ce_wait(c, &hir_nccl__ce_box_of(ce, peer, ce->me)->taken, op->seq + 1, op->peer,
                                              "a receive")) != HIR_OK)
     return s;
-  if (op->graph_word < 0)
-    return hir_nccl__ce_cu(c, "waiting for a copy",
-                           ce->wait_value((CUstream)op->stream,
-                                          (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_word(ce, peer, ce->me, op->seq, 1)),
-                                          (cuuint32_t)(op->seq + 1), CU_STREAM_WAIT_VALUE_GEQ));
-  arrived = (CUdeviceptr)(uintptr_t)(ce->pad_dev + hir_nccl__ce_graph_word(ce, peer, ce->me, op->graph_word, 1));
-  if ((s = hir_nccl__ce_cu(c, "waiting for a copy", ce->wait_value((CUstream)op->stream, arrived, 1, CU_STREAM_WAIT_VALUE_EQ))) !=
-      HIR_OK)
-    return s;
-  return hir_nccl__ce_cu(c, "taking a copy's arrival flag back",
-                         ce->write_value((CUstream)op->stream, arrived, 0, CU_STREAM_WRITE_VALUE_DEFAULT));
+  arrived = (CUdeviceptr)(uintptr_t)(ce->pad_dev + (op->graph_word >= 0
+                                                        ? hir_nccl__ce_graph_word(ce, peer, ce->me, op->graph_word, 1)
+                                                        : hir_nccl__ce_word(ce, peer, ce->me, op->seq, 1)));
+  return hir_nccl__ce_cu(c, "waiting for a copy", hir_nccl__ce_wait_word(ce, op->stream, arrived, (cuuint32_t)(op->seq + 1),
+                                                                         op->graph_word >= 0));
 }
 
 /* Receives are posted first, so that every send of the group, in any order
