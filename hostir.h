@@ -744,6 +744,19 @@ struct hir_comm {
      allocations it was captured with: the same address in a new allocation
      is a move. */
   unsigned long long (*allocation_of)(hir_comm *self, const void *ptr);
+  /* optional: receives a CUDA graph posts at its replay's start. The
+     evaluator sets recv_at_start for a captured recv whose buffer nothing
+     before it in the run touched (by address); the communicator may then
+     leave that receive's "buffer free" signal out of the graph, so that
+     the sender's copy need not wait for the receiving stream to reach it,
+     and keep it for start_signals_take, which hands over those kept since
+     its last call (NULL: none). The evaluator raises them on the launch
+     stream before every launch of the graph just captured
+     (start_signals_raise), and frees them with it (start_signals_release). */
+  int recv_at_start;
+  void *(*start_signals_take)(hir_comm *self);
+  hir_status (*start_signals_raise)(hir_comm *self, void *signals, void *stream);
+  void (*start_signals_release)(hir_comm *self, void *signals);
 };
 
 /* The position of `device` in a team (or mesh) of n device ids, -1 if it is
@@ -10112,6 +10125,8 @@ struct hir_evaluator {
   const void **reached;         /* inputs then outputs: the last address the backend said it reaches (hir_backend.reachable) */
   struct hir__graph *graphs;    /* captured runs of the current plan, by their tensors' addresses */
   int ngraphs;
+  struct hir__range *touched;   /* while capturing: the bytes the run's ops have touched so far (hir__touch) */
+  int ntouched, cap_touched, capturing;
   int staged, nstage;           /* hir_eval_desc.graph = 2; the staged arguments (inputs, then outputs), and a run's copy */
   hir_tensor *stage, *stage_run;
   unsigned long long graph_uses;
@@ -10119,6 +10134,9 @@ struct hir_evaluator {
 };
 
 enum { HIR__GRAPHS = 8 };
+typedef struct hir__range {
+  uintptr_t lo, hi;
+} hir__range;
 typedef struct hir__staging {   /* a collective's strided buffer moves through this one */
   void *data;
   size_t bytes;
@@ -10129,6 +10147,7 @@ typedef struct hir__graph {
   unsigned long long *allocs;   /* and in their allocations, where the communicator says (hir_comm.allocation_of) */
   void *exec;                   /* the backend's graph */
   hir_tensor *outs;             /* the outputs it fills (the evaluator's buffers, or those passed) */
+  void *start_signals;          /* its receives posted at its start (hir_comm.recv_at_start), raised before each launch */
   unsigned long long used;
 } hir__graph;
 
@@ -10688,6 +10707,7 @@ static void hir__unbind(hir_evaluator *ev, const hir_tv *tv) {
 
 static void hir__free_graph(hir_evaluator *ev, hir__graph *g) {
   if (g->exec) ev->b->graph_destroy(ev->b, g->exec);
+  if (g->start_signals) ev->comm->start_signals_release(ev->comm, g->start_signals);
   HIR_FREE(g->args);
   HIR_FREE(g->allocs);
   HIR_FREE(g->outs);
@@ -10717,16 +10737,79 @@ static void hir__free_blocks(hir_evaluator *ev) {
   ev->nblocks = 0;
 }
 
-static const hir_tensor *hir__get(hir_evaluator *ev, const hir_tv *tv, const hir_expr *e) {
+/* The bytes t spans, [lo, hi); lo == hi when it holds none. */
+static hir__range hir__range_of(const hir_tensor *t) {
+  hir__range r = {0, 0};
+  int64_t first = 0, last = 0, numel = hir__numel(t->ndims, t->sizes);
+  int i, strided = 0;
+  if (!t->data || numel == 0) return r;
+  for (i = 0; i < t->ndims; i++) strided |= t->strides[i] != 0;
+  for (i = 0; i < t->ndims; i++) {
+    int64_t reach = (t->sizes[i] - 1) * t->strides[i];
+    if (reach < 0) first += reach;
+    else last += reach;
+  }
+  if (!strided) last = numel - 1; /* all strides 0: contiguous (hir_tensor's convention) */
+  r.lo = (uintptr_t)t->data + (uintptr_t)(first * (int64_t)hir_dtype_size(t->dtype));
+  r.hi = (uintptr_t)t->data + (uintptr_t)((last + 1) * (int64_t)hir_dtype_size(t->dtype));
+  return r;
+}
+
+/* While capturing, every tensor an op reads or writes is noted, so that a
+   receive into bytes nothing touched before it can be posted at the
+   replay's start (hir_comm.recv_at_start). Out of memory, everything counts
+   as touched. */
+static void hir__touch(hir_evaluator *ev, const hir_tensor *t) {
+  hir__range r;
+  if (!ev->capturing || ev->ntouched < 0) return;
+  r = hir__range_of(t);
+  if (r.lo == r.hi) return;
+  if (ev->ntouched == ev->cap_touched) {
+    int cap = ev->cap_touched ? 2 * ev->cap_touched : 64;
+    hir__range *grown = (hir__range *)HIR_REALLOC(ev->touched, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      ev->ntouched = -1;
+      return;
+    }
+    ev->touched = grown;
+    ev->cap_touched = cap;
+  }
+  ev->touched[ev->ntouched++] = r;
+}
+
+static int hir__untouched(const hir_evaluator *ev, const hir_tensor *t) {
+  hir__range r = hir__range_of(t);
+  int i;
+  if (ev->ntouched < 0) return 0;
+  for (i = 0; i < ev->ntouched; i++)
+    if (r.lo < ev->touched[i].hi && ev->touched[i].lo < r.hi) return 0;
+  return 1;
+}
+
+/* What T holds, for a view of it (no bytes touched). */
+static const hir_tensor *hir__peek(hir_evaluator *ev, const hir_tv *tv, const hir_expr *e) {
   if (ev->bound[tv->name]) return &ev->slot[tv->name];
   hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: %s %d reads T%d, which holds no data on this rank", hir__ops[e->kind].name,
                e->name, tv->name);
   return NULL;
 }
 
-static const hir_tensor *hir__get_out(hir_evaluator *ev, const hir_tv *tv) {
+/* An op's input and output tensors: bound (an output on first write), and noted as touched. */
+static const hir_tensor *hir__get(hir_evaluator *ev, const hir_tv *tv, const hir_expr *e) {
+  const hir_tensor *t = hir__peek(ev, tv, e);
+  if (t) hir__touch(ev, t);
+  return t;
+}
+
+static const hir_tensor *hir__bind_out(hir_evaluator *ev, const hir_tv *tv) {
   if (!ev->bound[tv->name] && !hir__bind_new(ev, tv)) return NULL;
   return &ev->slot[tv->name];
+}
+
+static const hir_tensor *hir__get_out(hir_evaluator *ev, const hir_tv *tv) {
+  const hir_tensor *t = hir__bind_out(ev, tv);
+  if (t) hir__touch(ev, t);
+  return t;
 }
 
 /* ---- views handed to the backend ---- */
@@ -11143,7 +11226,7 @@ static int hir__exec_post(hir_evaluator *ev, const hir_expr *e) {
 }
 
 static int hir__exec_p2p(hir_evaluator *ev, const hir_expr *e) {
-  const hir_tensor *t = e->sub == HIR_P2P_SEND ? hir__get(ev, e->in[0], e) : hir__get_out(ev, e->in[0]);
+  const hir_tensor *t = e->sub == HIR_P2P_SEND ? hir__get(ev, e->in[0], e) : hir__bind_out(ev, e->in[0]);
   int64_t peer = hir__eval_val(&ev->env, e->val);
   size_t bytes;
   hir_status s;
@@ -11154,8 +11237,13 @@ static int hir__exec_p2p(hir_evaluator *ev, const hir_expr *e) {
   bytes = (size_t)hir__numel(t->ndims, t->sizes) * hir_dtype_size(t->dtype);
   hir__comm_what(ev, e->in[0], t);
   ev->started_comm = 1;
+  if (e->sub == HIR_P2P_RECV) { /* its buffer, if nothing touched it yet, free from the replay's start */
+    ev->comm->recv_at_start = ev->capturing && ev->comm->start_signals_take && hir__untouched(ev, t);
+    hir__touch(ev, t);
+  }
   s = e->sub == HIR_P2P_SEND ? ev->comm->send(ev->comm, t->data, bytes, (int)peer, ev->current)
                              : ev->comm->recv(ev->comm, t->data, bytes, (int)peer, ev->current);
+  ev->comm->recv_at_start = 0;
   if (!hir__ev_comm(ev, s, e)) return 0;
   return hir__ev_backend(ev, ev->b->event_record(ev->b, ev->done[e->name], ev->current), e);
 }
@@ -11196,7 +11284,7 @@ static int hir__exec_permute(hir_evaluator *ev, const hir_expr *e) {
 static int hir__exec_view(hir_evaluator *ev, const hir_expr *e) {
   const hir_tensor *src;
   if (!hir__in_mesh(e->in[0], ev->device)) return 1; /* nothing of it here: its view is not here either */
-  src = hir__get(ev, e->in[0], e);
+  src = hir__peek(ev, e->in[0], e);
   hir_tensor *view = &ev->slot[e->out[0]->name];
   int a = hir__data_index(e->in[0], e->axis), k;
   int64_t i = hir__eval_val(&ev->env, e->val), len;
@@ -11756,6 +11844,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->key);
   HIR_FREE(ev->reached);
   HIR_FREE(ev->graphs);
+  HIR_FREE(ev->touched);
   HIR_FREE(ev->warm_dense);
   HIR_FREE(ev->boundary);
   HIR_FREE(ev->handed);
@@ -12165,6 +12254,7 @@ static hir_status hir__run_eager(hir_evaluator *ev, const hir_tensor *in, int ni
     if (!hir__dense(&in[i])) { /* copied in, dense (see hir__dense) */
       hir_status s;
       if (!hir__bind_new(ev, tv)) return ev->status;
+      hir__touch(ev, &ev->slot[tv->name]);
       if ((s = ev->b->copy(ev->b, ev->current, &ev->slot[tv->name], &in[i])) != HIR_OK)
         return hir__ev_fail(ev, s, "hir_run: copying strided input %d (T%d) failed on the %s backend: %s", i, tv->name,
                             ev->b->name, ev->b->error), ev->status;
@@ -12306,7 +12396,11 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
       ev->graph = 0;
       return hir__run_eager(ev, in, nin, out, nout);
     }
+    ev->capturing = 1;
+    ev->ntouched = 0;
     s = hir__run_eager(ev, in, nin, out, nout);
+    ev->capturing = 0;
+    if (ev->comm && ev->comm->start_signals_take) g->start_signals = ev->comm->start_signals_take(ev->comm);
     if (ev->b->graph_end(ev->b, &exec) != HIR_OK || s != HIR_OK) {
       char why[sizeof ev->error + 32];
       if (exec) ev->b->graph_destroy(ev->b, exec);
@@ -12324,6 +12418,10 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
     memcpy(g->outs, out, (size_t)nout * sizeof *out);
   }
   g->used = ++ev->graph_uses;
+  if (g->start_signals &&
+      (s = ev->comm->start_signals_raise(ev->comm, g->start_signals, ev->b->current_stream(ev->b))) != HIR_OK)
+    return hir__ev_fail(ev, s, "hir_run: marking the graph's receive buffers free before its launch: %s", ev->comm->error),
+           ev->status;
   HIR__RANGE_PUSH("GraphReplay"); /* the whole run, one range: its nodes were walked when it was captured */
   s = ev->b->graph_launch(ev->b, g->exec);
   HIR__RANGE_POP();

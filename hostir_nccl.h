@@ -985,7 +985,12 @@ static hir_status hir_nccl__env_parse(hir_nccl__getter get, void *user, int visi
    that signals and back to 0 by the side that waited, ready for the next
    replay (replays on a stream never overlap); the wait and the take-back
    are one memory-operation node (cuStreamBatchMemOp), each node on a
-   replay's path costing microseconds. */
+   replay's path costing microseconds.
+   A captured receive the evaluator says nothing touches before it in the
+   run (hir_comm.recv_at_start) raises its ready flag before each launch of
+   the graph, on the launch stream, instead of where the receiving stream
+   reaches it: the sender's copy then waits for the receiver's previous
+   work, not for its graph to get that far. */
 enum {
   HIR_NCCL__CE_SLOTS = 32, HIR_NCCL__CE_GROUP = 256, HIR_NCCL__CE_EXPORTS = 64, HIR_NCCL__LOCAL_MAX = 64,
   HIR_NCCL__CE_GRAPH_WORDS = 512,    /* word pairs a receiver hands out to a sender's captured receives */
@@ -1484,6 +1489,7 @@ typedef struct hir_nccl__ce_op {     /* a send or receive held until its group e
   size_t bytes;
   unsigned long long seq;
   int graph_word;               /* a captured receive's graph words; -1: eager */
+  int at_start;                 /* a captured receive posted at the replay's start (hir_comm.recv_at_start) */
   hir_comm_what what;
 } hir_nccl__ce_op;
 
@@ -1493,6 +1499,7 @@ typedef struct hir_nccl__rank {
   int ce_nops, ce_group;
   int ce_on;                    /* send/recv to peers of this host on the copy engines */
   hir_nccl__ce ce;
+  struct hir_nccl__start_signals *start_pending; /* receives captured to be posted at a replay's start, not yet taken */
   hir_nccl__reg *regs;
   ncclComm_t world;
   int borrowed;                 /* the world communicator is the caller's: never aborted or destroyed here */
@@ -2307,6 +2314,65 @@ static hir_status hir_nccl__ce_graph_words(hir_comm *c, int peer, cudaGraph_t gr
   return HIR_OK;
 }
 
+/* Receives posted at a replay's start (hir_comm.recv_at_start): their
+   ready flags, kept until the evaluator takes them for the graph just
+   captured (the list itself, so taking cannot fail); 0 where there is no
+   room (the flag then stays in the graph). */
+typedef struct hir_nccl__start_signals {
+  int n, cap;
+  CUdeviceptr word[1];
+} hir_nccl__start_signals;
+
+static int hir_nccl__keep_start_word(hir_nccl__rank *nc, CUdeviceptr word) {
+  hir_nccl__start_signals *sig = nc->start_pending;
+  if (!sig || sig->n == sig->cap) {
+    int cap = sig ? 2 * sig->cap : 32;
+    size_t bytes = sizeof *sig + (size_t)cap * sizeof(CUdeviceptr);
+    hir_nccl__start_signals *grown = (hir_nccl__start_signals *)realloc(sig, bytes);
+    if (!grown) return 0;
+    if (!sig) grown->n = 0;
+    grown->cap = cap;
+    nc->start_pending = sig = grown;
+  }
+  sig->word[sig->n++] = word;
+  return 1;
+}
+
+static void *hir_nccl__start_signals_take(hir_comm *c) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  void *sig = nc->start_pending;
+  nc->start_pending = NULL;
+  return sig;
+}
+
+/* The graph's receive buffers are free from here on `stream`: their ready
+   flags raised, 64 to a memory-operation node. */
+static hir_status hir_nccl__start_signals_raise(hir_comm *c, void *signals, void *stream) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  const hir_nccl__start_signals *sig = (const hir_nccl__start_signals *)signals;
+  CUstreamBatchMemOpParams op[64];
+  int i, k;
+  hir_status s = HIR_OK;
+  cudaSetDevice(nc->device);
+  for (i = 0; i < sig->n && s == HIR_OK; i += k) {
+    memset(op, 0, sizeof op);
+    for (k = 0; k < 64 && i + k < sig->n; k++) {
+      op[k].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+      op[k].writeValue.address = sig->word[i + k];
+      op[k].writeValue.value = 1;
+      op[k].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    }
+    s = hir_nccl__ce_cu(c, "marking a graph's receive buffers writable",
+                        nc->ce.batch_memops((CUstream)stream, (unsigned)k, op, 0));
+  }
+  return s;
+}
+
+static void hir_nccl__start_signals_release(hir_comm *c, void *signals) {
+  (void)c;
+  free(signals);
+}
+
 /* A receive: posted in the sender's mailbox (waiting only while its ring of
    slots is full), its buffer marked writable on the receiving stream. A
    receive that cannot be captured is posted all the same, so that its
@@ -2341,6 +2407,11 @@ static hir_status hir_nccl__ce_post_recv(hir_comm *c, hir_nccl__ce_op *op) {
   if (captured != HIR_OK) return hir_nccl__set_counter(&box->posted, seq + 1), captured;
   word = op->graph_word >= 0 ? hir_nccl__ce_graph_word(ce, peer, ce->me, op->graph_word, 0) : hir_nccl__ce_word(ce, peer, ce->me, seq, 0);
   value = op->graph_word >= 0 ? 1 : (cuuint32_t)(seq + 1);
+  if (op->graph_word >= 0 && op->at_start &&
+      hir_nccl__keep_start_word(hir_nccl__of(c), (CUdeviceptr)(uintptr_t)(ce->pad_dev + word))) {
+    hir_nccl__set_counter(&box->posted, seq + 1); /* its flag is raised before each launch instead */
+    return HIR_OK;
+  }
   if ((s = hir_nccl__ce_cu(c, "marking a receive's buffer writable",
                            ce->write_value((CUstream)op->stream, (CUdeviceptr)(uintptr_t)(ce->pad_dev + word), value,
                                            CU_STREAM_WRITE_VALUE_DEFAULT))) != HIR_OK)
@@ -2466,6 +2537,7 @@ static hir_status hir_nccl__ce_queue(hir_comm *c, int send, const void *buf, siz
   op.stream = stream;
   op.seq = 0;
   op.graph_word = -1;
+  op.at_start = c->recv_at_start;
   op.what = c->what;
   if (!nc->ce_group) return hir_nccl__ce_run(c, &op, 1);
   if (nc->ce_nops == HIR_NCCL__CE_GROUP)
@@ -2607,10 +2679,14 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   c->deregister_buffer = hir_nccl__deregister;
   c->set_copy_engine = hir_nccl__set_copy_engine;
   c->allocation_of = hir_nccl__allocation_of;
+  c->start_signals_take = hir_nccl__start_signals_take;
+  c->start_signals_raise = hir_nccl__start_signals_raise;
+  c->start_signals_release = hir_nccl__start_signals_release;
 }
 
 static void hir_nccl__release(hir_nccl__rank *nc) {
   hir_nccl__watch_stop(nc);
+  free(nc->start_pending);
   while (nc->regs) hir_nccl__deregister(&nc->comm, nc->regs->ptr);
   while (nc->teams) {
     hir_nccl__team *t = nc->teams;

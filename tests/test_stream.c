@@ -627,6 +627,143 @@ TEST(test_stream_bounded_memory, "stream/bounded_memory", TEST_CPU) {
   hir_fusion_free(s.f);
 }
 
+/* Receives a graph posts at its replay's start (hir_comm.recv_at_start):
+   under a capture the evaluator marks a receive whose buffer nothing in the
+   run touched before it, and only then. Each rank's local communicator
+   records its receives' marks and keeps a handle a capture's marked ones;
+   a backend that "captures" (runs the work as it comes, launches nothing)
+   counts its launches. AG_matmul_P2p's ring on 4 ranks: unbounded, every
+   receive lands in a slice of its own (all 3 marked); bounded to 2 slices,
+   the receive of step 1 finds slice 1 fresh, the later ones a slice the own
+   chunk's copy or a GEMM touched (1 marked). Eager runs mark none. */
+typedef struct start_ctx {
+  hir_local_world *w;
+  const hir_fusion *f;
+  int bounded;
+  hir_tensor a, b;
+  hir_status (*recv)(hir_comm *, void *, size_t, int, void *);
+  hir_backend *be[4];
+  int capturing[4], marked[4], unmarked[4], marked_eager[4], kept[4], taken[4], raised[4], released[4], launches[4];
+} start_ctx;
+static start_ctx *start_x;
+
+static hir_status start_recv(hir_comm *c, void *buf, size_t bytes, int peer, void *stream) {
+  int r = c->rank;
+  if (!start_x->capturing[r]) start_x->marked_eager[r] += c->recv_at_start;
+  else if (c->recv_at_start) start_x->marked[r]++, start_x->kept[r]++;
+  else start_x->unmarked[r]++;
+  return start_x->recv(c, buf, bytes, peer, stream);
+}
+static void *start_take(hir_comm *c) {
+  int r = c->rank;
+  start_x->taken[r]++;
+  if (!start_x->kept[r]) return NULL;
+  start_x->kept[r] = 0;
+  return &start_x->marked[r]; /* a handle that says whose */
+}
+static hir_status start_raise(hir_comm *c, void *signals, void *stream) {
+  (void)stream;
+  if (signals == &start_x->marked[c->rank]) start_x->raised[c->rank]++;
+  return HIR_OK;
+}
+static void start_release(hir_comm *c, void *signals) {
+  if (signals == &start_x->marked[c->rank]) start_x->released[c->rank]++;
+}
+static int start_rank_of(hir_backend *b) {
+  int r = 0;
+  while (r < 3 && start_x->be[r] != b) r++;
+  return r;
+}
+static hir_status start_graph_begin(hir_backend *b) {
+  start_x->capturing[start_rank_of(b)] = 1;
+  return HIR_OK;
+}
+static hir_status start_graph_end(hir_backend *b, void **graph) {
+  start_x->capturing[start_rank_of(b)] = 0;
+  *graph = b;
+  return HIR_OK;
+}
+static hir_status start_graph_launch(hir_backend *b, void *graph) {
+  (void)graph;
+  start_x->launches[start_rank_of(b)]++;
+  return HIR_OK;
+}
+static void start_graph_destroy(hir_backend *b, void *graph) { (void)b, (void)graph; }
+
+static hir_status start_rank(int rank, void *user) {
+  start_ctx *x = (start_ctx *)user;
+  hir_lower_desc d;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_backend *be = hir_backend_cpu_create();
+  hir_comm *c = hir_local_comm(x->w, rank);
+  hir_tensor in[2], out;
+  int64_t so[3] = {4, 2, 3};
+  hir_status s;
+  int run;
+  memset(&d, 0, sizeof d);
+  memset(&ed, 0, sizeof ed);
+  x->be[rank] = be;
+  d.my_device = rank;
+  d.stream.schedule = HIR_P2P_RING;
+  d.stream.bounded_buffers = x->bounded;
+  c->recv = start_recv;
+  c->capturable = 1; /* its calls run as they come: this backend's "capture" runs the work too */
+  c->start_signals_take = start_take;
+  c->start_signals_raise = start_raise;
+  c->start_signals_release = start_release;
+  be->graph_begin = start_graph_begin;
+  be->graph_end = start_graph_end;
+  be->graph_launch = start_graph_launch;
+  be->graph_destroy = start_graph_destroy;
+  ed.backend = be;
+  ed.comm = c;
+  ed.number_of_streams = 2;
+  ed.graph = 1;
+  s = hir_lower(x->f, &d, &p);
+  if (s == HIR_OK) s = hir_evaluator_create(p, &ed, &ev);
+  in[0] = shard(&x->a, hir_program_input(p, 0), rank);
+  in[1] = x->b;
+  out = tn(HIR_F32, 3, so);
+  for (run = 0; run < 3 && s == HIR_OK; run++) s = hir_run(ev, in, 2, &out, 1); /* eager, captured and launched, launched */
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_backend_free(be);
+  tfree(&in[0]);
+  tfree(&out);
+  return s;
+}
+
+TEST(test_stream_recv_at_start, "stream/recv_at_start", TEST_CPU) {
+  int64_t sa[3] = {4, 2, 5}, sb[2] = {5, 3};
+  start_ctx x;
+  seed s;
+  int r;
+  seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, iota_mesh);
+  for (x.bounded = 0; x.bounded < 2; x.bounded++) {
+    hir_local_world *w = hir_local_world_create(4);
+    memset(x.be, 0, sizeof x - offsetof(start_ctx, be));
+    x.w = w;
+    x.f = s.f;
+    x.a = trand(HIR_F32, 3, sa);
+    x.b = trand(HIR_F32, 2, sb);
+    x.recv = hir_local_comm(w, 0)->recv;
+    start_x = &x;
+    CHECK(hir_spmd(4, start_rank, &x) == HIR_OK);
+    for (r = 0; r < 4; r++) {
+      CHECK(x.marked[r] == (x.bounded ? 1 : 3) && x.unmarked[r] == (x.bounded ? 2 : 0) && x.marked_eager[r] == 0);
+      CHECK(x.taken[r] == 1 && x.launches[r] == 2 && x.raised[r] == 2 && x.released[r] == 1);
+    }
+    if (x.marked[0] != (x.bounded ? 1 : 3))
+      fprintf(stderr, "  bounded %d: rank 0 marked %d receives, %d not\n", x.bounded, x.marked[0], x.unmarked[0]);
+    tfree(&x.a);
+    tfree(&x.b);
+    hir_local_world_free(w);
+  }
+  hir_fusion_free(s.f);
+}
+
 /* ---- the schedule verifier ---- */
 static void lower_all(const hir_fusion *f, const hir_lower_desc *d0, int n, hir_program **ps) {
   int r;
