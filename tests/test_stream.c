@@ -764,6 +764,148 @@ TEST(test_stream_recv_at_start, "stream/recv_at_start", TEST_CPU) {
   hir_fusion_free(s.f);
 }
 
+/* The same marks checked by what memory holds, on every P2P pipeline of
+   stream/numbers' seeds (worlds of 2-4, both schedules, bounded, 1-3
+   streams, 3 parts a peer, the gather first). A backend whose captures fail
+   on purpose makes the capture run, where the marks are made, the last
+   graph run: the later runs are eager at the same addresses. Before each of
+   them the marked receives' bytes (those in the evaluator's buffers) are
+   filled with NaN, as a peer's copy may land there any time after a
+   replay's start; the wrapped recv finds them untouched when it comes, or
+   an earlier op wrote them. An earlier op that read them would read NaN: the
+   outputs are compared with the reference as in stream/numbers. (The
+   capture run works twice here, once "captured" and once after the failed
+   capture, so matmul_RS_p2p_partials_out, whose partial products are an
+   output summed in place while the local world still holds the first
+   pass's sends, is left out.) */
+enum { UNTOUCHED_MAX = 64 };
+typedef struct untouched_mark {
+  unsigned char *data;
+  size_t bytes;
+  int poisoned; /* filled before this run, not yet received into */
+} untouched_mark;
+static untouched_mark untouched_marks[MAXR][UNTOUCHED_MAX];
+static int untouched_n[MAXR], untouched_checked[MAXR]; /* by rank: each rank's thread its own */
+static hir_status (*untouched_local_recv)(hir_comm *, void *, size_t, int, void *);
+
+static hir_status untouched_recv(hir_comm *c, void *buf, size_t bytes, int peer, void *stream) {
+  untouched_mark *m = untouched_marks[c->rank];
+  int i, n = untouched_n[c->rank];
+  size_t k;
+  if (c->recv_at_start && n < UNTOUCHED_MAX) {
+    m[n].data = (unsigned char *)buf, m[n].bytes = bytes, m[n].poisoned = 0;
+    untouched_n[c->rank]++;
+  }
+  for (i = 0; i < n; i++) {
+    if (m[i].data != buf || m[i].bytes != bytes || !m[i].poisoned) continue;
+    m[i].poisoned = 0;
+    for (k = 0; k < bytes && m[i].data[k] == 0xff; k++) {}
+    if (k < bytes) {
+      snprintf(c->error, sizeof c->error, "a receive posted at the replay's start found byte %zu of its buffer written "
+               "earlier in the run", k);
+      return HIR_ERR_INTERNAL;
+    }
+    untouched_checked[c->rank]++;
+  }
+  return untouched_local_recv(c, buf, bytes, peer, stream);
+}
+static void *untouched_take(hir_comm *c) { return (void)c, NULL; }
+static hir_status untouched_raise(hir_comm *c, void *signals, void *stream) { return (void)c, (void)signals, (void)stream, HIR_OK; }
+static void untouched_release(hir_comm *c, void *signals) { (void)c, (void)signals; }
+
+static void untouched_before_run(hir_evaluator *ev, int rank, int run) {
+  int i, k;
+  if (run < 2) return; /* eager, then the capture that marks */
+  for (i = 0; i < untouched_n[rank]; i++) {
+    untouched_mark *m = &untouched_marks[rank][i];
+    for (k = 0; k < ev->nblocks; k++) { /* the evaluator's buffers only: a caller's output moves between runs here */
+      unsigned char *at = (unsigned char *)ev->blocks[k].ptr;
+      if (m->data >= at && m->data + m->bytes <= at + ev->blocks[k].bytes) {
+        memset(m->data, 0xff, m->bytes);
+        m->poisoned = 1;
+      }
+    }
+  }
+}
+
+static void *untouched_world(int n) {
+  hir_local_world *w = (hir_local_world *)cpu_world_create(n);
+  int r;
+  for (r = 0; r < n; r++) {
+    hir_comm *c = hir_local_comm(w, r);
+    untouched_local_recv = c->recv;
+    c->recv = untouched_recv;
+    c->capturable = 1;
+    c->start_signals_take = untouched_take;
+    c->start_signals_raise = untouched_raise;
+    c->start_signals_release = untouched_release;
+  }
+  memset(untouched_n, 0, sizeof untouched_n);
+  return w;
+}
+static hir_status untouched_graph_begin(hir_backend *b) { return (void)b, HIR_OK; }
+static hir_status untouched_graph_end(hir_backend *b, void **graph) {
+  *graph = NULL;
+  snprintf(b->error, sizeof b->error, "this test's backend captures nothing");
+  return HIR_ERR_UNSUPPORTED;
+}
+static hir_status untouched_graph_launch(hir_backend *b, void *graph) { return (void)b, (void)graph, HIR_ERR_INTERNAL; }
+static void untouched_graph_destroy(hir_backend *b, void *graph) { (void)b, (void)graph; }
+static hir_backend *untouched_backend(int rank) {
+  hir_backend *b = hir_backend_cpu_create();
+  (void)rank;
+  b->graph_begin = untouched_graph_begin;
+  b->graph_end = untouched_graph_end;
+  b->graph_launch = untouched_graph_launch;
+  b->graph_destroy = untouched_graph_destroy;
+  return b;
+}
+
+TEST(test_stream_recv_at_start_untouched, "stream/recv_at_start_untouched", TEST_CPU) {
+  static const char *names[] = {"AllgatherP2p", "AG_matmul_P2p", "matmul_RS_p2p", "AG_split_weight"};
+  static const seed_fn fns[] = {seed_allgather_p2p, seed_ag_matmul_p2p, seed_matmul_rs_p2p, seed_ag_split_weight};
+  static const test_platform marking = {"cpu, receives posted at a replay's start", 1, 1 << 20, untouched_world,
+                                        cpu_world_free, cpu_comm, untouched_backend, hir_spmd, 0, 1};
+  const test_platform *was = platform;
+  int k, D, ring, bounded, ns, variant, runs = 0, checked = 0;
+  memset(untouched_checked, 0, sizeof untouched_checked);
+  platform = &marking;
+  spmd_before_run = untouched_before_run;
+  spmd_graph_may_fall_back = 1;
+  for (k = 0; k < 4 && !hir_test_failures; k++)
+    for (D = 2; D <= 4; D++)
+      for (ring = 0; ring < 2; ring++)
+        for (bounded = 0; bounded < 2; bounded++)
+          for (ns = 1; ns <= 3; ns++)
+            for (variant = 0; variant < 3; variant++) { /* whole chunks, 3 parts a peer, the gather first */
+              char what[160];
+              lowered_case lc;
+              spmd_case c;
+              seed s;
+              if ((variant == 1 && k == 0) || (variant == 2 && k == 2)) continue; /* no parts in the allgather, no gather in RS */
+              fns[k](&s, hir_fusion_create(), D, iota_mesh);
+              memset(&lc, 0, sizeof lc);
+              lc.f = s.f;
+              lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+              lc.d.stream.bounded_buffers = bounded;
+              lc.d.stream.chunks_per_peer = variant == 1 ? 3 : 1;
+              lc.d.stream.gather_first = variant == 2;
+              lowered_case_init(&c, &lc, D, ns, ring);
+              seed_data(&c, names[k], D);
+              snprintf(what, sizeof what, "%s (%s%s%s)", names[k], ring ? "ring" : "linear", bounded ? ", bounded" : "",
+                       variant == 1 ? ", 3 parts per peer" : variant == 2 ? ", gather first" : "");
+              RUN_CASE(&c, what);
+              hir_fusion_free(s.f);
+              runs++;
+            }
+  platform = was;
+  spmd_before_run = NULL;
+  spmd_graph_may_fall_back = 0;
+  for (k = 0; k < MAXR; k++) checked += untouched_checked[k];
+  CHECK(runs > 300 && checked > 1000);
+  if (checked <= 1000) fprintf(stderr, "  %d cases, %d marked receives checked\n", runs, checked);
+}
+
 /* ---- the schedule verifier ---- */
 static void lower_all(const hir_fusion *f, const hir_lower_desc *d0, int n, hir_program **ps) {
   int r;
