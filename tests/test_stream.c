@@ -630,12 +630,13 @@ TEST(test_stream_bounded_memory, "stream/bounded_memory", TEST_CPU) {
 /* Receives a graph posts at its replay's start (hir_comm.recv_at_start):
    under a capture the evaluator marks a receive whose buffer nothing in the
    run touched before it, and only then. Each rank's local communicator
-   records its receives' marks and keeps a handle a capture's marked ones;
-   a backend that "captures" (runs the work as it comes, launches nothing)
-   counts its launches. AG_matmul_P2p's ring on 4 ranks: unbounded, every
-   receive lands in a slice of its own (all 3 marked); bounded to 2 slices,
-   the receive of step 1 finds slice 1 fresh, the later ones a slice the own
-   chunk's copy or a GEMM touched (1 marked). Eager runs mark none. */
+   counts its receives' marks and hands over one handle for a capture's
+   marked ones; a backend that "captures" (runs the work as it comes,
+   launches nothing) counts its launches. AG_matmul_P2p's ring on 4 ranks:
+   unbounded, every receive lands in a slice of its own (all 3 marked);
+   bounded to 2 slices, the receive of step 1 finds slice 1 fresh, the later
+   ones a slice the own chunk's copy or a GEMM touched (1 marked). Eager
+   runs mark none. */
 typedef struct start_ctx {
   hir_local_world *w;
   const hir_fusion *f;
