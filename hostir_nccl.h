@@ -2314,27 +2314,34 @@ static hir_status hir_nccl__ce_graph_words(hir_comm *c, int peer, cudaGraph_t gr
   return HIR_OK;
 }
 
-/* Receives posted at a replay's start (hir_comm.recv_at_start): their
-   ready flags, kept until the evaluator takes them for the graph just
-   captured (the list itself, so taking cannot fail); 0 where there is no
-   room (the flag then stays in the graph). */
+/* Receives posted at a replay's start (hir_comm.recv_at_start): the writes
+   that raise their ready flags, made as they are captured and kept until
+   the evaluator takes them for the graph just captured (the list itself,
+   so taking cannot fail); 0 where there is no room (the flag then stays in
+   the graph). */
 typedef struct hir_nccl__start_signals {
   int n, cap;
-  CUdeviceptr word[1];
+  CUstreamBatchMemOpParams write[1];
 } hir_nccl__start_signals;
 
 static int hir_nccl__keep_start_word(hir_nccl__rank *nc, CUdeviceptr word) {
   hir_nccl__start_signals *sig = nc->start_pending;
+  CUstreamBatchMemOpParams *w;
   if (!sig || sig->n == sig->cap) {
     int cap = sig ? 2 * sig->cap : 32;
-    size_t bytes = sizeof *sig + (size_t)cap * sizeof(CUdeviceptr);
+    size_t bytes = sizeof *sig + (size_t)cap * sizeof(CUstreamBatchMemOpParams);
     hir_nccl__start_signals *grown = (hir_nccl__start_signals *)realloc(sig, bytes);
     if (!grown) return 0;
     if (!sig) grown->n = 0;
     grown->cap = cap;
     nc->start_pending = sig = grown;
   }
-  sig->word[sig->n++] = word;
+  w = &sig->write[sig->n++];
+  memset(w, 0, sizeof *w);
+  w->writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  w->writeValue.address = word;
+  w->writeValue.value = 1;
+  w->writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
   return 1;
 }
 
@@ -2346,24 +2353,17 @@ static void *hir_nccl__start_signals_take(hir_comm *c) {
 }
 
 /* The graph's receive buffers are free from here on `stream`: their ready
-   flags raised, 64 to a memory-operation node. */
+   flags raised, up to 255 to a memory-operation node (the driver's most). */
 static hir_status hir_nccl__start_signals_raise(hir_comm *c, void *signals, void *stream) {
   hir_nccl__rank *nc = hir_nccl__of(c);
-  const hir_nccl__start_signals *sig = (const hir_nccl__start_signals *)signals;
-  CUstreamBatchMemOpParams op[64];
+  hir_nccl__start_signals *sig = (hir_nccl__start_signals *)signals;
   int i, k;
   hir_status s = HIR_OK;
   cudaSetDevice(nc->device);
   for (i = 0; i < sig->n && s == HIR_OK; i += k) {
-    memset(op, 0, sizeof op);
-    for (k = 0; k < 64 && i + k < sig->n; k++) {
-      op[k].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-      op[k].writeValue.address = sig->word[i + k];
-      op[k].writeValue.value = 1;
-      op[k].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-    }
+    k = sig->n - i < 255 ? sig->n - i : 255;
     s = hir_nccl__ce_cu(c, "marking a graph's receive buffers writable",
-                        nc->ce.batch_memops((CUstream)stream, (unsigned)k, op, 0));
+                        nc->ce.batch_memops((CUstream)stream, (unsigned)k, sig->write + i, 0));
   }
   return s;
 }
