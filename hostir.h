@@ -533,6 +533,14 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
      their rows (bench/NOTES.md section 42). N must divide by S at run time.
      0 or 1: off. */
   int column_parts;
+  /* 1: a ring allgather copies the own chunk into the gathered tensor, and
+     its readers read it there (nvFuser's programs). 0: where that tensor is
+     an intermediate read chunk by chunk, the readers take the own chunk
+     straight from the allgather's input and the own step copies nothing -
+     unless hir_lower_desc.comm runs send/recv as NCCL kernels
+     (p2p_copy_engine 0), which then wait for the SMs of the own step's
+     GEMM, and the copy that delays it pays (bench/NOTES.md section 49). */
+  int copy_own_chunk;
 } hir_stream_options;
 typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   int my_device;                    /* this rank's device id */
@@ -541,7 +549,8 @@ typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   int skip_stream_lowering, skip_deallocations;
   hir_stream_options stream;        /* options of the stream-lowering pass */
   const hir_comm *comm;             /* the communicator the program will run on (or NULL): what it can do
-                                       guides stream.automatic; nothing else of it is read */
+                                       guides stream.automatic and stream.copy_own_chunk; nothing else of
+                                       it is read */
 } hir_lower_desc;
 /* On failure *out still receives a program holding only the error (read it
    with hir_program_error, free it), or NULL when even that allocation failed.
@@ -5253,6 +5262,10 @@ typedef struct hir__chain {
   int rs_slot_axis, rs_cut_axis; /* its slot axis; its axis cut into parts (-1: none) */
   hir_val *own_step;            /* whether this step's chunk is the device's own */
   const hir_tv *rs_input_in_slots; /* the reduce-scatter's input whose own chunk is computed straight into its slot */
+  const hir_tv *ag_read_in_place; /* an allgather's output whose readers take the own chunk from its input, uncopied */
+  hir_tv *ag_input;             /* that allgather's input, the axis it gathers and the one cut into parts (-1: none) */
+  int ag_in_axis, ag_in_cut;
+  hir_val *ag_mine;             /* whether this step's chunk is the device's own */
   hir_scope *body;
   hir__vec allocs, after, slices;
   unsigned char *bounded;       /* by tensor name */
@@ -5464,6 +5477,19 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
     if (!ins[k]) return 0;
   }
   if (!(out = hir__chunk_part(c, e->out[0], s, cut))) return 0;
+  for (k = 0; k < e->nin && e->in[k] != c->ag_read_in_place; k++) {}
+  if (k < e->nin) { /* the own step reads the allgather's input where the gathered chunk would be */
+    hir_tv *own_ins[HIR__MAX_OPERANDS], *own;
+    hir_expr *sel;
+    if (!(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)) ||
+        !(sel = hir__alias_view(f, c->ag_input, c->ag_in_axis, hir__const(f, 0), 0)) || !hir__append(&ite->body, sel) ||
+        !(own = hir__part_of(c, &ite->body, sel->out[0], c->ag_in_cut - (c->ag_in_cut > c->ag_in_axis))))
+      return 0;
+    for (j = 0; j < e->nin; j++) own_ins[j] = e->in[j] == c->ag_read_in_place ? own : ins[j];
+    ite->val = c->ag_mine;
+    return hir__append(&ite->body, hir__clone_onto(f, e, own_ins, out, s)) &&
+           hir__append(&ite->orelse, hir__clone_onto(f, e, ins, out, s)) && hir__append(c->body, ite);
+  }
   if (e->out[0] != c->rs_input_in_slots) return hir__append(c->body, hir__clone_onto(f, e, ins, out, c->collective ? -1 : s));
   if (!(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)) || !(slot = hir__rs_slot(c, &ite->body, c->pos_val))) return 0;
   ite->val = c->own_step;
@@ -5477,29 +5503,69 @@ static int hir__stream_allgather(hir__chain *c, const hir_expr *e, int in_axis) 
   hir_fusion *f = &p->ir;
   hir_tv *in = e->in[0], *dst, *own, *send;
   int map[HIR_MAX_DIMS], s = hir__stream_axis(e->out[0]), cut = hir__cut_axis(e->out[0], s), in_cut = -1, j;
-  hir_val *mine = c->ring ? hir__scalar(c, HIR_SCALAR_EQ, c->step, hir__const(f, 0))
-                          : hir__scalar(c, HIR_SCALAR_EQ, hir__mesh_at(c, c->chunk), hir__named(f, HIR_NAMED_RANK));
+  int in_place = e->out[0] == c->ag_read_in_place;
+  hir_val *chunk_owner = c->ring ? c->step : hir__mesh_at(c, c->chunk);
+  hir_val *me = c->ring ? hir__const(f, 0) : hir__named(f, HIR_NAMED_RANK);
+  hir_val *mine = hir__scalar(c, HIR_SCALAR_EQ, chunk_owner, me);
   hir_val *to = c->ring ? hir__mesh_at(c, hir__scalar(c, HIR_SCALAR_MOD, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, c->step),
                                                  hir__const(f, c->mesh_size)))
                         : hir__mesh_at(c, c->chunk);
   /* my shard's view first, as nvFuser numbers them */
-  hir_expr *ite, *end, *sel = hir__alias_view(f, in, in_axis, hir__const(f, 0), 0);
+  hir_expr *ite, *end, *sel = in_place ? NULL : hir__alias_view(f, in, in_axis, hir__const(f, 0), 0);
+  hir_scope *exchange;
   hir__axis_map(e, 0, map);
   for (j = 0; j < in->ndims; j++)
     if (cut >= 0 && map[j] == cut) in_cut = j;
   if (!hir__same_cut(c, e, e->out[0], cut, 1) || !hir__contiguous_chunks(c, e, e->out[0], s)) return 0;
-  if (!sel || !(dst = hir__chunk_part(c, e->out[0], s, cut)) || !(send = hir__part_of(c, NULL, in, in_cut)) || !mine || !to ||
-      !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)))
+  if ((!sel && !in_place) || !(dst = hir__chunk_part(c, e->out[0], s, cut)) || !(send = hir__part_of(c, NULL, in, in_cut)) ||
+      !mine || !to || !(ite = hir__new_expr(f, HIR_EXPR_IF_THEN_ELSE, 0, 0)))
     return 0;
-  ite->val = mine;
-  if (!hir__append(&ite->body, sel) || !(own = hir__part_of(c, &ite->body, sel->out[0], in_cut - (in_cut > in_axis))) ||
-      !hir__append(&ite->body, hir__host_compute(p, HIR_EXPR_LOAD_STORE, 0, dst, own, NULL, "stream lowering")) ||
-      !hir__append(&ite->orelse, hir_host_start_coalescing(p)) ||
-      !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_RECV, dst, hir__mesh_at(c, c->chunk))) ||
-      !hir__append(&ite->orelse, hir_host_p2p(p, HIR_P2P_SEND, send, to)) ||
-      !hir__append(&ite->orelse, end = hir_host_end_coalescing(p)) || !hir__append(&ite->orelse, hir_host_wait(p, end)))
+  if (in_place) { /* its readers take the own chunk from `in` (hir__stream_op): only the others' steps exchange */
+    c->ag_input = in, c->ag_in_axis = in_axis, c->ag_in_cut = in_cut, c->ag_mine = mine;
+    exchange = &ite->body;
+    if (!(ite->val = hir__scalar(c, HIR_SCALAR_NE, chunk_owner, me))) return 0;
+  } else {
+    exchange = &ite->orelse;
+    ite->val = mine;
+    if (!hir__append(&ite->body, sel) || !(own = hir__part_of(c, &ite->body, sel->out[0], in_cut - (in_cut > in_axis))) ||
+        !hir__append(&ite->body, hir__host_compute(p, HIR_EXPR_LOAD_STORE, 0, dst, own, NULL, "stream lowering")))
+      return 0;
+  }
+  if (!hir__append(exchange, hir_host_start_coalescing(p)) ||
+      !hir__append(exchange, hir_host_p2p(p, HIR_P2P_RECV, dst, hir__mesh_at(c, c->chunk))) ||
+      !hir__append(exchange, hir_host_p2p(p, HIR_P2P_SEND, send, to)) ||
+      !hir__append(exchange, end = hir_host_end_coalescing(p)) || !hir__append(exchange, hir_host_wait(p, end)))
     return 0;
   return hir__append(c->body, ite);
+}
+
+/* Whether the readers of a P2P allgather's output can take the own chunk
+   from the allgather's input instead of from a copy of it in the output:
+   the output is an intermediate only this chain uses, and every reader
+   reads it chunk by chunk along the loop's axis. Then the own step copies
+   nothing, which otherwise delays that step's GEMM and takes memory
+   bandwidth from the exchange beside it (stream.copy_own_chunk). The ring
+   only: the linear schedule copies, as nvFuser's programs do (and
+   column_parts, which cuts the matmuls of the loop's body, finds them
+   there). */
+static int hir__ag_in_place(const hir__chain *c, const hir_expr *ag, const int *first, const int *last, int at) {
+  const hir_tv *g = ag->out[0];
+  int k, q, j, s = hir__stream_axis(g);
+  if (!c->ring || c->opt->copy_own_chunk || c->opt->column_parts > 1 || c->p2p != HIR__P2P_ALLGATHER || g->is_output ||
+      !first || !last || first[g->name] < at || last[g->name] >= at + c->n)
+    return 0;
+  for (k = 0; k < c->n; k++) {
+    const hir_expr *e = c->exprs[k];
+    int map[HIR_MAX_DIMS], out_s = hir__stream_axis(e->out[0]);
+    for (q = 0; q < e->nin; q++) {
+      if (e->in[q] != g) continue;
+      if (out_s < 0 || hir_expr_is_resharding(e)) return 0;
+      hir__axis_map(e, q, map);
+      for (j = 0; j < g->ndims && map[j] != out_s; j++) {}
+      if (j != s) return 0;
+    }
+  }
+  return 1;
 }
 
 /* The P2P reduce-scatter's buffer: shaped like the output with the reduced
@@ -5683,6 +5749,10 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   if (!hir__append(c->body, hir_host_set_current_stream(p, pool))) return 0;
   c->rs_slots = NULL;
   c->rs_input_in_slots = NULL;
+  c->ag_read_in_place = NULL;
+  for (k = 0; k < c->n && !c->ag_read_in_place; k++)
+    if (hir__p2p_kind(c->exprs[k], &a) == HIR__P2P_ALLGATHER && hir__ag_in_place(c, c->exprs[k], first, last, at))
+      c->ag_read_in_place = c->exprs[k]->out[0];
   for (k = 0; k < c->n; k++)
     if (c->ring && hir__p2p_kind(c->exprs[k], &a) == HIR__P2P_REDUCE_SCATTER && !hir__stream_rs_slots(c, c->exprs[k], first, last, at))
       return 0;
@@ -6611,6 +6681,7 @@ static hir_status hir__lower_passes(hir_program *p, const hir_fusion *f, const h
   hir_stream_options stream = d->stream;
   hir__vec groups = {NULL, 0, 0};
   int serial = mode == HIR__LOWER_SERIAL_FORM || stream.serial;
+  if (d->comm && !d->comm->p2p_copy_engine) stream.copy_own_chunk = 1;
   /* the pipeline, written out: each pass, then the verifier */
   if (!hir__front_end(p, f, serial, stream.gather_first)) return hir__step_failed(p, "the front end");
   if (stream.automatic && !serial) { /* the pipeline, or the serial form where it is predicted faster and lowers */
@@ -12837,6 +12908,8 @@ static hir_status hir__cand_lower(hir_tuner *t, const hir__cand *c, hir_program 
   d.stream.bounded_buffers = c->bounded;
   d.stream.gather_first = c->gather_first;
   d.stream.column_parts = c->column_parts;
+  if (!d.comm) d.comm = t->d.eval.comm; /* what the candidates run on says how its send/recv run */
+  d.stream.copy_own_chunk |= c->nccl_p2p; /* as hir_lower does for NCCL send/recv (the communicator is on copy engines now) */
   if ((s = hir_lower(t->f, &d, p)) != HIR_OK || !ev) return s;
   return hir__cand_evaluator(t, c, *p, ev);
 }

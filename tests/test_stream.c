@@ -337,7 +337,9 @@ static void lowered_case_init(spmd_case *c, lowered_case *lc, int world, int ns,
    seeds as collective pipelines (stream.collective_chunks: an allgather
    or reduce-scatter of one row of every peer's chunk an iteration, staged
    through a contiguous buffer) and with the gather first (stream.gather_first:
-   the allgather's loop, then one GEMM); and bench-overlap's decode programs
+   the allgather's loop, then one GEMM), the ring's own chunk read in place
+   or, with an even number of streams, copied (stream.copy_own_chunk); and
+   bench-overlap's decode programs
    with the weight cut by columns (an AG whose gathered tensor is read on
    Stream and whole, a reduce-scatter a column chunk). */
 TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
@@ -378,17 +380,50 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
             lc.d.stream.chunks_per_peer = collective || gather ? 1 : cut;
             lc.d.stream.gather_first = gather;
             lc.d.stream.collective_chunks = collective ? (k == 7 ? 5 : 3) : 0; /* what the cut axis divides into */
+            lc.d.stream.copy_own_chunk = ns % 2 == 0;
             lowered_case_init(&c, &lc, world, ns, ring);
             seed_data(&c, names[k], D);
-            snprintf(what, sizeof what, "%s (%s%s%s, mesh %s)", names[k], collective ? "collectives" : ring ? "ring" : "linear",
+            snprintf(what, sizeof what, "%s (%s%s%s%s, mesh %s)", names[k], collective ? "collectives" : ring ? "ring" : "linear",
                      bounded ? ", bounded" : "", cut == 3 ? ", 3 parts per peer" : collective ? ", a row a part" : gather ? ", gather first" : "",
-                     wi < 5 ? "0..D-1" : "{3 1 7 5}");
+                     ring && ns % 2 == 0 ? ", own chunk copied" : "", wi < 5 ? "0..D-1" : "{3 1 7 5}");
             RUN_CASE(&c, what);
             hir_fusion_free(s.f);
             runs++;
             if (hir_test_failures) return;
           }
   CHECK(runs > (platform->p2p_only ? 100 : 500) && (platform != &cpu_platform || cases_skipped == 0));
+}
+
+/* The ring allgather's own chunk: AG_matmul_P2p's GEMM reads it straight
+   from the input (no Set) unless stream.copy_own_chunk asks a copy, or
+   hir_lower_desc.comm's send/recv are NCCL kernels; AllgatherP2p's gathered
+   tensor is the program's output, so the own chunk is copied there; the
+   linear schedule copies, as nvFuser's programs do. */
+TEST(test_stream_own_chunk_in_place, "stream/own_chunk_in_place", TEST_CPU) {
+  hir_comm comm;
+  hir_lower_desc d;
+  seed s, g;
+  int k;
+  seed_ag_matmul_p2p(&s, hir_fusion_create(), 3, iota_mesh);
+  seed_allgather_p2p(&g, hir_fusion_create(), 3, iota_mesh);
+  memset(&comm, 0, sizeof comm);
+  for (k = 0; k < 6; k++) { /* none, copy asked, NCCL kernels, copy engines, the gathered output, linear */
+    char *text;
+    int copies = k == 1 || k == 2 || k == 4 || k == 5;
+    memset(&d, 0, sizeof d);
+    d.stream.schedule = k == 5 ? HIR_P2P_LINEAR : HIR_P2P_RING;
+    d.stream.copy_own_chunk = k == 1;
+    comm.p2p_copy_engine = k == 3;
+    d.comm = k == 2 || k == 3 ? &comm : NULL;
+    text = lower_text(k == 4 ? g.f : s.f, &d, 1);
+    CHECK(strstr(text, "FOR StreamIdx") && strstr(text, "type=recv"));
+    if ((strstr(text, "= Set(") != NULL) != copies) fprintf(stderr, "  case %d: the own chunk %scopied\n", k, copies ? "not " : "");
+    CHECK((strstr(text, "= Set(") != NULL) == copies);
+    CHECK((strstr(text, "IF Manual ( StreamIdx != 0 ):") != NULL) == !copies); /* the exchange on the others' steps */
+    free(text);
+  }
+  hir_fusion_free(s.f);
+  hir_fusion_free(g.f);
 }
 
 /* stream.gather_first: AG_matmul_P2p's exchange is a loop of its own
@@ -407,7 +442,7 @@ TEST(test_stream_gather_first_program, "stream/gather_first_program", TEST_CPU) 
     text = lower_text(s.f, &d, 1);
     CHECK(strstr(text, "FOR StreamIdx") && strstr(text, "P2PCommunication") && strstr(text, "type=recv"));
     CHECK((strstr(text, "\n     = matmul(") != NULL) == gather);  /* at the top level */
-    CHECK((strstr(text, "\n       = matmul(") != NULL) == !gather); /* inside the loop */
+    CHECK((strstr(text, "       = matmul(") != NULL) == !gather); /* inside the loop (or an IF in it) */
     free(text);
   }
   hir_fusion_free(s.f);
@@ -634,9 +669,10 @@ TEST(test_stream_bounded_memory, "stream/bounded_memory", TEST_CPU) {
    marked ones; a backend that "captures" (runs the work as it comes,
    launches nothing) counts its launches. AG_matmul_P2p's ring on 4 ranks:
    unbounded, every receive lands in a slice of its own (all 3 marked);
-   bounded to 2 slices, the receive of step 1 finds slice 1 fresh, the later
-   ones a slice the own chunk's copy or a GEMM touched (1 marked). Eager
-   runs mark none. */
+   bounded to 2 slices, the receives of steps 1 and 2 find slices 1 and 0
+   fresh (the own step 0 reads its input in place, writing no slice), the
+   one of step 3 slice 1, which step 1's receive and GEMM touched (2
+   marked). Eager runs mark none. */
 typedef struct start_ctx {
   hir_local_world *w;
   const hir_fusion *f;
@@ -753,10 +789,10 @@ TEST(test_stream_recv_at_start, "stream/recv_at_start", TEST_CPU) {
     start_x = &x;
     CHECK(hir_spmd(4, start_rank, &x) == HIR_OK);
     for (r = 0; r < 4; r++) {
-      CHECK(x.marked[r] == (x.bounded ? 1 : 3) && x.unmarked[r] == (x.bounded ? 2 : 0) && x.marked_eager[r] == 0);
+      CHECK(x.marked[r] == (x.bounded ? 2 : 3) && x.unmarked[r] == (x.bounded ? 1 : 0) && x.marked_eager[r] == 0);
       CHECK(x.taken[r] == 1 && x.launches[r] == 2 && x.raised[r] == 2 && x.released[r] == 1);
     }
-    if (x.marked[0] != (x.bounded ? 1 : 3))
+    if (x.marked[0] != (x.bounded ? 2 : 3))
       fprintf(stderr, "  bounded %d: rank 0 marked %d receives, %d not\n", x.bounded, x.marked[0], x.unmarked[0]);
     tfree(&x.a);
     tfree(&x.b);
