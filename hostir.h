@@ -5552,7 +5552,7 @@ static int hir__ag_in_place(const hir__chain *c, const hir_expr *ag, const int *
   const hir_tv *g = ag->out[0];
   int k, q, j, s = hir__stream_axis(g);
   if (!c->ring || c->opt->copy_own_chunk || c->opt->column_parts > 1 || c->p2p != HIR__P2P_ALLGATHER || g->is_output ||
-      !first || !last || first[g->name] < at || last[g->name] >= at + c->n)
+      first[g->name] < at || last[g->name] >= at + c->n)
     return 0;
   for (k = 0; k < c->n; k++) {
     const hir_expr *e = c->exprs[k];
