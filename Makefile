@@ -81,9 +81,12 @@ $(BUILD)/hostir_native.so: python/hostir/_native.c $(HEADERS) | $(BUILD)
 test-asan: $(BUILD)/test-asan
 	ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test-asan
 
-# The differential check at length: 10,000 random programs against the reference (make test runs 300).
+# The differential check at length: 1,000,000 random programs from a fresh seed (printed) against the
+# reference (make test runs seeds 0-299; DIFF_PROGRAMS and DIFF_OFFSET change these).
+DIFF_PROGRAMS ?= 1000000
+DIFF_OFFSET ?= fresh
 diff: $(BUILD)/test
-	HIR_DIFF_PROGRAMS=10000 ./$(BUILD)/test diff/
+	HIR_DIFF_PROGRAMS=$(DIFF_PROGRAMS) HIR_DIFF_OFFSET=$(DIFF_OFFSET) ./$(BUILD)/test diff/random_programs
 
 # The tests under ThreadSanitizer (the local world's ranks are threads).
 $(BUILD)/test-tsan: $(TEST_SRC) $(HEADERS) | $(BUILD)
@@ -129,11 +132,12 @@ bench: $(BENCHES)
 # Headers, and pkg-config files: hostir (the CPU backend) and, where CUDA was
 # found, hostir-cuda (HOSTIR_CUDA, cuBLAS, NCCL).
 PC_DIR = $(DESTDIR)$(PREFIX)/lib/pkgconfig
+VERSION := $(shell sed -n 's/^\#define HOSTIR_VERSION "\([^"]*\)".*/\1/p' hostir.h)
 install:
 	install -d $(DESTDIR)$(PREFIX)/include $(PC_DIR)
 	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/
-	sed -e 's|@PREFIX@|$(PREFIX)|; s|@SUFFIX@||; s|@CFLAGS@||; s|@LIBS@||' hostir.pc.in > $(PC_DIR)/hostir.pc
-	$(if $(CUDA_HOME),sed -e 's|@PREFIX@|$(PREFIX)|; s|@SUFFIX@|-cuda|; s|@CFLAGS@| $(CUDA_CFLAGS)|; s|@LIBS@|$(CUDA_LDLIBS) |' \
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@VERSION@|$(VERSION)|; s|@SUFFIX@||; s|@CFLAGS@||; s|@LIBS@||' hostir.pc.in > $(PC_DIR)/hostir.pc
+	$(if $(CUDA_HOME),sed -e 's|@PREFIX@|$(PREFIX)|; s|@VERSION@|$(VERSION)|; s|@SUFFIX@|-cuda|; s|@CFLAGS@| $(CUDA_CFLAGS)|; s|@LIBS@|$(CUDA_LDLIBS) |' \
 	  hostir.pc.in > $(PC_DIR)/hostir-cuda.pc)
 
 clean:

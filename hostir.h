@@ -38,6 +38,7 @@
    Table of contents (grep the markers); a section calls only the ones above it:
        // >>api           public declarations
        // >>base          includes, allocator macros, names, the arena, growable arrays, clocks
+       // >>files         SHA-256, HOSTIR_* switches, files from outside (private directories, whole reads, renames), the kernel cache
        // >>ir            scalars and their evaluation, IterDomains, TensorViews, exprs; the op table
        // >>build         the fusion builder (hir_input, hir_set, hir_matmul, ...)
        // >>host          building host programs by hand (hir_host_*)
@@ -67,6 +68,8 @@
        HIR_MALLOC(sz) / HIR_REALLOC(p, sz) / HIR_FREE(p)
                                       all three or none; default: the C library
        HIR_ASSERT(x)                  internal invariants only; default assert()
+       HIR_THREAD_CREATE(t, fn, arg)  the threads hostir starts (hir_spmd's ranks, NVRTC's
+                                      compiles): pthread_create's result; default pthread_create
 
    Errors are values: every fallible call returns a status or NULL and records
    a message that names the culprit and how to fix it. Builders are sticky: the
@@ -76,8 +79,16 @@
 */
 #ifndef HOSTIR_H
 #define HOSTIR_H
+/* The implementation opens files with POSIX 2008's openat and O_NOFOLLOW:
+   a strict ISO C build (-std=c11) gets them asked for here, before any
+   system header (as hostir_nccl.h does). */
+#if defined(HOSTIR_IMPLEMENTATION) && defined(__STRICT_ANSI__) && !defined(_POSIX_C_SOURCE) && !defined(_XOPEN_SOURCE) && \
+    !defined(_GNU_SOURCE) && !defined(_DEFAULT_SOURCE) && !defined(__cplusplus)
+#define _POSIX_C_SOURCE 200809L
+#endif
 
 // >>api
+#define HOSTIR_VERSION "0.23"  /* the header, the Python package and pkg-config's files say the same */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -610,6 +621,7 @@ struct hir_backend {
   const char *device;               /* which device ("NVIDIA H200"), for tuning plans; NULL: `name` says enough */
   int host_memory;                  /* 1: buffers are host-accessible */
   char error[256];
+  const char *notes;                /* what it could not do as configured, and why (the CUDA backend's kernel cache); NULL or "": nothing */
   void (*destroy)(hir_backend *self);
   hir_status (*alloc)(hir_backend *self, size_t bytes, void **ptr);
   void (*release)(hir_backend *self, void *ptr);
@@ -782,6 +794,11 @@ HIRDEF hir_backend     *hir_backend_cpu_create(void);
    backend; without NVRTC, unary ops fail with a message saying so. */
 #if defined(HOSTIR_CUDA) || !defined(HOSTIR_STATIC)
 HIRDEF hir_backend     *hir_backend_cuda_create(int device);
+/* The same, saying why not: HIR_ERR_BACKEND (no such device, a driver
+   failure) or HIR_ERR_NOMEM, with a message in error. Where the kernel
+   cache was not used, or an entry of it was refused, the backend's `notes`
+   say why. */
+HIRDEF hir_status       hir_backend_cuda_open(int device, hir_backend **out, char *error, size_t cap);
 HIRDEF void             hir_backend_cuda_set_stream(hir_backend *b, void *cuda_stream);
 HIRDEF void             hir_backend_cuda_set_tf32(hir_backend *b, int enable);
 #endif
@@ -792,7 +809,9 @@ HIRDEF void             hir_local_world_set_timeout(hir_local_world *w, int mill
 HIRDEF hir_comm        *hir_local_comm(hir_local_world *w, int rank);   /* owned by the world */
 HIRDEF void             hir_local_world_free(hir_local_world *w);
 /* Runs fn(rank, user) on nranks threads; returns the first failure, or the
-   cause where one rank's failure made the others' communication fail. */
+   cause where one rank's failure made the others' communication fail;
+   HIR_ERR_BACKEND at once, no rank run, where a rank's thread could not be
+   started (the process is out of threads). */
 HIRDEF hir_status       hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), void *user);
 
 typedef struct hir_eval_desc {
@@ -894,6 +913,13 @@ HIRDEF const char        *hir_tuner_error(const hir_tuner *t);
    load different choices are refused on their first run. */
 HIRDEF hir_status         hir_tuner_save(const hir_tuner *t, FILE *f);
 HIRDEF hir_status         hir_tuner_load(hir_tuner *t, FILE *f);
+/* The same by path, for files from outside: loaded only as a regular file
+   of this user of at most 64 MiB, no link followed at its name; saved
+   through a temporary file in its directory (mode 0600), renamed over it,
+   so that a reader never sees half a file. Either way a refused file
+   changes nothing in the tuner, and the error says why. */
+HIRDEF hir_status         hir_tuner_save_file(hir_tuner *t, const char *path);
+HIRDEF hir_status         hir_tuner_load_file(hir_tuner *t, const char *path);
 HIRDEF void               hir_tuner_free(hir_tuner *t);
 /* A timeline: with record = 1 the evaluator notes, for every host IR node it
    executes (loops and branches by their bodies), when the host ran it and
@@ -936,6 +962,22 @@ HIRDEF float    hir_e4m3_to_float(uint8_t b);
 HIRDEF uint8_t  hir_float_to_e5m2(float f);
 HIRDEF float    hir_e5m2_to_float(uint8_t b);
 
+/* SHA-256 (FIPS 180-4) and HMAC-SHA-256 (RFC 2104): the kernel cache's
+   checks, hostir_nccl's bootstrap handshake. */
+typedef struct hir_sha256 {
+  uint32_t h[8];
+  uint64_t bytes;
+  unsigned char block[64];
+} hir_sha256;
+HIRDEF void hir_sha256_init(hir_sha256 *s);
+HIRDEF void hir_sha256_update(hir_sha256 *s, const void *data, size_t n);
+HIRDEF void hir_sha256_final(hir_sha256 *s, unsigned char out[32]);
+HIRDEF void hir_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char out[32]);
+/* A HOSTIR_* switch from the environment: 0/off/false or 1/on/true in any
+   case; unset: fallback. Anything else is HIR_ERR_INVALID, with a message
+   naming the variable and the words it takes. */
+HIRDEF hir_status hir_env_switch(const char *name, int fallback, int *on, char *error, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif
@@ -952,8 +994,6 @@ HIRDEF float    hir_e5m2_to_float(uint8_t b);
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h> /* NVRTC, loaded when the elementwise kernels are first needed */
-#include <sys/stat.h> /* mkdir: the compiled kernels' cache */
-#include <unistd.h>   /* getpid */
 #ifndef HOSTIR_NO_NVTX /* NVTX ranges around host IR nodes: Nsight Systems shows the host program */
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
@@ -971,12 +1011,17 @@ HIRDEF float    hir_e5m2_to_float(uint8_t b);
 #define HIR__RANGE_PUSH(name) ((void)0)
 #define HIR__RANGE_POP() ((void)0)
 #endif
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>    /* openat, O_NOFOLLOW: files from outside */
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h> /* getenv */
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #if defined(HIR_MALLOC) && defined(HIR_FREE) && defined(HIR_REALLOC)
 /* all three given */
@@ -989,6 +1034,10 @@ HIRDEF float    hir_e5m2_to_float(uint8_t b);
 #error "hostir.h: define all of HIR_MALLOC, HIR_REALLOC and HIR_FREE, or none of them"
 #endif
 
+#ifndef HIR_THREAD_CREATE /* pthread_create's result */
+#define HIR_THREAD_CREATE(thread, fn, arg) pthread_create(thread, NULL, fn, arg)
+#endif
+
 #ifndef HIR_ASSERT
 #include <assert.h>
 #define HIR_ASSERT(x) assert(x)
@@ -998,6 +1047,12 @@ HIRDEF float    hir_e5m2_to_float(uint8_t b);
 #define HIR__PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
 #define HIR__PRINTF(a, b)
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define HIR__UNUSED __attribute__((unused)) /* used where HOSTIR_CUDA is (and by the tests) */
+#else
+#define HIR__UNUSED
 #endif
 
 #define HIR__STATIC_ASSERT(name, cond) typedef char hir__static_assert_##name[(cond) ? 1 : -1]
@@ -1136,6 +1191,414 @@ static struct timespec hir__deadline(double ms) {
     ts.tv_nsec -= 1000000000L;
   }
   return ts;
+}
+
+// >>files
+/* SHA-256 (FIPS 180-4), one block at a time. */
+static uint32_t hir__ror(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+static void hir__sha256_block(hir_sha256 *s, const unsigned char *b) {
+  static const uint32_t k[64] = {
+      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01,
+      0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc,
+      0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
+      0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+      0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08,
+      0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
+      0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+  uint32_t w[64], v[8], t1, t2;
+  int i;
+  for (i = 0; i < 16; i++)
+    w[i] = (uint32_t)b[4 * i] << 24 | (uint32_t)b[4 * i + 1] << 16 | (uint32_t)b[4 * i + 2] << 8 | (uint32_t)b[4 * i + 3];
+  for (i = 16; i < 64; i++)
+    w[i] = w[i - 16] + (hir__ror(w[i - 15], 7) ^ hir__ror(w[i - 15], 18) ^ (w[i - 15] >> 3)) + w[i - 7] +
+           (hir__ror(w[i - 2], 17) ^ hir__ror(w[i - 2], 19) ^ (w[i - 2] >> 10));
+  memcpy(v, s->h, sizeof v);
+  for (i = 0; i < 64; i++) {
+    t1 = v[7] + (hir__ror(v[4], 6) ^ hir__ror(v[4], 11) ^ hir__ror(v[4], 25)) + ((v[4] & v[5]) ^ (~v[4] & v[6])) + k[i] + w[i];
+    t2 = (hir__ror(v[0], 2) ^ hir__ror(v[0], 13) ^ hir__ror(v[0], 22)) + ((v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]));
+    memmove(v + 1, v, 7 * sizeof v[0]);
+    v[4] += t1;
+    v[0] = t1 + t2;
+  }
+  for (i = 0; i < 8; i++) s->h[i] += v[i];
+}
+
+HIRDEF void hir_sha256_init(hir_sha256 *s) {
+  static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  memcpy(s->h, h0, sizeof h0);
+  s->bytes = 0;
+}
+
+HIRDEF void hir_sha256_update(hir_sha256 *s, const void *data, size_t n) {
+  const unsigned char *p = (const unsigned char *)data;
+  while (n) {
+    size_t at = (size_t)(s->bytes % 64), take = 64 - at < n ? 64 - at : n;
+    memcpy(s->block + at, p, take);
+    s->bytes += take, p += take, n -= take;
+    if (at + take == 64) hir__sha256_block(s, s->block);
+  }
+}
+
+HIRDEF void hir_sha256_final(hir_sha256 *s, unsigned char out[32]) {
+  uint64_t bits = s->bytes * 8;
+  unsigned char pad = 0x80, len[8];
+  int i;
+  hir_sha256_update(s, &pad, 1);
+  pad = 0;
+  while (s->bytes % 64 != 56) hir_sha256_update(s, &pad, 1);
+  for (i = 0; i < 8; i++) len[i] = (unsigned char)(bits >> (56 - 8 * i));
+  hir_sha256_update(s, len, 8);
+  for (i = 0; i < 32; i++) out[i] = (unsigned char)(s->h[i / 4] >> (24 - 8 * (i % 4)));
+}
+
+HIRDEF void hir_hmac_sha256(const void *key, size_t key_bytes, const void *data, size_t n, unsigned char out[32]) {
+  unsigned char k[64], pad[64], inner[32];
+  hir_sha256 s;
+  int i;
+  memset(k, 0, sizeof k);
+  if (key_bytes > 64) {
+    hir_sha256_init(&s);
+    hir_sha256_update(&s, key, key_bytes);
+    hir_sha256_final(&s, k);
+  } else if (key_bytes) {
+    memcpy(k, key, key_bytes);
+  }
+  for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k[i] ^ 0x36);
+  hir_sha256_init(&s);
+  hir_sha256_update(&s, pad, 64);
+  hir_sha256_update(&s, data, n);
+  hir_sha256_final(&s, inner);
+  for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k[i] ^ 0x5c);
+  hir_sha256_init(&s);
+  hir_sha256_update(&s, pad, 64);
+  hir_sha256_update(&s, inner, 32);
+  hir_sha256_final(&s, out);
+}
+
+HIRDEF hir_status hir_env_switch(const char *name, int fallback, int *on, char *error, size_t cap) {
+  static const char *const words[6] = {"0", "off", "false", "1", "on", "true"};
+  const char *v = name ? getenv(name) : NULL;
+  size_t i, k;
+  *on = fallback;
+  if (!v) return HIR_OK;
+  for (k = 0; k < 6; k++) {
+    for (i = 0; v[i] && words[k][i] && tolower((unsigned char)v[i]) == words[k][i]; i++) {}
+    if (!v[i] && !words[k][i]) {
+      *on = k >= 3;
+      return HIR_OK;
+    }
+  }
+  if (error && cap) snprintf(error, cap, "%s is '%.40s'; give 0, 1, on, off, true or false (any case), or unset it", name, v);
+  return HIR_ERR_INVALID;
+}
+
+/* Files from outside (the kernel cache, tuning plans) are hostile: opened
+   without following a link, taken only as regular files of this user no
+   larger than the caller's bound, read by length, and written through a
+   temporary file of mode 0600 in the same directory, renamed over the
+   old one, so that no reader sees half a file and no planted link or
+   name is written through. A directory is trusted when this user owns it
+   and nobody else may write it (as ssh's StrictModes asks of ~/.ssh). Not
+   covered: the directories above it (a link there is followed; another
+   user who can replace one of them can replace what lies below), and a
+   process of this same user. Where the headers lack POSIX 2008's openat
+   (a strict ISO C build that included a system header before hostir.h),
+   every such call refuses, saying so. */
+#if defined(O_NOFOLLOW) && defined(O_DIRECTORY) && defined(O_CLOEXEC) && defined(AT_FDCWD)
+#define HIR__SAFE_FILES 1
+#else
+#define HIR__SAFE_FILES 0
+#endif
+
+#if HIR__SAFE_FILES
+/* A directory this user alone may write, opened (*fd) for the *at calls;
+   made 0700 (its parent too, where make_parent) where missing. */
+static int hir__private_dir(const char *path, int make_parent, int *fd, char *why, size_t cap) {
+  struct stat st;
+  int made = 0;
+  *fd = -1;
+  if (strlen(path) >= 4096) {
+    snprintf(why, cap, "the directory's name is %zu characters, longer than a path can be (4095)", strlen(path));
+    return 0;
+  }
+  if (make_parent) {
+    char parent[4096];
+    char *slash;
+    memcpy(parent, path, strlen(path) + 1); /* shorter than 4096: checked above */
+    if ((slash = strrchr(parent, '/')) && slash != parent) *slash = 0, mkdir(parent, 0700);
+  }
+  if (mkdir(path, 0700) == 0) made = 1;
+  if ((*fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+    int e = errno;
+    snprintf(why, cap, "%.150s cannot be opened as a directory (%s)", path,
+             lstat(path, &st) == 0 && S_ISLNK(st.st_mode) ? "it is a symbolic link, not followed: name the directory itself" : strerror(e));
+    return 0;
+  }
+  if (made) fchmod(*fd, 0700); /* whatever the umask */
+  if (fstat(*fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) {
+    snprintf(why, cap, "%.150s is %s; it must be this user's and writable by nobody else (chmod 700 it, or name another)",
+             path, st.st_uid != geteuid() ? "owned by another user" : "writable by group or others");
+    close(*fd);
+    *fd = -1;
+    return 0;
+  }
+  return 1;
+}
+
+/* The whole of `name` under dirfd (AT_FDCWD: a path), at most `max` bytes,
+   NUL-terminated: *data is HIR_MALLOC'd. 0 with why. */
+static int hir__read_file_at(int dirfd, const char *name, size_t max, char **data, size_t *size, char *why, size_t cap) {
+  struct stat st;
+  char *buf = NULL, extra;
+  size_t have = 0;
+  int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  *data = NULL;
+  if (fd < 0) {
+    snprintf(why, cap, "%s%s", strerror(errno), errno == ELOOP ? " (a symbolic link, not followed)" : "");
+    return 0;
+  }
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) snprintf(why, cap, "not a regular file");
+  else if (st.st_uid != geteuid()) snprintf(why, cap, "owned by another user");
+  else if ((uint64_t)st.st_size > (uint64_t)max) snprintf(why, cap, "%lld bytes, more than %zu", (long long)st.st_size, max);
+  else if (!(buf = (char *)HIR_MALLOC((size_t)st.st_size + 1))) snprintf(why, cap, "out of memory");
+  while (buf && have < (size_t)st.st_size) {
+    ssize_t k = read(fd, buf + have, (size_t)st.st_size - have);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    have += (size_t)k;
+  }
+  if (buf && (have != (size_t)st.st_size || read(fd, &extra, 1) != 0)) {
+    snprintf(why, cap, "it changed while read");
+    HIR_FREE(buf);
+    buf = NULL;
+  }
+  close(fd);
+  if (!buf) return 0;
+  buf[have] = 0;
+  *data = buf;
+  *size = have;
+  return 1;
+}
+
+/* `name` under dirfd replaced by the bytes given, through a new temporary
+   file there (O_EXCL, mode 0600) renamed over it. 0 with why. */
+static int hir__write_file_at(int dirfd, const char *name, const void *data, size_t size, char *why, size_t cap) {
+  static const char hex[] = "0123456789abcdef";
+  char tmp[300];
+  const char *p = (const char *)data;
+  int fd = -1, i, k;
+  uint64_t r = hir__fnv(&p, sizeof p, hir__fnv(&size, sizeof size, (uint64_t)getpid() * 0x9e3779b97f4a7c15ull));
+  if (strlen(name) > 200) {
+    snprintf(why, cap, "the name is too long");
+    return 0;
+  }
+  for (k = 0; k < 16 && fd < 0; k++) {
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    r = hir__fnv(&ts, sizeof ts, r + (uint64_t)k);
+    i = snprintf(tmp, sizeof tmp, ".%s.", name);
+    for (; i < (int)strlen(name) + 14; i++) tmp[i] = hex[(r >> (4 * (i % 16))) & 15];
+    tmp[i] = 0;
+    fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) {
+    snprintf(why, cap, "cannot create a temporary file beside it: %s", strerror(errno));
+    return 0;
+  }
+  fchmod(fd, 0600); /* whatever the umask */
+  while (size) {
+    ssize_t n = write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    p += n, size -= (size_t)n;
+  }
+  if (size || close(fd) != 0) {
+    snprintf(why, cap, "cannot write it: %s", size ? strerror(errno) : "close failed");
+    if (size) close(fd);
+    unlinkat(dirfd, tmp, 0);
+    return 0;
+  }
+  if (renameat(dirfd, tmp, dirfd, name) != 0) {
+    snprintf(why, cap, "cannot rename the temporary file over it: %s", strerror(errno));
+    unlinkat(dirfd, tmp, 0);
+    return 0;
+  }
+  return 1;
+}
+#else
+static int hir__private_dir(const char *path, int make_parent, int *fd, char *why, size_t cap) {
+  (void)path, (void)make_parent;
+  *fd = -1;
+  snprintf(why, cap, "%s", "hostir's implementation was compiled without POSIX 2008's openat; define _POSIX_C_SOURCE 200809L "
+           "before the first include in its file");
+  return 0;
+}
+static int hir__read_file_at(int dirfd, const char *name, size_t max, char **data, size_t *size, char *why, size_t cap) {
+  (void)dirfd, (void)name, (void)max, (void)size;
+  *data = NULL;
+  return hir__private_dir("", 0, &dirfd, why, cap);
+}
+static int hir__write_file_at(int dirfd, const char *name, const void *data, size_t size, char *why, size_t cap) {
+  (void)name, (void)data, (void)size;
+  return hir__private_dir("", 0, &dirfd, why, cap);
+}
+#endif
+
+/* A path split into its directory (opened, as given: links followed) and
+   its last name, for the *at calls on a file the caller names. */
+static int hir__open_parent(const char *path, int *dirfd, const char **name, char *why, size_t cap) {
+  const char *slash = strrchr(path, '/');
+  *dirfd = -1;
+  *name = slash ? slash + 1 : path;
+  if (!**name || strlen(path) >= 4096) {
+    snprintf(why, cap, "%s", **name ? "the path is longer than a path can be (4095)" : "the path names a directory, not a file");
+    return 0;
+  }
+#if HIR__SAFE_FILES
+  {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
+    if ((*dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+      snprintf(why, cap, "its directory cannot be opened (%s)", strerror(errno));
+      return 0;
+    }
+    return 1;
+  }
+#else
+  return hir__private_dir("", 0, dirfd, why, cap);
+#endif
+}
+
+static void hir__close_dir(int dirfd) {
+#if HIR__SAFE_FILES
+  if (dirfd >= 0) close(dirfd);
+#else
+  (void)dirfd;
+#endif
+}
+
+/* The compiled kernels' cache: $HOSTIR_CACHE_DIR, else $XDG_CACHE_HOME/hostir,
+   else ~/.cache/hostir (HOSTIR_CACHE_DIR=off, any case: none), a private
+   directory (above). An entry is a header written by hostir, then the
+   cubin:
+       magic "HIRKC01\n", hostir's version (16 bytes), NVRTC's version
+       (4 bytes, major * 1000 + minor), the GPU architecture (16 bytes),
+       the SHA-256 of the kernel's source, options and architecture (32),
+       the cubin's size (8) and its SHA-256 (32), zeros to 128 bytes.
+   An entry that is not ours in every field, a link, a FIFO, another user's
+   file or one over 16 MiB is compiled again and replaced. */
+enum { HIR__KCACHE_HEADER = 128, HIR__KCACHE_MAX = 16 << 20 };
+static const char hir__kcache_magic[8] = {'H', 'I', 'R', 'K', 'C', '0', '1', '\n'};
+
+typedef struct hir__kcache {
+  int dirfd;                    /* -1: no cache */
+  char why[400];                /* why not, or why an entry was refused; "" if nothing to say */
+} hir__kcache;
+
+HIR__UNUSED static void hir__kcache_open(hir__kcache *kc) {
+  const char *dir = getenv("HOSTIR_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+  char path[4200], why[300];
+  int is_default = !dir;
+  kc->dirfd = -1;
+  kc->why[0] = 0;
+  if (dir && (!dir[0] || ((dir[0] | 32) == 'o' && (dir[1] | 32) == 'f' && (dir[2] | 32) == 'f' && !dir[3]))) return;
+  if (dir && strlen(dir) >= 4000) {
+    snprintf(kc->why, sizeof kc->why, "HOSTIR_CACHE_DIR is %zu characters, longer than a path can be: the kernels were "
+             "compiled without the cache", strlen(dir));
+    return;
+  }
+  if (dir) snprintf(path, sizeof path, "%s", dir);
+  else if (xdg && xdg[0] == '/' && strlen(xdg) < 4000) snprintf(path, sizeof path, "%s/hostir", xdg);
+  else if (home && home[0] == '/' && strlen(home) < 4000) snprintf(path, sizeof path, "%s/.cache/hostir", home);
+  else return;
+  if (!hir__private_dir(path, is_default, &kc->dirfd, why, sizeof why))
+    snprintf(kc->why, sizeof kc->why, "the kernel cache was not used: %s", why);
+}
+
+HIR__UNUSED static void hir__kcache_close(hir__kcache *kc) {
+  hir__close_dir(kc->dirfd);
+  kc->dirfd = -1;
+}
+
+/* What names a kernel: its source, NVRTC's options and the architecture. */
+HIR__UNUSED static void hir__kcache_key(const char *src, const char *options, const char *arch, unsigned char key[32]) {
+  hir_sha256 s;
+  hir_sha256_init(&s);
+  hir_sha256_update(&s, src, strlen(src) + 1);
+  hir_sha256_update(&s, options, strlen(options) + 1);
+  hir_sha256_update(&s, arch, strlen(arch) + 1);
+  hir_sha256_final(&s, key);
+}
+
+static void hir__kcache_header(unsigned char *h, const unsigned char key[32], const char *arch, int nvrtc, const void *bin,
+                               size_t size) {
+  hir_sha256 s;
+  int i;
+  memset(h, 0, HIR__KCACHE_HEADER);
+  memcpy(h, hir__kcache_magic, 8);
+  snprintf((char *)h + 8, 16, "%s", HOSTIR_VERSION);
+  for (i = 0; i < 4; i++) h[24 + i] = (unsigned char)((unsigned)nvrtc >> (8 * i));
+  snprintf((char *)h + 28, 16, "%s", arch);
+  memcpy(h + 44, key, 32);
+  for (i = 0; i < 8; i++) h[76 + i] = (unsigned char)((uint64_t)size >> (8 * i));
+  hir_sha256_init(&s);
+  hir_sha256_update(&s, bin, size);
+  hir_sha256_final(&s, h + 84);
+}
+
+static void hir__kcache_name(const unsigned char key[32], const char *arch, char *name, size_t cap) {
+  char tag[17];
+  int i, n = snprintf(name, cap, "kernel-");
+  for (i = 0; i < 8 && n + 2 < (int)cap; i++) n += snprintf(name + n, cap - (size_t)n, "%02x", key[i]);
+  snprintf(tag, sizeof tag, "%s", arch); /* a copy: -Wrestrict cannot tell them apart */
+  snprintf(name + n, cap - (size_t)n, "-%s.cubin", tag);
+}
+
+/* The cubin kept for key (HIR_MALLOC'd, *size), or NULL: none, or one
+   refused (kc->why says which and why). nvrtc 0: NVRTC's version unknown
+   (not installed), any taken. */
+HIR__UNUSED static char *hir__kcache_get(hir__kcache *kc, const unsigned char key[32], const char *arch, int nvrtc, size_t *size) {
+  unsigned char want[HIR__KCACHE_HEADER];
+  char name[80], why[200], *data, *bin;
+  size_t n;
+  int at = 24;
+  if (kc->dirfd < 0) return NULL;
+  hir__kcache_name(key, arch, name, sizeof name);
+  if (!hir__read_file_at(kc->dirfd, name, HIR__KCACHE_HEADER + HIR__KCACHE_MAX, &data, &n, why, sizeof why)) {
+    if (strcmp(why, strerror(ENOENT))) snprintf(kc->why, sizeof kc->why, "kernel cache entry %s refused (%.150s); compiled again", name, why);
+    return NULL;
+  }
+  if (n > HIR__KCACHE_HEADER) {
+    hir__kcache_header(want, key, arch, nvrtc, data + HIR__KCACHE_HEADER, n - HIR__KCACHE_HEADER);
+    if (!nvrtc) at = 28; /* its NVRTC version unchecked */
+  }
+  if (n <= HIR__KCACHE_HEADER || memcmp(data, want, 24) || memcmp(data + at, want + at, HIR__KCACHE_HEADER - (size_t)at)) {
+    snprintf(kc->why, sizeof kc->why, "kernel cache entry %s refused (%s); compiled again", name,
+             n <= HIR__KCACHE_HEADER ? "shorter than its header" : memcmp(data, want, 8) ? "not a hostir cache entry"
+             : memcmp(data, want, 24) || memcmp(data + 24, want + 24, 4) ? "made by another hostir or NVRTC"
+             : "its header or contents do not match");
+    HIR_FREE(data);
+    return NULL;
+  }
+  *size = n - HIR__KCACHE_HEADER;
+  if ((bin = (char *)HIR_MALLOC(*size))) memcpy(bin, data + HIR__KCACHE_HEADER, *size);
+  HIR_FREE(data);
+  return bin;
+}
+
+/* Keeps a compiled kernel; a failure is said in kc->why (the kernel runs all the same). */
+HIR__UNUSED static void hir__kcache_put(hir__kcache *kc, const unsigned char key[32], const char *arch, int nvrtc, const char *bin, size_t size) {
+  char name[80], why[200], *data;
+  if (kc->dirfd < 0 || size > HIR__KCACHE_MAX) return;
+  if (!(data = (char *)HIR_MALLOC(HIR__KCACHE_HEADER + size))) return;
+  hir__kcache_header((unsigned char *)data, key, arch, nvrtc, bin, size);
+  memcpy(data + HIR__KCACHE_HEADER, bin, size);
+  hir__kcache_name(key, arch, name, sizeof name);
+  if (!hir__write_file_at(kc->dirfd, name, data, HIR__KCACHE_HEADER + size, why, sizeof why))
+    snprintf(kc->why, sizeof kc->why, "kernel cache entry %s not written: %.150s", name, why);
+  HIR_FREE(data);
 }
 
 // >>ir
@@ -1312,7 +1775,7 @@ struct hir_program {
   int my_device;          /* the device the program was lowered for; -1 if built by hand */
   char plan[4096];        /* the automatic choice of hir_stream_options, or a tuner's report */
   hir__vec same_extents;  /* hir__same_extent: sizes that only a run knows and that must agree */
-  hir__vec skipped;       /* pairs (top-level expr, op or NULL): after that expr other ranks run an op this one
+  hir__vec skipped;       /* pairs (top-level expr or NULL, op or NULL): after that expr (NULL: before the first) other ranks run an op this one
                              skips (NULL: in a HostUnit); a Stream chain continues across it only where theirs does */
 };
 
@@ -3958,7 +4421,8 @@ static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, hir_val *fv, int 
     hir_expr *e = (hir_expr *)f->exprs.items[i];
     if (e->kind == HIR_EXPR_BROADCAST && e->out[0] == tv) /* a 0 flag for the new axis */
       e->flags = (e->flags & ((1u << (axis + 1)) - 1u)) | ((e->flags >> (axis + 1)) << (axis + 2));
-    if ((e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE) && e->in[0] == tv && d < e->axis) e->axis++;
+    if ((e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE) && e->in[0] == tv && d < e->axis && x->iter != HIR_REDUCTION)
+      e->axis++; /* its axis counts data axes: a reduction axis split adds none */
   }
   return 1;
 }
@@ -4815,8 +5279,8 @@ static int hir__build_program(hir_program *p, const hir__vec *groups) {
          stream lowering decides there); this rank's chains must break
          where theirs do, so every rank's loops (and their collectives)
          come in one order. */
-      if (p->top.exprs.n && (!hir__push(f, &p->skipped, p->top.exprs.items[p->top.exprs.n - 1]) ||
-                             !hir__push(f, &p->skipped, g->standalone ? g->exprs.items[0] : NULL)))
+      if (!hir__push(f, &p->skipped, p->top.exprs.n ? p->top.exprs.items[p->top.exprs.n - 1] : NULL) || /* NULL: before all */
+          !hir__push(f, &p->skipped, g->standalone ? g->exprs.items[0] : NULL))
         goto done;
       continue;
     }
@@ -5235,6 +5699,22 @@ static int hir__skipped_in_chain(const hir_program *p, const void *prev, const h
       if (!xid || xid->extent != id->extent) return 0;
     }
   return 1;
+}
+
+/* The P2P exchanges that other ranks run in a chain over id's extent, right
+   after `prev` (NULL: before this rank's first op), where this rank skips
+   them: their kinds, and the team of the first (*team, *n; kept if set). */
+static int hir__skipped_p2p(hir_program *p, const void *prev, const hir_id *id, const int **team, int *n) {
+  int i, kinds = 0, a;
+  for (i = 0; i + 1 < p->skipped.n; i += 2) {
+    const hir_expr *x = (const hir_expr *)p->skipped.items[i + 1];
+    const hir_id *xid = x ? hir__stream_id(x) : NULL;
+    int kind = x ? hir__p2p_kind(x, &a) : HIR__P2P_NONE;
+    if (p->skipped.items[i] != prev || !xid || xid->extent != id->extent || kind == HIR__P2P_NONE) continue;
+    kinds |= kind;
+    if (!*team && !(*team = hir__p2p_team(p, x, n))) return -1;
+  }
+  return kinds;
 }
 
 typedef struct hir__slice {
@@ -5714,7 +6194,7 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
     for (k = 0; k < c->mesh_size; k++) iota &= c->mesh[k] == k;
     if ((c->pos = hir_team_index(c->mesh, c->mesh_size, p->my_device)) < 0) c->pos = c->mesh_size; /* a program for any rank */
     if (!iota) c->pos_val = hir__const(f, c->pos); /* this device's position in the mesh */
-    c->ring = c->opt->schedule == HIR_P2P_RING && c->p2p != (HIR__P2P_ALLGATHER | HIR__P2P_REDUCE_SCATTER);
+    c->ring = c->opt->schedule == HIR_P2P_RING;
     if (c->ring && c->p2p == HIR__P2P_ALLGATHER) /* receive from pos - i */
       c->chunk = hir__scalar(c, HIR_SCALAR_MOD,
                              hir__scalar(c, HIR_SCALAR_SUB, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->step),
@@ -5783,12 +6263,30 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   return 1;
 }
 
+/* An allgather and a reduce-scatter never share a P2P loop: in the linear
+   schedule a pair of ranks meets for the allgather at two different steps
+   (each at the other's) but for the reduce-scatter at one, so their
+   messages would cross, paired wrong where their sizes agree. */
+static int hir__p2p_mixed(int kinds) { return (kinds & HIR__P2P_ALLGATHER) && (kinds & HIR__P2P_REDUCE_SCATTER); }
+
+/* Whether x reads what a P2P reduce-scatter among chain[0..n) writes: that
+   sum runs after the loop, so x cannot run inside it and starts a chain of
+   its own. */
+static int hir__reads_after_loop(const hir_expr *x, hir_expr *const *chain, int n) {
+  int k, q, a;
+  for (k = 0; k < n; k++)
+    if (hir__p2p_kind(chain[k], &a) == HIR__P2P_REDUCE_SCATTER)
+      for (q = 0; q < x->nin; q++)
+        if (x->in[q] == chain[k]->out[0]) return 1;
+  return 0;
+}
+
 HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_options *opt) {
   hir_stream_options defaults;
   hir_fusion *f;
   hir__vec out = {NULL, 0, 0};
   hir__chain c;
-  int *first = NULL, *last = NULL, i, j, k, ok = 0, nt;
+  int *first = NULL, *last = NULL, i, j, k, ok = 0, nt, seen;
   if (!p) return HIR_ERR_INVALID;
   f = &p->ir;
   if (f->status != HIR_OK) return f->status;
@@ -5853,15 +6351,30 @@ HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_opti
     c.p2p = HIR__P2P_NONE;
     c.mesh = NULL;
     c.mesh_size = 0;
-    for (j = i; j < p->top.exprs.n; j++) { /* the chain: neighbours streaming over one extent */
+    for (j = i, seen = 0; j < p->top.exprs.n; j++) { /* the chain: neighbours streaming over one extent */
       hir_expr *x = (hir_expr *)p->top.exprs.items[j];
       hir_id *xid = hir__stream_id(x);
-      int kind;
-      if (!xid || xid->extent != id->extent || (j > i && !hir__skipped_in_chain(p, p->top.exprs.items[j - 1], id))) break;
+      const int *team = NULL;
+      int kind, skipped = 0, nteam = 0;
+      if (!xid || xid->extent != id->extent || (j > i && !hir__skipped_in_chain(p, p->top.exprs.items[j - 1], id)) ||
+          hir__reads_after_loop(x, c.exprs, c.n))
+        break;
+      if (j > i && (skipped = hir__skipped_p2p(p, p->top.exprs.items[j - 1], id, &team, &nteam)) < 0) goto done;
+      if (hir__p2p_mixed(seen | skipped | hir__p2p_kind(x, &a))) break;
+      seen |= skipped | hir__p2p_kind(x, &a);
       c.exprs[c.n++] = x;
       if ((kind = hir__p2p_kind(x, &a)) != HIR__P2P_NONE) {
         c.p2p |= kind;
         if (!(c.mesh = hir__p2p_team(p, x, &c.mesh_size))) goto done;
+      }
+    }
+    for (k = 0; k < c.n && !hir_expr_is_resharding(c.exprs[k]); k++) {}
+    if (k < c.n) { /* this rank moves data in the loop: it takes the shape the others' P2P exchanges give it */
+      int m, kinds;
+      for (m = -1; m < c.n; m++) {
+        if ((kinds = hir__skipped_p2p(p, m < 0 ? (i ? p->top.exprs.items[i - 1] : NULL) : c.exprs[m], id, &c.mesh, &c.mesh_size)) < 0)
+          goto done;
+        if (!hir__p2p_mixed(c.p2p | kinds)) c.p2p |= kinds; /* one the others' chain breaks before is not theirs */
       }
     }
     if (!hir__lower_chain(&c, &out, first, last, i)) goto done;
@@ -6601,22 +7114,44 @@ static int hir__dump_flags(hir_program *p, unsigned *flags) {
   return 1;
 }
 
-/* One write per program, so the dumps of ranks lowering at once do not mix. */
-static void hir__dump(const hir_program *p, const char *what) {
-  const char *path = getenv("HOSTIR_DUMP_FILE");
-  size_t n = hir_program_snprint(p, NULL, 0);
-  char *buf = (char *)HIR_MALLOC(n + 128);
-  FILE *fp;
-  int head;
-  if (!buf) return;
+/* One write per program, so the dumps of ranks lowering at once do not
+   mix: to stderr, or appended to HOSTIR_DUMP_FILE (created 0600; not
+   through a link, and only a regular file of this user). A file that
+   cannot be written fails the lowering, naming it. */
+static int hir__dump(hir_program *p, const char *what) {
+  const char *path = getenv("HOSTIR_DUMP_FILE"), *name;
+  size_t n = hir_program_snprint(p, NULL, 0), done = 0;
+  char *buf = (char *)HIR_MALLOC(n + 128), why[200] = "";
+  int head, dirfd = -1;
+  if (!buf) return hir__fail(&p->ir, HIR_ERR_NOMEM, "hir_lower: out of memory for HOSTIR_DUMP"), 0;
   head = snprintf(buf, 128, "=== HOSTIR_DUMP %s (device %d) ===", what, p->my_device);
   hir_program_snprint(p, buf + head, n + 1);
-  fp = path ? fopen(path, "a") : stderr;
-  if (fp) {
-    fwrite(buf, 1, (size_t)head + n, fp);
-    if (path) fclose(fp);
+  n += (size_t)head;
+  if (!path) {
+    fwrite(buf, 1, n, stderr);
+  } else if (hir__open_parent(path, &dirfd, &name, why, sizeof why)) {
+#if HIR__SAFE_FILES
+    struct stat st;
+    int fd;
+    if ((fd = openat(dirfd, name, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600)) < 0)
+      snprintf(why, sizeof why, "%s%s", strerror(errno), errno == ELOOP ? " (a symbolic link, not followed)" : "");
+    else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+      snprintf(why, sizeof why, "not a regular file of this user");
+    while (!why[0] && done < n) {
+      ssize_t k = write(fd, buf + done, n - done);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) snprintf(why, sizeof why, "%s", k < 0 ? strerror(errno) : "nothing written");
+      else done += (size_t)k;
+    }
+    if (fd >= 0) close(fd);
+#endif
   }
+  hir__close_dir(dirfd);
   HIR_FREE(buf);
+  if (path && (why[0] || done < n))
+    return hir__fail(&p->ir, HIR_ERR_INVALID, "hir_lower: HOSTIR_DUMP_FILE '%.200s' cannot be written (%s); name a file this "
+                     "user may write, or unset it to dump to stderr", path, why[0] ? why : "not written"), 0;
+  return 1;
 }
 
 /* After a pass: the verifier (a pass leaving a broken program is our bug),
@@ -6629,8 +7164,7 @@ static int hir__pipeline_check(hir_program *p, const char *name, unsigned dump) 
               name, msg);
     return 0;
   }
-  if (dump & HIR__DUMP_PASSES) hir__dump(p, name);
-  return 1;
+  return !(dump & HIR__DUMP_PASSES) || hir__dump(p, name);
 }
 
 /* A step that failed without saying why is our bug: never HIR_OK for it. */
@@ -6713,7 +7247,7 @@ static hir_status hir__lower_passes(hir_program *p, const hir_fusion *f, const h
   if (!d->skip_deallocations &&
       (hir_pass_insert_deallocations(p), !hir__pipeline_check(p, "insert_deallocations", dump)))
     return p->ir.status;
-  if (dump & HIR__DUMP_HOST_IR) hir__dump(p, "host_ir");
+  if ((dump & HIR__DUMP_HOST_IR) && !hir__dump(p, "host_ir")) return p->ir.status;
   return HIR_OK;
 }
 
@@ -7512,6 +8046,7 @@ typedef struct hir__nvrtc {
   int (*log_size)(void *prog, size_t *size);
   int (*log)(void *prog, char *log);
   int (*destroy)(void **prog);
+  int (*version)(int *major, int *minor);
 } hir__nvrtc;
 
 /* The elementwise kernels, by what they compute: any op in float or in
@@ -7550,6 +8085,7 @@ typedef struct hir__cuda {
   hir__nvrtc nvrtc;                 /* opened at the first compile, kept for the next */
   unsigned *max_abs_out;            /* hir_max_abs's two results, on the device */
   char map_error[200];
+  char notes[400];              /* hir_backend.notes: why the kernel cache was not used, or an entry refused */
   cudaStream_t capture, saved_caller;  /* graph capture: the stream it runs on, and the caller's meanwhile */
   hir__lt_plan lt_plans[HIR__LT_PLANS]; /* cuBLASLt's GEMM setups, by shape, reused round-robin */
   int lt_next;
@@ -8382,9 +8918,9 @@ static int hir__nvrtc_open(hir__nvrtc *n, char *why, size_t cap) {
   const char *home = getenv("CUDA_HOME");
   char path[600];
   size_t i;
-  void **fns[7];
-  static const char *const syms[7] = {"nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetCUBINSize", "nvrtcGetCUBIN",
-                                      "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcDestroyProgram"};
+  void **fns[8];
+  static const char *const syms[8] = {"nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetCUBINSize", "nvrtcGetCUBIN",
+                                      "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcDestroyProgram", "nvrtcVersion"};
   memset(n, 0, sizeof *n);
   for (i = 0; i < 3 && !n->lib; i++) n->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
   for (i = 0; i < 3 && !n->lib && home; i++) {
@@ -8397,8 +8933,8 @@ static int hir__nvrtc_open(hir__nvrtc *n, char *why, size_t cap) {
     return 0;
   }
   fns[0] = (void **)&n->create, fns[1] = (void **)&n->compile, fns[2] = (void **)&n->cubin_size, fns[3] = (void **)&n->cubin;
-  fns[4] = (void **)&n->log_size, fns[5] = (void **)&n->log, fns[6] = (void **)&n->destroy;
-  for (i = 0; i < 7; i++) {
+  fns[4] = (void **)&n->log_size, fns[5] = (void **)&n->log, fns[6] = (void **)&n->destroy, fns[7] = (void **)&n->version;
+  for (i = 0; i < 8; i++) {
     void *f = dlsym(n->lib, syms[i]);
     if (!f) {
       snprintf(why, cap, "NVRTC has no %s; use NVRTC 12 or later", syms[i]);
@@ -8410,68 +8946,14 @@ static int hir__nvrtc_open(hir__nvrtc *n, char *why, size_t cap) {
   return 1;
 }
 
-/* The compiled kernels are kept on disk, keyed by their source and the GPU
-   architecture: $HOSTIR_CACHE_DIR, else $XDG_CACHE_HOME/hostir, else
-   ~/.cache/hostir (HOSTIR_CACHE_DIR=off: none). A cache hit skips NVRTC
-   (about 0.5 s in a fresh process); a file that fails to load is compiled
-   again and replaced. Written to a temporary name, then renamed: processes
-   starting together never read half a file. */
-static int hir__kernel_cache_path(const char *src, const char *arch, char *path, size_t cap) {
-  const char *dir = getenv("HOSTIR_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-  uint64_t h = hir__fnv(arch, strlen(arch), hir__fnv(src, strlen(src), 1469598103934665603ull)); /* the source, the GPU */
-  char base[400], tag[32];
-  if (dir && (!dir[0] || !strcmp(dir, "off"))) return 0;
-  if (dir) snprintf(base, sizeof base, "%.390s", dir);
-  else if (xdg && xdg[0]) snprintf(base, sizeof base, "%.380s/hostir", xdg);
-  else if (home && home[0]) snprintf(base, sizeof base, "%.370s/.cache/hostir", home);
-  else return 0;
-  if (!dir) { /* make the default directory (its parent too); a failure shows as a miss */
-    char parent[400];
-    snprintf(parent, sizeof parent, "%s", base);
-    if (strrchr(parent, '/')) *strrchr(parent, '/') = 0;
-    mkdir(parent, 0755);
-  }
-  mkdir(base, 0755);
-  snprintf(tag, sizeof tag, "%s", arch); /* a copy: GCC's -Wrestrict can't tell arch and path apart when both are m's */
-  snprintf(path, cap, "%s/map-%016llx-%s.cubin", base, (unsigned long long)h, tag);
-  return 1;
-}
-
-static char *hir__read_all(const char *path, size_t *size) {
-  FILE *fp = fopen(path, "rb");
-  char *buf = NULL;
-  long n;
-  if (!fp) return NULL;
-  if (fseek(fp, 0, SEEK_END) == 0 && (n = ftell(fp)) > 0 && fseek(fp, 0, SEEK_SET) == 0 && (buf = (char *)HIR_MALLOC((size_t)n)) &&
-      fread(buf, 1, (size_t)n, fp) != (size_t)n) {
-    HIR_FREE(buf);
-    buf = NULL;
-  }
-  if (buf) *size = (size_t)n;
-  fclose(fp);
-  return buf;
-}
-
-static void hir__write_all(const char *path, const char *data, size_t size) {
-  char tmp[600];
-  FILE *fp;
-  snprintf(tmp, sizeof tmp, "%.580s.%ld", path, (long)getpid());
-  if (!(fp = fopen(tmp, "wb"))) return;
-  if (fwrite(data, 1, size, fp) != size) {
-    fclose(fp);
-    remove(tmp);
-    return;
-  }
-  if (fclose(fp) != 0 || rename(tmp, path) != 0) remove(tmp);
-}
-
-/* A kernel on its way in: its source and place in the disk cache, then
-   what NVRTC gave. hir__map_compile makes no CUDA call and touches nothing
-   else, so several compile at once on threads of their own. */
+/* A kernel on its way in: its source and key in the disk cache (>>files),
+   then what NVRTC gave. hir__map_compile makes no CUDA call and touches
+   nothing else, so several compile at once on threads of their own. */
 typedef struct hir__map_build {
   const hir__nvrtc *nvrtc;
-  int which, cached;               /* cached: path names its place in the disk cache */
-  char *src, arch[32], path[640];
+  int which;
+  char *src, arch[32], option[64];
+  unsigned char key[32];
   char *bin;                       /* NVRTC's cubin, or NULL and error */
   size_t size;
   char error[200];
@@ -8488,11 +8970,9 @@ static void *hir__map_compile(void *build) {
   hir__map_build *m = (hir__map_build *)build;
   const hir__nvrtc *n = m->nvrtc;
   void *prog = NULL;
-  char opt[64];
   const char *opts[2];
   int rc;
-  snprintf(opt, sizeof opt, "--gpu-architecture=%s", m->arch);
-  opts[0] = opt;
+  opts[0] = m->option;
   opts[1] = "--std=c++14";
   if ((rc = n->create(&prog, m->src, "hostir_map.cu", 0, NULL, NULL)) != 0) {
     snprintf(m->error, sizeof m->error, "nvrtcCreateProgram failed (%d)", rc);
@@ -8534,10 +9014,10 @@ static int hir__map_load_bin(hir__cuda *c, int which, const char *bin, char *err
 /* Starts kernel `which` (not tried yet): its source, then the disk cache.
    1: loaded from the cache. 0 with m->src: NVRTC must compile it; without:
    it failed, map_error says why. */
-static int hir__map_begin(hir__cuda *c, int which, hir__map_build *m) {
+static int hir__map_begin(hir__cuda *c, int which, hir__map_build *m, hir__kcache *kc, int nvrtc_version) {
   int major = 0, minor = 0, ok = 0;
   size_t size = 0;
-  char *bin;
+  char *bin, options[80];
   memset(m, 0, sizeof *m);
   m->nvrtc = &c->nvrtc;
   m->which = which;
@@ -8549,8 +9029,11 @@ static int hir__map_begin(hir__cuda *c, int which, hir__map_build *m) {
     snprintf(c->map_error, sizeof c->map_error, "out of host memory");
     return 0;
   }
-  m->cached = hir__kernel_cache_path(m->src, m->arch, m->path, sizeof m->path);
-  if (m->cached && (bin = hir__read_all(m->path, &size))) { /* a file that fails to load is compiled again */
+  snprintf(options, sizeof options, "%.16s", m->arch); /* a copy: -Wrestrict cannot tell m's fields apart */
+  snprintf(m->option, sizeof m->option, "--gpu-architecture=%.16s", options);
+  snprintf(options, sizeof options, "%s --std=c++14", m->option);
+  hir__kcache_key(m->src, options, m->arch, m->key);
+  if ((bin = hir__kcache_get(kc, m->key, m->arch, nvrtc_version, &size))) { /* a cubin that fails to load is compiled again */
     ok = hir__map_load_bin(c, which, bin, NULL, 0);
     HIR_FREE(bin);
   }
@@ -8562,10 +9045,10 @@ static int hir__map_begin(hir__cuda *c, int which, hir__map_build *m) {
 }
 
 /* Ends it: loads what NVRTC gave and keeps it in the cache, or says why not. */
-static int hir__map_end(hir__cuda *c, hir__map_build *m) {
+static int hir__map_end(hir__cuda *c, hir__map_build *m, hir__kcache *kc, int nvrtc_version) {
   int ok = m->bin && hir__map_load_bin(c, m->which, m->bin, c->map_error, sizeof c->map_error);
   if (!m->bin) snprintf(c->map_error, sizeof c->map_error, "%s", m->error);
-  if (ok && m->cached) hir__write_all(m->path, m->bin, m->size);
+  if (ok) hir__kcache_put(kc, m->key, m->arch, nvrtc_version, m->bin, m->size);
   HIR_FREE(m->src);
   HIR_FREE(m->bin);
   return ok;
@@ -8581,24 +9064,26 @@ static int hir__map_end(hir__cuda *c, hir__map_build *m) {
 static void hir__cuda_load_all(hir__cuda *c) {
   hir__map_build m[HIR__MAP_KERNELS];
   pthread_t thread[HIR__MAP_KERNELS];
-  int k, compile[HIR__MAP_KERNELS] = {0}, started[HIR__MAP_KERNELS] = {0}, any = 0;
-  char why[200];
+  int k, compile[HIR__MAP_KERNELS] = {0}, started[HIR__MAP_KERNELS] = {0}, any = 0, major = 0, minor = 0, version = 0;
+  char why[200] = "";
+  hir__kcache kc;
+  hir__kcache_open(&kc);
+  if ((c->nvrtc.lib || hir__nvrtc_open(&c->nvrtc, why, sizeof why)) && c->nvrtc.version(&major, &minor) == 0)
+    version = major * 1000 + minor; /* entries of another NVRTC are compiled again; without NVRTC, any is taken */
   for (k = 0; k < HIR__MAP_KERNELS; k++)
-    if (!c->map_state[k] && !hir__map_begin(c, k, &m[k]) && m[k].src) compile[k] = any = 1;
-  if (!any) return;
-  if (!c->nvrtc.lib && !hir__nvrtc_open(&c->nvrtc, why, sizeof why)) {
-    for (k = 0; k < HIR__MAP_KERNELS; k++)
-      if (compile[k]) snprintf(m[k].error, sizeof m[k].error, "%s", why), hir__map_end(c, &m[k]);
-    return;
-  }
+    if (!c->map_state[k] && !hir__map_begin(c, k, &m[k], &kc, version) && m[k].src) compile[k] = any = 1;
+  for (k = 0; any && !c->nvrtc.lib && k < HIR__MAP_KERNELS; k++)
+    if (compile[k]) snprintf(m[k].error, sizeof m[k].error, "%s", why), hir__map_end(c, &m[k], &kc, 0), compile[k] = 0;
   for (k = 0; k < HIR__MAP_KERNELS; k++)
-    if (compile[k]) started[k] = pthread_create(&thread[k], NULL, hir__map_compile, &m[k]) == 0;
+    if (compile[k]) started[k] = HIR_THREAD_CREATE(&thread[k], hir__map_compile, &m[k]) == 0;
   for (k = 0; k < HIR__MAP_KERNELS; k++) {
     if (!compile[k]) continue;
     if (started[k]) pthread_join(thread[k], NULL);
     else hir__map_compile(&m[k]); /* no thread: here */
-    hir__map_end(c, &m[k]);
+    hir__map_end(c, &m[k], &kc, version);
   }
+  snprintf(c->notes, sizeof c->notes, "%s", kc.why);
+  hir__kcache_close(&kc);
 }
 
 /* The kernel's arguments for dst = op(a[, x]), and which kernel runs them. */
@@ -9461,12 +9946,29 @@ static hir_status hir__cuda_copy_async(hir_backend *b, void *stream, void *dst, 
 }
 
 HIRDEF hir_backend *hir_backend_cuda_create(int device) {
+  hir_backend *b = NULL;
+  hir_backend_cuda_open(device, &b, NULL, 0);
+  return b;
+}
+
+HIRDEF hir_status hir_backend_cuda_open(int device, hir_backend **out, char *error, size_t cap) {
   hir_backend *b = (hir_backend *)HIR_MALLOC(sizeof(hir_backend));
   hir__cuda *c = (hir__cuda *)HIR_MALLOC(sizeof(hir__cuda));
-  if (!b || !c || cudaSetDevice(device) != cudaSuccess) {
+  cudaError_t e = cudaSuccess;
+  int count = 0;
+  *out = NULL;
+  if (!b || !c || (e = cudaSetDevice(device)) != cudaSuccess) {
+    if (e != cudaSuccess && cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    cudaGetLastError();
+    if (error && cap && (!b || !c)) snprintf(error, cap, "hir_backend_cuda_open: out of host memory");
+    else if (error && cap && count <= device)
+      snprintf(error, cap, "hir_backend_cuda_open: device %d is not there: %d CUDA devices are visible (%s; CUDA_VISIBLE_DEVICES "
+               "and the driver decide which)", device, count, cudaGetErrorString(e));
+    else if (error && cap && b && c)
+      snprintf(error, cap, "hir_backend_cuda_open: device %d cannot be used: %s", device, cudaGetErrorString(e));
     HIR_FREE(b);
     HIR_FREE(c);
-    return NULL;
+    return !b || !c ? HIR_ERR_NOMEM : HIR_ERR_BACKEND;
   }
   memset(b, 0, sizeof *b);
   memset(c, 0, sizeof *c);
@@ -9533,7 +10035,9 @@ HIRDEF hir_backend *hir_backend_cuda_create(int device) {
     hir__cuda_load_kernels(c);
     hir__cuda_load_all(c);
   }
-  return b;
+  b->notes = c->notes;
+  *out = b;
+  return HIR_OK;
 }
 
 HIRDEF void hir_backend_cuda_set_stream(hir_backend *b, void *stream) {
@@ -10074,22 +10578,38 @@ HIRDEF void hir_local_world_free(hir_local_world *w) {
   HIR_FREE(w);
 }
 
+/* A rank waits at the gate until every rank's thread exists: where one
+   could not be made, none runs (rather than waiting out the world's
+   timeout for a peer that never came). */
+typedef struct hir__spmd_gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int open;                     /* 0: shut; 1: every rank started, run; -1: one could not start, return */
+} hir__spmd_gate;
+
 typedef struct hir__spmd_arg {
   int rank;
   hir_status (*fn)(int rank, void *user);
   void *user;
+  hir__spmd_gate *gate;
   hir_status status;
 } hir__spmd_arg;
 
 static void *hir__spmd_main(void *p) {
   hir__spmd_arg *a = (hir__spmd_arg *)p;
-  a->status = a->fn(a->rank, a->user);
+  int open;
+  pthread_mutex_lock(&a->gate->mu);
+  while (!a->gate->open) pthread_cond_wait(&a->gate->cv, &a->gate->mu);
+  open = a->gate->open;
+  pthread_mutex_unlock(&a->gate->mu);
+  a->status = open > 0 ? a->fn(a->rank, a->user) : HIR_ERR_BACKEND;
   return NULL;
 }
 
 HIRDEF hir_status hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), void *user) {
   hir__spmd_arg *args;
   pthread_t *threads;
+  hir__spmd_gate gate;
   hir_status result = HIR_OK;
   int i, started = 0;
   if (nranks < 1 || !fn) return HIR_ERR_INVALID;
@@ -10100,15 +10620,25 @@ HIRDEF hir_status hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), v
     HIR_FREE(threads);
     return HIR_ERR_NOMEM;
   }
+  pthread_mutex_init(&gate.mu, NULL);
+  pthread_cond_init(&gate.cv, NULL);
+  gate.open = 0;
   for (i = 0; i < nranks; i++) {
     args[i].rank = i;
     args[i].fn = fn;
     args[i].user = user;
+    args[i].gate = &gate;
     args[i].status = HIR_ERR_INTERNAL;
-    if (pthread_create(&threads[i], NULL, hir__spmd_main, &args[i]) != 0) break;
+    if (HIR_THREAD_CREATE(&threads[i], hir__spmd_main, &args[i]) != 0) break;
     started++;
   }
+  pthread_mutex_lock(&gate.mu);
+  gate.open = started == nranks ? 1 : -1;
+  pthread_cond_broadcast(&gate.cv);
+  pthread_mutex_unlock(&gate.mu);
   for (i = 0; i < started; i++) pthread_join(threads[i], NULL);
+  pthread_cond_destroy(&gate.cv);
+  pthread_mutex_destroy(&gate.mu);
   for (i = 0; i < nranks && result == HIR_OK; i++) result = i < started ? args[i].status : HIR_ERR_BACKEND;
   for (i = 0; i < started && (result == HIR_ERR_COMM || result == HIR_ERR_TIMEOUT); i++) /* the cause, where a rank knows it */
     if (args[i].status != HIR_OK && args[i].status != HIR_ERR_COMM && args[i].status != HIR_ERR_TIMEOUT) result = args[i].status;
@@ -12742,7 +13272,6 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin
    again in turns (the final round), and every rank picks the same fastest
    of those. The choice is cached by the input shapes; at most
    HIR__TUNE_LIVE choices keep their program and buffers at once. */
-#define HOSTIR_VERSION "0.22"
 enum { HIR__TUNE_LIVE = 4, HIR__TUNE_MAX_CANDS = 64, HIR__TUNE_EAGER = 3 }; /* each live choice holds its buffers and streams */
 enum { HIR__TUNE_FINAL = 3, HIR__TUNE_TURNS = 3 }; /* the final round: how many candidates, how many turns each */
 
@@ -12794,7 +13323,8 @@ struct hir_tuner {
   hir__meeting meeting;         /* the ranks', on the backend they meet through */
   hir__tune_entry *entries;
   int n, cap;
-  hir__tune_entry *last;
+  int *slots, nslots;           /* entries by key: open addressing, entry index + 1 (0: empty) */
+  int last;                     /* the last run's entry + 1; 0: none */
   unsigned long long uses;
   int vary_p2p;                 /* graph mode on copy-engine send/recv: candidates on NCCL's too */
   char report[4096];            /* the last tuning's, until its entry takes it */
@@ -13378,16 +13908,44 @@ static int hir__tune_key(const hir_tensor *in, int nin, int64_t *key) {
   return n;
 }
 
-static hir__tune_entry *hir__tune_find(hir_tuner *t, const int64_t *key, int nkey) {
-  int i;
-  for (i = 0; i < t->n; i++)
-    if (t->entries[i].nkey == nkey && !memcmp(t->entries[i].key, key, (size_t)nkey * sizeof *key)) return &t->entries[i];
-  return NULL;
+/* The slot of key in t->slots: its entry's, or the empty one it would take. */
+static int hir__tune_slot(const hir_tuner *t, const int64_t *key, int nkey) {
+  int at = (int)(hir__fnv(key, (size_t)nkey * sizeof *key, 1469598103934665603ull) & (uint64_t)(t->nslots - 1));
+  for (;; at = (at + 1) & (t->nslots - 1)) {
+    const hir__tune_entry *e = t->slots[at] ? &t->entries[t->slots[at] - 1] : NULL;
+    if (!e || (e->nkey == nkey && !memcmp(e->key, key, (size_t)nkey * sizeof *key))) return at;
+  }
 }
 
+static hir__tune_entry *hir__tune_find(hir_tuner *t, const int64_t *key, int nkey) {
+  int at;
+  if (!t->nslots) return NULL;
+  at = hir__tune_slot(t, key, nkey);
+  return t->slots[at] ? &t->entries[t->slots[at] - 1] : NULL;
+}
+
+/* The slots again, room for `room` entries at most half full. */
+static int hir__tune_index(hir_tuner *t, int room) {
+  int n = 16, i;
+  while (n < 2 * room) n *= 2;
+  if (n != t->nslots) {
+    int *slots = (int *)HIR_MALLOC((size_t)n * sizeof *slots);
+    if (!slots) return 0;
+    HIR_FREE(t->slots);
+    t->slots = slots;
+    t->nslots = n;
+  }
+  memset(t->slots, 0, (size_t)n * sizeof *t->slots);
+  for (i = 0; i < t->n; i++) t->slots[hir__tune_slot(t, t->entries[i].key, t->entries[i].nkey)] = i + 1;
+  return 1;
+}
+
+/* A new entry (its key not there yet); its pointer lasts until the next add. */
 static hir__tune_entry *hir__tune_add(hir_tuner *t, const int64_t *key, int nkey, const hir__cand *c, double ms) {
   hir__tune_entry *e;
-  if (!hir__grow_heap((void **)&t->entries, &t->cap, t->n + 1, sizeof *t->entries)) return NULL;
+  if (!hir__grow_heap((void **)&t->entries, &t->cap, t->n + 1, sizeof *t->entries) ||
+      (2 * (t->n + 1) > t->nslots && !hir__tune_index(t, t->n + 1)))
+    return NULL;
   e = &t->entries[t->n];
   memset(e, 0, sizeof *e);
   if (!(e->key = (int64_t *)HIR_MALLOC((size_t)nkey * sizeof *key))) return NULL;
@@ -13395,9 +13953,11 @@ static hir__tune_entry *hir__tune_add(hir_tuner *t, const int64_t *key, int nkey
   e->nkey = nkey;
   e->choice = *c;
   e->ms = ms;
-  t->n++;
+  t->slots[hir__tune_slot(t, key, nkey)] = ++t->n;
   return e;
 }
+
+static hir__tune_entry *hir__tune_last(const hir_tuner *t) { return t && t->last ? &t->entries[t->last - 1] : NULL; }
 
 /* The entry's choice, lowered and ready; the least recently used live
    entry beyond HIR__TUNE_LIVE gives back its program and buffers. A choice
@@ -13469,7 +14029,7 @@ static hir_status hir__tune_entry_for(hir_tuner *t, const hir_tensor *in, int ni
   }
   if (key != stack) HIR_FREE(key);
   if (s == HIR_OK) s = hir__tune_live(t, *out);
-  if (s == HIR_OK) t->last = *out;
+  if (s == HIR_OK) t->last = (int)(*out - t->entries) + 1;
   return s;
 }
 
@@ -13527,13 +14087,13 @@ HIRDEF hir_status hir_tuner_run(hir_tuner *t, const hir_tensor *in, int nin, hir
 
 HIRDEF hir_status hir_tuner_sync(hir_tuner *t) {
   hir_status s;
-  if (!t || !t->last || !t->last->ev) return HIR_ERR_INVALID;
-  if ((s = hir_evaluator_sync(t->last->ev)) != HIR_OK) hir__tune_fail(t, s, "%s", hir_evaluator_error(t->last->ev));
+  if (!hir__tune_last(t) || !hir__tune_last(t)->ev) return HIR_ERR_INVALID;
+  if ((s = hir_evaluator_sync(hir__tune_last(t)->ev)) != HIR_OK) hir__tune_fail(t, s, "%s", hir_evaluator_error(hir__tune_last(t)->ev));
   return s;
 }
 
-HIRDEF const hir_program *hir_tuner_program(const hir_tuner *t) { return t && t->last ? t->last->p : NULL; }
-HIRDEF hir_evaluator *hir_tuner_evaluator(const hir_tuner *t) { return t && t->last ? t->last->ev : NULL; }
+HIRDEF const hir_program *hir_tuner_program(const hir_tuner *t) { return hir__tune_last(t) ? hir__tune_last(t)->p : NULL; }
+HIRDEF hir_evaluator *hir_tuner_evaluator(const hir_tuner *t) { return hir__tune_last(t) ? hir__tune_last(t)->ev : NULL; }
 HIRDEF const char *hir_tuner_error(const hir_tuner *t) { return t ? t->error : "hir_tuner: NULL"; }
 
 HIRDEF void hir_tuner_free(hir_tuner *t) {
@@ -13545,6 +14105,7 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
     HIR_FREE(t->entries[i].report);
   }
   HIR_FREE(t->entries);
+  HIR_FREE(t->slots);
   HIR_FREE(t->team);
   if (t->meeting.cap) hir__meeting_free(hir__tune_backend(t), &t->meeting);
   hir_backend_free(t->own_backend);
@@ -13553,7 +14114,7 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
 
 /* ---- saved plans: a text file ----
        hostir tuning plans 1
-       version 0.22
+       version 0.23
        machine NVIDIA H200, 2 ranks, copy-engine send/recv
        fusion 3f2a9c0d11e4b7a5
        plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 nccl 0 eager 0 | 0.112
@@ -13561,107 +14122,281 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
    sizes), the choice (ring, linear, collective, or ring or linear after
    gather- or splitN-; nccl 1: its send/recv on
    NCCL, in graph mode; eager 1: run without a graph, in graph mode), its
-   time in ms. A file made by another hostir version, on another machine or
-   for another fusion is refused by name. */
-HIRDEF hir_status hir_tuner_save(const hir_tuner *t, FILE *f) {
-  int i, k, at;
-  if (!t || !f || !t->f) return HIR_ERR_INVALID;
-  fprintf(f, "hostir tuning plans 1\nversion %s\nmachine %s\nfusion %016llx\n", HOSTIR_VERSION, t->machine,
-          (unsigned long long)t->fusion_hash);
-  for (i = 0; i < t->n; i++) {
+   time in ms (-1: loaded, not measured). A file made by another hostir version, on another machine or
+   for another fusion is refused by name. Loading is strict and whole: a
+   line of more than 16,384 characters, a number out of range, NaN, text
+   after a plan, a NUL byte or any malformed line refuses the file with its
+   line number, and a refused file changes nothing; lines may end in CRLF. */
+enum { HIR__PLAN_LINE_MAX = 16384, HIR__PLAN_FILE_MAX = 64 << 20 };
+
+/* Appends printf's output to a growing heap text; 0 when out of memory. */
+static int hir__text_add(char **buf, size_t *len, size_t *cap, const char *fmt, ...) HIR__PRINTF(4, 5);
+static int hir__text_add(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
+  va_list ap;
+  int n;
+  va_start(ap, fmt);
+  n = vsnprintf(*buf ? *buf + *len : NULL, *buf ? *cap - *len : 0, fmt, ap);
+  va_end(ap);
+  if (n < 0) return 0;
+  if (!*buf || *len + (size_t)n + 1 > *cap) {
+    size_t want = (*cap ? *cap : 4096);
+    char *grown;
+    while (want < *len + (size_t)n + 1) want *= 2;
+    if (!(grown = (char *)HIR_REALLOC(*buf, want))) return 0;
+    *buf = grown, *cap = want;
+    va_start(ap, fmt);
+    vsnprintf(*buf + *len, *cap - *len, fmt, ap);
+    va_end(ap);
+  }
+  *len += (size_t)n;
+  return 1;
+}
+
+/* The plans as hir_tuner_save writes them (HIR_MALLOC'd), or NULL. */
+static char *hir__tuner_text(const hir_tuner *t, size_t *len) {
+  char *buf = NULL, choice[96];
+  size_t cap = 0;
+  int i, k, at, ok;
+  *len = 0;
+  ok = hir__text_add(&buf, len, &cap, "hostir tuning plans 1\nversion %s\nmachine %s\nfusion %016llx\n", HOSTIR_VERSION,
+                     t->machine, (unsigned long long)t->fusion_hash);
+  for (i = 0; ok && i < t->n; i++) {
     const hir__tune_entry *e = &t->entries[i];
-    char choice[96];
-    fprintf(f, "plan %lld", (long long)e->key[0]);
-    for (k = 0, at = 1; k < e->key[0]; k++) {
+    ok = hir__text_add(&buf, len, &cap, "plan %lld", (long long)e->key[0]);
+    for (k = 0, at = 1; ok && k < e->key[0]; k++) {
       int nd = (int)e->key[at + 1], a;
-      fprintf(f, " | %s %d", hir_dtype_name((hir_dtype)e->key[at]), nd);
-      for (a = 0; a < nd; a++) fprintf(f, " %lld", (long long)e->key[at + 2 + a]);
+      ok = hir__text_add(&buf, len, &cap, " | %s %d", hir_dtype_name((hir_dtype)e->key[at]), nd);
+      for (a = 0; ok && a < nd; a++) ok = hir__text_add(&buf, len, &cap, " %lld", (long long)e->key[at + 2 + a]);
       at += 2 + nd;
     }
     hir__cand_snprint(&e->choice, 1, choice, sizeof choice);
-    fprintf(f, " | %s | %.4f\n", choice, e->ms);
+    ok = ok && hir__text_add(&buf, len, &cap, " | %s | %.4f\n", choice, e->ms);
   }
-  return ferror(f) ? HIR_ERR_INVALID : HIR_OK;
+  if (!ok) HIR_FREE(buf);
+  return ok ? buf : NULL;
 }
 
-/* One "plan" line into key and choice; 0 if malformed. */
-static int hir__parse_plan(const char *line, int64_t *key, int cap, int *nkey, hir__cand *c, double *ms) {
-  const char *p = line + 5;
-  char name[16], sched[16];
-  long long v;
-  int used, i, a, nin, nd, n = 0;
-  if (sscanf(p, "%lld%n", &v, &used) != 1 || v < 0 || v > 64) return 0;
-  nin = (int)v;
+HIRDEF hir_status hir_tuner_save(const hir_tuner *t, FILE *f) {
+  size_t len;
+  char *text;
+  hir_status s;
+  if (!t || !f || !t->f) return HIR_ERR_INVALID;
+  if (!(text = hir__tuner_text(t, &len))) return HIR_ERR_NOMEM;
+  s = fwrite(text, 1, len, f) == len && !ferror(f) ? HIR_OK : HIR_ERR_INVALID;
+  HIR_FREE(text);
+  return s;
+}
+
+/* A whole decimal token as an integer in [lo, hi]. */
+static int hir__plan_int(const char *tok, long long lo, long long hi, long long *v) {
+  char *end;
+  if (!((tok[0] >= '0' && tok[0] <= '9') || (tok[0] == '-' && tok[1] >= '0' && tok[1] <= '9'))) return 0;
+  errno = 0;
+  *v = strtoll(tok, &end, 10);
+  return !*end && errno == 0 && *v >= lo && *v <= hi;
+}
+
+/* One "plan" line, split into its space-separated tokens, into key and
+   choice; 0 with why if malformed. */
+static int hir__parse_plan(char **tok, int ntok, int64_t *key, int cap, int *nkey, hir__cand *c, double *ms, char *why, size_t wcap) {
+  long long v, nin, nd, f[6];
+  int i, a, at = 1, n = 0, k;
+  const char *sched, *base;
+  char *end;
+#define HIR__PLAN_NEED(cond, ...) \
+  do {                            \
+    if (!(cond)) {                \
+      snprintf(why, wcap, __VA_ARGS__); \
+      return 0;                   \
+    }                             \
+  } while (0)
+  HIR__PLAN_NEED(ntok >= 2 && !strcmp(tok[0], "plan"), "not a plan");
+  HIR__PLAN_NEED(hir__plan_int(tok[1], 0, 64, &nin), "the input count '%.20s' is not 0 to 64", tok[1]);
   key[n++] = nin;
-  p += used;
+  at = 2;
   for (i = 0; i < nin; i++) {
     hir_dtype dt;
-    if (sscanf(p, " | %15s %d%n", name, &nd, &used) != 2 || nd < 0 || nd > HIR_MAX_DIMS || n + 2 + nd > cap) return 0;
-    for (dt = HIR_F32; dt < HIR_DTYPE_COUNT && strcmp(hir_dtype_name(dt), name); dt = (hir_dtype)(dt + 1)) {}
-    if (dt == HIR_DTYPE_COUNT) return 0;
+    HIR__PLAN_NEED(at + 2 < ntok && !strcmp(tok[at], "|"), "input %d is missing", i);
+    for (dt = HIR_F32; dt < HIR_DTYPE_COUNT && strcmp(hir_dtype_name(dt), tok[at + 1]); dt = (hir_dtype)(dt + 1)) {}
+    HIR__PLAN_NEED(dt < HIR_DTYPE_COUNT, "input %d's dtype '%.20s' is none of hostir's", i, tok[at + 1]);
+    HIR__PLAN_NEED(hir__plan_int(tok[at + 2], 0, HIR_MAX_DIMS, &nd), "input %d's rank '%.20s' is not 0 to %d", i, tok[at + 2],
+                   HIR_MAX_DIMS);
+    HIR__PLAN_NEED(n + 2 + nd <= cap && at + 3 + nd <= ntok, "input %d has fewer than its %lld sizes", i, nd);
     key[n++] = dt;
     key[n++] = nd;
-    p += used;
-    for (a = 0; a < nd; a++, p += used)
-      if (sscanf(p, " %lld%n", &v, &used) != 1 || v < 0) return 0;
-      else key[n++] = v;
+    for (a = 0; a < nd; a++) {
+      HIR__PLAN_NEED(hir__plan_int(tok[at + 3 + a], 0, INT64_MAX, &v), "input %d's size '%.24s' is not a size (0 to 2^63-1)", i,
+                     tok[at + 3 + a]);
+      key[n++] = v;
+    }
+    at += 3 + (int)nd;
   }
   memset(c, 0, sizeof *c);
-  if (sscanf(p, " | serial nccl %d eager %d | %lf", &c->nccl_p2p, &c->eager, ms) == 3) {
+  HIR__PLAN_NEED(at + 1 < ntok && !strcmp(tok[at], "|"), "the choice is missing");
+  sched = tok[++at];
+  k = !strcmp(sched, "serial") ? 2 : 5; /* serial nccl N eager N; S parts N streams N bounded N nccl N eager N */
+  {
+    static const char *const words[5] = {"parts", "streams", "bounded", "nccl", "eager"};
+    for (a = 0; a < k; a++) {
+      const char *word = words[a + 5 - k];
+      HIR__PLAN_NEED(at + 2 + 2 * a < ntok && !strcmp(tok[at + 1 + 2 * a], word), "the choice lacks '%s'", word);
+      HIR__PLAN_NEED(hir__plan_int(tok[at + 2 + 2 * a], 0, 1024, &f[a + 5 - k]), "the choice's %s '%.20s' is not a count", word,
+                     tok[at + 2 + 2 * a]);
+    }
+  }
+  at += 1 + 2 * k;
+  c->nccl_p2p = (int)f[3], c->eager = (int)f[4];
+  if (k == 2) {
     c->serial = 1, c->parts = c->streams = 1;
   } else {
-    const char *base = sched;
     int skip = 0;
-    if (sscanf(p, " | %15s parts %d streams %d bounded %d nccl %d eager %d | %lf", sched, &c->parts, &c->streams, &c->bounded,
-               &c->nccl_p2p, &c->eager, ms) != 7 || c->parts < 1 || c->parts > 64 || c->streams < 1 || c->streams > 64 ||
-        (c->bounded != 0 && c->bounded != 1))
-      return 0;
+    c->parts = (int)f[0], c->streams = (int)f[1], c->bounded = (int)f[2];
+    HIR__PLAN_NEED(c->parts >= 1 && c->parts <= 64 && c->streams >= 1 && c->streams <= 64 && c->bounded <= 1,
+                   "the choice's parts, streams or bounded are out of range (1-64, 1-64, 0-1)");
+    base = sched;
     if (!strncmp(sched, "gather-", 7)) c->gather_first = 1, base += 7; /* a prefix: gather-, splitN- */
     else if (sscanf(sched, "split%d-%n", &c->column_parts, &skip) == 1 && skip > 0) base += skip;
-    if ((c->column_parts != 0 && (c->column_parts < 2 || c->column_parts > 1024)) ||
-        (strcmp(base, "ring") && strcmp(base, "linear") && (strcmp(base, "collective") || base != sched)))
-      return 0;
+    HIR__PLAN_NEED(!(c->column_parts != 0 && (c->column_parts < 2 || c->column_parts > 1024)) &&
+                   !(strcmp(base, "ring") && strcmp(base, "linear") && (strcmp(base, "collective") || base != sched)),
+                   "the schedule '%.30s' is none of hostir's", sched);
     c->schedule = strcmp(base, "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING;
     c->collective = !strcmp(base, "collective");
   }
-  if ((c->nccl_p2p != 0 && c->nccl_p2p != 1) || (c->eager != 0 && c->eager != 1)) return 0;
+  HIR__PLAN_NEED(c->nccl_p2p <= 1 && c->eager <= 1, "the choice's nccl and eager must be 0 or 1");
+  HIR__PLAN_NEED(at + 1 < ntok && !strcmp(tok[at], "|"), "the time is missing");
+  errno = 0;
+  *ms = strtod(tok[at + 1], &end);
+  HIR__PLAN_NEED(strspn(tok[at + 1], "0123456789.eE+-") == strlen(tok[at + 1]) && !*end && errno == 0 && *ms == *ms &&
+                 *ms >= -1 && *ms < 1e300, "the time '%.24s' is not a number of milliseconds", tok[at + 1]);
+  HIR__PLAN_NEED(at + 2 == ntok, "text after the plan ('%.24s')", tok[at + 2]);
+#undef HIR__PLAN_NEED
   *nkey = n;
   return 1;
 }
 
-HIRDEF hir_status hir_tuner_load(hir_tuner *t, FILE *f) {
-  char line[2048], want[256];
+/* The plans of a file's text (text[size] == 0), all or none: a refused
+   file leaves the tuner as it was. Linear in the text's size. */
+static hir_status hir__tuner_load_text(hir_tuner *t, char *text, size_t size) {
+  enum { MAX_TOKENS = 2 + 64 * (3 + HIR_MAX_DIMS) + 16 };
+  char *line = text, *tok[MAX_TOKENS], want[256], why[200];
   int64_t key[4096];
-  int lineno = 0, nkey, kept = 0;
+  int lineno = 0, nkey, ntok, old_n = t->n, i;
   hir__cand c;
   double ms;
-  if (!t || !f || !t->f) return HIR_ERR_INVALID;
-  while (fgets(line, sizeof line, f)) {
-    size_t len = strlen(line);
+  hir_status s = HIR_OK;
+  if (memchr(text, 0, size))
+    return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the file holds a NUL byte (at byte %zu); it is not a plans file",
+                          (size_t)((char *)memchr(text, 0, size) - text));
+  while (s == HIR_OK && line < text + size) {
+    char *nl = strchr(line, '\n'), *next = nl ? nl + 1 : text + size, *p;
+    size_t len = (size_t)((nl ? nl : text + size) - line);
     lineno++;
-    if (len && line[len - 1] == '\n') line[--len] = 0;
-    if (lineno == 1 && strcmp(line, "hostir tuning plans 1"))
-      return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: not a file of hostir tuning plans (line 1: '%.60s')", line);
-    if (lineno == 2 && (snprintf(want, sizeof want, "version %s", HOSTIR_VERSION), strcmp(line, want)))
-      return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the plans were made by hostir %.40s, this is %s; tune again",
-                            line + (len > 8 ? 8 : len), HOSTIR_VERSION);
-    if (lineno == 3 && (snprintf(want, sizeof want, "machine %s", t->machine), strcmp(line, want)))
-      return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the plans were made on '%.100s', this is '%s'; tune again",
-                            line + (len > 8 ? 8 : len), t->machine);
-    if (lineno == 4 && (snprintf(want, sizeof want, "fusion %016llx", (unsigned long long)t->fusion_hash), strcmp(line, want)))
-      return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the plans are for another fusion (%.40s; this one is %016llx)",
-                            line, (unsigned long long)t->fusion_hash);
-    if (lineno <= 4) continue;
-    if (strncmp(line, "plan ", 5) || !hir__parse_plan(line, key, 4096, &nkey, &c, &ms))
-      return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: line %d is not a plan: '%.80s'", lineno, line);
-    if (!hir__tune_find(t, key, nkey)) {
-      hir__tune_entry *e = hir__tune_add(t, key, nkey, &c, -1);
-      if (!e) return hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner_load: out of memory");
-      kept++;
+    if (len > HIR__PLAN_LINE_MAX) {
+      s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: line %d is %zu characters, more than %d: not a plans file", lineno,
+                         len, HIR__PLAN_LINE_MAX);
+      break;
     }
+    if (len && line[len - 1] == '\r') len--; /* CRLF */
+    line[len] = 0;
+    for (p = line; *p; p++)
+      if ((unsigned char)*p < 32 || *p == 127) break;
+    if (*p) {
+      s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: line %d holds a control character (byte %d)", lineno, (unsigned char)*p);
+      break;
+    }
+    if (lineno == 1 && strcmp(line, "hostir tuning plans 1"))
+      s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: not a file of hostir tuning plans (line 1: '%.60s')", line);
+    else if (lineno == 2 && (snprintf(want, sizeof want, "version %s", HOSTIR_VERSION), strcmp(line, want)))
+      s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the plans were made by hostir %.40s, this is %s; tune again",
+                         line + (len > 8 ? 8 : len), HOSTIR_VERSION);
+    else if (lineno == 3 && (snprintf(want, sizeof want, "machine %s", t->machine), strcmp(line, want)))
+      s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the plans were made on '%.100s', this is '%s'; tune again",
+                         line + (len > 8 ? 8 : len), t->machine);
+    else if (lineno == 4 && (snprintf(want, sizeof want, "fusion %016llx", (unsigned long long)t->fusion_hash), strcmp(line, want)))
+      s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the plans are for another fusion (%.40s; this one is %016llx)", line,
+                         (unsigned long long)t->fusion_hash);
+    else if (lineno > 4) {
+      int gap = 0; /* two spaces, or one at either end */
+      for (ntok = 0, p = line; *p && ntok < MAX_TOKENS && !gap;) { /* tokens: one space apart */
+        tok[ntok++] = p;
+        p += strcspn(p, " ");
+        if (*p) *p++ = 0, gap = !*p || *p == ' ';
+        gap |= !*tok[ntok - 1];
+      }
+      if (*p || gap)
+        s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: line %d is not a plan: %s", lineno,
+                           gap ? "its fields must be one space apart" : "too many fields");
+      else if (!hir__parse_plan(tok, ntok, key, 4096, &nkey, &c, &ms, why, sizeof why))
+        s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: line %d is not a plan: %s", lineno, why);
+      else if (!hir__tune_find(t, key, nkey) && !hir__tune_add(t, key, nkey, &c, -1)) /* the first plan for a shape stays */
+        s = hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner_load: out of memory");
+    }
+    line = next;
   }
-  if (lineno < 4) return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the file ends after %d lines; a header has 4", lineno);
-  (void)kept;
+  if (s == HIR_OK && lineno < 4)
+    s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the file ends after %d lines; a header has 4", lineno);
+  if (s != HIR_OK) { /* as it was */
+    for (i = old_n; i < t->n; i++) HIR_FREE(t->entries[i].key);
+    t->n = old_n;
+    if (t->nslots) hir__tune_index(t, t->n);
+  }
+  return s;
+}
+
+HIRDEF hir_status hir_tuner_load(hir_tuner *t, FILE *f) {
+  char *text = NULL, *grown;
+  size_t size = 0, cap = 0, k;
+  hir_status s;
+  if (!t || !f || !t->f) return HIR_ERR_INVALID;
+  do {
+    if (size + 65536 + 1 > cap) {
+      if (cap > HIR__PLAN_FILE_MAX || !(grown = (char *)HIR_REALLOC(text, cap = cap ? 2 * cap : 65536 + 1))) {
+        HIR_FREE(text);
+        return hir__tune_fail(t, cap > HIR__PLAN_FILE_MAX ? HIR_ERR_INVALID : HIR_ERR_NOMEM, "hir_tuner_load: %s",
+                              cap > HIR__PLAN_FILE_MAX ? "the file is over 64 MiB: not a plans file" : "out of memory");
+      }
+      text = grown;
+    }
+    size += k = fread(text + size, 1, cap - size - 1, f);
+  } while (k > 0);
+  if (ferror(f)) {
+    HIR_FREE(text);
+    return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the file could not be read");
+  }
+  text[size] = 0;
+  s = hir__tuner_load_text(t, text, size);
+  HIR_FREE(text);
+  return s;
+}
+
+HIRDEF hir_status hir_tuner_load_file(hir_tuner *t, const char *path) {
+  char *text, why[300];
+  const char *name;
+  size_t size;
+  int dirfd, ok;
+  hir_status s;
+  if (!t || !path || !t->f) return HIR_ERR_INVALID;
+  if (!hir__open_parent(path, &dirfd, &name, why, sizeof why))
+    return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load_file: %.300s: %s", path, why);
+  ok = hir__read_file_at(dirfd, name, HIR__PLAN_FILE_MAX, &text, &size, why, sizeof why);
+  hir__close_dir(dirfd);
+  if (!ok) return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load_file: %.300s refused: %s", path, why);
+  s = hir__tuner_load_text(t, text, size);
+  HIR_FREE(text);
+  return s;
+}
+
+HIRDEF hir_status hir_tuner_save_file(hir_tuner *t, const char *path) {
+  char *text, why[300];
+  const char *name;
+  size_t len;
+  int dirfd, ok;
+  if (!t || !path || !t->f) return HIR_ERR_INVALID;
+  if (!(text = hir__tuner_text(t, &len))) return HIR_ERR_NOMEM;
+  ok = hir__open_parent(path, &dirfd, &name, why, sizeof why) && hir__write_file_at(dirfd, name, text, len, why, sizeof why);
+  hir__close_dir(dirfd);
+  HIR_FREE(text);
+  if (!ok) return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_save_file: %.300s: %s", path, why);
   return HIR_OK;
 }
 

@@ -54,7 +54,7 @@
 
    Table of contents (grep the markers); a section calls only the ones above it:
        // >>nccl_net        sockets under deadlines: name lookup, connect, send, receive
-       // >>nccl_store      rank 0's store for NCCL's ids and the abort note: the job's secret, bounded requests
+       // >>nccl_store      rank 0's store for NCCL's ids and the abort note: a mutual HMAC handshake, bounded requests
        // >>nccl_env        the launcher's variables: ranks, rank 0's host, port, secret, GPU
        // >>nccl_peer       copy engines between the ranks of a host: shared mailboxes, signal pad, IPC exports
        // >>nccl_comm       hir_comm on NCCL: teams, collectives, copy-engine send/recv, errors
@@ -94,8 +94,10 @@ typedef struct hir_nccl_env {
   int local_size;               /* ranks on this host; 0 where the launcher does not say */
   int spans_hosts;              /* the launcher says the world spans hosts */
   int gpu;                      /* the CUDA device this rank uses; -1: none visible */
-  char secret[256];             /* what every rank of the job presents to the bootstrap */
-  char origin[256];             /* where these came from, for messages */
+  char secret[256];             /* what every rank of the job proves it knows to the bootstrap (1 to 255 characters) */
+  int weak_secret;              /* 1: derived from the launcher's name, the size and the port alone, which another user
+                                   of the host can guess: set HOSTIR_SECRET (hir_nccl_comm_describe says so too) */
+  char origin[300];             /* where these came from, for messages */
 } hir_nccl_env;
 HIRDEF hir_status hir_nccl_env_read(hir_nccl_env *env, char *error, size_t cap);
 /* Sets the device env->gpu and joins the world (collective over all
@@ -124,6 +126,10 @@ HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable);
    they run on the nonblocking ones (HOSTIR_NCCL_BLOCKING=0 on any rank, or
    a borrowed communicator). Every rank of a world answers alike. */
 HIRDEF int        hir_nccl_comm_blocking(hir_comm *c);
+/* One line on how this rank joined and runs: the launcher and rank 0's
+   address, where the bootstrap's secret came from (and whether it is weak:
+   derived from nothing that is this job's alone), copy engines, twins. */
+HIRDEF const char *hir_nccl_comm_describe(hir_comm *c);
 /* Free the evaluators that use a communicator first: after a failure NCCL
    frees it only once the CUDA graphs that captured it are gone. */
 HIRDEF void       hir_nccl_comm_free(hir_comm *c);
@@ -348,25 +354,49 @@ static uint64_t hir_nccl__hash(const void *data, size_t n, uint64_t seed) {
 
 // >>nccl_store
 /* Rank 0's store: NCCL's ids by key, and the note of the first rank that
-   failed ("abort"). A request and its answer are one fixed-size message
-   each, one request per connection, and a request must carry the job's
-   secret (hashed) before it reads or writes anything. The server is one
-   thread polling its listening sockets and at most 64 connections, each
-   dropped unless its request is complete within 2 s; a key keeps its first
-   value and the store at most 4096 keys. Rank 0 asks itself directly. */
+   failed ("abort"). One request per connection, in a handshake that needs
+   the job's secret on both sides and can be replayed by nobody:
+     rank 0 -> client   hello: magic, a fresh random nonce (rank 0's)
+     client -> rank 0   request: magic, a fresh random nonce (the client's),
+                        op, key, value, HMAC-SHA-256 over ("request", both
+                        nonces, op, key, value) keyed by SHA-256(secret)
+     rank 0 -> client   answer: the same fields, op and value replaced, HMAC
+                        over ("answer", both nonces, op, key, value)
+   Rank 0 answers only a request whose MAC holds (a captured one is bound to
+   the hello it answered, which no later connection gets), and a client
+   takes only an answer whose MAC holds: a program that took rank 0's port
+   without the secret is refused by every rank, naming it. A key keeps its
+   first value; a different value for it is refused to its setter.
+   Bounds: the server is one thread polling its listening sockets and at
+   most 256 connections, each dropped unless its request is complete within
+   1 s; when all 256 are taken the oldest is dropped for the newcomer, so
+   idle connections cannot shut ranks out (a rank's request follows its
+   hello at once); a message is fixed-size, the store at most 4096 keys.
+   Rank 0 asks itself directly.
+   Not covered: secrecy (the values, NCCL's ids among them, cross the
+   network in the clear: a reader of the job's traffic learns them), an
+   attacker who can drop or delay the traffic (he can stall the job, until
+   its deadlines), and a flood fast enough to cycle 256 connections within
+   one rank's round trip. */
 enum {
-  HIR_NCCL__KEY_BYTES = 64, HIR_NCCL__VALUE_BYTES = 512, HIR_NCCL__MAX_KEYS = 4096, HIR_NCCL__MAX_CONNS = 64,
-  HIR_NCCL__REQUEST_MS = 2000, HIR_NCCL__MAX_ADDRS = 4
+  HIR_NCCL__KEY_BYTES = 64, HIR_NCCL__VALUE_BYTES = 512, HIR_NCCL__MAX_KEYS = 4096, HIR_NCCL__MAX_CONNS = 256,
+  HIR_NCCL__HANDSHAKE_MS = 1000, HIR_NCCL__MAX_ADDRS = 4, HIR_NCCL__NONCE_BYTES = 16
 };
-static const unsigned char hir_nccl__magic[4] = {'h', 'i', 'r', '1'};
+static const unsigned char hir_nccl__magic[4] = {'h', 'i', 'r', '2'};
+
+typedef struct hir_nccl__hello {
+  unsigned char magic[4];
+  unsigned char nonce[HIR_NCCL__NONCE_BYTES];
+} hir_nccl__hello;
 
 typedef struct hir_nccl__msg {
   unsigned char magic[4];
-  unsigned char secret[32];
+  unsigned char nonce[HIR_NCCL__NONCE_BYTES]; /* the client's */
   char op; /* asked: 'S' set, 'G' get; answered: 'V' the value, 'N' none yet, 'A' none and the job was
               aborted (value: why), 'R' refused (value: why), 'F' full */
   char key[HIR_NCCL__KEY_BYTES];
   unsigned char value[HIR_NCCL__VALUE_BYTES];
+  unsigned char mac[32];
 } hir_nccl__msg;
 
 typedef struct hir_nccl__kv {
@@ -379,12 +409,13 @@ typedef struct hir_nccl__conn {
   size_t have;
   double deadline;
   char peer[64];
+  unsigned char nonce[HIR_NCCL__NONCE_BYTES]; /* the hello's */
   hir_nccl__msg m;
 } hir_nccl__conn;
 
 typedef struct hir_nccl__store {
   char where[280];              /* rank 0's host:port, for messages */
-  unsigned char secret[32];
+  unsigned char key[32];        /* SHA-256 of the job's secret: the MACs' key */
   struct sockaddr_storage addrs[HIR_NCCL__MAX_ADDRS];
   socklen_t lens[HIR_NCCL__MAX_ADDRS];
   int naddrs;
@@ -399,15 +430,46 @@ typedef struct hir_nccl__store {
   char last_turned_away[200];
 } hir_nccl__store;
 
-static void hir_nccl__digest(const char *secret, unsigned char out[32]) {
-  int lane, i;
-  for (lane = 0; lane < 4; lane++) {
-    uint64_t h = hir_nccl__hash(secret, strlen(secret), (uint64_t)lane + 1);
-    for (i = 0; i < 8; i++) out[lane * 8 + i] = (unsigned char)(h >> (8 * i));
+/* n random bytes: the kernel's, else (no /dev/urandom) the clock's and the
+   process's, mixed. */
+static void hir_nccl__random(void *out, size_t n) {
+  unsigned char *p = (unsigned char *)out;
+  size_t have = 0;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  while (fd >= 0 && have < n) {
+    ssize_t k = read(fd, p + have, n - have);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    have += (size_t)k;
+  }
+  if (fd >= 0) close(fd);
+  if (have < n) {
+    static unsigned long long counter;
+    unsigned long long mix[4];
+    unsigned char digest[32];
+    size_t i;
+    mix[0] = (unsigned long long)(hir_nccl__wall_ms() * 1e6), mix[1] = (unsigned long long)getpid();
+    mix[2] = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED), mix[3] = (unsigned long long)(uintptr_t)out;
+    for (i = have; i < n; i++) {
+      if ((i - have) % 32 == 0) hir_hmac_sha256(mix, sizeof mix, &i, sizeof i, digest);
+      p[i] = digest[(i - have) % 32];
+    }
   }
 }
 
-static int hir_nccl__same_secret(const unsigned char *a, const unsigned char *b) {
+/* The MAC of a request or an answer, bound to both nonces. */
+static void hir_nccl__mac(const unsigned char key[32], const char *what, const unsigned char server_nonce[HIR_NCCL__NONCE_BYTES],
+                          const hir_nccl__msg *m, unsigned char out[32]) {
+  unsigned char buf[16 + HIR_NCCL__NONCE_BYTES + sizeof *m];
+  size_t n = offsetof(hir_nccl__msg, mac);
+  memset(buf, 0, 16);
+  memcpy(buf, what, strlen(what) < 16 ? strlen(what) : 16);
+  memcpy(buf + 16, server_nonce, HIR_NCCL__NONCE_BYTES);
+  memcpy(buf + 16 + HIR_NCCL__NONCE_BYTES, m, n);
+  hir_hmac_sha256(key, 32, buf, 16 + HIR_NCCL__NONCE_BYTES + n, out);
+}
+
+static int hir_nccl__same_mac(const unsigned char *a, const unsigned char *b) {
   unsigned diff = 0;
   int i;
   for (i = 0; i < 32; i++) diff |= (unsigned)(a[i] ^ b[i]); /* in constant time */
@@ -426,8 +488,11 @@ static void hir_nccl__store_answer(hir_nccl__store *s, hir_nccl__msg *m) {
       hir_nccl__kv *kv = (hir_nccl__kv *)realloc(s->kv, (size_t)cap * sizeof *kv);
       if (kv) s->kv = kv, s->cap = cap;
     }
-    if (i < s->nkv) {
-      memcpy(m->value, s->kv[i].value, sizeof m->value); /* the first value stays */
+    if (i < s->nkv && memcmp(m->value, s->kv[i].value, sizeof m->value)) { /* the first value stays */
+      snprintf((char *)m->value, sizeof m->value, "'%.60s' holds another rank's value already: each key has one setter "
+               "(two jobs or worlds share this port, or a rank ran twice)", m->key);
+      m->op = 'R';
+    } else if (i < s->nkv) {
       m->op = 'V';
     } else if (i < s->cap) {
       memcpy(s->kv[i].key, m->key, sizeof m->key);
@@ -452,13 +517,19 @@ static void hir_nccl__store_answer(hir_nccl__store *s, hir_nccl__msg *m) {
   pthread_mutex_unlock(&s->mu);
 }
 
-static void hir_nccl__turn_away(hir_nccl__store *s, hir_nccl__conn *c, const char *why) {
+/* A refusal (MAC'd, for a client that can check it) in one try: the
+   server waits on nobody. */
+static void hir_nccl__turn_away(hir_nccl__store *s, hir_nccl__conn *c, const char *why, int tell) {
   hir_nccl__msg m;
-  memset(&m, 0, sizeof m);
-  memcpy(m.magic, hir_nccl__magic, sizeof m.magic);
-  m.op = 'R';
-  snprintf((char *)m.value, sizeof m.value, "%s", why);
-  hir_nccl__io(c->fd, &m, sizeof m, 1, hir_nccl__wall_ms() + 100);
+  if (tell) {
+    memset(&m, 0, sizeof m);
+    memcpy(m.magic, hir_nccl__magic, sizeof m.magic);
+    if (c->have >= offsetof(hir_nccl__msg, op)) memcpy(m.nonce, c->m.nonce, sizeof m.nonce);
+    m.op = 'R';
+    snprintf((char *)m.value, sizeof m.value, "%s", why);
+    hir_nccl__mac(s->key, "answer", c->nonce, &m, m.mac);
+    if (send(c->fd, &m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {}
+  }
   pthread_mutex_lock(&s->mu);
   s->turned_away++;
   snprintf(s->last_turned_away, sizeof s->last_turned_away, "%s: %s", c->peer, why);
@@ -467,54 +538,79 @@ static void hir_nccl__turn_away(hir_nccl__store *s, hir_nccl__conn *c, const cha
 
 /* Reads what a connection sent; 1 while its request is incomplete. */
 static int hir_nccl__serve_conn(hir_nccl__store *s, hir_nccl__conn *c) {
+  unsigned char mac[32];
   ssize_t k = recv(c->fd, (char *)&c->m + c->have, sizeof c->m - c->have, MSG_DONTWAIT);
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 1;
   if (k <= 0) {
-    if (c->have) hir_nccl__turn_away(s, c, "closed in the middle of a request");
+    if (c->have) hir_nccl__turn_away(s, c, "closed in the middle of a request", 0);
     return 0;
   }
   c->have += (size_t)k;
   if (c->have >= sizeof c->m.magic && memcmp(c->m.magic, hir_nccl__magic, sizeof c->m.magic) != 0) {
-    hir_nccl__turn_away(s, c, "not a hostir bootstrap request");
+    hir_nccl__turn_away(s, c, "not a hostir bootstrap request (or one of another hostir version)", 1);
     return 0;
   }
   if (c->have < sizeof c->m) return 1;
-  if (!hir_nccl__same_secret(c->m.secret, s->secret)) {
-    hir_nccl__turn_away(s, c, "wrong job secret (every rank must have the same HOSTIR_SECRET, or the same launcher job)");
+  hir_nccl__mac(s->key, "request", c->nonce, &c->m, mac);
+  if (!hir_nccl__same_mac(mac, c->m.mac)) {
+    hir_nccl__turn_away(s, c, "wrong job secret (every rank must have the same HOSTIR_SECRET, or the same launcher job)", 1);
     return 0;
   }
   hir_nccl__store_answer(s, &c->m);
-  hir_nccl__io(c->fd, &c->m, sizeof c->m, 1, hir_nccl__wall_ms() + 100);
+  hir_nccl__mac(s->key, "answer", c->nonce, &c->m, c->m.mac);
+  hir_nccl__io(c->fd, &c->m, sizeof c->m, 1, hir_nccl__wall_ms() + 100); /* fits the socket's buffer */
   return 0;
 }
 
-/* Takes what waits on a listening socket, while there is room; the rest
-   waits in the kernel's queue until a connection leaves. */
-static void hir_nccl__accept(hir_nccl__store *s, int listen_fd, int *nconns) {
-  while (*nconns < HIR_NCCL__MAX_CONNS) {
+/* Takes what waits on a listening socket, a batch at a time, each greeted
+   with its hello; with every slot taken, the oldest connection (none has
+   sent a whole request: those are answered at once) makes room. 0 where
+   the process is out of descriptors: the rest waits in the kernel's queue. */
+static int hir_nccl__accept(hir_nccl__store *s, int listen_fd, int *nconns) {
+  int batch;
+  for (batch = 0; batch < HIR_NCCL__MAX_CONNS / 4; batch++) { /* then the connections again: a rank's request is read before
+                                                                  the next batch could drop it */
     struct sockaddr_storage peer;
     socklen_t len = sizeof peer;
     hir_nccl__conn *c;
-    int fd = accept(listen_fd, (struct sockaddr *)&peer, &len);
-    if (fd < 0) return;
+    hir_nccl__hello hello;
+    int fd = accept(listen_fd, (struct sockaddr *)&peer, &len), i, oldest = 0;
+    if (fd < 0) return errno != EMFILE && errno != ENFILE && errno != ENOBUFS && errno != ENOMEM;
     hir_nccl__nonblocking(fd);
+    if (*nconns == HIR_NCCL__MAX_CONNS) {
+      for (i = 1; i < *nconns; i++)
+        if (s->conns[i].deadline < s->conns[oldest].deadline) oldest = i;
+      hir_nccl__turn_away(s, &s->conns[oldest], "dropped without a request: every connection slot was taken", 0);
+      close(s->conns[oldest].fd);
+      s->conns[oldest] = s->conns[--*nconns];
+    }
     c = &s->conns[(*nconns)++];
     memset(c, 0, sizeof *c);
     c->fd = fd;
-    c->deadline = hir_nccl__wall_ms() + HIR_NCCL__REQUEST_MS;
+    c->deadline = hir_nccl__wall_ms() + HIR_NCCL__HANDSHAKE_MS;
     hir_nccl__addr_text(&peer, c->peer, sizeof c->peer);
+    memcpy(hello.magic, hir_nccl__magic, sizeof hello.magic);
+    hir_nccl__random(c->nonce, sizeof c->nonce);
+    memcpy(hello.nonce, c->nonce, sizeof hello.nonce);
+    if (send(fd, &hello, sizeof hello, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof hello) { /* a fresh socket takes 20 bytes */
+      close(fd);
+      --*nconns;
+    }
   }
+  return 1;
 }
 
 static void *hir_nccl__store_serve(void *arg) {
   hir_nccl__store *s = (hir_nccl__store *)arg;
   struct pollfd p[1 + HIR_NCCL__MAX_ADDRS + HIR_NCCL__MAX_CONNS];
   int nconns = 0, i;
+  double listen_again = 0; /* out of descriptors: listening pauses until then */
   for (;;) {
     double now = hir_nccl__wall_ms();
     int np = 0, wait_ms = 1000, first_conn;
     p[np].fd = s->wake[0], p[np++].events = POLLIN;
-    for (i = 0; i < s->nlisten; i++) p[np].fd = nconns < HIR_NCCL__MAX_CONNS ? s->listen_fd[i] : -1, p[np++].events = POLLIN;
+    for (i = 0; i < s->nlisten; i++) p[np].fd = now >= listen_again ? s->listen_fd[i] : -1, p[np++].events = POLLIN;
+    if (now < listen_again) wait_ms = (int)(listen_again - now) + 1;
     first_conn = np;
     for (i = 0; i < nconns; i++) {
       int left = (int)(s->conns[i].deadline - now) + 1;
@@ -529,14 +625,14 @@ static void *hir_nccl__store_serve(void *arg) {
       hir_nccl__conn *c = &s->conns[i];
       int open = 1;
       if (p[first_conn + i].revents) open = hir_nccl__serve_conn(s, c);
-      else if (now > c->deadline) hir_nccl__turn_away(s, c, "no complete request within 2000 ms"), open = 0;
+      else if (now > c->deadline) hir_nccl__turn_away(s, c, "no complete request within 1000 ms", 1), open = 0;
       if (!open) {
         close(c->fd);
         *c = s->conns[--nconns];
       }
     }
     for (i = 0; i < s->nlisten; i++)
-      if (p[1 + i].revents) hir_nccl__accept(s, s->listen_fd[i], &nconns);
+      if (p[1 + i].revents && !hir_nccl__accept(s, s->listen_fd[i], &nconns)) listen_again = now + 50;
   }
   for (i = 0; i < nconns; i++) close(s->conns[i].fd);
   return NULL;
@@ -546,10 +642,13 @@ static void *hir_nccl__store_serve(void *arg) {
 static hir_status hir_nccl__store_open(hir_nccl__store *s, const char *addr, int port, const char *secret, double deadline,
                                        char *err, size_t cap) {
   char why[128] = "";
+  hir_sha256 h;
   memset(s, 0, sizeof *s);
   s->wake[0] = s->wake[1] = -1;
   snprintf(s->where, sizeof s->where, strchr(addr, ':') ? "[%s]:%d" : "%s:%d", addr, port);
-  hir_nccl__digest(secret, s->secret);
+  hir_sha256_init(&h);
+  hir_sha256_update(&h, secret, strlen(secret));
+  hir_sha256_final(&h, s->key);
   if ((s->naddrs = hir_nccl__resolve(addr, port, deadline, s->addrs, s->lens, HIR_NCCL__MAX_ADDRS, why, sizeof why)) > 0)
     return HIR_OK;
   snprintf(err, cap, "hostir_nccl: cannot look up rank 0's host %s: %s (MASTER_ADDR must name rank 0's host, the same on every rank)",
@@ -576,7 +675,7 @@ static hir_status hir_nccl__store_serve_start(hir_nccl__store *s, int spans_host
     }
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (s->addrs[i].ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&s->addrs[i], s->lens[i]) != 0 || listen(fd, 128) != 0) {
+    if (bind(fd, (struct sockaddr *)&s->addrs[i], s->lens[i]) != 0 || listen(fd, SOMAXCONN) != 0) {
       failure = errno;
       close(fd);
       continue;
@@ -637,20 +736,36 @@ static void hir_nccl__store_log(hir_nccl__store *s, char *out, size_t cap) {
   pthread_mutex_unlock(&s->mu);
 }
 
-/* One request; 1 with the answer in *m, 0 if rank 0 did not answer by the deadline. */
+/* One request. 1: answered by rank 0, the answer in *m; 0: no answer by
+   the deadline; -1: an answer without proof of the job's secret (m->op 0,
+   m->value what it said, made printable). */
 static int hir_nccl__store_ask(hir_nccl__store *s, hir_nccl__msg *m, double deadline) {
+  hir_nccl__hello hello;
+  unsigned char nonce[HIR_NCCL__NONCE_BYTES], mac[32];
   int fd, ok;
+  size_t i;
   memcpy(m->magic, hir_nccl__magic, sizeof m->magic);
-  memcpy(m->secret, s->secret, sizeof m->secret);
+  hir_nccl__random(m->nonce, sizeof m->nonce);
+  memcpy(nonce, m->nonce, sizeof nonce);
   if (s->serving) {
     hir_nccl__store_answer(s, m);
     return 1;
   }
   if ((fd = hir_nccl__connect(s->addrs, s->lens, s->naddrs, deadline)) < 0) return 0;
-  ok = hir_nccl__io(fd, m, sizeof *m, 1, deadline) && hir_nccl__io(fd, m, sizeof *m, 0, deadline) &&
-       memcmp(m->magic, hir_nccl__magic, sizeof m->magic) == 0;
+  ok = hir_nccl__io(fd, &hello, sizeof hello, 0, deadline) && !memcmp(hello.magic, hir_nccl__magic, sizeof hello.magic);
+  if (ok) hir_nccl__mac(s->key, "request", hello.nonce, m, m->mac);
+  ok = ok && hir_nccl__io(fd, m, sizeof *m, 1, deadline) && hir_nccl__io(fd, m, sizeof *m, 0, deadline) &&
+       !memcmp(m->magic, hir_nccl__magic, sizeof m->magic);
   close(fd);
-  return ok;
+  if (!ok) return 0;
+  hir_nccl__mac(s->key, "answer", hello.nonce, m, mac);
+  if (hir_nccl__same_mac(mac, m->mac) && !memcmp(m->nonce, nonce, sizeof nonce)) return 1;
+  m->value[sizeof m->value - 1] = 0;
+  for (i = 0; m->value[i]; i++)
+    if (m->value[i] < 32 || m->value[i] > 126) m->value[i] = '?';
+  if (m->op != 'R') m->value[0] = 0;
+  m->op = 0;
+  return -1;
 }
 
 /* Sets (op 'S', `value` in) or waits for (op 'G', `value` out) a key until
@@ -659,14 +774,24 @@ static int hir_nccl__store_ask(hir_nccl__store *s, hir_nccl__msg *m, double dead
 static hir_status hir_nccl__store_call(hir_nccl__store *s, char op, const char *key, void *value, size_t bytes,
                                        double deadline, char *err, size_t cap) {
   hir_nccl__msg m;
-  int reached = 0;
+  int reached = 0, got;
   for (;;) {
     double attempt = hir_nccl__wall_ms() + 1000;
     memset(&m, 0, sizeof m);
     m.op = op;
     snprintf(m.key, sizeof m.key, "%s", key);
     if (op == 'S') memcpy(m.value, value, bytes);
-    if (hir_nccl__store_ask(s, &m, attempt < deadline ? attempt : deadline)) {
+    if ((got = hir_nccl__store_ask(s, &m, attempt < deadline ? attempt : deadline)) < 0) {
+      if (m.value[0])
+        snprintf(err, cap, "hostir_nccl: the bootstrap at %.100s refused this rank without proof that it knows the job's "
+                 "secret: '%.200s'; every rank must have the same HOSTIR_SECRET (or the same launcher job)", s->where,
+                 (char *)m.value);
+      else
+        snprintf(err, cap, "hostir_nccl: the bootstrap at %.100s answered without proof that it knows the job's secret: another "
+                 "program holds rank 0's port, or rank 0 has another HOSTIR_SECRET; nothing it said was used", s->where);
+      return HIR_ERR_COMM;
+    }
+    if (got) {
       m.value[sizeof m.value - 1] = 0;
       reached = 1;
       if (m.op == 'V') {
@@ -816,33 +941,43 @@ static int hir_nccl__names_loopback(const char *host) {
   return !strcmp(host, "localhost") || !strncmp(host, "127.", 4) || !strcmp(host, "::1");
 }
 
-/* The job's secret: HOSTIR_SECRET, else what the launcher tells every rank
-   of this job alone, with the world's size and the port. */
-static void hir_nccl__secret(hir_nccl__getter get, void *user, const hir_nccl__launcher *l, hir_nccl_env *env,
-                             char *source, size_t source_cap) {
+/* The job's secret: HOSTIR_SECRET (1 to 255 characters), else what the
+   launcher tells every rank of this job alone, with the world's size and
+   the port; where the launcher tells nothing of the job, env->weak_secret. */
+static int hir_nccl__secret(hir_nccl__getter get, void *user, const hir_nccl__launcher *l, hir_nccl_env *env,
+                            char *source, size_t source_cap, char *err, size_t cap) {
   static const struct { const char *launcher, *names; } facts[] = {
       {"torchrun", "TORCHELASTIC_RUN_ID"},
       {"Slurm", "SLURM_JOB_ID"}, {"Slurm", "SLURM_STEP_ID"},
       {"Open MPI", "OMPI_MCA_ess_base_jobid"}, {"Open MPI", "PMIX_NAMESPACE"}, {"Open MPI", "OMPI_MCA_orte_hnp_uri"},
   };
   char which[64];
-  const char *v = hir_nccl__var(get, user, "HOSTIR_SECRET", which, sizeof which);
+  const char *v = get(user, "HOSTIR_SECRET");
   size_t n = 0, i;
+  if (v && (!v[0] || strlen(v) >= sizeof env->secret)) {
+    snprintf(err, cap, "hir_nccl_env_read: HOSTIR_SECRET is %s; give every rank the same secret of 1 to %d characters, or "
+             "unset it to derive one from the launcher's job", v[0] ? "longer than 255 characters" : "empty",
+             (int)sizeof env->secret - 1);
+    return 0;
+  }
   if (v) {
     snprintf(env->secret, sizeof env->secret, "%s", v);
     snprintf(source, source_cap, "HOSTIR_SECRET");
-    return;
+    return 1;
   }
   n += (size_t)snprintf(env->secret, sizeof env->secret, "%s", l->name);
-  snprintf(source, source_cap, "size and port only: set HOSTIR_SECRET");
+  snprintf(source, source_cap, "the world's size and port only (WEAK: set HOSTIR_SECRET)");
+  env->weak_secret = 1;
   for (i = 0; i < sizeof facts / sizeof facts[0] && n < sizeof env->secret; i++) {
     if (strcmp(facts[i].launcher, l->name) || !(v = hir_nccl__var(get, user, facts[i].names, which, sizeof which)) ||
         !strcmp(v, "none")) /* torchrun's run id when no --rdzv-id was given */
       continue;
     n += (size_t)snprintf(env->secret + n, sizeof env->secret - n, "|%s=%s", which, v);
     snprintf(source, source_cap, "%s", which);
+    env->weak_secret = 0;
   }
   if (n < sizeof env->secret) snprintf(env->secret + n, sizeof env->secret - n, "|%d|%d", env->size, env->master_port);
+  return 1;
 }
 
 /* Reads the launcher's variables into env: the whole of hir_nccl_env_read
@@ -924,7 +1059,7 @@ static hir_status hir_nccl__env_parse(hir_nccl__getter get, void *user, int visi
     return HIR_ERR_INVALID;
   }
 
-  hir_nccl__secret(get, user, l, env, secret_source, sizeof secret_source);
+  if (!hir_nccl__secret(get, user, l, env, secret_source, sizeof secret_source, err, cap)) return HIR_ERR_INVALID;
 
   /* the GPU: the only one visible, else the local rank's */
   v = get(user, "CUDA_VISIBLE_DEVICES");
@@ -944,7 +1079,7 @@ static hir_status hir_nccl__env_parse(hir_nccl__getter get, void *user, int visi
              v ? v : "unset");
     return HIR_ERR_INVALID;
   }
-  snprintf(env->origin, sizeof env->origin, "%s; rank 0 at %.64s:%d from %.48s, %.32s; secret from %.48s", l->name,
+  snprintf(env->origin, sizeof env->origin, "%s; rank 0 at %.64s:%d from %.48s, %.32s; secret from %.64s", l->name,
            env->master_addr, env->master_port, host_source, port_source, secret_source);
   return HIR_OK;
 }
@@ -1526,6 +1661,8 @@ typedef struct hir_nccl__rank {
   pthread_cond_t watch_cv;
   char trip_why[200];           /* why the watchdog ended a call */
   double watch_next_look_ms;    /* the watchdog's next look in rank 0's store */
+  char how[640];                /* how the rank joined, for hir_nccl_comm_describe */
+  char description[900];
 } hir_nccl__rank;
 
 struct hir_nccl_world {
@@ -1829,9 +1966,27 @@ static void hir_nccl__watch_stop(hir_nccl__rank *nc) {
 
 /* Whether this rank's data path can take twins: its watchdog runs. The
    ranks then agree (every rank's data path must be on the same kind). */
+/* HOSTIR_NCCL_BLOCKING and HOSTIR_COPY_ENGINE (0/1, on/off, true/false;
+   default on), checked when a rank is made: anything else refuses it. */
+static int hir_nccl__switch(const char *name) {
+  int on = 1;
+  hir_env_switch(name, 1, &on, NULL, 0);
+  return on;
+}
+
+static hir_status hir_nccl__check_switches(char *err, size_t cap) {
+  int on;
+  char why[160];
+  if (hir_env_switch("HOSTIR_NCCL_BLOCKING", 1, &on, why, sizeof why) == HIR_OK &&
+      hir_env_switch("HOSTIR_COPY_ENGINE", 1, &on, why, sizeof why) == HIR_OK)
+    return HIR_OK;
+  snprintf(err, cap, "hostir_nccl: %s", why);
+  return HIR_ERR_INVALID;
+}
+
 static int hir_nccl__twins_on(hir_nccl__rank *nc) {
-  const char *v = getenv("HOSTIR_NCCL_BLOCKING"), *share = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
-  if (nc->borrowed || (v && !strcmp(v, "0"))) return 0; /* a borrowed communicator: the caller's mode */
+  const char *share = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  if (nc->borrowed || !hir_nccl__switch("HOSTIR_NCCL_BLOCKING")) return 0; /* a borrowed communicator: the caller's mode */
   if (share && strcmp(share, "1")) return 0;          /* a twin that shares nothing could not be ended */
   if (nc->watching) return 1;
   pthread_mutex_init(&nc->watch_mu, NULL);
@@ -2785,7 +2940,6 @@ static hir_status hir_nccl__join(hir_nccl__rank *nc) {
   hir_comm *c = &nc->comm;
   hir_nccl__who me, *all;
   char name[80], why[256] = "";
-  const char *want = getenv("HOSTIR_COPY_ENGINE");
   unsigned char *block = NULL;
   int i, round, leader = -1, nlocal = 0, on = 0, created = 0;
   hir_status s;
@@ -2801,7 +2955,7 @@ static hir_status hir_nccl__join(hir_nccl__rank *nc) {
   me.host = hir_nccl__host_id();
   me.nonce = hir_nccl__hash(&me, sizeof me, (unsigned long long)hir_nccl__wall_ms() * 1000003ull ^ (unsigned long long)getpid());
   me.pid = (int)getpid();
-  me.ok = !(want && !strcmp(want, "0"));
+  me.ok = hir_nccl__switch("HOSTIR_COPY_ENGINE");
   for (round = 0; round < 3; round++) {
     if ((s = hir_nccl__exchange(c, &me, all, sizeof me, -1, NULL, 0)) != HIR_OK) break;
     if (round == 0) { /* who shares this host; its first rank leads */
@@ -2922,6 +3076,7 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
   if (!out) return HIR_ERR_INVALID;
   if (!(w = *out = (hir_nccl_world *)calloc(1, sizeof *w))) return HIR_ERR_NOMEM;
   pthread_mutex_init(&w->mu, NULL);
+  if (hir_nccl__check_switches(w->error, sizeof w->error) != HIR_OK) return HIR_ERR_INVALID;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || nranks < 1 || nranks > ndev) {
     snprintf(w->error, sizeof w->error, "hir_nccl_world_create: %d ranks asked, %d GPUs visible", nranks, ndev);
     return HIR_ERR_INVALID;
@@ -2938,6 +3093,7 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
     hir_nccl__init(&w->ranks[i], i, nranks, i);
     w->ranks[i].world = comms[i];
     w->ranks[i].shared = w;
+    snprintf(w->ranks[i].how, sizeof w->ranks[i].how, "a thread of one process driving %d GPUs", nranks);
     if ((s = hir_nccl__world_team(&w->ranks[i])) != HIR_OK) snprintf(w->error, sizeof w->error, "%s", w->ranks[i].comm.error);
   }
   if (s == HIR_OK && !hir_nccl__world_twins(w, nranks, w->error, sizeof w->error)) s = HIR_ERR_COMM;
@@ -3036,6 +3192,12 @@ HIRDEF hir_status hir_nccl_comm_create(const hir_nccl_env *env, int timeout_ms, 
     snprintf(nc->comm.error, sizeof nc->comm.error, "hir_nccl_comm_create: rank %d of a world of %d", env->rank, env->size);
     return HIR_ERR_INVALID;
   }
+  if (!env->secret[0] || !memchr(env->secret, 0, sizeof env->secret)) {
+    snprintf(nc->comm.error, sizeof nc->comm.error, "hir_nccl_comm_create: env->secret is %s; fill it with hir_nccl_env_read, or "
+             "give every rank the same secret of 1 to 255 characters", env->secret[0] ? "not NUL-terminated" : "empty");
+    return HIR_ERR_INVALID;
+  }
+  if ((s = hir_nccl__check_switches(nc->comm.error, sizeof nc->comm.error)) != HIR_OK) return s;
   if (env->gpu < 0 || cudaSetDevice(env->gpu) != cudaSuccess) {
     int visible = 0;
     if (cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
@@ -3060,6 +3222,9 @@ HIRDEF hir_status hir_nccl_comm_create(const hir_nccl_env *env, int timeout_ms, 
     snprintf(nc->comm.error + n, sizeof nc->comm.error - n, " [%s]", env->origin);
     return s;
   }
+  snprintf(nc->how, sizeof nc->how, "one process per GPU (%.280s)%s", env->origin,
+           env->weak_secret ? "; the bootstrap's secret is WEAK (the launcher names no job: the size and port alone, which "
+                              "other users of these hosts can guess): set HOSTIR_SECRET to one random string on every rank" : "");
   if ((s = hir_nccl__init_comm(&nc->comm, &nc->world, env->size, id, env->rank)) != HIR_OK) return s;
   return hir_nccl__join(nc);
 }
@@ -3082,12 +3247,14 @@ HIRDEF hir_status hir_nccl_comm_create_from_id(int rank, int size, int local_ran
     snprintf(nc->comm.error, sizeof nc->comm.error, "hir_nccl_comm_create_from_id: rank %d of a world of %d", rank, size);
     return HIR_ERR_INVALID;
   }
+  if ((s = hir_nccl__check_switches(nc->comm.error, sizeof nc->comm.error)) != HIR_OK) return s;
   if (gpu < 0 || gpu >= visible || cudaSetDevice(gpu) != cudaSuccess) {
     cudaGetLastError();
     snprintf(nc->comm.error, sizeof nc->comm.error, "hir_nccl_comm_create_from_id: rank %d (local rank %d) has no GPU of its "
              "own: %d visible; start at most one rank per GPU on a host", rank, local_rank, visible);
     return HIR_ERR_INVALID;
   }
+  snprintf(nc->how, sizeof nc->how, "one process per GPU, from the caller's NCCL id");
   if ((s = hir_nccl__init_comm(&nc->comm, &nc->world, size, *id, rank)) != HIR_OK) return s;
   return hir_nccl__join(nc);
 }
@@ -3110,8 +3277,10 @@ HIRDEF hir_status hir_nccl_comm_from_nccl(ncclComm_t comm, int timeout_ms, hir_c
   hir_nccl__init(nc, rank, size, device);
   if (timeout_ms > 0) nc->timeout_ms = timeout_ms;
   nc->store.wake[0] = nc->store.wake[1] = -1;
+  if (hir_nccl__check_switches(nc->comm.error, sizeof nc->comm.error) != HIR_OK) return HIR_ERR_INVALID;
   nc->world = comm;
   nc->borrowed = 1;
+  snprintf(nc->how, sizeof nc->how, "on the caller's NCCL communicator");
   return hir_nccl__join(nc);
 }
 
@@ -3126,6 +3295,17 @@ HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable) {
 }
 
 HIRDEF int hir_nccl_comm_blocking(hir_comm *c) { return c && hir_nccl__of(c)->twins; }
+
+HIRDEF const char *hir_nccl_comm_describe(hir_comm *c) {
+  hir_nccl__rank *nc;
+  if (!c) return "hir_nccl_comm_describe: NULL";
+  nc = hir_nccl__of(c);
+  snprintf(nc->description, sizeof nc->description, "hostir_nccl: rank %d of %d on GPU %d, %s; send/recv within a host on %s; "
+           "NCCL's calls %s", c->rank, c->size, nc->device, nc->how[0] ? nc->how : "not joined",
+           c->p2p_copy_engine ? "copy engines" : "NCCL's kernels",
+           nc->borrowed ? "on the caller's communicator" : nc->twins ? "on blocking twins, watched" : "nonblocking");
+  return nc->description;
+}
 
 HIRDEF void hir_nccl_comm_free(hir_comm *c) {
   hir_nccl__rank *nc;

@@ -4,7 +4,9 @@
    1 to 4, the verifier, the printer, the schedule verifier and, where every
    rank lowered, a run on the local world with random data. A finding is a
    crash or sanitizer report, HIR_ERR_INTERNAL from any call, a run that
-   times out (a deadlock), or ranks that judge one fusion differently. The
+   times out (a deadlock), or ranks that judge one fusion differently; the
+   same bytes are then loaded as a file of saved plans (after a valid
+   header), which must load or be refused leaving nothing. The
    seed corpus is tests/fuzz_corpus/. Build without libFuzzer
    (-DHIR_FUZZ_MAIN) to replay files: build/fuzz-replay FILE... */
 #define _POSIX_C_SOURCE 200809L
@@ -227,6 +229,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
   }
   for (i = 0; i < x.world; i++) hir_program_free(progs[i]);
+  { /* the input's bytes as saved plans after a valid header: loaded whole, or refused leaving nothing */
+    hir_tune_desc d;
+    hir_tuner *t = NULL;
+    memset(&d, 0, sizeof d);
+    if (hir_tuner_create(x.f, &d, &t) == HIR_OK) {
+      size_t head = (size_t)snprintf(text, sizeof text, "hostir tuning plans 1\nversion %s\nmachine %s\nfusion %016llx\n",
+                                     HOSTIR_VERSION, t->machine, (unsigned long long)t->fusion_hash);
+      hir_status ls;
+      if (head + size < sizeof text) {
+        memcpy(text + head, data, size);
+        text[head + size] = 0;
+        ls = hir__tuner_load_text(t, text, head + size);
+        if (ls != HIR_OK && ls != HIR_ERR_INVALID && ls != HIR_ERR_NOMEM) fz_finding("hir_tuner_load", hir_tuner_error(t));
+        if (ls != HIR_OK && t->n != 0) fz_finding("a refused plans file left plans behind", hir_tuner_error(t));
+      }
+    }
+    hir_tuner_free(t);
+  }
   hir_fusion_free(x.f);
   return 0;
 }

@@ -3,6 +3,16 @@
    test; the last line is "N passed, N failed". An argument runs only the
    tests whose name holds it. */
 #define _POSIX_C_SOURCE 200809L /* setenv, mkstemp */
+#include <pthread.h>
+/* Thread creation a test can make fail (hir_spmd/rank_cannot_start): after
+   test_threads_left more threads, pthread_create's EAGAIN. */
+static int test_threads_left = -1;
+static int test_thread_create(pthread_t *thread, void *(*fn)(void *), void *arg) {
+  if (test_threads_left == 0) return 11;
+  if (test_threads_left > 0) test_threads_left--;
+  return pthread_create(thread, NULL, fn, arg);
+}
+#define HIR_THREAD_CREATE test_thread_create
 #define HOSTIR_IMPLEMENTATION
 #include "dlpack_abi.h" /* before hostir.h: the DLPack functions */
 #include "../hostir.h"
@@ -17,6 +27,7 @@
 #include "test_robust.c"
 #include "test_diff.c"
 #include "test_tune.c"
+#include "test_files.c"
 #include "test_ops.c"
 #include "test_reshard.c"
 #include "test_split.c"
@@ -63,6 +74,24 @@ TEST(test_python_package, "python/package", TEST_CPU) { python_suite("test_cpu.p
 /* hostir.torch's ops on CPU tensors, 3 ranks as threads of torch's threaded
    process group: forward and backward against torch's whole-problem result. */
 TEST(test_python_torch, "python/torch", TEST_CPU) { python_suite("test_torch.py --threads 3", "torch"); }
+
+/* A rank whose thread cannot start: hir_spmd says so at once and runs no
+   rank (the others would wait out the world's timeout for it). */
+static hir_status count_rank(int rank, void *user) {
+  (void)rank;
+  __atomic_add_fetch((int *)user, 1, __ATOMIC_RELAXED);
+  return HIR_OK;
+}
+
+TEST(test_spmd_rank_cannot_start, "spmd/rank_cannot_start", TEST_CPU) {
+  int ran = 0;
+  double t0 = hir__now_ms();
+  test_threads_left = 2; /* ranks 0 and 1 start, rank 2 cannot */
+  CHECK(hir_spmd(4, count_rank, &ran) == HIR_ERR_BACKEND);
+  test_threads_left = -1;
+  CHECK(ran == 0 && hir__now_ms() - t0 < 1000);
+  CHECK(hir_spmd(4, count_rank, &ran) == HIR_OK && ran == 4);
+}
 
 int main(int argc, char **argv) {
   int passed = 0, failed = 0;

@@ -7,10 +7,11 @@
    on random data, against a plain reference computed here on the whole
    (unsharded) tensors. Every program either gives the reference's numbers
    on every rank, or is refused: by every rank's lowering, with one message,
-   or by a run on every rank, with a message that is neither an internal
-   error nor a timeout. HIR_DIFF_PROGRAMS=N sets how many (make test: 300;
-   make diff: 10,000); a failure prints its seed and the fusion,
-   HIR_DIFF_SEED=S runs (and prints) only that program, HIR_DIFF_VERBOSE=1
+   or by a run on every rank of the fusion's meshes, with a message that is
+   neither an internal error nor a timeout. HIR_DIFF_PROGRAMS=N sets how many (make test: 300),
+   HIR_DIFF_OFFSET=S the first seed (0; "fresh": one drawn from the clock,
+   printed; CI and make diff run fresh ones); a failure prints its seed and
+   the fusion, HIR_DIFF_SEED=S runs (and prints) only that program, HIR_DIFF_VERBOSE=1
    says why each refused program was refused. One program in 21 is bf16 or
    f16, one in 47 f64 (diff_dtype: HIR_DIFF_DTYPES=bf16,f16 makes them all
    so). */
@@ -916,7 +917,15 @@ static int diff_one(uint64_t seed, diff_target *target, int *how) {
       else if (x.status[i] != HIR_OK) refused_run = 1;
     }
     if (target && target->after) target->after(target, x.world, refused_run || !ok);
-    for (i = 0; i < x.world && ok && refused_run; i++) /* refused by a run: on every rank, none returning success */
+    if (ok && refused_run && lowered) { /* refused by a run: on every rank of the fusion's meshes, none returning success;
+                                           a rank outside them has no part in the program (it meets nobody: disjoint
+                                           meshes, as pipeline stages, run programs of their own) and returns success */
+      int *devices = NULL, ndev = hir__fusion_devices(x.f, &devices);
+      for (i = 0; i < x.world && ok; i++) /* no mesh at all: every rank runs the whole */
+        ok = (x.status[i] != HIR_OK) == (!ndev || hir_team_index(devices, ndev, i) >= 0);
+      HIR_FREE(devices);
+    }
+    for (i = 0; i < x.world && ok && refused_run && !lowered; i++) /* refused by every lowering */
       ok = x.status[i] != HIR_OK;
     for (i = 1; i < x.world && ok && lowered == 0; i++) /* refused by every lowering: with one message */
       ok = x.status[i] == x.status[0] && !strcmp(x.error[i], x.error[0]);
@@ -949,21 +958,33 @@ static int diff_one(uint64_t seed, diff_target *target, int *how) {
   return ok;
 }
 
-/* Seeds 0..n-1 on a target (NULL: the CPU's local world), at most 5
-   failures; counted and said. The check has teeth: more than `share` of
-   the seeds must run against the reference. */
+/* The first seed: HIR_DIFF_OFFSET, a number or "fresh" (drawn from the
+   clock, so that each run tries programs no run tried before). */
+static uint64_t diff_offset(void) {
+  const char *s = getenv("HIR_DIFF_OFFSET");
+  struct timespec ts;
+  if (!s || strcmp(s, "fresh")) return s ? strtoull(s, NULL, 10) : 0;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return ((uint64_t)ts.tv_sec * 1000003u + (uint64_t)ts.tv_nsec / 1000u) % 1000000000000ull; /* 12 digits: easy to quote */
+}
+
+/* n seeds from HIR_DIFF_OFFSET on a target (NULL: the CPU's local world),
+   at most 5 failures; counted and said. The check has teeth: more than
+   `share` of the seeds must run against the reference. */
 static void diff_seeds(diff_target *target, int n, double share, const char *where) {
   int i, how, counts[4] = {0, 0, 0, 0}, failures = 0;
+  uint64_t offset = diff_offset();
   if (getenv("HIR_DIFF_SEED")) { /* that one alone, printed */
     CHECK(diff_one(strtoull(getenv("HIR_DIFF_SEED"), NULL, 10), target, &how));
     return;
   }
   for (i = 0; i < n && failures < 5; i++, hir_test_steps++) {
-    if (!diff_one((uint64_t)i, target, &how)) failures++;
+    if (!diff_one(offset + (uint64_t)i, target, &how)) failures++;
     counts[how]++;
   }
-  printf("  diff%s: %d seeds: %d ran against the reference, %d refused by every lowering, %d refused by a run, "
-         "%d not built or of other ranks; %d failed\n", where, i, counts[0], counts[1], counts[2], counts[3], failures);
+  printf("  diff%s: %d seeds from %llu (HIR_DIFF_SEED=S repeats seed S): %d ran against the reference, %d refused by every "
+         "lowering, %d refused by a run, %d not built or of other ranks; %d failed\n", where, i, (unsigned long long)offset,
+         counts[0], counts[1], counts[2], counts[3], failures);
   CHECK(failures == 0);
   CHECK(counts[0] > share * i);
 }
@@ -971,12 +992,18 @@ static void diff_seeds(diff_target *target, int n, double share, const char *whe
 TEST(test_diff_random_programs, "diff/random_programs", TEST_CPU) {
   const char *n_env = getenv("HIR_DIFF_PROGRAMS");
   /* programs that once failed, always: their ranks chained Stream loops differently around an op only some
-     of them run (2244: one without a Stream axis; 141003: one whose Stream axis is its input's) and deadlocked */
-  static const unsigned always[] = {2244, 141003};
+     of them run (2244: one without a Stream axis; 141003: one whose Stream axis is its input's) and deadlocked;
+     5507147's allgather (gather first) joined the loop of the reduce-scatter whose sum it reads, which runs after it;
+     860462250413: a rank outside a P2P allgather's mesh broadcast rows in its loop while the others took parts of
+     columns (wrong numbers); 860463037301: a run refused on the fusion's ranks, the rest of the world untouched;
+     861571490316 (a crash) and 861571134282 (a refusal): a split of a summed axis moved a later select's axis;
+     862931903874: an allgather and a reduce-scatter in one linear loop, their messages paired crosswise */
+  static const unsigned long long always[] = {2244, 141003, 5507147, 860462250413ull, 860463037301ull, 861571490316ull,
+                                               861571134282ull, 862931903874ull};
   int n = n_env ? atoi(n_env) : 300, k, how;
   diff_seeds(NULL, n, 0.25, ""); /* most programs run */
   for (k = 0; !getenv("HIR_DIFF_SEED") && k < (int)(sizeof always / sizeof always[0]); k++)
-    if ((int)always[k] >= n) CHECK(diff_one(always[k], NULL, &how));
+    CHECK(diff_one(always[k], NULL, &how));
 }
 
 /* The same programs on the platform's backend (the GPU suite's one-process

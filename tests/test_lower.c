@@ -332,6 +332,33 @@ TEST(test_lower_dump, "lower/dump", TEST_CPU) {
   free(got);
   free(text);
   remove(path);
+  { /* a file that cannot be written fails the lowering, by name: a missing directory, a link, a directory */
+    static const char *const bad[][2] = {{"/nonexistent-hostir-dir/dump.txt", "No such file"},
+                                         {"/tmp", "Is a directory"}, {NULL, "symbolic link"}};
+    char link_path[64];
+    hir_lower_desc desc;
+    hir_program *p = NULL;
+    int i;
+    snprintf(link_path, sizeof link_path, "%s.link", path);
+    CHECK(symlink("/tmp/hostir_dump_target_never_written", link_path) == 0);
+    memset(&desc, 0, sizeof desc);
+    desc.my_device = 5;
+    setenv("HOSTIR_DUMP", "host_ir", 1);
+    for (i = 0; i < 3; i++) {
+      setenv("HOSTIR_DUMP_FILE", bad[i][0] ? bad[i][0] : link_path, 1);
+      if (!(hir_lower(f, &desc, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "HOSTIR_DUMP_FILE") &&
+            strstr(hir_program_error(p), bad[i][1]))) {
+        fprintf(stderr, "  %s: %s\n", bad[i][1], hir_program_error(p));
+        hir_test_failures++;
+      }
+      hir_program_free(p);
+      p = NULL;
+    }
+    unsetenv("HOSTIR_DUMP");
+    unsetenv("HOSTIR_DUMP_FILE");
+    CHECK(access("/tmp/hostir_dump_target_never_written", F_OK) != 0);
+    remove(link_path);
+  }
   hir_fusion_free(f);
 }
 

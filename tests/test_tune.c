@@ -4,6 +4,8 @@
    come. The AG+GEMM of seed AG_matmul_P2p: A [DIDx D, M, K] x B [K, N]. */
 #include "test.h"
 #include "seeds.h"
+#include <sys/stat.h>
+#include <unistd.h>
 
 enum { TUNE_MAXR = 4 };
 
@@ -232,6 +234,114 @@ TEST(test_tune_refusals, "tune/saved_plan_refusals", TEST_CPU) {
   for (r = 0; r < 3; r++)
     if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && strstr(x.plan[r], "collective, 4 parts, 2 streams")))
       fprintf(stderr, "  rank %d: %s: %s %s\n", r, hir_status_str(x.st[r]), x.plan[r], x.err[r]);
+  tune_end(&x);
+}
+
+/* A plans file is loaded whole or not at all: every malformed line refuses
+   it by its number and leaves the tuner as it was; loading is linear (a
+   file of 100,000 plans, timed and said); CRLF files load; by path, a link,
+   a FIFO or another user's file is refused and saving goes through a rename. */
+static hir_status plans_load_text(hir_tuner *t, const char *text, size_t n) {
+  FILE *f = tmpfile();
+  hir_status s;
+  if (!f) return HIR_ERR_NOMEM;
+  fwrite(text, 1, n, f);
+  rewind(f);
+  s = hir_tuner_load(t, f);
+  fclose(f);
+  return s;
+}
+
+TEST(test_tune_plan_files, "tune/plan_files_strict_atomic", TEST_CPU) {
+  static const char *const bad[][2] = {
+      {"plan 2 | float 3 1 4 8 | float 4294967297 8 6 | serial nccl 0 eager 0 | 1", "rank '4294967297'"},
+      {"plan 2 | float 3 1 4 8 | float 2 8 6 | serial nccl 0 eager 0 | nan", "the time 'nan'"},
+      {"plan 2 | float 3 1 4 8 | float 2 8 6 | serial nccl 0 eager 0 | inf", "the time 'inf'"},
+      {"plan 2 | float 3 1 4 8 | float 2 8 6 | serial nccl 0 eager 0 | 1 trailing", "text after the plan"},
+      {"plan 2 | float 3 1 4 8 | float 2 8 99999999999999999999 | serial nccl 0 eager 0 | 1", "is not a size"},
+      {"plan 2 | float 3 1 4 8 | float 2 8 6 | ring parts 2 streams 2 bounded 0 nccl 0 eager 0 | 1", NULL}, /* good */
+      {"plan 2 | float 3 1 4 8 | float 2 8 6 | ring parts 2 streams 2 bounded 0 nccl 0 eager 2 | 1", "must be 0 or 1"},
+      {"plan 2 | float 3 1 4 8 | float 2 8 6 |  ring parts 2 streams 2 bounded 0 nccl 0 eager 0 | 1", "one space apart"},
+      {"plan 2 | float 3 1 4 8 | float 2 8 6 | serial nccl 0 eager 0 | 1\r\r", "control character"},
+  };
+  tune_ctx x;
+  hir_tune_desc d;
+  hir_tuner *t = NULL;
+  char head[256], *text, *line, dir[] = "/tmp/hostir_plans_XXXXXX", path[300], link_path[300];
+  size_t n, cap = 16u << 20;
+  int i, k;
+  double t0;
+  tune_begin(&x, 3, 4, 8, 6);
+  d = tune_desc(&x, 0);
+  CHECK(hir_tuner_create(x.f, &d, &t) == HIR_OK);
+  snprintf(head, sizeof head, "hostir tuning plans 1\nversion %s\nmachine cpu, 3 ranks\nfusion %016llx\n", HOSTIR_VERSION,
+                 (unsigned long long)t->fusion_hash);
+  text = (char *)malloc(cap);
+  line = (char *)malloc(40000);
+  for (i = 0; text && line && i < (int)(sizeof bad / sizeof bad[0]); i++) {
+    /* a good plan first, then the line: nothing of the file may stay */
+    int had = t->n;
+    n = (size_t)snprintf(text, cap, "%splan 1 | float 1 7 | serial nccl 0 eager 0 | 2.5\n%s\n", head, bad[i][0]);
+    if (bad[i][1]) {
+      if (!EXPECT(plans_load_text(t, text, n) == HIR_ERR_INVALID && strstr(hir_tuner_error(t), "line 6") &&
+                  strstr(hir_tuner_error(t), bad[i][1]) && t->n == had))
+        fprintf(stderr, "  file %d: %s (%d plans kept)\n", i, hir_tuner_error(t), t->n);
+    } else {
+      CHECK(plans_load_text(t, text, n) == HIR_OK && t->n == 2);
+      CHECK(plans_load_text(t, text, n) == HIR_OK && t->n == 2); /* the same again: the first plan of a shape stays */
+    }
+  }
+  if (text && line) {
+    memset(line, '1', 20000);
+    line[20000] = 0;
+    n = (size_t)snprintf(text, cap, "%s%s\n", head, line);
+    CHECK(plans_load_text(t, text, n) == HIR_ERR_INVALID && strstr(hir_tuner_error(t), "line 5 is 20000 characters") && t->n == 2);
+    n = (size_t)snprintf(text, cap, "%splan 1 | float 1 9 | serial nccl 0 eager 0 | 1\n", head);
+    text[n - 3] = 0; /* a NUL inside */
+    CHECK(plans_load_text(t, text, n) == HIR_ERR_INVALID && strstr(hir_tuner_error(t), "NUL byte") && t->n == 2);
+    for (n = 0, k = 0; head[k]; k++) { /* CRLF: loaded */
+      if (head[k] == '\n') text[n++] = '\r';
+      text[n++] = head[k];
+    }
+    n += (size_t)snprintf(text + n, cap - n, "plan 1 | float 1 11 | serial nccl 0 eager 0 | 1\r\n");
+    CHECK(plans_load_text(t, text, n) == HIR_OK && t->n == 3);
+    /* 100,000 plans: linear */
+    n = (size_t)snprintf(text, cap, "%s", head);
+    for (k = 0; k < 100000 && n + 200 < cap; k++)
+      n += (size_t)snprintf(text + n, cap - n, "plan 1 | float 2 %d 3 | ring parts 2 streams 2 bounded 0 nccl 0 eager 0 | 0.5\n",
+                            1000 + k);
+    t0 = hir__now_ms();
+    CHECK(plans_load_text(t, text, n) == HIR_OK && t->n == 100003);
+    printf("  100,000 plans (%.1f MB) loaded in %.0f ms\n", (double)n / 1e6, hir__now_ms() - t0);
+    CHECK(hir__now_ms() - t0 < 10000); /* a quadratic loader takes minutes */
+  }
+  /* by path */
+  if (mkdtemp(dir)) {
+    struct stat st;
+    FILE *f;
+    snprintf(path, sizeof path, "%s/plans.txt", dir);
+    snprintf(link_path, sizeof link_path, "%s/link.txt", dir);
+    CHECK(hir_tuner_save_file(t, path) == HIR_OK && stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+    if (!EXPECT(hir_tuner_load_file(t, path) == HIR_OK && t->n == 100003)) fprintf(stderr, "  %s\n", hir_tuner_error(t));
+    CHECK(symlink(path, link_path) == 0);
+    CHECK(hir_tuner_load_file(t, link_path) == HIR_ERR_INVALID && strstr(hir_tuner_error(t), "symbolic link"));
+    CHECK(hir_tuner_save_file(t, link_path) == HIR_OK && lstat(link_path, &st) == 0 && S_ISREG(st.st_mode)); /* replaced, not written through */
+    unlink(link_path);
+    CHECK(mkfifo(link_path, 0600) == 0);
+    CHECK(hir_tuner_load_file(t, link_path) == HIR_ERR_INVALID && strstr(hir_tuner_error(t), "not a regular file"));
+    unlink(link_path);
+    if (geteuid() == 0 && chown(path, 12345, 12345) == 0) /* root can make it another user's */
+      CHECK(hir_tuner_load_file(t, path) == HIR_ERR_INVALID && strstr(hir_tuner_error(t), "owned by another user"));
+    unlink(path);
+    if ((f = fopen(path, "w"))) fclose(f);
+    CHECK(hir_tuner_load_file(t, path) == HIR_ERR_INVALID && strstr(hir_tuner_error(t), "ends after 0 lines"));
+    unlink(path);
+    CHECK(hir_tuner_load_file(t, path) == HIR_ERR_INVALID && strstr(hir_tuner_error(t), "No such file"));
+    rmdir(dir);
+  }
+  free(text);
+  free(line);
+  hir_tuner_free(t);
   tune_end(&x);
 }
 

@@ -23,6 +23,7 @@ import threading
 
 import numpy as np
 
+__version__ = "0.23"  # hostir.h's HOSTIR_VERSION: CI checks they agree
 __all__ = ["Error", "Fusion", "Tensor", "Program", "run", "ag_matmul_fusion", "matmul_rs_fusion"]
 
 _MAX_DIMS = 8
@@ -31,6 +32,51 @@ _MAX_DIMS = 8
 class _HirTensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndims", ctypes.c_int),
                 ("sizes", ctypes.c_int64 * _MAX_DIMS), ("strides", ctypes.c_int64 * _MAX_DIMS)]
+
+
+def _integer(v, ctype):
+    """v as the C integer type `ctype`, or Error: ctypes would cut it to fit without a word."""
+    bits = 8 * ctypes.sizeof(ctype)
+    if not isinstance(v, (int, np.integer)):
+        raise Error("invalid argument", "%r is not an integer" % (v,))
+    if not -(1 << (bits - 1)) <= int(v) < (1 << (bits - 1)):
+        raise Error("invalid argument", "%d does not fit a %d-bit C integer (%d to %d)"
+                    % (v, bits, -(1 << (bits - 1)), (1 << (bits - 1)) - 1))
+    return int(v)
+
+
+class _CheckedInt(ctypes.c_int):
+    @classmethod
+    def from_param(cls, v):
+        return ctypes.c_int(_integer(v, ctypes.c_int))
+
+
+class _CheckedInt64(ctypes.c_int64):
+    @classmethod
+    def from_param(cls, v):
+        return ctypes.c_int64(_integer(v, ctypes.c_int64))
+
+
+def _array(ctype, values):
+    values = [_integer(v, ctype) for v in values]
+    return (ctype * max(1, len(values)))(*values)
+
+
+class _Checked:
+    """The C library's functions, each refusing an argument ctypes would cut (hostir.Error naming the function)."""
+
+    def __init__(self, lib, names):
+        for name in names:
+            setattr(self, name, self._wrap(getattr(lib, name), name))
+
+    @staticmethod
+    def _wrap(fn, name):
+        def call(*args):
+            try:
+                return fn(*args)
+            except ctypes.ArgumentError as e:
+                raise Error("invalid argument", "%s: %s" % (name, e)) from None
+        return call
 
 
 def _load():
@@ -42,24 +88,24 @@ def _load():
         raise ImportError("hostir: its C library is not built; run `pip install ./python` in hostir's repository "
                           "(or set HOSTIR_NATIVE to a built library)")
     lib = ctypes.CDLL(path)
-    p, i, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
+    p, i, c = ctypes.c_void_p, _CheckedInt, ctypes.c_char_p
     sigs = {
         "hir_status_str": (c, [i]),
         "hir_fusion_create": (p, []), "hir_fusion_free": (None, [p]), "hir_fusion_error": (c, [p]),
         "hir_input": (p, [p, i, i]), "hir_output": (i, [p, p]), "hir_set": (p, [p, p]),
         "hir_add": (p, [p, p, p]), "hir_sub": (p, [p, p, p]), "hir_mul": (p, [p, p, p]), "hir_matmul": (p, [p, p, p]),
-        "hir_sum": (p, [p, p, i, ctypes.POINTER(i)]), "hir_broadcast": (p, [p, p, i, ctypes.POINTER(i)]),
+        "hir_sum": (p, [p, p, i, ctypes.POINTER(ctypes.c_int)]), "hir_broadcast": (p, [p, p, i, ctypes.POINTER(ctypes.c_int)]),
         "hir_div": (p, [p, p, p]), "hir_unary": (p, [p, i, p]), "hir_cast": (p, [p, p, i]),
         "hir_binary_scalar": (p, [p, i, p, ctypes.c_double]), "hir_scalar_binary": (p, [p, i, ctypes.c_double, p]),
-        "hir_permute": (p, [p, p, ctypes.POINTER(i)]), "hir_mean": (p, [p, p, i, ctypes.POINTER(i)]),
+        "hir_permute": (p, [p, p, ctypes.POINTER(ctypes.c_int)]), "hir_mean": (p, [p, p, i, ctypes.POINTER(ctypes.c_int)]),
         "hir_layer_norm": (p, [p, p, i, p, p, ctypes.c_double]), "hir_linear": (p, [p, p, p, p]),
         "hir_scaled_linear": (p, [p, p, p, p, p, i]),
-        "hir_select": (p, [p, p, i, ctypes.c_int64]), "hir_slice_step": (p, [p, p, i, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
+        "hir_select": (p, [p, p, i, _CheckedInt64]), "hir_slice_step": (p, [p, p, i, _CheckedInt64, _CheckedInt64, _CheckedInt64]),
         "hir_reshape": (p, [p, p, i, ctypes.POINTER(ctypes.c_int64)]),
-        "hir_set_mesh": (i, [p, i, ctypes.POINTER(i)]), "hir_parallelize": (i, [p, i, i]),
-        "hir_set_mesh_2d": (i, [p, i, i, ctypes.POINTER(i)]),
-        "hir_split": (i, [p, i, ctypes.c_int64, i]), "hir_input_sized": (p, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
-        "hir_reorder": (i, [p, i, ctypes.POINTER(i), ctypes.POINTER(i)]), "hir_set_allocation_loop": (i, [p]),
+        "hir_set_mesh": (i, [p, i, ctypes.POINTER(ctypes.c_int)]), "hir_parallelize": (i, [p, i, i]),
+        "hir_set_mesh_2d": (i, [p, i, i, ctypes.POINTER(ctypes.c_int)]),
+        "hir_split": (i, [p, i, _CheckedInt64, i]), "hir_input_sized": (p, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
+        "hir_reorder": (i, [p, i, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]), "hir_set_allocation_loop": (i, [p]),
         "hir_input_scalar": (p, [p]), "hir_binary_val": (p, [p, i, p, p]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
         "hx_lower": (i, [p, i, i, i, i, i, i, p, p, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
@@ -70,11 +116,12 @@ def _load():
         "hir_run": (i, [p, ctypes.POINTER(_HirTensor), i, ctypes.POINTER(_HirTensor), i]),
         "hir_local_world_create": (p, [i]), "hir_local_world_set_timeout": (None, [p, i]),
         "hir_local_comm": (p, [p, i]), "hir_local_world_free": (None, [p]),
-        "hx_tensor_bytes": (i, []), "hx_has_cuda": (i, []),
+        "hx_tensor_bytes": (i, []), "hx_has_cuda": (i, []), "hx_version": (c, []), "hir_dtype_name": (c, [i]),
         "hx_tuner_create": (i, [p, i, p, p, i, i, i, ctypes.POINTER(p)]), "hir_tuner_error": (c, [p]),
         "hir_tuner_run": (i, [p, ctypes.POINTER(_HirTensor), i, ctypes.POINTER(_HirTensor), i]),
         "hir_tuner_sync": (i, [p]), "hir_tuner_program": (p, [p]), "hir_tuner_free": (None, [p]),
         "hx_comm_error": (c, [p]), "hx_comm_copy_engine": (i, [p]), "hir_backend_free": (None, [p]),
+        "hx_comm_abort": (None, [p, c]),
     }
     if lib.hx_has_cuda():  # the CUDA backend and NCCL, for hostir.torch
         sigs.update({
@@ -85,11 +132,14 @@ def _load():
         })
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
+        fn.restype, fn.argtypes = ctypes.c_int if res is i else res, args  # results as plain ints
     if lib.hx_tensor_bytes() != ctypes.sizeof(_HirTensor):
         raise ImportError("hostir: the C library's hir_tensor is %d bytes, this module's %d: rebuild the package"
                           % (lib.hx_tensor_bytes(), ctypes.sizeof(_HirTensor)))
-    return lib
+    if lib.hx_version().decode() != __version__:
+        raise ImportError("hostir: the C library is hostir %s, this module %s: rebuild the package"
+                          % (lib.hx_version().decode(), __version__))
+    return _Checked(lib, sigs)
 
 
 _lib = _load()
@@ -134,13 +184,19 @@ class Tensor:
     """A tensor of a fusion (its handle); axes are split with parallelize."""
 
     def __init__(self, fusion, handle):
-        self.fusion, self._h = fusion, handle
+        self.fusion, self.__h = fusion, handle
+
+    @property
+    def _h(self):  # refused once its fusion is freed: the handle points into the fusion's memory
+        if not self.fusion._h:
+            raise Error("invalid argument", "this tensor's fusion was freed; build the tensor again in a live fusion")
+        return self.__h
 
     def mesh(self, devices, rows=None):
         """The devices the tensor lives on; with rows, a 2-D mesh of that many rows (row-major): DIDx splits
         along a row, DIDy down a column."""
         devices = list(devices)
-        arr = (ctypes.c_int * max(1, len(devices)))(*devices)
+        arr = _array(ctypes.c_int, devices)
         if rows is None:
             self.fusion._check(_lib.hir_set_mesh(self._h, len(devices), arr))
         else:
@@ -159,8 +215,8 @@ class Tensor:
         """nvFuser's reorder of the loop order: moves maps old loop positions to new ones ({1: 0} brings axis 1 to
         the front); later split and parallelize calls count axes in the new order."""
         n = len(moves)
-        src = (ctypes.c_int * max(1, n))(*moves.keys())
-        dst = (ctypes.c_int * max(1, n))(*moves.values())
+        src = _array(ctypes.c_int, list(moves.keys()))
+        dst = _array(ctypes.c_int, list(moves.values()))
         self.fusion._check(_lib.hir_reorder(self._h, n, src, dst))
         return self
 
@@ -192,9 +248,15 @@ class Fusion:
             self._h = None
 
     def _check(self, status=0):
-        err = _lib.hir_fusion_error(self._h).decode()
+        err = _lib.hir_fusion_error(self._of()).decode()
         if err or status:
             raise Error(_status(status or _STATUS_INVALID), err or "failed")
+
+    def _of(self):
+        """The handle, refused once freed."""
+        if not self._h:
+            raise Error("invalid argument", "this fusion was freed; build a new one")
+        return self._h
 
     def _tv(self, handle):
         if not handle:
@@ -205,14 +267,14 @@ class Fusion:
     def input(self, dtype, ndims):
         if dtype not in _BUILD_DTYPES:
             raise Error("invalid argument", "input: dtype %r; give one of %s" % (dtype, ", ".join(_BUILD_DTYPES)))
-        t = self._tv(_lib.hir_input(self._h, _BUILD_DTYPES[dtype], ndims))
+        t = self._tv(_lib.hir_input(self._of(), _BUILD_DTYPES[dtype], ndims))
         t.dtype = dtype
         self.inputs.append(t)
         return t
 
     def input_scalar(self):
         """A scalar (integer or Bool) input, given to run as a Python int; use it with scale()."""
-        handle = _lib.hir_input_scalar(self._h)
+        handle = _lib.hir_input_scalar(self._of())
         if not handle:
             self._check()
         s = Scalar(handle)
@@ -223,105 +285,105 @@ class Fusion:
         """a op s, s a Scalar input (an integer known when run), op one of + - * /."""
         if op not in _BINARY:
             raise Error("invalid argument", "scale: unknown op %r; give one of + - * /" % (op,))
-        return self._tv(_lib.hir_binary_val(self._h, _BINARY[op], a._h, s._h))
+        return self._tv(_lib.hir_binary_val(self._of(), _BINARY[op], a._h, s._h))
 
     def input_sized(self, dtype, sizes):
         """An input of fixed sizes (nvFuser's concrete tensor), checked when run."""
         if dtype not in _DTYPES:
             raise Error("invalid argument", "input_sized: dtype %r; give one of %s" % (dtype, ", ".join(_DTYPES)))
         sizes = list(sizes)
-        t = self._tv(_lib.hir_input_sized(self._h, _DTYPES[dtype], len(sizes), (ctypes.c_int64 * max(1, len(sizes)))(*sizes)))
+        t = self._tv(_lib.hir_input_sized(self._of(), _DTYPES[dtype], len(sizes), _array(ctypes.c_int64, sizes)))
         t.dtype = dtype
         self.inputs.append(t)
         return t
 
     def output(self, t):
-        self._check(_lib.hir_output(self._h, t._h))
+        self._check(_lib.hir_output(self._of(), t._h))
         self.outputs.append(t)
         return t
 
     def set(self, a):
-        return self._tv(_lib.hir_set(self._h, a._h))
+        return self._tv(_lib.hir_set(self._of(), a._h))
 
     def add(self, a, b):
-        return self._tv(_lib.hir_add(self._h, a._h, b._h))
+        return self._tv(_lib.hir_add(self._of(), a._h, b._h))
 
     def sub(self, a, b):
-        return self._tv(_lib.hir_sub(self._h, a._h, b._h))
+        return self._tv(_lib.hir_sub(self._of(), a._h, b._h))
 
     def mul(self, a, b):
-        return self._tv(_lib.hir_mul(self._h, a._h, b._h))
+        return self._tv(_lib.hir_mul(self._of(), a._h, b._h))
 
     def matmul(self, a, b):
-        return self._tv(_lib.hir_matmul(self._h, a._h, b._h))
+        return self._tv(_lib.hir_matmul(self._of(), a._h, b._h))
 
     def sum(self, a, axes):
         axes = list(axes)
-        return self._tv(_lib.hir_sum(self._h, a._h, len(axes), (ctypes.c_int * max(1, len(axes)))(*axes)))
+        return self._tv(_lib.hir_sum(self._of(), a._h, len(axes), _array(ctypes.c_int, axes)))
 
     def broadcast(self, a, is_broadcast):
         flags = [1 if x else 0 for x in is_broadcast]
-        return self._tv(_lib.hir_broadcast(self._h, a._h, len(flags), (ctypes.c_int * max(1, len(flags)))(*flags)))
+        return self._tv(_lib.hir_broadcast(self._of(), a._h, len(flags), _array(ctypes.c_int, flags)))
 
     def div(self, a, b):
-        return self._tv(_lib.hir_div(self._h, a._h, b._h))
+        return self._tv(_lib.hir_div(self._of(), a._h, b._h))
 
     def unary(self, op, a):
         """op: one of neg abs relu sin cos exp log tanh sqrt rsqrt reciprocal sigmoid silu gelu gelu_tanh."""
         if op not in _UNARY:
             raise Error("invalid argument", "unary: unknown op %r; give one of %s" % (op, " ".join(_UNARY)))
-        return self._tv(_lib.hir_unary(self._h, _UNARY[op], a._h))
+        return self._tv(_lib.hir_unary(self._of(), _UNARY[op], a._h))
 
     def cast(self, a, dtype):
         if dtype not in _BUILD_DTYPES:
             raise Error("invalid argument", "cast: dtype %r; give one of %s" % (dtype, ", ".join(_BUILD_DTYPES)))
-        return self._tv(_lib.hir_cast(self._h, a._h, _BUILD_DTYPES[dtype]))
+        return self._tv(_lib.hir_cast(self._of(), a._h, _BUILD_DTYPES[dtype]))
 
     def scalar(self, op, a, s, scalar_first=False):
         """a op s (scalar_first: s op a), op one of + - * /."""
         if op not in _BINARY:
             raise Error("invalid argument", "scalar: unknown op %r; give one of + - * /" % (op,))
         if scalar_first:
-            return self._tv(_lib.hir_scalar_binary(self._h, _BINARY[op], float(s), a._h))
-        return self._tv(_lib.hir_binary_scalar(self._h, _BINARY[op], a._h, float(s)))
+            return self._tv(_lib.hir_scalar_binary(self._of(), _BINARY[op], float(s), a._h))
+        return self._tv(_lib.hir_binary_scalar(self._of(), _BINARY[op], a._h, float(s)))
 
     def permute(self, a, perm):
         perm = list(perm)
-        return self._tv(_lib.hir_permute(self._h, a._h, (ctypes.c_int * max(1, len(perm)))(*perm)))
+        return self._tv(_lib.hir_permute(self._of(), a._h, _array(ctypes.c_int, perm)))
 
     def select(self, a, axis, index):
-        return self._tv(_lib.hir_select(self._h, a._h, axis, index))
+        return self._tv(_lib.hir_select(self._of(), a._h, axis, index))
 
     def slice(self, a, axis, start, stop=None, step=1):
         """a[..., start:stop:step, ...] along `axis`, as Python slices: negative bounds count
         from the end, stop None is the end; the range must lie in the axis (checked at run)."""
-        return self._tv(_lib.hir_slice_step(self._h, a._h, axis, start, _END if stop is None else stop, step))
+        return self._tv(_lib.hir_slice_step(self._of(), a._h, axis, start, _END if stop is None else stop, step))
 
     def reshape(self, a, sizes):
         """sizes: a size per axis, 0 to keep the input's axis there, -1 for the one inferred."""
         sizes = list(sizes)
-        return self._tv(_lib.hir_reshape(self._h, a._h, len(sizes), (ctypes.c_int64 * max(1, len(sizes)))(*sizes)))
+        return self._tv(_lib.hir_reshape(self._of(), a._h, len(sizes), _array(ctypes.c_int64, sizes)))
 
     def mean(self, a, axes):
         axes = list(axes)
-        return self._tv(_lib.hir_mean(self._h, a._h, len(axes), (ctypes.c_int * max(1, len(axes)))(*axes)))
+        return self._tv(_lib.hir_mean(self._of(), a._h, len(axes), _array(ctypes.c_int, axes)))
 
     def linear(self, a, weight, bias=None):
         """torch.nn.functional.linear: a [..., K] x weight [N, K] transposed, plus bias [N]."""
-        return self._tv(_lib.hir_linear(self._h, a._h, weight._h, bias._h if bias else None))
+        return self._tv(_lib.hir_linear(self._of(), a._h, weight._h, bias._h if bias else None))
 
     def scaled_linear(self, a, weight, a_scale, w_scale, out="bfloat16"):
         """torch._scaled_mm's fp8 linear: (a * a_scale) x (weight * w_scale) transposed, in `out`."""
         if out not in ("float32", "float16", "bfloat16"):
             raise Error("invalid argument", "scaled_linear: out %r; give float32, float16 or bfloat16" % (out,))
-        return self._tv(_lib.hir_scaled_linear(self._h, a._h, weight._h, a_scale._h, w_scale._h, _BUILD_DTYPES[out]))
+        return self._tv(_lib.hir_scaled_linear(self._of(), a._h, weight._h, a_scale._h, w_scale._h, _BUILD_DTYPES[out]))
 
     def layer_norm(self, a, naxes, weight=None, bias=None, eps=1e-5):
-        return self._tv(_lib.hir_layer_norm(self._h, a._h, naxes, weight._h if weight else None,
+        return self._tv(_lib.hir_layer_norm(self._of(), a._h, naxes, weight._h if weight else None,
                                             bias._h if bias else None, eps))
 
     def __str__(self):
-        return _text(_lib.hir_fusion_snprint, self._h)
+        return _text(_lib.hir_fusion_snprint, self._of())
 
     def lower(self, device=0, schedule="linear", parts=0, bounded=False, serial=False):
         """The host program of one device (hir_lower). schedule "collective":
@@ -336,7 +398,7 @@ class Fusion:
             raise Error("invalid argument",
                         "lower: schedule %r; give 'linear', 'ring', 'collective', 'gather' or 'split'" % (schedule,))
         out = ctypes.c_void_p()
-        code = _lib.hx_lower(self._h, device, schedules.index(schedule), parts, int(bounded), int(serial), 0, None, None, 0,
+        code = _lib.hx_lower(self._of(), device, schedules.index(schedule), parts, int(bounded), int(serial), 0, None, None, 0,
                              ctypes.byref(out))
         prog = Program(out.value)
         if code:
@@ -459,11 +521,13 @@ def _as_tensor(x):
         return _HirTensor(), None
     if isinstance(x, (int, bool, np.integer, np.bool_)):  # a scalar input: by value
         t = _HirTensor()
-        t.sizes[0] = int(x)
+        t.sizes[0] = _integer(int(x), ctypes.c_int64)
         return t, None
     arr = np.asarray(x)
     if arr.dtype.name not in _DTYPES:
         raise Error("invalid argument", "run: an input is %s; hostir takes %s" % (arr.dtype.name, ", ".join(_DTYPES)))
+    if arr.ndim > _MAX_DIMS:
+        raise Error("invalid argument", "run: an input has %d axes; hostir takes at most %d" % (arr.ndim, _MAX_DIMS))
     if any(s < 0 or s % arr.itemsize for s in arr.strides) or (arr.size > 1 and not any(arr.strides)):
         arr = np.ascontiguousarray(arr)  # hostir takes element strides >= 0 (a transpose, say); all 0 would mean dense
     t = _HirTensor()
@@ -479,12 +543,19 @@ def run(fusion, inputs, world=None, streams=0, schedule="linear", parts=0, timeo
     entry of `inputs`): inputs[r] holds rank r's arrays, in the fusion's input
     order (None where an input does not live on r). Returns each rank's
     outputs as numpy arrays (None where one does not live there). A failure
-    on any rank raises Error with the cause. tune=True measures the
+    on any rank - hostir's, or a Python exception of a rank's thread - is
+    raised here, the cause first, and ends the other ranks' waits at once
+    (as a failing C rank does). tune=True measures the
     schedules on the ranks first (hir_tuner; streams, schedule and parts are
     then its choice); a list passed as `plans` receives each rank's plan."""
-    n = world or len(inputs)
+    n = _integer(world or len(inputs), ctypes.c_int)
     if len(inputs) != n:
         raise Error("invalid argument", "run: %d ranks but inputs for %d" % (n, len(inputs)))
+    for r, given in enumerate(inputs):
+        if not isinstance(given, (list, tuple)):
+            raise Error("invalid argument", "run: inputs[%d] is %s; give a list of rank %d's arrays (None for an input "
+                        "that does not live there)" % (r, type(given).__name__, r))
+    _integer(streams, ctypes.c_int), _integer(timeout_ms, ctypes.c_int), _integer(parts, ctypes.c_int)
     w = _lib.hir_local_world_create(n)
     if not w:
         raise MemoryError("hostir: out of memory")
@@ -535,13 +606,19 @@ def run(fusion, inputs, world=None, streams=0, schedule="linear", parts=0, timeo
                 shape = tuple(o.sizes[k] for k in range(o.ndims))
                 steps = tuple(o.strides[k] for k in range(o.ndims))  # a layout asked for (allocation_loop) is strided
                 span = 1 + sum((n - 1) * s for n, s in zip(shape, steps)) if all(shape) else 1
+                if o.dtype not in _NUMPY:
+                    raise Error("unsupported", "run: output %d is %s, which numpy has no type for; cast it to float32 in "
+                                "the fusion" % (len(got), _lib.hir_dtype_name(o.dtype).decode()))
                 ctype = {0: ctypes.c_float, 1: ctypes.c_double, 2: ctypes.c_uint16}[o.dtype]
                 raw = np.ctypeslib.as_array((ctype * span).from_address(o.data)).view(_NUMPY[o.dtype])
                 arr = np.lib.stride_tricks.as_strided(raw, shape, tuple(s * raw.itemsize for s in steps))
                 got.append(np.array(arr))  # copied: the evaluator's buffer lives until it goes
             results[r] = got
-        except Error as e:
+        except BaseException as e:  # noqa: B036 - every failure of a rank is the caller's, and the others must hear of it
             errors[r] = e
+            _lib.hx_comm_abort(_lib.hir_local_comm(w, r),
+                               ("rank %d failed: %s" % (r, e if isinstance(e, Error) else "%s: %s" % (type(e).__name__, e)))
+                               .encode(errors="replace")[:400])
         finally:
             if ev.value:
                 _lib.hir_evaluator_free(ev.value)
@@ -555,6 +632,6 @@ def run(fusion, inputs, world=None, streams=0, schedule="linear", parts=0, timeo
         t.join()
     _lib.hir_local_world_free(w)
     failed = [e for e in errors if e is not None]
-    if failed:  # the first rank's own failure, else the first message
-        raise min(failed, key=lambda e: "world was aborted" in str(e) or "failed while" in str(e))
+    if failed:  # the first rank's own failure (a Python exception is one), else the first message
+        raise min(failed, key=lambda e: isinstance(e, Error) and ("world was aborted" in str(e) or "failed while" in str(e)))
     return results

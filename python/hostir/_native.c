@@ -95,6 +95,13 @@ HX_EXPORT hir_status hx_tuner_create(const hir_fusion *f, int my_device, hir_bac
 }
 
 HX_EXPORT const char *hx_comm_error(const hir_comm *c) { return c ? c->error : "out of memory"; }
+HX_EXPORT const char *hx_version(void) { return HOSTIR_VERSION; }
+/* A rank that failed outside hostir (a Python exception) tells the others at once, as a failing C rank does. */
+HX_EXPORT void hx_comm_abort(hir_comm *c, const char *why) {
+  if (!c || !c->abort) return;
+  snprintf(c->error, sizeof c->error, "%s", why);
+  c->abort(c);
+}
 HX_EXPORT int hx_comm_copy_engine(const hir_comm *c) { return c && c->p2p_copy_engine; }
 
 #ifdef HOSTIR_PY_NCCL

@@ -321,6 +321,69 @@ class CpuTests(unittest.TestCase):
             ag_matmul(2).lower(schedule="spiral")
         self.assertIn("'linear', 'ring', 'collective', 'gather' or 'split'", str(e.exception))
 
+    def test_python_failures_reach_the_caller(self):
+        """A rank's Python exception is raised by run() and ends the other ranks' waits at once."""
+        import time
+        f = ag_matmul(2)
+        with self.assertRaises(hostir.Error) as e:
+            hostir.run(f, [None, None])
+        self.assertIn("inputs[0] is NoneType", str(e.exception))
+        rng = np.random.default_rng(3)
+        a = rng.standard_normal((1, 2, 3)).astype(np.float32)
+        b = rng.standard_normal((3, 4)).astype(np.float32)
+        t0 = time.monotonic()
+        with self.assertRaises(hostir.Error) as e:  # rank 1 passes a 9-D array
+            hostir.run(f, [[a, b], [np.zeros((1,) * 9, np.float32), b]], timeout_ms=20000)
+        self.assertIn("9 axes", str(e.exception))
+        self.assertLess(time.monotonic() - t0, 10)  # rank 0 was told, it did not wait out 20 s
+
+        class Bad:
+            def __array__(self, *args, **kwargs):
+                raise KeyError("not an array")
+        with self.assertRaises(KeyError):  # not hostir's: raised as it is
+            hostir.run(f, [[a, b], [Bad(), b]], timeout_ms=20000)
+        self.assertLess(time.monotonic() - t0, 20)
+
+    def test_integers_checked_before_c(self):
+        f = hostir.Fusion()
+        with self.assertRaises(hostir.Error) as e:
+            f.input("float32", 2 ** 40)
+        self.assertIn("does not fit a 32-bit C integer", str(e.exception))
+        with self.assertRaises(hostir.Error):
+            ag_matmul(2).lower(device=2 ** 40)
+        a = f.input("float32", 2)
+        with self.assertRaises(hostir.Error):
+            f.select(a, 0, 2 ** 70)
+        with self.assertRaises(hostir.Error):
+            f.reshape(a, [2 ** 64, 1])
+        with self.assertRaises(hostir.Error):
+            a.mesh([0, 2 ** 33])
+        g = hostir.Fusion()  # a scalar input of 2**70 is refused, not run as 0
+        x = g.input("float32", 1)
+        s = g.input_scalar()
+        g.output(g.scale("*", x, s))
+        with self.assertRaises(hostir.Error) as e:
+            hostir.run(g, [[np.ones(3, np.float32), 2 ** 70]])
+        self.assertIn("64-bit", str(e.exception))
+        out = hostir.run(g, [[np.arange(3, dtype=np.float32), 3]])
+        np.testing.assert_allclose(out[0][0], np.arange(3) * 3)
+
+    def test_freed_fusion_refused(self):
+        f = hostir.Fusion()
+        a = f.input("float32", 2)
+        f.__del__()
+        with self.assertRaises(hostir.Error) as e:
+            a.mesh([0])
+        self.assertIn("fusion was freed", str(e.exception))
+        with self.assertRaises(hostir.Error):
+            f.set(a)
+        with self.assertRaises(hostir.Error):
+            str(f)
+
+    def test_version_agrees(self):
+        header = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "hostir.h")).read()
+        self.assertIn('#define HOSTIR_VERSION "%s"' % hostir.__version__, header)
+
 
 if __name__ == "__main__":
     result = unittest.TextTestRunner(verbosity=2).run(unittest.defaultTestLoader.loadTestsFromTestCase(CpuTests))

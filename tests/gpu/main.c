@@ -189,6 +189,8 @@ static hir_status counting_matmul_bias(hir_backend *b, void *s, const hir_tensor
   return st;
 }
 
+#define EXPECT_NOTES(be, want) ((be)->notes && !strcmp((be)->notes, want) ? 1 : (hir_test_failures++, 0))
+
 TEST(test_gpu_linear_and_kernels, "gpu/linear_and_kernels", TEST_GPU) {
   char cache[] = "/tmp/hostir-kernel-cache-XXXXXX", saved[512] = "";
   int dt, had = getenv("HOSTIR_CACHE_DIR") != NULL;
@@ -246,9 +248,44 @@ TEST(test_gpu_linear_and_kernels, "gpu/linear_and_kernels", TEST_GPU) {
       }
     }
     CHECK(epilogue_calls == 3 && epilogue_ok == (d != HIR_F64) * 3 && epilogue_ops == 7);
+    if (!EXPECT_NOTES(be, "")) fprintf(stderr, "  backend notes: %s\n", be->notes);
     for (k = 0; k < 3; k++) tfree(&in[k]);
     hir_backend_free(be);
     hir_fusion_free(f);
+  }
+  { /* the cache's entries: ours, 0600; altered, each is refused, compiled again and replaced */
+    char cmd[600], err[300] = "";
+    hir_backend *be = NULL;
+    FILE *ls;
+    int n = 0, mode_ok = 1;
+    struct stat st;
+    char line[700];
+    snprintf(cmd, sizeof cmd, "ls %s/kernel-*.cubin 2>/dev/null", cache);
+    if ((ls = popen(cmd, "r"))) {
+      while (fgets(line, sizeof line, ls)) {
+        FILE *e;
+        line[strcspn(line, "\n")] = 0;
+        n++;
+        mode_ok &= stat(line, &st) == 0 && (st.st_mode & 0777) == 0600;
+        if ((e = fopen(line, "r+b"))) fseek(e, HIR__KCACHE_HEADER + 100, SEEK_SET), fputc(0x5a ^ fgetc(e), e), fclose(e);
+      }
+      pclose(ls);
+    }
+    CHECK(n == HIR__MAP_KERNELS && mode_ok);
+    CHECK(hir_backend_cuda_open(0, &be, err, sizeof err) == HIR_OK && be && be->notes && strstr(be->notes, "refused") &&
+          strstr(be->notes, "compiled again"));
+    if (be) printf("  altered cache entries: %s\n", be->notes);
+    hir_backend_free(be);
+    be = NULL;
+    CHECK(hir_backend_cuda_open(0, &be, err, sizeof err) == HIR_OK && be && be->notes && !be->notes[0]); /* replaced: taken */
+    hir_backend_free(be);
+    be = NULL;
+    CHECK(hir_backend_cuda_open(999, &be, err, sizeof err) == HIR_ERR_BACKEND && !be && strstr(err, "device 999 is not there"));
+    chmod(cache, 0777); /* others may write it: not used, and said */
+    CHECK(hir_backend_cuda_open(0, &be, err, sizeof err) == HIR_OK && be && strstr(be->notes, "writable by group or others"));
+    hir_backend_free(be);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
+    CHECK(system(cmd) == 0);
   }
   if (had) setenv("HOSTIR_CACHE_DIR", saved, 1);
   else unsetenv("HOSTIR_CACHE_DIR");
