@@ -621,7 +621,6 @@ struct hir_backend {
   const char *device;               /* which device ("NVIDIA H200"), for tuning plans; NULL: `name` says enough */
   int host_memory;                  /* 1: buffers are host-accessible */
   char error[256];
-  const char *notes;                /* what it could not do as configured, and why (the CUDA backend's kernel cache); NULL or "": nothing */
   void (*destroy)(hir_backend *self);
   hir_status (*alloc)(hir_backend *self, size_t bytes, void **ptr);
   void (*release)(hir_backend *self, void *ptr);
@@ -704,6 +703,7 @@ struct hir_backend {
   hir_status (*host_alloc)(hir_backend *self, size_t bytes, void **ptr);
   void (*host_release)(hir_backend *self, void *ptr);
   hir_status (*copy_async)(hir_backend *self, void *stream, void *dst, const void *src, size_t bytes);
+  const char *notes;                /* what it could not do as configured, and why (the CUDA backend's kernel cache); NULL or "": nothing */
 };
 
 /* What a communication moves, in the program's terms: the evaluator fills it
@@ -1206,22 +1206,19 @@ static void hir__sha256_block(hir_sha256 *s, const unsigned char *b) {
       0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08,
       0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
       0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-  uint32_t w[64], v[8], t1, t2;
+  uint32_t w[64], t1, t2, a = s->h[0], bb = s->h[1], c = s->h[2], d = s->h[3], e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
   int i;
   for (i = 0; i < 16; i++)
     w[i] = (uint32_t)b[4 * i] << 24 | (uint32_t)b[4 * i + 1] << 16 | (uint32_t)b[4 * i + 2] << 8 | (uint32_t)b[4 * i + 3];
   for (i = 16; i < 64; i++)
     w[i] = w[i - 16] + (hir__ror(w[i - 15], 7) ^ hir__ror(w[i - 15], 18) ^ (w[i - 15] >> 3)) + w[i - 7] +
            (hir__ror(w[i - 2], 17) ^ hir__ror(w[i - 2], 19) ^ (w[i - 2] >> 10));
-  memcpy(v, s->h, sizeof v);
   for (i = 0; i < 64; i++) {
-    t1 = v[7] + (hir__ror(v[4], 6) ^ hir__ror(v[4], 11) ^ hir__ror(v[4], 25)) + ((v[4] & v[5]) ^ (~v[4] & v[6])) + k[i] + w[i];
-    t2 = (hir__ror(v[0], 2) ^ hir__ror(v[0], 13) ^ hir__ror(v[0], 22)) + ((v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]));
-    memmove(v + 1, v, 7 * sizeof v[0]);
-    v[4] += t1;
-    v[0] = t1 + t2;
+    t1 = h + (hir__ror(e, 6) ^ hir__ror(e, 11) ^ hir__ror(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
+    t2 = (hir__ror(a, 2) ^ hir__ror(a, 13) ^ hir__ror(a, 22)) + ((a & bb) ^ (a & c) ^ (bb & c));
+    h = g, g = f, f = e, e = d + t1, d = c, c = bb, bb = a, a = t1 + t2;
   }
-  for (i = 0; i < 8; i++) s->h[i] += v[i];
+  s->h[0] += a, s->h[1] += bb, s->h[2] += c, s->h[3] += d, s->h[4] += e, s->h[5] += f, s->h[6] += g, s->h[7] += h;
 }
 
 HIRDEF void hir_sha256_init(hir_sha256 *s) {
@@ -1234,6 +1231,11 @@ HIRDEF void hir_sha256_update(hir_sha256 *s, const void *data, size_t n) {
   const unsigned char *p = (const unsigned char *)data;
   while (n) {
     size_t at = (size_t)(s->bytes % 64), take = 64 - at < n ? 64 - at : n;
+    if (at == 0 && n >= 64) { /* a whole block, read where it lies */
+      hir__sha256_block(s, p);
+      s->bytes += 64, p += 64, n -= 64;
+      continue;
+    }
     memcpy(s->block + at, p, take);
     s->bytes += take, p += take, n -= take;
     if (at + take == 64) hir__sha256_block(s, s->block);
@@ -6269,15 +6271,22 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
    messages would cross, paired wrong where their sizes agree. */
 static int hir__p2p_mixed(int kinds) { return (kinds & HIR__P2P_ALLGATHER) && (kinds & HIR__P2P_REDUCE_SCATTER); }
 
-/* Whether x reads what a P2P reduce-scatter among chain[0..n) writes: that
-   sum runs after the loop, so x cannot run inside it and starts a chain of
-   its own. */
+/* Whether x cannot read, chunk by chunk in the loop of chain[0..n), what
+   the chain writes: a P2P reduce-scatter's sum (it runs after the loop), or
+   a tensor x reads along another axis than the one the loop writes it by
+   (a permuted operand: chunk i of x needs every chunk of it). Such an x
+   starts a chain of its own, after the whole tensor is there. */
 static int hir__reads_after_loop(const hir_expr *x, hir_expr *const *chain, int n) {
-  int k, q, a;
+  int k, q, a, j, map[HIR_MAX_DIMS], out_axis = x->nout ? hir__stream_axis(x->out[0]) : -1;
   for (k = 0; k < n; k++)
-    if (hir__p2p_kind(chain[k], &a) == HIR__P2P_REDUCE_SCATTER)
-      for (q = 0; q < x->nin; q++)
-        if (x->in[q] == chain[k]->out[0]) return 1;
+    for (q = 0; q < x->nin; q++) {
+      if (x->in[q] != chain[k]->out[0]) continue;
+      if (hir__p2p_kind(chain[k], &a) == HIR__P2P_REDUCE_SCATTER) return 1;
+      if (out_axis < 0 || hir__p2p_kind(x, &a) != HIR__P2P_NONE) continue; /* the P2P ops cut their own operands */
+      hir__axis_map(x, q, map);
+      for (j = 0; j < x->in[q]->ndims && map[j] != out_axis; j++) {}
+      if (j != hir__stream_axis(x->in[q])) return 1;
+    }
   return 0;
 }
 

@@ -27,14 +27,16 @@
        Rank 0 hands out NCCL's ids over TCP at MASTER_ADDR:MASTER_PORT
        (default 29500; under torchrun, whose own store holds MASTER_PORT, the
        port after it; HOSTIR_PORT overrides; host names, IPv4 and IPv6).
-       It listens only there and answers only requests that carry the job's
-       secret: HOSTIR_SECRET where set (give every rank the same), else one
-       derived from what the launcher tells every rank of one job alone
-       (torchrun's run id, Slurm's job and step ids, Open MPI's job id)
-       with the world's size and the port. Strangers,
-       garbage and stalled connections are refused, and counted in rank 0's
-       timeout messages. The secret keeps other jobs and stray clients out;
-       it is not a defence against someone who can read the job's traffic.
+       It listens only there and answers only ranks that prove, by an HMAC
+       over fresh nonces, that they know the job's secret (and proves the
+       same to them): HOSTIR_SECRET where set (give every rank the same),
+       else one derived from what the launcher tells every rank of one job
+       alone (torchrun's run id, Slurm's job and step ids, Open MPI's job
+       id) with the world's size and the port (weak where the launcher
+       tells nothing of the job: hir_nccl_comm_describe says so). Strangers,
+       replays, garbage and stalled connections are refused, and counted in
+       rank 0's timeout messages; nccl_store says what is not covered (the
+       values cross the network in the clear).
      - one process per GPU in a runtime that has NCCL set up already:
        hir_nccl_comm_create_from_id from the id it broadcast, or
        hir_nccl_comm_from_nccl on its communicator (no port, no store).

@@ -997,9 +997,10 @@ TEST(test_diff_random_programs, "diff/random_programs", TEST_CPU) {
      860462250413: a rank outside a P2P allgather's mesh broadcast rows in its loop while the others took parts of
      columns (wrong numbers); 860463037301: a run refused on the fusion's ranks, the rest of the world untouched;
      861571490316 (a crash) and 861571134282 (a refusal): a split of a summed axis moved a later select's axis;
-     862931903874: an allgather and a reduce-scatter in one linear loop, their messages paired crosswise */
+     862931903874: an allgather and a reduce-scatter in one linear loop, their messages paired crosswise;
+     863803986063: a loop that read a permuted tensor along another axis than it wrote it by */
   static const unsigned long long always[] = {2244, 141003, 5507147, 860462250413ull, 860463037301ull, 861571490316ull,
-                                               861571134282ull, 862931903874ull};
+                                               861571134282ull, 862931903874ull, 863803986063ull};
   int n = n_env ? atoi(n_env) : 300, k, how;
   diff_seeds(NULL, n, 0.25, ""); /* most programs run */
   for (k = 0; !getenv("HIR_DIFF_SEED") && k < (int)(sizeof always / sizeof always[0]); k++)

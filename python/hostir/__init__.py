@@ -66,6 +66,7 @@ class _Checked:
     """The C library's functions, each refusing an argument ctypes would cut (hostir.Error naming the function)."""
 
     def __init__(self, lib, names):
+        self.raw = lib  # the library itself, for callers that take its function pointers (hostir.torch's C++)
         for name in names:
             setattr(self, name, self._wrap(getattr(lib, name), name))
 

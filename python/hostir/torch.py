@@ -60,7 +60,7 @@ _groups = {}  # (group name, device type, index[, rank: a thread's]) -> _Group
 _fast = {}
 try:  # the same in C++, where the package was built against torch: a few microseconds a call
     from . import _torch_fast
-    _torch_fast.setup(Error, *[ctypes.cast(getattr(_lib, name), ctypes.c_void_p).value for name in (
+    _torch_fast.setup(Error, *[ctypes.cast(getattr(_lib.raw, name), ctypes.c_void_p).value for name in (
         "hir_run", "hir_tuner_run", "hir_evaluator_error", "hir_tuner_error", "hir_status_str",
         "hir_backend_cuda_set_stream", "hx_stream_capturing")])
 except (ImportError, AttributeError):  # not built, built for another torch, or a package without CUDA
