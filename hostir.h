@@ -6369,10 +6369,11 @@ HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_opti
           hir__reads_after_loop(x, c.exprs, c.n))
         break;
       if (j > i && (skipped = hir__skipped_p2p(p, p->top.exprs.items[j - 1], id, &team, &nteam)) < 0) goto done;
-      if (hir__p2p_mixed(seen | skipped | hir__p2p_kind(x, &a))) break;
-      seen |= skipped | hir__p2p_kind(x, &a);
+      kind = hir__p2p_kind(x, &a);
+      if (hir__p2p_mixed(seen | skipped | kind)) break;
+      seen |= skipped | kind;
       c.exprs[c.n++] = x;
-      if ((kind = hir__p2p_kind(x, &a)) != HIR__P2P_NONE) {
+      if (kind != HIR__P2P_NONE) {
         c.p2p |= kind;
         if (!(c.mesh = hir__p2p_team(p, x, &c.mesh_size))) goto done;
       }
@@ -14293,9 +14294,10 @@ static hir_status hir__tuner_load_text(hir_tuner *t, char *text, size_t size) {
   hir__cand c;
   double ms;
   hir_status s = HIR_OK;
-  if (memchr(text, 0, size))
+  const char *nul = (const char *)memchr(text, 0, size);
+  if (nul)
     return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the file holds a NUL byte (at byte %zu); it is not a plans file",
-                          (size_t)((char *)memchr(text, 0, size) - text));
+                          (size_t)(nul - text));
   while (s == HIR_OK && line < text + size) {
     char *nl = strchr(line, '\n'), *next = nl ? nl + 1 : text + size, *p;
     size_t len = (size_t)((nl ? nl : text + size) - line);

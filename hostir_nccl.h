@@ -747,12 +747,12 @@ static int hir_nccl__store_ask(hir_nccl__store *s, hir_nccl__msg *m, double dead
   int fd, ok;
   size_t i;
   memcpy(m->magic, hir_nccl__magic, sizeof m->magic);
-  hir_nccl__random(m->nonce, sizeof m->nonce);
-  memcpy(nonce, m->nonce, sizeof nonce);
-  if (s->serving) {
+  if (s->serving) { /* rank 0 asks itself (its abort polls, often): no handshake */
     hir_nccl__store_answer(s, m);
     return 1;
   }
+  hir_nccl__random(m->nonce, sizeof m->nonce);
+  memcpy(nonce, m->nonce, sizeof nonce);
   if ((fd = hir_nccl__connect(s->addrs, s->lens, s->naddrs, deadline)) < 0) return 0;
   ok = hir_nccl__io(fd, &hello, sizeof hello, 0, deadline) && !memcmp(hello.magic, hir_nccl__magic, sizeof hello.magic);
   if (ok) hir_nccl__mac(s->key, "request", hello.nonce, m, m->mac);
