@@ -801,6 +801,12 @@ HIRDEF hir_backend     *hir_backend_cuda_create(int device);
 HIRDEF hir_status       hir_backend_cuda_open(int device, hir_backend **out, char *error, size_t cap);
 HIRDEF void             hir_backend_cuda_set_stream(hir_backend *b, void *cuda_stream);
 HIRDEF void             hir_backend_cuda_set_tf32(hir_backend *b, int enable);
+/* CUDA C++ `source` compiled by NVRTC for `device`'s architecture (through
+   the kernel cache, as the backend's own kernels) and loaded: *library is a
+   cudaLibrary_t, for code that launches kernels of its own (hostir_nccl.h's
+   collectives). `name` names it in messages. */
+HIRDEF hir_status       hir_cuda_library_load(int device, const char *source, const char *name, void **library, char *error,
+                                              size_t cap);
 #endif
 HIRDEF void             hir_backend_free(hir_backend *b);
 /* N ranks as N threads of one process: collectives through shared memory. */
@@ -8962,6 +8968,7 @@ static int hir__nvrtc_open(hir__nvrtc *n, char *why, size_t cap) {
 typedef struct hir__map_build {
   const hir__nvrtc *nvrtc;
   int which;
+  const char *name;                /* for messages: the kernel, or the library */
   char *src, arch[32], option[64];
   unsigned char key[32];
   char *bin;                       /* NVRTC's cubin, or NULL and error */
@@ -8994,11 +9001,11 @@ static void *hir__map_compile(void *build) {
       if (full && n->log(prog, full) == 0) snprintf(log, sizeof log, "%s", full);
       HIR_FREE(full);
     }
-    snprintf(m->error, sizeof m->error, "NVRTC could not compile %s for %s (%d): %.120s", hir__map_name(m->which), m->arch, rc, log);
+    snprintf(m->error, sizeof m->error, "NVRTC could not compile %s for %s (%d): %.120s", m->name, m->arch, rc, log);
   } else if (n->cubin_size(prog, &m->size) != 0 || !(m->bin = (char *)HIR_MALLOC(m->size)) || n->cubin(prog, m->bin) != 0) {
     HIR_FREE(m->bin);
     m->bin = NULL;
-    snprintf(m->error, sizeof m->error, "NVRTC gave no binary of %s for %s", hir__map_name(m->which), m->arch);
+    snprintf(m->error, sizeof m->error, "NVRTC gave no binary of %s for %s", m->name, m->arch);
   }
   if (prog) n->destroy(&prog);
   return NULL;
@@ -9021,28 +9028,36 @@ static int hir__map_load_bin(hir__cuda *c, int which, const char *bin, char *err
   return 1;
 }
 
-/* Starts kernel `which` (not tried yet): its source, then the disk cache.
-   1: loaded from the cache. 0 with m->src: NVRTC must compile it; without:
-   it failed, map_error says why. */
-static int hir__map_begin(hir__cuda *c, int which, hir__map_build *m, hir__kcache *kc, int nvrtc_version) {
-  int major = 0, minor = 0, ok = 0;
-  size_t size = 0;
-  char *bin, options[80];
-  memset(m, 0, sizeof *m);
-  m->nvrtc = &c->nvrtc;
-  m->which = which;
-  c->map_state[which] = -1;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
+/* Its architecture (the device's), NVRTC's options, and its key in the cache. */
+static void hir__map_prepare(hir__map_build *m, int device) {
+  int major = 0, minor = 0;
+  char options[80];
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   snprintf(m->arch, sizeof m->arch, "sm_%d%d", major, minor);
-  if (!(m->src = hir__cuda_map_source(which))) {
-    snprintf(c->map_error, sizeof c->map_error, "out of host memory");
-    return 0;
-  }
   snprintf(options, sizeof options, "%.16s", m->arch); /* a copy: -Wrestrict cannot tell m's fields apart */
   snprintf(m->option, sizeof m->option, "--gpu-architecture=%.16s", options);
   snprintf(options, sizeof options, "%s --std=c++14", m->option);
   hir__kcache_key(m->src, options, m->arch, m->key);
+}
+
+/* Starts kernel `which` (not tried yet): its source, then the disk cache.
+   1: loaded from the cache. 0 with m->src: NVRTC must compile it; without:
+   it failed, map_error says why. */
+static int hir__map_begin(hir__cuda *c, int which, hir__map_build *m, hir__kcache *kc, int nvrtc_version) {
+  int ok = 0;
+  size_t size = 0;
+  char *bin;
+  memset(m, 0, sizeof *m);
+  m->nvrtc = &c->nvrtc;
+  m->which = which;
+  m->name = hir__map_name(which);
+  c->map_state[which] = -1;
+  if (!(m->src = hir__cuda_map_source(which))) {
+    snprintf(c->map_error, sizeof c->map_error, "out of host memory");
+    return 0;
+  }
+  hir__map_prepare(m, c->device);
   if ((bin = hir__kcache_get(kc, m->key, m->arch, nvrtc_version, &size))) { /* a cubin that fails to load is compiled again */
     ok = hir__map_load_bin(c, which, bin, NULL, 0);
     HIR_FREE(bin);
@@ -10065,6 +10080,51 @@ HIRDEF void hir_backend_cuda_set_tf32(hir_backend *b, int enable) {
   c->tf32 = enable != 0;
   if (c->caller_lane.blas) cublasSetMathMode(c->caller_lane.blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
   for (i = 0; i < c->nlanes; i++) cublasSetMathMode(c->lanes[i].blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+}
+
+HIRDEF hir_status hir_cuda_library_load(int device, const char *source, const char *name, void **library, char *error,
+                                        size_t cap) {
+  hir__nvrtc nvrtc;
+  hir__map_build m;
+  hir__kcache kc;
+  cudaLibrary_t lib = NULL;
+  size_t size = 0;
+  char *bin;
+  int major = 0, minor = 0, version = 0;
+  hir_status s = HIR_OK;
+  *library = NULL;
+  memset(&m, 0, sizeof m);
+  memset(&nvrtc, 0, sizeof nvrtc);
+  if ((m.src = (char *)HIR_MALLOC(strlen(source) + 1))) memcpy(m.src, source, strlen(source) + 1);
+  else {
+    snprintf(error, cap, "%s: out of host memory", name);
+    return HIR_ERR_NOMEM;
+  }
+  m.name = name;
+  m.nvrtc = &nvrtc;
+  hir__map_prepare(&m, device);
+  hir__kcache_open(&kc);
+  if (hir__nvrtc_open(&nvrtc, m.error, sizeof m.error) && nvrtc.version(&major, &minor) == 0) version = major * 1000 + minor;
+  if ((bin = hir__kcache_get(&kc, m.key, m.arch, version, &size)) && cudaLibraryLoadData(&lib, bin, NULL, NULL, 0, NULL, NULL, 0) != cudaSuccess)
+    lib = NULL, cudaGetLastError(); /* compiled again */
+  HIR_FREE(bin);
+  if (!lib && nvrtc.lib) hir__map_compile(&m);
+  if (!lib && m.bin && cudaLibraryLoadData(&lib, m.bin, NULL, NULL, 0, NULL, NULL, 0) != cudaSuccess) {
+    snprintf(m.error, sizeof m.error, "cudaLibraryLoadData of %s: %s", name, cudaGetErrorString(cudaGetLastError()));
+    lib = NULL;
+  } else if (lib && m.bin) {
+    hir__kcache_put(&kc, m.key, m.arch, version, m.bin, m.size);
+  }
+  if (!lib) {
+    snprintf(error, cap, "%s", m.error);
+    s = HIR_ERR_BACKEND;
+  }
+  *library = lib;
+  hir__kcache_close(&kc);
+  if (nvrtc.lib) dlclose(nvrtc.lib);
+  HIR_FREE(m.src);
+  HIR_FREE(m.bin);
+  return s;
 }
 #endif /* HOSTIR_CUDA */
 
@@ -11091,6 +11151,7 @@ static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
     return !hir__in_mesh(e->in[0], ev->device) || hir__need_shape(ev, e->in[0]) != NULL;
   case HIR_EXPR_FOR_LOOP:
     if (hir__unbound(&ev->env, e->id->extent)) return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: the extent of ForLoop %d is unknown on this rank", e->name);
+    hir__bind_index(&ev->env, e->val, 0); /* bound at each iteration: for its body's checks (a scalar of it), the first */
     return 1;
   case HIR_EXPR_ALIAS_SELECT:
   case HIR_EXPR_ALIAS_SLICE: return hir__check_view(ev, e);
@@ -12501,6 +12562,11 @@ static hir_status hir__wait_stream(hir_backend *b, void *stream, hir_comm *comm,
     pthread_mutex_lock(&mu);
     pthread_cond_timedwait(&cv, &mu, &nap);
     pthread_mutex_unlock(&mu);
+  }
+  /* work that ended by giving up (a kernel collective past its deadline) ends clean for the stream */
+  if (s == HIR_OK && comm && comm->poll && (polled = comm->poll(comm)) != HIR_OK) {
+    *from_comm = 1;
+    s = polled;
   }
   pthread_cond_destroy(&cv);
   pthread_mutex_destroy(&mu);

@@ -59,6 +59,7 @@
        // >>nccl_store      rank 0's store for NCCL's ids and the abort note: a mutual HMAC handshake, bounded requests
        // >>nccl_env        the launcher's variables: ranks, rank 0's host, port, secret, GPU
        // >>nccl_peer       copy engines between the ranks of a host: shared mailboxes, signal pad, IPC exports
+       // >>nccl_kernels    collectives on kernels of ours: peers' mapped workspaces, flags with sequence numbers
        // >>nccl_comm       hir_comm on NCCL: teams, collectives, copy-engine send/recv, errors
        // >>nccl_bootstrap  the threaded world, one process per GPU, the caller's NCCL */
 #ifndef HOSTIR_NCCL_H
@@ -128,6 +129,18 @@ HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable);
    they run on the nonblocking ones (HOSTIR_NCCL_BLOCKING=0 on any rank, or
    a borrowed communicator). Every rank of a world answers alike. */
 HIRDEF int        hir_nccl_comm_blocking(hir_comm *c);
+/* Where every rank of the world shares one host (at most 8), all-reduce,
+   reduce-scatter and all-gather over the whole world run on kernels of
+   hostir's (nccl_kernels: one-shot and two-shot all-reduce through the
+   peers' mapped workspaces, on a few CTAs) where they beat NCCL's, else on
+   NCCL (HOSTIR_KERNEL_COLLECTIVES=0 on any rank: always NCCL). A path other
+   than AUTO forces one for every size (for benchmarks and tests; ONE_SHOT
+   and TWO_SHOT name the all-reduce's, the others take their kernel either
+   way); ctas > 0 sets the most CTAs a kernel collective takes (1 to 64,
+   default 32). Set it on every rank alike, while no rank runs a program:
+   HIR_ERR_UNSUPPORTED where a kernel path is asked and there are none. */
+typedef enum hir_nccl_path { HIR_NCCL_PATH_AUTO, HIR_NCCL_PATH_NCCL, HIR_NCCL_PATH_ONE_SHOT, HIR_NCCL_PATH_TWO_SHOT } hir_nccl_path;
+HIRDEF hir_status hir_nccl_comm_set_path(hir_comm *c, hir_nccl_path path, int ctas);
 /* One line on how this rank joined and runs: the launcher and rank 0's
    address, where the bootstrap's secret came from (and whether it is weak:
    derived from nothing that is this job's alone), copy engines, twins. */
@@ -1162,6 +1175,8 @@ typedef struct hir_nccl__ce_head {
   char note[512];
   int pid[HIR_NCCL__LOCAL_MAX];
   unsigned long long started[HIR_NCCL__LOCAL_MAX]; /* when each process started (/proc): a pid is that process */
+  unsigned kernel_stop;              /* raised by any rank that aborts: the kernel collectives of the host quit */
+  unsigned kernel_error[HIR_NCCL__LOCAL_MAX]; /* a rank's kernel collective quit: 1 its deadline passed, 2 stopped */
 } hir_nccl__ce_head;
 
 typedef struct hir_nccl__ce_import {
@@ -1438,6 +1453,7 @@ static void hir_nccl__ce_heard(hir_nccl__ce *ce, char *note, size_t cap) {
    so that no GPU waits for a rank that is gone. */
 static void hir_nccl__ce_release(hir_nccl__ce *ce) {
   int p, k;
+  if (ce->block) __atomic_store_n(&hir_nccl__ce_head_of(ce)->kernel_stop, 1u, __ATOMIC_RELEASE);
   for (p = 0; ce->block && p < ce->nlocal; p++) {
     for (k = 0; k < HIR_NCCL__CE_SLOTS; k++) {
       unsigned *ready = (unsigned *)(ce->block + hir_nccl__ce_word(ce, ce->me, p, (unsigned long long)k, 0)); /* my copies wait */
@@ -1598,6 +1614,563 @@ static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_
   return (unsigned char *)im->base + slot->offset;
 }
 
+// >>nccl_kernels
+/* Collectives as kernels of ours, between the ranks of one host: each rank
+   owns a workspace in its GPU's memory that every other rank maps (CUDA IPC
+   between processes, peer access among threads): a pad of flags, a counter
+   per CTA, and two halves of data, each a slot per rank. A call's CTAs
+   push the caller's input (read where it lies: no staging copy) into the
+   peers' slots with plain stores over NVLink, which need no round trip;
+   then each CTA meets its namesake CTA on every rank: it raises its flag in
+   each peer's pad to the call's sequence number (a release: its stores
+   land first) and waits until every peer has raised its own. What it then
+   reads is in its own GPU's memory. One shot: each rank pushes its whole
+   input to every peer and sums its slots. Two shots: segment s goes to
+   rank s, which sums it and pushes the sum to every peer's second region;
+   the CTAs meet again and each copies the sums out. Reduce-scatter and
+   all-gather are the first and second halves of that.
+   A CTA's sequence number is its own counter plus one, kept in its rank's
+   workspace: a CUDA graph replays any number of times with no reset. Calls
+   alternate halves, so a call writes a peer's half only after that peer
+   has met it in the call between (which the peer reaches only once its
+   previous kernel has ended: calls on one communicator are ordered,
+   whatever their streams). Every wait ends at a deadline (the
+   communicator's timeout) or when the host's stop word rises (any rank of
+   the host aborting); the kernel then leaves its cause in the host's block,
+   where the rank's next poll finds it. Sums run in float, in rank order, so
+   every rank gets the same bits. No multicast object is ever made. */
+enum {
+  HIR_NCCL__KC_RANKS = 8,            /* the most ranks of a kernel collective (its arguments carry their addresses) */
+  HIR_NCCL__KC_CTAS = 64,            /* the most CTAs a call takes (the pad has their flags) */
+  HIR_NCCL__KC_HALF = 32 << 20,      /* bytes of a workspace's half: 16 MiB of slots, then 16 of two shots' sums */
+  HIR_NCCL__KC_DATA_AT = 8192,       /* the workspace: flags at 0, counters at 4096, the halves from here */
+  HIR_NCCL__KC_THREADS = 512,
+  HIR_NCCL__KC_CTAS_DEFAULT = 32     /* of an H100's or H200's 132 SMs: a GEMM beside keeps the others */
+};
+enum { HIR_NCCL__AR_ONE, HIR_NCCL__AR_TWO, HIR_NCCL__RS, HIR_NCCL__AG, HIR_NCCL__KC_KINDS };
+
+/* hir_coll_args, as the kernels read it. */
+typedef struct hir_nccl__kargs {
+  unsigned char *ws[HIR_NCCL__KC_RANKS];
+  const void *in;
+  void *out;
+  unsigned long long count, in_stride, out_stride, half, timeout_ns; /* in_stride, out_stride: bytes */
+  const unsigned *stop;
+  unsigned *error;
+  int n, me;
+} hir_nccl__kargs;
+
+typedef struct hir_nccl__kc {
+  int on;                            /* set up on every rank of the world, all on this host */
+  int n, me;
+  unsigned char *mine;               /* this rank's workspace */
+  unsigned char *ws[HIR_NCCL__KC_RANKS]; /* every rank's, as mapped here; [me] is `mine` */
+  int opened[HIR_NCCL__KC_RANKS];    /* mapped by cudaIpcOpenMemHandle (processes) */
+  void *library;                     /* cudaLibrary_t */
+  cudaKernel_t kernel[HIR_NCCL__KC_KINDS][3]; /* by dtype: f32, f16, bf16 (all-gather: [0], bytes) */
+  const unsigned *stop;              /* device addresses of the host block's words */
+  unsigned *error;
+  int ctas;                          /* the most CTAs a call takes */
+  size_t most[HIR_NCCL__KC_KINDS];   /* the largest collective (bytes, hir_nccl__kc_pick) each kernel is chosen for */
+  cudaEvent_t last;                  /* the previous call's end, and where it was */
+  cudaStream_t last_stream;
+  unsigned long long last_capture;   /* its capture's id; 0: eager */
+} hir_nccl__kc;
+
+/* The kernels' source (their CUDA C++, compiled by NVRTC once and kept in
+   hostir's kernel cache). */
+static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-character limit */
+    "typedef unsigned short u16;\n"
+    "typedef unsigned long long u64;\n"
+    "enum { MAXR = 8, PHASES = 2, THREADS = 512, UNROLL = 4, COUNTERS_AT = 4096, DATA_AT = 8192 };\n"
+    "\n"
+    "struct hir_coll_args {\n"
+    "  unsigned char *ws[MAXR];        /* every rank's workspace, as mapped here */\n"
+    "  const unsigned char *in;\n"
+    "  unsigned char *out;\n"
+    "  u64 count;                      /* AR: elements; RS: elements each rank gets; AG: bytes each rank gives */\n"
+    "  u64 in_stride;                  /* RS: bytes from one rank's segment of `in` to the next */\n"
+    "  u64 out_stride;                 /* AG: bytes from one rank's block of `out` to the next */\n"
+    "  u64 half;                       /* bytes of a workspace's half: slots, then (from half / 2) the two-shot's gathered sums */\n"
+    "  u64 timeout_ns;\n"
+    "  const unsigned *stop;           /* host memory: nonzero once a rank of the host aborted */\n"
+    "  unsigned *error;                /* host memory: 1 this rank's kernel passed its deadline, 2 it was stopped */\n"
+    "  int n, me;\n"
+    "};\n"
+    "\n"
+    "__device__ __forceinline__ unsigned hir_ld_acquire(const unsigned *p) {\n"
+    "  unsigned v;\n"
+    "  asm volatile(\"ld.acquire.sys.global.u32 %0, [%1];\" : \"=r\"(v) : \"l\"(p) : \"memory\");\n"
+    "  return v;\n"
+    "}\n"
+    "__device__ __forceinline__ void hir_st_release(unsigned *p, unsigned v) {\n"
+    "  asm volatile(\"st.release.sys.global.u32 [%0], %1;\" ::\"l\"(p), \"r\"(v) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ u64 hir_now_ns(void) {\n"
+    "  u64 t;\n"
+    "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
+    "  return t;\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned *hir_flag(unsigned char *ws, int phase, int from) {\n"
+    "  return (unsigned *)ws + ((blockIdx.x * PHASES + phase) * MAXR + from);\n"
+    "}\n"
+    "\n"
+    "/* Where rank `from`'s bytes land in rank `to`'s half of call `seq`: its\n"
+    "   slot (region 0), or its gathered sums (region 1). */\n"
+    "__device__ __forceinline__ unsigned char *hir_slot(const hir_coll_args &a, int to, int from, unsigned seq, int region) {\n"
+    "  u64 slot = a.half / 2 / a.n / 16 * 16;\n"
+    "  return a.ws[to] + DATA_AT + (seq & 1) * a.half + region * (a.half / 2) + from * slot;\n"
+    "}\n"
+    "\n"
+    "/* The block meets its namesakes on every rank: it raises its flag in each\n"
+    "   rank's pad to `seq` (after every write of the block before it, to any\n"
+    "   GPU), then waits for theirs in its own, under the deadline and the\n"
+    "   host's stop word. */\n"
+    "__device__ bool hir_meet(const hir_coll_args &a, int phase, unsigned seq, u64 start, int *failed) {\n"
+    "  __syncthreads();\n"
+    "  if (threadIdx.x < a.n) {\n"
+    "    int p = threadIdx.x;\n"
+    "    const unsigned *mine = hir_flag(a.ws[a.me], phase, p);\n"
+    "    unsigned spins = 0;\n"
+    "    hir_st_release(hir_flag(a.ws[p], phase, a.me), seq);\n"
+    "    while ((int)(hir_ld_acquire(mine) - seq) < 0)\n"
+    "      if ((++spins & 127) == 0) {\n"
+    "        unsigned why = *(volatile const unsigned *)a.stop ? 2u : hir_now_ns() - start > a.timeout_ns ? 1u : 0u;\n"
+    "        if (why) {\n"
+    "          *(volatile unsigned *)a.error = why;\n"
+    "          *failed = 1;\n"
+    "          break;\n"
+    "        }\n"
+    "      }\n"
+    "  }\n"
+    "  __syncthreads();\n"
+    "  return !*(volatile int *)failed;\n"
+    "}\n"
+    "\n"
+    "__device__ __forceinline__ unsigned hir_word(const uint4 &v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }\n"
+    "__device__ __forceinline__ void hir_set_word(uint4 &v, int j, unsigned w) {\n"
+    "  if (j == 0) v.x = w; else if (j == 1) v.y = w; else if (j == 2) v.z = w; else v.w = w;\n"
+    "}\n"
+    "\n"
+    "/* 16 bytes of the caller's memory, `valid` of them (the rest 0), at any\n"
+    "   element alignment; and back. */\n"
+    "__device__ __forceinline__ uint4 hir_load(const unsigned char *src, int valid, int es) {\n"
+    "  uint4 v = make_uint4(0, 0, 0, 0);\n",
+    "  if (valid == 16 && ((unsigned long)src & 15) == 0) return __ldcg((const uint4 *)src);\n"
+    "  for (int i = 0; i < valid; i += es) {\n"
+    "    unsigned w = es == 4 ? *(const unsigned *)(src + i) : es == 2 ? *(const u16 *)(src + i) : src[i];\n"
+    "    hir_set_word(v, i / 4, hir_word(v, i / 4) | w << (8 * (i & 3)));\n"
+    "  }\n"
+    "  return v;\n"
+    "}\n"
+    "__device__ __forceinline__ void hir_store(unsigned char *dst, const uint4 &v, int valid, int es) {\n"
+    "  if (valid == 16 && ((unsigned long)dst & 15) == 0) {\n"
+    "    *(uint4 *)dst = v;\n"
+    "    return;\n"
+    "  }\n"
+    "  for (int i = 0; i < valid; i += es) {\n"
+    "    unsigned w = hir_word(v, i / 4) >> (8 * (i & 3));\n"
+    "    if (es == 4) *(unsigned *)(dst + i) = w;\n"
+    "    else if (es == 2) *(u16 *)(dst + i) = (u16)w;\n"
+    "    else dst[i] = (unsigned char)w;\n"
+    "  }\n"
+    "}\n"
+    "__device__ __forceinline__ int hir_valid(u64 bytes, u64 v) { return bytes - v * 16 < 16 ? (int)(bytes - v * 16) : 16; }\n"
+    "\n"
+    "/* Sums of 16 bytes of each dtype (0 f32, 1 f16, 2 bf16), lanes in float. */\n"
+    "template <int K> struct hir_lanes;\n"
+    "template <> struct hir_lanes<0> {\n"
+    "  enum { N = 4, ES = 4 };\n"
+    "  static __device__ __forceinline__ void add(float *acc, const uint4 &v) {\n"
+    "    for (int j = 0; j < 4; j++) acc[j] += __uint_as_float(hir_word(v, j));\n"
+    "  }\n"
+    "  static __device__ __forceinline__ uint4 pack(const float *acc) {\n"
+    "    return make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]), __float_as_uint(acc[2]), __float_as_uint(acc[3]));\n"
+    "  }\n"
+    "};\n"
+    "__device__ __forceinline__ float hir_h2f(u16 h) { float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }\n"
+    "__device__ __forceinline__ unsigned hir_pack_h(float lo, float hi) {\n"
+    "  unsigned w; asm(\"cvt.rn.f16x2.f32 %0, %1, %2;\" : \"=r\"(w) : \"f\"(hi), \"f\"(lo)); return w;\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned hir_pack_b(float lo, float hi) {\n"
+    "  unsigned w; asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(w) : \"f\"(hi), \"f\"(lo)); return w;\n"
+    "}\n"
+    "template <> struct hir_lanes<1> {\n"
+    "  enum { N = 8, ES = 2 };\n"
+    "  static __device__ __forceinline__ void add(float *acc, const uint4 &v) {\n"
+    "    for (int j = 0; j < 4; j++) {\n"
+    "      unsigned w = hir_word(v, j);\n"
+    "      acc[2 * j] += hir_h2f((u16)(w & 0xffff));\n"
+    "      acc[2 * j + 1] += hir_h2f((u16)(w >> 16));\n"
+    "    }\n"
+    "  }\n"
+    "  static __device__ __forceinline__ uint4 pack(const float *a) {\n"
+    "    return make_uint4(hir_pack_h(a[0], a[1]), hir_pack_h(a[2], a[3]), hir_pack_h(a[4], a[5]), hir_pack_h(a[6], a[7]));\n"
+    "  }\n"
+    "};\n"
+    "template <> struct hir_lanes<2> {\n"
+    "  enum { N = 8, ES = 2 };\n"
+    "  static __device__ __forceinline__ void add(float *acc, const uint4 &v) {\n"
+    "    for (int j = 0; j < 4; j++) {\n"
+    "      unsigned w = hir_word(v, j);\n"
+    "      acc[2 * j] += __uint_as_float(w << 16);\n"
+    "      acc[2 * j + 1] += __uint_as_float(w & 0xffff0000u);\n"
+    "    }\n"
+    "  }\n"
+    "  static __device__ __forceinline__ uint4 pack(const float *a) {\n"
+    "    return make_uint4(hir_pack_b(a[0], a[1]), hir_pack_b(a[2], a[3]), hir_pack_b(a[4], a[5]), hir_pack_b(a[6], a[7]));\n"
+    "  }\n"
+    "};\n"
+    "\n"
+    "/* This block's part of `vectors`: [*v0, *v1). */\n"
+    "__device__ __forceinline__ void hir_part(u64 vectors, u64 *v0, u64 *v1) {\n"
+    "  u64 per = (vectors + gridDim.x - 1) / gridDim.x;\n"
+    "  *v0 = per * blockIdx.x < vectors ? per * blockIdx.x : vectors;\n"
+    "  *v1 = *v0 + per < vectors ? *v0 + per : vectors;\n"
+    "}\n"
+    "\n"
+    "/* Vectors [v0, v1) of `src` (bytes long: the last may be short) pushed to\n"
+    "   offset v * 16 of `to` on every rank where to(p) is not NULL, UNROLL\n"
+    "   vectors a thread in flight. */\n"
+    "template <typename To>\n"
+    "__device__ __forceinline__ void hir_push(const unsigned char *src, u64 bytes, u64 v0, u64 v1, int es, const hir_coll_args &a, To to) {\n",
+    "  for (u64 v = v0 + threadIdx.x; v < v1; v += (u64)blockDim.x * UNROLL) {\n"
+    "    uint4 x[UNROLL];\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < UNROLL; k++)\n"
+    "      if (v + k * blockDim.x < v1) x[k] = hir_load(src + (v + k * blockDim.x) * 16, hir_valid(bytes, v + k * blockDim.x), es);\n"
+    "    for (int p = 0; p < a.n; p++) {\n"
+    "      unsigned char *dst = to(p);\n"
+    "      if (!dst) continue;\n"
+    "#pragma unroll\n"
+    "      for (int k = 0; k < UNROLL; k++)\n"
+    "        if (v + k * blockDim.x < v1) *(uint4 *)(dst + (v + k * blockDim.x) * 16) = x[k];\n"
+    "    }\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "/* Vectors [v0, v1) of every rank's slot here (`at` bytes in; this rank's\n"
+    "   own from `own`, the caller's input, own_bytes long) summed in rank order,\n"
+    "   so every rank that sums them gets the same bits; each sum given to\n"
+    "   put(v, sum). */\n"
+    "template <int K, typename Put>\n"
+    "__device__ __forceinline__ void hir_reduce(const hir_coll_args &a, unsigned seq, u64 at, u64 v0, u64 v1, const unsigned char *own,\n"
+    "                                           u64 own_bytes, Put put) {\n"
+    "  for (u64 v = v0 + threadIdx.x; v < v1; v += (u64)blockDim.x * UNROLL) {\n"
+    "    float acc[UNROLL][hir_lanes<K>::N];\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < UNROLL; k++)\n"
+    "      for (int j = 0; j < hir_lanes<K>::N; j++) acc[k][j] = 0.f;\n"
+    "    for (int q = 0; q < a.n; q++) {\n"
+    "      const unsigned char *slot = hir_slot(a, a.me, q, seq, 0) + at;\n"
+    "      uint4 x[UNROLL];\n"
+    "#pragma unroll\n"
+    "      for (int k = 0; k < UNROLL; k++)\n"
+    "        if (v + k * blockDim.x < v1)\n"
+    "          x[k] = q == a.me ? hir_load(own + (v + k * blockDim.x) * 16, hir_valid(own_bytes, v + k * blockDim.x), hir_lanes<K>::ES)\n"
+    "                           : __ldcg((const uint4 *)(slot + (v + k * blockDim.x) * 16));\n"
+    "#pragma unroll\n"
+    "      for (int k = 0; k < UNROLL; k++)\n"
+    "        if (v + k * blockDim.x < v1) hir_lanes<K>::add(acc[k], x[k]);\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < UNROLL; k++)\n"
+    "      if (v + k * blockDim.x < v1) put(v + k * blockDim.x, hir_lanes<K>::pack(acc[k]));\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "/* Vectors [v0, v1) of src (16-byte aligned, ours) to the caller's dst, bytes long. */\n"
+    "__device__ __forceinline__ void hir_copy_out(unsigned char *dst, const unsigned char *src, u64 bytes, u64 v0, u64 v1, int es) {\n"
+    "  for (u64 v = v0 + threadIdx.x; v < v1; v += (u64)blockDim.x * UNROLL) {\n"
+    "    uint4 x[UNROLL];\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < UNROLL; k++)\n"
+    "      if (v + k * blockDim.x < v1) x[k] = __ldcg((const uint4 *)(src + (v + k * blockDim.x) * 16));\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < UNROLL; k++)\n"
+    "      if (v + k * blockDim.x < v1) hir_store(dst + (v + k * blockDim.x) * 16, x[k], hir_valid(bytes, v + k * blockDim.x), es);\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "/* A call's sequence number for this block: its counter plus one. */\n"
+    "__device__ __forceinline__ unsigned hir_begin(const hir_coll_args &a, unsigned *seq_shared, int *failed) {\n"
+    "  if (threadIdx.x == 0) {\n"
+    "    *seq_shared = ((unsigned *)(a.ws[a.me] + COUNTERS_AT))[blockIdx.x] + 1;\n"
+    "    *failed = 0;\n"
+    "  }\n"
+    "  __syncthreads();\n"
+    "  return *seq_shared;\n"
+    "}\n"
+    "__device__ __forceinline__ void hir_end(const hir_coll_args &a, unsigned seq) {\n"
+    "  if (threadIdx.x == 0) ((unsigned *)(a.ws[a.me] + COUNTERS_AT))[blockIdx.x] = seq;\n"
+    "}\n"
+    "\n"
+    "/* One shot: every rank's input pushed whole into every other rank's slot\n"
+    "   for it, then each sums its slots and its own input. */\n"
+    "template <int K> __device__ void hir_allreduce_one(const hir_coll_args &a) {\n"
+    "  __shared__ unsigned seq_s;\n"
+    "  __shared__ int failed;\n"
+    "  const int es = hir_lanes<K>::ES;\n"
+    "  u64 start = hir_now_ns(), bytes = a.count * es, v0, v1;\n",
+    "  unsigned seq = hir_begin(a, &seq_s, &failed);\n"
+    "  hir_part((bytes + 15) / 16, &v0, &v1);\n"
+    "  hir_push(a.in, bytes, v0, v1, es, a, [&](int p) { return p == a.me ? (unsigned char *)0 : hir_slot(a, p, a.me, seq, 0); });\n"
+    "  if (!hir_meet(a, 0, seq, start, &failed)) return;\n"
+    "  hir_reduce<K>(a, seq, 0, v0, v1, a.in, bytes, [&](u64 v, const uint4 &sum) { hir_store(a.out + v * 16, sum, hir_valid(bytes, v), es); });\n"
+    "  hir_end(a, seq);\n"
+    "}\n"
+    "\n"
+    "/* Two shots: segment s of every rank's input pushed into rank s's slot for\n"
+    "   it; rank s sums its slots with its own segment and pushes the sum to\n"
+    "   every rank's gathered region; each copies the others' sums out. */\n"
+    "template <int K> __device__ void hir_allreduce_two(const hir_coll_args &a) {\n"
+    "  __shared__ unsigned seq_s;\n"
+    "  __shared__ int failed;\n"
+    "  const int es = hir_lanes<K>::ES, per_vector = hir_lanes<K>::N;\n"
+    "  u64 start = hir_now_ns(), bytes = a.count * es, v0, v1;\n"
+    "  u64 seg_bytes = ((a.count + a.n - 1) / a.n + per_vector - 1) / per_vector * per_vector * es;\n"
+    "  unsigned seq = hir_begin(a, &seq_s, &failed);\n"
+    "  int s;\n"
+    "  hir_part(seg_bytes / 16, &v0, &v1);\n"
+    "  for (s = 0; s < a.n; s++) {\n"
+    "    u64 lo = s * seg_bytes, len = lo < bytes ? (bytes - lo < seg_bytes ? bytes - lo : seg_bytes) : 0, w1 = (len + 15) / 16;\n"
+    "    if (s != a.me)\n"
+    "      hir_push(a.in + lo, len, v0, v1 < w1 ? v1 : w1, es, a, [&](int p) { return p == s ? hir_slot(a, s, a.me, seq, 0) : (unsigned char *)0; });\n"
+    "  }\n"
+    "  if (!hir_meet(a, 0, seq, start, &failed)) return;\n"
+    "  {\n"
+    "    u64 lo = a.me * seg_bytes, len = lo < bytes ? (bytes - lo < seg_bytes ? bytes - lo : seg_bytes) : 0, w1 = (len + 15) / 16;\n"
+    "    hir_reduce<K>(a, seq, 0, v0, v1 < w1 ? v1 : w1, a.in + lo, len, [&](u64 v, const uint4 &sum) {\n"
+    "      for (int p = 0; p < a.n; p++)\n"
+    "        if (p != a.me) *(uint4 *)(hir_slot(a, p, a.me, seq, 1) + v * 16) = sum;\n"
+    "      hir_store(a.out + lo + v * 16, sum, hir_valid(len, v), es);\n"
+    "    });\n"
+    "  }\n"
+    "  if (!hir_meet(a, 1, seq, start, &failed)) return;\n"
+    "  for (s = 0; s < a.n; s++) {\n"
+    "    u64 lo = s * seg_bytes, len = lo < bytes ? (bytes - lo < seg_bytes ? bytes - lo : seg_bytes) : 0, w1 = (len + 15) / 16;\n"
+    "    if (s != a.me) hir_copy_out(a.out + lo, hir_slot(a, a.me, s, seq, 1), len, v0, v1 < w1 ? v1 : w1, es);\n"
+    "  }\n"
+    "  hir_end(a, seq);\n"
+    "}\n"
+    "\n"
+    "/* Reduce-scatter: segment s of `in` (a.in_stride bytes apart) pushed into\n"
+    "   rank s's slot for this rank; each rank sums its slots and its own\n"
+    "   segment into out. */\n"
+    "template <int K> __device__ void hir_reduce_scatter(const hir_coll_args &a) {\n"
+    "  __shared__ unsigned seq_s;\n"
+    "  __shared__ int failed;\n"
+    "  const int es = hir_lanes<K>::ES;\n"
+    "  u64 start = hir_now_ns(), bytes = a.count * es, v0, v1;\n"
+    "  unsigned seq = hir_begin(a, &seq_s, &failed);\n"
+    "  int s;\n"
+    "  hir_part((bytes + 15) / 16, &v0, &v1);\n"
+    "  for (s = 0; s < a.n; s++)\n"
+    "    if (s != a.me)\n"
+    "      hir_push(a.in + s * a.in_stride, bytes, v0, v1, es, a, [&](int p) { return p == s ? hir_slot(a, s, a.me, seq, 0) : (unsigned char *)0; });\n"
+    "  if (!hir_meet(a, 0, seq, start, &failed)) return;\n"
+    "  hir_reduce<K>(a, seq, 0, v0, v1, a.in + a.me * a.in_stride, bytes, [&](u64 v, const uint4 &sum) { hir_store(a.out + v * 16, sum, hir_valid(bytes, v), es); });\n"
+    "  hir_end(a, seq);\n"
+    "}\n"
+    "\n"
+    "/* All-gather of a.count bytes a rank: pushed into every other rank's slot\n"
+    "   for it (and copied to this rank's own block of out), then the slots\n"
+    "   copied out (a.out_stride bytes apart). */\n"
+    "__device__ void hir_allgather(const hir_coll_args &a) {\n"
+    "  __shared__ unsigned seq_s;\n"
+    "  __shared__ int failed;\n"
+    "  u64 start = hir_now_ns(), v0, v1;\n",
+    "  unsigned seq = hir_begin(a, &seq_s, &failed);\n"
+    "  int p;\n"
+    "  hir_part((a.count + 15) / 16, &v0, &v1);\n"
+    "  hir_push(a.in, a.count, v0, v1, 1, a, [&](int q) { return q == a.me ? (unsigned char *)0 : hir_slot(a, q, a.me, seq, 0); });\n"
+    "  for (u64 v = v0 + threadIdx.x; v < v1; v += blockDim.x)\n"
+    "    hir_store(a.out + a.me * a.out_stride + v * 16, hir_load(a.in + v * 16, hir_valid(a.count, v), 1), hir_valid(a.count, v), 1);\n"
+    "  if (!hir_meet(a, 0, seq, start, &failed)) return;\n"
+    "  for (p = 0; p < a.n; p++)\n"
+    "    if (p != a.me) hir_copy_out(a.out + p * a.out_stride, hir_slot(a, a.me, p, seq, 0), a.count, v0, v1, 1);\n"
+    "  hir_end(a, seq);\n"
+    "}\n"
+    "\n"
+    "#define HIR_COLL(name, body) extern \"C\" __global__ void __launch_bounds__(THREADS) name(hir_coll_args a) { body; }\n"
+    "HIR_COLL(hir_allreduce_one_f32, hir_allreduce_one<0>(a))\n"
+    "HIR_COLL(hir_allreduce_one_f16, hir_allreduce_one<1>(a))\n"
+    "HIR_COLL(hir_allreduce_one_bf16, hir_allreduce_one<2>(a))\n"
+    "HIR_COLL(hir_allreduce_two_f32, hir_allreduce_two<0>(a))\n"
+    "HIR_COLL(hir_allreduce_two_f16, hir_allreduce_two<1>(a))\n"
+    "HIR_COLL(hir_allreduce_two_bf16, hir_allreduce_two<2>(a))\n"
+    "HIR_COLL(hir_reduce_scatter_f32, hir_reduce_scatter<0>(a))\n"
+    "HIR_COLL(hir_reduce_scatter_f16, hir_reduce_scatter<1>(a))\n"
+    "HIR_COLL(hir_reduce_scatter_bf16, hir_reduce_scatter<2>(a))\n"
+    "HIR_COLL(hir_allgather_bytes, hir_allgather(a))\n"};
+
+static char *hir_nccl__kc_text(void) {
+  size_t i, n = 1;
+  char *text;
+  for (i = 0; i < sizeof hir_nccl__kc_source / sizeof hir_nccl__kc_source[0]; i++) n += strlen(hir_nccl__kc_source[i]);
+  if (!(text = (char *)malloc(n))) return NULL;
+  text[0] = 0;
+  for (i = 0; i < sizeof hir_nccl__kc_source / sizeof hir_nccl__kc_source[0]; i++) strcat(text, hir_nccl__kc_source[i]);
+  return text;
+}
+
+/* This rank's part of the setup: the kernels and a zeroed workspace. */
+static int hir_nccl__kc_prepare(hir_nccl__kc *kc, int device, char *err, size_t cap) {
+  static const char *const kinds[HIR_NCCL__KC_KINDS] = {"hir_allreduce_one_", "hir_allreduce_two_", "hir_reduce_scatter_",
+                                                         "hir_allgather_bytes"};
+  static const char *const types[3] = {"f32", "f16", "bf16"};
+  char *text = hir_nccl__kc_text(), name[64];
+  hir_status s;
+  cudaError_t e;
+  int k, t;
+  if (!text) {
+    snprintf(err, cap, "out of memory");
+    return 0;
+  }
+  s = hir_cuda_library_load(device, text, "hostir_nccl's collectives", &kc->library, err, cap);
+  free(text);
+  if (s != HIR_OK) return 0;
+  for (k = 0; k < HIR_NCCL__KC_KINDS; k++)
+    for (t = 0; t < (k == HIR_NCCL__AG ? 1 : 3); t++) {
+      snprintf(name, sizeof name, "%s%s", kinds[k], k == HIR_NCCL__AG ? "" : types[t]);
+      if ((e = cudaLibraryGetKernel(&kc->kernel[k][t], (cudaLibrary_t)kc->library, name)) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, cap, "the collectives' library lacks %s", name);
+        return 0;
+      }
+    }
+  if ((e = cudaMalloc((void **)&kc->mine, HIR_NCCL__KC_DATA_AT + 2 * (size_t)HIR_NCCL__KC_HALF)) != cudaSuccess ||
+      (e = cudaMemset(kc->mine, 0, HIR_NCCL__KC_DATA_AT)) != cudaSuccess ||
+      (e = cudaEventCreateWithFlags(&kc->last, cudaEventDisableTiming)) != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(err, cap, "the collectives' workspace (%d MiB): %s", (HIR_NCCL__KC_DATA_AT + 2 * HIR_NCCL__KC_HALF) >> 20,
+             cudaGetErrorString(e));
+    return 0;
+  }
+  kc->ctas = HIR_NCCL__KC_CTAS_DEFAULT;
+  return 1;
+}
+
+static void hir_nccl__kc_free(hir_nccl__kc *kc) {
+  int i;
+  for (i = 0; i < HIR_NCCL__KC_RANKS; i++)
+    if (kc->opened[i]) cudaIpcCloseMemHandle(kc->ws[i]);
+  if (kc->mine) cudaFree(kc->mine);
+  if (kc->last) cudaEventDestroy(kc->last);
+  if (kc->library) cudaLibraryUnload((cudaLibrary_t)kc->library);
+  memset(kc, 0, sizeof *kc);
+}
+
+/* The id of the capture `stream` is in (its graph in *graph), 0 where none. */
+static unsigned long long hir_nccl__capture_of(void *stream, cudaGraph_t *graph) {
+  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+#if CUDART_VERSION >= 13000
+  cudaError_t e = cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, &id, graph, NULL, NULL, NULL);
+#else
+  cudaError_t e = cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, &id, graph, NULL, NULL);
+#endif
+  if (e != cudaSuccess) cudaGetLastError(); /* the capture is broken already: it fails at its end */
+  return e == cudaSuccess && status == cudaStreamCaptureStatusActive ? (id ? id : 1) : 0;
+}
+
+/* One call of kernel `kind` on `stream`, after the previous call (which may
+   be on another stream of the same capture, or eager), on as many CTAs as
+   its `vectors` (16 bytes each, a thread's) ask, at most kc->ctas. */
+static hir_status hir_nccl__kc_launch(hir_nccl__kc *kc, int kind, hir_dtype dt, hir_nccl__kargs *a, unsigned long long vectors,
+                                      cudaStream_t stream, char *err, size_t cap) {
+  cudaGraph_t graph = NULL;
+  unsigned long long capture = hir_nccl__capture_of(stream, &graph);
+  unsigned long long blocks = (vectors + HIR_NCCL__KC_THREADS - 1) / HIR_NCCL__KC_THREADS;
+  cudaKernel_t kernel = kc->kernel[kind][kind == HIR_NCCL__AG ? 0 : dt == HIR_F32 ? 0 : dt == HIR_F16 ? 1 : 2];
+  void *argv[1];
+  dim3 grid, block;
+  cudaError_t e = cudaSuccess;
+  a->n = kc->n;
+  a->me = kc->me;
+  memcpy(a->ws, kc->ws, sizeof a->ws);
+  a->half = HIR_NCCL__KC_HALF;
+  a->stop = kc->stop;
+  a->error = kc->error;
+  grid.x = (unsigned)(blocks < 1 ? 1 : blocks > (unsigned long long)kc->ctas ? (unsigned long long)kc->ctas : blocks);
+  grid.y = grid.z = 1;
+  block.x = HIR_NCCL__KC_THREADS, block.y = block.z = 1;
+  argv[0] = a;
+  if (kc->last_stream && kc->last_stream != stream && kc->last_capture == capture) e = cudaStreamWaitEvent(stream, kc->last, 0);
+  if (e == cudaSuccess) e = cudaLaunchKernel((const void *)kernel, grid, block, argv, 0, stream);
+  if (e == cudaSuccess) e = cudaEventRecord(kc->last, stream);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(err, cap, "launching a kernel collective: %s", cudaGetErrorString(e));
+    return HIR_ERR_BACKEND;
+  }
+  kc->last_stream = stream;
+  kc->last_capture = capture;
+  return HIR_OK;
+}
+
+/* A slot's bytes: what one rank pushes into another's half in one call. */
+static size_t hir_nccl__kc_slot(int n) { return (size_t)HIR_NCCL__KC_HALF / 2 / (size_t)n / 16 * 16; }
+
+/* An all-reduce of `count` elements: at most a slot (one shot) or a slot a
+   rank (two shots) in one call; larger ones run as several calls. */
+static hir_status hir_nccl__kc_allreduce(hir_nccl__kc *kc, int two, const void *send, void *recv, size_t count, hir_dtype dt,
+                                         unsigned long long timeout_ns, cudaStream_t stream, char *err, size_t cap) {
+  size_t es = hir_dtype_size(dt), most = hir_nccl__kc_slot(kc->n) / es * (two ? (size_t)kc->n : 1), done;
+  hir_status s = HIR_OK;
+  for (done = 0; done < count && s == HIR_OK; done += most) {
+    hir_nccl__kargs a;
+    size_t part = count - done < most ? count - done : most;
+    unsigned long long seg_vectors = ((part + (size_t)kc->n - 1) / (size_t)kc->n * es + 15) / 16;
+    memset(&a, 0, sizeof a);
+    a.in = (const unsigned char *)send + done * es;
+    a.out = (unsigned char *)recv + done * es;
+    a.count = part;
+    a.timeout_ns = timeout_ns;
+    s = hir_nccl__kc_launch(kc, two ? HIR_NCCL__AR_TWO : HIR_NCCL__AR_ONE, dt, &a, two ? seg_vectors : (part * es + 15) / 16,
+                            stream, err, cap);
+  }
+  return s;
+}
+
+/* count: elements each rank gets. */
+static hir_status hir_nccl__kc_reduce_scatter(hir_nccl__kc *kc, const void *send, void *recv, size_t count, hir_dtype dt,
+                                              unsigned long long timeout_ns, cudaStream_t stream, char *err, size_t cap) {
+  size_t es = hir_dtype_size(dt), most = hir_nccl__kc_slot(kc->n) / es, done;
+  hir_status s = HIR_OK;
+  for (done = 0; done < count && s == HIR_OK; done += most) {
+    hir_nccl__kargs a;
+    size_t part = count - done < most ? count - done : most;
+    memset(&a, 0, sizeof a);
+    a.in = (const unsigned char *)send + done * es;
+    a.out = (unsigned char *)recv + done * es;
+    a.count = part;
+    a.in_stride = count * es;
+    a.timeout_ns = timeout_ns;
+    s = hir_nccl__kc_launch(kc, HIR_NCCL__RS, dt, &a, (part * es + 15) / 16, stream, err, cap);
+  }
+  return s;
+}
+
+/* bytes: what each rank gives. */
+static hir_status hir_nccl__kc_allgather(hir_nccl__kc *kc, const void *send, void *recv, size_t bytes,
+                                         unsigned long long timeout_ns, cudaStream_t stream, char *err, size_t cap) {
+  size_t most = hir_nccl__kc_slot(kc->n), done;
+  hir_status s = HIR_OK;
+  for (done = 0; done < bytes && s == HIR_OK; done += most) {
+    hir_nccl__kargs a;
+    size_t part = bytes - done < most ? bytes - done : most;
+    memset(&a, 0, sizeof a);
+    a.in = (const unsigned char *)send + done;
+    a.out = (unsigned char *)recv + done;
+    a.count = part;
+    a.out_stride = bytes;
+    a.timeout_ns = timeout_ns;
+    s = hir_nccl__kc_launch(kc, HIR_NCCL__AG, HIR_F32, &a, (part + 15) / 16, stream, err, cap);
+  }
+  return s;
+}
+
 // >>nccl_comm
 typedef struct hir_nccl__team {
   struct hir_nccl__team *next;
@@ -1636,6 +2209,9 @@ typedef struct hir_nccl__rank {
   int ce_nops, ce_group;
   int ce_on;                    /* send/recv to peers of this host on the copy engines */
   hir_nccl__ce ce;
+  hir_nccl__kc kc;              /* collectives on kernels of ours, where every rank shares this host */
+  hir_nccl_path path;           /* which path collectives take (hir_nccl_comm_set_path) */
+  char kc_why[200];             /* why kernel collectives are off, for hir_nccl_comm_describe */
   struct hir_nccl__start_signals *start_pending; /* receives captured to be posted at a replay's start, not yet taken */
   hir_nccl__reg *regs;
   ncclComm_t world;
@@ -1664,7 +2240,7 @@ typedef struct hir_nccl__rank {
   char trip_why[200];           /* why the watchdog ended a call */
   double watch_next_look_ms;    /* the watchdog's next look in rank 0's store */
   char how[640];                /* how the rank joined, for hir_nccl_comm_describe */
-  char description[900];
+  char description[1200];
 } hir_nccl__rank;
 
 struct hir_nccl_world {
@@ -1968,7 +2544,7 @@ static void hir_nccl__watch_stop(hir_nccl__rank *nc) {
 
 /* Whether this rank's data path can take twins: its watchdog runs. The
    ranks then agree (every rank's data path must be on the same kind). */
-/* HOSTIR_NCCL_BLOCKING and HOSTIR_COPY_ENGINE (0/1, on/off, true/false;
+/* HOSTIR_NCCL_BLOCKING, HOSTIR_COPY_ENGINE and HOSTIR_KERNEL_COLLECTIVES (0/1, on/off, true/false;
    default on), checked when a rank is made: anything else refuses it. */
 static int hir_nccl__switch(const char *name) {
   int on = 1;
@@ -1980,7 +2556,8 @@ static hir_status hir_nccl__check_switches(char *err, size_t cap) {
   int on;
   char why[160];
   if (hir_env_switch("HOSTIR_NCCL_BLOCKING", 1, &on, why, sizeof why) == HIR_OK &&
-      hir_env_switch("HOSTIR_COPY_ENGINE", 1, &on, why, sizeof why) == HIR_OK)
+      hir_env_switch("HOSTIR_COPY_ENGINE", 1, &on, why, sizeof why) == HIR_OK &&
+      hir_env_switch("HOSTIR_KERNEL_COLLECTIVES", 1, &on, why, sizeof why) == HIR_OK)
     return HIR_OK;
   snprintf(err, cap, "hostir_nccl: %s", why);
   return HIR_ERR_INVALID;
@@ -2226,23 +2803,88 @@ static hir_status hir_nccl__root(hir_comm *c, const hir_nccl__team *t, int root,
   return HIR_ERR_INVALID;
 }
 
+/* A kernel collective that quit (its deadline, or stopped by an abort):
+   the rank aborts, saying why; HIR_OK where none did. */
+static hir_status hir_nccl__kc_failed(hir_comm *c) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  unsigned why;
+  if (!nc->kc.on || !(why = __atomic_load_n(&hir_nccl__ce_head_of(&nc->ce)->kernel_error[nc->kc.me], __ATOMIC_ACQUIRE)))
+    return HIR_OK;
+  if (nc->aborted || hir_nccl__told(c)) return HIR_ERR_COMM; /* another rank's failure stopped it: its note says why */
+  if (why == 1)
+    snprintf(c->error, sizeof c->error, "a kernel collective on rank %d waited for its peers longer than %d ms: a peer is dead "
+             "or stuck, so the communicator was aborted (raise the timeout of hir_nccl_comm_create if they are only slow)",
+             c->rank, nc->timeout_ms);
+  else
+    snprintf(c->error, sizeof c->error, "a kernel collective on rank %d was stopped by a failure on this host", c->rank);
+  hir_nccl__abort(c);
+  return why == 1 ? HIR_ERR_TIMEOUT : HIR_ERR_COMM;
+}
+
+/* Which kernel a collective of `bytes` (all-reduce: its input; reduce-scatter:
+   its input; all-gather: its output) takes: HIR_NCCL__AR_ONE or _TWO for an
+   all-reduce (`kind` HIR_NCCL__AR_ONE), `kind` for the others; -1: NCCL's.
+   Every rank decides alike: the same sizes, paths and thresholds. */
+static int hir_nccl__kc_pick(hir_nccl__rank *nc, const hir_nccl__team *t, int kind, hir_dtype dt, size_t bytes) {
+  const hir_nccl__kc *kc = &nc->kc;
+  if (!kc->on || t != &nc->world_team || nc->path == HIR_NCCL_PATH_NCCL || !bytes) return -1;
+  if (kind != HIR_NCCL__AG && dt != HIR_F32 && dt != HIR_F16 && dt != HIR_BF16) return -1;
+  if (kind == HIR_NCCL__AR_ONE && nc->path != HIR_NCCL_PATH_AUTO) return nc->path == HIR_NCCL_PATH_ONE_SHOT ? kind : HIR_NCCL__AR_TWO;
+  if (nc->path != HIR_NCCL_PATH_AUTO) return kind;
+  if (kind == HIR_NCCL__AR_ONE) return bytes <= kc->most[HIR_NCCL__AR_ONE] ? kind : bytes <= kc->most[HIR_NCCL__AR_TWO] ? HIR_NCCL__AR_TWO : -1;
+  return bytes <= kc->most[kind] ? kind : -1;
+}
+
+/* A kernel collective's launch: a failure aborts the rank. */
+static hir_status hir_nccl__kc_done(hir_comm *c, hir_status s, const char *what) {
+  char detail[300];
+  if (s == HIR_OK) return HIR_OK;
+  snprintf(detail, sizeof detail, "%.299s", c->error);
+  snprintf(c->error, sizeof c->error, "%s on rank %d: %s", what, c->rank, detail);
+  hir_nccl__abort(c);
+  return s;
+}
+
+static unsigned long long hir_nccl__kc_deadline_ns(const hir_nccl__rank *nc) { return (unsigned long long)nc->timeout_ms * 1000000ull; }
+
 static hir_status hir_nccl__allgather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, void *stream) {
   hir_nccl__team *t = (hir_nccl__team *)team;
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_status s;
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
+  if ((s = hir_nccl__kc_failed(c)) != HIR_OK) return s;
+  if (hir_nccl__kc_pick(nc, t, HIR_NCCL__AG, HIR_F32, bytes * (size_t)t->n) >= 0)
+    return hir_nccl__kc_done(c, hir_nccl__kc_allgather(&nc->kc, send, recv, bytes, hir_nccl__kc_deadline_ns(nc),
+                                                       (cudaStream_t)stream, c->error, sizeof c->error), "an all-gather kernel");
   return HIR_NCCL__DATA(c, ncclAllGather(send, recv, bytes, ncclUint8, hir_nccl__data(t), (cudaStream_t)stream));
 }
 
 static hir_status hir_nccl__allreduce(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
                                       void *stream) {
   hir_nccl__team *t = (hir_nccl__team *)team;
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_status s;
+  int kind;
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
+  if ((s = hir_nccl__kc_failed(c)) != HIR_OK) return s;
+  if ((kind = hir_nccl__kc_pick(nc, t, HIR_NCCL__AR_ONE, dt, count * hir_dtype_size(dt))) >= 0)
+    return hir_nccl__kc_done(c, hir_nccl__kc_allreduce(&nc->kc, kind == HIR_NCCL__AR_TWO, send, recv, count, dt,
+                                                       hir_nccl__kc_deadline_ns(nc), (cudaStream_t)stream, c->error,
+                                                       sizeof c->error), "an all-reduce kernel");
   return HIR_NCCL__DATA(c, ncclAllReduce(send, recv, count, hir_nccl__type(dt), ncclSum, hir_nccl__data(t), (cudaStream_t)stream));
 }
 
 static hir_status hir_nccl__reduce_scatter(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
                                            void *stream) {
   hir_nccl__team *t = (hir_nccl__team *)team;
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_status s;
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
+  if ((s = hir_nccl__kc_failed(c)) != HIR_OK) return s;
+  if (hir_nccl__kc_pick(nc, t, HIR_NCCL__RS, dt, count * hir_dtype_size(dt) * (size_t)t->n) >= 0)
+    return hir_nccl__kc_done(c, hir_nccl__kc_reduce_scatter(&nc->kc, send, recv, count, dt, hir_nccl__kc_deadline_ns(nc),
+                                                            (cudaStream_t)stream, c->error, sizeof c->error),
+                             "a reduce-scatter kernel");
   return HIR_NCCL__DATA(c, ncclReduceScatter(send, recv, count, hir_nccl__type(dt), ncclSum, hir_nccl__data(t), (cudaStream_t)stream));
 }
 
@@ -2402,16 +3044,7 @@ static CUresult hir_nccl__ce_wait_word(const hir_nccl__ce *ce, void *stream, CUd
 }
 
 /* Whether `stream`'s work is being captured into a CUDA graph (*graph). */
-static int hir_nccl__capturing(void *stream, cudaGraph_t *graph) {
-  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-#if CUDART_VERSION >= 13000
-  cudaError_t e = cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, NULL, graph, NULL, NULL, NULL);
-#else
-  cudaError_t e = cudaStreamGetCaptureInfo((cudaStream_t)stream, &status, NULL, graph, NULL, NULL);
-#endif
-  if (e != cudaSuccess) cudaGetLastError(); /* the capture is broken already: it fails at its end */
-  return e == cudaSuccess && status == cudaStreamCaptureStatusActive;
-}
+static int hir_nccl__capturing(void *stream, cudaGraph_t *graph) { return hir_nccl__capture_of(stream, graph) != 0; }
 
 typedef struct hir_nccl__ce_held {   /* what a graph keeps of the receiver's: a graph word pair, an export */
   hir_nccl__ce_graphs *graphs;
@@ -2762,6 +3395,8 @@ static hir_status hir_nccl__poll(hir_comm *c) {
   hir_nccl__team *t;
   int k;
   ncclResult_t r = ncclSuccess;
+  hir_status s;
+  if ((s = hir_nccl__kc_failed(c)) != HIR_OK) return s;
   if (hir_nccl__told(c)) return HIR_ERR_COMM;
   if (nc->aborted) {
     snprintf(c->error, sizeof c->error, "hostir_nccl: the communicator of rank %d was aborted", c->rank);
@@ -2818,6 +3453,8 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   c->needs_device_memory = 1;
   c->capturable = 1; /* NCCL's calls are, and copy-engine send/recv (captured receives use graph words) */
   c->what.tensor = -1;
+  snprintf(nc->kc_why, sizeof nc->kc_why, "%s", size == 1 ? "a world of one rank" : "the ranks share no host block (another host, "
+           "HOSTIR_COPY_ENGINE=0, or it could not be set up)");
   c->team = hir_nccl__make_team;
   c->allgather = hir_nccl__allgather;
   c->allreduce = hir_nccl__allreduce;
@@ -2864,6 +3501,7 @@ static void hir_nccl__release(hir_nccl__rank *nc) {
   nc->abort_pairs = NULL;
   if (nc->zeros) cudaFree(nc->zeros);
   while (nc->nzeros_old) cudaFree(nc->zeros_old[--nc->nzeros_old]);
+  hir_nccl__kc_free(&nc->kc);
   hir_nccl__ce_detach(&nc->ce, 1);
   free(nc->world_team.devices);
 }
@@ -2907,6 +3545,112 @@ static hir_status hir_nccl__world_twin(hir_nccl__rank *nc) {
 }
 
 // >>nccl_bootstrap
+/* Each GPU of a threaded world given access to every other's memory where
+   it can be (else copies go through the host); 1 where every pair can. */
+static int hir_nccl__world_peers(hir_nccl_world *w) {
+  int i, j, can, every = 1, current = 0;
+  cudaGetDevice(&current);
+  for (i = 0; i < w->n; i++)
+    for (j = 0; j < w->n; j++) {
+      if (i == j) continue;
+      if (cudaSetDevice(i) != cudaSuccess || cudaDeviceCanAccessPeer(&can, i, j) != cudaSuccess || !can) every = can = 0;
+      if (can && cudaDeviceEnablePeerAccess(j, 0) != cudaSuccess) cudaGetLastError(); /* already enabled */
+    }
+  cudaSetDevice(current);
+  cudaGetLastError();
+  return every;
+}
+
+/* The words of this host's block a rank's kernel collectives read and write. */
+static void hir_nccl__kc_words(hir_nccl__kc *kc, const hir_nccl__ce *ce) {
+  kc->stop = (const unsigned *)(ce->pad_dev + offsetof(hir_nccl__ce_head, kernel_stop));
+  kc->error = (unsigned *)(ce->pad_dev + offsetof(hir_nccl__ce_head, kernel_error)) + ce->me;
+  /* where the kernels beat NCCL's on 2 H200s (bench/NOTES.md, kernel collectives): one shot moves (n-1) x S a
+     rank, two shots 2 (n-1)/n x S; past 16 MB NCCL's many channels win */
+  kc->most[HIR_NCCL__AR_ONE] = ((size_t)2 << 20) / (size_t)(kc->n - 1);
+  kc->most[HIR_NCCL__AR_TWO] = kc->most[HIR_NCCL__RS] = kc->most[HIR_NCCL__AG] = (size_t)16 << 20;
+}
+
+/* One process per GPU, the whole world on this host, its block up: kernel
+   collectives. Every rank prepares its kernels and workspace, the ranks
+   swap its IPC handle, each maps the others', and they agree: on for every
+   rank, or off for every rank (kc_why says why). */
+static hir_status hir_nccl__kc_join(hir_nccl__rank *nc) {
+  typedef struct { cudaIpcMemHandle_t handle; int ok; } hir_nccl__kc_hello;
+  hir_comm *c = &nc->comm;
+  hir_nccl__kc_hello me, *all;
+  hir_status s;
+  int i, every = 1;
+  memset(&me, 0, sizeof me);
+  nc->kc_why[0] = 0;
+  if (!hir_nccl__switch("HOSTIR_KERNEL_COLLECTIVES")) snprintf(nc->kc_why, sizeof nc->kc_why, "HOSTIR_KERNEL_COLLECTIVES=0");
+  else if (c->size > HIR_NCCL__KC_RANKS) snprintf(nc->kc_why, sizeof nc->kc_why, "more than %d ranks", HIR_NCCL__KC_RANKS);
+  else if (hir_nccl__kc_prepare(&nc->kc, nc->device, nc->kc_why, sizeof nc->kc_why))
+    me.ok = cudaIpcGetMemHandle(&me.handle, nc->kc.mine) == cudaSuccess || (cudaGetLastError(), 0);
+  if (!(all = (hir_nccl__kc_hello *)calloc((size_t)c->size, sizeof *all))) {
+    snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
+    return HIR_ERR_NOMEM;
+  }
+  if ((s = hir_nccl__exchange(c, &me, all, sizeof me, -1, NULL, 0)) == HIR_OK) {
+    for (i = 0; i < c->size; i++) every &= all[i].ok;
+    nc->kc.n = c->size;
+    nc->kc.me = c->rank;
+    for (i = 0; every && i < c->size; i++) {
+      void *base = NULL;
+      if (i == c->rank) nc->kc.ws[i] = nc->kc.mine;
+      else if (cudaIpcOpenMemHandle(&base, all[i].handle, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess)
+        nc->kc.ws[i] = (unsigned char *)base, nc->kc.opened[i] = 1;
+      else {
+        snprintf(nc->kc_why, sizeof nc->kc_why, "mapping rank %d's workspace: %s", i, cudaGetErrorString(cudaGetLastError()));
+        every = 0;
+      }
+    }
+    me.ok = every;
+    if (!every && !nc->kc_why[0]) snprintf(nc->kc_why, sizeof nc->kc_why, "another rank could not set them up");
+    if ((s = hir_nccl__exchange(c, &me, all, sizeof me, -1, NULL, 0)) == HIR_OK)
+      for (i = 0; i < c->size; i++) every &= all[i].ok;
+    if (s == HIR_OK && !every && !nc->kc_why[0]) snprintf(nc->kc_why, sizeof nc->kc_why, "another rank could not map them");
+  }
+  free(all);
+  if (s != HIR_OK || !every) {
+    hir_nccl__kc_free(&nc->kc);
+    return s;
+  }
+  hir_nccl__kc_words(&nc->kc, &nc->ce);
+  nc->kc.on = 1;
+  return HIR_OK;
+}
+
+/* Threads: every rank's kernels and workspace, each GPU's access to the
+   others', then every rank on, or none (kc_why says why). */
+static void hir_nccl__kc_world(hir_nccl_world *w) {
+  char why[200] = "";
+  int i, j, ok = 1, current = 0;
+  if (!hir_nccl__switch("HOSTIR_KERNEL_COLLECTIVES")) snprintf(why, sizeof why, "HOSTIR_KERNEL_COLLECTIVES=0");
+  else if (w->n > HIR_NCCL__KC_RANKS) snprintf(why, sizeof why, "more than %d ranks", HIR_NCCL__KC_RANKS);
+  else if (!w->block || !w->ranks[w->n - 1].ce.stream) snprintf(why, sizeof why, "the ranks' shared block is missing");
+  ok = !why[0];
+  cudaGetDevice(&current);
+  for (i = 0; ok && i < w->n; i++) ok = cudaSetDevice(i) == cudaSuccess && hir_nccl__kc_prepare(&w->ranks[i].kc, i, why, sizeof why);
+  if (ok && !(ok = hir_nccl__world_peers(w))) snprintf(why, sizeof why, "the GPUs cannot all reach each other (peer access)");
+  for (i = 0; i < w->n; i++) {
+    hir_nccl__kc *kc = &w->ranks[i].kc;
+    if (!ok) {
+      cudaSetDevice(i);
+      hir_nccl__kc_free(kc);
+      snprintf(w->ranks[i].kc_why, sizeof w->ranks[i].kc_why, "%s", why);
+      continue;
+    }
+    kc->n = w->n;
+    kc->me = i;
+    for (j = 0; j < w->n; j++) kc->ws[j] = w->ranks[j].kc.mine;
+    hir_nccl__kc_words(kc, &w->ranks[i].ce);
+    kc->on = 1;
+  }
+  cudaSetDevice(current);
+  cudaGetLastError();
+}
+
 /* Which host a rank runs on: NCCL_HOSTID where set (as NCCL does), else the
    host's name and boot id. */
 static unsigned long long hir_nccl__host_id(void) {
@@ -2998,6 +3742,7 @@ static hir_status hir_nccl__join(hir_nccl__rank *nc) {
   }
   nc->ce_on = 1;
   c->p2p_copy_engine = nlocal == c->size; /* peers on other hosts take NCCL's kernels */
+  if (nlocal == c->size && (s = hir_nccl__kc_join(nc)) != HIR_OK) return s; /* every rank alike: one host, its block on */
   for (i = 0; i < nlocal; i++) /* each peer's process learnt now, while it lives: one first looked at once gone is not watched */
     if (i != nc->ce.me) hir_nccl__peer_ended(&nc->ce, i, 1);
   return HIR_OK;
@@ -3120,6 +3865,7 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
       for (k = 0; k < nranks; k++) ce->local[k] = k;
     }
   }
+  if (s == HIR_OK && nranks > 1) hir_nccl__kc_world(w);
   cudaGetLastError();
   return s;
 }
@@ -3132,17 +3878,11 @@ HIRDEF const char *hir_nccl_world_error(const hir_nccl_world *w) { return w ? w-
 /* Direct peer copies where the GPUs can reach each other (else CUDA stages
    them through the host, still off the SMs). */
 HIRDEF void hir_nccl_world_set_copy_engine(hir_nccl_world *w, int enable) {
-  int i, j, can, current = 0, ready = 1;
+  int i, ready = 1;
   if (!w || !w->n) return;
   for (i = 0; i < w->n; i++) ready &= w->ranks[i].ce.stream != NULL;
   enable = enable && ready && w->n > 1;
-  cudaGetDevice(&current);
-  for (i = 0; enable && !w->peer_access && i < w->n; i++)
-    for (j = 0; j < w->n; j++)
-      if (i != j && cudaSetDevice(i) == cudaSuccess && cudaDeviceCanAccessPeer(&can, i, j) == cudaSuccess && can &&
-          cudaDeviceEnablePeerAccess(j, 0) != cudaSuccess)
-        cudaGetLastError(); /* already enabled */
-  cudaSetDevice(current);
+  if (enable) hir_nccl__world_peers(w);
   w->peer_access |= enable != 0;
   for (i = 0; i < w->n; i++) hir_nccl__set_copy_engine(&w->ranks[i].comm, enable);
 }
@@ -3298,14 +4038,41 @@ HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable) {
 
 HIRDEF int hir_nccl_comm_blocking(hir_comm *c) { return c && hir_nccl__of(c)->twins; }
 
+HIRDEF hir_status hir_nccl_comm_set_path(hir_comm *c, hir_nccl_path path, int ctas) {
+  hir_nccl__rank *nc;
+  if (!c) return HIR_ERR_INVALID;
+  nc = hir_nccl__of(c);
+  if ((int)path < HIR_NCCL_PATH_AUTO || (int)path > HIR_NCCL_PATH_TWO_SHOT || ctas < 0 || ctas > HIR_NCCL__KC_CTAS) {
+    snprintf(c->error, sizeof c->error, "hir_nccl_comm_set_path: path %d and ctas %d: use a hir_nccl_path, and 0 to %d CTAs",
+             (int)path, ctas, HIR_NCCL__KC_CTAS);
+    return HIR_ERR_INVALID;
+  }
+  if (!nc->kc.on && path != HIR_NCCL_PATH_AUTO && path != HIR_NCCL_PATH_NCCL) {
+    snprintf(c->error, sizeof c->error, "hir_nccl_comm_set_path: rank %d has no kernel collectives: %s", c->rank, nc->kc_why);
+    return HIR_ERR_UNSUPPORTED;
+  }
+  nc->path = path;
+  if (ctas) nc->kc.ctas = ctas;
+  return HIR_OK;
+}
+
 HIRDEF const char *hir_nccl_comm_describe(hir_comm *c) {
   hir_nccl__rank *nc;
+  char kernels[200];
   if (!c) return "hir_nccl_comm_describe: NULL";
   nc = hir_nccl__of(c);
+  if (!nc->kc.on) snprintf(kernels, sizeof kernels, "on NCCL: %.150s", nc->kc_why);
+  else if (nc->path != HIR_NCCL_PATH_AUTO)
+    snprintf(kernels, sizeof kernels, "on %s (hir_nccl_comm_set_path), at most %d CTAs", nc->path == HIR_NCCL_PATH_NCCL ? "NCCL"
+             : nc->path == HIR_NCCL_PATH_ONE_SHOT ? "hostir's one-shot kernels" : "hostir's two-shot kernels", nc->kc.ctas);
+  else
+    snprintf(kernels, sizeof kernels, "on hostir's kernels (all-reduce one shot up to %zu KiB, two shots up to %zu MiB; "
+             "reduce-scatter, all-gather up to %zu MiB; at most %d CTAs), NCCL above", nc->kc.most[HIR_NCCL__AR_ONE] >> 10,
+             nc->kc.most[HIR_NCCL__AR_TWO] >> 20, nc->kc.most[HIR_NCCL__RS] >> 20, nc->kc.ctas);
   snprintf(nc->description, sizeof nc->description, "hostir_nccl: rank %d of %d on GPU %d, %s; send/recv within a host on %s; "
-           "NCCL's calls %s", c->rank, c->size, nc->device, nc->how[0] ? nc->how : "not joined",
+           "NCCL's calls %s; collectives %s", c->rank, c->size, nc->device, nc->how[0] ? nc->how : "not joined",
            c->p2p_copy_engine ? "copy engines" : "NCCL's kernels",
-           nc->borrowed ? "on the caller's communicator" : nc->twins ? "on blocking twins, watched" : "nonblocking");
+           nc->borrowed ? "on the caller's communicator" : nc->twins ? "on blocking twins, watched" : "nonblocking", kernels);
   return nc->description;
 }
 

@@ -1,7 +1,9 @@
-/* Overlap of communication and GEMM (issue 7): AllGather+GEMM and
-   GEMM+ReduceScatter, each built as a hostir fusion and run through every
-   applicable pipeline on every visible GPU (one thread per GPU, NCCL), or on
-   the CPU backend and the local world when there is no GPU:
+/* Overlap of communication and GEMM: AllGather+GEMM, GEMM+ReduceScatter and
+   GEMM+AllReduce (the row-parallel linear without sequence parallelism: the
+   collective pipeline, serial and the tuner only), each built as a hostir
+   fusion and run through every applicable pipeline on every visible GPU (one
+   thread per GPU, NCCL), or on the CPU backend and the local world when
+   there is no GPU:
 
      serial        the collective, then one GEMM (no Stream axis)
      collective    the A rows split into `chunks` Stream chunks, one
@@ -50,7 +52,7 @@
                          [--parts 1,2,4] [--column-parts 2] [--trace DIR] [--memory-limit MiB] [--pause MS] [--rematch 3] [--serve CHOICE]
                          [--graph [2]] [--hang-s 180]
                          [--decode] [--ranks N]
-                         [ag M K N] [rs M K N] ...
+                         [ag M K N] [rs M K N] [ar M K N] ...
      torchrun --nproc-per-node 2 --no-python build/bench-overlap --processes ...
 
    --hang-s S (default 180 on GPUs, 0: never): a row that has run S seconds
@@ -77,7 +79,7 @@
    timed with send/recv on NCCL, captured); --graph 2: graph mode 2 (the
    arguments copied in and out of the evaluator's own, rows marked [graph
    2]: what the copies cost). --decode: the decode-size shapes, M = 256, 1024,
-   4096 tokens, K = 8192, N = 4096, AG+GEMM and GEMM+RS.
+   4096 tokens, K = 8192, N = 4096, AG+GEMM, GEMM+RS and GEMM+AR.
    --processes: one process per GPU (torchrun, mpirun, srun) instead of a
    thread per GPU; the same table, rank 0 prints it. --ranks N: a thread for
    each of the first N GPUs (default: every visible one, at most 8), or N
@@ -105,7 +107,9 @@
 
 enum { MAXR = 8, MAXIT = 100, MAXCFG = 128, MAXREMATCH = 9 };
 
-typedef enum { AG, RS } pattern;
+typedef enum { AG, RS, AR } pattern;
+static const char *const pattern_names[] = {"AllGather+GEMM", "GEMM+ReduceScatter", "GEMM+AllReduce"};
+static const char *const pattern_keys[] = {"ag", "rs", "ar"};
 typedef enum {
   COMM_ALONE, GEMM_ALONE, SERIAL, COLLECTIVE, COLLECTIVE_N, P2P_AS_COLLECTIVES, P2P_LINEAR, P2P_RING, P2P_ONE_GEMM,
   P2P_SPLIT_WEIGHT, AUTO
@@ -360,6 +364,55 @@ static hir_fusion *build_rs(pipeline pipe, int D) {
   return f;
 }
 
+/* GEMM+AR, the row-parallel linear without sequence parallelism: a rank
+   holds A [M, K/D] and B [K/D, N], every rank gets the summed [M, N]. comm
+   alone: sum(P [DIDx D, M, N], {0}) replicated (an all-reduce). serial:
+   A [DIDx D, M, K/D] x B [DIDx D, K/D, N] summed over axis 0. collective
+   (and the tuner's fusion): A [Stream S, DIDx D, M/S, K/D], the all-reduce
+   of chunk s beside the GEMM of chunk s + 1. */
+static hir_fusion *build_ar(pipeline pipe, int D) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *t[5];
+  int axis0 = 0, axis1 = 1;
+  if (pipe == COMM_ALONE) {
+    t[0] = hir_input(f, HIR_BF16, 3);
+    t[1] = hir_sum(f, t[0], 1, &axis0);
+    hir_output(f, t[1]);
+    mesh_all(t, 2, D);
+    hir_parallelize(t[0], 0, HIR_DIDX);
+    return f;
+  }
+  if (pipe == SERIAL) {
+    t[0] = hir_input(f, HIR_BF16, 3);
+    t[1] = hir_input(f, HIR_BF16, 3);
+    t[2] = hir_matmul(f, t[0], t[1]); /* [D, M, N] */
+    t[3] = hir_sum(f, t[2], 1, &axis0);
+    hir_output(f, t[3]);
+    mesh_all(t, 4, D);
+    hir_parallelize(t[0], 0, HIR_DIDX);
+    hir_parallelize(t[1], 0, HIR_DIDX);
+    hir_parallelize(t[2], 0, HIR_DIDX);
+    return f;
+  }
+  {
+    int flags[4] = {1, 0, 0, 0};
+    t[0] = hir_input(f, HIR_BF16, 4);
+    t[1] = hir_input(f, HIR_BF16, 3);
+    t[2] = hir_broadcast(f, t[1], 4, flags);
+    t[3] = hir_matmul(f, t[0], t[2]); /* [S, D, M/S, N] */
+    t[4] = hir_sum(f, t[3], 1, &axis1);
+    hir_output(f, t[4]);
+    mesh_all(t, 5, D);
+    hir_parallelize(t[0], 1, HIR_DIDX);
+    hir_parallelize(t[1], 0, HIR_DIDX);
+    hir_parallelize(t[2], 1, HIR_DIDX);
+    hir_parallelize(t[3], 0, HIR_STREAM);
+    hir_parallelize(t[3], 1, HIR_DIDX);
+    hir_parallelize(t[4], 0, HIR_STREAM);
+  }
+  return f;
+}
+
 /* The tuner's choice in its plan ("tuned on N ranks in T ms: CHOICE (the
    slowest rank's ...)"), or the plan's start where it reads otherwise. */
 static void plan_choice(const char *plan, char *out, size_t cap) {
@@ -431,6 +484,16 @@ static int host_inputs(bench *B, int rank, hir_tensor in[2], void **owned) {
     default: in[0] = tensor(B->a[rank], 3, (int64_t[]){1, m, K}); break;
     }
     in[1] = tensor(B->b[rank], 2, (int64_t[]){K, N});
+    return 2;
+  }
+  if (s->pat == AR) {
+    switch (B->cfg.pipe) {
+    case COMM_ALONE: in[0] = tensor(NULL, 3, (int64_t[]){1, M, N}); return 1; /* the partial product: any values */
+    case GEMM_ALONE: in[0] = tensor(B->a[rank], 2, (int64_t[]){M, kd}); break;
+    case SERIAL: in[0] = tensor(B->a[rank], 3, (int64_t[]){1, M, kd}); break;
+    default: in[0] = tensor(B->a[rank], 4, (int64_t[]){S, 1, M / S, kd}); break; /* rows in order: chunk s is rows s M/S on */
+    }
+    in[1] = B->cfg.pipe == GEMM_ALONE ? tensor(B->b[rank], 2, (int64_t[]){kd, N}) : tensor(B->b[rank], 3, (int64_t[]){1, kd, N});
     return 2;
   }
   switch (B->cfg.pipe) {
@@ -511,7 +574,7 @@ static void write_trace(bench *B) {
   for (i = 0; i < B->D; i++)
     if (!B->trace_ev[i]) return; /* a rank failed: it says why */
   config_name(&B->cfg, name, sizeof name);
-  k = snprintf(path, sizeof path, "%s/%s_%lld_%lld_%lld_", B->trace_dir, B->sh.pat == AG ? "ag" : "rs", (long long)B->sh.M,
+  k = snprintf(path, sizeof path, "%s/%s_%lld_%lld_%lld_", B->trace_dir, pattern_keys[B->sh.pat], (long long)B->sh.M,
                (long long)B->sh.K, (long long)B->sh.N);
   for (i = 0; name[i] && k + 1 < (int)sizeof path; i++) { /* the pipeline's name, as a file name */
     char c = name[i] == ' ' || name[i] == ',' ? '_' : name[i];
@@ -818,9 +881,9 @@ static hir_status peer_rank(int rank, void *user) { return time_comm((bench *)us
 /* The shape's collective called on the communicator itself: no program and
    no evaluator, what hostir_nccl's call costs beside the "alone" row (which
    runs it through hir_run). AG: each rank's rows gathered; RS: the partial
-   products summed and scattered. */
-static size_t direct_chunk(const bench *B) { /* one rank's bytes */
-  return (size_t)(B->sh.M / B->D) * (size_t)(B->sh.pat == AG ? B->sh.K : B->sh.N) * 2;
+   products summed and scattered; AR: summed whole. */
+static size_t direct_chunk(const bench *B) { /* one rank's bytes (AR: all of them) */
+  return (size_t)(B->sh.M / (B->sh.pat == AR ? 1 : B->D)) * (size_t)(B->sh.pat == AG ? B->sh.K : B->sh.N) * 2;
 }
 
 static hir_status direct_op(bench *B, hir_comm *c, int rank, void *src, void *dst, cudaStream_t st) {
@@ -830,12 +893,14 @@ static hir_status direct_op(bench *B, hir_comm *c, int rank, void *src, void *ds
   hir_status s;
   (void)rank;
   if ((s = c->team(c, world, B->D, &team)) != HIR_OK) return s; /* the world's, made once */
+  if (B->sh.pat == AR) return c->allreduce(c, team, src, dst, chunk / 2, HIR_BF16, st);
   return B->sh.pat == AG ? c->allgather(c, team, src, dst, chunk, st) : c->reduce_scatter(c, team, src, dst, chunk / 2, HIR_BF16, st);
 }
 
 static hir_status direct_rank(int rank, void *user) {
   bench *B = (bench *)user;
   size_t chunk = direct_chunk(B), all = chunk * (size_t)B->D;
+  if (B->sh.pat == AR) return time_comm(B, rank, chunk, chunk, direct_op, "direct collective");
   return time_comm(B, rank, B->sh.pat == AG ? chunk : all, B->sh.pat == AG ? all : chunk, direct_op, "direct collective");
 }
 
@@ -870,11 +935,14 @@ static int run_config(bench *B, config cfg, result *r) {
   config_name(&cfg, name, sizeof name);
   pthread_mutex_lock(&B->mu);
   B->rows_begun++;
-  snprintf(B->row, sizeof B->row, "\"%s\" of %s M=%lld K=%lld N=%lld", name, B->sh.pat == AG ? "AllGather+GEMM" : "GEMM+ReduceScatter",
+  snprintf(B->row, sizeof B->row, "\"%s\" of %s M=%lld K=%lld N=%lld", name, pattern_names[B->sh.pat],
            (long long)B->sh.M, (long long)B->sh.K, (long long)B->sh.N);
   pthread_mutex_unlock(&B->mu);
   B->cfg = cfg;
-  B->f = cfg.pipe == GEMM_ALONE ? build_gemm() : B->sh.pat == AG ? build_ag(cfg.pipe, B->D) : build_rs(cfg.pipe, B->D);
+  B->f = cfg.pipe == GEMM_ALONE ? build_gemm()
+         : B->sh.pat == AG ? build_ag(cfg.pipe, B->D)
+         : B->sh.pat == RS ? build_rs(cfg.pipe, B->D)
+                           : build_ar(cfg.pipe, B->D);
   memset(r, 0, sizeof *r);
 #ifdef HOSTIR_CUDA
   if (B->procs && hir_nccl_comm_set_copy_engine(B->pcomm, cfg.copy_engine) != HIR_OK) {
@@ -937,7 +1005,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   result res[MAXCFG];
   int n = 0, i, j, failed = 0, best = -1;
   double comm, gemm, floor_ms, serial, received, copy_ms, phys;
-  const char *cname = B->sh.pat == AG ? "AG" : "RS";
+  const char *cname = B->sh.pat == AG ? "AG" : B->sh.pat == RS ? "RS" : "AR";
   int64_t m = B->sh.M / B->D;
   int ce, auto_at, k, gemm_ok;
   double began = now_ms();
@@ -948,26 +1016,28 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
       if (m % chunks[i] == 0) {
         cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1, 0, 0};
-        cfgs[n++] = (config){P2P_AS_COLLECTIVES, chunks[i], streams[j], 0, 1, 0, 0}; /* the same, on the p2p fusion's layout */
+        if (B->sh.pat != AR) cfgs[n++] = (config){P2P_AS_COLLECTIVES, chunks[i], streams[j], 0, 1, 0, 0}; /* the p2p fusion's layout */
       }
   for (i = 0; i < ncolumn_parts && B->sh.pat == RS; i++)
     for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
       if (B->sh.N % column_parts[i] == 0) cfgs[n++] = (config){COLLECTIVE_N, column_parts[i], streams[j], 0, 1, 0, 0};
-  for (ce = 0; ce <= B->gpu; ce++)
+  for (ce = 0; ce <= B->gpu && B->sh.pat != AR; ce++) /* an all-reduce has no P2P form */
     for (i = P2P_LINEAR; i <= P2P_RING; i++)
       for (k = 0; k < nparts; k++)
         for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
           if (m % parts[k] == 0) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce, parts[k], 0, 0};
-  for (j = 0; j < nstreams && n < MAXCFG - 1; j++) /* bounded buffers: the memory they save, the time they cost */
+  for (j = 0; j < nstreams && n < MAXCFG - 1 && B->sh.pat != AR; j++) /* bounded buffers: the memory they save, the time they cost */
     cfgs[n++] = (config){P2P_RING, B->D, streams[j], B->gpu, 1, 1, 0};
-  for (ce = 0; ce <= B->gpu && n < MAXCFG - 1; ce++)
+  for (ce = 0; ce <= B->gpu && n < MAXCFG - 1 && B->sh.pat != AR; ce++)
     cfgs[n++] = (config){P2P_ONE_GEMM, B->D, streams[0], ce, 1, 0, 0};
   for (i = 0; i < ncolumn_parts && B->sh.pat == AG; i++)
     for (ce = 0; ce <= B->gpu && n < MAXCFG - 1; ce++)
       if (column_parts[i] > 1 && B->sh.N % column_parts[i] == 0)
         cfgs[n++] = (config){P2P_SPLIT_WEIGHT, column_parts[i], streams[0], ce, 1, 0, 0};
   auto_at = n;
-  cfgs[n++] = (config){AUTO, B->D, 4, B->gpu, 0, 0, B->graphs}; /* the plan it prints is its own */
+  /* the plan it prints is its own; AR: the tuner on the collective fusion of the first chunk count (serial among its
+     candidates) */
+  cfgs[n++] = (config){AUTO, B->sh.pat == AR ? chunks[0] : B->D, 4, B->gpu, 0, 0, B->graphs};
   for (i = 1, k = n; B->graphs && i < k && n < MAXCFG; i++) /* --graph: the GEMM and each pipeline again as a CUDA graph */
     if (cfgs[i].pipe != AUTO) cfgs[n] = cfgs[i], cfgs[n++].graph = B->graphs;
   for (B->generation = B->arrived = 0, i = 0; i < B->D; i++) B->a[i] = B->b[i] = B->ref[i] = NULL;
@@ -981,11 +1051,11 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     if (cfgs[i].pipe == GEMM_ALONE && res[i].ok && (!gemm_ok || res[i].ms < gemm)) gemm = res[i].ms, gemm_ok = 1;
   floor_ms = comm > gemm ? comm : gemm;
   serial = res[2].ms;
-  received = (double)(B->D - 1) * (double)m * (double)(B->sh.pat == AG ? B->sh.K : B->sh.N) * 2;
+  received = (double)(B->D - 1) * (double)m * (double)(B->sh.pat == AG ? B->sh.K : B->sh.N) * 2 * (B->sh.pat == AR ? 2 : 1);
   copy_ms = B->peer_gbs > 0 ? received / (B->peer_gbs * 1e6) : 0;
   phys = copy_ms <= 0 ? 0 : gemm > copy_ms ? gemm : copy_ms;
   printf("%s M=%lld K=%lld N=%lld bf16, %d %s, median of %d after %d warm-up (ms)\n",
-         B->sh.pat == AG ? "AllGather+GEMM" : "GEMM+ReduceScatter", (long long)B->sh.M, (long long)B->sh.K,
+         pattern_names[B->sh.pat], (long long)B->sh.M, (long long)B->sh.K,
          (long long)B->sh.N, B->D,
          !B->gpu ? "CPU ranks (local world)" : B->procs ? "GPUs (CUDA, NCCL, a process each)" : "GPUs (CUDA, NCCL, a thread each)",
          B->iters, B->warmup);
@@ -1125,10 +1195,12 @@ static void *hang_watch(void *user) {
 int main(int argc, char **argv) {
   static bench B;
   static const shape gpu_shapes[] = {{AG, 32768, 32768, 1024}, {AG, 16384, 8192, 7168}, {AG, 4096, 4096, 1024},
-                                     {RS, 32768, 32768, 1024}, {RS, 16384, 28672, 8192}, {RS, 4096, 4096, 1024}};
-  static const shape cpu_shapes[] = {{AG, 256, 128, 64}, {RS, 256, 128, 64}};
+                                     {RS, 32768, 32768, 1024}, {RS, 16384, 28672, 8192}, {RS, 4096, 4096, 1024},
+                                     {AR, 16384, 28672, 8192}, {AR, 4096, 4096, 1024}};
+  static const shape cpu_shapes[] = {{AG, 256, 128, 64}, {RS, 256, 128, 64}, {AR, 256, 128, 64}};
   static const shape decode_shapes[] = {{AG, 256, 8192, 4096}, {AG, 1024, 8192, 4096}, {AG, 4096, 8192, 4096},
-                                        {RS, 256, 8192, 4096}, {RS, 1024, 8192, 4096}, {RS, 4096, 8192, 4096}};
+                                        {RS, 256, 8192, 4096}, {RS, 1024, 8192, 4096}, {RS, 4096, 8192, 4096},
+                                        {AR, 256, 8192, 4096}, {AR, 1024, 8192, 4096}, {AR, 4096, 8192, 4096}};
   int decode = 0, ranks = 0;
   shape shapes[32];
   int nshapes = 0, streams[4] = {2, 4}, nstreams = 2, chunks[4] = {4, 8}, nchunks = 2, parts[4] = {1, 2, 4}, nparts = 3;
@@ -1154,15 +1226,15 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--pause") && i + 1 < argc) B.pause_ms = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rematch") && i + 1 < argc) B.rematch = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--serve") && i + 1 < argc) B.serve = argv[++i];
-    else if ((!strcmp(argv[i], "ag") || !strcmp(argv[i], "rs")) && i + 3 < argc && nshapes < 32) {
-      shapes[nshapes].pat = argv[i][0] == 'a' ? AG : RS;
+    else if ((!strcmp(argv[i], "ag") || !strcmp(argv[i], "rs") || !strcmp(argv[i], "ar")) && i + 3 < argc && nshapes < 32) {
+      shapes[nshapes].pat = !strcmp(argv[i], "ag") ? AG : !strcmp(argv[i], "rs") ? RS : AR;
       shapes[nshapes].M = atoll(argv[i + 1]);
       shapes[nshapes].K = atoll(argv[i + 2]);
       shapes[nshapes++].N = atoll(argv[i + 3]);
       i += 3;
     } else {
       fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--streams 2,4] [--chunks 4,8] [--parts 1,2,4] [--column-parts 2] [--trace DIR] [--hang-s S] "
-                      "[--processes] [--memory-limit MiB] [--pause MS] [--rematch N] [--serve CHOICE] [--graph] [--decode] [--ranks N] [ag|rs M K N]...\n",
+                      "[--processes] [--memory-limit MiB] [--pause MS] [--rematch N] [--serve CHOICE] [--graph] [--decode] [--ranks N] [ag|rs|ar M K N]...\n",
               argv[0]);
       return 2;
     }
@@ -1230,7 +1302,7 @@ int main(int argc, char **argv) {
   }
   if (!nshapes) {
     const shape *d = decode ? decode_shapes : B.gpu ? gpu_shapes : cpu_shapes;
-    nshapes = decode || B.gpu ? 6 : 2;
+    nshapes = decode ? 9 : B.gpu ? 8 : 3;
     memcpy(shapes, d, (size_t)nshapes * sizeof *d);
   }
   for (i = 0; i < nshapes; i++)

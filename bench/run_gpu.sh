@@ -5,15 +5,17 @@
 # process per GPU under torchrun (--processes); then the decode-size shapes
 # the same way, eager and as CUDA graphs (--decode --graph). Multicast stays off (NVLS,
 # symmetric-memory multicast). Arguments go to both runs of bench-overlap.
-# RUN_GPU_SETS="large decode" (the default) picks the tables: "decode" alone
-# runs the decode-size ones, for a machine where both outlast one sitting.
+# RUN_GPU_SETS="large decode collectives" (the default) picks the tables:
+# "decode" alone runs the decode-size ones, for a machine where all outlast
+# one sitting; "collectives" runs bench/torch_collectives.py, then
+# build/bench-collectives in both modes with PyTorch's columns beside.
 # A stage that fails (bench-overlap ends a run whose row hangs, --hang-s)
 # says so, and the next stage runs.
 set -e
-sets=${RUN_GPU_SETS:-large decode}
+sets=${RUN_GPU_SETS:-large decode collectives}
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-make -s build/bench-overlap
+make -s build/bench-overlap build/bench-collectives
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 ngpu=$(nvidia-smi -L | wc -l); [ "$ngpu" -gt 8 ] && ngpu=8 # bench-overlap's most
 case " $sets " in *" large "*)
@@ -25,6 +27,19 @@ if command -v torchrun >/dev/null; then
   echo "== PyTorch async-TP (torchrun --nproc-per-node $ngpu)"
   torchrun --standalone --nproc-per-node "$ngpu" bench/torch_async_tp.py
 fi;; esac
+case " $sets " in *" collectives "*)
+torch_file=$(mktemp)
+if command -v torchrun >/dev/null; then
+  echo "== PyTorch's collectives (torchrun --nproc-per-node $ngpu)"
+  torchrun --standalone --nproc-per-node "$ngpu" bench/torch_collectives.py "$torch_file" || echo "(exit status $?)"
+fi
+echo "== collectives: one process, a thread per GPU"
+./build/bench-collectives --torch "$torch_file" || echo "(exit status $?: the next stage runs all the same)"
+if command -v torchrun >/dev/null; then
+  echo "== collectives: a process per GPU"
+  torchrun --standalone --nproc-per-node "$ngpu" --no-python ./build/bench-collectives --processes --torch "$torch_file" || echo "(exit status $?)"
+fi
+rm -f "$torch_file";; esac
 case " $sets " in *" decode "*) ;; *) exit 0;; esac
 echo "== decode-size shapes, eager and CUDA graphs: one process, a thread per GPU"
 ./build/bench-overlap --decode --graph "$@" || echo "(exit status $?: the next stage runs all the same)"

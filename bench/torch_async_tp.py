@@ -1,9 +1,10 @@
-# PyTorch's async tensor parallelism on the shapes of bench/overlap.c, timed
+# PyTorch's async tensor parallelism on the shapes of bench/overlap.c (GEMM+AR:
+# matmul, then NCCL or its symmetric-memory two-shot all-reduce), timed
 # the same way (ranks meet and start together, run, synchronize; an iteration
-# takes its slowest rank; median of 10 after 3 warm-up), for the comparison issue 7
-# asks for. Run beside build/bench-overlap on the same machine:
+# takes its slowest rank; median of 10 after 3 warm-up), for the comparison.
+# Run beside build/bench-overlap on the same machine:
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-#   torchrun --nproc-per-node 4 bench/torch_async_tp.py [--decode] [ag M K N] [rs M K N] ...
+#   torchrun --nproc-per-node 4 bench/torch_async_tp.py [--decode] [ag M K N] [rs M K N] [ar M K N] ...
 # Shapes given as bench-overlap takes them replace the default set.
 import os
 import statistics
@@ -14,8 +15,9 @@ import torch
 import torch.distributed as dist
 
 SHAPES = [("ag", 32768, 32768, 1024), ("ag", 16384, 8192, 7168), ("ag", 4096, 4096, 1024),
-          ("rs", 32768, 32768, 1024), ("rs", 16384, 28672, 8192), ("rs", 4096, 4096, 1024)]
-DECODE = [(k, M, 8192, 4096) for k in ("ag", "rs") for M in (256, 1024, 4096)]  # --decode: bench-overlap --decode's
+          ("rs", 32768, 32768, 1024), ("rs", 16384, 28672, 8192), ("rs", 4096, 4096, 1024),
+          ("ar", 16384, 28672, 8192), ("ar", 4096, 4096, 1024)]
+DECODE = [(k, M, 8192, 4096) for k in ("ag", "rs", "ar") for M in (256, 1024, 4096)]  # --decode: bench-overlap --decode's
 ITERS, WARMUP = 10, 3
 
 
@@ -62,7 +64,7 @@ def setup():
 def shapes_of(argv):
     """The shapes named on the command line ("ag M K N", "rs M K N"), else --decode's or the default set."""
     given = [(argv[i], int(argv[i + 1]), int(argv[i + 2]), int(argv[i + 3]))
-             for i in range(len(argv) - 3) if argv[i] in ("ag", "rs")]
+             for i in range(len(argv) - 3) if argv[i] in ("ag", "rs", "ar")]
     return given or (DECODE if "--decode" in argv else SHAPES)
 
 
@@ -85,7 +87,7 @@ def main():
                 return torch.mm(gathered, b)
 
             fused = lambda: symm.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=group.group_name)[1][0]
-        else:
+        elif kind == "rs":
             a = torch.rand(M, K // D, device="cuda", dtype=torch.bfloat16) * 2 - 1
             b = torch.rand(K // D, N, device="cuda", dtype=torch.bfloat16) * 2 - 1
             partial = torch.mm(a, b)
@@ -99,6 +101,26 @@ def main():
                 return out
 
             fused = lambda: symm.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=group.group_name)
+        else:  # "ar", the row-parallel linear: every rank gets the sum; torch has no fused op, so its
+            # symmetric-memory two-shot all-reduce after the matmul (written into the symmetric buffer) stands in
+            import torch.distributed._symmetric_memory as symm_mem
+            a = torch.rand(M, K // D, device="cuda", dtype=torch.bfloat16) * 2 - 1
+            b = torch.rand(K // D, N, device="cuda", dtype=torch.bfloat16) * 2 - 1
+            partial = torch.mm(a, b)
+            sym = symm_mem.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            symm_mem.rendezvous(sym, group=group.group_name)
+            comm = lambda: dist.all_reduce(partial, group=group)
+            gemm = lambda: torch.mm(a, b)
+
+            def serial():
+                out = torch.mm(a, b)
+                dist.all_reduce(out, group=group)
+                return out
+
+            def fused():
+                torch.mm(a, b, out=sym)
+                symm.two_shot_all_reduce_(sym, "sum", group.group_name)
+                return sym
         t_comm, t_gemm, t_serial = timed(comm, group), timed(gemm, group), timed(serial, group)
         ref = serial().float()
         try:
@@ -110,14 +132,15 @@ def main():
             t_fused, err, fused_note = float("nan"), float("nan"), f"  FAILED: {type(e).__name__}: {e}"[:300]
         floor = max(t_comm, t_gemm)
         if rank == 0:
-            name = "AllGather+GEMM" if kind == "ag" else "GEMM+ReduceScatter"
+            name = {"ag": "AllGather+GEMM", "rs": "GEMM+ReduceScatter", "ar": "GEMM+AllReduce"}[kind]
             print(f"PyTorch {torch.__version__} {name} M={M} K={K} N={N} bf16, {D} GPUs, median of {ITERS} (ms)")
             print(f"  {'pipeline':34} {'ms':>9} {'x floor':>8} {'E':>7} {'max err':>9}")
             print(f"  {kind.upper() + ' alone':34} {t_comm:9.3f} {t_comm / floor:8.2f}")
             print(f"  {'GEMM alone':34} {t_gemm:9.3f} {t_gemm / floor:8.2f}")
             print(f"  {'serial':34} {t_serial:9.3f} {t_serial / floor:8.2f} {0:7.2f}")
             e = (t_serial - t_fused) / min(t_comm, t_gemm)
-            print(f"  {'async-TP (symm_mem fused)':34} {t_fused:9.3f} {t_fused / floor:8.2f} {e:7.2f} {err:9.1e}{fused_note}")
+            fused_name = "matmul, symm_mem two-shot" if kind == "ar" else "async-TP (symm_mem fused)"
+            print(f"  {fused_name:34} {t_fused:9.3f} {t_fused / floor:8.2f} {e:7.2f} {err:9.1e}{fused_note}")
             print(f"  {'floor = max(comm, GEMM)':34} {floor:9.3f} {1:8.2f}\n", flush=True)
         del a, b
         torch.cuda.empty_cache()

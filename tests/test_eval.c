@@ -1495,6 +1495,37 @@ static hir_program *prog_scalar_loop(void) {
   return p;
 }
 
+/* A loop's own index as an op's scalar (nvFuser's HostIrTest.ForLoops): y =
+   x * i inside FOR i in [0, 4) leaves x * 3; the plan knows the index is the
+   loop's, though no value is bound before the run. */
+TEST(test_eval_loop_index_scalar, "eval/loop_index_scalar", TEST_CPU) {
+  hir_program *p = hir_program_create();
+  hir_fusion *f = hir_program_fusion(p);
+  hir_tv *x = hir_input(f, HIR_F32, 1), *y;
+  hir_expr *loop = hir_host_for_range(p, hir_val_const(f, 4));
+  hir_evaluator *ev = NULL;
+  hir_eval_desc ed;
+  float xs[5] = {1.5f, -2, 0.25f, 3, 7};
+  hir_tensor in[1], out[1];
+  int j;
+  y = hir_binary_val(f, HIR_BINARY_MUL, x, hir_host_loop_index(loop));
+  hir_output(f, y);
+  hir_scope_append(hir_program_body(p), hir_host_allocate(p, y));
+  hir_scope_append(hir_program_body(p), loop);
+  hir_scope_append(hir_expr_body(loop), hir_tv_definition(y));
+  memset(&ed, 0, sizeof ed);
+  memset(in, 0, sizeof in);
+  memset(out, 0, sizeof out);
+  in[0].data = xs, in[0].dtype = HIR_F32, in[0].ndims = 1, in[0].sizes[0] = 5;
+  CHECK(hir_program_verify(p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  CHECK(ev && hir_run(ev, in, 1, out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+  if (ev && hir_evaluator_error(ev)[0]) fprintf(stderr, "  %s\n", hir_evaluator_error(ev));
+  for (j = 0; out[0].data && j < 5; j++) CHECK(((float *)out[0].data)[j] == xs[j] * 3);
+  CHECK(out[0].data != NULL);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+}
+
 TEST(test_eval_scalar_inputs, "eval/scalar_inputs", TEST_CPU | TEST_GPU_WORLDS) {
   int wi;
   for (wi = 0; wi < 5; wi++) {

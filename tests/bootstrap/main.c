@@ -5,8 +5,9 @@
    abort note that a failing rank leaves for the others (threads and
    processes), the copy engines' shared block: host ids, layout, notes and
    ended peers, and the blocking twins' watchdog (a deadline, another
-   rank's note in the world, on the host or in rank 0's store). Needs NCCL's and CUDA's headers and libraries to link, no
-   GPU. The last line is "N passed, N failed". */
+   rank's note in the world, on the host or in rank 0's store), and the kernel collectives' host side (their
+   source compiles with NVRTC and agrees with the host's layout; which path a size takes). Needs NCCL's and
+   CUDA's headers and libraries to link, no GPU. The last line is "N passed, N failed". */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #define HOSTIR_IMPLEMENTATION
 #define HOSTIR_NCCL_IMPLEMENTATION
@@ -824,6 +825,111 @@ TEST(test_twins_store, "twins/watchdog_store_note", TEST_CPU) {
     hir_nccl__store_close(&r[i].store);
   }
   free(r);
+}
+
+/* ---- the kernel collectives' host side (nccl_kernels) ---- */
+/* The kernels' source compiles with NVRTC for Hopper (no GPU needed), with
+   every kernel the host looks up, its argument block the host's size and
+   its constants the host's (asserted inside the source). */
+TEST(test_kernels_source, "kernels/source_compiles", TEST_CPU) {
+  static const char *const names[] = {"hir_allreduce_one_f32", "hir_allreduce_one_f16", "hir_allreduce_one_bf16",
+                                      "hir_allreduce_two_f32", "hir_allreduce_two_f16", "hir_allreduce_two_bf16",
+                                      "hir_reduce_scatter_f32", "hir_reduce_scatter_f16", "hir_reduce_scatter_bf16",
+                                      "hir_allgather_bytes"};
+  hir__nvrtc nvrtc;
+  hir__map_build m;
+  char why[200], *text = hir_nccl__kc_text(), *src;
+  size_t i, cap;
+  CHECK(text != NULL);
+  if (!text) return;
+  if (!hir__nvrtc_open(&nvrtc, why, sizeof why)) {
+    printf("  (not run: %s)\n", why); /* no CUDA toolkit's NVRTC here */
+    free(text);
+    return;
+  }
+  cap = strlen(text) + 1024;
+  src = (char *)malloc(cap);
+  snprintf(src, cap, "%s\nstatic_assert(sizeof(hir_coll_args) == %zu, \"the host's size\");\n" /* NVRTC has no offsetof */
+           "static_assert(MAXR == %d && THREADS == %d && DATA_AT == %d, \"the host's constants\");\n",
+           text, sizeof(hir_nccl__kargs), HIR_NCCL__KC_RANKS, HIR_NCCL__KC_THREADS, HIR_NCCL__KC_DATA_AT);
+  memset(&m, 0, sizeof m);
+  m.nvrtc = &nvrtc;
+  m.name = "hostir_nccl's collectives";
+  m.src = src;
+  snprintf(m.option, sizeof m.option, "--gpu-architecture=sm_90");
+  hir__map_compile(&m);
+  if (!m.bin) fprintf(stderr, "  %s\n", m.error);
+  CHECK(m.bin != NULL);
+  for (i = 0; m.bin && i < sizeof names / sizeof names[0]; i++) {
+    size_t k, len = strlen(names[i]);
+    int found = 0;
+    for (k = 0; k + len <= m.size && !found; k++) found = !memcmp(m.bin + k, names[i], len);
+    if (!found) fprintf(stderr, "  the cubin lacks %s\n", names[i]);
+    CHECK(found);
+  }
+  free(m.bin);
+  free(src);
+  free(text); /* NVRTC stays loaded: its runtime keeps memory it never frees, which a leak check would report */
+}
+
+/* Which path a collective takes: the same for every rank of a world (it
+   reads only sizes, the dtype, the team and the settings), one shot up to
+   2 MB / (n - 1), the kernels up to 16 MB, NCCL above, for f64 and for a
+   team other than the world; a slot's calls fit the workspace. */
+TEST(test_kernels_choice, "kernels/choice", TEST_CPU) {
+  hir_nccl__rank *nc = (hir_nccl__rank *)calloc(1, sizeof *nc);
+  hir_nccl__team other;
+  unsigned char pad[4096];
+  hir_nccl__ce ce;
+  int n, bad = 0;
+  memset(&ce, 0, sizeof ce);
+  memset(&other, 0, sizeof other);
+  ce.pad_dev = pad;
+  for (n = 2; n <= HIR_NCCL__KC_RANKS; n++) {
+    size_t one = ((size_t)2 << 20) / (size_t)(n - 1), slot = hir_nccl__kc_slot(n), es;
+    memset(nc, 0, sizeof *nc);
+    nc->kc.on = 1;
+    nc->kc.n = n;
+    nc->world_team.n = other.n = n;
+    hir_nccl__kc_words(&nc->kc, &ce);
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, one) != HIR_NCCL__AR_ONE;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, one + 2) != HIR_NCCL__AR_TWO;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_F32, (size_t)16 << 20) != HIR_NCCL__AR_TWO;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_F32, ((size_t)16 << 20) + 4) != -1;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_F64, 8) != -1;
+    bad += hir_nccl__kc_pick(nc, &other, HIR_NCCL__AR_ONE, HIR_BF16, 8) != -1;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__RS, HIR_F16, (size_t)16 << 20) != HIR_NCCL__RS;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AG, HIR_F8E4M3, ((size_t)16 << 20) + 1) != -1;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AG, HIR_F8E4M3, 1) != HIR_NCCL__AG;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 0) != -1;
+    nc->path = HIR_NCCL_PATH_ONE_SHOT; /* forced: any size */
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, (size_t)1 << 30) != HIR_NCCL__AR_ONE;
+    nc->path = HIR_NCCL_PATH_TWO_SHOT;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8) != HIR_NCCL__AR_TWO;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AG, HIR_BF16, (size_t)1 << 30) != HIR_NCCL__AG;
+    nc->path = HIR_NCCL_PATH_NCCL;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8) != -1;
+    nc->path = HIR_NCCL_PATH_AUTO;
+    nc->comm.ctx = nc;
+    nc->kc.ctas = HIR_NCCL__KC_CTAS_DEFAULT;
+    if (n == 2 && !strstr(hir_nccl_comm_describe(&nc->comm), "one shot up to 2048 KiB, two shots up to 16 MiB")) {
+      fprintf(stderr, "  %s\n", hir_nccl_comm_describe(&nc->comm));
+      bad++;
+    }
+    nc->kc.on = 0;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8) != -1;
+    /* a call's slots: n of them in a half's first region, 16-byte multiples; two shots' segments of the
+       most elements a call takes fit one */
+    bad += slot % 16 != 0 || slot * (size_t)n > (size_t)HIR_NCCL__KC_HALF / 2;
+    for (es = 2; es <= 4; es += 2) {
+      size_t most = slot / es * (size_t)n, per_vector = 16 / es;
+      bad += ((most + (size_t)n - 1) / (size_t)n + per_vector - 1) / per_vector * per_vector * es > slot;
+    }
+  }
+  bad += HIR_NCCL__KC_CTAS * 2 * HIR_NCCL__KC_RANKS * (int)sizeof(unsigned) > 4096; /* the flags, then the counters */
+  bad += 4096 + HIR_NCCL__KC_CTAS * (int)sizeof(unsigned) > HIR_NCCL__KC_DATA_AT;
+  CHECK(bad == 0);
+  free(nc);
 }
 
 int main(int argc, char **argv) {

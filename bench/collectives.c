@@ -1,0 +1,420 @@
+/* All-reduce, reduce-scatter and all-gather through hostir_nccl's
+   communicator on every visible GPU: NCCL's kernels, hostir's one-shot and
+   two-shot all-reduce (reduce-scatter and all-gather: its kernel), and the
+   automatic choice, bf16 sums, from 8 KB to 256 MB (the all-reduce's buffer,
+   the reduce-scatter's input, the all-gather's output). Microseconds per
+   call, eager (20 calls between two CUDA events) and in a CUDA graph of 20
+   calls, the slowest rank's, median of 20, beside the physical floor: the
+   bytes each rank receives (all-reduce 2(D-1)/D x S, the others (D-1)/D x S)
+   over the peer bandwidth measured in the same run (256 MiB to the next
+   rank while receiving from the previous, copy engines). With --torch FILE
+   (bench/torch_collectives.py's, run just before) PyTorch's symmetric-memory
+   one-shot and two-shot join the table, and "auto/best" is the automatic
+   choice over the fastest of NCCL and those. Every row's result is checked
+   against NCCL's (err: the largest difference over the largest value).
+
+     build/bench-collectives [--sizes 8K,1M,...] [--ctas N] [--only ar|rs|ag] [--torch FILE]
+     torchrun --nproc-per-node 2 --no-python build/bench-collectives --processes ...
+
+   One process with a thread per GPU, or (--processes) one process per GPU
+   under torchrun, mpirun or srun. */
+#define HOSTIR_IMPLEMENTATION
+#define HOSTIR_NCCL_IMPLEMENTATION
+#include "../hostir_nccl.h"
+#include "bench.h"
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#ifndef HOSTIR_CUDA
+int main(void) {
+  printf("bench-collectives: needs the CUDA build (CUDA and NCCL found by the Makefile)\n");
+  return 0;
+}
+#else
+enum { MAXR = 8, CALLS = 20, ITERS = 20, MAXSIZES = 32, NPATHS = 4, MAXTORCH = 1024 };
+enum { AR, RS, AG, NKINDS };
+static const char *const kind_names[NKINDS] = {"all-reduce", "reduce-scatter", "all-gather"};
+static const char *const kind_keys[NKINDS] = {"ar", "rs", "ag"};
+static const hir_nccl_path paths[NPATHS] = {HIR_NCCL_PATH_NCCL, HIR_NCCL_PATH_ONE_SHOT, HIR_NCCL_PATH_TWO_SHOT, HIR_NCCL_PATH_AUTO};
+
+typedef struct torch_row { int kind, graph; size_t bytes; char who[32]; double us; } torch_row;
+
+typedef struct bench {
+  int D, procs, me, ctas, only;
+  size_t sizes[MAXSIZES];
+  int nsizes;
+  hir_nccl_world *world;
+  hir_comm *pcomm;
+  pthread_barrier_t meet;
+  double shared[MAXR * ITERS];       /* threads: what each rank shares */
+  double err[MAXR];
+  char msg[MAXR][520];
+  double peer_gbs;
+  torch_row torch[MAXTORCH];
+  int ntorch;
+  double us[NKINDS][MAXSIZES][NPATHS][2], errs[NKINDS][MAXSIZES][NPATHS];
+} bench;
+
+static bench B;
+
+static size_t parse_size(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  return (size_t)(v * (*end == 'K' ? 1 << 10 : *end == 'M' ? 1 << 20 : *end == 'G' ? 1 << 30 : 1));
+}
+
+/* bf16 of a float, rounded to nearest even. */
+static unsigned short bf16_of(float f) {
+  unsigned u;
+  memcpy(&u, &f, 4);
+  return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+static float float_of_bf16(unsigned short h) {
+  unsigned u = (unsigned)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Every rank's `mine` (doubles) into all, rank order: threads share memory, processes go through the communicator. */
+static hir_status share(hir_comm *c, void *team, cudaStream_t s, const double *mine, double *all, int n) {
+  double *dev;
+  if (!B.procs) {
+    memcpy(B.shared + (size_t)c->rank * n, mine, (size_t)n * sizeof *mine);
+    pthread_barrier_wait(&B.meet);
+    memcpy(all, B.shared, (size_t)n * B.D * sizeof *all);
+    pthread_barrier_wait(&B.meet);
+    return HIR_OK;
+  }
+  if (cudaMalloc((void **)&dev, (size_t)n * sizeof *dev * (B.D + 1)) != cudaSuccess) return HIR_ERR_NOMEM;
+  cudaMemcpy(dev + (size_t)n * B.D, mine, (size_t)n * sizeof *mine, cudaMemcpyHostToDevice);
+  hir_status st = c->allgather(c, team, dev + (size_t)n * B.D, dev, (size_t)n * sizeof *dev, s);
+  if (st == HIR_OK && cudaStreamSynchronize(s) == cudaSuccess) cudaMemcpy(all, dev, (size_t)n * sizeof *dev * B.D, cudaMemcpyDeviceToHost);
+  cudaFree(dev);
+  return st;
+}
+
+static hir_status call(hir_comm *c, void *team, int kind, const void *in, void *out, size_t bytes, cudaStream_t s) {
+  size_t count = bytes / 2;
+  if (kind == AR) return c->allreduce(c, team, in, out, count, HIR_BF16, s);
+  if (kind == RS) return c->reduce_scatter(c, team, in, out, count / (size_t)B.D, HIR_BF16, s);
+  return c->allgather(c, team, in, out, bytes / (size_t)B.D, s);
+}
+
+/* Per-call microseconds of CALLS calls, ITERS times: eager, or one graph of CALLS calls. */
+static hir_status time_row(hir_comm *c, void *team, int kind, const void *in, void *out, size_t bytes, int graph, cudaStream_t s,
+                           double *times) {
+  cudaEvent_t e0, e1;
+  cudaGraph_t g = NULL;
+  cudaGraphExec_t exec = NULL;
+  hir_status st = HIR_OK;
+  int i, k;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (i = 0; i < 3 && st == HIR_OK; i++) st = call(c, team, kind, in, out, bytes, s);
+  if (st == HIR_OK && graph) {
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    for (k = 0; k < CALLS && st == HIR_OK; k++) st = call(c, team, kind, in, out, bytes, s);
+    if (cudaStreamEndCapture(s, &g) != cudaSuccess || st != HIR_OK || cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) {
+      if (st == HIR_OK) snprintf(c->error, sizeof c->error, "capture failed: %s", cudaGetErrorString(cudaGetLastError()));
+      st = st == HIR_OK ? HIR_ERR_BACKEND : st;
+    } else {
+      cudaGraphLaunch(exec, s);
+    }
+  }
+  if (cudaStreamSynchronize(s) != cudaSuccess && st == HIR_OK) st = HIR_ERR_BACKEND;
+  for (i = 0; i < ITERS && st == HIR_OK; i++) {
+    float ms = 0;
+    cudaEventRecord(e0, s);
+    if (graph) cudaGraphLaunch(exec, s);
+    else
+      for (k = 0; k < CALLS && st == HIR_OK; k++) st = call(c, team, kind, in, out, bytes, s);
+    cudaEventRecord(e1, s);
+    if (cudaStreamSynchronize(s) != cudaSuccess && st == HIR_OK) st = HIR_ERR_BACKEND;
+    cudaEventElapsedTime(&ms, e0, e1);
+    times[i] = ms * 1e3 / CALLS;
+  }
+  if (st == HIR_OK) st = c->poll(c);
+  if (exec) cudaGraphExecDestroy(exec);
+  if (g) cudaGraphDestroy(g);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return st;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The median over iterations of the slowest rank. */
+static double slowest(const double *all) {
+  double worst[ITERS];
+  int i, r;
+  for (i = 0; i < ITERS; i++)
+    for (worst[i] = 0, r = 0; r < B.D; r++) worst[i] = all[r * ITERS + i] > worst[i] ? all[r * ITERS + i] : worst[i];
+  return median(worst, ITERS);
+}
+
+static hir_status rank_main(int rank, void *user) {
+  hir_comm *c = B.procs ? B.pcomm : hir_nccl_world_comm(B.world, rank);
+  int world[MAXR], i, z, p, g, kind, device = B.procs ? -1 : rank;
+  unsigned seed;
+  size_t most = 0, k;
+  unsigned short *host;
+  void *team, *in, *out, *ref;
+  cudaStream_t s;
+  hir_status st;
+  double all[MAXR * ITERS], mine[ITERS];
+  (void)user;
+  if (device < 0) cudaGetDevice(&device);
+  cudaSetDevice(device);
+  for (i = 0; i < B.D; i++) world[i] = i;
+  for (z = 0; z < B.nsizes; z++) most = B.sizes[z] > most ? B.sizes[z] : most;
+  if ((st = c->team(c, world, B.D, &team)) != HIR_OK) return st;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess || cudaMalloc(&in, most) != cudaSuccess ||
+      cudaMalloc(&out, most) != cudaSuccess || cudaMalloc(&ref, most) != cudaSuccess || !(host = malloc(2 * most))) {
+    snprintf(B.msg[rank], sizeof B.msg[rank], "out of memory for %zu bytes", most);
+    return HIR_ERR_NOMEM;
+  }
+  for (k = 0, seed = 1234u + (unsigned)c->rank; k < most / 2; k++) { /* xorshift: uniform in [-1, 1) */
+    seed ^= seed << 13, seed ^= seed >> 17, seed ^= seed << 5;
+    host[k] = bf16_of((float)(seed >> 8) / (1 << 24) * 2 - 1);
+  }
+  cudaMemcpy(in, host, most, cudaMemcpyHostToDevice);
+  { /* the peer bandwidth: 256 MiB to the next rank while receiving from the previous, copy engines */
+    size_t bytes = (size_t)256 << 20;
+    void *a, *b;
+    cudaEvent_t e0, e1;
+    float ms;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    if (cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess) {
+      for (i = 0; i < 5; i++) {
+        cudaEventRecord(e0, s);
+        c->group_start(c);
+        c->send(c, a, bytes, (c->rank + 1) % B.D, s);
+        c->recv(c, b, bytes, (c->rank + B.D - 1) % B.D, s);
+        if ((st = c->group_end(c)) != HIR_OK) return st;
+        cudaEventRecord(e1, s);
+        cudaStreamSynchronize(s);
+        cudaEventElapsedTime(&ms, e0, e1);
+        mine[i] = ms;
+      }
+      cudaFree(a);
+      cudaFree(b);
+      if (rank == 0) B.peer_gbs = bytes / (median(mine, 5) * 1e-3) * 1e-9;
+    }
+  }
+  for (kind = 0; kind < NKINDS; kind++) {
+    if (B.only >= 0 && kind != B.only) continue;
+    for (z = 0; z < B.nsizes; z++) {
+      size_t bytes = B.sizes[z] / (2 * (size_t)B.D) * 2 * (size_t)B.D; /* whole bf16 elements a rank */
+      size_t out_bytes = kind == RS ? bytes / (size_t)B.D : bytes;
+      for (p = 0; p < NPATHS; p++) {
+        if (kind != AR && p == 1) continue; /* one kernel each: the two-shot column */
+        if ((st = hir_nccl_comm_set_path(c, paths[p], B.ctas)) == HIR_ERR_UNSUPPORTED) { /* no kernels here: NCCL's rows only */
+          if (rank == 0) B.us[kind][z][p][0] = B.us[kind][z][p][1] = NAN;
+          continue;
+        }
+        if (st != HIR_OK) {
+          snprintf(B.msg[rank], sizeof B.msg[rank], "%s", c->error);
+          return st;
+        }
+        cudaMemset(out, 0xff, out_bytes); /* NaN where nothing is written */
+        if ((st = call(c, team, kind, in, out, bytes, s)) != HIR_OK || cudaStreamSynchronize(s) != cudaSuccess ||
+            (st = c->poll(c)) != HIR_OK) {
+          snprintf(B.msg[rank], sizeof B.msg[rank], "%s", c->error);
+          return st ? st : HIR_ERR_BACKEND;
+        }
+        if (p == 0) {
+          cudaMemcpy(ref, out, out_bytes, cudaMemcpyDeviceToDevice);
+          B.err[rank] = 0;
+        } else { /* the largest difference from NCCL's result over its largest value */
+          unsigned short *o = host, *r = host + most / 2;
+          double top = 0, diff = 0;
+          cudaMemcpy(o, out, out_bytes, cudaMemcpyDeviceToHost);
+          cudaMemcpy(r, ref, out_bytes, cudaMemcpyDeviceToHost);
+          for (k = 0; k < out_bytes / 2; k++) {
+            double a = float_of_bf16(o[k]), b = float_of_bf16(r[k]);
+            top = fabs(b) > top ? fabs(b) : top;
+            diff = !(fabs(a - b) <= diff) ? fabs(a - b) : diff;
+          }
+          B.err[rank] = top > 0 ? diff / top : diff;
+        }
+        for (g = 0; g < 2; g++) {
+          if ((st = time_row(c, team, kind, in, out, bytes, g, s, mine)) != HIR_OK) {
+            snprintf(B.msg[rank], sizeof B.msg[rank], "%s", c->error);
+            return st;
+          }
+          hir_nccl_comm_set_path(c, HIR_NCCL_PATH_NCCL, 0);
+          if ((st = share(c, team, s, mine, all, ITERS)) != HIR_OK) return st;
+          if (rank == 0) B.us[kind][z][p][g] = slowest(all);
+          hir_nccl_comm_set_path(c, paths[p], B.ctas);
+        }
+        hir_nccl_comm_set_path(c, HIR_NCCL_PATH_NCCL, 0);
+        if ((st = share(c, team, s, &B.err[rank], all, 1)) != HIR_OK) return st;
+        if (rank == 0) {
+          double e = 0;
+          fprintf(stderr, "bench-collectives: %s %zu bytes, path %d done\n", kind_names[kind], bytes, (int)paths[p]);
+          for (i = 0; i < B.D; i++) e = all[i] > e || all[i] != all[i] ? all[i] : e;
+          B.errs[kind][z][p] = e;
+        }
+      }
+    }
+  }
+  cudaFree(in);
+  cudaFree(out);
+  cudaFree(ref);
+  free(host);
+  cudaStreamDestroy(s);
+  return HIR_OK;
+}
+
+static double torch_us(int kind, size_t bytes, int graph, const char *who) {
+  int i;
+  for (i = 0; i < B.ntorch; i++)
+    if (B.torch[i].kind == kind && B.torch[i].graph == graph && B.torch[i].bytes == bytes && !strcmp(B.torch[i].who, who))
+      return B.torch[i].us;
+  return 0;
+}
+
+static void size_text(size_t b, char *buf, size_t cap) {
+  if (b >= (1u << 20) && b % (1u << 20) == 0) snprintf(buf, cap, "%zu MB", b >> 20);
+  else if (b >= 1024 && b % 1024 == 0) snprintf(buf, cap, "%zu KB", b >> 10);
+  else snprintf(buf, cap, "%zu B", b);
+}
+
+static void print_tables(void) {
+  int kind, z, g, p;
+  for (kind = 0; kind < NKINDS; kind++) {
+    if (B.only >= 0 && kind != B.only) continue;
+    for (g = 1; g >= 0; g--) {
+      printf("%s, bf16, %d ranks (%s), %s, us a call (slowest rank, median of %d)%s\n", kind_names[kind], B.D,
+             B.procs ? "a process per GPU" : "threads of one process", g ? "CUDA graphs of 20 calls" : "eager, 20 calls",
+             ITERS, B.ntorch ? "; torch: symmetric memory, no multicast" : "");
+      printf("%8s %9s %9s %9s %9s %9s", "bytes", "NCCL", kind == AR ? "one-shot" : "", kind == AR ? "two-shot" : "kernel", "auto", "floor");
+      if (B.ntorch) printf(" %10s %10s %10s", kind == AR ? "torch 1sh" : "torch symm", kind == AR ? "torch 2sh" : "", "torch NCCL");
+      printf(" %9s %10s %8s\n", "auto/best", "auto/floor", "err");
+      for (z = 0; z < B.nsizes; z++) {
+        size_t bytes = B.sizes[z] / (2 * (size_t)B.D) * 2 * (size_t)B.D;
+        double recv = kind == AR ? 2.0 * (B.D - 1) / B.D * bytes : (double)(B.D - 1) / B.D * bytes;
+        double floor_us = B.peer_gbs > 0 ? recv / (B.peer_gbs * 1e3) : 0, best = B.us[kind][z][0][g], e = 0;
+        double t1 = kind == AR ? torch_us(kind, bytes, g, "symm_one-shot") : torch_us(kind, bytes, g, "symm");
+        double t2 = kind == AR ? torch_us(kind, bytes, g, "symm_two-shot") : 0, tn = torch_us(kind, bytes, g, "nccl");
+        char sz[32];
+        size_text(bytes, sz, sizeof sz);
+        if (t1 > 0 && t1 < best) best = t1;
+        if (t2 > 0 && t2 < best) best = t2;
+        for (p = 1; p < NPATHS; p++) e = B.errs[kind][z][p] > e ? B.errs[kind][z][p] : e;
+        printf("%8s %9.1f", sz, B.us[kind][z][0][g]);
+        if (kind == AR) printf(" %9.1f", B.us[kind][z][1][g]);
+        else printf(" %9s", "");
+        printf(" %9.1f %9.1f %9.1f", B.us[kind][z][2][g], B.us[kind][z][3][g], floor_us);
+        if (B.ntorch) {
+          if (t1 > 0) printf(" %10.1f", t1);
+          else printf(" %10s", "-");
+          if (t2 > 0) printf(" %10.1f", t2);
+          else printf(" %10s", "");
+          if (tn > 0) printf(" %10.1f", tn);
+          else printf(" %10s", "-");
+        }
+        printf(" %9.2f %10.2f %8.1e\n", B.us[kind][z][3][g] / best, floor_us > 0 ? B.us[kind][z][3][g] / floor_us : 0, e);
+      }
+      printf("\n");
+    }
+  }
+}
+
+static void read_torch(const char *path) {
+  FILE *f = fopen(path, "r");
+  char kind[8], mode[8], who[32];
+  unsigned long long bytes;
+  double us;
+  if (!f) {
+    fprintf(stderr, "bench-collectives: cannot read %s; the torch columns are left out\n", path);
+    return;
+  }
+  while (B.ntorch < MAXTORCH && fscanf(f, "%7s %llu %7s %31s %lf", kind, &bytes, mode, who, &us) == 5) {
+    torch_row *t = &B.torch[B.ntorch++];
+    t->kind = !strcmp(kind, "ar") ? AR : !strcmp(kind, "rs") ? RS : AG;
+    t->graph = !strcmp(mode, "graph");
+    t->bytes = (size_t)bytes;
+    snprintf(t->who, sizeof t->who, "%s", who);
+    t->us = us;
+  }
+  fclose(f);
+}
+
+int main(int argc, char **argv) {
+  const char *sizes = "8K,32K,128K,512K,1M,2M,4M,8M,16M,64M,256M", *torch = NULL;
+  hir_status st;
+  int i;
+  B.only = -1;
+  setvbuf(stdout, NULL, _IOLBF, 0); /* each line out as it is made */
+  for (i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--processes")) B.procs = 1;
+    else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) sizes = argv[++i];
+    else if (!strcmp(argv[i], "--ctas") && i + 1 < argc) B.ctas = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--torch") && i + 1 < argc) torch = argv[++i];
+    else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+      for (B.only = 0; B.only < NKINDS && strcmp(kind_keys[B.only], argv[i + 1]); B.only++) {}
+      if (B.only == NKINDS) B.only = -2;
+      i++;
+    } else B.only = -2;
+    if (B.only == -2) {
+      fprintf(stderr, "usage: %s [--processes] [--sizes 8K,1M,...] [--ctas N] [--only ar|rs|ag] [--torch FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  {
+    char *copy = strdup(sizes), *tok, *save = NULL;
+    for (tok = strtok_r(copy, ",", &save); tok && B.nsizes < MAXSIZES; tok = strtok_r(NULL, ",", &save)) B.sizes[B.nsizes++] = parse_size(tok);
+    free(copy);
+  }
+  if (torch) read_torch(torch);
+  if (B.procs) {
+    hir_nccl_env env;
+    char err[512];
+    if (hir_nccl_env_read(&env, err, sizeof err) != HIR_OK || env.size < 2 || env.size > MAXR) {
+      fprintf(stderr, "bench-collectives: %s\n", env.size < 2 ? "--processes needs 2 to 8 ranks (torchrun, mpirun, srun)" : err);
+      return 2;
+    }
+    if (hir_nccl_comm_create(&env, 60000, &B.pcomm) != HIR_OK) {
+      fprintf(stderr, "bench-collectives: rank %d: %s\n", env.rank, B.pcomm ? B.pcomm->error : "out of memory");
+      return 1;
+    }
+    B.D = env.size;
+    B.me = env.rank;
+    if (B.me == 0) printf("%s\n", hir_nccl_comm_describe(B.pcomm));
+    if (B.me != 0 && !freopen("/dev/null", "w", stdout)) return 1;
+    st = rank_main(B.me, NULL);
+  } else {
+    if (cudaGetDeviceCount(&B.D) != cudaSuccess || B.D < 2) {
+      printf("bench-collectives: %d GPU(s) visible, 2 needed\n", B.D);
+      return 0;
+    }
+    B.D = B.D > MAXR ? MAXR : B.D;
+    if (hir_nccl_world_create(B.D, &B.world) != HIR_OK) {
+      fprintf(stderr, "bench-collectives: %s\n", hir_nccl_world_error(B.world));
+      return 1;
+    }
+    hir_nccl_world_set_copy_engine(B.world, 1);
+    printf("%s\n", hir_nccl_comm_describe(hir_nccl_world_comm(B.world, 0)));
+    pthread_barrier_init(&B.meet, NULL, (unsigned)B.D);
+    st = hir_spmd(B.D, rank_main, NULL);
+  }
+  if (st != HIR_OK) {
+    for (i = 0; i < MAXR && !B.msg[i][0]; i++) {}
+    fprintf(stderr, "bench-collectives: %s: %s\n", hir_status_str(st), i < MAXR ? B.msg[i] : "");
+    return 1;
+  }
+  printf("peer bandwidth: %.0f GB/s (256 MiB to the next rank while receiving from the previous, copy engines)\n\n", B.peer_gbs);
+  print_tables();
+  if (B.procs) hir_nccl_comm_free(B.pcomm);
+  else hir_nccl_world_free(B.world);
+  return 0;
+}
+#endif
