@@ -778,6 +778,11 @@ struct hir_comm {
   void *(*start_signals_take)(hir_comm *self);
   hir_status (*start_signals_raise)(hir_comm *self, void *signals, void *stream);
   void (*start_signals_release)(hir_comm *self, void *signals);
+  /* optional: which path a collective of `type` moving `bytes` (an
+     all-reduce's buffer, a reduce-scatter's input, an all-gather's output)
+     takes, for the plan ("NCCL", "hostir's two-shot kernel"); NULL: not
+     said. */
+  const char *(*collective_path)(hir_comm *self, void *team, hir_collective type, size_t bytes, hir_dtype dtype);
 };
 
 /* The position of `device` in a team (or mesh) of n device ids, -1 if it is
@@ -12853,6 +12858,59 @@ HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_
   return hir__tell_world(ev);
 }
 
+/* The plan's "collectives:" part, for the shapes just planned: each
+   collective this rank takes part in, the bytes it moves here (an
+   all-gather's output, a reduce-scatter's input, the larger side of the
+   others) and, where the communicator says, the path it takes. Replaced at
+   each new plan; the program's one evaluator writes it (as its epilogue
+   notes). */
+static void hir__collectives_of(hir_evaluator *ev, const hir_scope *sc, char *text, size_t cap, int *listed, int *more) {
+  int i;
+  for (i = 0; i < sc->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)sc->exprs.items[i];
+    const hir__shape *a, *o;
+    size_t n = strlen(text), in_bytes = 0, out_bytes = 0, bytes;
+    const char *path = NULL;
+    hir__collectives_of(ev, &e->body, text, cap, listed, more);
+    hir__collectives_of(ev, &e->orelse, text, cap, listed, more);
+    if (e->kind != HIR_EXPR_COMMUNICATION || !ev->team[e->name]) continue;
+    if (e->nin && hir__in_mesh(e->in[0], ev->device) && (a = &ev->shape[e->in[0]->name])->known)
+      in_bytes = (size_t)hir__shape_numel(a) * hir_dtype_size(e->in[0]->dtype);
+    if (e->nout && hir__in_mesh(e->out[0], ev->device) && (o = &ev->shape[e->out[0]->name])->known)
+      out_bytes = (size_t)hir__shape_numel(o) * hir_dtype_size(e->out[0]->dtype);
+    bytes = e->sub == HIR_COLL_ALLGATHER ? out_bytes : e->sub == HIR_COLL_REDUCESCATTER ? in_bytes
+            : in_bytes > out_bytes ? in_bytes : out_bytes;
+    if (ev->comm->collective_path)
+      path = ev->comm->collective_path(ev->comm, ev->team[e->name], (hir_collective)e->sub, bytes,
+                                       e->nout ? e->out[0]->dtype : e->in[0]->dtype);
+    if (*listed == 8) {
+      (*more)++;
+      continue;
+    }
+    snprintf(text + n, cap - n, "%s%s %d (T%d) %.1f %s%s%s", *listed ? ", " : "", hir__collective_names[e->sub], e->name,
+             e->nout ? e->out[0]->name : e->in[0]->name, (double)bytes / (bytes >> 20 ? 1 << 20 : 1 << 10),
+             bytes >> 20 ? "MiB" : "KiB", path ? " on " : "", path ? path : "");
+    (*listed)++;
+  }
+}
+
+static void hir__plan_collectives(hir_evaluator *ev) {
+  hir_program *p = (hir_program *)ev->p;
+  char text[700] = "", *at, *end;
+  int listed = 0, more = 0;
+  size_t n;
+  if (!ev->comm) return;
+  hir__collectives_of(ev, &p->top, text, sizeof text, &listed, &more);
+  if ((at = strstr(p->plan, "collectives: "))) { /* the last plan's, dropped with its "; " */
+    const char *rest = (end = strstr(at, "; ")) ? (at > p->plan ? end : end + 2) : "";
+    if (at > p->plan) at -= 2;
+    memmove(at, rest, strlen(rest) + 1);
+  }
+  if (!listed) return;
+  n = strlen(p->plan);
+  snprintf(p->plan + n, sizeof p->plan - n, "%scollectives: %s%s", n ? "; " : "", text, more ? ", more" : "");
+}
+
 /* What hir_run checks and plans before it runs anything: the arguments,
    every input, the shapes (replanned when they change), every output. No
    communication, so a tuner can ask it of a candidate on its own. */
@@ -12906,6 +12964,7 @@ static hir_status hir__prepare(hir_evaluator *ev, const hir_tensor *in, int nin,
       return ev->status;
     hir__free_blocks(ev);
     if (!hir__plan(ev, in)) return ev->status;
+    hir__plan_collectives(ev);
     ev->planned = 1;
     ev->shapes_unchecked = 1;
   }

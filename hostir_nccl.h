@@ -2845,6 +2845,16 @@ static hir_status hir_nccl__kc_done(hir_comm *c, hir_status s, const char *what)
   return s;
 }
 
+/* hir_comm.collective_path: what hir_nccl__kc_pick decides, in words, for the plan (the others: not said). */
+static const char *hir_nccl__collective_path(hir_comm *c, void *team, hir_collective type, size_t bytes, hir_dtype dt) {
+  int kind = type == HIR_COLL_ALLREDUCE ? HIR_NCCL__AR_ONE : type == HIR_COLL_REDUCESCATTER ? HIR_NCCL__RS
+             : type == HIR_COLL_ALLGATHER ? HIR_NCCL__AG : -1;
+  int k = kind < 0 ? -1 : hir_nccl__kc_pick(hir_nccl__of(c), (const hir_nccl__team *)team, kind, dt, bytes);
+  if (kind < 0) return NULL;
+  return k == HIR_NCCL__AR_ONE ? "hostir's one-shot kernel" : k == HIR_NCCL__AR_TWO ? "hostir's two-shot kernel"
+         : k >= 0 ? "hostir's kernel" : "NCCL";
+}
+
 static unsigned long long hir_nccl__kc_deadline_ns(const hir_nccl__rank *nc) { return (unsigned long long)nc->timeout_ms * 1000000ull; }
 
 static hir_status hir_nccl__allgather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, void *stream) {
@@ -3476,6 +3486,7 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   c->start_signals_take = hir_nccl__start_signals_take;
   c->start_signals_raise = hir_nccl__start_signals_raise;
   c->start_signals_release = hir_nccl__start_signals_release;
+  c->collective_path = hir_nccl__collective_path;
 }
 
 static void hir_nccl__release(hir_nccl__rank *nc) {

@@ -1495,6 +1495,72 @@ static hir_program *prog_scalar_loop(void) {
   return p;
 }
 
+/* The plan names each collective with the bytes it moves on this rank, and
+   the path where the communicator says (here a stand-in that names one),
+   replaced when new shapes are planned: x [DIDx 2, M, 4] f32 summed over its
+   DIDx axis into every rank (an Allreduce of M x 4 x 4 bytes). */
+typedef struct plan_case { hir_local_world *w; hir_fusion *f; char plan[2][2][600]; } plan_case; /* [rank][run] */
+static const char *plan_path(hir_comm *c, void *team, hir_collective type, size_t bytes, hir_dtype dtype) {
+  (void)c, (void)team;
+  return type == HIR_COLL_ALLREDUCE && dtype == HIR_F32 && bytes < 4096 ? "a small path" : "a large path";
+}
+static hir_status plan_rank(int rank, void *user) {
+  plan_case *x = (plan_case *)user;
+  hir_comm *c = hir_local_comm(x->w, rank);
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_status s;
+  int k;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  ld.my_device = rank;
+  ed.comm = c;
+  c->collective_path = plan_path;
+  if ((s = hir_lower(x->f, &ld, &p)) != HIR_OK || (s = hir_evaluator_create(p, &ed, &ev)) != HIR_OK) goto done;
+  for (k = 0; k < 2 && s == HIR_OK; k++) {
+    int64_t sz[3] = {1, k ? 512 : 8, 4};
+    hir_tensor in = tn(HIR_F32, 3, sz), out;
+    int64_t i;
+    for (i = 0; i < tnumel(&in); i++) tset(&in, i, (double)(rank + 1));
+    memset(&out, 0, sizeof out);
+    if ((s = hir_run(ev, &in, 1, &out, 1)) == HIR_OK && (s = hir_evaluator_sync(ev)) == HIR_OK)
+      snprintf(x->plan[rank][k], sizeof x->plan[rank][k], "%.590s", hir_program_plan(p));
+    tfree(&in);
+  }
+done:
+  c->collective_path = NULL;
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  return s;
+}
+
+TEST(test_eval_plan_collectives, "eval/plan_collectives", TEST_CPU) {
+  static const int mesh[2] = {0, 1};
+  plan_case x;
+  int axis = 0;
+  hir_tv *in, *sum;
+  memset(&x, 0, sizeof x);
+  x.f = hir_fusion_create();
+  in = hir_input(x.f, HIR_F32, 3);
+  sum = hir_sum(x.f, in, 1, &axis);
+  hir_output(x.f, sum);
+  hir_set_mesh(in, 2, mesh);
+  hir_set_mesh(sum, 2, mesh);
+  hir_parallelize(in, 0, HIR_DIDX);
+  x.w = hir_local_world_create(2);
+  CHECK(hir_spmd(2, plan_rank, &x) == HIR_OK);
+  CHECK(!strcmp(x.plan[0][0], x.plan[1][0]) && !strcmp(x.plan[0][1], x.plan[1][1])); /* every rank's alike */
+  CHECK(strstr(x.plan[0][0], "collectives: Allreduce") != NULL && strstr(x.plan[0][0], "(T") != NULL);
+  CHECK(strstr(x.plan[0][0], "0.1 KiB on a small path") != NULL);   /* 8 x 4 floats */
+  CHECK(strstr(x.plan[0][1], "8.0 KiB on a large path") != NULL);   /* 512 x 4 floats, the new plan's */
+  CHECK(strstr(x.plan[0][1], "small path") == NULL);                /* the last plan's part gone */
+  CHECK(strstr(x.plan[0][1], "collectives: ") && !strstr(strstr(x.plan[0][1], "collectives: ") + 1, "collectives: ")); /* once */
+  hir_local_world_free(x.w);
+  hir_fusion_free(x.f);
+}
+
 /* A loop's own index as an op's scalar (nvFuser's HostIrTest.ForLoops): y =
    x * i inside FOR i in [0, 4) leaves x * 3; the plan knows the index is the
    loop's, though no value is bound before the run. */

@@ -912,6 +912,11 @@ TEST(test_kernels_choice, "kernels/choice", TEST_CPU) {
     nc->path = HIR_NCCL_PATH_AUTO;
     nc->comm.ctx = nc;
     nc->kc.ctas = HIR_NCCL__KC_CTAS_DEFAULT;
+    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLREDUCE, one, HIR_BF16), "hostir's one-shot kernel") != 0;
+    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLREDUCE, one + 2, HIR_BF16), "hostir's two-shot kernel") != 0;
+    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLGATHER, 64, HIR_F8E4M3), "hostir's kernel") != 0;
+    bad += hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_BROADCAST, 64, HIR_BF16) != NULL;
+    bad += strcmp(hir_nccl__collective_path(&nc->comm, &other, HIR_COLL_ALLREDUCE, 64, HIR_BF16), "NCCL") != 0;
     if (n == 2 && !strstr(hir_nccl_comm_describe(&nc->comm), "one shot up to 2048 KiB, two shots up to 16 MiB")) {
       fprintf(stderr, "  %s\n", hir_nccl_comm_describe(&nc->comm));
       bad++;
