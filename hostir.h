@@ -2968,8 +2968,9 @@ HIRDEF hir_status hir_scope_append(hir_scope *s, hir_expr *e) {
     return f->status;
   }
   if (e->scope) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_scope_append: %s %d is already in a scope; an expr is placed once",
-              hir__ops[e->kind].name, e->name);
+    hir__fail(f, HIR_ERR_INVALID, "hir_scope_append: %s %d is already in a scope; an expr is placed once (to run it "
+              "twice, as nvFuser's programs push a Communication or Wait twice, make a second one: the same hir_host_* "
+              "call again, or a loop around one)", hir__ops[e->kind].name, e->name);
     return f->status;
   }
   if (!hir__push(f, &s->exprs, e)) return f->status;
@@ -6523,6 +6524,7 @@ static hir_status hir__column_parts(hir_program *p, int parts) {
 typedef struct hir__verifier {
   const hir_program *p;
   unsigned char *state;   /* by tensor name: 0 undefined, 1 defined, 2 released */
+  unsigned char *written; /* by tensor name: an op other than Allocate writes it */
   unsigned char *seen;    /* by expr name */
   char *msg;
   size_t cap;
@@ -6551,6 +6553,7 @@ static int hir__verify_write(hir__verifier *v, const hir_expr *e, const hir_tv *
   if (v->state[tv->name] == 2)
     return hir__verify_fail(v, "%s %d writes T%d after its Deallocate", hir__ops[e->kind].name, e->name, tv->name);
   v->state[tv->name] = 1;
+  v->written[tv->name] |= e->kind != HIR_EXPR_ALLOCATE;
   return 1;
 }
 
@@ -6656,6 +6659,7 @@ static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) 
         if (!hir__verify_read(v, e, e->in[k])) return 0;
       for (k = 0; k < e->nout; k++)
         if (!hir__verify_write(v, e, e->out[k])) return 0;
+      if (e->kind == HIR_EXPR_ALIAS_SELECT || e->kind == HIR_EXPR_ALIAS_SLICE) v->written[e->in[0]->name] = 1; /* written through the view, maybe */
       break;
     }
   }
@@ -6672,17 +6676,27 @@ static int hir__verify(const hir_program *p, char *msg, size_t cap) {
   v.msg = msg;
   v.cap = cap;
   v.state = (unsigned char *)HIR_MALLOC((size_t)f->next_tv + 1);
+  v.written = (unsigned char *)HIR_MALLOC((size_t)f->next_tv + 1);
   v.seen = (unsigned char *)HIR_MALLOC((size_t)f->next_expr + 1);
-  if (!v.state || !v.seen) {
+  if (!v.state || !v.written || !v.seen) {
     HIR_FREE(v.state);
+    HIR_FREE(v.written);
     HIR_FREE(v.seen);
     return hir__verify_fail(&v, "out of memory verifying the program");
   }
   memset(v.state, 0, (size_t)f->next_tv + 1);
+  memset(v.written, 0, (size_t)f->next_tv + 1);
   memset(v.seen, 0, (size_t)f->next_expr + 1);
-  for (i = 0; i < f->inputs.n; i++) v.state[((const hir_tv *)f->inputs.items[i])->name] = 1;
+  for (i = 0; i < f->inputs.n; i++) v.state[((const hir_tv *)f->inputs.items[i])->name] = v.written[((const hir_tv *)f->inputs.items[i])->name] = 1;
   ok = hir__verify_scope(&v, &p->top, 0);
+  for (i = 0; ok && p->my_device < 0 && i < f->outputs.n; i++) { /* built by hand: an output only allocated would come back unwritten */
+    const hir_tv *out = (const hir_tv *)f->outputs.items[i];
+    if (!v.written[out->name])
+      ok = hir__verify_fail(&v, "T%d, program output %d, is never written: no op placed in the program writes it (append "
+                            "hir_tv_definition(T%d), or a hir_host_* op that writes it, to a scope)", out->name, i, out->name);
+  }
   HIR_FREE(v.state);
+  HIR_FREE(v.written);
   HIR_FREE(v.seen);
   return ok;
 }

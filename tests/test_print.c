@@ -154,8 +154,18 @@ TEST(test_host_misuse, "print/host_misuse", TEST_CPU) {
     CHECK(hir_scope_append(hir_program_body(p), e) == HIR_OK);
     CHECK(hir_scope_append(hir_program_body(p), e) == HIR_ERR_INVALID);
     CHECK(strstr(hir_program_error(p), "Allocate 0 is already in a scope") != NULL);
+    CHECK(strstr(hir_program_error(p), "make a second one") != NULL); /* what to write instead */
     hir_program_free(p);
     hir_program_free(q);
+  }
+  { /* an output only allocated, its defining op never placed: it would come back unwritten */
+    hir_program *p = hir_program_create();
+    hir_fusion *f = hir_program_fusion(p);
+    hir_tv *x = hir_input(f, HIR_F32, 1), *y = hir_set(f, x);
+    hir_output(f, y);
+    CHECK(hir_scope_append(hir_program_body(p), hir_host_allocate(p, y)) == HIR_OK);
+    CHECK(hir_program_verify(p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "program output 0, is never written") != NULL);
+    hir_program_free(p);
   }
   hir_fusion_free(hir_program_fusion(NULL)); /* harmless */
 }
