@@ -51,7 +51,7 @@ $(BUILD)/test-bootstrap: tests/bootstrap/main.c $(TEST_SRC) $(HEADERS) | $(BUILD
 	  -o $@ tests/bootstrap/main.c $(CUDA_LDLIBS) $(LDLIBS)
 
 test-bootstrap: $(BUILD)/test-bootstrap
-	ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test-bootstrap
+	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=tests/bootstrap/lsan.supp ./$(BUILD)/test-bootstrap
 
 # An NVTX injection library that counts ranges, as Nsight Systems would see them.
 $(BUILD)/nvtx_probe.so: tests/gpu/nvtx_probe.c | $(BUILD)

@@ -9970,6 +9970,7 @@ static int hir__cuda_reachable(hir_backend *b, const void *ptr, char *why, size_
 
 static hir_status hir__cuda_upload(hir_backend *b, void *dst, const void *src, size_t bytes) {
   HIR__CU(b, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  HIR__CU(b, cudaStreamSynchronize(0)); /* from pageable memory it returns once staged; the backend's nonblocking streams would not wait */
   return HIR_OK;
 }
 static hir_status hir__cuda_download(hir_backend *b, void *dst, const void *src, size_t bytes) {

@@ -132,13 +132,17 @@ HIRDEF int        hir_nccl_comm_blocking(hir_comm *c);
 /* Where every rank of the world shares one host (at most 8), all-reduce,
    reduce-scatter and all-gather over the whole world run on kernels of
    hostir's (nccl_kernels: one-shot and two-shot all-reduce through the
-   peers' mapped workspaces, on a few CTAs) where they beat NCCL's, else on
-   NCCL (HOSTIR_KERNEL_COLLECTIVES=0 on any rank: always NCCL). A path other
-   than AUTO forces one for every size (for benchmarks and tests; ONE_SHOT
-   and TWO_SHOT name the all-reduce's, the others take their kernel either
-   way); ctas > 0 sets the most CTAs a kernel collective takes (1 to 64,
-   default 32). Set it on every rank alike, while no rank runs a program:
-   HIR_ERR_UNSUPPORTED where a kernel path is asked and there are none. */
+   peers' mapped workspaces) where they beat NCCL's, else on NCCL
+   (HOSTIR_KERNEL_COLLECTIVES=0 on any rank: always NCCL). Which, and on how
+   many CTAs (32 or 128), is measured for each size class when the
+   communicator is made, the same on every rank (hir_nccl_comm_describe
+   says it). A path other than AUTO forces one for every size (for
+   benchmarks and tests; ONE_SHOT and TWO_SHOT name the all-reduce's, the
+   others take their kernel either way); ctas > 0 caps the CTAs a kernel
+   collective takes (1 to 128; a forced path takes exactly that many), so a
+   GEMM beside keeps the other SMs; 0: as measured. Set it on every rank
+   alike, while no rank runs a program: HIR_ERR_UNSUPPORTED where a kernel
+   path is asked and there are none. */
 typedef enum hir_nccl_path { HIR_NCCL_PATH_AUTO, HIR_NCCL_PATH_NCCL, HIR_NCCL_PATH_ONE_SHOT, HIR_NCCL_PATH_TWO_SHOT } hir_nccl_path;
 HIRDEF hir_status hir_nccl_comm_set_path(hir_comm *c, hir_nccl_path path, int ctas);
 /* One line on how this rank joined and runs: the launcher and rank 0's
@@ -1641,13 +1645,20 @@ static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_
    every rank gets the same bits. No multicast object is ever made. */
 enum {
   HIR_NCCL__KC_RANKS = 8,            /* the most ranks of a kernel collective (its arguments carry their addresses) */
-  HIR_NCCL__KC_CTAS = 64,            /* the most CTAs a call takes (the pad has their flags) */
+  HIR_NCCL__KC_CTAS = 128,           /* the most CTAs a call takes (the pad has their flags) */
   HIR_NCCL__KC_HALF = 32 << 20,      /* bytes of a workspace's half: 16 MiB of slots, then 16 of two shots' sums */
-  HIR_NCCL__KC_DATA_AT = 8192,       /* the workspace: flags at 0, counters at 4096, the halves from here */
+  HIR_NCCL__KC_DATA_AT = 16384,      /* the workspace: flags at 0, the CTAs' call counters at 8192, the halves from here */
   HIR_NCCL__KC_THREADS = 512,
-  HIR_NCCL__KC_CTAS_DEFAULT = 32     /* of an H100's or H200's 132 SMs: a GEMM beside keeps the others */
+  HIR_NCCL__KC_FEW = 32,             /* CTAs: of an H100's or H200's 132 SMs, a GEMM beside keeps the others */
+  HIR_NCCL__KC_CLASSES = 11          /* sizes the choice is made for (hir_nccl__kc_class_bytes) */
 };
 enum { HIR_NCCL__AR_ONE, HIR_NCCL__AR_TWO, HIR_NCCL__RS, HIR_NCCL__AG, HIR_NCCL__KC_KINDS };
+/* The sizes (bytes: an all-reduce's buffer, a reduce-scatter's input, an
+   all-gather's output) the path is chosen for; a call takes the choice of
+   the smallest not under its size (the last past them). */
+static const size_t hir_nccl__kc_class_bytes[HIR_NCCL__KC_CLASSES] = {
+    (size_t)8 << 10, (size_t)32 << 10, (size_t)128 << 10, (size_t)512 << 10, (size_t)1 << 20, (size_t)2 << 20,
+    (size_t)4 << 20, (size_t)8 << 20, (size_t)16 << 20, (size_t)32 << 20, (size_t)64 << 20};
 
 /* hir_coll_args, as the kernels read it. */
 typedef struct hir_nccl__kargs {
@@ -1670,8 +1681,14 @@ typedef struct hir_nccl__kc {
   cudaKernel_t kernel[HIR_NCCL__KC_KINDS][3]; /* by dtype: f32, f16, bf16 (all-gather: [0], bytes) */
   const unsigned *stop;              /* device addresses of the host block's words */
   unsigned *error;
-  int ctas;                          /* the most CTAs a call takes */
-  size_t most[HIR_NCCL__KC_KINDS];   /* the largest collective (bytes, hir_nccl__kc_pick) each kernel is chosen for */
+  int cap;                           /* the most CTAs a call takes (hir_nccl_comm_set_path); 0: as chosen */
+  /* The choice, by size class: the kernel each collective takes (indexed by
+     HIR_NCCL__AR_ONE for the all-reduce, _RS, _AG; -1: NCCL's), and the CTAs
+     each kernel runs on. Measured at creation (hir_nccl__kc_measure), the
+     same on every rank. */
+  signed char use[HIR_NCCL__KC_KINDS][HIR_NCCL__KC_CLASSES];
+  unsigned char ctas[HIR_NCCL__KC_KINDS][HIR_NCCL__KC_CLASSES];
+  int measured;                      /* 1: by hir_nccl__kc_measure; 0: the fixed rule of hir_nccl__kc_words */
   cudaEvent_t last;                  /* the previous call's end, and where it was */
   cudaStream_t last_stream;
   unsigned long long last_capture;   /* its capture's id; 0: eager */
@@ -1682,7 +1699,8 @@ typedef struct hir_nccl__kc {
 static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-character limit */
     "typedef unsigned short u16;\n"
     "typedef unsigned long long u64;\n"
-    "enum { MAXR = 8, PHASES = 2, THREADS = 512, UNROLL = 4, COUNTERS_AT = 4096, DATA_AT = 8192 };\n"
+    "enum : unsigned long long { STOP_AFTER_NS = 500000, STOP_EVERY_NS = 2000000 };\n"
+    "enum { MAXR = 8, MAXCTAS = 128, PHASES = 2, THREADS = 512, UNROLL = 4, COUNTERS_AT = MAXCTAS * PHASES * MAXR * 4, DATA_AT = 2 * COUNTERS_AT };\n"
     "\n"
     "struct hir_coll_args {\n"
     "  unsigned char *ws[MAXR];        /* every rank's workspace, as mapped here */\n"
@@ -1725,24 +1743,34 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "/* The block meets its namesakes on every rank: it raises its flag in each\n"
     "   rank's pad to `seq` (after every write of the block before it, to any\n"
     "   GPU), then waits for theirs in its own, under the deadline and the\n"
-    "   host's stop word. */\n"
+    "   host's stop word. The stop word lies in host memory: a read crosses PCIe,\n"
+    "   and the GPU serves such reads one after another, so many spinning blocks\n"
+    "   reading it often delay one another by tens of microseconds. A wait reads\n"
+    "   it only once it has lasted STOP_AFTER_NS, then every STOP_EVERY_NS. */\n"
     "__device__ bool hir_meet(const hir_coll_args &a, int phase, unsigned seq, u64 start, int *failed) {\n"
     "  __syncthreads();\n"
     "  if (threadIdx.x < a.n) {\n"
     "    int p = threadIdx.x;\n"
     "    const unsigned *mine = hir_flag(a.ws[a.me], phase, p);\n"
     "    unsigned spins = 0;\n"
+    "    u64 next_stop = 0;\n"
     "    hir_st_release(hir_flag(a.ws[p], phase, a.me), seq);\n"
     "    while ((int)(hir_ld_acquire(mine) - seq) < 0)\n"
-    "      if ((++spins & 127) == 0) {\n"
-    "        unsigned why = *(volatile const unsigned *)a.stop ? 2u : hir_now_ns() - start > a.timeout_ns ? 1u : 0u;\n"
+    "      if ((++spins & 63) == 0) {\n"
+    "        u64 now = hir_now_ns();\n"
+    "        unsigned why = now - start > a.timeout_ns ? 1u : 0u;\n"
+    "        if (!next_stop) next_stop = now + STOP_AFTER_NS;\n"
+    "        if (!why && now >= next_stop) {\n"
+    "          why = *(volatile const unsigned *)a.stop ? 2u : 0u;\n"
+    "          next_stop = now + STOP_EVERY_NS;\n"
+    "        }\n"
     "        if (why) {\n"
     "          *(volatile unsigned *)a.error = why;\n"
     "          *failed = 1;\n"
     "          break;\n"
     "        }\n"
     "      }\n"
-    "  }\n"
+    "  }\n",
     "  __syncthreads();\n"
     "  return !*(volatile int *)failed;\n"
     "}\n"
@@ -1755,7 +1783,7 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "/* 16 bytes of the caller's memory, `valid` of them (the rest 0), at any\n"
     "   element alignment; and back. */\n"
     "__device__ __forceinline__ uint4 hir_load(const unsigned char *src, int valid, int es) {\n"
-    "  uint4 v = make_uint4(0, 0, 0, 0);\n",
+    "  uint4 v = make_uint4(0, 0, 0, 0);\n"
     "  if (valid == 16 && ((unsigned long)src & 15) == 0) return __ldcg((const uint4 *)src);\n"
     "  for (int i = 0; i < valid; i += es) {\n"
     "    unsigned w = es == 4 ? *(const unsigned *)(src + i) : es == 2 ? *(const u16 *)(src + i) : src[i];\n"
@@ -1822,7 +1850,7 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "  }\n"
     "};\n"
     "\n"
-    "/* This block's part of `vectors`: [*v0, *v1). */\n"
+    "/* This block's part of `vectors`: [*v0, *v1). */\n",
     "__device__ __forceinline__ void hir_part(u64 vectors, u64 *v0, u64 *v1) {\n"
     "  u64 per = (vectors + gridDim.x - 1) / gridDim.x;\n"
     "  *v0 = per * blockIdx.x < vectors ? per * blockIdx.x : vectors;\n"
@@ -1833,7 +1861,7 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "   offset v * 16 of `to` on every rank where to(p) is not NULL, UNROLL\n"
     "   vectors a thread in flight. */\n"
     "template <typename To>\n"
-    "__device__ __forceinline__ void hir_push(const unsigned char *src, u64 bytes, u64 v0, u64 v1, int es, const hir_coll_args &a, To to) {\n",
+    "__device__ __forceinline__ void hir_push(const unsigned char *src, u64 bytes, u64 v0, u64 v1, int es, const hir_coll_args &a, To to) {\n"
     "  for (u64 v = v0 + threadIdx.x; v < v1; v += (u64)blockDim.x * UNROLL) {\n"
     "    uint4 x[UNROLL];\n"
     "#pragma unroll\n"
@@ -1892,17 +1920,24 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "  }\n"
     "}\n"
     "\n"
-    "/* A call's sequence number for this block: its counter plus one. */\n"
+    "/* A call's sequence number, the same for every block of the call: one more\n"
+    "   than the last call's. Each block keeps a counter in the workspace; at its\n"
+    "   end a block advances its own and those of the blocks this grid lacks\n"
+    "   that fall to it (every gridDim.x-th from its own), so all MAXCTAS\n",
+    "   counters stay equal from call to call whatever the grids, with no block\n"
+    "   waiting for another of its own GPU. Every block of a call using the\n"
+    "   call's number keeps consecutive calls on alternate halves. */\n"
     "__device__ __forceinline__ unsigned hir_begin(const hir_coll_args &a, unsigned *seq_shared, int *failed) {\n"
     "  if (threadIdx.x == 0) {\n"
-    "    *seq_shared = ((unsigned *)(a.ws[a.me] + COUNTERS_AT))[blockIdx.x] + 1;\n"
+    "    *seq_shared = ((volatile unsigned *)(a.ws[a.me] + COUNTERS_AT))[blockIdx.x] + 1;\n"
     "    *failed = 0;\n"
     "  }\n"
     "  __syncthreads();\n"
     "  return *seq_shared;\n"
     "}\n"
     "__device__ __forceinline__ void hir_end(const hir_coll_args &a, unsigned seq) {\n"
-    "  if (threadIdx.x == 0) ((unsigned *)(a.ws[a.me] + COUNTERS_AT))[blockIdx.x] = seq;\n"
+    "  unsigned *counter = (unsigned *)(a.ws[a.me] + COUNTERS_AT);\n"
+    "  for (unsigned b = blockIdx.x + threadIdx.x * gridDim.x; b < MAXCTAS; b += blockDim.x * gridDim.x) counter[b] = seq;\n"
     "}\n"
     "\n"
     "/* One shot: every rank's input pushed whole into every other rank's slot\n"
@@ -1911,7 +1946,7 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "  __shared__ unsigned seq_s;\n"
     "  __shared__ int failed;\n"
     "  const int es = hir_lanes<K>::ES;\n"
-    "  u64 start = hir_now_ns(), bytes = a.count * es, v0, v1;\n",
+    "  u64 start = hir_now_ns(), bytes = a.count * es, v0, v1;\n"
     "  unsigned seq = hir_begin(a, &seq_s, &failed);\n"
     "  hir_part((bytes + 15) / 16, &v0, &v1);\n"
     "  hir_push(a.in, bytes, v0, v1, es, a, [&](int p) { return p == a.me ? (unsigned char *)0 : hir_slot(a, p, a.me, seq, 0); });\n"
@@ -1955,7 +1990,7 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "}\n"
     "\n"
     "/* Reduce-scatter: segment s of `in` (a.in_stride bytes apart) pushed into\n"
-    "   rank s's slot for this rank; each rank sums its slots and its own\n"
+    "   rank s's slot for this rank; each rank sums its slots and its own\n",
     "   segment into out. */\n"
     "template <int K> __device__ void hir_reduce_scatter(const hir_coll_args &a) {\n"
     "  __shared__ unsigned seq_s;\n"
@@ -1979,7 +2014,7 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "__device__ void hir_allgather(const hir_coll_args &a) {\n"
     "  __shared__ unsigned seq_s;\n"
     "  __shared__ int failed;\n"
-    "  u64 start = hir_now_ns(), v0, v1;\n",
+    "  u64 start = hir_now_ns(), v0, v1;\n"
     "  unsigned seq = hir_begin(a, &seq_s, &failed);\n"
     "  int p;\n"
     "  hir_part((a.count + 15) / 16, &v0, &v1);\n"
@@ -2047,7 +2082,6 @@ static int hir_nccl__kc_prepare(hir_nccl__kc *kc, int device, char *err, size_t 
              cudaGetErrorString(e));
     return 0;
   }
-  kc->ctas = HIR_NCCL__KC_CTAS_DEFAULT;
   return 1;
 }
 
@@ -2076,9 +2110,9 @@ static unsigned long long hir_nccl__capture_of(void *stream, cudaGraph_t *graph)
 
 /* One call of kernel `kind` on `stream`, after the previous call (which may
    be on another stream of the same capture, or eager), on as many CTAs as
-   its `vectors` (16 bytes each, a thread's) ask, at most kc->ctas. */
+   its `vectors` (16 bytes each, a thread's) ask, at most `ctas`. */
 static hir_status hir_nccl__kc_launch(hir_nccl__kc *kc, int kind, hir_dtype dt, hir_nccl__kargs *a, unsigned long long vectors,
-                                      cudaStream_t stream, char *err, size_t cap) {
+                                      int ctas, cudaStream_t stream, char *err, size_t cap) {
   cudaGraph_t graph = NULL;
   unsigned long long capture = hir_nccl__capture_of(stream, &graph);
   unsigned long long blocks = (vectors + HIR_NCCL__KC_THREADS - 1) / HIR_NCCL__KC_THREADS;
@@ -2092,7 +2126,7 @@ static hir_status hir_nccl__kc_launch(hir_nccl__kc *kc, int kind, hir_dtype dt, 
   a->half = HIR_NCCL__KC_HALF;
   a->stop = kc->stop;
   a->error = kc->error;
-  grid.x = (unsigned)(blocks < 1 ? 1 : blocks > (unsigned long long)kc->ctas ? (unsigned long long)kc->ctas : blocks);
+  grid.x = (unsigned)(blocks < 1 ? 1 : blocks > (unsigned long long)ctas ? (unsigned long long)ctas : blocks);
   grid.y = grid.z = 1;
   block.x = HIR_NCCL__KC_THREADS, block.y = block.z = 1;
   argv[0] = a;
@@ -2114,8 +2148,8 @@ static size_t hir_nccl__kc_slot(int n) { return (size_t)HIR_NCCL__KC_HALF / 2 / 
 
 /* An all-reduce of `count` elements: at most a slot (one shot) or a slot a
    rank (two shots) in one call; larger ones run as several calls. */
-static hir_status hir_nccl__kc_allreduce(hir_nccl__kc *kc, int two, const void *send, void *recv, size_t count, hir_dtype dt,
-                                         unsigned long long timeout_ns, cudaStream_t stream, char *err, size_t cap) {
+static hir_status hir_nccl__kc_allreduce(hir_nccl__kc *kc, int two, int ctas, const void *send, void *recv, size_t count,
+                                         hir_dtype dt, unsigned long long timeout_ns, cudaStream_t stream, char *err, size_t cap) {
   size_t es = hir_dtype_size(dt), most = hir_nccl__kc_slot(kc->n) / es * (two ? (size_t)kc->n : 1), done;
   hir_status s = HIR_OK;
   for (done = 0; done < count && s == HIR_OK; done += most) {
@@ -2128,13 +2162,13 @@ static hir_status hir_nccl__kc_allreduce(hir_nccl__kc *kc, int two, const void *
     a.count = part;
     a.timeout_ns = timeout_ns;
     s = hir_nccl__kc_launch(kc, two ? HIR_NCCL__AR_TWO : HIR_NCCL__AR_ONE, dt, &a, two ? seg_vectors : (part * es + 15) / 16,
-                            stream, err, cap);
+                            ctas, stream, err, cap);
   }
   return s;
 }
 
 /* count: elements each rank gets. */
-static hir_status hir_nccl__kc_reduce_scatter(hir_nccl__kc *kc, const void *send, void *recv, size_t count, hir_dtype dt,
+static hir_status hir_nccl__kc_reduce_scatter(hir_nccl__kc *kc, int ctas, const void *send, void *recv, size_t count, hir_dtype dt,
                                               unsigned long long timeout_ns, cudaStream_t stream, char *err, size_t cap) {
   size_t es = hir_dtype_size(dt), most = hir_nccl__kc_slot(kc->n) / es, done;
   hir_status s = HIR_OK;
@@ -2147,13 +2181,13 @@ static hir_status hir_nccl__kc_reduce_scatter(hir_nccl__kc *kc, const void *send
     a.count = part;
     a.in_stride = count * es;
     a.timeout_ns = timeout_ns;
-    s = hir_nccl__kc_launch(kc, HIR_NCCL__RS, dt, &a, (part * es + 15) / 16, stream, err, cap);
+    s = hir_nccl__kc_launch(kc, HIR_NCCL__RS, dt, &a, (part * es + 15) / 16, ctas, stream, err, cap);
   }
   return s;
 }
 
 /* bytes: what each rank gives. */
-static hir_status hir_nccl__kc_allgather(hir_nccl__kc *kc, const void *send, void *recv, size_t bytes,
+static hir_status hir_nccl__kc_allgather(hir_nccl__kc *kc, int ctas, const void *send, void *recv, size_t bytes,
                                          unsigned long long timeout_ns, cudaStream_t stream, char *err, size_t cap) {
   size_t most = hir_nccl__kc_slot(kc->n), done;
   hir_status s = HIR_OK;
@@ -2166,7 +2200,7 @@ static hir_status hir_nccl__kc_allgather(hir_nccl__kc *kc, const void *send, voi
     a.count = part;
     a.out_stride = bytes;
     a.timeout_ns = timeout_ns;
-    s = hir_nccl__kc_launch(kc, HIR_NCCL__AG, HIR_F32, &a, (part + 15) / 16, stream, err, cap);
+    s = hir_nccl__kc_launch(kc, HIR_NCCL__AG, HIR_F32, &a, (part + 15) / 16, ctas, stream, err, cap);
   }
   return s;
 }
@@ -2212,6 +2246,7 @@ typedef struct hir_nccl__rank {
   hir_nccl__kc kc;              /* collectives on kernels of ours, where every rank shares this host */
   hir_nccl_path path;           /* which path collectives take (hir_nccl_comm_set_path) */
   char kc_why[200];             /* why kernel collectives are off, for hir_nccl_comm_describe */
+  char path_words[64];          /* hir_nccl__collective_path's answer */
   struct hir_nccl__start_signals *start_pending; /* receives captured to be posted at a replay's start, not yet taken */
   hir_nccl__reg *regs;
   ncclComm_t world;
@@ -2240,7 +2275,7 @@ typedef struct hir_nccl__rank {
   char trip_why[200];           /* why the watchdog ended a call */
   double watch_next_look_ms;    /* the watchdog's next look in rank 0's store */
   char how[640];                /* how the rank joined, for hir_nccl_comm_describe */
-  char description[1200];
+  char description[1600];
 } hir_nccl__rank;
 
 struct hir_nccl_world {
@@ -2666,7 +2701,8 @@ static hir_status hir_nccl__exchange(hir_comm *c, const void *mine, void *all, s
   int i;
   if ((e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||
       (e = cudaMalloc((void **)&buf, total)) != cudaSuccess ||
-      (e = cudaMemcpy(root < 0 ? buf + bytes * (size_t)c->rank : buf, mine, bytes, cudaMemcpyHostToDevice)) != cudaSuccess) {
+      /* on `stream`: a pageable copy on the legacy stream returns once staged, and a nonblocking stream does not wait for it */
+      (e = cudaMemcpyAsync(root < 0 ? buf + bytes * (size_t)c->rank : buf, mine, bytes, cudaMemcpyHostToDevice, stream)) != cudaSuccess) {
     snprintf(c->error, sizeof c->error, "hostir_nccl: the setup's exchange on rank %d: %s", c->rank, cudaGetErrorString(e));
     s = HIR_ERR_BACKEND;
   } else if (root < 0) {
@@ -2821,18 +2857,27 @@ static hir_status hir_nccl__kc_failed(hir_comm *c) {
   return why == 1 ? HIR_ERR_TIMEOUT : HIR_ERR_COMM;
 }
 
+/* The size class of a collective of `bytes` (hir_nccl__kc_class_bytes). */
+static int hir_nccl__kc_class(size_t bytes) {
+  int z = 0;
+  while (z < HIR_NCCL__KC_CLASSES - 1 && hir_nccl__kc_class_bytes[z] < bytes) z++;
+  return z;
+}
+
 /* Which kernel a collective of `bytes` (all-reduce: its input; reduce-scatter:
    its input; all-gather: its output) takes: HIR_NCCL__AR_ONE or _TWO for an
    all-reduce (`kind` HIR_NCCL__AR_ONE), `kind` for the others; -1: NCCL's.
-   Every rank decides alike: the same sizes, paths and thresholds. */
-static int hir_nccl__kc_pick(hir_nccl__rank *nc, const hir_nccl__team *t, int kind, hir_dtype dt, size_t bytes) {
+   *ctas: the CTAs it runs on. Every rank decides alike: the same sizes,
+   paths, choice and cap. */
+static int hir_nccl__kc_pick(hir_nccl__rank *nc, const hir_nccl__team *t, int kind, hir_dtype dt, size_t bytes, int *ctas) {
   const hir_nccl__kc *kc = &nc->kc;
+  int z = hir_nccl__kc_class(bytes), k;
   if (!kc->on || t != &nc->world_team || nc->path == HIR_NCCL_PATH_NCCL || !bytes) return -1;
   if (kind != HIR_NCCL__AG && dt != HIR_F32 && dt != HIR_F16 && dt != HIR_BF16) return -1;
-  if (kind == HIR_NCCL__AR_ONE && nc->path != HIR_NCCL_PATH_AUTO) return nc->path == HIR_NCCL_PATH_ONE_SHOT ? kind : HIR_NCCL__AR_TWO;
-  if (nc->path != HIR_NCCL_PATH_AUTO) return kind;
-  if (kind == HIR_NCCL__AR_ONE) return bytes <= kc->most[HIR_NCCL__AR_ONE] ? kind : bytes <= kc->most[HIR_NCCL__AR_TWO] ? HIR_NCCL__AR_TWO : -1;
-  return bytes <= kc->most[kind] ? kind : -1;
+  if (nc->path == HIR_NCCL_PATH_AUTO) k = kc->use[kind][z];
+  else k = kind != HIR_NCCL__AR_ONE ? kind : nc->path == HIR_NCCL_PATH_ONE_SHOT ? HIR_NCCL__AR_ONE : HIR_NCCL__AR_TWO;
+  if (k >= 0) *ctas = kc->cap && (nc->path != HIR_NCCL_PATH_AUTO || kc->cap < kc->ctas[k][z]) ? kc->cap : kc->ctas[k][z];
+  return k;
 }
 
 /* A kernel collective's launch: a failure aborts the rank. */
@@ -2847,24 +2892,170 @@ static hir_status hir_nccl__kc_done(hir_comm *c, hir_status s, const char *what)
 
 /* hir_comm.collective_path: what hir_nccl__kc_pick decides, in words, for the plan (the others: not said). */
 static const char *hir_nccl__collective_path(hir_comm *c, void *team, hir_collective type, size_t bytes, hir_dtype dt) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
   int kind = type == HIR_COLL_ALLREDUCE ? HIR_NCCL__AR_ONE : type == HIR_COLL_REDUCESCATTER ? HIR_NCCL__RS
              : type == HIR_COLL_ALLGATHER ? HIR_NCCL__AG : -1;
-  int k = kind < 0 ? -1 : hir_nccl__kc_pick(hir_nccl__of(c), (const hir_nccl__team *)team, kind, dt, bytes);
+  int ctas = 0, k = kind < 0 ? -1 : hir_nccl__kc_pick(nc, (const hir_nccl__team *)team, kind, dt, bytes, &ctas);
   if (kind < 0) return NULL;
-  return k == HIR_NCCL__AR_ONE ? "hostir's one-shot kernel" : k == HIR_NCCL__AR_TWO ? "hostir's two-shot kernel"
-         : k >= 0 ? "hostir's kernel" : "NCCL";
+  if (k < 0) return "NCCL";
+  snprintf(nc->path_words, sizeof nc->path_words, "hostir's %skernel on %d CTAs",
+           k == HIR_NCCL__AR_ONE ? "one-shot " : k == HIR_NCCL__AR_TWO ? "two-shot " : "", ctas);
+  return nc->path_words;
 }
 
 static unsigned long long hir_nccl__kc_deadline_ns(const hir_nccl__rank *nc) { return (unsigned long long)nc->timeout_ms * 1000000ull; }
+
+/* The choice for collective `kind` (HIR_NCCL__AR_ONE: the all-reduce) in
+   words, "all-reduce: one shot on 32 CTAs to 512 KiB, ..., NCCL above";
+   what snprintf returns. */
+static int hir_nccl__kc_say(const hir_nccl__kc *kc, int kind, char *buf, size_t cap) {
+  static const char *const names[HIR_NCCL__KC_KINDS] = {"all-reduce", "", "; reduce-scatter", "; all-gather"};
+  int z, at = snprintf(buf, cap, "%s:", names[kind]);
+  for (z = 0; z < HIR_NCCL__KC_CLASSES && at < (int)cap; z++) {
+    int k = kc->use[kind][z], last = z == HIR_NCCL__KC_CLASSES - 1;
+    size_t b = hir_nccl__kc_class_bytes[z];
+    if (!last && kc->use[kind][z + 1] == k && (k < 0 || kc->ctas[k][z + 1] == kc->ctas[k][z])) continue; /* the run goes on */
+    if (k < 0) at += snprintf(buf + at, cap - (size_t)at, " NCCL");
+    else at += snprintf(buf + at, cap - (size_t)at, " %s on %d CTAs", k == HIR_NCCL__AR_ONE ? "one shot" : k == HIR_NCCL__AR_TWO
+                        ? "two shots" : "kernel", kc->ctas[k][z]);
+    if (at < (int)cap)
+      at += last ? snprintf(buf + at, cap - (size_t)at, " above")
+                 : snprintf(buf + at, cap - (size_t)at, " to %zu %s,", b >> (b >= (1u << 20) ? 20 : 10), b >= (1u << 20) ? "MiB" : "KiB");
+  }
+  return at;
+}
+
+/* The choice, measured at creation, for this machine: every path of every
+   collective at each size class, timed on this rank (eager bf16 calls
+   between two events; the forms in turns, each its fastest of
+   HIR_NCCL__KC_ROUNDS rounds), the times summed over the ranks (one NCCL
+   all-reduce: every rank decides from the same numbers), then per class the
+   fastest: a kernel only where it beats NCCL's by 2%, on all of
+   HIR_NCCL__KC_CTAS CTAs only where they beat HIR_NCCL__KC_FEW by 5% (fewer
+   leave a GEMM beside more SMs). It takes tens of milliseconds and 128 MiB
+   of the GPU's memory for that long; where a rank cannot spare it, every
+   rank keeps the fixed rule of hir_nccl__kc_words (so does a failure, which
+   also fails the communicator's creation, and so do choices that differ,
+   checked before any is kept). */
+enum { HIR_NCCL__KC_WARM = 2, HIR_NCCL__KC_TRIES = 6, HIR_NCCL__KC_ROUNDS = 3, HIR_NCCL__KC_FORMS = 5 };
+static hir_status hir_nccl__kc_time(hir_comm *c, int kind, size_t bytes, void *in, void *out, cudaStream_t st, cudaEvent_t *e,
+                                    double *us) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__team *t = &nc->world_team;
+  hir_status s = HIR_OK;
+  float ms = 0;
+  int i;
+  for (i = 0; i < HIR_NCCL__KC_WARM + HIR_NCCL__KC_TRIES && s == HIR_OK; i++) {
+    if (i == HIR_NCCL__KC_WARM) cudaEventRecord(e[0], st);
+    s = kind == HIR_NCCL__AR_ONE ? c->allreduce(c, t, in, out, bytes / 2, HIR_BF16, st)
+        : kind == HIR_NCCL__RS   ? c->reduce_scatter(c, t, in, out, bytes / 2 / (size_t)t->n, HIR_BF16, st)
+                                 : c->allgather(c, t, in, out, bytes / (size_t)t->n, st);
+  }
+  cudaEventRecord(e[1], st);
+  if (s == HIR_OK && (s = hir_nccl__setup_wait(c, st, "measuring the collectives")) == HIR_OK) s = hir_nccl__kc_failed(c);
+  if (s == HIR_OK && cudaEventElapsedTime(&ms, e[0], e[1]) != cudaSuccess) ms = 0, cudaGetLastError();
+  *us = ms * 1e3 / HIR_NCCL__KC_TRIES;
+  return s;
+}
+/* vals[0..count) summed over the ranks, in place (through dev, on st). */
+static hir_status hir_nccl__kc_sum(hir_comm *c, cudaStream_t st, double *dev, double *vals, size_t count) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_status s;
+  cudaMemcpyAsync(dev, vals, count * sizeof *vals, cudaMemcpyHostToDevice, st); /* ordered before the all-reduce */
+  if ((s = c->allreduce(c, &nc->world_team, dev, dev, count, HIR_F64, st)) == HIR_OK &&
+      (s = hir_nccl__setup_wait(c, st, "measuring the collectives")) == HIR_OK &&
+      cudaMemcpy(vals, dev, count * sizeof *vals, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    snprintf(c->error, sizeof c->error, "measuring the collectives on rank %d: %s", c->rank, cudaGetErrorString(cudaGetLastError()));
+    s = HIR_ERR_BACKEND;
+  }
+  return s;
+}
+static hir_status hir_nccl__kc_measure(hir_comm *c) {
+  static const int ctas_tried[2] = {HIR_NCCL__KC_FEW, HIR_NCCL__KC_CTAS};
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__kc *kc = &nc->kc;
+  size_t top = hir_nccl__kc_class_bytes[HIR_NCCL__KC_CLASSES - 1];
+  /* [collective: AR_ONE (all-reduce), RS, AG][class][NCCL, kernel on few, on many, (all-reduce) two shots on few, on many] */
+  double us[3][HIR_NCCL__KC_CLASSES][HIR_NCCL__KC_FORMS], *dev = NULL, every;
+  signed char use[HIR_NCCL__KC_KINDS][HIR_NCCL__KC_CLASSES];
+  unsigned char ctas[HIR_NCCL__KC_KINDS][HIR_NCCL__KC_CLASSES];
+  void *in = NULL, *out = NULL;
+  cudaStream_t st = NULL;
+  cudaEvent_t e[2] = {NULL, NULL};
+  hir_status s = HIR_OK;
+  int coll, z, f, round;
+  memset(us, 0, sizeof us);
+  memcpy(use, kc->use, sizeof use);
+  memcpy(ctas, kc->ctas, sizeof ctas);
+  if (cudaMalloc((void **)&dev, sizeof us) != cudaSuccess || cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
+    snprintf(c->error, sizeof c->error, "measuring the collectives on rank %d: %s", c->rank, cudaGetErrorString(cudaGetLastError()));
+    s = HIR_ERR_BACKEND; /* the other ranks' first sum ends at their deadline */
+  }
+  every = s == HIR_OK && cudaMalloc(&in, top) == cudaSuccess && cudaMalloc(&out, top) == cudaSuccess &&
+          cudaMemsetAsync(in, 0x3c, top, st) == cudaSuccess && /* 0x3c3c: bf16 0.0115 */
+          cudaEventCreate(&e[0]) == cudaSuccess && cudaEventCreate(&e[1]) == cudaSuccess;
+  cudaGetLastError();
+  if (s == HIR_OK && (s = hir_nccl__kc_sum(c, st, dev, &every, 1)) == HIR_OK && every == (double)c->size) { /* every rank able */
+    for (coll = 0; coll < 3 && s == HIR_OK; coll++)
+      for (z = 0; z < HIR_NCCL__KC_CLASSES && s == HIR_OK; z++)
+        for (round = 0; round < HIR_NCCL__KC_ROUNDS && s == HIR_OK; round++) /* the forms in turns; each its fastest round */
+          for (f = 0; f < (coll ? 3 : HIR_NCCL__KC_FORMS) && s == HIR_OK; f++) {
+            size_t bytes = hir_nccl__kc_class_bytes[z];
+            int kind = coll == 0 ? HIR_NCCL__AR_ONE : coll == 1 ? HIR_NCCL__RS : HIR_NCCL__AG;
+            double t = 0;
+            if (coll == 0 && (f == 1 || f == 2) && bytes > ((size_t)8 << 20)) continue; /* one shot past 8 MiB: never */
+            nc->path = f == 0 ? HIR_NCCL_PATH_NCCL : f <= 2 && coll == 0 ? HIR_NCCL_PATH_ONE_SHOT : HIR_NCCL_PATH_TWO_SHOT;
+            kc->cap = f == 0 ? 0 : ctas_tried[(f - 1) % 2];
+            s = hir_nccl__kc_time(c, kind, bytes, in, out, st, e, &t);
+            if (!round || t < us[coll][z][f]) us[coll][z][f] = t;
+          }
+    nc->path = HIR_NCCL_PATH_AUTO;
+    kc->cap = 0;
+    if (s == HIR_OK) s = hir_nccl__kc_sum(c, st, dev, &us[0][0][0], sizeof us / sizeof(double));
+    for (coll = 0; coll < 3 && s == HIR_OK; coll++)
+      for (z = 0; z < HIR_NCCL__KC_CLASSES; z++) {
+        double *t = us[coll][z], best = t[0] * 0.98;
+        int kinds[2] = {coll == 0 ? HIR_NCCL__AR_ONE : coll == 1 ? HIR_NCCL__RS : HIR_NCCL__AG, HIR_NCCL__AR_TWO}, j;
+        use[kinds[0]][z] = -1;
+        for (j = 0; j < (coll ? 1 : 2); j++) {
+          double few = t[1 + 2 * j], many = t[2 + 2 * j];
+          int on_many = many > 0 && (few <= 0 || many < 0.95 * few);
+          ctas[kinds[j]][z] = (unsigned char)ctas_tried[on_many];
+          if ((few > 0 || many > 0) && (on_many ? many : few) < best) best = on_many ? many : few, use[kinds[0]][z] = (signed char)kinds[j];
+        }
+      }
+    if (s == HIR_OK) { /* the same sums give every rank the same choice; a choice that differs anyway would hang a
+                          collective or mix its data, so the ranks check, and keep the fixed rule unless all agree */
+      double mine = (double)(hir_nccl__hash(use, sizeof use, hir_nccl__hash(ctas, sizeof ctas, 0)) & 0xffffffffu), all = mine;
+      if ((s = hir_nccl__kc_sum(c, st, dev, &all, 1)) == HIR_OK) {
+        every = all == mine * c->size;
+        if ((s = hir_nccl__kc_sum(c, st, dev, &every, 1)) == HIR_OK && every == (double)c->size) {
+          memcpy(kc->use, use, sizeof use);
+          memcpy(kc->ctas, ctas, sizeof ctas);
+          kc->measured = 1;
+        }
+      }
+    }
+  }
+  nc->path = HIR_NCCL_PATH_AUTO;
+  kc->cap = 0;
+  if (st) cudaStreamDestroy(st);
+  if (e[0]) cudaEventDestroy(e[0]);
+  if (e[1]) cudaEventDestroy(e[1]);
+  cudaFree(in), cudaFree(out), cudaFree(dev);
+  cudaGetLastError();
+  return s;
+}
 
 static hir_status hir_nccl__allgather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, void *stream) {
   hir_nccl__team *t = (hir_nccl__team *)team;
   hir_nccl__rank *nc = hir_nccl__of(c);
   hir_status s;
+  int ctas;
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__kc_failed(c)) != HIR_OK) return s;
-  if (hir_nccl__kc_pick(nc, t, HIR_NCCL__AG, HIR_F32, bytes * (size_t)t->n) >= 0)
-    return hir_nccl__kc_done(c, hir_nccl__kc_allgather(&nc->kc, send, recv, bytes, hir_nccl__kc_deadline_ns(nc),
+  if (hir_nccl__kc_pick(nc, t, HIR_NCCL__AG, HIR_F32, bytes * (size_t)t->n, &ctas) >= 0)
+    return hir_nccl__kc_done(c, hir_nccl__kc_allgather(&nc->kc, ctas, send, recv, bytes, hir_nccl__kc_deadline_ns(nc),
                                                        (cudaStream_t)stream, c->error, sizeof c->error), "an all-gather kernel");
   return HIR_NCCL__DATA(c, ncclAllGather(send, recv, bytes, ncclUint8, hir_nccl__data(t), (cudaStream_t)stream));
 }
@@ -2874,11 +3065,11 @@ static hir_status hir_nccl__allreduce(hir_comm *c, void *team, const void *send,
   hir_nccl__team *t = (hir_nccl__team *)team;
   hir_nccl__rank *nc = hir_nccl__of(c);
   hir_status s;
-  int kind;
+  int kind, ctas;
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__kc_failed(c)) != HIR_OK) return s;
-  if ((kind = hir_nccl__kc_pick(nc, t, HIR_NCCL__AR_ONE, dt, count * hir_dtype_size(dt))) >= 0)
-    return hir_nccl__kc_done(c, hir_nccl__kc_allreduce(&nc->kc, kind == HIR_NCCL__AR_TWO, send, recv, count, dt,
+  if ((kind = hir_nccl__kc_pick(nc, t, HIR_NCCL__AR_ONE, dt, count * hir_dtype_size(dt), &ctas)) >= 0)
+    return hir_nccl__kc_done(c, hir_nccl__kc_allreduce(&nc->kc, kind == HIR_NCCL__AR_TWO, ctas, send, recv, count, dt,
                                                        hir_nccl__kc_deadline_ns(nc), (cudaStream_t)stream, c->error,
                                                        sizeof c->error), "an all-reduce kernel");
   return HIR_NCCL__DATA(c, ncclAllReduce(send, recv, count, hir_nccl__type(dt), ncclSum, hir_nccl__data(t), (cudaStream_t)stream));
@@ -2889,10 +3080,11 @@ static hir_status hir_nccl__reduce_scatter(hir_comm *c, void *team, const void *
   hir_nccl__team *t = (hir_nccl__team *)team;
   hir_nccl__rank *nc = hir_nccl__of(c);
   hir_status s;
+  int ctas;
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__kc_failed(c)) != HIR_OK) return s;
-  if (hir_nccl__kc_pick(nc, t, HIR_NCCL__RS, dt, count * hir_dtype_size(dt) * (size_t)t->n) >= 0)
-    return hir_nccl__kc_done(c, hir_nccl__kc_reduce_scatter(&nc->kc, send, recv, count, dt, hir_nccl__kc_deadline_ns(nc),
+  if (hir_nccl__kc_pick(nc, t, HIR_NCCL__RS, dt, count * hir_dtype_size(dt) * (size_t)t->n, &ctas) >= 0)
+    return hir_nccl__kc_done(c, hir_nccl__kc_reduce_scatter(&nc->kc, ctas, send, recv, count, dt, hir_nccl__kc_deadline_ns(nc),
                                                             (cudaStream_t)stream, c->error, sizeof c->error),
                              "a reduce-scatter kernel");
   return HIR_NCCL__DATA(c, ncclReduceScatter(send, recv, count, hir_nccl__type(dt), ncclSum, hir_nccl__data(t), (cudaStream_t)stream));
@@ -3572,14 +3764,24 @@ static int hir_nccl__world_peers(hir_nccl_world *w) {
   return every;
 }
 
-/* The words of this host's block a rank's kernel collectives read and write. */
+/* The words of this host's block a rank's kernel collectives read and
+   write; and the choice until it is measured (hir_nccl__kc_measure): where
+   the kernels beat NCCL's on 2 H200s on 32 CTAs (bench/NOTES.md, kernel
+   collectives). One shot moves (n-1) x S a rank, two shots 2 (n-1)/n x S. */
 static void hir_nccl__kc_words(hir_nccl__kc *kc, const hir_nccl__ce *ce) {
+  int z, k;
   kc->stop = (const unsigned *)(ce->pad_dev + offsetof(hir_nccl__ce_head, kernel_stop));
   kc->error = (unsigned *)(ce->pad_dev + offsetof(hir_nccl__ce_head, kernel_error)) + ce->me;
-  /* where the kernels beat NCCL's on 2 H200s (bench/NOTES.md, kernel collectives): one shot moves (n-1) x S a
-     rank, two shots 2 (n-1)/n x S; past 16 MB NCCL's many channels win */
-  kc->most[HIR_NCCL__AR_ONE] = ((size_t)2 << 20) / (size_t)(kc->n - 1);
-  kc->most[HIR_NCCL__AR_TWO] = kc->most[HIR_NCCL__RS] = kc->most[HIR_NCCL__AG] = (size_t)16 << 20;
+  for (z = 0; z < HIR_NCCL__KC_CLASSES; z++) {
+    size_t bytes = hir_nccl__kc_class_bytes[z], most = (size_t)16 << 20;
+    kc->use[HIR_NCCL__AR_ONE][z] = (signed char)(bytes <= ((size_t)2 << 20) / (size_t)(kc->n - 1) ? HIR_NCCL__AR_ONE
+                                                 : bytes <= most ? HIR_NCCL__AR_TWO : -1);
+    kc->use[HIR_NCCL__AR_TWO][z] = -1; /* unread: the all-reduce's row is AR_ONE's */
+    kc->use[HIR_NCCL__RS][z] = (signed char)(bytes <= most ? HIR_NCCL__RS : -1);
+    kc->use[HIR_NCCL__AG][z] = (signed char)(bytes <= most ? HIR_NCCL__AG : -1);
+    for (k = 0; k < HIR_NCCL__KC_KINDS; k++) kc->ctas[k][z] = HIR_NCCL__KC_FEW;
+  }
+  kc->measured = 0;
 }
 
 /* One process per GPU, the whole world on this host, its block up: kernel
@@ -3630,6 +3832,13 @@ static hir_status hir_nccl__kc_join(hir_nccl__rank *nc) {
   hir_nccl__kc_words(&nc->kc, &nc->ce);
   nc->kc.on = 1;
   return HIR_OK;
+}
+
+/* Threads: a rank's share of hir_nccl__kc_measure. */
+static hir_status hir_nccl__kc_measure_rank(int rank, void *user) {
+  hir_nccl_world *w = (hir_nccl_world *)user;
+  cudaSetDevice(rank);
+  return hir_nccl__kc_measure(&w->ranks[rank].comm);
 }
 
 /* Threads: every rank's kernels and workspace, each GPU's access to the
@@ -3756,7 +3965,7 @@ static hir_status hir_nccl__join(hir_nccl__rank *nc) {
   if (nlocal == c->size && (s = hir_nccl__kc_join(nc)) != HIR_OK) return s; /* every rank alike: one host, its block on */
   for (i = 0; i < nlocal; i++) /* each peer's process learnt now, while it lives: one first looked at once gone is not watched */
     if (i != nc->ce.me) hir_nccl__peer_ended(&nc->ce, i, 1);
-  return HIR_OK;
+  return nc->kc.on ? hir_nccl__kc_measure(c) : HIR_OK;
 }
 
 /* ncclCommInitAll, but nonblocking like every communicator of ours (a
@@ -3877,6 +4086,8 @@ HIRDEF hir_status hir_nccl_world_create(int nranks, hir_nccl_world **out) {
     }
   }
   if (s == HIR_OK && nranks > 1) hir_nccl__kc_world(w);
+  if (s == HIR_OK && nranks > 1 && w->ranks[0].kc.on && (s = hir_spmd(nranks, hir_nccl__kc_measure_rank, w)) != HIR_OK)
+    for (i = 0; i < nranks && !w->error[0]; i++) snprintf(w->error, sizeof w->error, "%s", w->ranks[i].comm.error);
   cudaGetLastError();
   return s;
 }
@@ -4063,23 +4274,29 @@ HIRDEF hir_status hir_nccl_comm_set_path(hir_comm *c, hir_nccl_path path, int ct
     return HIR_ERR_UNSUPPORTED;
   }
   nc->path = path;
-  if (ctas) nc->kc.ctas = ctas;
+  nc->kc.cap = ctas;
   return HIR_OK;
 }
 
 HIRDEF const char *hir_nccl_comm_describe(hir_comm *c) {
   hir_nccl__rank *nc;
-  char kernels[200];
+  char kernels[700];
   if (!c) return "hir_nccl_comm_describe: NULL";
   nc = hir_nccl__of(c);
   if (!nc->kc.on) snprintf(kernels, sizeof kernels, "on NCCL: %.150s", nc->kc_why);
+  else if (nc->path != HIR_NCCL_PATH_AUTO && nc->kc.cap)
+    snprintf(kernels, sizeof kernels, "on %s (hir_nccl_comm_set_path), on %d CTAs", nc->path == HIR_NCCL_PATH_NCCL ? "NCCL"
+             : nc->path == HIR_NCCL_PATH_ONE_SHOT ? "hostir's one-shot kernels" : "hostir's two-shot kernels", nc->kc.cap);
   else if (nc->path != HIR_NCCL_PATH_AUTO)
-    snprintf(kernels, sizeof kernels, "on %s (hir_nccl_comm_set_path), at most %d CTAs", nc->path == HIR_NCCL_PATH_NCCL ? "NCCL"
-             : nc->path == HIR_NCCL_PATH_ONE_SHOT ? "hostir's one-shot kernels" : "hostir's two-shot kernels", nc->kc.ctas);
-  else
-    snprintf(kernels, sizeof kernels, "on hostir's kernels (all-reduce one shot up to %zu KiB, two shots up to %zu MiB; "
-             "reduce-scatter, all-gather up to %zu MiB; at most %d CTAs), NCCL above", nc->kc.most[HIR_NCCL__AR_ONE] >> 10,
-             nc->kc.most[HIR_NCCL__AR_TWO] >> 20, nc->kc.most[HIR_NCCL__RS] >> 20, nc->kc.ctas);
+    snprintf(kernels, sizeof kernels, "on %s (hir_nccl_comm_set_path)", nc->path == HIR_NCCL_PATH_NCCL ? "NCCL"
+             : nc->path == HIR_NCCL_PATH_ONE_SHOT ? "hostir's one-shot kernels" : "hostir's two-shot kernels");
+  else {
+    int k, at = snprintf(kernels, sizeof kernels, "by size, %s: ", nc->kc.measured ? "as measured at creation" : "by a fixed rule");
+    for (k = 0; k < HIR_NCCL__KC_KINDS; k++)
+      if (k != HIR_NCCL__AR_TWO && at < (int)sizeof kernels)
+        at += hir_nccl__kc_say(&nc->kc, k, kernels + at, sizeof kernels - (size_t)at);
+    if (nc->kc.cap && at < (int)sizeof kernels) snprintf(kernels + at, sizeof kernels - (size_t)at, " (at most %d CTAs)", nc->kc.cap);
+  }
   snprintf(nc->description, sizeof nc->description, "hostir_nccl: rank %d of %d on GPU %d, %s; send/recv within a host on %s; "
            "NCCL's calls %s; collectives %s", c->rank, c->size, nc->device, nc->how[0] ? nc->how : "not joined",
            c->p2p_copy_engine ? "copy engines" : "NCCL's kernels",

@@ -13,8 +13,13 @@
    choice over the fastest of NCCL and those. Every row's result is checked
    against NCCL's (err: the largest difference over the largest value).
 
-     build/bench-collectives [--sizes 8K,1M,...] [--ctas N] [--only ar|rs|ag] [--torch FILE]
+     build/bench-collectives [--sizes 8K,1M,...] [--ctas N] [--only ar|rs|ag] [--torch FILE] [--beside BYTES]
      torchrun --nproc-per-node 2 --no-python build/bench-collectives --processes ...
+
+   --beside BYTES measures, instead of the tables, how much a cuBLAS GEMM
+   (bf16, 8192 x 8192 x 8192) slows while all-reduces of BYTES run beside
+   it on another stream, back to back from the GEMM's start, on hostir's
+   kernel (--ctas N of them) and on NCCL; and how much the all-reduces slow.
 
    One process with a thread per GPU, or (--processes) one process per GPU
    under torchrun, mpirun or srun. */
@@ -22,6 +27,7 @@
 #define HOSTIR_NCCL_IMPLEMENTATION
 #include "../hostir_nccl.h"
 #include "bench.h"
+#include <cublas_v2.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -43,6 +49,8 @@ typedef struct torch_row { int kind, graph; size_t bytes; char who[32]; double u
 
 typedef struct bench {
   int D, procs, me, ctas, only;
+  size_t beside;                     /* --beside: the all-reduce's bytes */
+  double beside_ms[2][4];            /* by path (kernel, NCCL): GEMM alone, GEMM beside, a call alone, a call beside (us) */
   size_t sizes[MAXSIZES];
   int nsizes;
   hir_nccl_world *world;
@@ -89,7 +97,7 @@ static hir_status share(hir_comm *c, void *team, cudaStream_t s, const double *m
     return HIR_OK;
   }
   if (cudaMalloc((void **)&dev, (size_t)n * sizeof *dev * (B.D + 1)) != cudaSuccess) return HIR_ERR_NOMEM;
-  cudaMemcpy(dev + (size_t)n * B.D, mine, (size_t)n * sizeof *mine, cudaMemcpyHostToDevice);
+  cudaMemcpyAsync(dev + (size_t)n * B.D, mine, (size_t)n * sizeof *mine, cudaMemcpyHostToDevice, s);
   hir_status st = c->allgather(c, team, dev + (size_t)n * B.D, dev, (size_t)n * sizeof *dev, s);
   if (st == HIR_OK && cudaStreamSynchronize(s) == cudaSuccess) cudaMemcpy(all, dev, (size_t)n * sizeof *dev * B.D, cudaMemcpyDeviceToHost);
   cudaFree(dev);
@@ -158,6 +166,76 @@ static double slowest(const double *all) {
   return median(worst, ITERS);
 }
 
+/* --beside: a GEMM of GEMM_DIM^3 on one stream, BESIDE_CALLS all-reduces of
+   B.beside bytes on another from its start (enough to outlast it); each
+   timed alone and together, the slowest rank's median of BESIDE_ITERS. */
+enum { GEMM_DIM = 8192, BESIDE_CALLS = 64, BESIDE_ITERS = 7 };
+static hir_status beside_rank(hir_comm *c, void *team, cudaStream_t s, int rank, void *in, void *out) {
+  static const hir_nccl_path beside_paths[2] = {HIR_NCCL_PATH_AUTO, HIR_NCCL_PATH_NCCL};
+  size_t dim = GEMM_DIM, count = B.beside / 2 / (size_t)B.D * (size_t)B.D;
+  void *a = NULL, *b = NULL, *d = NULL;
+  cublasHandle_t blas = NULL;
+  cudaStream_t gs;
+  cudaEvent_t e[4];
+  float one = 1, zero = 0;
+  double t[4][BESIDE_ITERS], all[MAXR * ITERS];
+  hir_status st = HIR_OK;
+  int p, i, k, form;
+  if (cudaMalloc(&a, dim * dim * 2) != cudaSuccess || cudaMalloc(&b, dim * dim * 2) != cudaSuccess ||
+      cudaMalloc(&d, dim * dim * 2) != cudaSuccess || cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS ||
+      cudaStreamCreateWithFlags(&gs, cudaStreamNonBlocking) != cudaSuccess) {
+    snprintf(B.msg[rank], sizeof B.msg[rank], "--beside: out of memory or no cuBLAS");
+    return HIR_ERR_NOMEM;
+  }
+  cudaMemset(a, 0x3c, dim * dim * 2); /* bf16 0x3c3c, about 0.0115: finite sums */
+  cudaMemset(b, 0x3c, dim * dim * 2);
+  cudaDeviceSynchronize(); /* the legacy stream's, which the nonblocking streams below do not wait for */
+  cublasSetStream(blas, gs);
+  for (i = 0; i < 4; i++) cudaEventCreate(&e[i]);
+  for (p = 0; p < 2 && st == HIR_OK; p++) {
+    if ((st = hir_nccl_comm_set_path(c, beside_paths[p], B.ctas)) != HIR_OK) break;
+    for (i = 0; i < BESIDE_ITERS + 1 && st == HIR_OK; i++) /* the first: warm-up */
+      for (form = 0; form < 3 && st == HIR_OK; form++) { /* GEMM alone, calls alone, together */
+        float ms = 0;
+        cudaEventRecord(e[0], gs);
+        cudaStreamWaitEvent(s, e[0], 0);
+        if (form != 1 && cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)dim, (int)dim, (int)dim, &one, a, CUDA_R_16BF, (int)dim, b,
+                                      CUDA_R_16BF, (int)dim, &zero, d, CUDA_R_16BF, (int)dim, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+          snprintf(c->error, sizeof c->error, "--beside: cublasGemmEx failed");
+          st = HIR_ERR_BACKEND;
+        }
+        cudaEventRecord(e[1], gs);
+        cudaEventRecord(e[2], s);
+        for (k = 0; form != 0 && k < BESIDE_CALLS && st == HIR_OK; k++) st = c->allreduce(c, team, in, out, count, HIR_BF16, s);
+        cudaEventRecord(e[3], s);
+        if (cudaStreamSynchronize(gs) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess) st = st ? st : HIR_ERR_BACKEND;
+        if (st == HIR_OK) st = c->poll(c);
+        if (i == 0) continue;
+        if (form != 1) cudaEventElapsedTime(&ms, e[0], e[1]), t[form == 0 ? 0 : 1][i - 1] = ms;
+        if (form != 0) cudaEventElapsedTime(&ms, e[2], e[3]), t[form == 1 ? 2 : 3][i - 1] = ms * 1e3 / BESIDE_CALLS;
+      }
+    hir_nccl_comm_set_path(c, HIR_NCCL_PATH_NCCL, 0);
+    for (k = 0; k < 4 && st == HIR_OK; k++) {
+      double mine[ITERS] = {0};
+      memcpy(mine, t[k], sizeof t[k]);
+      if ((st = share(c, team, s, mine, all, ITERS)) == HIR_OK && rank == 0) {
+        double worst[BESIDE_ITERS];
+        int r;
+        for (i = 0; i < BESIDE_ITERS; i++)
+          for (worst[i] = 0, r = 0; r < B.D; r++) worst[i] = all[r * ITERS + i] > worst[i] ? all[r * ITERS + i] : worst[i];
+        B.beside_ms[p][k] = median(worst, BESIDE_ITERS);
+      }
+    }
+  }
+  if (st != HIR_OK && !B.msg[rank][0]) snprintf(B.msg[rank], sizeof B.msg[rank], "%s", c->error);
+  for (i = 0; i < 4; i++) cudaEventDestroy(e[i]);
+  cublasDestroy(blas);
+  cudaStreamDestroy(gs);
+  cudaFree(a), cudaFree(b), cudaFree(d);
+  return st;
+}
+
 static hir_status rank_main(int rank, void *user) {
   hir_comm *c = B.procs ? B.pcomm : hir_nccl_world_comm(B.world, rank);
   int world[MAXR], i, z, p, g, kind, device = B.procs ? -1 : rank;
@@ -173,6 +251,7 @@ static hir_status rank_main(int rank, void *user) {
   cudaSetDevice(device);
   for (i = 0; i < B.D; i++) world[i] = i;
   for (z = 0; z < B.nsizes; z++) most = B.sizes[z] > most ? B.sizes[z] : most;
+  most = B.beside > most ? B.beside : most;
   if ((st = c->team(c, world, B.D, &team)) != HIR_OK) return st;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess || cudaMalloc(&in, most) != cudaSuccess ||
       cudaMalloc(&out, most) != cudaSuccess || cudaMalloc(&ref, most) != cudaSuccess || !(host = malloc(2 * most))) {
@@ -184,6 +263,7 @@ static hir_status rank_main(int rank, void *user) {
     host[k] = bf16_of((float)(seed >> 8) / (1 << 24) * 2 - 1);
   }
   cudaMemcpy(in, host, most, cudaMemcpyHostToDevice);
+  cudaDeviceSynchronize(); /* a pageable copy returns once staged; stream s does not wait for it */
   { /* the peer bandwidth: 256 MiB to the next rank while receiving from the previous, copy engines */
     size_t bytes = (size_t)256 << 20;
     void *a, *b;
@@ -208,7 +288,8 @@ static hir_status rank_main(int rank, void *user) {
       if (rank == 0) B.peer_gbs = bytes / (median(mine, 5) * 1e-3) * 1e-9;
     }
   }
-  for (kind = 0; kind < NKINDS; kind++) {
+  if (B.beside && (st = beside_rank(c, team, s, rank, in, out)) != HIR_OK) return st;
+  for (kind = 0; kind < NKINDS && !B.beside; kind++) {
     if (B.only >= 0 && kind != B.only) continue;
     for (z = 0; z < B.nsizes; z++) {
       size_t bytes = B.sizes[z] / (2 * (size_t)B.D) * 2 * (size_t)B.D; /* whole bf16 elements a rank */
@@ -223,14 +304,15 @@ static hir_status rank_main(int rank, void *user) {
           snprintf(B.msg[rank], sizeof B.msg[rank], "%s", c->error);
           return st;
         }
-        cudaMemset(out, 0xff, out_bytes); /* NaN where nothing is written */
+        cudaMemsetAsync(out, 0xff, out_bytes, s); /* NaN where nothing is written */
         if ((st = call(c, team, kind, in, out, bytes, s)) != HIR_OK || cudaStreamSynchronize(s) != cudaSuccess ||
             (st = c->poll(c)) != HIR_OK) {
           snprintf(B.msg[rank], sizeof B.msg[rank], "%s", c->error);
           return st ? st : HIR_ERR_BACKEND;
         }
         if (p == 0) {
-          cudaMemcpy(ref, out, out_bytes, cudaMemcpyDeviceToDevice);
+          cudaMemcpyAsync(ref, out, out_bytes, cudaMemcpyDeviceToDevice, s);
+          cudaStreamSynchronize(s);
           B.err[rank] = 0;
         } else { /* the largest difference from NCCL's result over its largest value */
           unsigned short *o = host, *r = host + most / 2;
@@ -328,6 +410,23 @@ static void print_tables(void) {
   }
 }
 
+static void print_beside(void) {
+  static const char *const names[2] = {"hostir's kernel", "NCCL"};
+  char sz[32];
+  int p;
+  size_text(B.beside, sz, sizeof sz);
+  printf("a GEMM (bf16, %d^3, cuBLAS) beside %d all-reduces of %s, %d ranks (%s), slowest rank, median of %d\n", GEMM_DIM,
+         BESIDE_CALLS, sz, B.D, B.procs ? "a process per GPU" : "threads of one process", BESIDE_ITERS);
+  printf("%-16s %11s %12s %7s %15s %16s %7s\n", "all-reduce on", "GEMM ms", "GEMM beside", "ratio", "all-reduce us", "all-reduce beside",
+         "ratio");
+  for (p = 0; p < 2; p++)
+    printf("%-16s %11.3f %12.3f %7.2f %15.1f %16.1f %7.2f\n", names[p], B.beside_ms[p][0], B.beside_ms[p][1],
+           B.beside_ms[p][1] / B.beside_ms[p][0], B.beside_ms[p][2], B.beside_ms[p][3], B.beside_ms[p][3] / B.beside_ms[p][2]);
+  if (B.ctas) printf("(the kernel on at most %d CTAs; ", B.ctas);
+  else printf("(the kernel on the CTAs measured at creation; ");
+  printf("the all-reduces' calls, back to back, begin with the GEMM and outlast it)\n");
+}
+
 static void read_torch(const char *path) {
   FILE *f = fopen(path, "r");
   char kind[8], mode[8], who[32];
@@ -359,13 +458,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) sizes = argv[++i];
     else if (!strcmp(argv[i], "--ctas") && i + 1 < argc) B.ctas = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--torch") && i + 1 < argc) torch = argv[++i];
+    else if (!strcmp(argv[i], "--beside") && i + 1 < argc) B.beside = parse_size(argv[++i]);
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
       for (B.only = 0; B.only < NKINDS && strcmp(kind_keys[B.only], argv[i + 1]); B.only++) {}
       if (B.only == NKINDS) B.only = -2;
       i++;
     } else B.only = -2;
     if (B.only == -2) {
-      fprintf(stderr, "usage: %s [--processes] [--sizes 8K,1M,...] [--ctas N] [--only ar|rs|ag] [--torch FILE]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--processes] [--sizes 8K,1M,...] [--ctas N] [--only ar|rs|ag] [--torch FILE] [--beside BYTES]\n", argv[0]);
       return 2;
     }
   }
@@ -412,7 +512,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("peer bandwidth: %.0f GB/s (256 MiB to the next rank while receiving from the previous, copy engines)\n\n", B.peer_gbs);
-  print_tables();
+  if (B.beside) print_beside();
+  else print_tables();
   if (B.procs) hir_nccl_comm_free(B.pcomm);
   else hir_nccl_world_free(B.world);
   return 0;

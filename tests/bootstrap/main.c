@@ -850,8 +850,8 @@ TEST(test_kernels_source, "kernels/source_compiles", TEST_CPU) {
   cap = strlen(text) + 1024;
   src = (char *)malloc(cap);
   snprintf(src, cap, "%s\nstatic_assert(sizeof(hir_coll_args) == %zu, \"the host's size\");\n" /* NVRTC has no offsetof */
-           "static_assert(MAXR == %d && THREADS == %d && DATA_AT == %d, \"the host's constants\");\n",
-           text, sizeof(hir_nccl__kargs), HIR_NCCL__KC_RANKS, HIR_NCCL__KC_THREADS, HIR_NCCL__KC_DATA_AT);
+           "static_assert(MAXR == %d && MAXCTAS == %d && THREADS == %d && DATA_AT == %d, \"the host's constants\");\n",
+           text, sizeof(hir_nccl__kargs), HIR_NCCL__KC_RANKS, HIR_NCCL__KC_CTAS, HIR_NCCL__KC_THREADS, HIR_NCCL__KC_DATA_AT);
   memset(&m, 0, sizeof m);
   m.nvrtc = &nvrtc;
   m.name = "hostir_nccl's collectives";
@@ -873,56 +873,89 @@ TEST(test_kernels_source, "kernels/source_compiles", TEST_CPU) {
 }
 
 /* Which path a collective takes: the same for every rank of a world (it
-   reads only sizes, the dtype, the team and the settings), one shot up to
-   2 MB / (n - 1), the kernels up to 16 MB, NCCL above, for f64 and for a
-   team other than the world; a slot's calls fit the workspace. */
+   reads only sizes, the dtype, the team, the choice and the cap). Before a
+   measurement, the fixed rule: one shot up to 2 MB / (n - 1), the kernels up
+   to 16 MB, NCCL above, for f64 and for a team other than the world; a
+   measured choice is followed, with its CTAs, under the cap; a slot's calls
+   fit the workspace. */
 TEST(test_kernels_choice, "kernels/choice", TEST_CPU) {
   hir_nccl__rank *nc = (hir_nccl__rank *)calloc(1, sizeof *nc);
   hir_nccl__team other;
   unsigned char pad[4096];
   hir_nccl__ce ce;
-  int n, bad = 0;
+  int n, z, ctas, bad = 0;
   memset(&ce, 0, sizeof ce);
   memset(&other, 0, sizeof other);
   ce.pad_dev = pad;
+  bad += hir_nccl__kc_class(1) != 0 || hir_nccl__kc_class((size_t)8 << 10) != 0 || hir_nccl__kc_class(((size_t)8 << 10) + 1) != 1;
+  bad += hir_nccl__kc_class((size_t)64 << 20) != HIR_NCCL__KC_CLASSES - 1 || hir_nccl__kc_class((size_t)1 << 30) != HIR_NCCL__KC_CLASSES - 1;
+  for (z = 1; z < HIR_NCCL__KC_CLASSES; z++) bad += hir_nccl__kc_class_bytes[z] <= hir_nccl__kc_class_bytes[z - 1];
   for (n = 2; n <= HIR_NCCL__KC_RANKS; n++) {
-    size_t one = ((size_t)2 << 20) / (size_t)(n - 1), slot = hir_nccl__kc_slot(n), es;
+    size_t slot = hir_nccl__kc_slot(n), es, two = (size_t)2 << 20;
     memset(nc, 0, sizeof *nc);
     nc->kc.on = 1;
     nc->kc.n = n;
     nc->world_team.n = other.n = n;
     hir_nccl__kc_words(&nc->kc, &ce);
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, one) != HIR_NCCL__AR_ONE;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, one + 2) != HIR_NCCL__AR_TWO;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_F32, (size_t)16 << 20) != HIR_NCCL__AR_TWO;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_F32, ((size_t)16 << 20) + 4) != -1;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_F64, 8) != -1;
-    bad += hir_nccl__kc_pick(nc, &other, HIR_NCCL__AR_ONE, HIR_BF16, 8) != -1;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__RS, HIR_F16, (size_t)16 << 20) != HIR_NCCL__RS;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AG, HIR_F8E4M3, ((size_t)16 << 20) + 1) != -1;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AG, HIR_F8E4M3, 1) != HIR_NCCL__AG;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 0) != -1;
+    for (z = 0; z < HIR_NCCL__KC_CLASSES; z++) { /* the rule at each class's size, and just past it: the next class's */
+      size_t b = hir_nccl__kc_class_bytes[z];
+      int want = b <= two / (size_t)(n - 1) ? HIR_NCCL__AR_ONE : b <= (size_t)16 << 20 ? HIR_NCCL__AR_TWO : -1;
+      ctas = -1;
+      bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, b, &ctas) != want;
+      bad += want >= 0 && ctas != HIR_NCCL__KC_FEW;
+      bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__RS, HIR_F16, b, &ctas) != (b <= (size_t)16 << 20 ? HIR_NCCL__RS : -1);
+    }
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, two, &ctas) != (n == 2 ? HIR_NCCL__AR_ONE : HIR_NCCL__AR_TWO);
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, two + 2, &ctas) != HIR_NCCL__AR_TWO;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_F32, (size_t)16 << 20, &ctas) != HIR_NCCL__AR_TWO;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_F32, ((size_t)16 << 20) + 4, &ctas) != -1;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_F64, 8, &ctas) != -1;
+    bad += hir_nccl__kc_pick(nc, &other, HIR_NCCL__AR_ONE, HIR_BF16, 8, &ctas) != -1;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AG, HIR_F8E4M3, ((size_t)16 << 20) + 1, &ctas) != -1;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AG, HIR_F8E4M3, 1, &ctas) != HIR_NCCL__AG;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 0, &ctas) != -1;
     nc->path = HIR_NCCL_PATH_ONE_SHOT; /* forced: any size */
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, (size_t)1 << 30) != HIR_NCCL__AR_ONE;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, (size_t)1 << 30, &ctas) != HIR_NCCL__AR_ONE;
     nc->path = HIR_NCCL_PATH_TWO_SHOT;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8) != HIR_NCCL__AR_TWO;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AG, HIR_BF16, (size_t)1 << 30) != HIR_NCCL__AG;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8, &ctas) != HIR_NCCL__AR_TWO;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AG, HIR_BF16, (size_t)1 << 30, &ctas) != HIR_NCCL__AG;
+    nc->kc.cap = 100; /* a forced path takes the cap whole */
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8, &ctas) != HIR_NCCL__AR_TWO || ctas != 100;
     nc->path = HIR_NCCL_PATH_NCCL;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8) != -1;
-    nc->path = HIR_NCCL_PATH_AUTO;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8, &ctas) != -1;
+    nc->path = HIR_NCCL_PATH_AUTO; /* the choice's CTAs, under the cap */
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8, &ctas) != HIR_NCCL__AR_ONE || ctas != HIR_NCCL__KC_FEW;
+    nc->kc.cap = 16;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8, &ctas) != HIR_NCCL__AR_ONE || ctas != 16;
+    nc->kc.cap = 0;
     nc->comm.ctx = nc;
-    nc->kc.ctas = HIR_NCCL__KC_CTAS_DEFAULT;
-    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLREDUCE, one, HIR_BF16), "hostir's one-shot kernel") != 0;
-    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLREDUCE, one + 2, HIR_BF16), "hostir's two-shot kernel") != 0;
-    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLGATHER, 64, HIR_F8E4M3), "hostir's kernel") != 0;
+    if (n == 2 && !strstr(hir_nccl_comm_describe(&nc->comm), "by size, by a fixed rule: all-reduce: one shot on 32 CTAs to 2 MiB, "
+                                                                "two shots on 32 CTAs to 16 MiB, NCCL above; reduce-scatter: kernel on "
+                                                                "32 CTAs to 16 MiB, NCCL above")) {
+      fprintf(stderr, "  %s\n", hir_nccl_comm_describe(&nc->comm));
+      bad++;
+    }
+    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLREDUCE, 8, HIR_BF16), "hostir's one-shot kernel on 32 CTAs") != 0;
+    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLGATHER, 64, HIR_F8E4M3), "hostir's kernel on 32 CTAs") != 0;
     bad += hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_BROADCAST, 64, HIR_BF16) != NULL;
     bad += strcmp(hir_nccl__collective_path(&nc->comm, &other, HIR_COLL_ALLREDUCE, 64, HIR_BF16), "NCCL") != 0;
-    if (n == 2 && !strstr(hir_nccl_comm_describe(&nc->comm), "one shot up to 2048 KiB, two shots up to 16 MiB")) {
+    /* a measured choice: two shots on 128 CTAs from 1 MiB, NCCL from 32 MiB */
+    for (z = hir_nccl__kc_class((size_t)1 << 20); z < HIR_NCCL__KC_CLASSES; z++) {
+      nc->kc.use[HIR_NCCL__AR_ONE][z] = (signed char)(hir_nccl__kc_class_bytes[z] < ((size_t)32 << 20) ? HIR_NCCL__AR_TWO : -1);
+      nc->kc.ctas[HIR_NCCL__AR_TWO][z] = HIR_NCCL__KC_CTAS;
+    }
+    nc->kc.measured = 1;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, (size_t)1 << 20, &ctas) != HIR_NCCL__AR_TWO || ctas != HIR_NCCL__KC_CTAS;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, ((size_t)16 << 20) + 2, &ctas) != -1;
+    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLREDUCE, 4 << 20, HIR_BF16),
+                  "hostir's two-shot kernel on 128 CTAs") != 0;
+    if (n == 2 && !strstr(hir_nccl_comm_describe(&nc->comm), "as measured at creation: all-reduce: one shot on 32 CTAs to 512 KiB, "
+                                                   "two shots on 128 CTAs to 16 MiB, NCCL above")) {
       fprintf(stderr, "  %s\n", hir_nccl_comm_describe(&nc->comm));
       bad++;
     }
     nc->kc.on = 0;
-    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8) != -1;
+    bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, 8, &ctas) != -1;
     /* a call's slots: n of them in a half's first region, 16-byte multiples; two shots' segments of the
        most elements a call takes fit one */
     bad += slot % 16 != 0 || slot * (size_t)n > (size_t)HIR_NCCL__KC_HALF / 2;
@@ -931,8 +964,8 @@ TEST(test_kernels_choice, "kernels/choice", TEST_CPU) {
       bad += ((most + (size_t)n - 1) / (size_t)n + per_vector - 1) / per_vector * per_vector * es > slot;
     }
   }
-  bad += HIR_NCCL__KC_CTAS * 2 * HIR_NCCL__KC_RANKS * (int)sizeof(unsigned) > 4096; /* the flags, then the counters */
-  bad += 4096 + HIR_NCCL__KC_CTAS * (int)sizeof(unsigned) > HIR_NCCL__KC_DATA_AT;
+  /* the flags, then the CTAs' call counters, before the data */
+  bad += (HIR_NCCL__KC_CTAS * 2 * HIR_NCCL__KC_RANKS + HIR_NCCL__KC_CTAS) * (int)sizeof(unsigned) > HIR_NCCL__KC_DATA_AT;
   CHECK(bad == 0);
   free(nc);
 }

@@ -562,6 +562,7 @@ TEST(test_gpu_unreachable_memory, "gpu/unreachable_memory", TEST_GPU) {
   }
   for (i = 0; i < N; i++) host[i] = pinned[i] = (float)(i % 97) - 40.0f;
   cudaMemcpy(dev, host, N * sizeof(float), cudaMemcpyHostToDevice);
+  cudaDeviceSynchronize(); /* a pageable copy returns once staged; the evaluator's streams do not wait for it */
   CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
   memset(&in, 0, sizeof in);
   in.dtype = HIR_F32, in.ndims = 1, in.sizes[0] = N;
@@ -593,6 +594,7 @@ TEST(test_gpu_unreachable_memory, "gpu/unreachable_memory", TEST_GPU) {
           fprintf(stderr, "  %s: %s\n", hir_status_str(s), hir_evaluator_error(ev)), hir_test_failures++;
         in.data = dev, out.data = dev_out; /* then device memory runs */
         cudaMemset(dev_out, 0, N * sizeof(float));
+        cudaDeviceSynchronize();
         CHECK(hir_run(ev, &in, 1, &out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
         cudaMemcpy(got, dev_out, sizeof got, cudaMemcpyDeviceToHost);
         CHECK(got[N - 1] == (float)((N - 1) % 97) - 38.5f);
@@ -1315,7 +1317,7 @@ enum { KC_AR, KC_RS, KC_AG };
    elements a rank gets; AG: bytes a rank gives) on path p, its buffers one
    element (AG: byte) off their alignment where `off`. */
 typedef struct kc_op {
-  int kind, off;
+  int kind, off, ctas;             /* ctas: hir_nccl_comm_set_path's, 0: as measured */
   hir_dtype dt;
   size_t count, es, nin, nout;
   hir_nccl_path p;
@@ -1345,9 +1347,10 @@ static void kc_op_fill(kc_op *o, int rank, unsigned salt) {
     else kc_store(o->dt, o->hin, i, kc_value(o->dt, rank, i, salt));
   cudaMemcpy(o->din + o->off * o->es, o->hin, o->nin * o->es, cudaMemcpyHostToDevice);
   cudaMemset(o->dout, 0xff, o->nout * o->es + 16);
+  cudaDeviceSynchronize(); /* both ran on the legacy stream, which a nonblocking stream's collective does not wait for */
 }
 static hir_status kc_op_call(kc_op *o, hir_comm *c, void *team, cudaStream_t s) {
-  hir_status st = hir_nccl_comm_set_path(c, o->p, 0);
+  hir_status st = hir_nccl_comm_set_path(c, o->p, o->ctas);
   unsigned char *in = o->din + o->off * o->es, *out = o->dout + o->off * o->es;
   if (st != HIR_OK) return st;
   return o->kind == KC_AR   ? c->allreduce(c, team, in, out, o->count, o->dt, s)
@@ -1377,8 +1380,8 @@ static int kc_op_check(kc_op *o, kc_case *k, int rank, unsigned salt, int exact)
     }
     ok = exact ? got == want : fabs(got - want) <= (o->dt == HIR_F32 ? 1e-5 : 2e-2) * k->n;
     if (!ok)
-      snprintf(k->msg[rank], sizeof k->msg[rank], "%s %s of %zu (path %d, %s): element %zu is %g, the reference %g", kinds[o->kind],
-               hir_dtype_name(o->dt), o->count, (int)o->p, o->off ? "off alignment" : "aligned", i, got, want);
+      snprintf(k->msg[rank], sizeof k->msg[rank], "%s %s of %zu (path %d, %d CTAs, %s): element %zu is %g, the reference %g",
+               kinds[o->kind], hir_dtype_name(o->dt), o->count, (int)o->p, o->ctas, o->off ? "off alignment" : "aligned", i, got, want);
   }
   if (!ok && !k->msg[rank][0])
     snprintf(k->msg[rank], sizeof k->msg[rank], "%s of %zu (path %d, off %d): a byte written outside its output", kinds[o->kind],
@@ -1390,6 +1393,8 @@ static int kc_one(kc_case *k, int rank, hir_comm *c, void *team, cudaStream_t s,
                   hir_nccl_path p, int off, unsigned salt, int exact) {
   kc_op o;
   int ok = kc_op_make(&o, kind, dt, count, p, off, k->n);
+  /* a forced kernel on 1 to all of HIR_NCCL__KC_CTAS CTAs, a different grid from call to call (the same on every rank) */
+  o.ctas = p == HIR_NCCL_PATH_ONE_SHOT || p == HIR_NCCL_PATH_TWO_SHOT ? 1 + (int)(salt * 53u % HIR_NCCL__KC_CTAS) : 0;
   if (!ok) snprintf(k->msg[rank], sizeof k->msg[rank], "out of memory");
   if (ok) {
     kc_op_fill(&o, rank, salt);
@@ -1414,6 +1419,7 @@ static int kc_graph(kc_case *k, int rank, hir_comm *c, void *team, cudaStream_t 
   ok &= kc_op_make(&o[1], KC_AR, HIR_BF16, 65537, HIR_NCCL_PATH_TWO_SHOT, 0, k->n);
   ok &= kc_op_make(&o[2], KC_RS, HIR_F16, 4097, HIR_NCCL_PATH_TWO_SHOT, 1, k->n);
   ok &= kc_op_make(&o[3], KC_AG, HIR_F32, 1001, HIR_NCCL_PATH_TWO_SHOT, 0, k->n);
+  o[1].ctas = HIR_NCCL__KC_CTAS, o[2].ctas = 3; /* grids of 1, 128 (as many as the call asks), 3, 1 */
   if (ok) {
     hir_status st = HIR_OK;
     cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
@@ -1505,6 +1511,8 @@ static void kc_worlds(int replays) {
       printf("  (%d ranks: no kernel collectives: %s)\n", n, hir_nccl_comm_describe(c0));
       continue;
     }
+    if (!replays) printf("  %d ranks: %s\n", n, strstr(hir_nccl_comm_describe(c0), "collectives by size"));
+    CHECK(strstr(hir_nccl_comm_describe(c0), "collectives by size, as measured at creation: all-reduce: ") != NULL);
     platform->run(n, kc_rank, &k);
     for (r = 0; r < n; r++) {
       if (platform->run == mp_run && r != mp_env.rank) continue;

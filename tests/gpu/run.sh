@@ -22,6 +22,10 @@ cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 bin=${TEST_GPU_BIN:-build/test-gpu}
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then # the GPUs this run may use: two runs can share a host
+  visible=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+  [ "$visible" -lt "$ngpu" ] && ngpu=$visible
+fi
 passed=0 failed=0 number=0
 range=${TEST_GPU_STAGES:-1-99}
 stage() { # name, command...
