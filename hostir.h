@@ -2390,6 +2390,19 @@ static hir_tv *hir__binary(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_tv *b
               fn, a->name, na, b->name, nb);
     return NULL;
   }
+  for (i = 0; i < na; i++) { /* fixed sizes that differ: refused here, not at the first run */
+    const hir_val *xa = ia[i]->extent, *xb = ib[i]->extent;
+    if (ia[i]->iter == HIR_BROADCAST || ib[i]->iter == HIR_BROADCAST || xa->kind != HIR__VAL_CONST || xb->kind != HIR__VAL_CONST ||
+        xa->value == xb->value)
+      continue;
+    hir__fail(f, HIR_ERR_INVALID, "%s: axis %d is %lld long in T%d and %lld in T%d; %s", fn, i, (long long)xa->value, a->name,
+              (long long)xb->value, b->name,
+              xa->value == 1 || xb->value == 1
+                  ? "a size-1 axis of hir_input_sized is an ordinary axis, not a broadcast as nvFuser's makeConcreteTensor "
+                    "makes it: give that input one axis fewer and add this one with hir_broadcast"
+                  : "operands need equal sizes on every axis");
+    return NULL;
+  }
   if (!(out = hir__new_tv(f, a->dtype, HIR_MEM_GLOBAL, na))) return NULL;
   for (i = 0; i < na; i++) /* a broadcast axis takes the other operand's extent */
     if (!(out->ids[i] = hir__clone_id(f, ia[i]->iter == HIR_BROADCAST ? ib[i] : ia[i], 0))) return NULL;

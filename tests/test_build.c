@@ -162,6 +162,17 @@ static hir_status m_too_many_dims(hir_fusion *f) { return st(f, hir_input(f, HIR
 static hir_status m_zero_dims(hir_fusion *f) { return st(f, hir_input(f, HIR_F32, 0)); }
 static hir_status m_bad_dtype(hir_fusion *f) { return st(f, hir_input(f, (hir_dtype)42, 2)); }
 /* operands made in separate statements: C leaves argument order unspecified */
+/* fixed sizes that differ: a size-1 axis is not a broadcast (nvFuser's makeConcreteTensor would make it one) */
+static hir_status m_size_one_axis(hir_fusion *f) {
+  int64_t one[2] = {1, 4}, three[2] = {3, 4};
+  hir_tv *a = hir_input_sized(f, HIR_F32, 2, one), *b = hir_input_sized(f, HIR_F32, 2, three);
+  return st(f, hir_add(f, a, b));
+}
+static hir_status m_fixed_sizes_differ(hir_fusion *f) {
+  int64_t sa[2] = {2, 4}, sb[2] = {2, 5};
+  hir_tv *a = hir_input_sized(f, HIR_F32, 2, sa), *b = hir_input_sized(f, HIR_F32, 2, sb);
+  return st(f, hir_mul(f, a, b));
+}
 static hir_status m_mixed_dtypes(hir_fusion *f) {
   hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F16, 2);
   return st(f, hir_add(f, a, b));
@@ -241,6 +252,10 @@ TEST(test_builder_misuse, "build/misuse", TEST_CPU) {
   MISUSE(m_zero_dims, HIR_ERR_INVALID, "ndims 0 is out of range");
   MISUSE(m_bad_dtype, HIR_ERR_INVALID, "unknown dtype 42");
   MISUSE(m_mixed_dtypes, HIR_ERR_INVALID, "hir_add: mixed dtypes: T0 is float, T1 is __half");
+  MISUSE(m_size_one_axis, HIR_ERR_INVALID, "hir_add: axis 0 is 1 long in T0 and 3 in T1; a size-1 axis of hir_input_sized is "
+                                           "an ordinary axis, not a broadcast as nvFuser's makeConcreteTensor makes it: give "
+                                           "that input one axis fewer and add this one with hir_broadcast");
+  MISUSE(m_fixed_sizes_differ, HIR_ERR_INVALID, "hir_mul: axis 1 is 4 long in T0 and 5 in T1; operands need equal sizes");
   MISUSE(m_mixed_matmul, HIR_ERR_INVALID, "hir_matmul: mixed dtypes");
   MISUSE(m_rank_mismatch, HIR_ERR_INVALID, "T0 has 2 axes and T1 has 3");
   MISUSE(m_matmul_rank, HIR_ERR_INVALID, "hir_matmul: incompatible ranks: T1 has 0 data axes");

@@ -148,6 +148,34 @@ TEST(test_lower_resharding_alone, "lower/resharding_alone", TEST_CPU) {
   hir_fusion_free(f);
 }
 
+/* On a mesh of one device a DIDx axis splits nothing: a select that drops
+   it moves no data, so it is not resharding and lowers to no communication
+   (nvFuser's ReshardingSelectOpTest calls it resharding: its predicate reads
+   the annotations; tests/nvfuser/COVERAGE.md says why hostir's reads the
+   devices). On two devices the same select gathers. */
+TEST(test_lower_one_device_select, "lower/one_device_select", TEST_CPU) {
+  int D;
+  for (D = 1; D <= 2; D++) {
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_select(f, a, 0, 0);
+    hir_lower_desc ld;
+    hir_program *p = NULL;
+    char text[8192];
+    hir_output(f, b);
+    hir_set_mesh(a, D, m8);
+    hir_set_mesh(b, D, m8);
+    hir_parallelize(a, 0, HIR_DIDX);
+    CHECK(hir_expr_is_resharding(hir_tv_definition(b)) == (D > 1));
+    memset(&ld, 0, sizeof ld);
+    CHECK(hir_lower(f, &ld, &p) == HIR_OK);
+    hir_program_snprint(p, text, sizeof text);
+    if ((strstr(text, "Communication") != NULL) != (D > 1)) fprintf(stderr, "  %d devices:\n%s\n", D, text);
+    CHECK((strstr(text, "Communication") != NULL) == (D > 1));
+    hir_program_free(p);
+    hir_fusion_free(f);
+  }
+}
+
 TEST(test_lower_errors, "lower/errors", TEST_CPU) {
   hir_fusion *f;
   hir_tv *a, *b, *c;
