@@ -6651,8 +6651,10 @@ static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) 
       break;
     case HIR_EXPR_WAIT:
       if (!v->seen[e->target->name])
-        return hir__verify_fail(v, "Wait %d waits on %s %d, which does not come before it", e->name,
-                          hir__ops[e->target->kind].name, e->target->name);
+        return hir__verify_fail(v, "Wait %d waits on %s %d, which does not come before it: a Wait follows its communication in "
+                                "one pass of the program (a loop's Wait cannot take the previous iteration's communication: "
+                                "place the Wait after it in the same iteration, on a stream of its own so the next iteration "
+                                "runs beside it)", e->name, hir__ops[e->target->kind].name, e->target->name);
       break;
     case HIR_EXPR_START_COALESCING:
       coalescing = 1;

@@ -33,6 +33,7 @@ static int test_thread_create(pthread_t *thread, void *(*fn)(void *), void *arg)
 #include "test_split.c"
 #include "test_fp8.c"
 #include "test_mesh2d.c"
+#include "test_protocol.c"
 
 #include <unistd.h>
 

@@ -279,7 +279,8 @@ TEST(test_verifier, "lower/verifier", TEST_CPU) {
   comm = hir_host_communication(p, HIR_COLL_ALLGATHER, 2, team, 0, a, b);
   hir_scope_append(hir_program_body(p), hir_host_wait(p, comm));
   hir_scope_append(hir_program_body(p), comm);
-  expect_verify_error(p, "waits on Communication 1, which does not come before it", __LINE__);
+  expect_verify_error(p, "waits on Communication 1, which does not come before it: a Wait follows its communication in one "
+                         "pass of the program", __LINE__);
   VERIFY_SETUP();
   {
     hir_tv *t = hir_set(f, a), *u = hir_set(f, t);
