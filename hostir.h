@@ -780,8 +780,8 @@ struct hir_comm {
   void (*start_signals_release)(hir_comm *self, void *signals);
   /* optional: which path a collective of `type` moving `bytes` (an
      all-reduce's buffer, a reduce-scatter's input, an all-gather's output)
-     takes, for the plan ("NCCL", "hostir's two-shot kernel"); NULL: not
-     said. */
+     takes, for the plan ("NCCL", "hostir's two-shot kernel (128 CTAs, the
+     input read in place)"); NULL: not said. */
   const char *(*collective_path)(hir_comm *self, void *team, hir_collective type, size_t bytes, hir_dtype dtype);
 };
 
@@ -12926,7 +12926,7 @@ static void hir__collectives_of(hir_evaluator *ev, const hir_scope *sc, char *te
 
 static void hir__plan_collectives(hir_evaluator *ev) {
   hir_program *p = (hir_program *)ev->p;
-  char text[700] = "", *at, *end;
+  char text[1200] = "", *at, *end; /* eight collectives, each with its path in words */
   int listed = 0, more = 0;
   size_t n;
   if (!ev->comm) return;

@@ -2246,7 +2246,7 @@ typedef struct hir_nccl__rank {
   hir_nccl__kc kc;              /* collectives on kernels of ours, where every rank shares this host */
   hir_nccl_path path;           /* which path collectives take (hir_nccl_comm_set_path) */
   char kc_why[200];             /* why kernel collectives are off, for hir_nccl_comm_describe */
-  char path_words[64];          /* hir_nccl__collective_path's answer */
+  char path_words[96];          /* hir_nccl__collective_path's answer */
   struct hir_nccl__start_signals *start_pending; /* receives captured to be posted at a replay's start, not yet taken */
   hir_nccl__reg *regs;
   ncclComm_t world;
@@ -2890,7 +2890,8 @@ static hir_status hir_nccl__kc_done(hir_comm *c, hir_status s, const char *what)
   return s;
 }
 
-/* hir_comm.collective_path: what hir_nccl__kc_pick decides, in words, for the plan (the others: not said). */
+/* hir_comm.collective_path: what hir_nccl__kc_pick decides, in words, for the plan (the others: not said); a
+   kernel reads the caller's input where it lies (no staging copy) and writes the output through its workspace. */
 static const char *hir_nccl__collective_path(hir_comm *c, void *team, hir_collective type, size_t bytes, hir_dtype dt) {
   hir_nccl__rank *nc = hir_nccl__of(c);
   int kind = type == HIR_COLL_ALLREDUCE ? HIR_NCCL__AR_ONE : type == HIR_COLL_REDUCESCATTER ? HIR_NCCL__RS
@@ -2898,7 +2899,7 @@ static const char *hir_nccl__collective_path(hir_comm *c, void *team, hir_collec
   int ctas = 0, k = kind < 0 ? -1 : hir_nccl__kc_pick(nc, (const hir_nccl__team *)team, kind, dt, bytes, &ctas);
   if (kind < 0) return NULL;
   if (k < 0) return "NCCL";
-  snprintf(nc->path_words, sizeof nc->path_words, "hostir's %skernel on %d CTAs",
+  snprintf(nc->path_words, sizeof nc->path_words, "hostir's %skernel (%d CTAs, the input read in place)",
            k == HIR_NCCL__AR_ONE ? "one-shot " : k == HIR_NCCL__AR_TWO ? "two-shot " : "", ctas);
   return nc->path_words;
 }

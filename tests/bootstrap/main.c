@@ -935,8 +935,8 @@ TEST(test_kernels_choice, "kernels/choice", TEST_CPU) {
       fprintf(stderr, "  %s\n", hir_nccl_comm_describe(&nc->comm));
       bad++;
     }
-    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLREDUCE, 8, HIR_BF16), "hostir's one-shot kernel on 32 CTAs") != 0;
-    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLGATHER, 64, HIR_F8E4M3), "hostir's kernel on 32 CTAs") != 0;
+    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLREDUCE, 8, HIR_BF16), "hostir's one-shot kernel (32 CTAs, the input read in place)") != 0;
+    bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLGATHER, 64, HIR_F8E4M3), "hostir's kernel (32 CTAs, the input read in place)") != 0;
     bad += hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_BROADCAST, 64, HIR_BF16) != NULL;
     bad += strcmp(hir_nccl__collective_path(&nc->comm, &other, HIR_COLL_ALLREDUCE, 64, HIR_BF16), "NCCL") != 0;
     /* a measured choice: two shots on 128 CTAs from 1 MiB, NCCL from 32 MiB */
@@ -948,7 +948,7 @@ TEST(test_kernels_choice, "kernels/choice", TEST_CPU) {
     bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, (size_t)1 << 20, &ctas) != HIR_NCCL__AR_TWO || ctas != HIR_NCCL__KC_CTAS;
     bad += hir_nccl__kc_pick(nc, &nc->world_team, HIR_NCCL__AR_ONE, HIR_BF16, ((size_t)16 << 20) + 2, &ctas) != -1;
     bad += strcmp(hir_nccl__collective_path(&nc->comm, &nc->world_team, HIR_COLL_ALLREDUCE, 4 << 20, HIR_BF16),
-                  "hostir's two-shot kernel on 128 CTAs") != 0;
+                  "hostir's two-shot kernel (128 CTAs, the input read in place)") != 0;
     if (n == 2 && !strstr(hir_nccl_comm_describe(&nc->comm), "as measured at creation: all-reduce: one shot on 32 CTAs to 512 KiB, "
                                                    "two shots on 128 CTAs to 16 MiB, NCCL above")) {
       fprintf(stderr, "  %s\n", hir_nccl_comm_describe(&nc->comm));
