@@ -136,7 +136,8 @@ HIRDEF int        hir_nccl_comm_blocking(hir_comm *c);
    (HOSTIR_KERNEL_COLLECTIVES=0 on any rank: always NCCL). Which, and on how
    many CTAs (32 or 128), is measured for each size class when the
    communicator is made, the same on every rank (hir_nccl_comm_describe
-   says it). A path other than AUTO forces one for every size (for
+   says it; HOSTIR_MEASURE_COLLECTIVES=0 on any rank: a fixed rule
+   instead). A path other than AUTO forces one for every size (for
    benchmarks and tests; ONE_SHOT and TWO_SHOT name the all-reduce's, the
    others take their kernel either way); ctas > 0 caps the CTAs a kernel
    collective takes (1 to 128; a forced path takes exactly that many), so a
@@ -2592,7 +2593,8 @@ static hir_status hir_nccl__check_switches(char *err, size_t cap) {
   char why[160];
   if (hir_env_switch("HOSTIR_NCCL_BLOCKING", 1, &on, why, sizeof why) == HIR_OK &&
       hir_env_switch("HOSTIR_COPY_ENGINE", 1, &on, why, sizeof why) == HIR_OK &&
-      hir_env_switch("HOSTIR_KERNEL_COLLECTIVES", 1, &on, why, sizeof why) == HIR_OK)
+      hir_env_switch("HOSTIR_KERNEL_COLLECTIVES", 1, &on, why, sizeof why) == HIR_OK &&
+      hir_env_switch("HOSTIR_MEASURE_COLLECTIVES", 1, &on, why, sizeof why) == HIR_OK)
     return HIR_OK;
   snprintf(err, cap, "hostir_nccl: %s", why);
   return HIR_ERR_INVALID;
@@ -2934,10 +2936,11 @@ static int hir_nccl__kc_say(const hir_nccl__kc *kc, int kind, char *buf, size_t 
    fastest: a kernel only where it beats NCCL's by 2%, on all of
    HIR_NCCL__KC_CTAS CTAs only where they beat HIR_NCCL__KC_FEW by 5% (fewer
    leave a GEMM beside more SMs). It takes tens of milliseconds and 128 MiB
-   of the GPU's memory for that long; where a rank cannot spare it, every
-   rank keeps the fixed rule of hir_nccl__kc_words (so does a failure, which
-   also fails the communicator's creation, and so do choices that differ,
-   checked before any is kept). */
+   of the GPU's memory for that long; where a rank cannot spare it, or has
+   HOSTIR_MEASURE_COLLECTIVES=0 (a faster start, the same paths from run to
+   run), every rank keeps the fixed rule of hir_nccl__kc_words (so does a
+   failure, which also fails the communicator's creation, and so do choices
+   that differ, checked before any is kept). */
 enum { HIR_NCCL__KC_WARM = 2, HIR_NCCL__KC_TRIES = 6, HIR_NCCL__KC_ROUNDS = 3, HIR_NCCL__KC_FORMS = 5 };
 static hir_status hir_nccl__kc_time(hir_comm *c, int kind, size_t bytes, void *in, void *out, cudaStream_t st, cudaEvent_t *e,
                                     double *us) {
@@ -2992,7 +2995,8 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
     snprintf(c->error, sizeof c->error, "measuring the collectives on rank %d: %s", c->rank, cudaGetErrorString(cudaGetLastError()));
     s = HIR_ERR_BACKEND; /* the other ranks' first sum ends at their deadline */
   }
-  every = s == HIR_OK && cudaMalloc(&in, top) == cudaSuccess && cudaMalloc(&out, top) == cudaSuccess &&
+  every = s == HIR_OK && hir_nccl__switch("HOSTIR_MEASURE_COLLECTIVES") && cudaMalloc(&in, top) == cudaSuccess &&
+          cudaMalloc(&out, top) == cudaSuccess &&
           cudaMemsetAsync(in, 0x3c, top, st) == cudaSuccess && /* 0x3c3c: bf16 0.0115 */
           cudaEventCreate(&e[0]) == cudaSuccess && cudaEventCreate(&e[1]) == cudaSuccess;
   cudaGetLastError();

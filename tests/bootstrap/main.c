@@ -828,6 +828,18 @@ TEST(test_twins_store, "twins/watchdog_store_note", TEST_CPU) {
 }
 
 /* ---- the kernel collectives' host side (nccl_kernels) ---- */
+/* The kernel collectives' switches: a malformed value refuses the
+   communicator's creation by name; 0 turns the measurement off. */
+TEST(test_kernels_switches, "kernels/switches", TEST_CPU) {
+  char err[300] = "";
+  setenv("HOSTIR_MEASURE_COLLECTIVES", "maybe", 1);
+  CHECK(hir_nccl__check_switches(err, sizeof err) == HIR_ERR_INVALID && strstr(err, "HOSTIR_MEASURE_COLLECTIVES") != NULL);
+  setenv("HOSTIR_MEASURE_COLLECTIVES", "0", 1);
+  CHECK(hir_nccl__check_switches(err, sizeof err) == HIR_OK && !hir_nccl__switch("HOSTIR_MEASURE_COLLECTIVES"));
+  unsetenv("HOSTIR_MEASURE_COLLECTIVES");
+  CHECK(hir_nccl__switch("HOSTIR_MEASURE_COLLECTIVES"));
+}
+
 /* The kernels' source compiles with NVRTC for Hopper (no GPU needed), with
    every kernel the host looks up, its argument block the host's size and
    its constants the host's (asserted inside the source). */
