@@ -909,7 +909,7 @@ TEST(test_kernels_choice, "kernels/choice", TEST_CPU) {
     nc->kc.n = n;
     nc->world_team.n = other.n = n;
     hir_nccl__kc_words(&nc->kc, &ce);
-    for (z = 0; z < HIR_NCCL__KC_CLASSES; z++) { /* the rule at each class's size, and just past it: the next class's */
+    for (z = 0; z < HIR_NCCL__KC_CLASSES; z++) { /* the rule at each class's size */
       size_t b = hir_nccl__kc_class_bytes[z];
       int want = b <= two / (size_t)(n - 1) ? HIR_NCCL__AR_ONE : b <= (size_t)16 << 20 ? HIR_NCCL__AR_TWO : -1;
       ctas = -1;
