@@ -2931,8 +2931,8 @@ static int hir_nccl__kc_say(const hir_nccl__kc *kc, int kind, char *buf, size_t 
 /* The choice, measured at creation, for this machine: every path of every
    collective at each size class, timed on this rank (eager bf16 calls
    between two events; the forms in turns, each its fastest of
-   HIR_NCCL__KC_ROUNDS rounds), the times summed over the ranks (one NCCL
-   all-reduce: every rank decides from the same numbers), then per class the
+   HIR_NCCL__KC_ROUNDS rounds), the times summed over the ranks (the setup's
+   exchange: every rank decides from the same numbers), then per class the
    fastest: a kernel only where it beats NCCL's by 2%, on all of
    HIR_NCCL__KC_CTAS CTAs only where they beat HIR_NCCL__KC_FEW by 5% (fewer
    leave a GEMM beside more SMs). It takes tens of milliseconds and 128 MiB
@@ -2961,17 +2961,21 @@ static hir_status hir_nccl__kc_time(hir_comm *c, int kind, size_t bytes, void *i
   *us = ms * 1e3 / HIR_NCCL__KC_TRIES;
   return s;
 }
-/* vals[0..count) summed over the ranks, in place (through dev, on st). */
-static hir_status hir_nccl__kc_sum(hir_comm *c, cudaStream_t st, double *dev, double *vals, size_t count) {
-  hir_nccl__rank *nc = hir_nccl__of(c);
+/* vals[0..count) summed over the ranks, in place: the setup's exchange,
+   then sums in rank order, so every rank gets the same bits. */
+static hir_status hir_nccl__kc_sum(hir_comm *c, double *vals, size_t count) {
+  double *all = (double *)malloc(count * (size_t)c->size * sizeof *all);
+  size_t i;
+  int r;
   hir_status s;
-  cudaMemcpyAsync(dev, vals, count * sizeof *vals, cudaMemcpyHostToDevice, st); /* ordered before the all-reduce */
-  if ((s = c->allreduce(c, &nc->world_team, dev, dev, count, HIR_F64, st)) == HIR_OK &&
-      (s = hir_nccl__setup_wait(c, st, "measuring the collectives")) == HIR_OK &&
-      cudaMemcpy(vals, dev, count * sizeof *vals, cudaMemcpyDeviceToHost) != cudaSuccess) {
-    snprintf(c->error, sizeof c->error, "measuring the collectives on rank %d: %s", c->rank, cudaGetErrorString(cudaGetLastError()));
-    s = HIR_ERR_BACKEND;
+  if (!all) {
+    snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
+    return HIR_ERR_NOMEM; /* the other ranks' exchange ends at their deadline */
   }
+  if ((s = hir_nccl__exchange(c, vals, all, count * sizeof *vals, -1, NULL, 0)) == HIR_OK)
+    for (i = 0; i < count; i++)
+      for (vals[i] = 0, r = 0; r < c->size; r++) vals[i] += all[(size_t)r * count + i];
+  free(all);
   return s;
 }
 static hir_status hir_nccl__kc_measure(hir_comm *c) {
@@ -2980,7 +2984,7 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
   hir_nccl__kc *kc = &nc->kc;
   size_t top = hir_nccl__kc_class_bytes[HIR_NCCL__KC_CLASSES - 1];
   /* [collective: AR_ONE (all-reduce), RS, AG][class][NCCL, kernel on few, on many, (all-reduce) two shots on few, on many] */
-  double us[3][HIR_NCCL__KC_CLASSES][HIR_NCCL__KC_FORMS], *dev = NULL, every;
+  double us[3][HIR_NCCL__KC_CLASSES][HIR_NCCL__KC_FORMS], every;
   signed char use[HIR_NCCL__KC_KINDS][HIR_NCCL__KC_CLASSES];
   unsigned char ctas[HIR_NCCL__KC_KINDS][HIR_NCCL__KC_CLASSES];
   void *in = NULL, *out = NULL;
@@ -2991,7 +2995,7 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
   memset(us, 0, sizeof us);
   memcpy(use, kc->use, sizeof use);
   memcpy(ctas, kc->ctas, sizeof ctas);
-  if (cudaMalloc((void **)&dev, sizeof us) != cudaSuccess || cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
+  if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
     snprintf(c->error, sizeof c->error, "measuring the collectives on rank %d: %s", c->rank, cudaGetErrorString(cudaGetLastError()));
     s = HIR_ERR_BACKEND; /* the other ranks' first sum ends at their deadline */
   }
@@ -3000,7 +3004,7 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
           cudaMemsetAsync(in, 0x3c, top, st) == cudaSuccess && /* 0x3c3c: bf16 0.0115 */
           cudaEventCreate(&e[0]) == cudaSuccess && cudaEventCreate(&e[1]) == cudaSuccess;
   cudaGetLastError();
-  if (s == HIR_OK && (s = hir_nccl__kc_sum(c, st, dev, &every, 1)) == HIR_OK && every == (double)c->size) { /* every rank able */
+  if (s == HIR_OK && (s = hir_nccl__kc_sum(c, &every, 1)) == HIR_OK && every == (double)c->size) { /* every rank able */
     for (coll = 0; coll < 3 && s == HIR_OK; coll++)
       for (z = 0; z < HIR_NCCL__KC_CLASSES && s == HIR_OK; z++)
         for (round = 0; round < HIR_NCCL__KC_ROUNDS && s == HIR_OK; round++) /* the forms in turns; each its fastest round */
@@ -3016,7 +3020,7 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
           }
     nc->path = HIR_NCCL_PATH_AUTO;
     kc->cap = 0;
-    if (s == HIR_OK) s = hir_nccl__kc_sum(c, st, dev, &us[0][0][0], sizeof us / sizeof(double));
+    if (s == HIR_OK) s = hir_nccl__kc_sum(c, &us[0][0][0], sizeof us / sizeof(double));
     for (coll = 0; coll < 3 && s == HIR_OK; coll++)
       for (z = 0; z < HIR_NCCL__KC_CLASSES; z++) {
         double *t = us[coll][z], best = t[0] * 0.98;
@@ -3032,9 +3036,9 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
     if (s == HIR_OK) { /* the same sums give every rank the same choice; a choice that differs anyway would hang a
                           collective or mix its data, so the ranks check, and keep the fixed rule unless all agree */
       double mine = (double)(hir_nccl__hash(use, sizeof use, hir_nccl__hash(ctas, sizeof ctas, 0)) & 0xffffffffu), all = mine;
-      if ((s = hir_nccl__kc_sum(c, st, dev, &all, 1)) == HIR_OK) {
+      if ((s = hir_nccl__kc_sum(c, &all, 1)) == HIR_OK) {
         every = all == mine * c->size;
-        if ((s = hir_nccl__kc_sum(c, st, dev, &every, 1)) == HIR_OK && every == (double)c->size) {
+        if ((s = hir_nccl__kc_sum(c, &every, 1)) == HIR_OK && every == (double)c->size) {
           memcpy(kc->use, use, sizeof use);
           memcpy(kc->ctas, ctas, sizeof ctas);
           kc->measured = 1;
@@ -3047,7 +3051,7 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
   if (st) cudaStreamDestroy(st);
   if (e[0]) cudaEventDestroy(e[0]);
   if (e[1]) cudaEventDestroy(e[1]);
-  cudaFree(in), cudaFree(out), cudaFree(dev);
+  cudaFree(in), cudaFree(out);
   cudaGetLastError();
   return s;
 }
