@@ -59,7 +59,7 @@
        // >>nccl_store      rank 0's store for NCCL's ids and the abort note: a mutual HMAC handshake, bounded requests
        // >>nccl_env        the launcher's variables: ranks, rank 0's host, port, secret, GPU
        // >>nccl_peer       copy engines between the ranks of a host: shared mailboxes, signal pad, IPC exports
-       // >>nccl_kernels    collectives on kernels of ours: peers' mapped workspaces, flags with sequence numbers
+       // >>nccl_kernels    collectives on kernels of ours: peers' mapped workspaces, data that lands as its own flag
        // >>nccl_comm       hir_comm on NCCL: teams, collectives, copy-engine send/recv, errors
        // >>nccl_bootstrap  the threaded world, one process per GPU, the caller's NCCL */
 #ifndef HOSTIR_NCCL_H
@@ -1623,23 +1623,33 @@ static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_
 /* Collectives as kernels of ours, between the ranks of one host: each rank
    owns a workspace in its GPU's memory that every other rank maps (CUDA IPC
    between processes, peer access among threads): a pad of flags, a counter
-   per CTA, and two halves of data, each a slot per rank. A call's CTAs
-   push the caller's input (read where it lies: no staging copy) into the
-   peers' slots with plain stores over NVLink, which need no round trip;
-   then each CTA meets its namesake CTA on every rank: it raises its flag in
-   each peer's pad to the call's sequence number (a release: its stores
-   land first) and waits until every peer has raised its own. What it then
-   reads is in its own GPU's memory. One shot: each rank pushes its whole
-   input to every peer and sums its slots. Two shots: segment s goes to
-   rank s, which sums it and pushes the sum to every peer's second region;
-   the CTAs meet again and each copies the sums out. Reduce-scatter and
-   all-gather are the first and second halves of that.
+   per CTA, and two halves of data, each two regions of a slot per rank. A
+   call's CTAs push the caller's input (read where it lies: no staging
+   copy) into the peers' slots with plain stores over NVLink, which need no
+   round trip, each rank starting with the next rank so that the ranks
+   write to different peers at once. What a rank then reads is in its own
+   GPU's memory. One shot: each rank pushes its whole input to every peer
+   and sums its slots. Two shots: segment s goes to rank s, which sums it
+   and pushes the sum to every peer's second region, from which each
+   copies the sums out. Reduce-scatter and all-gather are the first and
+   second halves of that.
+   How a reader knows the bytes are there: 16-bit data (bf16, f16) carries
+   its own flag. Every slot holds a sentinel (each halfword 0x8000, a
+   negative zero) until a peer's bytes land; writers turn negative zeros
+   positive (no sum changes: sums start at +0); a reader spins on each 16
+   bytes until no halfword is the sentinel and puts the sentinel back. Each
+   16 bytes are summed as they land, with no flag, fence or phase between.
+   f32 and the all-gather's bytes can take any bit pattern, so there each
+   CTA meets its namesake CTA on every rank: it raises its flag in each
+   peer's pad to the call's sequence number (a release: its stores land
+   first) and waits until every peer has raised its own; the readers put
+   the sentinel back all the same.
    A CTA's sequence number is its own counter plus one, kept in its rank's
    workspace: a CUDA graph replays any number of times with no reset. Calls
-   alternate halves, so a call writes a peer's half only after that peer
-   has met it in the call between (which the peer reaches only once its
-   previous kernel has ended: calls on one communicator are ordered,
-   whatever their streams). Every wait ends at a deadline (the
+   alternate halves, so a call writes a peer's half only once that peer
+   has begun the call between (which it does only once its previous kernel
+   has ended, its sentinels put back: calls on one communicator are
+   ordered, whatever their streams). Every wait ends at a deadline (the
    communicator's timeout) or when the host's stop word rises (any rank of
    the host aborting); the kernel then leaves its cause in the host's block,
    where the rank's next poll finds it. Sums run in float, in rank order, so
@@ -1741,39 +1751,40 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "  return a.ws[to] + DATA_AT + (seq & 1) * a.half + region * (a.half / 2) + from * slot;\n"
     "}\n"
     "\n"
+    "/* A block's waits: when it started, when one of its threads next reads the\n"
+    "   host's stop word, and whether one gave up, after which all do. The stop\n"
+    "   word lies in host memory: a read crosses PCIe, and the GPU serves such\n"
+    "   reads one after another, so many spinning threads reading it often delay\n"
+    "   one another by tens of microseconds. A block reads it only once it has\n"
+    "   run STOP_AFTER_NS, then one thread every STOP_EVERY_NS. Waits call\n"
+    "   hir_tick every 64 spins; false: give up (the cause is in a.error). */\n"
+    "struct hir_wait { u64 start, next_stop; int failed; };\n"
+    "__device__ bool hir_tick(const hir_coll_args &a, hir_wait *w) {\n"
+    "  if (*(volatile int *)&w->failed) return false;\n"
+    "  u64 now = hir_now_ns(), due = *(volatile u64 *)&w->next_stop;\n"
+    "  unsigned why = now - w->start > a.timeout_ns ? 1u : 0u;\n"
+    "  if (!why && now >= due && atomicCAS((unsigned long long *)&w->next_stop, due, now + STOP_EVERY_NS) == due)\n"
+    "    why = *(volatile const unsigned *)a.stop ? 2u : 0u;\n"
+    "  if (!why) return true;\n"
+    "  *(volatile unsigned *)a.error = why;\n"
+    "  *(volatile int *)&w->failed = 1;\n"
+    "  return false;\n"
+    "}\n"
     "/* The block meets its namesakes on every rank: it raises its flag in each\n"
     "   rank's pad to `seq` (after every write of the block before it, to any\n"
-    "   GPU), then waits for theirs in its own, under the deadline and the\n"
-    "   host's stop word. The stop word lies in host memory: a read crosses PCIe,\n"
-    "   and the GPU serves such reads one after another, so many spinning blocks\n"
-    "   reading it often delay one another by tens of microseconds. A wait reads\n"
-    "   it only once it has lasted STOP_AFTER_NS, then every STOP_EVERY_NS. */\n"
-    "__device__ bool hir_meet(const hir_coll_args &a, int phase, unsigned seq, u64 start, int *failed) {\n"
+    "   GPU), then waits for theirs in its own. */\n"
+    "__device__ bool hir_meet(const hir_coll_args &a, int phase, unsigned seq, hir_wait *w) {\n",
     "  __syncthreads();\n"
     "  if (threadIdx.x < a.n) {\n"
     "    int p = threadIdx.x;\n"
     "    const unsigned *mine = hir_flag(a.ws[a.me], phase, p);\n"
     "    unsigned spins = 0;\n"
-    "    u64 next_stop = 0;\n"
     "    hir_st_release(hir_flag(a.ws[p], phase, a.me), seq);\n"
     "    while ((int)(hir_ld_acquire(mine) - seq) < 0)\n"
-    "      if ((++spins & 63) == 0) {\n"
-    "        u64 now = hir_now_ns();\n"
-    "        unsigned why = now - start > a.timeout_ns ? 1u : 0u;\n"
-    "        if (!next_stop) next_stop = now + STOP_AFTER_NS;\n"
-    "        if (!why && now >= next_stop) {\n"
-    "          why = *(volatile const unsigned *)a.stop ? 2u : 0u;\n"
-    "          next_stop = now + STOP_EVERY_NS;\n"
-    "        }\n"
-    "        if (why) {\n"
-    "          *(volatile unsigned *)a.error = why;\n"
-    "          *failed = 1;\n"
-    "          break;\n"
-    "        }\n"
-    "      }\n"
-    "  }\n",
+    "      if ((++spins & 63) == 0 && !hir_tick(a, w)) break;\n"
+    "  }\n"
     "  __syncthreads();\n"
-    "  return !*(volatile int *)failed;\n"
+    "  return !*(volatile int *)&w->failed;\n"
     "}\n"
     "\n"
     "__device__ __forceinline__ unsigned hir_word(const uint4 &v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }\n"
@@ -1842,7 +1853,7 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "  static __device__ __forceinline__ void add(float *acc, const uint4 &v) {\n"
     "    for (int j = 0; j < 4; j++) {\n"
     "      unsigned w = hir_word(v, j);\n"
-    "      acc[2 * j] += __uint_as_float(w << 16);\n"
+    "      acc[2 * j] += __uint_as_float(w << 16);\n",
     "      acc[2 * j + 1] += __uint_as_float(w & 0xffff0000u);\n"
     "    }\n"
     "  }\n"
@@ -1851,7 +1862,46 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "  }\n"
     "};\n"
     "\n"
-    "/* This block's part of `vectors`: [*v0, *v1). */\n",
+    "/* Lamport's way, for 16-bit data. Every slot of the workspace holds the\n"
+    "   sentinel (each halfword 0x8000, a negative zero) until a peer's bytes\n"
+    "   land, so the data is its own flag: a reader spins on each 16 bytes until\n"
+    "   none of its halfwords is the sentinel, takes them, and puts the sentinel\n"
+    "   back (kernels on flags put it back too). Writers turn negative zeros\n"
+    "   positive, which changes no sum (every sum starts at +0). Each 16 bytes\n"
+    "   are summed as they land: no flag, no fence, no phase waits for another\n"
+    "   to end. A vector that lands in parts shows the sentinel where it has\n"
+    "   not, and the reader waits on. */\n"
+    "enum : unsigned { SENTINEL = 0x80008000u };\n"
+    "__device__ __forceinline__ unsigned hir_unneg_word(unsigned w) {\n"
+    "  if ((w & 0xffffu) == 0x8000u) w &= 0xffff0000u;\n"
+    "  if ((w >> 16) == 0x8000u) w &= 0xffffu;\n"
+    "  return w;\n"
+    "}\n"
+    "__device__ __forceinline__ uint4 hir_unneg(const uint4 &v) {\n"
+    "  return make_uint4(hir_unneg_word(v.x), hir_unneg_word(v.y), hir_unneg_word(v.z), hir_unneg_word(v.w));\n"
+    "}\n"
+    "__device__ __forceinline__ bool hir_landed(const uint4 &v) {\n"
+    "  return hir_unneg_word(v.x) == v.x && hir_unneg_word(v.y) == v.y && hir_unneg_word(v.z) == v.z && hir_unneg_word(v.w) == v.w;\n"
+    "}\n"
+    "__device__ __forceinline__ void hir_clear(unsigned char *p) { *(uint4 *)p = make_uint4(SENTINEL, SENTINEL, SENTINEL, SENTINEL); }\n"
+    "__device__ __forceinline__ uint4 hir_ld_volatile(const unsigned char *p) {\n"
+    "  uint4 v;\n"
+    "  asm volatile(\"ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];\" : \"=r\"(v.x), \"=r\"(v.y), \"=r\"(v.z), \"=r\"(v.w) : \"l\"(p) : \"memory\");\n"
+    "  return v;\n"
+    "}\n"
+    "\n"
+    "/* x, first read from p: the 16 bytes once landed, the sentinel put back. */\n"
+    "__device__ __forceinline__ bool hir_take(const hir_coll_args &a, unsigned char *p, uint4 &x, hir_wait *w) {\n"
+    "  unsigned spins = 0;\n"
+    "  while (!hir_landed(x)) {\n"
+    "    if ((++spins & 63) == 0 && !hir_tick(a, w)) return false;\n"
+    "    x = hir_ld_volatile(p);\n"
+    "  }\n"
+    "  hir_clear(p);\n"
+    "  return true;\n"
+    "}\n"
+    "\n"
+    "/* This block's part of `vectors`: [*v0, *v1). */\n"
     "__device__ __forceinline__ void hir_part(u64 vectors, u64 *v0, u64 *v1) {\n"
     "  u64 per = (vectors + gridDim.x - 1) / gridDim.x;\n"
     "  *v0 = per * blockIdx.x < vectors ? per * blockIdx.x : vectors;\n"
@@ -1861,77 +1911,104 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "/* Vectors [v0, v1) of `src` (bytes long: the last may be short) pushed to\n"
     "   offset v * 16 of `to` on every rank where to(p) is not NULL, UNROLL\n"
     "   vectors a thread in flight. */\n"
-    "template <typename To>\n"
+    "template <bool UNNEG = false, typename To>\n"
     "__device__ __forceinline__ void hir_push(const unsigned char *src, u64 bytes, u64 v0, u64 v1, int es, const hir_coll_args &a, To to) {\n"
     "  for (u64 v = v0 + threadIdx.x; v < v1; v += (u64)blockDim.x * UNROLL) {\n"
     "    uint4 x[UNROLL];\n"
     "#pragma unroll\n"
     "    for (int k = 0; k < UNROLL; k++)\n"
-    "      if (v + k * blockDim.x < v1) x[k] = hir_load(src + (v + k * blockDim.x) * 16, hir_valid(bytes, v + k * blockDim.x), es);\n"
-    "    for (int p = 0; p < a.n; p++) {\n"
+    "      if (v + k * blockDim.x < v1) {\n"
+    "        x[k] = hir_load(src + (v + k * blockDim.x) * 16, hir_valid(bytes, v + k * blockDim.x), es);\n"
+    "        if (UNNEG) x[k] = hir_unneg(x[k]);\n"
+    "      }\n"
+    "    for (int i = 1; i <= a.n; i++) { /* from the next rank on: the ranks write to different peers at once */\n"
+    "      int p = (a.me + i) % a.n;\n"
     "      unsigned char *dst = to(p);\n"
     "      if (!dst) continue;\n"
     "#pragma unroll\n"
-    "      for (int k = 0; k < UNROLL; k++)\n"
+    "      for (int k = 0; k < UNROLL; k++)\n",
     "        if (v + k * blockDim.x < v1) *(uint4 *)(dst + (v + k * blockDim.x) * 16) = x[k];\n"
     "    }\n"
     "  }\n"
     "}\n"
     "\n"
-    "/* Vectors [v0, v1) of every rank's slot here (`at` bytes in; this rank's\n"
-    "   own from `own`, the caller's input, own_bytes long) summed in rank order,\n"
-    "   so every rank that sums them gets the same bits; each sum given to\n"
-    "   put(v, sum). */\n"
-    "template <int K, typename Put>\n"
-    "__device__ __forceinline__ void hir_reduce(const hir_coll_args &a, unsigned seq, u64 at, u64 v0, u64 v1, const unsigned char *own,\n"
-    "                                           u64 own_bytes, Put put) {\n"
+    "/* A slot's 16 bytes at p, read once the peer's bytes are there (LANDING:\n"
+    "   spinning on the sentinel; otherwise the block has met the peer), and the\n"
+    "   sentinel put back; false: the wait gave up. */\n"
+    "template <bool LANDING> __device__ __forceinline__ uint4 hir_slot_read(unsigned char *p) {\n"
+    "  return LANDING ? hir_ld_volatile(p) : __ldcg((const uint4 *)p);\n"
+    "}\n"
+    "template <bool LANDING> __device__ __forceinline__ bool hir_slot_take(const hir_coll_args &a, unsigned char *p, uint4 &x, hir_wait *w) {\n"
+    "  if (LANDING) return hir_take(a, p, x, w);\n"
+    "  hir_clear(p);\n"
+    "  return true;\n"
+    "}\n"
+    "\n"
+    "/* Vectors [v0, v1) of every rank's slot here (this rank's own from `own`,\n"
+    "   the caller's input, own_bytes long) summed in rank order, so every rank\n"
+    "   that sums them gets the same bits; each sum given to put(v, sum). */\n"
+    "template <int K, bool LANDING, typename Put>\n"
+    "__device__ __forceinline__ bool hir_reduce(const hir_coll_args &a, unsigned seq, u64 v0, u64 v1, const unsigned char *own, u64 own_bytes,\n"
+    "                                           hir_wait *w, Put put) {\n"
     "  for (u64 v = v0 + threadIdx.x; v < v1; v += (u64)blockDim.x * UNROLL) {\n"
     "    float acc[UNROLL][hir_lanes<K>::N];\n"
     "#pragma unroll\n"
     "    for (int k = 0; k < UNROLL; k++)\n"
     "      for (int j = 0; j < hir_lanes<K>::N; j++) acc[k][j] = 0.f;\n"
     "    for (int q = 0; q < a.n; q++) {\n"
-    "      const unsigned char *slot = hir_slot(a, a.me, q, seq, 0) + at;\n"
+    "      unsigned char *slot = hir_slot(a, a.me, q, seq, 0);\n"
     "      uint4 x[UNROLL];\n"
     "#pragma unroll\n"
     "      for (int k = 0; k < UNROLL; k++)\n"
     "        if (v + k * blockDim.x < v1)\n"
     "          x[k] = q == a.me ? hir_load(own + (v + k * blockDim.x) * 16, hir_valid(own_bytes, v + k * blockDim.x), hir_lanes<K>::ES)\n"
-    "                           : __ldcg((const uint4 *)(slot + (v + k * blockDim.x) * 16));\n"
+    "                           : hir_slot_read<LANDING>(slot + (v + k * blockDim.x) * 16);\n"
     "#pragma unroll\n"
     "      for (int k = 0; k < UNROLL; k++)\n"
-    "        if (v + k * blockDim.x < v1) hir_lanes<K>::add(acc[k], x[k]);\n"
+    "        if (v + k * blockDim.x < v1) {\n"
+    "          if (q != a.me && !hir_slot_take<LANDING>(a, slot + (v + k * blockDim.x) * 16, x[k], w)) return false;\n"
+    "          hir_lanes<K>::add(acc[k], x[k]);\n"
+    "        }\n"
     "    }\n"
     "#pragma unroll\n"
     "    for (int k = 0; k < UNROLL; k++)\n"
     "      if (v + k * blockDim.x < v1) put(v + k * blockDim.x, hir_lanes<K>::pack(acc[k]));\n"
     "  }\n"
+    "  return true;\n"
     "}\n"
     "\n"
-    "/* Vectors [v0, v1) of src (16-byte aligned, ours) to the caller's dst, bytes long. */\n"
-    "__device__ __forceinline__ void hir_copy_out(unsigned char *dst, const unsigned char *src, u64 bytes, u64 v0, u64 v1, int es) {\n"
+    "/* Vectors [v0, v1) of src (a slot of ours) to the caller's dst, bytes long. */\n"
+    "template <bool LANDING>\n"
+    "__device__ __forceinline__ bool hir_copy_out(const hir_coll_args &a, unsigned char *dst, unsigned char *src, u64 bytes, u64 v0, u64 v1,\n"
+    "                                             int es, hir_wait *w) {\n"
     "  for (u64 v = v0 + threadIdx.x; v < v1; v += (u64)blockDim.x * UNROLL) {\n"
     "    uint4 x[UNROLL];\n"
     "#pragma unroll\n"
     "    for (int k = 0; k < UNROLL; k++)\n"
-    "      if (v + k * blockDim.x < v1) x[k] = __ldcg((const uint4 *)(src + (v + k * blockDim.x) * 16));\n"
+    "      if (v + k * blockDim.x < v1) x[k] = hir_slot_read<LANDING>(src + (v + k * blockDim.x) * 16);\n"
     "#pragma unroll\n"
     "    for (int k = 0; k < UNROLL; k++)\n"
-    "      if (v + k * blockDim.x < v1) hir_store(dst + (v + k * blockDim.x) * 16, x[k], hir_valid(bytes, v + k * blockDim.x), es);\n"
+    "      if (v + k * blockDim.x < v1) {\n"
+    "        if (!hir_slot_take<LANDING>(a, src + (v + k * blockDim.x) * 16, x[k], w)) return false;\n"
+    "        hir_store(dst + (v + k * blockDim.x) * 16, x[k], hir_valid(bytes, v + k * blockDim.x), es);\n"
+    "      }\n"
     "  }\n"
+    "  return true;\n"
     "}\n"
     "\n"
     "/* A call's sequence number, the same for every block of the call: one more\n"
     "   than the last call's. Each block keeps a counter in the workspace; at its\n"
     "   end a block advances its own and those of the blocks this grid lacks\n"
-    "   that fall to it (every gridDim.x-th from its own), so all MAXCTAS\n",
-    "   counters stay equal from call to call whatever the grids, with no block\n"
+    "   that fall to it (every gridDim.x-th from its own), so all MAXCTAS\n"
+    "   counters stay equal from call to call whatever the grids, with no block\n",
     "   waiting for another of its own GPU. Every block of a call using the\n"
     "   call's number keeps consecutive calls on alternate halves. */\n"
-    "__device__ __forceinline__ unsigned hir_begin(const hir_coll_args &a, unsigned *seq_shared, int *failed) {\n"
+    "__device__ __forceinline__ unsigned hir_begin(const hir_coll_args &a, unsigned *seq_shared, hir_wait *w) {\n"
     "  if (threadIdx.x == 0) {\n"
     "    *seq_shared = ((volatile unsigned *)(a.ws[a.me] + COUNTERS_AT))[blockIdx.x] + 1;\n"
-    "    *failed = 0;\n"
+    "    w->start = hir_now_ns();\n"
+    "    w->next_stop = w->start + STOP_AFTER_NS;\n"
+    "    w->failed = 0;\n"
     "  }\n"
     "  __syncthreads();\n"
     "  return *seq_shared;\n"
@@ -1941,103 +2018,115 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "  for (unsigned b = blockIdx.x + threadIdx.x * gridDim.x; b < MAXCTAS; b += blockDim.x * gridDim.x) counter[b] = seq;\n"
     "}\n"
     "\n"
+    "/* The kernels, on flags (f32, bytes) or on landing data (16-bit: LANDING,\n"
+    "   with no meeting at all). */\n"
+    "\n"
     "/* One shot: every rank's input pushed whole into every other rank's slot\n"
     "   for it, then each sums its slots and its own input. */\n"
-    "template <int K> __device__ void hir_allreduce_one(const hir_coll_args &a) {\n"
+    "template <int K, bool LANDING> __device__ void hir_allreduce_one(const hir_coll_args &a) {\n"
     "  __shared__ unsigned seq_s;\n"
-    "  __shared__ int failed;\n"
+    "  __shared__ hir_wait w;\n"
     "  const int es = hir_lanes<K>::ES;\n"
-    "  u64 start = hir_now_ns(), bytes = a.count * es, v0, v1;\n"
-    "  unsigned seq = hir_begin(a, &seq_s, &failed);\n"
+    "  u64 bytes = a.count * es, v0, v1;\n"
+    "  unsigned seq = hir_begin(a, &seq_s, &w);\n"
     "  hir_part((bytes + 15) / 16, &v0, &v1);\n"
-    "  hir_push(a.in, bytes, v0, v1, es, a, [&](int p) { return p == a.me ? (unsigned char *)0 : hir_slot(a, p, a.me, seq, 0); });\n"
-    "  if (!hir_meet(a, 0, seq, start, &failed)) return;\n"
-    "  hir_reduce<K>(a, seq, 0, v0, v1, a.in, bytes, [&](u64 v, const uint4 &sum) { hir_store(a.out + v * 16, sum, hir_valid(bytes, v), es); });\n"
-    "  hir_end(a, seq);\n"
+    "  hir_push<LANDING>(a.in, bytes, v0, v1, es, a, [&](int p) { return p == a.me ? (unsigned char *)0 : hir_slot(a, p, a.me, seq, 0); });\n"
+    "  if (!LANDING && !hir_meet(a, 0, seq, &w)) return;\n"
+    "  if (hir_reduce<K, LANDING>(a, seq, v0, v1, a.in, bytes, &w,\n"
+    "                             [&](u64 v, const uint4 &sum) { hir_store(a.out + v * 16, sum, hir_valid(bytes, v), es); }))\n"
+    "    hir_end(a, seq);\n"
     "}\n"
     "\n"
     "/* Two shots: segment s of every rank's input pushed into rank s's slot for\n"
     "   it; rank s sums its slots with its own segment and pushes the sum to\n"
     "   every rank's gathered region; each copies the others' sums out. */\n"
-    "template <int K> __device__ void hir_allreduce_two(const hir_coll_args &a) {\n"
+    "template <int K, bool LANDING> __device__ void hir_allreduce_two(const hir_coll_args &a) {\n"
     "  __shared__ unsigned seq_s;\n"
-    "  __shared__ int failed;\n"
+    "  __shared__ hir_wait w;\n"
     "  const int es = hir_lanes<K>::ES, per_vector = hir_lanes<K>::N;\n"
-    "  u64 start = hir_now_ns(), bytes = a.count * es, v0, v1;\n"
+    "  u64 bytes = a.count * es, v0, v1;\n"
     "  u64 seg_bytes = ((a.count + a.n - 1) / a.n + per_vector - 1) / per_vector * per_vector * es;\n"
-    "  unsigned seq = hir_begin(a, &seq_s, &failed);\n"
+    "  unsigned seq = hir_begin(a, &seq_s, &w);\n"
     "  int s;\n"
     "  hir_part(seg_bytes / 16, &v0, &v1);\n"
-    "  for (s = 0; s < a.n; s++) {\n"
+    "  for (int i = 1; i < a.n; i++) {\n"
+    "    s = (a.me + i) % a.n;\n"
     "    u64 lo = s * seg_bytes, len = lo < bytes ? (bytes - lo < seg_bytes ? bytes - lo : seg_bytes) : 0, w1 = (len + 15) / 16;\n"
-    "    if (s != a.me)\n"
-    "      hir_push(a.in + lo, len, v0, v1 < w1 ? v1 : w1, es, a, [&](int p) { return p == s ? hir_slot(a, s, a.me, seq, 0) : (unsigned char *)0; });\n"
+    "    hir_push<LANDING>(a.in + lo, len, v0, v1 < w1 ? v1 : w1, es, a, [&](int p) { return p == s ? hir_slot(a, s, a.me, seq, 0) : (unsigned char *)0; });\n"
     "  }\n"
-    "  if (!hir_meet(a, 0, seq, start, &failed)) return;\n"
+    "  if (!LANDING && !hir_meet(a, 0, seq, &w)) return;\n"
     "  {\n"
     "    u64 lo = a.me * seg_bytes, len = lo < bytes ? (bytes - lo < seg_bytes ? bytes - lo : seg_bytes) : 0, w1 = (len + 15) / 16;\n"
-    "    hir_reduce<K>(a, seq, 0, v0, v1 < w1 ? v1 : w1, a.in + lo, len, [&](u64 v, const uint4 &sum) {\n"
-    "      for (int p = 0; p < a.n; p++)\n"
-    "        if (p != a.me) *(uint4 *)(hir_slot(a, p, a.me, seq, 1) + v * 16) = sum;\n"
-    "      hir_store(a.out + lo + v * 16, sum, hir_valid(len, v), es);\n"
-    "    });\n"
+    "    if (!hir_reduce<K, LANDING>(a, seq, v0, v1 < w1 ? v1 : w1, a.in + lo, len, &w, [&](u64 v, const uint4 &sum) {\n"
+    "          uint4 x = LANDING ? hir_unneg(sum) : sum; /* every rank keeps the same bits */\n"
+    "          for (int i = 1; i < a.n; i++) *(uint4 *)(hir_slot(a, (a.me + i) % a.n, a.me, seq, 1) + v * 16) = x;\n"
+    "          hir_store(a.out + lo + v * 16, x, hir_valid(len, v), es);\n"
+    "        }))\n"
+    "      return;\n"
     "  }\n"
-    "  if (!hir_meet(a, 1, seq, start, &failed)) return;\n"
+    "  if (!LANDING && !hir_meet(a, 1, seq, &w)) return;\n"
     "  for (s = 0; s < a.n; s++) {\n"
-    "    u64 lo = s * seg_bytes, len = lo < bytes ? (bytes - lo < seg_bytes ? bytes - lo : seg_bytes) : 0, w1 = (len + 15) / 16;\n"
-    "    if (s != a.me) hir_copy_out(a.out + lo, hir_slot(a, a.me, s, seq, 1), len, v0, v1 < w1 ? v1 : w1, es);\n"
+    "    u64 lo = s * seg_bytes, len = lo < bytes ? (bytes - lo < seg_bytes ? bytes - lo : seg_bytes) : 0, w1 = (len + 15) / 16;\n",
+    "    if (s != a.me && !hir_copy_out<LANDING>(a, a.out + lo, hir_slot(a, a.me, s, seq, 1), len, v0, v1 < w1 ? v1 : w1, es, &w)) return;\n"
     "  }\n"
     "  hir_end(a, seq);\n"
     "}\n"
     "\n"
     "/* Reduce-scatter: segment s of `in` (a.in_stride bytes apart) pushed into\n"
-    "   rank s's slot for this rank; each rank sums its slots and its own\n",
+    "   rank s's slot for this rank; each rank sums its slots and its own\n"
     "   segment into out. */\n"
-    "template <int K> __device__ void hir_reduce_scatter(const hir_coll_args &a) {\n"
+    "template <int K, bool LANDING> __device__ void hir_reduce_scatter(const hir_coll_args &a) {\n"
     "  __shared__ unsigned seq_s;\n"
-    "  __shared__ int failed;\n"
+    "  __shared__ hir_wait w;\n"
     "  const int es = hir_lanes<K>::ES;\n"
-    "  u64 start = hir_now_ns(), bytes = a.count * es, v0, v1;\n"
-    "  unsigned seq = hir_begin(a, &seq_s, &failed);\n"
+    "  u64 bytes = a.count * es, v0, v1;\n"
+    "  unsigned seq = hir_begin(a, &seq_s, &w);\n"
     "  int s;\n"
     "  hir_part((bytes + 15) / 16, &v0, &v1);\n"
-    "  for (s = 0; s < a.n; s++)\n"
-    "    if (s != a.me)\n"
-    "      hir_push(a.in + s * a.in_stride, bytes, v0, v1, es, a, [&](int p) { return p == s ? hir_slot(a, s, a.me, seq, 0) : (unsigned char *)0; });\n"
-    "  if (!hir_meet(a, 0, seq, start, &failed)) return;\n"
-    "  hir_reduce<K>(a, seq, 0, v0, v1, a.in + a.me * a.in_stride, bytes, [&](u64 v, const uint4 &sum) { hir_store(a.out + v * 16, sum, hir_valid(bytes, v), es); });\n"
-    "  hir_end(a, seq);\n"
+    "  for (int i = 1; i < a.n; i++) {\n"
+    "    s = (a.me + i) % a.n;\n"
+    "    hir_push<LANDING>(a.in + s * a.in_stride, bytes, v0, v1, es, a, [&](int p) { return p == s ? hir_slot(a, s, a.me, seq, 0) : (unsigned char *)0; });\n"
+    "  }\n"
+    "  if (!LANDING && !hir_meet(a, 0, seq, &w)) return;\n"
+    "  if (hir_reduce<K, LANDING>(a, seq, v0, v1, a.in + a.me * a.in_stride, bytes, &w,\n"
+    "                             [&](u64 v, const uint4 &sum) { hir_store(a.out + v * 16, sum, hir_valid(bytes, v), es); }))\n"
+    "    hir_end(a, seq);\n"
     "}\n"
     "\n"
-    "/* All-gather of a.count bytes a rank: pushed into every other rank's slot\n"
-    "   for it (and copied to this rank's own block of out), then the slots\n"
-    "   copied out (a.out_stride bytes apart). */\n"
+    "/* All-gather of a.count bytes a rank (any bytes: on flags): pushed into\n"
+    "   every other rank's slot for it (and copied to this rank's own block of\n"
+    "   out), then the slots copied out (a.out_stride bytes apart). */\n"
     "__device__ void hir_allgather(const hir_coll_args &a) {\n"
     "  __shared__ unsigned seq_s;\n"
-    "  __shared__ int failed;\n"
-    "  u64 start = hir_now_ns(), v0, v1;\n"
-    "  unsigned seq = hir_begin(a, &seq_s, &failed);\n"
+    "  __shared__ hir_wait w;\n"
+    "  u64 v0, v1;\n"
+    "  unsigned seq = hir_begin(a, &seq_s, &w);\n"
     "  int p;\n"
     "  hir_part((a.count + 15) / 16, &v0, &v1);\n"
     "  hir_push(a.in, a.count, v0, v1, 1, a, [&](int q) { return q == a.me ? (unsigned char *)0 : hir_slot(a, q, a.me, seq, 0); });\n"
     "  for (u64 v = v0 + threadIdx.x; v < v1; v += blockDim.x)\n"
     "    hir_store(a.out + a.me * a.out_stride + v * 16, hir_load(a.in + v * 16, hir_valid(a.count, v), 1), hir_valid(a.count, v), 1);\n"
-    "  if (!hir_meet(a, 0, seq, start, &failed)) return;\n"
+    "  if (!hir_meet(a, 0, seq, &w)) return;\n"
     "  for (p = 0; p < a.n; p++)\n"
-    "    if (p != a.me) hir_copy_out(a.out + p * a.out_stride, hir_slot(a, a.me, p, seq, 0), a.count, v0, v1, 1);\n"
+    "    if (p != a.me && !hir_copy_out<false>(a, a.out + p * a.out_stride, hir_slot(a, a.me, p, seq, 0), a.count, v0, v1, 1, &w)) return;\n"
     "  hir_end(a, seq);\n"
     "}\n"
     "\n"
+    "/* The workspace's halves at their start: the sentinel everywhere. */\n"
+    "extern \"C\" __global__ void hir_fill_sentinel(unsigned char *p, u64 vectors) {\n"
+    "  for (u64 v = blockIdx.x * (u64)blockDim.x + threadIdx.x; v < vectors; v += (u64)gridDim.x * blockDim.x) hir_clear(p + v * 16);\n"
+    "}\n"
+    "\n"
     "#define HIR_COLL(name, body) extern \"C\" __global__ void __launch_bounds__(THREADS) name(hir_coll_args a) { body; }\n"
-    "HIR_COLL(hir_allreduce_one_f32, hir_allreduce_one<0>(a))\n"
-    "HIR_COLL(hir_allreduce_one_f16, hir_allreduce_one<1>(a))\n"
-    "HIR_COLL(hir_allreduce_one_bf16, hir_allreduce_one<2>(a))\n"
-    "HIR_COLL(hir_allreduce_two_f32, hir_allreduce_two<0>(a))\n"
-    "HIR_COLL(hir_allreduce_two_f16, hir_allreduce_two<1>(a))\n"
-    "HIR_COLL(hir_allreduce_two_bf16, hir_allreduce_two<2>(a))\n"
-    "HIR_COLL(hir_reduce_scatter_f32, hir_reduce_scatter<0>(a))\n"
-    "HIR_COLL(hir_reduce_scatter_f16, hir_reduce_scatter<1>(a))\n"
-    "HIR_COLL(hir_reduce_scatter_bf16, hir_reduce_scatter<2>(a))\n"
+    "HIR_COLL(hir_allreduce_one_f32, (hir_allreduce_one<0, false>(a)))\n"
+    "HIR_COLL(hir_allreduce_one_f16, (hir_allreduce_one<1, true>(a)))\n"
+    "HIR_COLL(hir_allreduce_one_bf16, (hir_allreduce_one<2, true>(a)))\n"
+    "HIR_COLL(hir_allreduce_two_f32, (hir_allreduce_two<0, false>(a)))\n"
+    "HIR_COLL(hir_allreduce_two_f16, (hir_allreduce_two<1, true>(a)))\n"
+    "HIR_COLL(hir_allreduce_two_bf16, (hir_allreduce_two<2, true>(a)))\n"
+    "HIR_COLL(hir_reduce_scatter_f32, (hir_reduce_scatter<0, false>(a)))\n"
+    "HIR_COLL(hir_reduce_scatter_f16, (hir_reduce_scatter<1, true>(a)))\n"
+    "HIR_COLL(hir_reduce_scatter_bf16, (hir_reduce_scatter<2, true>(a)))\n"
     "HIR_COLL(hir_allgather_bytes, hir_allgather(a))\n"};
 
 static char *hir_nccl__kc_text(void) {
@@ -2050,12 +2139,18 @@ static char *hir_nccl__kc_text(void) {
   return text;
 }
 
-/* This rank's part of the setup: the kernels and a zeroed workspace. */
+/* This rank's part of the setup: the kernels, and a workspace with its flags
+   and counters zeroed and its halves holding the sentinel. */
 static int hir_nccl__kc_prepare(hir_nccl__kc *kc, int device, char *err, size_t cap) {
   static const char *const kinds[HIR_NCCL__KC_KINDS] = {"hir_allreduce_one_", "hir_allreduce_two_", "hir_reduce_scatter_",
                                                          "hir_allgather_bytes"};
   static const char *const types[3] = {"f32", "f16", "bf16"};
   char *text = hir_nccl__kc_text(), name[64];
+  unsigned char *halves;
+  unsigned long long vectors = 2 * (unsigned long long)HIR_NCCL__KC_HALF / 16;
+  void *argv[2] = {&halves, &vectors};
+  dim3 grid = {256, 1, 1}, block = {256, 1, 1};
+  cudaKernel_t fill;
   hir_status s;
   cudaError_t e;
   int k, t;
@@ -2075,8 +2170,11 @@ static int hir_nccl__kc_prepare(hir_nccl__kc *kc, int device, char *err, size_t 
         return 0;
       }
     }
-  if ((e = cudaMalloc((void **)&kc->mine, HIR_NCCL__KC_DATA_AT + 2 * (size_t)HIR_NCCL__KC_HALF)) != cudaSuccess ||
+  if ((e = cudaLibraryGetKernel(&fill, (cudaLibrary_t)kc->library, "hir_fill_sentinel")) != cudaSuccess ||
+      (e = cudaMalloc((void **)&kc->mine, HIR_NCCL__KC_DATA_AT + 2 * (size_t)HIR_NCCL__KC_HALF)) != cudaSuccess ||
       (e = cudaMemset(kc->mine, 0, HIR_NCCL__KC_DATA_AT)) != cudaSuccess ||
+      (halves = kc->mine + HIR_NCCL__KC_DATA_AT, e = cudaLaunchKernel((const void *)fill, grid, block, argv, 0, 0)) != cudaSuccess ||
+      (e = cudaStreamSynchronize(0)) != cudaSuccess || /* done before any stream of ours (nonblocking) touches it */
       (e = cudaEventCreateWithFlags(&kc->last, cudaEventDisableTiming)) != cudaSuccess) {
     cudaGetLastError();
     snprintf(err, cap, "the collectives' workspace (%d MiB): %s", (HIR_NCCL__KC_DATA_AT + 2 * HIR_NCCL__KC_HALF) >> 20,
@@ -2929,31 +3027,59 @@ static int hir_nccl__kc_say(const hir_nccl__kc *kc, int kind, char *buf, size_t 
 }
 
 /* The choice, measured at creation, for this machine: every path of every
-   collective at each size class, timed on this rank (eager bf16 calls
-   between two events; the forms in turns, each its fastest of
-   HIR_NCCL__KC_ROUNDS rounds), the times summed over the ranks (the setup's
-   exchange: every rank decides from the same numbers), then per class the
-   fastest: a kernel only where it beats NCCL's by 2%, on all of
-   HIR_NCCL__KC_CTAS CTAs only where they beat HIR_NCCL__KC_FEW by 5% (fewer
-   leave a GEMM beside more SMs). It takes tens of milliseconds and 128 MiB
-   of the GPU's memory for that long; where a rank cannot spare it, or has
-   HOSTIR_MEASURE_COLLECTIVES=0 (a faster start, the same paths from run to
-   run), every rank keeps the fixed rule of hir_nccl__kc_words (so does a
-   failure, which also fails the communicator's creation, and so do choices
-   that differ, checked before any is kept). */
+   collective at each size class, timed on this rank (bf16 calls captured in
+   a CUDA graph and replayed between two events, so the device's time is
+   measured, not the host's launches; eager calls where capture fails; the
+   forms in turns, each its fastest of HIR_NCCL__KC_ROUNDS rounds), the times
+   summed over the ranks (the setup's exchange: every rank decides from the
+   same numbers), then per class the fastest: a kernel only where it beats
+   NCCL's by 2%, on all of HIR_NCCL__KC_CTAS CTAs only where they beat
+   HIR_NCCL__KC_FEW by 5% (fewer leave a GEMM beside more SMs). It takes
+   tens of milliseconds and 128 MiB of the GPU's memory for that long;
+   where a rank cannot spare it, or has HOSTIR_MEASURE_COLLECTIVES=0 (a
+   faster start, the same paths from run to run), every rank keeps the
+   fixed rule of hir_nccl__kc_words (so does a failure, which also fails the
+   communicator's creation, and so do choices that differ, checked before
+   any is kept). */
 enum { HIR_NCCL__KC_WARM = 2, HIR_NCCL__KC_TRIES = 6, HIR_NCCL__KC_ROUNDS = 3, HIR_NCCL__KC_FORMS = 5 };
-static hir_status hir_nccl__kc_time(hir_comm *c, int kind, size_t bytes, void *in, void *out, cudaStream_t st, cudaEvent_t *e,
-                                    double *us) {
-  hir_nccl__rank *nc = hir_nccl__of(c);
-  hir_nccl__team *t = &nc->world_team;
+static hir_status hir_nccl__kc_calls(hir_comm *c, int kind, size_t bytes, void *in, void *out, cudaStream_t st, int calls) {
+  hir_nccl__team *t = &hir_nccl__of(c)->world_team;
   hir_status s = HIR_OK;
-  float ms = 0;
   int i;
-  for (i = 0; i < HIR_NCCL__KC_WARM + HIR_NCCL__KC_TRIES && s == HIR_OK; i++) {
-    if (i == HIR_NCCL__KC_WARM) cudaEventRecord(e[0], st);
+  for (i = 0; i < calls && s == HIR_OK; i++)
     s = kind == HIR_NCCL__AR_ONE ? c->allreduce(c, t, in, out, bytes / 2, HIR_BF16, st)
         : kind == HIR_NCCL__RS   ? c->reduce_scatter(c, t, in, out, bytes / 2 / (size_t)t->n, HIR_BF16, st)
                                  : c->allgather(c, t, in, out, bytes / (size_t)t->n, st);
+  return s;
+}
+/* The form the communicator's path now takes, warmed up and captured in
+   *exec (NULL where capture failed: the form is then timed eagerly). */
+static hir_status hir_nccl__kc_capture(hir_comm *c, int kind, size_t bytes, void *in, void *out, cudaStream_t st,
+                                       cudaGraphExec_t *exec) {
+  cudaGraph_t g = NULL;
+  hir_status s = hir_nccl__kc_calls(c, kind, bytes, in, out, st, HIR_NCCL__KC_WARM), captured = HIR_ERR_BACKEND;
+  *exec = NULL;
+  if (s == HIR_OK && cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+    captured = hir_nccl__kc_calls(c, kind, bytes, in, out, st, HIR_NCCL__KC_TRIES);
+    if (cudaStreamEndCapture(st, &g) != cudaSuccess || captured != HIR_OK || cudaGraphInstantiate(exec, g, 0) != cudaSuccess)
+      *exec = NULL;
+    if (g) cudaGraphDestroy(g);
+  }
+  cudaGetLastError();
+  if (s == HIR_OK && captured != HIR_OK) s = hir_nccl__kc_failed(c); /* a capture that failed only as a capture: eager */
+  if (s == HIR_OK && *exec && cudaGraphLaunch(*exec, st) != cudaSuccess) cudaGetLastError(), cudaGraphExecDestroy(*exec), *exec = NULL;
+  if (s == HIR_OK && (s = hir_nccl__setup_wait(c, st, "measuring the collectives")) == HIR_OK) s = hir_nccl__kc_failed(c);
+  return s;
+}
+static hir_status hir_nccl__kc_time(hir_comm *c, int kind, size_t bytes, void *in, void *out, cudaStream_t st, cudaGraphExec_t exec,
+                                    cudaEvent_t *e, double *us) {
+  hir_status s = HIR_OK;
+  float ms = 0;
+  cudaEventRecord(e[0], st);
+  if (!exec) s = hir_nccl__kc_calls(c, kind, bytes, in, out, st, HIR_NCCL__KC_TRIES);
+  else if (cudaGraphLaunch(exec, st) != cudaSuccess) {
+    snprintf(c->error, sizeof c->error, "measuring the collectives on rank %d: %s", c->rank, cudaGetErrorString(cudaGetLastError()));
+    s = HIR_ERR_BACKEND;
   }
   cudaEventRecord(e[1], st);
   if (s == HIR_OK && (s = hir_nccl__setup_wait(c, st, "measuring the collectives")) == HIR_OK) s = hir_nccl__kc_failed(c);
@@ -3006,18 +3132,26 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
   cudaGetLastError();
   if (s == HIR_OK && (s = hir_nccl__kc_sum(c, &every, 1)) == HIR_OK && every == (double)c->size) { /* every rank able */
     for (coll = 0; coll < 3 && s == HIR_OK; coll++)
-      for (z = 0; z < HIR_NCCL__KC_CLASSES && s == HIR_OK; z++)
-        for (round = 0; round < HIR_NCCL__KC_ROUNDS && s == HIR_OK; round++) /* the forms in turns; each its fastest round */
-          for (f = 0; f < (coll ? 3 : HIR_NCCL__KC_FORMS) && s == HIR_OK; f++) {
-            size_t bytes = hir_nccl__kc_class_bytes[z];
-            int kind = coll == 0 ? HIR_NCCL__AR_ONE : coll == 1 ? HIR_NCCL__RS : HIR_NCCL__AG;
+      for (z = 0; z < HIR_NCCL__KC_CLASSES && s == HIR_OK; z++) {
+        size_t bytes = hir_nccl__kc_class_bytes[z];
+        int kind = coll == 0 ? HIR_NCCL__AR_ONE : coll == 1 ? HIR_NCCL__RS : HIR_NCCL__AG, forms = coll ? 3 : HIR_NCCL__KC_FORMS;
+        cudaGraphExec_t exec[HIR_NCCL__KC_FORMS] = {NULL, NULL, NULL, NULL, NULL};
+        for (round = -1; round < HIR_NCCL__KC_ROUNDS && s == HIR_OK; round++) /* each form captured, then timed in turns */
+          for (f = 0; f < forms && s == HIR_OK; f++) {
             double t = 0;
             if (coll == 0 && (f == 1 || f == 2) && bytes > ((size_t)8 << 20)) continue; /* one shot past 8 MiB: never */
             nc->path = f == 0 ? HIR_NCCL_PATH_NCCL : f <= 2 && coll == 0 ? HIR_NCCL_PATH_ONE_SHOT : HIR_NCCL_PATH_TWO_SHOT;
             kc->cap = f == 0 ? 0 : ctas_tried[(f - 1) % 2];
-            s = hir_nccl__kc_time(c, kind, bytes, in, out, st, e, &t);
+            if (round < 0) {
+              s = hir_nccl__kc_capture(c, kind, bytes, in, out, st, &exec[f]);
+              continue;
+            }
+            s = hir_nccl__kc_time(c, kind, bytes, in, out, st, exec[f], e, &t);
             if (!round || t < us[coll][z][f]) us[coll][z][f] = t;
           }
+        for (f = 0; f < forms; f++)
+          if (exec[f]) cudaGraphExecDestroy(exec[f]);
+      }
     nc->path = HIR_NCCL_PATH_AUTO;
     kc->cap = 0;
     if (s == HIR_OK) s = hir_nccl__kc_sum(c, &us[0][0][0], sizeof us / sizeof(double));
@@ -3028,7 +3162,8 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
         use[kinds[0]][z] = -1;
         for (j = 0; j < (coll ? 1 : 2); j++) {
           double few = t[1 + 2 * j], many = t[2 + 2 * j];
-          int on_many = many > 0 && (few <= 0 || many < 0.95 * few);
+          int on_many = many > 0 && (few <= 0 || many < 0.95 * few) && /* below this both launch the same grid */
+                        hir_nccl__kc_class_bytes[z] > (size_t)HIR_NCCL__KC_FEW * HIR_NCCL__KC_THREADS * 16;
           ctas[kinds[j]][z] = (unsigned char)ctas_tried[on_many];
           if ((few > 0 || many > 0) && (on_many ? many : few) < best) best = on_many ? many : few, use[kinds[0]][z] = (signed char)kinds[j];
         }

@@ -1,35 +1,38 @@
 /* The call protocol of hostir_nccl's kernel collectives (its nccl_kernels
    section), as a model that runs without a GPU: ranks make one sequence of
-   calls, each a kernel on a grid of CTAs (one meeting, or two as the
-   two-shot all-reduce) or an NCCL call; every CTA reads its call's number
-   from its counter, pushes its part into every peer's slots in the half the
-   number picks, raises its flags in the peers' pads, waits for theirs, reads
-   its own slots, and advances the counters at its end. A scheduler runs the
-   CTAs' steps in a random order, and every read must find the bytes of its
-   own call: a call overwriting another's before it is read, or a read
-   before the write, fails the test, as does a state where no step can run.
-   Checked the way the kernels advance the counters (each CTA its own and
-   those of the CTAs its grid lacks), and, to show the check can fail, the
-   way that lets counters drift apart when grids change (each CTA its own
-   only): some call sequences must catch that one. */
+   calls, each a kernel on a grid of CTAs (one pass, or two as the two-shot
+   all-reduce) or an NCCL call; every CTA reads its call's number from its
+   counter, pushes its part into every peer's slots in the half the number
+   picks, and either raises its flags in the peers' pads and waits for
+   theirs (flags), or waits until its slots hold bytes (landing: the data
+   is its own flag); it reads its own slots, putting the sentinel back, and
+   advances the counters at its end. A scheduler runs the CTAs' steps in a
+   random order, and every read must find the bytes of its own call and
+   every write the sentinel: a call overwriting bytes not yet read, or a
+   read of another call's bytes, fails the test, as does a state where no
+   step can run. Checked as the kernels do it, and, to show the check can
+   fail, two ways that break it, each of which some call sequences must
+   catch: counters that drift apart when grids change (each CTA advancing
+   its own only), and readers that leave the bytes they read. */
 #include "test.h"
 
 enum { PM_RANKS = 4, PM_CTAS = 4, PM_UNITS = 12, PM_CALLS = 24 };
+enum { PM_SOUND, PM_OWN_COUNTER_ONLY, PM_NO_CLEAR }; /* the protocol, and two ways to break it */
 enum { PM_BEGIN, PM_PUSH, PM_RAISE0, PM_WAIT0, PM_READ0, PM_RAISE1, PM_WAIT1, PM_READ1, PM_END, PM_DONE };
 
 typedef struct pm_call {
-  int nccl, grid, phases;
+  int nccl, grid, phases, landing;
 } pm_call;
 
 typedef struct pm_state {
-  int n, ncalls, own_counter_only;
+  int n, ncalls, broken;
   pm_call call[PM_CALLS];
   int at[PM_RANKS];                               /* the call a rank runs; ncalls once done */
   int started[PM_RANKS], entered[PM_CALLS];       /* its kernel's CTAs made; ranks inside NCCL call k */
   int step[PM_RANKS][PM_CTAS];
   unsigned seq[PM_RANKS][PM_CTAS], counter[PM_RANKS][PM_CTAS];
   unsigned flag[PM_RANKS][2][PM_CTAS][PM_RANKS];  /* [pad's owner][phase][CTA][from] */
-  int slot[PM_RANKS][2][2][PM_RANKS][PM_UNITS];   /* [owner][half][region][from][unit]: the call that wrote it, -1 none */
+  int slot[PM_RANKS][2][2][PM_RANKS][PM_UNITS];   /* [owner][half][region][from][unit]: the call that wrote it, -1 the sentinel */
   char why[200];
 } pm_state;
 
@@ -52,17 +55,40 @@ static int pm_waiting_done(const pm_state *s, int r, int i, int phase) {
   return 1;
 }
 
-/* Runs CTA i of rank r one step; 0 (why said) where a read finds another call's bytes. */
+/* Landing: whether every unit of CTA i's part from every peer is in rank r's region. */
+static int pm_landed(const pm_state *s, int r, int i, int region) {
+  int p, u, u0, u1;
+  pm_part(s->call[s->at[r]].grid, i, &u0, &u1);
+  for (p = 0; p < s->n; p++)
+    for (u = u0; p != r && u < u1; u++)
+      if (s->slot[r][s->seq[r][i] & 1][region][p][u] < 0) return 0;
+  return 1;
+}
+
+/* Call k's bytes into rank p's slot from r; 0 (why said) where unread bytes lie there. */
+static int pm_write(pm_state *s, int p, unsigned half, int region, int r, int u, int k) {
+  int *slot = &s->slot[p][half][region][r][u];
+  if (*slot >= 0) {
+    snprintf(s->why, sizeof s->why, "call %d from rank %d writes over call %d's unread bytes (rank %d, half %u, region %d, unit %d)",
+             k, r, *slot, p, half, region, u);
+    return 0;
+  }
+  *slot = k;
+  return 1;
+}
+
+/* Runs CTA i of rank r one step; 0 (why said) where a read finds another call's bytes or a write unread ones. */
 static int pm_step(pm_state *s, int r, int i) {
   const pm_call *c = &s->call[s->at[r]];
-  int k = s->at[r], u0, u1, u, p, b;
+  int k = s->at[r], u0, u1, u, p, b, st;
   unsigned seq = s->seq[r][i], half = seq & 1;
   pm_part(c->grid, i, &u0, &u1);
   switch (s->step[r][i]) {
   case PM_BEGIN: s->seq[r][i] = s->counter[r][i] + 1; break;
   case PM_PUSH:
     for (p = 0; p < s->n; p++)
-      for (u = u0; p != r && u < u1; u++) s->slot[p][half][0][r][u] = k;
+      for (u = u0; p != r && u < u1; u++)
+        if (!pm_write(s, p, half, 0, r, u, k)) return 0;
     break;
   case PM_RAISE0:
   case PM_RAISE1:
@@ -70,46 +96,53 @@ static int pm_step(pm_state *s, int r, int i) {
     break;
   case PM_READ0:
   case PM_READ1:
-    for (p = 0; p < s->n; p++)
-      for (u = u0; p != r && u < u1; u++) {
-        int got = s->slot[r][half][s->step[r][i] == PM_READ1][p][u];
+    for (u = u0; u < u1; u++) {
+      int region = s->step[r][i] == PM_READ1;
+      for (p = 0; p < s->n; p++) {
+        int got = s->slot[r][half][region][p][u];
+        if (p == r) continue;
         if (got != k) {
-          snprintf(s->why, sizeof s->why, "rank %d, call %d, CTA %d of %d, meeting %d: unit %d from rank %d holds call %d's bytes",
-                   r, k, i, c->grid, s->step[r][i] == PM_READ1, u, p, got);
+          snprintf(s->why, sizeof s->why, "rank %d, call %d, CTA %d of %d, pass %d: unit %d from rank %d holds call %d's bytes", r,
+                   k, i, c->grid, region, u, p, got);
           return 0;
         }
-        if (s->step[r][i] == PM_READ0 && c->phases == 2) /* the two-shot's sums, pushed as it reads */
-          for (b = 0; b < s->n; b++)
-            if (b != r) s->slot[b][half][1][r][u] = k;
+        if (s->broken != PM_NO_CLEAR) s->slot[r][half][region][p][u] = -1;
       }
+      if (!region && c->phases == 2) /* the two-shot's sums, pushed as it reads */
+        for (b = 0; b < s->n; b++)
+          if (b != r && !pm_write(s, b, half, 1, r, u, k)) return 0;
+    }
     break;
   case PM_END:
-    if (s->own_counter_only) s->counter[r][i] = seq;
+    if (s->broken == PM_OWN_COUNTER_ONLY) s->counter[r][i] = seq;
     else
       for (b = i; b < PM_CTAS; b += c->grid) s->counter[r][b] = seq;
     break;
   }
-  s->step[r][i]++;
-  if (s->step[r][i] == PM_RAISE1 && c->phases == 1) s->step[r][i] = PM_END;
+  st = s->step[r][i] + 1;
+  while (c->landing && (st == PM_RAISE0 || st == PM_WAIT0 || st == PM_RAISE1 || st == PM_WAIT1)) st++;
+  if ((st == PM_RAISE1 || st == PM_READ1) && c->phases == 1) st = PM_END;
+  s->step[r][i] = st;
   return 1;
 }
 
 /* One random call sequence, run in one random order: 1 where every read
    found its call's bytes and every rank ended. */
-static int pm_run(unsigned seed, int n, int own_counter_only, char *why, size_t cap) {
+static int pm_run(unsigned seed, int n, int broken, char *why, size_t cap) {
   pm_state *s = (pm_state *)calloc(1, sizeof *s);
   unsigned rnd = seed * 2654435761u + 1;
   int k, r, i, ok = 1;
   if (!s) return 0;
   s->n = n;
-  s->own_counter_only = own_counter_only;
+  s->broken = broken;
   s->ncalls = PM_CALLS;
   for (k = 0; k < s->ncalls; k++) {
     s->call[k].nccl = pm_next(&rnd) % 5 == 0;
     s->call[k].grid = 1 + (int)(pm_next(&rnd) % PM_CTAS);
     s->call[k].phases = 1 + (int)(pm_next(&rnd) % 2);
+    s->call[k].landing = pm_next(&rnd) % 2 == 0;
   }
-  memset(s->slot, 0xff, sizeof s->slot);
+  memset(s->slot, 0xff, sizeof s->slot); /* the sentinel everywhere */
   for (;;) {
     int actions[PM_RANKS * (PM_CTAS + 1)][2], na = 0, done = 0, pick;
     for (r = 0; r < n; r++) {
@@ -128,7 +161,8 @@ static int pm_run(unsigned seed, int n, int own_counter_only, char *why, size_t 
       }
       for (i = 0; i < c->grid; i++) {
         int st = s->step[r][i];
-        if (st == PM_DONE || (st == PM_WAIT0 && !pm_waiting_done(s, r, i, 0)) || (st == PM_WAIT1 && !pm_waiting_done(s, r, i, 1)))
+        if (st == PM_DONE || (st == PM_WAIT0 && !pm_waiting_done(s, r, i, 0)) || (st == PM_WAIT1 && !pm_waiting_done(s, r, i, 1)) ||
+            (c->landing && (st == PM_READ0 || st == PM_READ1) && !pm_landed(s, r, i, st == PM_READ1)))
           continue;
         actions[na][0] = r, actions[na++][1] = i;
       }
@@ -176,6 +210,8 @@ TEST(test_kernels_protocol_model, "kernels/protocol_model", TEST_CPU) {
         CHECK(!"the kernels' protocol keeps every call's bytes");
         return;
       }
-  for (seed = 1; seed <= 3000 && !caught; seed++) caught = !pm_run(seed, 2, 1, why, sizeof why);
+  for (seed = 1; seed <= 3000 && !caught; seed++) caught = !pm_run(seed, 2, PM_OWN_COUNTER_ONLY, why, sizeof why);
   CHECK(caught); /* counters that drift apart as grids change mix two calls' bytes: the model sees it */
+  for (caught = 0, seed = 1; seed <= 3000 && !caught; seed++) caught = !pm_run(seed, 2, PM_NO_CLEAR, why, sizeof why);
+  CHECK(caught); /* bytes left where they were read: a later call's reader takes them, or its writer finds them */
 }
