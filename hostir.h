@@ -428,7 +428,10 @@ HIRDEF const hir_expr *hir_program_top(const hir_program *p, int i);
 /* The IR the program's tensors live in: hir_input and hir_output declare the
    program's inputs and outputs, hir_set/hir_matmul/... make compute exprs
    (take them with hir_tv_definition and append them to a scope). Owned by
-   the program. */
+   the program. Every tensor comes from an input or an op: a buffer that only
+   a communication writes (nvFuser's tests build one with no producer) is
+   made by the op whose shape it has, left unplaced (b = hir_set(f, a) for
+   an all-gather of a, with b's own mesh and axes), and Allocate makes it. */
 HIRDEF hir_fusion     *hir_program_fusion(hir_program *p);
 HIRDEF hir_scope      *hir_program_body(hir_program *p);
 HIRDEF hir_status      hir_scope_append(hir_scope *s, hir_expr *e);
@@ -12888,17 +12891,58 @@ HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_
   return hir__tell_world(ev);
 }
 
+/* A matmul or linear that reads t, or what local sets and permutes make of
+   it, as its weight (operand 1), in exprs or the scopes under them; NULL
+   where none does. */
+static const hir_expr *hir__weight_use(const hir_program *p, const hir_tv *t, int depth);
+static const hir_expr *hir__weight_use_in(const hir_program *p, const hir__vec *exprs, const hir_tv *t, int depth) {
+  int i, k;
+  for (i = 0; i < exprs->n; i++) {
+    const hir_expr *e = (const hir_expr *)exprs->items[i], *use;
+    if ((use = hir__weight_use_in(p, &e->body.exprs, t, depth)) || (use = hir__weight_use_in(p, &e->orelse.exprs, t, depth)))
+      return use;
+    for (k = 0; k < e->nin; k++) {
+      if (e->in[k] != t) continue;
+      if (e->kind == HIR_EXPR_MATMUL && k == 1) return e;
+      if (e->kind == HIR_EXPR_LOAD_STORE && depth < 4 && (use = hir__weight_use(p, e->out[0], depth + 1))) return use;
+    }
+  }
+  return NULL;
+}
+static const hir_expr *hir__weight_use(const hir_program *p, const hir_tv *t, int depth) {
+  const hir_expr *use = hir__weight_use_in(p, &p->top.exprs, t, depth);
+  int i;
+  for (i = 0; i < p->units.n && !use; i++) use = hir__weight_use_in(p, &((const hir__host_unit *)p->units.items[i])->exprs, t, depth);
+  return use;
+}
+
+/* The program input t is, or is a local set or permute of; NULL if none. */
+static const hir_tv *hir__input_behind(const hir_program *p, const hir_tv *t) {
+  int depth, i;
+  for (depth = 0; t && depth < 4; depth++) {
+    for (i = 0; i < p->ir.inputs.n; i++)
+      if (p->ir.inputs.items[i] == t) return t;
+    t = t->definition && t->definition->kind == HIR_EXPR_LOAD_STORE ? t->definition->in[0] : NULL;
+  }
+  return NULL;
+}
+
 /* The plan's "collectives:" part, for the shapes just planned: each
    collective this rank takes part in, the bytes it moves here (an
    all-gather's output, a reduce-scatter's input, the larger side of the
-   others) and, where the communicator says, the path it takes. Replaced at
-   each new plan; the program's one evaluator writes it (as its epilogue
-   notes). */
+   others) and, where the communicator says, the path it takes; an
+   all-gather that leaves an input whole on every rank for a matmul's or
+   linear's weight is named a replicated weight (often a mesh set on an
+   intermediate without a DIDx axis: the numbers are right, the weight's
+   bytes and memory D times). Replaced at each new plan; the program's one
+   evaluator writes it (as its epilogue notes). */
 static void hir__collectives_of(hir_evaluator *ev, const hir_scope *sc, char *text, size_t cap, int *listed, int *more) {
   int i;
   for (i = 0; i < sc->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)sc->exprs.items[i];
     const hir__shape *a, *o;
+    const hir_tv *weight;
+    const hir_expr *use;
     size_t n = strlen(text), in_bytes = 0, out_bytes = 0, bytes;
     const char *path = NULL;
     hir__collectives_of(ev, &e->body, text, cap, listed, more);
@@ -12920,6 +12964,13 @@ static void hir__collectives_of(hir_evaluator *ev, const hir_scope *sc, char *te
     snprintf(text + n, cap - n, "%s%s %d (T%d) %.1f %s%s%s", *listed ? ", " : "", hir__collective_names[e->sub], e->name,
              e->nout ? e->out[0]->name : e->in[0]->name, (double)bytes / (bytes >> 20 ? 1 << 20 : 1 << 10),
              bytes >> 20 ? "MiB" : "KiB", path ? " on " : "", path ? path : "");
+    if (e->sub == HIR_COLL_ALLGATHER && e->nout && hir__shard_axis(e->out[0], HIR_DIDX) < 0 &&
+        hir__shard_axis(e->out[0], HIR_DIDY) < 0 && (weight = hir__input_behind(ev->p, e->in[0])) &&
+        (use = hir__weight_use(ev->p, e->out[0], 0))) {
+      n = strlen(text);
+      snprintf(text + n, cap - n, ", a replicated weight (input T%d whole on every rank for %s %d)", weight->name,
+               hir__ops[use->kind].name, use->name);
+    }
     (*listed)++;
   }
 }

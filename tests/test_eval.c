@@ -1561,6 +1561,77 @@ TEST(test_eval_plan_collectives, "eval/plan_collectives", TEST_CPU) {
   hir_fusion_free(x.f);
 }
 
+/* A weight gathered whole on every rank is named in the plan. A [M = 2, K =
+   2] and W [K = 2, N = 3], each with DIDx on axis 0 (a rank holds one row of
+   each), out = A W on the mesh with no DIDx axis: both inputs are gathered,
+   and only W, the matmul's weight, is a replicated weight (A, its
+   activation, is not). The product, into a poisoned output, is the plain
+   one on both ranks. */
+typedef struct weight_case { hir_local_world *w; hir_fusion *f; char plan[2][600]; int wrong[2]; } weight_case;
+static double weight_case_a(int row, int k) { return 0.37 * row - 0.61 * k + 0.25; }
+static double weight_case_w(int k, int n) { return 0.43 * k * k - 0.29 * n + 0.11; }
+static hir_status weight_rank(int rank, void *user) {
+  weight_case *x = (weight_case *)user;
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  int64_t asz[2] = {1, 2}, wsz[2] = {1, 3}, osz[2] = {2, 3};
+  hir_tensor in[2], out = tn(HIR_F32, 2, osz);
+  hir_status s;
+  int i, j, k;
+  in[0] = tn(HIR_F32, 2, asz), in[1] = tn(HIR_F32, 2, wsz);
+  for (k = 0; k < 2; k++) tset(&in[0], k, weight_case_a(rank, k));
+  for (j = 0; j < 3; j++) tset(&in[1], j, weight_case_w(rank, j));
+  for (i = 0; i < 6; i++) tset(&out, i, 1e30);
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  ld.my_device = rank;
+  ed.comm = hir_local_comm(x->w, rank);
+  if ((s = hir_lower(x->f, &ld, &p)) == HIR_OK && (s = hir_evaluator_create(p, &ed, &ev)) == HIR_OK &&
+      (s = hir_run(ev, in, 2, &out, 1)) == HIR_OK && (s = hir_evaluator_sync(ev)) == HIR_OK) {
+    snprintf(x->plan[rank], sizeof x->plan[rank], "%.590s", hir_program_plan(p));
+    for (i = 0; i < 2; i++)
+      for (j = 0; j < 3; j++) {
+        double want = 0;
+        for (k = 0; k < 2; k++) want += weight_case_a(i, k) * weight_case_w(k, j);
+        x->wrong[rank] += fabs(tget(&out, i * 3 + j) - want) > 1e-5;
+      }
+  }
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  tfree(&in[0]), tfree(&in[1]), tfree(&out);
+  return s;
+}
+
+TEST(test_eval_plan_replicated_weight, "eval/plan_replicated_weight", TEST_CPU) {
+  static const int mesh[2] = {0, 1};
+  weight_case x;
+  hir_tv *a, *w, *out;
+  char named[96];
+  const char *at;
+  int flagged = 0;
+  memset(&x, 0, sizeof x);
+  x.f = hir_fusion_create();
+  a = hir_input(x.f, HIR_F32, 2);
+  w = hir_input(x.f, HIR_F32, 2);
+  out = hir_matmul(x.f, a, w);
+  hir_output(x.f, out);
+  hir_set_mesh(a, 2, mesh), hir_set_mesh(w, 2, mesh), hir_set_mesh(out, 2, mesh);
+  hir_parallelize(a, 0, HIR_DIDX), hir_parallelize(w, 0, HIR_DIDX);
+  x.w = hir_local_world_create(2);
+  CHECK(hir_spmd(2, weight_rank, &x) == HIR_OK);
+  CHECK(x.wrong[0] == 0 && x.wrong[1] == 0);
+  CHECK(!strcmp(x.plan[0], x.plan[1]));
+  snprintf(named, sizeof named, "a replicated weight (input T%d whole on every rank for MatmulOp", hir_tv_name(w));
+  for (at = x.plan[0]; (at = strstr(at, "a replicated weight")) != NULL; at++) flagged++;
+  CHECK(strstr(x.plan[0], "Allgather") && strstr(strstr(x.plan[0], "Allgather") + 1, "Allgather")); /* both gathered */
+  CHECK(strstr(x.plan[0], named) != NULL && flagged == 1); /* W named; A, the activation, not */
+  if (flagged != 1) fprintf(stderr, "  the plan: %s\n", x.plan[0]);
+  hir_local_world_free(x.w);
+  hir_fusion_free(x.f);
+}
+
 /* A loop's own index as an op's scalar (nvFuser's HostIrTest.ForLoops): y =
    x * i inside FOR i in [0, 4) leaves x * 3; the plan knows the index is the
    loop's, though no value is bound before the run. */
