@@ -316,8 +316,12 @@ HIRDEF hir_tv     *hir_transpose(hir_fusion *f, hir_tv *in, int axis0, int axis1
    HIR_END is the end, step >= 1; the range must lie in the axis: it is
    checked, not clamped, at run time); torch.reshape: `ndims`
    sizes, each a size, 0 for "in's axis at this position, kept" (ONNX's
-   convention; a kept DIDx axis stays split) or -1 for the one inferred. A
-   split axis that is selected, sliced or reshaped is gathered first. */
+   convention) or -1 for the one inferred. A kept DIDx axis stays split
+   where the reshape keeps it as an axis: every axis before it kept too,
+   or, with as many axes on both sides, every axis after it; kept between
+   changed axes ([2, D, 3] to [3, 0, 2]) it only keeps its size, since
+   row-major order mixes its rows, and it is gathered first. So is any
+   other split axis that is selected, sliced or reshaped. */
 HIRDEF hir_tv     *hir_select(hir_fusion *f, hir_tv *in, int axis, int64_t index);
 HIRDEF hir_tv     *hir_slice(hir_fusion *f, hir_tv *in, int axis, int64_t start, int64_t stop);
 #define HIR_END INT64_MAX
@@ -4038,6 +4042,19 @@ static void hir__matmul_axis_map(const hir_expr *e, int k, int *map) {
    output axis of input axis i, -1 when none (reduction axes, a selected axis).
    The one description of every op's axis mapping, read by propagation,
    resharding detection, decomposition and the communication planner. */
+/* Whether reshape e's output axis d is its input's data axis d: asked to be
+   kept (size 0), with every axis before it kept too, or, where both have as
+   many axes, every axis after it. A reshape reads in row-major order, so
+   an axis kept among changed ones on both sides keeps only its size: [2,
+   D, 3] -> [3, D, 2] mixes the D rows. */
+static int hir__reshape_keeps(const hir_expr *e, int d) {
+  int n = hir__data_index(e->in[0], e->in[0]->ndims), nout = e->out[0]->ndims, i, before = 1, after = n == nout;
+  if (d >= nout || d >= n || e->params[d] != 0) return 0;
+  for (i = 0; i < d; i++) before &= e->params[i] == 0;
+  for (i = d + 1; i < nout; i++) after &= e->params[i] == 0;
+  return before || after;
+}
+
 static void hir__axis_map(const hir_expr *e, int k, int *map) {
   const hir_tv *in = e->in[k];
   int i, d = 0, o = 0;
@@ -4074,7 +4091,7 @@ static void hir__axis_map(const hir_expr *e, int k, int *map) {
       if (in->ids[i]->iter == HIR_REDUCTION) continue;
       if (e->kind == HIR_EXPR_SELECT) map[i] = d == e->axis ? -1 : d - (d > e->axis);
       else if (e->kind == HIR_EXPR_SLICE) map[i] = d == e->axis ? -1 : d;
-      else map[i] = d < e->out[0]->ndims && e->params[d] == 0 ? d : -1;
+      else map[i] = hir__reshape_keeps(e, d) ? d : -1;
       d++;
     }
     break;

@@ -394,12 +394,32 @@ static diff_tv *diff_layer_norm(diff_rng *r, diff_prog *p, diff_tv *a) {
 }
 
 /* t = a view op of a: select index 0 of axis ax, slice [0, 1) of it, or a
-   reshape (flattened, or keeping axis 0); a's whole values, row-major. */
+   reshape (flattened, or keeping axis 0; by the seed, on 3+ axes, keeping
+   a's DIDx axis past axis 0, else axis ax (1 if 0), with the others' sizes
+   in reverse order: an axis kept among changed ones, which row-major order
+   mixes); a's whole values, row-major. */
 static diff_tv *diff_view(diff_prog *p, int which, diff_tv *a, int ax) {
   int64_t sz[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, n = diff_numel(a->nd, a->sizes), keep[2] = {0, -1}, flat[1] = {-1}, at = 0;
   int i, nd = 0;
   hir_tv *tv;
   diff_tv *t;
+  if (which == 2 && a->nd >= 3 && p->seed % 7 == 3 && n) {
+    int64_t asked[HIR_MAX_DIMS];
+    int k = ax ? ax : 1, others[HIR_MAX_DIMS], no = 0, data = 0;
+    for (i = 0; i < hir_tv_ndims(a->tv); i++) /* a's split axis, where it has one past axis 0 */
+      if (hir_tv_iter_type(a->tv, i) != HIR_REDUCTION && data++ > 0 && hir_tv_ptype(a->tv, i) == HIR_DIDX &&
+          !hir_tv_logical_ndims(a->tv))
+        k = data - 1;
+    for (i = 0; i < a->nd; i++)
+      if (i != k) others[no++] = i;
+    for (i = 0; i < a->nd; i++) {
+      if (i == k) sz[i] = a->sizes[k], asked[i] = 0;
+      else asked[i] = sz[i] = a->sizes[others[--no]];
+    }
+    t = diff_new(p, hir_reshape(p->f, a->tv, a->nd, asked), a->nd, sz);
+    memcpy(t->v, a->v, (size_t)n * sizeof(double));
+    return diff_like(t, a);
+  }
   if (which == 2) {
     tv = a->nd >= 2 ? hir_reshape(p->f, a->tv, 2, keep) : hir_reshape(p->f, a->tv, 1, flat);
     sz[nd++] = a->nd >= 2 ? a->sizes[0] : n;

@@ -560,6 +560,40 @@ TEST(test_ops_linear_epilogue, "ops/linear_epilogue", TEST_CPU) {
   }
 }
 
+/* A reshape that keeps a split axis (size 0): kept first (axis 0, the
+   others reshaped), kept last with as many axes on both sides, or kept
+   between changed axes ([2, D, 3] -> [3, D, 2]), where row-major order
+   mixes the D rows: that one is gathered first, the others stay split.
+   Every world, against the row-major reference. */
+TEST(test_ops_reshape_kept_axis, "ops/reshape_kept_axis", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, which;
+  for (wi = 0; wi < 5; wi++)
+    for (which = 0; which < 3; which++) {
+      int D = worlds[wi], split = which == 0 ? 0 : which == 1 ? 2 : 1;
+      hir_dtype dt = all_dtypes[(wi + which) % 4];
+      int64_t first_in[3] = {D, 2, 3}, first_ask[3] = {0, 3, 2}, last_in[3] = {2, 3, D}, last_ask[3] = {3, 2, 0};
+      int64_t mid_in[3] = {2, D, 3}, mid_ask[3] = {3, 0, 2}, osz[3], i;
+      const int64_t *sz = which == 0 ? first_in : which == 1 ? last_in : mid_in, *ask = which == 0 ? first_ask : which == 1 ? last_ask : mid_ask;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, dt, 3), *y = hir_reshape(f, x, 3, ask);
+      hir_output(f, y);
+      hir_set_mesh(x, D, iota_mesh);
+      hir_parallelize(x, split, HIR_DIDX);
+      CHECK(hir_fusion_error(f)[0] == 0);
+      case_lowered(&c, D, f, 1, 1);
+      for (i = 0; i < 3; i++) osz[i] = ask[i] ? ask[i] : sz[i];
+      c.in[0] = trand(dt, 3, sz);
+      c.out[0] = tn(dt, 3, osz);
+      for (i = 0; i < tnumel(&c.in[0]); i++) tset(&c.out[0], i, tget(&c.in[0], i)); /* row-major order is what a reshape keeps */
+      c.tol = 0;
+      c.prealloc = wi & 1;
+      c.layout = 1;
+      RUN_CASE(&c, which == 0 ? "reshape keeping axis 0" : which == 1 ? "reshape keeping the last axis" : "reshape keeping a middle axis");
+      hir_fusion_free(f);
+    }
+}
+
 /* select, slice and reshape of a tensor split on axis 0: along other axes
    each rank works on its shard; along the split axis (or a reshape merging
    it) the tensor is gathered first; slices with steps and negative bounds
