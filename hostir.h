@@ -360,10 +360,14 @@ HIRDEF hir_status  hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype);
    to every tensor whose axis maps onto this one through the ops (as
    nvFuser's transform propagation), so they stay one computation; the
    user's tensors keep their logical axes (a DIDx-split axis holds this
-   device's part, as nvFuser's sharded inputs do). Refused, with the op
-   named, where an op cannot take it: a matmul's K or N, a select, slice
-   or reshape of that axis. Through a permute, the split reaches the
-   output axis that reads the split one. */
+   device's part, as nvFuser's sharded inputs do). Through a permute, the
+   split reaches the output axis that reads the split one; through a
+   reshape, the same axis on the other side where the reshape keeps it,
+   or, for an outer split, where it is the reshape's first changed axis
+   ([M, H * E] split by D on axis 1 viewed as [M, H, E] splits H: each
+   device its H / D heads, nothing moved). Refused, with the op named,
+   where an op cannot take it: a matmul's K or N, a select or slice of
+   that axis, a reshape elsewhere. */
 HIRDEF hir_status  hir_split(hir_tv *tv, int axis, int64_t factor, int outer);
 /* nvFuser's reorder of tv's loop domain: the axis at loop position from[k]
    moves to to[k] (negative from the end), the others keep their order in
@@ -4042,17 +4046,49 @@ static void hir__matmul_axis_map(const hir_expr *e, int k, int *map) {
    output axis of input axis i, -1 when none (reduction axes, a selected axis).
    The one description of every op's axis mapping, read by propagation,
    resharding detection, decomposition and the communication planner. */
-/* Whether reshape e's output axis d is its input's data axis d: asked to be
-   kept (size 0), with every axis before it kept too, or, where both have as
-   many axes, every axis after it. A reshape reads in row-major order, so
-   an axis kept among changed ones on both sides keeps only its size: [2,
-   D, 3] -> [3, D, 2] mixes the D rows. */
+/* Whether reshape e's output axis d has its input's data axis d's size:
+   asked to be kept (0), or asked as the fixed size that axis has. */
+static int hir__reshape_same_size(const hir_expr *e, int d) {
+  hir_id *ids[HIR_MAX_DIMS];
+  int n = hir__data_axes(e->in[0], ids);
+  if (d >= n || d >= e->out[0]->ndims) return 0;
+  return e->params[d] == 0 ||
+         (e->params[d] > 0 && ids[d]->extent->kind == HIR__VAL_CONST && ids[d]->extent->value == e->params[d]);
+}
+
+/* Whether reshape e's output axis d is its input's data axis d: of its
+   size, with every axis before it so too, or, where both have as many
+   axes, every axis after it. A reshape reads in row-major order, so an
+   axis kept among changed ones on both sides keeps only its size: [2, D,
+   3] -> [3, D, 2] mixes the D rows. */
 static int hir__reshape_keeps(const hir_expr *e, int d) {
-  int n = hir__data_index(e->in[0], e->in[0]->ndims), nout = e->out[0]->ndims, i, before = 1, after = n == nout;
-  if (d >= nout || d >= n || e->params[d] != 0) return 0;
-  for (i = 0; i < d; i++) before &= e->params[i] == 0;
-  for (i = d + 1; i < nout; i++) after &= e->params[i] == 0;
+  hir_id *ids[HIR_MAX_DIMS];
+  int n = hir__data_axes(e->in[0], ids), nout = e->out[0]->ndims, i, before = 1, after = n == nout;
+  if (!hir__reshape_same_size(e, d)) return 0;
+  for (i = 0; i < d; i++) before &= hir__reshape_same_size(e, i);
+  for (i = d + 1; i < nout; i++) after &= hir__reshape_same_size(e, i);
   return before || after;
+}
+
+/* Where a split of data axis d of reshape e's input or output goes on the
+   other side: axis d where the reshape keeps it (any split), or where every
+   axis before it keeps its size and d is reshaped, for an outer split (its
+   parts are then whole blocks of the axis on both sides, in one row-major
+   order; the factor must divide d's size on both, checked where fixed,
+   else when run); -1 (*why said) elsewhere. */
+static int hir__reshape_split_to(const hir_expr *e, int d, int outer, const char **why) {
+  int i, before = 1;
+  if (hir__reshape_keeps(e, d)) return d;
+  for (i = 0; i < d; i++) before &= hir__reshape_same_size(e, i);
+  if (!before)
+    *why = "a reshape that changes an axis before it (a split passes a reshape's first changed axis, or an axis it keeps)";
+  else if (d >= e->out[0]->ndims || d >= hir__data_index(e->in[0], e->in[0]->ndims))
+    *why = "a reshape with fewer axes than that";
+  else if (!outer)
+    *why = "a reshape of that axis, which only an outer split (outer = 1) passes";
+  else
+    return d;
+  return -1;
 }
 
 static void hir__axis_map(const hir_expr *e, int k, int *map) {
@@ -4297,7 +4333,6 @@ typedef struct hir__split_site {
 /* Why e cannot carry a split of tv's axis (tv an operand of e), or NULL. */
 static const char *hir__split_blocked(const hir_expr *e, const hir_tv *tv, int axis) {
   int d = hir__data_index(tv, axis), k;
-  if (e->kind == HIR_EXPR_RESHAPE) return "a reshape";
   if ((e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE) && tv == e->in[0] && d == e->axis)
     return "the select or slice of that axis";
   if (e->kind == HIR_EXPR_MATMUL) {
@@ -4316,7 +4351,7 @@ static const char *hir__split_blocked(const hir_expr *e, const hir_tv *tv, int a
 
 /* The sites a split of (tv, axis) reaches: every (tensor, axis) that maps
    onto it through an op, either way; 0 (error recorded) where one cannot. */
-static int hir__split_sites(hir_fusion *f, hir_tv *tv, int axis, hir__split_site *sites, int *n, int cap) {
+static int hir__split_sites(hir_fusion *f, hir_tv *tv, int axis, int outer, hir__split_site *sites, int *n, int cap) {
   int head = 0, i, k, j, map[HIR_MAX_DIMS];
   sites[0].tv = tv, sites[0].axis = axis, *n = 1;
   while (head < *n) {
@@ -4326,19 +4361,27 @@ static int hir__split_sites(hir_fusion *f, hir_tv *tv, int axis, hir__split_site
       for (k = 0; k < e->nin; k++) {
         hir__split_site next[HIR_MAX_DIMS];
         int nn = 0, s;
-        const char *why;
+        const char *why = NULL;
         if (e->in[k] != at.tv && e->out[0] != at.tv) continue;
-        if ((why = hir__split_blocked(e, at.tv, at.axis))) {
+        if (e->kind == HIR_EXPR_RESHAPE && at.tv->ids[at.axis]->iter == HIR_REDUCTION) continue; /* not read */
+        if (e->kind == HIR_EXPR_RESHAPE) { /* data axis d to the other side's d, or nowhere */
+          hir_tv *other = e->in[0] == at.tv ? e->out[0] : e->in[0];
+          int d = hir__reshape_split_to(e, hir__data_index(at.tv, at.axis), outer, &why);
+          for (j = 0; d >= 0 && j < other->ndims; j++)
+            if (other->ids[j]->iter != HIR_REDUCTION && hir__data_index(other, j) == d) next[nn].tv = other, next[nn++].axis = j;
+        } else if (!(why = hir__split_blocked(e, at.tv, at.axis))) {
+          hir__axis_map(e, k, map);
+          if (e->in[k] == at.tv && map[at.axis] >= 0) next[nn].tv = e->out[0], next[nn++].axis = map[at.axis];
+          if (e->out[0] == at.tv)
+            for (j = 0; j < e->in[k]->ndims; j++)
+              if (map[j] == at.axis) next[nn].tv = e->in[k], next[nn++].axis = j;
+        }
+        if (why) {
           hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d axis %d maps onto %s (%s %d), which a split axis cannot pass; "
                     "split another axis, or keep this one whole", tv->name, hir__loop_place(tv, axis), why,
                     hir__ops[e->kind].name, e->name);
           return 0;
         }
-        hir__axis_map(e, k, map);
-        if (e->in[k] == at.tv && map[at.axis] >= 0) next[nn].tv = e->out[0], next[nn++].axis = map[at.axis];
-        if (e->out[0] == at.tv)
-          for (j = 0; j < e->in[k]->ndims; j++)
-            if (map[j] == at.axis) next[nn].tv = e->in[k], next[nn++].axis = j;
         for (s = 0; s < nn; s++) { /* each site is checked against its own ops when its turn comes */
           int seen = 0, q;
           for (q = 0; q < *n; q++) seen |= sites[q].tv == next[s].tv && sites[q].axis == next[s].axis;
@@ -4470,6 +4513,13 @@ static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, hir_val *fv, int 
       e->flags = (e->flags & ((1u << (axis + 1)) - 1u)) | ((e->flags >> (axis + 1)) << (axis + 2));
     if ((e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE) && e->in[0] == tv && d < e->axis && x->iter != HIR_REDUCTION)
       e->axis++; /* its axis counts data axes: a reduction axis split adds none */
+    if (e->kind == HIR_EXPR_RESHAPE && e->out[0] == tv) { /* the sizes asked: the two parts' (0 and -1 kept as such) */
+      int64_t was = e->params[d], part = was > 0 ? was / fv->value : was;
+      int j;
+      for (j = tv->ndims - 1; j > d + 1; j--) e->params[j] = e->params[j - 1];
+      e->params[d] = was == 0 ? 0 : outer ? fv->value : part;
+      e->params[d + 1] = was == 0 ? 0 : outer ? part : fv->value;
+    }
   }
   return 1;
 }
@@ -4490,7 +4540,7 @@ HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
               : f->program ? "split a fusion's tensors, not a program's" : "split first, then parallelize the parts");
     return f->status;
   }
-  if (!hir__split_sites(f, tv, a, sites, &n, (int)(sizeof sites / sizeof sites[0]))) return f->status;
+  if (!hir__split_sites(f, tv, a, outer, sites, &n, (int)(sizeof sites / sizeof sites[0]))) return f->status;
   for (i = 0; i < n; i++) /* per tensor, its higher axes first: indices stay right */
     for (j = i + 1; j < n; j++)
       if (sites[j].tv == sites[i].tv && sites[j].axis > sites[i].axis) {

@@ -359,6 +359,83 @@ TEST(test_split_permute, "split/through_permute", TEST_CPU | TEST_GPU_WORLDS) {
     }
 }
 
+/* Splits through a reshape, where nvFuser keeps them: the split axis is
+   the reshape's first changed axis and the split an outer one, so its
+   parts are whole blocks on both sides. x [M, H * E] split by D on axis 1
+   (DIDx) viewed as [M, H, E] (attention's heads: each device its H / D
+   heads), and back: x [M, H, E] split on H, merged into [M, H * E]; the
+   split given on the reshape's output instead (x then whole, each device
+   taking its part). Then relu. Outputs' meshes given (DIDx on their split
+   part) or left to propagation. ViewWithSplit, ViewWithMerge,
+   LoopShardedSplitReshapeIds, LoopShardedMergeReshapeIds, ReshardingTest's
+   SplitingView and MergingView. */
+TEST(test_split_reshape, "split/through_reshape", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, mode;
+  for (wi = 0; wi < 5; wi++)
+    for (mode = 0; mode < 8; mode++) {
+      int D = worlds[wi], merge = mode % 3 == 1, on_out = mode % 3 == 2, meshes = mode >= 3, stream = mode >= 6;
+      int64_t M = 3, H = 24, E = 2, heads[3] = {0, 24, 2}, merged[2] = {0, -1}, sx[3] = {M, merge ? H : H * E, E},
+              sy[3] = {M, merge ? H * E : H, E}, i;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, HIR_F32, merge ? 3 : 2), *y = hir_reshape(f, x, merge ? 2 : 3, merge ? merged : heads),
+             *z = hir_relu(f, y);
+      hir_tensor in, want;
+      hir_output(f, z);
+      hir_set_mesh(x, D, iota_mesh);
+      if (meshes) hir_set_mesh(y, D, iota_mesh), hir_set_mesh(z, D, iota_mesh);
+      CHECK(hir_split(on_out ? y : x, 1, D, 1) == HIR_OK); /* y's or x's axis 1: [D, H / D] or [D, H * E / D] */
+      if (stream) { /* the parts on streams instead: run, or refused alike on every rank, naming the reshape */
+        hir_parallelize(y, 1, HIR_STREAM);
+        in = trand(HIR_F32, merge ? 3 : 2, sx);
+        want = tn(HIR_F32, merge ? 2 : 3, sy);
+        for (i = 0; i < M * H * E; i++) tset(&want, i, tget(&in, i) > 0 ? tget(&in, i) : 0);
+        run_or_refused(f, D, in, want, wi & 1, "reshape_split_on_streams", __FILE__, __LINE__); /* refused now: a view is
+                                                                                                 not computed by chunks */
+        continue;
+      }
+      if (!on_out) hir_parallelize(x, 1, HIR_DIDX);
+      if (on_out || meshes) hir_parallelize(y, 1, HIR_DIDX);
+      if (meshes) hir_parallelize(z, 1, HIR_DIDX);
+      if (on_out && !meshes) hir_set_mesh(z, D, iota_mesh), hir_parallelize(z, 1, HIR_DIDX);
+      CHECK(hir_tv_logical_ndims(z) == (merge ? 2 : 3) && hir_tv_ndims(z) == (merge ? 3 : 4));
+      if (hir_fusion_error(f)[0]) fprintf(stderr, "  %s\n", hir_fusion_error(f));
+      if (!on_out) { /* the reshape runs where the parts are: nothing moves */
+        hir_lower_desc ld;
+        hir_program *p = NULL;
+        char text[4096] = "";
+        memset(&ld, 0, sizeof ld);
+        CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_program_snprint(p, text, sizeof text) > 0);
+        CHECK(strstr(text, "view(") != NULL && strstr(text, "Communication") == NULL);
+        hir_program_free(p);
+      }
+      in = trand(HIR_F32, merge ? 3 : 2, sx);
+      want = tn(HIR_F32, merge ? 2 : 3, sy);
+      for (i = 0; i < M * H * E; i++) tset(&want, i, tget(&in, i) > 0 ? tget(&in, i) : 0); /* row-major order */
+      RUN_ONE(f, D, in, want, wi & 1, merge ? "reshape_merging_split_heads" : on_out ? "reshape_split_given_on_output"
+                                                                             : "reshape_splitting_split_axis");
+    }
+}
+
+/* Where a split cannot pass a reshape, the refusal names why: an axis after
+   a changed one, and an inner split of a reshaped axis. */
+TEST(test_split_reshape_errors, "split/reshape_errors", TEST_CPU) {
+  int64_t swap[2] = {3, 8}, heads[3] = {0, 3, 4};
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *x = hir_input(f, HIR_F32, 2);
+  hir_output(f, hir_reshape(f, x, 2, swap));
+  CHECK(hir_split(x, 1, 2, 1) == HIR_ERR_UNSUPPORTED &&
+        strstr(hir_fusion_error(f), "maps onto a reshape that changes an axis before it (a split passes a reshape's first changed "
+                                    "axis, or an axis it keeps) (ViewOp 0)") != NULL);
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  x = hir_input(f, HIR_F32, 2);
+  hir_output(f, hir_reshape(f, x, 3, heads));
+  CHECK(hir_split(x, 1, 2, 0) == HIR_ERR_UNSUPPORTED &&
+        strstr(hir_fusion_error(f), "a reshape of that axis, which only an outer split (outer = 1) passes") != NULL);
+  CHECK(hir_tv_ndims(x) == 2); /* a refused split changes nothing */
+  hir_fusion_free(f);
+}
+
 /* What hir_reorder refuses, by name. */
 TEST(test_split_reorder_errors, "split/reorder_errors", TEST_CPU) {
   static const int twice[2] = {0, 0}, to[2] = {1, 0}, far[1] = {3}, zero[1] = {0};
