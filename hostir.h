@@ -4042,10 +4042,6 @@ static void hir__matmul_axis_map(const hir_expr *e, int k, int *map) {
   }
 }
 
-/* Where each axis of input k of an op lands in its output: map[i] is the
-   output axis of input axis i, -1 when none (reduction axes, a selected axis).
-   The one description of every op's axis mapping, read by propagation,
-   resharding detection, decomposition and the communication planner. */
 /* Whether reshape e's output axis d has its input's data axis d's size:
    asked to be kept (0), or asked as the fixed size that axis has. */
 static int hir__reshape_same_size(const hir_expr *e, int d) {
@@ -4091,6 +4087,10 @@ static int hir__reshape_split_to(const hir_expr *e, int d, int outer, const char
   return -1;
 }
 
+/* Where each axis of input k of an op lands in its output: map[i] is the
+   output axis of input axis i, -1 when none (reduction axes, a selected axis).
+   The one description of every op's axis mapping, read by propagation,
+   resharding detection, decomposition and the communication planner. */
 static void hir__axis_map(const hir_expr *e, int k, int *map) {
   const hir_tv *in = e->in[k];
   int i, d = 0, o = 0;
