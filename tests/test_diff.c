@@ -393,6 +393,25 @@ static diff_tv *diff_layer_norm(diff_rng *r, diff_prog *p, diff_tv *a) {
   return t;
 }
 
+/* Whether every split reached an axis whose size its fixed parts divide: a
+   split passes a reshape to an axis of another size, which the sizes drawn
+   may not fit (the program is then not built). */
+static int diff_splits_fit(const diff_prog *p) {
+  int i, a, l;
+  for (i = 0; i < p->ntv; i++) {
+    const diff_tv *t = &p->t[i];
+    for (l = 0; t->tv && hir_tv_logical_ndims(t->tv) && l < t->nd; l++) {
+      int64_t known = 1;
+      for (a = 0; a < hir_tv_ndims(t->tv); a++)
+        if (hir_tv_iter_type(t->tv, a) != HIR_REDUCTION && hir_tv_logical_axis(t->tv, a) == l &&
+            hir_tv_extent(t->tv, a)->kind == HIR__VAL_CONST)
+          known *= hir_tv_extent(t->tv, a)->value;
+      if (known > 0 && t->sizes[l] % known) return 0;
+    }
+  }
+  return 1;
+}
+
 /* t = a view op of a: select index 0 of axis ax, slice [0, 1) of it, or a
    reshape (flattened, or keeping axis 0; by the seed, on 3+ axes, keeping
    a's DIDx axis past axis 0, else axis ax (1 if 0), with the others' sizes
@@ -705,7 +724,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     if (id >= 0 && (size > factor || (through && size == factor)) && size % factor == 0 &&
         hir_split(t->tv, id, factor, 1) == HIR_OK && n > 1 && diff_next(r, 2))
       hir_parallelize(t->tv, id, y ? HIR_DIDY : HIR_DIDX);
-    if (hir_fusion_status(p->f) != HIR_OK) return 0;
+    if (hir_fusion_status(p->f) != HIR_OK || !diff_splits_fit(p)) return 0;
   }
   for (i = 0; i < 2 && diff_next(r, 2); i++) { /* Stream axes on one or two tensors (an input's pass to its consumers) */
     diff_tv *t = &p->t[diff_next(r, 4) ? p->nin + diff_next(r, p->ntv - p->nin) : diff_next(r, p->nin)];
