@@ -368,7 +368,9 @@ TEST(test_split_permute, "split/through_permute", TEST_CPU | TEST_GPU_WORLDS) {
    taking its part). Then relu. Outputs' meshes given (DIDx on their split
    part) or left to propagation. ViewWithSplit, ViewWithMerge,
    LoopShardedSplitReshapeIds, LoopShardedMergeReshapeIds, ReshardingTest's
-   SplitingView and MergingView. */
+   SplitingView and MergingView; MultipleTransformReshape (a reshape that
+   merges the split axis with two more and splits the last, on fixed
+   sizes), its output sharded by propagation. */
 TEST(test_split_reshape, "split/through_reshape", TEST_CPU | TEST_GPU_WORLDS) {
   int wi, mode;
   for (wi = 0; wi < 5; wi++)
@@ -414,6 +416,28 @@ TEST(test_split_reshape, "split/through_reshape", TEST_CPU | TEST_GPU_WORLDS) {
       RUN_ONE(f, D, in, want, wi & 1, merge ? "reshape_merging_split_heads" : on_out ? "reshape_split_given_on_output"
                                                                              : "reshape_splitting_split_axis");
     }
+  for (wi = 0; wi < 5; wi++) { /* MultipleTransformReshape: [D * b, s, h * e] -> [D * b * s * h, e], axis 0 split by D */
+    int D = worlds[wi];
+    int64_t b = 2, sq = 3, h = 8, e = 4, sx[3] = {D * b, sq, h * e}, ask[2] = {D * b * sq * h, e}, i;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input_sized(f, HIR_F32, 3, sx), *y = hir_reshape(f, x, 2, ask);
+    hir_tensor in = trand(HIR_F32, 3, sx), want = tn(HIR_F32, 2, ask);
+    hir_output(f, y);
+    hir_set_mesh(x, D, iota_mesh);
+    CHECK(hir_split(x, 0, D, 1) == HIR_OK && hir_parallelize(x, 0, HIR_DIDX) == HIR_OK);
+    { /* y sharded on its axis 0 by propagation, nothing moved (nvFuser's check: its sharded logical axis is 0) */
+      hir_lower_desc ld;
+      hir_program *p = NULL;
+      char text[2048] = "";
+      memset(&ld, 0, sizeof ld);
+      CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_program_snprint(p, text, sizeof text) > 0);
+      CHECK(hir_tv_ndims(hir_program_output(p, 0)) == 3 && hir_tv_ptype(hir_program_output(p, 0), 0) == HIR_DIDX);
+      CHECK(strstr(text, "Communication") == NULL);
+      hir_program_free(p);
+    }
+    for (i = 0; i < tnumel(&in); i++) tset(&want, i, tget(&in, i));
+    RUN_ONE(f, D, in, want, wi & 1, "reshape_multiple_transform");
+  }
 }
 
 /* Where a split cannot pass a reshape, the refusal names why: an axis after
