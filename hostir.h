@@ -12984,14 +12984,11 @@ static const hir_expr *hir__weight_use(const hir_program *p, const hir_tv *t, in
 }
 
 /* The program input t is, or is a local set or permute of; NULL if none. */
-static const hir_tv *hir__input_behind(const hir_program *p, const hir_tv *t) {
-  int depth, i;
-  for (depth = 0; t && depth < 4; depth++) {
-    for (i = 0; i < p->ir.inputs.n; i++)
-      if (p->ir.inputs.items[i] == t) return t;
+static const hir_tv *hir__input_behind(const hir_tv *t) {
+  int depth;
+  for (depth = 0; t && !t->is_input && depth < 4; depth++)
     t = t->definition && t->definition->kind == HIR_EXPR_LOAD_STORE ? t->definition->in[0] : NULL;
-  }
-  return NULL;
+  return t && t->is_input ? t : NULL;
 }
 
 /* The plan's "collectives:" part, for the shapes just planned: each
@@ -13032,7 +13029,7 @@ static void hir__collectives_of(hir_evaluator *ev, const hir_scope *sc, char *te
              e->nout ? e->out[0]->name : e->in[0]->name, (double)bytes / (bytes >> 20 ? 1 << 20 : 1 << 10),
              bytes >> 20 ? "MiB" : "KiB", path ? " on " : "", path ? path : "");
     if (e->sub == HIR_COLL_ALLGATHER && e->nout && hir__shard_axis(e->out[0], HIR_DIDX) < 0 &&
-        hir__shard_axis(e->out[0], HIR_DIDY) < 0 && (weight = hir__input_behind(ev->p, e->in[0])) &&
+        hir__shard_axis(e->out[0], HIR_DIDY) < 0 && (weight = hir__input_behind(e->in[0])) &&
         (use = hir__weight_use(ev->p, e->out[0], 0))) {
       n = strlen(text);
       snprintf(text + n, cap - n, ", a replicated weight (input T%d whole on every rank for %s %d)", weight->name,
