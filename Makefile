@@ -66,9 +66,10 @@ run: $(BUILD)/main
 	./$(BUILD)/main
 
 # The examples that run without a launcher (launch_processes wants torchrun, mpirun or srun).
-run-examples: $(BUILD)/main $(BUILD)/matmul_reduce_scatter $(BUILD)/tp_dp $(BUILD)/host_program
+run-examples: $(BUILD)/main $(BUILD)/matmul_reduce_scatter $(BUILD)/tp_dp $(BUILD)/tp_mlp $(BUILD)/host_program
 	./$(BUILD)/matmul_reduce_scatter
 	./$(BUILD)/tp_dp
+	./$(BUILD)/tp_mlp
 	./$(BUILD)/host_program > /dev/null && echo "host_program: ok"
 
 test: $(BUILD)/test $(BUILD)/hostir_native.so

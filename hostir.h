@@ -365,9 +365,16 @@ HIRDEF hir_status  hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype);
    reshape, the same axis on the other side where the reshape keeps it,
    or, for an outer split, where it is the reshape's first changed axis
    ([M, H * E] split by D on axis 1 viewed as [M, H, E] splits H: each
-   device its H / D heads, nothing moved). Refused, with the op named,
-   where an op cannot take it: a matmul's K or N, a select or slice of
-   that axis, a reshape elsewhere. */
+   device its H / D heads, nothing moved). Through a matmul or linear,
+   to the same axis of the other operand and the output: M, N, batch axes,
+   and K onto the output's reduction axis (nvFuser's tensor parallelism on
+   logical shapes: the weight's N split, DIDx on its outer part, is a
+   column-parallel linear; K split so is a row-parallel one, its output
+   summed over the devices, an Allreduce, or a ReduceScatter where the
+   output is split on M; a bias is added after the sum). Refused, with the
+   op named, where an op cannot take it: K or N of an fp8 linear or of a
+   matmul with a 1-D operand, a select or slice of that axis, a reshape
+   elsewhere. */
 HIRDEF hir_status  hir_split(hir_tv *tv, int axis, int64_t factor, int outer);
 /* nvFuser's reorder of tv's loop domain: the axis at loop position from[k]
    moves to to[k] (negative from the end), the others keep their order in
@@ -1954,6 +1961,23 @@ static int hir__data_axes(const hir_tv *tv, hir_id **ids) {
   return n;
 }
 
+/* tv's data axes in groups, one per logical axis: the parts hir_split made
+   of one axis are one group where `logical` (a fusion's matmul reads its
+   operands' logical axes), each axis its own group where not (a program's
+   matmuls are positional: hir__positional_matmuls made them so). Group g is
+   data axes first[g] to first[g + 1] - 1; returns the number of groups. */
+static int hir__axis_groups(const hir_tv *tv, int logical, int *first) {
+  int i, n = 0, d = 0, last = -1;
+  for (i = 0; i < tv->ndims; i++) {
+    if (tv->ids[i]->iter == HIR_REDUCTION) continue;
+    if (!logical || !tv->nlogical || tv->logical_of[i] != last) first[n++] = d;
+    last = tv->logical_of[i];
+    d++;
+  }
+  first[n] = d;
+  return n;
+}
+
 /* Values of the symbols and named scalars: what scalar expressions read. */
 typedef struct hir__env {
   int64_t *sym;                 /* by val name */
@@ -2660,6 +2684,17 @@ static hir_tv *hir__matmul(hir_fusion *f, hir_tv *a, hir_tv *b, hir_tv *bias, hi
     hir__fail(f, HIR_ERR_INVALID, "%s: mixed dtypes: T%d is %s, T%d is %s; every operand must have one dtype", fn,
               a->name, hir_dtype_name(a->dtype), other->name, hir_dtype_name(other->dtype));
     return NULL;
+  }
+  {
+    hir_tv *const operands[3] = {a, b, bias};
+    int k, first[HIR_MAX_DIMS + 1];
+    for (k = 0; k < 3; k++) /* the output's axes come from the operands' logical ones, which a split made several (a
+                               program's matmuls, made by hir__positional_matmuls, are positional) */
+      if (operands[k] && !f->program && hir__axis_groups(operands[k], 1, first) != hir__data_axes(operands[k], ia)) {
+        hir__fail(f, HIR_ERR_INVALID, "%s: T%d has split axes (hir_split); build the ops first, then split, as nvFuser "
+                  "schedules a defined fusion", fn, operands[k]->name);
+        return NULL;
+      }
   }
   na = hir__data_axes(a, ia);
   nb = hir__data_axes(b, ib);
@@ -3989,56 +4024,76 @@ HIRDEF size_t hir_segmentation_snprint_dot(const hir_segmentation *s, char *buf,
 }
 
 // >>analysis
-/* A matmul's axes as its operands' data axes make them: na, nb, whether A
-   has M and B has N, and the number of batch axes of the output. */
+/* A matmul's axes as its operands' axis groups make them: na, nb, whether
+   A has M and B has N, and the number of batch axes of the output. */
 typedef struct hir__matmul_shape {
   int na, nb, has_m, has_n, nbatch;
 } hir__matmul_shape;
 
 static hir__matmul_shape hir__matmul_shape_of(const hir_expr *e) {
   hir__matmul_shape m;
-  int i;
-  m.na = m.nb = 0;
-  for (i = 0; i < e->in[0]->ndims; i++) m.na += e->in[0]->ids[i]->iter != HIR_REDUCTION;
-  for (i = 0; i < e->in[1]->ndims; i++) m.nb += e->in[1]->ids[i]->iter != HIR_REDUCTION;
+  int first[HIR_MAX_DIMS + 1];
+  m.na = hir__axis_groups(e->in[0], !e->ir->program, first);
+  m.nb = hir__axis_groups(e->in[1], !e->ir->program, first);
   hir__matmul_roles(e, m.na, m.nb, &m.has_m, &m.has_n);
   m.nbatch = m.na - 1 - m.has_m > m.nb - 1 - m.has_n ? m.na - 1 - m.has_m : m.nb - 1 - m.has_n;
   return m;
 }
 
-/* The output axes of a matmul's M and N, -1 where it has none. */
+/* The output axes of a matmul's M and N (their first parts), -1 where it has none. */
 static void hir__matmul_out_axes(const hir_expr *e, int *m_axis, int *n_axis) {
   hir__matmul_shape m = hir__matmul_shape_of(e);
-  *m_axis = m.has_m ? m.nbatch : -1;
-  *n_axis = m.has_n ? m.nbatch + m.has_m : -1;
+  int first[HIR_MAX_DIMS + 1];
+  hir__axis_groups(e->out[0], !e->ir->program, first); /* a matmul's output: its data axes first */
+  *m_axis = m.has_m ? first[m.nbatch] : -1;
+  *n_axis = m.has_n ? first[m.nbatch + m.has_m] : -1;
 }
 
-/* hir__axis_map of a matmul: batch axes right-aligned, M and N kept, K onto
-   the trailing rK. */
+/* hir__axis_map of a matmul, group by group: batch groups right-aligned, M
+   and N kept, K onto the rK; a group's part j onto the output group's part
+   j (a group split otherwise, a broadcast one, maps nowhere). */
 static void hir__matmul_axis_map(const hir_expr *e, int k, int *map) {
   hir__matmul_shape m = hir__matmul_shape_of(e);
-  const hir_tv *in = e->in[k];
-  int i, d[HIR_MAX_DIMS], n = 0, nbatch_k = k == 0 ? m.na - 1 - m.has_m : m.nb - 1 - m.has_n; /* k = 2: the bias */
+  const hir_tv *in = e->in[k], *out = e->out[0];
+  int logical = !e->ir->program, gi[HIR_MAX_DIMS + 1], go[HIR_MAX_DIMS + 1], gmap[HIR_MAX_DIMS], d[HIR_MAX_DIMS];
+  int od[HIR_MAX_DIMS], red[HIR_MAX_DIMS], n = 0, no = 0, nred = 0, i, j, g;
+  int nbatch_k = k == 0 ? m.na - 1 - m.has_m : m.nb - 1 - m.has_n, rk = m.nbatch + m.has_m + m.has_n; /* k = 2: the bias */
   for (i = 0; i < in->ndims; i++)
     if (in->ids[i]->iter != HIR_REDUCTION) d[n++] = i;
+  for (i = 0; i < out->ndims; i++) {
+    if (out->ids[i]->iter != HIR_REDUCTION) od[no++] = i;
+    else red[nred++] = i;
+  }
+  n = hir__axis_groups(in, logical, gi);
+  hir__axis_groups(out, logical, go);
+  for (g = 0; g < n; g++) gmap[g] = -1;
   if (k >= 2 && (e->flags & HIR__MATMUL_SCALED) && hir__scale_is_scalar(in)) return; /* one value: no axis of the output */
   if (k == 2 && (e->flags & HIR__MATMUL_SCALED)) { /* a's scale: a's axes but K */
-    for (i = 0; i < n; i++) map[d[i]] = i + m.nbatch - (m.na - 1 - m.has_m);
-    return;
-  }
-  if (k == 3) k = 2; /* the weight's scale: as a bias, the weight's axes but K */
-  for (i = 0; i < nbatch_k; i++) map[d[i]] = i + m.nbatch - nbatch_k;
-  if (k == 0) {
-    if (m.has_m) map[d[m.na - 2]] = m.nbatch;
-    map[d[m.na - 1]] = m.nbatch + m.has_m + m.has_n; /* K: the rK */
-  } else if (k == 2) { /* the bias: B's batch axes (above), then N */
-    if (m.has_n) map[d[n - 1]] = m.nbatch + m.has_m;
-  } else if ((e->flags & HIR__MATMUL_LINEAR) && m.has_n) { /* [.., N, K] */
-    map[d[m.nb - 1]] = m.nbatch + m.has_m + m.has_n;
-    map[d[m.nb - 2]] = m.nbatch + m.has_m;
+    for (g = 0; g < n; g++) gmap[g] = g + m.nbatch - (m.na - 1 - m.has_m);
   } else {
-    map[d[nbatch_k]] = m.nbatch + m.has_m + m.has_n;
-    if (m.has_n) map[d[m.nb - 1]] = m.nbatch + m.has_m;
+    if (k == 3) k = 2; /* the weight's scale: as a bias, the weight's axes but K */
+    for (g = 0; g < nbatch_k; g++) gmap[g] = g + m.nbatch - nbatch_k;
+    if (k == 0) {
+      if (m.has_m) gmap[m.na - 2] = m.nbatch;
+      gmap[m.na - 1] = rk;
+    } else if (k == 2) { /* the bias: B's batch axes (above), then N */
+      if (m.has_n) gmap[n - 1] = m.nbatch + m.has_m;
+    } else if ((e->flags & HIR__MATMUL_LINEAR) && m.has_n) { /* [.., N, K] */
+      gmap[m.nb - 1] = rk;
+      gmap[m.nb - 2] = m.nbatch + m.has_m;
+    } else {
+      gmap[nbatch_k] = rk;
+      if (m.has_n) gmap[m.nb - 1] = m.nbatch + m.has_m;
+    }
+  }
+  for (g = 0; g < n; g++) {
+    int t = gmap[g], parts = gi[g + 1] - gi[g];
+    if (t < 0) continue;
+    if (t == rk) { /* K: its parts onto the output's reduction axes, in order */
+      for (j = 0; j < parts && j < nred && (parts == nred || parts == 1); j++) map[d[gi[g] + j]] = red[j];
+    } else if (parts == go[t + 1] - go[t]) {
+      for (j = 0; j < parts; j++) map[d[gi[g] + j]] = od[go[t] + j];
+    }
   }
 }
 
@@ -4330,21 +4385,23 @@ typedef struct hir__split_site {
   int axis; /* in tv->ids */
 } hir__split_site;
 
-/* Why e cannot carry a split of tv's axis (tv an operand of e), or NULL. */
+/* Why e cannot carry a split of tv's axis (tv an operand of e), or NULL. A
+   matmul's K or N passes (hir__positional_matmuls lowers it) where both
+   operands have M and N; an fp8 one's only on batch axes and M. */
 static const char *hir__split_blocked(const hir_expr *e, const hir_tv *tv, int axis) {
   int d = hir__data_index(tv, axis), k;
   if ((e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE) && tv == e->in[0] && d == e->axis)
     return "the select or slice of that axis";
   if (e->kind == HIR_EXPR_MATMUL) {
     hir__matmul_shape m = hir__matmul_shape_of(e);
-    int bbatch = m.nb - 1 - m.has_n, m_axis, n_axis;
+    int map[HIR_MAX_DIMS], m_axis, n_axis, kn;
     hir__matmul_out_axes(e, &m_axis, &n_axis);
-    if (tv->ids[axis]->iter == HIR_REDUCTION || (tv == e->in[0] && d == m.na - 1)) return "a matmul's K axis";
-    for (k = 1; k < e->nin; k++) /* B or the bias: their batch axes only */
-      if (tv == e->in[k] && d >= bbatch) return "a matmul's K or N axis";
-    if (tv == e->out[0] && axis == n_axis) return "a matmul's N axis";
-    if (bbatch > 0 && ((tv == e->out[0] && axis == m_axis) || (tv == e->in[0] && m.has_m && d == m.na - 2)))
-      return "a matmul's M axis where B has batch axes";
+    for (k = 0; k < e->nin && tv != e->in[k]; k++) {}
+    if (k < e->nin) hir__axis_map(e, k, map);
+    axis = k < e->nin ? map[axis] : axis; /* where it lands in the output: K's parts on its reduction axes */
+    kn = axis >= 0 && (e->out[0]->ids[axis]->iter == HIR_REDUCTION || (n_axis >= 0 && axis >= n_axis));
+    if (kn && (e->flags & HIR__MATMUL_SCALED)) return "an fp8 matmul's K or N axis";
+    if (kn && (!m.has_m || !m.has_n)) return "the K or N axis of a matmul with a 1-D operand";
   }
   return NULL;
 }
@@ -5261,11 +5318,223 @@ static void hir__gather_first(hir_program *p) {
   }
 }
 
-/* Steps 1-2 into p, a fresh program: a copy of the fusion (its serial form
-   if asked), shardings propagated, reshardings decomposed. */
+/* 0. A fusion's matmul reads its operands' logical axes (hir__axis_groups),
+   which hir_split may have made several; the evaluator's are positional
+   ([batch..., M, K] x [batch..., K, N]). A matmul whose split parts the
+   positions would misread becomes positional ops, in place:
+     A' = A permuted, [K parts but the last, 1 for N's, batch parts, M parts, K]
+     B' = B permuted, [K parts but the last, N parts but the last, batch, 1 for M's, K, N]
+     P  = A' x B' (a linear's bias, without K split, goes in with B's layout)
+     out = P summed over K's outer parts, permuted to out's order, plus the bias
+   (1: an axis broadcast in). So a K split with DIDx on its outer part is a
+   sum over the devices (an Allreduce, or a ReduceScatter where out is split
+   on another axis) of local products, and an N split local products that
+   land in place: the forms nvFuser's sharding propagation makes. */
+typedef struct hir__slot {
+  int role; /* 0: K, 1: N, 2: batch, 3: M */
+  int group, part;
+} hir__slot;
+
+/* x's data axis for slot s (its groups gx, nbatch_x batch groups, the
+   output's nbatch), or -1: an axis to broadcast in. */
+static int hir__slot_axis(const hir__slot *s, const int *gx, int nx, int nbatch_x, int nbatch, int has_k, int m_group, int n_group,
+                          const int *out_parts) {
+  int g, parts;
+  if (s->role == 2) {
+    g = s->group - (nbatch - nbatch_x);
+    if (g < 0) return -1;
+    parts = gx[g + 1] - gx[g];
+    if (parts == out_parts[s->group]) return gx[g] + s->part;
+    return parts == 1 && s->part == out_parts[s->group] - 1 ? gx[g] : -1; /* a broadcast axis, at the last part */
+  }
+  g = s->role == 0 ? (has_k ? nx - 1 : -1) : s->role == 3 ? m_group : n_group;
+  return g < 0 ? -1 : gx[g] + s->part;
+}
+
+/* x permuted and broadcast so that its data axes are take[]'s (-1: a
+   broadcast axis), then tail[]'s. */
+static hir_tv *hir__to_slots(hir_fusion *f, hir_tv *x, int nslots, const int *take, const int *tail, int ntail) {
+  int perm[HIR_MAX_DIMS], flags[HIR_MAX_DIMS], n = 0, i, identity = 1;
+  for (i = 0; i < nslots; i++) {
+    flags[i] = take[i] < 0;
+    if (take[i] >= 0) perm[n++] = take[i];
+  }
+  for (i = 0; i < ntail; i++) flags[nslots + i] = 0, perm[n++] = tail[i];
+  for (i = 0; i < n; i++) identity &= perm[i] == i;
+  if (!identity && !(x = hir_permute(f, x, perm))) return NULL;
+  if (n == nslots + ntail) return x;
+  return hir_broadcast(f, x, nslots + ntail, flags);
+}
+
+/* The parallel types of P (its data axes [K's outer parts, the slots...,
+   M's last, N's last]; A's and B's axes take_a[] and take_b[], out's data
+   axis i P's perm[i] + kp - 1): where K is whole, out's (P then split as
+   out is; the lowering moves the operands to it, an Allgather or its
+   pipeline on a Stream axis), else B's (a weight stays where it is and A
+   moves to it: tensor parallelism's choice); and a Stream axis of A, B or
+   out, or of out's K parts (a sum over chunks), wherever P's axis is
+   serial. Where K is split its DIDx part comes by propagation. */
+static void hir__positional_ptypes(const hir_expr *e, hir_tv *p, const hir_tv *a, const hir_tv *b, const int *take_a,
+                                   const int *take_b, const int *perm, int kp) {
+  hir_id *pd[HIR_MAX_DIMS], *ad[HIR_MAX_DIMS], *bd[HIR_MAX_DIMS], *od[HIR_MAX_DIMS], *from[HIR_MAX_DIMS] = {NULL};
+  const hir_tv *out = e->out[0];
+  int np = hir__data_axes(p, pd), no = hir__data_axes(out, od), i, j, q, r = 0;
+  hir__data_axes(a, ad);
+  hir__data_axes(b, bd);
+  for (i = 0; i < no; i++) from[perm[i] + kp - 1] = od[i];
+  for (i = 0; i < out->ndims && r < kp - 1; i++) /* out's K parts, but the last */
+    if (out->ids[i]->iter == HIR_REDUCTION) from[r++] = out->ids[i];
+  for (i = 0; i < np; i++) {
+    const hir_id *src[3];
+    src[0] = from[i], src[1] = take_a[i] >= 0 ? ad[take_a[i]] : NULL;
+    src[2] = take_b[i] >= 0 ? bd[take_b[i]] : NULL;
+    if (pd[i]->iter != HIR_ITERATION) continue;
+    if (kp == 1 && from[i] && from[i]->ptype != HIR_SERIAL && from[i]->iter == HIR_ITERATION) {
+      pd[i]->ptype = from[i]->ptype;
+      continue;
+    }
+    for (j = 0; j < 3 && pd[i]->ptype == HIR_SERIAL; j++)
+      if (src[j] && src[j]->ptype == HIR_STREAM) pd[i]->ptype = HIR_STREAM;
+  }
+  for (q = 0; q < 2 && kp == 1; q++) { /* where out says nothing: B's split (the weight stays; A moves to it) */
+    hir_ptype pt = q ? HIR_DIDY : HIR_DIDX;
+    for (i = 0; i < np && pd[i]->ptype != pt; i++) {}
+    for (j = 0; j < np && i == np; j++)
+      if (take_b[j] >= 0 && bd[take_b[j]]->ptype == pt && bd[take_b[j]]->iter == HIR_ITERATION && pd[j]->ptype == HIR_SERIAL &&
+          pd[j]->iter == HIR_ITERATION)
+        pd[j]->ptype = pt, i = j;
+  }
+}
+
+static int hir__positional_matmul(hir_fusion *f, hir_expr *e) {
+  hir_tv *a = e->in[0], *b = e->in[1], *bias = e->nin == 3 ? e->in[2] : NULL, *out = e->out[0], *cur, *bias_in = NULL;
+  hir_id *ids[HIR_MAX_DIMS], *data[HIR_MAX_DIMS];
+  hir__slot slots[HIR_MAX_DIMS];
+  int ga[HIR_MAX_DIMS + 1], gb[HIR_MAX_DIMS + 1], gc[HIR_MAX_DIMS + 1], go[HIR_MAX_DIMS + 1], out_parts[HIR_MAX_DIMS];
+  int take[HIR_MAX_DIMS], take_a[HIR_MAX_DIMS + 2], take_b[HIR_MAX_DIMS + 2], tail[2], perm[HIR_MAX_DIMS], logical_of[HIR_MAX_DIMS];
+  hir_tv *a_in = a, *b_in = b;
+  int na, nb, nc = 0, no, has_m, has_n, nbatch_a, nbatch_b, nbatch, kp, np, mp, extra_a = 0, extra_b = 0, ns = 0, i, j, g, d, k;
+  int linear = (e->flags & HIR__MATMUL_LINEAR) != 0, kb, nbg;
+  if (e->flags & (HIR__MATMUL_SCALED | HIR__MATMUL_NO_M | HIR__MATMUL_NO_N)) return 1;
+  na = hir__axis_groups(a, 1, ga);
+  nb = hir__axis_groups(b, 1, gb);
+  no = hir__axis_groups(out, 1, go);
+  if (bias) nc = hir__axis_groups(bias, 1, gc);
+  hir__matmul_roles(e, na, nb, &has_m, &has_n);
+  if (!has_m || !has_n) return 1;
+  nbatch_a = na - 2, nbatch_b = nb - 2, nbatch = no - 2;
+  kb = linear ? nb - 1 : nb - 2, nbg = linear ? nb - 2 : nb - 1; /* B's K and N groups */
+  kp = ga[na] - ga[na - 1], np = gb[nbg + 1] - gb[nbg], mp = ga[na - 1] - ga[na - 2];
+  for (g = 0; g < na - 1; g++) extra_a += ga[g + 1] - ga[g] - 1; /* batch and M parts past one a group */
+  for (g = 0; g < nbatch_b; g++) extra_b += gb[g + 1] - gb[g] - 1;
+  if (kp == 1 && np == 1 && !(extra_a && nbatch_b) && !(extra_b && (nbatch_a || mp > 1))) return 1; /* positions read right */
+  for (g = 0; g < no; g++) out_parts[g] = go[g + 1] - go[g];
+  for (j = 0; j < kp - 1; j++) slots[ns].role = 0, slots[ns].group = 0, slots[ns++].part = j;
+  for (j = 0; j < np - 1; j++) slots[ns].role = 1, slots[ns].group = 0, slots[ns++].part = j;
+  for (g = 0; g < nbatch; g++)
+    for (j = 0; j < out_parts[g]; j++) slots[ns].role = 2, slots[ns].group = g, slots[ns++].part = j;
+  for (j = 0; j < mp - 1; j++) slots[ns].role = 3, slots[ns].group = 0, slots[ns++].part = j;
+  /* A' = [slots..., M's last part, K's last part] */
+  for (i = 0; i < ns; i++)
+    take_a[i] = slots[i].role == 1 ? -1 : hir__slot_axis(&slots[i], ga, na, nbatch_a, nbatch, 1, na - 2, -1, out_parts);
+  tail[0] = take_a[ns] = ga[na - 1] - 1, tail[1] = ga[na] - 1, take_a[ns + 1] = -1;
+  if (!(a = hir__to_slots(f, a, ns, take_a, tail, 2))) return 0;
+  /* B' = [slots..., K's last part, N's last part] (a linear's: N, then K) */
+  for (i = 0; i < ns; i++)
+    take_b[i] = slots[i].role == 3 ? -1 : slots[i].role == 0 ? gb[kb] + slots[i].part
+                : hir__slot_axis(&slots[i], gb, nb, nbatch_b, nbatch, 0, -1, nbg, out_parts);
+  tail[linear] = gb[kb + 1] - 1, tail[!linear] = take_b[ns + 1] = gb[nbg + 1] - 1, take_b[ns] = -1;
+  if (!(b = hir__to_slots(f, b, ns, take_b, tail, 2))) return 0;
+  if (bias && kp == 1) { /* B's layout without K: [slots..., N's last part] */
+    for (i = 0; i < ns; i++)
+      take[i] = slots[i].role == 3 ? -1 : hir__slot_axis(&slots[i], gc, nc, nc - 1, nbatch, 0, -1, nc - 1, out_parts);
+    tail[0] = gc[nc] - 1;
+    if (!(bias_in = hir__to_slots(f, bias, ns, take, tail, 1))) return 0;
+  }
+  if (!(cur = linear ? hir_linear(f, a, b, bias_in) : hir_matmul(f, a, b))) return 0;
+  { /* perm[i]: the axis of cur's [N's outer parts, batch, M, N's last] that is out's [batch, M, N] axis i */
+    int rest = ns - (kp - 1) - (np - 1) + 1, n = 0; /* batch and M parts */
+    for (j = 0; j < rest; j++) perm[n++] = np - 1 + j;
+    for (j = 0; j < np; j++) perm[n++] = j < np - 1 ? j : np - 1 + rest;
+  }
+  hir__positional_ptypes(e, cur, a_in, b_in, take_a, take_b, perm, kp);
+  for (k = 0; k < 2; k++) { /* an input read by this matmul alone: its Stream axis is P's now, and its permute a view */
+    hir_tv *x = k ? b_in : a_in;
+    int readers = 0;
+    for (i = 0; i < f->exprs.n; i++)
+      for (j = 0; j < ((hir_expr *)f->exprs.items[i])->nin; j++) readers += ((hir_expr *)f->exprs.items[i])->in[j] == x;
+    for (i = 0; x->is_input && readers == 2 && x != (k ? b : a) && i < x->ndims; i++) /* e, and the permute or broadcast */
+      if (x->ids[i]->ptype == HIR_STREAM) x->ids[i]->ptype = HIR_SERIAL;
+  }
+  if (kp > 1) { /* the sum over K's outer parts */
+    int axes[HIR_MAX_DIMS];
+    for (j = 0; j < kp - 1; j++) axes[j] = j;
+    if (!(cur = hir_sum(f, cur, kp - 1, axes))) return 0;
+  }
+  if (np > 1 && !(cur = hir_permute(f, cur, perm))) return 0; /* to out's order */
+  if (bias && kp > 1) { /* the bias after the sum, as nvFuser's DecomposeRowParallelLinearWithBias: out's layout */
+    hir__slot oslots[HIR_MAX_DIMS];
+    int nos = 0;
+    for (g = 0; g < nbatch; g++)
+      for (j = 0; j < out_parts[g]; j++) oslots[nos].role = 2, oslots[nos].group = g, oslots[nos++].part = j;
+    for (j = 0; j < mp; j++) oslots[nos].role = 3, oslots[nos].group = 0, oslots[nos++].part = j;
+    for (j = 0; j < np - 1; j++) oslots[nos].role = 1, oslots[nos].group = 0, oslots[nos++].part = j;
+    for (i = 0; i < nos; i++)
+      take[i] = oslots[i].role == 3 ? -1 : hir__slot_axis(&oslots[i], gc, nc, nc - 1, nbatch, 0, -1, nc - 1, out_parts);
+    tail[0] = gc[nc] - 1;
+    hir__data_axes(out, data);
+    for (i = 0, j = hir__data_axes(cur, ids); i < j; i++) /* the sum split as out is (a ReduceScatter, the bias added to the parts) */
+      if (hir__is_did(data[i]->ptype) && ids[i]->iter == HIR_ITERATION) ids[i]->ptype = data[i]->ptype;
+    if (!(bias_in = hir__to_slots(f, bias, nos, take, tail, 1)) || !(cur = hir_add(f, cur, bias_in))) return 0;
+  }
+  /* out takes cur's place: its own data axes (the user's parallel types), cur's reduction axes */
+  if (hir__data_axes(cur, ids) != (d = hir__data_axes(out, data))) {
+    hir__fail(f, HIR_ERR_INTERNAL, "hir_lower: MatmulOp %d made positional has %d axes, T%d %d (a hostir bug; please report it)",
+              e->name, hir__data_axes(cur, ids), out->name, d);
+    return 0;
+  }
+  for (i = 0, j = 0; i < out->ndims; i++)
+    if (out->ids[i]->iter != HIR_REDUCTION) logical_of[j] = out->nlogical ? out->logical_of[i] : j, j++;
+  for (i = 0, j = 0; i < cur->ndims; i++) {
+    int data_here = cur->ids[i]->iter != HIR_REDUCTION;
+    out->logical_of[i] = (unsigned char)(data_here ? logical_of[j] : j);
+    out->ids[i] = data_here ? data[j++] : cur->ids[i];
+  }
+  out->ndims = cur->ndims;
+  for (i = 0, j = 0; i < out->ndims; i++) j = out->ids[i]->loop_pos > j ? out->ids[i]->loop_pos : j;
+  for (i = 0; i < out->ndims; i++) /* a reordered out keeps its loop order, the new reduction axes last */
+    if (out->ids[i]->iter == HIR_REDUCTION && j) out->ids[i]->loop_pos = ++j;
+  cur->definition->out[0] = out;
+  out->definition = cur->definition;
+  for (i = 0; i < cur->ndims; i++) cur->ids[i]->ptype = HIR_SERIAL; /* replaced, read by none: no sharding to check */
+  cur->definition = NULL;
+  return 1;
+}
+
+/* hir__positional_matmul for every matmul, its ops in its place. */
+static int hir__positional_matmuls(hir_program *p) {
+  hir_fusion *f = &p->ir;
+  hir__vec exprs = {NULL, 0, 0};
+  int n = f->exprs.n, i, j;
+  for (i = 0; i < n; i++) {
+    hir_expr *e = (hir_expr *)f->exprs.items[i];
+    int from = f->exprs.n;
+    if (e->kind == HIR_EXPR_MATMUL && !hir__positional_matmul(f, e)) return 0;
+    if (f->exprs.n == from && !hir__push(f, &exprs, e)) return 0;
+    for (j = from; j < f->exprs.n; j++)
+      if (!hir__push(f, &exprs, f->exprs.items[j])) return 0;
+  }
+  f->exprs = exprs;
+  return 1;
+}
+
+/* Steps 0-2 into p, a fresh program: a copy of the fusion (its serial form
+   if asked), its matmuls positional, shardings propagated, reshardings
+   decomposed. */
 static int hir__front_end(hir_program *p, const hir_fusion *f, int serial, int gather_first) {
   if (!hir__clone_fusion(p, f)) return 0;
   if (serial) hir__strip_streams(&p->ir);
+  if (!hir__positional_matmuls(p)) return 0;
   hir__propagate_shardings(p);
   hir__streams_from_inputs(p);
   hir__streams_from_sums(p);
@@ -11642,6 +11911,57 @@ static int hir__broadcast_view(hir_evaluator *ev, const hir_expr *e, const hir_t
   return 1;
 }
 
+/* Whether x lies in the memory of one of the caller's inputs, which lives
+   for the whole run. */
+static int hir__in_caller_input(const hir_evaluator *ev, const hir_tensor *x) {
+  const hir_fusion *f = &ev->p->ir;
+  int i, k;
+  for (i = 0; i < f->inputs.n; i++) {
+    const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
+    const hir_tensor *t = &ev->slot[tv->name];
+    int64_t span = 1;
+    if (!ev->bound[tv->name] || !t->data || tv->scalar) continue;
+    for (k = 0; k < t->ndims; k++) {
+      if (t->sizes[k] == 0) span = 0;
+      if (t->strides[k] > 0 && span) span += (t->sizes[k] - 1) * t->strides[k];
+    }
+    if ((const char *)x->data >= (const char *)t->data &&
+        (const char *)x->data < (const char *)t->data + span * (int64_t)hir_dtype_size(t->dtype))
+      return 1;
+  }
+  return 0;
+}
+
+/* A permute that moves only axes of size 1 (a DIDx part, a broadcast axis)
+   changes no byte's place: its output is a view of a contiguous input,
+   where that lies in the caller's inputs (a weight's DIDx part moved first
+   is not copied) and the output is not the caller's. Made again at each
+   run and loop iteration: the input may move (slot_block marks its view;
+   one an alias or an allocation bound is left to them). */
+enum { HIR__PERMUTE_VIEW = -2 };
+static int hir__permute_view(hir_evaluator *ev, const hir_expr *e, const hir_tensor *x) {
+  const hir_fusion *f = &ev->p->ir;
+  const hir__shape *sh = &ev->shape[e->out[0]->name];
+  hir_tensor *t = &ev->slot[e->out[0]->name];
+  int i, last = -1;
+  if ((ev->bound[e->out[0]->name] && ev->slot_block[e->out[0]->name] != HIR__PERMUTE_VIEW) || !hir__is_contiguous(x) ||
+      sh->nd != x->ndims || !hir__in_caller_input(ev, x))
+    return 0;
+  for (i = 0; i < f->outputs.n; i++)
+    if (f->outputs.items[i] == (void *)e->out[0]) return 0;
+  for (i = 0; i < sh->nd; i++) {
+    if (x->sizes[e->perm[i]] == 1) continue;
+    if (e->perm[i] < last) return 0;
+    last = e->perm[i];
+  }
+  *t = *x;
+  memcpy(t->sizes, sh->sizes, (size_t)sh->nd * sizeof(int64_t));
+  hir__contiguous_strides(t);
+  ev->bound[e->out[0]->name] = 1;
+  ev->slot_block[e->out[0]->name] = HIR__PERMUTE_VIEW;
+  return 1;
+}
+
 static int hir__exec_binary(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov, hir_tensor *av, hir_tensor *bv) {
   int i;
   for (i = 0; i < ov->ndims; i++) { /* size-1 axes broadcast */
@@ -11761,6 +12081,7 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
       (e->nin > 2 && !hir__get(ev, e->in[2], e)) || (e->nin > 3 && !hir__get(ev, e->in[3], e)))
     return 0;
   if (e->kind == HIR_EXPR_BROADCAST && hir__broadcast_view(ev, e, x)) return 1;
+  if (e->kind == HIR_EXPR_LOAD_STORE && (e->flags & HIR__SET_PERMUTE) && hir__permute_view(ev, e, x)) return 1;
   if (!(o = hir__get_out(ev, epi ? epi->out[0] : e->out[0]))) return 0;
   ov = *o;
   av = *x;

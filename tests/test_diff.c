@@ -63,6 +63,7 @@ typedef struct diff_prog {
   diff_tv t[DIFF_LONG_TVS];
   int max_tvs;                 /* DIFF_MAX_TVS, or DIFF_LONG_TVS: a longer chain of ops */
   int permuted;                /* the last permute's output (an index into t; 0: none) */
+  int weight;                  /* the matmul's B or the linear's weight (an index into t; 0: none) */
   hir_lower_desc ld;
   /* per rank, after a run */
   hir_status status[8];
@@ -501,6 +502,7 @@ static diff_tv *diff_linear(diff_rng *r, diff_prog *p, diff_tv *a, int meshless)
   double *abs_sum;
   ws[0] = N, ws[1] = K;
   w = diff_new(p, hir_input(p->f, p->dt, 2), 2, ws);
+  p->weight = p->ntv - 1;
   bias = diff_new(p, hir_input(p->f, p->dt, 1), 1, ws);
   p->nin += 2;
   for (i = 0; i < N * K; i++) w->v[i] = diff_input_value(r, p);
@@ -642,6 +644,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
       b->bound = diff_max_abs(b);
       diff_place(r, p, b, meshless);
       p->nin++;
+      p->weight = p->ntv - 1;
       diff_place(r, p, diff_matmul(p, a, b), meshless);
     }
   }
@@ -702,9 +705,11 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     p->outs[p->nout++] = p->nin + diff_next(r, p->ntv - 1 - p->nin);
   for (i = 0; i < p->nout; i++) hir_output(p->f, p->t[p->outs[i]].tv);
   if (hir_fusion_status(p->f) != HIR_OK) return 0;
-  /* split axes: outer by the mesh size (then maybe sharded), or by 2; by the seed, at least one (through permutes) */
-  for (i = 0; i < 2 && (diff_next(r, 3) == 0 || (i == 0 && p->seed % 89 == 44)); i++) {
-    diff_tv *t = &p->t[diff_next(r, p->ntv)];
+  /* split axes: outer by the mesh size (then maybe sharded), or by 2; by the seed, at least one (through permutes), or
+     one of a matmul's or linear's weight (its K or N: tensor parallelism on logical shapes) */
+  for (i = 0; i < 2 && (diff_next(r, 3) == 0 || (i == 0 && (p->seed % 89 == 44 || (p->seed % 11 == 7 && p->weight)))); i++) {
+    int weight = i == 0 && p->seed % 11 == 7 && p->weight && p->seed % 89 != 44;
+    diff_tv *t = weight ? &p->t[p->weight] : &p->t[diff_next(r, p->ntv)];
     int through = i == 0 && p->seed % 89 == 44 && p->permuted, ax, n, id = -1, k, y;
     int64_t factor, size;
     if (through) t = &p->t[p->permuted]; /* a split through the permute */
@@ -713,15 +718,15 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     hir_tv_mesh(t->tv, &n);
     if (p->rows) n = y ? p->rows : p->cols; /* split for DIDy or for DIDx */
     factor = n > 1 ? n : 2;
-    for (k = 0; through && k < t->nd; k++) /* an axis it can split */
-      if (t->sizes[k] > factor && t->sizes[k] % factor == 0) ax = k;
+    for (k = 0; (through || weight) && k < t->nd; k++) /* an axis it can split */
+      if ((t->sizes[k] > factor || weight) && t->sizes[k] % factor == 0 && (!weight || k == ax || t->sizes[ax] % factor)) ax = k;
     size = t->sizes[ax];
     for (k = 0; k < hir_tv_ndims(t->tv); k++) /* the data axis's part left by earlier splits, and its size */
       if (hir_tv_iter_type(t->tv, k) != HIR_REDUCTION && hir_tv_logical_axis(t->tv, k) == ax) {
         if (hir_tv_extent(t->tv, k)->kind == HIR__VAL_CONST) size /= hir_tv_extent(t->tv, k)->value;
         else id = k;
       }
-    if (id >= 0 && (size > factor || (through && size == factor)) && size % factor == 0 &&
+    if (id >= 0 && (size > factor || ((through || weight) && size == factor)) && size % factor == 0 &&
         hir_split(t->tv, id, factor, 1) == HIR_OK && n > 1 && diff_next(r, 2))
       hir_parallelize(t->tv, id, y ? HIR_DIDY : HIR_DIDX);
     if (hir_fusion_status(p->f) != HIR_OK || !diff_splits_fit(p)) return 0;

@@ -77,6 +77,250 @@ TEST(test_split_matmul, "split/matmul", TEST_CPU | TEST_GPU_WORLDS) {
     }
 }
 
+/* The type of the first collective a printed program posts ("Allgather",
+   ...; a P2P send or receive is none), or NULL. */
+static const char *collective_in(const char *text) {
+  const char *at = text;
+  while ((at = strstr(at, "Communication ")) != NULL) {
+    const char *type = strstr(at, "(type=");
+    if ((at - text < 3 || strncmp(at - 3, "P2P", 3)) && at[14] >= '0' && at[14] <= '9' && type && !memchr(at, '\n', (size_t)(type - at)))
+      return type + 6;
+    at++;
+  }
+  return NULL;
+}
+
+/* Tensor parallelism on logical shapes, as nvFuser writes it: a matmul's or
+   linear's N split by D with DIDx on the outer part (column-parallel: local
+   products, no communication where the output keeps the split, an
+   Allgather where it is whole), or its K (row-parallel: local partial
+   products summed by an Allreduce into a whole output, a ReduceScatter
+   into one split on M: sequence parallelism), with a bias (added after the
+   sum: DecomposeRowParallelLinearWithBias) and a batch axis; the split
+   made on an operand or on the output (its N, or its reduction axis). */
+TEST(test_split_through_matmul, "split/through_matmul", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, mode;
+  for (wi = 0; wi < 5; wi++)
+    for (mode = 0; mode < 24; mode++) {
+      int D = worlds[wi], linear = mode & 1, on_k = (mode >> 1) & 1, split_out = (mode >> 2) & 1, extra = mode >> 3;
+      int has_bias = linear && extra >= 1, batch = extra == 2 || (!linear && extra == 1), nb = batch ? 1 : 0;
+      int via_out = extra == 0 && (wi & 1);
+      int64_t Bt = batch ? 2 : 1, M = 2 * D, K = 3 * D, N = 2 * D, sa[3], sw[2], sbias[1] = {N}, so[3], b, m, n, k;
+      const char *want_comm = D == 1 ? NULL : !on_k ? (split_out ? NULL : "Allgather") : split_out ? "ReduceScatter" : "Allreduce";
+      char name[64];
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *a = hir_input(f, HIR_F32, 2 + nb), *w = hir_input(f, HIR_F32, 2), *bias = has_bias ? hir_input(f, HIR_F32, 1) : NULL;
+      hir_tv *o = linear ? hir_linear(f, a, w, bias) : hir_matmul(f, a, w);
+      hir_output(f, o);
+      hir_set_mesh(a, D, iota_mesh);
+      hir_set_mesh(w, D, iota_mesh);
+      hir_set_mesh(o, D, iota_mesh);
+      if (bias) hir_set_mesh(bias, D, iota_mesh);
+      if (!on_k) { /* w's N: [N, K] axis 0 or [K, N] axis 1; it reaches o's N and the bias (or made on o's N) */
+        CHECK((via_out ? hir_split(o, nb + 1, D, 1) : hir_split(w, linear ? 0 : 1, D, 1)) == HIR_OK);
+        hir_parallelize(w, linear ? 0 : 1, HIR_DIDX);
+        if (bias) hir_parallelize(bias, 0, HIR_DIDX);
+        if (split_out) hir_parallelize(o, nb + 1, HIR_DIDX);
+      } else { /* a's K: it reaches w's K and o's rK (or made on o's rK, as nvFuser's input-grad tests split it) */
+        CHECK((via_out ? hir_split(o, nb + 2, D, 1) : hir_split(a, nb + 1, D, 1)) == HIR_OK);
+        hir_parallelize(a, nb + 1, HIR_DIDX);
+        hir_parallelize(w, linear ? 1 : 0, HIR_DIDX);
+        if (split_out) CHECK(hir_split(o, nb, D, 1) == HIR_OK && hir_parallelize(o, nb, HIR_DIDX) == HIR_OK);
+      }
+      CHECK(hir_fusion_error(f)[0] == 0);
+      if (hir_fusion_error(f)[0]) fprintf(stderr, "  %s\n", hir_fusion_error(f));
+      { /* the collective nvFuser makes, and no other */
+        hir_lower_desc ld;
+        hir_program *p = NULL;
+        char text[16384] = "";
+        memset(&ld, 0, sizeof ld);
+        CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_program_snprint(p, text, sizeof text) > 0);
+        const char *first = collective_in(text), *second = first ? collective_in(first + 1) : NULL;
+        if (want_comm ? !first || strncmp(first, want_comm, strlen(want_comm)) || second : first != NULL) {
+          CHECK(!"the collective nvFuser makes");
+          fprintf(stderr, "  D %d mode %d: want %s:\n%s\n", D, mode, want_comm ? want_comm : "none", text);
+        }
+        if (hir_program_error(p)[0]) fprintf(stderr, "  %s\n", hir_program_error(p));
+        hir_program_free(p);
+      }
+      sa[0] = Bt, sa[nb] = M, sa[nb + 1] = K;
+      sw[0] = linear ? N : K, sw[1] = linear ? K : N;
+      so[0] = Bt, so[nb] = M, so[nb + 1] = N;
+      case_lowered(&c, D, f, has_bias ? 3 : 2, 1);
+      c.in[0] = trand(HIR_F32, 2 + nb, sa);
+      c.in[1] = trand(HIR_F32, 2, sw);
+      if (bias) c.in[2] = trand(HIR_F32, 1, sbias);
+      c.out[0] = tn(HIR_F32, 2 + nb, so);
+      for (b = 0; b < Bt; b++)
+        for (m = 0; m < M; m++)
+          for (n = 0; n < N; n++) {
+            double t = bias ? tget(&c.in[2], n) : 0;
+            for (k = 0; k < K; k++) t += tget(&c.in[0], (b * M + m) * K + k) * tget(&c.in[1], linear ? n * K + k : k * N + n);
+            tset(&c.out[0], (b * M + m) * N + n, t);
+          }
+      c.prealloc = (wi + mode) & 1;
+      snprintf(name, sizeof name, "%s_%s_split_%s%s%s", linear ? "linear" : "matmul", on_k ? "K" : "N",
+               split_out ? "out_split" : "out_whole", has_bias ? "_bias" : "", batch ? "_batch" : "");
+      RUN_CASE(&c, name);
+      hir_fusion_free(f);
+    }
+}
+
+/* nvFuser's ColumnAndSequenceParallelLinear forward on logical shapes: x
+   [S, K] sharded on S, the weight [N, K] on N, the output's S parts on
+   streams: x gathered chunk by chunk (a P2P allgather pipeline), each
+   chunk's product local, nothing else moved. And a batched B beside an A
+   split on M (the split becomes a batch part, B a broadcast one). */
+TEST(test_split_column_sequence, "split/column_sequence_parallel", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, mode;
+  for (wi = 0; wi < 5; wi++)
+    for (mode = 0; mode < 2; mode++) {
+      int D = worlds[wi];
+      int64_t S = 2 * D, K = 3, N = 2 * D, Bt = 2, sx[3] = {S, K}, sw[3] = {N, K}, so[3] = {S, N}, b, m, n, k;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, HIR_F32, 2), *w = hir_input(f, HIR_F32, mode ? 3 : 2), *o = mode ? hir_matmul(f, x, w) : hir_linear(f, x, w, NULL);
+      hir_output(f, o);
+      hir_set_mesh(x, D, iota_mesh);
+      hir_set_mesh(w, D, iota_mesh);
+      hir_set_mesh(o, D, iota_mesh);
+      if (!mode) {
+        CHECK(hir_split(x, 0, D, 1) == HIR_OK && hir_split(w, 0, D, 1) == HIR_OK); /* o: [S / D.., D.., N] */
+        hir_parallelize(x, 0, HIR_DIDX);
+        hir_parallelize(w, 0, HIR_DIDX);
+        hir_parallelize(o, 0, HIR_STREAM);
+        hir_parallelize(o, 2, HIR_DIDX);
+      } else { /* x [S, K] x w [Bt, K, N]: o [Bt, S, N] split on S, sharded */
+        sw[0] = Bt, sw[1] = K, sw[2] = N / D, so[0] = Bt, so[1] = S, so[2] = N / D;
+        CHECK(hir_split(o, 1, D, 1) == HIR_OK);
+        hir_parallelize(x, 0, HIR_DIDX);
+        hir_parallelize(o, 1, HIR_DIDX);
+      }
+      CHECK(hir_fusion_error(f)[0] == 0);
+      if (hir_fusion_error(f)[0]) fprintf(stderr, "  %s\n", hir_fusion_error(f));
+      if (D > 1) { /* the collectives: none but the pipeline's sends and receives, or none at all */
+        hir_lower_desc ld;
+        hir_program *p = NULL;
+        char text[32768] = "";
+        memset(&ld, 0, sizeof ld);
+        CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_program_snprint(p, text, sizeof text) > 0);
+        CHECK(!collective_in(text) && (strstr(text, "P2PCommunication") != NULL) == !mode);
+        hir_program_free(p);
+      }
+      case_lowered(&c, D, f, 2, 1);
+      c.in[0] = trand(HIR_F32, 2, sx);
+      c.in[1] = trand(HIR_F32, mode ? 3 : 2, sw);
+      c.out[0] = tn(HIR_F32, mode ? 3 : 2, so);
+      for (b = 0; b < (mode ? Bt : 1); b++)
+        for (m = 0; m < S; m++)
+          for (n = 0; n < so[mode ? 2 : 1]; n++) {
+            double t = 0;
+            for (k = 0; k < K; k++)
+              t += tget(&c.in[0], m * K + k) * tget(&c.in[1], mode ? (b * K + k) * sw[2] + n : n * K + k);
+            tset(&c.out[0], (b * S + m) * so[mode ? 2 : 1] + n, t);
+          }
+      c.prealloc = wi & 1;
+      RUN_CASE(&c, mode ? "matmul_m_split_b_batched" : "column_sequence_parallel_linear");
+      hir_fusion_free(f);
+    }
+}
+
+/* nvFuser's overlap tests (test_overlap.cpp), forward, input-grad and
+   weight-grad, written on logical shapes with one split per axis (hostir's
+   split reaches every tensor the axis maps onto): t the sequence, H the
+   hidden size, F = 4H; DIDx and Stream where nvFuser puts them. */
+TEST(test_split_overlap_forms, "split/overlap_forms", TEST_CPU | TEST_GPU_WORLDS) {
+  static const char *const names[7] = {"ColumnAndSequenceParallelLinear_InputGrad", "RowAndSequenceParallelLinear_Forward",
+                                       "ColumnAndSequenceParallelLinear_WeightGrad", "RowAndSequenceParallelLinear_WeightGrad",
+                                       "RowAndSequenceParallelLinear_InputGrad", "RowParallelLinear_Forward",
+                                       "ColumnAndSequenceParallelLinear_Forward"};
+  int wi, form;
+  for (wi = 0; wi < 5; wi++)
+    for (form = 0; form < 7; form++) {
+      int D = worlds[wi], perm[2] = {1, 0};
+      int64_t t = 2 * D, H = 3, F = 2 * D, sx[2], sy[2], so[2], i, j, k, rows, cols, inner;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x, *y, *o;
+      /* every form is o = X @ Y with X, Y the inputs or a transpose of the first: out[i][j] = sum_k X[i][k] Y[k][j] */
+      int transposed = form == 2 || form == 3, linear = form == 1 || form == 5 || form == 6;
+      x = hir_input(f, HIR_F32, 2);
+      y = hir_input(f, HIR_F32, 2);
+      o = linear ? hir_linear(f, x, y, NULL) : hir_matmul(f, transposed ? hir_permute(f, x, perm) : x, y);
+      hir_output(f, o);
+      hir_set_mesh(x, D, iota_mesh);
+      hir_set_mesh(y, D, iota_mesh);
+      hir_set_mesh(o, D, iota_mesh);
+      switch (form) {
+      case 0: /* in [t, H] = out [t, F] x w [F, H]: F (K) sharded, in's t sharded (a reduce-scatter), out's t on streams */
+      case 1: /* out [t, H] = linear(in [t, F], w [H, F]): the same with the weight [N, K] */
+        sx[0] = t, sx[1] = F, sy[0] = form ? H : F, sy[1] = form ? F : H, so[0] = t, so[1] = H;
+        CHECK(hir_split(x, 1, D, 1) == HIR_OK && hir_split(o, 0, D, 1) == HIR_OK);
+        hir_parallelize(x, 2, HIR_DIDX);
+        hir_parallelize(y, form ? 1 : 0, HIR_DIDX);
+        hir_parallelize(o, 0, HIR_DIDX);
+        hir_parallelize(x, 0, HIR_STREAM);
+        break;
+      case 2: /* w [F, H] = out [t, F]^T x in [t, H]: t (K) split, in's t sharded, out's F sharded, w's F sharded, t on streams */
+      case 3: /* w [H, F] = out [t, H]^T x in [t, F]: the same, F the N axis */
+        sx[0] = t, sx[1] = form == 2 ? F : H, sy[0] = t, sy[1] = form == 2 ? H : F, so[0] = sx[1], so[1] = sy[1];
+        CHECK(hir_split(y, 0, D, 1) == HIR_OK && hir_split(form == 2 ? x : y, 2, D, 1) == HIR_OK); /* t, then F */
+        hir_parallelize(form == 2 ? y : x, 0, HIR_DIDX);
+        hir_parallelize(form == 2 ? x : y, 2, HIR_DIDX);
+        hir_parallelize(o, form == 2 ? 0 : 1, HIR_DIDX);
+        hir_parallelize(o, 3, HIR_STREAM); /* the reduction's outer part: a sum over chunks */
+        break;
+      case 4: /* in [t, F] = out [t, H] x w [H, F]: F (N) sharded, out's t sharded, in's t on streams (an all-gather) */
+      case 6: /* out [t, F] = linear(in [t, H], w [F, H]) */
+        sx[0] = t, sx[1] = H, sy[0] = form == 4 ? H : F, sy[1] = form == 4 ? F : H, so[0] = t, so[1] = F;
+        CHECK(hir_split(y, form == 4 ? 1 : 0, D, 1) == HIR_OK && hir_split(x, 0, D, 1) == HIR_OK);
+        hir_parallelize(y, form == 4 ? 1 : 0, HIR_DIDX);
+        hir_parallelize(x, 0, HIR_DIDX);
+        hir_parallelize(o, 2, HIR_DIDX);
+        hir_parallelize(o, 0, HIR_STREAM);
+        break;
+      default: /* out [t, H] = linear(in [t, F], w [H, F]): F sharded, out whole (an allreduce), out's t on streams */
+        sx[0] = t, sx[1] = F, sy[0] = H, sy[1] = F, so[0] = t, so[1] = H;
+        CHECK(hir_split(x, 1, D, 1) == HIR_OK && hir_split(o, 0, D, 1) == HIR_OK);
+        hir_parallelize(x, 2, HIR_DIDX);
+        hir_parallelize(y, 1, HIR_DIDX);
+        hir_parallelize(o, 0, HIR_STREAM);
+        break;
+      }
+      if (hir_fusion_error(f)[0]) fprintf(stderr, "  %s: %s\n", names[form], hir_fusion_error(f));
+      CHECK(hir_fusion_error(f)[0] == 0);
+      if (D > 1) { /* a pipeline: the P2P sends and receives of a ring, or (the row-parallel forward) an Allreduce a chunk */
+        hir_lower_desc ld;
+        hir_program *p = NULL;
+        static char text[65536];
+        const char *coll;
+        memset(&ld, 0, sizeof ld);
+        CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_program_snprint(p, text, sizeof text) > 0);
+        coll = collective_in(text);
+        CHECK(strstr(text, "FOR StreamIdx") != NULL);
+        if (form == 5) CHECK(coll && !strncmp(coll, "Allreduce", 9) && !collective_in(coll) && !strstr(text, "P2PCommunication"));
+        else CHECK(!coll && strstr(text, "P2PCommunication") != NULL);
+        hir_program_free(p);
+      }
+      case_lowered(&c, D, f, 2, 1);
+      c.in[0] = trand(HIR_F32, 2, sx);
+      c.in[1] = trand(HIR_F32, 2, sy);
+      c.out[0] = tn(HIR_F32, 2, so);
+      rows = so[0], cols = so[1], inner = transposed ? sx[0] : sx[1];
+      for (i = 0; i < rows; i++)
+        for (j = 0; j < cols; j++) {
+          double v = 0;
+          for (k = 0; k < inner; k++)
+            v += tget(&c.in[0], transposed ? k * sx[1] + i : i * sx[1] + k) * tget(&c.in[1], linear ? j * sy[1] + k : k * sy[1] + j);
+          tset(&c.out[0], i * cols + j, v);
+        }
+      c.prealloc = wi & 1;
+      RUN_CASE(&c, names[form]);
+      hir_fusion_free(f);
+    }
+}
+
 /* sum over a split sharded axis (its DIDx part and its local part): a local
    sum, then an Allreduce. MultiDeviceReductionTest with a split axis. */
 TEST(test_split_sum, "split/sum", TEST_CPU | TEST_GPU_WORLDS) {
@@ -500,11 +744,16 @@ TEST(test_split_reorder_errors, "split/reorder_errors", TEST_CPU) {
 /* What a split cannot do names the op; a run given a wrong logical shape says so. */
 TEST(test_split_errors, "split/errors", TEST_CPU) {
   hir_fusion *f = hir_fusion_create();
-  hir_tv *a = hir_input(f, HIR_F32, 2), *b = hir_input(f, HIR_F32, 2), *o = hir_matmul(f, a, b);
+  hir_tv *a = hir_input(f, HIR_F32, 1), *b = hir_input(f, HIR_F32, 2), *o = hir_matmul(f, a, b);
   int mesh[2] = {0, 1};
   hir_output(f, o);
   CHECK(hir_split(b, 0, 2, 1) == HIR_ERR_UNSUPPORTED);
-  CHECK(strstr(hir_fusion_error(f), "hir_split: T1 axis 0 maps onto a matmul's K or N axis (MatmulOp 0)") != NULL);
+  CHECK(strstr(hir_fusion_error(f), "hir_split: T1 axis 0 maps onto the K or N axis of a matmul with a 1-D operand (MatmulOp 0)"));
+  hir_fusion_free(f);
+  f = hir_fusion_create(); /* a matmul of a tensor split already: its axes would be read by position */
+  a = hir_input(f, HIR_F32, 2), b = hir_input(f, HIR_F32, 2);
+  CHECK(hir_split(b, 1, 2, 1) == HIR_OK && hir_matmul(f, a, b) == NULL &&
+        strstr(hir_fusion_error(f), "hir_matmul: T1 has split axes (hir_split); build the ops first, then split"));
   hir_fusion_free(f);
   f = hir_fusion_create();
   a = hir_input(f, HIR_F32, 2);
