@@ -33,6 +33,11 @@
                    first N/S columns (--column-parts S; stream.column_parts:
                    the local rows' part while the exchange runs), then the
                    other parts after it, one GEMM each of every row
+     ..., logical  serial, the p2p ring (AG, RS) and the collective pipeline
+                   (AR) again, the fusion written on logical shapes as a
+                   user of tensor parallelism writes it: C = A [M, K] x
+                   B [K, N], sharded by hir_split (build_logical); the same
+                   bytes on each rank as the explicit forms
      automatic     the p2p fusion through hir_tuner: serial, the p2p
                    schedules and the p2p fusion as collectives measured on
                    every rank, the fastest agreed
@@ -124,6 +129,7 @@ typedef struct config {
   int parts;                        /* p2p: each peer's chunk cut into this many */
   int bounded;                      /* p2p: bounded buffers (numberOfStreams slices of the gathered tensor) */
   int graph;                        /* hir_eval_desc.graph: runs captured into a CUDA graph and replayed */
+  int logical;                      /* the fusion written on logical shapes, sharded by hir_split (build_logical) */
 } config;
 
 typedef struct shape {
@@ -413,6 +419,42 @@ static hir_fusion *build_ar(pipeline pipe, int D) {
   return f;
 }
 
+/* The three patterns on logical shapes, as a user writes tensor
+   parallelism: C = A [M, K] x B [K, N], one split per axis. AG: A's M split
+   by D and sharded, B whole, C whole (p2p: C's M parts on Stream). RS: K
+   split by D and sharded on A and B, C's M split by D and sharded (p2p: A's
+   M parts on Stream, the reduce-scatter pipeline). AR: K split and sharded,
+   C whole (collective: C's M split into `chunks` parts on Stream, an
+   all-reduce per chunk). Each rank's tensors hold the same bytes as the
+   explicit forms' (host_inputs). */
+static hir_fusion *build_logical(pattern pat, pipeline pipe, int D, int chunks) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *t[3];
+  t[0] = hir_input(f, HIR_BF16, 2);
+  t[1] = hir_input(f, HIR_BF16, 2);
+  t[2] = hir_matmul(f, t[0], t[1]);
+  hir_output(f, t[2]);
+  mesh_all(t, 3, D);
+  if (pat == AG) {
+    hir_split(t[0], 0, D, 1);
+    hir_parallelize(t[0], 0, HIR_DIDX);
+    if (pipe != SERIAL) hir_parallelize(t[2], 0, HIR_STREAM);
+    return f;
+  }
+  hir_split(t[0], 1, D, 1);
+  hir_parallelize(t[0], 1, HIR_DIDX);
+  hir_parallelize(t[1], 0, HIR_DIDX);
+  if (pat == RS) {
+    hir_split(t[2], 0, D, 1);
+    hir_parallelize(t[2], 0, HIR_DIDX);
+    if (pipe != SERIAL) hir_parallelize(t[0], 0, HIR_STREAM);
+  } else if (pipe != SERIAL) {
+    hir_split(t[2], 0, chunks, 1);
+    hir_parallelize(t[2], 0, HIR_STREAM);
+  }
+  return f;
+}
+
 /* The tuner's choice in its plan ("tuned on N ranks in T ms: CHOICE (the
    slowest rank's ...)"), or the plan's start where it reads otherwise. */
 static void plan_choice(const char *plan, char *out, size_t cap) {
@@ -473,6 +515,11 @@ static int host_inputs(bench *B, int rank, hir_tensor in[2], void **owned) {
   const shape *s = &B->sh;
   int64_t D = B->D, m = s->M / D, S = B->cfg.chunks, M = s->M, K = s->K, N = s->N, kd = K / D;
   *owned = NULL;
+  if (B->cfg.logical) { /* this rank's parts in the logical axes: the explicit forms' bytes */
+    in[0] = tensor(B->a[rank], 2, s->pat == AG ? (int64_t[]){m, K} : (int64_t[]){M, kd});
+    in[1] = tensor(B->b[rank], 2, s->pat == AG ? (int64_t[]){K, N} : (int64_t[]){kd, N});
+    return 2;
+  }
   if (s->pat == AG) {
     switch (B->cfg.pipe) {
     case COMM_ALONE: in[0] = tensor(B->a[rank], 3, (int64_t[]){1, m, K}); return 1;
@@ -743,7 +790,7 @@ static hir_status run_rank(int rank, void *user) {
       s = fail(B, rank, h ? s : HIR_ERR_NOMEM, "download", h ? be->error : "out of host memory");
       goto done;
     }
-    if (B->cfg.pipe == SERIAL) {
+    if (B->cfg.pipe == SERIAL && !B->cfg.logical) {
       free(B->ref[rank]);
       B->ref[rank] = h;
       B->ref_numel = n;
@@ -940,6 +987,7 @@ static int run_config(bench *B, config cfg, result *r) {
   pthread_mutex_unlock(&B->mu);
   B->cfg = cfg;
   B->f = cfg.pipe == GEMM_ALONE ? build_gemm()
+         : cfg.logical ? build_logical(B->sh.pat, cfg.pipe, B->D, cfg.chunks)
          : B->sh.pat == AG ? build_ag(cfg.pipe, B->D)
          : B->sh.pat == RS ? build_rs(cfg.pipe, B->D)
                            : build_ar(cfg.pipe, B->D);
@@ -977,6 +1025,7 @@ static void config_name(const config *c, char *buf, size_t cap) {
   size_t n;
   config_base_name(c, buf, cap);
   n = strlen(buf);
+  if (c->logical) snprintf(buf + n, cap - n, ", logical"), n = strlen(buf);
   if (c->graph) snprintf(buf + n, cap - n, c->graph == 2 ? " [graph 2]" : " [graph]");
 }
 
@@ -1009,35 +1058,41 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
   int64_t m = B->sh.M / B->D;
   int ce, auto_at, k, gemm_ok;
   double began = now_ms();
-  cfgs[n++] = (config){COMM_ALONE, 1, 1, 0, 1, 0, 0};
-  cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0, 1, 0, 0};
-  cfgs[n++] = (config){SERIAL, 1, 1, 0, 1, 0, 0}; /* first of the checked ones: their reference */
+  cfgs[n++] = (config){COMM_ALONE, 1, 1, 0, 1, 0, 0, 0};
+  cfgs[n++] = (config){GEMM_ALONE, 1, 1, 0, 1, 0, 0, 0};
+  cfgs[n++] = (config){SERIAL, 1, 1, 0, 1, 0, 0, 0}; /* first of the checked ones: their reference */
   for (i = 0; i < nchunks; i++)
     for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
       if (m % chunks[i] == 0) {
-        cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1, 0, 0};
-        if (B->sh.pat != AR) cfgs[n++] = (config){P2P_AS_COLLECTIVES, chunks[i], streams[j], 0, 1, 0, 0}; /* the p2p fusion's layout */
+        cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1, 0, 0, 0};
+        if (B->sh.pat != AR) cfgs[n++] = (config){P2P_AS_COLLECTIVES, chunks[i], streams[j], 0, 1, 0, 0, 0}; /* the p2p fusion's layout */
       }
   for (i = 0; i < ncolumn_parts && B->sh.pat == RS; i++)
     for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
-      if (B->sh.N % column_parts[i] == 0) cfgs[n++] = (config){COLLECTIVE_N, column_parts[i], streams[j], 0, 1, 0, 0};
+      if (B->sh.N % column_parts[i] == 0) cfgs[n++] = (config){COLLECTIVE_N, column_parts[i], streams[j], 0, 1, 0, 0, 0};
   for (ce = 0; ce <= B->gpu && B->sh.pat != AR; ce++) /* an all-reduce has no P2P form */
     for (i = P2P_LINEAR; i <= P2P_RING; i++)
       for (k = 0; k < nparts; k++)
         for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
-          if (m % parts[k] == 0) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce, parts[k], 0, 0};
+          if (m % parts[k] == 0) cfgs[n++] = (config){(pipeline)i, B->D, streams[j], ce, parts[k], 0, 0, 0};
   for (j = 0; j < nstreams && n < MAXCFG - 1 && B->sh.pat != AR; j++) /* bounded buffers: the memory they save, the time they cost */
-    cfgs[n++] = (config){P2P_RING, B->D, streams[j], B->gpu, 1, 1, 0};
+    cfgs[n++] = (config){P2P_RING, B->D, streams[j], B->gpu, 1, 1, 0, 0};
   for (ce = 0; ce <= B->gpu && n < MAXCFG - 1 && B->sh.pat != AR; ce++)
-    cfgs[n++] = (config){P2P_ONE_GEMM, B->D, streams[0], ce, 1, 0, 0};
+    cfgs[n++] = (config){P2P_ONE_GEMM, B->D, streams[0], ce, 1, 0, 0, 0};
   for (i = 0; i < ncolumn_parts && B->sh.pat == AG; i++)
     for (ce = 0; ce <= B->gpu && n < MAXCFG - 1; ce++)
       if (column_parts[i] > 1 && B->sh.N % column_parts[i] == 0)
-        cfgs[n++] = (config){P2P_SPLIT_WEIGHT, column_parts[i], streams[0], ce, 1, 0, 0};
+        cfgs[n++] = (config){P2P_SPLIT_WEIGHT, column_parts[i], streams[0], ce, 1, 0, 0, 0};
+  cfgs[n++] = (config){SERIAL, 1, 1, 0, 1, 0, 0, 1}; /* the same pipelines written on logical shapes */
+  for (i = 0; i < nchunks && B->sh.pat == AR; i++)
+    for (j = 0; j < nstreams && n < MAXCFG - 1; j++)
+      if (m % chunks[i] == 0) cfgs[n++] = (config){COLLECTIVE, chunks[i], streams[j], 0, 1, 0, 0, 1};
+  for (ce = 0; ce <= B->gpu && B->sh.pat != AR && n < MAXCFG - 1; ce++)
+    cfgs[n++] = (config){P2P_RING, B->D, streams[0], ce, 1, 0, 0, 1};
   auto_at = n;
   /* the plan it prints is its own; AR: the tuner on the collective fusion of the first chunk count (serial among its
      candidates) */
-  cfgs[n++] = (config){AUTO, B->sh.pat == AR ? chunks[0] : B->D, 4, B->gpu, 0, 0, B->graphs};
+  cfgs[n++] = (config){AUTO, B->sh.pat == AR ? chunks[0] : B->D, 4, B->gpu, 0, 0, B->graphs, 0};
   for (i = 1, k = n; B->graphs && i < k && n < MAXCFG; i++) /* --graph: the GEMM and each pipeline again as a CUDA graph */
     if (cfgs[i].pipe != AUTO) cfgs[n] = cfgs[i], cfgs[n++].graph = B->graphs;
   for (B->generation = B->arrived = 0, i = 0; i < B->D; i++) B->a[i] = B->b[i] = B->ref[i] = NULL;
@@ -1077,7 +1132,7 @@ static int bench_shape(bench *B, const int *streams, int nstreams, const int *ch
     else
       printf(" %7s", "-");
     printf(" %10.1f", (double)res[i].mem / (1 << 20));
-    if (cfgs[i].pipe > SERIAL) {
+    if (cfgs[i].pipe > SERIAL || cfgs[i].logical) {
       printf(" %9.1e%s", res[i].err, res[i].err < 3e-2 ? "" : "  WRONG");
       if (!(res[i].err < 3e-2)) failed++;
     }
