@@ -44,7 +44,7 @@
        // >>host          building host programs by hand (hir_host_*)
        // >>print         the printer (nvFuser's dump format) and the DOT export
        // >>analysis      axis maps, sharding queries, resharding detection
-       // >>segment       copy, sharding propagation, decomposition, segmenter
+       // >>segment       copy, positional matmuls, sharding propagation, decomposition, segmenter
        // >>lower         building the program, resharding ops to communications
        // >>pass_dealloc  Deallocate after last uses
        // >>pass_stream   stream lowering: loops over chunks, P2P schedules; gathered GEMMs cut by columns
@@ -7367,6 +7367,23 @@ static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_opti
   }
   for (i = 0; ok && i < p->ir.inputs.n; i++) { /* bind the extents, as hir_run will */
     const hir_tv *tv = (const hir_tv *)p->ir.inputs.items[i];
+    if (tv->nlogical) { /* split axes: the caller's shape is the logical one, a DIDx part's axis this device's part */
+      int l;
+      if (o->input_shapes[i].ndims != tv->nlogical) {
+        hir__fail(&p->ir, HIR_ERR_SHAPE, "hir_lower (automatic): input_shapes[%d] has %d axes; T%d has %d logical axes", i,
+                  o->input_shapes[i].ndims, tv->name, tv->nlogical);
+        ok = 0;
+      }
+      for (l = 0; ok && l < tv->nlogical; l++) {
+        const hir_val *x = tv->logical_extent[l];
+        int64_t whole = o->input_shapes[i].sizes[l];
+        for (a = 0; a < tv->ndims; a++)
+          if (tv->ids[a]->iter != HIR_REDUCTION && tv->logical_of[a] == l && hir__split_axis(tv, a))
+            whole *= hir__shards(tv, tv->ids[a]->ptype);
+        if (x->kind == HIR__VAL_SYMBOL && !env.sym_bound[x->name]) env.sym[x->name] = whole, env.sym_bound[x->name] = 1;
+      }
+      continue;
+    }
     for (a = 0, k = 0; ok && a < tv->ndims; a++) {
       const hir_val *x = tv->ids[a]->extent;
       int64_t size;
@@ -11136,6 +11153,7 @@ struct hir_evaluator {
   hir__env env;
   hir_tensor *slot;             /* by tensor name */
   int *slot_block;
+  const hir_expr **into; /* by tensor name: the permute that is its only reader (hir__permutes_into), else NULL */
   unsigned char *bound;
   hir__shape *shape;
   hir__block *blocks;
@@ -11715,11 +11733,87 @@ static void hir__meeting_free(hir_backend *b, hir__meeting *m) {
   memset(m, 0, sizeof *m);
 }
 
-static int hir__bind_new(hir_evaluator *ev, const hir_tv *tv) {
+/* tv's slot bound to `data`, in its planned shape, contiguous; `block`:
+   the evaluator's buffer holding it, or (negative) what kind of view. */
+static void hir__bind_at(hir_evaluator *ev, const hir_tv *tv, void *data, int block) {
   const hir__shape *sh = &ev->shape[tv->name];
   hir_tensor *t = &ev->slot[tv->name];
+  t->data = data;
+  t->dtype = tv->dtype;
+  t->ndims = sh->nd;
+  memcpy(t->sizes, sh->sizes, (size_t)sh->nd * sizeof(int64_t));
+  hir__contiguous_strides(t);
+  ev->bound[tv->name] = 1;
+  ev->slot_block[tv->name] = block;
+}
+
+/* Counts each tensor's readers in scope s and its nested scopes; `last`
+   is the expr that read it last. */
+static void hir__count_readers(const hir_scope *s, int *readers, const hir_expr **last) {
+  int i, k;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i];
+    for (k = 0; k < e->nin; k++)
+      if (e->in[k] && e->kind != HIR_EXPR_ALLOCATE && e->kind != HIR_EXPR_DEALLOCATE) readers[e->in[k]->name]++, last[e->in[k]->name] = e;
+    hir__count_readers(&e->body, readers, last);
+    hir__count_readers(&e->orelse, readers, last);
+  }
+}
+
+/* ev->into: for a tensor of the program's own whose only reader is a
+   top-level permute, that permute (hir__bind_into lays the tensor into its
+   output where the permute moves only axes of size 1). */
+static void hir__permutes_into(hir_evaluator *ev) {
+  const hir_fusion *f = &ev->p->ir;
+  int *readers = (int *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(int)), i;
+  const hir_expr **last = (const hir_expr **)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(void *));
+  memset(ev->into, 0, ((size_t)ev->ntv + 1) * sizeof(void *));
+  if (readers && last) {
+    memset(readers, 0, ((size_t)ev->ntv + 1) * sizeof(int));
+    hir__count_readers(&ev->p->top, readers, last);
+    for (i = 0; i <= ev->ntv; i++)
+      if (readers[i] == 1 && last[i]->kind == HIR_EXPR_LOAD_STORE && (last[i]->flags & HIR__SET_PERMUTE) &&
+          last[i]->scope == &ev->p->top)
+        ev->into[i] = last[i];
+    for (i = 0; i < f->inputs.n + f->outputs.n; i++) /* the caller's tensors are where the caller put them */
+      ev->into[((const hir_tv *)(i < f->inputs.n ? f->inputs.items[i] : f->outputs.items[i - f->inputs.n]))->name] = NULL;
+  }
+  HIR_FREE(readers);
+  HIR_FREE((void *)last);
+}
+
+/* tv (unbound, about to be made) as a view of the output of the permute
+   that is its only reader, where that permute moves only axes of size 1:
+   the tensor's producer writes straight into the permute's output, which
+   then has nothing to copy (a column-parallel product into its output, an
+   activation into its row-parallel layout). The output is bound first, if
+   it is not the caller's; the caller's must be dense. */
+enum { HIR__INTO_VIEW = -3 };
+static int hir__bind_new(hir_evaluator *ev, const hir_tv *tv);
+static int hir__bind_into(hir_evaluator *ev, const hir_tv *tv) {
+  const hir_expr *e = ev->into[tv->name];
+  const hir__shape *sh = &ev->shape[tv->name];
+  const hir_tv *out;
+  int i, last = -1, caller = 0;
+  if (!e) return 0;
+  out = e->out[0];
+  for (i = 0; i < sh->nd; i++) { /* the axes of size > 1 keep their order */
+    if (sh->sizes[e->perm[i]] == 1) continue;
+    if (e->perm[i] < last) return 0;
+    last = e->perm[i];
+  }
+  for (i = 0; i < ev->p->ir.outputs.n; i++) caller |= ev->p->ir.outputs.items[i] == (const void *)out;
+  if (ev->bound[out->name] ? ev->slot_block[out->name] < 0 && !caller : caller || !hir__bind_new(ev, out)) return 0;
+  if (!hir__is_contiguous(&ev->slot[out->name])) return 0;
+  hir__bind_at(ev, tv, ev->slot[out->name].data, HIR__INTO_VIEW);
+  return 1;
+}
+
+static int hir__bind_new(hir_evaluator *ev, const hir_tv *tv) {
+  const hir__shape *sh = &ev->shape[tv->name];
   size_t bytes = (size_t)hir__shape_numel(sh) * hir_dtype_size(tv->dtype);
   int i;
+  if (ev->into[tv->name] && hir__bind_into(ev, tv)) return 1;
   for (i = 0; i < ev->nblocks; i++) /* same program, same order: same addresses every run */
     if (!ev->blocks[i].in_use && ev->blocks[i].bytes == bytes) break;
   if (i == ev->nblocks) {
@@ -11734,13 +11828,7 @@ static int hir__bind_new(hir_evaluator *ev, const hir_tv *tv) {
     if (ev->comm && ev->comm->register_buffer && !ev->b->host_memory) ev->comm->register_buffer(ev->comm, ev->blocks[i].ptr, bytes);
   }
   ev->blocks[i].in_use = 1;
-  t->data = ev->blocks[i].ptr;
-  t->dtype = tv->dtype;
-  t->ndims = sh->nd;
-  memcpy(t->sizes, sh->sizes, (size_t)sh->nd * sizeof(int64_t));
-  hir__contiguous_strides(t);
-  ev->bound[tv->name] = 1;
-  ev->slot_block[tv->name] = i;
+  hir__bind_at(ev, tv, ev->blocks[i].ptr, i);
   return 1;
 }
 
@@ -11887,30 +11975,6 @@ static void hir__expand_batch(hir_tensor *t, const hir_tensor *c) {
   *t = r;
 }
 
-/* A broadcast that only inserts size-1 axes into a program input changes no
-   bytes: its output is bound as a view of the input, no copy and no buffer
-   (an input outlives the run; a program output is always written). */
-static int hir__broadcast_view(hir_evaluator *ev, const hir_expr *e, const hir_tensor *x) {
-  const hir_fusion *f = &ev->p->ir;
-  const hir__shape *sh = &ev->shape[e->out[0]->name];
-  hir_tensor *t = &ev->slot[e->out[0]->name];
-  int i, input = 0;
-  if (ev->bound[e->out[0]->name] || !hir__is_contiguous(x)) return 0;
-  for (i = 0; i < f->inputs.n; i++) input |= f->inputs.items[i] == (void *)e->in[0];
-  for (i = 0; i < f->outputs.n; i++)
-    if (f->outputs.items[i] == (void *)e->out[0]) return 0;
-  for (i = 0; i < sh->nd; i++)
-    if (((e->flags >> i) & 1u) && sh->sizes[i] != 1) return 0;
-  if (!input) return 0;
-  *t = *x;
-  t->ndims = sh->nd;
-  memcpy(t->sizes, sh->sizes, (size_t)sh->nd * sizeof(int64_t));
-  hir__contiguous_strides(t);
-  ev->bound[e->out[0]->name] = 1;
-  ev->slot_block[e->out[0]->name] = -1;
-  return 1;
-}
-
 /* Whether x lies in the memory of one of the caller's inputs, which lives
    for the whole run. */
 static int hir__in_caller_input(const hir_evaluator *ev, const hir_tensor *x) {
@@ -11932,33 +11996,36 @@ static int hir__in_caller_input(const hir_evaluator *ev, const hir_tensor *x) {
   return 0;
 }
 
-/* A permute that moves only axes of size 1 (a DIDx part, a broadcast axis)
-   changes no byte's place: its output is a view of a contiguous input,
-   where that lies in the caller's inputs (a weight's DIDx part moved first
-   is not copied) and the output is not the caller's. Made again at each
-   run and loop iteration: the input may move (slot_block marks its view;
-   one an alias or an allocation bound is left to them). */
-enum { HIR__PERMUTE_VIEW = -2 };
-static int hir__permute_view(hir_evaluator *ev, const hir_expr *e, const hir_tensor *x) {
+/* A broadcast that only inserts axes of size 1, or a permute that moves
+   only axes of size 1 (a DIDx part, a broadcast axis), changes no byte's
+   place: its output is a view of a contiguous input that lies in the
+   caller's inputs, which outlive the run (a weight broadcast, or its DIDx
+   part moved first, is not copied), where the output is not the caller's.
+   Made again at each run and loop iteration, as the input may move
+   (slot_block marks the view; one an alias or an allocation bound is left
+   to them). */
+enum { HIR__INPUT_VIEW = -2 };
+static int hir__input_view(hir_evaluator *ev, const hir_expr *e, const hir_tensor *x) {
   const hir_fusion *f = &ev->p->ir;
   const hir__shape *sh = &ev->shape[e->out[0]->name];
-  hir_tensor *t = &ev->slot[e->out[0]->name];
   int i, last = -1;
-  if ((ev->bound[e->out[0]->name] && ev->slot_block[e->out[0]->name] != HIR__PERMUTE_VIEW) || !hir__is_contiguous(x) ||
-      sh->nd != x->ndims || !hir__in_caller_input(ev, x))
+  if ((ev->bound[e->out[0]->name] && ev->slot_block[e->out[0]->name] != HIR__INPUT_VIEW) || !hir__is_contiguous(x) ||
+      !hir__in_caller_input(ev, x))
     return 0;
   for (i = 0; i < f->outputs.n; i++)
     if (f->outputs.items[i] == (void *)e->out[0]) return 0;
-  for (i = 0; i < sh->nd; i++) {
-    if (x->sizes[e->perm[i]] == 1) continue;
-    if (e->perm[i] < last) return 0;
-    last = e->perm[i];
+  if (e->kind == HIR_EXPR_BROADCAST) {
+    for (i = 0; i < sh->nd; i++)
+      if (((e->flags >> i) & 1u) && sh->sizes[i] != 1) return 0;
+  } else {
+    if (sh->nd != x->ndims) return 0;
+    for (i = 0; i < sh->nd; i++) { /* the axes of size > 1 keep their order */
+      if (x->sizes[e->perm[i]] == 1) continue;
+      if (e->perm[i] < last) return 0;
+      last = e->perm[i];
+    }
   }
-  *t = *x;
-  memcpy(t->sizes, sh->sizes, (size_t)sh->nd * sizeof(int64_t));
-  hir__contiguous_strides(t);
-  ev->bound[e->out[0]->name] = 1;
-  ev->slot_block[e->out[0]->name] = HIR__PERMUTE_VIEW;
+  hir__bind_at(ev, e->out[0], x->data, HIR__INPUT_VIEW);
   return 1;
 }
 
@@ -12080,14 +12147,16 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   if (!(x = hir__get(ev, e->in[0], e)) || (e->nin > 1 && !(y = hir__get(ev, e->in[1], e))) ||
       (e->nin > 2 && !hir__get(ev, e->in[2], e)) || (e->nin > 3 && !hir__get(ev, e->in[3], e)))
     return 0;
-  if (e->kind == HIR_EXPR_BROADCAST && hir__broadcast_view(ev, e, x)) return 1;
-  if (e->kind == HIR_EXPR_LOAD_STORE && (e->flags & HIR__SET_PERMUTE) && hir__permute_view(ev, e, x)) return 1;
+  if ((e->kind == HIR_EXPR_BROADCAST || (e->kind == HIR_EXPR_LOAD_STORE && (e->flags & HIR__SET_PERMUTE))) &&
+      hir__input_view(ev, e, x))
+    return 1;
   if (!(o = hir__get_out(ev, epi ? epi->out[0] : e->out[0]))) return 0;
   ov = *o;
   av = *x;
   bv = y ? *y : av;
   switch (e->kind) {
   case HIR_EXPR_LOAD_STORE:
+    if (ev->slot_block[e->in[0]->name] == HIR__INTO_VIEW && ev->into[e->in[0]->name] == e) return 1; /* in place already */
     if (e->flags & HIR__SET_PERMUTE) { /* the source seen in the output's order */
       int i;
       for (i = 0; i < ov.ndims; i++) av.sizes[i] = x->sizes[e->perm[i]], av.strides[i] = x->strides[e->perm[i]];
@@ -12837,6 +12906,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ok = ok && (ev->env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)ev->nval + 1)) != NULL;
   ok = ok && (ev->slot = (hir_tensor *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(hir_tensor))) != NULL;
   ok = ok && (ev->slot_block = (int *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(int))) != NULL;
+  ok = ok && (ev->into = (const hir_expr **)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(void *))) != NULL;
   ok = ok && (ev->bound = (unsigned char *)HIR_MALLOC((size_t)ev->ntv + 1)) != NULL;
   ok = ok && (ev->shape = (hir__shape *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(hir__shape))) != NULL;
   ok = ok && (ev->blocks = (hir__block *)HIR_MALLOC((size_t)ev->cap_blocks * sizeof(hir__block))) != NULL;
@@ -12861,6 +12931,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   memset(ev->bound, 0, (size_t)ev->ntv + 1);
   memset(ev->key, 0, ((size_t)ev->key_n + 1) * sizeof(int64_t));
   for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
+  hir__permutes_into(ev);
   for (i = 0; i < ev->nstreams; i++)
     if ((ev->b->stream_shared ? ev->b->stream_shared(ev->b, i, &ev->pool[i]) : ev->b->stream_create(ev->b, &ev->pool[i])) != HIR_OK ||
         ev->b->event_create(ev->b, &ev->pool_ev[i]) != HIR_OK)
@@ -12936,6 +13007,7 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->env.sym_bound);
   HIR_FREE(ev->slot);
   HIR_FREE(ev->slot_block);
+  HIR_FREE(ev->into);
   HIR_FREE(ev->bound);
   HIR_FREE(ev->shape);
   HIR_FREE(ev->blocks);

@@ -159,6 +159,21 @@ TEST(test_split_through_matmul, "split/through_matmul", TEST_CPU | TEST_GPU_WORL
             for (k = 0; k < K; k++) t += tget(&c.in[0], (b * M + m) * K + k) * tget(&c.in[1], linear ? n * K + k : k * N + n);
             tset(&c.out[0], (b * M + m) * N + n, t);
           }
+      if (D > 1) { /* the automatic choice reads the inputs' logical shapes too (each rank's part of a split axis) */
+        hir_lower_desc ld;
+        hir_program *p = NULL, *q = NULL;
+        hir_tensor shapes[3];
+        int k;
+        memset(&ld, 0, sizeof ld);
+        CHECK(hir_lower(f, &ld, &p) == HIR_OK);
+        for (k = 0; k < (has_bias ? 3 : 2); k++) shapes[k] = shard(&c.in[k], hir_program_input(p, k), 0);
+        ld.stream.automatic = 1, ld.stream.input_shapes = shapes, ld.stream.ninput_shapes = has_bias ? 3 : 2;
+        CHECK(hir_lower(f, &ld, &q) == HIR_OK);
+        if (hir_program_error(q)[0]) fprintf(stderr, "  automatic: %s\n", hir_program_error(q));
+        for (k = 0; k < (has_bias ? 3 : 2); k++) tfree(&shapes[k]);
+        hir_program_free(p);
+        hir_program_free(q);
+      }
       c.prealloc = (wi + mode) & 1;
       snprintf(name, sizeof name, "%s_%s_split_%s%s%s", linear ? "linear" : "matmul", on_k ? "K" : "N",
                split_out ? "out_split" : "out_whole", has_bias ? "_bias" : "", batch ? "_batch" : "");
@@ -791,6 +806,93 @@ TEST(test_split_errors, "split/errors", TEST_CPU) {
     hir_fusion_free(f);
     hir_local_world_free(w);
   }
+}
+
+/* The permutes and broadcasts a split matmul is lowered with copy nothing
+   where they move or add only axes of size 1: of the caller's inputs they
+   are views, and a product read only by one is written into its output.
+   A sequence-parallel MLP on one device (each DIDx part of size 1): y =
+   relu(x W1^T) W2^T, the caller's output preallocated; the evaluator then
+   holds three buffers, relu's input and output and the second product
+   (summed into y), where copies would hold two more (a product before its
+   permute, W2 broadcast). */
+TEST(test_split_in_place, "split/views_in_place", TEST_CPU) {
+  enum { T = 4, H = 3, F = 5 };
+  hir_local_world *w = hir_local_world_create(1);
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_tensor in[3], out[1];
+  float x[T * H], w1[F * H], w2[H * F], y[T * H];
+  int mesh[1] = {0}, i, k, n;
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *tx = hir_input(f, HIR_F32, 2), *tw1 = hir_input(f, HIR_F32, 2), *tw2 = hir_input(f, HIR_F32, 2);
+  hir_tv *ty = hir_linear(f, hir_relu(f, hir_linear(f, tx, tw1, NULL)), tw2, NULL);
+  hir_output(f, ty);
+  hir_set_mesh(tx, 1, mesh), hir_set_mesh(tw1, 1, mesh), hir_set_mesh(tw2, 1, mesh), hir_set_mesh(ty, 1, mesh);
+  hir_split(tx, 0, 1, 1), hir_split(tw1, 0, 1, 1);
+  hir_parallelize(tx, 0, HIR_DIDX), hir_parallelize(tw1, 0, HIR_DIDX), hir_parallelize(tw2, 1, HIR_DIDX);
+  hir_parallelize(ty, 0, HIR_DIDX);
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  ed.comm = hir_local_comm(w, 0);
+  CHECK(hir_fusion_error(f)[0] == 0 && hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  for (i = 0; i < T * H; i++) x[i] = (float)((i * 7) % 5) - 2.0f;
+  for (i = 0; i < F * H; i++) w1[i] = (float)((i * 3) % 7) - 3.0f, w2[i] = (float)((i * 5) % 4) - 1.5f;
+  memset(in, 0, sizeof in);
+  memset(out, 0, sizeof out);
+  in[0].data = x, in[0].sizes[0] = T, in[0].sizes[1] = H;
+  in[1].data = w1, in[1].sizes[0] = F, in[1].sizes[1] = H;
+  in[2].data = w2, in[2].sizes[0] = H, in[2].sizes[1] = F;
+  out[0].data = y, out[0].sizes[0] = T, out[0].sizes[1] = H;
+  for (i = 0; i < 3; i++) in[i].dtype = HIR_F32, in[i].ndims = 2;
+  out[0].dtype = HIR_F32, out[0].ndims = 2;
+  for (i = 0; i < T * H; i++) y[i] = NAN;
+  CHECK(hir_run(ev, in, 3, out, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+  for (i = 0; i < T; i++)
+    for (n = 0; n < H; n++) {
+      double want = 0;
+      for (k = 0; k < F; k++) {
+        double h = 0;
+        int j;
+        for (j = 0; j < H; j++) h += (double)x[i * H + j] * w1[k * H + j];
+        want += (h > 0 ? h : 0) * w2[n * F + k];
+      }
+      CHECK(fabs(y[i * H + n] - want) < 1e-3);
+    }
+  CHECK(hir_evaluator_memory(ev) == (size_t)(2 * T * F + T * H) * sizeof(float));
+  if (hir_evaluator_memory(ev) != (size_t)(2 * T * F + T * H) * sizeof(float))
+    fprintf(stderr, "  the evaluator holds %zu bytes\n", hir_evaluator_memory(ev));
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  hir_fusion_free(f);
+  { /* the first linear alone, its output the caller's: the product, [F parts, T, F / parts], goes straight into it */
+    hir_tensor o1[1];
+    float h[T * F];
+    f = hir_fusion_create();
+    tx = hir_input(f, HIR_F32, 2), tw1 = hir_input(f, HIR_F32, 2);
+    hir_output(f, ty = hir_linear(f, tx, tw1, NULL));
+    hir_set_mesh(tx, 1, mesh), hir_set_mesh(tw1, 1, mesh), hir_set_mesh(ty, 1, mesh);
+    hir_split(tw1, 0, 1, 1);
+    hir_parallelize(tw1, 0, HIR_DIDX), hir_parallelize(ty, 1, HIR_DIDX);
+    CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+    memset(o1, 0, sizeof o1);
+    o1[0].data = h, o1[0].dtype = HIR_F32, o1[0].ndims = 2, o1[0].sizes[0] = T, o1[0].sizes[1] = F;
+    for (i = 0; i < T * F; i++) h[i] = NAN;
+    CHECK(hir_run(ev, in, 2, o1, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+    for (i = 0; i < T; i++)
+      for (k = 0; k < F; k++) {
+        double want = 0;
+        for (n = 0; n < H; n++) want += (double)x[i * H + n] * w1[k * H + n];
+        CHECK(fabs(h[i * F + k] - want) < 1e-3);
+      }
+    CHECK(hir_evaluator_memory(ev) == 0);
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_fusion_free(f);
+  }
+  hir_local_world_free(w);
 }
 
 /* A DIDx broadcast axis (each device holds its one element: whole, not
