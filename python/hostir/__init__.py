@@ -24,7 +24,7 @@ import threading
 import numpy as np
 
 __version__ = "0.23"  # hostir.h's HOSTIR_VERSION: CI checks they agree
-__all__ = ["Error", "Fusion", "Tensor", "Program", "run", "ag_matmul_fusion", "matmul_rs_fusion"]
+__all__ = ["Error", "Fusion", "Tensor", "Program", "run", "ag_matmul_fusion", "matmul_rs_fusion", "matmul_ar_fusion"]
 
 _MAX_DIMS = 8
 
@@ -514,6 +514,22 @@ def matmul_rs_fusion(world, dtype="float32"):
     b.parallelize(0, "DIDx")
     p.parallelize(1, "Stream")
     c.parallelize(1, "DIDx")
+    return f
+
+
+def matmul_ar_fusion(world, dtype="float32"):
+    """The GEMM and all-reduce of a row-parallel linear, on logical shapes:
+    C = A [M, K] x B [K, N] with K split by the `world` devices (each holds
+    A [M, K/D] and B [K/D, N], DIDx on K's outer part), C [M, N] whole on
+    every device: the local products summed by an all-reduce."""
+    f = Fusion()
+    a, b = f.input(dtype, 2), f.input(dtype, 2)
+    c = f.output(f.matmul(a, b))
+    for t in (a, b, c):
+        t.mesh(range(world))
+    a.split(1, world)
+    a.parallelize(1, "DIDx")
+    b.parallelize(0, "DIDx")
     return f
 
 

@@ -38,9 +38,10 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import Error, _HirTensor, _lib, _status, ag_matmul_fusion, ag_scaled_fusion, matmul_rs_fusion, scaled_rs_fusion
+from . import (Error, _HirTensor, _lib, _status, ag_matmul_fusion, ag_scaled_fusion, matmul_ar_fusion, matmul_rs_fusion,
+               scaled_rs_fusion)
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter", "run",
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter", "run",
            "set_options", "plan", "shutdown"]
 
 _DTYPES_OF = {0: torch.float32, 1: torch.float64, 2: torch.float16, 3: torch.bfloat16,  # by hir_dtype
@@ -821,6 +822,73 @@ def matmul_reduce_scatter(a, b, reduce_op, scatter_dim, group=None):
     return torch.ops.hostir.matmul_reduce_scatter(a, b, reduce_op, scatter_dim, _group_name(group))
 
 
+def _matmul_all_reduce(a, b, reduce_op, group_name):
+    """The ranks' a @ b summed (or averaged), whole on every rank."""
+    what = ("matmul_all_reduce", "a")
+    if reduce_op not in ("sum", "avg"):
+        _fail("hostir.torch.matmul_all_reduce: reduce_op %r; give 'sum' or 'avg'" % (reduce_op,))
+    _check(what, a, a.dtype, a.device)
+    _check((what[0], "b"), b, a.dtype, a.device)
+    if a.dim() < 1 or b.dim() != 2 or b.shape[0] != a.shape[-1]:
+        _fail("hostir.torch.matmul_all_reduce: a is %s and b %s; b must be [k, N] with k = a's last size (each rank's part of "
+              "K)" % (list(a.shape), list(b.shape)))
+    a2 = a.reshape(-1, a.shape[-1])
+    g = _group_state(group_name, a.device)
+    D, (rows, k), N, dt = g.size, a2.shape, b.shape[1], a.dtype
+    key = ("ar", dt, 1, a2.shape, a2.stride(), b.shape, b.stride())
+
+    def views():
+        return [_view((rows, k), a2.stride(), dt), _view((k, N), b.stride(), dt)], [_view((rows, N), (N, 1), dt)]
+
+    plan = g.plan_for(key, lambda: matmul_ar_fusion(D, _NAMES[dt]), views)
+    c = torch.empty((rows, N), dtype=dt, device=a.device)
+    plan.run([a2, b], [c])
+    if reduce_op == "avg":
+        c.div_(D)
+    return c.reshape(list(a.shape[:-1]) + [N])
+
+
+_ops.define("matmul_all_reduce(Tensor a, Tensor b, str reduce_op, str group_name) -> Tensor")
+for _key in ("CPU", "CUDA"):
+    _ops.impl("matmul_all_reduce", _matmul_all_reduce, _key)
+
+
+@torch.library.register_fake("hostir::matmul_all_reduce")
+def _(a, b, reduce_op, group_name):
+    return a.new_empty(list(a.shape[:-1]) + [b.shape[-1]])
+
+
+def _ar_setup(ctx, inputs, output):
+    a, b, reduce_op, group_name = inputs
+    ctx.save_for_backward(a, b)
+    ctx.reduce_op, ctx.group_name = reduce_op, group_name
+
+
+def _ar_backward(ctx, dc):
+    """C = sum over ranks of A_r B_r, the same on every rank, so is its
+    gradient: dA_r = dC B_r^T and dB_r = A_r^T dC, nothing exchanged."""
+    a, b = ctx.saved_tensors
+    if ctx.reduce_op == "avg":
+        dc = dc / _group_size(ctx.group_name)
+    return dc @ b.t(), _flat(a).t() @ _flat(dc), None, None
+
+
+torch.library.register_autograd("hostir::matmul_all_reduce", _ar_backward, setup_context=_ar_setup)
+
+
+def matmul_all_reduce(a, b, reduce_op="sum", group=None):
+    """The row-parallel linear's GEMM and all-reduce through hostir (one
+    program: the all-reduce on hostir's kernel collectives or NCCL, as the
+    communicator measured them): each rank passes a [..., k] and b [k, N],
+    its part of K, and gets the ranks' a @ b summed ("sum") or averaged
+    ("avg"), [..., N], whole on every rank. A torch.library op
+    (torch.ops.hostir.matmul_all_reduce) with autograd: it runs under
+    torch.compile and in CUDA graphs."""
+    if _direct(a, b):
+        return _matmul_all_reduce(a, b, reduce_op, _group_name(group))
+    return torch.ops.hostir.matmul_all_reduce(a, b, reduce_op, _group_name(group))
+
+
 class _Borrowed:
     """A CUDA buffer of hostir's as torch sees one (__cuda_array_interface__)."""
     _TYPES = {0: "<f4", 1: "<f8", 2: "<f2", 3: "<i2", 4: "|u1", 5: "|u1"}  # bfloat16 and fp8 travel as integers, viewed back
@@ -921,5 +989,5 @@ def plan(op="all_gather_matmul", group=None, device=None):
     device = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     g = _groups.get(_group_key(_group_name(group), device))
-    tag = {"all_gather_matmul": "ag", "matmul_reduce_scatter": "rs"}.get(op, "fusion")
+    tag = {"all_gather_matmul": "ag", "matmul_reduce_scatter": "rs", "matmul_all_reduce": "ar"}.get(op, "fusion")
     return [entry.plan() for key, entry in (g.plans.items() if g else []) if key[0] == tag]

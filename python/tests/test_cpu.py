@@ -303,6 +303,9 @@ class CpuTests(unittest.TestCase):
                 for r in range(D):
                     np.testing.assert_allclose(outs[r][0].reshape(M // D, 5), (A @ B)[r * M // D:(r + 1) * M // D],
                                                rtol=1e-5, atol=1e-5)
+            outs = hostir.run(hostir.matmul_ar_fusion(D), [[A[:, r * k:(r + 1) * k], B[r * k:(r + 1) * k]] for r in range(D)])
+            for r in range(D):  # on logical shapes: each rank's part of K, the sum whole on every rank
+                np.testing.assert_allclose(outs[r][0], A @ B, rtol=1e-5, atol=1e-5)
 
     def test_errors_name_the_culprit(self):
         with self.assertRaises(hostir.Error) as e:  # a wrong dtype at run time, by name

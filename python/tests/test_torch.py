@@ -125,6 +125,24 @@ def rs_forward_backward():
 
 
 @case
+def ar_forward_backward():
+    """hostir.torch.matmul_all_reduce: each rank's part of K, the sum (or average) whole on every rank."""
+    for dtype in (torch.float32, torch.bfloat16):
+        for lead, op in (([4, 8 * W.size], "sum"), ([2, 3, 8 * W.size], "avg")):
+            A, B, G, a_part, b_part = rs_problem(dtype, lead, 0)
+            a, b = a_part.to(W.dev).requires_grad_(), b_part.to(W.dev).requires_grad_()
+            c = ht.matmul_all_reduce(a, b, op)
+            scale = 1.0 / W.size if op == "avg" else 1.0
+            what = "AR %s %s %s" % (dtype, lead, op)
+            close(c, scale * (A.double() @ B.double()), dtype, what)
+            (c.float() * G.to(W.dev).float()).sum().backward()
+            k = B.shape[0] // W.size
+            close(a.grad, scale * G.double() @ B.double()[W.rank * k:(W.rank + 1) * k].T, dtype, what + " d a")
+            close(b.grad, scale * a_part.double().reshape(-1, a.shape[-1]).T @ G.double().reshape(-1, G.shape[-1]),
+                  dtype, what + " d b")
+
+
+@case
 def pipelines():
     """The same with every plan the P2P ring pipeline (hostir's cost model
     picks serial at these sizes), its programs checked to exchange by P2P."""
@@ -467,7 +485,7 @@ def refusals():
 
 def rank_main(rank, size, dev):
     W.rank, W.size, W.dev, W.results = rank, size, dev, []
-    for test in (ag_forward_backward, rs_forward_backward, pipelines, compiled, cuda_graph, seen_before, general_fusion, fp8_fusion,
+    for test in (ag_forward_backward, rs_forward_backward, ar_forward_backward, pipelines, compiled, cuda_graph, seen_before, general_fusion, fp8_fusion,
                  fp8_fused, fp8_rs, shutdown_and_again, refusals):
         test()
     for name, err in W.results:
