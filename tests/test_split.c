@@ -182,6 +182,62 @@ TEST(test_split_through_matmul, "split/through_matmul", TEST_CPU | TEST_GPU_WORL
     }
 }
 
+/* The other ways a split meets a matmul: K split down a 2-D mesh's columns
+   (DIDy) and N along its rows (DIDx) at once (2-D tensor parallelism: a
+   sum per column, the output split on N); an inner split of K or N (the
+   factor the inner part's extent) with DIDx on either part; N's outer part
+   on streams (the weight's columns a chunk at a time). */
+TEST(test_split_matmul_more, "split/matmul_more", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, mode;
+  for (wi = 0; wi < 5; wi++)
+    for (mode = 0; mode < 7; mode++) {
+      int D = worlds[wi], R = D % 2 == 0 && D > 2 ? 2 : 1, C = D / R, inner_on_outer = mode == 2 || mode == 4;
+      int64_t M = 3, K = 4 * D, N = 2 * D, sa[2] = {M, K}, sw[2] = {K, N}, so[2] = {M, N}, m, n, k;
+      spmd_case c;
+      char name[64];
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *a = hir_input(f, HIR_F32, 2), *w = hir_input(f, HIR_F32, 2), *o = hir_matmul(f, a, w);
+      hir_output(f, o);
+      if (mode == 0 || mode == 1) { /* K by R (DIDy), N by C (DIDx); mode 1: the output whole on N too */
+        int devs[8];
+        for (k = 0; k < D; k++) devs[k] = (int)k;
+        hir_set_mesh_2d(a, R, C, devs), hir_set_mesh_2d(w, R, C, devs), hir_set_mesh_2d(o, R, C, devs);
+        CHECK(hir_split(a, 1, R, 1) == HIR_OK && hir_split(w, 2, C, 1) == HIR_OK); /* w: [Ko, Ki, N] -> [Ko, Ki, No, Ni] */
+        hir_parallelize(a, 1, HIR_DIDY), hir_parallelize(w, 0, HIR_DIDY), hir_parallelize(w, 2, HIR_DIDX);
+        if (mode == 0) hir_parallelize(o, 1, HIR_DIDX);
+      } else if (mode <= 5) { /* inner splits of K (modes 2, 3) or N (4, 5), DIDx on the part of extent D: the outer one
+                                  (the factor x / D, the rest D) or the inner one (the factor D) */
+        hir_set_mesh(a, D, iota_mesh), hir_set_mesh(w, D, iota_mesh), hir_set_mesh(o, D, iota_mesh);
+        if (mode <= 3) {
+          CHECK(hir_split(a, 1, inner_on_outer ? K / D : D, 0) == HIR_OK);
+          hir_parallelize(a, inner_on_outer ? 1 : 2, HIR_DIDX), hir_parallelize(w, inner_on_outer ? 0 : 1, HIR_DIDX);
+        } else {
+          CHECK(hir_split(w, 1, inner_on_outer ? N / D : D, 0) == HIR_OK);
+          hir_parallelize(w, inner_on_outer ? 1 : 2, HIR_DIDX), hir_parallelize(o, inner_on_outer ? 1 : 2, HIR_DIDX);
+        }
+      } else { /* N's outer part on streams, no device split */
+        hir_set_mesh(a, D, iota_mesh), hir_set_mesh(w, D, iota_mesh), hir_set_mesh(o, D, iota_mesh);
+        CHECK(hir_split(o, 1, 2, 1) == HIR_OK && hir_parallelize(o, 1, HIR_STREAM) == HIR_OK);
+      }
+      if (hir_fusion_error(f)[0]) fprintf(stderr, "  mode %d: %s\n", mode, hir_fusion_error(f));
+      CHECK(hir_fusion_error(f)[0] == 0);
+      case_lowered(&c, D, f, 2, 1);
+      c.in[0] = trand(HIR_F32, 2, sa);
+      c.in[1] = trand(HIR_F32, 2, sw);
+      c.out[0] = tn(HIR_F32, 2, so);
+      for (m = 0; m < M; m++)
+        for (n = 0; n < N; n++) {
+          double t = 0;
+          for (k = 0; k < K; k++) t += tget(&c.in[0], m * K + k) * tget(&c.in[1], k * N + n);
+          tset(&c.out[0], m * N + n, t);
+        }
+      c.prealloc = (wi + mode) & 1;
+      snprintf(name, sizeof name, "matmul_more_mode_%d", mode);
+      RUN_CASE(&c, name);
+      hir_fusion_free(f);
+    }
+}
+
 /* nvFuser's ColumnAndSequenceParallelLinear forward on logical shapes: x
    [S, K] sharded on S, the weight [N, K] on N, the output's S parts on
    streams: x gathered chunk by chunk (a P2P allgather pipeline), each
