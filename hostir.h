@@ -5429,6 +5429,7 @@ static int hir__positional_matmul(hir_fusion *f, hir_expr *e) {
   for (g = 0; g < nbatch_b; g++) extra_b += gb[g + 1] - gb[g] - 1;
   if (kp == 1 && np == 1 && !(extra_a && nbatch_b) && !(extra_b && (nbatch_a || mp > 1))) return 1; /* positions read right */
   for (g = 0; g < no; g++) out_parts[g] = go[g + 1] - go[g];
+  /* the slots and the two last parts fit HIR_MAX_DIMS: out holds every part of batch, M, N and K (hir_split keeps it so) */
   for (j = 0; j < kp - 1; j++) slots[ns].role = 0, slots[ns].group = 0, slots[ns++].part = j;
   for (j = 0; j < np - 1; j++) slots[ns].role = 1, slots[ns].group = 0, slots[ns++].part = j;
   for (g = 0; g < nbatch; g++)
