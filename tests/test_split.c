@@ -377,6 +377,20 @@ TEST(test_split_overlap_forms, "split/overlap_forms", TEST_CPU | TEST_GPU_WORLDS
       case_lowered(&c, D, f, 2, 1);
       c.in[0] = trand(HIR_F32, 2, sx);
       c.in[1] = trand(HIR_F32, 2, sy);
+      if (D > 1) { /* the automatic choice takes these logical shapes too */
+        hir_lower_desc ld;
+        hir_program *p = NULL, *q = NULL;
+        hir_tensor shapes[2];
+        memset(&ld, 0, sizeof ld);
+        CHECK(hir_lower(f, &ld, &p) == HIR_OK);
+        shapes[0] = shard(&c.in[0], hir_program_input(p, 0), 0), shapes[1] = shard(&c.in[1], hir_program_input(p, 1), 0);
+        ld.stream.automatic = 1, ld.stream.input_shapes = shapes, ld.stream.ninput_shapes = 2;
+        CHECK(hir_lower(f, &ld, &q) == HIR_OK);
+        if (hir_program_error(q)[0]) fprintf(stderr, "  %s, automatic: %s\n", names[form], hir_program_error(q));
+        tfree(&shapes[0]), tfree(&shapes[1]);
+        hir_program_free(p);
+        hir_program_free(q);
+      }
       c.out[0] = tn(HIR_F32, 2, so);
       rows = so[0], cols = so[1], inner = transposed ? sx[0] : sx[1];
       for (i = 0; i < rows; i++)
