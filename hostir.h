@@ -11748,6 +11748,18 @@ static void hir__bind_at(hir_evaluator *ev, const hir_tv *tv, void *data, int bl
   ev->slot_block[tv->name] = block;
 }
 
+/* Whether permute e, its input of these sizes, moves only axes of size 1:
+   the axes of size > 1 keep their order, so no byte changes place. */
+static int hir__moves_size_one(const hir_expr *e, const int64_t *in_sizes, int nd) {
+  int i, last = -1;
+  for (i = 0; i < nd; i++) {
+    if (in_sizes[e->perm[i]] == 1) continue;
+    if (e->perm[i] < last) return 0;
+    last = e->perm[i];
+  }
+  return 1;
+}
+
 /* Counts each tensor's readers in scope s and its nested scopes; `last`
    is the expr that read it last. */
 static void hir__count_readers(const hir_scope *s, int *readers, const hir_expr **last) {
@@ -11795,14 +11807,9 @@ static int hir__bind_into(hir_evaluator *ev, const hir_tv *tv) {
   const hir_expr *e = ev->into[tv->name];
   const hir__shape *sh = &ev->shape[tv->name];
   const hir_tv *out;
-  int i, last = -1, caller = 0;
-  if (!e) return 0;
+  int i, caller = 0;
+  if (!e || !hir__moves_size_one(e, sh->sizes, sh->nd)) return 0;
   out = e->out[0];
-  for (i = 0; i < sh->nd; i++) { /* the axes of size > 1 keep their order */
-    if (sh->sizes[e->perm[i]] == 1) continue;
-    if (e->perm[i] < last) return 0;
-    last = e->perm[i];
-  }
   for (i = 0; i < ev->p->ir.outputs.n; i++) caller |= ev->p->ir.outputs.items[i] == (const void *)out;
   if (ev->bound[out->name] ? ev->slot_block[out->name] < 0 && !caller : caller || !hir__bind_new(ev, out)) return 0;
   if (!hir__is_contiguous(&ev->slot[out->name])) return 0;
@@ -12009,7 +12016,7 @@ enum { HIR__INPUT_VIEW = -2 };
 static int hir__input_view(hir_evaluator *ev, const hir_expr *e, const hir_tensor *x) {
   const hir_fusion *f = &ev->p->ir;
   const hir__shape *sh = &ev->shape[e->out[0]->name];
-  int i, last = -1;
+  int i;
   if ((ev->bound[e->out[0]->name] && ev->slot_block[e->out[0]->name] != HIR__INPUT_VIEW) || !hir__is_contiguous(x) ||
       !hir__in_caller_input(ev, x))
     return 0;
@@ -12018,13 +12025,8 @@ static int hir__input_view(hir_evaluator *ev, const hir_expr *e, const hir_tenso
   if (e->kind == HIR_EXPR_BROADCAST) {
     for (i = 0; i < sh->nd; i++)
       if (((e->flags >> i) & 1u) && sh->sizes[i] != 1) return 0;
-  } else {
-    if (sh->nd != x->ndims) return 0;
-    for (i = 0; i < sh->nd; i++) { /* the axes of size > 1 keep their order */
-      if (x->sizes[e->perm[i]] == 1) continue;
-      if (e->perm[i] < last) return 0;
-      last = e->perm[i];
-    }
+  } else if (sh->nd != x->ndims || !hir__moves_size_one(e, x->sizes, x->ndims)) {
+    return 0;
   }
   hir__bind_at(ev, e->out[0], x->data, HIR__INPUT_VIEW);
   return 1;

@@ -90,6 +90,26 @@ static const char *collective_in(const char *text) {
   return NULL;
 }
 
+/* Whether hir_lower's automatic choice lowers f from the logical shapes of
+   rank 0's parts of c's inputs (each rank's part of a split axis), as
+   hir_run is given them; says why not. */
+static int automatic_lowers(const hir_fusion *f, const spmd_case *c, int nin, const char *what) {
+  hir_lower_desc ld;
+  hir_program *p = NULL, *q = NULL;
+  hir_tensor shapes[MAXT];
+  int k, ok;
+  memset(&ld, 0, sizeof ld);
+  if (hir_lower(f, &ld, &p) != HIR_OK) return hir_program_free(p), 0;
+  for (k = 0; k < nin; k++) shapes[k] = shard(&c->in[k], hir_program_input(p, k), 0);
+  ld.stream.automatic = 1, ld.stream.input_shapes = shapes, ld.stream.ninput_shapes = nin;
+  ok = hir_lower(f, &ld, &q) == HIR_OK;
+  if (!ok) fprintf(stderr, "  %s, automatic: %s\n", what, hir_program_error(q));
+  for (k = 0; k < nin; k++) tfree(&shapes[k]);
+  hir_program_free(p);
+  hir_program_free(q);
+  return ok;
+}
+
 /* Tensor parallelism on logical shapes, as nvFuser writes it: a matmul's or
    linear's N split by D with DIDx on the outer part (column-parallel: local
    products, no communication where the output keeps the split, an
@@ -159,24 +179,10 @@ TEST(test_split_through_matmul, "split/through_matmul", TEST_CPU | TEST_GPU_WORL
             for (k = 0; k < K; k++) t += tget(&c.in[0], (b * M + m) * K + k) * tget(&c.in[1], linear ? n * K + k : k * N + n);
             tset(&c.out[0], (b * M + m) * N + n, t);
           }
-      if (D > 1) { /* the automatic choice reads the inputs' logical shapes too (each rank's part of a split axis) */
-        hir_lower_desc ld;
-        hir_program *p = NULL, *q = NULL;
-        hir_tensor shapes[3];
-        int k;
-        memset(&ld, 0, sizeof ld);
-        CHECK(hir_lower(f, &ld, &p) == HIR_OK);
-        for (k = 0; k < (has_bias ? 3 : 2); k++) shapes[k] = shard(&c.in[k], hir_program_input(p, k), 0);
-        ld.stream.automatic = 1, ld.stream.input_shapes = shapes, ld.stream.ninput_shapes = has_bias ? 3 : 2;
-        CHECK(hir_lower(f, &ld, &q) == HIR_OK);
-        if (hir_program_error(q)[0]) fprintf(stderr, "  automatic: %s\n", hir_program_error(q));
-        for (k = 0; k < (has_bias ? 3 : 2); k++) tfree(&shapes[k]);
-        hir_program_free(p);
-        hir_program_free(q);
-      }
-      c.prealloc = (wi + mode) & 1;
       snprintf(name, sizeof name, "%s_%s_split_%s%s%s", linear ? "linear" : "matmul", on_k ? "K" : "N",
                split_out ? "out_split" : "out_whole", has_bias ? "_bias" : "", batch ? "_batch" : "");
+      if (D > 1) CHECK(automatic_lowers(f, &c, has_bias ? 3 : 2, name)); /* each rank's part of a split axis */
+      c.prealloc = (wi + mode) & 1;
       RUN_CASE(&c, name);
       hir_fusion_free(f);
     }
@@ -377,20 +383,7 @@ TEST(test_split_overlap_forms, "split/overlap_forms", TEST_CPU | TEST_GPU_WORLDS
       case_lowered(&c, D, f, 2, 1);
       c.in[0] = trand(HIR_F32, 2, sx);
       c.in[1] = trand(HIR_F32, 2, sy);
-      if (D > 1) { /* the automatic choice takes these logical shapes too */
-        hir_lower_desc ld;
-        hir_program *p = NULL, *q = NULL;
-        hir_tensor shapes[2];
-        memset(&ld, 0, sizeof ld);
-        CHECK(hir_lower(f, &ld, &p) == HIR_OK);
-        shapes[0] = shard(&c.in[0], hir_program_input(p, 0), 0), shapes[1] = shard(&c.in[1], hir_program_input(p, 1), 0);
-        ld.stream.automatic = 1, ld.stream.input_shapes = shapes, ld.stream.ninput_shapes = 2;
-        CHECK(hir_lower(f, &ld, &q) == HIR_OK);
-        if (hir_program_error(q)[0]) fprintf(stderr, "  %s, automatic: %s\n", names[form], hir_program_error(q));
-        tfree(&shapes[0]), tfree(&shapes[1]);
-        hir_program_free(p);
-        hir_program_free(q);
-      }
+      if (D > 1) CHECK(automatic_lowers(f, &c, 2, names[form]));
       c.out[0] = tn(HIR_F32, 2, so);
       rows = so[0], cols = so[1], inner = transposed ? sx[0] : sx[1];
       for (i = 0; i < rows; i++)
