@@ -387,9 +387,12 @@ HIRDEF hir_status  hir_split(hir_tv *tv, int axis, int64_t factor, int outer);
 HIRDEF hir_status  hir_reorder(hir_tv *tv, int n, const int *from, const int *to);
 /* nvFuser's tv->setAllocationDomain(tv->getLoopDomain(), true): the user's
    tensors of tv laid out in its loop order (a DIDx or DIDy part, one element
-   a device, takes no place). An output the evaluator hands back (data NULL)
-   comes in this layout; inputs and preallocated outputs are read and
-   written in the strides the caller gives, whatever they are. Refused where
+   a device, takes no place). The program holds such an input or output in
+   this layout: an input passed so is read in place, an output the evaluator
+   hands back (data NULL) comes in it, and a set or unary op between an input
+   and an output of one layout runs in it (an all-gather whose layouts put the
+   gathered axis outermost is the collective alone). Inputs and preallocated
+   outputs in other strides are copied in or out. Refused where
    the loop order puts another axis between the parts of a split axis, or
    its inner part first: no strides give that layout. */
 HIRDEF hir_status  hir_set_allocation_loop(hir_tv *tv);
@@ -5529,6 +5532,126 @@ static int hir__positional_matmuls(hir_program *p) {
   return 1;
 }
 
+/* Tensors laid out by hir_set_allocation_loop: a fusion input or output
+   with an allocation order becomes a program tensor with its axes in that
+   order (the caller's memory seen as it is laid out), read or written
+   through a permute into the fusion's order. A set or unary op between
+   such a permute pair of inverse orders then runs in the allocation order
+   itself and both permutes go: an all-gather whose layouts put the gathered
+   axis outermost moves its bytes once (the collective), as nvFuser's
+   Allgather_CompliantAllocation does. */
+/* tv's data axes in allocation order (order[k]: data axis of place k);
+   logical[k]: the logical axis the caller's tensor holds it in. 0 where
+   the axes holding data (not a DIDx or DIDy part, one element a device)
+   keep their order: the layout is the data axes' own. */
+static int hir__allocation_perm(const hir_tv *tv, int *order, unsigned char *logical) {
+  hir_id *ids[HIR_MAX_DIMS];
+  int d, k = 0, n = hir__data_axes(tv, ids), last = -1, moved = 0, l, a;
+  unsigned char of[HIR_MAX_DIMS];
+  for (a = 0, d = 0; a < tv->ndims; a++)
+    if (tv->ids[a]->iter != HIR_REDUCTION) of[d] = (unsigned char)(tv->nlogical ? tv->logical_of[a] : d), d++;
+  for (l = 0; l < tv->nalloc; l++)
+    for (d = 0; d < n; d++) {
+      if (of[d] != tv->alloc_order[l]) continue;
+      logical[k] = of[d], order[k++] = d;
+      if (!hir__is_did(ids[d]->ptype)) moved |= d < last, last = d;
+    }
+  return moved && k == n;
+}
+
+/* A new tensor of tv's data axes in `order`, its caller-facing logical
+   axes tv's; it takes tv's name (the one the caller knows), tv a new one. */
+static hir_tv *hir__laid_out_twin(hir_fusion *f, hir_tv *tv, const int *order, const unsigned char *logical) {
+  hir_id *ids[HIR_MAX_DIMS];
+  int n = hir__data_axes(tv, ids), k, name;
+  hir_tv *twin = hir__new_tv(f, tv->dtype, tv->mem, n);
+  if (!twin) return NULL;
+  for (k = 0; k < n; k++) {
+    if (!(twin->ids[k] = hir__clone_id(f, ids[order[k]], 1))) return NULL;
+    twin->logical_of[k] = logical[k];
+  }
+  twin->nlogical = tv->nlogical ? tv->nlogical : n;
+  for (k = 0; k < twin->nlogical; k++) twin->logical_extent[k] = tv->nlogical ? tv->logical_extent[k] : ids[k]->extent;
+  hir__share_mesh(twin, tv);
+  twin->is_input = tv->is_input, twin->is_output = tv->is_output, tv->is_input = tv->is_output = 0;
+  name = twin->name, twin->name = tv->name, tv->name = name; /* f->tvs is by name */
+  f->tvs.items[twin->name] = twin, f->tvs.items[tv->name] = tv;
+  return twin;
+}
+
+/* The permute expr src -> dst, dst's axis i reading src's data axis perm[i]. */
+static hir_expr *hir__permute_into(hir_fusion *f, hir_tv *src, hir_tv *dst, const int *perm) {
+  hir_expr *e = hir__new_expr(f, HIR_EXPR_LOAD_STORE, 1, 1);
+  int i;
+  if (!e) return NULL;
+  e->in[0] = src, e->out[0] = dst, dst->definition = e;
+  for (i = 0; i < dst->ndims; i++) e->perm[i] = (unsigned char)perm[i];
+  e->flags |= HIR__SET_PERMUTE;
+  return e;
+}
+
+static int hir__allocation_layouts(hir_program *p) {
+  hir_fusion *f = &p->ir;
+  hir__vec exprs = {NULL, 0, 0}, tail = {NULL, 0, 0};
+  int *readers, i, k, order[HIR_MAX_DIMS], inv[HIR_MAX_DIMS];
+  unsigned char logical[HIR_MAX_DIMS];
+  for (i = 0; i < f->inputs.n; i++) { /* x = permute(x laid out) */
+    hir_tv *x = (hir_tv *)f->inputs.items[i], *laid;
+    hir_expr *e;
+    if (x->scalar || !x->nalloc || !hir__allocation_perm(x, order, logical)) continue;
+    for (k = 0; k < x->ndims; k++) inv[order[k]] = k;
+    if (!(laid = hir__laid_out_twin(f, x, order, logical)) || !(e = hir__permute_into(f, laid, x, inv)) ||
+        !hir__push(f, &exprs, e))
+      return 0;
+    f->inputs.items[i] = laid;
+  }
+  for (i = 0; i < f->exprs.n; i++)
+    if (!hir__push(f, &exprs, f->exprs.items[i])) return 0;
+  for (i = 0; i < f->outputs.n; i++) { /* y laid out = permute(y) */
+    hir_tv *y = (hir_tv *)f->outputs.items[i], *laid;
+    hir_expr *e;
+    if (!y->nalloc || !hir__allocation_perm(y, order, logical)) continue;
+    if (!(laid = hir__laid_out_twin(f, y, order, logical)) || !(e = hir__permute_into(f, y, laid, order)) ||
+        !hir__push(f, &exprs, e))
+      return 0;
+    f->outputs.items[i] = laid;
+  }
+  f->exprs = exprs;
+  /* a set or unary op between a permute in and the inverse permute out runs laid out */
+  if (!(readers = (int *)HIR_MALLOC(((size_t)f->next_tv + 1) * sizeof(int)))) {
+    hir__fail(f, HIR_ERR_NOMEM, "hir_lower: out of memory");
+    return 0;
+  }
+  memset(readers, 0, ((size_t)f->next_tv + 1) * sizeof(int));
+  for (i = 0; i < f->exprs.n; i++)
+    for (k = 0; k < ((hir_expr *)f->exprs.items[i])->nin; k++) readers[((hir_expr *)f->exprs.items[i])->in[k]->name]++;
+  for (i = 0; i < f->outputs.n; i++) readers[((hir_tv *)f->outputs.items[i])->name]++;
+  for (i = 0; i < f->exprs.n; i++) {
+    hir_expr *e = (hir_expr *)f->exprs.items[i], *in = NULL, *out = NULL;
+    hir_tv *x = e->nin == 1 ? e->in[0] : NULL, *y = e->out[0];
+    int j, inverse = 1;
+    if (!x || !(e->kind == HIR_EXPR_UNARY || (e->kind == HIR_EXPR_LOAD_STORE && !(e->flags & HIR__SET_PERMUTE))) ||
+        (in = x->definition) == NULL || !(in->flags & HIR__SET_PERMUTE) || readers[x->name] != 1 || readers[y->name] != 1)
+      continue;
+    for (j = i + 1; j < f->exprs.n && !out; j++)
+      if (((hir_expr *)f->exprs.items[j])->in[0] == y) out = (hir_expr *)f->exprs.items[j];
+    if (!out || out->kind != HIR_EXPR_LOAD_STORE || !(out->flags & HIR__SET_PERMUTE) || in->in[0]->ndims != out->out[0]->ndims ||
+        y->ndims != x->ndims)
+      continue;
+    for (k = 0; k < out->out[0]->ndims; k++) inverse &= in->perm[out->perm[k]] == k;
+    if (!inverse) continue;
+    for (k = 0; k < x->ndims; k++) x->ids[k]->ptype = y->ids[k]->ptype = HIR_SERIAL; /* read by none now */
+    e->in[0] = in->in[0], e->out[0] = out->out[0], out->out[0]->definition = e;
+    x->definition = y->definition = NULL;
+    in->kind = out->kind = HIR_EXPR_KIND_COUNT; /* dropped below */
+  }
+  HIR_FREE(readers);
+  for (i = 0; i < f->exprs.n; i++)
+    if (((hir_expr *)f->exprs.items[i])->kind != HIR_EXPR_KIND_COUNT && !hir__push(f, &tail, f->exprs.items[i])) return 0;
+  f->exprs = tail;
+  return 1;
+}
+
 /* Steps 0-2 into p, a fresh program: a copy of the fusion (its serial form
    if asked), its matmuls positional, shardings propagated, reshardings
    decomposed. */
@@ -5539,7 +5662,7 @@ static int hir__front_end(hir_program *p, const hir_fusion *f, int serial, int g
   hir__propagate_shardings(p);
   hir__streams_from_inputs(p);
   hir__streams_from_sums(p);
-  if (!hir__validate_fusion(p) || !hir__decompose_reshardings(p)) return 0;
+  if (!hir__allocation_layouts(p) || !hir__validate_fusion(p) || !hir__decompose_reshardings(p)) return 0;
   if (gather_first) hir__gather_first(p);
   return hir__one_mesh_axis_per_move(p) && hir__order_moves(p);
 }
@@ -11182,8 +11305,6 @@ struct hir_evaluator {
   int graph, warm;              /* hir_eval_desc.graph; the current plan has run eagerly (its buffers exist) */
   unsigned char *warm_dense;    /* which arguments were dense in that run (a strided one takes a buffer to copy through) */
   hir_tensor *boundary;         /* the user's tensors seen with their split axes (hir_split), inputs then outputs; made at create */
-  unsigned char *handed;        /* by output: this run hands back a buffer of ours (the caller gave none) */
-  struct hir__staging *laid_out; /* by output: the one handed back in its tensor's layout (hir_set_allocation_loop) */
   void **retired;               /* buffers outgrown in a run, released once the streams are idle (hir__retire) */
   int nretired, cap_retired;
   const void **reached;         /* inputs then outputs: the last address the backend said it reaches (hir_backend.reachable) */
@@ -12916,12 +13037,9 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ok = ok && (ev->key = (int64_t *)HIR_MALLOC(((size_t)ev->key_n + 1) * sizeof(int64_t))) != NULL;
   ok = ok && (ev->boundary = (hir_tensor *)HIR_MALLOC(((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(hir_tensor))) != NULL;
   ok = ok && (ev->reached = (const void **)HIR_MALLOC(((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(void *))) != NULL;
-  ok = ok && (ev->handed = (unsigned char *)HIR_MALLOC((size_t)p->ir.outputs.n + 1)) != NULL;
-  ok = ok && (ev->laid_out = (hir__staging *)HIR_MALLOC(((size_t)p->ir.outputs.n + 1) * sizeof *ev->laid_out)) != NULL;
   ok = ok && (!ev->comm_ops || (ev->staging = (hir__staging *)HIR_MALLOC((size_t)hir__staging_n(ev) * sizeof *ev->staging)));
   if (!ok) return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
   if (ev->staging) memset(ev->staging, 0, (size_t)hir__staging_n(ev) * sizeof *ev->staging);
-  memset(ev->laid_out, 0, ((size_t)p->ir.outputs.n + 1) * sizeof *ev->laid_out);
   memset(ev->reached, 0, ((size_t)(p->ir.inputs.n + p->ir.outputs.n) + 1) * sizeof(void *));
   memset(ev->pool, 0, (size_t)ev->nstreams * sizeof(void *));
   memset(ev->pool_ev, 0, (size_t)ev->nstreams * sizeof(void *));
@@ -12990,8 +13108,6 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
     hir__release_retired(ev);
     for (i = 0; ev->staging && i < hir__staging_n(ev); i++)
       if (ev->staging[i].data) ev->b->release(ev->b, ev->staging[i].data);
-    for (i = 0; ev->laid_out && ev->p && i < ev->p->ir.outputs.n; i++)
-      if (ev->laid_out[i].data) ev->b->release(ev->b, ev->laid_out[i].data);
     if (ev->owns_backend) hir_backend_free(ev->b);
   }
   HIR_FREE(ev->devices);
@@ -13020,8 +13136,6 @@ HIRDEF void hir_evaluator_free(hir_evaluator *ev) {
   HIR_FREE(ev->touched);
   HIR_FREE(ev->warm_dense);
   HIR_FREE(ev->boundary);
-  HIR_FREE(ev->handed);
-  HIR_FREE(ev->laid_out);
   HIR_FREE(ev->retired);
   HIR_FREE(ev);
 }
@@ -13034,7 +13148,6 @@ HIRDEF size_t hir_evaluator_memory(const hir_evaluator *ev) {
   int i;
   for (i = 0; ev && i < ev->nblocks; i++) n += ev->blocks[i].bytes;
   for (i = 0; ev && ev->staging && i < hir__staging_n(ev); i++) n += ev->staging[i].bytes;
-  for (i = 0; ev && ev->laid_out && ev->p && i < ev->p->ir.outputs.n; i++) n += ev->laid_out[i].bytes;
   return n;
 }
 
@@ -13263,31 +13376,33 @@ static int hir__check_output(hir_evaluator *ev, int i, const hir_tensor *t) {
    the one left L / (the others), each part strided within the axis's
    stride. A view: the data does not move. */
 static int hir__unfold(hir_evaluator *ev, const hir_tv *tv, const hir_tensor *t, hir_tensor *u, const char *what, int index) {
-  int a, l, nd = 0, zero = 1;
-  int64_t stride;
+  int a, l, nd = 0, zero = 1, at[HIR_MAX_DIMS];
+  int64_t stride, row_major[HIR_MAX_DIMS];
   *u = *t;
   if (!tv->nlogical || (!t->data && t->ndims == 0)) return 1;
   if (t->ndims != tv->nlogical)
     return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d (T%d) has %d axes; the program expects %d (its logical axes: split "
                         "axes count once)", what, index, tv->name, t->ndims, tv->nlogical);
-  for (a = 0; a < t->ndims; a++) zero &= t->strides[a] == 0;
-  for (l = 0; l < tv->nlogical; l++) {
+  for (a = t->ndims - 1, stride = 1; a >= 0; a--) zero &= t->strides[a] == 0, row_major[a] = stride, stride *= t->sizes[a];
+  for (a = 0; a < tv->ndims; a++) at[a] = tv->ids[a]->iter == HIR_REDUCTION ? -1 : nd++; /* a laid-out tensor's parts */
+  for (l = 0; l < tv->nlogical; l++) {                                                  /* need not follow its axes */
     int64_t known = 1;
-    int rest = -1, first = nd;
+    int rest = -1, parts = 0, only = -1;
     for (a = 0; a < tv->ndims; a++) {
       const hir_id *id = tv->ids[a];
-      if (id->iter == HIR_REDUCTION || tv->logical_of[a] != l) continue;
-      if (hir__shards(tv, id->ptype) > 1) u->sizes[nd] = 1;
-      else if (id->extent->kind == HIR__VAL_CONST) known *= (u->sizes[nd] = id->extent->value);
-      else rest = nd;
-      nd++;
+      if (at[a] < 0 || tv->logical_of[a] != l) continue;
+      if (hir__shards(tv, id->ptype) > 1) u->sizes[at[a]] = 1;
+      else if (id->extent->kind == HIR__VAL_CONST) known *= (u->sizes[at[a]] = id->extent->value);
+      else rest = at[a];
+      parts++, only = at[a];
     }
-    if (rest >= 0 ? (known == 0 || t->sizes[l] % known) : known != t->sizes[l] && nd - first > 1)
+    if (rest >= 0 ? (known == 0 || t->sizes[l] % known) : known != t->sizes[l] && parts > 1)
       return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d (T%d) axis %d has size %lld, which its split parts (%lld) %s", what,
                           index, tv->name, l, (long long)t->sizes[l], (long long)known, rest >= 0 ? "do not divide" : "do not make");
     if (rest >= 0) u->sizes[rest] = t->sizes[l] / known;
-    else if (nd - first == 1) u->sizes[first] = t->sizes[l];
-    for (a = nd - 1, stride = zero ? 0 : t->strides[l]; a >= first; a--) u->strides[a] = stride, stride *= u->sizes[a];
+    else if (parts == 1) u->sizes[only] = t->sizes[l];
+    for (a = tv->ndims - 1, stride = zero ? row_major[l] : t->strides[l]; a >= 0; a--) /* zeros: row-major, of t's order */
+      if (at[a] >= 0 && tv->logical_of[a] == l) u->strides[at[a]] = stride, stride *= u->sizes[at[a]];
   }
   u->ndims = nd;
   return 1;
@@ -13478,7 +13593,6 @@ static hir_status hir__prepare(hir_evaluator *ev, const hir_tensor *in, int nin,
   for (i = 0; i < nout; i++) { /* an output holding a buffer of ours (the last run's) asks for a new one */
     for (a = 0; out[i].data && a < ev->nblocks; a++)
       if (out[i].data == ev->blocks[a].ptr) out[i].data = NULL;
-    if (out[i].data && ev->laid_out && out[i].data == ev->laid_out[i].data) out[i].data = NULL;
     if (out[i].data && ev->stage && ev->nstage == nin + nout && out[i].data == ev->stage[nin + i].data) out[i].data = NULL;
   }
   for (i = 0; i < nin; i++) { /* replan when the shapes change, or a scalar's value */
@@ -13885,46 +13999,10 @@ static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
   return hir__ev_fail(ev, HIR_ERR_SHAPE, "%s", msg);
 }
 
-/* Outputs the evaluator hands back, in the layouts their tensors were
-   given (hir_set_allocation_loop): copied on the caller's stream into a
-   buffer of ours with those strides. */
-static hir_status hir__lay_out(hir_evaluator *ev, hir_tensor *out, int nout) {
-  int i, k;
-  for (i = 0; i < nout; i++) {
-    const hir_tv *tv = (const hir_tv *)ev->p->ir.outputs.items[i];
-    hir__staging *buf = &ev->laid_out[i];
-    hir_tensor t = out[i];
-    size_t bytes = (size_t)hir__numel(t.ndims, t.sizes) * hir_dtype_size(t.dtype);
-    int64_t stride = 1;
-    hir_status s;
-    if (!tv->nalloc || !ev->handed[i] || !t.data || t.ndims != tv->nalloc) continue;
-    if (buf->bytes < bytes) {
-      if (buf->data) hir__retire(ev, buf->data);
-      buf->data = NULL, buf->bytes = 0;
-      if ((s = ev->b->alloc(ev->b, bytes, &buf->data)) != HIR_OK)
-        return hir__ev_fail(ev, s, "hir_run: allocating %zu bytes for output %d (T%d) in its layout failed: %s (the outputs of "
-                            "this run are incomplete)", bytes, i, tv->name, ev->b->error), ev->status;
-      buf->bytes = bytes;
-    }
-    t.data = buf->data;
-    for (k = tv->nalloc - 1; k >= 0; k--) t.strides[tv->alloc_order[k]] = stride, stride *= t.sizes[tv->alloc_order[k]];
-    if (bytes && (s = ev->b->copy(ev->b, ev->b->current_stream(ev->b), &t, &out[i])) != HIR_OK)
-      return hir__ev_fail(ev, s, "hir_run: laying out output %d (T%d) failed on the %s backend: %s (the outputs of this run "
-                          "are incomplete)", i, tv->name, ev->b->name, ev->b->error), ev->status;
-    out[i] = t;
-  }
-  return HIR_OK;
-}
-
 static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin, hir_tensor *user_out, int nout) {
   const hir_tensor *in = user_in;
   hir_tensor *out = user_out;
   hir_status s;
-  int i, k;
-  for (i = 0; ev && ev->p && ev->handed && user_out && nout == ev->p->ir.outputs.n && i < nout; i++) { /* prepare forgets it */
-    ev->handed[i] = !user_out[i].data || (ev->laid_out && user_out[i].data == ev->laid_out[i].data);
-    for (k = 0; k < ev->nblocks && !ev->handed[i]; k++) ev->handed[i] = user_out[i].data == ev->blocks[k].ptr;
-  }
   if (ev && !hir__unfold_args(ev, &in, nin, &out, nout)) return ev->status;
   if ((s = hir__prepare(ev, in, nin, out, nout)) != HIR_OK) return s;
   if ((ev->shapes_unchecked || ev->check_shapes) && ev->devices_team && !hir__shapes_agree(ev, user_in, nin)) return ev->status;
@@ -13933,7 +14011,7 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin
       : ev->staged ? hir__run_staged(ev, in, nin, out, nout)
                    : hir__run_graph(ev, in, nin, out, nout);
   if (s == HIR_OK) hir__fold_outputs(ev, out, user_out, nout);
-  return s == HIR_OK ? hir__lay_out(ev, user_out, nout) : s;
+  return s;
 }
 
 // >>tune

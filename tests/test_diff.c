@@ -737,9 +737,10 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     if (hir_tv_iter_type(t->tv, ax) != HIR_BROADCAST && hir_tv_ptype(t->tv, ax) == HIR_SERIAL)
       hir_parallelize(t->tv, ax, HIR_STREAM);
   }
-  for (i = 0; p->seed % 79 == 39 && i < p->nout; i++) { /* by the seed: outputs laid out in another order of their axes */
-    hir_tv *tv = p->t[p->outs[i]].tv;
+  for (i = 0; i < p->nin + p->nout; i++) { /* by the seed: outputs, or inputs and outputs, laid out in another order */
+    hir_tv *tv = i < p->nin ? p->t[i].tv : p->t[p->outs[i - p->nin]].tv;
     int nd = hir_tv_ndims(tv), nl = 0, k, q, n = 0, logical[HIR_MAX_DIMS], from[HIR_MAX_DIMS], to[HIR_MAX_DIMS];
+    if (p->seed % 31 != 7 && (i < p->nin || p->seed % 79 != 39)) continue;
     for (k = 0; k < nd; k++)
       if (hir_tv_iter_type(tv, k) != HIR_REDUCTION && hir_tv_logical_axis(tv, k) + 1 > nl) nl = hir_tv_logical_axis(tv, k) + 1;
     for (k = 0; k < nl; k++) logical[k] = k;

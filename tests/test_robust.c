@@ -854,65 +854,86 @@ TEST(test_robust_busy_stream_times_out, "robust/busy_stream_times_out", TEST_CPU
 
 /* An outgrown buffer is not released in the run that outgrows it: work
    issued before may still use it, and a release can wait for the whole
-   device (cudaFree) without a deadline. y = relu(x) handed back in its
-   allocation's layout ([c, a] order: column-major), run on [3, 2], then on
-   [5, 4]: the first layout buffer is released by the sync after that run,
-   not in it, and both runs compute. */
-static void *released_watch;
-static int released_seen;
-static void (*cpu_release)(hir_backend *, void *);
-static void watching_release(hir_backend *b, void *ptr) {
-  if (ptr == released_watch) released_seen++;
-  cpu_release(b, ptr);
+   device (cudaFree) without a deadline. An allgather pipeline on 2 ranks
+   whose chunks are staged through contiguous buffers (stream.collective_chunks),
+   run on rows of 4, then of 16: rank 0's staging buffers of the first run
+   (its allocations other than the output's block) are released by the sync
+   after the second run, each once, not in it; both runs compute. */
+enum { OUTGROWN_WATCH = 8 };
+static void *outgrown_made[OUTGROWN_WATCH];
+static int outgrown_nmade, outgrown_watching, outgrown_released[OUTGROWN_WATCH];
+static hir_status (*outgrown_cpu_alloc)(hir_backend *, size_t, void **);
+static void (*outgrown_cpu_release)(hir_backend *, void *);
+static hir_local_world *outgrown_world;
+static hir_status outgrown_alloc(hir_backend *b, size_t bytes, void **ptr) {
+  hir_status s = outgrown_cpu_alloc(b, bytes, ptr);
+  if (s == HIR_OK && !outgrown_watching && outgrown_nmade < OUTGROWN_WATCH) outgrown_made[outgrown_nmade++] = *ptr;
+  return s;
+}
+static void outgrown_release(hir_backend *b, void *ptr) {
+  int i;
+  for (i = 0; i < outgrown_nmade; i++) outgrown_released[i] += ptr == outgrown_made[i];
+  outgrown_cpu_release(b, ptr);
 }
 
-TEST(test_robust_outgrown_buffer_waits, "robust/outgrown_buffer_waits", TEST_CPU) {
-  static const int first[1] = {0}, middle[1] = {1};
-  hir_fusion *f = hir_fusion_create();
-  hir_tv *x = hir_input(f, HIR_F32, 2), *y = hir_relu(f, x);
+static hir_status outgrown_rank(int rank, void *user) {
+  static const int mesh[2] = {0, 1};
+  seed s;
   hir_program *p = NULL;
   hir_evaluator *ev = NULL;
   hir_lower_desc ld;
   hir_eval_desc ed;
-  int k;
-  hir_output(f, y);
-  hir_reorder(y, 1, first, middle); /* y [c, a], laid out so */
-  CHECK(hir_set_allocation_loop(y) == HIR_OK);
+  int k, i, staged = 0, *failures = (int *)user;
+  void *first_out = NULL;
+  seed_allgather_p2p(&s, hir_fusion_create(), 2, mesh);
   memset(&ld, 0, sizeof ld);
   memset(&ed, 0, sizeof ed);
+  ld.my_device = rank;
+  ld.stream.collective_chunks = 2;
+  ed.comm = hir_local_comm(outgrown_world, rank);
   ed.backend = hir_backend_cpu_create();
-  cpu_release = ed.backend->release;
-  ed.backend->release = watching_release;
-  released_watch = NULL;
-  CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+  if (rank == 0) {
+    outgrown_cpu_alloc = ed.backend->alloc, outgrown_cpu_release = ed.backend->release;
+    ed.backend->alloc = outgrown_alloc, ed.backend->release = outgrown_release;
+  }
+  if (hir_lower(s.f, &ld, &p) != HIR_OK || hir_evaluator_create(p, &ed, &ev) != HIR_OK) failures[rank]++;
   for (k = 0; ev && k < 2; k++) {
-    int64_t sz[2] = {k ? 5 : 3, k ? 4 : 2}, i;
-    hir_tensor in = trand(HIR_F32, 2, sz), out;
+    int64_t sz[2] = {1, k ? 16 : 4};
+    hir_tensor in = tn(HIR_F32, 2, sz), out;
     memset(&out, 0, sizeof out);
-    released_seen = 0;
-    CHECK(hir_run(ev, &in, 1, &out, 1) == HIR_OK);
-    if (k == 1 && released_seen) fprintf(stderr, "  the outgrown layout buffer was released in the run\n"), hir_test_failures++;
-    CHECK(hir_evaluator_sync(ev) == HIR_OK);
-    if (k == 1 && released_seen != 1)
-      fprintf(stderr, "  the outgrown layout buffer was released %d times by the sync; once expected\n", released_seen),
-          hir_test_failures++;
-    CHECK(out.ndims == 2 && out.sizes[0] == sz[0] && out.sizes[1] == sz[1] && out.strides[0] == 1 && out.strides[1] == sz[0]);
-    for (i = 0; i < sz[0] * sz[1] && out.data; i++) {
-      double v = tget(&in, i);
-      if (((float *)out.data)[(i / sz[1]) + (i % sz[1]) * sz[0]] != (float)(v > 0 ? v : 0)) {
-        fprintf(stderr, "  run %d, element %d\n", k, (int)i);
-        CHECK(0);
-        break;
-      }
-    }
-    released_watch = out.data; /* the first run's buffer, outgrown by the second */
+    for (i = 0; i < sz[1]; i++) ((float *)in.data)[i] = (float)(1000 * rank + 100 * k + i); /* each rank's row known to all */
+    if (rank == 0) memset(outgrown_released, 0, sizeof outgrown_released);
+    if (hir_run(ev, &in, 1, &out, 1) != HIR_OK || !out.data || out.sizes[0] != 2 || out.sizes[1] != sz[1]) failures[rank]++;
+    if (rank == 0 && k == 1)
+      for (i = 0; i < outgrown_nmade; i++)
+        if (outgrown_made[i] != first_out && outgrown_released[i]) failures[rank]++, fprintf(stderr, "  released in the run\n");
+    if (hir_evaluator_sync(ev) != HIR_OK) failures[rank]++;
+    for (i = 0; rank == 0 && k == 1 && i < outgrown_nmade; i++)
+      if (outgrown_made[i] != first_out && (staged++, outgrown_released[i] != 1))
+        failures[rank]++, fprintf(stderr, "  released %d times by the sync; once expected\n", outgrown_released[i]);
+    if (k == 0) first_out = out.data; /* the first run's buffers: its output's block, then staging */
+    if (k == 0 && rank == 0) outgrown_watching = 1;
+    for (i = 0; out.data && i < 2 * (int)sz[1]; i++) /* row r is rank r's */
+      if (((float *)out.data)[i] != (float)(1000 * (i / sz[1]) + 100 * k + i % sz[1])) failures[rank]++;
     tfree(&in);
   }
+  if (rank == 0 && staged < 2) failures[rank]++, fprintf(stderr, "  %d staging buffers seen; 2 expected\n", staged);
   hir_evaluator_free(ev);
   hir_program_free(p);
   hir_backend_free(ed.backend);
-  hir_fusion_free(f);
+  hir_fusion_free(s.f);
+  return HIR_OK;
 }
+
+TEST(test_robust_outgrown_buffer_waits, "robust/outgrown_buffer_waits", TEST_CPU) {
+  int failures[2] = {0, 0};
+  outgrown_nmade = outgrown_watching = 0;
+  outgrown_world = hir_local_world_create(2);
+  CHECK(hir_spmd(2, outgrown_rank, failures) == HIR_OK);
+  CHECK(failures[0] == 0 && failures[1] == 0);
+  hir_local_world_free(outgrown_world);
+}
+
 
 TEST(test_robust_unreachable_memory, "robust/unreachable_memory", TEST_CPU) {
   int64_t n = 37, i, k;

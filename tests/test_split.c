@@ -77,6 +77,13 @@ TEST(test_split_matmul, "split/matmul", TEST_CPU | TEST_GPU_WORLDS) {
     }
 }
 
+/* How many times s occurs in text. */
+static int count_of(const char *text, const char *s) {
+  int n = 0;
+  while ((text = strstr(text, s)) != NULL) n++, text++;
+  return n;
+}
+
 /* The type of the first collective a printed program posts ("Allgather",
    ...; a P2P send or receive is none), or NULL. */
 static const char *collective_in(const char *text) {
@@ -634,6 +641,48 @@ TEST(test_split_allocation, "split/allocation_loop", TEST_CPU | TEST_GPU_WORLDS)
     CHECK(strstr(hir_fusion_error(f), "no strides give that layout") != NULL);
     hir_fusion_free(f);
   }
+}
+
+/* Tensors laid out by hir_set_allocation_loop run in that layout.
+   LowerCollectiveTest.Allgather_CompliantAllocation: x [5, 3D] and y =
+   set(x) both laid out [3D, 5] (column-major), x's 3D split by D with DIDx
+   on the outer part: the gathered axis is outermost in both layouts, so
+   the program is the Allgather alone, nothing permuted before or after,
+   and y comes back column-major in the program's own buffer. Then
+   relu of a column-major x into a column-major y: the relu alone. Both
+   against the reference, inputs passed in either layout (a layout other
+   than the declared one is copied in), outputs handed back or preallocated
+   row-major (written through a copy). */
+TEST(test_split_allocation_compliant, "split/allocation_compliant", TEST_CPU | TEST_GPU_WORLDS) {
+  static const int first[1] = {0}, second[1] = {1};
+  int wi, relu;
+  for (wi = 0; wi < 5; wi++)
+    for (relu = 0; relu < 2; relu++) {
+      int D = worlds[wi];
+      int64_t sz[2] = {5, 3 * D}, i;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, HIR_F32, 2), *y = relu ? hir_relu(f, x) : hir_set(f, x);
+      hir_tensor in = trand(HIR_F32, 2, sz), want = tn(HIR_F32, 2, sz);
+      char *text;
+      hir_output(f, y);
+      hir_set_mesh(x, D, iota_mesh);
+      hir_set_mesh(y, D, iota_mesh);
+      hir_reorder(x, 1, second, first); /* x [3D, 5], laid out so */
+      CHECK(hir_set_allocation_loop(x) == HIR_OK);
+      hir_reorder(y, 1, second, first);
+      CHECK(hir_set_allocation_loop(y) == HIR_OK);
+      if (!relu) {
+        hir_split(x, 0, D, 1); /* x [D, 3, 5] */
+        hir_parallelize(x, 0, HIR_DIDX);
+      }
+      CHECK(hir_fusion_error(f)[0] == 0);
+      text = lower_text(f, NULL, 0);
+      CHECK(strstr(text, "Permute") == NULL && count_of(text, relu ? "relu(" : D > 1 ? "type=Allgather" : "= Set(") == 1);
+      CHECK(count_of(text, "(type=") + count_of(text, "= Set(") + count_of(text, "relu(") == 1); /* one op, one pass */
+      free(text);
+      for (i = 0; i < 5 * 3 * D; i++) tset(&want, i, relu && tget(&in, i) < 0 ? 0 : tget(&in, i));
+      RUN_ONE(f, D, in, want, wi & 1, relu ? "allocation_compliant (relu)" : "allocation_compliant");
+    }
 }
 
 /* A split through a permute: x [M, K] split by D on M and sharded, y =
