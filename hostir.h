@@ -804,6 +804,18 @@ struct hir_comm {
      takes, for the plan ("NCCL", "hostir's two-shot kernel (128 CTAs, the
      input read in place)"); NULL: not said. */
   const char *(*collective_path)(hir_comm *self, void *team, hir_collective type, size_t bytes, hir_dtype dtype);
+  /* optional: the communicator's choice of path by collective and size (as
+     measured at its creation) as one line of printable text, words one
+     space apart, written into buf (NUL-terminated where cap allows); what
+     it needs, 0 where there is no choice to save. hir_tuner_save keeps it
+     with the plans. */
+  size_t (*collective_choice)(hir_comm *self, char *buf, size_t cap);
+  /* optional: that choice taken again, for the calls after this one. The
+     tuner calls it on every rank at one point of the program, and only
+     where every rank loaded the same text; HIR_ERR_INVALID, `error` saying
+     why, for a text this communicator cannot take (malformed, another world
+     size, kernels it does not have). */
+  hir_status (*set_collective_choice)(hir_comm *self, const char *text);
 };
 
 /* The position of `device` in a team (or mesh) of n device ids, -1 if it is
@@ -14082,6 +14094,8 @@ struct hir_tuner {
   unsigned long long uses;
   int vary_p2p;                 /* graph mode on copy-engine send/recv: candidates on NCCL's too */
   char report[4096];            /* the last tuning's, until its entry takes it */
+  char *choice;                 /* the communicator's collective choice loaded with the plans (HIR_MALLOC'd), or NULL */
+  int choice_agreed;            /* the ranks met over it (and took it): once */
   char error[1024];
 };
 
@@ -14717,6 +14731,37 @@ static hir__tune_entry *hir__tune_last(const hir_tuner *t) { return t && t->last
    entry beyond HIR__TUNE_LIVE gives back its program and buffers. A choice
    loaded from a file is checked against the other ranks' first (every rank
    must run the same schedule). */
+/* The collective choice loaded with the plans, given to the communicator
+   on every rank, where the ranks loaded the same (by hash; none counts as
+   the empty text): at the tuner's first run, once, before it tunes or runs
+   a saved plan (every rank's tuner runs it there). */
+static hir_status hir__tune_take_choice(hir_tuner *t) {
+  hir_comm *c = t->d.eval.comm;
+  const char *text = t->choice ? t->choice : "";
+  uint64_t mine = hir__fnv(text, strlen(text), 1469598103934665603ull), *all;
+  hir_status s = HIR_OK;
+  int r;
+  if (!(all = (uint64_t *)HIR_MALLOC((size_t)(t->nteam > 0 ? t->nteam : 1) * sizeof *all)))
+    return hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
+  if (!hir__tune_backend(t)) s = hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
+  else s = hir__tune_exchange(t, hir__tune_backend(t), &mine, all, sizeof mine);
+  for (r = 0; s == HIR_OK && r < t->nteam; r++)
+    if (all[r] != mine)
+      s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner: the ranks' saved plans hold different choices of collective paths "
+                         "(device %d's and device %d's 'collectives' lines differ); load the same plans on every rank, or tune "
+                         "again", t->team[r], t->d.lower.my_device);
+  HIR_FREE(all);
+  if (s == HIR_OK && t->choice && c) {
+    if (!c->set_collective_choice)
+      s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner: the saved plans hold a choice of collective paths ('collectives' "
+                         "line), which this communicator cannot take; tune again with it");
+    else if ((s = c->set_collective_choice(c, t->choice)) != HIR_OK)
+      s = hir__tune_fail(t, s, "hir_tuner: the saved choice of collective paths: %.900s", c->error);
+  }
+  if (s == HIR_OK) t->choice_agreed = 1;
+  return s;
+}
+
 static hir_status hir__tune_live(hir_tuner *t, hir__tune_entry *e) {
   hir_status s;
   int i, live = 0, oldest = -1;
@@ -14770,6 +14815,7 @@ static hir_status hir__tune_entry_for(hir_tuner *t, const hir_tensor *in, int ni
   double ms;
   hir_status s = HIR_OK;
   *out = NULL;
+  if (!t->choice_agreed && (s = hir__tune_take_choice(t)) != HIR_OK) return s;
   if (nkey > 64 && !(key = (int64_t *)HIR_MALLOC((size_t)nkey * sizeof *key))) return hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner: out of memory");
   hir__tune_key(in, nin, key);
   if (!(*out = hir__tune_find(t, key, nkey))) {
@@ -14861,6 +14907,7 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
   HIR_FREE(t->entries);
   HIR_FREE(t->slots);
   HIR_FREE(t->team);
+  HIR_FREE(t->choice);
   if (t->meeting.cap) hir__meeting_free(hir__tune_backend(t), &t->meeting);
   hir_backend_free(t->own_backend);
   HIR_FREE(t);
@@ -14871,7 +14918,13 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
        version 0.23
        machine NVIDIA H200, 2 ranks, copy-engine send/recv
        fusion 3f2a9c0d11e4b7a5
+       collectives kc1 2 | ar one/32 one/32 ... two/32 nccl | rs k/32 ... nccl | ag k/32 ... nccl
        plan 2 | bf16 3 1 4096 4096 | bf16 2 4096 1024 | ring parts 2 streams 4 bounded 0 nccl 0 eager 0 | 0.112
+   The collectives line, where the communicator has a choice of paths to
+   save (hir_comm.collective_choice), holds it in the communicator's words
+   (at most 4,096 characters); the tuner gives it back to the communicator
+   on every rank at its first run, where every rank loaded the same, and
+   refuses that run on every rank where they differ.
    One plan a line: the inputs (count, then each one's dtype, rank and
    sizes), the choice (ring, linear, collective, or ring or linear after
    gather- or splitN-; nccl 1: its send/recv on
@@ -14881,7 +14934,7 @@ HIRDEF void hir_tuner_free(hir_tuner *t) {
    line of more than 16,384 characters, a number out of range, NaN, text
    after a plan, a NUL byte or any malformed line refuses the file with its
    line number, and a refused file changes nothing; lines may end in CRLF. */
-enum { HIR__PLAN_LINE_MAX = 16384, HIR__PLAN_FILE_MAX = 64 << 20 };
+enum { HIR__PLAN_LINE_MAX = 16384, HIR__PLAN_FILE_MAX = 64 << 20, HIR__CHOICE_MAX = 4096 };
 
 /* Appends printf's output to a growing heap text; 0 when out of memory. */
 static int hir__text_add(char **buf, size_t *len, size_t *cap, const char *fmt, ...) HIR__PRINTF(4, 5);
@@ -14912,8 +14965,15 @@ static char *hir__tuner_text(const hir_tuner *t, size_t *len) {
   size_t cap = 0;
   int i, k, at, ok;
   *len = 0;
+  hir_comm *c = t->d.eval.comm;
   ok = hir__text_add(&buf, len, &cap, "hostir tuning plans 1\nversion %s\nmachine %s\nfusion %016llx\n", HOSTIR_VERSION,
                      t->machine, (unsigned long long)t->fusion_hash);
+  if (ok && (t->choice || (c && c->collective_choice))) { /* a loaded one the ranks have not taken yet, or the one in use */
+    char coll[HIR__CHOICE_MAX + 1];
+    size_t n = t->choice && (!t->choice_agreed || !c || !c->collective_choice) ? (size_t)snprintf(coll, sizeof coll, "%s", t->choice)
+               : c->collective_choice(c, coll, sizeof coll);
+    if (n > 0 && n <= HIR__CHOICE_MAX) ok = hir__text_add(&buf, len, &cap, "collectives %s\n", coll);
+  }
   for (i = 0; ok && i < t->n; i++) {
     const hir__tune_entry *e = &t->entries[i];
     ok = hir__text_add(&buf, len, &cap, "plan %lld", (long long)e->key[0]);
@@ -15034,7 +15094,8 @@ static hir_status hir__tuner_load_text(hir_tuner *t, char *text, size_t size) {
   enum { MAX_TOKENS = 2 + 64 * (3 + HIR_MAX_DIMS) + 16 };
   char *line = text, *tok[MAX_TOKENS], want[256], why[200];
   int64_t key[4096];
-  int lineno = 0, nkey, ntok, old_n = t->n, i;
+  int lineno = 0, nkey, ntok, old_n = t->n, i, plans_from = 5;
+  const char *choice = NULL;
   hir__cand c;
   double ms;
   hir_status s = HIR_OK;
@@ -15070,7 +15131,12 @@ static hir_status hir__tuner_load_text(hir_tuner *t, char *text, size_t size) {
     else if (lineno == 4 && (snprintf(want, sizeof want, "fusion %016llx", (unsigned long long)t->fusion_hash), strcmp(line, want)))
       s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the plans are for another fusion (%.40s; this one is %016llx)", line,
                          (unsigned long long)t->fusion_hash);
-    else if (lineno > 4) {
+    else if (lineno == 5 && !strncmp(line, "collectives ", 12)) { /* words one space apart, as a plan's */
+      choice = line + 12, plans_from = 6;
+      if (len - 12 > HIR__CHOICE_MAX || !*choice || *choice == ' ' || line[len - 1] == ' ' || strstr(choice, "  "))
+        s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: line 5 is not a collectives line: %s", len - 12 > HIR__CHOICE_MAX
+                           ? "over 4,096 characters" : "its words must be one space apart");
+    } else if (lineno >= plans_from) {
       int gap = 0; /* two spaces, or one at either end */
       for (ntok = 0, p = line; *p && ntok < MAX_TOKENS && !gap;) { /* tokens: one space apart */
         tok[ntok++] = p;
@@ -15090,6 +15156,16 @@ static hir_status hir__tuner_load_text(hir_tuner *t, char *text, size_t size) {
   }
   if (s == HIR_OK && lineno < 4)
     s = hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_load: the file ends after %d lines; a header has 4", lineno);
+  if (s == HIR_OK) { /* the file's choice of collective paths replaces the one loaded before; none: none */
+    char *kept = choice ? (char *)HIR_MALLOC(strlen(choice) + 1) : NULL;
+    if (choice && !kept) s = hir__tune_fail(t, HIR_ERR_NOMEM, "hir_tuner_load: out of memory");
+    else {
+      if (kept) memcpy(kept, choice, strlen(choice) + 1);
+      HIR_FREE(t->choice);
+      t->choice = kept;
+      t->choice_agreed = 0;
+    }
+  }
   if (s != HIR_OK) { /* as it was */
     for (i = old_n; i < t->n; i++) HIR_FREE(t->entries[i].key);
     t->n = old_n;

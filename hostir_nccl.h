@@ -1699,7 +1699,7 @@ typedef struct hir_nccl__kc {
      same on every rank. */
   signed char use[HIR_NCCL__KC_KINDS][HIR_NCCL__KC_CLASSES];
   unsigned char ctas[HIR_NCCL__KC_KINDS][HIR_NCCL__KC_CLASSES];
-  int measured;                      /* 1: by hir_nccl__kc_measure; 0: the fixed rule of hir_nccl__kc_words */
+  int measured;                      /* 1: by hir_nccl__kc_measure; 2: from saved plans; 0: the fixed rule of hir_nccl__kc_words */
   cudaEvent_t last;                  /* the previous call's end, and where it was */
   cudaStream_t last_stream;
   unsigned long long last_capture;   /* its capture's id; 0: eager */
@@ -3004,6 +3004,78 @@ static const char *hir_nccl__collective_path(hir_comm *c, void *team, hir_collec
   return nc->path_words;
 }
 
+/* The choice as a plans file keeps it (hir_comm.collective_choice): "kc1 N
+   | ar W... | rs W... | ag W...", the world's size, then a word for each
+   size class of hir_nccl__kc_class_bytes: "nccl", or the kernel and its
+   CTAs ("one/32", "two/128" for the all-reduce, "k/32" for the others). */
+static const char *const hir_nccl__choice_rows[3] = {"ar", "rs", "ag"};
+static const int hir_nccl__choice_kinds[3] = {HIR_NCCL__AR_ONE, HIR_NCCL__RS, HIR_NCCL__AG};
+static size_t hir_nccl__choice_text(hir_comm *c, char *buf, size_t cap) {
+  const hir_nccl__kc *kc = &hir_nccl__of(c)->kc;
+  size_t at = 0;
+  int r, z;
+#define HIR_NCCL__ADD(...) (at += (size_t)snprintf(buf + (at < cap ? at : cap), at < cap ? cap - at : 0, __VA_ARGS__))
+  if (!kc->on) return 0;
+  HIR_NCCL__ADD("kc1 %d", kc->n);
+  for (r = 0; r < 3; r++) {
+    HIR_NCCL__ADD(" | %s", hir_nccl__choice_rows[r]);
+    for (z = 0; z < HIR_NCCL__KC_CLASSES; z++) {
+      int k = kc->use[hir_nccl__choice_kinds[r]][z];
+      if (k < 0) HIR_NCCL__ADD(" nccl");
+      else HIR_NCCL__ADD(" %s/%d", k == HIR_NCCL__AR_ONE ? "one" : k == HIR_NCCL__AR_TWO ? "two" : "k", kc->ctas[k][z]);
+    }
+  }
+#undef HIR_NCCL__ADD
+  return at;
+}
+
+/* hir_comm.set_collective_choice: that text taken back, whole or not at all. */
+static hir_status hir_nccl__set_choice(hir_comm *c, const char *text) {
+  hir_nccl__kc *kc = &hir_nccl__of(c)->kc;
+  signed char use[3][HIR_NCCL__KC_CLASSES];
+  int ctas[3][HIR_NCCL__KC_CLASSES], r, z, n, used, kernels = 0;
+  const char *p = text;
+  char word[16];
+#define HIR_NCCL__REFUSE(...) return snprintf(c->error, sizeof c->error, __VA_ARGS__), HIR_ERR_INVALID
+  if (!text || sscanf(p, "kc1 %d%n", &n, &used) != 1) HIR_NCCL__REFUSE("the collective choice '%.40s' is not hostir_nccl's "
+                                                                     "(it starts 'kc1 <ranks>')", text ? text : "(null)");
+  if (n != kc->n && kc->on) HIR_NCCL__REFUSE("the collective choice was made for %d ranks; this world has %d: tune again", n, kc->n);
+  for (p += used, r = 0; r < 3; r++) {
+    if (strncmp(p, " | ", 3) || strncmp(p + 3, hir_nccl__choice_rows[r], 2) || p[5] != ' ')
+      HIR_NCCL__REFUSE("the collective choice lacks its '| %s' row", hir_nccl__choice_rows[r]);
+    for (p += 5, z = 0; z < HIR_NCCL__KC_CLASSES; z++) {
+      int len = 0, k;
+      unsigned v = 0;
+      if (*p != ' ' || sscanf(p + 1, "%15[a-z0-9/]%n", word, &len) != 1 || (p[1 + len] && p[1 + len] != ' '))
+        HIR_NCCL__REFUSE("the collective choice's '%s' row has fewer than %d words", hir_nccl__choice_rows[r], HIR_NCCL__KC_CLASSES);
+      p += 1 + len;
+      if (!strcmp(word, "nccl")) {
+        use[r][z] = -1, ctas[r][z] = 0;
+        continue;
+      }
+      k = !strncmp(word, "one/", 4) && !r ? HIR_NCCL__AR_ONE : !strncmp(word, "two/", 4) && !r ? HIR_NCCL__AR_TWO
+          : !strncmp(word, "k/", 2) && r ? hir_nccl__choice_kinds[r] : -1;
+      if (k < 0 || sscanf(strchr(word, '/') + 1, "%u%n", &v, &len) != 1 || strchr(word, '/')[1 + len] || v < 1 ||
+          v > HIR_NCCL__KC_CTAS)
+        HIR_NCCL__REFUSE("the collective choice's word '%s' (row %s) names no path: 'nccl', %s and 1 to %d CTAs", word,
+                         hir_nccl__choice_rows[r], r ? "'k/N'" : "'one/N' or 'two/N'", HIR_NCCL__KC_CTAS);
+      use[r][z] = (signed char)k, ctas[r][z] = (int)v, kernels++;
+    }
+  }
+  if (*p) HIR_NCCL__REFUSE("the collective choice has text after its rows ('%.20s')", p);
+  if (kernels && !kc->on)
+    HIR_NCCL__REFUSE("the collective choice takes hostir's kernels, which this communicator does not have (%.200s)",
+                     hir_nccl__of(c)->kc_why);
+#undef HIR_NCCL__REFUSE
+  for (r = 0; r < 3; r++)
+    for (z = 0; z < HIR_NCCL__KC_CLASSES; z++) {
+      kc->use[hir_nccl__choice_kinds[r]][z] = use[r][z];
+      if (use[r][z] >= 0) kc->ctas[use[r][z]][z] = (unsigned char)ctas[r][z];
+    }
+  kc->measured = 2;
+  return HIR_OK;
+}
+
 static unsigned long long hir_nccl__kc_deadline_ns(const hir_nccl__rank *nc) { return (unsigned long long)nc->timeout_ms * 1000000ull; }
 
 /* The choice for collective `kind` (HIR_NCCL__AR_ONE: the all-reduce) in
@@ -3823,6 +3895,8 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   c->start_signals_raise = hir_nccl__start_signals_raise;
   c->start_signals_release = hir_nccl__start_signals_release;
   c->collective_path = hir_nccl__collective_path;
+  c->collective_choice = hir_nccl__choice_text;
+  c->set_collective_choice = hir_nccl__set_choice;
 }
 
 static void hir_nccl__release(hir_nccl__rank *nc) {
@@ -4435,7 +4509,8 @@ HIRDEF const char *hir_nccl_comm_describe(hir_comm *c) {
     snprintf(kernels, sizeof kernels, "on %s (hir_nccl_comm_set_path)", nc->path == HIR_NCCL_PATH_NCCL ? "NCCL"
              : nc->path == HIR_NCCL_PATH_ONE_SHOT ? "hostir's one-shot kernels" : "hostir's two-shot kernels");
   else {
-    int k, at = snprintf(kernels, sizeof kernels, "by size, %s: ", nc->kc.measured ? "as measured at creation" : "by a fixed rule");
+    int k, at = snprintf(kernels, sizeof kernels, "by size, %s: ", nc->kc.measured == 2 ? "as saved with the tuner's plans"
+                         : nc->kc.measured ? "as measured at creation" : "by a fixed rule");
     for (k = 0; k < HIR_NCCL__KC_KINDS; k++)
       if (k != HIR_NCCL__AR_TWO && at < (int)sizeof kernels)
         at += hir_nccl__kc_say(&nc->kc, k, kernels + at, sizeof kernels - (size_t)at);

@@ -29,7 +29,24 @@ typedef struct tune_ctx {
   double worst[TUNE_MAXR], ms[TUNE_MAXR];
   int entries[TUNE_MAXR], kept_program[TUNE_MAXR];
   size_t memory[TUNE_MAXR];
+  int with_choice;             /* the ranks' communicators have a choice of collective paths (choice_comm) */
+  hir_comm choice_comm[TUNE_MAXR];
+  char choice_now[TUNE_MAXR][64];
+  int choice_sets[TUNE_MAXR];
 } tune_ctx;
+
+/* A communicator with a choice of collective paths to save and take back:
+   the local world's, its choice a word the test sets ("bad..." refused). */
+static tune_ctx *choice_ctx;
+static size_t choice_get(hir_comm *self, char *buf, size_t cap) {
+  return (size_t)snprintf(buf, cap, "%s", choice_ctx->choice_now[self->rank]);
+}
+static hir_status choice_set(hir_comm *self, const char *text) {
+  if (!strncmp(text, "bad", 3)) return snprintf(self->error, sizeof self->error, "'%.40s' names no path", text), HIR_ERR_INVALID;
+  snprintf(choice_ctx->choice_now[self->rank], sizeof choice_ctx->choice_now[0], "%s", text);
+  choice_ctx->choice_sets[self->rank]++;
+  return HIR_OK;
+}
 
 static void tune_begin(tune_ctx *x, int D, int M, int K, int N) {
   int64_t sa[3] = {D, M, K}, sb[2] = {K, N};
@@ -64,6 +81,13 @@ static hir_tune_desc tune_desc(tune_ctx *x, int rank) {
   d.lower.my_device = rank;
   d.lower.comm = hir_local_comm(x->w, rank);
   d.eval.comm = hir_local_comm(x->w, rank);
+  if (x->with_choice) {
+    x->choice_comm[rank] = *d.eval.comm;
+    x->choice_comm[rank].collective_choice = choice_get;
+    x->choice_comm[rank].set_collective_choice = choice_set;
+    d.lower.comm = d.eval.comm = &x->choice_comm[rank];
+    choice_ctx = x;
+  }
   d.memory_limit = x->memory_limit;
   d.iters = 2;
   return d;
@@ -234,6 +258,61 @@ TEST(test_tune_refusals, "tune/saved_plan_refusals", TEST_CPU) {
   for (r = 0; r < 3; r++)
     if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-4 && strstr(x.plan[r], "collective, 4 parts, 2 streams")))
       fprintf(stderr, "  rank %d: %s: %s %s\n", r, hir_status_str(x.st[r]), x.plan[r], x.err[r]);
+  tune_end(&x);
+}
+
+/* The communicator's choice of collective paths is saved with the plans
+   ("collectives" line) and taken back on every rank at the first run from
+   them, before the plan runs; ranks that loaded different choices are
+   refused on every rank, and so is a choice the communicator refuses; a
+   malformed collectives line refuses the file. */
+static char *choice_file(FILE *f, const char *line5) { /* f's text, its line 5 replaced (NULL: as it is) */
+  static char text[8192];
+  char *five, *end;
+  size_t n;
+  rewind(f);
+  n = fread(text, 1, sizeof text - 1, f);
+  text[n] = 0;
+  if (line5 && (five = strstr(text, "\ncollectives ")) != NULL && (end = strchr(five + 1, '\n')) != NULL) {
+    char rest[8192];
+    snprintf(rest, sizeof rest, "%s", end);
+    snprintf(five + 1, sizeof text - (size_t)(five + 1 - text), "%s%s", line5, rest);
+  }
+  return text;
+}
+
+TEST(test_tune_collective_choice, "tune/collective_choice_saved", TEST_CPU) {
+  tune_ctx x;
+  int r, k;
+  tune_begin(&x, 3, 8, 16, 12);
+  x.with_choice = 1;
+  for (r = 0; r < 3; r++) x.save[r] = tmpfile(), snprintf(x.choice_now[r], sizeof x.choice_now[r], "kc1 3 | ar one/32");
+  CHECK(hir_spmd(3, tune_rank, &x) == HIR_OK);
+  for (r = 0; r < 3; r++)
+    if (!EXPECT(x.st[r] == HIR_OK && strstr(choice_file(x.save[r], NULL), "\nfusion ") &&
+                strstr(strstr(choice_file(x.save[r], NULL), "\nfusion "), "\ncollectives kc1 3 | ar one/32\nplan ")))
+      fprintf(stderr, "  rank %d saved: %s\n", r, choice_file(x.save[r], NULL));
+  for (k = 0; k < 4; k++) { /* the same choice; another on rank 1; one the communicator refuses; a malformed line */
+    static const char *const line5[4] = {NULL, "collectives kc1 3 | ar two/128", "collectives bad 3", "collectives kc1  3"};
+    for (r = 0; r < 3; r++) {
+      const char *text = choice_file(x.save[r], k == 1 && r != 1 ? NULL : line5[k]);
+      if (x.load[r] && x.load[r] != x.save[r]) fclose(x.load[r]);
+      x.load[r] = tmpfile();
+      fputs(text, x.load[r]);
+      snprintf(x.choice_now[r], sizeof x.choice_now[r], "measured here");
+      x.choice_sets[r] = 0;
+    }
+    CHECK((hir_spmd(3, tune_loaded_rank, &x) == HIR_OK) == (k == 0));
+    for (r = 0; r < 3; r++) {
+      int ok = k == 0 ? x.st[r] == HIR_OK && x.worst[r] < 1e-4 && x.choice_sets[r] == 1 && !strcmp(x.choice_now[r], "kc1 3 | ar one/32")
+               : k == 1 ? x.st[r] == HIR_ERR_INVALID && strstr(x.err[r], "different choices of collective paths") && !x.choice_sets[r]
+               : k == 2 ? x.st[r] == HIR_ERR_INVALID && strstr(x.err[r], "the saved choice of collective paths: 'bad 3' names no path")
+                 : x.st[r] == HIR_ERR_INVALID && strstr(x.err[r], "line 5 is not a collectives line: its words must be one space apart");
+      if (!EXPECT(ok && (k == 0 || !strcmp(x.choice_now[r], "measured here"))))
+        fprintf(stderr, "  case %d, rank %d: %s: %s (choice now '%s', set %d times)\n", k, r, hir_status_str(x.st[r]), x.err[r],
+                x.choice_now[r], x.choice_sets[r]);
+    }
+  }
   tune_end(&x);
 }
 
@@ -901,7 +980,8 @@ typedef struct tune_gpu {
   hir_tensor a, b;
   hir_status st[8];
   double worst[8];
-  char plan[8][4096], err[8][1024];
+  char plan[8][4096], loaded_plan[8][4096], err[8][1024];
+  int has_choice[8], choice_saved[8]; /* the communicator has a choice of collective paths; the plans kept it */
 } tune_gpu;
 
 static hir_status tune_gpu_rank(int rank, void *user) {
@@ -914,7 +994,7 @@ static hir_status tune_gpu_rank(int rank, void *user) {
   hir_tuner *t = NULL;
   hir_status s;
   double worst = 0;
-  int switched;
+  int switched, k;
   for (i = 0; i < x->M * x->K; i++) tset(&mine, i, tget(&x->a, (int64_t)rank * x->M * x->K + i));
   for (i = 0; i < n; i++) tset(&out, i, NAN); /* poisoned */
   din[0] = to_backend(be, &mine);
@@ -929,20 +1009,39 @@ static hir_status tune_gpu_rank(int rank, void *user) {
   d.iters = 2;
   /* graphs: send/recv on the copy engines where they can be, so that the tuner times them both ways */
   switched = platform->graph && comm->set_copy_engine && comm->capturable && comm->set_copy_engine(comm, 1) == HIR_OK;
-  if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK && (s = hir_tuner_run(t, din, 2, &dout, 1)) == HIR_OK)
-    s = hir_tuner_sync(t);
-  if (switched) comm->set_copy_engine(comm, 0);
-  got = s == HIR_OK ? to_host(be, &dout) : out;
-  for (i = 0; s == HIR_OK && i < n; i++) {
-    int64_t dev = i / (x->M * x->N), rest = i % (x->M * x->N);
-    double want = 0;
-    for (j = 0; j < x->K; j++) want += tget(&x->a, (dev * x->M + rest / x->N) * x->K + j) * tget(&x->b, j * x->N + rest % x->N);
-    if (!(fabs(tget(&got, i) - want) <= worst)) worst = fabs(tget(&got, i) - want);
+  for (k = 0, s = HIR_OK; k < 2 && s == HIR_OK; k++) { /* tuned, saved; then a new tuner from the saved plans */
+    if (k) {
+      char text[8192];
+      size_t len;
+      FILE *f = tmpfile();
+      s = f ? hir_tuner_save(t, f) : HIR_ERR_NOMEM;
+      if (s == HIR_OK) rewind(f), len = fread(text, 1, sizeof text - 1, f), text[len] = 0;
+      x->has_choice[rank] = comm->collective_choice && comm->collective_choice(comm, NULL, 0) > 0;
+      x->choice_saved[rank] = s == HIR_OK && strstr(text, "\ncollectives ") != NULL;
+      hir_tuner_free(t);
+      t = NULL;
+      if (s == HIR_OK && (s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) rewind(f), s = hir_tuner_load(t, f);
+      if (f) fclose(f);
+      if (got.data != out.data && got.data != dout.data) tfree(&got);
+      backend_free(be, &out, &dout);
+      dout = to_backend(be, &out); /* poisoned again */
+    }
+    if (s == HIR_OK && (k || (s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) && (s = hir_tuner_run(t, din, 2, &dout, 1)) == HIR_OK)
+      s = hir_tuner_sync(t);
+    got = s == HIR_OK ? to_host(be, &dout) : out;
+    for (i = 0; s == HIR_OK && i < n; i++) {
+      int64_t dev = i / (x->M * x->N), rest = i % (x->M * x->N);
+      double want = 0;
+      for (j = 0; j < x->K; j++) want += tget(&x->a, (dev * x->M + rest / x->N) * x->K + j) * tget(&x->b, j * x->N + rest % x->N);
+      if (!(fabs(tget(&got, i) - want) <= worst)) worst = fabs(tget(&got, i) - want);
+    }
+    if (k == 0) snprintf(x->plan[rank], sizeof x->plan[rank], "%s", hir_tuner_program(t) ? hir_program_plan(hir_tuner_program(t)) : "");
+    else snprintf(x->loaded_plan[rank], sizeof x->loaded_plan[rank], "%s", hir_tuner_program(t) ? hir_program_plan(hir_tuner_program(t)) : "");
   }
+  if (switched) comm->set_copy_engine(comm, 0);
   x->st[rank] = s;
   x->worst[rank] = s == HIR_OK ? worst : 1e30;
   snprintf(x->err[rank], sizeof x->err[rank], "%s", s == HIR_OK ? "" : hir_tuner_error(t));
-  snprintf(x->plan[rank], sizeof x->plan[rank], "%s", hir_tuner_program(t) ? hir_program_plan(hir_tuner_program(t)) : "");
   if (got.data != out.data && got.data != dout.data) tfree(&got);
   hir_tuner_free(t);
   backend_free(be, &mine, &din[0]);
@@ -975,8 +1074,12 @@ TEST(test_tune_gpu, "tune/gpu_worlds", TEST_GPU_WORLDS) {
   CHECK(platform->run(D, tune_gpu_rank, &x) == HIR_OK);
   for (r = 0; r < D; r++) {
     if (!x.plan[r][0] && !x.err[r][0]) continue; /* another process's rank */
-    if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-3 && !strncmp(x.plan[r], "tuned on", 8)))
-      fprintf(stderr, "  rank %d: %s, max err %g: %s %s\n", r, hir_status_str(x.st[r]), x.worst[r], x.plan[r], x.err[r]);
+    if (!EXPECT(x.st[r] == HIR_OK && x.worst[r] < 1e-3 && !strncmp(x.plan[r], "tuned on", 8) &&
+                !strncmp(x.loaded_plan[r], "from a saved plan", 17)))
+      fprintf(stderr, "  rank %d: %s, max err %g: %s %s %s\n", r, hir_status_str(x.st[r]), x.worst[r], x.plan[r], x.loaded_plan[r],
+              x.err[r]);
+    else if (x.has_choice[r])
+      CHECK(x.choice_saved[r]); /* kernel collectives: their choice saved with the plans, and taken back */
     else if (r == 0 || !x.plan[0][0])
       printf("  %s\n", x.plan[r]);
   }

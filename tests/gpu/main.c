@@ -1445,6 +1445,43 @@ static int kc_graph(kc_case *k, int rank, hir_comm *c, void *team, cudaStream_t 
   return ok;
 }
 
+/* The choice of paths as the tuner saves it (collective_choice) and takes
+   it back (set_collective_choice): the same text again, an all-NCCL choice
+   that the paths then follow, refusals that change nothing, and the
+   measured choice restored. Every rank the same steps, before any call. */
+static int kc_choice(kc_case *k, int rank, hir_comm *c, void *team) {
+  char text[1024], again[1024], nccl[1024], bad[1100], before[160];
+  size_t n = c->collective_choice(c, text, sizeof text);
+  int ok = n > 0 && n < sizeof text && !strncmp(text, "kc1 ", 4), r, z, at;
+  const char *why = "the text";
+  snprintf(before, sizeof before, "%s", c->collective_path(c, team, HIR_COLL_ALLREDUCE, (size_t)1 << 20, HIR_BF16));
+  for (r = 0, at = snprintf(nccl, sizeof nccl, "kc1 %d", k->n); r < 3; r++)
+    for (z = 0, at += snprintf(nccl + at, sizeof nccl - (size_t)at, " | %s", r == 0 ? "ar" : r == 1 ? "rs" : "ag"); z < 11; z++)
+      at += snprintf(nccl + at, sizeof nccl - (size_t)at, " nccl");
+  if (ok && (why = "taken back", c->set_collective_choice(c, text) != HIR_OK || c->collective_choice(c, again, sizeof again) != n ||
+             strcmp(text, again) || !strstr(hir_nccl_comm_describe(c), "as saved with the tuner's plans")))
+    ok = 0;
+  if (ok && (why = "all NCCL", c->set_collective_choice(c, nccl) != HIR_OK ||
+             strcmp(c->collective_path(c, team, HIR_COLL_ALLREDUCE, (size_t)1 << 20, HIR_BF16), "NCCL") ||
+             strcmp(c->collective_path(c, team, HIR_COLL_ALLGATHER, 4096, HIR_F32), "NCCL")))
+    ok = 0;
+  snprintf(bad, sizeof bad, "kc1 %d%s", k->n + 1, strstr(nccl, " |"));
+  if (ok && (why = "another world size", c->set_collective_choice(c, bad) != HIR_ERR_INVALID || !strstr(c->error, "made for")))
+    ok = 0;
+  snprintf(bad, sizeof bad, "kc1 %d | ar k/32%s", k->n, strstr(nccl, " | ar nccl") + 10);
+  if (ok && (why = "a kernel the row lacks", c->set_collective_choice(c, bad) != HIR_ERR_INVALID || !strstr(c->error, "names no path")))
+    ok = 0;
+  snprintf(bad, sizeof bad, "%.*s", (int)(strstr(nccl, " | ag") - nccl), nccl);
+  if (ok && (why = "a row missing", c->set_collective_choice(c, bad) != HIR_ERR_INVALID || !strstr(c->error, "lacks its '| ag' row") ||
+             strcmp(c->collective_path(c, team, HIR_COLL_ALLREDUCE, (size_t)1 << 20, HIR_BF16), "NCCL")))
+    ok = 0;
+  if (ok && (why = "restored", c->set_collective_choice(c, text) != HIR_OK ||
+             strcmp(c->collective_path(c, team, HIR_COLL_ALLREDUCE, (size_t)1 << 20, HIR_BF16), before)))
+    ok = 0;
+  if (!ok) snprintf(k->msg[rank], sizeof k->msg[rank], "collective choice (%s): '%.250s': %.250s", why, text, c->error);
+  return ok;
+}
+
 static hir_status kc_rank(int rank, void *user) {
   kc_case *k = (kc_case *)user;
   hir_comm *c = platform->comm(k->w, rank);
@@ -1463,6 +1500,10 @@ static hir_status kc_rank(int rank, void *user) {
   }
   if (k->graph_replays) {
     k->bad[rank] += !kc_graph(k, rank, c, team, s);
+    goto out;
+  }
+  if (!kc_choice(k, rank, c, team)) {
+    k->bad[rank]++;
     goto out;
   }
   for (d = 0; d < 3; d++) {
@@ -1512,7 +1553,8 @@ static void kc_worlds(int replays) {
       continue;
     }
     if (!replays) printf("  %d ranks: %s\n", n, strstr(hir_nccl_comm_describe(c0), "collectives by size"));
-    CHECK(strstr(hir_nccl_comm_describe(c0), "collectives by size, as measured at creation: all-reduce: ") != NULL);
+    CHECK(strstr(hir_nccl_comm_describe(c0), "collectives by size, as measured at creation: all-reduce: ") != NULL ||
+          strstr(hir_nccl_comm_describe(c0), "collectives by size, as saved with the tuner's plans: all-reduce: ") != NULL);
     platform->run(n, kc_rank, &k);
     for (r = 0; r < n; r++) {
       if (platform->run == mp_run && r != mp_env.rank) continue;
