@@ -11906,9 +11906,17 @@ static void hir__count_readers(const hir_scope *s, int *readers, const hir_expr 
   }
 }
 
+/* The view a loop's permute writes, where the loop body makes it a chunk
+   (HirAliasSelect) of a whole tensor; NULL where not. */
+static const hir_expr *hir__chunk_into(const hir_expr *e) {
+  return e->scope ? hir__defined_in(e->scope, e->out[0], HIR_EXPR_ALIAS_SELECT) : NULL;
+}
+
 /* ev->into: for a tensor of the program's own whose only reader is a
    top-level permute, that permute (hir__bind_into lays the tensor into its
-   output where the permute moves only axes of size 1). */
+   output where the permute moves only axes of size 1); or whose only reader
+   is a loop's chunk of it, read only by a permute into the same chunk of
+   another tensor (a column-parallel product chunk by chunk): that permute. */
 static void hir__permutes_into(hir_evaluator *ev) {
   const hir_fusion *f = &ev->p->ir;
   int *readers = (int *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(int)), i;
@@ -11917,10 +11925,14 @@ static void hir__permutes_into(hir_evaluator *ev) {
   if (readers && last) {
     memset(readers, 0, ((size_t)ev->ntv + 1) * sizeof(int));
     hir__count_readers(&ev->p->top, readers, last);
-    for (i = 0; i <= ev->ntv; i++)
-      if (readers[i] == 1 && last[i]->kind == HIR_EXPR_LOAD_STORE && (last[i]->flags & HIR__SET_PERMUTE) &&
-          last[i]->scope == &ev->p->top)
-        ev->into[i] = last[i];
+    for (i = 0; i <= ev->ntv; i++) {
+      const hir_expr *e = readers[i] == 1 ? last[i] : NULL, *chunk = NULL;
+      if (e && e->kind == HIR_EXPR_ALIAS_SELECT && readers[e->out[0]->name] == 1) /* a loop's chunk of it, then its permute */
+        chunk = e, e = last[e->out[0]->name];
+      if (e && e->kind == HIR_EXPR_LOAD_STORE && (e->flags & HIR__SET_PERMUTE) &&
+          (chunk ? e->scope == chunk->scope && hir__chunk_into(e) && hir__chunk_into(e)->val == chunk->val : e->scope == &ev->p->top))
+        ev->into[i] = e;
+    }
     for (i = 0; i < f->inputs.n + f->outputs.n; i++) /* the caller's tensors are where the caller put them */
       ev->into[((const hir_tv *)(i < f->inputs.n ? f->inputs.items[i] : f->outputs.items[i - f->inputs.n]))->name] = NULL;
   }
@@ -11936,13 +11948,41 @@ static void hir__permutes_into(hir_evaluator *ev) {
    it is not the caller's; the caller's must be dense. */
 enum { HIR__INTO_VIEW = -3 };
 static int hir__bind_new(hir_evaluator *ev, const hir_tv *tv);
+/* Whether the chunks' permute e, laying chunk `in_axis` of a tensor of
+   shape `sh` into chunk `out_axis` of one of shape `to` (data axes), keeps
+   the order of every axis of size > 1 and their sizes: the whole tensor is
+   then the other's bytes, in its order. */
+static int hir__chunks_in_order(const hir_expr *e, const hir__shape *sh, int in_axis, const hir__shape *to, int out_axis) {
+  int map[HIR_MAX_DIMS], a, i, k, last = -1;
+  if (sh->nd != to->nd || sh->sizes[in_axis] != to->sizes[out_axis]) return 0;
+  map[in_axis] = out_axis;
+  for (i = 0, k = 0; i < to->nd; i++) /* the output chunk's axis k is `to`'s axis i (out_axis skipped) */
+    if (i != out_axis) a = e->perm[k++], map[a + (a >= in_axis)] = i;
+  for (a = 0; a < sh->nd; a++) {
+    if (sh->sizes[a] != to->sizes[map[a]]) return 0;
+    if (sh->sizes[a] == 1) continue;
+    if (map[a] < last) return 0;
+    last = map[a];
+  }
+  return 1;
+}
+
 static int hir__bind_into(hir_evaluator *ev, const hir_tv *tv) {
-  const hir_expr *e = ev->into[tv->name];
+  const hir_expr *e = ev->into[tv->name], *chunk = e && e->scope != &ev->p->top ? hir__chunk_into(e) : NULL;
   const hir__shape *sh = &ev->shape[tv->name];
   const hir_tv *out;
   int i, caller = 0;
-  if (!e || !hir__moves_size_one(e, sh->sizes, sh->nd)) return 0;
-  out = e->out[0];
+  if (!e) return 0;
+  if (chunk) { /* tv's chunk into `out`'s: tv laid into out where the two hold their bytes in one order */
+    const hir_expr *mine = hir__defined_in(e->scope, e->in[0], HIR_EXPR_ALIAS_SELECT);
+    out = chunk->in[0];
+    if (!mine || !ev->shape[out->name].known || !hir__chunks_in_order(e, sh, hir__data_index(tv, mine->axis), &ev->shape[out->name],
+                                                                   hir__data_index(out, chunk->axis)))
+      return 0;
+  } else {
+    if (!hir__moves_size_one(e, sh->sizes, sh->nd)) return 0;
+    out = e->out[0];
+  }
   for (i = 0; i < ev->p->ir.outputs.n; i++) caller |= ev->p->ir.outputs.items[i] == (const void *)out;
   if (ev->bound[out->name] ? ev->slot_block[out->name] < 0 && !caller : caller || !hir__bind_new(ev, out)) return 0;
   if (!hir__is_contiguous(&ev->slot[out->name])) return 0;
@@ -12292,7 +12332,9 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   bv = y ? *y : av;
   switch (e->kind) {
   case HIR_EXPR_LOAD_STORE:
-    if (ev->slot_block[e->in[0]->name] == HIR__INTO_VIEW && ev->into[e->in[0]->name] == e) return 1; /* in place already */
+    if ((e->flags & HIR__SET_PERMUTE) && x->data == ov.data && hir__is_contiguous(x) && hir__is_contiguous(&ov) &&
+        hir__moves_size_one(e, x->sizes, x->ndims))
+      return 1; /* in place already (hir__bind_into) */
     if (e->flags & HIR__SET_PERMUTE) { /* the source seen in the output's order */
       int i;
       for (i = 0; i < ov.ndims; i++) av.sizes[i] = x->sizes[e->perm[i]], av.strides[i] = x->strides[e->perm[i]];

@@ -982,27 +982,38 @@ TEST(test_split_in_place, "split/views_in_place", TEST_CPU) {
   { /* the first linear alone, its output the caller's: the product, [F parts, T, F / parts], goes straight into it */
     hir_tensor o1[1];
     float h[T * F];
-    f = hir_fusion_create();
-    tx = hir_input(f, HIR_F32, 2), tw1 = hir_input(f, HIR_F32, 2);
-    hir_output(f, ty = hir_linear(f, tx, tw1, NULL));
-    hir_set_mesh(tx, 1, mesh), hir_set_mesh(tw1, 1, mesh), hir_set_mesh(ty, 1, mesh);
-    hir_split(tw1, 0, 1, 1);
-    hir_parallelize(tw1, 0, HIR_DIDX), hir_parallelize(ty, 1, HIR_DIDX);
-    CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
-    memset(o1, 0, sizeof o1);
-    o1[0].data = h, o1[0].dtype = HIR_F32, o1[0].ndims = 2, o1[0].sizes[0] = T, o1[0].sizes[1] = F;
-    for (i = 0; i < T * F; i++) h[i] = NAN;
-    CHECK(hir_run(ev, in, 2, o1, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
-    for (i = 0; i < T; i++)
-      for (k = 0; k < F; k++) {
-        double want = 0;
-        for (n = 0; n < H; n++) want += (double)x[i * H + n] * w1[k * H + n];
-        CHECK(fabs(h[i * F + k] - want) < 1e-3);
+    int streams;
+    for (streams = 0; streams < 2; streams++) { /* then with the output's T parts on streams (the sequence-parallel
+                                                    pipeline): each chunk's product, [F parts, T chunk, F / parts],
+                                                    goes straight into its chunk of the output */
+      f = hir_fusion_create();
+      tx = hir_input(f, HIR_F32, 2), tw1 = hir_input(f, HIR_F32, 2);
+      hir_output(f, ty = hir_linear(f, tx, tw1, NULL));
+      hir_set_mesh(tx, 1, mesh), hir_set_mesh(tw1, 1, mesh), hir_set_mesh(ty, 1, mesh);
+      hir_split(tw1, 0, 1, 1);
+      hir_parallelize(tw1, 0, HIR_DIDX);
+      if (streams) {
+        hir_split(tx, 0, 1, 1);
+        hir_parallelize(tx, 0, HIR_DIDX), hir_parallelize(ty, 0, HIR_STREAM);
       }
-    CHECK(hir_evaluator_memory(ev) == 0);
-    hir_evaluator_free(ev);
-    hir_program_free(p);
-    hir_fusion_free(f);
+      hir_parallelize(ty, streams ? 2 : 1, HIR_DIDX);
+      CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+      memset(o1, 0, sizeof o1);
+      o1[0].data = h, o1[0].dtype = HIR_F32, o1[0].ndims = 2, o1[0].sizes[0] = T, o1[0].sizes[1] = F;
+      for (i = 0; i < T * F; i++) h[i] = NAN;
+      CHECK(hir_run(ev, in, 2, o1, 1) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK);
+      for (i = 0; i < T; i++)
+        for (k = 0; k < F; k++) {
+          double want = 0;
+          for (n = 0; n < H; n++) want += (double)x[i * H + n] * w1[k * H + n];
+          CHECK(fabs(h[i * F + k] - want) < 1e-3);
+        }
+      CHECK(hir_evaluator_memory(ev) == 0);
+      if (hir_evaluator_memory(ev)) fprintf(stderr, "  streams %d: the evaluator holds %zu bytes\n", streams, hir_evaluator_memory(ev));
+      hir_evaluator_free(ev);
+      hir_program_free(p);
+      hir_fusion_free(f);
+    }
   }
   hir_local_world_free(w);
 }

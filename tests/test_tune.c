@@ -86,7 +86,6 @@ static hir_tune_desc tune_desc(tune_ctx *x, int rank) {
     x->choice_comm[rank].collective_choice = choice_get;
     x->choice_comm[rank].set_collective_choice = choice_set;
     d.lower.comm = d.eval.comm = &x->choice_comm[rank];
-    choice_ctx = x;
   }
   d.memory_limit = x->memory_limit;
   d.iters = 2;
@@ -286,6 +285,7 @@ TEST(test_tune_collective_choice, "tune/collective_choice_saved", TEST_CPU) {
   int r, k;
   tune_begin(&x, 3, 8, 16, 12);
   x.with_choice = 1;
+  choice_ctx = &x; /* before the ranks start: they only read it */
   for (r = 0; r < 3; r++) x.save[r] = tmpfile(), snprintf(x.choice_now[r], sizeof x.choice_now[r], "kc1 3 | ar one/32");
   CHECK(hir_spmd(3, tune_rank, &x) == HIR_OK);
   for (r = 0; r < 3; r++)
