@@ -11881,6 +11881,18 @@ static void hir__bind_at(hir_evaluator *ev, const hir_tv *tv, void *data, int bl
   ev->slot_block[tv->name] = block;
 }
 
+/* Whether a and b (one start) put every element in one place: the same
+   sizes, the same strides wherever an axis has more than one element. */
+static int hir__same_places(const hir_tensor *a, const hir_tensor *b) {
+  int i, strided = 0;
+  if (a->ndims != b->ndims) return 0;
+  for (i = 0; i < a->ndims; i++) {
+    if (a->sizes[i] != b->sizes[i] || (a->sizes[i] > 1 && a->strides[i] != b->strides[i])) return 0;
+    strided |= a->sizes[i] > 1 && a->strides[i] != 0;
+  }
+  return strided || hir__numel(a->ndims, a->sizes) <= 1; /* all strides 0 say row-major, not where the permute puts them */
+}
+
 /* Whether permute e, its input of these sizes, moves only axes of size 1:
    the axes of size > 1 keep their order, so no byte changes place. */
 static int hir__moves_size_one(const hir_expr *e, const int64_t *in_sizes, int nd) {
@@ -11941,11 +11953,14 @@ static void hir__permutes_into(hir_evaluator *ev) {
 }
 
 /* tv (unbound, about to be made) as a view of the output of the permute
-   that is its only reader, where that permute moves only axes of size 1:
-   the tensor's producer writes straight into the permute's output, which
-   then has nothing to copy (a column-parallel product into its output, an
-   activation into its row-parallel layout). The output is bound first, if
-   it is not the caller's; the caller's must be dense. */
+   that is its only reader (ev->into): where that permute moves only axes of
+   size 1, the same bytes in tv's shape (a column-parallel product into its
+   output, an activation into its row-parallel layout, a loop's chunks into
+   the output's); else, where tv's writer writes any strides, the output
+   seen in tv's order (relu into a column-major output). The producer writes
+   straight into the permute's output, which then has nothing to copy. The
+   output is bound first where the caller gave none; one the caller gave
+   must be dense. */
 enum { HIR__INTO_VIEW = -3 };
 static int hir__bind_new(hir_evaluator *ev, const hir_tv *tv);
 /* Whether the chunks' permute e, laying chunk `in_axis` of a tensor of
@@ -11967,11 +11982,26 @@ static int hir__chunks_in_order(const hir_expr *e, const hir__shape *sh, int in_
   return 1;
 }
 
+/* Whether tv's one writer is an elementwise op at the top level (a unary
+   op not fused into a linear's epilogue, a binary op, a local set or cast),
+   which writes any strides: tv may then be a strided view. */
+static int hir__writes_strided(const hir_evaluator *ev, const hir_tv *tv) {
+  const hir_expr *w = NULL;
+  int i, writers = 0;
+  for (i = 0; i < ev->p->top.exprs.n; i++) {
+    const hir_expr *x = (const hir_expr *)ev->p->top.exprs.items[i];
+    if (x->nout && x->out[0] == tv) writers++, w = x;
+  }
+  return writers == 1 && !ev->epilogue[w->name] &&
+         (w->kind == HIR_EXPR_UNARY || w->kind == HIR_EXPR_BINARY ||
+          (w->kind == HIR_EXPR_LOAD_STORE && !(w->flags & HIR__SET_PERMUTE) && !hir_expr_is_resharding(w)));
+}
+
 static int hir__bind_into(hir_evaluator *ev, const hir_tv *tv) {
   const hir_expr *e = ev->into[tv->name], *chunk = e && e->scope != &ev->p->top ? hir__chunk_into(e) : NULL;
   const hir__shape *sh = &ev->shape[tv->name];
   const hir_tv *out;
-  int i, caller = 0;
+  int i, caller = 0, size_one = 1;
   if (!e) return 0;
   if (chunk) { /* tv's chunk into `out`'s: tv laid into out where the two hold their bytes in one order */
     const hir_expr *mine = hir__defined_in(e->scope, e->in[0], HIR_EXPR_ALIAS_SELECT);
@@ -11980,13 +12010,15 @@ static int hir__bind_into(hir_evaluator *ev, const hir_tv *tv) {
                                                                    hir__data_index(out, chunk->axis)))
       return 0;
   } else {
-    if (!hir__moves_size_one(e, sh->sizes, sh->nd)) return 0;
+    if (!(size_one = hir__moves_size_one(e, sh->sizes, sh->nd)) && !hir__writes_strided(ev, tv)) return 0;
     out = e->out[0];
   }
   for (i = 0; i < ev->p->ir.outputs.n; i++) caller |= ev->p->ir.outputs.items[i] == (const void *)out;
-  if (ev->bound[out->name] ? ev->slot_block[out->name] < 0 && !caller : caller || !hir__bind_new(ev, out)) return 0;
+  if (ev->bound[out->name] ? ev->slot_block[out->name] < 0 && !caller : !hir__bind_new(ev, out)) return 0;
   if (!hir__is_contiguous(&ev->slot[out->name])) return 0;
   hir__bind_at(ev, tv, ev->slot[out->name].data, HIR__INTO_VIEW);
+  for (i = 0; !size_one && i < ev->slot[out->name].ndims; i++) /* the output seen in tv's order: a strided view */
+    ev->slot[tv->name].strides[e->perm[i]] = ev->slot[out->name].strides[i];
   return 1;
 }
 
@@ -12332,13 +12364,11 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   bv = y ? *y : av;
   switch (e->kind) {
   case HIR_EXPR_LOAD_STORE:
-    if ((e->flags & HIR__SET_PERMUTE) && x->data == ov.data && hir__is_contiguous(x) && hir__is_contiguous(&ov) &&
-        hir__moves_size_one(e, x->sizes, x->ndims))
-      return 1; /* in place already (hir__bind_into) */
     if (e->flags & HIR__SET_PERMUTE) { /* the source seen in the output's order */
       int i;
       for (i = 0; i < ov.ndims; i++) av.sizes[i] = x->sizes[e->perm[i]], av.strides[i] = x->strides[e->perm[i]];
     }
+    if (av.data == ov.data && hir__same_places(&av, &ov)) return 1; /* in place already (hir__bind_into) */
     return hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, &ov, &av), e);
   case HIR_EXPR_BINARY: return hir__exec_binary(ev, e, &ov, &av, &bv);
   case HIR_EXPR_UNARY:

@@ -652,7 +652,8 @@ TEST(test_split_allocation, "split/allocation_loop", TEST_CPU | TEST_GPU_WORLDS)
    relu of a column-major x into a column-major y: the relu alone. Both
    against the reference, inputs passed in either layout (a layout other
    than the declared one is copied in), outputs handed back or preallocated
-   row-major (written through a copy). */
+   row-major (written through a copy). And relu of a row-major x into a
+   column-major y: the relu writes y's layout itself. */
 TEST(test_split_allocation_compliant, "split/allocation_compliant", TEST_CPU | TEST_GPU_WORLDS) {
   static const int first[1] = {0}, second[1] = {1};
   int wi, relu;
@@ -683,6 +684,43 @@ TEST(test_split_allocation_compliant, "split/allocation_compliant", TEST_CPU | T
       for (i = 0; i < 5 * 3 * D; i++) tset(&want, i, relu && tget(&in, i) < 0 ? 0 : tget(&in, i));
       RUN_ONE(f, D, in, want, wi & 1, relu ? "allocation_compliant (relu)" : "allocation_compliant");
     }
+  { /* relu of a row-major x into a column-major y: the relu writes y's layout, the permute after it copies nothing;
+       the evaluator holds y alone when it hands y back, nothing when the caller passes y in its layout */
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 2), *y = hir_relu(f, x);
+    hir_program *p = NULL;
+    hir_evaluator *ev = NULL;
+    hir_lower_desc ld;
+    hir_eval_desc ed;
+    int64_t sz[2] = {3, 4}, i;
+    hir_tensor in = trand(HIR_F32, 2, sz), out;
+    float mine[12];
+    int given;
+    hir_output(f, y);
+    hir_reorder(y, 1, second, first);
+    CHECK(hir_set_allocation_loop(y) == HIR_OK);
+    memset(&ld, 0, sizeof ld);
+    memset(&ed, 0, sizeof ed);
+    CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+    for (given = 1; ev && given >= 0; given--) { /* given first: a block handed back stays the evaluator's */
+      memset(&out, 0, sizeof out);
+      if (given) {
+        for (i = 0; i < 12; i++) mine[i] = NAN;
+        out.data = mine, out.dtype = HIR_F32, out.ndims = 2, out.sizes[0] = 3, out.sizes[1] = 4, out.strides[0] = 1, out.strides[1] = 3;
+      }
+      CHECK(hir_run(ev, &in, 1, &out, 1) == HIR_OK && out.strides[0] == 1 && out.strides[1] == 3);
+      for (i = 0; i < 12 && out.data; i++)
+        CHECK(((float *)out.data)[i / 4 + (i % 4) * 3] == (float)(tget(&in, i) > 0 ? tget(&in, i) : 0));
+      CHECK(hir_evaluator_memory(ev) == (given ? 0 : 12 * sizeof(float)));
+      if (hir_evaluator_memory(ev) != (given ? 0 : 12 * sizeof(float)))
+        fprintf(stderr, "  relu into a column-major y (%s): the evaluator holds %zu bytes\n", given ? "given" : "handed back",
+                hir_evaluator_memory(ev));
+    }
+    hir_evaluator_free(ev);
+    hir_program_free(p);
+    hir_fusion_free(f);
+    tfree(&in);
+  }
 }
 
 /* A split through a permute: x [M, K] split by D on M and sharded, y =
