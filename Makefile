@@ -14,7 +14,8 @@ CUDA_HOME ?= $(if $(NVCC_PATH),$(patsubst %/bin/,%,$(dir $(NVCC_PATH))))
 # With CUDA found, examples get the CUDA backend and NCCL (and still run on the
 # CPU where no GPU is visible).
 ifneq ($(CUDA_HOME),)
-CUDA_CFLAGS := -DHOSTIR_CUDA -I$(CUDA_HOME)/include
+# HOSTIR_CUDA defined empty, as `#define HOSTIR_CUDA` in a source file does: both together raise no redefinition warning
+CUDA_CFLAGS := -DHOSTIR_CUDA= -I$(CUDA_HOME)/include
 # -Xlinker -rpath=, which cc and nvcc both take (nvcc refuses -Wl,; pkg-config drops a second -Xlinker):
 # these flags also go into hostir-cuda.pc.
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Xlinker -rpath=$(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart -ldl
@@ -23,9 +24,21 @@ endif
 HEADERS := hostir.h hostir_nccl.h
 TEST_SRC := $(wildcard tests/*.c tests/*.h) $(wildcard tests/golden/*.txt)
 
-.PHONY: all run run-examples test test-asan test-tsan valgrind fuzz test-gpu test-bootstrap diff bench bench-build examples examples-nvcc install clean
+.PHONY: help all run run-examples test test-asan test-tsan valgrind fuzz test-gpu test-bootstrap diff bench bench-build examples examples-nvcc install clean
 
 all: $(BUILD)/test $(BUILD)/main
+
+help:
+	@echo 'make run            the main example (CPU ranks in one process; with CUDA found, the GPUs)'
+	@echo 'make test           the tests; the last line says N passed, N failed'
+	@echo 'make run-examples   every example'
+	@echo 'make test-gpu       the GPU suite (TEST_GPU_STAGES=FIRST-LAST runs some of its stages)'
+	@echo 'make test-asan      the tests under ASan and UBSan; test-tsan under TSan; valgrind under memcheck'
+	@echo 'make diff           the differential check against a plain reference (HIR_DIFF_PROGRAMS=N)'
+	@echo 'make fuzz           the fuzzer (FUZZ_SECONDS=N)'
+	@echo 'make test-bootstrap the bootstrap without GPUs'
+	@echo 'make bench          the benchmarks (bench-build builds them)'
+	@echo 'make install        the headers and pkg-config files (PREFIX=...)'
 
 $(BUILD):
 	mkdir -p $(BUILD)

@@ -48,11 +48,13 @@ static void python_suite(const char *script, const char *module) {
   int status;
   if (access("build/hostir_native.so", R_OK) != 0 || !getcwd(cwd, sizeof cwd)) {
     printf("  skipped: build/hostir_native.so is not built (make test builds it)\n");
+    hir_test_skipped = 1;
     return;
   }
   snprintf(cmd, sizeof cmd, "%s -c 'import %s' >/dev/null 2>&1", py, module);
   if (system(cmd) != 0) {
     printf("  skipped: %s has no %s (pip install %s, or name another Python in HOSTIR_PYTHON)\n", py, module, module);
+    hir_test_skipped = 1;
     return;
   }
   snprintf(cmd, sizeof cmd, "HOSTIR_NATIVE='%s/build/hostir_native.so' %s python/tests/%s 2>&1", cwd, py, script);
@@ -98,6 +100,7 @@ int main(int argc, char **argv) {
   int passed = 0, failed = 0;
   hir_run_tests(TEST_CPU, argc > 1 ? argv[1] : NULL, "", 0, &passed, &failed);
   if (hir_tests_lost) printf("FAIL %d tests were not registered: raise the size of hir_tests in tests/test.h\n", hir_tests_lost), failed++;
+  if (hir_tests_skipped) printf("%d skipped (their tools are missing here; each says which)\n", hir_tests_skipped);
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

@@ -585,6 +585,10 @@ static void run_case(spmd_case *c, const char *name, const char *file, int line)
    progress). */
 static const char *volatile hir_test_running;
 static volatile int hir_test_serial, hir_test_steps;
+/* A test that could not run here (a suite whose tools are missing) sets
+   hir_test_skipped; the runner says "skip" and counts it in
+   hir_tests_skipped, not among the passed. */
+static int hir_test_skipped, hir_tests_skipped;
 /* Part `hir_test_part` of `hir_test_parts` runs the tests whose place in the
    registry is that part modulo the count (a suite longer than one sitting is
    run in parts; the parts together are the whole). */
@@ -597,19 +601,19 @@ static void hir_run_tests(unsigned where, const char *filter, const char *prefix
     int before = cases_run;
     struct timespec t0, t1;
     if (!(t->where & where) || (filter && !strstr(t->name, filter)) || i % hir_test_parts != hir_test_part) continue;
-    hir_test_failures = 0;
+    hir_test_failures = hir_test_skipped = 0;
     hir_test_running = t->name;
     hir_test_serial++;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     t->fn();
     clock_gettime(CLOCK_MONOTONIC, &t1);
     hir_test_running = NULL;
-    printf("%s%s %s", prefix, hir_test_failures ? "FAIL" : "ok  ", t->name);
+    printf("%s%s %s", prefix, hir_test_failures ? "FAIL" : hir_test_skipped ? "skip" : "ok  ", t->name);
     if (show_cases) /* the seconds too: they decide how a long suite is cut into parts */
       printf(" (%d cases run, %.1f s)", cases_run - before, (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
     printf("\n");
     fflush(stdout);
-    if (hir_test_failures) ++*failed; else ++*passed;
+    if (hir_test_failures) ++*failed; else if (hir_test_skipped) hir_tests_skipped++; else ++*passed;
   }
 }
 
