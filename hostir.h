@@ -11289,7 +11289,7 @@ struct hir_evaluator {
   hir__env env;
   hir_tensor *slot;             /* by tensor name */
   int *slot_block;
-  const hir_expr **into; /* by tensor name: the permute that is its only reader (hir__permutes_into), else NULL */
+  struct hir__into *into; /* by tensor name: the permute that is its only reader, where the tensor may lie in its output */
   unsigned char *bound;
   hir__shape *shape;
   hir__block *blocks;
@@ -11918,35 +11918,56 @@ static void hir__count_readers(const hir_scope *s, int *readers, const hir_expr 
   }
 }
 
-/* The view a loop's permute writes, where the loop body makes it a chunk
-   (HirAliasSelect) of a whole tensor; NULL where not. */
-static const hir_expr *hir__chunk_into(const hir_expr *e) {
-  return e->scope ? hir__defined_in(e->scope, e->out[0], HIR_EXPR_ALIAS_SELECT) : NULL;
+/* Whether tv's one writer is an elementwise op at the top level (a unary
+   op not fused into a linear's epilogue, a binary op, a local set or cast),
+   which writes any strides: tv may then be a strided view. */
+static int hir__writes_strided(const hir_evaluator *ev, const hir_tv *tv) {
+  const hir_expr *w = NULL;
+  int i, writers = 0;
+  for (i = 0; i < ev->p->top.exprs.n; i++) {
+    const hir_expr *x = (const hir_expr *)ev->p->top.exprs.items[i];
+    if (x->nout && x->out[0] == tv) writers++, w = x;
+  }
+  return writers == 1 && !ev->epilogue[w->name] &&
+         (w->kind == HIR_EXPR_UNARY || w->kind == HIR_EXPR_BINARY ||
+          (w->kind == HIR_EXPR_LOAD_STORE && !(w->flags & HIR__SET_PERMUTE) && !hir_expr_is_resharding(w)));
 }
 
-/* ev->into: for a tensor of the program's own whose only reader is a
-   top-level permute, that permute (hir__bind_into lays the tensor into its
-   output where the permute moves only axes of size 1); or whose only reader
-   is a loop's chunk of it, read only by a permute into the same chunk of
-   another tensor (a column-parallel product chunk by chunk): that permute. */
+/* ev->into, made once with the evaluator (after its epilogues): for a
+   tensor of the program's own whose only reader is a top-level permute,
+   that permute (hir__bind_into lays the tensor into its output where the
+   permute moves only axes of size 1, or where the tensor's writer writes
+   any strides); or whose only reader is a loop's chunk of it, read only by
+   a permute into the same chunk of another tensor (a column-parallel
+   product chunk by chunk): that permute and the two chunks. */
+typedef struct hir__into {
+  const hir_expr *permute;       /* NULL: none */
+  const hir_expr *mine, *theirs; /* in a loop: the HirAliasSelects the permute reads and writes; NULL at the top */
+  int strided;                   /* at the top: the tensor's writer writes any strides (hir__writes_strided) */
+} hir__into;
+
 static void hir__permutes_into(hir_evaluator *ev) {
   const hir_fusion *f = &ev->p->ir;
   int *readers = (int *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(int)), i;
   const hir_expr **last = (const hir_expr **)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(void *));
-  memset(ev->into, 0, ((size_t)ev->ntv + 1) * sizeof(void *));
+  memset(ev->into, 0, ((size_t)ev->ntv + 1) * sizeof *ev->into);
   if (readers && last) {
     memset(readers, 0, ((size_t)ev->ntv + 1) * sizeof(int));
     hir__count_readers(&ev->p->top, readers, last);
     for (i = 0; i <= ev->ntv; i++) {
-      const hir_expr *e = readers[i] == 1 ? last[i] : NULL, *chunk = NULL;
+      const hir_expr *e = readers[i] == 1 ? last[i] : NULL, *mine = NULL, *theirs = NULL;
       if (e && e->kind == HIR_EXPR_ALIAS_SELECT && readers[e->out[0]->name] == 1) /* a loop's chunk of it, then its permute */
-        chunk = e, e = last[e->out[0]->name];
-      if (e && e->kind == HIR_EXPR_LOAD_STORE && (e->flags & HIR__SET_PERMUTE) &&
-          (chunk ? e->scope == chunk->scope && hir__chunk_into(e) && hir__chunk_into(e)->val == chunk->val : e->scope == &ev->p->top))
-        ev->into[i] = e;
+        mine = e, e = last[e->out[0]->name];
+      if (!e || e->kind != HIR_EXPR_LOAD_STORE || !(e->flags & HIR__SET_PERMUTE)) continue;
+      if (mine && (e->scope != mine->scope || !(theirs = hir__defined_in(e->scope, e->out[0], HIR_EXPR_ALIAS_SELECT)) ||
+                   theirs->val != mine->val))
+        continue;
+      if (!mine && e->scope != &ev->p->top) continue;
+      ev->into[i].permute = e, ev->into[i].mine = mine, ev->into[i].theirs = theirs;
+      ev->into[i].strided = !mine && hir__writes_strided(ev, (const hir_tv *)f->tvs.items[i]);
     }
     for (i = 0; i < f->inputs.n + f->outputs.n; i++) /* the caller's tensors are where the caller put them */
-      ev->into[((const hir_tv *)(i < f->inputs.n ? f->inputs.items[i] : f->outputs.items[i - f->inputs.n]))->name] = NULL;
+      ev->into[((const hir_tv *)(i < f->inputs.n ? f->inputs.items[i] : f->outputs.items[i - f->inputs.n]))->name].permute = NULL;
   }
   HIR_FREE(readers);
   HIR_FREE((void *)last);
@@ -11982,35 +12003,20 @@ static int hir__chunks_in_order(const hir_expr *e, const hir__shape *sh, int in_
   return 1;
 }
 
-/* Whether tv's one writer is an elementwise op at the top level (a unary
-   op not fused into a linear's epilogue, a binary op, a local set or cast),
-   which writes any strides: tv may then be a strided view. */
-static int hir__writes_strided(const hir_evaluator *ev, const hir_tv *tv) {
-  const hir_expr *w = NULL;
-  int i, writers = 0;
-  for (i = 0; i < ev->p->top.exprs.n; i++) {
-    const hir_expr *x = (const hir_expr *)ev->p->top.exprs.items[i];
-    if (x->nout && x->out[0] == tv) writers++, w = x;
-  }
-  return writers == 1 && !ev->epilogue[w->name] &&
-         (w->kind == HIR_EXPR_UNARY || w->kind == HIR_EXPR_BINARY ||
-          (w->kind == HIR_EXPR_LOAD_STORE && !(w->flags & HIR__SET_PERMUTE) && !hir_expr_is_resharding(w)));
-}
-
 static int hir__bind_into(hir_evaluator *ev, const hir_tv *tv) {
-  const hir_expr *e = ev->into[tv->name], *chunk = e && e->scope != &ev->p->top ? hir__chunk_into(e) : NULL;
+  const hir__into *in = &ev->into[tv->name];
+  const hir_expr *e = in->permute;
   const hir__shape *sh = &ev->shape[tv->name];
   const hir_tv *out;
   int i, caller = 0, size_one = 1;
   if (!e) return 0;
-  if (chunk) { /* tv's chunk into `out`'s: tv laid into out where the two hold their bytes in one order */
-    const hir_expr *mine = hir__defined_in(e->scope, e->in[0], HIR_EXPR_ALIAS_SELECT);
-    out = chunk->in[0];
-    if (!mine || !ev->shape[out->name].known || !hir__chunks_in_order(e, sh, hir__data_index(tv, mine->axis), &ev->shape[out->name],
-                                                                   hir__data_index(out, chunk->axis)))
+  if (in->mine) { /* tv's chunk into `out`'s: tv laid into out where the two hold their bytes in one order */
+    out = in->theirs->in[0];
+    if (!ev->shape[out->name].known || !hir__chunks_in_order(e, sh, hir__data_index(tv, in->mine->axis), &ev->shape[out->name],
+                                                             hir__data_index(out, in->theirs->axis)))
       return 0;
   } else {
-    if (!(size_one = hir__moves_size_one(e, sh->sizes, sh->nd)) && !hir__writes_strided(ev, tv)) return 0;
+    if (!(size_one = hir__moves_size_one(e, sh->sizes, sh->nd)) && !in->strided) return 0;
     out = e->out[0];
   }
   for (i = 0; i < ev->p->ir.outputs.n; i++) caller |= ev->p->ir.outputs.items[i] == (const void *)out;
@@ -12026,7 +12032,7 @@ static int hir__bind_new(hir_evaluator *ev, const hir_tv *tv) {
   const hir__shape *sh = &ev->shape[tv->name];
   size_t bytes = (size_t)hir__shape_numel(sh) * hir_dtype_size(tv->dtype);
   int i;
-  if (ev->into[tv->name] && hir__bind_into(ev, tv)) return 1;
+  if (ev->into[tv->name].permute && hir__bind_into(ev, tv)) return 1;
   for (i = 0; i < ev->nblocks; i++) /* same program, same order: same addresses every run */
     if (!ev->blocks[i].in_use && ev->blocks[i].bytes == bytes) break;
   if (i == ev->nblocks) {
@@ -13114,7 +13120,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   ok = ok && (ev->env.sym_bound = (unsigned char *)HIR_MALLOC((size_t)ev->nval + 1)) != NULL;
   ok = ok && (ev->slot = (hir_tensor *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(hir_tensor))) != NULL;
   ok = ok && (ev->slot_block = (int *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(int))) != NULL;
-  ok = ok && (ev->into = (const hir_expr **)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(void *))) != NULL;
+  ok = ok && (ev->into = (hir__into *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof *ev->into)) != NULL;
   ok = ok && (ev->bound = (unsigned char *)HIR_MALLOC((size_t)ev->ntv + 1)) != NULL;
   ok = ok && (ev->shape = (hir__shape *)HIR_MALLOC(((size_t)ev->ntv + 1) * sizeof(hir__shape))) != NULL;
   ok = ok && (ev->blocks = (hir__block *)HIR_MALLOC((size_t)ev->cap_blocks * sizeof(hir__block))) != NULL;
@@ -13136,7 +13142,6 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   memset(ev->bound, 0, (size_t)ev->ntv + 1);
   memset(ev->key, 0, ((size_t)ev->key_n + 1) * sizeof(int64_t));
   for (i = 0; i <= ev->ntv; i++) ev->slot_block[i] = -1;
-  hir__permutes_into(ev);
   for (i = 0; i < ev->nstreams; i++)
     if ((ev->b->stream_shared ? ev->b->stream_shared(ev->b, i, &ev->pool[i]) : ev->b->stream_create(ev->b, &ev->pool[i])) != HIR_OK ||
         ev->b->event_create(ev->b, &ev->pool_ev[i]) != HIR_OK)
@@ -13157,6 +13162,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   hir__walk(&p->top, hir__setup_expr, ev);
   hir__find_epilogues(ev, &p->top);
   hir__find_fused(ev, &p->top);
+  hir__permutes_into(ev); /* after the epilogues: a fused op writes no strides */
   return ev->status;
 }
 
