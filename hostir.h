@@ -1693,6 +1693,7 @@ struct hir_tv {
      alloc_order[0] outermost, alloc_order[nalloc - 1] innermost (0: row-major). */
   int nalloc;
   unsigned char alloc_order[HIR_MAX_DIMS];
+  int made_from;          /* a view or copy in another layout of a tensor (which messages name): its name + 1; 0: none */
 };
 
 struct hir_scope {
@@ -1798,6 +1799,7 @@ struct hir_fusion {
   hir__arena arena;
   hir_program *program;   /* set when this is a program's IR */
   int next_tv, next_id, next_val, next_expr;
+  int callers_tvs;        /* a lowered program's IR: tensors named below this are the fusion's, the rest the lowering's */
   hir__vec tvs, exprs, inputs, outputs;
   hir_val *zero, *one, *named[HIR_NAMED_COUNT];
   hir_status status;
@@ -3173,6 +3175,7 @@ static hir_expr *hir__alias_view(hir_fusion *f, hir_tv *in, int axis, hir_val *i
                                                   cut->iter, cut->ptype)))
       return NULL;
   hir__share_mesh(out, in);
+  out->made_from = in->name + 1;
   if (!(e = hir__new_expr(f, parts ? HIR_EXPR_ALIAS_SLICE : HIR_EXPR_ALIAS_SELECT, 1, 1))) return NULL;
   e->in[0] = in;
   e->out[0] = out;
@@ -4039,6 +4042,27 @@ HIRDEF size_t hir_segmentation_snprint_dot(const hir_segmentation *s, char *buf,
 }
 
 // >>analysis
+/* How a message names a tensor: "T3"; one the lowering made is named with
+   the fusion tensor it was made from, the one the caller knows:
+   "T10 [the lowering's, from T3]". */
+typedef struct hir__tv_label {
+  char text[64];
+} hir__tv_label;
+
+static hir__tv_label hir__label(const hir_tv *tv) {
+  hir__tv_label l;
+  const hir_fusion *f = tv->ir;
+  const hir_tv *from = tv;
+  int hops = 0;
+  while (f->callers_tvs && from->name >= f->callers_tvs && hops++ < 64)
+    if (from->made_from && from->made_from <= f->tvs.n) from = (const hir_tv *)f->tvs.items[from->made_from - 1];
+    else if (from->definition && from->definition->nin && from->definition->in[0]) from = from->definition->in[0];
+    else break;
+  if (from == tv || from->name >= f->callers_tvs) snprintf(l.text, sizeof l.text, "T%d", tv->name);
+  else snprintf(l.text, sizeof l.text, "T%d [the lowering's, from T%d]", tv->name, from->name);
+  return l;
+}
+
 /* A matmul's axes as its operands' axis groups make them: na, nb, whether
    A has M and B has N, and the number of batch axes of the output. */
 typedef struct hir__matmul_shape {
@@ -4799,7 +4823,7 @@ static int hir__clone_fusion(hir_program *p, const hir_fusion *src) {
   }
   memset(c.vals, 0, ((size_t)src->next_val + 1) * sizeof(hir_val *));
   memset(c.tvs, 0, ((size_t)src->next_tv + 1) * sizeof(hir_tv *));
-  f->next_tv = src->next_tv;
+  f->next_tv = f->callers_tvs = src->next_tv;
   f->next_id = src->next_id;
   f->next_val = src->next_val;
   f->next_expr = src->next_expr;
@@ -5587,6 +5611,7 @@ static hir_tv *hir__laid_out_twin(hir_fusion *f, hir_tv *tv, const int *order, c
   hir__share_mesh(twin, tv);
   twin->is_input = tv->is_input, twin->is_output = tv->is_output, tv->is_input = tv->is_output = 0;
   name = twin->name, twin->name = tv->name, tv->name = name; /* f->tvs is by name */
+  tv->made_from = twin->name + 1;
   f->tvs.items[twin->name] = twin, f->tvs.items[tv->name] = tv;
   return twin;
 }
@@ -5810,9 +5835,9 @@ done:
 
 static int hir__inner_axis(hir_program *p, const hir_expr *e, const hir_tv *tv, int axis) {
   hir__fail(&p->ir, HIR_ERR_UNSUPPORTED,
-            "Resharding on an inner axis is not lowerable: T%d (%s %d) moves axis %d of T%d, but axes before it hold "
+            "Resharding on an inner axis is not lowerable: %s %d moves axis %d of its %s %s, but axes before it hold "
             "data; make that axis outermost, or stream-parallelize the axes before it",
-            e->out[0]->name, hir__ops[e->kind].name, e->name, axis, tv->name);
+            hir__ops[e->kind].name, e->name, axis, tv == e->out[0] ? "output" : "input", hir__label(tv).text);
   return 0;
 }
 
@@ -5855,9 +5880,9 @@ static int hir__team_plus(const hir_tv *tv, int extra, int *team) {
 }
 
 static int hir__unlowerable(hir_program *p, const hir_expr *e, const char *why) {
-  hir__fail(&p->ir, HIR_ERR_UNSUPPORTED, "T%d = %s(T%d) (%s %d) is not lowerable to communications: %s", e->out[0]->name,
+  hir__fail(&p->ir, HIR_ERR_UNSUPPORTED, "%s = %s(%s) (%s %d) is not lowerable to communications: %s", hir__label(e->out[0]).text,
             e->kind == HIR_EXPR_LOAD_STORE ? "set" : e->kind == HIR_EXPR_REDUCTION ? "sum" : hir__ops[e->kind].name,
-            e->in[0]->name, hir__ops[e->kind].name, e->name, why);
+            hir__label(e->in[0]).text, hir__ops[e->kind].name, e->name, why);
   return 0;
 }
 
@@ -6326,8 +6351,8 @@ static int hir__cut_axis(const hir_tv *tv, int s) {
 }
 
 static int hir__stream_fail(hir_program *p, const hir_expr *e, const char *why) {
-  hir__fail(&p->ir, HIR_ERR_UNSUPPORTED, "stream lowering: %s %d (T%d): %s", hir__ops[e->kind].name, e->name,
-            e->nout ? e->out[0]->name : -1, why);
+  hir__fail(&p->ir, HIR_ERR_UNSUPPORTED, "stream lowering: %s %d (%s): %s", hir__ops[e->kind].name, e->name,
+            e->nout ? hir__label(e->out[0]).text : "no output", why);
   return 0;
 }
 
@@ -6335,18 +6360,18 @@ static int hir__stream_fail(hir_program *p, const hir_expr *e, const char *why) 
    or one would read parts not written yet. `writes`: e writes tv. */
 static int hir__same_cut(hir__chain *c, const hir_expr *e, const hir_tv *tv, int axis, int writes) {
   unsigned char *seen = &c->cut_axis_of[tv->name];
-  char why[200];
+  char why[320];
   if (c->parts_per_peer < 2) return 1;
   if (writes && axis < 0) {
-    snprintf(why, sizeof why, "%s = %d cuts the first axis after the Stream axis, and T%d has none; use %s",
-             c->cut_option, c->parts_per_peer, tv->name, c->collective ? "P2P (collective_chunks = 0)" : "chunks_per_peer = 1");
+    snprintf(why, sizeof why, "%s = %d cuts the first axis after the Stream axis, and %s has none; use %s",
+             c->cut_option, c->parts_per_peer, hir__label(tv).text, c->collective ? "P2P (collective_chunks = 0)" : "chunks_per_peer = 1");
     return hir__stream_fail(c->p, e, why);
   }
   if (writes && !*seen) *seen = (unsigned char)(axis + 2);
   if (!*seen || *seen == axis + 2) return 1;
-  snprintf(why, sizeof why, "with %s = %d, T%d would be cut along axis %d here and axis %d where it is "
+  snprintf(why, sizeof why, "with %s = %d, %s would be cut along axis %d here and axis %d where it is "
            "written, so this op would read parts not written yet; use %s", c->cut_option,
-           c->parts_per_peer, tv->name, axis, *seen - 2, c->collective ? "P2P (collective_chunks = 0)" : "chunks_per_peer = 1");
+           c->parts_per_peer, hir__label(tv).text, axis, *seen - 2, c->collective ? "P2P (collective_chunks = 0)" : "chunks_per_peer = 1");
   return hir__stream_fail(c->p, e, why);
 }
 
@@ -6417,10 +6442,10 @@ static hir_tv *hir__rs_slot(hir__chain *c, hir_scope *scope, hir_val *index) {
    data (a view along an inner axis is strided). Known when lowering, so
    every rank refuses alike. */
 static int hir__contiguous_chunks(hir__chain *c, const hir_expr *e, const hir_tv *tv, int axis) {
-  char why[240];
+  char why[320];
   if (axis < 0 || hir__outermost(tv, axis)) return 1;
-  snprintf(why, sizeof why, "its communication would move chunks of T%d along axis %d, which axes before it split "
-           "into strided pieces; stream-parallelize the outermost axis that holds data", tv->name, axis);
+  snprintf(why, sizeof why, "its communication would move chunks of %s along axis %d, which axes before it split "
+           "into strided pieces; stream-parallelize the outermost axis that holds data", hir__label(tv).text, axis);
   return hir__stream_fail(c->p, e, why);
 }
 
@@ -6449,10 +6474,10 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
     }
     if (!hir__same_cut(c, e, e->in[k], in_cut, 0) || (moves && !hir__contiguous_chunks(c, e, e->in[k], axis))) return 0;
     if (axis >= 0 && hir__split_axis(e->in[k], axis) && !c->collective) {
-      char why[320];
-      snprintf(why, sizeof why, "it reads T%d chunk by chunk along its %s axis, of which each device holds one slice; "
+      char why[400];
+      snprintf(why, sizeof why, "it reads %s chunk by chunk along its %s axis, of which each device holds one slice; "
                "only a set onto the same devices (a P2P allgather) or a sum over that axis (a P2P reduce-scatter), "
-               "along one mesh axis, streams over a split axis", e->in[k]->name, hir__ptype_labels[e->in[k]->ids[axis]->ptype]);
+               "along one mesh axis, streams over a split axis", hir__label(e->in[k]).text, hir__ptype_labels[e->in[k]->ids[axis]->ptype]);
       return hir__stream_fail(c->p, e, why);
     }
     ins[k] = axis >= 0 ? hir__chunk_part(c, e->in[k], axis, in_cut) : hir__part_of(c, NULL, e->in[k], in_cut);
@@ -6660,10 +6685,10 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
     const hir_expr *x = c->exprs[k];
     int kind = hir__p2p_kind(x, &a);
     if (kind == HIR__P2P_NONE && hir_expr_is_resharding(x)) {
-      char why[300];
-      snprintf(why, sizeof why, "chunks of T%d would move by a collective in a loop whose P2P exchanges meet each peer at "
+      char why[400];
+      snprintf(why, sizeof why, "chunks of %s would move by a collective in a loop whose P2P exchanges meet each peer at "
                "another step, so ranks would reach the collective out of step (a deadlock, or chunks paired wrong); "
-               "place T%d where its consumer is, or drop the Stream axis", x->in[0]->name, x->in[0]->name);
+               "place it where its consumer is, or drop the Stream axis", hir__label(x->in[0]).text);
       return hir__stream_fail(p, x, why);
     }
     if (kind != HIR__P2P_NONE) {

@@ -721,6 +721,30 @@ TEST(test_split_allocation_compliant, "split/allocation_compliant", TEST_CPU | T
     hir_fusion_free(f);
     tfree(&in);
   }
+  { /* a refusal names the tensors the caller made: the lowering's copies of x (laid out, then resharded) by x's name */
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 2), *y = hir_add(f, x, x);
+    hir_program *p = NULL;
+    hir_lower_desc ld;
+    const char *error, *at;
+    hir_output(f, y);
+    hir_set_mesh(x, 3, iota_mesh);
+    hir_set_mesh(y, 3, iota_mesh);
+    hir_reorder(x, 1, second, first);
+    hir_set_allocation_loop(x);
+    hir_split(y, 0, 3, 1);
+    hir_parallelize(y, 0, HIR_DIDX);
+    hir_split(y, 2, 2, 1); /* chunks of an inner axis of the resharded x: refused */
+    hir_parallelize(y, 2, HIR_STREAM);
+    memset(&ld, 0, sizeof ld);
+    CHECK(hir_lower(f, &ld, &p) == HIR_ERR_UNSUPPORTED);
+    error = p ? hir_program_error(p) : "";
+    CHECK(strstr(error, "would move chunks of T") != NULL && strstr(error, "[the lowering's, from T0]") != NULL);
+    for (at = strchr(error, 'T'); at; at = strchr(at + 1, 'T')) /* T0, T1, or a tensor of the lowering's said so */
+      if (at[1] >= '0' && at[1] <= '9' && atoi(at + 1) > 1) CHECK(strncmp(strchr(at, ' '), " [the lowering's, from T", 24) == 0);
+    hir_program_free(p);
+    hir_fusion_free(f);
+  }
 }
 
 /* A split through a permute: x [M, K] split by D on M and sharded, y =
