@@ -5001,7 +5001,7 @@ static hir_expr *hir__local_permute(hir_fusion *f, hir_tv *in, const int *perm) 
 
 /* Whether the collective of resharding move e finds its chunks contiguous:
    the axis that gathers, scatters or exchanges is outermost among the axes
-   holding data, on either side (DESIGN.md §3's decision table). */
+   holding data, on either side (docs/DESIGN.md section 3, the communications table). */
 static int hir__chunks_contiguous(const hir_expr *e) {
   const hir_tv *in = e->in[0], *out = e->out[0];
   hir_ptype p = hir__moving_ptype(e, NULL);
@@ -5886,7 +5886,7 @@ static int hir__unlowerable(hir_program *p, const hir_expr *e, const char *why) 
   return 0;
 }
 
-/* 6. One resharding set or sum: the decision table of DESIGN.md §3. */
+/* 6. One resharding set or sum: the communications table of docs/DESIGN.md section 3. */
 static int hir__lower_resharding(hir_program *p, hir_expr *e, hir__vec *out) {
   hir_fusion *f = &p->ir;
   hir__comm_plan c;
@@ -6186,7 +6186,7 @@ done:
 }
 
 // >>pass_stream
-/* Stream lowering (DESIGN.md §5). Top-level exprs whose outputs have a Stream
+/* Stream lowering (docs/DESIGN.md section 3, step 4). Top-level exprs whose outputs have a Stream
    axis form chains (neighbours whose Stream axes have one extent); each chain
    becomes one loop over chunks, every tensor seen through HirAliasSelect
    views along the axis mapped to the Stream axis. Two resharding patterns

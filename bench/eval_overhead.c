@@ -2,7 +2,7 @@
    iterations over 1-element chunks (CPU backend), each iteration switching
    streams, taking two views, copying and synchronizing (6 nodes). The
    baseline makes the same 10,000 backend copies directly; the difference is
-   the evaluator's overhead. Target (issue 4): under 1 us per node. Medians. */
+   the evaluator's overhead. Target: under 1 us per node. Medians. */
 #define _POSIX_C_SOURCE 200809L
 #define HOSTIR_IMPLEMENTATION
 #include "../hostir.h"

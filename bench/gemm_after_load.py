@@ -1,4 +1,4 @@
-# Issue 19's suspect, tested on one GPU: are GEMMs right after ~1-3 s of
+# A suspect of the tuner's misses, tested on one GPU: are GEMMs right after ~1-3 s of
 # back-to-back GEMMs slower than after a pause (the SM clock and power the
 # load leaves)? 20 GEMMs of 16384x8192x7168 bf16, each timed by CUDA events,
 # after each (load, pause) pair; nvidia-smi's clock, power, temperature and

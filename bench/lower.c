@@ -1,6 +1,6 @@
 /* How long hir_lower takes on a large fusion: a chain of 10,000 exprs, adds
    with a resharding set (an Allgather or a Scatter) every 50th, over 8
-   devices. Target (issue 3): under 100 ms. Prints medians of 11 runs. */
+   devices. Target: under 100 ms. Prints medians of 11 runs. */
 #define _POSIX_C_SOURCE 200809L
 #define HOSTIR_IMPLEMENTATION
 #include "../hostir.h"

@@ -1,4 +1,4 @@
-/* The single-GPU cost of issue 22's ops on the CUDA backend: the elementwise
+/* The single-GPU cost of the multidevice ops on the CUDA backend: the elementwise
    kernels (NVRTC), a transpose, layer_norm as its primitives, linear with
    cuBLASLt's bias epilogue, and the fp8 scaled linear. Per op: the median
    time of hir_run + hir_evaluator_sync, its ratio to the floor (the bytes it

@@ -94,8 +94,9 @@
    max(GEMM alone, the bytes each rank receives / the peer-copy bandwidth),
    the bandwidth measured first in the same run: every rank sends 256 MiB
    to the next through the communicator's copy engines.
-   Default shapes: issue 7's on GPUs, small ones on the CPU. --trace: after
-   its timed runs, each pipeline runs once more recording a timeline, written
+   Default shapes: three AG+GEMM and three GEMM+RS on GPUs (docs/PERFORMANCE.md),
+   small ones on the CPU. --trace: after its timed runs, each pipeline runs
+   once more recording a timeline, written
    to DIR/<ag|rs>_M_K_N_<pipeline>.json (tools/timeline_svg.py draws them). */
 #define _POSIX_C_SOURCE 200809L
 #define HOSTIR_IMPLEMENTATION

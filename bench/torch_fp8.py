@@ -1,4 +1,4 @@
-# The fp8 AG+GEMM and GEMM+RS (issue 22, item 8): hostir's hir_scaled_linear pipeline,
+# The fp8 AG+GEMM and GEMM+RS: hostir's hir_scaled_linear pipeline,
 # built from Python and run by hostir.torch.run (serial, pipelined), and
 # hostir.torch.all_gather_scaled_matmul (the swap-in op, its automatic
 # plan), beside PyTorch's serial

@@ -211,7 +211,7 @@ static hir_fusion *scatter_rs_fusion(void) {
 }
 
 /* ---- the seeds' host programs, built by hand as nvFuser lowers them ---- */
-/* The stream scaffolding of DESIGN.md §5, built by hand. */
+/* The stream scaffolding of docs/DESIGN.md section 3, step 4, built by hand. */
 typedef struct streams {
   hir_program *p;
   hir_stream *caller, *pool;

@@ -1,4 +1,4 @@
-/* fp8 (issue 22, item 8): the conversions against a brute-force nearest
+/* fp8: the conversions against a brute-force nearest
    value, casts, and hir_scaled_linear sharded the ways tensor parallelism
    shards it, on the local world (1, 2, 3, 4, 8 ranks) against a reference
    computed here in double from the fp8 values. torch._scaled_mm and

@@ -1,5 +1,5 @@
 /* Lowering: sharding propagation, decomposition, segmentation, the
-   communication decision table (goldens reviewed against DESIGN.md §3), the
+   communications table (goldens reviewed against docs/DESIGN.md section 3), the
    passes alone, the verifier, HOSTIR_DUMP and concurrent lowering. */
 #include <pthread.h>
 #include <unistd.h> /* close */

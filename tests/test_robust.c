@@ -1,4 +1,4 @@
-/* Right numbers or a clear refusal on inputs that once went wrong (issue 17):
+/* Right numbers or a clear refusal on edge inputs:
    batched matmuls stream-lowered along every axis, the automatic choice on
    empty tensors, scalar expressions that would trap, sizes that overflow,
    HOSTIR_DUMP values, an Allreduce of nothing, memory a backend cannot reach. Numbers against references

@@ -102,7 +102,7 @@ TEST(test_stream_seed_goldens, "stream/seed_goldens", TEST_CPU) {
   }
 }
 
-/* matmul_AR and matmul_RS_through_bcast: DESIGN.md §5's top-level structure. */
+/* matmul_AR and matmul_RS_through_bcast: the loops of docs/DESIGN.md section 3, step 4. */
 TEST(test_stream_structure, "stream/structure", TEST_CPU) {
   static const int m8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   static const hir_expr_kind ar[] = {HIR_EXPR_ALLOCATE, HIR_EXPR_ALLOCATE, HIR_EXPR_GET_CURRENT_STREAM, HIR_EXPR_FOR_LOOP,

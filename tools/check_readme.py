@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that README.md says what is true: every ```c block compiles (-Werror,
+"""Checks that README.md and docs/GUIDE.md say what is true: every ```c block compiles (-Werror,
 C11); a complete program (one with main) that needs no GPU is built, run,
 and its output compared with the ``` block after "prints" where there is one
 (sorted, where the text says the order varies); the GPU blocks and the
@@ -12,8 +12,7 @@ import os, re, shutil, subprocess, sys, tempfile
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if len(sys.argv) > 1:
     sys.exit(__doc__)
-text = open(os.path.join(root, "README.md"), encoding="utf-8").read()
-blocks = [(m.group(1), m.group(2), m.start(), m.end()) for m in re.finditer(r"```(\w*)\n(.*?)```", text, re.S)]
+docs = [(name, open(os.path.join(root, name), encoding="utf-8").read()) for name in ("README.md", "docs/GUIDE.md")]
 nvcc = shutil.which("nvcc")
 cuda = os.environ.get("CUDA_HOME") or (os.path.dirname(os.path.dirname(nvcc)) if nvcc else None)
 tmp = tempfile.mkdtemp()
@@ -31,48 +30,52 @@ def run(cmd, what):
 
 
 strict = "-std=c11 -Wall -Wextra -Wpedantic -Werror -I" + root
-for k, (lang, code, at, end) in enumerate(blocks):
-    if lang != "c":
-        continue
-    line = text.count("\n", 0, at) + 1
-    what = "README.md:%d" % line
-    gpu = "hir_nccl" in code or "HOSTIR_CUDA" in code
-    src = os.path.join(tmp, "b%d.c" % k)
-    if gpu and not cuda:
-        print("skip %s (a GPU block; no CUDA here)" % what)
-        continue
-    checked += 1
-    complete = "int main(" in code
-    prelude = "" if complete or "#include" in code else (
-        '#define HOSTIR_CUDA\n#define HOSTIR_IMPLEMENTATION\n#define HOSTIR_NCCL_IMPLEMENTATION\n#include "hostir_nccl.h"\n' if gpu
-        else '#define HOSTIR_IMPLEMENTATION\n#include "hostir.h"\n')
-    open(src, "w").write(prelude + code)
-    if gpu:
-        flags = "-D_POSIX_C_SOURCE=200809L -Wno-unused-function -I%s/include" % cuda
-        if run("cc %s %s -c %s -o b%d.o" % (strict, flags, src, k), what) is not None:
-            print("ok   %s compiles" % what)
-        continue
-    if not complete:
-        if run("cc %s -Wno-unused-function -c %s -o b%d.o" % (strict, src, k), what) is not None:
-            print("ok   %s compiles" % what)
-        continue
-    out = run("cc %s %s -o b%d -lm -lpthread && ./b%d" % (strict, src, k, k), what)
-    if out is None:
-        continue
-    after = text[end:]  # the text after this block
-    m = re.match(r"\s*\n(prints[^\n]*)\n\n```\n(.*?)```", after, re.S)
-    if not m:
-        print("ok   %s compiles and runs" % what)
-        continue
-    want, got = m.group(2), out
-    if "some order" in m.group(1):
-        want, got = sorted(want.splitlines()), sorted(got.splitlines())
-    if want != got:
-        failed += 1
-        print("FAIL %s prints something else:\n%s\n  the README shows:\n%s" % (what, out, m.group(2)))
-    else:
-        print("ok   %s compiles, runs and prints what the README shows" % what)
+for name, text in docs:
+    blocks = [(m.group(1), m.group(2), m.start(), m.end()) for m in re.finditer(r"```(\w*)\n(.*?)```", text, re.S)]
+    for k, (lang, code, at, end) in enumerate(blocks):
+        if lang != "c":
+            continue
+        line = text.count("\n", 0, at) + 1
+        what = "%s:%d" % (name, line)
+        gpu = "hir_nccl" in code or "HOSTIR_CUDA" in code
+        src = os.path.join(tmp, "b%d.c" % k)
+        if gpu and not cuda:
+            print("skip %s (a GPU block; no CUDA here)" % what)
+            continue
+        checked += 1
+        complete = "int main(" in code
+        prelude = "" if complete or "#include" in code else (
+            '#define HOSTIR_CUDA\n#define HOSTIR_IMPLEMENTATION\n#define HOSTIR_NCCL_IMPLEMENTATION\n#include "hostir_nccl.h"\n' if gpu
+            else '#define HOSTIR_IMPLEMENTATION\n#include "hostir.h"\n')
+        open(src, "w").write(prelude + code)
+        if gpu:
+            flags = "-D_POSIX_C_SOURCE=200809L -Wno-unused-function -I%s/include" % cuda
+            if run("cc %s %s -c %s -o b%d.o" % (strict, flags, src, k), what) is not None:
+                print("ok   %s compiles" % what)
+            continue
+        if not complete:
+            if run("cc %s -Wno-unused-function -c %s -o b%d.o" % (strict, src, k), what) is not None:
+                print("ok   %s compiles" % what)
+            continue
+        out = run("cc %s %s -o b%d -lm -lpthread && ./b%d" % (strict, src, k, k), what)
+        if out is None:
+            continue
+        after = text[end:]  # the text after this block
+        m = re.match(r"\s*\n(prints[^\n]*)\n\n```\n(.*?)```", after, re.S)
+        if not m:
+            print("ok   %s compiles and runs" % what)
+            continue
+        want, got = m.group(2), out
+        if "some order" in m.group(1):
+            want, got = sorted(want.splitlines()), sorted(got.splitlines())
+        if want != got:
+            failed += 1
+            print("FAIL %s prints something else:\n%s\n  the text shows:\n%s" % (what, out, m.group(2)))
+        else:
+            print("ok   %s compiles, runs and prints what the text shows" % what)
 
+text = docs[0][1]
+blocks = [(m.group(1), m.group(2), m.start(), m.end()) for m in re.finditer(r"```(\w*)\n(.*?)```", text, re.S)]
 if cuda:  # the GPU section's build commands, on its include block and an empty main
     gpu_block = next(code for lang, code, _, _ in blocks if lang == "c" and "#define HOSTIR_NCCL_IMPLEMENTATION" in code)
     open(os.path.join(tmp, "app.c"), "w").write(gpu_block + "int main(void) { return 0; }\n")
