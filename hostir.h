@@ -49,17 +49,25 @@
        // >>pass_dealloc  Deallocate after last uses
        // >>pass_stream   stream lowering: loops over chunks, P2P schedules; gathered GEMMs cut by columns
        // >>verify        the program verifier run between passes
-       // >>schedule      the cross-rank schedule verifier
-       // >>automatic     the automatic choice: pipeline or serial, by a cost model
+       // >>verify_ranks  the cross-rank schedule verifier (hir_verify_schedule)
+       // >>cost_model    the automatic choice: pipeline or serial, by a cost model
        // >>pipeline      hir_lower: the passes in order, HOSTIR_DUMP
-       // >>half          f16/bf16 conversions, element loads and stores, tensor layouts
+       // >>numbers       f16, bf16 and fp8 conversions, element loads and stores, tensor layouts
        // >>dlpack        DLTensor views in and out (when dlpack.h came first)
        // >>backend_cpu   the CPU backend: host memory, in-order streams
        // >>backend_cuda  the CUDA backend (HOSTIR_CUDA): cudart, cuBLAS, cuBLASLt
        // >>comm_local    the local world: N ranks as threads, hir_spmd
-       // >>eval          the evaluator: plan, buffers, the run loop, hir_run
+       // >>eval_plan     the evaluator's state; shapes, checks, the plan per input shapes, buffers and bindings
+       // >>eval_exec     executing host IR nodes on the backend and the communicator; fused runs; scopes
+       // >>eval_create   hir_evaluator_create and _free: streams, events, epilogues, where tensors may lie
+       // >>eval_meet     waiting on streams under deadlines; the ranks' meetings; comparing shapes across ranks
+       // >>eval_eager    hir_run's arguments checked and laid out; the plan reported; an eager run
+       // >>eval_graph    CUDA graphs: capture, replay by addresses, staged arguments
+       // >>eval_run      hir_run: the meeting, then an eager, captured or staged run
        // >>tune          the automatic choice by measurement: candidates timed on the ranks, agreed, cached, saved
        // >>timeline      recording host and GPU spans, Chrome-trace output
+   The communicator on NCCL (the copy engines, the kernel collectives, the
+   bootstrap) is the companion header hostir_nccl.h, with a table of its own.
 
    Compile-time options (define before the implementation include):
        HOSTIR_STATIC                  every function static (private copy per file)
@@ -146,7 +154,7 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
      3. its printed form: a case of hir__print_expr (>>print);
      4. for a compute op, where its inputs' axes land: hir__axis_map (>>analysis);
      5. its shape check (hir__check_expr) and its run (hir__exec, or hir__exec_compute
-        with a hir_backend function in every backend) in >>eval;
+        with a hir_backend function in every backend) in >>eval_exec;
      6. tests: its printed form, its numbers against a reference on random data on
         the local world, and on the CUDA backend in the GPU suite. */
 #define HIR_EXPR_KIND_LIST(X)                                                                                     \
@@ -7225,7 +7233,7 @@ HIRDEF hir_status hir_program_verify(hir_program *p) {
   return p->ir.status;
 }
 
-// >>schedule
+// >>verify_ranks
 /* The schedule verifier: every rank's program run symbolically (loops
    unrolled, predicates evaluated with that rank), its collectives and
    coalesced send/recv groups matched across ranks the way the communicators
@@ -7472,7 +7480,7 @@ HIRDEF hir_status hir_verify_schedule(hir_program *const *programs, int nranks, 
   return status;
 }
 
-// >>automatic
+// >>cost_model
 /* The automatic choice between a fusion's pipeline and its serial form, a
    step of hir_lower after the front end: the GEMM flops and resharding
    bytes of the propagated, decomposed fusion counted for the given shapes,
@@ -7870,7 +7878,7 @@ HIRDEF hir_status hir_lower(const hir_fusion *f, const hir_lower_desc *d, hir_pr
   return hir__lower(f, d, out, HIR__LOWER_CALLER);
 }
 
-// >>half
+// >>numbers
 static uint32_t hir__f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
@@ -11269,7 +11277,7 @@ HIRDEF hir_status hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), v
   return result;
 }
 
-// >>eval
+// >>eval_plan
 
 typedef struct hir__block {
   void *ptr;
@@ -12190,6 +12198,7 @@ static const hir_tensor *hir__get_out(hir_evaluator *ev, const hir_tv *tv) {
   return t;
 }
 
+// >>eval_exec
 /* ---- views handed to the backend ---- */
 static void hir__insert_dim(hir_tensor *t, int at, int64_t size, int64_t stride) {
   int i;
@@ -12952,7 +12961,7 @@ static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
   return 1;
 }
 
-/* ---- creation ---- */
+// >>eval_create
 /* The devices of a fusion's meshes, ascending, into *devices (allocated,
    with room for one more; NULL when out of memory): who runs it together.
    Returns how many. */
@@ -13266,6 +13275,7 @@ HIRDEF size_t hir_evaluator_memory(const hir_evaluator *ev) {
   return n;
 }
 
+// >>eval_meet
 /* Waits for a stream without trusting it to finish: polls it and the
    communicator (*from_comm: the communicator failed); HIR_ERR_TIMEOUT past
    the deadline, never HIR_OK while the stream is busy. Short waits spin, as
@@ -13379,7 +13389,104 @@ HIRDEF hir_status hir_evaluator_sync(hir_evaluator *ev) {
   return hir__sync_streams(ev, "hir_evaluator_sync");
 }
 
-/* ---- hir_run ---- */
+/* One input as a rank passed it, for comparing across ranks: kind (0: not
+   given, a rank outside its mesh passing it empty; 1: a tensor; 2: a
+   scalar, its value in sizes[0]), ndims, sizes. */
+static void hir__shape_words(const hir_evaluator *ev, int i, const hir_tensor *t, int64_t *w) {
+  const hir_tv *tv = (const hir_tv *)ev->p->ir.inputs.items[i];
+  int a;
+  memset(w, 0, HIR__SHAPE_WORDS * sizeof *w);
+  if (tv->scalar) w[0] = 2, w[2] = t->sizes[0];
+  else if (t->ndims > 0 || hir__in_mesh(tv, ev->device)) w[0] = 1;
+  if (w[0] != 1) return;
+  w[1] = t->ndims;
+  for (a = 0; a < t->ndims; a++) w[2 + a] = t->sizes[a];
+}
+
+static int hir__same_shape_words(const int64_t *x, const int64_t *y) {
+  return x[0] == y[0] && x[1] == y[1] && memcmp(x + 2, y + 2, (size_t)(x[0] == 2 ? 1 : x[1]) * sizeof *x) == 0;
+}
+
+/* Input i's words in rank r's row of `all` (rows of `words`: a header of 2, then the inputs). */
+static const int64_t *hir__shape_of(const int64_t *all, size_t words, int r, int i) {
+  return all + (size_t)r * words + 2 + (size_t)i * HIR__SHAPE_WORDS;
+}
+
+/* Ranks that pass different shapes would move different byte counts in one
+   collective: NCCL then hangs or reads past a buffer, returning wrong
+   numbers at worst. So the shapes a rank plans for are compared across the
+   fusion's devices before anything moves (one small allgather each time the
+   ranks plan anew), and a difference is refused on every rank with one
+   message. The ranks must plan at the same run: one that alone passes a new
+   shape meets the others' communication instead, which fails or times out. */
+static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
+  size_t words = ev->shape_words, row = words * sizeof(int64_t), n;
+  int64_t *mine = ev->shape_rows, *all = mine + words;
+  int i, r, q, from_comm, bad = -1, first = -1;
+  hir_status s;
+  char msg[sizeof ev->error];
+  mine[0] = 0x6869727368617065ll; /* "hirshape": a row from a rank running something else is not read as shapes */
+  mine[1] = nin;
+  for (i = 0; i < nin; i++) hir__shape_words(ev, i, &in[i], mine + 2 + i * HIR__SHAPE_WORDS);
+  s = hir__meet(ev->comm, ev->devices_team, ev->ndevices, ev->b, &ev->meeting, mine, all, row,
+                hir__now_ms() + ev->timeout_ms, &from_comm);
+  if (s != HIR_OK) {
+    if (from_comm) {
+      ev->broken = 1;
+      return hir__ev_fail(ev, s, "hir_run: comparing this run's shapes with the other ranks failed: %s", ev->comm->error);
+    }
+    if (s == HIR_ERR_TIMEOUT)
+      return hir__ev_fail(ev, s, "hir_run: the other ranks did not come to compare this run's shapes within %d ms: a peer is "
+                          "dead or stuck, has no communicator (every device of the fusion's meshes runs it with one), or "
+                          "passed the shapes of its last run while this rank passed new ones", ev->timeout_ms);
+    return hir__ev_fail(ev, s, "hir_run: comparing this run's shapes with the other ranks: %s", ev->b->error);
+  }
+  for (r = 0; r < ev->ndevices && bad < 0; r++) {
+    const int64_t *x = all + (size_t)r * words;
+    if (x[0] != mine[0] || x[1] != nin) /* not a row of shapes: the world is told (its data may have been taken as one) */
+      return hir__ev_fail(ev, HIR_ERR_COMM, "hir_run: comparing this run's shapes, device %d sent something else: it runs "
+                          "another fusion's program, or passed its last run's shapes while this rank passed new ones (every "
+                          "device of the fusion's meshes runs the same fusion and changes shapes at the same run)",
+                          ev->devices[r]);
+  }
+  for (i = 0; i < nin && bad < 0; i++) /* the first input two ranks disagree on */
+    for (first = -1, r = 0; r < ev->ndevices && bad < 0; r++) {
+      if (!hir__shape_of(all, words, r, i)[0]) continue;
+      if (first < 0) first = r;
+      else if (!hir__same_shape_words(hir__shape_of(all, words, r, i), hir__shape_of(all, words, first, i))) bad = i;
+    }
+  if (bad < 0) return 1;
+  if (((const hir_tv *)ev->p->ir.inputs.items[bad])->scalar)
+    n = (size_t)snprintf(msg, sizeof msg, "hir_run: the ranks passed different values for scalar input %d:", bad);
+  else
+    n = (size_t)snprintf(msg, sizeof msg, "hir_run: the ranks passed different shapes for input %d (T%d):", bad,
+                         ((const hir_tv *)ev->p->ir.inputs.items[bad])->name);
+  for (r = 0; r < ev->ndevices; r++) { /* each shape once, with the devices that passed it */
+    const int64_t *x = hir__shape_of(all, words, r, bad);
+    int seen = 0, k, count = 0;
+    for (q = 0; q < r && !seen; q++) seen = hir__same_shape_words(x, hir__shape_of(all, words, q, bad));
+    if (!x[0] || seen) continue;
+    for (q = r; q < ev->ndevices; q++) count += hir__same_shape_words(x, hir__shape_of(all, words, q, bad));
+    if (n < sizeof msg) n += (size_t)snprintf(msg + n, sizeof msg - n, "%s ", r == first ? "" : ";");
+    for (k = 0; x[0] == 1 && k < x[1] && n < sizeof msg; k++)
+      n += (size_t)snprintf(msg + n, sizeof msg - n, "%s%lld", k ? ", " : "[", (long long)x[2 + k]);
+    if (n < sizeof msg)
+      n += (size_t)(x[0] == 2 ? snprintf(msg + n, sizeof msg - n, "%lld", (long long)x[2])
+                              : snprintf(msg + n, sizeof msg - n, "%s", x[1] ? "]" : "[]"));
+    if (n < sizeof msg) n += (size_t)snprintf(msg + n, sizeof msg - n, " on device%s", count > 1 ? "s" : "");
+    for (q = r, k = 0; q < ev->ndevices && n < sizeof msg; q++)
+      if (hir__same_shape_words(x, hir__shape_of(all, words, q, bad)))
+        n += (size_t)snprintf(msg + n, sizeof msg - n, "%s%d", k++ ? ", " : " ", ev->devices[q]);
+  }
+  if (n < sizeof msg)
+    snprintf(msg + n, sizeof msg - n, "; every rank passes the same %s", ((const hir_tv *)ev->p->ir.inputs.items[bad])->scalar
+             ? "value" : "shape (its own shard where an axis is split across devices)");
+  ev->planned = 0; /* the next run compares again, whatever it passes */
+  ev->shared_error = 1;
+  return hir__ev_fail(ev, HIR_ERR_SHAPE, "%s", msg);
+}
+
+// >>eval_eager
 /* Whether the backend's ops reach a caller's tensor (asked once per address
    of each argument k: inputs, then outputs). */
 static int hir__check_reached(hir_evaluator *ev, int k, const char *what, int i, int name, const void *data) {
@@ -13542,7 +13649,6 @@ static void hir__fold(const hir_tv *tv, hir_tensor *t) {
   if (zero) hir__contiguous_strides(t);
 }
 
-static hir_status hir__run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout);
 
 /* The arguments seen with the program's split axes: *in and *out point at
    ev->boundary where an input or output has them. 0 (error recorded) when
@@ -13575,14 +13681,6 @@ static void hir__fold_outputs(hir_evaluator *ev, const hir_tensor *done, hir_ten
   }
 }
 
-/* A run that fails on this rank tells the world (hir__tell_world). */
-HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
-  hir_status s;
-  if (!ev) return HIR_ERR_INVALID;
-  if ((s = hir__run(ev, in, nin, out, nout)) == HIR_OK) return HIR_OK;
-  if (ev->shared_error) return ev->shared_error = 0, s;
-  return hir__tell_world(ev);
-}
 
 /* A matmul or linear that reads t, or what local sets and permutes make of
    it, as its weight (operand 1), in exprs or the scopes under them; NULL
@@ -13806,6 +13904,7 @@ static hir_status hir__run_eager(hir_evaluator *ev, const hir_tensor *in, int ni
   return HIR_OK;
 }
 
+// >>eval_graph
 /* Why runs stay eager in graph mode ("" where they need not). */
 static const char *hir__graph_obstacle(const hir_evaluator *ev) {
   if (!ev->b->graph_begin) return "the backend has nothing to capture";
@@ -14017,103 +14116,7 @@ static hir_status hir__run_staged(hir_evaluator *ev, const hir_tensor *in, int n
   return HIR_OK;
 }
 
-/* One input as a rank passed it, for comparing across ranks: kind (0: not
-   given, a rank outside its mesh passing it empty; 1: a tensor; 2: a
-   scalar, its value in sizes[0]), ndims, sizes. */
-static void hir__shape_words(const hir_evaluator *ev, int i, const hir_tensor *t, int64_t *w) {
-  const hir_tv *tv = (const hir_tv *)ev->p->ir.inputs.items[i];
-  int a;
-  memset(w, 0, HIR__SHAPE_WORDS * sizeof *w);
-  if (tv->scalar) w[0] = 2, w[2] = t->sizes[0];
-  else if (t->ndims > 0 || hir__in_mesh(tv, ev->device)) w[0] = 1;
-  if (w[0] != 1) return;
-  w[1] = t->ndims;
-  for (a = 0; a < t->ndims; a++) w[2 + a] = t->sizes[a];
-}
-
-static int hir__same_shape_words(const int64_t *x, const int64_t *y) {
-  return x[0] == y[0] && x[1] == y[1] && memcmp(x + 2, y + 2, (size_t)(x[0] == 2 ? 1 : x[1]) * sizeof *x) == 0;
-}
-
-/* Input i's words in rank r's row of `all` (rows of `words`: a header of 2, then the inputs). */
-static const int64_t *hir__shape_of(const int64_t *all, size_t words, int r, int i) {
-  return all + (size_t)r * words + 2 + (size_t)i * HIR__SHAPE_WORDS;
-}
-
-/* Ranks that pass different shapes would move different byte counts in one
-   collective: NCCL then hangs or reads past a buffer, returning wrong
-   numbers at worst. So the shapes a rank plans for are compared across the
-   fusion's devices before anything moves (one small allgather each time the
-   ranks plan anew), and a difference is refused on every rank with one
-   message. The ranks must plan at the same run: one that alone passes a new
-   shape meets the others' communication instead, which fails or times out. */
-static int hir__shapes_agree(hir_evaluator *ev, const hir_tensor *in, int nin) {
-  size_t words = ev->shape_words, row = words * sizeof(int64_t), n;
-  int64_t *mine = ev->shape_rows, *all = mine + words;
-  int i, r, q, from_comm, bad = -1, first = -1;
-  hir_status s;
-  char msg[sizeof ev->error];
-  mine[0] = 0x6869727368617065ll; /* "hirshape": a row from a rank running something else is not read as shapes */
-  mine[1] = nin;
-  for (i = 0; i < nin; i++) hir__shape_words(ev, i, &in[i], mine + 2 + i * HIR__SHAPE_WORDS);
-  s = hir__meet(ev->comm, ev->devices_team, ev->ndevices, ev->b, &ev->meeting, mine, all, row,
-                hir__now_ms() + ev->timeout_ms, &from_comm);
-  if (s != HIR_OK) {
-    if (from_comm) {
-      ev->broken = 1;
-      return hir__ev_fail(ev, s, "hir_run: comparing this run's shapes with the other ranks failed: %s", ev->comm->error);
-    }
-    if (s == HIR_ERR_TIMEOUT)
-      return hir__ev_fail(ev, s, "hir_run: the other ranks did not come to compare this run's shapes within %d ms: a peer is "
-                          "dead or stuck, has no communicator (every device of the fusion's meshes runs it with one), or "
-                          "passed the shapes of its last run while this rank passed new ones", ev->timeout_ms);
-    return hir__ev_fail(ev, s, "hir_run: comparing this run's shapes with the other ranks: %s", ev->b->error);
-  }
-  for (r = 0; r < ev->ndevices && bad < 0; r++) {
-    const int64_t *x = all + (size_t)r * words;
-    if (x[0] != mine[0] || x[1] != nin) /* not a row of shapes: the world is told (its data may have been taken as one) */
-      return hir__ev_fail(ev, HIR_ERR_COMM, "hir_run: comparing this run's shapes, device %d sent something else: it runs "
-                          "another fusion's program, or passed its last run's shapes while this rank passed new ones (every "
-                          "device of the fusion's meshes runs the same fusion and changes shapes at the same run)",
-                          ev->devices[r]);
-  }
-  for (i = 0; i < nin && bad < 0; i++) /* the first input two ranks disagree on */
-    for (first = -1, r = 0; r < ev->ndevices && bad < 0; r++) {
-      if (!hir__shape_of(all, words, r, i)[0]) continue;
-      if (first < 0) first = r;
-      else if (!hir__same_shape_words(hir__shape_of(all, words, r, i), hir__shape_of(all, words, first, i))) bad = i;
-    }
-  if (bad < 0) return 1;
-  if (((const hir_tv *)ev->p->ir.inputs.items[bad])->scalar)
-    n = (size_t)snprintf(msg, sizeof msg, "hir_run: the ranks passed different values for scalar input %d:", bad);
-  else
-    n = (size_t)snprintf(msg, sizeof msg, "hir_run: the ranks passed different shapes for input %d (T%d):", bad,
-                         ((const hir_tv *)ev->p->ir.inputs.items[bad])->name);
-  for (r = 0; r < ev->ndevices; r++) { /* each shape once, with the devices that passed it */
-    const int64_t *x = hir__shape_of(all, words, r, bad);
-    int seen = 0, k, count = 0;
-    for (q = 0; q < r && !seen; q++) seen = hir__same_shape_words(x, hir__shape_of(all, words, q, bad));
-    if (!x[0] || seen) continue;
-    for (q = r; q < ev->ndevices; q++) count += hir__same_shape_words(x, hir__shape_of(all, words, q, bad));
-    if (n < sizeof msg) n += (size_t)snprintf(msg + n, sizeof msg - n, "%s ", r == first ? "" : ";");
-    for (k = 0; x[0] == 1 && k < x[1] && n < sizeof msg; k++)
-      n += (size_t)snprintf(msg + n, sizeof msg - n, "%s%lld", k ? ", " : "[", (long long)x[2 + k]);
-    if (n < sizeof msg)
-      n += (size_t)(x[0] == 2 ? snprintf(msg + n, sizeof msg - n, "%lld", (long long)x[2])
-                              : snprintf(msg + n, sizeof msg - n, "%s", x[1] ? "]" : "[]"));
-    if (n < sizeof msg) n += (size_t)snprintf(msg + n, sizeof msg - n, " on device%s", count > 1 ? "s" : "");
-    for (q = r, k = 0; q < ev->ndevices && n < sizeof msg; q++)
-      if (hir__same_shape_words(x, hir__shape_of(all, words, q, bad)))
-        n += (size_t)snprintf(msg + n, sizeof msg - n, "%s%d", k++ ? ", " : " ", ev->devices[q]);
-  }
-  if (n < sizeof msg)
-    snprintf(msg + n, sizeof msg - n, "; every rank passes the same %s", ((const hir_tv *)ev->p->ir.inputs.items[bad])->scalar
-             ? "value" : "shape (its own shard where an axis is split across devices)");
-  ev->planned = 0; /* the next run compares again, whatever it passes */
-  ev->shared_error = 1;
-  return hir__ev_fail(ev, HIR_ERR_SHAPE, "%s", msg);
-}
-
+// >>eval_run
 static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin, hir_tensor *user_out, int nout) {
   const hir_tensor *in = user_in;
   hir_tensor *out = user_out;
@@ -14127,6 +14130,15 @@ static hir_status hir__run(hir_evaluator *ev, const hir_tensor *user_in, int nin
                    : hir__run_graph(ev, in, nin, out, nout);
   if (s == HIR_OK) hir__fold_outputs(ev, out, user_out, nout);
   return s;
+}
+
+/* A run that fails on this rank tells the world (hir__tell_world). */
+HIRDEF hir_status hir_run(hir_evaluator *ev, const hir_tensor *in, int nin, hir_tensor *out, int nout) {
+  hir_status s;
+  if (!ev) return HIR_ERR_INVALID;
+  if ((s = hir__run(ev, in, nin, out, nout)) == HIR_OK) return HIR_OK;
+  if (ev->shared_error) return ev->shared_error = 0, s;
+  return hir__tell_world(ev);
 }
 
 // >>tune
