@@ -53,7 +53,7 @@ $(BUILD)/test-asan: $(TEST_SRC) $(HEADERS) | $(BUILD)
 $(BUILD)/%: examples/%.c $(HEADERS) | $(BUILD)
 	$(CC) $(WARN) $(CFLAGS) $(CUDA_CFLAGS) -o $@ $< $(CUDA_LDLIBS) $(LDLIBS)
 
-$(BUILD)/test-gpu: tests/gpu/main.c $(TEST_SRC) $(HEADERS) | $(BUILD)
+$(BUILD)/test-gpu: $(filter-out tests/gpu/nvtx_probe.c,$(wildcard tests/gpu/*.c)) $(TEST_SRC) $(HEADERS) | $(BUILD)
 	@test -n "$(CUDA_HOME)" || { echo "test-gpu: needs CUDA (set CUDA_HOME or put nvcc on PATH)"; exit 1; }
 	$(CC) $(WARN) -Wno-unused-function -O2 -g $(CUDA_CFLAGS) -o $@ tests/gpu/main.c $(CUDA_LDLIBS) $(LDLIBS)
 
