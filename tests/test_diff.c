@@ -1054,7 +1054,7 @@ static void diff_seeds(diff_target *target, int n, double share, const char *whe
 
 TEST(test_diff_random_programs, "diff/random_programs", TEST_CPU) {
   const char *n_env = getenv("HIR_DIFF_PROGRAMS");
-  /* programs that once failed, always: their ranks chained Stream loops differently around an op only some
+  /* seeds that found bugs, always run: their ranks chained Stream loops differently around an op only some
      of them run (2244: one without a Stream axis; 141003: one whose Stream axis is its input's) and deadlocked;
      5507147's allgather (gather first) joined the loop of the reduce-scatter whose sum it reads, which runs after it;
      860462250413: a rank outside a P2P allgather's mesh broadcast rows in its loop while the others took parts of

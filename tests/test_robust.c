@@ -71,8 +71,8 @@ TEST(test_robust_batched_matmul_streams, "robust/batched_matmul_streams", TEST_C
 }
 
 /* A batch of size 1 that the fusion does not declare a broadcast axis, read
-   chunk by chunk along a Stream batch axis of 3: refused by name (it once
-   returned only the first batch). */
+   chunk by chunk along a Stream batch axis of 3: refused by name (the
+   hazard: only the first batch returned). */
 TEST(test_robust_stream_extent_mismatch, "robust/stream_extent_mismatch", TEST_CPU) {
   int64_t sa[3] = {1, 4, 5}, sb[3] = {3, 5, 6};
   hir_fusion *f = hir_fusion_create();
@@ -389,8 +389,8 @@ TEST(test_robust_sendrecv_team_order, "robust/sendrecv_team_order", TEST_CPU | T
 }
 
 /* A P2P allgather whose output's mesh holds the same devices in another
-   order ({3 2 1 0} against {0 1 2 3}; it once failed at run time selecting
-   a DIDx axis); and a Stream axis that would read a DIDx axis chunk by
+   order ({3 2 1 0} against {0 1 2 3}; the hazard: a failure at run time
+   selecting a DIDx axis); and a Stream axis that would read a DIDx axis chunk by
    chunk, refused when lowering. */
 TEST(test_robust_permuted_mesh, "robust/permuted_mesh", TEST_CPU | TEST_GPU_WORLDS) {
   static const int fwd[4] = {0, 1, 2, 3}, rev[4] = {3, 2, 1, 0};

@@ -485,8 +485,8 @@ TEST(test_tune_failing_ranks, "tune/failing_and_absent_ranks", TEST_CPU) {
 /* A rank that is none of the fusion's devices (the AG+GEMM on devices 0
    and 1 of a world of 3): its tuner has nobody to agree with and nothing to
    run, so it tunes alone and its runs return success with no outputs; the
-   others tune together and give A x B. It once asked for the team of the
-   fusion's devices, which it is not in, and failed alone (found by the
+   others tune together and give A x B. The hazard: asking for the team of
+   the fusion's devices, which it is not in, and failing alone (the
    differential check's tuned programs, seed 5637). */
 static hir_status tune_outside_rank(int rank, void *user) {
   tune_ctx *x = (tune_ctx *)user;
