@@ -149,40 +149,48 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
    messages, the timeline), its tensor operands (inputs, outputs; -1: any
    number; the verifier checks them) and what it is (HIR__OP_* flags, defined
    and read by the implementation's passes). To add an op:
-     1. a row here, and a HIR__OP_ flag where the passes need to know a new thing;
+     1. a row here, with the HIR__OP_ flags that say what it is (a new flag where
+        the passes need to know a new thing: test flags, not kinds);
      2. its builder: hir_<op> in >>build (a fusion op) or hir_host_<op> in >>host;
      3. its printed form: a case of hir__print_expr (>>print);
-     4. for a compute op, where its inputs' axes land: hir__axis_map (>>analysis);
-     5. its shape check (hir__check_expr) and its run (hir__exec, or hir__exec_compute
-        with a hir_backend function in every backend) in >>eval_exec;
-     6. tests: its printed form, its numbers against a reference on random data on
+     4. a fusion op: where its inputs' axes land, hir__axis_map (>>analysis); how
+        a split passes it where it has an axis or sizes of its own, hir__split_blocked
+        and hir__split_one (>>analysis); fp8 operands: HIR__OP_FP8, or a rule of its
+        own in hir__takes_fp8 (>>build);
+     5. its operands' rules in the verifier, hir__verify_operands (>>verify); a
+        communication: HIR__OP_COMM and HIR__OP_TEAM, its matching across ranks in
+        hir__sched_walk (>>verify_ranks) and its setup in hir__setup_expr (>>eval_create);
+     6. its shape check (hir__check_expr) and its run (hir__exec, or hir__exec_compute
+        with a hir_backend function in every backend) in >>eval_exec; stream
+        lowering runs it chunk by chunk unless it is HIR__OP_WHOLE;
+     7. tests: its printed form, its numbers against a reference on random data on
         the local world, and on the CUDA backend in the GPU suite. */
-#define HIR_EXPR_KIND_LIST(X)                                                                                     \
-  X(HIR_EXPR_ALLOCATE, "Allocate", 1, 0, HIR__OP_HOST)                                                            \
-  X(HIR_EXPR_DEALLOCATE, "Deallocate", 1, 0, HIR__OP_HOST)                                                        \
-  X(HIR_EXPR_GET_CURRENT_STREAM, "GetCurrentStream", 0, 0, HIR__OP_HOST)                                          \
-  X(HIR_EXPR_SET_CURRENT_STREAM, "SetCurrentStream", 0, 0, HIR__OP_HOST)                                          \
-  X(HIR_EXPR_SYNCHRONIZE, "Synchronize", 0, 0, HIR__OP_HOST | HIR__OP_ON_STREAM)                                  \
-  X(HIR_EXPR_FOR_LOOP, "ForLoop", 0, 0, HIR__OP_HOST | HIR__OP_SCOPED)                                            \
-  X(HIR_EXPR_IF_THEN_ELSE, "IfThenElse", 0, 0, HIR__OP_HOST | HIR__OP_SCOPED)                                     \
-  X(HIR_EXPR_POST_ON_STREAM, "PostOnStream", -1, -1, HIR__OP_HOST | HIR__OP_ON_STREAM)                            \
-  X(HIR_EXPR_COMMUNICATION, "Communication", 1, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
-  X(HIR_EXPR_P2P_COMMUNICATION, "P2PCommunication", 1, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
-  X(HIR_EXPR_WAIT, "Wait", 0, 0, HIR__OP_HOST | HIR__OP_ON_STREAM)                                                \
-  X(HIR_EXPR_START_COALESCING, "StartCoalescing", 0, 0, HIR__OP_HOST | HIR__OP_COMM)                              \
-  X(HIR_EXPR_END_COALESCING, "EndCoalescing", 0, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
-  X(HIR_EXPR_ALIAS_SELECT, "HirAliasSelect", 1, 1, HIR__OP_HOST | HIR__OP_VIEW)                                   \
-  X(HIR_EXPR_ALIAS_SLICE, "HirAliasSlice", 1, 1, HIR__OP_HOST | HIR__OP_VIEW)                                     \
-  X(HIR_EXPR_LOAD_STORE, "LoadStoreOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES) \
-  X(HIR_EXPR_BINARY, "BinaryOp", 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                  \
-  X(HIR_EXPR_UNARY, "UnaryOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                    \
-  X(HIR_EXPR_REDUCTION, "ReductionOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES) \
-  X(HIR_EXPR_BROADCAST, "BroadcastOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM)                                 \
-  X(HIR_EXPR_MATMUL, "MatmulOp", -1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                  \
-  X(HIR_EXPR_SELECT, "SelectOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                   \
-  X(HIR_EXPR_SLICE, "SliceOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                     \
-  X(HIR_EXPR_RESHAPE, "ViewOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                    \
-  X(HIR_EXPR_COLLECTIVE_PERMUTE, "CollectivePermute", 1, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM)
+#define HIR_EXPR_KIND_LIST(X)                                                                                                                      \
+  X(HIR_EXPR_ALLOCATE, "Allocate", 1, 0, HIR__OP_HOST | HIR__OP_BUFFER)                                                                            \
+  X(HIR_EXPR_DEALLOCATE, "Deallocate", 1, 0, HIR__OP_HOST | HIR__OP_BUFFER)                                                                        \
+  X(HIR_EXPR_GET_CURRENT_STREAM, "GetCurrentStream", 0, 0, HIR__OP_HOST)                                                                           \
+  X(HIR_EXPR_SET_CURRENT_STREAM, "SetCurrentStream", 0, 0, HIR__OP_HOST)                                                                           \
+  X(HIR_EXPR_SYNCHRONIZE, "Synchronize", 0, 0, HIR__OP_HOST | HIR__OP_ON_STREAM)                                                                   \
+  X(HIR_EXPR_FOR_LOOP, "ForLoop", 0, 0, HIR__OP_HOST | HIR__OP_SCOPED)                                                                             \
+  X(HIR_EXPR_IF_THEN_ELSE, "IfThenElse", 0, 0, HIR__OP_HOST | HIR__OP_SCOPED)                                                                      \
+  X(HIR_EXPR_POST_ON_STREAM, "PostOnStream", -1, -1, HIR__OP_HOST | HIR__OP_ON_STREAM)                                                             \
+  X(HIR_EXPR_COMMUNICATION, "Communication", 1, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_TEAM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM)              \
+  X(HIR_EXPR_P2P_COMMUNICATION, "P2PCommunication", 1, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM)                      \
+  X(HIR_EXPR_WAIT, "Wait", 0, 0, HIR__OP_HOST | HIR__OP_ON_STREAM)                                                                                 \
+  X(HIR_EXPR_START_COALESCING, "StartCoalescing", 0, 0, HIR__OP_HOST | HIR__OP_COMM)                                                               \
+  X(HIR_EXPR_END_COALESCING, "EndCoalescing", 0, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM)                            \
+  X(HIR_EXPR_ALIAS_SELECT, "HirAliasSelect", 1, 1, HIR__OP_HOST | HIR__OP_VIEW)                                                                    \
+  X(HIR_EXPR_ALIAS_SLICE, "HirAliasSlice", 1, 1, HIR__OP_HOST | HIR__OP_VIEW)                                                                      \
+  X(HIR_EXPR_LOAD_STORE, "LoadStoreOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES | HIR__OP_FP8)              \
+  X(HIR_EXPR_BINARY, "BinaryOp", 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                                                   \
+  X(HIR_EXPR_UNARY, "UnaryOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                                                     \
+  X(HIR_EXPR_REDUCTION, "ReductionOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES)                             \
+  X(HIR_EXPR_BROADCAST, "BroadcastOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM | HIR__OP_FP8)                                                    \
+  X(HIR_EXPR_MATMUL, "MatmulOp", -1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                                                  \
+  X(HIR_EXPR_SELECT, "SelectOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_CUTS_AXIS | HIR__OP_WHOLE | HIR__OP_FP8) \
+  X(HIR_EXPR_SLICE, "SliceOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_CUTS_AXIS | HIR__OP_WHOLE | HIR__OP_FP8)   \
+  X(HIR_EXPR_RESHAPE, "ViewOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_WHOLE | HIR__OP_FP8)                      \
+  X(HIR_EXPR_COLLECTIVE_PERMUTE, "CollectivePermute", 1, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_TEAM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM)
 #define HIR__EXPR_ENUM(e, name, nin, nout, flags) e,
 typedef enum hir_expr_kind { HIR_EXPR_KIND_LIST(HIR__EXPR_ENUM) HIR_EXPR_KIND_COUNT } hir_expr_kind;
 
@@ -1762,7 +1770,12 @@ enum {
   HIR__OP_STANDALONE = 32, /* a host op of its own: never merged into a HostUnit by default */
   HIR__OP_ON_STREAM = 64,  /* puts work (or a wait) on the current stream: the GPU timeline times it */
   HIR__OP_VIEW = 128,      /* its output is a view of its input: no buffer, no copy */
-  HIR__OP_MOVES = 256      /* set and sum: as a resharding expr, it lowers to communications */
+  HIR__OP_MOVES = 256,     /* set and sum: as a resharding expr, it lowers to communications */
+  HIR__OP_BUFFER = 512,    /* makes or releases its operand's buffer: reads no values */
+  HIR__OP_TEAM = 1024,     /* talks to a team of devices (team, team_size) */
+  HIR__OP_CUTS_AXIS = 2048,/* keeps part of its input's axis e->axis (select, slice) */
+  HIR__OP_WHOLE = 4096,    /* reads its input whole (select, slice, reshape): never computed chunk by chunk */
+  HIR__OP_FP8 = 8192       /* moves fp8 values as they are (a set, a broadcast, a view of the fusion language) */
 };
 typedef struct hir__op_info {
   const char *name;
@@ -2135,8 +2148,8 @@ static int hir__loop_place(const hir_tv *tv, int i) {
 
 /* Whether e may read or write fp8 tensors: moves and views, casts, and the scaled matmul. */
 static int hir__takes_fp8(const hir_expr *e) {
+  if (hir__ops[e->kind].flags & HIR__OP_FP8) return 1;
   switch (e->kind) {
-  case HIR_EXPR_LOAD_STORE: case HIR_EXPR_BROADCAST: case HIR_EXPR_SELECT: case HIR_EXPR_SLICE: case HIR_EXPR_RESHAPE: return 1;
   case HIR_EXPR_UNARY: return e->sub == HIR_UNARY_CAST;
   case HIR_EXPR_MATMUL: return (e->flags & HIR__MATMUL_SCALED) != 0;
   default: return 0;
@@ -4437,7 +4450,7 @@ typedef struct hir__split_site {
    operands have M and N; an fp8 one's only on batch axes and M. */
 static const char *hir__split_blocked(const hir_expr *e, const hir_tv *tv, int axis) {
   int d = hir__data_index(tv, axis), k;
-  if ((e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE) && tv == e->in[0] && d == e->axis)
+  if ((hir__ops[e->kind].flags & HIR__OP_CUTS_AXIS) && tv == e->in[0] && d == e->axis)
     return "the select or slice of that axis";
   if (e->kind == HIR_EXPR_MATMUL) {
     hir__matmul_shape m = hir__matmul_shape_of(e);
@@ -4615,7 +4628,7 @@ static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, hir_val *fv, int 
     hir_expr *e = (hir_expr *)f->exprs.items[i];
     if (e->kind == HIR_EXPR_BROADCAST && e->out[0] == tv) /* a 0 flag for the new axis */
       e->flags = (e->flags & ((1u << (axis + 1)) - 1u)) | ((e->flags >> (axis + 1)) << (axis + 2));
-    if ((e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE) && e->in[0] == tv && d < e->axis && x->iter != HIR_REDUCTION)
+    if ((hir__ops[e->kind].flags & HIR__OP_CUTS_AXIS) && e->in[0] == tv && d < e->axis && x->iter != HIR_REDUCTION)
       e->axis++; /* its axis counts data axes: a reduction axis split adds none */
     if (e->kind == HIR_EXPR_RESHAPE && e->out[0] == tv) { /* the sizes asked: the two parts' (0 and -1 kept as such) */
       int64_t was = e->params[d], part = was > 0 ? was / fv->value : was;
@@ -6462,7 +6475,7 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
   hir_tv *ins[HIR__MAX_OPERANDS], *out, *slot;
   hir_expr *ite;
   int s = hir__stream_axis(e->out[0]), cut = s < -1 ? -1 : hir__cut_axis(e->out[0], s), k, j, moves = hir_expr_is_resharding(e);
-  if (e->kind == HIR_EXPR_SELECT || e->kind == HIR_EXPR_SLICE || e->kind == HIR_EXPR_RESHAPE)
+  if (hir__ops[e->kind].flags & HIR__OP_WHOLE)
     return hir__stream_fail(c->p, e, "a select, slice or reshape is not computed chunk by chunk; give its output no Stream axis");
   for (k = 0; c->collective && s < 0 && k < e->nin; k++) { /* a reduce-scatter's output has no Stream axis: cut where its input is */
     int map[HIR_MAX_DIMS], in_s = hir__stream_axis(e->in[k]), in_cut = in_s >= 0 ? hir__cut_axis(e->in[k], in_s) : -1;
@@ -7089,7 +7102,7 @@ static int hir__verify_operands(hir__verifier *v, const hir_expr *e) {
       e->nin != ((e->flags & HIR__MATMUL_SCALED) ? 4 : 2 + (e->nin == 3 && (e->flags & HIR__MATMUL_LINEAR))))
     return hir__verify_fail(v, "MatmulOp %d has %d inputs; a matmul has 2, a linear 2 or 3 (with its bias), a scaled linear 4",
                             e->name, e->nin);
-  if (e->kind == HIR_EXPR_COMMUNICATION || e->kind == HIR_EXPR_COLLECTIVE_PERMUTE ||
+  if ((hir__ops[e->kind].flags & HIR__OP_TEAM) ||
       ((hir__ops[e->kind].flags & HIR__OP_COMPUTE) && e->kind != HIR_EXPR_UNARY &&
        !(e->kind == HIR_EXPR_MATMUL && (e->flags & HIR__MATMUL_SCALED))))
     for (k = 0; k < e->nin; k++)
@@ -7182,7 +7195,7 @@ static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) 
         if (!hir__verify_read(v, e, e->in[k])) return 0;
       for (k = 0; k < e->nout; k++)
         if (!hir__verify_write(v, e, e->out[k])) return 0;
-      if (e->kind == HIR_EXPR_ALIAS_SELECT || e->kind == HIR_EXPR_ALIAS_SLICE) v->written[e->in[0]->name] = 1; /* written through the view, maybe */
+      if (hir__ops[e->kind].flags & HIR__OP_VIEW) v->written[e->in[0]->name] = 1; /* written through the view, maybe */
       break;
     }
   }
@@ -11425,7 +11438,7 @@ static int hir__communicates(const hir_scope *s, int peers) {
   int i;
   for (i = 0; i < s->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
-    int teamed = e->kind == HIR_EXPR_COMMUNICATION || e->kind == HIR_EXPR_COLLECTIVE_PERMUTE;
+    int teamed = (hir__ops[e->kind].flags & HIR__OP_TEAM) != 0;
     int talks = (hir__ops[e->kind].flags & HIR__OP_COMM) && (!peers || !teamed || e->team_size > 1);
     if (talks || hir__communicates(&e->body, peers) || hir__communicates(&e->orelse, peers)) return 1;
   }
@@ -11945,7 +11958,7 @@ static void hir__count_readers(const hir_scope *s, int *readers, const hir_expr 
   for (i = 0; i < s->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
     for (k = 0; k < e->nin; k++)
-      if (e->in[k] && e->kind != HIR_EXPR_ALLOCATE && e->kind != HIR_EXPR_DEALLOCATE) readers[e->in[k]->name]++, last[e->in[k]->name] = e;
+      if (e->in[k] && !(hir__ops[e->kind].flags & HIR__OP_BUFFER)) readers[e->in[k]->name]++, last[e->in[k]->name] = e;
     hir__count_readers(&e->body, readers, last);
     hir__count_readers(&e->orelse, readers, last);
   }
@@ -12795,7 +12808,7 @@ static int hir__mentions(const hir_scope *s, const hir_tv *tv) {
   int i, k, n = 0;
   for (i = 0; i < s->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
-    if (e->kind != HIR_EXPR_ALLOCATE && e->kind != HIR_EXPR_DEALLOCATE) {
+    if (!(hir__ops[e->kind].flags & HIR__OP_BUFFER)) {
       for (k = 0; k < e->nin; k++) n += e->in[k] == tv;
       for (k = 0; k < e->nout; k++) n += e->out[k] == tv;
     }
@@ -12841,7 +12854,7 @@ static int hir__composite_run(const hir_program *p, const hir_scope *s, int from
   int i, k, mine = 0, end = -1;
   for (i = from; i < s->exprs.n && end < 0; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
-    if (e->kind == HIR_EXPR_DEALLOCATE || e->kind == HIR_EXPR_ALLOCATE) continue;
+    if (hir__ops[e->kind].flags & HIR__OP_BUFFER) continue;
     for (k = 0; k < hir__unit_size(e); k++) {
       const hir_expr *u = hir__unit_at(e, k);
       if (u->composite != c) return -1;
@@ -12856,14 +12869,14 @@ static int hir__composite_run(const hir_program *p, const hir_scope *s, int from
     for (k = 0; k < hir__unit_size(e); k++) {
       const hir_tv *t = hir__unit_at(e, k)->out ? hir__unit_at(e, k)->out[0] : NULL;
       int q, inside = 0;
-      if (e->kind == HIR_EXPR_DEALLOCATE || e->kind == HIR_EXPR_ALLOCATE || hir__unit_at(e, k)->composite_role == HIR__ROLE_OUT)
+      if ((hir__ops[e->kind].flags & HIR__OP_BUFFER) || hir__unit_at(e, k)->composite_role == HIR__ROLE_OUT)
         continue;
       for (q = 0; q < p->ir.outputs.n; q++)
         if (p->ir.outputs.items[q] == (const void *)t) return -1;
       for (q = from; q <= end; q++) { /* mentions in the run: its scope's exprs (a unit's ins and outs) */
         const hir_expr *x = (const hir_expr *)s->exprs.items[q];
         int m;
-        if (x->kind == HIR_EXPR_ALLOCATE || x->kind == HIR_EXPR_DEALLOCATE) continue;
+        if (hir__ops[x->kind].flags & HIR__OP_BUFFER) continue;
         for (m = 0; m < x->nin; m++) inside += x->in[m] == t;
         for (m = 0; m < x->nout; m++) inside += x->out[m] == t;
       }
@@ -12892,7 +12905,7 @@ static void hir__describe_run(const hir_scope *s, int from, int end, hir__fused_
   run->span = end - from;
   for (i = from; i <= end; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i];
-    if (e->kind == HIR_EXPR_ALLOCATE || e->kind == HIR_EXPR_DEALLOCATE) continue;
+    if (hir__ops[e->kind].flags & HIR__OP_BUFFER) continue;
     for (k = 0; k < hir__unit_size(e); k++) {
       const hir_expr *u = hir__unit_at(e, k);
       if (u->composite_role == HIR__ROLE_X) run->x = u;
@@ -12990,7 +13003,7 @@ static int hir__setup_expr(hir_evaluator *ev, const hir_expr *e) {
       return hir__ev_fail(ev, HIR_ERR_INVALID,
                           "hir_evaluator_create: the program communicates (%s %d); give a communicator in hir_eval_desc.comm",
                           hir__ops[e->kind].name, e->name);
-    for (i = 0; (e->kind == HIR_EXPR_COMMUNICATION || e->kind == HIR_EXPR_COLLECTIVE_PERMUTE) && i < e->team_size; i++)
+    for (i = 0; (hir__ops[e->kind].flags & HIR__OP_TEAM) && i < e->team_size; i++)
       if (e->team[i] >= ev->comm->size)
         return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: %s %d names device %d, outside the world of %d ranks",
                             hir__ops[e->kind].name, e->name, e->team[i], ev->comm->size);
