@@ -874,10 +874,16 @@ HIRDEF void             hir_local_world_free(hir_local_world *w);
    started (the process is out of threads). */
 HIRDEF hir_status       hir_spmd(int nranks, hir_status (*fn)(int rank, void *user), void *user);
 
+/* Runs as CUDA graphs (hir_eval_desc.graph). */
+typedef enum hir_graph_mode {
+  HIR_GRAPH_OFF,        /* eager runs: the host program walked every run */
+  HIR_GRAPH_BY_ADDRESS, /* a graph per shape and argument addresses, captured at the first run there, then replayed */
+  HIR_GRAPH_STAGED      /* as BY_ADDRESS, on copies of the arguments the evaluator keeps: any addresses replay */
+} hir_graph_mode;
 typedef struct hir_eval_desc {
   hir_backend *backend; hir_comm *comm; int number_of_streams;
   int timeout_ms;   /* hir_evaluator_sync gives up (and aborts the communicator) after this; 0: 600000 */
-  /* graph = 1: after one eager run of a shape (its buffers made), a run with
+  /* HIR_GRAPH_BY_ADDRESS: after one eager run of a shape (its buffers made), a run with
      inputs and outputs at addresses not seen yet is captured into a CUDA
      graph, then launched; a run at seen addresses only launches its graph
      (the host program is not walked again). Up to 8 graphs per shape; a new
@@ -889,13 +895,13 @@ typedef struct hir_eval_desc {
      Where nothing can be captured (the CPU backend, a communicator that
      says capturable = 0, a timeline being recorded, a failed capture) runs
      stay eager and hir_program_plan says why.
-     graph = 2 (staged): as 1, but the graph runs on copies of the
+     HIR_GRAPH_STAGED: as BY_ADDRESS, but the graph runs on copies of the
      arguments the evaluator keeps; each run copies the caller's inputs in
      and outputs out around the launch, on the caller's stream. A program
      that communicates then replays at any addresses (a decode loop's new
      outputs each step), an output passed or left to the evaluator as each
      run likes, for the copies' time and memory. */
-  int graph;
+  hir_graph_mode graph;
   /* check_shapes = 1: the ranks compare their shapes on every run, not only
      when they change (hir_run), so that a rank that alone changes its shapes
      is refused on every rank with one message too; one small allgather a
@@ -11370,7 +11376,7 @@ struct hir_evaluator {
   int ngraphs;
   struct hir__range *touched;   /* while capturing: the bytes the run's ops have touched so far (hir__touch) */
   int ntouched, cap_touched, capturing;
-  int staged, nstage;           /* hir_eval_desc.graph = 2; the staged arguments (inputs, then outputs), and a run's copy */
+  int staged, nstage;           /* hir_eval_desc.graph is HIR_GRAPH_STAGED; the staged arguments (inputs, then outputs), and a run's copy */
   hir_tensor *stage, *stage_run;
   unsigned long long graph_uses;
   char error[512];
@@ -13112,8 +13118,11 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
                         d->number_of_streams), ev->status;
   ev->nstreams = d->number_of_streams ? d->number_of_streams : 4;
   ev->timeout_ms = d->timeout_ms > 0 ? d->timeout_ms : 600000;
-  ev->staged = d->graph == 2;
-  if ((ev->graph = d->graph != 0) && !(ev->graphs = (hir__graph *)HIR_MALLOC(HIR__GRAPHS * sizeof *ev->graphs)))
+  if ((unsigned)d->graph > (unsigned)HIR_GRAPH_STAGED)
+    return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: graph is %d; give HIR_GRAPH_OFF, HIR_GRAPH_BY_ADDRESS or "
+                        "HIR_GRAPH_STAGED", (int)d->graph), ev->status;
+  ev->staged = d->graph == HIR_GRAPH_STAGED;
+  if ((ev->graph = d->graph != HIR_GRAPH_OFF) && !(ev->graphs = (hir__graph *)HIR_MALLOC(HIR__GRAPHS * sizeof *ev->graphs)))
     return hir__ev_fail(ev, HIR_ERR_NOMEM, "hir_evaluator_create: out of memory"), ev->status;
   if (ev->graphs) memset(ev->graphs, 0, HIR__GRAPHS * sizeof *ev->graphs);
   if (ev->graph && !(ev->warm_dense = (unsigned char *)HIR_MALLOC((size_t)(p->ir.inputs.n + p->ir.outputs.n + 1))))
@@ -13992,7 +14001,7 @@ static hir_status hir__run_graph(hir_evaluator *ev, const hir_tensor *in, int ni
                         "hir_run: graph mode: an input or output moved (or changed its strides, or is a new allocation at "
                         "its old address where peers copy into it) after this program, which communicates, was captured; "
                         "its graph replays only on the buffers every rank captured it with (NCCL launches a captured "
-                        "collective on all ranks alike): keep them, or set hir_eval_desc.graph = 2 (or 0)"),
+                        "collective on all ranks alike): keep them, or set hir_eval_desc.graph to HIR_GRAPH_STAGED (or HIR_GRAPH_OFF)"),
            ev->status;
   for (i = 0; i < n && !g; i++)
     if (ev->warm_dense[i] != hir__dense(i < nin ? &in[i] : &out[i - nin])) return hir__run_warming(ev, in, nin, out, nout);
@@ -14317,7 +14326,7 @@ static hir_status hir__cand_p2p(hir_tuner *t, const hir__cand *c) {
 static hir_status hir__cand_evaluator(hir_tuner *t, const hir__cand *c, const hir_program *p, hir_evaluator **ev) {
   hir_eval_desc e = t->d.eval;
   e.number_of_streams = c->streams;
-  if (c->eager) e.graph = 0;
+  if (c->eager) e.graph = HIR_GRAPH_OFF;
   return hir_evaluator_create(p, &e, ev);
 }
 

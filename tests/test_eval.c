@@ -902,12 +902,17 @@ TEST(test_eval_graph_on_cpu, "eval/graph_option_on_cpu", TEST_CPU) {
   hir_eval_desc ed;
   hir_output(f, c);
   memset(&ed, 0, sizeof ed);
-  ed.graph = 1;
+  ed.graph = HIR_GRAPH_BY_ADDRESS;
   in[0] = trand(HIR_F32, 2, sa);
   in[1] = trand(HIR_F32, 2, sb);
   CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
   CHECK(graph_runs_right(ev, in, 5, 7, 3, 3));
   CHECK(strstr(hir_program_plan(p), "graph: eager, because the backend has nothing to capture") != NULL);
+  hir_evaluator_free(ev);
+  ev = NULL;
+  ed.graph = (hir_graph_mode)3; /* no such mode: refused by name */
+  CHECK(hir_evaluator_create(p, &ed, &ev) == HIR_ERR_INVALID);
+  CHECK(strstr(hir_evaluator_error(ev), "graph is 3; give HIR_GRAPH_OFF") != NULL);
   hir_evaluator_free(ev);
   hir_program_free(p);
   tfree(&in[0]);
@@ -968,7 +973,7 @@ TEST(test_eval_graph_fallback, "eval/graph_capture_fails", TEST_CPU) {
     fake_gemm_refuses = variant;
     memset(&ed, 0, sizeof ed);
     ed.backend = be;
-    ed.graph = 1;
+    ed.graph = HIR_GRAPH_BY_ADDRESS;
     CHECK(hir_lower(f, NULL, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
     CHECK(graph_runs_right(ev, in, 4, 6, 5, 3));
     CHECK(strstr(hir_program_plan(p), variant ? "graph: eager, because the capture failed: hir_run: MatmulOp"

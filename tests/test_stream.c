@@ -757,7 +757,7 @@ static hir_status start_rank(int rank, void *user) {
   ed.backend = be;
   ed.comm = c;
   ed.number_of_streams = 2;
-  ed.graph = 1;
+  ed.graph = HIR_GRAPH_BY_ADDRESS;
   s = hir_lower(x->f, &d, &p);
   if (s == HIR_OK) s = hir_evaluator_create(p, &ed, &ev);
   in[0] = shard(&x->a, hir_program_input(p, 0), rank);

@@ -619,7 +619,7 @@ static hir_status p2p_rank(int rank, void *user) {
   hir_status s;
   int nccl, no_sends, before[2];
   char text[4096] = "", choice[128];
-  d.eval.graph = 1;
+  d.eval.graph = HIR_GRAPH_BY_ADDRESS;
   if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) s = tune_run_once(x, t, rank, x->M); /* tunes, then runs */
   tune_note(x, t, rank, s);
   y->tuned_both[rank] = fake_sends[rank][0] > 0 && fake_sends[rank][1] > 0;
@@ -715,7 +715,7 @@ static hir_status eager_rank(int rank, void *user) {
   char text[4096] = "", choice[128];
   int eager, before;
   d.eval.backend = eager_be[rank];
-  d.eval.graph = 1;
+  d.eval.graph = HIR_GRAPH_BY_ADDRESS;
   if ((s = hir_tuner_create(x->f, &d, &t)) == HIR_OK) s = tune_run_once(x, t, rank, x->M);
   tune_note(x, t, rank, s);
   chosen(x->plan[rank], choice, sizeof choice);

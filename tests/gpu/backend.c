@@ -724,7 +724,7 @@ TEST(test_gpu_graph_replay, "gpu/graph_replay", TEST_GPU) {
   memset(&ed, 0, sizeof ed);
   ed.backend = be;
   ed.number_of_streams = 2;
-  ed.graph = 1;
+  ed.graph = HIR_GRAPH_BY_ADDRESS;
   in[0] = trand(HIR_F32, 3, sa);
   in[1] = trand(HIR_F32, 2, sb);
   out = tn(HIR_F32, 3, so);
@@ -816,7 +816,7 @@ static hir_status graph_moved_rank(int rank, void *user) {
   ld.my_device = rank;
   ed.comm = x->comm[rank];
   ed.backend = hir_backend_cuda_create(rank);
-  ed.graph = 1;
+  ed.graph = HIR_GRAPH_BY_ADDRESS;
   ed.timeout_ms = 5000;
   d = to_backend(ed.backend, &x->in[rank]);
   if (hir_lower(x->f, &ld, &p) != HIR_OK || hir_evaluator_create(p, &ed, &ev) != HIR_OK) s = HIR_ERR_INTERNAL;

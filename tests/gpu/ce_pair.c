@@ -62,7 +62,7 @@ static hir_comm *ce_pair_comm(int rank, const char *name, char *err, size_t cap)
    posts its receive of the next and exits without sending: rank 0's stream waits for bytes that never come,
    and hir_evaluator_sync must end with the peer named, well within the
    timeout (the process is looked for every 100 ms), its GPU released.
-   In graph mode (graph = 1) the ranks run three times together (eager,
+   In graph mode (HIR_GRAPH_BY_ADDRESS) the ranks run three times together (eager,
    captured, replayed), then rank 1 exits and rank 0's replay waits on its
    graph words for a peer that is gone. */
 static int ce_pair_dead_peer(int rank, int graph) {
