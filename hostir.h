@@ -526,7 +526,7 @@ HIRDEF int             hir_merge_default(const hir_group *a, const hir_group *b,
    (the seeds' schedule); RING, step i receives from position pos-i and sends
    to pos+i, so every rank is busy every step and none hears from all at once. */
 typedef enum hir_p2p_schedule { HIR_P2P_LINEAR, HIR_P2P_RING } hir_p2p_schedule;
-typedef struct hir_stream_options {  /* zero-initialized = defaults */
+typedef struct hir_stream_desc {  /* zero-initialized = defaults */
   hir_p2p_schedule schedule;
   /* P2P pipelines: each peer's chunk cut into this many parts along its first
      axis after the Stream axis, one part an iteration (part-major: the first
@@ -536,29 +536,6 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
      number_of_streams >= the mesh size (bench/NOTES.md, section 14). 0 = 1,
      or with `automatic` the model's choice. */
   int chunks_per_peer;
-  int bounded_buffers;  /* an intermediate only its loop uses keeps numberOfStreams slices, reused round-robin */
-  int serial;           /* lower the fusion without its Stream axes: the serial program */
-  /* automatic = 1: keep the fusion's Stream axes only where a cost model says
-     the pipeline beats the serial program by 3% for these local input shapes
-     (as hir_run will get them; data ignored); else lower it serial. The
-     model: GEMM time = flops / gemm_flops_per_s, communication = bytes moved
-     / link_bytes_per_s, each chunk costs chunk_overhead_s, and the pipeline
-     hides all but one chunk of the shorter of the two - only where it is a
-     P2P pipeline whose send/recv run on copy engines (the communicator in
-     hir_lower_desc.comm says so: p2p_copy_engine). Otherwise the
-     communication runs as NCCL kernels that wait for the SMs a GEMM holds
-     (bench/NOTES.md, sections 0-1), and the model, expecting no overlap,
-     lowers serial. With overlap it also picks chunks_per_peer (unless
-     given): each part beyond one a peer costs part_overhead_s more (smaller
-     GEMMs, one more wait).
-     Zeros take defaults measured on H200 with copy-engine P2P
-     (bench/RESULTS.md): 750e12 flop/s in f16/bf16, 50e12 in f32/f64, 300e9
-     B/s, 20 us a chunk, 40 us a part. hir_program_plan says what was chosen
-     and why. */
-  int automatic;
-  const struct hir_tensor *input_shapes;
-  int ninput_shapes;
-  double gemm_flops_per_s, link_bytes_per_s, chunk_overhead_s, part_overhead_s;
   /* P2P pipelines lowered as collective pipelines instead: the loop runs over
      this many parts of every peer's chunk (cut as chunks_per_peer cuts),
      each iteration one collective over the team (an allgather or a
@@ -573,31 +550,57 @@ typedef struct hir_stream_options {  /* zero-initialized = defaults */
      Where M is small (decode) a GEMM cut by rows reads its whole weight once
      a chunk, and the exchange is short: bench/NOTES.md section 41. */
   int gather_first;
-  /* S >= 2: a GEMM on a P2P allgather's chunks computes, in the loop, only
-     the first N/S columns (its weight's first N/S columns, the exchange
-     behind the local rows' part); the other parts run after the loop, one
-     GEMM each of every row. The weight is read 1 + (D - 1)/S times instead
-     of D: for decode-size M, whose GEMMs read their whole weight whatever
-     their rows (bench/NOTES.md section 42). N must divide by S at run time.
-     0 or 1: off. */
-  int column_parts;
-  /* 1: a ring allgather copies the own chunk into the gathered tensor, and
-     its readers read it there (nvFuser's programs). 0: where that tensor is
-     an intermediate read chunk by chunk, the readers take the own chunk
-     straight from the allgather's input and the own step copies nothing -
-     unless hir_lower_desc.comm runs send/recv as NCCL kernels
-     (p2p_copy_engine 0), which then wait for the SMs of the own step's
-     GEMM, and the copy that delays it pays (bench/NOTES.md section 49). */
-  int copy_own_chunk;
-} hir_stream_options;
+  int bounded_buffers;  /* an intermediate only its loop uses keeps numberOfStreams slices, reused round-robin */
+  int serial;           /* lower the fusion without its Stream axes: the serial program */
+  /* automatic = 1: keep the fusion's Stream axes only where a cost model says
+     the pipeline beats the serial program by 3% for these local input shapes
+     (as hir_run will get them; data ignored); else lower it serial. The
+     model: GEMM time = flops / a GEMM rate, communication = bytes moved / a
+     link rate, a cost per chunk, and the pipeline hides all but one chunk of
+     the shorter of the two - only where it is a P2P pipeline whose send/recv
+     run on copy engines (the communicator in hir_lower_desc.comm says so:
+     p2p_copy_engine). Otherwise the communication runs as NCCL kernels that
+     wait for the SMs a GEMM holds (bench/NOTES.md, sections 0-1), and the
+     model, expecting no overlap, lowers serial. With overlap it also picks
+     chunks_per_peer (unless given): each part beyond one a peer costs more
+     (smaller GEMMs, one more wait). The rates are the ones measured on H200
+     with copy-engine P2P (bench/RESULTS.md; experimental below sets others).
+     hir_program_plan says what was chosen and why. hir_tuner measures
+     instead of modelling. */
+  int automatic;
+  const struct hir_tensor *input_shapes;
+  int ninput_shapes;
+  /* Knobs for studying hostir itself rather than for running a program; the
+     defaults (zeros) are what measured best. */
+  struct hir_stream_experimental {
+    /* the cost model's rates: zeros take H200's, 750e12 flop/s in f16/bf16,
+       50e12 in f32/f64, 300e9 B/s, 20 us a chunk, 40 us a part */
+    double gemm_flops_per_s, link_bytes_per_s, chunk_overhead_s, part_overhead_s;
+    /* S >= 2: a GEMM on a P2P allgather's chunks computes, in the loop, only
+       the first N/S columns (its weight's first N/S columns, the exchange
+       behind the local rows' part); the other parts run after the loop, one
+       GEMM each of every row. The weight is read 1 + (D - 1)/S times instead
+       of D; measured slower than the best pipeline on every decode shape
+       (bench/NOTES.md section 42). N must divide by S at run time. 0 or 1: off. */
+    int column_parts;
+    /* 1: a ring allgather copies the own chunk into the gathered tensor, and
+       its readers read it there (nvFuser's programs). 0: where that tensor is
+       an intermediate read chunk by chunk, the readers take the own chunk
+       straight from the allgather's input and the own step copies nothing -
+       unless hir_lower_desc.comm runs send/recv as NCCL kernels
+       (p2p_copy_engine 0), which then wait for the SMs of the own step's
+       GEMM, and the copy that delays it pays (bench/NOTES.md section 49). */
+    int copy_own_chunk;
+  } experimental;
+} hir_stream_desc;
 typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   int my_device;                    /* this rank's device id */
   hir_merge_fn should_merge;        /* NULL: hir_merge_default */
   void *merge_user;
   int skip_stream_lowering, skip_deallocations;
-  hir_stream_options stream;        /* options of the stream-lowering pass */
+  hir_stream_desc stream;        /* options of the stream-lowering pass */
   const hir_comm *comm;             /* the communicator the program will run on (or NULL): what it can do
-                                       guides stream.automatic and stream.copy_own_chunk; nothing else of
+                                       guides stream.automatic and stream.experimental.copy_own_chunk; nothing else of
                                        it is read */
 } hir_lower_desc;
 /* On failure *out still receives a program holding only the error (read it
@@ -626,7 +629,7 @@ HIRDEF size_t           hir_segmentation_snprint_dot(const hir_segmentation *s, 
 
 /* Passes: plain functions on a program, in the order hir_lower runs them.
    Each records its error in the program and returns the status. */
-HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_options *options);
+HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_desc *options);
 HIRDEF hir_status hir_pass_convert_communications(hir_program *p);
 HIRDEF hir_status hir_pass_insert_deallocations(hir_program *p);
 /* The schedule verifier: the programs of all ranks (programs[r] runs on
@@ -1848,7 +1851,7 @@ struct hir_program {
   hir__vec units;
   int next_stream;
   int my_device;          /* the device the program was lowered for; -1 if built by hand */
-  char plan[4096];        /* the automatic choice of hir_stream_options, or a tuner's report */
+  char plan[4096];        /* the automatic choice of hir_stream_desc, or a tuner's report */
   hir__vec same_extents;  /* hir__same_extent: sizes that only a run knows and that must agree */
   hir__vec skipped;       /* pairs (top-level expr or NULL, op or NULL): after that expr (NULL: before the first) other ranks run an op this one
                              skips (NULL: in a HostUnit); a Stream chain continues across it only where theirs does */
@@ -6280,7 +6283,7 @@ typedef struct hir__slice {
 
 typedef struct hir__chain {
   hir_program *p;
-  const hir_stream_options *opt;
+  const hir_stream_desc *opt;
   hir_expr **exprs;
   int n, p2p, ring;
   hir_id *id;                   /* the loop's axis */
@@ -6578,14 +6581,14 @@ static int hir__stream_allgather(hir__chain *c, const hir_expr *e, int in_axis) 
    the output is an intermediate only this chain uses, and every reader
    reads it chunk by chunk along the loop's axis. Then the own step copies
    nothing, which otherwise delays that step's GEMM and takes memory
-   bandwidth from the exchange beside it (stream.copy_own_chunk). The ring
+   bandwidth from the exchange beside it (stream.experimental.copy_own_chunk). The ring
    only: the linear schedule copies, as nvFuser's programs do (and
    column_parts, which cuts the matmuls of the loop's body, finds them
    there). */
 static int hir__ag_in_place(const hir__chain *c, const hir_expr *ag, const int *first, const int *last, int at) {
   const hir_tv *g = ag->out[0];
   int k, q, j, s = hir__stream_axis(g);
-  if (!c->ring || c->opt->copy_own_chunk || c->opt->column_parts > 1 || c->p2p != HIR__P2P_ALLGATHER || g->is_output ||
+  if (!c->ring || c->opt->experimental.copy_own_chunk || c->opt->experimental.column_parts > 1 || c->p2p != HIR__P2P_ALLGATHER || g->is_output ||
       first[g->name] < at || last[g->name] >= at + c->n)
     return 0;
   for (k = 0; k < c->n; k++) {
@@ -6842,8 +6845,8 @@ static int hir__reads_after_loop(const hir_expr *x, hir_expr *const *chain, int 
   return 0;
 }
 
-HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_options *opt) {
-  hir_stream_options defaults;
+HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_desc *opt) {
+  hir_stream_desc defaults;
   hir_fusion *f;
   hir__vec out = {NULL, 0, 0};
   hir__chain c;
@@ -6953,7 +6956,7 @@ done:
   return f->status;
 }
 
-/* stream.column_parts = S: in a StreamIdx loop, a matmul X x W whose X is
+/* stream.experimental.column_parts = S: in a StreamIdx loop, a matmul X x W whose X is
    a chunk of a P2P allgather's gathered tensor G (a receive writes it in
    the loop) computes only the first N/S columns of its output chunk, with
    the first N/S columns of W; after the loop one GEMM a part computes the
@@ -7046,7 +7049,7 @@ static hir_status hir__column_parts(hir_program *p, int parts) {
   int i;
   if (f->status != HIR_OK) return f->status;
   if (parts < 0 || parts > 1024) {
-    hir__fail(f, HIR_ERR_INVALID, "stream lowering: column_parts is %d; give 2 to 1024 (0 or 1: off)", parts);
+    hir__fail(f, HIR_ERR_INVALID, "stream lowering: experimental.column_parts is %d; give 2 to 1024 (0 or 1: off)", parts);
     return f->status;
   }
   for (i = 0; i < p->top.exprs.n; i++) {
@@ -7535,7 +7538,7 @@ static int64_t hir__model_numel(hir_program *p, const hir__env *env, const hir_t
    the largest number of parts that every cut axis of a P2P pipeline divides
    into (*rows: their gcd, 0 when some Stream axis has nothing after it to
    cut). */
-static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_options *o, double *gemm_s, double *comm_s,
+static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_desc *o, double *gemm_s, double *comm_s,
                       int64_t *chunks, int64_t *rows) {
   hir__env env;
   int i, a, k, ok = 1;
@@ -7627,8 +7630,8 @@ static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_opti
     }
   }
   if (*rows < 0) *rows = 0;
-  *gemm_s = o->gemm_flops_per_s > 0 ? (flops[0] + flops[1]) / o->gemm_flops_per_s : flops[0] / 750e12 + flops[1] / 50e12;
-  *comm_s = bytes / (o->link_bytes_per_s > 0 ? o->link_bytes_per_s : 300e9);
+  *gemm_s = o->experimental.gemm_flops_per_s > 0 ? (flops[0] + flops[1]) / o->experimental.gemm_flops_per_s : flops[0] / 750e12 + flops[1] / 50e12;
+  *comm_s = bytes / (o->experimental.link_bytes_per_s > 0 ? o->experimental.link_bytes_per_s : 300e9);
   HIR_FREE(env.sym);
   HIR_FREE(env.sym_bound);
   return ok;
@@ -7637,10 +7640,11 @@ static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_opti
 /* The predicted time of the pipeline of `chunks` chunks in `parts` parts
    each: with overlap, all but one part's share of the shorter of GEMM and
    communication hidden. */
-static double hir__piped_time(const hir_stream_options *o, double gemm, double comm, int overlap, int64_t chunks,
+static double hir__piped_time(const hir_stream_desc *o, double gemm, double comm, int overlap, int64_t chunks,
                               int64_t parts) {
   double longer = gemm > comm ? gemm : comm, shorter = gemm < comm ? gemm : comm;
-  double per_chunk = o->chunk_overhead_s > 0 ? o->chunk_overhead_s : 20e-6, per_part = o->part_overhead_s > 0 ? o->part_overhead_s : 40e-6;
+  double per_chunk = o->experimental.chunk_overhead_s > 0 ? o->experimental.chunk_overhead_s : 20e-6,
+         per_part = o->experimental.part_overhead_s > 0 ? o->experimental.part_overhead_s : 40e-6;
   return (overlap ? longer + shorter / (double)(chunks * parts) : gemm + comm) + (double)chunks * per_chunk +
          (double)(chunks * (parts - 1)) * per_part;
 }
@@ -7649,7 +7653,7 @@ static double hir__piped_time(const hir_stream_options *o, double gemm, double c
    where the serial form is predicted faster (it has *chunks > 1 to lose),
    else the parts a P2P pipeline's peer chunk is cut into, into o (unless
    the caller gave them). The reason goes to p's plan. */
-static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_comm *communicator, hir_stream_options *o,
+static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_comm *communicator, hir_stream_desc *o,
                                 int64_t *chunks, int *serial) {
   double gemm_s = 0, comm_s = 0, serial_s, piped_s;
   int64_t rows = 0, parts, k;
@@ -7669,7 +7673,7 @@ static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_c
         : !communicator ? "; no overlap assumed: hir_lower_desc.comm is NULL"
         : copy_engine   ? "; no overlap: its communication is collectives, NCCL kernels"
                         : "; no overlap: the communicator's send/recv do not run beside the GEMMs (its p2p_copy_engine is 0)";
-  constants = o->gemm_flops_per_s > 0 && o->link_bytes_per_s > 0 ? "" : "; times from H200's constants";
+  constants = o->experimental.gemm_flops_per_s > 0 && o->experimental.link_bytes_per_s > 0 ? "" : "; times from H200's constants";
   serial_s = hir__piped_time(o, gemm_s, comm_s, 0, 1, 1);
   piped_s = hir__piped_time(o, gemm_s, comm_s, overlap, *chunks, parts);
   *serial = !(*chunks > 1 && piped_s < 0.97 * serial_s);
@@ -7806,10 +7810,10 @@ static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_p
    serial = 1. Fills *apart (see hir__devices_apart) for the caller's. */
 static hir_status hir__lower_passes(hir_program *p, const hir_fusion *f, const hir_lower_desc *d, int mode, unsigned dump,
                                     int **apart, int *napart) {
-  hir_stream_options stream = d->stream;
+  hir_stream_desc stream = d->stream;
   hir__vec groups = {NULL, 0, 0};
   int serial = mode == HIR__LOWER_SERIAL_FORM || stream.serial;
-  if (d->comm && !d->comm->p2p_copy_engine) stream.copy_own_chunk = 1;
+  if (d->comm && !d->comm->p2p_copy_engine) stream.experimental.copy_own_chunk = 1;
   /* the pipeline, written out: each pass, then the verifier */
   if (!hir__front_end(p, f, serial, stream.gather_first)) return hir__step_failed(p, "the front end");
   if (stream.automatic && !serial) { /* the pipeline, or the serial form where it is predicted faster and lowers */
@@ -7834,8 +7838,8 @@ static hir_status hir__lower_passes(hir_program *p, const hir_fusion *f, const h
   if (!d->skip_stream_lowering &&
       (hir_pass_stream_lowering(p, &stream), !hir__pipeline_check(p, "stream_lowering", dump)))
     return p->ir.status;
-  if (!d->skip_stream_lowering && !serial && stream.column_parts != 0 && stream.column_parts != 1 &&
-      (hir__column_parts(p, stream.column_parts), !hir__pipeline_check(p, "column_parts", dump)))
+  if (!d->skip_stream_lowering && !serial && stream.experimental.column_parts != 0 && stream.experimental.column_parts != 1 &&
+      (hir__column_parts(p, stream.experimental.column_parts), !hir__pipeline_check(p, "column_parts", dump)))
     return p->ir.status;
   if ((hir_pass_convert_communications(p), !hir__pipeline_check(p, "convert_communications", dump))) return p->ir.status;
   if (!d->skip_deallocations &&
@@ -10286,7 +10290,7 @@ static hir_status hir__cuda_matmul_bias(hir_backend *b, void *stream, const hir_
     return HIR_ERR_UNSUPPORTED;
   ok = hir__gemm_operand(&A, nd, &ta, &lda) && hir__gemm_operand(&B, nd, &tb, &ldb) && hir__gemm_operand(&C, nd, &tc, &ldc) && !tc && !ta;
   for (d = 0; ok && d < nd - 2; d++) ok = B.strides[d] == 0 || dst->sizes[d] == 1; /* batches fold into M: B and the bias repeat */
-  /* folded, rows stay at their strides lda and ldc: stream.column_parts's GEMMs write columns of a wider output */
+  /* folded, rows stay at their strides lda and ldc: stream.experimental.column_parts's GEMMs write columns of a wider output */
   if (!ok || !hir__batches_fold(&A, nd, lda) || !hir__batches_fold(&C, nd, ldc)) return HIR_ERR_UNSUPPORTED;
   for (d = 0; d < nd - 1; d++) M *= dst->sizes[d];
   if (!c->lt && cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) return HIR_ERR_UNSUPPORTED;
@@ -11563,7 +11567,7 @@ static int hir__check_view(hir_evaluator *ev, const hir_expr *e) {
                ((const hir_tv *)ev->p->ir.inputs.items[input])->name, axis);
     return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSlice %d: T%d axis %d has size %lld%s which does not cut "
                         "into %d equal parts; give it a size that %d divides, or cut it into fewer parts "
-                        "(stream.chunks_per_peer, collective_chunks or column_parts)",
+                        "(stream.chunks_per_peer, collective_chunks or experimental.column_parts)",
                         e->name, e->in[0]->name, e->axis, (long long)a->sizes[k], from, e->parts, e->parts);
   } else {
     want.sizes[k] /= e->parts;
@@ -14182,7 +14186,7 @@ typedef struct hir__cand {
   int serial;                   /* the fusion without its Stream axes */
   int collective;               /* the P2P chains as collective pipelines of `parts` parts (stream.collective_chunks) */
   int gather_first;             /* the P2P allgathers' loops first, their readers whole (stream.gather_first) */
-  int column_parts;             /* a GEMM on a P2P allgather's chunks cut by columns (stream.column_parts) */
+  int column_parts;             /* a GEMM on a P2P allgather's chunks cut by columns (stream.experimental.column_parts) */
   hir_p2p_schedule schedule;
   int parts, streams, bounded;
   int nccl_p2p;                 /* send/recv on NCCL, not the copy engines (hir_tuner.vary_p2p) */
@@ -14273,7 +14277,7 @@ static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t 
    parts a peer, 2 and 4 streams, and bounded buffers under a memory limit;
    collective pipelines of 2 and 4 parts on 2 and 4 streams; the P2P
    allgathers first and their readers whole (a ring on 2 streams); a plan
-   file may also name column parts (stream.column_parts), which are not
+   file may also name column parts (stream.experimental.column_parts), which are not
    timed. Options that do not apply to a fusion lower to the same program as
    another candidate, and are timed once. In graph mode on copy-engine
    send/recv (hir_tuner.vary_p2p), each pipeline is also timed with its
@@ -14342,9 +14346,9 @@ static hir_status hir__cand_lower(hir_tuner *t, const hir__cand *c, hir_program 
   d.stream.collective_chunks = c->collective ? c->parts : 0;
   d.stream.bounded_buffers = c->bounded;
   d.stream.gather_first = c->gather_first;
-  d.stream.column_parts = c->column_parts;
+  d.stream.experimental.column_parts = c->column_parts;
   if (!d.comm) d.comm = t->d.eval.comm; /* what the candidates run on says how its send/recv run */
-  d.stream.copy_own_chunk |= c->nccl_p2p; /* as hir_lower does for NCCL send/recv (the communicator is on copy engines now) */
+  d.stream.experimental.copy_own_chunk |= c->nccl_p2p; /* as hir_lower does for NCCL send/recv (the communicator is on copy engines now) */
   if ((s = hir_lower(t->f, &d, p)) != HIR_OK || !ev) return s;
   return hir__cand_evaluator(t, c, *p, ev);
 }

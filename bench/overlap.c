@@ -30,7 +30,7 @@
                    set): where each chunk's GEMM would read the whole weight
                    again (decode-size M), nothing split
      p2p ring, split weight  AG+GEMM: the p2p ring whose GEMM computes the
-                   first N/S columns (--column-parts S; stream.column_parts:
+                   first N/S columns (--column-parts S; stream.experimental.column_parts:
                    the local rows' part while the exchange runs), then the
                    other parts after it, one GEMM each of every row
      ..., logical  serial, the p2p ring (AG, RS) and the collective pipeline
@@ -689,7 +689,7 @@ static hir_status run_rank(int rank, void *user) {
   ld.stream.collective_chunks = B->cfg.pipe == P2P_AS_COLLECTIVES ? B->cfg.chunks : 0;
   ld.stream.bounded_buffers = B->cfg.bounded;
   ld.stream.gather_first = B->cfg.pipe == P2P_ONE_GEMM; /* AG: the p2p fusion, its exchange first; RS: no allgather */
-  ld.stream.column_parts = B->cfg.pipe == P2P_SPLIT_WEIGHT ? B->cfg.chunks : 0;
+  ld.stream.experimental.column_parts = B->cfg.pipe == P2P_SPLIT_WEIGHT ? B->cfg.chunks : 0;
   memset(&ed, 0, sizeof ed);
   ed.backend = be;
   ed.comm = comm;

@@ -199,7 +199,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   x.ld.stream.chunks_per_peer = fz_take(&z, 4);
   x.ld.stream.collective_chunks = fz_take(&z, 4);
   x.ld.stream.gather_first = fz_take(&z, 2);
-  x.ld.stream.column_parts = fz_take(&z, 4);
+  x.ld.stream.experimental.column_parts = fz_take(&z, 4);
   x.ld.skip_stream_lowering = fz_take(&z, 8) == 0;
   x.ld.skip_deallocations = fz_take(&z, 8) == 0;
   for (i = 0; i < x.world; i++) { /* every rank's lowering: one verdict */

@@ -761,7 +761,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
   p->nstreams = 1 + diff_next(r, 4);
   p->ld.stream.collective_chunks = diff_next(r, 4) ? 0 : 2; /* one program in four: P2P pipelines as collectives */
   p->ld.stream.gather_first = !diff_next(r, 4);             /* one in four: P2P allgathers first, their readers whole */
-  p->ld.stream.column_parts = diff_next(r, 4) ? 0 : 2 + diff_next(r, 2); /* one in four: a gathered GEMM's columns in parts */
+  p->ld.stream.experimental.column_parts = diff_next(r, 4) ? 0 : 2 + diff_next(r, 2); /* one in four: a gathered GEMM's columns in parts */
   return hir_fusion_status(p->f) == HIR_OK;
 }
 
@@ -1004,7 +1004,7 @@ static int diff_one(uint64_t seed, diff_target *target, int *how) {
       fprintf(stderr, "  diff: seed %llu: %s, world %d, %s, bounded %d, %d parts, %d collective parts, gather first %d, %d column "
               "parts, %d streams\n%s", (unsigned long long)seed, hir_dtype_name(x.dt), x.world, x.ld.stream.schedule ? "ring" : "linear",
               x.ld.stream.bounded_buffers, x.ld.stream.chunks_per_peer, x.ld.stream.collective_chunks, x.ld.stream.gather_first,
-              x.ld.stream.column_parts, x.nstreams, text);
+              x.ld.stream.experimental.column_parts, x.nstreams, text);
       fprintf(stderr, "  whole sizes:");
       for (i = 0; i < x.ntv; i++) {
         int a;

@@ -37,7 +37,7 @@ static void seed_matmul_rs_p2p_partials_out(seed *s, hir_fusion *f, int n, const
 }
 
 /* AG+GEMM with the weight in two column parts, written out (the program
-   stream.column_parts makes of one weight): G = set(A [DIDx(D), M, K]) on
+   stream.experimental.column_parts makes of one weight): G = set(A [DIDx(D), M, K]) on
    Stream, G x W0 on Stream (the P2P allgather's loop), G x W1 once, whole,
    after it. */
 static void seed_ag_split_weight(seed *s, hir_fusion *f, int n, const int *mesh) {
@@ -338,7 +338,7 @@ static void lowered_case_init(spmd_case *c, lowered_case *lc, int world, int ns,
    or reduce-scatter of one row of every peer's chunk an iteration, staged
    through a contiguous buffer) and with the gather first (stream.gather_first:
    the allgather's loop, then one GEMM), the ring's own chunk read in place
-   or, with an even number of streams, copied (stream.copy_own_chunk); and
+   or, with an even number of streams, copied (stream.experimental.copy_own_chunk); and
    bench-overlap's decode programs
    with the weight cut by columns (an AG whose gathered tensor is read on
    Stream and whole, a reduce-scatter a column chunk). */
@@ -380,7 +380,7 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
             lc.d.stream.chunks_per_peer = collective || gather ? 1 : cut;
             lc.d.stream.gather_first = gather;
             lc.d.stream.collective_chunks = collective ? (k == 7 ? 5 : 3) : 0; /* what the cut axis divides into */
-            lc.d.stream.copy_own_chunk = ns % 2 == 0;
+            lc.d.stream.experimental.copy_own_chunk = ns % 2 == 0;
             lowered_case_init(&c, &lc, world, ns, ring);
             seed_data(&c, names[k], D);
             snprintf(what, sizeof what, "%s (%s%s%s%s, mesh %s)", names[k], collective ? "collectives" : ring ? "ring" : "linear",
@@ -395,7 +395,7 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
 }
 
 /* The ring allgather's own chunk: AG_matmul_P2p's GEMM reads it straight
-   from the input (no Set) unless stream.copy_own_chunk asks a copy, or
+   from the input (no Set) unless stream.experimental.copy_own_chunk asks a copy, or
    hir_lower_desc.comm's send/recv are NCCL kernels; AllgatherP2p's gathered
    tensor is the program's output, so the own chunk is copied there; the
    linear schedule copies, as nvFuser's programs do. */
@@ -412,7 +412,7 @@ TEST(test_stream_own_chunk_in_place, "stream/own_chunk_in_place", TEST_CPU) {
     int copies = k == 1 || k == 2 || k == 4 || k == 5;
     memset(&d, 0, sizeof d);
     d.stream.schedule = k == 5 ? HIR_P2P_LINEAR : HIR_P2P_RING;
-    d.stream.copy_own_chunk = k == 1;
+    d.stream.experimental.copy_own_chunk = k == 1;
     comm.p2p_copy_engine = k == 3;
     d.comm = k == 2 || k == 3 ? &comm : NULL;
     text = lower_text(k == 4 ? g.f : s.f, &d, 1);
@@ -477,7 +477,7 @@ static int ag_run_refused(const hir_fusion *f, const hir_lower_desc *d, const in
   return ok;
 }
 
-/* stream.column_parts = S: AG_matmul_P2p's GEMM computes, in the
+/* stream.experimental.column_parts = S: AG_matmul_P2p's GEMM computes, in the
    exchange's loop, only the first N/S columns (HirAliasSlice views of the
    weight and the output chunk), and the other parts after it, one GEMM a
    part of every row. Numbers on worlds of 1-8 and the odd mesh, both
@@ -506,7 +506,7 @@ TEST(test_stream_column_parts, "stream/column_parts", TEST_CPU | TEST_GPU_WORLDS
             lc.f = sd.f;
             lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
             lc.d.stream.bounded_buffers = bounded;
-            lc.d.stream.column_parts = parts;
+            lc.d.stream.experimental.column_parts = parts;
             lowered_case_init(&c, &lc, world, ns, ring);
             c.in[0] = trand(HIR_F32, 3, sa);
             c.in[1] = trand(HIR_F32, 2, sb);
@@ -542,7 +542,7 @@ TEST(test_stream_column_parts, "stream/column_parts", TEST_CPU | TEST_GPU_WORLDS
     memset(&lc, 0, sizeof lc);
     lc.f = f;
     lc.d.stream.schedule = HIR_P2P_RING;
-    lc.d.stream.column_parts = 2;
+    lc.d.stream.experimental.column_parts = 2;
     text = lower_text(f, &lc.d, 0);
     CHECK(strstr(text, "P2PCommunication") && !strstr(text, "parts = 2"));
     free(text);
@@ -569,7 +569,7 @@ TEST(test_stream_column_parts, "stream/column_parts", TEST_CPU | TEST_GPU_WORLDS
     seed_ag_matmul_p2p(&sd, hir_fusion_create(), 3, iota_mesh);
     memset(&d, 0, sizeof d);
     d.stream.schedule = HIR_P2P_RING;
-    d.stream.column_parts = 2;
+    d.stream.experimental.column_parts = 2;
     for (b = 0; b < 2; b++) {
       char *text;
       d.stream.bounded_buffers = b;
@@ -579,12 +579,12 @@ TEST(test_stream_column_parts, "stream/column_parts", TEST_CPU | TEST_GPU_WORLDS
       CHECK((strstr(text, "index = 1, parts = 2 )") != NULL) == !b);
       free(text);
     }
-    d.stream.column_parts = -1;
+    d.stream.experimental.column_parts = -1;
     CHECK(hir_lower(sd.f, &d, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "column_parts is -1; give 2 to 1024"));
     hir_program_free(p);
     hir_fusion_free(sd.f);
     seed_ag_matmul_p2p(&sd, hir_fusion_create(), 2, m2); /* N = 5 does not cut in 2: refused before anything is written */
-    d.stream.column_parts = 2;
+    d.stream.experimental.column_parts = 2;
     d.stream.bounded_buffers = 0;
     CHECK(ag_run_refused(sd.f, &d, sb, "which does not cut into 2 equal parts") &&
           ag_run_refused(sd.f, &d, sb, "column_parts"));
@@ -1141,11 +1141,11 @@ TEST(test_stream_automatic, "stream/automatic", TEST_CPU) {
     else CHECK(!strncmp(hir_program_plan(p), "pipelined: 4 chunks", 19) && strstr(text, "FOR StreamIdx"));
     if (k == 1) { /* links 10x slower: the exposed GEMM at the end is worth cutting */
       hir_program_free(p);
-      lc.d.stream.link_bytes_per_s = 30e9;
+      lc.d.stream.experimental.link_bytes_per_s = 30e9;
       CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK && !strncmp(hir_program_plan(p), "pipelined: 4 chunks x 2 parts", 29));
       hir_program_snprint(p, text, sizeof text);
       CHECK(strstr(text, "parts = 2 )") != NULL);
-      lc.d.stream.link_bytes_per_s = 0;
+      lc.d.stream.experimental.link_bytes_per_s = 0;
     }
     if (k == 2)
       CHECK(strstr(hir_program_plan(p), "no overlap: the communicator's send/recv do not run beside the GEMMs (its "
@@ -1160,8 +1160,8 @@ TEST(test_stream_automatic, "stream/automatic", TEST_CPU) {
   c.user = &lc;
   seed_data(&c, "AG_matmul_P2p", 4);
   RUN_CASE(&c, "AG_matmul_P2p, automatic (serial)");
-  lc.d.stream.gemm_flops_per_s = lc.d.stream.link_bytes_per_s = 1e3; /* slow GEMMs and links, free chunks: cut all 3 rows */
-  lc.d.stream.chunk_overhead_s = 1e-9;
+  lc.d.stream.experimental.gemm_flops_per_s = lc.d.stream.experimental.link_bytes_per_s = 1e3; /* slow GEMMs and links, free chunks: cut all 3 rows */
+  lc.d.stream.experimental.chunk_overhead_s = 1e-9;
   CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK && strstr(hir_program_plan(p), "pipelined: 4 chunks x 3 parts") != NULL &&
         !strstr(hir_program_plan(p), "H200")); /* the caller's constants */
   hir_program_snprint(p, text, sizeof text);
@@ -1176,7 +1176,7 @@ TEST(test_stream_automatic, "stream/automatic", TEST_CPU) {
   CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK && !strncmp(hir_program_plan(p), "pipelined: 4 chunks, ", 21));
   hir_program_free(p);
   lc.d.stream.chunks_per_peer = 0;
-  lc.d.stream.gemm_flops_per_s = lc.d.stream.link_bytes_per_s = lc.d.stream.chunk_overhead_s = 0;
+  lc.d.stream.experimental.gemm_flops_per_s = lc.d.stream.experimental.link_bytes_per_s = lc.d.stream.experimental.chunk_overhead_s = 0;
   shapes[1].ndims = 3; /* one axis too many */
   CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_ERR_SHAPE && strstr(hir_program_error(p), "input_shapes[1] has 3 axes; T1 has 2"));
   hir_program_free(p);

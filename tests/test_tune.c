@@ -907,7 +907,7 @@ TEST(test_tune_gather_first, "tune/gather_first", TEST_CPU) {
   tune_end(&x);
 }
 
-/* stream.column_parts is not a candidate (it lost every decode shape on
+/* stream.experimental.column_parts is not a candidate (it lost every decode shape on
    2 GPUs), but a saved plan that names it ("split2-ring") runs untuned
    with the right numbers, and where N does not cut in 2 it is refused on
    every rank, named. */

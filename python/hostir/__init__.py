@@ -393,7 +393,7 @@ class Fusion:
         once, whole, after it (stream.gather_first: a decode-size GEMM reads
         its weight once); "split": a ring whose GEMMs on the gathered chunks
         compute the first half of their columns in it and the second half
-        after it, every row at once (stream.column_parts = 2)."""
+        after it, every row at once (stream.experimental.column_parts = 2)."""
         schedules = ("linear", "ring", "collective", "gather", "split")
         if schedule not in schedules:
             raise Error("invalid argument",

@@ -55,7 +55,7 @@ HX_EXPORT hir_status hx_lower(const hir_fusion *f, int my_device, int schedule, 
   d.stream.chunks_per_peer = schedule == 2 ? 0 : chunks_per_peer;
   d.stream.collective_chunks = schedule == 2 ? chunks_per_peer : 0;
   d.stream.gather_first = schedule == 3;
-  d.stream.column_parts = schedule == 4 ? 2 : 0;
+  d.stream.experimental.column_parts = schedule == 4 ? 2 : 0;
   d.stream.bounded_buffers = bounded_buffers;
   d.stream.serial = serial;
   d.stream.automatic = automatic;
