@@ -1,5 +1,5 @@
 /* One process per GPU, started by a launcher:
-       torchrun --nproc-per-node 4 build/launch_processes
+       torchrun --nproc-per-node 4 --no-python build/launch_processes
        mpirun -np 4 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 build/launch_processes
        srun -n 4 build/launch_processes            (MASTER_ADDR set to the first node)
    Each process reads its rank from the launcher's environment, joins the
