@@ -522,28 +522,52 @@ HIRDEF const hir_expr *hir_group_expr(const hir_group *g, int i);
 HIRDEF int             hir_group_is_standalone(const hir_group *g);  /* one standalone host op */
 HIRDEF int             hir_expr_is_resharding(const hir_expr *e);
 HIRDEF int             hir_merge_default(const hir_group *a, const hir_group *b, void *user);
-/* How stream-lowered P2P loops visit peers: LINEAR, step i talks to mesh[i]
-   (the seeds' schedule); RING, step i receives from position pos-i and sends
-   to pos+i, so every rank is busy every step and none hears from all at once. */
-typedef enum hir_p2p_schedule { HIR_P2P_LINEAR, HIR_P2P_RING } hir_p2p_schedule;
+/* How stream lowering pipelines a fusion's Stream axes (hir_stream_desc.schedule). */
+typedef enum hir_schedule {
+  HIR_SCHEDULE_LINEAR,     /* P2P exchanges, step i with mesh[i] (nvFuser's programs) */
+  HIR_SCHEDULE_RING,       /* P2P exchanges around a ring: step i receives from position pos-i and sends to
+                              pos+i, so every rank is busy every step and none hears from all at once */
+  HIR_SCHEDULE_COLLECTIVE, /* each P2P pipeline as a collective pipeline: the loop runs over `parts` parts of
+                              every peer's chunk, each iteration one collective over the team (an allgather or a
+                              reduce-scatter of that part of every chunk, staged through a contiguous buffer
+                              where the part is strided) and the computation on it; for links whose send/recv
+                              do not overlap the GEMMs (NCCL between hosts) */
+  HIR_SCHEDULE_SERIAL,     /* no Stream axes: the serial program */
+  HIR_SCHEDULE_COUNT
+} hir_schedule;
+/* Knobs for studying hostir itself rather than for running a program
+   (hir_stream_desc.experimental); the defaults (zeros) are what measured best. */
+typedef struct hir_stream_experimental {
+  /* the cost model's rates: zeros take H200's, 750e12 flop/s in f16/bf16,
+     50e12 in f32/f64, 300e9 B/s, 20 us a chunk, 40 us a part */
+  double gemm_flops_per_s, link_bytes_per_s, chunk_overhead_s, part_overhead_s;
+  /* S >= 2: a GEMM on a P2P allgather's chunks computes, in the loop, only
+     the first N/S columns (its weight's first N/S columns, the exchange
+     behind the local rows' part); the other parts run after the loop, one
+     GEMM each of every row. The weight is read 1 + (D - 1)/S times instead
+     of D; measured slower than the best pipeline on every decode shape
+     (bench/NOTES.md section 42). N must divide by S at run time. 0 or 1: off. */
+  int column_parts;
+  /* 1: a ring allgather copies the own chunk into the gathered tensor, and
+     its readers read it there (nvFuser's programs). 0: where that tensor is
+     an intermediate read chunk by chunk, the readers take the own chunk
+     straight from the allgather's input and the own step copies nothing -
+     unless hir_lower_desc.comm runs send/recv as NCCL kernels
+     (p2p_copy_engine 0), which then wait for the SMs of the own step's
+     GEMM, and the copy that delays it pays (bench/NOTES.md section 49). */
+  int copy_own_chunk;
+} hir_stream_experimental;
 typedef struct hir_stream_desc {  /* zero-initialized = defaults */
-  hir_p2p_schedule schedule;
-  /* P2P pipelines: each peer's chunk cut into this many parts along its first
+  hir_schedule schedule;
+  /* LINEAR, RING: each peer's chunk cut into this many parts along its first
      axis after the Stream axis, one part an iteration (part-major: the first
      parts of all peers, then the second ...), so the GEMM left exposed at the
      end is that much shorter; that axis's local size must divide. Measured
      to pay only where communication is the longer side, and with
      number_of_streams >= the mesh size (bench/NOTES.md, section 14). 0 = 1,
-     or with `automatic` the model's choice. */
-  int chunks_per_peer;
-  /* P2P pipelines lowered as collective pipelines instead: the loop runs over
-     this many parts of every peer's chunk (cut as chunks_per_peer cuts),
-     each iteration one collective over the team (an allgather or a
-     reduce-scatter of that part of every chunk, staged through a contiguous
-     buffer where the part is strided) and the computation on it. For links
-     whose send/recv do not overlap the GEMMs (NCCL between hosts), and for
-     hir_tuner to compare. 0 or 1: P2P send/recv. */
-  int collective_chunks;
+     or with `automatic` the model's choice. COLLECTIVE: the parts of the
+     collective pipeline, 2 to 1024 (0: 2). */
+  int parts;
   /* 1: a P2P allgather is a loop of its own (nvFuser's AllgatherP2p: the
      exchange alone on the Stream axis), and the ops that read the gathered
      tensor run once, whole, after it, instead of a chunk as each arrives.
@@ -551,7 +575,6 @@ typedef struct hir_stream_desc {  /* zero-initialized = defaults */
      a chunk, and the exchange is short: bench/NOTES.md section 41. */
   int gather_first;
   int bounded_buffers;  /* an intermediate only its loop uses keeps numberOfStreams slices, reused round-robin */
-  int serial;           /* lower the fusion without its Stream axes: the serial program */
   /* automatic = 1: keep the fusion's Stream axes only where a cost model says
      the pipeline beats the serial program by 3% for these local input shapes
      (as hir_run will get them; data ignored); else lower it serial. The
@@ -562,7 +585,7 @@ typedef struct hir_stream_desc {  /* zero-initialized = defaults */
      p2p_copy_engine). Otherwise the communication runs as NCCL kernels that
      wait for the SMs a GEMM holds (bench/NOTES.md, sections 0-1), and the
      model, expecting no overlap, lowers serial. With overlap it also picks
-     chunks_per_peer (unless given): each part beyond one a peer costs more
+     the parts (unless given): each part beyond one a peer costs more
      (smaller GEMMs, one more wait). The rates are the ones measured on H200
      with copy-engine P2P (bench/RESULTS.md; experimental below sets others).
      hir_program_plan says what was chosen and why. hir_tuner measures
@@ -570,28 +593,7 @@ typedef struct hir_stream_desc {  /* zero-initialized = defaults */
   int automatic;
   const struct hir_tensor *input_shapes;
   int ninput_shapes;
-  /* Knobs for studying hostir itself rather than for running a program; the
-     defaults (zeros) are what measured best. */
-  struct hir_stream_experimental {
-    /* the cost model's rates: zeros take H200's, 750e12 flop/s in f16/bf16,
-       50e12 in f32/f64, 300e9 B/s, 20 us a chunk, 40 us a part */
-    double gemm_flops_per_s, link_bytes_per_s, chunk_overhead_s, part_overhead_s;
-    /* S >= 2: a GEMM on a P2P allgather's chunks computes, in the loop, only
-       the first N/S columns (its weight's first N/S columns, the exchange
-       behind the local rows' part); the other parts run after the loop, one
-       GEMM each of every row. The weight is read 1 + (D - 1)/S times instead
-       of D; measured slower than the best pipeline on every decode shape
-       (bench/NOTES.md section 42). N must divide by S at run time. 0 or 1: off. */
-    int column_parts;
-    /* 1: a ring allgather copies the own chunk into the gathered tensor, and
-       its readers read it there (nvFuser's programs). 0: where that tensor is
-       an intermediate read chunk by chunk, the readers take the own chunk
-       straight from the allgather's input and the own step copies nothing -
-       unless hir_lower_desc.comm runs send/recv as NCCL kernels
-       (p2p_copy_engine 0), which then wait for the SMs of the own step's
-       GEMM, and the copy that delays it pays (bench/NOTES.md section 49). */
-    int copy_own_chunk;
-  } experimental;
+  hir_stream_experimental experimental; /* knobs for studying hostir itself (above) */
 } hir_stream_desc;
 typedef struct hir_lower_desc {     /* zero-initialized = defaults */
   int my_device;                    /* this rank's device id */
@@ -6216,6 +6218,46 @@ done:
 }
 
 // >>pass_stream
+/* The pass's own reading of hir_stream_desc (hir__stream_plan_of): a named
+   schedule and a part count, as the P2P order, parts a peer, the collective
+   pipeline's parts and the serial form. */
+typedef struct hir__stream_plan {
+  int ring;               /* P2P steps around a ring, else linear */
+  int chunks_per_peer;    /* P2P: parts a peer (0: 1, or the cost model's choice) */
+  int collective_chunks;  /* > 1: P2P pipelines as collective pipelines of this many parts */
+  int serial, gather_first, bounded_buffers, automatic;
+  const hir_tensor *input_shapes;
+  int ninput_shapes;
+  hir_stream_experimental experimental;
+} hir__stream_plan;
+
+static int hir__stream_plan_of(hir_fusion *f, const hir_stream_desc *d, hir__stream_plan *o) {
+  int collective = d->schedule == HIR_SCHEDULE_COLLECTIVE;
+  memset(o, 0, sizeof *o);
+  if ((unsigned)d->schedule >= (unsigned)HIR_SCHEDULE_COUNT) {
+    hir__fail(f, HIR_ERR_INVALID, "stream lowering: schedule is %d; give HIR_SCHEDULE_LINEAR, HIR_SCHEDULE_RING, "
+              "HIR_SCHEDULE_COLLECTIVE or HIR_SCHEDULE_SERIAL", (int)d->schedule);
+    return 0;
+  }
+  if (d->parts < 0 || d->parts > 1024 || (collective && d->parts == 1) || (d->schedule == HIR_SCHEDULE_SERIAL && d->parts > 1)) {
+    hir__fail(f, HIR_ERR_INVALID, "stream lowering: parts is %d; give %s", d->parts,
+              collective ? "2 to 1024 for a collective pipeline (0: 2)"
+              : d->schedule == HIR_SCHEDULE_SERIAL ? "0 or 1: the serial program has no parts" : "1 to 1024 (0: one part a peer)");
+    return 0;
+  }
+  o->ring = d->schedule == HIR_SCHEDULE_RING;
+  o->chunks_per_peer = collective ? 1 : d->parts;
+  o->collective_chunks = collective ? (d->parts ? d->parts : 2) : 0;
+  o->serial = d->schedule == HIR_SCHEDULE_SERIAL;
+  o->gather_first = d->gather_first;
+  o->bounded_buffers = d->bounded_buffers;
+  o->automatic = d->automatic;
+  o->input_shapes = d->input_shapes;
+  o->ninput_shapes = d->ninput_shapes;
+  o->experimental = d->experimental;
+  return 1;
+}
+
 /* Stream lowering (docs/DESIGN.md section 3, step 4). Top-level exprs whose outputs have a Stream
    axis form chains (neighbours whose Stream axes have one extent); each chain
    becomes one loop over chunks, every tensor seen through HirAliasSelect
@@ -6283,7 +6325,7 @@ typedef struct hir__slice {
 
 typedef struct hir__chain {
   hir_program *p;
-  const hir_stream_desc *opt;
+  const hir__stream_plan *opt;
   hir_expr **exprs;
   int n, p2p, ring;
   hir_id *id;                   /* the loop's axis */
@@ -6291,7 +6333,7 @@ typedef struct hir__chain {
   int mesh_size, pos;
   hir_val *i, *chunk, *slot, *pos_val;
   int parts_per_peer;           /* P2P chains: each peer's chunk cut into this many parts, one an iteration */
-  int collective;               /* a P2P chain lowered as collectives (stream.collective_chunks): views keep the Stream axis */
+  int collective;               /* a P2P chain lowered as collectives (HIR_SCHEDULE_COLLECTIVE): views keep the Stream axis */
   const char *cut_option;       /* the option that cuts parts, for messages */
   hir_val *step, *part_index;   /* the iteration's peer step (i % D) and part (i / D) */
   unsigned char *cut_axis_of;   /* by tensor name: 0 unseen, else 2 + the axis a loop write cuts (1: none) */
@@ -6394,14 +6436,14 @@ static int hir__same_cut(hir__chain *c, const hir_expr *e, const hir_tv *tv, int
   if (c->parts_per_peer < 2) return 1;
   if (writes && axis < 0) {
     snprintf(why, sizeof why, "%s = %d cuts the first axis after the Stream axis, and %s has none; use %s",
-             c->cut_option, c->parts_per_peer, hir__label(tv).text, c->collective ? "P2P (collective_chunks = 0)" : "chunks_per_peer = 1");
+             c->cut_option, c->parts_per_peer, hir__label(tv).text, c->collective ? "a P2P schedule (LINEAR or RING)" : "parts = 1");
     return hir__stream_fail(c->p, e, why);
   }
   if (writes && !*seen) *seen = (unsigned char)(axis + 2);
   if (!*seen || *seen == axis + 2) return 1;
   snprintf(why, sizeof why, "with %s = %d, %s would be cut along axis %d here and axis %d where it is "
            "written, so this op would read parts not written yet; use %s", c->cut_option,
-           c->parts_per_peer, hir__label(tv).text, axis, *seen - 2, c->collective ? "P2P (collective_chunks = 0)" : "chunks_per_peer = 1");
+           c->parts_per_peer, hir__label(tv).text, axis, *seen - 2, c->collective ? "a P2P schedule (LINEAR or RING)" : "parts = 1");
   return hir__stream_fail(c->p, e, why);
 }
 
@@ -6732,7 +6774,7 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   }
   c->i = c->step = hir__named(f, HIR_NAMED_STREAM_IDX);
   c->slot = hir__scalar(c, HIR_SCALAR_MOD, c->i, hir__named(f, HIR_NAMED_NUM_STREAMS));
-  c->cut_option = c->collective ? "collective_chunks" : "chunks_per_peer";
+  c->cut_option = "parts";
   c->parts_per_peer = c->collective ? c->opt->collective_chunks : c->p2p && c->opt->chunks_per_peer > 1 ? c->opt->chunks_per_peer : 1;
   if (c->collective) { /* iteration i: part i of every peer's chunk, moved by one collective */
     c->part_index = c->i;
@@ -6751,7 +6793,7 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
     for (k = 0; k < c->mesh_size; k++) iota &= c->mesh[k] == k;
     if ((c->pos = hir_team_index(c->mesh, c->mesh_size, p->my_device)) < 0) c->pos = c->mesh_size; /* a program for any rank */
     if (!iota) c->pos_val = hir__const(f, c->pos); /* this device's position in the mesh */
-    c->ring = c->opt->schedule == HIR_P2P_RING;
+    c->ring = c->opt->ring;
     if (c->ring && c->p2p == HIR__P2P_ALLGATHER) /* receive from pos - i */
       c->chunk = hir__scalar(c, HIR_SCALAR_MOD,
                              hir__scalar(c, HIR_SCALAR_SUB, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->step),
@@ -6845,24 +6887,22 @@ static int hir__reads_after_loop(const hir_expr *x, hir_expr *const *chain, int 
   return 0;
 }
 
-HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_desc *opt) {
+static hir_status hir__stream_lowering(hir_program *p, const hir__stream_plan *opt);
+HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_desc *desc) {
   hir_stream_desc defaults;
-  hir_fusion *f;
+  hir__stream_plan plan;
+  if (!p) return HIR_ERR_INVALID;
+  if (p->ir.status != HIR_OK) return p->ir.status;
+  memset(&defaults, 0, sizeof defaults);
+  if (!hir__stream_plan_of(&p->ir, desc ? desc : &defaults, &plan)) return p->ir.status;
+  return hir__stream_lowering(p, &plan);
+}
+
+static hir_status hir__stream_lowering(hir_program *p, const hir__stream_plan *opt) {
+  hir_fusion *f = &p->ir;
   hir__vec out = {NULL, 0, 0};
   hir__chain c;
   int *first = NULL, *last = NULL, i, j, k, ok = 0, nt, seen;
-  if (!p) return HIR_ERR_INVALID;
-  f = &p->ir;
-  if (f->status != HIR_OK) return f->status;
-  memset(&defaults, 0, sizeof defaults);
-  if (!opt) opt = &defaults;
-  if (opt->chunks_per_peer < 0 || opt->chunks_per_peer > 1024 || opt->collective_chunks < 0 || opt->collective_chunks > 1024) {
-    hir__fail(f, HIR_ERR_INVALID, "stream lowering: %s is %d; give 1 to 1024 (0: %s)",
-              opt->chunks_per_peer < 0 || opt->chunks_per_peer > 1024 ? "chunks_per_peer" : "collective_chunks",
-              opt->chunks_per_peer < 0 || opt->chunks_per_peer > 1024 ? opt->chunks_per_peer : opt->collective_chunks,
-              opt->chunks_per_peer < 0 || opt->chunks_per_peer > 1024 ? "one chunk per peer" : "P2P send/recv");
-    return f->status;
-  }
   for (i = 0; i < f->inputs.n; i++) {
     const hir_tv *tv = (const hir_tv *)f->inputs.items[i];
     if (hir__stream_axis(tv) != -1) {
@@ -7538,7 +7578,7 @@ static int64_t hir__model_numel(hir_program *p, const hir__env *env, const hir_t
    the largest number of parts that every cut axis of a P2P pipeline divides
    into (*rows: their gcd, 0 when some Stream axis has nothing after it to
    cut). */
-static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_desc *o, double *gemm_s, double *comm_s,
+static int hir__model(hir_program *p, const hir_fusion *f, const hir__stream_plan *o, double *gemm_s, double *comm_s,
                       int64_t *chunks, int64_t *rows) {
   hir__env env;
   int i, a, k, ok = 1;
@@ -7640,7 +7680,7 @@ static int hir__model(hir_program *p, const hir_fusion *f, const hir_stream_desc
 /* The predicted time of the pipeline of `chunks` chunks in `parts` parts
    each: with overlap, all but one part's share of the shorter of GEMM and
    communication hidden. */
-static double hir__piped_time(const hir_stream_desc *o, double gemm, double comm, int overlap, int64_t chunks,
+static double hir__piped_time(const hir__stream_plan *o, double gemm, double comm, int overlap, int64_t chunks,
                               int64_t parts) {
   double longer = gemm > comm ? gemm : comm, shorter = gemm < comm ? gemm : comm;
   double per_chunk = o->experimental.chunk_overhead_s > 0 ? o->experimental.chunk_overhead_s : 20e-6,
@@ -7653,7 +7693,7 @@ static double hir__piped_time(const hir_stream_desc *o, double gemm, double comm
    where the serial form is predicted faster (it has *chunks > 1 to lose),
    else the parts a P2P pipeline's peer chunk is cut into, into o (unless
    the caller gave them). The reason goes to p's plan. */
-static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_comm *communicator, hir_stream_desc *o,
+static int hir__choose_pipeline(hir_program *p, const hir_fusion *f, const hir_comm *communicator, hir__stream_plan *o,
                                 int64_t *chunks, int *serial) {
   double gemm_s = 0, comm_s = 0, serial_s, piped_s;
   int64_t rows = 0, parts, k;
@@ -7810,9 +7850,11 @@ static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_p
    serial = 1. Fills *apart (see hir__devices_apart) for the caller's. */
 static hir_status hir__lower_passes(hir_program *p, const hir_fusion *f, const hir_lower_desc *d, int mode, unsigned dump,
                                     int **apart, int *napart) {
-  hir_stream_desc stream = d->stream;
+  hir__stream_plan stream;
   hir__vec groups = {NULL, 0, 0};
-  int serial = mode == HIR__LOWER_SERIAL_FORM || stream.serial;
+  int serial;
+  if (!hir__stream_plan_of(&p->ir, &d->stream, &stream)) return p->ir.status;
+  serial = mode == HIR__LOWER_SERIAL_FORM || stream.serial;
   if (d->comm && !d->comm->p2p_copy_engine) stream.experimental.copy_own_chunk = 1;
   /* the pipeline, written out: each pass, then the verifier */
   if (!hir__front_end(p, f, serial, stream.gather_first)) return hir__step_failed(p, "the front end");
@@ -7836,7 +7878,7 @@ static hir_status hir__lower_passes(hir_program *p, const hir_fusion *f, const h
   if (!hir__build_program(p, &groups)) return hir__step_failed(p, "building the program");
   if (!hir__pipeline_check(p, "segmentation", dump)) return p->ir.status;
   if (!d->skip_stream_lowering &&
-      (hir_pass_stream_lowering(p, &stream), !hir__pipeline_check(p, "stream_lowering", dump)))
+      (hir__stream_lowering(p, &stream), !hir__pipeline_check(p, "stream_lowering", dump)))
     return p->ir.status;
   if (!d->skip_stream_lowering && !serial && stream.experimental.column_parts != 0 && stream.experimental.column_parts != 1 &&
       (hir__column_parts(p, stream.experimental.column_parts), !hir__pipeline_check(p, "column_parts", dump)))
@@ -11567,7 +11609,7 @@ static int hir__check_view(hir_evaluator *ev, const hir_expr *e) {
                ((const hir_tv *)ev->p->ir.inputs.items[input])->name, axis);
     return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: HirAliasSlice %d: T%d axis %d has size %lld%s which does not cut "
                         "into %d equal parts; give it a size that %d divides, or cut it into fewer parts "
-                        "(stream.chunks_per_peer, collective_chunks or experimental.column_parts)",
+                        "(stream.parts or experimental.column_parts)",
                         e->name, e->in[0]->name, e->axis, (long long)a->sizes[k], from, e->parts, e->parts);
   } else {
     want.sizes[k] /= e->parts;
@@ -12469,7 +12511,7 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
 }
 
 /* A collective moves whole buffers. A strided one (a part of every chunk,
-   stream.collective_chunks) moves through a contiguous buffer of the
+   HIR_SCHEDULE_COLLECTIVE) moves through a contiguous buffer of the
    evaluator's, one per (collective, stream, side), so iterations on other
    streams never share it; *dense is that buffer, shaped as t (copied into
    when `in`). Made in the first run of a shape, before any capture; the
@@ -14184,10 +14226,10 @@ enum { HIR__TUNE_FINAL = 3, HIR__TUNE_TURNS = 3 }; /* the final round: how many 
 
 typedef struct hir__cand {
   int serial;                   /* the fusion without its Stream axes */
-  int collective;               /* the P2P chains as collective pipelines of `parts` parts (stream.collective_chunks) */
+  int collective;               /* the P2P chains as collective pipelines of `parts` parts (HIR_SCHEDULE_COLLECTIVE) */
   int gather_first;             /* the P2P allgathers' loops first, their readers whole (stream.gather_first) */
   int column_parts;             /* a GEMM on a P2P allgather's chunks cut by columns (stream.experimental.column_parts) */
-  hir_p2p_schedule schedule;
+  int ring;                     /* P2P steps around a ring, else linear */
   int parts, streams, bounded;
   int nccl_p2p;                 /* send/recv on NCCL, not the copy engines (hir_tuner.vary_p2p) */
   int eager;                    /* in graph mode, run without a graph (the eager round of hir__tune_shape) */
@@ -14256,7 +14298,7 @@ static hir_status hir__tune_fail(hir_tuner *t, hir_status s, const char *fmt, ..
    allgathers first; "split weight 1/2, ring" / "split2-ring": a GEMM cut
    by columns). */
 static size_t hir__cand_snprint(const hir__cand *c, int file, char *buf, size_t cap) {
-  const char *sched = c->collective ? "collective" : c->schedule == HIR_P2P_RING ? "ring" : "linear";
+  const char *sched = c->collective ? "collective" : c->ring ? "ring" : "linear";
   const char *nccl = c->nccl_p2p ? ", NCCL" : "", *eager = c->eager ? ", eager" : "";
   char first[32] = "";
   if (c->gather_first) snprintf(first, sizeof first, "%s", file ? "gather-" : "gather first, ");
@@ -14294,7 +14336,7 @@ static int hir__candidates(const hir_tuner *t, hir__cand *c) {
       for (p = 0; p < 3; p++)
         for (k = 0; k < 2; k++)
           for (b = 0; b <= (t->d.memory_limit > 0); b++) {
-            c[n].schedule = s == 0 ? HIR_P2P_RING : HIR_P2P_LINEAR;
+            c[n].ring = s == 0;
             c[n].parts = parts[p];
             c[n].streams = streams[k];
             c[n].nccl_p2p = nccl;
@@ -14309,7 +14351,7 @@ static int hir__candidates(const hir_tuner *t, hir__cand *c) {
     }
   for (nccl = 0; nccl <= t->vary_p2p; nccl++) { /* not column_parts: it lost every decode shape on 2 GPUs (NOTES.md 43) */
     c[n].gather_first = 1;
-    c[n].schedule = HIR_P2P_RING;
+    c[n].ring = 1;
     c[n].parts = 1;
     c[n].streams = 2;
     c[n++].nccl_p2p = nccl;
@@ -14340,10 +14382,11 @@ static hir_status hir__cand_lower(hir_tuner *t, const hir__cand *c, hir_program 
   hir_status s;
   if (ev) *ev = NULL;
   d.stream.automatic = 0;
-  d.stream.serial = c->serial;
-  d.stream.schedule = c->schedule;
-  d.stream.chunks_per_peer = c->collective ? 1 : c->parts;
-  d.stream.collective_chunks = c->collective ? c->parts : 0;
+  d.stream.schedule = c->serial       ? HIR_SCHEDULE_SERIAL
+                      : c->collective ? HIR_SCHEDULE_COLLECTIVE
+                      : c->ring       ? HIR_SCHEDULE_RING
+                                      : HIR_SCHEDULE_LINEAR;
+  d.stream.parts = c->serial ? 0 : c->parts;
   d.stream.bounded_buffers = c->bounded;
   d.stream.gather_first = c->gather_first;
   d.stream.experimental.column_parts = c->column_parts;
@@ -15214,7 +15257,7 @@ static int hir__parse_plan(char **tok, int ntok, int64_t *key, int cap, int *nke
     HIR__PLAN_NEED(!(c->column_parts != 0 && (c->column_parts < 2 || c->column_parts > 1024)) &&
                    !(strcmp(base, "ring") && strcmp(base, "linear") && (strcmp(base, "collective") || base != sched)),
                    "the schedule '%.30s' is none of hostir's", sched);
-    c->schedule = strcmp(base, "ring") ? HIR_P2P_LINEAR : HIR_P2P_RING;
+    c->ring = !strcmp(base, "ring");
     c->collective = !strcmp(base, "collective");
   }
   HIR__PLAN_NEED(c->nccl_p2p <= 1 && c->eager <= 1, "the choice's nccl and eager must be 0 or 1");

@@ -15,10 +15,10 @@
                    chunk: each GEMM reads its part of the weight only, where
                    chunks of rows each read all of it
      p2p as collectives  the p2p fusion lowered as the collective pipeline
-                   (stream.collective_chunks): the same chunks, the p2p
+                   (HIR_SCHEDULE_COLLECTIVE): the same chunks, the p2p
                    fusion's layout, strided parts staged
      p2p linear    a chunk per peer, send/recv instead of collectives,
-                   each chunk cut into `parts` (stream.chunks_per_peer)
+                   each chunk cut into `parts` (stream.parts)
      p2p ring      the same, each rank starting with its ring neighbour
                    (on GPUs both p2p again with send/recv on the copy
                    engines: hir_nccl_world_set_copy_engine)
@@ -683,10 +683,11 @@ static hir_status run_rank(int rank, void *user) {
   }
   memset(&ld, 0, sizeof ld);
   ld.my_device = rank;
-  ld.stream.schedule = B->cfg.pipe == P2P_RING || B->cfg.pipe == P2P_SPLIT_WEIGHT ? HIR_P2P_RING : HIR_P2P_LINEAR;
+  ld.stream.schedule = B->cfg.pipe == P2P_AS_COLLECTIVES                          ? HIR_SCHEDULE_COLLECTIVE
+                       : B->cfg.pipe == P2P_RING || B->cfg.pipe == P2P_SPLIT_WEIGHT ? HIR_SCHEDULE_RING
+                                                                                    : HIR_SCHEDULE_LINEAR;
   ld.comm = comm;
-  ld.stream.chunks_per_peer = B->cfg.parts;
-  ld.stream.collective_chunks = B->cfg.pipe == P2P_AS_COLLECTIVES ? B->cfg.chunks : 0;
+  ld.stream.parts = B->cfg.pipe == P2P_AS_COLLECTIVES ? B->cfg.chunks : B->cfg.parts;
   ld.stream.bounded_buffers = B->cfg.bounded;
   ld.stream.gather_first = B->cfg.pipe == P2P_ONE_GEMM; /* AG: the p2p fusion, its exchange first; RS: no allgather */
   ld.stream.experimental.column_parts = B->cfg.pipe == P2P_SPLIT_WEIGHT ? B->cfg.chunks : 0;

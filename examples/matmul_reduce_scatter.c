@@ -50,7 +50,7 @@ static hir_status run_rank(int rank, void *user) {
   float c[M / 2 * N];
   hir_status s;
   ld.my_device = rank;
-  ld.stream.schedule = HIR_P2P_RING;
+  ld.stream.schedule = HIR_SCHEDULE_RING;
   if ((s = hir_lower(j->f, &ld, &p)) != HIR_OK) {
     snprintf(j->error[rank], sizeof j->error[rank], "lowering: %s", hir_program_error(p));
     hir_program_free(p);

@@ -194,10 +194,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   if (hir_fusion_status(x.f) == HIR_ERR_INTERNAL) fz_finding("builder", hir_fusion_error(x.f));
   hir_fusion_snprint(x.f, fz_fusion, sizeof fz_fusion);
-  x.ld.stream.schedule = fz_take(&z, 2) ? HIR_P2P_RING : HIR_P2P_LINEAR;
+  x.ld.stream.schedule = fz_take(&z, 2) ? HIR_SCHEDULE_RING : HIR_SCHEDULE_LINEAR;
   x.ld.stream.bounded_buffers = fz_take(&z, 2);
-  x.ld.stream.chunks_per_peer = fz_take(&z, 4);
-  x.ld.stream.collective_chunks = fz_take(&z, 4);
+  x.ld.stream.parts = fz_take(&z, 4);
+  if (fz_take(&z, 4) > 1) x.ld.stream.schedule = HIR_SCHEDULE_COLLECTIVE;
   x.ld.stream.gather_first = fz_take(&z, 2);
   x.ld.stream.experimental.column_parts = fz_take(&z, 4);
   x.ld.skip_stream_lowering = fz_take(&z, 8) == 0;

@@ -755,11 +755,11 @@ static int diff_build(diff_rng *r, diff_prog *p) {
           from[k] = k, to[k] = n++;
     if (n == nd && (hir_reorder(tv, nd, from, to) != HIR_OK || hir_set_allocation_loop(tv) != HIR_OK)) return 0;
   }
-  p->ld.stream.schedule = diff_next(r, 2) ? HIR_P2P_RING : HIR_P2P_LINEAR;
+  p->ld.stream.schedule = diff_next(r, 2) ? HIR_SCHEDULE_RING : HIR_SCHEDULE_LINEAR;
   p->ld.stream.bounded_buffers = diff_next(r, 2);
-  p->ld.stream.chunks_per_peer = 1 + diff_next(r, 2);
+  p->ld.stream.parts = 1 + diff_next(r, 2);
   p->nstreams = 1 + diff_next(r, 4);
-  p->ld.stream.collective_chunks = diff_next(r, 4) ? 0 : 2; /* one program in four: P2P pipelines as collectives */
+  if (!diff_next(r, 4)) p->ld.stream.schedule = HIR_SCHEDULE_COLLECTIVE, p->ld.stream.parts = 2; /* one program in four */
   p->ld.stream.gather_first = !diff_next(r, 4);             /* one in four: P2P allgathers first, their readers whole */
   p->ld.stream.experimental.column_parts = diff_next(r, 4) ? 0 : 2 + diff_next(r, 2); /* one in four: a gathered GEMM's columns in parts */
   return hir_fusion_status(p->f) == HIR_OK;
@@ -1001,9 +1001,10 @@ static int diff_one(uint64_t seed, diff_target *target, int *how) {
     if (!ok || getenv("HIR_DIFF_SEED")) {
       hir_fusion_snprint(x.f, text, sizeof text);
       if (x.rows) fprintf(stderr, "  diff: a %d x %d mesh\n", x.rows, x.cols);
-      fprintf(stderr, "  diff: seed %llu: %s, world %d, %s, bounded %d, %d parts, %d collective parts, gather first %d, %d column "
-              "parts, %d streams\n%s", (unsigned long long)seed, hir_dtype_name(x.dt), x.world, x.ld.stream.schedule ? "ring" : "linear",
-              x.ld.stream.bounded_buffers, x.ld.stream.chunks_per_peer, x.ld.stream.collective_chunks, x.ld.stream.gather_first,
+      fprintf(stderr, "  diff: seed %llu: %s, world %d, %s, bounded %d, %d parts, gather first %d, %d column "
+              "parts, %d streams\n%s", (unsigned long long)seed, hir_dtype_name(x.dt), x.world,
+              x.ld.stream.schedule == HIR_SCHEDULE_COLLECTIVE ? "collective" : x.ld.stream.schedule == HIR_SCHEDULE_RING ? "ring" : "linear",
+              x.ld.stream.bounded_buffers, x.ld.stream.parts, x.ld.stream.gather_first,
               x.ld.stream.experimental.column_parts, x.nstreams, text);
       fprintf(stderr, "  whole sizes:");
       for (i = 0; i < x.ntv; i++) {

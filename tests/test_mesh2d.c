@@ -253,7 +253,7 @@ static hir_fusion *mesh2d_ag_gemm(int s, int mode, hir_tv **tv, hir_tensor *in, 
    m] computed chunk by chunk along G, summed over C along the row into [R,
    G, m], G = C split DIDx, each chunk's partial sent to its owner). Ring
    and linear schedules, 1 and 2 parts a peer, and as collective pipelines
-   per team (stream.collective_chunks, 2 parts); the AG+GEMMs of four mesh
+   per team (HIR_SCHEDULE_COLLECTIVE, 2 parts); the AG+GEMMs of four mesh
    shapes with stream.experimental.column_parts = 2. AllgatherOverlapTest and
    ReduceScatterOverlapTest per team. */
 TEST(test_mesh2d_p2p, "mesh2d/p2p_pipelines", TEST_CPU | TEST_GPU_WORLDS) {
@@ -299,9 +299,9 @@ TEST(test_mesh2d_p2p, "mesh2d/p2p_pipelines", TEST_CPU | TEST_GPU_WORLDS) {
       CHECK(hir_fusion_error(f)[0] == 0);
       memset(&lc, 0, sizeof lc);
       lc.f = f;
-      lc.d.stream.schedule = s & 1 ? HIR_P2P_RING : HIR_P2P_LINEAR;
-      lc.d.stream.chunks_per_peer = 1 + (s / 2) % 2;
-      lc.d.stream.collective_chunks = coll ? 2 : 0;
+      lc.d.stream.schedule = s & 1 ? HIR_SCHEDULE_RING : HIR_SCHEDULE_LINEAR;
+      lc.d.stream.parts = 1 + (s / 2) % 2;
+      if (coll) lc.d.stream.schedule = HIR_SCHEDULE_COLLECTIVE, lc.d.stream.parts = 2;
       lc.d.stream.experimental.column_parts = mode < 2 && s >= 4 ? 2 : 0; /* AG: the GEMM's second half of N after the team's loop */
       sc.build = build_lowered_with;
       sc.user = &lc;

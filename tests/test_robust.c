@@ -408,7 +408,7 @@ TEST(test_robust_permuted_mesh, "robust/permuted_mesh", TEST_CPU | TEST_GPU_WORL
     hir_parallelize(b, 0, HIR_STREAM);
     memset(&lc, 0, sizeof lc);
     lc.f = f;
-    lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+    lc.d.stream.schedule = ring ? HIR_SCHEDULE_RING : HIR_SCHEDULE_LINEAR;
     case_init(&sc, 4);
     sc.build = build_lowered_with;
     sc.user = &lc;
@@ -855,7 +855,7 @@ TEST(test_robust_busy_stream_times_out, "robust/busy_stream_times_out", TEST_CPU
 /* An outgrown buffer is not released in the run that outgrows it: work
    issued before may still use it, and a release can wait for the whole
    device (cudaFree) without a deadline. An allgather pipeline on 2 ranks
-   whose chunks are staged through contiguous buffers (stream.collective_chunks),
+   whose chunks are staged through contiguous buffers (HIR_SCHEDULE_COLLECTIVE),
    run on rows of 4, then of 16: rank 0's staging buffers of the first run
    (its allocations other than the output's block) are released by the sync
    after the second run, each once, not in it; both runs compute. */
@@ -889,7 +889,8 @@ static hir_status outgrown_rank(int rank, void *user) {
   memset(&ld, 0, sizeof ld);
   memset(&ed, 0, sizeof ed);
   ld.my_device = rank;
-  ld.stream.collective_chunks = 2;
+  ld.stream.schedule = HIR_SCHEDULE_COLLECTIVE;
+  ld.stream.parts = 2;
   ed.comm = hir_local_comm(outgrown_world, rank);
   ed.backend = hir_backend_cpu_create();
   if (rank == 0) {

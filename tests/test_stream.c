@@ -143,7 +143,7 @@ TEST(test_stream_schedule_goldens, "stream/schedule_goldens", TEST_CPU) {
   seed s;
   char *text;
   memset(&d, 0, sizeof d);
-  d.stream.schedule = HIR_P2P_RING;
+  d.stream.schedule = HIR_SCHEDULE_RING;
   d.stream.bounded_buffers = 1;
   seed_ag_matmul_p2p(&s, hir_fusion_create(), 4, mesh);
   text = lower_text(s.f, &d, 7);
@@ -155,12 +155,12 @@ TEST(test_stream_schedule_goldens, "stream/schedule_goldens", TEST_CPU) {
   text = lower_text(s.f, &d, 7);
   check_golden(text, "stream_matmul_rs_ring_d7", __FILE__, __LINE__);
   free(text);
-  d.stream.schedule = HIR_P2P_LINEAR;
+  d.stream.schedule = HIR_SCHEDULE_LINEAR;
   text = lower_text(s.f, &d, 7);
   check_golden(text, "stream_matmul_rs_linear_d7", __FILE__, __LINE__);
   free(text);
-  d.stream.schedule = HIR_P2P_RING; /* each peer's chunk in 2 parts */
-  d.stream.chunks_per_peer = 2;
+  d.stream.schedule = HIR_SCHEDULE_RING; /* each peer's chunk in 2 parts */
+  d.stream.parts = 2;
   text = lower_text(s.f, &d, 7);
   check_golden(text, "stream_matmul_rs_ring_2parts_d7", __FILE__, __LINE__);
   free(text);
@@ -334,7 +334,7 @@ static void lowered_case_init(spmd_case *c, lowered_case *lc, int world, int ns,
    right numbers for both schedules, with and without bounded buffers, with
    1..4 streams, on worlds of 1, 2, 3, 4 and 8 (and a mesh {3 1 7 5}); the
    P2P GEMMs also with each peer's 3 rows cut into 3 parts, and the P2P
-   seeds as collective pipelines (stream.collective_chunks: an allgather
+   seeds as collective pipelines (HIR_SCHEDULE_COLLECTIVE: an allgather
    or reduce-scatter of one row of every peer's chunk an iteration, staged
    through a contiguous buffer) and with the gather first (stream.gather_first:
    the allgather's loop, then one GEMM), the ring's own chunk read in place
@@ -375,11 +375,10 @@ TEST(test_stream_numbers, "stream/numbers", TEST_CPU | TEST_GPU_WORLDS) {
             fns[k](&s, hir_fusion_create(), D, mesh);
             memset(&lc, 0, sizeof lc);
             lc.f = s.f;
-            lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+            lc.d.stream.schedule = collective ? HIR_SCHEDULE_COLLECTIVE : ring ? HIR_SCHEDULE_RING : HIR_SCHEDULE_LINEAR;
             lc.d.stream.bounded_buffers = bounded;
-            lc.d.stream.chunks_per_peer = collective || gather ? 1 : cut;
+            lc.d.stream.parts = collective ? (k == 7 ? 5 : 3) : gather ? 1 : cut; /* collective: what the cut axis divides into */
             lc.d.stream.gather_first = gather;
-            lc.d.stream.collective_chunks = collective ? (k == 7 ? 5 : 3) : 0; /* what the cut axis divides into */
             lc.d.stream.experimental.copy_own_chunk = ns % 2 == 0;
             lowered_case_init(&c, &lc, world, ns, ring);
             seed_data(&c, names[k], D);
@@ -411,7 +410,7 @@ TEST(test_stream_own_chunk_in_place, "stream/own_chunk_in_place", TEST_CPU) {
     char *text;
     int copies = k == 1 || k == 2 || k == 4 || k == 5;
     memset(&d, 0, sizeof d);
-    d.stream.schedule = k == 5 ? HIR_P2P_LINEAR : HIR_P2P_RING;
+    d.stream.schedule = k == 5 ? HIR_SCHEDULE_LINEAR : HIR_SCHEDULE_RING;
     d.stream.experimental.copy_own_chunk = k == 1;
     comm.p2p_copy_engine = k == 3;
     d.comm = k == 2 || k == 3 ? &comm : NULL;
@@ -435,7 +434,7 @@ TEST(test_stream_gather_first_program, "stream/gather_first_program", TEST_CPU) 
   int gather;
   seed_ag_matmul_p2p(&s, hir_fusion_create(), 3, iota_mesh);
   memset(&d, 0, sizeof d);
-  d.stream.schedule = HIR_P2P_RING;
+  d.stream.schedule = HIR_SCHEDULE_RING;
   for (gather = 0; gather < 2; gather++) {
     char *text;
     d.stream.gather_first = gather;
@@ -504,7 +503,7 @@ TEST(test_stream_column_parts, "stream/column_parts", TEST_CPU | TEST_GPU_WORLDS
             seed_ag_matmul_p2p(&sd, hir_fusion_create(), D, wi < 5 ? iota_mesh : odd);
             memset(&lc, 0, sizeof lc);
             lc.f = sd.f;
-            lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+            lc.d.stream.schedule = ring ? HIR_SCHEDULE_RING : HIR_SCHEDULE_LINEAR;
             lc.d.stream.bounded_buffers = bounded;
             lc.d.stream.experimental.column_parts = parts;
             lowered_case_init(&c, &lc, world, ns, ring);
@@ -541,7 +540,7 @@ TEST(test_stream_column_parts, "stream/column_parts", TEST_CPU | TEST_GPU_WORLDS
     hir_parallelize(o, 2, HIR_DIDX);
     memset(&lc, 0, sizeof lc);
     lc.f = f;
-    lc.d.stream.schedule = HIR_P2P_RING;
+    lc.d.stream.schedule = HIR_SCHEDULE_RING;
     lc.d.stream.experimental.column_parts = 2;
     text = lower_text(f, &lc.d, 0);
     CHECK(strstr(text, "P2PCommunication") && !strstr(text, "parts = 2"));
@@ -568,7 +567,7 @@ TEST(test_stream_column_parts, "stream/column_parts", TEST_CPU | TEST_GPU_WORLDS
     int b;
     seed_ag_matmul_p2p(&sd, hir_fusion_create(), 3, iota_mesh);
     memset(&d, 0, sizeof d);
-    d.stream.schedule = HIR_P2P_RING;
+    d.stream.schedule = HIR_SCHEDULE_RING;
     d.stream.experimental.column_parts = 2;
     for (b = 0; b < 2; b++) {
       char *text;
@@ -743,7 +742,7 @@ static hir_status start_rank(int rank, void *user) {
   memset(&ed, 0, sizeof ed);
   x->be[rank] = be;
   d.my_device = rank;
-  d.stream.schedule = HIR_P2P_RING;
+  d.stream.schedule = HIR_SCHEDULE_RING;
   d.stream.bounded_buffers = x->bounded;
   c->recv = start_recv;
   c->capturable = 1; /* its calls run as they come: this backend's "capture" runs the work too */
@@ -923,9 +922,9 @@ TEST(test_stream_recv_at_start_untouched, "stream/recv_at_start_untouched", TEST
               fns[k](&s, hir_fusion_create(), D, iota_mesh);
               memset(&lc, 0, sizeof lc);
               lc.f = s.f;
-              lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+              lc.d.stream.schedule = ring ? HIR_SCHEDULE_RING : HIR_SCHEDULE_LINEAR;
               lc.d.stream.bounded_buffers = bounded;
-              lc.d.stream.chunks_per_peer = variant == 1 ? 3 : 1;
+              lc.d.stream.parts = variant == 1 ? 3 : 1;
               lc.d.stream.gather_first = variant == 2;
               lowered_case_init(&c, &lc, D, ns, ring);
               seed_data(&c, names[k], D);
@@ -967,7 +966,7 @@ TEST(test_schedule_verifier_accepts, "stream/verifier_accepts", TEST_CPU) {
         seed s;
         seed_table[i].fn(&s, hir_fusion_create(), D, m8);
         memset(&d, 0, sizeof d);
-        d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+        d.stream.schedule = ring ? HIR_SCHEDULE_RING : HIR_SCHEDULE_LINEAR;
         lower_all(s.f, &d, D, ps);
         if (hir_verify_schedule(ps, D, 3, msg, sizeof msg) != HIR_OK) {
           fprintf(stderr, "  test_stream.c: %s on %d ranks (%s): %s\n", seed_table[i].name, D, ring ? "ring" : "linear", msg);
@@ -1055,14 +1054,24 @@ static void test_stream_cut_errors(void) {
   seed sd;
   memset(&d, 0, sizeof d);
   seed_ag_matmul_p2p(&sd, hir_fusion_create(), 2, m2);
-  d.stream.chunks_per_peer = -1;
-  CHECK(hir_lower(sd.f, &d, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "chunks_per_peer is -1; give 1 to 1024"));
+  d.stream.parts = -1;
+  CHECK(hir_lower(sd.f, &d, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "parts is -1; give 1 to 1024"));
   hir_program_free(p);
-  d.stream.chunks_per_peer = 2; /* the 3 rows of a peer's chunk do not cut in 2 */
+  d.stream.schedule = HIR_SCHEDULE_COLLECTIVE, d.stream.parts = 1; /* a collective pipeline of one part is none */
+  CHECK(hir_lower(sd.f, &d, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "parts is 1; give 2 to 1024 for a collective"));
+  hir_program_free(p);
+  d.stream.schedule = HIR_SCHEDULE_SERIAL, d.stream.parts = 2;
+  CHECK(hir_lower(sd.f, &d, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "the serial program has no parts"));
+  hir_program_free(p);
+  d.stream.schedule = HIR_SCHEDULE_COUNT, d.stream.parts = 0;
+  CHECK(hir_lower(sd.f, &d, &p) == HIR_ERR_INVALID && strstr(hir_program_error(p), "schedule is 4; give HIR_SCHEDULE_LINEAR"));
+  hir_program_free(p);
+  d.stream.schedule = HIR_SCHEDULE_LINEAR;
+  d.stream.parts = 2; /* the 3 rows of a peer's chunk do not cut in 2 */
   CHECK(ag_run_refused(sd.f, &d, sb, "has size 3, the size of input 0 (T0) axis 1, which does not cut into 2 equal parts"));
   hir_fusion_free(sd.f);
   seed_allgather_p2p(&sd, hir_fusion_create(), 2, m2); /* [D, N] gathered into [Stream D, N]: N is cut */
-  d.stream.chunks_per_peer = 5;
+  d.stream.parts = 5;
   CHECK(hir_lower(sd.f, &d, &p) == HIR_OK);
   hir_program_free(p);
   hir_fusion_free(sd.f);
@@ -1075,7 +1084,7 @@ static void test_stream_cut_errors(void) {
   hir_parallelize(sd.t[0], 0, HIR_DIDX);
   hir_parallelize(sd.t[1], 0, HIR_STREAM);
   CHECK(hir_lower(sd.f, &d, &p) == HIR_ERR_UNSUPPORTED &&
-        strstr(hir_program_error(p), "chunks_per_peer = 5 cuts the first axis after the Stream axis, and T1 has none"));
+        strstr(hir_program_error(p), "parts = 5 cuts the first axis after the Stream axis, and T1 has none"));
   hir_program_free(p);
   hir_fusion_free(sd.f);
 }
@@ -1172,10 +1181,10 @@ TEST(test_stream_automatic, "stream/automatic", TEST_CPU) {
   c.user = &lc;
   seed_data(&c, "AG_matmul_P2p", 4);
   RUN_CASE(&c, "AG_matmul_P2p, automatic (4 chunks x 3 parts)");
-  lc.d.stream.chunks_per_peer = 1; /* the caller's count stands */
+  lc.d.stream.parts = 1; /* the caller's count stands */
   CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_OK && !strncmp(hir_program_plan(p), "pipelined: 4 chunks, ", 21));
   hir_program_free(p);
-  lc.d.stream.chunks_per_peer = 0;
+  lc.d.stream.parts = 0;
   lc.d.stream.experimental.gemm_flops_per_s = lc.d.stream.experimental.link_bytes_per_s = lc.d.stream.experimental.chunk_overhead_s = 0;
   shapes[1].ndims = 3; /* one axis too many */
   CHECK(hir_lower(sd.f, &lc.d, &p) == HIR_ERR_SHAPE && strstr(hir_program_error(p), "input_shapes[1] has 3 axes; T1 has 2"));

@@ -39,25 +39,25 @@ HX_EXPORT int hx_has_cuda(void) {
 }
 
 /* hir_lower with the stream options a Python caller sets (schedule 0
-   linear, 1 ring, 2 collective: chunks_per_peer parts as collectives, 3
+   linear, 1 ring, 2 collective: `parts` parts as collectives (0: 2), 3
    gather: the P2P allgathers first, a ring, and their readers whole, 4
    split: a ring whose gathered GEMMs compute half their columns in it and
    the other half after it);
    automatic = 1 lets the cost model choose for these input shapes on `comm`. */
-HX_EXPORT hir_status hx_lower(const hir_fusion *f, int my_device, int schedule, int chunks_per_peer, int bounded_buffers,
+HX_EXPORT hir_status hx_lower(const hir_fusion *f, int my_device, int schedule, int parts, int bounded_buffers,
                               int serial, int automatic, const hir_comm *comm, const hir_tensor *shapes, int nshapes,
                               hir_program **out) {
   hir_lower_desc d;
   memset(&d, 0, sizeof d);
   d.my_device = my_device;
   d.comm = comm;
-  d.stream.schedule = schedule == 1 || schedule >= 3 ? HIR_P2P_RING : HIR_P2P_LINEAR;
-  d.stream.chunks_per_peer = schedule == 2 ? 0 : chunks_per_peer;
-  d.stream.collective_chunks = schedule == 2 ? chunks_per_peer : 0;
+  d.stream.schedule = serial ? HIR_SCHEDULE_SERIAL
+                    : schedule == 2 ? HIR_SCHEDULE_COLLECTIVE
+                    : schedule == 1 || schedule >= 3 ? HIR_SCHEDULE_RING : HIR_SCHEDULE_LINEAR;
+  d.stream.parts = serial ? 0 : parts;
   d.stream.gather_first = schedule == 3;
   d.stream.experimental.column_parts = schedule == 4 ? 2 : 0;
   d.stream.bounded_buffers = bounded_buffers;
-  d.stream.serial = serial;
   d.stream.automatic = automatic;
   d.stream.input_shapes = shapes;
   d.stream.ninput_shapes = nshapes;

@@ -686,7 +686,7 @@ TEST(test_gpu_odd_mesh_p2p, "gpu/odd_mesh_p2p", TEST_GPU_WORLDS) {
         fns[k](&s, hir_fusion_create(), 4, mesh);
         memset(&lc, 0, sizeof lc);
         lc.f = s.f;
-        lc.d.stream.schedule = ring ? HIR_P2P_RING : HIR_P2P_LINEAR;
+        lc.d.stream.schedule = ring ? HIR_SCHEDULE_RING : HIR_SCHEDULE_LINEAR;
         lc.d.stream.bounded_buffers = bounded;
         case_init(&c, 4);
         c.nstreams = 2;

@@ -81,7 +81,7 @@ static int ce_pair_dead_peer(int rank, int graph) {
   memset(&ld, 0, sizeof ld);
   memset(&ed, 0, sizeof ed);
   ld.my_device = rank;
-  ld.stream.schedule = HIR_P2P_RING;
+  ld.stream.schedule = HIR_SCHEDULE_RING;
   ed.comm = mp_comm;
   ed.backend = hir_backend_cuda_create(0);
   ed.timeout_ms = 10000;
