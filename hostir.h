@@ -158,11 +158,15 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
         and hir__split_one (>>analysis); fp8 operands: HIR__OP_FP8, or a rule of its
         own in hir__takes_fp8 (>>build);
      5. its operands' rules in the verifier, hir__verify_operands (>>verify); a
-        communication: HIR__OP_COMM and HIR__OP_TEAM, its matching across ranks in
-        hir__sched_walk (>>verify_ranks) and its setup in hir__setup_expr (>>eval_create);
+        host op: where it may stand, hir__verify_scope (>>verify), and which operands
+        it writes, hir__expr_tvs (>>analysis); a communication: HIR__OP_COMM and
+        HIR__OP_TEAM, its matching across ranks in hir__sched_walk (>>verify_ranks)
+        and its setup in hir__setup_expr (>>eval_create);
      6. its shape check (hir__check_expr) and its run (hir__exec, or hir__exec_compute
         with a hir_backend function in every backend) in >>eval_exec; stream
-        lowering runs it chunk by chunk unless it is HIR__OP_WHOLE;
+        lowering runs it chunk by chunk unless it is HIR__OP_WHOLE, and where it
+        has fields tied to its axes (a broadcast's flags, a matmul's roles) its
+        copy on chunk views is hir__clone_onto's (>>pass_stream);
      7. tests: its printed form, its numbers against a reference on random data on
         the local world, and on the CUDA backend in the GPU suite. */
 #define HIR_EXPR_KIND_LIST(X)                                                                                                                      \
