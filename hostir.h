@@ -13721,7 +13721,6 @@ static void hir__fold(const hir_tv *tv, hir_tensor *t) {
   if (zero) hir__contiguous_strides(t);
 }
 
-
 /* The arguments seen with the program's split axes: *in and *out point at
    ev->boundary where an input or output has them. 0 (error recorded) when
    one does not fit. */
@@ -13752,7 +13751,6 @@ static void hir__fold_outputs(hir_evaluator *ev, const hir_tensor *done, hir_ten
     hir__fold((const hir_tv *)ev->p->ir.outputs.items[i], &out[i]);
   }
 }
-
 
 /* A matmul or linear that reads t, or what local sets and permutes make of
    it, as its weight (operand 1), in exprs or the scopes under them; NULL
