@@ -158,8 +158,8 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
         and hir__split_one (>>analysis); fp8 operands: HIR__OP_FP8, or a rule of its
         own in hir__takes_fp8 (>>build);
      5. its operands' rules in the verifier, hir__verify_operands (>>verify); a
-        host op: where it may stand, hir__verify_scope (>>verify), and which operands
-        it writes, hir__expr_tvs (>>analysis); a communication: HIR__OP_COMM and
+        host op: where it may stand, hir__verify_scope (>>verify), and whether it writes
+        its inputs, hir__writes_inputs (>>analysis); a communication: HIR__OP_COMM and
         HIR__OP_TEAM, its matching across ranks in hir__sched_walk (>>verify_ranks)
         and its setup in hir__setup_expr (>>eval_create);
      6. its shape check (hir__check_expr) and its run (hir__exec, or hir__exec_compute
@@ -988,6 +988,17 @@ HIRDEF const char        *hir_tuner_error(const hir_tuner *t);
    load different choices are refused on their first run. */
 HIRDEF hir_status         hir_tuner_save(const hir_tuner *t, FILE *f);
 HIRDEF hir_status         hir_tuner_load(hir_tuner *t, FILE *f);
+/* Every option with its default written out: a copy of *d (NULL: all zeros)
+   in which each field whose zero stands for a value holds that value:
+   lower.should_merge hir_merge_default; lower.stream.parts 1, 2 for
+   HIR_SCHEDULE_COLLECTIVE (left 0 where stream.automatic picks the parts of
+   a P2P pipeline); eval.number_of_streams 4; eval.timeout_ms 600000. A zero
+   that is a choice rather than a value stays: warmup and iters (sized to
+   the work), memory_limit (none), machine, backend and comm. hir_lower and
+   hir_segment (.lower), hir_pass_stream_lowering (.lower.stream),
+   hir_evaluator_create (.eval) and hir_tuner_create fill their descs
+   through it, so a desc and its filled copy behave alike. */
+HIRDEF hir_tune_desc      hir_desc_defaults(const hir_tune_desc *d);
 /* The same by path, for files from outside: loaded only as a regular file
    of this user of at most 64 MiB, no link followed at its name; saved
    through a temporary file in its directory (mode 0600), renamed over it,
@@ -4780,10 +4791,16 @@ HIRDEF hir_status hir_set_allocation_loop(hir_tv *tv) {
 }
 
 /* Calls fn on every tensor an expr names (nested scopes not included). */
+/* Whether e writes the tensors it takes as inputs: an Allocate makes their
+   buffers, a receive fills them. */
+static int hir__writes_inputs(const hir_expr *e) {
+  return e->kind == HIR_EXPR_ALLOCATE || (e->kind == HIR_EXPR_P2P_COMMUNICATION && e->sub == HIR_P2P_RECV);
+}
+
 static void hir__expr_tvs(const hir_expr *e, void (*fn)(hir_tv *tv, int writes, void *ctx), void *ctx) {
   int i;
   for (i = 0; i < e->nin; i++)
-    if (e->in[i]) fn(e->in[i], e->kind == HIR_EXPR_ALLOCATE || (e->kind == HIR_EXPR_P2P_COMMUNICATION && e->sub == HIR_P2P_RECV), ctx);
+    if (e->in[i]) fn(e->in[i], hir__writes_inputs(e), ctx);
   for (i = 0; i < e->nout; i++)
     if (e->out[i]) fn(e->out[i], 1, ctx);
 }
@@ -5740,6 +5757,37 @@ static int hir__front_end(hir_program *p, const hir_fusion *f, int serial, int g
   return hir__one_mesh_axis_per_move(p) && hir__order_moves(p);
 }
 
+/* The descs' defaults (hir_desc_defaults): where a zero stands for a value,
+   the value, so that the passes and the evaluator read each field as set. */
+static void hir__stream_desc_fill(hir_stream_desc *d) {
+  if (!d->parts && (d->schedule == HIR_SCHEDULE_COLLECTIVE || !d->automatic))
+    d->parts = d->schedule == HIR_SCHEDULE_COLLECTIVE ? 2 : 1;
+}
+static hir_lower_desc hir__lower_desc_filled(const hir_lower_desc *d) {
+  hir_lower_desc out;
+  if (d) out = *d;
+  else memset(&out, 0, sizeof out);
+  if (!out.should_merge) out.should_merge = hir_merge_default;
+  hir__stream_desc_fill(&out.stream);
+  return out;
+}
+static hir_eval_desc hir__eval_desc_filled(const hir_eval_desc *d) {
+  hir_eval_desc out;
+  if (d) out = *d;
+  else memset(&out, 0, sizeof out);
+  if (!out.number_of_streams) out.number_of_streams = 4;
+  if (out.timeout_ms <= 0) out.timeout_ms = 600000;
+  return out;
+}
+HIRDEF hir_tune_desc hir_desc_defaults(const hir_tune_desc *d) {
+  hir_tune_desc out;
+  if (d) out = *d;
+  else memset(&out, 0, sizeof out);
+  out.lower = hir__lower_desc_filled(&out.lower);
+  out.eval = hir__eval_desc_filled(&out.eval);
+  return out;
+}
+
 /* The arguments of hir_lower and hir_segment; a failure is recorded in p. */
 static int hir__check_lower_args(hir_program *p, const hir_fusion *f, const hir_lower_desc *d, const char *fn) {
   if (!f) {
@@ -5762,12 +5810,10 @@ static int hir__check_lower_args(hir_program *p, const hir_fusion *f, const hir_
   return 1;
 }
 
-HIRDEF hir_status hir_segment(const hir_fusion *f, const hir_lower_desc *d, hir_segmentation **out) {
-  hir_lower_desc defaults;
+HIRDEF hir_status hir_segment(const hir_fusion *f, const hir_lower_desc *given, hir_segmentation **out) {
+  hir_lower_desc filled = hir__lower_desc_filled(given), *d = &filled;
   hir_segmentation *s;
   if (!out) return HIR_ERR_INVALID;
-  memset(&defaults, 0, sizeof defaults);
-  if (!d) d = &defaults;
   if (!(s = *out = (hir_segmentation *)HIR_MALLOC(sizeof(hir_segmentation)))) return HIR_ERR_NOMEM;
   memset(s, 0, sizeof *s);
   if (!(s->p = hir_program_create())) {
@@ -6094,9 +6140,8 @@ static void hir__classify(const hir_expr *e, unsigned char *kind) {
   int i;
   if (hir__ops[e->kind].flags & HIR__OP_VIEW) kind[e->out[0]->name] = HIR__TV_VIEW;
   if (e->kind == HIR_EXPR_DEALLOCATE) kind[e->in[0]->name] = HIR__TV_KEEP;
-  if (e->kind == HIR_EXPR_ALLOCATE && !kind[e->in[0]->name]) kind[e->in[0]->name] = HIR__TV_BUFFER;
-  if (e->kind == HIR_EXPR_P2P_COMMUNICATION && e->sub == HIR_P2P_RECV && !kind[e->in[0]->name])
-    kind[e->in[0]->name] = HIR__TV_BUFFER;
+  for (i = 0; i < e->nin; i++)
+    if (e->in[i] && hir__writes_inputs(e) && !kind[e->in[i]->name]) kind[e->in[i]->name] = HIR__TV_BUFFER;
   for (i = 0; i < e->nout; i++)
     if (e->out[i] && !kind[e->out[i]->name]) kind[e->out[i]->name] = HIR__TV_BUFFER;
   for (i = 0; i < e->body.exprs.n; i++) hir__classify((const hir_expr *)e->body.exprs.items[i], kind);
@@ -6251,7 +6296,7 @@ static int hir__stream_plan_of(hir_fusion *f, const hir_stream_desc *d, hir__str
   }
   o->ring = d->schedule == HIR_SCHEDULE_RING;
   o->chunks_per_peer = collective ? 1 : d->parts;
-  o->collective_chunks = collective ? (d->parts ? d->parts : 2) : 0;
+  o->collective_chunks = collective ? d->parts : 0; /* filled: 2 for 0 (hir__stream_desc_fill) */
   o->serial = d->schedule == HIR_SCHEDULE_SERIAL;
   o->gather_first = d->gather_first;
   o->bounded_buffers = d->bounded_buffers;
@@ -6893,12 +6938,14 @@ static int hir__reads_after_loop(const hir_expr *x, hir_expr *const *chain, int 
 
 static hir_status hir__stream_lowering(hir_program *p, const hir__stream_plan *opt);
 HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_desc *desc) {
-  hir_stream_desc defaults;
+  hir_stream_desc filled;
   hir__stream_plan plan;
   if (!p) return HIR_ERR_INVALID;
   if (p->ir.status != HIR_OK) return p->ir.status;
-  memset(&defaults, 0, sizeof defaults);
-  if (!hir__stream_plan_of(&p->ir, desc ? desc : &defaults, &plan)) return p->ir.status;
+  if (desc) filled = *desc;
+  else memset(&filled, 0, sizeof filled);
+  hir__stream_desc_fill(&filled);
+  if (!hir__stream_plan_of(&p->ir, &filled, &plan)) return p->ir.status;
   return hir__stream_lowering(p, &plan);
 }
 
@@ -7202,9 +7249,6 @@ static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) 
     if (coalescing && (!(hir__ops[e->kind].flags & HIR__OP_COMM) || e->kind == HIR_EXPR_START_COALESCING))
       return hir__verify_fail(v, "%s %d stands between StartCoalescing and EndCoalescing; only communications may", kind, e->name);
     switch (e->kind) {
-    case HIR_EXPR_ALLOCATE:
-      if (!hir__verify_write(v, e, e->in[0])) return 0;
-      break;
     case HIR_EXPR_DEALLOCATE:
       if (e->in[0]->is_input || e->in[0]->is_output)
         return hir__verify_fail(v, "Deallocate %d releases T%d, a program %s", e->name, e->in[0]->name,
@@ -7240,12 +7284,9 @@ static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) 
     case HIR_EXPR_COMMUNICATION: /* its input may live on another device */
       if (!hir__verify_write(v, e, e->out[0])) return 0;
       break;
-    case HIR_EXPR_P2P_COMMUNICATION:
-      if (!(e->sub == HIR_P2P_RECV ? hir__verify_write(v, e, e->in[0]) : hir__verify_read(v, e, e->in[0]))) return 0;
-      break;
-    default: /* compute ops, HirAliasSelect, PostOnStream: read ins, write outs */
+    default: /* compute ops, views, PostOnStream, send/recv, Allocate: read ins (or write them), write outs */
       for (k = 0; k < e->nin; k++)
-        if (!hir__verify_read(v, e, e->in[k])) return 0;
+        if (!(hir__writes_inputs(e) ? hir__verify_write(v, e, e->in[k]) : hir__verify_read(v, e, e->in[k]))) return 0;
       for (k = 0; k < e->nout; k++)
         if (!hir__verify_write(v, e, e->out[k])) return 0;
       if (hir__ops[e->kind].flags & HIR__OP_VIEW) v->written[e->in[0]->name] = 1; /* written through the view, maybe */
@@ -7924,15 +7965,13 @@ static hir_status hir__common_verdict(const hir_fusion *f, const hir_lower_desc 
 }
 
 /* hir_lower's work, for `mode`'s reason. */
-static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *d, hir_program **out, int mode) {
-  hir_lower_desc defaults;
+static hir_status hir__lower(const hir_fusion *f, const hir_lower_desc *given, hir_program **out, int mode) {
+  hir_lower_desc filled = hir__lower_desc_filled(given), *d = &filled;
   hir_program *p;
   unsigned dump = 0;
   int *apart = NULL, napart = 0;
   hir_status s;
   if (!out) return HIR_ERR_INVALID;
-  memset(&defaults, 0, sizeof defaults);
-  if (!d) d = &defaults;
   if (!(p = *out = hir_program_create())) return HIR_ERR_NOMEM;
   p->my_device = d->my_device;
   if (!hir__check_lower_args(p, f, d, "hir_lower") || (mode == HIR__LOWER_CALLER && !hir__dump_flags(p, &dump)))
@@ -13139,13 +13178,11 @@ static void hir__find_fused(hir_evaluator *ev, const hir_scope *s) {
   }
 }
 
-HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc *d, hir_evaluator **out) {
-  hir_eval_desc defaults;
+HIRDEF hir_status hir_evaluator_create(const hir_program *p, const hir_eval_desc *given, hir_evaluator **out) {
+  hir_eval_desc filled = hir__eval_desc_filled(given), *d = &filled;
   hir_evaluator *ev;
   if (!out) return HIR_ERR_INVALID;
   if (!(ev = *out = hir__evaluator_new())) return HIR_ERR_NOMEM;
-  memset(&defaults, 0, sizeof defaults);
-  if (!d) d = &defaults;
   if (hir__evaluator_create(ev, p, d) == HIR_OK) return HIR_OK;
   if (!ev->comm && p && d->comm && p->ir.status == HIR_OK) { /* it failed before taking the communicator: tell the world */
     ev->comm = d->comm;
@@ -13166,8 +13203,8 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   if (d->number_of_streams < 0)
     return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: number_of_streams is %d; give 1 or more (0: 4)",
                         d->number_of_streams), ev->status;
-  ev->nstreams = d->number_of_streams ? d->number_of_streams : 4;
-  ev->timeout_ms = d->timeout_ms > 0 ? d->timeout_ms : 600000;
+  ev->nstreams = d->number_of_streams;
+  ev->timeout_ms = d->timeout_ms;
   if ((unsigned)d->graph > (unsigned)HIR_GRAPH_STAGED)
     return hir__ev_fail(ev, HIR_ERR_INVALID, "hir_evaluator_create: graph is %d; give HIR_GRAPH_OFF, HIR_GRAPH_BY_ADDRESS or "
                         "HIR_GRAPH_STAGED", (int)d->graph), ev->status;
@@ -14417,7 +14454,7 @@ static hir_backend *hir__tune_backend(hir_tuner *t) {
    without a communicator, has only its own. */
 static hir_status hir__tune_exchange(hir_tuner *t, hir_backend *b, const void *mine, void *all, size_t bytes) {
   hir_comm *c = t->d.eval.comm;
-  int ms = t->d.eval.timeout_ms > 0 ? t->d.eval.timeout_ms : 600000, from_comm;
+  int ms = t->d.eval.timeout_ms, from_comm;
   hir_status s;
   if (!c || t->nteam < 2) return memcpy(all, mine, bytes), HIR_OK;
   if (!t->team_handle && (s = c->team(c, t->team, t->nteam, &t->team_handle)) != HIR_OK)
@@ -15030,7 +15067,7 @@ HIRDEF hir_status hir_tuner_create(const hir_fusion *f, const hir_tune_desc *d, 
   if (!f || !d) return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_create: the %s is NULL", f ? "desc" : "fusion");
   if (hir_fusion_error(f)[0]) return hir__tune_fail(t, HIR_ERR_INVALID, "hir_tuner_create: the fusion failed: %s", hir_fusion_error(f));
   t->f = f;
-  t->d = *d;
+  t->d = hir_desc_defaults(d);
   len = hir_fusion_snprint(f, NULL, 0);
   t->nteam = hir__fusion_devices(f, &t->team); /* who tunes together */
   if (!(text = (char *)HIR_MALLOC(len + 1)) || !t->team) {

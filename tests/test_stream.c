@@ -1111,6 +1111,49 @@ TEST(test_stream_errors, "stream/errors", TEST_CPU) {
   test_stream_cut_errors();
 }
 
+/* hir_desc_defaults: each zero that stands for a value holds it, a zero that
+   is a choice stays, given fields pass through, and a desc lowers to the same
+   program as its filled copy under every schedule. */
+TEST(test_stream_desc_defaults, "stream/desc_defaults", TEST_CPU) {
+  static const int m2[2] = {0, 1};
+  static char zero_text[16384], filled_text[16384];
+  hir_tune_desc d, f;
+  hir_schedule sched;
+  seed sd;
+  f = hir_desc_defaults(NULL);
+  CHECK(f.eval.number_of_streams == 4 && f.eval.timeout_ms == 600000 && f.lower.should_merge == hir_merge_default);
+  CHECK(f.lower.stream.parts == 1 && f.warmup == 0 && f.iters == 0 && f.memory_limit == 0 && !f.machine && !f.eval.backend);
+  memset(&d, 0, sizeof d);
+  d.lower.stream.schedule = HIR_SCHEDULE_COLLECTIVE;
+  d.lower.my_device = 1, d.eval.number_of_streams = 3, d.eval.timeout_ms = 5, d.eval.graph = HIR_GRAPH_STAGED, d.iters = 7;
+  f = hir_desc_defaults(&d);
+  CHECK(f.lower.stream.parts == 2 && f.lower.my_device == 1 && f.eval.number_of_streams == 3 && f.eval.timeout_ms == 5);
+  CHECK(f.eval.graph == HIR_GRAPH_STAGED && f.iters == 7);
+  d.lower.stream.schedule = HIR_SCHEDULE_RING, d.lower.stream.automatic = 1; /* the model picks the parts */
+  CHECK(hir_desc_defaults(&d).lower.stream.parts == 0);
+  d.lower.stream.parts = -1, d.eval.number_of_streams = -2; /* wrong values stay, for the entry points to refuse */
+  f = hir_desc_defaults(&d);
+  CHECK(f.lower.stream.parts == -1 && f.eval.number_of_streams == -2);
+  seed_matmul_rs_p2p(&sd, hir_fusion_create(), 2, m2);
+  for (sched = HIR_SCHEDULE_LINEAR; sched < HIR_SCHEDULE_COUNT; sched++) {
+    hir_program *p0 = NULL, *p1 = NULL;
+    memset(&d, 0, sizeof d);
+    d.lower.stream.schedule = sched;
+    f = hir_desc_defaults(&d);
+    CHECK(hir_lower(sd.f, &d.lower, &p0) == HIR_OK && hir_lower(sd.f, &f.lower, &p1) == HIR_OK);
+    hir_program_snprint(p0, zero_text, sizeof zero_text);
+    hir_program_snprint(p1, filled_text, sizeof filled_text);
+    if (strcmp(zero_text, filled_text) != 0 || !strstr(zero_text, "FOR") != (sched == HIR_SCHEDULE_SERIAL)) {
+      fprintf(stderr, "  test_stream.c: schedule %d: the zero desc's program and the filled one's differ (or the loop is wrong):\n%s\n%s\n",
+              (int)sched, zero_text, filled_text);
+      hir_test_failures++;
+    }
+    hir_program_free(p0);
+    hir_program_free(p1);
+  }
+  hir_fusion_free(sd.f);
+}
+
 /* The automatic choice: a small AG+GEMM (P2P) lowers serial and still gives
    the right numbers; a large one keeps its pipeline of D chunks, cut into
    parts where communication is much the longer side (and then again the
