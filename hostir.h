@@ -194,20 +194,23 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_SELECT, "SelectOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_CUTS_AXIS | HIR__OP_WHOLE | HIR__OP_FP8) \
   X(HIR_EXPR_SLICE, "SliceOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_CUTS_AXIS | HIR__OP_WHOLE | HIR__OP_FP8)   \
   X(HIR_EXPR_RESHAPE, "ViewOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_WHOLE | HIR__OP_FP8)                      \
-  X(HIR_EXPR_COLLECTIVE_PERMUTE, "CollectivePermute", 1, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_TEAM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM)
+  X(HIR_EXPR_COLLECTIVE_PERMUTE, "CollectivePermute", 1, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_TEAM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
+  X(HIR_EXPR_RNG, "RNGOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_WHOLE)
 #define HIR__EXPR_ENUM(e, name, nin, nout, flags) e,
 typedef enum hir_expr_kind { HIR_EXPR_KIND_LIST(HIR__EXPR_ENUM) HIR_EXPR_KIND_COUNT } hir_expr_kind;
 
 /* Elementwise ops, each described once: its enum, its printed form, and what
-   it computes on an element x (and y, or the scalar s), written once for every
-   backend: the CPU backend compiles it as C on doubles, the CUDA backend as
-   CUDA C (NVRTC) on float, or on double where an operand is f64. HIR_C(v) is
-   the constant v in the type computed in. */
+   it computes on an element x (and y, or the scalar s; a comparison gives 1
+   where it holds, else 0), written once for every backend: the CPU backend
+   compiles it as C on doubles, the CUDA backend as CUDA C (NVRTC) on float, or
+   on double where an operand is f64. HIR_C(v) is the constant v in the type
+   computed in. */
 #define HIR_BINARY_OP_LIST(X)                                                \
   X(HIR_BINARY_ADD, "+", "hir_add", x + y)                                   \
   X(HIR_BINARY_SUB, "-", "hir_sub", x - y)                                   \
   X(HIR_BINARY_MUL, "*", "hir_mul", x * y)                                   \
-  X(HIR_BINARY_DIV, "/", "hir_div", x / y)
+  X(HIR_BINARY_DIV, "/", "hir_div", x / y)                                   \
+  X(HIR_BINARY_LT, "<", "hir_lt", (x < y ? HIR_C(1) : HIR_C(0)))
 #define HIR__BINARY_ENUM(e, symbol, builder, expr) e,
 typedef enum hir_binary_op { HIR_BINARY_OP_LIST(HIR__BINARY_ENUM) HIR_BINARY_COUNT } hir_binary_op;
 
@@ -239,7 +242,9 @@ typedef enum hir_binary_op { HIR_BINARY_OP_LIST(HIR__BINARY_ENUM) HIR_BINARY_COU
   X(HIR_UNARY_MUL_SCALAR, "*", 0, x * s)                                                             \
   X(HIR_UNARY_DIV_SCALAR, "/", 0, x / s)                                                             \
   X(HIR_UNARY_SCALAR_SUB, "-", 0, s - x)                                                             \
-  X(HIR_UNARY_SCALAR_DIV, "/", 0, s / x)
+  X(HIR_UNARY_SCALAR_DIV, "/", 0, s / x)                                                             \
+  X(HIR_UNARY_LT_SCALAR, "<", 0, (x < s ? HIR_C(1) : HIR_C(0)))                                      \
+  X(HIR_UNARY_SCALAR_LT, "<", 0, (s < x ? HIR_C(1) : HIR_C(0)))
 #define HIR__UNARY_ENUM(e, name, f, expr) e,
 typedef enum hir_unary_op { HIR_UNARY_OP_LIST(HIR__UNARY_ENUM) HIR_UNARY_COUNT } hir_unary_op;
 
@@ -301,6 +306,7 @@ HIRDEF hir_tv     *hir_add(hir_fusion *f, hir_tv *a, hir_tv *b);
 HIRDEF hir_tv     *hir_sub(hir_fusion *f, hir_tv *a, hir_tv *b);
 HIRDEF hir_tv     *hir_mul(hir_fusion *f, hir_tv *a, hir_tv *b);
 HIRDEF hir_tv     *hir_div(hir_fusion *f, hir_tv *a, hir_tv *b);
+HIRDEF hir_tv     *hir_lt(hir_fusion *f, hir_tv *a, hir_tv *b); /* 1 where a < b, else 0 (a dropout's mask) */
 HIRDEF hir_tv     *hir_binary(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_tv *b);
 /* Elementwise ops of one tensor (HIR_UNARY_OP_LIST), the output of in's
    shape and dtype. hir_unary takes the ops without a scalar, cast excluded. */
@@ -325,6 +331,20 @@ HIRDEF hir_tv     *hir_binary_val(hir_fusion *f, hir_binary_op op, hir_tv *a, hi
 HIRDEF hir_tv     *hir_mean(hir_fusion *f, hir_tv *in, int naxes, const int *axes);
 HIRDEF hir_tv     *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weight, hir_tv *bias, double eps);
 HIRDEF hir_tv     *hir_sum(hir_fusion *f, hir_tv *in, int naxes, const int *axes);
+/* Random numbers, uniform in [0, 1) (hir_rand) or in [low, high)
+   (hir_uniform: low + (high - low) u, computed in the dtype), shaped like
+   `like` and sharded as it is (its values are never read), in dtype
+   (HIR_F32, HIR_F64, HIR_F16 or HIR_BF16). Element i of the whole logical
+   tensor (its row-major index, whatever the sharding, the streams or the
+   backend) is hir_rand_value(seed, i, b): the first word r of
+   Philox-4x32-10 with counter i and key seed, as (r >> (32 - b)) / 2^b, b
+   the dtype's significand bits (24 for f32 and f64, 11 for f16, 8 for
+   bf16), so u is exact in the dtype and below 1. seed: an integer scalar
+   (hir_val_const; hir_input_scalar for a new draw each run). A dropout keeps
+   x where hir_binary_scalar(f, HIR_BINARY_LT, hir_rand(..), 1 - p) is 1. */
+HIRDEF hir_tv     *hir_rand(hir_fusion *f, hir_tv *like, hir_dtype dtype, hir_val *seed);
+HIRDEF hir_tv     *hir_uniform(hir_fusion *f, hir_tv *like, hir_dtype dtype, double low, double high, hir_val *seed);
+HIRDEF double      hir_rand_value(uint64_t seed, uint64_t index, int bits);
 HIRDEF hir_tv     *hir_broadcast(hir_fusion *f, hir_tv *in, int ndims_out, const int *is_broadcast);
 /* torch.permute: output axis i is data axis perm[i] of in (a copy in the new
    order); hir_transpose swaps two axes. */
@@ -736,6 +756,12 @@ struct hir_backend {
      f32 or wider (f64 for f64 x). NULL, or HIR_ERR_UNSUPPORTED for what it does not take: its primitives run. */
   hir_status (*layer_norm)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
                            const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps);
+  /* Optional: hir_rand's numbers into dst: the element at dst's coordinates c is
+     hir_rand_value(seed, sum over axes i of (base[i] + c[i]) * stride[i], bits),
+     bits the significand of dst's dtype (24 for f32 and f64, 11 for f16, 8 for
+     bf16). NULL: the backend refuses RNGOps. */
+  hir_status (*rand)(hir_backend *self, void *stream, const hir_tensor *dst, uint64_t seed, const int64_t *base,
+                     const int64_t *stride, int bits);
   /* Optional: whether the backend's ops can reach the memory at ptr (1), or
      (0) why not in `why`, with what to do. hir_run asks it of each caller's
      tensor at an address not seen there before. NULL: not asked. */
@@ -2178,6 +2204,7 @@ static int hir__takes_fp8(const hir_expr *e) {
   switch (e->kind) {
   case HIR_EXPR_UNARY: return e->sub == HIR_UNARY_CAST;
   case HIR_EXPR_MATMUL: return (e->flags & HIR__MATMUL_SCALED) != 0;
+  case HIR_EXPR_RNG: return 1; /* reads its operand's shape only (its own dtype is checked by hir_rand) */
   default: return 0;
   }
 }
@@ -2517,10 +2544,11 @@ HIRDEF hir_tv *hir_add(hir_fusion *f, hir_tv *a, hir_tv *b) { return hir__binary
 HIRDEF hir_tv *hir_sub(hir_fusion *f, hir_tv *a, hir_tv *b) { return hir__binary(f, HIR_BINARY_SUB, a, b); }
 HIRDEF hir_tv *hir_mul(hir_fusion *f, hir_tv *a, hir_tv *b) { return hir__binary(f, HIR_BINARY_MUL, a, b); }
 HIRDEF hir_tv *hir_div(hir_fusion *f, hir_tv *a, hir_tv *b) { return hir__binary(f, HIR_BINARY_DIV, a, b); }
+HIRDEF hir_tv *hir_lt(hir_fusion *f, hir_tv *a, hir_tv *b) { return hir__binary(f, HIR_BINARY_LT, a, b); }
 
 static int hir__check_binary_op(hir_fusion *f, hir_binary_op op, const char *fn) {
   if ((unsigned)op < HIR_BINARY_COUNT) return 1;
-  hir__fail(f, HIR_ERR_INVALID, "%s: unknown binary op %d; use HIR_BINARY_ADD, _SUB, _MUL or _DIV", fn, (int)op);
+  hir__fail(f, HIR_ERR_INVALID, "%s: unknown binary op %d; use HIR_BINARY_ADD, _SUB, _MUL, _DIV or _LT", fn, (int)op);
   return 0;
 }
 
@@ -2529,27 +2557,34 @@ HIRDEF hir_tv *hir_binary(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_tv *b)
 }
 
 /* out = op(in) (with scalar s, or the run-time integer sv), stored as dtype. */
-static hir_tv *hir__unary(hir_fusion *f, hir_unary_op op, hir_tv *in, hir_dtype dtype, double s, hir_val *sv, const char *fn) {
+/* An op of one input whose output, in dtype, takes the input's data axes (an
+   elementwise op, random numbers); its fields are the caller's to set. */
+static hir_expr *hir__like_op(hir_fusion *f, hir_expr_kind kind, hir_tv *in, hir_dtype dtype) {
   hir_id *ids[HIR_MAX_DIMS];
   hir_tv *out;
   hir_expr *e;
-  int i, n;
+  int i, n = hir__data_axes(in, ids);
+  if (!(out = hir__new_tv(f, dtype, HIR_MEM_GLOBAL, n))) return NULL;
+  for (i = 0; i < n; i++)
+    if (!(out->ids[i] = hir__clone_id(f, ids[i], 0))) return NULL;
+  if (!(e = hir__new_expr(f, kind, 1, 1))) return NULL;
+  e->in[0] = in;
+  e->out[0] = out;
+  return e;
+}
+
+static hir_tv *hir__unary(hir_fusion *f, hir_unary_op op, hir_tv *in, hir_dtype dtype, double s, hir_val *sv, const char *fn) {
+  hir_expr *e;
   if (!hir__live(f) || !hir__check_tv(f, in, fn, "in")) return NULL;
   if (sv && sv->ir != f) {
     hir__fail(f, HIR_ERR_INVALID, "%s: the scalar belongs to another fusion or program", fn);
     return NULL;
   }
-  n = hir__data_axes(in, ids);
-  if (!(out = hir__new_tv(f, dtype, HIR_MEM_GLOBAL, n))) return NULL;
-  for (i = 0; i < n; i++)
-    if (!(out->ids[i] = hir__clone_id(f, ids[i], 0))) return NULL;
-  if (!(e = hir__new_expr(f, HIR_EXPR_UNARY, 1, 1))) return NULL;
+  if (!(e = hir__like_op(f, HIR_EXPR_UNARY, in, dtype))) return NULL;
   e->sub = (int)op;
   e->scalar = s;
   e->val = sv;
-  e->in[0] = in;
-  e->out[0] = out;
-  return hir__finish_op(f, e, out);
+  return hir__finish_op(f, e, e->out[0]);
 }
 
 HIRDEF hir_tv *hir_unary(hir_fusion *f, hir_unary_op op, hir_tv *in) {
@@ -2576,12 +2611,45 @@ HIRDEF hir_tv *hir_cast(hir_fusion *f, hir_tv *in, hir_dtype dtype) {
   return hir__unary(f, HIR_UNARY_CAST, in, dtype, 0, NULL, "hir_cast");
 }
 
+static int hir__check_val(hir_fusion *f, const hir_val *v, const char *fn, const char *arg) {
+  if (v && v->ir == f) return 1;
+  hir__fail(f, HIR_ERR_INVALID, "%s: %s is %s", fn, arg, v ? "from another fusion or program" : "NULL");
+  return 0;
+}
+
+HIRDEF hir_tv *hir_rand(hir_fusion *f, hir_tv *like, hir_dtype dtype, hir_val *seed) {
+  hir_expr *e;
+  if (!hir__live(f) || !hir__check_tv(f, like, "hir_rand", "like") || !hir__check_val(f, seed, "hir_rand", "seed")) return NULL;
+  if (dtype != HIR_F32 && dtype != HIR_F64 && dtype != HIR_F16 && dtype != HIR_BF16) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_rand: dtype %d; random numbers are HIR_F32, HIR_F64, HIR_F16 or HIR_BF16 (cast "
+              "them for fp8)", (int)dtype);
+    return NULL;
+  }
+  if (!(e = hir__like_op(f, HIR_EXPR_RNG, like, dtype))) return NULL;
+  e->val = seed;
+  return hir__finish_op(f, e, e->out[0]);
+}
+
+HIRDEF hir_tv *hir_uniform(hir_fusion *f, hir_tv *like, hir_dtype dtype, double low, double high, hir_val *seed) {
+  hir_tv *u;
+  if (!hir__live(f)) return NULL;
+  if (!isfinite(low) || !isfinite(high) || !(low < high)) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_uniform: [%g, %g) is not a range; give finite low < high", low, high);
+    return NULL;
+  }
+  u = hir_rand(f, like, dtype, seed);
+  if (u && high - low != 1) u = hir_binary_scalar(f, HIR_BINARY_MUL, u, high - low);
+  if (u && low != 0) u = hir_binary_scalar(f, HIR_BINARY_ADD, u, low);
+  return u;
+}
+
 /* The unary op computing `a op s` (scalar_first: `s op a`). */
 static hir_unary_op hir__scalar_form(hir_binary_op op, int scalar_first) {
   switch (op) {
   case HIR_BINARY_ADD: return HIR_UNARY_ADD_SCALAR;
   case HIR_BINARY_MUL: return HIR_UNARY_MUL_SCALAR;
   case HIR_BINARY_SUB: return scalar_first ? HIR_UNARY_SCALAR_SUB : HIR_UNARY_SUB_SCALAR;
+  case HIR_BINARY_LT: return scalar_first ? HIR_UNARY_SCALAR_LT : HIR_UNARY_LT_SCALAR;
   default: return scalar_first ? HIR_UNARY_SCALAR_DIV : HIR_UNARY_DIV_SCALAR;
   }
 }
@@ -3128,12 +3196,6 @@ HIRDEF hir_stream *hir_stream_new(hir_program *p) {
 }
 
 /* A scalar argument of a host builder: given, and of this program. */
-static int hir__check_val(hir_fusion *f, const hir_val *v, const char *fn, const char *arg) {
-  if (v && v->ir == f) return 1;
-  hir__fail(f, HIR_ERR_INVALID, "%s: %s is %s", fn, arg, v ? "from another program" : "NULL");
-  return 0;
-}
-
 HIRDEF hir_stream *hir_stream_indexed(hir_program *p, hir_val *index) {
   hir_fusion *f = hir__host(p);
   hir_stream *s;
@@ -3813,7 +3875,7 @@ static void hir__print_unary_op(hir__writer *w, const hir_expr *e, int ind) {
   hir__print_assign(w, e->out[0], ind);
   hir__emit(w, " = ");
   if (hir__unary_has_scalar(op)) {
-    int scalar_first = op == HIR_UNARY_SCALAR_SUB || op == HIR_UNARY_SCALAR_DIV;
+    int scalar_first = op == HIR_UNARY_SCALAR_SUB || op == HIR_UNARY_SCALAR_DIV || op == HIR_UNARY_SCALAR_LT;
     if (scalar_first) hir__print_scalar(w, e);
     else hir__print_tv(w, e->in[0]);
     hir__emit(w, "\n");
@@ -3927,6 +3989,14 @@ static void hir__print_expr(hir__writer *w, const hir_expr *e, int ind) {
     break;
   case HIR_EXPR_BINARY: hir__print_binary(w, e, ind); break;
   case HIR_EXPR_UNARY: hir__print_unary_op(w, e, ind); break;
+  case HIR_EXPR_RNG:
+    hir__print_assign(w, e->out[0], ind);
+    hir__emit(w, " = rand_like( ");
+    hir__print_tv(w, e->in[0]);
+    hir__emit(w, ", seed = ");
+    hir__print_val(w, e->val);
+    hir__emit(w, " );\n");
+    break;
   case HIR_EXPR_REDUCTION: hir__print_unary(w, e, ind, "reduction", "op = add, initial value = 0, allreduce = false"); break;
   case HIR_EXPR_BROADCAST: hir__print_broadcast(w, e, ind); break;
   case HIR_EXPR_MATMUL: hir__print_matmul(w, e, ind); break;
@@ -4249,6 +4319,7 @@ static void hir__axis_map(const hir_expr *e, int k, int *map) {
     break;
   case HIR_EXPR_BINARY:
   case HIR_EXPR_UNARY:
+  case HIR_EXPR_RNG:
   case HIR_EXPR_REDUCTION:
     for (i = 0; i < in->ndims; i++)
       if (in->ids[i]->iter != HIR_REDUCTION) map[i] = d++;
@@ -6576,7 +6647,8 @@ static int hir__stream_op(hir__chain *c, const hir_expr *e) {
   hir_expr *ite;
   int s = hir__stream_axis(e->out[0]), cut = s < -1 ? -1 : hir__cut_axis(e->out[0], s), k, j, moves = hir_expr_is_resharding(e);
   if (hir__ops[e->kind].flags & HIR__OP_WHOLE)
-    return hir__stream_fail(c->p, e, "a select, slice or reshape is not computed chunk by chunk; give its output no Stream axis");
+    return hir__stream_fail(c->p, e, "it runs whole (a select, slice, reshape or random numbers), not chunk by chunk; give its "
+                            "output no Stream axis (a Stream axis of what reads it is taken)");
   for (k = 0; c->collective && s < 0 && k < e->nin; k++) { /* a reduce-scatter's output has no Stream axis: cut where its input is */
     int map[HIR_MAX_DIMS], in_s = hir__stream_axis(e->in[k]), in_cut = in_s >= 0 ? hir__cut_axis(e->in[k], in_s) : -1;
     if (in_s < 0) continue;
@@ -7203,7 +7275,7 @@ static int hir__verify_operands(hir__verifier *v, const hir_expr *e) {
     return hir__verify_fail(v, "MatmulOp %d has %d inputs; a matmul has 2, a linear 2 or 3 (with its bias), a scaled linear 4",
                             e->name, e->nin);
   if ((hir__ops[e->kind].flags & HIR__OP_TEAM) ||
-      ((hir__ops[e->kind].flags & HIR__OP_COMPUTE) && e->kind != HIR_EXPR_UNARY &&
+      ((hir__ops[e->kind].flags & HIR__OP_COMPUTE) && e->kind != HIR_EXPR_UNARY && e->kind != HIR_EXPR_RNG &&
        !(e->kind == HIR_EXPR_MATMUL && (e->flags & HIR__MATMUL_SCALED))))
     for (k = 0; k < e->nin; k++)
       if (e->in[k]->dtype != e->out[0]->dtype)
@@ -8144,6 +8216,25 @@ static int hir__is_contiguous(const hir_tensor *t) {
   return 1;
 }
 
+/* Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
+   3"): counter (index, 0), key seed; the first word, its top `bits` bits as a
+   fraction. The CUDA backend's kernel computes the same words. */
+HIRDEF double hir_rand_value(uint64_t seed, uint64_t index, int bits) {
+  uint32_t c0 = (uint32_t)index, c1 = (uint32_t)(index >> 32), c2 = 0, c3 = 0, k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  int r;
+  for (r = 0; r < 10; r++) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p1, c3 = (uint32_t)p0, c0 = n0, c2 = n2;
+    k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+  }
+  if (bits < 1 || bits > 32) bits = 24;
+  return ldexp((double)(c0 >> (32 - bits)), -bits);
+}
+
+/* The significand bits hir_rand draws for a dtype. */
+static int hir__rand_bits(hir_dtype dt) { return dt == HIR_F16 ? 11 : dt == HIR_BF16 ? 8 : 24; }
+
 static void hir__contiguous_strides(hir_tensor *t) {
   int64_t s = 1;
   int i;
@@ -8417,7 +8508,7 @@ static hir_status hir__cpu_binary(hir_backend *b, void *stream, hir_binary_op op
   n = dst->sizes[nd - 1];
   do {
     int64_t sd = dst->strides[nd - 1], sa = a->strides[nd - 1], sx = x->strides[nd - 1];
-    if (dst->dtype == HIR_F32 && sd == 1 && sa == 1 && sx == 1) {
+    if (dst->dtype == HIR_F32 && sd == 1 && sa == 1 && sx == 1 && op != HIR_BINARY_LT) {
       float *d = (float *)dst->data + it.off[0];
       const float *p = (const float *)a->data + it.off[1], *q = (const float *)x->data + it.off[2];
       if (op == HIR_BINARY_ADD) for (j = 0; j < n; j++) d[j] = p[j] + q[j];
@@ -8609,6 +8700,24 @@ static hir_status hir__cpu_max_abs(hir_backend *self, void *stream, const hir_te
   return HIR_OK;
 }
 
+static hir_status hir__cpu_rand(hir_backend *self, void *stream, const hir_tensor *dst, uint64_t seed, const int64_t *base,
+                                const int64_t *stride, int bits) {
+  int64_t n = hir__numel(dst->ndims, dst->sizes), i, r, off;
+  uint64_t at;
+  int d;
+  (void)self, (void)stream;
+  for (i = 0; i < n; i++) {
+    for (d = dst->ndims - 1, r = i, off = 0, at = 0; d >= 0; d--) {
+      int64_t k = r % dst->sizes[d];
+      r /= dst->sizes[d];
+      off += k * dst->strides[d];
+      at += (uint64_t)(base[d] + k) * (uint64_t)stride[d];
+    }
+    hir__store(dst->data, dst->dtype, off, hir_rand_value(seed, at, bits));
+  }
+  return HIR_OK;
+}
+
 /* hir_backend.layer_norm, in double: the evaluator hands it dense tensors. */
 static hir_status hir__cpu_layer_norm(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
                                       const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps) {
@@ -8671,6 +8780,7 @@ HIRDEF hir_backend *hir_backend_cpu_create(void) {
   b->max_abs = hir__cpu_max_abs;
   b->matmul_scaled = hir__cpu_matmul_scaled;
   b->layer_norm = hir__cpu_layer_norm;
+  b->rand = hir__cpu_rand;
   return b;
 }
 
@@ -8735,9 +8845,10 @@ typedef struct hir__nvrtc {
 /* The elementwise kernels, by what they compute: any op in float or in
    double (any strides and dtypes), one dtype's dense tensors 16 bytes a
    thread, the tuner's comparison, the fp8 GEMM's per-row scales, the sums
-   of a dense tensor's rows, dense casts, layer_norm, and transposing copies. */
+   of a dense tensor's rows, dense casts, layer_norm, transposing copies, and
+   random numbers. */
 enum { HIR__MAP_F32, HIR__MAP_F64, HIR__VEC_F32, HIR__VEC_F64, HIR__VEC_F16, HIR__VEC_BF16, HIR__MAX_ABS, HIR__SCALE_RC,
-       HIR__SUM_ROWS, HIR__CAST_VEC, HIR__LAYER_NORM, HIR__TRANSPOSE, HIR__MAP_KERNELS };
+       HIR__SUM_ROWS, HIR__CAST_VEC, HIR__LAYER_NORM, HIR__TRANSPOSE, HIR__RAND, HIR__MAP_KERNELS };
 HIR__STATIC_ASSERT(vec_kernels, HIR_F32 == 0 && HIR__VEC_F32 + HIR_BF16 == HIR__VEC_BF16); /* HIR__VEC_F32 + dtype */
 
 #define HIR__CUDA_LANES 64
@@ -9539,6 +9650,26 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "  else if (a.es == 2) hir_tr<unsigned short>(a);\n"
     "  else if (a.es == 4) hir_tr<unsigned>(a);\n"
     "  else hir_tr<unsigned long long>(a);\n"
+    "}\n",
+    /* hir_backend.rand: hir_rand_value's Philox-4x32-10, the element at coordinates c numbered sum (base + c) * gs */
+    "struct hir_rand_args { void *dst; i64 n; int nd, dt, bits; unsigned key0, key1; i64 sizes[8], sd[8], base[8], gs[8]; };\n"
+    "extern \"C\" __global__ void hir_rand(hir_rand_args a) {\n"
+    "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < a.n; i += (i64)gridDim.x * blockDim.x) {\n"
+    "    i64 r = i, od = 0;\n"
+    "    unsigned long long at = 0;\n"
+    "    for (int d = a.nd - 1; d >= 0; d--) {\n"
+    "      i64 k = r % a.sizes[d];\n"
+    "      r /= a.sizes[d];\n"
+    "      od += k * a.sd[d], at += (unsigned long long)(a.base[d] + k) * (unsigned long long)a.gs[d];\n"
+    "    }\n"
+    "    unsigned c0 = (unsigned)at, c1 = (unsigned)(at >> 32), c2 = 0, c3 = 0, k0 = a.key0, k1 = a.key1;\n"
+    "    for (int round = 0; round < 10; round++) {\n"
+    "      unsigned n0 = __umulhi(0xCD9E8D57u, c2) ^ c1 ^ k0, n2 = __umulhi(0xD2511F53u, c0) ^ c3 ^ k1;\n"
+    "      c1 = 0xCD9E8D57u * c2, c3 = 0xD2511F53u * c0, c0 = n0, c2 = n2;\n"
+    "      k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;\n"
+    "    }\n"
+    "    hir_st<double>(a.dst, a.dt, od, (double)(c0 >> (32 - a.bits)) / (double)(1ull << a.bits));\n"
+    "  }\n"
     "}\n"};
 typedef struct hir__tr_args { /* hir_tr_args of the kernel source, field for field */
   void *dst;
@@ -9546,6 +9677,13 @@ typedef struct hir__tr_args { /* hir_tr_args of the kernel source, field for fie
   int64_t B, R, C, dst_b, dst_r, src_b, src_c;
   int es;
 } hir__tr_args;
+typedef struct hir__rand_args { /* hir_rand_args of the kernel source, field for field */
+  void *dst;
+  int64_t n;
+  int nd, dt, bits;
+  unsigned key0, key1;
+  int64_t sizes[HIR_MAX_DIMS], sd[HIR_MAX_DIMS], base[HIR_MAX_DIMS], gs[HIR_MAX_DIMS];
+} hir__rand_args;
 typedef struct hir__ln_args { /* hir_ln_args of the kernel source, field for field */
   void *dst;
   const void *x, *w, *b;
@@ -9646,7 +9784,8 @@ typedef struct hir__map_build {
 static const char *hir__map_name(int which) {
   static const char *const names[HIR__MAP_KERNELS] = {"hir_map_f32", "hir_map_f64", "hir_vec_f32", "hir_vec_f64",
                                                       "hir_vec_f16", "hir_vec_bf16", "hir_max_abs_all", "hir_scale_rc",
-                                                      "hir_sum_rows", "hir_cast_vec", "hir_layer_norm", "hir_transpose"};
+                                                      "hir_sum_rows", "hir_cast_vec", "hir_layer_norm", "hir_transpose",
+                                                      "hir_rand"};
   return names[which];
 }
 
@@ -9839,6 +9978,31 @@ static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_
   return HIR_OK;
 }
 
+static hir_status hir__cuda_rand(hir_backend *b, void *stream, const hir_tensor *dst, uint64_t seed, const int64_t *base,
+                                 const int64_t *stride, int bits) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__rand_args args;
+  void *argv[1];
+  dim3 grid, block;
+  cudaError_t e;
+  int d;
+  memset(&args, 0, sizeof args);
+  if ((args.n = hir__numel(dst->ndims, dst->sizes)) == 0) return HIR_OK;
+  if (c->map_state[HIR__RAND] != 1)
+    return snprintf(b->error, sizeof b->error, "cuda backend: the random-number kernel did not load: %.150s", c->map_error),
+           HIR_ERR_UNSUPPORTED;
+  args.dst = dst->data, args.nd = dst->ndims, args.dt = (int)dst->dtype, args.bits = bits;
+  args.key0 = (unsigned)seed, args.key1 = (unsigned)(seed >> 32);
+  for (d = 0; d < dst->ndims; d++)
+    args.sizes[d] = dst->sizes[d], args.sd[d] = dst->strides[d], args.base[d] = base[d], args.gs[d] = stride[d];
+  argv[0] = &args;
+  block.x = 256, block.y = block.z = 1;
+  grid.x = (unsigned)((args.n + 255) / 256 < 65536 ? (args.n + 255) / 256 : 65536), grid.y = grid.z = 1;
+  e = cudaLaunchKernel((const void *)c->map_kernel[HIR__RAND], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
+  if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (rand)", cudaGetErrorString(e), __FILE__, __LINE__);
+  return HIR_OK;
+}
+
 static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *x,
                                       const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps) {
   hir__cuda *c = (hir__cuda *)b->ctx;
@@ -9939,7 +10103,7 @@ static hir_status hir__cuda_binary(hir_backend *b, void *stream, hir_binary_op o
   hir_status st;
   int64_t n = hir__numel(dst->ndims, dst->sizes);
   if (n == 0) return HIR_OK;
-  if ((st = hir__cuda_map(b, stream, (int)op, dst, a, x, 0)) != HIR_ERR_UNSUPPORTED || op == HIR_BINARY_DIV)
+  if ((st = hir__cuda_map(b, stream, (int)op, dst, a, x, 0)) != HIR_ERR_UNSUPPORTED || op == HIR_BINARY_DIV || op == HIR_BINARY_LT)
     return st; /* else NVRTC gave no kernel: cuBLAS adds, subtracts and multiplies f32/f64 */
   if (op == HIR_BINARY_MUL && (dst->dtype == HIR_F16 || dst->dtype == HIR_BF16)) {
     snprintf(b->error, sizeof b->error, "cuda backend: mul of %s tensors needs the elementwise kernels (cuBLAS's dgmm is "
@@ -10693,6 +10857,7 @@ HIRDEF hir_status hir_backend_cuda_open(int device, hir_backend **out, char *err
   b->matmul_bias = hir__cuda_matmul_bias;
   b->matmul_scaled = hir__cuda_matmul_scaled;
   b->layer_norm = hir__cuda_layer_norm;
+  b->rand = hir__cuda_rand;
   b->upload = hir__cuda_upload;
   b->download = hir__cuda_download;
   b->host_alloc = hir__cuda_host_alloc;
@@ -11839,6 +12004,15 @@ static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
       return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: the scalar of UnaryOp %d is unknown on this rank", e->name);
     if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
     return hir__shapes_equal(a, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "an elementwise op keeps the shape");
+  case HIR_EXPR_RNG:
+    if (!ev->b->rand)
+      return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: RNGOp %d (T%d): the %s backend has no random numbers (its "
+                          "`rand` is NULL)", e->name, e->out[0]->name, ev->b->name);
+    if (hir__unbound(&ev->env, e->val))
+      return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: the seed of RNGOp %d is unknown on this rank", e->name);
+    if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
+    return hir__shapes_equal(a, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "random numbers take their "
+                                                             "tensor's shape");
   case HIR_EXPR_REDUCTION: return hir__check_reduction(ev, e);
   case HIR_EXPR_BROADCAST: return hir__check_broadcast(ev, e);
   case HIR_EXPR_MATMUL: return hir__check_matmul(ev, e);
@@ -12495,6 +12669,37 @@ static int hir__exec_matmul(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov
   return op == HIR_UNARY_COUNT || hir__ev_backend(ev, ev->b->unary(ev->b, ev->current, op, &out, &out, 0), e);
 }
 
+/* An RNGOp: where each element of this rank's part lies in the whole logical
+   tensor. A data axis of the output is a logical axis, or a part of one that
+   hir_split made (the parts outer to inner); a device-parallel part holds one
+   element here, at this device's place on that mesh axis; the op runs whole
+   (HIR__OP_WHOLE), so every other axis is here whole. An element's index is
+   then the sum of (base + its coordinate) times the product of the extents
+   after its axis (the parts of a logical axis follow one another, outer to
+   inner, in the logical axes' order). */
+static int hir__exec_rand(hir_evaluator *ev, const hir_expr *e, const hir_tensor *out) {
+  const hir_tv *tv = e->out[0];
+  int64_t base[HIR_MAX_DIMS], stride[HIR_MAX_DIMS], extent[HIR_MAX_DIMS];
+  int logical[HIR_MAX_DIMS], nd = 0, i, at = hir_team_index(tv->mesh, tv->mesh_size, ev->device);
+  for (i = 0; i < tv->ndims; i++) {
+    const hir_id *id = tv->ids[i];
+    if (id->iter == HIR_REDUCTION) continue;
+    extent[nd] = id->iter == HIR_BROADCAST ? 1 : hir__eval_val(&ev->env, id->extent);
+    logical[nd] = tv->nlogical ? tv->logical_of[i] : nd;
+    base[nd] = id->iter != HIR_BROADCAST && hir__shards(tv, id->ptype) > 1 && at >= 0
+                   ? (id->ptype == HIR_DIDY ? at / tv->mesh_cols : tv->mesh_cols ? at % tv->mesh_cols : at)
+                   : 0;
+    nd++;
+  }
+  for (i = 1; i < nd && logical[i] >= logical[i - 1]; i++) continue;
+  if (nd != out->ndims || i < nd)
+    return hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: RNGOp %d: T%d's %d data axes are not its logical axes in order, as "
+                        "its %d-axis buffer needs (a hostir bug)", e->name, tv->name, nd, out->ndims);
+  for (i = nd - 1; i >= 0; i--) stride[i] = i == nd - 1 ? 1 : stride[i + 1] * extent[i + 1];
+  return hir__ev_backend(ev, ev->b->rand(ev->b, ev->current, out, (uint64_t)hir__eval_val(&ev->env, e->val), base, stride,
+                                         hir__rand_bits(out->dtype)), e);
+}
+
 static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   const hir_tensor *x, *y = NULL, *o;
   const hir_expr *epi = ev->epilogue[e->name];
@@ -12523,6 +12728,7 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
     return hir__ev_backend(ev, ev->b->unary(ev->b, ev->current, (hir_unary_op)e->sub, &ov, &av,
                                             e->val ? (double)hir__eval_val(&ev->env, e->val) : e->scalar), e);
   case HIR_EXPR_REDUCTION: return hir__exec_sum(ev, e, &ov, &av);
+  case HIR_EXPR_RNG: return hir__exec_rand(ev, e, &ov);
   case HIR_EXPR_BROADCAST: return hir__exec_broadcast(ev, e, &ov, &av);
   case HIR_EXPR_MATMUL: return hir__exec_matmul(ev, e, &ov, &av, &bv, epi ? (hir_unary_op)epi->sub : HIR_UNARY_COUNT);
   case HIR_EXPR_SELECT:

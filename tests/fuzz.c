@@ -155,7 +155,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 10: { /* elementwise, casts, scalars, permutes, composites: any arguments */
       int perm[HIR_MAX_DIMS] = {fz_take(&z, 4) - 1, fz_take(&z, 4) - 1, fz_take(&z, 4) - 1};
       int64_t sizes[3] = {fz_take(&z, 5) - 1, fz_take(&z, 5) - 1, fz_take(&z, 5) - 1};
-      switch (fz_take(&z, 14)) {
+      switch (fz_take(&z, 15)) {
       case 0: t = hir_unary(x.f, (hir_unary_op)fz_take(&z, HIR_UNARY_COUNT + 1), a); break;
       case 1: t = hir_cast(x.f, a, (hir_dtype)fz_take(&z, HIR_DTYPE_COUNT + 1)); break;
       case 2: t = hir_binary_scalar(x.f, (hir_binary_op)fz_take(&z, HIR_BINARY_COUNT + 1), a, fz_take(&z, 9) - 4); break;
@@ -182,6 +182,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case 12: /* a loop order, maybe laid out so: any positions */
         hir_reorder(a, fz_take(&z, 3), perm, axes);
         if (fz_take(&z, 2)) hir_set_allocation_loop(a);
+        break;
+      case 13: /* random numbers like a, any dtype, a constant seed */
+        t = hir_rand(x.f, a, (hir_dtype)fz_take(&z, HIR_DTYPE_COUNT + 1), hir_val_const(x.f, fz_take(&z, 1000)));
         break;
       default: t = hir_reshape(x.f, a, 1 + fz_take(&z, 3), sizes); break;
       }

@@ -1,5 +1,5 @@
 /* The differential check: random fusions - sets, binary ops (with broadcast
-   axes), elementwise and tensor-scalar ops, sums over one or two axes,
+   axes), elementwise and tensor-scalar ops, random numbers, sums over one or two axes,
    selects, slices, reshapes, matmuls, split axes - on random meshes (1-D,
    and 2-D for one seed in seven) with random DIDx, DIDy and Stream axes and
    stream options, maybe an intermediate returned beside the result, lowered
@@ -303,6 +303,18 @@ static diff_tv *diff_unary(diff_prog *p, int which, diff_tv *a) {
   }
   t->bound = which == 3 ? a->bound * 0.5 : which == 4 ? a->bound + 1.25 : which == 5 ? a->bound + 2 : a->bound;
   diff_finish(t, NULL, 0, a->inexact);
+  return t;
+}
+
+/* t = random numbers shaped like a (hir_rand, a seed of the program's):
+   those of the whole tensor's row-major indices, wherever t and a are placed. */
+static diff_tv *diff_random(diff_prog *p, diff_tv *a) {
+  uint64_t key = (p->seed * 2654435761u) & 0xffffffffffffull;
+  diff_tv *t = diff_new(p, hir_rand(p->f, a->tv, p->dt, hir_val_const(p->f, (int64_t)key)), a->nd, a->sizes);
+  int64_t i;
+  for (i = 0; i < diff_numel(a->nd, a->sizes); i++) t->v[i] = hir_rand_value(key, (uint64_t)i, diff_bits(p->dt));
+  t->bound = 1;
+  diff_finish(t, NULL, 0, 0);
   return t;
 }
 
@@ -656,6 +668,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
           : (p->seed % 19 == 10 || p->seed % 89 == 44) && a->nd >= 2 ? diff_permute(r, p, a)
           : p->seed % 31 == 15 && a - p->t < p->nin && p->ntv < p->max_tvs - 3 && p->dt == HIR_F32 ? diff_bf16_trip(r, p, a, meshless)
           : (p->seed % 61 == 30 || p->seed % 67 == 33) && p->ntv < p->max_tvs - 4 ? diff_divide(r, p, a, p->seed % 67 == 33, meshless)
+          : p->seed % 97 == 48 ? diff_random(p, a)
                                                                : diff_unary(p, diff_next(r, 6), a);
       break;
     case 4: { /* a select, slice or reshape (select and slice of a non-empty axis, select of a 2+-axis tensor) */

@@ -55,6 +55,28 @@ TEST(test_mesh2d_allgather, "mesh2d/allgather", TEST_CPU | TEST_GPU_WORLDS) {
     }
 }
 
+/* hir_rand on a 2-D mesh: x [R, C, 6] with DIDy on R and DIDx on C (device
+   ids in mesh order and reversed), plus its numbers, Stream-parallel on the
+   last axis: every device adds its elements of the whole tensor's numbers. */
+TEST(test_mesh2d_random, "mesh2d/random", TEST_CPU | TEST_GPU_WORLDS) {
+  int s, devs[MAXR];
+  for (s = 0; s < 8; s++) {
+    int R = mesh_shapes[s][0], C = mesh_shapes[s][1];
+    int64_t sz[3] = {R, C, 6}, i;
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 3), *z = hir_add(f, x, hir_rand(f, x, HIR_F32, hir_val_const(f, 99)));
+    hir_tensor in = trand(HIR_F32, 3, sz), want = tn(HIR_F32, 3, sz);
+    hir_output(f, z);
+    mesh2d_devices(s, devs);
+    hir_set_mesh_2d(x, R, C, devs);
+    hir_parallelize(x, 0, HIR_DIDY);
+    hir_parallelize(x, 1, HIR_DIDX);
+    hir_parallelize(z, 2, HIR_STREAM);
+    for (i = 0; i < R * C * 6; i++) tset(&want, i, tget(&in, i) + hir_rand_value(99, (uint64_t)i, 24));
+    RUN_ONE(f, R * C, in, want, s & 1, "mesh2d_random");
+  }
+}
+
 /* Row-parallel linear under data parallelism, as nvFuser's MulSum tests
    write it: a [R, C, G, M, K] (DP on R, DIDy; TP on C, DIDx) times b [C, K,
    N] (TP on C, the same on every row), both broadcast to [R, C, G, M, K, N],

@@ -181,6 +181,104 @@ static hir_tensor ref_layer_norm(const hir_tensor *x, int64_t rows, int64_t cols
   return y;
 }
 
+/* Philox-4x32-10, written apart from the library's (and checked against
+   Random123's known answers below): hir_rand's reference. */
+static double ref_rand(uint64_t seed, uint64_t index, int bits) {
+  static const uint32_t mul[2] = {0xD2511F53u, 0xCD9E8D57u}, bump[2] = {0x9E3779B9u, 0xBB67AE85u};
+  uint32_t x[4], k[2], y[4];
+  int round;
+  x[0] = (uint32_t)index, x[1] = (uint32_t)(index >> 32), x[2] = x[3] = 0;
+  k[0] = (uint32_t)seed, k[1] = (uint32_t)(seed >> 32);
+  for (round = 0; round < 10; round++) {
+    uint64_t lo = (uint64_t)mul[0] * x[0], hi = (uint64_t)mul[1] * x[2];
+    y[0] = (uint32_t)(hi >> 32) ^ x[1] ^ k[0], y[1] = (uint32_t)hi, y[2] = (uint32_t)(lo >> 32) ^ x[3] ^ k[1], y[3] = (uint32_t)lo;
+    memcpy(x, y, sizeof x);
+    k[0] += bump[0], k[1] += bump[1];
+  }
+  return (double)(x[0] >> (32 - bits)) / (double)((uint64_t)1 << bits);
+}
+
+/* hir_rand and hir_uniform, and a dropout made of them and hir_lt's scalar
+   form: on worlds of 1-8 the numbers of the whole tensor whatever its
+   sharding (a device axis as nvFuser's BackpropMeshes and ResidualAdd, a
+   split axis, a Stream axis after), the seed from a constant or a scalar
+   input (above 32 bits), every dtype's bits; hir_lt and its scalar forms;
+   the printed op; refusals. */
+TEST(test_ops_random, "ops/random", TEST_CPU | TEST_GPU_WORLDS) {
+  static const uint64_t seeds[3] = {7, 0x123456789aull, 0xfffffffffull};
+  int wi, form;
+  CHECK(hir_rand_value(0, 0, 32) == 0x6627e8d5u / 4294967296.0); /* Random123's philox4x32-10 known answers */
+  CHECK(ref_rand(0, 0, 32) == 0x6627e8d5u / 4294967296.0);
+  CHECK(hir_rand_value(~0ull, ~0ull, 32) != ref_rand(~0ull, ~0ull - 1, 32)); /* the counter counts */
+  for (wi = 0; wi < 5; wi++)
+    for (form = 0; form < 3; form++) {
+      int D = worlds[wi], bits;
+      uint64_t seed = seeds[form];
+      hir_dtype dt = form == 0 ? HIR_F32 : form == 1 ? HIR_BF16 : HIR_F16;
+      int64_t sx[3] = {D, 3, 4}, sl[2] = {2 * D, 5}, n, i;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, HIR_F32, form == 1 ? 2 : 3), *y, *z = NULL;
+      hir_val *s = form == 0 ? hir_val_const(f, (int64_t)seed) : hir_input_scalar(f);
+      bits = dt == HIR_F32 ? 24 : dt == HIR_BF16 ? 8 : 11;
+      y = hir_rand(f, x, dt, s);
+      if (form == 0) z = hir_add(f, x, y); /* nvFuser's BackpropMeshes: z sharded as x */
+      if (form == 2) /* a dropout of p = 0.3, and numbers in [-2, 3) */
+        z = hir_mul(f, hir_binary_scalar(f, HIR_BINARY_MUL, x, 1 / 0.7), hir_binary_scalar(f, HIR_BINARY_LT, hir_rand(f, x, HIR_F32, s), 0.7));
+      hir_output(f, y);
+      if (z) hir_output(f, z);
+      if (form == 2) { /* [-2, 3); x < u, or 0.5 < x */
+        hir_output(f, hir_uniform(f, x, HIR_F32, -2, 3, s));
+        hir_output(f, hir_add(f, hir_lt(f, x, hir_rand(f, x, HIR_F32, s)), hir_scalar_binary(f, HIR_BINARY_LT, 0.5, x)));
+      }
+      hir_set_mesh(x, D, iota_mesh);
+      if (form == 1) hir_split(x, 0, D, 1); /* [2D, 5] as [DIDx D, 2, 5] */
+      hir_parallelize(x, 0, HIR_DIDX);
+      if (form == 0) hir_parallelize(z, 1, HIR_STREAM);
+      CHECK(hir_fusion_error(f)[0] == 0);
+      case_lowered(&c, D, f, form == 0 ? 1 : 2, form == 0 ? 2 : form == 1 ? 1 : 4);
+      c.in[0] = trand(HIR_F32, form == 1 ? 2 : 3, form == 1 ? sl : sx);
+      if (form) {
+        memset(&c.in[1], 0, sizeof c.in[1]); /* the seed, by value */
+        c.in[1].sizes[0] = (int64_t)seed;
+      }
+      n = tnumel(&c.in[0]);
+      c.out[0] = tn(dt, c.in[0].ndims, c.in[0].sizes);
+      for (i = 0; i < n; i++) tset(&c.out[0], i, ref_rand(seed, (uint64_t)i, bits));
+      if (form != 1) c.out[1] = tn(HIR_F32, 3, sx);
+      for (i = 2; form == 2 && i < 4; i++) c.out[i] = tn(HIR_F32, 3, sx);
+      for (i = 0; form != 1 && i < n; i++) {
+        double xv = tget(&c.in[0], i), u = ref_rand(seed, (uint64_t)i, 24);
+        tset(&c.out[1], i, form == 0 ? xv + u : (u < 0.7 ? (double)(float)(xv * (1 / 0.7)) : 0));
+        if (form != 2) continue;
+        tset(&c.out[2], i, (double)(float)(u * 5) - 2);
+        tset(&c.out[3], i, (xv < u) + (0.5 < xv));
+      }
+      c.tol = 1e-6;
+      RUN_CASE(&c, form == 0 ? "rand beside x, then x + it on streams" : form == 1 ? "rand of a split axis, bf16"
+                                                                               : "dropout and uniform, f16");
+      hir_fusion_free(f);
+    }
+  { /* the printed op and the refusals */
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 2);
+    char text[4096];
+    hir_output(f, hir_rand(f, x, HIR_BF16, hir_val_const(f, 5)));
+    hir_fusion_snprint(f, text, sizeof text);
+    CHECK(strstr(text, "= rand_like( T0") && strstr(text, "seed = 5"));
+    CHECK(!hir_rand(f, x, HIR_F8E4M3, hir_val_const(f, 1)) && strstr(hir_fusion_error(f), "dtype 4; random numbers are"));
+    hir_fusion_free(f);
+    f = hir_fusion_create();
+    x = hir_input(f, HIR_F32, 2);
+    CHECK(!hir_rand(f, x, HIR_F32, NULL) && strstr(hir_fusion_error(f), "hir_rand: seed is NULL"));
+    hir_fusion_free(f);
+    f = hir_fusion_create();
+    x = hir_input(f, HIR_F32, 2);
+    CHECK(!hir_uniform(f, x, HIR_F32, 1, 1, hir_val_const(f, 1)) && strstr(hir_fusion_error(f), "[1, 1) is not a range"));
+    hir_fusion_free(f);
+  }
+}
+
 TEST(test_ops_layer_norm, "ops/layer_norm", TEST_CPU | TEST_GPU_WORLDS) {
   int wi, split_hidden;
   for (wi = 0; wi < 5; wi++)

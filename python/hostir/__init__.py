@@ -108,6 +108,8 @@ def _load():
         "hir_split": (i, [p, i, _CheckedInt64, i]), "hir_input_sized": (p, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_reorder": (i, [p, i, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]), "hir_set_allocation_loop": (i, [p]),
         "hir_input_scalar": (p, [p]), "hir_binary_val": (p, [p, i, p, p]),
+        "hir_val_const": (p, [p, _CheckedInt64]), "hir_lt": (p, [p, p, p]),
+        "hir_rand": (p, [p, p, i, p]), "hir_uniform": (p, [p, p, i, ctypes.c_double, ctypes.c_double, p]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
         "hx_lower": (i, [p, i, i, i, i, i, i, p, p, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
         "hir_program_free": (None, [p]), "hir_program_plan": (c, [p]),
@@ -148,7 +150,7 @@ _DTYPES = {"float32": 0, "float64": 1, "float16": 2}      # hir_dtype; bfloat16 
 _BUILD_DTYPES = dict(_DTYPES, bfloat16=3, float8_e4m3fn=4, float8_e5m2=5)  # the builder takes these (hostir.torch runs bf16)
 _NUMPY = {0: np.float32, 1: np.float64, 2: np.float16}
 _PTYPES = {"Serial": 0, "DIDx": 1, "Stream": 2, "DIDy": 3}
-_BINARY = {"+": 0, "-": 1, "*": 2, "/": 3}  # hir_binary_op
+_BINARY = {"+": 0, "-": 1, "*": 2, "/": 3, "<": 4}  # hir_binary_op
 _UNARY = {name: k for k, name in enumerate(  # hir_unary_op, in HIR_UNARY_OP_LIST's order
     "neg abs relu sin cos exp log tanh sqrt rsqrt reciprocal sigmoid silu gelu gelu_tanh".split())}
 _STATUS_INVALID = 1
@@ -329,6 +331,31 @@ class Fusion:
     def div(self, a, b):
         return self._tv(_lib.hir_div(self._of(), a._h, b._h))
 
+    def lt(self, a, b):
+        """1 where a < b, else 0, in a's dtype (a dropout's mask)."""
+        return self._tv(_lib.hir_lt(self._of(), a._h, b._h))
+
+    def _seed(self, seed):
+        if isinstance(seed, Scalar):
+            return seed._h
+        handle = _lib.hir_val_const(self._of(), seed)
+        if not handle:
+            self._check()
+        return handle
+
+    def rand(self, like, dtype="float32", seed=0):
+        """Uniform numbers in [0, 1) shaped and sharded like `like`: element i of the whole tensor is
+        Philox-4x32-10's number i for `seed` (an int, or a Scalar input for a new draw each run)."""
+        if dtype not in _BUILD_DTYPES:
+            raise Error("invalid argument", "rand: dtype %r; give one of %s" % (dtype, ", ".join(_BUILD_DTYPES)))
+        return self._tv(_lib.hir_rand(self._of(), like._h, _BUILD_DTYPES[dtype], self._seed(seed)))
+
+    def uniform(self, like, low, high, dtype="float32", seed=0):
+        """low + (high - low) * rand(like, dtype, seed)."""
+        if dtype not in _BUILD_DTYPES:
+            raise Error("invalid argument", "uniform: dtype %r; give one of %s" % (dtype, ", ".join(_BUILD_DTYPES)))
+        return self._tv(_lib.hir_uniform(self._of(), like._h, _BUILD_DTYPES[dtype], float(low), float(high), self._seed(seed)))
+
     def unary(self, op, a):
         """op: one of neg abs relu sin cos exp log tanh sqrt rsqrt reciprocal sigmoid silu gelu gelu_tanh."""
         if op not in _UNARY:
@@ -341,9 +368,9 @@ class Fusion:
         return self._tv(_lib.hir_cast(self._of(), a._h, _BUILD_DTYPES[dtype]))
 
     def scalar(self, op, a, s, scalar_first=False):
-        """a op s (scalar_first: s op a), op one of + - * /."""
+        """a op s (scalar_first: s op a), op one of + - * / < (1 where it holds, else 0)."""
         if op not in _BINARY:
-            raise Error("invalid argument", "scalar: unknown op %r; give one of + - * /" % (op,))
+            raise Error("invalid argument", "scalar: unknown op %r; give one of + - * / <" % (op,))
         if scalar_first:
             return self._tv(_lib.hir_scalar_binary(self._of(), _BINARY[op], float(s), a._h))
         return self._tv(_lib.hir_binary_scalar(self._of(), _BINARY[op], a._h, float(s)))

@@ -231,6 +231,30 @@ class CpuTests(unittest.TestCase):
             for r in range(D):
                 np.testing.assert_allclose(outs[r][0], X[r:r + 1] * value, rtol=1e-6)
 
+    def test_random(self):
+        """rand over a split tensor: the whole tensor's numbers (Philox-4x32-10, written here apart), a dropout mask."""
+        def philox(seed, index):
+            x, k = [index & 0xffffffff, index >> 32, 0, 0], [seed & 0xffffffff, seed >> 32]
+            for _ in range(10):
+                a, b = 0xD2511F53 * x[0], 0xCD9E8D57 * x[2]
+                x = [(b >> 32) ^ x[1] ^ k[0], b & 0xffffffff, (a >> 32) ^ x[3] ^ k[1], a & 0xffffffff]
+                k = [(k[0] + 0x9E3779B9) & 0xffffffff, (k[1] + 0xBB67AE85) & 0xffffffff]
+            return (x[0] >> 8) / float(1 << 24)
+        D, seed = 3, (1 << 40) + 17
+        X = np.random.default_rng(5).standard_normal((D, 2, 4)).astype(np.float32)
+        f = hostir.Fusion()
+        x = f.input("float32", 3)
+        s = f.input_scalar()
+        f.output(f.rand(x, seed=s))
+        f.output(f.mul(x, f.scalar("<", f.rand(x, seed=s), 0.5)))
+        x.mesh(range(D))
+        x.parallelize(0, "DIDx")
+        outs = hostir.run(f, [[X[r:r + 1], seed] for r in range(D)])
+        U = np.array([philox(seed, i) for i in range(X.size)], dtype=np.float32).reshape(X.shape)
+        for r in range(D):
+            np.testing.assert_array_equal(outs[r][0], U[r:r + 1])
+            np.testing.assert_array_equal(outs[r][1], np.where(U[r:r + 1] < 0.5, X[r:r + 1], 0))
+
     def test_tuned(self):
         """tune=True: the schedules measured on 3 ranks, one chosen by all, the numbers numpy's."""
         rng = np.random.default_rng(11)
