@@ -1404,6 +1404,58 @@ TEST(test_eval_nested_loops, "eval/nested_host_loops", TEST_CPU | TEST_GPU_WORLD
   }
 }
 
+/* nvFuser's MultiDeviceTest.SwizzleWithParallelType: a host loop of D - 1
+   steps in which rank r copies chunk (r + i) % D of its shard (a swizzled
+   Stream axis: each rank starts at its own chunk) into the output, which
+   starts as zeros (nvFuser's zero-initialized Allocate; here a copy of a zero
+   input): every chunk but (r + D - 1) % D is copied. in [D * 3, DIDx D, 5]. */
+static hir_program *prog_swizzled_chunks(void *user, int rank) {
+  int D = *(const int *)user;
+  hir_program *p = hir_program_create();
+  hir_fusion *f = hir_program_fusion(p);
+  hir_tv *a = hir_input(f, HIR_F32, 3), *z = hir_input(f, HIR_F32, 3), *o = hir_set(f, z);
+  hir_expr *loop = hir_host_for_range(p, hir_val_const(f, D - 1)), *src, *dst;
+  hir_val *chunk = hir_val_binary(f, HIR_SCALAR_MOD, hir_val_binary(f, HIR_SCALAR_ADD, hir_val_named(f, HIR_NAMED_RANK),
+                                                                     hir_host_loop_index(loop)), hir_val_const(f, D));
+  (void)rank;
+  hir_output(f, o);
+  hir_set_mesh(a, D, iota_mesh), hir_set_mesh(z, D, iota_mesh), hir_set_mesh(o, D, iota_mesh);
+  hir_parallelize(a, 1, HIR_DIDX), hir_parallelize(z, 1, HIR_DIDX), hir_parallelize(o, 1, HIR_DIDX);
+  hir_scope_append(hir_program_body(p), hir_host_allocate(p, o));
+  hir_scope_append(hir_program_body(p), hir_host_set(p, o, z));
+  hir_scope_append(hir_program_body(p), loop);
+  hir_scope_append(hir_expr_body(loop), src = hir_host_alias_slice(p, a, 0, chunk, D));
+  hir_scope_append(hir_expr_body(loop), dst = hir_host_alias_slice(p, o, 0, chunk, D));
+  hir_scope_append(hir_expr_body(loop), hir_host_set(p, hir_expr_output(dst, 0), hir_expr_output(src, 0)));
+  return p;
+}
+
+TEST(test_eval_swizzled_chunks, "eval/swizzled_chunks", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi;
+  for (wi = 0; wi < 5; wi++) {
+    int D = worlds[wi];
+    int64_t sz[3] = {D * 3, D, 5}, row, r, k;
+    spmd_case c;
+    hir_program *p = prog_swizzled_chunks(&D, 0);
+    CHECK(hir_program_verify(p) == HIR_OK);
+    hir_program_free(p);
+    case_init(&c, D);
+    c.build = prog_swizzled_chunks;
+    c.user = &D;
+    c.nin = 2;
+    c.nout = 1;
+    c.in[0] = trand(HIR_F32, 3, sz);
+    c.in[1] = tn(HIR_F32, 3, sz);
+    memset(c.in[1].data, 0, (size_t)tnumel(&c.in[1]) * 4);
+    c.out[0] = tcopy(&c.in[0]);
+    for (r = 0; r < D; r++) /* rank r's column: chunk (r + D - 1) % D stays zero */
+      for (row = (r + D - 1) % D * 3; row < ((r + D - 1) % D + 1) * 3; row++)
+        for (k = 0; k < 5; k++) tset(&c.out[0], (row * D + r) * 5 + k, 0);
+    c.prealloc = wi & 1;
+    RUN_CASE(&c, "swizzled chunks");
+  }
+}
+
 /* What a CollectivePermute refuses: a team or dtypes that cannot be, when
    built; a peer outside its team, when run (on the rank that computes it). */
 TEST(test_eval_permute_errors, "eval/collective_permute_errors", TEST_CPU) {

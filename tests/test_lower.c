@@ -176,6 +176,28 @@ TEST(test_lower_one_device_select, "lower/one_device_select", TEST_CPU) {
   }
 }
 
+/* nvFuser's ReshardingTest.ReshardingSqueeze: in [N, 1] with its axes merged
+   and the merge DIDx (which shards N: the other factor is 1), squeezed into
+   an unsharded [N]. Here N is DIDx and the squeeze a select of the size-1
+   axis: resharding (an Allgather), and not where the output keeps N sharded. */
+TEST(test_lower_squeeze_sharded, "lower/squeeze_sharded", TEST_CPU) {
+  int keep;
+  for (keep = 0; keep < 2; keep++) {
+    hir_fusion *f = hir_fusion_create();
+    int64_t sizes[2] = {4, 1};
+    hir_tv *a = hir_input_sized(f, HIR_F32, 2, sizes), *b = hir_select(f, a, 1, 0);
+    hir_output(f, b);
+    hir_set_mesh(a, 2, m8);
+    hir_set_mesh(b, 2, m8);
+    hir_split(a, 0, 2, 1);
+    hir_parallelize(a, 0, HIR_DIDX);
+    if (keep) hir_parallelize(b, 0, HIR_DIDX); /* the split reached b too */
+    CHECK(hir_fusion_error(f)[0] == 0);
+    CHECK(hir_expr_is_resharding(hir_tv_definition(b)) == !keep);
+    hir_fusion_free(f);
+  }
+}
+
 TEST(test_lower_errors, "lower/errors", TEST_CPU) {
   hir_fusion *f;
   hir_tv *a, *b, *c;
