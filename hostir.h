@@ -186,8 +186,8 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_ALIAS_SELECT, "HirAliasSelect", 1, 1, HIR__OP_HOST | HIR__OP_VIEW)                                                                    \
   X(HIR_EXPR_ALIAS_SLICE, "HirAliasSlice", 1, 1, HIR__OP_HOST | HIR__OP_VIEW)                                                                      \
   X(HIR_EXPR_LOAD_STORE, "LoadStoreOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES | HIR__OP_FP8)              \
-  X(HIR_EXPR_BINARY, "BinaryOp", 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                                                   \
-  X(HIR_EXPR_UNARY, "UnaryOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                                                     \
+  X(HIR_EXPR_BINARY, "BinaryOp", 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_ANY_STRIDES)                             \
+  X(HIR_EXPR_UNARY, "UnaryOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_ANY_STRIDES)                               \
   X(HIR_EXPR_REDUCTION, "ReductionOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES)                             \
   X(HIR_EXPR_BROADCAST, "BroadcastOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM | HIR__OP_FP8)                                                    \
   X(HIR_EXPR_MATMUL, "MatmulOp", -1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                                                  \
@@ -195,7 +195,7 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_SLICE, "SliceOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_CUTS_AXIS | HIR__OP_WHOLE | HIR__OP_FP8)   \
   X(HIR_EXPR_RESHAPE, "ViewOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_WHOLE | HIR__OP_FP8)                      \
   X(HIR_EXPR_COLLECTIVE_PERMUTE, "CollectivePermute", 1, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_TEAM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
-  X(HIR_EXPR_RNG, "RNGOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_WHOLE)
+  X(HIR_EXPR_RNG, "RNGOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_WHOLE | HIR__OP_ANY_STRIDES)
 #define HIR__EXPR_ENUM(e, name, nin, nout, flags) e,
 typedef enum hir_expr_kind { HIR_EXPR_KIND_LIST(HIR__EXPR_ENUM) HIR_EXPR_KIND_COUNT } hir_expr_kind;
 
@@ -1827,7 +1827,8 @@ enum {
   HIR__OP_TEAM = 1024,     /* talks to a team of devices (team, team_size) */
   HIR__OP_CUTS_AXIS = 2048,/* keeps part of its input's axis e->axis (select, slice) */
   HIR__OP_WHOLE = 4096,    /* reads its input whole (select, slice, reshape): never computed chunk by chunk */
-  HIR__OP_FP8 = 8192       /* moves fp8 values as they are (a set, a broadcast, a view of the fusion language) */
+  HIR__OP_FP8 = 8192,      /* moves fp8 values as they are (a set, a broadcast, a view of the fusion language) */
+  HIR__OP_ANY_STRIDES = 16384 /* writes its output at any strides (elementwise ops, random numbers) */
 };
 typedef struct hir__op_info {
   const char *name;
@@ -12244,7 +12245,7 @@ static int hir__writes_strided(const hir_evaluator *ev, const hir_tv *tv) {
     if (x->nout && x->out[0] == tv) writers++, w = x;
   }
   return writers == 1 && !ev->epilogue[w->name] &&
-         (w->kind == HIR_EXPR_UNARY || w->kind == HIR_EXPR_BINARY ||
+         ((hir__ops[w->kind].flags & HIR__OP_ANY_STRIDES) ||
           (w->kind == HIR_EXPR_LOAD_STORE && !(w->flags & HIR__SET_PERMUTE) && !hir_expr_is_resharding(w)));
 }
 

@@ -227,6 +227,10 @@ TEST(test_ops_random, "ops/random", TEST_CPU | TEST_GPU_WORLDS) {
         z = hir_mul(f, hir_binary_scalar(f, HIR_BINARY_MUL, x, 1 / 0.7), hir_binary_scalar(f, HIR_BINARY_LT, hir_rand(f, x, HIR_F32, s), 0.7));
       hir_output(f, y);
       if (z) hir_output(f, z);
+      if (form == 0) { /* and the numbers transposed: written into the permute's output, where the evaluator lays them */
+        int perm[3] = {0, 2, 1};
+        hir_output(f, hir_permute(f, hir_rand(f, x, HIR_F32, s), perm));
+      }
       if (form == 2) { /* [-2, 3); x < u, or 0.5 < x */
         hir_output(f, hir_uniform(f, x, HIR_F32, -2, 3, s));
         hir_output(f, hir_add(f, hir_lt(f, x, hir_rand(f, x, HIR_F32, s)), hir_scalar_binary(f, HIR_BINARY_LT, 0.5, x)));
@@ -236,7 +240,7 @@ TEST(test_ops_random, "ops/random", TEST_CPU | TEST_GPU_WORLDS) {
       hir_parallelize(x, 0, HIR_DIDX);
       if (form == 0) hir_parallelize(z, 1, HIR_STREAM);
       CHECK(hir_fusion_error(f)[0] == 0);
-      case_lowered(&c, D, f, form == 0 ? 1 : 2, form == 0 ? 2 : form == 1 ? 1 : 4);
+      case_lowered(&c, D, f, form == 0 ? 1 : 2, form == 0 ? 3 : form == 1 ? 1 : 4);
       c.in[0] = trand(HIR_F32, form == 1 ? 2 : 3, form == 1 ? sl : sx);
       if (form) {
         memset(&c.in[1], 0, sizeof c.in[1]); /* the seed, by value */
@@ -247,6 +251,13 @@ TEST(test_ops_random, "ops/random", TEST_CPU | TEST_GPU_WORLDS) {
       for (i = 0; i < n; i++) tset(&c.out[0], i, ref_rand(seed, (uint64_t)i, bits));
       if (form != 1) c.out[1] = tn(HIR_F32, 3, sx);
       for (i = 2; form == 2 && i < 4; i++) c.out[i] = tn(HIR_F32, 3, sx);
+      if (form == 0) {
+        int64_t st[3] = {D, 4, 3}, j, k;
+        c.out[2] = tn(HIR_F32, 3, st);
+        for (i = 0; i < D; i++)
+          for (j = 0; j < 3; j++)
+            for (k = 0; k < 4; k++) tset(&c.out[2], (i * 4 + k) * 3 + j, ref_rand(seed, (uint64_t)((i * 3 + j) * 4 + k), 24));
+      }
       for (i = 0; form != 1 && i < n; i++) {
         double xv = tget(&c.in[0], i), u = ref_rand(seed, (uint64_t)i, 24);
         tset(&c.out[1], i, form == 0 ? xv + u : (u < 0.7 ? (double)(float)(xv * (1 / 0.7)) : 0));
