@@ -2557,7 +2557,6 @@ HIRDEF hir_tv *hir_binary(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_tv *b)
   return hir__live(f) && hir__check_binary_op(f, op, "hir_binary") ? hir__binary(f, op, a, b) : NULL;
 }
 
-/* out = op(in) (with scalar s, or the run-time integer sv), stored as dtype. */
 /* An op of one input whose output, in dtype, takes the input's data axes (an
    elementwise op, random numbers); its fields are the caller's to set. */
 static hir_expr *hir__like_op(hir_fusion *f, hir_expr_kind kind, hir_tv *in, hir_dtype dtype) {
@@ -2574,6 +2573,7 @@ static hir_expr *hir__like_op(hir_fusion *f, hir_expr_kind kind, hir_tv *in, hir
   return e;
 }
 
+/* out = op(in) (with scalar s, or the run-time integer sv), stored as dtype. */
 static hir_tv *hir__unary(hir_fusion *f, hir_unary_op op, hir_tv *in, hir_dtype dtype, double s, hir_val *sv, const char *fn) {
   hir_expr *e;
   if (!hir__live(f) || !hir__check_tv(f, in, fn, "in")) return NULL;
@@ -2612,6 +2612,7 @@ HIRDEF hir_tv *hir_cast(hir_fusion *f, hir_tv *in, hir_dtype dtype) {
   return hir__unary(f, HIR_UNARY_CAST, in, dtype, 0, NULL, "hir_cast");
 }
 
+/* A scalar argument of a builder: given, and of this fusion or program. */
 static int hir__check_val(hir_fusion *f, const hir_val *v, const char *fn, const char *arg) {
   if (v && v->ir == f) return 1;
   hir__fail(f, HIR_ERR_INVALID, "%s: %s is %s", fn, arg, v ? "from another fusion or program" : "NULL");
@@ -3196,7 +3197,6 @@ HIRDEF hir_stream *hir_stream_new(hir_program *p) {
   return s;
 }
 
-/* A scalar argument of a host builder: given, and of this program. */
 HIRDEF hir_stream *hir_stream_indexed(hir_program *p, hir_val *index) {
   hir_fusion *f = hir__host(p);
   hir_stream *s;
@@ -4862,13 +4862,13 @@ HIRDEF hir_status hir_set_allocation_loop(hir_tv *tv) {
   return HIR_OK;
 }
 
-/* Calls fn on every tensor an expr names (nested scopes not included). */
 /* Whether e writes the tensors it takes as inputs: an Allocate makes their
    buffers, a receive fills them. */
 static int hir__writes_inputs(const hir_expr *e) {
   return e->kind == HIR_EXPR_ALLOCATE || (e->kind == HIR_EXPR_P2P_COMMUNICATION && e->sub == HIR_P2P_RECV);
 }
 
+/* Calls fn on every tensor an expr names (nested scopes not included). */
 static void hir__expr_tvs(const hir_expr *e, void (*fn)(hir_tv *tv, int writes, void *ctx), void *ctx) {
   int i;
   for (i = 0; i < e->nin; i++)
