@@ -7,6 +7,7 @@
 
      build/bench-fed [M K N]         K: a GPU's share of the inner axis (default 256 4096 4096)
      build/bench-fed [--parts 2,4] [--ctas 8,16,32] [--reps 20] [--iters 30] [--one-gpu] [--rs]
+                    [--gemm-only]
                     [--signal kernel|memop]
 
    Each GPU holds A [M, K] and W [K, N] (bf16, random, its own) and needs
@@ -34,7 +35,8 @@
    `iters` launches. Every variant's C is checked on both GPUs against the
    sum of the two GPUs' GEMM outputs (bitwise: the same float sums in the
    same order).
-   Without 2 GPUs it says so and exits 0. Every wait is bounded (1 s). */
+   --gemm-only times the GEMM rows alone on GPU 0 (one GPU suffices).
+   Without 2 GPUs (or with --gemm-only, 1) it says so and exits 0. Every wait is bounded (1 s). */
 #define _POSIX_C_SOURCE 200809L
 #define HOSTIR_IMPLEMENTATION
 #include "../hostir.h"
@@ -186,6 +188,7 @@ typedef struct gpu {
 static int64_t M = 256, K = 8192, N = 4096;
 static gpu gpus[2];
 static int device_of[2] = {0, 1}; /* --one-gpu: both ranks on GPU 0 (a check of the numbers; its times mean nothing) */
+static int ranks = 2;             /* --gemm-only: 1, the GEMM rows on GPU 0 alone (what parts cost cuBLAS) */
 static write_value_fn write_value;
 static int scatter;              /* --rs: a reduce-scatter (GPU r keeps rows [r M/2, (r+1) M/2)), not an all-reduce */
 static int signal_by_kernel = 1; /* --signal memop: flags raised by cuStreamWriteValue32 (about 5 us each in a graph) */
@@ -393,13 +396,13 @@ static int time_graphs(cudaGraphExec_t exec[2], int reps, int iters, double *med
   if (!t) return snprintf(failure, sizeof failure, "out of memory"), 0;
   for (i = -3; i < iters; i++) {
     double worst = 0;
-    for (d = 0; d < 2; d++) {
+    for (d = 0; d < ranks; d++) {
       cudaSetDevice(device_of[d]);
       cudaEventRecord(gpus[d].t0, gpus[d].s0);
       cudaGraphLaunch(exec[d], gpus[d].s0);
       cudaEventRecord(gpus[d].t1, gpus[d].s0);
     }
-    for (d = 0; d < 2; d++) {
+    for (d = 0; d < ranks; d++) {
       float ms = 0;
       cudaSetDevice(device_of[d]);
       if (!cuda_ok(cudaEventSynchronize(gpus[d].t1), "a graph's run")) return free(t), 0;
@@ -465,6 +468,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--one-gpu")) device_of[1] = 0;
+    else if (!strcmp(argv[i], "--gemm-only")) device_of[1] = 0, ranks = 1;
     else if (!strcmp(argv[i], "--rs")) scatter = 1;
     else if (!strcmp(argv[i], "--signal") && i + 1 < argc) signal_by_kernel = strcmp(argv[++i], "memop") != 0;
     else if (nsize < 3) size[nsize++] = atoll(argv[i]);
@@ -488,18 +492,19 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench-fed: %s\n", failure[0] ? failure : "out of memory");
     return 1;
   }
-  printf("GEMM + %s, M=%lld K=%lld N=%lld bf16, 2 GPUs (one process), a CUDA graph of %d calls a GPU;"
+  printf("GEMM + %s, M=%lld K=%lld N=%lld bf16, %s, a CUDA graph of %d calls a GPU;"
          " us a call, the slower GPU, median of %d\n",
-         scatter ? "reduce-scatter" : "all-reduce", (long long)M, (long long)K, (long long)N, reps, iters);
+         scatter ? "reduce-scatter" : "all-reduce", (long long)M, (long long)K, (long long)N,
+         ranks == 1 ? "the GEMMs alone on GPU 0" : device_of[1] ? "2 GPUs (one process)" : "both ranks on GPU 0", reps, iters);
   printf("  %-32s %5s %5s %9s %8s\n", "variant", "parts", "CTAs", "us", "x GEMM");
-  for (v = 0; v < NVARIANTS; v++)
+  for (v = 0; v < (ranks == 1 ? V_AR : NVARIANTS); v++)
     for (p = 0; p < (in_parts(v) ? nparts : 1); p++)
       for (c = 0; c < (v >= V_AR ? nctas : 1); c++) {
         cudaGraphExec_t exec[2] = {NULL, NULL};
         int parts = in_parts(v) ? parts_list[p] : 1, ctas = v >= V_AR ? ctas_list[c] : 0;
         double us;
         if ((v == V_GEMM_ROWS || v == V_FED_ROWS) && (M % parts || (scatter && v == V_FED_ROWS))) continue;
-        for (d = 0; d < 2; d++)
+        for (d = 0; d < ranks; d++)
           if (!capture(d, v, parts, ctas, reps, &exec[d])) {
             fprintf(stderr, "bench-fed: %s: %s\n", names[v], failure);
             return 1;
@@ -514,7 +519,7 @@ int main(int argc, char **argv) {
           return 1;
         }
         printf("  %-32s %5d %5d %9.1f %8.2f\n", names[v], parts, ctas, us, us / gemm_us);
-        for (d = 0; d < 2; d++) {
+        for (d = 0; d < ranks; d++) {
           cudaSetDevice(device_of[d]);
           cudaMemset(gpus[d].c, 0xff, (size_t)(M * N) * 2); /* poison (bf16 NaN) before the next variant */
           cudaGraphExecDestroy(exec[d]);
