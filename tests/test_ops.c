@@ -182,7 +182,7 @@ static hir_tensor ref_layer_norm(const hir_tensor *x, int64_t rows, int64_t cols
 }
 
 /* Philox-4x32-10, written apart from the library's (and checked against
-   Random123's known answers below): hir_rand's reference. */
+   Random123's known answer below): hir_rand's reference. */
 static double ref_rand(uint64_t seed, uint64_t index, int bits) {
   static const uint32_t mul[2] = {0xD2511F53u, 0xCD9E8D57u}, bump[2] = {0x9E3779B9u, 0xBB67AE85u};
   uint32_t x[4], k[2], y[4];
@@ -207,7 +207,7 @@ static double ref_rand(uint64_t seed, uint64_t index, int bits) {
 TEST(test_ops_random, "ops/random", TEST_CPU | TEST_GPU_WORLDS) {
   static const uint64_t seeds[3] = {7, 0x123456789aull, 0xfffffffffull};
   int wi, form;
-  CHECK(hir_rand_value(0, 0, 32) == 0x6627e8d5u / 4294967296.0); /* Random123's philox4x32-10 known answers */
+  CHECK(hir_rand_value(0, 0, 32) == 0x6627e8d5u / 4294967296.0); /* Random123's philox4x32-10 known answer (counter and key 0) */
   CHECK(ref_rand(0, 0, 32) == 0x6627e8d5u / 4294967296.0);
   CHECK(hir_rand_value(~0ull, ~0ull, 32) != ref_rand(~0ull, ~0ull - 1, 32)); /* the counter counts */
   for (wi = 0; wi < 5; wi++)
