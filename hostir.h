@@ -5831,16 +5831,20 @@ static int hir__front_end(hir_program *p, const hir_fusion *f, int serial, int g
 
 /* The descs' defaults (hir_desc_defaults): where a zero stands for a value,
    the value, so that the passes and the evaluator read each field as set. */
-static void hir__stream_desc_fill(hir_stream_desc *d) {
-  if (!d->parts && (d->schedule == HIR_SCHEDULE_COLLECTIVE || !d->automatic))
-    d->parts = d->schedule == HIR_SCHEDULE_COLLECTIVE ? 2 : 1;
+static hir_stream_desc hir__stream_desc_filled(const hir_stream_desc *d) {
+  hir_stream_desc out;
+  if (d) out = *d;
+  else memset(&out, 0, sizeof out);
+  if (!out.parts && (out.schedule == HIR_SCHEDULE_COLLECTIVE || !out.automatic))
+    out.parts = out.schedule == HIR_SCHEDULE_COLLECTIVE ? 2 : 1;
+  return out;
 }
 static hir_lower_desc hir__lower_desc_filled(const hir_lower_desc *d) {
   hir_lower_desc out;
   if (d) out = *d;
   else memset(&out, 0, sizeof out);
   if (!out.should_merge) out.should_merge = hir_merge_default;
-  hir__stream_desc_fill(&out.stream);
+  out.stream = hir__stream_desc_filled(&out.stream);
   return out;
 }
 static hir_eval_desc hir__eval_desc_filled(const hir_eval_desc *d) {
@@ -6368,7 +6372,7 @@ static int hir__stream_plan_of(hir_fusion *f, const hir_stream_desc *d, hir__str
   }
   o->ring = d->schedule == HIR_SCHEDULE_RING;
   o->chunks_per_peer = collective ? 1 : d->parts;
-  o->collective_chunks = collective ? d->parts : 0; /* filled: 2 for 0 (hir__stream_desc_fill) */
+  o->collective_chunks = collective ? d->parts : 0; /* filled: 2 for 0 (hir__stream_desc_filled) */
   o->serial = d->schedule == HIR_SCHEDULE_SERIAL;
   o->gather_first = d->gather_first;
   o->bounded_buffers = d->bounded_buffers;
@@ -7011,13 +7015,10 @@ static int hir__reads_after_loop(const hir_expr *x, hir_expr *const *chain, int 
 
 static hir_status hir__stream_lowering(hir_program *p, const hir__stream_plan *opt);
 HIRDEF hir_status hir_pass_stream_lowering(hir_program *p, const hir_stream_desc *desc) {
-  hir_stream_desc filled;
+  hir_stream_desc filled = hir__stream_desc_filled(desc);
   hir__stream_plan plan;
   if (!p) return HIR_ERR_INVALID;
   if (p->ir.status != HIR_OK) return p->ir.status;
-  if (desc) filled = *desc;
-  else memset(&filled, 0, sizeof filled);
-  hir__stream_desc_fill(&filled);
   if (!hir__stream_plan_of(&p->ir, &filled, &plan)) return p->ir.status;
   return hir__stream_lowering(p, &plan);
 }

@@ -312,19 +312,6 @@ static int capture(int d, int v, int parts, int ctas, int reps, cudaGraphExec_t 
   return ok;
 }
 
-static uint16_t bf16_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
-}
-static float float_of(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 static int setup(void) {
   size_t bytes[3] = {(size_t)(M * K * 2), (size_t)(K * N * 2), (size_t)(M * N * 2)};
   uint64_t state = 0x9e3779b97f4a7c15ull;
@@ -347,7 +334,7 @@ static int setup(void) {
       if (!host) return snprintf(failure, sizeof failure, "out of memory"), 0;
       for (j = 0; j < bytes[i] / 2; j++) {
         state = state * 6364136223846793005ull + 1442695040888963407ull;
-        host[j] = bf16_of(((float)(state >> 40) / 16777216.0f - 0.5f) * (i == 0 ? 1.0f : 0.05f));
+        host[j] = hir_float_to_bf16(((float)(state >> 40) / 16777216.0f - 0.5f) * (i == 0 ? 1.0f : 0.05f));
       }
       if (!cuda_ok(cudaMalloc((void **)buf[i], bytes[i]), "cudaMalloc") ||
           !cuda_ok(cudaMemcpy(*buf[i], host, bytes[i], cudaMemcpyHostToDevice), "cudaMemcpy"))
@@ -434,12 +421,12 @@ static int check(int v, int parts, uint16_t *got[2], uint16_t *want) {
     /* the partial sums: GPU 0's after GPU 1's result (got[1] has room for both), GPU 1's in want */
     if (!cuda_ok(cudaMemcpy(d == 0 ? got[1] + n : want, gpus[d].c, n * 2, cudaMemcpyDeviceToHost), "cudaMemcpy")) return 0;
   }
-  for (j = 0; j < n; j++) want[j] = bf16_of(0.0f + float_of(got[1][n + j]) + float_of(want[j])); /* from +0, as the kernel's sums */
+  for (j = 0; j < n; j++) want[j] = hir_float_to_bf16(0.0f + hir_bf16_to_float(got[1][n + j]) + hir_bf16_to_float(want[j])); /* from +0, as the kernel's sums */
   for (d = 0; d < 2; d++)
     for (j = scatter ? (size_t)d * n / 2 : 0; j < (scatter ? (size_t)(d + 1) * n / 2 : n); j++)
       if (got[d][j] != want[j]) {
         snprintf(failure, sizeof failure, "%s, %d parts: GPU %d element %zu is %g, the sum is %g", names[v], parts, d, j,
-                 (double)float_of(got[d][j]), (double)float_of(want[j]));
+                 (double)hir_bf16_to_float(got[d][j]), (double)hir_bf16_to_float(want[j]));
         return 0;
       }
   return 1;
