@@ -189,6 +189,7 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_BINARY, "BinaryOp", 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_ANY_STRIDES)                             \
   X(HIR_EXPR_UNARY, "UnaryOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_ANY_STRIDES)                               \
   X(HIR_EXPR_REDUCTION, "ReductionOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES)                             \
+  X(HIR_EXPR_MAX, "MaxOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                                                       \
   X(HIR_EXPR_BROADCAST, "BroadcastOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM | HIR__OP_FP8)                                                    \
   X(HIR_EXPR_MATMUL, "MatmulOp", -1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                                                  \
   X(HIR_EXPR_SELECT, "SelectOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_CUTS_AXIS | HIR__OP_WHOLE | HIR__OP_FP8) \
@@ -331,6 +332,30 @@ HIRDEF hir_tv     *hir_binary_val(hir_fusion *f, hir_binary_op op, hir_tv *a, hi
 HIRDEF hir_tv     *hir_mean(hir_fusion *f, hir_tv *in, int naxes, const int *axes);
 HIRDEF hir_tv     *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weight, hir_tv *bias, double eps);
 HIRDEF hir_tv     *hir_sum(hir_fusion *f, hir_tv *in, int naxes, const int *axes);
+/* Scaled dot-product attention (torch's scaled_dot_product_attention, and
+   nvFuser's sdpfa_fwd and sdpfa_bwd), built of the ops here: q [..., L, E],
+   k [..., S, E], v [..., S, Ev] (one dtype, as many axes; the leading ones
+   batch and heads, any of them sharded or split as the ops take them),
+   out = dropout(softmax(scale q k^T + mask)) v [..., L, Ev]; the softmax and
+   its gradient in f32 (f64 for f64), the products in the operands' dtype.
+   logsumexp (NULL: not made): [..., L] in f32 (f64), the softmax's rows'
+   log of the sum of exp, which the backward reads. hir_sdpa_backward takes
+   the forward's operands, out and logsumexp, and the same desc (the same
+   seed draws the same dropout), and gives the gradients of q, k and v. */
+typedef struct hir_sdpa_desc {
+  double scale;   /* 0: 1/sqrt(E) (E a fixed size: hir_input_sized) */
+  int causal;     /* 1: row i attends to columns j <= i (torch's is_causal, the top left aligned) */
+  double dropout; /* the probability of dropping a weight, in [0, 1); 0: none */
+  hir_val *seed;  /* the dropout's seed (as hir_rand's) */
+} hir_sdpa_desc;
+HIRDEF hir_tv     *hir_sdpa(hir_fusion *f, hir_tv *q, hir_tv *k, hir_tv *v, const hir_sdpa_desc *d, hir_tv **logsumexp);
+HIRDEF hir_status  hir_sdpa_backward(hir_fusion *f, hir_tv *grad_out, hir_tv *q, hir_tv *k, hir_tv *v, hir_tv *out,
+                                     hir_tv *logsumexp, const hir_sdpa_desc *d, hir_tv **grad_q, hir_tv **grad_k,
+                                     hir_tv **grad_v);
+/* The largest element over axes (data axes, as hir_sum's); -inf over an
+   empty axis; NaN where an element is NaN. A max across devices is not a
+   collective: an axis split across devices is gathered first. */
+HIRDEF hir_tv     *hir_max(hir_fusion *f, hir_tv *in, int naxes, const int *axes);
 /* Random numbers, uniform in [0, 1) (hir_rand) or in [low, high)
    (hir_uniform: low + (high - low) u, computed in the dtype), shaped like
    `like` and sharded as it is (its values are never read), in dtype
@@ -345,6 +370,12 @@ HIRDEF hir_tv     *hir_sum(hir_fusion *f, hir_tv *in, int naxes, const int *axes
 HIRDEF hir_tv     *hir_rand(hir_fusion *f, hir_tv *like, hir_dtype dtype, hir_val *seed);
 HIRDEF hir_tv     *hir_uniform(hir_fusion *f, hir_tv *like, hir_dtype dtype, double low, double high, hir_val *seed);
 HIRDEF double      hir_rand_value(uint64_t seed, uint64_t index, int bits);
+/* Each element's index along logical axis `axis` of `like` (torch.arange
+   broadcast to like's shape), shaped and sharded as like, in dtype (exact
+   up to 2^24 in f32, 2^53 in f64, 2048 in f16, 256 in bf16). A causal mask
+   keeps column j of row i where hir_lt(f, hir_iota(.., -1 ..), row + 1)
+   is 1, row = hir_iota(.., -2 ..). */
+HIRDEF hir_tv     *hir_iota(hir_fusion *f, hir_tv *like, int axis, hir_dtype dtype);
 HIRDEF hir_tv     *hir_broadcast(hir_fusion *f, hir_tv *in, int ndims_out, const int *is_broadcast);
 /* torch.permute: output axis i is data axis perm[i] of in (a copy in the new
    order); hir_transpose swaps two axes. */
@@ -709,6 +740,9 @@ struct hir_backend {
                       double s);
   hir_status (*sum)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *src);
                                     /* dst: src's shape with size 1 on the reduced axes */
+  /* Optional: dst = the max of src over the axes where dst has size 1 (as
+     sum; -inf over none, NaN where one is NaN). NULL: MaxOps are refused. */
+  hir_status (*max)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *src);
   hir_status (*matmul)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *a,
                        const hir_tensor *b);  /* [..., M, N] = [..., M, K] x [..., K, N], one ndims */
   /* Optional: dst = op(a x b + bias) in one call (a GEMM epilogue), bias
@@ -756,10 +790,11 @@ struct hir_backend {
      f32 or wider (f64 for f64 x). NULL, or HIR_ERR_UNSUPPORTED for what it does not take: its primitives run. */
   hir_status (*layer_norm)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
                            const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps);
-  /* Optional: hir_rand's numbers into dst: the element at dst's coordinates c is
-     hir_rand_value(seed, sum over axes i of (base[i] + c[i]) * stride[i], bits),
-     bits the significand of dst's dtype (24 for f32 and f64, 11 for f16, 8 for
-     bf16). NULL: the backend refuses RNGOps. */
+  /* Optional: numbered elements into dst: the element at dst's coordinates c
+     is numbered n = sum over axes i of (base[i] + c[i]) * stride[i], and is
+     hir_rand_value(seed, n, bits) (hir_rand; bits the significand of dst's
+     dtype: 24 for f32 and f64, 11 for f16, 8 for bf16), or n itself where
+     bits is 0 (hir_iota). NULL: the backend refuses RNGOps. */
   hir_status (*rand)(hir_backend *self, void *stream, const hir_tensor *dst, uint64_t seed, const int64_t *base,
                      const int64_t *stride, int bits);
   /* Optional: whether the backend's ops can reach the memory at ptr (1), or
@@ -1783,7 +1818,7 @@ struct hir_expr {
   hir_fusion *ir;
   hir_expr_kind kind;
   int name;
-  int sub;                /* hir_binary_op, hir_unary_op, hir_collective or hir_p2p_type */
+  int sub;                /* hir_binary_op, hir_unary_op, hir_collective, hir_p2p_type; RNGOp: HIR__RNG_* */
   int nin, nout;
   hir_tv **in, **out;
   hir_val *val;           /* ForLoop index, IfThenElse predicate, P2P peer, AliasSelect/Slice index,
@@ -1791,7 +1826,7 @@ struct hir_expr {
   hir_val *recv_peer;     /* CollectivePermute */
   double scalar;          /* UnaryOp's scalar (when val is NULL) */
   hir_id *id;             /* ForLoop and AliasSelect/Slice axis */
-  int axis;               /* AliasSelect/Slice axis */
+  int axis;               /* AliasSelect/Slice axis; RNGOp's iota: the logical axis numbered */
   int parts;              /* AliasSlice: into how many equal parts the axis is cut */
   uint32_t flags;         /* BroadcastOp: bit i set = output axis i is new; MatmulOp, LoadStoreOp: HIR__MATMUL_*, HIR__SET_* */
   unsigned char perm[HIR_MAX_DIMS]; /* LoadStoreOp with HIR__SET_PERMUTE: output axis i is input data axis perm[i] */
@@ -2036,6 +2071,9 @@ enum { HIR__MATMUL_NO_M = 1, HIR__MATMUL_NO_N = 2, HIR__MATMUL_LINEAR = 4, HIR__
 enum { HIR__MAX_OPERANDS = 4 }; /* of a compute op: a scaled linear's */
 /* A LoadStoreOp's flag: it permutes the axes (nvFuser's Set.Permute). */
 enum { HIR__SET_PERMUTE = 1 };
+/* What an RNGOp numbers its elements into: random numbers (hir_rand), or
+   their index along one logical axis (hir_iota). */
+enum { HIR__RNG_RAND, HIR__RNG_IOTA };
 
 /* The roles of a matmul's data axes, given na and nb of its operands: A is
    [batch..., M?, K], B [batch..., K, N?], the output [batch..., M?, N?]. */
@@ -2632,6 +2670,27 @@ HIRDEF hir_tv *hir_rand(hir_fusion *f, hir_tv *like, hir_dtype dtype, hir_val *s
   return hir__finish_op(f, e, e->out[0]);
 }
 
+HIRDEF hir_tv *hir_iota(hir_fusion *f, hir_tv *like, int axis, hir_dtype dtype) {
+  hir_id *ids[HIR_MAX_DIMS];
+  hir_expr *e;
+  int n;
+  if (!hir__live(f) || !hir__check_tv(f, like, "hir_iota", "like")) return NULL;
+  n = like->nlogical ? like->nlogical : hir__data_axes(like, ids);
+  if (axis < -n || axis >= n) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_iota: axis %d is out of range for T%d, which has %d logical axes", axis, like->name, n);
+    return NULL;
+  }
+  if (dtype != HIR_F32 && dtype != HIR_F64 && dtype != HIR_F16 && dtype != HIR_BF16) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_iota: dtype %d; indices are HIR_F32, HIR_F64, HIR_F16 or HIR_BF16 (exact up to "
+              "2^24, 2^53, 2048 and 256)", (int)dtype);
+    return NULL;
+  }
+  if (!(e = hir__like_op(f, HIR_EXPR_RNG, like, dtype))) return NULL;
+  e->sub = HIR__RNG_IOTA;
+  e->axis = axis < 0 ? axis + n : axis;
+  return hir__finish_op(f, e, e->out[0]);
+}
+
 HIRDEF hir_tv *hir_uniform(hir_fusion *f, hir_tv *like, hir_dtype dtype, double low, double high, hir_val *seed) {
   hir_tv *u;
   if (!hir__live(f)) return NULL;
@@ -2680,32 +2739,33 @@ HIRDEF hir_tv *hir_binary_val(hir_fusion *f, hir_binary_op op, hir_tv *a, hir_va
   return hir__binary_scalar(f, op, a, 0, s, 0, "hir_binary_val");
 }
 
-HIRDEF hir_tv *hir_sum(hir_fusion *f, hir_tv *in, int naxes, const int *axes) {
+/* A sum (ReductionOp) or a max (MaxOp) over `axes`, the output keeping
+   them as reduction axes. */
+static hir_tv *hir__reduce(hir_fusion *f, hir_expr_kind kind, hir_tv *in, int naxes, const int *axes, const char *fn) {
   hir_id *ids[HIR_MAX_DIMS];
   int reduced[HIR_MAX_DIMS] = {0};
   hir_tv *out;
   hir_expr *e;
   int i, n;
-  if (!hir__live(f) || !hir__check_tv(f, in, "hir_sum", "in")) return NULL;
+  if (!hir__live(f) || !hir__check_tv(f, in, fn, "in")) return NULL;
   n = hir__data_axes(in, ids);
   if (naxes < 1 || !axes) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_sum: give at least one axis to sum over (naxes = %d, axes %s)", naxes,
+    hir__fail(f, HIR_ERR_INVALID, "%s: give at least one axis to reduce (naxes = %d, axes %s)", fn, naxes,
               axes ? "given" : "NULL");
     return NULL;
   }
   for (i = 0; i < naxes; i++) {
     int a = axes[i] < 0 ? axes[i] + n : axes[i];
     if (a < 0 || a >= n) {
-      hir__fail(f, HIR_ERR_INVALID, "hir_sum: axis %d is out of range for T%d, which has %d data axes", axes[i],
-                in->name, n);
+      hir__fail(f, HIR_ERR_INVALID, "%s: axis %d is out of range for T%d, which has %d data axes", fn, axes[i], in->name, n);
       return NULL;
     }
     if (reduced[a]) {
-      hir__fail(f, HIR_ERR_INVALID, "hir_sum: axis %d of T%d is listed twice", a, in->name);
+      hir__fail(f, HIR_ERR_INVALID, "%s: axis %d of T%d is listed twice", fn, a, in->name);
       return NULL;
     }
     if (ids[a]->iter == HIR_BROADCAST) {
-      hir__fail(f, HIR_ERR_INVALID, "hir_sum: axis %d of T%d is a broadcast axis; summing it is a no-op, drop it", a,
+      hir__fail(f, HIR_ERR_INVALID, "%s: axis %d of T%d is a broadcast axis; reducing it is a no-op, drop it", fn, a,
                 in->name);
       return NULL;
     }
@@ -2716,10 +2776,17 @@ HIRDEF hir_tv *hir_sum(hir_fusion *f, hir_tv *in, int naxes, const int *axes) {
     if (!(out->ids[i] = hir__clone_id(f, ids[i], 0))) return NULL;
     if (reduced[i]) out->ids[i]->iter = HIR_REDUCTION;
   }
-  if (!(e = hir__new_expr(f, HIR_EXPR_REDUCTION, 1, 1))) return NULL;
+  if (!(e = hir__new_expr(f, kind, 1, 1))) return NULL;
   e->in[0] = in;
   e->out[0] = out;
   return hir__finish_op(f, e, out);
+}
+
+HIRDEF hir_tv *hir_sum(hir_fusion *f, hir_tv *in, int naxes, const int *axes) {
+  return hir__reduce(f, HIR_EXPR_REDUCTION, in, naxes, axes, "hir_sum");
+}
+HIRDEF hir_tv *hir_max(hir_fusion *f, hir_tv *in, int naxes, const int *axes) {
+  return hir__reduce(f, HIR_EXPR_MAX, in, naxes, axes, "hir_max");
 }
 
 HIRDEF hir_tv *hir_broadcast(hir_fusion *f, hir_tv *in, int ndims_out, const int *is_broadcast) {
@@ -2971,6 +3038,120 @@ HIRDEF hir_tv *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weigh
   hir__role(f, f->exprs.n - 1, HIR__ROLE_OUT);
   for (i = first; y && i < f->exprs.n; i++) ((hir_expr *)f->exprs.items[i])->composite = first + 1;
   return y;
+}
+
+/* Attention's scores, as the forward and the backward both make them:
+   scale * q k^T in f32 (f64 for f64 operands), the causal mask's dropped
+   places pushed to -1e30 (so exp gives 0 and no 0 * inf appears). */
+static hir_tv *hir__sdpa_scores(hir_fusion *f, hir_tv *q, hir_tv *k, int n, double scale, int causal) {
+  hir_dtype acc = q->dtype == HIR_F64 ? HIR_F64 : HIR_F32;
+  hir_tv *s = hir_matmul(f, q, hir_transpose(f, k, n - 2, n - 1));
+  if (s && s->dtype != acc) s = hir_cast(f, s, acc);
+  s = hir_binary_scalar(f, HIR_BINARY_MUL, s, scale);
+  if (causal && s) { /* keep column j of row i where j < i + 1 */
+    hir_tv *row = hir_iota(f, s, n - 2, acc), *col = hir_iota(f, s, n - 1, acc);
+    hir_tv *keep = hir_lt(f, col, hir_binary_scalar(f, HIR_BINARY_ADD, row, 1));
+    s = hir_sub(f, s, hir_binary_scalar(f, HIR_BINARY_MUL, hir_scalar_binary(f, HIR_BINARY_SUB, 1, keep), 1e30));
+  }
+  return s;
+}
+
+/* The dropout's scaled mask over p's places (hir_rand of the seed: the
+   backward draws the same numbers), or NULL without dropout. */
+static hir_tv *hir__sdpa_dropout(hir_fusion *f, hir_tv *p, const hir_sdpa_desc *d) {
+  if (!(d->dropout > 0) || !p) return NULL; /* no p: the fusion holds the error */
+  return hir_binary_scalar(f, HIR_BINARY_MUL, hir_binary_scalar(f, HIR_BINARY_LT, hir_rand(f, p, p->dtype, d->seed), 1 - d->dropout),
+                           1 / (1 - d->dropout));
+}
+
+/* The operands' checks and the scale, shared by the forward and the backward. */
+static int hir__sdpa_args(hir_fusion *f, hir_tv *q, hir_tv *k, hir_tv *v, const hir_sdpa_desc *d, const char *fn, int *n,
+                          double *scale) {
+  hir_id *ids[HIR_MAX_DIMS];
+  hir_tv *ops[3];
+  int i;
+  ops[0] = q, ops[1] = k, ops[2] = v;
+  if (!hir__live(f)) return 0;
+  for (i = 0; i < 3; i++)
+    if (!hir__check_tv(f, ops[i], fn, i == 0 ? "q" : i == 1 ? "k" : "v")) return 0;
+  *n = hir__data_axes(q, ids);
+  if (*n < 2 || hir__data_axes(k, ids) != *n || hir__data_axes(v, ids) != *n || k->dtype != q->dtype || v->dtype != q->dtype) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: q T%d, k T%d and v T%d need one dtype and as many data axes, 2 or more ([..., L, E], "
+              "[..., S, E], [..., S, Ev])", fn, q->name, k->name, v->name);
+    return 0;
+  }
+  if (!d || !(d->dropout >= 0 && d->dropout < 1) || !isfinite(d->scale) || (d->dropout > 0 && !d->seed)) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: %s", fn, !d ? "the desc is NULL" : !(d->dropout >= 0 && d->dropout < 1) ? "dropout must be in "
+              "[0, 1)" : !isfinite(d->scale) ? "the scale is not finite" : "a dropout needs its seed (hir_val_const, or "
+              "hir_input_scalar for a new draw each run)");
+    return 0;
+  }
+  if (d->dropout > 0 && !hir__check_val(f, d->seed, fn, "seed")) return 0;
+  *scale = d->scale;
+  hir__data_axes(q, ids);
+  if (*scale == 0 && ids[*n - 1]->extent->kind != HIR__VAL_CONST) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: q T%d's last axis has no fixed size, so 1/sqrt(E) is not known when built; give the "
+              "desc's scale, or the size (hir_input_sized)", fn, q->name);
+    return 0;
+  }
+  if (*scale == 0) *scale = 1 / sqrt((double)ids[*n - 1]->extent->value);
+  return 1;
+}
+
+HIRDEF hir_tv *hir_sdpa(hir_fusion *f, hir_tv *q, hir_tv *k, hir_tv *v, const hir_sdpa_desc *d, hir_tv **logsumexp) {
+  hir_tv *s, *m, *e, *l, *p, *drop, *out;
+  double scale;
+  int n, last;
+  if (logsumexp) *logsumexp = NULL;
+  if (!hir__sdpa_args(f, q, k, v, d, "hir_sdpa", &n, &scale)) return NULL;
+  last = n - 1;
+  s = hir__sdpa_scores(f, q, k, n, scale, d->causal);
+  m = hir_max(f, s, 1, &last);
+  e = hir_unary(f, HIR_UNARY_EXP, hir_sub(f, s, hir__broadcast_to(f, m, n, 1, 0)));
+  l = hir_sum(f, e, 1, &last);
+  p = hir_div(f, e, hir__broadcast_to(f, l, n, 1, 0));
+  if ((drop = hir__sdpa_dropout(f, p, d))) p = hir_mul(f, p, drop);
+  if (p && p->dtype != q->dtype) p = hir_cast(f, p, q->dtype);
+  out = hir_matmul(f, p, v);
+  if (out && logsumexp) *logsumexp = hir_add(f, m, hir_unary(f, HIR_UNARY_LOG, l));
+  return out && (!logsumexp || *logsumexp) ? out : NULL;
+}
+
+HIRDEF hir_status hir_sdpa_backward(hir_fusion *f, hir_tv *grad_out, hir_tv *q, hir_tv *k, hir_tv *v, hir_tv *out,
+                                    hir_tv *logsumexp, const hir_sdpa_desc *d, hir_tv **grad_q, hir_tv **grad_k,
+                                    hir_tv **grad_v) {
+  hir_tv *s, *p, *pd, *drop, *dp, *delta, *ds, *go, *o;
+  hir_dtype acc;
+  double scale;
+  int n, last;
+  if (!grad_q || !grad_k || !grad_v) {
+    if (hir__live(f)) hir__fail(f, HIR_ERR_INVALID, "hir_sdpa_backward: give grad_q, grad_k and grad_v to receive the gradients");
+    return hir_fusion_status(f);
+  }
+  *grad_q = *grad_k = *grad_v = NULL;
+  if (!hir__sdpa_args(f, q, k, v, d, "hir_sdpa_backward", &n, &scale) ||
+      !hir__check_tv(f, grad_out, "hir_sdpa_backward", "grad_out") || !hir__check_tv(f, out, "hir_sdpa_backward", "out") ||
+      !hir__check_tv(f, logsumexp, "hir_sdpa_backward", "logsumexp"))
+    return hir_fusion_status(f);
+  last = n - 1;
+  acc = q->dtype == HIR_F64 ? HIR_F64 : HIR_F32;
+  s = hir__sdpa_scores(f, q, k, n, scale, d->causal);
+  p = hir_unary(f, HIR_UNARY_EXP, hir_sub(f, s, hir__broadcast_to(f, logsumexp, n, 1, 0))); /* the forward's weights */
+  pd = (drop = hir__sdpa_dropout(f, p, d)) ? hir_mul(f, p, drop) : p;
+  if (pd && pd->dtype != q->dtype) pd = hir_cast(f, pd, q->dtype);
+  *grad_v = hir_matmul(f, hir_transpose(f, pd, n - 2, n - 1), grad_out);
+  dp = hir_matmul(f, grad_out, hir_transpose(f, v, n - 2, n - 1));
+  if (dp && dp->dtype != acc) dp = hir_cast(f, dp, acc);
+  if (drop) dp = hir_mul(f, dp, drop);
+  go = grad_out && grad_out->dtype != acc ? hir_cast(f, grad_out, acc) : grad_out;
+  o = out && out->dtype != acc ? hir_cast(f, out, acc) : out;
+  delta = hir_sum(f, hir_mul(f, go, o), 1, &last); /* the rows of p * dp, summed: those of grad_out * out */
+  ds = hir_binary_scalar(f, HIR_BINARY_MUL, hir_mul(f, p, hir_sub(f, dp, hir__broadcast_to(f, delta, n, 1, 0))), scale);
+  if (ds && ds->dtype != q->dtype) ds = hir_cast(f, ds, q->dtype);
+  *grad_q = hir_matmul(f, ds, k);
+  *grad_k = hir_matmul(f, hir_transpose(f, ds, n - 2, n - 1), q);
+  if (!*grad_q || !*grad_k || !*grad_v) *grad_q = *grad_k = *grad_v = NULL;
+  return hir_fusion_status(f);
 }
 
 static hir_status hir__set_mesh(hir_tv *tv, int ndevices, int cols, const int *devices, const char *fn) {
@@ -3992,13 +4173,13 @@ static void hir__print_expr(hir__writer *w, const hir_expr *e, int ind) {
   case HIR_EXPR_UNARY: hir__print_unary_op(w, e, ind); break;
   case HIR_EXPR_RNG:
     hir__print_assign(w, e->out[0], ind);
-    hir__emit(w, " = rand_like( ");
+    hir__emit(w, e->sub == HIR__RNG_IOTA ? " = iota_like( " : " = rand_like( ");
     hir__print_tv(w, e->in[0]);
-    hir__emit(w, ", seed = ");
-    hir__print_val(w, e->val);
-    hir__emit(w, " );\n");
+    if (e->sub == HIR__RNG_IOTA) hir__emit(w, ", axis = %d );\n", e->axis);
+    else hir__emit(w, ", seed = "), hir__print_val(w, e->val), hir__emit(w, " );\n");
     break;
   case HIR_EXPR_REDUCTION: hir__print_unary(w, e, ind, "reduction", "op = add, initial value = 0, allreduce = false"); break;
+  case HIR_EXPR_MAX: hir__print_unary(w, e, ind, "reduction", "op = max, initial value = -inf, allreduce = false"); break;
   case HIR_EXPR_BROADCAST: hir__print_broadcast(w, e, ind); break;
   case HIR_EXPR_MATMUL: hir__print_matmul(w, e, ind); break;
   case HIR_EXPR_SELECT:
@@ -4322,6 +4503,7 @@ static void hir__axis_map(const hir_expr *e, int k, int *map) {
   case HIR_EXPR_UNARY:
   case HIR_EXPR_RNG:
   case HIR_EXPR_REDUCTION:
+  case HIR_EXPR_MAX:
     for (i = 0; i < in->ndims; i++)
       if (in->ids[i]->iter != HIR_REDUCTION) map[i] = d++;
     break;
@@ -8528,16 +8710,15 @@ static hir_status hir__cpu_binary(hir_backend *b, void *stream, hir_binary_op op
 }
 
 /* Sums in double, stores once: the reference the other backends are tested against. */
-static hir_status hir__cpu_sum(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
+static hir_status hir__cpu_reduce(hir_backend *b, const hir_tensor *dst, const hir_tensor *src, int max) {
   hir__cpu *c = (hir__cpu *)b->ctx;
   hir_tensor acc_view;
   const hir_tensor *ts[2];
   hir__iter it;
   int nd = src->ndims, d;
   int64_t nout = hir__numel(nd, dst->sizes), n, j, k;
-  (void)stream;
   if (!hir__cpu_grow(b, (void **)&c->acc, &c->acc_cap, (size_t)(nout ? nout : 1) * sizeof(double))) return HIR_ERR_NOMEM;
-  for (k = 0; k < nout; k++) c->acc[k] = 0;
+  for (k = 0; k < nout; k++) c->acc[k] = max ? -HUGE_VAL : 0;
   if (nd == 0 || hir__numel(nd, src->sizes) == 0) goto store;
   acc_view = *dst; /* accumulators laid out contiguously over dst's shape, 0 stride on reduced axes */
   {
@@ -8552,12 +8733,16 @@ static hir_status hir__cpu_sum(hir_backend *b, void *stream, const hir_tensor *d
   hir__iter_init(&it, nd, src->sizes, 2, ts);
   n = src->sizes[nd - 1];
   do {
-    for (j = 0; j < n; j++)
-      c->acc[it.off[0] + j * acc_view.strides[nd - 1]] += hir__load(src->data, src->dtype, it.off[1] + j * src->strides[nd - 1]);
+    for (j = 0; j < n; j++) {
+      double *acc = &c->acc[it.off[0] + j * acc_view.strides[nd - 1]], x = hir__load(src->data, src->dtype, it.off[1] + j * src->strides[nd - 1]);
+      if (!max) *acc += x;
+      else if (x > *acc || x != x) *acc = *acc != *acc ? *acc : x; /* NaN wins */
+    }
   } while (hir__iter_next_outer(&it));
 store:
   if (nd == 0) {
-    hir__store(dst->data, dst->dtype, 0, c->acc[0] + hir__load(src->data, src->dtype, 0));
+    double x = hir__load(src->data, src->dtype, 0);
+    hir__store(dst->data, dst->dtype, 0, max ? x : c->acc[0] + x);
     return HIR_OK;
   }
   { /* write the accumulators through dst's strides */
@@ -8573,6 +8758,14 @@ store:
     }
   }
   return HIR_OK;
+}
+static hir_status hir__cpu_sum(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
+  (void)stream;
+  return hir__cpu_reduce(b, dst, src, 0);
+}
+static hir_status hir__cpu_max(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
+  (void)stream;
+  return hir__cpu_reduce(b, dst, src, 1);
 }
 
 /* One GEMM: C[M,N] = A[M,K] B[K,N], strided; row-wise i-k-j with a float (or
@@ -8715,7 +8908,7 @@ static hir_status hir__cpu_rand(hir_backend *self, void *stream, const hir_tenso
       off += k * dst->strides[d];
       at += (uint64_t)(base[d] + k) * (uint64_t)stride[d];
     }
-    hir__store(dst->data, dst->dtype, off, hir_rand_value(seed, at, bits));
+    hir__store(dst->data, dst->dtype, off, bits ? hir_rand_value(seed, at, bits) : (double)at);
   }
   return HIR_OK;
 }
@@ -8776,6 +8969,7 @@ HIRDEF hir_backend *hir_backend_cpu_create(void) {
   b->binary = hir__cpu_binary;
   b->unary = hir__cpu_unary;
   b->sum = hir__cpu_sum;
+  b->max = hir__cpu_max;
   b->matmul = hir__cpu_matmul;
   b->upload = hir__cpu_memcpy;
   b->download = hir__cpu_memcpy;
@@ -8847,10 +9041,10 @@ typedef struct hir__nvrtc {
 /* The elementwise kernels, by what they compute: any op in float or in
    double (any strides and dtypes), one dtype's dense tensors 16 bytes a
    thread, the tuner's comparison, the fp8 GEMM's per-row scales, the sums
-   of a dense tensor's rows, dense casts, layer_norm, transposing copies, and
-   random numbers. */
+   of a dense tensor's rows, dense casts, layer_norm, transposing copies,
+   numbered elements (random numbers, indices), and maxima over axes. */
 enum { HIR__MAP_F32, HIR__MAP_F64, HIR__VEC_F32, HIR__VEC_F64, HIR__VEC_F16, HIR__VEC_BF16, HIR__MAX_ABS, HIR__SCALE_RC,
-       HIR__SUM_ROWS, HIR__CAST_VEC, HIR__LAYER_NORM, HIR__TRANSPOSE, HIR__RAND, HIR__MAP_KERNELS };
+       HIR__SUM_ROWS, HIR__CAST_VEC, HIR__LAYER_NORM, HIR__TRANSPOSE, HIR__RAND, HIR__MAX_AXES, HIR__MAP_KERNELS };
 HIR__STATIC_ASSERT(vec_kernels, HIR_F32 == 0 && HIR__VEC_F32 + HIR_BF16 == HIR__VEC_BF16); /* HIR__VEC_F32 + dtype */
 
 #define HIR__CUDA_LANES 64
@@ -9670,7 +9864,34 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "      c1 = 0xCD9E8D57u * c2, c3 = 0xD2511F53u * c0, c0 = n0, c2 = n2;\n"
     "      k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;\n"
     "    }\n"
-    "    hir_st<double>(a.dst, a.dt, od, (double)(c0 >> (32 - a.bits)) / (double)(1ull << a.bits));\n"
+    "    hir_st<double>(a.dst, a.dt, od, a.bits ? (double)(c0 >> (32 - a.bits)) / (double)(1ull << a.bits) : (double)at);\n"
+    "  }\n"
+    "}\n",
+    /* hir_backend.max: a warp an output element, its lanes over the reduced elements (any strides) */
+    "struct hir_max_args { void *dst; const void *src; i64 nout, nred; int nd, dt; i64 sizes[8], ss[8], sd[8]; int red[8]; };\n"
+    "__device__ double hir_max_nan(double x, double y) { return x != x || y != y ? x + y : x > y ? x : y; }\n"
+    "extern \"C\" __global__ void hir_max_axes(hir_max_args a) {\n"
+    "  const int lane = threadIdx.x & 31;\n"
+    "  const i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;\n"
+    "  for (i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < a.nout; w += warps) {\n"
+    "    i64 r = w, os = 0, od = 0;\n"
+    "    for (int d = a.nd - 1; d >= 0; d--)\n"
+    "      if (!a.red[d]) {\n"
+    "        i64 k = r % a.sizes[d];\n"
+    "        r /= a.sizes[d], os += k * a.ss[d], od += k * a.sd[d];\n"
+    "      }\n"
+    "    double m = __longlong_as_double(0xfff0000000000000ll);\n"
+    "    for (i64 j = lane; j < a.nred; j += 32) {\n"
+    "      i64 q = j, o = os;\n"
+    "      for (int d = a.nd - 1; d >= 0; d--)\n"
+    "        if (a.red[d]) {\n"
+    "          i64 k = q % a.sizes[d];\n"
+    "          q /= a.sizes[d], o += k * a.ss[d];\n"
+    "        }\n"
+    "      m = hir_max_nan(m, hir_ld<double>(a.src, a.dt, o));\n"
+    "    }\n"
+    "    for (int o = 16; o > 0; o /= 2) m = hir_max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));\n"
+    "    if (lane == 0) hir_st<double>(a.dst, a.dt, od, m);\n"
     "  }\n"
     "}\n"};
 typedef struct hir__tr_args { /* hir_tr_args of the kernel source, field for field */
@@ -9686,6 +9907,14 @@ typedef struct hir__rand_args { /* hir_rand_args of the kernel source, field for
   unsigned key0, key1;
   int64_t sizes[HIR_MAX_DIMS], sd[HIR_MAX_DIMS], base[HIR_MAX_DIMS], gs[HIR_MAX_DIMS];
 } hir__rand_args;
+typedef struct hir__max_args { /* hir_max_args of the kernel source, field for field */
+  void *dst;
+  const void *src;
+  int64_t nout, nred;
+  int nd, dt;
+  int64_t sizes[HIR_MAX_DIMS], ss[HIR_MAX_DIMS], sd[HIR_MAX_DIMS];
+  int red[HIR_MAX_DIMS];
+} hir__max_args;
 typedef struct hir__ln_args { /* hir_ln_args of the kernel source, field for field */
   void *dst;
   const void *x, *w, *b;
@@ -9787,7 +10016,7 @@ static const char *hir__map_name(int which) {
   static const char *const names[HIR__MAP_KERNELS] = {"hir_map_f32", "hir_map_f64", "hir_vec_f32", "hir_vec_f64",
                                                       "hir_vec_f16", "hir_vec_bf16", "hir_max_abs_all", "hir_scale_rc",
                                                       "hir_sum_rows", "hir_cast_vec", "hir_layer_norm", "hir_transpose",
-                                                      "hir_rand"};
+                                                      "hir_rand", "hir_max_axes"};
   return names[which];
 }
 
@@ -10002,6 +10231,32 @@ static hir_status hir__cuda_rand(hir_backend *b, void *stream, const hir_tensor 
   grid.x = (unsigned)((args.n + 255) / 256 < 65536 ? (args.n + 255) / 256 : 65536), grid.y = grid.z = 1;
   e = cudaLaunchKernel((const void *)c->map_kernel[HIR__RAND], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
   if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (rand)", cudaGetErrorString(e), __FILE__, __LINE__);
+  return HIR_OK;
+}
+
+static hir_status hir__cuda_max(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__max_args args;
+  void *argv[1];
+  dim3 grid, block;
+  cudaError_t e;
+  int d;
+  memset(&args, 0, sizeof args);
+  if ((args.nout = hir__numel(dst->ndims, dst->sizes)) == 0) return HIR_OK;
+  if (c->map_state[HIR__MAX_AXES] != 1)
+    return snprintf(b->error, sizeof b->error, "cuda backend: the max kernel did not load: %.150s", c->map_error),
+           HIR_ERR_UNSUPPORTED;
+  args.dst = dst->data, args.src = src->data, args.nd = src->ndims, args.dt = (int)src->dtype, args.nred = 1;
+  for (d = 0; d < src->ndims; d++) {
+    args.sizes[d] = src->sizes[d], args.ss[d] = src->strides[d], args.sd[d] = dst->strides[d];
+    args.red[d] = dst->sizes[d] == 1 && src->sizes[d] != 1;
+    if (args.red[d]) args.nred *= src->sizes[d];
+  }
+  argv[0] = &args;
+  block.x = 256, block.y = block.z = 1;
+  grid.x = (unsigned)((args.nout + 7) / 8 < 65536 ? (args.nout + 7) / 8 : 65536), grid.y = grid.z = 1;
+  e = cudaLaunchKernel((const void *)c->map_kernel[HIR__MAX_AXES], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
+  if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (max)", cudaGetErrorString(e), __FILE__, __LINE__);
   return HIR_OK;
 }
 
@@ -10855,6 +11110,7 @@ HIRDEF hir_status hir_backend_cuda_open(int device, hir_backend **out, char *err
   b->binary = hir__cuda_binary;
   b->unary = hir__cuda_unary;
   b->sum = hir__cuda_sum;
+  b->max = hir__cuda_max;
   b->matmul = hir__cuda_matmul;
   b->matmul_bias = hir__cuda_matmul_bias;
   b->matmul_scaled = hir__cuda_matmul_scaled;
@@ -11892,7 +12148,7 @@ static int hir__check_reduction(hir_evaluator *ev, const hir_expr *e) {
   for (i = 0, j = 0, k = 0; i < e->in[0]->ndims; i++) {
     if (e->in[0]->ids[i]->iter == HIR_REDUCTION) continue;
     if (e->out[0]->ids[map[i]]->iter != HIR_REDUCTION && (j >= o->nd || o->sizes[j++] != a->sizes[k]))
-      return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "the sum keeps the unreduced axes");
+      return hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a reduction keeps the unreduced axes");
     k++;
   }
   return 1;
@@ -12010,12 +12266,17 @@ static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
     if (!ev->b->rand)
       return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: RNGOp %d (T%d): the %s backend has no random numbers (its "
                           "`rand` is NULL)", e->name, e->out[0]->name, ev->b->name);
-    if (hir__unbound(&ev->env, e->val))
+    if (e->val && hir__unbound(&ev->env, e->val))
       return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: the seed of RNGOp %d is unknown on this rank", e->name);
     if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
     return hir__shapes_equal(a, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "random numbers take their "
                                                              "tensor's shape");
   case HIR_EXPR_REDUCTION: return hir__check_reduction(ev, e);
+  case HIR_EXPR_MAX:
+    if (!ev->b->max)
+      return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: MaxOp %d (T%d): the %s backend has no max (its `max` is NULL)",
+                          e->name, e->out[0]->name, ev->b->name);
+    return hir__check_reduction(ev, e);
   case HIR_EXPR_BROADCAST: return hir__check_broadcast(ev, e);
   case HIR_EXPR_MATMUL: return hir__check_matmul(ev, e);
   case HIR_EXPR_SELECT:
@@ -12570,8 +12831,8 @@ static int hir__exec_binary(hir_evaluator *ev, const hir_expr *e, hir_tensor *ov
   return hir__ev_backend(ev, ev->b->binary(ev->b, ev->current, (hir_binary_op)e->sub, ov, av, bv), e);
 }
 
-/* The backend sums into dst with the reduced axes kept at size 1. */
-static int hir__exec_sum(hir_evaluator *ev, const hir_expr *e, const hir_tensor *ov, const hir_tensor *av) {
+/* The backend sums (or takes the max) into dst with the reduced axes kept at size 1. */
+static int hir__exec_reduce(hir_evaluator *ev, const hir_expr *e, const hir_tensor *ov, const hir_tensor *av) {
   int map[HIR_MAX_DIMS], i, j, k;
   hir_tensor keep = *ov;
   hir__axis_map(e, 0, map);
@@ -12588,7 +12849,7 @@ static int hir__exec_sum(hir_evaluator *ev, const hir_expr *e, const hir_tensor 
     }
     k++;
   }
-  return hir__ev_backend(ev, ev->b->sum(ev->b, ev->current, &keep, av), e);
+  return hir__ev_backend(ev, (e->kind == HIR_EXPR_MAX ? ev->b->max : ev->b->sum)(ev->b, ev->current, &keep, av), e);
 }
 
 /* A copy of the source seen through the output's axes (stride 0 on the new ones). */
@@ -12698,6 +12959,11 @@ static int hir__exec_rand(hir_evaluator *ev, const hir_expr *e, const hir_tensor
     return hir__ev_fail(ev, HIR_ERR_INTERNAL, "hir_run: RNGOp %d: T%d's %d data axes are not its logical axes in order, as "
                         "its %d-axis buffer needs (a hostir bug)", e->name, tv->name, nd, out->ndims);
   for (i = nd - 1; i >= 0; i--) stride[i] = i == nd - 1 ? 1 : stride[i + 1] * extent[i + 1];
+  if (e->sub == HIR__RNG_IOTA) { /* the index along one logical axis: its parts only, numbered among themselves */
+    for (i = nd - 1; i >= 0; i--)
+      stride[i] = logical[i] != e->axis ? 0 : i + 1 < nd && logical[i + 1] == e->axis ? stride[i + 1] * extent[i + 1] : 1;
+    return hir__ev_backend(ev, ev->b->rand(ev->b, ev->current, out, 0, base, stride, 0), e);
+  }
   return hir__ev_backend(ev, ev->b->rand(ev->b, ev->current, out, (uint64_t)hir__eval_val(&ev->env, e->val), base, stride,
                                          hir__rand_bits(out->dtype)), e);
 }
@@ -12729,7 +12995,8 @@ static int hir__exec_compute(hir_evaluator *ev, const hir_expr *e) {
   case HIR_EXPR_UNARY:
     return hir__ev_backend(ev, ev->b->unary(ev->b, ev->current, (hir_unary_op)e->sub, &ov, &av,
                                             e->val ? (double)hir__eval_val(&ev->env, e->val) : e->scalar), e);
-  case HIR_EXPR_REDUCTION: return hir__exec_sum(ev, e, &ov, &av);
+  case HIR_EXPR_REDUCTION:
+  case HIR_EXPR_MAX: return hir__exec_reduce(ev, e, &ov, &av);
   case HIR_EXPR_RNG: return hir__exec_rand(ev, e, &ov);
   case HIR_EXPR_BROADCAST: return hir__exec_broadcast(ev, e, &ov, &av);
   case HIR_EXPR_MATMUL: return hir__exec_matmul(ev, e, &ov, &av, &bv, epi ? (hir_unary_op)epi->sub : HIR_UNARY_COUNT);

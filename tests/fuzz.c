@@ -155,7 +155,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 10: { /* elementwise, casts, scalars, permutes, composites: any arguments */
       int perm[HIR_MAX_DIMS] = {fz_take(&z, 4) - 1, fz_take(&z, 4) - 1, fz_take(&z, 4) - 1};
       int64_t sizes[3] = {fz_take(&z, 5) - 1, fz_take(&z, 5) - 1, fz_take(&z, 5) - 1};
-      switch (fz_take(&z, 15)) {
+      switch (fz_take(&z, 17)) {
       case 0: t = hir_unary(x.f, (hir_unary_op)fz_take(&z, HIR_UNARY_COUNT + 1), a); break;
       case 1: t = hir_cast(x.f, a, (hir_dtype)fz_take(&z, HIR_DTYPE_COUNT + 1)); break;
       case 2: t = hir_binary_scalar(x.f, (hir_binary_op)fz_take(&z, HIR_BINARY_COUNT + 1), a, fz_take(&z, 9) - 4); break;
@@ -186,6 +186,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case 13: /* random numbers like a, any dtype, a constant seed */
         t = hir_rand(x.f, a, (hir_dtype)fz_take(&z, HIR_DTYPE_COUNT + 1), hir_val_const(x.f, fz_take(&z, 1000)));
         break;
+      case 14: /* a max, or indices along any axis in any dtype */
+        t = fz_take(&z, 2) ? hir_max(x.f, a, 1 + fz_take(&z, 2), axes)
+                           : hir_iota(x.f, a, fz_take(&z, 7) - 3, (hir_dtype)fz_take(&z, HIR_DTYPE_COUNT + 1));
+        break;
+      case 15: { /* attention of any three tensors, any desc */
+        hir_sdpa_desc d;
+        hir_tv *lse = NULL;
+        memset(&d, 0, sizeof d);
+        d.scale = fz_take(&z, 3) * 0.5, d.causal = fz_take(&z, 2), d.dropout = fz_take(&z, 3) * 0.25;
+        d.seed = fz_take(&z, 2) ? hir_val_const(x.f, 3) : NULL;
+        t = hir_sdpa(x.f, a, b, ntv ? tvs[fz_take(&z, ntv)] : a, &d, fz_take(&z, 2) ? &lse : NULL);
+        if (lse && ntv < 15) tvs[ntv++] = lse;
+        break;
+      }
       default: t = hir_reshape(x.f, a, 1 + fz_take(&z, 3), sizes); break;
       }
       break;

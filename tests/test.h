@@ -256,7 +256,7 @@ static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
 
 /* ---- the SPMD harness ---- */
 #define MAXR 8
-#define MAXT 4
+#define MAXT 16
 
 /* Where the ranks run: the CPU and the local world by default; the GPU tests
    plug in CUDA and NCCL (threads, or one process per GPU) and run the same

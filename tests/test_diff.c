@@ -216,25 +216,34 @@ static void diff_place(diff_rng *r, diff_prog *p, diff_tv *t, int meshless) {
 }
 
 /* t = sum of a over data axis ax; with mean, divided by its whole extent
-   (hir_mean: a sharded axis counts every device's part). */
-static diff_tv *diff_reduce(diff_prog *p, diff_tv *a, int ax, int mean) {
+   (hir_mean: a sharded axis counts every device's part); with max, the
+   largest (NaN where one is NaN; a non-empty axis). */
+static diff_tv *diff_reduce(diff_prog *p, diff_tv *a, int ax, int mean, int max) {
   int64_t sz[HIR_MAX_DIMS], idx[HIR_MAX_DIMS] = {0}, oidx[HIR_MAX_DIMS], k, across = a->sizes[ax];
   int i, n = 0;
   diff_tv *t;
   double *abs_sum;
   for (i = 0; i < a->nd; i++)
     if (i != ax) sz[n++] = a->sizes[i];
-  t = diff_new(p, mean ? hir_mean(p->f, a->tv, 1, &ax) : hir_sum(p->f, a->tv, 1, &ax), n, sz);
+  t = diff_new(p, max ? hir_max(p->f, a->tv, 1, &ax) : mean ? hir_mean(p->f, a->tv, 1, &ax) : hir_sum(p->f, a->tv, 1, &ax), n, sz);
   abs_sum = (double *)calloc((size_t)diff_numel(n, sz) + 1, sizeof(double));
+  for (k = 0; max && k < diff_numel(t->nd, t->sizes); k++) t->v[k] = -INFINITY;
   if (diff_numel(a->nd, a->sizes))
     do {
       int64_t at;
+      double x = a->v[diff_off(a->nd, a->sizes, idx)];
       for (i = 0, n = 0; i < a->nd; i++)
         if (i != ax) oidx[n++] = idx[i];
       at = diff_off(t->nd, t->sizes, oidx);
-      t->v[at] += a->v[diff_off(a->nd, a->sizes, idx)];
-      abs_sum[at] += fabs(a->v[diff_off(a->nd, a->sizes, idx)]);
+      if (max) t->v[at] = x != x || t->v[at] != t->v[at] ? NAN : x > t->v[at] ? x : t->v[at];
+      else t->v[at] += x, abs_sum[at] += fabs(x);
     } while (diff_step(a->nd, a->sizes, idx));
+  if (max) {
+    t->bound = a->bound;
+    diff_finish(t, NULL, 0, a->inexact);
+    free(abs_sum);
+    return t;
+  }
   for (k = 0; mean && k < diff_numel(t->nd, t->sizes); k++) t->v[k] /= (double)across;
   t->bound = mean ? a->bound : (double)across * a->bound;
   diff_finish(t, abs_sum, diff_grain(a), a->inexact || (mean && (across & (across - 1)))); /* dividing by 3: rounded twice maybe */
@@ -242,7 +251,7 @@ static diff_tv *diff_reduce(diff_prog *p, diff_tv *a, int ax, int mean) {
   return t;
 }
 
-static diff_tv *diff_sum(diff_prog *p, diff_tv *a, int ax) { return diff_reduce(p, a, ax, 0); }
+static diff_tv *diff_sum(diff_prog *p, diff_tv *a, int ax) { return diff_reduce(p, a, ax, 0, 0); }
 
 /* t = sum of a (3 data axes) over axes ax0 < ax1, in one hir_sum. */
 static diff_tv *diff_sum2(diff_prog *p, diff_tv *a, int ax0, int ax1) {
@@ -686,8 +695,9 @@ static int diff_build(diff_rng *r, diff_prog *p) {
       if (a->nd == 3 && diff_next(r, 3) == 0) {
         int keep = diff_next(r, 3);
         t = diff_sum2(p, a, keep == 0 ? 1 : 0, keep == 2 ? 1 : 2);
-      } else { /* by the seed, a mean */
-        t = diff_reduce(p, a, diff_next(r, a->nd), p->seed % 23 == 11);
+      } else { /* by the seed, a mean or a max (of a non-empty axis) */
+        int ax = diff_next(r, a->nd);
+        t = diff_reduce(p, a, ax, p->seed % 23 == 11, p->seed % 29 == 14 && a->sizes[ax] > 0);
       }
       break;
     default: /* a op b: b is a itself, another tensor of a's shape, or a's sum over an axis broadcast back */

@@ -29,6 +29,11 @@ __all__ = ["Error", "Fusion", "Tensor", "Program", "run", "ag_matmul_fusion", "m
 _MAX_DIMS = 8
 
 
+class _SdpaDesc(ctypes.Structure):  # hir_sdpa_desc
+    _fields_ = [("scale", ctypes.c_double), ("causal", ctypes.c_int), ("dropout", ctypes.c_double),
+                ("seed", ctypes.c_void_p)]
+
+
 class _HirTensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndims", ctypes.c_int),
                 ("sizes", ctypes.c_int64 * _MAX_DIMS), ("strides", ctypes.c_int64 * _MAX_DIMS)]
@@ -109,7 +114,8 @@ def _load():
         "hir_reorder": (i, [p, i, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]), "hir_set_allocation_loop": (i, [p]),
         "hir_input_scalar": (p, [p]), "hir_binary_val": (p, [p, i, p, p]),
         "hir_val_const": (p, [p, _CheckedInt64]), "hir_lt": (p, [p, p, p]),
-        "hir_rand": (p, [p, p, i, p]), "hir_uniform": (p, [p, p, i, ctypes.c_double, ctypes.c_double, p]),
+        "hir_rand": (p, [p, p, i, p]), "hir_max": (p, [p, p, i, ctypes.POINTER(ctypes.c_int)]),
+        "hir_iota": (p, [p, p, i, i]), "hir_sdpa": (p, [p, p, p, p, ctypes.POINTER(_SdpaDesc), ctypes.POINTER(p)]), "hir_uniform": (p, [p, p, i, ctypes.c_double, ctypes.c_double, p]),
         "hir_fusion_snprint": (ctypes.c_size_t, [p, c, ctypes.c_size_t]),
         "hx_lower": (i, [p, i, i, i, i, i, i, p, p, i, ctypes.POINTER(p)]), "hir_program_error": (c, [p]),
         "hir_program_free": (None, [p]), "hir_program_plan": (c, [p]),
@@ -323,6 +329,26 @@ class Fusion:
     def sum(self, a, axes):
         axes = list(axes)
         return self._tv(_lib.hir_sum(self._of(), a._h, len(axes), _array(ctypes.c_int, axes)))
+
+    def max(self, a, axes):
+        """The largest element over axes (-inf over an empty one, NaN where one is NaN)."""
+        axes = list(axes)
+        return self._tv(_lib.hir_max(self._of(), a._h, len(axes), _array(ctypes.c_int, axes)))
+
+    def iota(self, like, axis, dtype="float32"):
+        """Each element's index along logical axis `axis` of `like`, shaped and sharded as like."""
+        if dtype not in _BUILD_DTYPES:
+            raise Error("invalid argument", "iota: dtype %r; give one of %s" % (dtype, ", ".join(_BUILD_DTYPES)))
+        return self._tv(_lib.hir_iota(self._of(), like._h, axis, _BUILD_DTYPES[dtype]))
+
+    def sdpa(self, q, k, v, scale=0.0, causal=False, dropout=0.0, seed=0, logsumexp=False):
+        """torch's scaled_dot_product_attention of q [..., L, E], k [..., S, E], v [..., S, Ev]
+        (scale 0: 1/sqrt(E)); with logsumexp, (out, the softmax rows' logsumexp [..., L] in float32)."""
+        desc = _SdpaDesc(float(scale), 1 if causal else 0, float(dropout), self._seed(seed) if dropout else None)
+        lse = ctypes.c_void_p()
+        out = self._tv(_lib.hir_sdpa(self._of(), q._h, k._h, v._h, ctypes.byref(desc),
+                                     ctypes.byref(lse) if logsumexp else None))
+        return (out, self._tv(lse.value)) if logsumexp else out
 
     def broadcast(self, a, is_broadcast):
         flags = [1 if x else 0 for x in is_broadcast]

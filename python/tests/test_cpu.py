@@ -255,6 +255,33 @@ class CpuTests(unittest.TestCase):
             np.testing.assert_array_equal(outs[r][0], U[r:r + 1])
             np.testing.assert_array_equal(outs[r][1], np.where(U[r:r + 1] < 0.5, X[r:r + 1], 0))
 
+    def test_attention(self):
+        """sdpa with the heads on 2 ranks, causal, and its logsumexp; max and iota: numpy's numbers."""
+        rng = np.random.default_rng(9)
+        D, L, E = 2, 5, 4
+        Q, K, V = (rng.standard_normal((D, L, E)).astype(np.float32) for _ in range(3))
+        f = hostir.Fusion()
+        q, k, v = (f.input_sized("float32", [D, L, E]) for _ in range(3))
+        out, lse = f.sdpa(q, k, v, causal=True, logsumexp=True)
+        f.output(out)
+        f.output(lse)
+        f.output(f.max(q, [2]))
+        f.output(f.iota(q, 1))
+        for t in (q, k, v):
+            t.mesh(range(D))
+            t.parallelize(0, "DIDx")
+        outs = hostir.run(f, [[Q[r:r + 1], K[r:r + 1], V[r:r + 1]] for r in range(D)])
+        S = np.einsum("hle,hse->hls", Q.astype(np.float64), K.astype(np.float64)) / np.sqrt(E)
+        S = np.where(np.tril(np.ones((L, L), dtype=bool)), S, -np.inf)
+        M = S.max(axis=2, keepdims=True)
+        P = np.exp(S - M)
+        W = P / P.sum(axis=2, keepdims=True)
+        for r in range(D):
+            np.testing.assert_allclose(outs[r][0], (W @ V.astype(np.float64))[r:r + 1], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(outs[r][1], (M[..., 0] + np.log(P.sum(axis=2)))[r:r + 1], rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(outs[r][2], Q[r:r + 1].max(axis=2))
+            np.testing.assert_array_equal(outs[r][3], np.broadcast_to(np.arange(L, dtype=np.float32)[:, None], (1, L, E)))
+
     def test_tuned(self):
         """tune=True: the schedules measured on 3 ranks, one chosen by all, the numbers numpy's."""
         rng = np.random.default_rng(11)

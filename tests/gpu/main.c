@@ -25,6 +25,7 @@
 #include "../test_stream.c"
 #include "../test_tune.c"
 #include "../test_ops.c"
+#include "../test_attention.c"
 #include "../test_reshard.c"
 #include "../test_split.c"
 #include "../test_fp8.c"
