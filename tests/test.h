@@ -659,6 +659,26 @@ __attribute__((unused)) static void case_lowered(spmd_case *c, int world, const 
   c->nout = nout;
 }
 
+__attribute__((unused)) static const hir_dtype all_dtypes[4] = {HIR_F32, HIR_F64, HIR_F16, HIR_BF16};
+
+/* Philox-4x32-10's first word for counter `index` and key `seed`, its top
+   `bits` as a fraction: hir_rand_value written apart from the library
+   (ops/random checks it against Random123's known answer). */
+__attribute__((unused)) static double ref_rand(uint64_t seed, uint64_t index, int bits) {
+  static const uint32_t mul[2] = {0xD2511F53u, 0xCD9E8D57u}, bump[2] = {0x9E3779B9u, 0xBB67AE85u};
+  uint32_t x[4], k[2], y[4];
+  int round;
+  x[0] = (uint32_t)index, x[1] = (uint32_t)(index >> 32), x[2] = x[3] = 0;
+  k[0] = (uint32_t)seed, k[1] = (uint32_t)(seed >> 32);
+  for (round = 0; round < 10; round++) {
+    uint64_t lo = (uint64_t)mul[0] * x[0], hi = (uint64_t)mul[1] * x[2];
+    y[0] = (uint32_t)(hi >> 32) ^ x[1] ^ k[0], y[1] = (uint32_t)hi, y[2] = (uint32_t)(lo >> 32) ^ x[3] ^ k[1], y[3] = (uint32_t)lo;
+    memcpy(x, y, sizeof x);
+    k[0] += bump[0], k[1] += bump[1];
+  }
+  return (double)(x[0] >> (32 - bits)) / (double)((uint64_t)1 << bits);
+}
+
 __attribute__((unused)) static hir_tensor tcopy(const hir_tensor *t) {
   hir_tensor c = tn(t->dtype, t->ndims, t->sizes);
   memcpy(c.data, t->data, (size_t)tnumel(t) * hir_dtype_size(t->dtype));

@@ -3,6 +3,7 @@
    rows and by batch, against attention written here in double; then
    nvFuser's DistributedTransformerTest's multi-head attention, forward and
    backward, tensor parallel as it writes it ([D, ...] weights). */
+#include "test.h"
 
 /* hir_max over every axis pattern and hir_iota along each axis, on a split
    and sharded tensor; the max of a sharded axis (gathered first); NaN. */

@@ -41,7 +41,6 @@ static int needs_positive(hir_unary_op op) {
 
 static double op_tol(hir_dtype dt) { return dt == HIR_F64 ? 1e-12 : dt == HIR_F32 ? 2e-6 : dt == HIR_F16 ? 2e-3 : 1.6e-2; }
 
-static const hir_dtype all_dtypes[4] = {HIR_F32, HIR_F64, HIR_F16, HIR_BF16};
 
 /* out = op(x) with x [D, 3, 5] split along axis 0: the op runs on each shard.
    Mirrors nvFuser's PointwiseTest / MultiDeviceTest pointwise cases (unary
@@ -179,23 +178,6 @@ static hir_tensor ref_layer_norm(const hir_tensor *x, int64_t rows, int64_t cols
     }
   }
   return y;
-}
-
-/* Philox-4x32-10, written apart from the library's (and checked against
-   Random123's known answer below): hir_rand's reference. */
-static double ref_rand(uint64_t seed, uint64_t index, int bits) {
-  static const uint32_t mul[2] = {0xD2511F53u, 0xCD9E8D57u}, bump[2] = {0x9E3779B9u, 0xBB67AE85u};
-  uint32_t x[4], k[2], y[4];
-  int round;
-  x[0] = (uint32_t)index, x[1] = (uint32_t)(index >> 32), x[2] = x[3] = 0;
-  k[0] = (uint32_t)seed, k[1] = (uint32_t)(seed >> 32);
-  for (round = 0; round < 10; round++) {
-    uint64_t lo = (uint64_t)mul[0] * x[0], hi = (uint64_t)mul[1] * x[2];
-    y[0] = (uint32_t)(hi >> 32) ^ x[1] ^ k[0], y[1] = (uint32_t)hi, y[2] = (uint32_t)(lo >> 32) ^ x[3] ^ k[1], y[3] = (uint32_t)lo;
-    memcpy(x, y, sizeof x);
-    k[0] += bump[0], k[1] += bump[1];
-  }
-  return (double)(x[0] >> (32 - bits)) / (double)((uint64_t)1 << bits);
 }
 
 /* hir_rand and hir_uniform, and a dropout made of them and hir_lt's scalar
