@@ -1252,3 +1252,38 @@ TEST(test_split_unrelated_streams, "split/unrelated_streams", TEST_CPU | TEST_GP
     hir_fusion_free(f);
   }
 }
+
+/* Whether a tensor is sharded, asked as nvFuser's ShardingTest asks its
+   isSharded helper: through the axes' parallel types (hir_tv_ptype) after a
+   split beside the DIDx axis (LogicalIsSharded), after a split whose outer
+   part is DIDx and the allocation laid out as the loop (AllocationIsSharded),
+   and two DIDx axes on one tensor, which nvFuser's helper throws on and
+   hir_parallelize refuses (MultipleDIDx). */
+static int tv_is_sharded(const hir_tv *tv) {
+  int i, n = 0;
+  for (i = 0; i < hir_tv_ndims(tv); i++) n += hir_tv_ptype(tv, i) == HIR_DIDX || hir_tv_ptype(tv, i) == HIR_DIDY;
+  return n > 0;
+}
+
+TEST(test_split_is_sharded, "split/is_sharded", TEST_CPU) {
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *x = hir_input(f, HIR_F32, 3);
+  hir_output(f, hir_relu(f, x));
+  CHECK(!tv_is_sharded(x));
+  CHECK(hir_parallelize(x, 2, HIR_DIDX) == HIR_OK && hir_split(x, 0, 4, 0) == HIR_OK); /* LogicalIsSharded */
+  CHECK(tv_is_sharded(x) && hir_tv_ndims(x) == 4 && hir_tv_ptype(x, 3) == HIR_DIDX);
+  hir_fusion_free(f);
+  f = hir_fusion_create(); /* AllocationIsSharded */
+  x = hir_input(f, HIR_F32, 3);
+  hir_output(f, hir_relu(f, x));
+  CHECK(hir_split(x, 1, 4, 0) == HIR_OK && hir_parallelize(x, 1, HIR_DIDX) == HIR_OK && hir_set_allocation_loop(x) == HIR_OK);
+  CHECK(tv_is_sharded(x) && hir_tv_ptype(x, 1) == HIR_DIDX && hir_fusion_error(f)[0] == 0);
+  hir_fusion_free(f);
+  f = hir_fusion_create(); /* MultipleDIDx */
+  x = hir_input(f, HIR_F32, 1);
+  hir_output(f, hir_relu(f, x));
+  CHECK(hir_split(x, 0, 2, 0) == HIR_OK && hir_parallelize(x, 0, HIR_DIDX) == HIR_OK);
+  CHECK(hir_parallelize(x, 1, HIR_DIDX) == HIR_ERR_UNSUPPORTED &&
+        strstr(hir_fusion_error(f), "hir_parallelize: T0 already has a DIDx axis (axis 0); one DIDx axis per tensor"));
+  hir_fusion_free(f);
+}
