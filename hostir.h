@@ -136,8 +136,14 @@ typedef enum hir_status { HIR_STATUS_LIST(HIR__ENUM_NAME) HIR_STATUS_COUNT } hir
 
 /* HIR_F8E4M3 (e4m3fn: no infinities, largest 448) and HIR_F8E5M2 (largest
    57344) are storage dtypes: moved, cast, and multiplied by hir_scaled_linear;
-   other ops refuse them (cast to compute). */
-typedef enum hir_dtype { HIR_F32, HIR_F64, HIR_F16, HIR_BF16, HIR_F8E4M3, HIR_F8E5M2, HIR_DTYPE_COUNT } hir_dtype;
+   other ops refuse them (cast to compute). HIR_I64 (torch.int64: token ids,
+   positions, counts) is moved, cast, and computed exactly in 64-bit
+   integers by add, sub, mul (wrapping), neg, abs, relu, the comparisons,
+   their scalar forms (integer scalars), hir_sum, hir_max and hir_iota, and
+   summed across devices; other ops refuse it. A cast to int64 rounds
+   toward zero, NaN and what lies out of range saturating as CUDA's does
+   (NaN to the most negative). */
+typedef enum hir_dtype { HIR_F32, HIR_F64, HIR_F16, HIR_BF16, HIR_F8E4M3, HIR_F8E5M2, HIR_I64, HIR_DTYPE_COUNT } hir_dtype;
 /* HIR_DIDX and HIR_DIDY split an axis across the devices of one mesh axis:
    DIDx along a row of a 2-D mesh (hir_set_mesh_2d; a 1-D mesh is one row),
    DIDy down a column. */
@@ -155,8 +161,8 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
      3. its printed form: a case of hir__print_expr (>>print);
      4. a fusion op: where its inputs' axes land, hir__axis_map (>>analysis); how
         a split passes it where it has an axis or sizes of its own, hir__split_blocked
-        and hir__split_one (>>analysis); fp8 operands: HIR__OP_FP8, or a rule of its
-        own in hir__takes_fp8 (>>build);
+        and hir__split_one (>>analysis); fp8 and int64 operands: HIR__OP_STORE, or a
+        rule of its own in hir__takes_dtype (>>build);
      5. its operands' rules in the verifier, hir__verify_operands (>>verify); a
         host op: where it may stand, hir__verify_scope (>>verify), and whether it writes
         its inputs, hir__writes_inputs (>>analysis); a communication: HIR__OP_COMM and
@@ -185,16 +191,16 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_END_COALESCING, "EndCoalescing", 0, 0, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM)                            \
   X(HIR_EXPR_ALIAS_SELECT, "HirAliasSelect", 1, 1, HIR__OP_HOST | HIR__OP_VIEW)                                                                    \
   X(HIR_EXPR_ALIAS_SLICE, "HirAliasSlice", 1, 1, HIR__OP_HOST | HIR__OP_VIEW)                                                                      \
-  X(HIR_EXPR_LOAD_STORE, "LoadStoreOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES | HIR__OP_FP8)              \
+  X(HIR_EXPR_LOAD_STORE, "LoadStoreOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES | HIR__OP_STORE)            \
   X(HIR_EXPR_BINARY, "BinaryOp", 2, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_ANY_STRIDES)                             \
   X(HIR_EXPR_UNARY, "UnaryOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_ANY_STRIDES)                               \
   X(HIR_EXPR_REDUCTION, "ReductionOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_MOVES)                             \
   X(HIR_EXPR_MAX, "MaxOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                                                       \
-  X(HIR_EXPR_BROADCAST, "BroadcastOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM | HIR__OP_FP8)                                                    \
+  X(HIR_EXPR_BROADCAST, "BroadcastOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_ON_STREAM | HIR__OP_STORE)                                                  \
   X(HIR_EXPR_MATMUL, "MatmulOp", -1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM)                                                  \
-  X(HIR_EXPR_SELECT, "SelectOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_CUTS_AXIS | HIR__OP_WHOLE | HIR__OP_FP8) \
-  X(HIR_EXPR_SLICE, "SliceOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_CUTS_AXIS | HIR__OP_WHOLE | HIR__OP_FP8)   \
-  X(HIR_EXPR_RESHAPE, "ViewOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_WHOLE | HIR__OP_FP8)                      \
+  X(HIR_EXPR_SELECT, "SelectOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_CUTS_AXIS | HIR__OP_WHOLE | HIR__OP_STORE)\
+  X(HIR_EXPR_SLICE, "SliceOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_CUTS_AXIS | HIR__OP_WHOLE | HIR__OP_STORE) \
+  X(HIR_EXPR_RESHAPE, "ViewOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_WHOLE | HIR__OP_STORE)                    \
   X(HIR_EXPR_COLLECTIVE_PERMUTE, "CollectivePermute", 1, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_TEAM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
   X(HIR_EXPR_RNG, "RNGOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_WHOLE | HIR__OP_ANY_STRIDES)
 #define HIR__EXPR_ENUM(e, name, nin, nout, flags) e,
@@ -371,8 +377,8 @@ HIRDEF hir_tv     *hir_rand(hir_fusion *f, hir_tv *like, hir_dtype dtype, hir_va
 HIRDEF hir_tv     *hir_uniform(hir_fusion *f, hir_tv *like, hir_dtype dtype, double low, double high, hir_val *seed);
 HIRDEF double      hir_rand_value(uint64_t seed, uint64_t index, int bits);
 /* Each element's index along logical axis `axis` of `like` (torch.arange
-   broadcast to like's shape), shaped and sharded as like, in dtype (exact
-   up to 2^24 in f32, 2^53 in f64, 2048 in f16, 256 in bf16). A causal mask
+   broadcast to like's shape), shaped and sharded as like, in dtype (int64,
+   or exact up to 2^24 in f32, 2^53 in f64, 2048 in f16, 256 in bf16). A causal mask
    keeps column j of row i where hir_lt(f, hir_iota(.., -1 ..), row + 1)
    is 1, row = hir_iota(.., -2 ..). */
 HIRDEF hir_tv     *hir_iota(hir_fusion *f, hir_tv *like, int axis, hir_dtype dtype);
@@ -1212,8 +1218,8 @@ HIRDEF const char *hir_status_str(hir_status s) {
   return ((unsigned)s < HIR_STATUS_COUNT) ? hir__status_names[s] : "unknown status";
 }
 
-static const char *const hir__dtype_names[] = {"float", "double", "__half", "__bfloat", "__e4m3", "__e5m2"};
-static const size_t hir__dtype_sizes[] = {4, 8, 2, 2, 1, 1};
+static const char *const hir__dtype_names[] = {"float", "double", "__half", "__bfloat", "__e4m3", "__e5m2", "int64_t"};
+static const size_t hir__dtype_sizes[] = {4, 8, 2, 2, 1, 1, 8};
 HIR__STATIC_ASSERT(dtype_names, sizeof(hir__dtype_names) / sizeof(hir__dtype_names[0]) == HIR_DTYPE_COUNT);
 
 HIRDEF const char *hir_dtype_name(hir_dtype d) { return ((unsigned)d < HIR_DTYPE_COUNT) ? hir__dtype_names[d] : "?"; }
@@ -1862,7 +1868,7 @@ enum {
   HIR__OP_TEAM = 1024,     /* talks to a team of devices (team, team_size) */
   HIR__OP_CUTS_AXIS = 2048,/* keeps part of its input's axis e->axis (select, slice) */
   HIR__OP_WHOLE = 4096,    /* reads its input whole (select, slice, reshape): never computed chunk by chunk */
-  HIR__OP_FP8 = 8192,      /* moves fp8 values as they are (a set, a broadcast, a view of the fusion language) */
+  HIR__OP_STORE = 8192,    /* moves values as they are, so takes the storage dtypes, fp8 and int64 (a set, a broadcast, a view) */
   HIR__OP_ANY_STRIDES = 16384 /* writes its output at any strides (elementwise ops, random numbers) */
 };
 typedef struct hir__op_info {
@@ -2237,26 +2243,46 @@ static int hir__loop_place(const hir_tv *tv, int i) {
   return p;
 }
 
-/* Whether e may read or write fp8 tensors: moves and views, casts, and the scaled matmul. */
-static int hir__takes_fp8(const hir_expr *e) {
-  if (hir__ops[e->kind].flags & HIR__OP_FP8) return 1;
+/* The unary ops exact on int64. */
+static int hir__unary_on_i64(int op) {
+  switch (op) {
+  case HIR_UNARY_NEG: case HIR_UNARY_ABS: case HIR_UNARY_RELU: case HIR_UNARY_CAST: case HIR_UNARY_ADD_SCALAR:
+  case HIR_UNARY_SUB_SCALAR: case HIR_UNARY_MUL_SCALAR: case HIR_UNARY_SCALAR_SUB: case HIR_UNARY_LT_SCALAR:
+  case HIR_UNARY_SCALAR_LT: return 1;
+  default: return 0;
+  }
+}
+
+/* Whether e may read or write tensors of dtype dt: every op takes the
+   floating dtypes; fp8 moves and views, casts, and the scaled matmul; int64
+   moves and views, casts, and the ops exact on integers. */
+static int hir__takes_dtype(const hir_expr *e, hir_dtype dt) {
+  if (!hir__is_fp8(dt) && dt != HIR_I64) return 1;
+  if (hir__ops[e->kind].flags & HIR__OP_STORE) return 1;
   switch (e->kind) {
-  case HIR_EXPR_UNARY: return e->sub == HIR_UNARY_CAST;
-  case HIR_EXPR_MATMUL: return (e->flags & HIR__MATMUL_SCALED) != 0;
-  case HIR_EXPR_RNG: return 1; /* reads its operand's shape only (its own dtype is checked by hir_rand) */
+  case HIR_EXPR_UNARY: return e->sub == HIR_UNARY_CAST || (dt == HIR_I64 && hir__unary_on_i64(e->sub));
+  case HIR_EXPR_BINARY: return dt == HIR_I64 && e->sub != HIR_BINARY_DIV;
+  case HIR_EXPR_REDUCTION:
+  case HIR_EXPR_MAX: return dt == HIR_I64;
+  case HIR_EXPR_MATMUL: return hir__is_fp8(dt) && (e->flags & HIR__MATMUL_SCALED);
+  case HIR_EXPR_RNG: return 1; /* reads its operand's shape only (its own dtype is checked by its builder) */
   default: return 0;
   }
 }
 
 static hir_tv *hir__finish_op(hir_fusion *f, hir_expr *e, hir_tv *out) {
   int i;
-  for (i = 0; i < e->nin && !hir__takes_fp8(e); i++)
-    if (hir__is_fp8(e->in[i]->dtype) || hir__is_fp8(out->dtype)) {
-      const hir_tv *t = hir__is_fp8(e->in[i]->dtype) ? e->in[i] : out;
+  for (i = 0; i <= e->nin; i++) {
+    const hir_tv *t = i < e->nin ? e->in[i] : out;
+    if (hir__takes_dtype(e, t->dtype)) continue;
+    if (t->dtype == HIR_I64)
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "%s: T%d is int64, which only moves, casts, add, sub, mul, neg, abs, relu, the "
+                "comparisons, sums and maxima take; cast it (hir_cast) to compute", hir__ops[e->kind].name, t->name);
+    else
       hir__fail(f, HIR_ERR_UNSUPPORTED, "%s: T%d is %s, an fp8 dtype, which only moves, casts and hir_scaled_linear take; cast it "
                 "(hir_cast) to compute", hir__ops[e->kind].name, t->name, hir_dtype_name(t->dtype));
-      return NULL;
-    }
+    return NULL;
+  }
   if (!hir__push(f, &f->exprs, e)) return NULL;
   out->definition = e;
   return out;
@@ -2680,9 +2706,9 @@ HIRDEF hir_tv *hir_iota(hir_fusion *f, hir_tv *like, int axis, hir_dtype dtype) 
     hir__fail(f, HIR_ERR_INVALID, "hir_iota: axis %d is out of range for T%d, which has %d logical axes", axis, like->name, n);
     return NULL;
   }
-  if (dtype != HIR_F32 && dtype != HIR_F64 && dtype != HIR_F16 && dtype != HIR_BF16) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_iota: dtype %d; indices are HIR_F32, HIR_F64, HIR_F16 or HIR_BF16 (exact up to "
-              "2^24, 2^53, 2048 and 256)", (int)dtype);
+  if (dtype != HIR_F32 && dtype != HIR_F64 && dtype != HIR_F16 && dtype != HIR_BF16 && dtype != HIR_I64) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_iota: dtype %d; indices are HIR_I64, HIR_F32, HIR_F64, HIR_F16 or HIR_BF16 (exact "
+              "up to 2^24 in f32, 2^53 in f64, 2048 in f16 and 256 in bf16)", (int)dtype);
     return NULL;
   }
   if (!(e = hir__like_op(f, HIR_EXPR_RNG, like, dtype))) return NULL;
@@ -2720,6 +2746,11 @@ static hir_tv *hir__binary_scalar(hir_fusion *f, hir_binary_op op, hir_tv *a, do
   if (!hir__live(f) || !hir__check_binary_op(f, op, fn)) return NULL;
   if (!isfinite(s)) {
     hir__fail(f, HIR_ERR_INVALID, "%s: the scalar is %g; give a finite number", fn, s);
+    return NULL;
+  }
+  if (a && a->dtype == HIR_I64 && !sv && (s != floor(s) || fabs(s) >= 9007199254740992.0)) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: T%d is int64 and the scalar %g is not an integer of at most 2^53; give one, or an "
+              "integer scalar input (hir_binary_val)", fn, a->name, s);
     return NULL;
   }
   return hir__unary(f, hir__scalar_form(op, scalar_first), a, a ? a->dtype : HIR_F32, s, sv, fn);
@@ -4031,12 +4062,13 @@ static void hir__print_binary(hir__writer *w, const hir_expr *e, int ind) {
 }
 
 /* nvFuser's spelling of a cast: __half2float, __float2bfloat, (double) ... */
+static const char *const hir__cast_names[] = {"float", "double", "half", "bfloat", "e4m3", "e5m2", "int64_t"};
+HIR__STATIC_ASSERT(cast_names, sizeof hir__cast_names / sizeof hir__cast_names[0] == HIR_DTYPE_COUNT);
 static void hir__print_cast(hir__writer *w, hir_dtype from, hir_dtype to) {
-  static const char *const names[] = {"float", "double", "half", "bfloat", "e4m3", "e5m2"};
-  if ((from == HIR_F32 || from == HIR_F64) && (to == HIR_F32 || to == HIR_F64))
-    hir__emit(w, "(%s)", names[to]);
+  if ((from == HIR_F32 || from == HIR_F64 || from == HIR_I64) && (to == HIR_F32 || to == HIR_F64 || to == HIR_I64))
+    hir__emit(w, "(%s)", hir__cast_names[to]);
   else
-    hir__emit(w, "__%s2%s", names[from], names[to]);
+    hir__emit(w, "__%s2%s", hir__cast_names[from], hir__cast_names[to]);
 }
 
 static void hir__print_scalar(hir__writer *w, const hir_expr *e) {
@@ -8344,6 +8376,12 @@ HIRDEF float hir_e5m2_to_float(uint8_t b) {
   return hir__fp8_finite(b, 5, 2);
 }
 
+/* A double cast to int64 as CUDA's __double2ll_rz: toward zero, saturating, NaN the most negative. */
+static int64_t hir__double_to_i64(double v) {
+  if (v != v || v <= -9223372036854775808.0) return INT64_MIN;
+  return v >= 9223372036854775808.0 ? INT64_MAX : (int64_t)v;
+}
+
 static double hir__load(const void *base, hir_dtype dt, int64_t i) {
   switch (dt) {
   case HIR_F32: return ((const float *)base)[i];
@@ -8351,6 +8389,7 @@ static double hir__load(const void *base, hir_dtype dt, int64_t i) {
   case HIR_F16: return hir_half_to_float(((const uint16_t *)base)[i]);
   case HIR_F8E4M3: return hir_e4m3_to_float(((const uint8_t *)base)[i]);
   case HIR_F8E5M2: return hir_e5m2_to_float(((const uint8_t *)base)[i]);
+  case HIR_I64: return (double)((const int64_t *)base)[i];
   default: return hir_bf16_to_float(((const uint16_t *)base)[i]);
   }
 }
@@ -8362,6 +8401,7 @@ static void hir__store(void *base, hir_dtype dt, int64_t i, double v) {
   case HIR_F16: ((uint16_t *)base)[i] = hir_float_to_half((float)v); break;
   case HIR_F8E4M3: ((uint8_t *)base)[i] = hir_float_to_e4m3((float)v); break;
   case HIR_F8E5M2: ((uint8_t *)base)[i] = hir_float_to_e5m2((float)v); break;
+  case HIR_I64: ((int64_t *)base)[i] = hir__double_to_i64(v); break;
   default: ((uint16_t *)base)[i] = hir_float_to_bf16((float)v); break;
   }
 }
@@ -8433,7 +8473,7 @@ static void hir__contiguous_strides(hir_tensor *t) {
 /* Each hir_dtype's DLPack code and bits; fp8 by DLPack 1.1's numbers (kDLFloat8_e4m3fn 10, kDLFloat8_e5m2 12, as
    PyTorch exports them), so that an older dlpack.h works too. */
 static const struct { int code, bits; } hir__dlpack_types[] = {{kDLFloat, 32}, {kDLFloat, 64}, {kDLFloat, 16}, {kDLBfloat, 16},
-                                                              {10, 8}, {12, 8}};
+                                                              {10, 8}, {12, 8}, {kDLInt, 64}};
 HIR__STATIC_ASSERT(dlpack_types, sizeof(hir__dlpack_types) / sizeof(hir__dlpack_types[0]) == HIR_DTYPE_COUNT);
 
 HIRDEF hir_status hir_tensor_from_dlpack(const DLTensor *t, hir_tensor *out, char *error, size_t cap) {
@@ -8648,15 +8688,41 @@ static double hir__apply_unary(hir_unary_op op, double x, double s) {
 }
 #undef HIR_C
 
+/* The ops exact on int64 (hir__unary_on_i64), wrapping as two's complement. */
+static int64_t hir__i64_wrap(uint64_t v) { return v <= (uint64_t)INT64_MAX ? (int64_t)v : -(int64_t)(~v) - 1; }
+static int64_t hir__i64_binary(hir_binary_op op, int64_t x, int64_t y) {
+  switch (op) {
+  case HIR_BINARY_ADD: return hir__i64_wrap((uint64_t)x + (uint64_t)y);
+  case HIR_BINARY_SUB: return hir__i64_wrap((uint64_t)x - (uint64_t)y);
+  case HIR_BINARY_MUL: return hir__i64_wrap((uint64_t)x * (uint64_t)y);
+  default: return x < y;
+  }
+}
+static int64_t hir__i64_unary(hir_unary_op op, int64_t x, int64_t s) {
+  switch (op) {
+  case HIR_UNARY_NEG: return hir__i64_wrap(0 - (uint64_t)x);
+  case HIR_UNARY_ABS: return x < 0 ? hir__i64_wrap(0 - (uint64_t)x) : x;
+  case HIR_UNARY_RELU: return x < 0 ? 0 : x;
+  case HIR_UNARY_ADD_SCALAR: return hir__i64_binary(HIR_BINARY_ADD, x, s);
+  case HIR_UNARY_SUB_SCALAR: return hir__i64_binary(HIR_BINARY_SUB, x, s);
+  case HIR_UNARY_MUL_SCALAR: return hir__i64_binary(HIR_BINARY_MUL, x, s);
+  case HIR_UNARY_SCALAR_SUB: return hir__i64_binary(HIR_BINARY_SUB, s, x);
+  case HIR_UNARY_LT_SCALAR: return x < s;
+  case HIR_UNARY_SCALAR_LT: return s < x;
+  default: return x; /* cast */
+  }
+}
+
 static hir_status hir__cpu_unary(hir_backend *b, void *stream, hir_unary_op op, const hir_tensor *dst, const hir_tensor *src,
                                  double s) {
   const hir_tensor *ts[2];
   hir__iter it;
-  int nd = dst->ndims;
+  int nd = dst->ndims, i64 = dst->dtype == HIR_I64 && src->dtype == HIR_I64;
   int64_t n, j;
   (void)b; (void)stream;
   if (nd == 0) {
-    hir__store(dst->data, dst->dtype, 0, hir__apply_unary(op, hir__load(src->data, src->dtype, 0), s));
+    if (i64) *(int64_t *)dst->data = hir__i64_unary(op, *(const int64_t *)src->data, (int64_t)s);
+    else hir__store(dst->data, dst->dtype, 0, hir__apply_unary(op, hir__load(src->data, src->dtype, 0), s));
     return HIR_OK;
   }
   if (hir__numel(nd, dst->sizes) == 0) return HIR_OK;
@@ -8666,7 +8732,9 @@ static hir_status hir__cpu_unary(hir_backend *b, void *stream, hir_unary_op op, 
   n = dst->sizes[nd - 1];
   do {
     int64_t sd = dst->strides[nd - 1], ss = src->strides[nd - 1];
-    for (j = 0; j < n; j++)
+    for (j = 0; i64 && j < n; j++)
+      ((int64_t *)dst->data)[it.off[0] + j * sd] = hir__i64_unary(op, ((const int64_t *)src->data)[it.off[1] + j * ss], (int64_t)s);
+    for (j = 0; !i64 && j < n; j++)
       hir__store(dst->data, dst->dtype, it.off[0] + j * sd,
                  hir__apply_unary(op, hir__load(src->data, src->dtype, it.off[1] + j * ss), s));
   } while (hir__iter_next_outer(&it));
@@ -8680,6 +8748,10 @@ static hir_status hir__cpu_binary(hir_backend *b, void *stream, hir_binary_op op
   int nd = dst->ndims;
   int64_t n, j;
   (void)b; (void)stream;
+  if (nd == 0 && dst->dtype == HIR_I64) {
+    *(int64_t *)dst->data = hir__i64_binary(op, *(const int64_t *)a->data, *(const int64_t *)x->data);
+    return HIR_OK;
+  }
   if (nd == 0) {
     hir__store(dst->data, dst->dtype, 0, hir__apply_binary(op, hir__load(a->data, a->dtype, 0), hir__load(x->data, x->dtype, 0)));
     return HIR_OK;
@@ -8699,6 +8771,10 @@ static hir_status hir__cpu_binary(hir_backend *b, void *stream, hir_binary_op op
       else if (op == HIR_BINARY_SUB) for (j = 0; j < n; j++) d[j] = p[j] - q[j];
       else if (op == HIR_BINARY_MUL) for (j = 0; j < n; j++) d[j] = p[j] * q[j];
       else for (j = 0; j < n; j++) d[j] = (float)((double)p[j] / q[j]);
+    } else if (dst->dtype == HIR_I64) { /* operands of one dtype (the verifier's rule) */
+      for (j = 0; j < n; j++)
+        ((int64_t *)dst->data)[it.off[0] + j * sd] =
+            hir__i64_binary(op, ((const int64_t *)a->data)[it.off[1] + j * sa], ((const int64_t *)x->data)[it.off[2] + j * sx]);
     } else {
       for (j = 0; j < n; j++)
         hir__store(dst->data, dst->dtype, it.off[0] + j * sd,
@@ -8709,16 +8785,19 @@ static hir_status hir__cpu_binary(hir_backend *b, void *stream, hir_binary_op op
   return HIR_OK;
 }
 
-/* Sums in double, stores once: the reference the other backends are tested against. */
+/* Sums in double (int64 exactly), stores once: the reference the other backends are tested against. */
 static hir_status hir__cpu_reduce(hir_backend *b, const hir_tensor *dst, const hir_tensor *src, int max) {
   hir__cpu *c = (hir__cpu *)b->ctx;
   hir_tensor acc_view;
   const hir_tensor *ts[2];
   hir__iter it;
-  int nd = src->ndims, d;
-  int64_t nout = hir__numel(nd, dst->sizes), n, j, k;
+  int nd = src->ndims, d, i64 = src->dtype == HIR_I64;
+  int64_t nout = hir__numel(nd, dst->sizes), n, j, k, *iacc;
   if (!hir__cpu_grow(b, (void **)&c->acc, &c->acc_cap, (size_t)(nout ? nout : 1) * sizeof(double))) return HIR_ERR_NOMEM;
-  for (k = 0; k < nout; k++) c->acc[k] = max ? -HUGE_VAL : 0;
+  iacc = (int64_t *)(void *)c->acc; /* int64 accumulators, exact, in the same bytes */
+  for (k = 0; k < nout; k++)
+    if (i64) iacc[k] = max ? INT64_MIN : 0;
+    else c->acc[k] = max ? -HUGE_VAL : 0;
   if (nd == 0 || hir__numel(nd, src->sizes) == 0) goto store;
   acc_view = *dst; /* accumulators laid out contiguously over dst's shape, 0 stride on reduced axes */
   {
@@ -8733,13 +8812,21 @@ static hir_status hir__cpu_reduce(hir_backend *b, const hir_tensor *dst, const h
   hir__iter_init(&it, nd, src->sizes, 2, ts);
   n = src->sizes[nd - 1];
   do {
-    for (j = 0; j < n; j++) {
+    for (j = 0; i64 && j < n; j++) {
+      int64_t *acc = &iacc[it.off[0] + j * acc_view.strides[nd - 1]], x = ((const int64_t *)src->data)[it.off[1] + j * src->strides[nd - 1]];
+      *acc = max ? (x > *acc ? x : *acc) : hir__i64_binary(HIR_BINARY_ADD, *acc, x);
+    }
+    for (j = 0; !i64 && j < n; j++) {
       double *acc = &c->acc[it.off[0] + j * acc_view.strides[nd - 1]], x = hir__load(src->data, src->dtype, it.off[1] + j * src->strides[nd - 1]);
       if (!max) *acc += x;
       else if (x > *acc || x != x) *acc = *acc != *acc ? *acc : x; /* NaN wins */
     }
   } while (hir__iter_next_outer(&it));
 store:
+  if (nd == 0 && i64) {
+    *(int64_t *)dst->data = *(const int64_t *)src->data;
+    return HIR_OK;
+  }
   if (nd == 0) {
     double x = hir__load(src->data, src->dtype, 0);
     hir__store(dst->data, dst->dtype, 0, max ? x : c->acc[0] + x);
@@ -8754,7 +8841,8 @@ store:
         r /= dst->sizes[d];
         off += idx[d] * dst->strides[d];
       }
-      hir__store(dst->data, dst->dtype, off, c->acc[k]);
+      if (i64) ((int64_t *)dst->data)[off] = iacc[k];
+      else hir__store(dst->data, dst->dtype, off, c->acc[k]);
     }
   }
   return HIR_OK;
@@ -8908,7 +8996,8 @@ static hir_status hir__cpu_rand(hir_backend *self, void *stream, const hir_tenso
       off += k * dst->strides[d];
       at += (uint64_t)(base[d] + k) * (uint64_t)stride[d];
     }
-    hir__store(dst->data, dst->dtype, off, bits ? hir_rand_value(seed, at, bits) : (double)at);
+    if (!bits && dst->dtype == HIR_I64) ((int64_t *)dst->data)[off] = (int64_t)at;
+    else hir__store(dst->data, dst->dtype, off, bits ? hir_rand_value(seed, at, bits) : (double)at);
   }
   return HIR_OK;
 }
@@ -9044,7 +9133,8 @@ typedef struct hir__nvrtc {
    of a dense tensor's rows, dense casts, layer_norm, transposing copies,
    numbered elements (random numbers, indices), and maxima over axes. */
 enum { HIR__MAP_F32, HIR__MAP_F64, HIR__VEC_F32, HIR__VEC_F64, HIR__VEC_F16, HIR__VEC_BF16, HIR__MAX_ABS, HIR__SCALE_RC,
-       HIR__SUM_ROWS, HIR__CAST_VEC, HIR__LAYER_NORM, HIR__TRANSPOSE, HIR__RAND, HIR__MAX_AXES, HIR__MAP_KERNELS };
+       HIR__SUM_ROWS, HIR__CAST_VEC, HIR__LAYER_NORM, HIR__TRANSPOSE, HIR__RAND, HIR__REDUCE_AXES, HIR__MAP_I64,
+       HIR__MAP_KERNELS };
 HIR__STATIC_ASSERT(vec_kernels, HIR_F32 == 0 && HIR__VEC_F32 + HIR_BF16 == HIR__VEC_BF16); /* HIR__VEC_F32 + dtype */
 
 #define HIR__CUDA_LANES 64
@@ -9535,29 +9625,40 @@ static const char hir__cuda_map_head[] =
     "  case 1: return (T)((const double *)p)[i];\n"
     "  case 2: return (T)hir_h2f(((const u16 *)p)[i]);\n"
     "  case 3: return (T)hir_b2f(((const u16 *)p)[i]);\n"
+    "  case 6: return (T)((const long long *)p)[i];\n"
     "  default: return (T)hir_fp8_to_f(((const unsigned char *)p)[i], dt == 4 ? 4 : 5, dt == 4 ? 3 : 2);\n"
     "  }\n"
     "}\n"
+    /* into int64 as hir__double_to_i64: toward zero, saturating, NaN the most negative */
+    "__device__ __forceinline__ long long hir_to_i64(long long v) { return v; }\n"
+    "__device__ __forceinline__ long long hir_to_i64(double v) { return __double2ll_rz(v); }\n"
+    "__device__ __forceinline__ long long hir_to_i64(float v) { return __double2ll_rz((double)v); }\n"
     "template <typename T> __device__ __forceinline__ void hir_st(void *p, int dt, i64 i, T v) {\n"
     "  switch (dt) {\n"
     "  case 0: ((float *)p)[i] = (float)v; break;\n"
     "  case 1: ((double *)p)[i] = (double)v; break;\n"
     "  case 2: ((u16 *)p)[i] = hir_f2h((float)v); break;\n"
     "  case 3: ((u16 *)p)[i] = hir_f2b((float)v); break;\n"
+    "  case 6: ((long long *)p)[i] = hir_to_i64(v); break;\n"
     "  default: ((unsigned char *)p)[i] = dt == 4 ? hir_f2fp8((float)v, 4, 3, 0x7eu) : hir_f2fp8((float)v, 5, 2, 0x7bu); break;\n"
     "  }\n"
     "}\n"
     "#define HIR_C(v) ((T)(v))\n";
 static const char *const hir__cuda_map_tail[] = { /* pieces under C's 4095-character limit */
+    "__device__ __forceinline__ void hir_offsets(const hir_map_args &a, i64 i, i64 &od, i64 &oa, i64 &ob) {\n"
+    "  i64 r = i;\n"
+    "  od = oa = ob = 0;\n"
+    "  if (a.nd == 1) od = i * a.sd[0], oa = i * a.sa[0], ob = i * a.sb[0];\n"
+    "  else for (int d = a.nd - 1; d >= 0; d--) {\n"
+    "    i64 k = r % a.sizes[d];\n"
+    "    r /= a.sizes[d];\n"
+    "    od += k * a.sd[d], oa += k * a.sa[d], ob += k * a.sb[d];\n"
+    "  }\n"
+    "}\n"
     "template <typename T> __device__ void hir_map(const hir_map_args &a) {\n"
     "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < a.n; i += (i64)gridDim.x * blockDim.x) {\n"
-    "    i64 r = i, od = 0, oa = 0, ob = 0;\n"
-    "    if (a.nd == 1) od = i * a.sd[0], oa = i * a.sa[0], ob = i * a.sb[0];\n"
-    "    else for (int d = a.nd - 1; d >= 0; d--) {\n"
-    "      i64 k = r % a.sizes[d];\n"
-    "      r /= a.sizes[d];\n"
-    "      od += k * a.sd[d], oa += k * a.sa[d], ob += k * a.sb[d];\n"
-    "    }\n"
+    "    i64 od, oa, ob;\n"
+    "    hir_offsets(a, i, od, oa, ob);\n"
     "    T x = hir_ld<T>(a.a, a.dt_a, oa);\n"
     "    hir_st<T>(a.dst, a.dt_dst, od, a.binary ? hir_binary<T>(a.op, x, hir_ld<T>(a.b, a.dt_b, ob)) : hir_unary<T>(a.op, x, (T)a.s));\n"
     "  }\n"
@@ -9864,13 +9965,18 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "      c1 = 0xCD9E8D57u * c2, c3 = 0xD2511F53u * c0, c0 = n0, c2 = n2;\n"
     "      k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;\n"
     "    }\n"
-    "    hir_st<double>(a.dst, a.dt, od, a.bits ? (double)(c0 >> (32 - a.bits)) / (double)(1ull << a.bits) : (double)at);\n"
+    "    if (!a.bits && a.dt == 6) ((long long *)a.dst)[od] = (long long)at;\n"
+    "    else hir_st<double>(a.dst, a.dt, od, a.bits ? (double)(c0 >> (32 - a.bits)) / (double)(1ull << a.bits) : (double)at);\n"
     "  }\n"
     "}\n",
-    /* hir_backend.max: a warp an output element, its lanes over the reduced elements (any strides) */
-    "struct hir_max_args { void *dst; const void *src; i64 nout, nred; int nd, dt; i64 sizes[8], ss[8], sd[8]; int red[8]; };\n"
+    /* hir_backend.max, and int64's sums: a warp an output element, its lanes over the reduced elements (any
+       strides); floats in double, int64 exactly (sums wrapping) */
+    "struct hir_reduce_args { void *dst; const void *src; i64 nout, nred; int nd, dt, sum; i64 sizes[8], ss[8], sd[8]; int red[8]; };\n"
     "__device__ double hir_max_nan(double x, double y) { return x != x || y != y ? x + y : x > y ? x : y; }\n"
-    "extern \"C\" __global__ void hir_max_axes(hir_max_args a) {\n"
+    "__device__ long long hir_i64_fold(int sum, long long x, long long y) {\n"
+    "  return sum ? (long long)((unsigned long long)x + (unsigned long long)y) : x > y ? x : y;\n"
+    "}\n"
+    "extern \"C\" __global__ void hir_reduce_axes(hir_reduce_args a) {\n"
     "  const int lane = threadIdx.x & 31;\n"
     "  const i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;\n"
     "  for (i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < a.nout; w += warps) {\n"
@@ -9881,6 +9987,7 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "        r /= a.sizes[d], os += k * a.ss[d], od += k * a.sd[d];\n"
     "      }\n"
     "    double m = __longlong_as_double(0xfff0000000000000ll);\n"
+    "    long long n = a.sum ? 0 : (long long)0x8000000000000000ull;\n"
     "    for (i64 j = lane; j < a.nred; j += 32) {\n"
     "      i64 q = j, o = os;\n"
     "      for (int d = a.nd - 1; d >= 0; d--)\n"
@@ -9888,10 +9995,23 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "          i64 k = q % a.sizes[d];\n"
     "          q /= a.sizes[d], o += k * a.ss[d];\n"
     "        }\n"
-    "      m = hir_max_nan(m, hir_ld<double>(a.src, a.dt, o));\n"
+    "      if (a.dt == 6) n = hir_i64_fold(a.sum, n, ((const long long *)a.src)[o]);\n"
+    "      else m = hir_max_nan(m, hir_ld<double>(a.src, a.dt, o));\n"
     "    }\n"
-    "    for (int o = 16; o > 0; o /= 2) m = hir_max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));\n"
-    "    if (lane == 0) hir_st<double>(a.dst, a.dt, od, m);\n"
+    "    for (int o = 16; o > 0; o /= 2)\n"
+    "      if (a.dt == 6) n = hir_i64_fold(a.sum, n, __shfl_xor_sync(0xffffffffu, n, o));\n"
+    "      else m = hir_max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));\n"
+    "    if (lane == 0 && a.dt == 6) ((long long *)a.dst)[od] = n;\n"
+    "    else if (lane == 0) hir_st<double>(a.dst, a.dt, od, m);\n"
+    "  }\n"
+    "}\n",
+    /* int64's elementwise ops (hir__unary_on_i64), exact, by hir__cuda_map_source's hir_i64_unary and hir_i64_binary */
+    "extern \"C\" __global__ void hir_map_i64(hir_map_args a) {\n"
+    "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < a.n; i += (i64)gridDim.x * blockDim.x) {\n"
+    "    i64 od, oa, ob;\n"
+    "    hir_offsets(a, i, od, oa, ob);\n"
+    "    long long x = ((const long long *)a.a)[oa];\n"
+    "    ((long long *)a.dst)[od] = a.binary ? hir_i64_binary(a.op, x, ((const long long *)a.b)[ob]) : hir_i64_unary(a.op, x, (long long)a.s);\n"
     "  }\n"
     "}\n"};
 typedef struct hir__tr_args { /* hir_tr_args of the kernel source, field for field */
@@ -9907,14 +10027,14 @@ typedef struct hir__rand_args { /* hir_rand_args of the kernel source, field for
   unsigned key0, key1;
   int64_t sizes[HIR_MAX_DIMS], sd[HIR_MAX_DIMS], base[HIR_MAX_DIMS], gs[HIR_MAX_DIMS];
 } hir__rand_args;
-typedef struct hir__max_args { /* hir_max_args of the kernel source, field for field */
+typedef struct hir__reduce_args { /* hir_reduce_args of the kernel source, field for field */
   void *dst;
   const void *src;
   int64_t nout, nred;
-  int nd, dt;
+  int nd, dt, sum;
   int64_t sizes[HIR_MAX_DIMS], ss[HIR_MAX_DIMS], sd[HIR_MAX_DIMS];
   int red[HIR_MAX_DIMS];
-} hir__max_args;
+} hir__reduce_args;
 typedef struct hir__ln_args { /* hir_ln_args of the kernel source, field for field */
   void *dst;
   const void *x, *w, *b;
@@ -9947,7 +10067,7 @@ HIR__STATIC_ASSERT(map_dims, HIR_MAX_DIMS == 8);
 
 /* One kernel's source: head, the two op switches from the tables, tail, its entry. */
 static char *hir__cuda_map_source(int which) {
-  size_t cap = sizeof hir__cuda_map_head + strlen(hir__map_entries[which]) + 512, len = 0, i;
+  size_t cap = sizeof hir__cuda_map_head + strlen(hir__map_entries[which]) + 2048, len = 0, i;
   char *src;
   for (i = 0; i < HIR_UNARY_COUNT; i++) cap += strlen(hir__unary_exprs[i]) + 32;
   for (i = 0; i < HIR_BINARY_COUNT; i++) cap += strlen(hir__binary_exprs[i]) + 32;
@@ -9961,6 +10081,21 @@ static char *hir__cuda_map_source(int which) {
   len += (size_t)snprintf(src + len, cap - len, "  }\n  return x;\n}\n");
   for (i = 0; i < sizeof hir__cuda_map_tail / sizeof hir__cuda_map_tail[0]; i++)
     len += (size_t)snprintf(src + len, cap - len, "%s", hir__cuda_map_tail[i]);
+  if (which == HIR__MAP_I64) /* the CPU's hir__i64_binary and hir__i64_unary, wrapping in unsigned arithmetic */
+    len += (size_t)snprintf(
+        src + len, cap - len,
+        "typedef unsigned long long hir_u64;\n"
+        "__device__ long long hir_i64_binary(int op, long long x, long long y) {\n"
+        "  switch (op) {\n  case %d: return (long long)((hir_u64)x + (hir_u64)y);\n  case %d: return (long long)((hir_u64)x - (hir_u64)y);\n"
+        "  case %d: return (long long)((hir_u64)x * (hir_u64)y);\n  default: return x < y;\n  }\n}\n"
+        "__device__ long long hir_i64_unary(int op, long long x, long long s) {\n"
+        "  switch (op) {\n  case %d: return (long long)(0ull - (hir_u64)x);\n  case %d: return x < 0 ? (long long)(0ull - (hir_u64)x) : x;\n"
+        "  case %d: return x < 0 ? 0 : x;\n  case %d: return (long long)((hir_u64)x + (hir_u64)s);\n"
+        "  case %d: return (long long)((hir_u64)x - (hir_u64)s);\n  case %d: return (long long)((hir_u64)x * (hir_u64)s);\n"
+        "  case %d: return (long long)((hir_u64)s - (hir_u64)x);\n  case %d: return x < s;\n  case %d: return s < x;\n"
+        "  default: return x;\n  }\n}\n",
+        HIR_BINARY_ADD, HIR_BINARY_SUB, HIR_BINARY_MUL, HIR_UNARY_NEG, HIR_UNARY_ABS, HIR_UNARY_RELU, HIR_UNARY_ADD_SCALAR,
+        HIR_UNARY_SUB_SCALAR, HIR_UNARY_MUL_SCALAR, HIR_UNARY_SCALAR_SUB, HIR_UNARY_LT_SCALAR, HIR_UNARY_SCALAR_LT);
   snprintf(src + len, cap - len, "%s", hir__map_entries[which]);
   return src;
 }
@@ -10016,7 +10151,7 @@ static const char *hir__map_name(int which) {
   static const char *const names[HIR__MAP_KERNELS] = {"hir_map_f32", "hir_map_f64", "hir_vec_f32", "hir_vec_f64",
                                                       "hir_vec_f16", "hir_vec_bf16", "hir_max_abs_all", "hir_scale_rc",
                                                       "hir_sum_rows", "hir_cast_vec", "hir_layer_norm", "hir_transpose",
-                                                      "hir_rand", "hir_max_axes"};
+                                                      "hir_rand", "hir_reduce_axes", "hir_map_i64"};
   return names[which];
 }
 
@@ -10151,7 +10286,8 @@ static void hir__cuda_load_all(hir__cuda *c) {
 /* The kernel's arguments for dst = op(a[, x]), and which kernel runs them. */
 static int hir__cuda_map_args(int op, const hir_tensor *dst, const hir_tensor *a, const hir_tensor *x, hir__map_args *args) {
   int64_t strides[3][HIR_MAX_DIMS], per;
-  int d, row, f64 = dst->dtype == HIR_F64 || a->dtype == HIR_F64 || (x && x->dtype == HIR_F64);
+  int d, row, f64 = dst->dtype == HIR_F64 || dst->dtype == HIR_I64;
+  f64 |= a->dtype == HIR_F64 || a->dtype == HIR_I64 || (x && (x->dtype == HIR_F64 || x->dtype == HIR_I64));
   memset(args, 0, sizeof *args);
   args->n = hir__numel(dst->ndims, dst->sizes);
   args->nd = dst->ndims;
@@ -10181,7 +10317,8 @@ static int hir__cuda_map_args(int op, const hir_tensor *dst, const hir_tensor *a
       a->dtype != HIR_F64 && a->dtype <= HIR_BF16 && dst->dtype != HIR_F64 && dst->dtype <= HIR_BF16 &&
       ((uintptr_t)args->dst | (uintptr_t)args->a) % 16 == 0)
     return HIR__CAST_VEC; /* a cast, dense, f32, f16 and bf16 into one another */
-  return f64 ? HIR__MAP_F64 : HIR__MAP_F32;
+  if (dst->dtype == HIR_I64 && a->dtype == HIR_I64 && (!x || x->dtype == HIR_I64)) return HIR__MAP_I64;
+  return f64 ? HIR__MAP_F64 : HIR__MAP_F32; /* a cast to or from int64 in double */
 }
 
 static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_tensor *dst, const hir_tensor *a,
@@ -10234,19 +10371,20 @@ static hir_status hir__cuda_rand(hir_backend *b, void *stream, const hir_tensor 
   return HIR_OK;
 }
 
-static hir_status hir__cuda_max(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
+/* dst = the max of src over the axes where dst has size 1 (sum: int64's sum). */
+static hir_status hir__cuda_reduce_axes(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src, int sum) {
   hir__cuda *c = (hir__cuda *)b->ctx;
-  hir__max_args args;
+  hir__reduce_args args;
   void *argv[1];
   dim3 grid, block;
   cudaError_t e;
   int d;
   memset(&args, 0, sizeof args);
   if ((args.nout = hir__numel(dst->ndims, dst->sizes)) == 0) return HIR_OK;
-  if (c->map_state[HIR__MAX_AXES] != 1)
-    return snprintf(b->error, sizeof b->error, "cuda backend: the max kernel did not load: %.150s", c->map_error),
+  if (c->map_state[HIR__REDUCE_AXES] != 1)
+    return snprintf(b->error, sizeof b->error, "cuda backend: the reduction kernel did not load: %.150s", c->map_error),
            HIR_ERR_UNSUPPORTED;
-  args.dst = dst->data, args.src = src->data, args.nd = src->ndims, args.dt = (int)src->dtype, args.nred = 1;
+  args.dst = dst->data, args.src = src->data, args.nd = src->ndims, args.dt = (int)src->dtype, args.nred = 1, args.sum = sum;
   for (d = 0; d < src->ndims; d++) {
     args.sizes[d] = src->sizes[d], args.ss[d] = src->strides[d], args.sd[d] = dst->strides[d];
     args.red[d] = dst->sizes[d] == 1 && src->sizes[d] != 1;
@@ -10255,9 +10393,12 @@ static hir_status hir__cuda_max(hir_backend *b, void *stream, const hir_tensor *
   argv[0] = &args;
   block.x = 256, block.y = block.z = 1;
   grid.x = (unsigned)((args.nout + 7) / 8 < 65536 ? (args.nout + 7) / 8 : 65536), grid.y = grid.z = 1;
-  e = cudaLaunchKernel((const void *)c->map_kernel[HIR__MAX_AXES], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
-  if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (max)", cudaGetErrorString(e), __FILE__, __LINE__);
+  e = cudaLaunchKernel((const void *)c->map_kernel[HIR__REDUCE_AXES], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
+  if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (reduction)", cudaGetErrorString(e), __FILE__, __LINE__);
   return HIR_OK;
+}
+static hir_status hir__cuda_max(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
+  return hir__cuda_reduce_axes(b, stream, dst, src, 0);
 }
 
 static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *x,
@@ -10583,6 +10724,7 @@ static hir_status hir__cuda_sum(hir_backend *b, void *stream, const hir_tensor *
   if (hir__numel(dst->ndims, dst->sizes) == 0) return HIR_OK;
   if ((st = hir__cuda_lane_of(b, stream, &l)) != HIR_OK) return st;
   if (hir__numel(src->ndims, src->sizes) == 0) return hir__cuda_zero(b, l, dst); /* a sum of nothing */
+  if (src->dtype == HIR_I64) return hir__cuda_reduce_axes(b, l->stream, dst, src, 1);
   if ((st = hir__cuda_dense(b, l, 0, src, src, &cur)) != HIR_OK) return st;
   for (d = 0; d < src->ndims; d++)
     if (dst->sizes[d] == 1 && src->sizes[d] != 1) last = d;
@@ -11386,6 +11528,23 @@ typedef enum { HIR__LW_ALLGATHER, HIR__LW_ALLREDUCE, HIR__LW_REDUCE_SCATTER, HIR
                HIR__LW_GATHER, HIR__LW_SCATTER } hir__lw_kind;
 static const char *const hir__lw_names[] = {"Allgather", "Allreduce", "ReduceScatter", "Reduce", "Broadcast", "Gather", "Scatter"};
 
+/* dst[at] = the sum over the members' sends (those given) of element e: in
+   double, stored once, or exactly for int64. */
+static void hir__lw_sum(const hir__lw_team *t, hir_dtype dt, size_t e, void *dst, size_t at) {
+  int i;
+  if (dt == HIR_I64) {
+    int64_t acc = 0;
+    for (i = 0; i < t->n; i++)
+      if (t->at[i].send) acc = hir__i64_binary(HIR_BINARY_ADD, acc, ((const int64_t *)t->at[i].send)[e]);
+    ((int64_t *)dst)[at] = acc;
+  } else {
+    double acc = 0;
+    for (i = 0; i < t->n; i++)
+      if (t->at[i].send) acc += hir__load(t->at[i].send, dt, (int64_t)e);
+    hir__store(dst, dt, (int64_t)at, acc);
+  }
+}
+
 static hir_status hir__lw_collective(hir_comm *c, void *team, hir__lw_kind kind, const void *send, void *recv,
                                      size_t count, hir_dtype dt, int root, size_t bytes) {
   hir_local_world *w = ((hir__lw_rank *)c->ctx)->w;
@@ -11427,31 +11586,18 @@ static hir_status hir__lw_collective(hir_comm *c, void *team, hir__lw_kind kind,
   case HIR__LW_ALLREDUCE: { /* my share of the elements into the scratch; all copy it after the barrier */
     size_t lo = count * (size_t)me / (size_t)t->n, hi = count * (size_t)(me + 1) / (size_t)t->n, e;
     if (t->scratch_cap < count * es) break;
-    for (e = lo; e < hi; e++) {
-      double acc = 0;
-      for (i = 0; i < t->n; i++) acc += hir__load(t->at[i].send, dt, (int64_t)e);
-      hir__store(t->scratch, dt, (int64_t)e, acc);
-    }
+    for (e = lo; e < hi; e++) hir__lw_sum(t, dt, e, t->scratch, e);
     break;
   }
   case HIR__LW_REDUCE_SCATTER: { /* reads then writes each of my elements: in place is safe */
     size_t e;
-    for (e = 0; e < count; e++) {
-      double acc = 0;
-      for (i = 0; i < t->n; i++) acc += hir__load(t->at[i].send, dt, (int64_t)((size_t)me * count + e));
-      hir__store(recv, dt, (int64_t)e, acc);
-    }
+    for (e = 0; e < count; e++) hir__lw_sum(t, dt, (size_t)me * count + e, recv, e);
     break;
   }
   case HIR__LW_REDUCE:
     if (me == r) {
       size_t e;
-      for (e = 0; e < count; e++) {
-        double acc = 0;
-        for (i = 0; i < t->n; i++)
-          if (t->at[i].send) acc += hir__load(t->at[i].send, dt, (int64_t)e);
-        hir__store(recv, dt, (int64_t)e, acc);
-      }
+      for (e = 0; e < count; e++) hir__lw_sum(t, dt, e, recv, e);
     }
     break;
   case HIR__LW_BROADCAST:

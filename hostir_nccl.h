@@ -2389,7 +2389,8 @@ struct hir_nccl_world {
 };
 
 static ncclDataType_t hir_nccl__type(hir_dtype d) { /* fp8 only moves (hostir never reduces it): bytes */
-  return d == HIR_F32 ? ncclFloat32 : d == HIR_F64 ? ncclFloat64 : d == HIR_F16 ? ncclFloat16 : d == HIR_BF16 ? ncclBfloat16 : ncclUint8;
+  return d == HIR_F32 ? ncclFloat32 : d == HIR_F64 ? ncclFloat64 : d == HIR_F16 ? ncclFloat16 : d == HIR_BF16 ? ncclBfloat16
+         : d == HIR_I64 ? ncclInt64 : ncclUint8;
 }
 
 static hir_nccl__rank *hir_nccl__of(hir_comm *c) { return (hir_nccl__rank *)c->ctx; }

@@ -99,6 +99,7 @@ static double tget(const hir_tensor *t, int64_t i) {
   case HIR_F16: return hir_half_to_float(((uint16_t *)t->data)[i]);
   case HIR_F8E4M3: return hir_e4m3_to_float(((uint8_t *)t->data)[i]);
   case HIR_F8E5M2: return hir_e5m2_to_float(((uint8_t *)t->data)[i]);
+  case HIR_I64: return (double)((int64_t *)t->data)[i];
   default: return hir_bf16_to_float(((uint16_t *)t->data)[i]);
   }
 }
@@ -109,8 +110,14 @@ static void tset(hir_tensor *t, int64_t i, double v) {
   case HIR_F16: ((uint16_t *)t->data)[i] = hir_float_to_half((float)v); break;
   case HIR_F8E4M3: ((uint8_t *)t->data)[i] = hir_float_to_e4m3((float)v); break;
   case HIR_F8E5M2: ((uint8_t *)t->data)[i] = hir_float_to_e5m2((float)v); break;
+  case HIR_I64: ((int64_t *)t->data)[i] = v != v || v < -9.2e18 ? INT64_MIN : v > 9.2e18 ? INT64_MAX : (int64_t)v; break;
   default: ((uint16_t *)t->data)[i] = hir_float_to_bf16((float)v); break;
   }
+}
+/* Element si of src into element di of dst, of one dtype: its bytes, exact for every dtype. */
+static void tmove(hir_tensor *dst, int64_t di, const hir_tensor *src, int64_t si) {
+  size_t es = hir_dtype_size(dst->dtype);
+  memcpy((char *)dst->data + (size_t)di * es, (const char *)src->data + (size_t)si * es, es);
 }
 static unsigned test_seed = 12345u;
 static double urand(void) { /* in [-1, 1], never near 0 */
@@ -215,7 +222,7 @@ static hir_tensor shard_split(const hir_tensor *full, const hir_tv *tv, int devi
     }
     for (i = 0; i < nl; i++) src[i] = 0;
     for (i = 0; i < nparts; i++) src[part_of[i]] = src[part_of[i]] * glob[i] + part_idx[i];
-    tset(&t, toff(&t, idx), tget(full, toff(full, src)));
+    tmove(&t, toff(&t, idx), full, toff(full, src));
   } while (tnext(&t, idx));
   return t;
 }
@@ -249,7 +256,7 @@ static hir_tensor shard(const hir_tensor *full, const hir_tv *tv, int device) {
     memcpy(src, idx, sizeof src);
     for (i = 0; i < k; i++)
       if (split[i]) src[i] = pos[i];
-    tset(&t, toff(&t, idx), tget(full, toff(full, src)));
+    tmove(&t, toff(&t, idx), full, toff(full, src));
   } while (tnext(&t, idx));
   return t;
 }
@@ -324,7 +331,7 @@ static hir_tensor trev(const hir_tensor *t) {
   if (!t->data) return *t;
   r = tn(t->dtype, t->ndims, t->sizes);
   for (a = 0; a < t->ndims; a++) r.strides[a] = s, s *= t->sizes[a];
-  for (i = 0; i < tnumel(t); i++) tset(&r, tstrided(&r, i), tget(t, i));
+  for (i = 0; i < tnumel(t); i++) tmove(&r, tstrided(&r, i), t, i);
   return r;
 }
 /* A row-major copy of t (any strides; all 0: row-major already). */
@@ -333,7 +340,7 @@ static hir_tensor tdense(const hir_tensor *t) {
   int64_t i;
   int a, zero = 1;
   for (a = 0; a < t->ndims; a++) zero &= t->strides[a] == 0;
-  for (i = 0; i < tnumel(t); i++) tset(&d, i, tget(t, zero ? i : tstrided(t, i)));
+  for (i = 0; i < tnumel(t); i++) tmove(&d, i, t, zero ? i : tstrided(t, i));
   return d;
 }
 
@@ -394,7 +401,13 @@ static int compare(const hir_tensor *got, const hir_tensor *want, double tol, ch
     snprintf(err, cap, "%s: no data", what);
     return 0;
   }
-  for (i = 0; i < tnumel(want); i++) {
+  for (i = 0; got->dtype == HIR_I64 && want->dtype == HIR_I64 && i < tnumel(want); i++) /* exactly */
+    if (((int64_t *)got->data)[i] != ((int64_t *)want->data)[i]) {
+      snprintf(err, cap, "%s: element %lld is %lld, want %lld", what, (long long)i, (long long)((int64_t *)got->data)[i],
+               (long long)((int64_t *)want->data)[i]);
+      return 0;
+    }
+  for (i = 0; got->dtype != HIR_I64 && i < tnumel(want); i++) {
     double g = tget(got, i), w = tget(want, i);
     if (!close_enough(g, w, tol * (1.0 + fabs(w)))) {
       snprintf(err, cap, "%s: element %lld is %.6g, want %.6g", what, (long long)i, g, w);

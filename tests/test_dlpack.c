@@ -68,6 +68,10 @@ TEST(test_dlpack_roundtrip, "dlpack/roundtrip", TEST_CPU) {
   bad = da; /* what hostir cannot take, each named */
   bad.dtype.code = kDLInt;
   CHECK(hir_tensor_from_dlpack(&bad, &in[0], err, sizeof err) == HIR_ERR_UNSUPPORTED && strstr(err, "dtype code 0, 32 bits"));
+  bad.dtype.bits = 64; /* int64 is taken (torch.int64), both ways */
+  CHECK(hir_tensor_from_dlpack(&bad, &in[0], err, sizeof err) == HIR_OK && in[0].dtype == HIR_I64);
+  CHECK(hir_tensor_to_dlpack(&in[0], kDLCPU, 0, &dc) == HIR_OK && dc->dl_tensor.dtype.code == kDLInt && dc->dl_tensor.dtype.bits == 64);
+  if (dc) dc->deleter(dc);
   bad = da;
   bad.dtype.code = kDLBfloat, bad.dtype.bits = 16;
   CHECK(hir_tensor_from_dlpack(&bad, &in[0], err, sizeof err) == HIR_OK && in[0].dtype == HIR_BF16);

@@ -746,3 +746,120 @@ TEST(test_ops_select_slice_reshape, "ops/select_slice_reshape", TEST_CPU | TEST_
       hir_fusion_free(f);
     }
 }
+
+/* int64 tensors: nvFuser's HostIrIntegrationTest.TensorAndScalarInputs
+   ((x + s0) * s1 of an int64 x and scalar inputs), and exactness beyond
+   2^53: sums across the devices (an Allreduce), a gather, a local sum and
+   max, wrapping add and mul, neg and abs of the most negative, comparisons,
+   indices, casts both ways (to int64 toward zero, NaN the most negative),
+   on worlds 1-8; the ops int64 refuses. */
+static int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+static int64_t wrap_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
+static int64_t to_i64(double v) { /* toward zero, saturating, NaN the most negative (CUDA's __double2ll_rz) */
+  return v != v || v <= -9223372036854775808.0 ? INT64_MIN : v >= 9223372036854775808.0 ? INT64_MAX : (int64_t)v;
+}
+static uint64_t test_u64(void) {
+  uint64_t v = 0;
+  int k;
+  for (k = 0; k < 4; k++) v = (v << 16) ^ (uint64_t)(urand() * 32767 + 32768);
+  return v;
+}
+
+TEST(test_ops_int64, "ops/int64", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, form;
+  for (wi = 0; wi < 5; wi++)
+    for (form = 0; form < 2; form++) {
+      int D = worlds[wi], zero = 0, one = 1;
+      int64_t sx[2] = {D, 4}, s1[1] = {4}, sd[1] = {D}, i, j;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *x = hir_input(f, HIR_I64, 2);
+      if (form == 0) { /* (x + s0) * s1, x sharded by rows */
+        hir_val *s0 = hir_input_scalar(f), *s1v = hir_input_scalar(f);
+        hir_output(f, hir_binary_val(f, HIR_BINARY_MUL, hir_binary_val(f, HIR_BINARY_ADD, x, s0), s1v));
+      } else {
+        hir_tv *y = hir_input(f, HIR_I64, 2), *g = hir_input(f, HIR_F32, 2);
+        hir_output(f, hir_sum(f, x, 1, &zero));                                   /* an Allreduce, exact */
+        hir_output(f, hir_set(f, x));                                             /* gathered */
+        hir_output(f, hir_add(f, hir_mul(f, x, y), hir_binary_scalar(f, HIR_BINARY_MUL, x, 3))); /* wrapping */
+        hir_output(f, hir_add(f, hir_neg(f, y), hir_abs(f, y)));
+        hir_output(f, hir_add(f, hir_lt(f, x, y), hir_binary_scalar(f, HIR_BINARY_LT, x, 0)));
+        hir_output(f, hir_max(f, x, 1, &one));
+        hir_output(f, hir_add(f, hir_sum(f, y, 1, &one), hir_iota(f, hir_sum(f, y, 1, &one), 0, HIR_I64)));
+        hir_output(f, hir_cast(f, hir_cast(f, x, HIR_F64), HIR_I64));            /* rounded through double */
+        hir_output(f, hir_cast(f, g, HIR_I64));
+        hir_output(f, hir_cast(f, y, HIR_F32));
+        hir_set_mesh(y, D, iota_mesh), hir_set_mesh(g, D, iota_mesh);
+      }
+      hir_set_mesh(x, D, iota_mesh);
+      hir_parallelize(x, 0, HIR_DIDX);
+      CHECK(hir_fusion_error(f)[0] == 0);
+      case_lowered(&c, D, f, 3, form == 0 ? 1 : 10);
+      c.in[0] = tn(HIR_I64, 2, sx);
+      if (form == 0) {
+        int64_t a = 2 + wi, m = 3;
+        for (i = 0; i < 4 * D; i++) ((int64_t *)c.in[0].data)[i] = 1 + (int64_t)((urand() + 1) * 4.4);
+        memset(&c.in[1], 0, sizeof c.in[1]), memset(&c.in[2], 0, sizeof c.in[2]); /* the scalars, by value */
+        c.in[1].sizes[0] = a, c.in[2].sizes[0] = m;
+        c.out[0] = tn(HIR_I64, 2, sx);
+        for (i = 0; i < 4 * D; i++) ((int64_t *)c.out[0].data)[i] = (((int64_t *)c.in[0].data)[i] + a) * m;
+        c.tol = 0;
+        RUN_CASE(&c, "TensorAndScalarInputs: (x + s0) * s1, int64");
+      } else {
+        int64_t *X, *Y;
+        float *G;
+        c.in[1] = tn(HIR_I64, 2, sx), c.in[2] = tn(HIR_F32, 2, sx);
+        X = (int64_t *)c.in[0].data, Y = (int64_t *)c.in[1].data, G = (float *)c.in[2].data;
+        for (i = 0; i < 4 * D; i++) X[i] = (int64_t)test_u64(), Y[i] = (int64_t)test_u64(), G[i] = (float)(urand() * 1e19);
+        Y[0] = INT64_MIN, G[1] = NAN, G[2] = -3.75f, G[3] = 1e30f;
+        c.out[0] = tn(HIR_I64, 1, s1), c.out[1] = tn(HIR_I64, 2, sx), c.out[2] = tn(HIR_I64, 2, sx), c.out[3] = tn(HIR_I64, 2, sx);
+        c.out[4] = tn(HIR_I64, 2, sx), c.out[5] = tn(HIR_I64, 1, sd), c.out[6] = tn(HIR_I64, 1, sd), c.out[7] = tn(HIR_I64, 2, sx);
+        c.out[8] = tn(HIR_I64, 2, sx), c.out[9] = tn(HIR_F32, 2, sx);
+        for (j = 0; j < 4; j++) {
+          int64_t t = 0;
+          for (i = 0; i < D; i++) t = wrap_add(t, X[i * 4 + j]);
+          ((int64_t *)c.out[0].data)[j] = t;
+        }
+        for (i = 0; i < 4 * D; i++) {
+          double gd = G[i];
+          ((int64_t *)c.out[1].data)[i] = X[i];
+          ((int64_t *)c.out[2].data)[i] = wrap_add(wrap_mul(X[i], Y[i]), wrap_mul(X[i], 3));
+          ((int64_t *)c.out[3].data)[i] = Y[i] < 0 && Y[i] != INT64_MIN ? wrap_mul(Y[i], -2) : 0; /* -y + |y|: -MIN + |MIN| wraps to 0 */
+          ((int64_t *)c.out[4].data)[i] = (X[i] < Y[i]) + (X[i] < 0);
+          ((int64_t *)c.out[7].data)[i] = to_i64((double)X[i]);
+          ((int64_t *)c.out[8].data)[i] = to_i64(gd);
+          ((float *)c.out[9].data)[i] = (float)Y[i];
+        }
+        for (i = 0; i < D; i++) {
+          int64_t m = INT64_MIN, t = 0;
+          for (j = 0; j < 4; j++) m = X[i * 4 + j] > m ? X[i * 4 + j] : m, t = wrap_add(t, Y[i * 4 + j]);
+          ((int64_t *)c.out[5].data)[i] = m, ((int64_t *)c.out[6].data)[i] = t + i;
+        }
+        c.tol = 0;
+        RUN_CASE(&c, "int64 beyond 2^53: sums, gathers, wrapping ops, casts");
+      }
+      hir_fusion_free(f);
+    }
+  { /* what int64 refuses, by name */
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_I64, 2), *y = hir_input(f, HIR_I64, 2);
+    CHECK(!hir_div(f, x, y) && strstr(hir_fusion_error(f), "BinaryOp: T0 is int64, which only moves, casts, add, sub, mul"));
+    hir_fusion_free(f);
+    f = hir_fusion_create();
+    x = hir_input(f, HIR_I64, 2);
+    CHECK(!hir_unary(f, HIR_UNARY_EXP, x) && strstr(hir_fusion_error(f), "cast it (hir_cast) to compute"));
+    hir_fusion_free(f);
+    f = hir_fusion_create();
+    x = hir_input(f, HIR_I64, 2), y = hir_input(f, HIR_I64, 2);
+    CHECK(!hir_matmul(f, x, y) && strstr(hir_fusion_error(f), "MatmulOp: T0 is int64"));
+    hir_fusion_free(f);
+    f = hir_fusion_create();
+    x = hir_input(f, HIR_I64, 2);
+    CHECK(!hir_binary_scalar(f, HIR_BINARY_ADD, x, 0.5) && strstr(hir_fusion_error(f), "the scalar 0.5 is not an integer"));
+    hir_fusion_free(f);
+    f = hir_fusion_create();
+    x = hir_input(f, HIR_I64, 2);
+    CHECK(!hir_rand(f, x, HIR_I64, hir_val_const(f, 1)) && strstr(hir_fusion_error(f), "random numbers are"));
+    hir_fusion_free(f);
+  }
+}

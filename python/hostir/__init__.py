@@ -152,9 +152,9 @@ def _load():
 
 
 _lib = _load()
-_DTYPES = {"float32": 0, "float64": 1, "float16": 2}      # hir_dtype; bfloat16 has no numpy type
+_DTYPES = {"float32": 0, "float64": 1, "float16": 2, "int64": 6}  # hir_dtype; bfloat16 has no numpy type
 _BUILD_DTYPES = dict(_DTYPES, bfloat16=3, float8_e4m3fn=4, float8_e5m2=5)  # the builder takes these (hostir.torch runs bf16)
-_NUMPY = {0: np.float32, 1: np.float64, 2: np.float16}
+_NUMPY = {0: np.float32, 1: np.float64, 2: np.float16, 6: np.int64}
 _PTYPES = {"Serial": 0, "DIDx": 1, "Stream": 2, "DIDy": 3}
 _BINARY = {"+": 0, "-": 1, "*": 2, "/": 3, "<": 4}  # hir_binary_op
 _UNARY = {name: k for k, name in enumerate(  # hir_unary_op, in HIR_UNARY_OP_LIST's order
@@ -679,7 +679,7 @@ def run(fusion, inputs, world=None, streams=0, schedule="linear", parts=0, timeo
                 if o.dtype not in _NUMPY:
                     raise Error("unsupported", "run: output %d is %s, which numpy has no type for; cast it to float32 in "
                                 "the fusion" % (len(got), _lib.hir_dtype_name(o.dtype).decode()))
-                ctype = {0: ctypes.c_float, 1: ctypes.c_double, 2: ctypes.c_uint16}[o.dtype]
+                ctype = {0: ctypes.c_float, 1: ctypes.c_double, 2: ctypes.c_uint16, 6: ctypes.c_int64}[o.dtype]
                 raw = np.ctypeslib.as_array((ctype * span).from_address(o.data)).view(_NUMPY[o.dtype])
                 arr = np.lib.stride_tricks.as_strided(raw, shape, tuple(s * raw.itemsize for s in steps))
                 got.append(np.array(arr))  # copied: the evaluator's buffer lives until it goes

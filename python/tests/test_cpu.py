@@ -282,6 +282,24 @@ class CpuTests(unittest.TestCase):
             np.testing.assert_array_equal(outs[r][2], Q[r:r + 1].max(axis=2))
             np.testing.assert_array_equal(outs[r][3], np.broadcast_to(np.arange(L, dtype=np.float32)[:, None], (1, L, E)))
 
+    def test_int64(self):
+        """int64 beyond 2^53: a sum over the ranks (an Allreduce) and a wrapping product, exact."""
+        rng = np.random.default_rng(4)
+        D = 3
+        X = rng.integers(-(1 << 62), 1 << 62, size=(D, 4), dtype=np.int64)
+        f = hostir.Fusion()
+        x = f.input("int64", 2)
+        f.output(f.sum(x, [0]))
+        f.output(f.mul(x, x))
+        x.mesh(range(D))
+        x.parallelize(0, "DIDx")
+        outs = hostir.run(f, [[X[r:r + 1]] for r in range(D)])
+        with np.errstate(over="ignore"):
+            for r in range(D):
+                self.assertEqual(outs[r][0].dtype, np.int64)
+                np.testing.assert_array_equal(outs[r][0], X.sum(axis=0))
+                np.testing.assert_array_equal(outs[r][1], X[r:r + 1] * X[r:r + 1])
+
     def test_tuned(self):
         """tune=True: the schedules measured on 3 ranks, one chosen by all, the numbers numpy's."""
         rng = np.random.default_rng(11)
