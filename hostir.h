@@ -202,6 +202,8 @@ typedef enum hir_memory { HIR_MEM_GLOBAL, HIR_MEM_LOCAL } hir_memory;
   X(HIR_EXPR_SLICE, "SliceOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_CUTS_AXIS | HIR__OP_WHOLE | HIR__OP_STORE) \
   X(HIR_EXPR_RESHAPE, "ViewOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_WHOLE | HIR__OP_STORE)                    \
   X(HIR_EXPR_COLLECTIVE_PERMUTE, "CollectivePermute", 1, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_TEAM | HIR__OP_WAITABLE | HIR__OP_ON_STREAM) \
+  X(HIR_EXPR_MOE_DISPATCH, "MoeDispatch", 3, 6, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_TEAM | HIR__OP_ON_STREAM | HIR__OP_ROUTES) \
+  X(HIR_EXPR_MOE_COMBINE, "MoeCombine", 4, 1, HIR__OP_HOST | HIR__OP_COMM | HIR__OP_TEAM | HIR__OP_ON_STREAM | HIR__OP_ROUTES)   \
   X(HIR_EXPR_RNG, "RNGOp", 1, 1, HIR__OP_COMPUTE | HIR__OP_STANDALONE | HIR__OP_ON_STREAM | HIR__OP_WHOLE | HIR__OP_ANY_STRIDES)
 #define HIR__EXPR_ENUM(e, name, nin, nout, flags) e,
 typedef enum hir_expr_kind { HIR_EXPR_KIND_LIST(HIR__EXPR_ENUM) HIR_EXPR_KIND_COUNT } hir_expr_kind;
@@ -277,6 +279,8 @@ typedef enum hir_named_scalar { HIR_NAMED_STREAM_IDX, HIR_NAMED_RANK, HIR_NAMED_
   X(HIR_COLL_ALLTOALL, "AllToAll")
 typedef enum hir_collective { HIR_COLLECTIVE_LIST(HIR__ENUM_NAME) HIR_COLLECTIVE_COUNT } hir_collective;
 typedef enum hir_p2p_type { HIR_P2P_SEND, HIR_P2P_RECV } hir_p2p_type;
+/* The steps of hir_backend.moe_index. */
+typedef enum hir_moe_step { HIR_MOE_ROUTE, HIR_MOE_COMPACT, HIR_MOE_EXPAND, HIR_MOE_COMBINE } hir_moe_step;
 
 typedef struct hir_fusion hir_fusion;       typedef struct hir_tv hir_tv;
 typedef struct hir_expr hir_expr;           typedef struct hir_group hir_group;
@@ -568,6 +572,27 @@ HIRDEF hir_expr *hir_host_p2p(hir_program *p, hir_p2p_type type, hir_tv *buffer,
    a device outside the team skips it; send_peer = recv_peer = rank copies. */
 HIRDEF hir_expr *hir_host_collective_permute(hir_program *p, int nteam, const int *team, hir_val *send_peer,
                                              hir_val *recv_peer, hir_tv *in, hir_tv *out);
+/* Mixture-of-experts routing (nvFuser's MoeDispatch and MoeCombine), top-1,
+   over a team (its devices in rank order; expert k lives on team member
+   k / (num_experts / team size)). Operands may lead with device axes
+   (DIDx/DIDy, one element a device); after them: x [T, H] (f32, f64, f16,
+   bf16), topk_idx [T, 1] (int64: each token's expert), topk_weights [T, 1].
+   Dispatch sends each token's row, expert, weight and index t to its
+   expert's device; outputs 0-5 (made by the op) are recv_x [C, H],
+   recv_topk_idx [C, 1], recv_topk_weights [C, 1], recv_src_idx [C] (int64),
+   n_tokens_to_rank [R], n_tokens_from_rank [R] (int64), C = T * R rows
+   (sizes known before the run, so the op captures into CUDA graphs): rows
+   [0, V), V the tokens received, in the order of the sending member, then
+   of expert, then of t; rows [V, C) zero (indices -1). A token whose expert
+   lies outside [0, num_experts) is sent nowhere (its combined row is zero).
+   Combine sends each row of x [C, H] (dispatch's row order) back where
+   src_idx's row came from, by the counts dispatch gave, into combined_x
+   [num_tokens, H] (output 0) at row src_idx (nvFuser's takes the weights
+   too and leaves them unread). */
+HIRDEF hir_expr *hir_host_moe_dispatch(hir_program *p, int nteam, const int *team, hir_tv *x, hir_tv *topk_idx,
+                                       hir_tv *topk_weights, int64_t num_experts);
+HIRDEF hir_expr *hir_host_moe_combine(hir_program *p, int nteam, const int *team, hir_tv *x, hir_tv *src_idx,
+                                      hir_tv *n_tokens_to_rank, hir_tv *n_tokens_from_rank, hir_val *num_tokens);
 HIRDEF hir_expr *hir_host_start_coalescing(hir_program *p);
 HIRDEF hir_expr *hir_host_end_coalescing(hir_program *p);
 HIRDEF hir_expr *hir_host_wait(hir_program *p, hir_expr *communication);
@@ -803,6 +828,26 @@ struct hir_backend {
      bits is 0 (hir_iota). NULL: the backend refuses RNGOps. */
   hir_status (*rand)(hir_backend *self, void *stream, const hir_tensor *dst, uint64_t seed, const int64_t *base,
                      const int64_t *stride, int bits);
+  /* Optional (MoE, hir_host_moe_*): dst = zeros, then row i of src into row
+     where[i] of dst where that lies in dst (rows: the first axis; dst and src
+     dense, one dtype; where int64, one per row of src). NULL: MoE ops are
+     refused. */
+  hir_status (*scatter_rows)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *src,
+                             const hir_tensor *where);
+  /* Optional (MoE): int64 row numbers into out (dense), T tokens, R =
+     counts' length, C = T * R, by step:
+     HIR_MOE_ROUTE: in [T] the tokens' experts (E experts): out [T] = r * T +
+       k, r = expert / (E / R), k the token's place among those to r by
+       expert then token (-1 for an expert outside [0, E)); out2 [C]: t at
+       row out[t], -1 elsewhere; counts [R] written (the tokens to each r);
+     HIR_MOE_COMPACT: counts read: out [C] = row s * T + j's place in the
+       rows kept, counts[0] + .. + counts[s - 1] + j, for j < counts[s]; else -1;
+     HIR_MOE_EXPAND: counts read: out [C] = s * T + j for row
+       counts[0] + .. + counts[s - 1] + j, j < counts[s]; rows after: -1;
+     HIR_MOE_COMBINE: in [C], counts read: out [C] = in[s * T + j] for
+       j < counts[s] where that lies in [0, T); else -1. */
+  hir_status (*moe_index)(hir_backend *self, void *stream, int step, const hir_tensor *out, const hir_tensor *out2,
+                          const hir_tensor *in, const hir_tensor *counts, int64_t tokens, int64_t experts);
   /* Optional: whether the backend's ops can reach the memory at ptr (1), or
      (0) why not in `why`, with what to do. hir_run asks it of each caller's
      tensor at an address not seen there before. NULL: not asked. */
@@ -1225,6 +1270,7 @@ HIR__STATIC_ASSERT(dtype_names, sizeof(hir__dtype_names) / sizeof(hir__dtype_nam
 HIRDEF const char *hir_dtype_name(hir_dtype d) { return ((unsigned)d < HIR_DTYPE_COUNT) ? hir__dtype_names[d] : "?"; }
 HIRDEF size_t hir_dtype_size(hir_dtype d) { return ((unsigned)d < HIR_DTYPE_COUNT) ? hir__dtype_sizes[d] : 0; }
 static int hir__is_fp8(hir_dtype d) { return d == HIR_F8E4M3 || d == HIR_F8E5M2; }
+static int hir__is_did(hir_ptype p) { return p == HIR_DIDX || p == HIR_DIDY; }
 
 HIRDEF int hir_team_index(const int *team, int n, int device) {
   int i;
@@ -1869,7 +1915,8 @@ enum {
   HIR__OP_CUTS_AXIS = 2048,/* keeps part of its input's axis e->axis (select, slice) */
   HIR__OP_WHOLE = 4096,    /* reads its input whole (select, slice, reshape): never computed chunk by chunk */
   HIR__OP_STORE = 8192,    /* moves values as they are, so takes the storage dtypes, fp8 and int64 (a set, a broadcast, a view) */
-  HIR__OP_ANY_STRIDES = 16384 /* writes its output at any strides (elementwise ops, random numbers) */
+  HIR__OP_ANY_STRIDES = 16384, /* writes its output at any strides (elementwise ops, random numbers) */
+  HIR__OP_ROUTES = 32768   /* moves rows where a routing sends them (MoE): operands of several dtypes */
 };
 typedef struct hir__op_info {
   const char *name;
@@ -3691,6 +3738,94 @@ HIRDEF hir_expr *hir_host_collective_permute(hir_program *p, int nteam, const in
   return e;
 }
 
+/* An MoE op's output: `like`'s leading axes (device axes, one element a
+   device) and mesh, then rows [rows] or [rows, cols] (cols NULL: none). */
+static hir_tv *hir__moe_tensor(hir_fusion *f, const hir_tv *like, int lead, hir_dtype dtype, hir_val *rows, hir_val *cols) {
+  hir_tv *t = hir__new_tv(f, dtype, HIR_MEM_GLOBAL, lead + 1 + (cols != NULL));
+  int i;
+  if (!t) return NULL;
+  for (i = 0; i < lead; i++)
+    if (!(t->ids[i] = hir__clone_id(f, like->ids[i], 1))) return NULL;
+  if (!(t->ids[lead] = hir__new_id(f, rows, HIR_ITERATION, HIR_SERIAL)) || (cols && !(t->ids[lead + 1] = hir__new_id(f, cols, HIR_ITERATION, HIR_SERIAL))))
+    return NULL;
+  hir__share_mesh(t, like);
+  return t;
+}
+
+/* An MoE operand: `rank` data axes after its device axes (leading DIDx or
+   DIDy axes, one element a device), of int64 where `i64`, floating where
+   not; returns how many leading axes, or -1 (error recorded). */
+static int hir__moe_operand(hir_fusion *f, const hir_tv *t, int rank, int i64, const char *fn, const char *arg) {
+  int lead = 0, i;
+  if (!hir__check_tv(f, t, fn, arg)) return -1;
+  while (lead < t->ndims && hir__is_did(t->ids[lead]->ptype)) lead++;
+  for (i = lead; i < t->ndims && (t->ids[i]->iter == HIR_ITERATION && t->ids[i]->ptype == HIR_SERIAL); i++) continue;
+  if (t->ndims - lead != rank || i < t->ndims || (i64 ? t->dtype != HIR_I64 : (hir__is_fp8(t->dtype) || t->dtype == HIR_I64))) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: %s T%d must be %d plain axes of %s after its device axes (DIDx or DIDy, leading); it "
+              "is %d axes of %s", fn, arg, t->name, rank, i64 ? "int64" : "f32, f64, f16 or bf16", t->ndims - lead,
+              hir_dtype_name(t->dtype));
+    return -1;
+  }
+  return lead;
+}
+
+HIRDEF hir_expr *hir_host_moe_dispatch(hir_program *p, int nteam, const int *team, hir_tv *x, hir_tv *topk_idx,
+                                       hir_tv *topk_weights, int64_t num_experts) {
+  const char *fn = "hir_host_moe_dispatch";
+  hir_fusion *f = hir__host(p);
+  hir_expr *e;
+  hir_val *tokens, *cap, *hidden, *one, *ranks;
+  int lead, *copy;
+  if (!f || !hir__check_team(f, nteam, team, fn) || (lead = hir__moe_operand(f, x, 2, 0, fn, "x")) < 0 ||
+      hir__moe_operand(f, topk_idx, 2, 1, fn, "topk_idx") != lead || hir__moe_operand(f, topk_weights, 2, 0, fn, "topk_weights") != lead) {
+    if (f && f->status == HIR_OK)
+      hir__fail(f, HIR_ERR_INVALID, "%s: x, topk_idx and topk_weights need the same leading device axes", fn);
+    return NULL;
+  }
+  if (num_experts < 1 || num_experts % nteam) {
+    hir__fail(f, HIR_ERR_INVALID, "%s: %lld experts over a team of %d; give a positive multiple of the team's size (each "
+              "device holds num_experts / team size of them)", fn, (long long)num_experts, nteam);
+    return NULL;
+  }
+  tokens = x->ids[lead]->extent, hidden = x->ids[lead + 1]->extent, one = hir__const(f, 1), ranks = hir__const(f, nteam);
+  cap = hir__binary_val(f, HIR_SCALAR_MUL, tokens, ranks);
+  if (!(e = hir__new_expr(f, HIR_EXPR_MOE_DISPATCH, 3, 6)) || !(copy = (int *)hir__alloc(f, (size_t)nteam * sizeof(int))) ||
+      !(e->out[0] = hir__moe_tensor(f, x, lead, x->dtype, cap, hidden)) ||
+      !(e->out[1] = hir__moe_tensor(f, x, lead, HIR_I64, cap, one)) ||
+      !(e->out[2] = hir__moe_tensor(f, x, lead, topk_weights->dtype, cap, one)) ||
+      !(e->out[3] = hir__moe_tensor(f, x, lead, HIR_I64, cap, NULL)) || !(e->out[4] = hir__moe_tensor(f, x, lead, HIR_I64, ranks, NULL)) ||
+      !(e->out[5] = hir__moe_tensor(f, x, lead, HIR_I64, ranks, NULL)))
+    return NULL;
+  memcpy(copy, team, (size_t)nteam * sizeof(int));
+  e->in[0] = x, e->in[1] = topk_idx, e->in[2] = topk_weights;
+  e->team = copy, e->team_size = nteam, e->root = -1;
+  e->params[0] = num_experts;
+  return e;
+}
+
+HIRDEF hir_expr *hir_host_moe_combine(hir_program *p, int nteam, const int *team, hir_tv *x, hir_tv *src_idx,
+                                      hir_tv *n_tokens_to_rank, hir_tv *n_tokens_from_rank, hir_val *num_tokens) {
+  const char *fn = "hir_host_moe_combine";
+  hir_fusion *f = hir__host(p);
+  hir_expr *e;
+  int lead, *copy;
+  if (!f || !hir__check_team(f, nteam, team, fn) || (lead = hir__moe_operand(f, x, 2, 0, fn, "x")) < 0 ||
+      hir__moe_operand(f, src_idx, 1, 1, fn, "src_idx") != lead || hir__moe_operand(f, n_tokens_to_rank, 1, 1, fn, "n_tokens_to_rank") != lead ||
+      hir__moe_operand(f, n_tokens_from_rank, 1, 1, fn, "n_tokens_from_rank") != lead || !hir__check_val(f, num_tokens, fn, "num_tokens")) {
+    if (f && f->status == HIR_OK)
+      hir__fail(f, HIR_ERR_INVALID, "%s: x, src_idx and the counts need the same leading device axes", fn);
+    return NULL;
+  }
+  if (!(e = hir__new_expr(f, HIR_EXPR_MOE_COMBINE, 4, 1)) || !(copy = (int *)hir__alloc(f, (size_t)nteam * sizeof(int))) ||
+      !(e->out[0] = hir__moe_tensor(f, x, lead, x->dtype, num_tokens, x->ids[lead + 1]->extent)))
+    return NULL;
+  memcpy(copy, team, (size_t)nteam * sizeof(int));
+  e->in[0] = x, e->in[1] = src_idx, e->in[2] = n_tokens_to_rank, e->in[3] = n_tokens_from_rank;
+  e->team = copy, e->team_size = nteam, e->root = -1;
+  e->val = num_tokens;
+  return e;
+}
+
 HIRDEF hir_expr *hir_host_start_coalescing(hir_program *p) {
   hir_fusion *f = hir__host(p);
   return f ? hir__new_expr(f, HIR_EXPR_START_COALESCING, 0, 0) : NULL;
@@ -4028,6 +4163,21 @@ static void hir__print_permute(hir__writer *w, const hir_expr *e, int ind) {
   hir__emit(w, ", backend=NCCL)\n");
 }
 
+static void hir__print_moe(hir__writer *w, const hir_expr *e, int ind) {
+  static const char *const ins[2][4] = {{"x", "topk_idx", "topk_weights", ""}, {"x", "src_idx", "n_tokens_to_rank", "n_tokens_from_rank"}};
+  static const char *const outs[6] = {"recv_x", "recv_topk_idx", "recv_topk_weights", "recv_src_idx", "n_tokens_to_rank",
+                                      "n_tokens_from_rank"};
+  int i, combine = e->kind == HIR_EXPR_MOE_COMBINE;
+  hir__indent(w, ind);
+  hir__emit(w, "%s %d (team=(", hir__ops[e->kind].name, e->name);
+  for (i = 0; i < e->team_size; i++) hir__emit(w, i ? " %d" : "%d", e->team[i]);
+  if (combine) hir__emit(w, "), num_tokens="), hir__print_val(w, e->val);
+  else hir__emit(w, "), num_experts=%lld", (long long)e->params[0]);
+  for (i = 0; i < e->nin; i++) hir__emit(w, ", %s=", ins[combine][i]), hir__print_tv(w, e->in[i]);
+  for (i = 0; i < e->nout; i++) hir__emit(w, ", %s=", combine ? "combined_x" : outs[i]), hir__print_tv(w, e->out[i]);
+  hir__emit(w, ")\n");
+}
+
 static void hir__print_p2p(hir__writer *w, const hir_expr *e, int ind) {
   hir__indent(w, ind);
   hir__emit(w, "P2PCommunication %d (type=%s, buffer=", e->name, e->sub == HIR_P2P_SEND ? "send" : "recv");
@@ -4193,6 +4343,8 @@ static void hir__print_expr(hir__writer *w, const hir_expr *e, int ind) {
   case HIR_EXPR_COMMUNICATION: hir__print_communication(w, e, ind); break;
   case HIR_EXPR_P2P_COMMUNICATION: hir__print_p2p(w, e, ind); break;
   case HIR_EXPR_COLLECTIVE_PERMUTE: hir__print_permute(w, e, ind); break;
+  case HIR_EXPR_MOE_DISPATCH:
+  case HIR_EXPR_MOE_COMBINE: hir__print_moe(w, e, ind); break;
   case HIR_EXPR_WAIT: hir__indent(w, ind), hir__emit(w, "Wait Communication %d\n", e->target->name); break;
   case HIR_EXPR_START_COALESCING: hir__indent(w, ind), hir__emit(w, "StartCoalescing\n"); break;
   case HIR_EXPR_END_COALESCING: hir__indent(w, ind), hir__emit(w, "EndCoalescing %d\n", e->name); break;
@@ -4568,7 +4720,6 @@ static void hir__axis_map(const hir_expr *e, int k, int *map) {
   }
 }
 
-static int hir__is_did(hir_ptype p) { return p == HIR_DIDX || p == HIR_DIDY; }
 
 /* How many devices an axis of parallel type p is split across: a DIDx axis
    spans a row of the mesh (a 1-D mesh is one row), a DIDy axis a column; 0
@@ -7490,7 +7641,7 @@ static int hir__verify_operands(hir__verifier *v, const hir_expr *e) {
       e->nin != ((e->flags & HIR__MATMUL_SCALED) ? 4 : 2 + (e->nin == 3 && (e->flags & HIR__MATMUL_LINEAR))))
     return hir__verify_fail(v, "MatmulOp %d has %d inputs; a matmul has 2, a linear 2 or 3 (with its bias), a scaled linear 4",
                             e->name, e->nin);
-  if ((hir__ops[e->kind].flags & HIR__OP_TEAM) ||
+  if (((hir__ops[e->kind].flags & HIR__OP_TEAM) && !(hir__ops[e->kind].flags & HIR__OP_ROUTES)) ||
       ((hir__ops[e->kind].flags & HIR__OP_COMPUTE) && e->kind != HIR_EXPR_UNARY && e->kind != HIR_EXPR_RNG &&
        !(e->kind == HIR_EXPR_MATMUL && (e->flags & HIR__MATMUL_SCALED))))
     for (k = 0; k < e->nin; k++)
@@ -7534,8 +7685,10 @@ static int hir__verify_scope(hir__verifier *v, const hir_scope *s, int in_loop) 
       if (tv->ir != f) return hir__verify_fail(v, "%s %d names a tensor of another program", kind, e->name);
     }
     if (!hir__verify_operands(v, e)) return 0;
-    if (coalescing && (!(hir__ops[e->kind].flags & HIR__OP_COMM) || e->kind == HIR_EXPR_START_COALESCING))
-      return hir__verify_fail(v, "%s %d stands between StartCoalescing and EndCoalescing; only communications may", kind, e->name);
+    if (coalescing && (!(hir__ops[e->kind].flags & HIR__OP_COMM) || e->kind == HIR_EXPR_START_COALESCING ||
+                       (hir__ops[e->kind].flags & HIR__OP_ROUTES)))
+      return hir__verify_fail(v, "%s %d stands between StartCoalescing and EndCoalescing; only communications may (an MoE op "
+                              "is groups and kernels of its own)", kind, e->name);
     switch (e->kind) {
     case HIR_EXPR_DEALLOCATE:
       if (e->in[0]->is_input || e->in[0]->is_output)
@@ -7687,8 +7840,10 @@ static int hir__sched_walk(hir__sched_rank *r, const hir_scope *s, int me) {
       if (!hir__sched_walk(r, hir__eval_val(&r->env, e->val) ? &e->body : &e->orelse, me)) return 0;
       break;
     case HIR_EXPR_COMMUNICATION:
+    case HIR_EXPR_MOE_DISPATCH:
+    case HIR_EXPR_MOE_COMBINE: /* an MoE op: an AllToAll of its team */
       if (hir_team_index(e->team, e->team_size, me) < 0) break; /* not in its team */
-      ev.type = e->sub;
+      ev.type = e->kind == HIR_EXPR_COMMUNICATION ? e->sub : HIR_COLL_ALLTOALL;
       ev.root = e->root;
       ev.team = e->team;
       ev.team_size = e->team_size;
@@ -9002,6 +9157,58 @@ static hir_status hir__cpu_rand(hir_backend *self, void *stream, const hir_tenso
   return HIR_OK;
 }
 
+static hir_status hir__cpu_scatter_rows(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *src,
+                                        const hir_tensor *where) {
+  int64_t rows = dst->ndims ? dst->sizes[0] : 1, n = src->ndims ? src->sizes[0] : 1, i;
+  size_t row = rows ? (size_t)(hir__numel(dst->ndims, dst->sizes) / rows) * hir_dtype_size(dst->dtype) : 0;
+  (void)self, (void)stream;
+  memset(dst->data, 0, (size_t)rows * row);
+  for (i = 0; i < n; i++) {
+    int64_t to = ((const int64_t *)where->data)[i];
+    if (to >= 0 && to < rows) memcpy((char *)dst->data + (size_t)to * row, (const char *)src->data + (size_t)i * row, row);
+  }
+  return HIR_OK;
+}
+
+/* hir_backend.moe_index: the row numbers of MoE's moves (its contract), in loops a GPU thread each mirrors. */
+static hir_status hir__cpu_moe_index(hir_backend *self, void *stream, int step, const hir_tensor *out, const hir_tensor *out2,
+                                     const hir_tensor *in, const hir_tensor *counts, int64_t tokens, int64_t experts) {
+  int64_t R = counts->sizes[0], C = tokens * R, *o = (int64_t *)out->data, *n = (int64_t *)counts->data, i, j, s, at;
+  (void)self, (void)stream;
+  if (step == HIR_MOE_ROUTE) {
+    const int64_t *ex = (const int64_t *)in->data, per = experts / R;
+    int64_t st = in->ndims ? in->strides[0] : 1;
+    for (s = 0; s < R; s++) n[s] = 0;
+    for (i = 0; i < C; i++) ((int64_t *)out2->data)[i] = -1;
+    for (i = 0; i < tokens; i++) {
+      int64_t e = ex[i * st], k = 0;
+      if (e < 0 || e >= experts) {
+        o[i] = -1;
+        continue;
+      }
+      for (j = 0; j < tokens; j++) { /* the tokens to the same member before this one: by expert, then token */
+        int64_t f = ex[j * st];
+        k += f >= 0 && f < experts && f / per == e / per && (f < e || (f == e && j < i));
+      }
+      o[i] = e / per * tokens + k;
+      ((int64_t *)out2->data)[o[i]] = i;
+      n[e / per]++;
+    }
+    return HIR_OK;
+  }
+  for (i = 0; i < C; i++) o[i] = -1;
+  for (s = 0, at = 0; s < R; at += n[s] > 0 ? (n[s] < tokens ? n[s] : tokens) : 0, s++)
+    for (j = 0; j < n[s] && j < tokens; j++) {
+      if (step == HIR_MOE_COMPACT) o[s * tokens + j] = at + j;
+      else if (step == HIR_MOE_EXPAND) o[at + j] = s * tokens + j;
+      else {
+        int64_t t = ((const int64_t *)in->data)[s * tokens + j];
+        o[s * tokens + j] = t >= 0 && t < tokens ? t : -1;
+      }
+    }
+  return HIR_OK;
+}
+
 /* hir_backend.layer_norm, in double: the evaluator hands it dense tensors. */
 static hir_status hir__cpu_layer_norm(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
                                       const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps) {
@@ -9066,6 +9273,8 @@ HIRDEF hir_backend *hir_backend_cpu_create(void) {
   b->matmul_scaled = hir__cpu_matmul_scaled;
   b->layer_norm = hir__cpu_layer_norm;
   b->rand = hir__cpu_rand;
+  b->scatter_rows = hir__cpu_scatter_rows;
+  b->moe_index = hir__cpu_moe_index;
   return b;
 }
 
@@ -9133,7 +9342,7 @@ typedef struct hir__nvrtc {
    of a dense tensor's rows, dense casts, layer_norm, transposing copies,
    numbered elements (random numbers, indices), and maxima over axes. */
 enum { HIR__MAP_F32, HIR__MAP_F64, HIR__VEC_F32, HIR__VEC_F64, HIR__VEC_F16, HIR__VEC_BF16, HIR__MAX_ABS, HIR__SCALE_RC,
-       HIR__SUM_ROWS, HIR__CAST_VEC, HIR__LAYER_NORM, HIR__TRANSPOSE, HIR__RAND, HIR__REDUCE_AXES, HIR__MAP_I64,
+       HIR__SUM_ROWS, HIR__CAST_VEC, HIR__LAYER_NORM, HIR__TRANSPOSE, HIR__RAND, HIR__REDUCE_AXES, HIR__MAP_I64, HIR__MOE,
        HIR__MAP_KERNELS };
 HIR__STATIC_ASSERT(vec_kernels, HIR_F32 == 0 && HIR__VEC_F32 + HIR_BF16 == HIR__VEC_BF16); /* HIR__VEC_F32 + dtype */
 
@@ -10013,6 +10222,55 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "    long long x = ((const long long *)a.a)[oa];\n"
     "    ((long long *)a.dst)[od] = a.binary ? hir_i64_binary(a.op, x, ((const long long *)a.b)[ob]) : hir_i64_unary(a.op, x, (long long)a.s);\n"
     "  }\n"
+    "}\n",
+    /* MoE (hir__cpu_moe_index and hir__cpu_scatter_rows, a thread an element): steps 0-3 hir_moe_step's (the route's
+       first phase, then 6 its second), 5 the row moves, `unit` bytes a thread */
+    "struct hir_moe_args { long long *out, *out2; const long long *in, *counts; i64 in_stride, T, R, E; int step;\n"
+    "                      char *dst; const char *src; i64 n, rows, row, unit; };\n"
+    "__device__ i64 hir_moe_count(const hir_moe_args &a, i64 s) { i64 c = a.counts[s]; return c < 0 ? 0 : c < a.T ? c : a.T; }\n"
+    "extern \"C\" __global__ void hir_moe(hir_moe_args a) {\n"
+    "  const i64 C = a.T * a.R, per = a.E / a.R;\n"
+    "  const i64 n = a.step == 5 ? a.n * (a.row / a.unit) : a.step == 0 ? (C > a.R ? C : a.R) : a.step == 6 ? a.T : C;\n"
+    "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {\n"
+    "    if (a.step == 5) {\n"
+    "      i64 r = i / (a.row / a.unit), w = i % (a.row / a.unit), to = a.out[r];\n"
+    "      if (to < 0 || to >= a.rows) continue;\n"
+    "      const char *s = a.src + r * a.row + w * a.unit;\n"
+    "      char *d = a.dst + to * a.row + w * a.unit;\n"
+    "      if (a.unit == 8) *(unsigned long long *)d = *(const unsigned long long *)s;\n"
+    "      else if (a.unit == 4) *(unsigned *)d = *(const unsigned *)s;\n"
+    "      else if (a.unit == 2) *(unsigned short *)d = *(const unsigned short *)s;\n"
+    "      else *d = *s;\n"
+    "    } else if (a.step == 0) { /* route, phase 1: out2 all -1, the counts */\n"
+    "      if (i < C) a.out2[i] = -1;\n"
+    "      if (i < a.R) {\n"
+    "        long long c = 0;\n"
+    "        for (i64 t = 0; t < a.T; t++) { long long e = a.in[t * a.in_stride]; c += e >= 0 && e < a.E && e / per == i; }\n"
+    "        ((long long *)a.counts)[i] = c;\n"
+    "      }\n"
+    "    } else if (a.step == 6) { /* route, phase 2: each token's row */\n"
+    "      long long e = a.in[i * a.in_stride], k = 0;\n"
+    "      if (e < 0 || e >= a.E) { a.out[i] = -1; continue; }\n"
+    "      for (i64 j = 0; j < a.T; j++) {\n"
+    "        long long f = a.in[j * a.in_stride];\n"
+    "        k += f >= 0 && f < a.E && f / per == e / per && (f < e || (f == e && j < i));\n"
+    "      }\n"
+    "      a.out[i] = e / per * a.T + k;\n"
+    "      a.out2[e / per * a.T + k] = i;\n"
+    "    } else {\n"
+    "      i64 s = i / a.T, j = i % a.T, at = 0;\n"
+    "      if (a.step == 2) { /* expand: compacted row i, from the member whose rows hold it */\n"
+    "        long long o = -1;\n"
+    "        for (i64 q = 0; q < a.R; q++) { i64 c = hir_moe_count(a, q); if (o < 0 && i < at + c) o = q * a.T + (i - at); at += c; }\n"
+    "        a.out[i] = o;\n"
+    "        continue;\n"
+    "      }\n"
+    "      for (i64 q = 0; q < s; q++) at += hir_moe_count(a, q);\n"
+    "      if (j >= hir_moe_count(a, s)) a.out[i] = -1;\n"
+    "      else if (a.step == 1) a.out[i] = at + j;\n"
+    "      else a.out[i] = a.in[i] >= 0 && a.in[i] < a.T ? a.in[i] : -1;\n"
+    "    }\n"
+    "  }\n"
     "}\n"};
 typedef struct hir__tr_args { /* hir_tr_args of the kernel source, field for field */
   void *dst;
@@ -10035,6 +10293,15 @@ typedef struct hir__reduce_args { /* hir_reduce_args of the kernel source, field
   int64_t sizes[HIR_MAX_DIMS], ss[HIR_MAX_DIMS], sd[HIR_MAX_DIMS];
   int red[HIR_MAX_DIMS];
 } hir__reduce_args;
+typedef struct hir__moe_args { /* hir_moe_args of the kernel source, field for field */
+  int64_t *out, *out2;
+  const int64_t *in, *counts;
+  int64_t in_stride, T, R, E;
+  int step;
+  char *dst;
+  const char *src;
+  int64_t n, rows, row, unit;
+} hir__moe_args;
 typedef struct hir__ln_args { /* hir_ln_args of the kernel source, field for field */
   void *dst;
   const void *x, *w, *b;
@@ -10151,7 +10418,7 @@ static const char *hir__map_name(int which) {
   static const char *const names[HIR__MAP_KERNELS] = {"hir_map_f32", "hir_map_f64", "hir_vec_f32", "hir_vec_f64",
                                                       "hir_vec_f16", "hir_vec_bf16", "hir_max_abs_all", "hir_scale_rc",
                                                       "hir_sum_rows", "hir_cast_vec", "hir_layer_norm", "hir_transpose",
-                                                      "hir_rand", "hir_reduce_axes", "hir_map_i64"};
+                                                      "hir_rand", "hir_reduce_axes", "hir_map_i64", "hir_moe"};
   return names[which];
 }
 
@@ -10399,6 +10666,52 @@ static hir_status hir__cuda_reduce_axes(hir_backend *b, void *stream, const hir_
 }
 static hir_status hir__cuda_max(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
   return hir__cuda_reduce_axes(b, stream, dst, src, 0);
+}
+
+/* One launch of the MoE kernel over `threads` elements. */
+static hir_status hir__cuda_moe_launch(hir_backend *b, void *stream, hir__moe_args *args, int64_t threads) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  void *argv[1];
+  dim3 grid, block;
+  cudaError_t e;
+  if (threads <= 0) return HIR_OK;
+  if (c->map_state[HIR__MOE] != 1)
+    return snprintf(b->error, sizeof b->error, "cuda backend: the MoE kernel did not load: %.150s", c->map_error),
+           HIR_ERR_UNSUPPORTED;
+  argv[0] = args;
+  block.x = 256, block.y = block.z = 1;
+  grid.x = (unsigned)((threads + 255) / 256 < 65536 ? (threads + 255) / 256 : 65536), grid.y = grid.z = 1;
+  e = cudaLaunchKernel((const void *)c->map_kernel[HIR__MOE], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
+  return e == cudaSuccess ? HIR_OK : hir__cuda_fail(b, "cudaLaunchKernel (MoE)", cudaGetErrorString(e), __FILE__, __LINE__);
+}
+
+static hir_status hir__cuda_scatter_rows(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src,
+                                         const hir_tensor *where) {
+  hir__cuda *c = (hir__cuda *)b->ctx;
+  hir__moe_args args;
+  int64_t rows = dst->ndims ? dst->sizes[0] : 1, bytes = hir__numel(dst->ndims, dst->sizes) * (int64_t)hir_dtype_size(dst->dtype);
+  cudaError_t e;
+  memset(&args, 0, sizeof args);
+  if (bytes && (e = cudaMemsetAsync(dst->data, 0, (size_t)bytes, stream ? (cudaStream_t)stream : c->caller)) != cudaSuccess)
+    return hir__cuda_fail(b, "cudaMemsetAsync (MoE rows)", cudaGetErrorString(e), __FILE__, __LINE__);
+  args.step = 5, args.out = (int64_t *)where->data, args.dst = (char *)dst->data, args.src = (const char *)src->data;
+  args.n = src->ndims ? src->sizes[0] : 1, args.rows = rows, args.row = rows ? bytes / rows : 0;
+  for (args.unit = 8; args.unit > 1 && (args.row % args.unit || ((uintptr_t)dst->data | (uintptr_t)src->data) % (uintptr_t)args.unit); args.unit /= 2) {}
+  return args.row ? hir__cuda_moe_launch(b, stream, &args, args.n * (args.row / args.unit)) : HIR_OK;
+}
+
+static hir_status hir__cuda_moe_index(hir_backend *b, void *stream, int step, const hir_tensor *out, const hir_tensor *out2,
+                                      const hir_tensor *in, const hir_tensor *counts, int64_t tokens, int64_t experts) {
+  hir__moe_args args;
+  hir_status s;
+  memset(&args, 0, sizeof args);
+  args.out = (int64_t *)out->data, args.out2 = out2 ? (int64_t *)out2->data : NULL, args.in = in ? (const int64_t *)in->data : NULL;
+  args.in_stride = in && in->ndims ? in->strides[0] : 1, args.counts = (const int64_t *)counts->data;
+  args.T = tokens, args.R = counts->sizes[0], args.E = experts, args.step = step;
+  if (step != HIR_MOE_ROUTE) return hir__cuda_moe_launch(b, stream, &args, tokens * args.R);
+  if ((s = hir__cuda_moe_launch(b, stream, &args, tokens * args.R > args.R ? tokens * args.R : args.R)) != HIR_OK) return s;
+  args.step = 6; /* each token's row, after the -1s */
+  return hir__cuda_moe_launch(b, stream, &args, tokens);
 }
 
 static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *x,
@@ -11253,6 +11566,8 @@ HIRDEF hir_status hir_backend_cuda_open(int device, hir_backend **out, char *err
   b->unary = hir__cuda_unary;
   b->sum = hir__cuda_sum;
   b->max = hir__cuda_max;
+  b->scatter_rows = hir__cuda_scatter_rows;
+  b->moe_index = hir__cuda_moe_index;
   b->matmul = hir__cuda_matmul;
   b->matmul_bias = hir__cuda_matmul_bias;
   b->matmul_scaled = hir__cuda_matmul_scaled;
@@ -12378,6 +12693,38 @@ static int hir__check_communication(hir_evaluator *ev, const hir_expr *e) {
   return 1;
 }
 
+/* An MoE op's operands: the backend's row moves; dispatch's topk_idx and
+   topk_weights one per row of x ([T, 1]); combine's src_idx one per row of
+   x, its counts one per team member. Leading device axes hold one element. */
+static int hir__check_moe(hir_evaluator *ev, const hir_expr *e) {
+  const hir__shape *sh[4] = {NULL, NULL, NULL, NULL};
+  int k, combine = e->kind == HIR_EXPR_MOE_COMBINE;
+  if (hir_team_index(e->team, e->team_size, ev->device) < 0) return 1;
+  if (!ev->b->scatter_rows || !ev->b->moe_index)
+    return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: %s %d: the %s backend has no MoE row moves (its scatter_rows or "
+                        "moe_index is NULL)", hir__ops[e->kind].name, e->name, ev->b->name);
+  for (k = 0; k < e->nin; k++)
+    if (!(sh[k] = hir__need_shape(ev, e->in[k]))) return 0;
+  if (sh[0]->nd < 2) return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: %s %d: x T%d has fewer than 2 axes", hir__ops[e->kind].name,
+                                        e->name, e->in[0]->name);
+  for (k = 0; k < e->nin; k++) { /* sizes from the last: leading axes (devices) hold one element */
+    const hir__shape *t = sh[k];
+    int rank = combine && k ? 1 : 2, i, bad = t->nd < rank;
+    const int64_t *x = sh[0]->sizes + sh[0]->nd - 2, *z = t->sizes + t->nd - rank;
+    for (i = 0; i < t->nd - rank; i++) bad |= t->sizes[i] != 1;
+    if (!combine) bad |= k > 0 && (z[0] != x[0] || z[1] != 1);
+    else bad |= k == 1 ? z[0] != x[0] : k > 1 ? z[0] != e->team_size : 0;
+    if (bad)
+      return hir__shape_mismatch(ev, e, e->in[0], sh[0], e->in[k], t, combine ? "src_idx takes one row of x each, the counts one "
+                                 "element per team member" : "topk_idx and topk_weights are [T, 1] for x [T, H] (top-1)");
+  }
+  if (combine && sh[0]->sizes[sh[0]->nd - 2] != (int64_t)e->team_size * hir__eval_val(&ev->env, e->val))
+    return hir__ev_fail(ev, HIR_ERR_SHAPE, "hir_run: MoeCombine %d: x T%d has %lld rows; dispatch's rows are num_tokens (%lld) "
+                        "times the team's %d members", e->name, e->in[0]->name, (long long)sh[0]->sizes[sh[0]->nd - 2],
+                        (long long)hir__eval_val(&ev->env, e->val), e->team_size);
+  return 1;
+}
+
 /* Plan-time check of one expr's local shapes on this rank. */
 static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
   const hir__shape *a, *o;
@@ -12435,6 +12782,8 @@ static int hir__check_expr(hir_evaluator *ev, const hir_expr *e) {
     if (!(a = hir__need_shape(ev, e->in[0])) || !(o = hir__need_shape(ev, e->out[0]))) return 0;
     return hir__shapes_equal(a, o) ? 1 : hir__shape_mismatch(ev, e, e->in[0], a, e->out[0], o, "a permute moves one shape");
   }
+  case HIR_EXPR_MOE_DISPATCH:
+  case HIR_EXPR_MOE_COMBINE: return hir__check_moe(ev, e);
   case HIR_EXPR_P2P_COMMUNICATION:
   case HIR_EXPR_DEALLOCATE:
     return hir__need_shape(ev, e->in[0]) != NULL;
@@ -13243,6 +13592,98 @@ static int hir__exec_alltoall(hir_evaluator *ev, const hir_expr *e, const hir_te
   return hir__ev_comm(ev, c->group_end(c), e);
 }
 
+/* A dense [rows, cols] (cols 0: [rows]) view of dtype dt at p. */
+static hir_tensor hir__rows_view(void *p, hir_dtype dt, int64_t rows, int64_t cols) {
+  hir_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = p, t.dtype = dt, t.ndims = cols ? 2 : 1;
+  t.sizes[0] = rows, t.sizes[1] = cols;
+  hir__contiguous_strides(&t);
+  return t;
+}
+
+/* MoeDispatch and MoeCombine (hir_host_moe_*): row numbers and row moves by
+   the backend, and AllToAlls of T rows a member, through buffers of the
+   expr's own (its staging slot, made in the first run of a shape). */
+static int hir__exec_moe(hir_evaluator *ev, const hir_expr *e) {
+  enum { WHERE, SRC, COUNTS, SX, SIDX, SW, RX, RIDX, RW, RSRC, WHERE2, NBUF };
+  const hir_tensor *in[4];
+  hir_tensor o[6], v[NBUF], x;
+  int combine = e->kind == HIR_EXPR_MOE_COMBINE, R = e->team_size, k;
+  int64_t T, H, C;
+  size_t at[NBUF + 1], es[NBUF];
+  hir__staging *st;
+  hir_backend *b = ev->b;
+  if (hir_team_index(e->team, e->team_size, ev->device) < 0) return 1; /* not in its team */
+  for (k = 0; k < e->nin; k++)
+    if (!(in[k] = hir__get(ev, e->in[k], e))) return 0;
+  for (k = 0; k < e->nout; k++) {
+    const hir_tensor *t = hir__get_out(ev, e->out[k]);
+    if (!t) return 0;
+    o[k] = *t;
+  }
+  for (k = 0; k < e->nin + e->nout; k++)
+    if (!hir__is_contiguous(k < e->nin ? in[k] : &o[k - e->nin]))
+      return hir__ev_fail(ev, HIR_ERR_UNSUPPORTED, "hir_run: %s %d: T%d is a strided view; MoE ops take dense tensors (copy it "
+                          "with a set first)", hir__ops[e->kind].name, e->name,
+                          k < e->nin ? e->in[k]->name : e->out[k - e->nin]->name);
+  H = in[0]->sizes[in[0]->ndims - 1];
+  T = combine ? hir__eval_val(&ev->env, e->val) : in[0]->sizes[in[0]->ndims - 2];
+  C = T * R;
+  x = hir__rows_view(in[0]->data, in[0]->dtype, combine ? C : T, H);
+  for (k = 0; k < NBUF; k++) es[k] = 8; /* int64 */
+  es[SX] = es[RX] = hir_dtype_size(in[0]->dtype) * (size_t)H;
+  es[SW] = es[RW] = combine ? 8 : hir_dtype_size(in[2]->dtype);
+  for (k = 0, at[0] = 0; k < NBUF; k++) /* each buffer 256-byte aligned: [T] where, [R] counts, [C] rows else */
+    at[k + 1] = at[k] + ((es[k] * (size_t)(k == WHERE ? T : k == COUNTS ? R : C) + 255) & ~(size_t)255);
+  st = &ev->staging[((size_t)e->name * (size_t)(ev->nstreams + 1) + (size_t)ev->current_track) * 2];
+  if (st->bytes < at[NBUF]) {
+    hir_status s;
+    if (st->data) hir__retire(ev, st->data);
+    st->data = NULL, st->bytes = 0;
+    if ((s = b->alloc(b, at[NBUF] ? at[NBUF] : 1, &st->data)) != HIR_OK) return hir__ev_backend(ev, s, e);
+    st->bytes = at[NBUF];
+  }
+  for (k = 0; k < NBUF; k++)
+    v[k] = hir__rows_view((char *)st->data + at[k], k == SX || k == RX ? in[0]->dtype : k == SW || k == RW ? (combine ? HIR_I64 : in[2]->dtype) : HIR_I64,
+                          k == WHERE ? T : k == COUNTS ? R : C, k == SX || k == RX ? H : 0);
+  ev->started_comm = 1;
+  hir__comm_what(ev, e->in[0], in[0]);
+  if (!combine) {
+    hir_tensor idx = hir__rows_view(in[1]->data, HIR_I64, T, 0), idx2 = hir__rows_view(in[1]->data, HIR_I64, T, 1);
+    hir_tensor w = hir__rows_view(in[2]->data, in[2]->dtype, T, 1), sidx = hir__rows_view(v[SIDX].data, HIR_I64, C, 1);
+    hir_tensor sw = hir__rows_view(v[SW].data, in[2]->dtype, C, 1), ridx = hir__rows_view(v[RIDX].data, HIR_I64, C, 1);
+    hir_tensor rw = hir__rows_view(v[RW].data, in[2]->dtype, C, 1), n_from = hir__rows_view(o[5].data, HIR_I64, R, 0);
+    hir_tensor outs[4];
+    outs[0] = hir__rows_view(o[0].data, o[0].dtype, C, H), outs[1] = hir__rows_view(o[1].data, HIR_I64, C, 1);
+    outs[2] = hir__rows_view(o[2].data, o[2].dtype, C, 1), outs[3] = hir__rows_view(o[3].data, HIR_I64, C, 0);
+    if (!hir__ev_backend(ev, b->moe_index(b, ev->current, HIR_MOE_ROUTE, &v[WHERE], &v[SRC], &idx, &v[COUNTS], T, e->params[0]), e) ||
+        !hir__ev_backend(ev, b->scatter_rows(b, ev->current, &v[SX], &x, &v[WHERE]), e) ||
+        !hir__ev_backend(ev, b->scatter_rows(b, ev->current, &sidx, &idx2, &v[WHERE]), e) ||
+        !hir__ev_backend(ev, b->scatter_rows(b, ev->current, &sw, &w, &v[WHERE]), e) ||
+        !hir__exec_alltoall(ev, e, &v[SX], &v[RX], es[SX] * (size_t)C) || !hir__exec_alltoall(ev, e, &sidx, &ridx, 8 * (size_t)C) ||
+        !hir__exec_alltoall(ev, e, &sw, &rw, es[SW] * (size_t)C) || !hir__exec_alltoall(ev, e, &v[SRC], &v[RSRC], 8 * (size_t)C) ||
+        !hir__exec_alltoall(ev, e, &v[COUNTS], &n_from, 8 * (size_t)R) ||
+        !hir__ev_backend(ev, b->moe_index(b, ev->current, HIR_MOE_COMPACT, &v[WHERE2], NULL, NULL, &n_from, T, e->params[0]), e) ||
+        !hir__ev_backend(ev, b->scatter_rows(b, ev->current, &outs[0], &v[RX], &v[WHERE2]), e) ||
+        !hir__ev_backend(ev, b->scatter_rows(b, ev->current, &outs[1], &ridx, &v[WHERE2]), e) ||
+        !hir__ev_backend(ev, b->scatter_rows(b, ev->current, &outs[2], &rw, &v[WHERE2]), e) ||
+        !hir__ev_backend(ev, b->scatter_rows(b, ev->current, &outs[3], &v[RSRC], &v[WHERE2]), e))
+      return 0;
+    outs[0] = hir__rows_view(o[4].data, HIR_I64, R, 0);
+    return hir__ev_backend(ev, b->copy(b, ev->current, &outs[0], &v[COUNTS]), e);
+  } else {
+    hir_tensor src = hir__rows_view(in[1]->data, HIR_I64, C, 0), n_to = hir__rows_view(in[2]->data, HIR_I64, R, 0);
+    hir_tensor n_from = hir__rows_view(in[3]->data, HIR_I64, R, 0), out = hir__rows_view(o[0].data, o[0].dtype, T, H);
+    return hir__ev_backend(ev, b->moe_index(b, ev->current, HIR_MOE_EXPAND, &v[WHERE2], NULL, NULL, &n_from, T, 0), e) &&
+           hir__ev_backend(ev, b->scatter_rows(b, ev->current, &v[SX], &x, &v[WHERE2]), e) &&
+           hir__ev_backend(ev, b->scatter_rows(b, ev->current, &v[SRC], &src, &v[WHERE2]), e) &&
+           hir__exec_alltoall(ev, e, &v[SX], &v[RX], es[SX] * (size_t)C) && hir__exec_alltoall(ev, e, &v[SRC], &v[RSRC], 8 * (size_t)C) &&
+           hir__ev_backend(ev, b->moe_index(b, ev->current, HIR_MOE_COMBINE, &v[WHERE2], NULL, &v[RSRC], &n_to, T, 0), e) &&
+           hir__ev_backend(ev, b->scatter_rows(b, ev->current, &out, &v[RX], &v[WHERE2]), e);
+  }
+}
+
 static int hir__exec_comm(hir_evaluator *ev, const hir_expr *e) {
   hir_comm *c = ev->comm;
   void *team = ev->team[e->name];
@@ -13479,6 +13920,8 @@ static int hir__exec(hir_evaluator *ev, const hir_expr *e) {
     return !ev->team[e->name] || hir__exec_comm(ev, e); /* no team handle: this rank is not in it */
   case HIR_EXPR_P2P_COMMUNICATION: return hir__exec_p2p(ev, e);
   case HIR_EXPR_COLLECTIVE_PERMUTE: return hir__exec_permute(ev, e);
+  case HIR_EXPR_MOE_DISPATCH:
+  case HIR_EXPR_MOE_COMBINE: return hir__exec_moe(ev, e);
   case HIR_EXPR_START_COALESCING:
     return hir__ev_comm(ev, ev->comm->group_start(ev->comm), e);
   case HIR_EXPR_END_COALESCING:

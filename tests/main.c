@@ -30,6 +30,7 @@ static int test_thread_create(pthread_t *thread, void *(*fn)(void *), void *arg)
 #include "test_files.c"
 #include "test_ops.c"
 #include "test_attention.c"
+#include "test_moe.c"
 #include "test_reshard.c"
 #include "test_split.c"
 #include "test_fp8.c"

@@ -26,6 +26,7 @@
 #include "../test_tune.c"
 #include "../test_ops.c"
 #include "../test_attention.c"
+#include "../test_moe.c"
 #include "../test_reshard.c"
 #include "../test_split.c"
 #include "../test_fp8.c"
