@@ -477,6 +477,15 @@ HIRDEF hir_status  hir_reorder(hir_tv *tv, int n, const int *from, const int *to
    the loop order puts another axis between the parts of a split axis, or
    its inner part first: no strides give that layout. */
 HIRDEF hir_status  hir_set_allocation_loop(hir_tv *tv);
+/* nvFuser's swizzle1d: a loop axis that the stream lowering walks (HIR_STREAM,
+   now or later) visits its chunks starting from this device's place on the
+   mesh's row (by: HIR_DIDX): iteration i takes chunk (i + place) % extent.
+   A P2P allgather into such an axis becomes a ring in that order (step i
+   receives chunk place + i from its owner and sends the own chunk to place
+   - i), whatever the schedule asked; a loop that moves nothing just starts
+   at the own chunk. A reduce-scatter's Stream axis refuses it (its ring is
+   HIR_SCHEDULE_RING's). */
+HIRDEF hir_status  hir_swizzle1d(hir_tv *tv, int axis, hir_ptype by);
 HIRDEF hir_status  hir_fusion_print(const hir_fusion *f, FILE *out);
 HIRDEF size_t      hir_fusion_snprint(const hir_fusion *f, char *buf, size_t cap);   /* like snprintf */
 /* Axis arguments count every axis of the tensor, reduction axes included
@@ -1823,6 +1832,7 @@ struct hir_id {
   hir_iter_type iter;
   hir_ptype ptype;
   int loop_pos; /* 1 + its place in the tensor's loop order after hir_reorder; 0: the order of ids */
+  hir_ptype swizzle; /* hir_swizzle1d: the mesh axis (DIDx) whose place starts its chunks; HIR_SERIAL: none */
 };
 
 struct hir_tv {
@@ -5104,6 +5114,25 @@ static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, hir_val *fv, int 
   return 1;
 }
 
+HIRDEF hir_status hir_swizzle1d(hir_tv *tv, int axis, hir_ptype by) {
+  hir_fusion *f;
+  int a;
+  if (!tv) return HIR_ERR_INVALID;
+  f = tv->ir;
+  if (f->status != HIR_OK) return f->status;
+  if ((a = hir__loop_axis(f, tv, axis, "hir_swizzle1d")) < 0) return f->status;
+  if (by != HIR_DIDX || tv->mesh_cols || f->program ||
+      (tv->ids[a]->ptype != HIR_SERIAL && tv->ids[a]->ptype != HIR_STREAM) || tv->ids[a]->iter != HIR_ITERATION) {
+    hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_swizzle1d: T%d axis %d: %s", tv->name, hir__loop_place(tv, a),
+              by != HIR_DIDX ? "swizzle by HIR_DIDX, the place along the mesh" : tv->mesh_cols ? "a 2-D mesh's place is not "
+              "offered; swizzle on a 1-D mesh" : f->program ? "a program's "
+              "tensors are laid out by hand (hir_host_alias_select with a swizzled index)" : "swizzle a plain axis, to be a Stream one");
+    return f->status;
+  }
+  tv->ids[a]->swizzle = by;
+  return HIR_OK;
+}
+
 HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
   hir__split_site sites[64];
   hir__split_log *log;
@@ -5391,7 +5420,7 @@ static void hir__streams_from_inputs(hir_program *p) {
         hir__axis_map(e, k, map);
         if (map[s] < 0) continue;
         o = e->out[0]->ids[map[s]];
-        if (o->iter == HIR_ITERATION && o->ptype == HIR_SERIAL) o->ptype = HIR_STREAM;
+        if (o->iter == HIR_ITERATION && o->ptype == HIR_SERIAL) o->ptype = HIR_STREAM, o->swizzle = tv->ids[s]->swizzle;
       }
     }
     tv->ids[s]->ptype = HIR_SERIAL;
@@ -5411,7 +5440,7 @@ static void hir__streams_from_sums(hir_program *p) {
     hir__axis_map(e, 0, map);
     for (j = 0; j < in->ndims; j++)
       if (map[j] >= 0 && out->ids[map[j]]->ptype == HIR_STREAM && in->ids[j]->ptype == HIR_SERIAL) {
-        in->ids[j]->ptype = HIR_STREAM;
+        in->ids[j]->ptype = HIR_STREAM, in->ids[j]->swizzle = out->ids[map[j]]->swizzle;
         out->ids[map[j]]->ptype = HIR_SERIAL;
       }
   }
@@ -6818,6 +6847,7 @@ typedef struct hir__chain {
   const hir__stream_plan *opt;
   hir_expr **exprs;
   int n, p2p, ring;
+  int swizzle;                  /* a Stream axis of its ops is swizzled (hir_swizzle1d): chunks from the own place on */
   hir_id *id;                   /* the loop's axis */
   const int *mesh;              /* the P2P mesh and my position in it */
   int mesh_size, pos;
@@ -7077,8 +7107,10 @@ static int hir__stream_allgather(hir__chain *c, const hir_expr *e, int in_axis) 
   hir_val *chunk_owner = c->ring ? c->step : hir__mesh_at(c, c->chunk);
   hir_val *me = c->ring ? hir__const(f, 0) : hir__named(f, HIR_NAMED_RANK);
   hir_val *mine = hir__scalar(c, HIR_SCALAR_EQ, chunk_owner, me);
-  hir_val *to = c->ring ? hir__mesh_at(c, hir__scalar(c, HIR_SCALAR_MOD, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, c->step),
-                                                 hir__const(f, c->mesh_size)))
+  hir_val *ahead = c->swizzle ? hir__scalar(c, HIR_SCALAR_SUB, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)),
+                                                c->step) /* a swizzled ring sends the own chunk to place - i */
+                                  : hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, c->step);
+  hir_val *to = c->ring ? hir__mesh_at(c, hir__scalar(c, HIR_SCALAR_MOD, ahead, hir__const(f, c->mesh_size)))
                         : hir__mesh_at(c, c->chunk);
   /* my shard's view first, as nvFuser numbers them */
   hir_expr *ite, *end, *sel = in_place ? NULL : hir__alias_view(f, in, in_axis, hir__const(f, 0), 0);
@@ -7279,13 +7311,26 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
   c->chunk = c->step;
   c->pos_val = hir__named(f, HIR_NAMED_RANK);
   c->ring = 0;
+  for (k = 0, c->swizzle = 0; k < c->n; k++) {
+    const hir_expr *x = c->exprs[k];
+    for (t = 0; t < x->nin + x->nout; t++) {
+      const hir_tv *tv = t < x->nin ? x->in[t] : x->out[t - x->nin];
+      int sa = hir__stream_axis(tv);
+      c->swizzle |= sa >= 0 && tv->ids[sa]->swizzle != HIR_SERIAL;
+    }
+  }
   if (c->p2p) {
     int iota = 1;
     for (k = 0; k < c->mesh_size; k++) iota &= c->mesh[k] == k;
     if ((c->pos = hir_team_index(c->mesh, c->mesh_size, p->my_device)) < 0) c->pos = c->mesh_size; /* a program for any rank */
     if (!iota) c->pos_val = hir__const(f, c->pos); /* this device's position in the mesh */
-    c->ring = c->opt->ring;
-    if (c->ring && c->p2p == HIR__P2P_ALLGATHER) /* receive from pos - i */
+    c->ring = c->opt->ring || c->swizzle;
+    if (c->swizzle && c->p2p != HIR__P2P_ALLGATHER)
+      return hir__stream_fail(p, c->exprs[0], "its Stream axis is swizzled (hir_swizzle1d), which only a P2P allgather's "
+                              "or a loop that moves nothing takes; drop the swizzle and ask for HIR_SCHEDULE_RING");
+    if (c->swizzle) /* receive chunk pos + i from its owner */
+      c->chunk = hir__scalar(c, HIR_SCALAR_MOD, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, c->step), hir__const(f, c->mesh_size));
+    else if (c->ring && c->p2p == HIR__P2P_ALLGATHER) /* receive from pos - i */
       c->chunk = hir__scalar(c, HIR_SCALAR_MOD,
                              hir__scalar(c, HIR_SCALAR_SUB, hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, c->mesh_size)), c->step),
                              hir__const(f, c->mesh_size));
@@ -7295,6 +7340,15 @@ static int hir__lower_chain(hir__chain *c, hir__vec *out, const int *first, cons
                                          iota ? hir__scalar(c, HIR_SCALAR_ADD, c->pos_val, hir__const(f, 1)) : hir__const(f, c->pos + 1),
                                          c->step),
                              hir__const(f, c->mesh_size));
+  }
+  if (c->swizzle && !c->p2p) { /* moves nothing: iteration i takes chunk (i + place) % extent */
+    const hir_tv *tv = c->exprs[0]->out[0];
+    int place = hir_team_index(tv->mesh, tv->mesh_size, p->my_device);
+    if (!tv->mesh_size || tv->mesh_cols)
+      return hir__stream_fail(p, c->exprs[0], "its Stream axis is swizzled (hir_swizzle1d) by the place on a mesh, and its "
+                              "tensor has no 1-D mesh; give it one (hir_set_mesh)");
+    c->chunk = hir__scalar(c, HIR_SCALAR_MOD, hir__scalar(c, HIR_SCALAR_ADD, c->step, hir__const(f, place > 0 ? place : 0)),
+                           c->id->extent);
   }
   if (!c->slot || !c->chunk || !c->pos_val) return 0;
   for (k = 0; k < c->n; k++) { /* the full buffers the loop writes into, allocated before it */

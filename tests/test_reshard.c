@@ -248,3 +248,91 @@ TEST(test_reshard_ag_after_matmul, "reshard/ag_after_matmul", TEST_CPU | TEST_GP
     hir_fusion_free(f);
   }
 }
+
+/* hir_swizzle1d, as nvFuser's ReshardingTest.Swizzle1D_DIDToStream and
+   .Swizzle1D_ConsistentSwizzle write it: in [D * 3, 5] split D outer, DIDx;
+   out = set(in) split alike, swizzled by DIDx, its outer part a Stream axis:
+   a resharding, lowered to a ring whose step i receives chunk place + i
+   (then relu of it, chunk by chunk); both swizzled Stream axes and no DIDx:
+   no communication, each device's loop starting at its own chunk. On
+   worlds 1-8 against the input; the refusals. */
+TEST(test_reshard_swizzle, "reshard/swizzle", TEST_CPU | TEST_GPU_WORLDS) {
+  int wi, form;
+  for (wi = 0; wi < 5; wi++)
+    for (form = 0; form < 2; form++) {
+      int D = worlds[wi];
+      int64_t sz[2] = {D * 3, 5}, i;
+      spmd_case c;
+      hir_fusion *f = hir_fusion_create();
+      hir_tv *in = hir_input(f, HIR_F32, 2), *out = hir_set(f, in), *y = hir_relu(f, out);
+      char text[8192];
+      hir_output(f, y);
+      hir_set_mesh(in, D, iota_mesh), hir_set_mesh(out, D, iota_mesh), hir_set_mesh(y, D, iota_mesh);
+      hir_split(in, 0, D, 1); /* reaches out and y */
+      if (form == 0) hir_parallelize(in, 0, HIR_DIDX);
+      else hir_swizzle1d(in, 0, HIR_DIDX), hir_parallelize(in, 0, HIR_STREAM);
+      CHECK(hir_swizzle1d(out, 0, HIR_DIDX) == HIR_OK && hir_parallelize(out, 0, HIR_STREAM) == HIR_OK);
+      hir_swizzle1d(y, 0, HIR_DIDX), hir_parallelize(y, 0, HIR_STREAM);
+      CHECK(hir_fusion_error(f)[0] == 0);
+      CHECK(hir_expr_is_resharding(hir_tv_definition(out)) == (form == 0 && D > 1)); /* DIDx differs; both streams alike */
+      if (D == 3) { /* rank 1's program: step i takes chunk (1 + i) % 3 */
+        hir_lower_desc d;
+        hir_program *p = NULL;
+        memset(&d, 0, sizeof d);
+        d.my_device = 1;
+        CHECK(hir_lower(f, &d, &p) == HIR_OK);
+        hir_program_snprint(p, text, sizeof text);
+        CHECK(strstr(text, form == 0 ? "index = ( ( rank + StreamIdx ) % 3 )" : "index = ( ( StreamIdx + 1 ) % 3 )"));
+        CHECK(form || (strstr(text, "type=recv, buffer=T3_l_float[iS12{( i0 / 3 )}, iS13{i2}] (DeviceMesh{0 1 2}), peer=( ( rank + "
+                               "StreamIdx ) % 3 )") && strstr(text, "peer=( ( ( rank + 3 ) - StreamIdx ) % 3 )")));
+        CHECK((strstr(text, "P2PCommunication") != NULL) == (form == 0));
+        hir_program_free(p);
+      }
+      case_lowered(&c, D, f, 1, 1);
+      c.in[0] = trand(HIR_F32, 2, sz);
+      c.out[0] = tcopy(&c.in[0]);
+      for (i = 0; i < tnumel(&c.out[0]); i++) tset(&c.out[0], i, fmax(0, tget(&c.out[0], i)));
+      c.prealloc = wi & 1;
+      RUN_CASE(&c, form == 0 ? "Swizzle1D_DIDToStream: a ring from DIDx" : "Swizzle1D_ConsistentSwizzle: no communication");
+      hir_fusion_free(f);
+    }
+  { /* refusals, by name */
+    hir_fusion *f = hir_fusion_create();
+    hir_tv *x = hir_input(f, HIR_F32, 2);
+    int mesh2[4] = {0, 1, 2, 3};
+    hir_parallelize(x, 0, HIR_STREAM);
+    CHECK(hir_swizzle1d(x, 0, HIR_DIDX) == HIR_OK);
+    hir_output(f, hir_relu(f, x));
+    {
+      hir_lower_desc d;
+      hir_program *p = NULL;
+      memset(&d, 0, sizeof d);
+      CHECK(hir_lower(f, &d, &p) != HIR_OK && strstr(hir_program_error(p), "and its tensor has no 1-D mesh; give it one"));
+      hir_program_free(p);
+    }
+    hir_fusion_free(f);
+    f = hir_fusion_create();
+    x = hir_input(f, HIR_F32, 2);
+    hir_set_mesh(x, 4, mesh2);
+    CHECK(hir_swizzle1d(x, 0, HIR_DIDY) == HIR_ERR_UNSUPPORTED && strstr(hir_fusion_error(f), "swizzle by HIR_DIDX"));
+    hir_fusion_free(f);
+    f = hir_fusion_create(); /* a P2P reduce-scatter's Stream axis (GEMM + reduce-scatter) swizzled */
+    {
+      int flags[4] = {0, 1, 0, 0}, axis = 0;
+      hir_tv *a = hir_input(f, HIR_F32, 4), *b = hir_input(f, HIR_F32, 3), *mm, *s;
+      hir_lower_desc d;
+      hir_program *p = NULL;
+      mm = hir_matmul(f, a, hir_broadcast(f, b, 4, flags));
+      s = hir_sum(f, mm, 1, &axis);
+      hir_output(f, s);
+      hir_set_mesh(a, 2, mesh2), hir_set_mesh(b, 2, mesh2), hir_set_mesh(s, 2, mesh2);
+      hir_parallelize(a, 0, HIR_DIDX), hir_parallelize(b, 0, HIR_DIDX), hir_parallelize(s, 1, HIR_DIDX);
+      hir_swizzle1d(mm, 1, HIR_DIDX), hir_parallelize(mm, 1, HIR_STREAM);
+      memset(&d, 0, sizeof d);
+      CHECK(hir_fusion_error(f)[0] == 0 && hir_lower(f, &d, &p) != HIR_OK &&
+            strstr(hir_program_error(p), "its Stream axis is swizzled (hir_swizzle1d), which only a P2P allgather's"));
+      hir_program_free(p);
+      hir_fusion_free(f);
+    }
+  }
+}
