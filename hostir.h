@@ -486,6 +486,15 @@ HIRDEF hir_status  hir_set_allocation_loop(hir_tv *tv);
    at the own chunk. A reduce-scatter's Stream axis refuses it (its ring is
    HIR_SCHEDULE_RING's). */
 HIRDEF hir_status  hir_swizzle1d(hir_tv *tv, int axis, hir_ptype by);
+/* nvFuser's merge of loop axes: axis and axis + 1 become one loop axis (of
+   their extents' product; the later axes number one less). It changes no
+   layout. A merged axis is not parallelized (a Stream or DIDx on it is
+   refused, as nvFuser's stream lowering refuses the Stream: split one of the
+   axes and parallelize its part) unless one of the two has the fixed size 1
+   or is a broadcast: then the parallel type goes to the other (nvFuser's
+   merge of a squeezed axis). A merged axis is not split, and a tensor with
+   one is not reordered. */
+HIRDEF hir_status  hir_merge(hir_tv *tv, int axis);
 HIRDEF hir_status  hir_fusion_print(const hir_fusion *f, FILE *out);
 HIRDEF size_t      hir_fusion_snprint(const hir_fusion *f, char *buf, size_t cap);   /* like snprintf */
 /* Axis arguments count every axis of the tensor, reduction axes included
@@ -1833,6 +1842,7 @@ struct hir_id {
   hir_ptype ptype;
   int loop_pos; /* 1 + its place in the tensor's loop order after hir_reorder; 0: the order of ids */
   hir_ptype swizzle; /* hir_swizzle1d: the mesh axis (DIDx) whose place starts its chunks; HIR_SERIAL: none */
+  hir_val *merged;   /* hir_merge: this axis and the next in the loop order are one loop axis of this extent */
 };
 
 struct hir_tv {
@@ -2283,21 +2293,29 @@ static void hir__loop_order(const hir_tv *tv, int *order) {
     }
 }
 
+/* The loop axes a user numbers (hir_merge makes two one): head[p] is the
+   index in tv->ids of loop axis p's first axis; returns how many. */
+static int hir__loop_heads(const hir_tv *tv, int *head) {
+  int order[HIR_MAX_DIMS], i, n = 0;
+  hir__loop_order(tv, order);
+  for (i = 0; i < tv->ndims; i++)
+    if (!i || !tv->ids[order[i - 1]]->merged) head[n++] = order[i];
+  return n;
+}
+
 /* A schedule call's axis (a loop position, negative from the end) as an
    index in tv->ids; -1 (error recorded) when out of range. */
 static int hir__loop_axis(hir_fusion *f, const hir_tv *tv, int axis, const char *fn) {
-  int order[HIR_MAX_DIMS], a = hir__norm_axis(f, axis, tv->ndims, fn, tv);
-  if (a < 0) return -1;
-  hir__loop_order(tv, order);
-  return order[a];
+  int head[HIR_MAX_DIMS], a = hir__norm_axis(f, axis, hir__loop_heads(tv, head), fn, tv);
+  return a < 0 ? -1 : head[a];
 }
 
-/* The loop position of tv->ids[i]. */
+/* The loop position of tv->ids[i] (of the merged axis it is part of). */
 static int hir__loop_place(const hir_tv *tv, int i) {
-  int order[HIR_MAX_DIMS], p;
+  int order[HIR_MAX_DIMS], p, place = 0;
   hir__loop_order(tv, order);
-  for (p = 0; p < tv->ndims && order[p] != i; p++) {}
-  return p;
+  for (p = 0; p < tv->ndims && order[p] != i; p++) place += !tv->ids[order[p]]->merged;
+  return place;
 }
 
 /* The unary ops exact on int64. */
@@ -3291,6 +3309,18 @@ HIRDEF hir_status hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype) {
   f = tv->ir;
   if (f->status != HIR_OK) return f->status;
   if ((a = hir__loop_axis(f, tv, axis, "hir_parallelize")) < 0) return f->status;
+  if (tv->ids[a]->merged && ptype != HIR_SERIAL) { /* a merge with an axis of one element: the other takes it */
+    const hir_id *x = tv->ids[a], *y = a + 1 < tv->ndims ? tv->ids[a + 1] : NULL;
+    int one_x = x->iter == HIR_BROADCAST || (x->extent->kind == HIR__VAL_CONST && x->extent->value == 1);
+    int one_y = y && (y->iter == HIR_BROADCAST || (y->extent->kind == HIR__VAL_CONST && y->extent->value == 1));
+    if (!y || y->merged || one_x == one_y) {
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_parallelize: T%d axis %d is a merge of axes (hir_merge), which no parallel type "
+                "takes (nvFuser's stream lowering refuses a Stream there too); split one of the axes (hir_split) and "
+                "parallelize its part", tv->name, axis < 0 ? axis + hir_tv_ndims(tv) : axis);
+      return f->status;
+    }
+    a = one_x ? a + 1 : a;
+  }
   if ((unsigned)ptype >= HIR_PTYPE_COUNT) {
     hir__fail(f, HIR_ERR_INVALID, "hir_parallelize: unknown parallel type %d; use HIR_SERIAL, HIR_DIDX, HIR_DIDY or HIR_STREAM",
               (int)ptype);
@@ -3308,15 +3338,17 @@ HIRDEF hir_status hir_parallelize(hir_tv *tv, int axis, hir_ptype ptype) {
   return HIR_OK;
 }
 
-HIRDEF int hir_tv_ndims(const hir_tv *tv) { return tv ? tv->ndims : 0; }
+HIRDEF int hir_tv_ndims(const hir_tv *tv) {
+  int head[HIR_MAX_DIMS];
+  return tv ? hir__loop_heads(tv, head) : 0;
+}
 HIRDEF int hir_tv_name(const hir_tv *tv) { return tv ? tv->name : -1; }
 HIRDEF hir_dtype hir_tv_dtype(const hir_tv *tv) { return tv ? tv->dtype : HIR_F32; }
 /* The axis at loop position `axis` (hir_reorder), or NULL. */
 static const hir_id *hir__tv_axis(const hir_tv *tv, int axis) {
-  int order[HIR_MAX_DIMS];
-  if (!tv || axis < 0 || axis >= tv->ndims) return NULL;
-  hir__loop_order(tv, order);
-  return tv->ids[order[axis]];
+  int head[HIR_MAX_DIMS];
+  if (!tv || axis < 0 || axis >= hir__loop_heads(tv, head)) return NULL;
+  return tv->ids[head[axis]];
 }
 HIRDEF hir_iter_type hir_tv_iter_type(const hir_tv *tv, int axis) {
   const hir_id *id = hir__tv_axis(tv, axis);
@@ -3328,7 +3360,7 @@ HIRDEF hir_ptype hir_tv_ptype(const hir_tv *tv, int axis) {
 }
 HIRDEF hir_val *hir_tv_extent(const hir_tv *tv, int axis) {
   const hir_id *id = hir__tv_axis(tv, axis);
-  return id ? id->extent : NULL;
+  return id ? (id->merged ? id->merged : id->extent) : NULL;
 }
 HIRDEF int hir_tv_mesh_cols(const hir_tv *tv) { return tv ? tv->mesh_cols : 0; }
 HIRDEF const int *hir_tv_mesh(const hir_tv *tv, int *ndevices) {
@@ -3338,10 +3370,9 @@ HIRDEF const int *hir_tv_mesh(const hir_tv *tv, int *ndevices) {
 HIRDEF hir_expr *hir_tv_definition(const hir_tv *tv) { return tv ? tv->definition : NULL; }
 HIRDEF int hir_tv_logical_ndims(const hir_tv *tv) { return tv ? tv->nlogical : 0; }
 HIRDEF int hir_tv_logical_axis(const hir_tv *tv, int axis) {
-  int order[HIR_MAX_DIMS];
-  if (!tv || axis < 0 || axis >= tv->ndims) return -1;
-  hir__loop_order(tv, order);
-  axis = order[axis];
+  int head[HIR_MAX_DIMS];
+  if (!tv || axis < 0 || axis >= hir__loop_heads(tv, head)) return -1;
+  axis = head[axis];
   return tv->nlogical ? tv->logical_of[axis] : hir__data_index(tv, axis);
 }
 
@@ -5114,6 +5145,41 @@ static int hir__split_one(hir_fusion *f, hir_tv *tv, int axis, hir_val *fv, int 
   return 1;
 }
 
+HIRDEF hir_status hir_merge(hir_tv *tv, int axis) {
+  hir_fusion *f;
+  int a, b, head[HIR_MAX_DIMS], n, i;
+  if (!tv) return HIR_ERR_INVALID;
+  f = tv->ir;
+  if (f->status != HIR_OK) return f->status;
+  n = hir__loop_heads(tv, head);
+  if ((a = hir__loop_axis(f, tv, axis, "hir_merge")) < 0) return f->status;
+  for (i = 0; i < n && head[i] != a; i++) {}
+  if (i + 1 >= n || f->program) {
+    hir__fail(f, HIR_ERR_INVALID, "hir_merge: T%d axis %d: %s", tv->name, i, f->program ? "merge a fusion's tensors, not a "
+              "program's" : "the last loop axis has no next one to merge with");
+    return f->status;
+  }
+  b = head[i + 1];
+  for (i = 0; i < tv->ndims; i++)
+    if (tv->ids[i]->loop_pos) {
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_merge: T%d is reordered (hir_reorder); merge before reordering", tv->name);
+      return f->status;
+    }
+  for (i = a; ; i++) { /* the axes of both loop axes: iterations, not parallelized */
+    const hir_id *id = tv->ids[i];
+    if (id->iter == HIR_REDUCTION || id->ptype != HIR_SERIAL) {
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_merge: T%d axis %d: %s; merge plain axes, then parallelize (a DIDx or Stream on "
+                "a merge is refused: split instead)", tv->name, hir__loop_place(tv, a), id->iter == HIR_REDUCTION ?
+                "a reduction axis takes no merge" : "an axis already parallelized takes no merge");
+      return f->status;
+    }
+    if (i >= b && !id->merged) break;
+  }
+  tv->ids[b - 1]->merged = hir__binary_val(f, HIR_SCALAR_MUL, hir_tv_extent(tv, hir__loop_place(tv, a)), hir_tv_extent(tv, hir__loop_place(tv, b)));
+  if (a != b - 1) tv->ids[a]->merged = tv->ids[b - 1]->merged; /* the head's extent: the whole product */
+  return tv->ids[b - 1]->merged ? HIR_OK : f->status;
+}
+
 HIRDEF hir_status hir_swizzle1d(hir_tv *tv, int axis, hir_ptype by) {
   hir_fusion *f;
   int a;
@@ -5121,10 +5187,11 @@ HIRDEF hir_status hir_swizzle1d(hir_tv *tv, int axis, hir_ptype by) {
   f = tv->ir;
   if (f->status != HIR_OK) return f->status;
   if ((a = hir__loop_axis(f, tv, axis, "hir_swizzle1d")) < 0) return f->status;
-  if (by != HIR_DIDX || tv->mesh_cols || f->program ||
+  if (by != HIR_DIDX || tv->mesh_cols || f->program || tv->ids[a]->merged ||
       (tv->ids[a]->ptype != HIR_SERIAL && tv->ids[a]->ptype != HIR_STREAM) || tv->ids[a]->iter != HIR_ITERATION) {
     hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_swizzle1d: T%d axis %d: %s", tv->name, hir__loop_place(tv, a),
-              by != HIR_DIDX ? "swizzle by HIR_DIDX, the place along the mesh" : tv->mesh_cols ? "a 2-D mesh's place is not "
+              by != HIR_DIDX ? "swizzle by HIR_DIDX, the place along the mesh" : tv->ids[a]->merged ? "a merged axis takes no "
+              "swizzle" : tv->mesh_cols ? "a 2-D mesh's place is not "
               "offered; swizzle on a 1-D mesh" : f->program ? "a program's "
               "tensors are laid out by hand (hir_host_alias_select with a swizzled index)" : "swizzle a plain axis, to be a Stream one");
     return f->status;
@@ -5143,6 +5210,11 @@ HIRDEF hir_status hir_split(hir_tv *tv, int axis, int64_t factor, int outer) {
   f = tv->ir;
   if (f->status != HIR_OK) return f->status;
   if ((a = hir__loop_axis(f, tv, axis, "hir_split")) < 0) return f->status;
+  if (tv->ids[a]->merged) {
+    hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_split: T%d axis %d is a merge of axes (hir_merge); split one of them before merging",
+              tv->name, hir__loop_place(tv, a));
+    return f->status;
+  }
   if (factor < 1 || tv->ids[a]->iter == HIR_BROADCAST || tv->ids[a]->ptype != HIR_SERIAL || f->program) {
     hir__fail(f, HIR_ERR_INVALID, "hir_split: T%d axis %d: %s", tv->name, hir__loop_place(tv, a),
               factor < 1 ? "the factor must be 1 or more" : tv->ids[a]->iter == HIR_BROADCAST ? "a broadcast axis has nothing to split"
@@ -5189,6 +5261,11 @@ HIRDEF hir_status hir_reorder(hir_tv *tv, int n, const int *from, const int *to)
   if (!tv) return HIR_ERR_INVALID;
   f = tv->ir;
   if (f->status != HIR_OK) return f->status;
+  for (k = 0; k < tv->ndims; k++)
+    if (tv->ids[k]->merged) {
+      hir__fail(f, HIR_ERR_UNSUPPORTED, "hir_reorder: T%d has a merged axis (hir_merge); reorder before merging", tv->name);
+      return f->status;
+    }
   if (f->program || n < 1 || n > tv->ndims || !from || !to) {
     hir__fail(f, HIR_ERR_INVALID, "hir_reorder: T%d: %s", tv->name, f->program ? "reorder a fusion's tensors, not a program's"
               : !from || !to ? "from and to are NULL" : "give 1 to hir_tv_ndims(tv) pairs of positions");
@@ -5314,6 +5391,7 @@ static hir_tv *hir__clone_tv(hir__cloner *c, const hir_tv *tv) {
     if (!(n->ids[i] = (hir_id *)hir__alloc(f, sizeof(hir_id)))) return NULL;
     *n->ids[i] = *id;
     if (!(n->ids[i]->extent = hir__clone_val(c, id->extent))) return NULL;
+    if (id->merged && !(n->ids[i]->merged = hir__clone_val(c, id->merged))) return NULL;
   }
   for (i = 0; i < tv->nlogical; i++)
     if (!(n->logical_extent[i] = hir__clone_val(c, tv->logical_extent[i]))) return NULL;

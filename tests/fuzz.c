@@ -179,8 +179,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           t = hir_scaled_linear(x.f, hir_cast(x.f, a, fz_take(&z, 2) ? HIR_F8E4M3 : HIR_F8E5M2), hir_cast(x.f, b, HIR_F8E4M3),
                                 tvs[fz_take(&z, ntv)], tvs[fz_take(&z, ntv)], (hir_dtype)fz_take(&z, HIR_DTYPE_COUNT + 1));
         break;
-      case 12: /* a loop order, maybe laid out so: any positions */
-        hir_reorder(a, fz_take(&z, 3), perm, axes);
+      case 12: /* a loop order, maybe laid out so, a merge or a swizzle: any positions */
+        switch (fz_take(&z, 3)) {
+        case 0: hir_merge(a, axes[0]); break;
+        case 1: hir_swizzle1d(a, axes[0], (hir_ptype)fz_take(&z, HIR_PTYPE_COUNT + 1)); break;
+        default: hir_reorder(a, fz_take(&z, 3), perm, axes); break;
+        }
         if (fz_take(&z, 2)) hir_set_allocation_loop(a);
         break;
       case 13: /* random numbers like a, any dtype, a constant seed */

@@ -198,6 +198,70 @@ TEST(test_lower_squeeze_sharded, "lower/squeeze_sharded", TEST_CPU) {
   }
 }
 
+/* hir_merge: nvFuser's HirLowerStreamTest.Merge and
+   MultiDeviceExecutorLowerStreamTest.Merge (a Stream axis on a merge,
+   refused) and ReshardingTest.ReshardingSqueeze as it writes it (a merge
+   with a size-1 axis, DIDx on the merge: the DIDx goes to the other axis,
+   and the squeeze is a resharding); the loop axes after a merge number one
+   less, a merge reads and runs as before, and the merges refused. */
+TEST(test_lower_merge, "lower/merge", TEST_CPU) {
+  int64_t one[2] = {8, 1}, sz[3] = {2, 3, 4}, i;
+  hir_fusion *f = hir_fusion_create();
+  hir_tv *in = hir_input(f, HIR_F32, 2), *out = hir_set(f, in);
+  char text[64];
+  hir_output(f, out);
+  CHECK(hir_merge(out, 0) == HIR_OK && hir_tv_ndims(out) == 1);
+  hir_val_snprint(hir_tv_extent(out, 0), text, sizeof text);
+  CHECK(strstr(text, "*") != NULL);
+  CHECK(hir_parallelize(out, 0, HIR_STREAM) == HIR_ERR_UNSUPPORTED &&
+        strstr(hir_fusion_error(f), "hir_parallelize: T1 axis 0 is a merge of axes (hir_merge), which no parallel type takes"));
+  hir_fusion_free(f);
+  f = hir_fusion_create(); /* ReshardingSqueeze: [n, 1] merged, DIDx on it, then the squeeze */
+  in = hir_input_sized(f, HIR_F32, 2, one), out = hir_select(f, in, 1, 0);
+  hir_output(f, out);
+  hir_set_mesh(in, 2, m8), hir_set_mesh(out, 2, m8);
+  CHECK(hir_merge(in, 0) == HIR_OK && hir_parallelize(in, 0, HIR_DIDX) == HIR_OK);
+  CHECK(hir_tv_ptype(in, 0) == HIR_DIDX && hir_fusion_error(f)[0] == 0); /* the DIDx went to the n axis, the merge's first */
+  CHECK(hir_expr_is_resharding(hir_tv_definition(out)));
+  hir_fusion_free(f);
+  f = hir_fusion_create(); /* a merge of the first two of three axes: the third is axis 1 now, and runs */
+  in = hir_input(f, HIR_F32, 3), out = hir_relu(f, in);
+  hir_output(f, out);
+  CHECK(hir_merge(out, 0) == HIR_OK && hir_tv_ndims(out) == 2 && hir_parallelize(out, 1, HIR_STREAM) == HIR_OK);
+  CHECK(hir_split(out, 0, 2, 1) == HIR_ERR_UNSUPPORTED && strstr(hir_fusion_error(f), "is a merge of axes (hir_merge); split one"));
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  in = hir_input(f, HIR_F32, 3), out = hir_relu(f, in);
+  hir_output(f, out);
+  CHECK(hir_merge(out, 1) == HIR_OK && hir_parallelize(out, 1, HIR_STREAM) == HIR_ERR_UNSUPPORTED);
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  in = hir_input(f, HIR_F32, 3), out = hir_relu(f, in);
+  hir_output(f, out);
+  CHECK(hir_merge(out, 0) == HIR_OK && hir_parallelize(out, 1, HIR_STREAM) == HIR_OK);
+  {
+    spmd_case c;
+    CHECK(hir_fusion_error(f)[0] == 0);
+    case_lowered(&c, 1, f, 1, 1);
+    c.in[0] = trand(HIR_F32, 3, sz);
+    c.out[0] = tcopy(&c.in[0]);
+    for (i = 0; i < 24; i++) tset(&c.out[0], i, fmax(0, tget(&c.out[0], i)));
+    RUN_CASE(&c, "a merge, then a Stream axis after it");
+  }
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  in = hir_input(f, HIR_F32, 2), out = hir_relu(f, in);
+  hir_output(f, out);
+  CHECK(hir_merge(out, 1) == HIR_ERR_INVALID && strstr(hir_fusion_error(f), "the last loop axis has no next one"));
+  hir_fusion_free(f);
+  f = hir_fusion_create();
+  in = hir_input(f, HIR_F32, 2), out = hir_relu(f, in);
+  hir_output(f, out);
+  CHECK(hir_parallelize(out, 0, HIR_STREAM) == HIR_OK && hir_merge(out, 0) == HIR_ERR_UNSUPPORTED &&
+        strstr(hir_fusion_error(f), "an axis already parallelized takes no merge"));
+  hir_fusion_free(f);
+}
+
 TEST(test_lower_errors, "lower/errors", TEST_CPU) {
   hir_fusion *f;
   hir_tv *a, *b, *c;
