@@ -601,7 +601,7 @@ HIRDEF hir_expr *hir_host_collective_permute(hir_program *p, int nteam, const in
    n_tokens_to_rank [R], n_tokens_from_rank [R] (int64), C = T * R rows
    (sizes known before the run, so the op captures into CUDA graphs): rows
    [0, V), V the tokens received, in the order of the sending member, then
-   of expert, then of t; rows [V, C) zero (indices -1). A token whose expert
+   of expert, then of t; rows [V, C) zero. A token whose expert
    lies outside [0, num_experts) is sent nowhere (its combined row is zero).
    Combine sends each row of x [C, H] (dispatch's row order) back where
    src_idx's row came from, by the counts dispatch gave, into combined_x
