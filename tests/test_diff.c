@@ -13,8 +13,8 @@
    printed; CI and make diff run fresh ones); a failure prints its seed and
    the fusion, HIR_DIFF_SEED=S runs (and prints) only that program, HIR_DIFF_VERBOSE=1
    says why each refused program was refused. One program in 21 is bf16 or
-   f16, one in 47 f64 (diff_dtype: HIR_DIFF_DTYPES=bf16,f16 makes them all
-   so). */
+   f16, one in 47 f64, one in 53 int64 (diff_dtype: HIR_DIFF_DTYPES=bf16,f16
+   makes them all so). */
 #include "seeds.h"
 #include "test.h"
 
@@ -108,25 +108,29 @@ static diff_tv *diff_new(diff_prog *p, hir_tv *tv, int nd, const int64_t *sizes)
 
 /* By the seed (one in 43 each), a program in bf16 or in f16: its inputs
    halves in [-3, 3], every op's result rounded by the reference as the op
-   stores it (diff_finish); one in 47 in f64. The other seeds' programs stay
-   f32, unless HIR_DIFF_DTYPES names dtypes ("bf16,f16"): then every program
-   is in one of them, by the seed. */
+   stores it (diff_finish); one in 47 in f64; one in 53 in int64 (inputs
+   integers in [-20, 20], the ops exact on integers). The other seeds'
+   programs stay f32, unless HIR_DIFF_DTYPES names dtypes ("bf16,f16", "i64"):
+   then every program is in one of them, by the seed. */
 static hir_dtype diff_dtype(uint64_t seed) {
   static const struct { const char *name; hir_dtype dt; } names[] = {
-      {"f32", HIR_F32}, {"f64", HIR_F64}, {"f16", HIR_F16}, {"bf16", HIR_BF16}};
+      {"f32", HIR_F32}, {"f64", HIR_F64}, {"f16", HIR_F16}, {"bf16", HIR_BF16}, {"i64", HIR_I64}};
   const char *only = getenv("HIR_DIFF_DTYPES"), *at;
   hir_dtype chosen[8];
   int n = 0, k;
   for (at = only; at && *at && n < 8; at += strcspn(at, ","), at += *at == ',')
-    for (k = 0; k < 4; k++)
+    for (k = 0; k < 5; k++)
       if (strlen(names[k].name) == strcspn(at, ",") && !strncmp(at, names[k].name, strlen(names[k].name))) chosen[n++] = names[k].dt;
   if (n) return chosen[seed % (uint64_t)n];
-  return seed % 43 == 21 ? HIR_BF16 : seed % 43 == 42 ? HIR_F16 : seed % 47 == 23 ? HIR_F64 : HIR_F32;
+  return seed % 43 == 21 ? HIR_BF16 : seed % 43 == 42 ? HIR_F16 : seed % 47 == 23 ? HIR_F64 : seed % 53 == 26 ? HIR_I64 : HIR_F32;
 }
+/* int64 programs draw the ops exact on integers only: moves, views, sums, maxima, add, sub, mul, relu, abs, neg. */
+static int diff_int(const diff_prog *p) { return p->dt == HIR_I64; }
 static int diff_low(const diff_prog *p) { return p->dt == HIR_BF16 || p->dt == HIR_F16; }
 static int diff_bits(hir_dtype dt) { return dt == HIR_BF16 ? 8 : dt == HIR_F16 ? 11 : 24; } /* significand bits */
 
 static double diff_input_value(diff_rng *r, const diff_prog *p) {
+  if (diff_int(p)) return (double)(diff_next(r, 41) - 20);
   return diff_low(p) ? (double)(diff_next(r, 13) - 6) / 2.0 : (double)(diff_next(r, 2001) - 1000) / 256.0;
 }
 
@@ -580,7 +584,7 @@ static diff_tv *diff_matmul(diff_prog *p, diff_tv *a, diff_tv *b) {
    so that a GPU runs cuBLASLt's fp8 GEMM (not the widened one), on values
    of quarters up to 4: every product and sum exact however the GEMM
    accumulates. */
-static int diff_fp8_aligned(const diff_prog *p) { return p->seed % 5 == 3 && (p->seed / 5) % 3 == 1; } /* not 141003 (always run) */
+static int diff_fp8_aligned(const diff_prog *p) { return p->seed % 5 == 3 && (p->seed / 5) % 3 == 1 && !diff_int(p); } /* not 141003 (always run) */
 
 /* t = hir_scaled_linear(e4m3(a), w, sa, sw) of a [..., M, K]: the weight w
    [N, K] an e4m3 input, the scales f32 inputs of one value or per row
@@ -649,7 +653,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     diff_place(r, p, t, meshless);
     p->nin++;
   }
-  if (diff_next(r, 2)) { /* a matmul on the first input: B is [K, N] or [batch, K, N] */
+  if (!diff_int(p) && diff_next(r, 2)) { /* a matmul on the first input: B is [K, N] or [batch, K, N] */
     diff_tv *a = &p->t[0], *b;
     int64_t bs[3], n;
     if (a->nd >= 2 && p->ntv < p->max_tvs - 5 && p->seed % 5 == 3) { /* by the seed: the programs of other seeds stay */
@@ -673,7 +677,8 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     diff_tv *a = &p->t[p->ntv - 1 - diff_next(r, p->ntv < 2 ? 1 : 2)], *t = NULL;
     switch (diff_next(r, 5)) {
     case 3: /* an elementwise op; by the seed, a layer_norm (the programs of other seeds stay) */
-      t = p->seed % 11 == 4 && p->ntv < p->max_tvs - 4 && (!diff_low(p) || !a->inexact) && diff_spread(a) ? diff_layer_norm(r, p, a)
+      t = diff_int(p) ? (a->nd >= 2 && diff_next(r, 2) ? diff_permute(r, p, a) : diff_unary(p, diff_next(r, 3), a))
+          : p->seed % 11 == 4 && p->ntv < p->max_tvs - 4 && (!diff_low(p) || !a->inexact) && diff_spread(a) ? diff_layer_norm(r, p, a)
           : (p->seed % 19 == 10 || p->seed % 89 == 44) && a->nd >= 2 ? diff_permute(r, p, a)
           : p->seed % 31 == 15 && a - p->t < p->nin && p->ntv < p->max_tvs - 3 && p->dt == HIR_F32 ? diff_bf16_trip(r, p, a, meshless)
           : (p->seed % 61 == 30 || p->seed % 67 == 33) && p->ntv < p->max_tvs - 4 ? diff_divide(r, p, a, p->seed % 67 == 33, meshless)
@@ -697,7 +702,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
         t = diff_sum2(p, a, keep == 0 ? 1 : 0, keep == 2 ? 1 : 2);
       } else { /* by the seed, a mean or a max (of a non-empty axis) */
         int ax = diff_next(r, a->nd);
-        t = diff_reduce(p, a, ax, p->seed % 23 == 11, p->seed % 29 == 14 && a->sizes[ax] > 0);
+        t = diff_reduce(p, a, ax, p->seed % 23 == 11 && !diff_int(p), p->seed % 29 == 14 && a->sizes[ax] > 0);
       }
       break;
     default: /* a op b: b is a itself, another tensor of a's shape, or a's sum over an axis broadcast back */
