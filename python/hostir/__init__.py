@@ -112,6 +112,7 @@ def _load():
         "hir_set_mesh_2d": (i, [p, i, i, ctypes.POINTER(ctypes.c_int)]),
         "hir_split": (i, [p, i, _CheckedInt64, i]), "hir_input_sized": (p, [p, i, i, ctypes.POINTER(ctypes.c_int64)]),
         "hir_reorder": (i, [p, i, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]), "hir_set_allocation_loop": (i, [p]),
+        "hir_merge": (i, [p, i]), "hir_swizzle1d": (i, [p, i, i]),
         "hir_input_scalar": (p, [p]), "hir_binary_val": (p, [p, i, p, p]),
         "hir_val_const": (p, [p, _CheckedInt64]), "hir_lt": (p, [p, p, p]),
         "hir_rand": (p, [p, p, i, p]), "hir_max": (p, [p, p, i, ctypes.POINTER(ctypes.c_int)]),
@@ -227,6 +228,20 @@ class Tensor:
         src = _array(ctypes.c_int, list(moves.keys()))
         dst = _array(ctypes.c_int, list(moves.values()))
         self.fusion._check(_lib.hir_reorder(self._h, n, src, dst))
+        return self
+
+    def merge(self, axis):
+        """nvFuser's merge of loop axes axis and axis + 1 into one (later axes number one less); no parallel type
+        goes on a merge unless one of its axes has one element."""
+        self.fusion._check(_lib.hir_merge(self._h, axis))
+        return self
+
+    def swizzle1d(self, axis, by="DIDx"):
+        """nvFuser's swizzle1d: this Stream axis's loop starts at the device's own chunk (a P2P allgather into it
+        is a ring in that order)."""
+        if by not in _PTYPES:
+            raise Error("invalid argument", "swizzle1d: the type is %r; give DIDx" % (by,))
+        self.fusion._check(_lib.hir_swizzle1d(self._h, axis, _PTYPES[by]))
         return self
 
     def allocation_loop(self):

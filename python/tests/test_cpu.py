@@ -300,6 +300,29 @@ class CpuTests(unittest.TestCase):
                 np.testing.assert_array_equal(outs[r][0], X.sum(axis=0))
                 np.testing.assert_array_equal(outs[r][1], X[r:r + 1] * X[r:r + 1])
 
+    def test_swizzle_and_merge(self):
+        """An allgather into a swizzled Stream axis (a ring from the own chunk), 3 ranks; a Stream on a merge refused."""
+        D = 3
+        X = np.random.default_rng(2).standard_normal((D * 2, 4)).astype(np.float32)
+        f = hostir.Fusion()
+        x = f.input("float32", 2)
+        y = f.set(x)
+        f.output(y)
+        x.mesh(range(D)).split(0, D)
+        y.mesh(range(D))
+        x.parallelize(0, "DIDx")
+        y.swizzle1d(0).parallelize(0, "Stream")
+        outs = hostir.run(f, [[X[2 * r:2 * r + 2]] for r in range(D)])
+        for r in range(D):
+            np.testing.assert_array_equal(outs[r][0], X)
+        g = hostir.Fusion()
+        a = g.input("float32", 2)
+        g.output(g.set(a))
+        a.merge(0)
+        with self.assertRaises(hostir.Error) as e:
+            a.parallelize(0, "Stream")
+        self.assertIn("is a merge of axes (hir_merge)", str(e.exception))
+
     def test_tuned(self):
         """tune=True: the schedules measured on 3 ranks, one chosen by all, the numbers numpy's."""
         rng = np.random.default_rng(11)
