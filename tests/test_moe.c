@@ -142,4 +142,35 @@ TEST(test_moe_errors, "moe/errors", TEST_CPU) {
   hir_scope_append(hir_program_body(p), hir_host_end_coalescing(p));
   CHECK(hir_program_verify(p) != HIR_OK && strstr(hir_program_error(p), "MoeDispatch 0 stands between StartCoalescing"));
   hir_program_free(p);
+  { /* when run: combine's x must have num_tokens times the team's rows, its counts one per member */
+    hir_local_world *w = hir_local_world_create(1);
+    hir_eval_desc ed;
+    hir_evaluator *ev = NULL;
+    hir_tensor in[4], out;
+    float xs[12] = {0};
+    int64_t src[6] = {0}, cnt[1] = {2};
+    int k, me = 0;
+    hir_tv *src_tv, *to, *from;
+    hir_expr *c;
+    p = hir_program_create();
+    f = hir_program_fusion(p);
+    x = hir_input(f, HIR_F32, 2), src_tv = hir_input(f, HIR_I64, 1), to = hir_input(f, HIR_I64, 1), from = hir_input(f, HIR_I64, 1);
+    c = hir_host_moe_combine(p, 1, &me, x, src_tv, to, from, hir_val_const(f, 3)); /* 3 tokens, a team of 1: x needs 3 rows */
+    hir_output(f, hir_expr_output(c, 0));
+    hir_scope_append(hir_program_body(p), c);
+    memset(&ed, 0, sizeof ed);
+    ed.backend = hir_backend_cpu_create(), ed.comm = hir_local_comm(w, 0);
+    CHECK(hir_evaluator_create(p, &ed, &ev) == HIR_OK);
+    memset(in, 0, sizeof in), memset(&out, 0, sizeof out);
+    for (k = 0; k < 4; k++) in[k].ndims = k ? 1 : 2, in[k].dtype = k ? HIR_I64 : HIR_F32;
+    in[0].data = xs, in[0].sizes[0] = 6, in[0].sizes[1] = 2, in[0].strides[0] = 2, in[0].strides[1] = 1; /* 6 rows, not 3 */
+    in[1].data = src, in[1].sizes[0] = 6, in[1].strides[0] = 1;
+    in[2].data = in[3].data = cnt, in[2].sizes[0] = in[3].sizes[0] = 1, in[2].strides[0] = in[3].strides[0] = 1;
+    CHECK(hir_run(ev, in, 4, &out, 1) == HIR_ERR_SHAPE &&
+          strstr(hir_evaluator_error(ev), "MoeCombine 0: x T0 has 6 rows; dispatch's rows are num_tokens (3) times the team's 1 members"));
+    hir_evaluator_free(ev);
+    hir_backend_free(ed.backend);
+    hir_local_world_free(w);
+    hir_program_free(p);
+  }
 }
