@@ -194,12 +194,13 @@ static hir_tensor tfrom(hir_dtype dt, int nd, const int64_t *sizes, const double
 
 /* hir_sdpa and hir_sdpa_backward on worlds 1-8, q, k, v [B, H, L, E]:
    form 0: heads on the devices (H = D, its DIDx), causal, the default
-   scale, f32, forward and backward; form 1: the heads split (H = 2D, DIDx
-   outer), L != S, a dropout from a scalar seed, bf16; form 2: the query
-   rows split (L = 3D, DIDx outer; k and v whole on every device), causal
-   (the mask's rows numbered from each device's place), f64 with the
-   backward; form 3: the batch on the devices, causal, f16, a dropout from
-   a constant seed, forward and backward. */
+   scale, f32, forward and backward, the output's batch a Stream axis;
+   form 1: the heads split (H = 2D, DIDx outer), L != S, a dropout from a
+   scalar seed, bf16; form 2: the query rows split (L = 3D, DIDx outer; k
+   and v whole on every device), causal (the mask's rows numbered from each
+   device's place), f64 with the backward; form 3: the batch on the
+   devices, causal, f16, a dropout from a constant seed, forward and
+   backward, the output's rows a Stream axis. */
 TEST(test_attention_sdpa, "attention/sdpa", TEST_CPU | TEST_GPU_WORLDS) {
   int wi, form;
   for (wi = 0; wi < 5; wi++)
@@ -234,10 +235,11 @@ TEST(test_attention_sdpa, "attention/sdpa", TEST_CPU | TEST_GPU_WORLDS) {
       hir_set_mesh(k, D, iota_mesh);
       hir_set_mesh(v, D, iota_mesh);
       if (dout) hir_set_mesh(dout, D, iota_mesh);
-      if (form == 0 || form == 3) { /* heads (batch) on the devices: every operand */
+      if (form == 0 || form == 3) { /* heads (batch) on the devices: every operand; out a Stream axis, batch (rows) */
         hir_parallelize(q, form == 0 ? 1 : 0, HIR_DIDX), hir_parallelize(k, form == 0 ? 1 : 0, HIR_DIDX);
         hir_parallelize(v, form == 0 ? 1 : 0, HIR_DIDX);
         if (dout) hir_parallelize(dout, form == 0 ? 1 : 0, HIR_DIDX);
+        hir_parallelize(out, form == 0 ? 0 : 2, HIR_STREAM);
       } else if (form == 1) {
         hir_split(q, 1, D, 1), hir_parallelize(q, 1, HIR_DIDX);
       } else {
