@@ -10745,76 +10745,54 @@ static hir_status hir__cuda_map(hir_backend *b, void *stream, int op, const hir_
   return HIR_OK;
 }
 
-static hir_status hir__cuda_rand(hir_backend *b, void *stream, const hir_tensor *dst, uint64_t seed, const int64_t *base,
-                                 const int64_t *stride, int bits) {
+/* One launch of map kernel `which` (a grid-stride loop over `threads`
+   threads, 256 a block) with its one argument struct; `what` names it in
+   messages. */
+static hir_status hir__cuda_launch(hir_backend *b, void *stream, int which, void *args, int64_t threads, const char *what) {
   hir__cuda *c = (hir__cuda *)b->ctx;
-  hir__rand_args args;
   void *argv[1];
   dim3 grid, block;
   cudaError_t e;
+  if (threads <= 0) return HIR_OK;
+  if (c->map_state[which] != 1)
+    return snprintf(b->error, sizeof b->error, "cuda backend: the %s kernel did not load: %.150s", what, c->map_error),
+           HIR_ERR_UNSUPPORTED;
+  argv[0] = args;
+  block.x = 256, block.y = block.z = 1;
+  grid.x = (unsigned)((threads + 255) / 256 < 65536 ? (threads + 255) / 256 : 65536), grid.y = grid.z = 1;
+  e = cudaLaunchKernel((const void *)c->map_kernel[which], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
+  return e == cudaSuccess ? HIR_OK : hir__cuda_fail(b, "cudaLaunchKernel", cudaGetErrorString(e), __FILE__, __LINE__);
+}
+
+static hir_status hir__cuda_rand(hir_backend *b, void *stream, const hir_tensor *dst, uint64_t seed, const int64_t *base,
+                                 const int64_t *stride, int bits) {
+  hir__rand_args args;
   int d;
   memset(&args, 0, sizeof args);
-  if ((args.n = hir__numel(dst->ndims, dst->sizes)) == 0) return HIR_OK;
-  if (c->map_state[HIR__RAND] != 1)
-    return snprintf(b->error, sizeof b->error, "cuda backend: the random-number kernel did not load: %.150s", c->map_error),
-           HIR_ERR_UNSUPPORTED;
+  args.n = hir__numel(dst->ndims, dst->sizes);
   args.dst = dst->data, args.nd = dst->ndims, args.dt = (int)dst->dtype, args.bits = bits;
   args.key0 = (unsigned)seed, args.key1 = (unsigned)(seed >> 32);
   for (d = 0; d < dst->ndims; d++)
     args.sizes[d] = dst->sizes[d], args.sd[d] = dst->strides[d], args.base[d] = base[d], args.gs[d] = stride[d];
-  argv[0] = &args;
-  block.x = 256, block.y = block.z = 1;
-  grid.x = (unsigned)((args.n + 255) / 256 < 65536 ? (args.n + 255) / 256 : 65536), grid.y = grid.z = 1;
-  e = cudaLaunchKernel((const void *)c->map_kernel[HIR__RAND], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
-  if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (rand)", cudaGetErrorString(e), __FILE__, __LINE__);
-  return HIR_OK;
+  return hir__cuda_launch(b, stream, HIR__RAND, &args, args.n, "random-number");
 }
 
 /* dst = the max of src over the axes where dst has size 1 (sum: int64's sum). */
 static hir_status hir__cuda_reduce_axes(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src, int sum) {
-  hir__cuda *c = (hir__cuda *)b->ctx;
   hir__reduce_args args;
-  void *argv[1];
-  dim3 grid, block;
-  cudaError_t e;
   int d;
   memset(&args, 0, sizeof args);
-  if ((args.nout = hir__numel(dst->ndims, dst->sizes)) == 0) return HIR_OK;
-  if (c->map_state[HIR__REDUCE_AXES] != 1)
-    return snprintf(b->error, sizeof b->error, "cuda backend: the reduction kernel did not load: %.150s", c->map_error),
-           HIR_ERR_UNSUPPORTED;
+  args.nout = hir__numel(dst->ndims, dst->sizes);
   args.dst = dst->data, args.src = src->data, args.nd = src->ndims, args.dt = (int)src->dtype, args.nred = 1, args.sum = sum;
   for (d = 0; d < src->ndims; d++) {
     args.sizes[d] = src->sizes[d], args.ss[d] = src->strides[d], args.sd[d] = dst->strides[d];
     args.red[d] = dst->sizes[d] == 1 && src->sizes[d] != 1;
     if (args.red[d]) args.nred *= src->sizes[d];
   }
-  argv[0] = &args;
-  block.x = 256, block.y = block.z = 1;
-  grid.x = (unsigned)((args.nout + 7) / 8 < 65536 ? (args.nout + 7) / 8 : 65536), grid.y = grid.z = 1;
-  e = cudaLaunchKernel((const void *)c->map_kernel[HIR__REDUCE_AXES], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
-  if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (reduction)", cudaGetErrorString(e), __FILE__, __LINE__);
-  return HIR_OK;
+  return hir__cuda_launch(b, stream, HIR__REDUCE_AXES, &args, args.nout * 32, "reduction"); /* a warp an output */
 }
 static hir_status hir__cuda_max(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src) {
   return hir__cuda_reduce_axes(b, stream, dst, src, 0);
-}
-
-/* One launch of the MoE kernel over `threads` elements. */
-static hir_status hir__cuda_moe_launch(hir_backend *b, void *stream, hir__moe_args *args, int64_t threads) {
-  hir__cuda *c = (hir__cuda *)b->ctx;
-  void *argv[1];
-  dim3 grid, block;
-  cudaError_t e;
-  if (threads <= 0) return HIR_OK;
-  if (c->map_state[HIR__MOE] != 1)
-    return snprintf(b->error, sizeof b->error, "cuda backend: the MoE kernel did not load: %.150s", c->map_error),
-           HIR_ERR_UNSUPPORTED;
-  argv[0] = args;
-  block.x = 256, block.y = block.z = 1;
-  grid.x = (unsigned)((threads + 255) / 256 < 65536 ? (threads + 255) / 256 : 65536), grid.y = grid.z = 1;
-  e = cudaLaunchKernel((const void *)c->map_kernel[HIR__MOE], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
-  return e == cudaSuccess ? HIR_OK : hir__cuda_fail(b, "cudaLaunchKernel (MoE)", cudaGetErrorString(e), __FILE__, __LINE__);
 }
 
 static hir_status hir__cuda_scatter_rows(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *src,
@@ -10829,7 +10807,7 @@ static hir_status hir__cuda_scatter_rows(hir_backend *b, void *stream, const hir
   args.step = 5, args.out = (int64_t *)where->data, args.dst = (char *)dst->data, args.src = (const char *)src->data;
   args.n = src->ndims ? src->sizes[0] : 1, args.rows = rows, args.row = rows ? bytes / rows : 0;
   for (args.unit = 8; args.unit > 1 && (args.row % args.unit || ((uintptr_t)dst->data | (uintptr_t)src->data) % (uintptr_t)args.unit); args.unit /= 2) {}
-  return args.row ? hir__cuda_moe_launch(b, stream, &args, args.n * (args.row / args.unit)) : HIR_OK;
+  return args.row ? hir__cuda_launch(b, stream, HIR__MOE, &args, args.n * (args.row / args.unit), "MoE") : HIR_OK;
 }
 
 static hir_status hir__cuda_moe_index(hir_backend *b, void *stream, int step, const hir_tensor *out, const hir_tensor *out2,
@@ -10840,10 +10818,10 @@ static hir_status hir__cuda_moe_index(hir_backend *b, void *stream, int step, co
   args.out = (int64_t *)out->data, args.out2 = out2 ? (int64_t *)out2->data : NULL, args.in = in ? (const int64_t *)in->data : NULL;
   args.in_stride = in && in->ndims ? in->strides[0] : 1, args.counts = (const int64_t *)counts->data;
   args.T = tokens, args.R = counts->sizes[0], args.E = experts, args.step = step;
-  if (step != HIR_MOE_ROUTE) return hir__cuda_moe_launch(b, stream, &args, tokens * args.R);
-  if ((s = hir__cuda_moe_launch(b, stream, &args, tokens * args.R > args.R ? tokens * args.R : args.R)) != HIR_OK) return s;
+  if (step != HIR_MOE_ROUTE) return hir__cuda_launch(b, stream, HIR__MOE, &args, tokens * args.R, "MoE");
+  if ((s = hir__cuda_launch(b, stream, HIR__MOE, &args, tokens * args.R > args.R ? tokens * args.R : args.R, "MoE")) != HIR_OK) return s;
   args.step = 6; /* each token's row, after the -1s */
-  return hir__cuda_moe_launch(b, stream, &args, tokens);
+  return hir__cuda_launch(b, stream, HIR__MOE, &args, tokens, "MoE");
 }
 
 static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *x,

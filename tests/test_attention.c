@@ -309,6 +309,21 @@ static void ref_gemm(int64_t M, int64_t K, int64_t N, const double *a, int64_t a
     }
 }
 
+/* Heads [D, B, Hd, S, Eh] and rows [D, B * S, Hd * Eh] (the MHA test's
+   transpose and reshape): heads into rows (to_rows), else rows into heads. */
+static void heads_rows(double *heads, double *rows, int64_t D, int64_t B, int64_t Hd, int64_t S, int64_t Eh, int to_rows) {
+  int64_t d, b, h, s, e;
+  for (d = 0; d < D; d++)
+    for (b = 0; b < B; b++)
+      for (h = 0; h < Hd; h++)
+        for (s = 0; s < S; s++)
+          for (e = 0; e < Eh; e++) {
+            int64_t hi = (((d * B + b) * Hd + h) * S + s) * Eh + e, ri = ((d * B + b) * S + s) * Hd * Eh + h * Eh + e;
+            if (to_rows) rows[ri] = heads[hi];
+            else heads[hi] = rows[ri];
+          }
+}
+
 /* nvFuser's DistributedTransformerTest.MultiheadAttention and .MHA_Backward
    as it writes them: the weights [D, ...] with DIDx on D (w0 [D, 3E/D, E]
    the q, k and v rows of each device's heads, w1 [D, E, E/D]); linear0 =
@@ -426,12 +441,7 @@ TEST(test_attention_mha, "attention/mha", TEST_CPU | TEST_GPU_WORLDS) {
       a.nb = D * B * (H / D), a.L = a.S = S, a.E = a.Ev = Eh, a.scale = scale, a.causal = 1;
       ref_attention_forward(&a, qh, kh, vh, oh, lh);
       cat_rows = (double *)malloc(sizeof(double) * (size_t)(D * BS * Ed)); /* attention's out as [D, B*S, E/D] */
-      for (dd = 0; dd < D; dd++)
-        for (b = 0; b < B; b++)
-          for (h = 0; h < H / D; h++)
-            for (s = 0; s < S; s++)
-              for (e = 0; e < Eh; e++)
-                cat_rows[(dd * BS + b * S + s) * Ed + h * Eh + e] = oh[(((dd * B + b) * (H / D) + h) * S + s) * Eh + e];
+      heads_rows(oh, cat_rows, D, B, H / D, S, Eh, 1);
       m1 = (double *)calloc((size_t)(BS * E), sizeof(double));
       if (!backward) {
         double *part_m = (double *)malloc(sizeof(double) * (size_t)(BS * E));
@@ -461,24 +471,14 @@ TEST(test_attention_mha, "attention/mha", TEST_CPU | TEST_GPU_WORLDS) {
           ref_gemm(E, BS, Ed, gd, 1, E, cat_rows + dd * BS * Ed, Ed, 1, gw1 + dd * E * Ed);
         }
         for (i = 0; i < BS * E; i++) gb1[i % E] += gd[i];
-        for (dd = 0; dd < D; dd++) /* linear1's input gradient as attention's dout [D, B, H/D, S, Eh] */
-          for (b = 0; b < B; b++)
-            for (h = 0; h < H / D; h++)
-              for (s = 0; s < S; s++)
-                for (e = 0; e < Eh; e++)
-                  dout[(((dd * B + b) * (H / D) + h) * S + s) * Eh + e] = gx1[(dd * BS + b * S + s) * Ed + h * Eh + e];
+        heads_rows(dout, gx1, D, B, H / D, S, Eh, 0); /* linear1's input gradient as attention's dout [D, B, H/D, S, Eh] */
         ref_attention_backward(&a, qh, kh, vh, dout, g3, g3 + D * BS * E, g3 + 2 * D * BS * E);
         c.out[0] = tfrom(HIR_F32, 2, sx, gd), c.out[1] = tfrom(dt, 3, sw1, gw1), c.out[2] = tfrom(dt, 1, sb1, gb1);
         for (part = 0; part < 3; part++) {
-          const double *gp = g3 + part * D * BS * E;
+          double *gp = g3 + part * D * BS * E;
           double *rows_p = (double *)malloc(sizeof(double) * (size_t)(D * BS * Ed));
           c.out[3 + part] = tfrom(dt, 5, sh, gp);
-          for (dd = 0; dd < D; dd++)
-            for (b = 0; b < B; b++)
-              for (h = 0; h < H / D; h++)
-                for (s = 0; s < S; s++)
-                  for (e = 0; e < Eh; e++)
-                    rows_p[(dd * BS + b * S + s) * Ed + h * Eh + e] = gp[(((dd * B + b) * (H / D) + h) * S + s) * Eh + e];
+          heads_rows(gp, rows_p, D, B, H / D, S, Eh, 1);
           for (dd = 0; dd < D; dd++) {
             ref_gemm(Ed, BS, E, rows_p + dd * BS * Ed, 1, Ed, xd, E, 1, gw0 + dd * Ed * E);
             for (j = 0; j < Ed; j++) {
