@@ -130,14 +130,15 @@ HIRDEF hir_status hir_nccl_comm_set_copy_engine(hir_comm *c, int enable);
    a borrowed communicator). Every rank of a world answers alike. */
 HIRDEF int        hir_nccl_comm_blocking(hir_comm *c);
 /* Where every rank of the world shares one host (at most 8), all-reduce,
-   reduce-scatter and all-gather over the whole world run on kernels of
-   hostir's (nccl_kernels: one-shot and two-shot all-reduce through the
-   peers' mapped workspaces) where they beat NCCL's, else on NCCL
-   (HOSTIR_KERNEL_COLLECTIVES=0 on any rank: always NCCL). Which, and on how
-   many CTAs (32 or 128), is measured for each size class when the
+   reduce-scatter and all-gather over the world or a team of its ranks run
+   on kernels of hostir's (nccl_kernels: one-shot and two-shot all-reduce
+   through the peers' mapped workspaces) where they beat NCCL's, else on
+   NCCL (HOSTIR_KERNEL_COLLECTIVES=0 on any rank: always NCCL). Which, and
+   on how many CTAs (32 or 128), is measured for each size class when the
    communicator is made, the same on every rank (hir_nccl_comm_describe
    says it; HOSTIR_MEASURE_COLLECTIVES=0 on any rank: a fixed rule
-   instead). A path other than AUTO forces one for every size (for
+   instead); a team of fewer ranks than the world takes the fixed rule for
+   its size, and a workspace of its own (64 MiB on each member's GPU). A path other than AUTO forces one for every size (for
    benchmarks and tests; ONE_SHOT and TWO_SHOT name the all-reduce's, the
    others take their kernel either way); ctas > 0 caps the CTAs a kernel
    collective takes (1 to 128; a forced path takes exactly that many), so a
@@ -1653,7 +1654,9 @@ static void *hir_nccl__ce_target(hir_nccl__ce *ce, int peer, const hir_nccl__ce_
    communicator's timeout) or when the host's stop word rises (any rank of
    the host aborting); the kernel then leaves its cause in the host's block,
    where the rank's next poll finds it. Sums run in float, in rank order, so
-   every rank gets the same bits. No multicast object is ever made. */
+   every rank gets the same bits. A team other than the world has its own
+   workspaces (hir_nccl__team_kc), so its sequence and halves are its own.
+   No multicast object is ever made. */
 enum {
   HIR_NCCL__KC_RANKS = 8,            /* the most ranks of a kernel collective (its arguments carry their addresses) */
   HIR_NCCL__KC_CTAS = 128,           /* the most CTAs a call takes (the pad has their flags) */
@@ -1688,8 +1691,9 @@ typedef struct hir_nccl__kc {
   unsigned char *mine;               /* this rank's workspace */
   unsigned char *ws[HIR_NCCL__KC_RANKS]; /* every rank's, as mapped here; [me] is `mine` */
   int opened[HIR_NCCL__KC_RANKS];    /* mapped by cudaIpcOpenMemHandle (processes) */
-  void *library;                     /* cudaLibrary_t */
+  void *library;                     /* cudaLibrary_t; NULL where borrowed from the world's (a team's) */
   cudaKernel_t kernel[HIR_NCCL__KC_KINDS][3]; /* by dtype: f32, f16, bf16 (all-gather: [0], bytes) */
+  cudaKernel_t fill;                 /* hir_fill_sentinel: a new workspace's halves */
   const unsigned *stop;              /* device addresses of the host block's words */
   unsigned *error;
   int cap;                           /* the most CTAs a call takes (hir_nccl_comm_set_path); 0: as chosen */
@@ -2139,41 +2143,17 @@ static char *hir_nccl__kc_text(void) {
   return text;
 }
 
-/* This rank's part of the setup: the kernels, and a workspace with its flags
-   and counters zeroed and its halves holding the sentinel. */
-static int hir_nccl__kc_prepare(hir_nccl__kc *kc, int device, char *err, size_t cap) {
-  static const char *const kinds[HIR_NCCL__KC_KINDS] = {"hir_allreduce_one_", "hir_allreduce_two_", "hir_reduce_scatter_",
-                                                         "hir_allgather_bytes"};
-  static const char *const types[3] = {"f32", "f16", "bf16"};
-  char *text = hir_nccl__kc_text(), name[64];
+/* A workspace of kc's: its flags and counters zeroed, its halves holding
+   the sentinel, and the event that orders its calls. */
+static int hir_nccl__kc_workspace(hir_nccl__kc *kc, char *err, size_t cap) {
   unsigned char *halves;
   unsigned long long vectors = 2 * (unsigned long long)HIR_NCCL__KC_HALF / 16;
   void *argv[2] = {&halves, &vectors};
   dim3 grid = {256, 1, 1}, block = {256, 1, 1};
-  cudaKernel_t fill;
-  hir_status s;
   cudaError_t e;
-  int k, t;
-  if (!text) {
-    snprintf(err, cap, "out of memory");
-    return 0;
-  }
-  s = hir_cuda_library_load(device, text, "hostir_nccl's collectives", &kc->library, err, cap);
-  free(text);
-  if (s != HIR_OK) return 0;
-  for (k = 0; k < HIR_NCCL__KC_KINDS; k++)
-    for (t = 0; t < (k == HIR_NCCL__AG ? 1 : 3); t++) {
-      snprintf(name, sizeof name, "%s%s", kinds[k], k == HIR_NCCL__AG ? "" : types[t]);
-      if ((e = cudaLibraryGetKernel(&kc->kernel[k][t], (cudaLibrary_t)kc->library, name)) != cudaSuccess) {
-        cudaGetLastError();
-        snprintf(err, cap, "the collectives' library lacks %s", name);
-        return 0;
-      }
-    }
-  if ((e = cudaLibraryGetKernel(&fill, (cudaLibrary_t)kc->library, "hir_fill_sentinel")) != cudaSuccess ||
-      (e = cudaMalloc((void **)&kc->mine, HIR_NCCL__KC_DATA_AT + 2 * (size_t)HIR_NCCL__KC_HALF)) != cudaSuccess ||
+  if ((e = cudaMalloc((void **)&kc->mine, HIR_NCCL__KC_DATA_AT + 2 * (size_t)HIR_NCCL__KC_HALF)) != cudaSuccess ||
       (e = cudaMemset(kc->mine, 0, HIR_NCCL__KC_DATA_AT)) != cudaSuccess ||
-      (halves = kc->mine + HIR_NCCL__KC_DATA_AT, e = cudaLaunchKernel((const void *)fill, grid, block, argv, 0, 0)) != cudaSuccess ||
+      (halves = kc->mine + HIR_NCCL__KC_DATA_AT, e = cudaLaunchKernel((const void *)kc->fill, grid, block, argv, 0, 0)) != cudaSuccess ||
       (e = cudaStreamSynchronize(0)) != cudaSuccess || /* done before any stream of ours (nonblocking) touches it */
       (e = cudaEventCreateWithFlags(&kc->last, cudaEventDisableTiming)) != cudaSuccess) {
     cudaGetLastError();
@@ -2182,6 +2162,63 @@ static int hir_nccl__kc_prepare(hir_nccl__kc *kc, int device, char *err, size_t 
     return 0;
   }
   return 1;
+}
+
+/* This rank's part of the setup: the kernels, and a workspace. */
+static int hir_nccl__kc_prepare(hir_nccl__kc *kc, int device, char *err, size_t cap) {
+  static const char *const kinds[HIR_NCCL__KC_KINDS] = {"hir_allreduce_one_", "hir_allreduce_two_", "hir_reduce_scatter_",
+                                                         "hir_allgather_bytes"};
+  static const char *const types[3] = {"f32", "f16", "bf16"};
+  char *text = hir_nccl__kc_text(), name[64];
+  hir_status s;
+  int k, t;
+  if (!text) {
+    snprintf(err, cap, "out of memory");
+    return 0;
+  }
+  s = hir_cuda_library_load(device, text, "hostir_nccl's collectives", &kc->library, err, cap);
+  free(text);
+  if (s != HIR_OK) return 0;
+  for (k = 0; k <= HIR_NCCL__KC_KINDS; k++)
+    for (t = 0; t < (k >= HIR_NCCL__AG ? 1 : 3); t++) {
+      snprintf(name, sizeof name, "%s%s", k == HIR_NCCL__KC_KINDS ? "hir_fill_sentinel" : kinds[k], k >= HIR_NCCL__AG ? "" : types[t]);
+      if (cudaLibraryGetKernel(k == HIR_NCCL__KC_KINDS ? &kc->fill : &kc->kernel[k][t], (cudaLibrary_t)kc->library, name) !=
+          cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, cap, "the collectives' library lacks %s", name);
+        return 0;
+      }
+    }
+  return hir_nccl__kc_workspace(kc, err, cap);
+}
+
+/* A team's kc on `from`'s kernels (the world's), with a workspace of its own. */
+static int hir_nccl__kc_borrow(hir_nccl__kc *kc, const hir_nccl__kc *from, char *err, size_t cap) {
+  memcpy(kc->kernel, from->kernel, sizeof kc->kernel);
+  kc->fill = from->fill;
+  kc->stop = from->stop;
+  kc->error = from->error;
+  return hir_nccl__kc_workspace(kc, err, cap);
+}
+
+/* The words of this host's block a rank's kernel collectives read and
+   write; and the choice until it is measured (hir_nccl__kc_measure): where
+   the kernels beat NCCL's on 2 H200s on 32 CTAs (bench/NOTES.md, kernel
+   collectives). One shot moves (n-1) x S a rank, two shots 2 (n-1)/n x S. */
+static void hir_nccl__kc_words(hir_nccl__kc *kc, const hir_nccl__ce *ce) {
+  int z, k;
+  kc->stop = (const unsigned *)(ce->pad_dev + offsetof(hir_nccl__ce_head, kernel_stop));
+  kc->error = (unsigned *)(ce->pad_dev + offsetof(hir_nccl__ce_head, kernel_error)) + ce->me;
+  for (z = 0; z < HIR_NCCL__KC_CLASSES; z++) {
+    size_t bytes = hir_nccl__kc_class_bytes[z], most = (size_t)16 << 20;
+    kc->use[HIR_NCCL__AR_ONE][z] = (signed char)(bytes <= ((size_t)2 << 20) / (size_t)(kc->n - 1) ? HIR_NCCL__AR_ONE
+                                                 : bytes <= most ? HIR_NCCL__AR_TWO : -1);
+    kc->use[HIR_NCCL__AR_TWO][z] = -1; /* unread: the all-reduce's row is AR_ONE's */
+    kc->use[HIR_NCCL__RS][z] = (signed char)(bytes <= most ? HIR_NCCL__RS : -1);
+    kc->use[HIR_NCCL__AG][z] = (signed char)(bytes <= most ? HIR_NCCL__AG : -1);
+    for (k = 0; k < HIR_NCCL__KC_KINDS; k++) kc->ctas[k][z] = HIR_NCCL__KC_FEW;
+  }
+  kc->measured = 0;
 }
 
 static void hir_nccl__kc_free(hir_nccl__kc *kc) {
@@ -2310,6 +2347,7 @@ typedef struct hir_nccl__team {
   int n, me, *devices;
   ncclComm_t comm;              /* nonblocking: setup, and the parent of `fast` */
   ncclComm_t fast;              /* blocking twin for the data path (hir_nccl__twin); NULL: `comm` */
+  hir_nccl__kc *kc;             /* a team other than the world: its kernel collectives (hir_nccl__team_kc); NULL: NCCL's */
 } hir_nccl__team;
 
 typedef struct hir_nccl__team_id {
@@ -2789,12 +2827,12 @@ static hir_status hir_nccl__setup_wait(hir_comm *c, cudaStream_t stream, const c
   return HIR_ERR_BACKEND;
 }
 
-/* Moves a few bytes between ranks through the world communicator, for the
-   setup: every rank's `bytes` into `all` in rank order (allgather), or,
-   with root >= 0, root's to the ranks of `to` (an id for a team). */
-static hir_status hir_nccl__exchange(hir_comm *c, const void *mine, void *all, size_t bytes, int root, const int *to, int nto) {
-  hir_nccl__rank *nc = hir_nccl__of(c);
-  size_t total = root < 0 ? bytes * (size_t)c->size : bytes;
+/* Moves a few bytes between the `size` ranks of `comm` (this one `rank` in
+   it), for the setup: every rank's `bytes` into `all` in rank order
+   (allgather), or, with root >= 0, root's to the ranks of `to`. */
+static hir_status hir_nccl__exchange_on(hir_comm *c, ncclComm_t comm, int size, int rank, const void *mine, void *all, size_t bytes,
+                                        int root, const int *to, int nto) {
+  size_t total = root < 0 ? bytes * (size_t)size : bytes;
   unsigned char *buf = NULL;
   cudaStream_t stream = NULL;
   hir_status s = HIR_OK;
@@ -2803,15 +2841,15 @@ static hir_status hir_nccl__exchange(hir_comm *c, const void *mine, void *all, s
   if ((e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||
       (e = cudaMalloc((void **)&buf, total)) != cudaSuccess ||
       /* on `stream`: a pageable copy on the legacy stream returns once staged, and a nonblocking stream does not wait for it */
-      (e = cudaMemcpyAsync(root < 0 ? buf + bytes * (size_t)c->rank : buf, mine, bytes, cudaMemcpyHostToDevice, stream)) != cudaSuccess) {
+      (e = cudaMemcpyAsync(root < 0 ? buf + bytes * (size_t)rank : buf, mine, bytes, cudaMemcpyHostToDevice, stream)) != cudaSuccess) {
     snprintf(c->error, sizeof c->error, "hostir_nccl: the setup's exchange on rank %d: %s", c->rank, cudaGetErrorString(e));
     s = HIR_ERR_BACKEND;
   } else if (root < 0) {
-    s = HIR_NCCL__CHECK(c, ncclAllGather(buf + bytes * (size_t)c->rank, buf, bytes, ncclUint8, nc->world, stream));
+    s = HIR_NCCL__CHECK(c, ncclAllGather(buf + bytes * (size_t)rank, buf, bytes, ncclUint8, comm, stream));
   } else if ((s = HIR_NCCL__CHECK(c, ncclGroupStart())) == HIR_OK) {
     for (i = 0; i < nto && s == HIR_OK; i++)
-      if (c->rank == root && to[i] != root) s = HIR_NCCL__CHECK(c, ncclSend(buf, bytes, ncclUint8, to[i], nc->world, stream));
-    if (c->rank != root && s == HIR_OK) s = HIR_NCCL__CHECK(c, ncclRecv(buf, bytes, ncclUint8, root, nc->world, stream));
+      if (rank == root && to[i] != root) s = HIR_NCCL__CHECK(c, ncclSend(buf, bytes, ncclUint8, to[i], comm, stream));
+    if (rank != root && s == HIR_OK) s = HIR_NCCL__CHECK(c, ncclRecv(buf, bytes, ncclUint8, root, comm, stream));
     s = s == HIR_OK ? HIR_NCCL__CHECK(c, ncclGroupEnd()) : (ncclGroupEnd(), s);
   }
   if (s == HIR_OK && (s = hir_nccl__setup_wait(c, stream, "hostir_nccl: the setup's exchange")) == HIR_OK &&
@@ -2824,6 +2862,11 @@ static hir_status hir_nccl__exchange(hir_comm *c, const void *mine, void *all, s
     if (stream) cudaStreamDestroy(stream);
   }
   return s;
+}
+
+/* The world's setup exchange (hir_nccl__exchange_on through the world communicator). */
+static hir_status hir_nccl__exchange(hir_comm *c, const void *mine, void *all, size_t bytes, int root, const int *to, int nto) {
+  return hir_nccl__exchange_on(c, hir_nccl__of(c)->world, c->size, c->rank, mine, all, bytes, root, to, nto);
 }
 
 /* The id of a team's communicator: made by its first member, shared through
@@ -2883,6 +2926,59 @@ static void hir_nccl__free_team_ids(hir_nccl_world *w) {
   }
 }
 
+/* A team other than the world, where the world has kernel collectives
+   (every rank on this host): a workspace of its own on the world's
+   kernels, mapped by every member (threads: its address; processes: CUDA
+   IPC), so that its calls count their own sequence and never meet the
+   world's or another team's. Every member agrees, or the team keeps
+   NCCL's collectives; an error only where the exchange failed. */
+static hir_status hir_nccl__team_kc(hir_comm *c, hir_nccl__team *t) {
+  typedef struct { cudaIpcMemHandle_t handle; unsigned long long at; int ok; } hir_nccl__kc_hello;
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__kc_hello me, *all = NULL;
+  hir_nccl__kc *kc = NULL;
+  char why[200];
+  hir_status s;
+  int i, every = 1, round;
+  if (!nc->kc.on || t->n < 2) return HIR_OK;
+  memset(&me, 0, sizeof me);
+  if ((kc = (hir_nccl__kc *)calloc(1, sizeof *kc)) && hir_nccl__kc_borrow(kc, &nc->kc, why, sizeof why)) {
+    me.at = (unsigned long long)(uintptr_t)kc->mine;
+    me.ok = nc->shared || cudaIpcGetMemHandle(&me.handle, kc->mine) == cudaSuccess || (cudaGetLastError(), 0);
+  }
+  if (!(all = (hir_nccl__kc_hello *)calloc((size_t)t->n, sizeof *all))) {
+    if (kc) hir_nccl__kc_free(kc);
+    free(kc);
+    snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
+    return HIR_ERR_NOMEM;
+  }
+  for (round = 0, s = HIR_OK; round < 2 && s == HIR_OK; round++) { /* the handles, then whether every member mapped them */
+    if ((s = hir_nccl__exchange_on(c, t->comm, t->n, t->me, &me, all, sizeof me, -1, NULL, 0)) != HIR_OK) break;
+    for (i = 0; i < t->n; i++) every &= all[i].ok;
+    for (i = 0; !round && every && i < t->n; i++) {
+      void *base = NULL;
+      if (i == t->me) kc->ws[i] = kc->mine;
+      else if (nc->shared) kc->ws[i] = (unsigned char *)(uintptr_t)all[i].at;
+      else if (cudaIpcOpenMemHandle(&base, all[i].handle, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess)
+        kc->ws[i] = (unsigned char *)base, kc->opened[i] = 1;
+      else every = 0, cudaGetLastError();
+    }
+    me.ok = every;
+  }
+  free(all);
+  if (s != HIR_OK || !every) {
+    if (kc) hir_nccl__kc_free(kc);
+    free(kc);
+    return s;
+  }
+  kc->n = t->n;
+  kc->me = t->me;
+  hir_nccl__kc_words(kc, &nc->ce);
+  kc->on = 1;
+  t->kc = kc;
+  return HIR_OK;
+}
+
 static hir_status hir_nccl__make_team(hir_comm *c, const int *devices, int n, void **out) {
   hir_nccl__rank *nc = hir_nccl__of(c);
   hir_nccl__team *t;
@@ -2930,6 +3026,7 @@ static hir_status hir_nccl__make_team(hir_comm *c, const int *devices, int n, vo
   }
   t->next = nc->teams;
   nc->teams = t;
+  if ((s = hir_nccl__team_kc(c, t)) != HIR_OK) return s; /* the team stays listed: the release frees it */
   *out = t;
   return HIR_OK;
 }
@@ -2969,15 +3066,19 @@ static int hir_nccl__kc_class(size_t bytes) {
    its input; all-gather: its output) takes: HIR_NCCL__AR_ONE or _TWO for an
    all-reduce (`kind` HIR_NCCL__AR_ONE), `kind` for the others; -1: NCCL's.
    *ctas: the CTAs it runs on. Every rank decides alike: the same sizes,
-   paths, choice and cap. */
+   paths, choice and cap. A team of the world's size takes the world's
+   choice (measured, or saved with the plans); a smaller one its own. */
+static hir_nccl__kc *hir_nccl__kc_of(hir_nccl__rank *nc, const hir_nccl__team *t) {
+  return !nc->kc.on ? NULL : t == &nc->world_team ? &nc->kc : t->kc;
+}
 static int hir_nccl__kc_pick(hir_nccl__rank *nc, const hir_nccl__team *t, int kind, hir_dtype dt, size_t bytes, int *ctas) {
-  const hir_nccl__kc *kc = &nc->kc;
-  int z = hir_nccl__kc_class(bytes), k;
-  if (!kc->on || t != &nc->world_team || nc->path == HIR_NCCL_PATH_NCCL || !bytes) return -1;
+  const hir_nccl__kc *kc = hir_nccl__kc_of(nc, t), *choice = kc && kc->n == nc->kc.n ? &nc->kc : kc;
+  int z = hir_nccl__kc_class(bytes), k, cap = nc->kc.cap;
+  if (!kc || nc->path == HIR_NCCL_PATH_NCCL || !bytes) return -1;
   if (kind != HIR_NCCL__AG && dt != HIR_F32 && dt != HIR_F16 && dt != HIR_BF16) return -1;
-  if (nc->path == HIR_NCCL_PATH_AUTO) k = kc->use[kind][z];
+  if (nc->path == HIR_NCCL_PATH_AUTO) k = choice->use[kind][z];
   else k = kind != HIR_NCCL__AR_ONE ? kind : nc->path == HIR_NCCL_PATH_ONE_SHOT ? HIR_NCCL__AR_ONE : HIR_NCCL__AR_TWO;
-  if (k >= 0) *ctas = kc->cap && (nc->path != HIR_NCCL_PATH_AUTO || kc->cap < kc->ctas[k][z]) ? kc->cap : kc->ctas[k][z];
+  if (k >= 0) *ctas = cap && (nc->path != HIR_NCCL_PATH_AUTO || cap < choice->ctas[k][z]) ? cap : choice->ctas[k][z];
   return k;
 }
 
@@ -3272,7 +3373,7 @@ static hir_status hir_nccl__allgather(hir_comm *c, void *team, const void *send,
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__kc_failed(c)) != HIR_OK) return s;
   if (hir_nccl__kc_pick(nc, t, HIR_NCCL__AG, HIR_F32, bytes * (size_t)t->n, &ctas) >= 0)
-    return hir_nccl__kc_done(c, hir_nccl__kc_allgather(&nc->kc, ctas, send, recv, bytes, hir_nccl__kc_deadline_ns(nc),
+    return hir_nccl__kc_done(c, hir_nccl__kc_allgather(hir_nccl__kc_of(nc, t), ctas, send, recv, bytes, hir_nccl__kc_deadline_ns(nc),
                                                        (cudaStream_t)stream, c->error, sizeof c->error), "an all-gather kernel");
   return HIR_NCCL__DATA(c, ncclAllGather(send, recv, bytes, ncclUint8, hir_nccl__data(t), (cudaStream_t)stream));
 }
@@ -3286,7 +3387,7 @@ static hir_status hir_nccl__allreduce(hir_comm *c, void *team, const void *send,
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__kc_failed(c)) != HIR_OK) return s;
   if ((kind = hir_nccl__kc_pick(nc, t, HIR_NCCL__AR_ONE, dt, count * hir_dtype_size(dt), &ctas)) >= 0)
-    return hir_nccl__kc_done(c, hir_nccl__kc_allreduce(&nc->kc, kind == HIR_NCCL__AR_TWO, ctas, send, recv, count, dt,
+    return hir_nccl__kc_done(c, hir_nccl__kc_allreduce(hir_nccl__kc_of(nc, t), kind == HIR_NCCL__AR_TWO, ctas, send, recv, count, dt,
                                                        hir_nccl__kc_deadline_ns(nc), (cudaStream_t)stream, c->error,
                                                        sizeof c->error), "an all-reduce kernel");
   return HIR_NCCL__DATA(c, ncclAllReduce(send, recv, count, hir_nccl__type(dt), ncclSum, hir_nccl__data(t), (cudaStream_t)stream));
@@ -3301,7 +3402,7 @@ static hir_status hir_nccl__reduce_scatter(hir_comm *c, void *team, const void *
   if (hir_nccl__ended(c)) return HIR_ERR_COMM;
   if ((s = hir_nccl__kc_failed(c)) != HIR_OK) return s;
   if (hir_nccl__kc_pick(nc, t, HIR_NCCL__RS, dt, count * hir_dtype_size(dt) * (size_t)t->n, &ctas) >= 0)
-    return hir_nccl__kc_done(c, hir_nccl__kc_reduce_scatter(&nc->kc, ctas, send, recv, count, dt, hir_nccl__kc_deadline_ns(nc),
+    return hir_nccl__kc_done(c, hir_nccl__kc_reduce_scatter(hir_nccl__kc_of(nc, t), ctas, send, recv, count, dt, hir_nccl__kc_deadline_ns(nc),
                                                             (cudaStream_t)stream, c->error, sizeof c->error),
                              "a reduce-scatter kernel");
   return HIR_NCCL__DATA(c, ncclReduceScatter(send, recv, count, hir_nccl__type(dt), ncclSum, hir_nccl__data(t), (cudaStream_t)stream));
@@ -3911,6 +4012,8 @@ static void hir_nccl__release(hir_nccl__rank *nc) {
       if (t->fast) ncclCommDestroy(t->fast);
       ncclCommDestroy(t->comm);
     }
+    if (t->kc) hir_nccl__kc_free(t->kc);
+    free(t->kc);
     free(t->devices);
     free(t);
   }
@@ -3981,26 +4084,6 @@ static int hir_nccl__world_peers(hir_nccl_world *w) {
   cudaSetDevice(current);
   cudaGetLastError();
   return every;
-}
-
-/* The words of this host's block a rank's kernel collectives read and
-   write; and the choice until it is measured (hir_nccl__kc_measure): where
-   the kernels beat NCCL's on 2 H200s on 32 CTAs (bench/NOTES.md, kernel
-   collectives). One shot moves (n-1) x S a rank, two shots 2 (n-1)/n x S. */
-static void hir_nccl__kc_words(hir_nccl__kc *kc, const hir_nccl__ce *ce) {
-  int z, k;
-  kc->stop = (const unsigned *)(ce->pad_dev + offsetof(hir_nccl__ce_head, kernel_stop));
-  kc->error = (unsigned *)(ce->pad_dev + offsetof(hir_nccl__ce_head, kernel_error)) + ce->me;
-  for (z = 0; z < HIR_NCCL__KC_CLASSES; z++) {
-    size_t bytes = hir_nccl__kc_class_bytes[z], most = (size_t)16 << 20;
-    kc->use[HIR_NCCL__AR_ONE][z] = (signed char)(bytes <= ((size_t)2 << 20) / (size_t)(kc->n - 1) ? HIR_NCCL__AR_ONE
-                                                 : bytes <= most ? HIR_NCCL__AR_TWO : -1);
-    kc->use[HIR_NCCL__AR_TWO][z] = -1; /* unread: the all-reduce's row is AR_ONE's */
-    kc->use[HIR_NCCL__RS][z] = (signed char)(bytes <= most ? HIR_NCCL__RS : -1);
-    kc->use[HIR_NCCL__AG][z] = (signed char)(bytes <= most ? HIR_NCCL__AG : -1);
-    for (k = 0; k < HIR_NCCL__KC_KINDS; k++) kc->ctas[k][z] = HIR_NCCL__KC_FEW;
-  }
-  kc->measured = 0;
 }
 
 /* One process per GPU, the whole world on this host, its block up: kernel

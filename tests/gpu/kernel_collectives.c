@@ -37,18 +37,22 @@ enum { KC_AR, KC_RS, KC_AG };
 
 /* One collective on device buffers: `kind` of `count` (AR: elements; RS:
    elements a rank gets; AG: bytes a rank gives) on path p, its buffers one
-   element (AG: byte) off their alignment where `off`. */
+   element (AG: byte) off their alignment where `off`, among the n world
+   ranks `members` in team order, of which this is member `me`. */
 typedef struct kc_op {
   int kind, off, ctas;             /* ctas: hir_nccl_comm_set_path's, 0: as measured */
+  int n, me, members[MAXR];
   hir_dtype dt;
   size_t count, es, nin, nout;
   hir_nccl_path p;
   unsigned char *hin, *hout, *din, *dout;
 } kc_op;
 
-static int kc_op_make(kc_op *o, int kind, hir_dtype dt, size_t count, hir_nccl_path p, int off, int n) {
+static int kc_op_make(kc_op *o, int kind, hir_dtype dt, size_t count, hir_nccl_path p, int off, int n, int me) {
+  int q;
   memset(o, 0, sizeof *o);
-  o->kind = kind, o->dt = dt, o->count = count, o->p = p, o->off = off;
+  o->kind = kind, o->dt = dt, o->count = count, o->p = p, o->off = off, o->n = n, o->me = me;
+  for (q = 0; q < n; q++) o->members[q] = q;
   o->es = kind == KC_AG ? 1 : hir_dtype_size(dt);
   o->nin = kind == KC_RS ? count * (size_t)n : count;
   o->nout = kind == KC_AG ? count * (size_t)n : count;
@@ -61,8 +65,9 @@ static void kc_op_free(kc_op *o) {
   if (o->din) cudaFree(o->din);
   if (o->dout) cudaFree(o->dout);
 }
-/* This rank's input for `salt`, and its output poisoned (NaN, 0xff bytes). */
-static void kc_op_fill(kc_op *o, int rank, unsigned salt) {
+/* This member's input for `salt` (a function of its world rank), and its output poisoned (NaN, 0xff bytes). */
+static void kc_op_fill(kc_op *o, unsigned salt) {
+  int rank = o->members[o->me];
   size_t i;
   for (i = 0; i < o->nin; i++)
     if (o->kind == KC_AG) o->hin[i] = (unsigned char)(kc_value(HIR_F32, rank, i, salt) * 127 + 128);
@@ -80,7 +85,7 @@ static hir_status kc_op_call(kc_op *o, hir_comm *c, void *team, cudaStream_t s) 
                             : c->allgather(c, team, in, out, o->count, s);
 }
 /* Whether the output is the reference's for `salt` (where `exact`, bit for
-   bit), nothing written around it; else k->msg says where not. */
+   bit), nothing written around it; else k->msg[rank] says where not. */
 static int kc_op_check(kc_op *o, kc_case *k, int rank, unsigned salt, int exact) {
   static const char *const kinds[3] = {"all-reduce", "reduce-scatter", "all-gather"};
   size_t es = o->es, i;
@@ -91,16 +96,16 @@ static int kc_op_check(kc_op *o, kc_case *k, int rank, unsigned salt, int exact)
   for (i = 0; i < o->nout && ok; i++) {
     double want, got;
     if (o->kind == KC_AG) {
-      want = (unsigned char)(kc_value(HIR_F32, (int)(i / o->count), i % o->count, salt) * 127 + 128);
+      want = (unsigned char)(kc_value(HIR_F32, o->members[i / o->count], i % o->count, salt) * 127 + 128);
       got = o->hout[o->off + i];
     } else {
       float sum = 0.f;
-      size_t at = o->kind == KC_RS ? (size_t)rank * o->count + i : i;
-      for (q = 0; q < k->n; q++) sum += kc_value(o->dt, q, at, salt); /* float, rank order: the kernels' sum */
+      size_t at = o->kind == KC_RS ? (size_t)o->me * o->count + i : i;
+      for (q = 0; q < o->n; q++) sum += kc_value(o->dt, o->members[q], at, salt); /* float, team order: the kernels' sum */
       want = o->dt == HIR_F32 ? sum : o->dt == HIR_F16 ? hir_half_to_float(hir_float_to_half(sum)) : hir_bf16_to_float(hir_float_to_bf16(sum));
       got = kc_load(o->dt, o->hout + o->off * es, i);
     }
-    ok = exact ? got == want : fabs(got - want) <= (o->dt == HIR_F32 ? 1e-5 : 2e-2) * k->n;
+    ok = exact ? got == want : fabs(got - want) <= (o->dt == HIR_F32 ? 1e-5 : 2e-2) * o->n;
     if (!ok)
       snprintf(k->msg[rank], sizeof k->msg[rank], "%s %s of %zu (path %d, %d CTAs, %s): element %zu is %g, the reference %g",
                kinds[o->kind], hir_dtype_name(o->dt), o->count, (int)o->p, o->ctas, o->off ? "off alignment" : "aligned", i, got, want);
@@ -111,15 +116,27 @@ static int kc_op_check(kc_op *o, kc_case *k, int rank, unsigned salt, int exact)
   return ok;
 }
 
+/* Sets the op's team: the n world ranks `members` in team order, this rank among them. */
+static void kc_op_team(kc_op *o, const int *members, int n, int rank) {
+  int q;
+  o->n = n;
+  for (q = 0; q < n; q++) {
+    o->members[q] = members[q];
+    if (members[q] == rank) o->me = q;
+  }
+}
+
+/* One call of the world's (members NULL) or of the team `members`. */
 static int kc_one(kc_case *k, int rank, hir_comm *c, void *team, cudaStream_t s, int kind, hir_dtype dt, size_t count,
-                  hir_nccl_path p, int off, unsigned salt, int exact) {
+                  hir_nccl_path p, int off, unsigned salt, int exact, const int *members, int nmembers) {
   kc_op o;
-  int ok = kc_op_make(&o, kind, dt, count, p, off, k->n);
+  int ok = kc_op_make(&o, kind, dt, count, p, off, k->n, rank);
+  if (members) kc_op_team(&o, members, nmembers, rank);
   /* a forced kernel on 1 to all of HIR_NCCL__KC_CTAS CTAs, a different grid from call to call (the same on every rank) */
   o.ctas = p == HIR_NCCL_PATH_ONE_SHOT || p == HIR_NCCL_PATH_TWO_SHOT ? 1 + (int)(salt * 53u % HIR_NCCL__KC_CTAS) : 0;
   if (!ok) snprintf(k->msg[rank], sizeof k->msg[rank], "out of memory");
   if (ok) {
-    kc_op_fill(&o, rank, salt);
+    kc_op_fill(&o, salt);
     if (kc_op_call(&o, c, team, s) != HIR_OK || cudaStreamSynchronize(s) != cudaSuccess || c->poll(c) != HIR_OK) {
       snprintf(k->msg[rank], sizeof k->msg[rank], "%s", c->error);
       ok = 0;
@@ -137,10 +154,10 @@ static int kc_graph(kc_case *k, int rank, hir_comm *c, void *team, cudaStream_t 
   cudaGraph_t g = NULL;
   cudaGraphExec_t exec = NULL;
   int i, r, ok = 1;
-  ok &= kc_op_make(&o[0], KC_AR, HIR_BF16, 1000, HIR_NCCL_PATH_ONE_SHOT, 1, k->n);
-  ok &= kc_op_make(&o[1], KC_AR, HIR_BF16, 65537, HIR_NCCL_PATH_TWO_SHOT, 0, k->n);
-  ok &= kc_op_make(&o[2], KC_RS, HIR_F16, 4097, HIR_NCCL_PATH_TWO_SHOT, 1, k->n);
-  ok &= kc_op_make(&o[3], KC_AG, HIR_F32, 1001, HIR_NCCL_PATH_TWO_SHOT, 0, k->n);
+  ok &= kc_op_make(&o[0], KC_AR, HIR_BF16, 1000, HIR_NCCL_PATH_ONE_SHOT, 1, k->n, rank);
+  ok &= kc_op_make(&o[1], KC_AR, HIR_BF16, 65537, HIR_NCCL_PATH_TWO_SHOT, 0, k->n, rank);
+  ok &= kc_op_make(&o[2], KC_RS, HIR_F16, 4097, HIR_NCCL_PATH_TWO_SHOT, 1, k->n, rank);
+  ok &= kc_op_make(&o[3], KC_AG, HIR_F32, 1001, HIR_NCCL_PATH_TWO_SHOT, 0, k->n, rank);
   o[1].ctas = HIR_NCCL__KC_CTAS, o[2].ctas = 3; /* caps: as measured, all (the grid its size asks), 3, as measured */
   if (ok) {
     hir_status st = HIR_OK;
@@ -151,7 +168,7 @@ static int kc_graph(kc_case *k, int rank, hir_comm *c, void *team, cudaStream_t 
   }
   for (r = 0; ok && r < k->graph_replays; r++) {
     if (r % 100 == 0)
-      for (i = 0; i < 4; i++) kc_op_fill(&o[i], rank, 7000u + (unsigned)r + (unsigned)i);
+      for (i = 0; i < 4; i++) kc_op_fill(&o[i], 7000u + (unsigned)r + (unsigned)i);
     ok = cudaGraphLaunch(exec, s) == cudaSuccess;
     if (r % 100 == 0 || r == k->graph_replays - 1) {
       ok = ok && cudaStreamSynchronize(s) == cudaSuccess && c->poll(c) == HIR_OK;
@@ -204,6 +221,43 @@ static int kc_choice(kc_case *k, int rank, hir_comm *c, void *team) {
   return ok;
 }
 
+/* Teams other than the world: the even ranks and the odd ranks, each in
+   descending order (2 ranks: the world reversed), so that a member's place
+   in its team is not its rank. A team of 2 or more must take the kernels
+   where a path forces them (its own workspace), and sum in team order. */
+static void kc_teams(kc_case *k, int rank, hir_comm *c, cudaStream_t s, unsigned salt) {
+  static const size_t counts[3] = {13, 4097, 65537};
+  int members[MAXR], n = 0, q, z, off, p;
+  void *team;
+  for (q = k->n - 1; q >= 0; q--)
+    if (q % 2 == rank % 2 || k->n == 2) members[n++] = q;
+  if (c->team(c, members, n, &team) != HIR_OK) {
+    snprintf(k->msg[rank], sizeof k->msg[rank], "team: %s", c->error);
+    k->bad[rank]++;
+    return;
+  }
+  hir_nccl_comm_set_path(c, HIR_NCCL_PATH_TWO_SHOT, 0);
+  if (n > 1 && !strstr(c->collective_path(c, team, HIR_COLL_ALLREDUCE, 4096, HIR_BF16), "two-shot kernel")) {
+    snprintf(k->msg[rank], sizeof k->msg[rank], "a team of %d on the two-shot path: %s", n,
+             c->collective_path(c, team, HIR_COLL_ALLREDUCE, 4096, HIR_BF16));
+    k->bad[rank]++;
+    return;
+  }
+  for (z = 0; z < 3; z++)
+    for (off = 0; off < 2; off++) {
+      for (p = HIR_NCCL_PATH_AUTO; p <= HIR_NCCL_PATH_TWO_SHOT; p++) {
+        int exact = p != HIR_NCCL_PATH_AUTO && p != HIR_NCCL_PATH_NCCL;
+        k->bad[rank] += !kc_one(k, rank, c, team, s, KC_AR, HIR_BF16, counts[z], (hir_nccl_path)p, off, salt++, exact, members, n);
+        k->bad[rank] += !kc_one(k, rank, c, team, s, KC_AR, HIR_F32, counts[z], (hir_nccl_path)p, off, salt++, exact, members, n);
+        k->checked[rank] += 2;
+      }
+      k->bad[rank] += !kc_one(k, rank, c, team, s, KC_RS, HIR_BF16, counts[z], HIR_NCCL_PATH_TWO_SHOT, off, salt++, 1, members, n);
+      k->bad[rank] += !kc_one(k, rank, c, team, s, KC_AG, HIR_F32, counts[z], HIR_NCCL_PATH_TWO_SHOT, off, salt++, 1, members, n);
+      k->checked[rank] += 2;
+      if (k->bad[rank]) return;
+    }
+}
+
 static hir_status kc_rank(int rank, void *user) {
   kc_case *k = (kc_case *)user;
   hir_comm *c = platform->comm(k->w, rank);
@@ -233,20 +287,21 @@ static hir_status kc_rank(int rank, void *user) {
     for (z = 0; z < (d == 2 ? 8 : 7); z++)                          /* bf16 only there (the host's reference is slow) */
       for (off = 0; off < (z == 7 ? 1 : 2); off++) {
         for (p = HIR_NCCL_PATH_ONE_SHOT; p <= HIR_NCCL_PATH_TWO_SHOT; p++) {
-          k->bad[rank] += !kc_one(k, rank, c, team, s, KC_AR, dts[d], counts[z], (hir_nccl_path)p, off, salt++, 1);
+          k->bad[rank] += !kc_one(k, rank, c, team, s, KC_AR, dts[d], counts[z], (hir_nccl_path)p, off, salt++, 1, NULL, 0);
           k->checked[rank]++;
         }
-        k->bad[rank] += !kc_one(k, rank, c, team, s, KC_RS, dts[d], counts[z], HIR_NCCL_PATH_TWO_SHOT, off, salt++, 1);
-        k->bad[rank] += !kc_one(k, rank, c, team, s, KC_AR, dts[d], counts[z], HIR_NCCL_PATH_NCCL, off, salt++, 0);
-        k->bad[rank] += !kc_one(k, rank, c, team, s, KC_AR, dts[d], counts[z], HIR_NCCL_PATH_AUTO, off, salt++, 0);
+        k->bad[rank] += !kc_one(k, rank, c, team, s, KC_RS, dts[d], counts[z], HIR_NCCL_PATH_TWO_SHOT, off, salt++, 1, NULL, 0);
+        k->bad[rank] += !kc_one(k, rank, c, team, s, KC_AR, dts[d], counts[z], HIR_NCCL_PATH_NCCL, off, salt++, 0, NULL, 0);
+        k->bad[rank] += !kc_one(k, rank, c, team, s, KC_AR, dts[d], counts[z], HIR_NCCL_PATH_AUTO, off, salt++, 0, NULL, 0);
         k->checked[rank] += 3;
         if (d == 0) {
-          k->bad[rank] += !kc_one(k, rank, c, team, s, KC_AG, dts[d], counts[z] * 3, HIR_NCCL_PATH_TWO_SHOT, off, salt++, 1);
+          k->bad[rank] += !kc_one(k, rank, c, team, s, KC_AG, dts[d], counts[z] * 3, HIR_NCCL_PATH_TWO_SHOT, off, salt++, 1, NULL, 0);
           k->checked[rank]++;
         }
         if (k->bad[rank]) goto out;
       }
   }
+  kc_teams(k, rank, c, s, salt);
 out:
   hir_nccl_comm_set_path(c, HIR_NCCL_PATH_AUTO, 0);
   cudaStreamDestroy(s);
@@ -428,4 +483,232 @@ static int dead_peer(int replay) {
   hir_backend_free(ed.backend);
   hir_fusion_free(f);
   return ok;
+}
+
+/* ---- the kernels alone, every rank on one GPU ----
+   NCCL refuses two ranks on one GPU, but the kernels need no NCCL: a
+   workspace a rank on one GPU, each rank's calls on a stream of its own,
+   all launched from this thread, as hir_nccl__team_kc sets a team up (the
+   first rank's kernels, borrowed by the others). The grids are capped so
+   that every rank's kernel is resident at once, since each waits for the
+   others'. Times mean nothing here; the protocol, the sums, the sequence
+   across graph replays and the deadlines are the ones of many GPUs. */
+typedef struct kc1_world {
+  int n, members[MAXR];           /* world ranks in team order */
+  hir_nccl__kc kc[MAXR];
+  cudaStream_t s[MAXR];
+} kc1_world;
+typedef struct kc1_host {         /* the host's words the kernels read and write (mapped host memory) */
+  unsigned *words, *words_dev;    /* [0]: stop; [1 + r]: rank r's error */
+  int cap;                        /* the most CTAs a call may take with every rank's kernel resident */
+  char err[300];
+} kc1_host;
+
+static void kc1_free(kc1_world *w) {
+  int i;
+  for (i = w->n - 1; i >= 0; i--) { /* the first owns the library */
+    if (w->s[i]) cudaStreamDestroy(w->s[i]);
+    hir_nccl__kc_free(&w->kc[i]);
+  }
+  memset(w, 0, sizeof *w);
+}
+
+/* n ranks (`members`, NULL: 0..n-1) on GPU 0, on the kernels of `lib`
+   (NULL: its first rank loads them). */
+static int kc1_make(kc1_world *w, kc1_host *h, int n, const int *members, const hir_nccl__kc *lib) {
+  int i, j, ok = 1;
+  memset(w, 0, sizeof *w);
+  w->n = n;
+  for (i = 0; i < n; i++) w->members[i] = members ? members[i] : i;
+  for (i = 0; i < n && ok; i++) {
+    ok = (!i && !lib ? hir_nccl__kc_prepare(&w->kc[i], 0, h->err, sizeof h->err)
+                     : hir_nccl__kc_borrow(&w->kc[i], lib ? lib : &w->kc[0], h->err, sizeof h->err)) &&
+         cudaStreamCreateWithFlags(&w->s[i], cudaStreamNonBlocking) == cudaSuccess;
+    w->kc[i].stop = h->words_dev;
+    w->kc[i].error = h->words_dev + 1 + w->members[i];
+  }
+  for (i = 0; i < n && ok; i++) {
+    w->kc[i].n = n, w->kc[i].me = i, w->kc[i].on = 1;
+    for (j = 0; j < n; j++) w->kc[i].ws[j] = w->kc[j].mine;
+  }
+  if (!ok) kc1_free(w);
+  return ok;
+}
+
+/* Rank i's call of op o on its stream: `two`, the all-reduce's two shots. */
+static hir_status kc1_call(kc1_world *w, kc1_host *h, int i, kc_op *o, int two, unsigned long long timeout_ns) {
+  unsigned char *in = o->din + o->off * o->es, *out = o->dout + o->off * o->es;
+  return o->kind == KC_AR ? hir_nccl__kc_allreduce(&w->kc[i], two, o->ctas, in, out, o->count, o->dt, timeout_ns, w->s[i], h->err, sizeof h->err)
+         : o->kind == KC_RS ? hir_nccl__kc_reduce_scatter(&w->kc[i], o->ctas, in, out, o->count, o->dt, timeout_ns, w->s[i], h->err, sizeof h->err)
+                            : hir_nccl__kc_allgather(&w->kc[i], o->ctas, in, out, o->count, timeout_ns, w->s[i], h->err, sizeof h->err);
+}
+
+/* One collective on every rank of each of the `nw` worlds at once (teams
+   side by side), checked bit for bit against the reference; 1: right. */
+static int kc1_case(kc1_world **ws, int nw, kc1_host *h, kc_case *k, int kind, hir_dtype dt, size_t count, int two, int off, int ctas,
+                    unsigned salt) {
+  kc_op o[2][MAXR];
+  int a, i, ok = 1;
+  memset(o, 0, sizeof o);
+  for (a = 0; a < nw; a++)
+    for (i = 0; i < ws[a]->n && ok; i++) {
+      ok = kc_op_make(&o[a][i], kind, dt, count, HIR_NCCL_PATH_TWO_SHOT, off, ws[a]->n, i);
+      kc_op_team(&o[a][i], ws[a]->members, ws[a]->n, ws[a]->members[i]);
+      o[a][i].ctas = ctas;
+      if (ok) kc_op_fill(&o[a][i], salt + (unsigned)a);
+    }
+  for (a = 0; a < nw && ok; a++)
+    for (i = 0; i < ws[a]->n && ok; i++) ok = kc1_call(ws[a], h, i, &o[a][i], two, 10000000000ull) == HIR_OK;
+  for (a = 0; a < nw; a++)
+    for (i = 0; i < ws[a]->n; i++) ok &= cudaStreamSynchronize(ws[a]->s[i]) == cudaSuccess && h->words[1 + ws[a]->members[i]] == 0;
+  if (!ok) snprintf(k->msg[0], sizeof k->msg[0], "%s %s of %zu on %d CTAs: %s", kind == KC_AR ? two ? "two-shot" : "one-shot" : kind == KC_RS ? "reduce-scatter" : "all-gather",
+                    hir_dtype_name(dt), count, ctas, h->err[0] ? h->err : "a kernel failed or gave up");
+  for (a = 0; a < nw; a++)
+    for (i = 0; i < ws[a]->n; i++) {
+      if (ok) ok = kc_op_check(&o[a][i], k, 0, salt + (unsigned)a, 1);
+      kc_op_free(&o[a][i]);
+    }
+  return ok;
+}
+
+/* Three collectives captured in a graph a rank, the graphs replayed
+   together `replays` times with no reset, new inputs every 100th. */
+static int kc1_graph(kc1_world *w, kc1_host *h, kc_case *k, int replays) {
+  cudaGraph_t g[MAXR];
+  cudaGraphExec_t exec[MAXR];
+  kc_op o[MAXR][3];
+  int i, j, r, ok = 1;
+  memset(g, 0, sizeof g), memset(exec, 0, sizeof exec), memset(o, 0, sizeof o);
+  for (i = 0; i < w->n && ok; i++) {
+    ok = kc_op_make(&o[i][0], KC_AR, HIR_BF16, 1000, HIR_NCCL_PATH_ONE_SHOT, 1, w->n, i) &&
+         kc_op_make(&o[i][1], KC_AR, HIR_BF16, 65537, HIR_NCCL_PATH_TWO_SHOT, 0, w->n, i) &&
+         kc_op_make(&o[i][2], KC_AG, HIR_F32, 1001, HIR_NCCL_PATH_TWO_SHOT, 1, w->n, i);
+    for (j = 0; j < 3; j++) o[i][j].ctas = h->cap - j;
+    ok = ok && cudaStreamBeginCapture(w->s[i], cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    for (j = 0; j < 3 && ok; j++) ok = kc1_call(w, h, i, &o[i][j], j == 1, 10000000000ull) == HIR_OK;
+    ok = cudaStreamEndCapture(w->s[i], &g[i]) == cudaSuccess && ok && cudaGraphInstantiate(&exec[i], g[i], 0) == cudaSuccess;
+  }
+  if (!ok) snprintf(k->msg[0], sizeof k->msg[0], "capture: %s %s", h->err, cudaGetErrorString(cudaGetLastError()));
+  for (r = 0; ok && r < replays; r++) {
+    if (r % 100 == 0)
+      for (i = 0; i < w->n; i++)
+        for (j = 0; j < 3; j++) kc_op_fill(&o[i][j], 9000u + (unsigned)r + (unsigned)j);
+    for (i = 0; i < w->n && ok; i++) ok = cudaGraphLaunch(exec[i], w->s[i]) == cudaSuccess;
+    if (r % 100 == 0 || r == replays - 1) {
+      for (i = 0; i < w->n; i++) ok &= cudaStreamSynchronize(w->s[i]) == cudaSuccess && h->words[1 + i] == 0;
+      for (i = 0; i < w->n; i++)
+        for (j = 0; j < 3 && ok; j++) ok = kc_op_check(&o[i][j], k, 0, 9000u + (unsigned)(r / 100 * 100) + (unsigned)j, 1);
+      if (!ok && !k->msg[0][0]) snprintf(k->msg[0], sizeof k->msg[0], "replay %d: a kernel failed or gave up", r);
+      k->checked[0] += ok;
+    }
+  }
+  for (i = 0; i < w->n; i++) {
+    if (exec[i]) cudaGraphExecDestroy(exec[i]);
+    if (g[i]) cudaGraphDestroy(g[i]);
+    for (j = 0; j < 3; j++) kc_op_free(&o[i][j]);
+  }
+  return ok;
+}
+
+/* Every rank but the last calls; with `stop` the host's stop word rises
+   50 ms in, else the deadline (100 ms) passes: every caller's kernel must
+   end, its error word saying which (2 stopped, 1 its deadline). */
+static int kc1_gone(kc1_world *w, kc1_host *h, kc_case *k, int stop) {
+  kc_op o[MAXR];
+  double t0;
+  int i, ok = 1;
+  memset(o, 0, sizeof o);
+  for (i = 0; i < w->n - 1 && ok; i++) {
+    ok = kc_op_make(&o[i], KC_AR, HIR_BF16, 65537, HIR_NCCL_PATH_TWO_SHOT, 0, w->n, i);
+    o[i].ctas = h->cap;
+    if (ok) kc_op_fill(&o[i], 1u);
+  }
+  t0 = hir__now_ms();
+  for (i = 0; i < w->n - 1 && ok; i++) ok = kc1_call(w, h, i, &o[i], 1, stop ? 20000000000ull : 100000000ull) == HIR_OK;
+  if (stop) {
+    hir_nccl__sleep_ms(50);
+    __atomic_store_n(&h->words[0], 1u, __ATOMIC_RELEASE);
+  }
+  for (i = 0; i < w->n - 1 && ok; i++) {
+    while (cudaStreamQuery(w->s[i]) == cudaErrorNotReady && hir__now_ms() - t0 < 5000) hir_nccl__sleep_ms(1);
+    ok = cudaStreamQuery(w->s[i]) == cudaSuccess && h->words[1 + i] == (stop ? 2u : 1u);
+  }
+  if (!ok)
+    snprintf(k->msg[0], sizeof k->msg[0], "%d ranks, the last absent, %s: a kernel did not end as it should (rank 0's word %u, %.0f ms)",
+             w->n, stop ? "the stop word raised" : "the deadline", h->words[1], hir__now_ms() - t0);
+  for (i = 0; i < w->n - 1; i++) kc_op_free(&o[i]);
+  memset(h->words, 0, (1 + MAXR) * sizeof *h->words);
+  return ok;
+}
+
+TEST(test_gpu_kernel_collectives_one_gpu, "gpu/kernel_collectives_one_gpu", TEST_GPU) {
+  static const hir_dtype dts[3] = {HIR_F32, HIR_F16, HIR_BF16};
+  size_t counts[8] = {1, 3, 8, 13, 1000, 4097, 65537, 0};
+  kc1_host h;
+  kc_case k;
+  kc1_world world, even, odd, *both[2];
+  int n, d, z, off, sms = 0, cases = 0, bad = 0;
+  const int even_members[2] = {2, 0}, odd_members[2] = {3, 1};
+  unsigned salt = 1;
+  memset(&h, 0, sizeof h);
+  memset(&k, 0, sizeof k);
+  cudaSetDevice(0);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  h.cap = sms / 4 < HIR_NCCL__KC_CTAS ? sms / 4 : HIR_NCCL__KC_CTAS; /* four ranks' kernels at once, a CTA an SM at least */
+  if (cudaHostAlloc((void **)&h.words, (1 + MAXR) * sizeof *h.words, cudaHostAllocMapped) != cudaSuccess ||
+      cudaHostGetDevicePointer((void **)&h.words_dev, h.words, 0) != cudaSuccess) {
+    CHECK(!"mapped host words");
+    return;
+  }
+  memset(h.words, 0, (1 + MAXR) * sizeof *h.words);
+  for (n = 2; n <= 4 && !bad; n++) {
+    if (!kc1_make(&world, &h, n, NULL, NULL)) {
+      fprintf(stderr, "  %s\n", h.err);
+      CHECK(!"a world of kernels on one GPU");
+      break;
+    }
+    both[0] = &world;
+    k.n = n;
+    for (d = 0; d < 3 && !bad; d++) {
+      counts[7] = ((size_t)32 << 20) / hir_dtype_size(dts[d]) + 1001; /* past a call's slot, one shot and two */
+      for (z = 0; z < (d == 2 ? 8 : 7) && !bad; z++)
+        for (off = 0; off < 2 && !bad; off++, salt += 4) {
+          int ctas = 1 + (int)(salt * 53u % (unsigned)h.cap);
+          bad += !kc1_case(both, 1, &h, &k, KC_AR, dts[d], counts[z], 0, off, ctas, salt);
+          bad += !kc1_case(both, 1, &h, &k, KC_AR, dts[d], counts[z], 1, off, ctas, salt + 1);
+          bad += !kc1_case(both, 1, &h, &k, KC_RS, dts[d], counts[z], 1, off, ctas, salt + 2);
+          if (d == 0) bad += !kc1_case(both, 1, &h, &k, KC_AG, dts[d], counts[z] * 3, 1, off, ctas, salt + 3);
+          cases += d == 0 ? 4 : 3;
+        }
+    }
+    if (!bad) bad += !kc1_graph(&world, &h, &k, 1000);
+    if (n == 4 && !bad) { /* teams beside the world: workspaces of their own, summed in team order */
+      if (!kc1_make(&even, &h, 2, even_members, &world.kc[0]) || !kc1_make(&odd, &h, 2, odd_members, &world.kc[0])) {
+        fprintf(stderr, "  %s\n", h.err);
+        CHECK(!"two teams of kernels on one GPU");
+      } else {
+        both[0] = &even, both[1] = &odd;
+        for (z = 3; z < 7 && !bad; z++, salt += 4, cases += 3) {
+          bad += !kc1_case(both, 2, &h, &k, KC_AR, HIR_BF16, counts[z], 1, 1, h.cap, salt);
+          bad += !kc1_case(both, 2, &h, &k, KC_RS, HIR_F32, counts[z], 1, 0, 7, salt + 1);
+          both[0] = &world; /* the world and a team at once: six kernels */
+          bad += !kc1_case(both, 2, &h, &k, KC_AR, HIR_F16, counts[z], 0, 0, h.cap * 2 / 3, salt + 2);
+          both[0] = &even;
+        }
+      }
+      kc1_free(&odd);
+      kc1_free(&even);
+    }
+    kc1_free(&world);
+  }
+  if (bad) fprintf(stderr, "  %s\n", k.msg[0]);
+  CHECK(bad == 0);
+  printf("  %d collectives on 2-4 ranks of one GPU, %d graph checks, %d CTAs at most\n", cases, k.checked[0], h.cap);
+  for (n = 0; n < 2 && !bad; n++) { /* a rank that never comes: the deadline, then the stop word */
+    CHECK(kc1_make(&world, &h, 3, NULL, NULL));
+    if (world.n) CHECK(kc1_gone(&world, &h, &k, n));
+    if (k.msg[0][0]) fprintf(stderr, "  %s\n", k.msg[0]);
+    kc1_free(&world); /* its workspaces are left mid-call: never used again */
+  }
+  cudaFreeHost(h.words);
 }
