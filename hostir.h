@@ -338,9 +338,12 @@ HIRDEF hir_tv     *hir_binary_val(hir_fusion *f, hir_binary_op op, hir_tv *a, hi
    ops): the mean over axes (data axes, as hir_sum's); layer_norm over the
    last `naxes` axes, computed in float for f16/bf16 inputs and cast back,
    scaled by weight and shifted by bias where given (NULL: none; shaped like
-   the normalized axes). */
+   the normalized axes); rms_norm the same without the mean taken out and
+   without a bias: x / sqrt(mean(x^2) + eps) * weight (LLaMA's RMSNorm,
+   torch.nn.functional.rms_norm). */
 HIRDEF hir_tv     *hir_mean(hir_fusion *f, hir_tv *in, int naxes, const int *axes);
 HIRDEF hir_tv     *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weight, hir_tv *bias, double eps);
+HIRDEF hir_tv     *hir_rms_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weight, double eps);
 HIRDEF hir_tv     *hir_sum(hir_fusion *f, hir_tv *in, int naxes, const int *axes);
 /* Scaled dot-product attention (torch's scaled_dot_product_attention, and
    nvFuser's sdpfa_fwd and sdpfa_bwd), built of the ops here: q [..., L, E],
@@ -839,6 +842,9 @@ struct hir_backend {
      f32 or wider (f64 for f64 x). NULL, or HIR_ERR_UNSUPPORTED for what it does not take: its primitives run. */
   hir_status (*layer_norm)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
                            const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps);
+  /* Optional: hir_rms_norm in one call: dst = x / sqrt(mean(x^2) + eps) * weight, as layer_norm takes them. */
+  hir_status (*rms_norm)(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
+                         const hir_tensor *weight, int naxes, double eps);
   /* Optional: numbered elements into dst: the element at dst's coordinates c
      is numbered n = sum over axes i of (base[i] + c[i]) * stride[i], and is
      hir_rand_value(seed, n, bits) (hir_rand; bits the significand of dst's
@@ -971,6 +977,17 @@ struct hir_comm {
      why, for a text this communicator cannot take (malformed, another world
      size, kernels it does not have). */
   hir_status (*set_collective_choice)(hir_comm *self, const char *text);
+  /* optional: an all-reduce (sum) of send's rows x cols elements, then, row
+     by row, h = that sum + residual and out = h / sqrt(mean(h^2) + eps) *
+     weight (weight: cols elements, or NULL), with h and out written and the
+     sum itself never: an Allreduce followed by a residual add and an
+     RMSNorm (hir_rms_norm) in one call, as inference engines fuse them.
+     Every buffer dense and of `dtype`; the sum rounded to it before the add,
+     h rounded before the norm. The evaluator calls it in place of such a
+     run of a program (the plan says so); HIR_ERR_UNSUPPORTED, decided alike
+     on every rank from the sizes and the dtype alone: the three run apart. */
+  hir_status (*allreduce_rms_norm)(hir_comm *self, void *team, const void *send, const void *residual, const void *weight,
+                                   void *h, void *out, size_t rows, size_t cols, hir_dtype dtype, double eps, void *stream);
 };
 
 /* The position of `device` in a team (or mesh) of n device ids, -1 if it is
@@ -1917,7 +1934,7 @@ struct hir_expr {
   int composite;
   unsigned char composite_role;
 };
-enum { HIR__ROLE_NONE, HIR__ROLE_X, HIR__ROLE_WEIGHT, HIR__ROLE_BIAS, HIR__ROLE_EPS, HIR__ROLE_OUT };
+enum { HIR__ROLE_NONE, HIR__ROLE_X, HIR__ROLE_WEIGHT, HIR__ROLE_BIAS, HIR__ROLE_EPS, HIR__ROLE_OUT, HIR__ROLE_CENTER };
 
 /* The op table, from HIR_EXPR_KIND_LIST: what every pass knows about an expr kind. */
 enum {
@@ -3089,46 +3106,51 @@ static hir_tv *hir__broadcast_to(hir_fusion *f, hir_tv *in, int n, int nlast, in
   return hir_broadcast(f, in, n, flags);
 }
 
-/* nvFuser's layer_norm, as its primitives: mean, x - mean, the variance, x
-   times rsqrt(var + eps), then weight and bias. */
+/* The norms, as nvFuser's layer_norm is made: mean, x - mean (layer_norm
+   only), the mean square, x times rsqrt(it + eps), then weight and bias. */
 /* Marks the expr at `at` of a composite being built (if it was made). */
 static void hir__role(hir_fusion *f, int at, int role) {
   if (at >= 0 && at < f->exprs.n) ((hir_expr *)f->exprs.items[at])->composite_role = (unsigned char)role;
 }
 
-/* Built of primitives (a mean, a difference, ...), so every pass and every
-   sharding takes it; a backend with a layer_norm kernel runs them as one
-   (hir__find_fused). */
-HIRDEF hir_tv *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weight, hir_tv *bias, double eps) {
+/* layer_norm (center: the mean taken out, a bias allowed) or rms_norm,
+   built of primitives (a mean, a difference, ...), so every pass and every
+   sharding takes it; a backend with the norm's kernel runs them as one
+   (hir__find_fused). `name`: the caller's, for messages. */
+static hir_tv *hir__norm(hir_fusion *f, const char *name, hir_tv *x, int naxes, hir_tv *weight, hir_tv *bias, double eps, int center) {
   hir_id *ids[HIR_MAX_DIMS];
   hir_tv *in, *xc, *var, *y, *p[2];
   int axes[HIR_MAX_DIMS], i, n, half, first, at;
-  if (!hir__live(f) || !hir__check_tv(f, x, "hir_layer_norm", "x")) return NULL;
+  if (!hir__live(f) || !hir__check_tv(f, x, name, "x")) return NULL;
   n = hir__data_axes(x, ids);
   if (naxes < 1 || naxes > n) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_layer_norm: naxes %d is out of range for T%d, which has %d data axes (valid: 1..%d)",
-              naxes, x->name, n, n);
+    hir__fail(f, HIR_ERR_INVALID, "%s: naxes %d is out of range for T%d, which has %d data axes (valid: 1..%d)", name, naxes,
+              x->name, n, n);
     return NULL;
   }
   p[0] = weight, p[1] = bias;
   for (i = 0; i < 2; i++)
-    if (p[i] && (!hir__check_tv(f, p[i], "hir_layer_norm", i ? "bias" : "weight") || hir__data_axes(p[i], ids) != naxes)) {
+    if (p[i] && (!hir__check_tv(f, p[i], name, i ? "bias" : "weight") || hir__data_axes(p[i], ids) != naxes)) {
       if (hir__live(f))
-        hir__fail(f, HIR_ERR_INVALID, "hir_layer_norm: %s T%d has %d data axes; it needs the %d normalized axes",
-                  i ? "bias" : "weight", p[i]->name, hir__data_axes(p[i], ids), naxes);
+        hir__fail(f, HIR_ERR_INVALID, "%s: %s T%d has %d data axes; it needs the %d normalized axes", name, i ? "bias" : "weight",
+                  p[i]->name, hir__data_axes(p[i], ids), naxes);
       return NULL;
     }
   if (!(eps >= 0) || !isfinite(eps)) {
-    hir__fail(f, HIR_ERR_INVALID, "hir_layer_norm: eps is %g; give a finite number >= 0 (1e-5 is usual)", eps);
+    hir__fail(f, HIR_ERR_INVALID, "%s: eps is %g; give a finite number >= 0 (1e-5 is usual)", name, eps);
     return NULL;
   }
   half = x->dtype == HIR_F16 || x->dtype == HIR_BF16;
   first = f->exprs.n;
   in = half ? hir_cast(f, x, HIR_F32) : x;
   for (i = 0; i < naxes; i++) axes[i] = n - naxes + i;
-  xc = hir_sub(f, in, hir__broadcast_to(f, hir_mean(f, in, naxes, axes), n, naxes, 0));
-  hir__role(f, first, HIR__ROLE_X); /* the first made reads x: the cast, else the mean's sum */
+  xc = in;
+  if (center) {
+    xc = hir_sub(f, in, hir__broadcast_to(f, hir_mean(f, in, naxes, axes), n, naxes, 0));
+    hir__role(f, f->exprs.n - 1, HIR__ROLE_CENTER);
+  }
   var = hir_mean(f, hir_mul(f, xc, xc), naxes, axes);
+  hir__role(f, first, HIR__ROLE_X); /* the first made reads x: the cast, else the mean's sum (rms: the square) */
   at = f->exprs.n;
   var = hir_binary_scalar(f, HIR_BINARY_ADD, var, eps);
   hir__role(f, at, HIR__ROLE_EPS);
@@ -3144,6 +3166,14 @@ HIRDEF hir_tv *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weigh
   hir__role(f, f->exprs.n - 1, HIR__ROLE_OUT);
   for (i = first; y && i < f->exprs.n; i++) ((hir_expr *)f->exprs.items[i])->composite = first + 1;
   return y;
+}
+
+HIRDEF hir_tv *hir_layer_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weight, hir_tv *bias, double eps) {
+  return hir__norm(f, "hir_layer_norm", x, naxes, weight, bias, eps, 1);
+}
+
+HIRDEF hir_tv *hir_rms_norm(hir_fusion *f, hir_tv *x, int naxes, hir_tv *weight, double eps) {
+  return hir__norm(f, "hir_rms_norm", x, naxes, weight, NULL, eps, 0);
 }
 
 /* Attention's scores, as the forward and the backward both make them:
@@ -9341,17 +9371,16 @@ static hir_status hir__cpu_moe_index(hir_backend *self, void *stream, int step, 
   return HIR_OK;
 }
 
-/* hir_backend.layer_norm, in double: the evaluator hands it dense tensors. */
-static hir_status hir__cpu_layer_norm(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
-                                      const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps) {
+/* hir_backend.layer_norm (center) and rms_norm, in double: the evaluator hands them dense tensors. */
+static void hir__cpu_norm(const hir_tensor *dst, const hir_tensor *x, const hir_tensor *weight, const hir_tensor *bias, int naxes,
+                          double eps, int center) {
   int64_t cols = 1, rows, r, k;
   int d;
-  (void)self, (void)stream;
   for (d = x->ndims - naxes; d < x->ndims; d++) cols *= x->sizes[d];
   rows = cols ? hir__numel(x->ndims, x->sizes) / cols : 0;
   for (r = 0; r < rows; r++) {
     double mean = 0, var = 0, rstd;
-    for (k = 0; k < cols; k++) mean += hir__load(x->data, x->dtype, r * cols + k);
+    for (k = 0; center && k < cols; k++) mean += hir__load(x->data, x->dtype, r * cols + k);
     mean /= (double)cols;
     for (k = 0; k < cols; k++) {
       double v = hir__load(x->data, x->dtype, r * cols + k) - mean;
@@ -9365,6 +9394,17 @@ static hir_status hir__cpu_layer_norm(hir_backend *self, void *stream, const hir
       hir__store(dst->data, dst->dtype, r * cols + k, y);
     }
   }
+}
+static hir_status hir__cpu_layer_norm(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
+                                      const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps) {
+  (void)self, (void)stream;
+  hir__cpu_norm(dst, x, weight, bias, naxes, eps, 1);
+  return HIR_OK;
+}
+static hir_status hir__cpu_rms_norm(hir_backend *self, void *stream, const hir_tensor *dst, const hir_tensor *x,
+                                    const hir_tensor *weight, int naxes, double eps) {
+  (void)self, (void)stream;
+  hir__cpu_norm(dst, x, weight, NULL, naxes, eps, 0);
   return HIR_OK;
 }
 
@@ -9404,6 +9444,7 @@ HIRDEF hir_backend *hir_backend_cpu_create(void) {
   b->max_abs = hir__cpu_max_abs;
   b->matmul_scaled = hir__cpu_matmul_scaled;
   b->layer_norm = hir__cpu_layer_norm;
+  b->rms_norm = hir__cpu_rms_norm;
   b->rand = hir__cpu_rand;
   b->scatter_rows = hir__cpu_scatter_rows;
   b->moe_index = hir__cpu_moe_index;
@@ -10184,7 +10225,7 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "}\n",
     /* hir_backend.layer_norm: a block a row, three passes over it (the later ones from the cache; vec: the row in
        registers, 16 bytes a load, x, dst, the weight and the bias of one dtype DT, at most 4 vectors a thread) */
-    "struct hir_ln_args { void *dst; const void *x, *w, *b; i64 rows, cols; double eps; int dt_dst, dt_x, dt_w, dt_b, vec; };\n"
+    "struct hir_ln_args { void *dst; const void *x, *w, *b; i64 rows, cols; double eps; int dt_dst, dt_x, dt_w, dt_b, vec, rms; };\n"
     "template <typename T> __device__ T hir_block_sum(T v, T *part) {\n" /* every thread gets the block's sum */
     "  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
     "  if (blockDim.x > 32) {\n"
@@ -10201,8 +10242,8 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "  for (i64 r = blockIdx.x; r < a.rows; r += gridDim.x) {\n"
     "    i64 base = r * a.cols;\n"
     "    T s = 0, q = 0;\n"
-    "    for (i64 c = threadIdx.x; c < a.cols; c += blockDim.x) s += hir_ld<T>(a.x, a.dt_x, base + c);\n"
-    "    T mean = hir_block_sum<T>(s, part) / (T)a.cols;\n"
+    "    for (i64 c = threadIdx.x; !a.rms && c < a.cols; c += blockDim.x) s += hir_ld<T>(a.x, a.dt_x, base + c);\n"
+    "    T mean = a.rms ? (T)0 : hir_block_sum<T>(s, part) / (T)a.cols;\n"
     "    for (i64 c = threadIdx.x; c < a.cols; c += blockDim.x) { T d = hir_ld<T>(a.x, a.dt_x, base + c) - mean; q += d * d; }\n"
     "    T rstd = (T)1 / sqrt(hir_block_sum<T>(q, part) / (T)a.cols + (T)a.eps);\n"
     "    for (i64 c = threadIdx.x; c < a.cols; c += blockDim.x) {\n"
@@ -10230,7 +10271,7 @@ static const char *const hir__map_entries[HIR__MAP_KERNELS] = {
     "        for (int j = 0; j < L::E; j++) s += L::get(v[k], j);\n"
     "      }\n"
     "    }\n"
-    "    float mean = hir_block_sum<float>(s, part) / (float)a.cols;\n"
+    "    float mean = a.rms ? 0.f : hir_block_sum<float>(s, part) / (float)a.cols;\n"
     "#pragma unroll\n"
     "    for (int k = 0; k < 4; k++)\n"
     "      if (threadIdx.x + (i64)k * blockDim.x < nvec)\n"
@@ -10439,7 +10480,7 @@ typedef struct hir__ln_args { /* hir_ln_args of the kernel source, field for fie
   const void *x, *w, *b;
   int64_t rows, cols;
   double eps;
-  int dt_dst, dt_x, dt_w, dt_b, vec;
+  int dt_dst, dt_x, dt_w, dt_b, vec, rms;
 } hir__ln_args;
 typedef struct hir__rows_args { /* hir_rows_args of the kernel source, field for field */
   void *dst;
@@ -10824,8 +10865,9 @@ static hir_status hir__cuda_moe_index(hir_backend *b, void *stream, int step, co
   return hir__cuda_launch(b, stream, HIR__MOE, &args, tokens, "MoE");
 }
 
-static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *x,
-                                      const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps) {
+/* layer_norm (center) or rms_norm: a block a row. */
+static hir_status hir__cuda_norm(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *x, const hir_tensor *weight,
+                                 const hir_tensor *bias, int naxes, double eps, int center) {
   hir__cuda *c = (hir__cuda *)b->ctx;
   hir__ln_args args;
   void *argv[1];
@@ -10842,6 +10884,7 @@ static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_t
   args.w = weight ? weight->data : NULL, args.b = bias ? bias->data : NULL;
   args.dt_dst = (int)dst->dtype, args.dt_x = (int)x->dtype;
   args.dt_w = weight ? (int)weight->dtype : 0, args.dt_b = bias ? (int)bias->dtype : 0;
+  args.rms = !center;
   per = x->dtype == HIR_F32 ? 4 : 8; /* values in a 16-byte vector */
   args.vec = x->dtype == dst->dtype && x->dtype != HIR_F64 && x->dtype <= HIR_BF16 && cols % per == 0 && cols / per <= 4 * 256 &&
              (!weight || weight->dtype == x->dtype) && (!bias || bias->dtype == x->dtype) &&
@@ -10852,8 +10895,18 @@ static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_t
   grid.x = (unsigned)(args.rows < (1 << 20) ? args.rows : (1 << 20)), grid.y = grid.z = 1;
   block.x = threads, block.y = block.z = 1;
   e = cudaLaunchKernel((const void *)c->map_kernel[HIR__LAYER_NORM], grid, block, argv, 0, stream ? (cudaStream_t)stream : c->caller);
-  if (e != cudaSuccess) return hir__cuda_fail(b, "cudaLaunchKernel (layer_norm)", cudaGetErrorString(e), __FILE__, __LINE__);
+  if (e != cudaSuccess)
+    return hir__cuda_fail(b, center ? "cudaLaunchKernel (layer_norm)" : "cudaLaunchKernel (rms_norm)", cudaGetErrorString(e), __FILE__,
+                          __LINE__);
   return HIR_OK;
+}
+static hir_status hir__cuda_layer_norm(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *x,
+                                      const hir_tensor *weight, const hir_tensor *bias, int naxes, double eps) {
+  return hir__cuda_norm(b, stream, dst, x, weight, bias, naxes, eps, 1);
+}
+static hir_status hir__cuda_rms_norm(hir_backend *b, void *stream, const hir_tensor *dst, const hir_tensor *x,
+                                    const hir_tensor *weight, int naxes, double eps) {
+  return hir__cuda_norm(b, stream, dst, x, weight, NULL, naxes, eps, 0);
 }
 
 /* dst <- src of [B,] R, C (collapsed) where src's R and dst's C have unit stride: 32 x 32 tiles by the NVRTC
@@ -11682,6 +11735,7 @@ HIRDEF hir_status hir_backend_cuda_open(int device, hir_backend **out, char *err
   b->matmul_bias = hir__cuda_matmul_bias;
   b->matmul_scaled = hir__cuda_matmul_scaled;
   b->layer_norm = hir__cuda_layer_norm;
+  b->rms_norm = hir__cuda_rms_norm;
   b->rand = hir__cuda_rand;
   b->upload = hir__cuda_upload;
   b->download = hir__cuda_download;
@@ -12083,6 +12137,26 @@ static hir_status hir__lw_scatter(hir_comm *c, void *t, const void *s, void *r, 
   (void)st;
   return hir__lw_collective(c, t, HIR__LW_SCATTER, s, r, 0, HIR_F32, root, bytes);
 }
+/* hir_comm.allreduce_rms_norm on host memory: the all-reduce into h, then
+   the add and the norm as the CPU backend's ops run them (the same
+   rounding, so the numbers are those of the three apart). */
+static hir_status hir__lw_allreduce_rms_norm(hir_comm *c, void *t, const void *send, const void *residual, const void *weight,
+                                             void *h, void *out, size_t rows, size_t cols, hir_dtype dt, double eps, void *st) {
+  hir_tensor hv, ov, wv;
+  size_t i;
+  hir_status s;
+  if (dt != HIR_F32 && dt != HIR_F64 && dt != HIR_F16 && dt != HIR_BF16) return HIR_ERR_UNSUPPORTED;
+  if ((s = hir__lw_allreduce(c, t, send, h, rows * cols, dt, st)) != HIR_OK) return s;
+  for (i = 0; i < rows * cols; i++) hir__store(h, dt, (int64_t)i, hir__load(h, dt, (int64_t)i) + hir__load(residual, dt, (int64_t)i));
+  memset(&hv, 0, sizeof hv);
+  hv.dtype = dt, hv.ndims = 2, hv.sizes[0] = (int64_t)rows, hv.sizes[1] = (int64_t)cols, hv.data = h;
+  hir__contiguous_strides(&hv);
+  ov = hv, ov.data = out;
+  wv = hv, wv.ndims = 1, wv.sizes[0] = (int64_t)cols, wv.data = (void *)(uintptr_t)weight;
+  hir__contiguous_strides(&wv);
+  hir__cpu_norm(&ov, &hv, weight ? &wv : NULL, NULL, 1, eps, 0);
+  return HIR_OK;
+}
 
 /* Mailboxes (mu held): post a send; take the oldest post from src to dst. */
 static int hir__lw_post_send(hir_local_world *w, hir__lw_post *post) {
@@ -12266,6 +12340,7 @@ HIRDEF hir_local_world *hir_local_world_create(int nranks) {
     c->team = hir__lw_make_team;
     c->allgather = hir__lw_allgather;
     c->allreduce = hir__lw_allreduce;
+    c->allreduce_rms_norm = hir__lw_allreduce_rms_norm;
     c->reduce_scatter = hir__lw_reduce_scatter;
     c->reduce = hir__lw_reduce;
     c->broadcast = hir__lw_broadcast;
@@ -14073,6 +14148,14 @@ static hir__span *hir__gpu_span_begin(hir_evaluator *ev, const hir_expr *e) {
 
 /* How many exprs of the program name tv (reads and writes; Allocate and
    Deallocate do not count). */
+/* Whether tv is one of the program's outputs. */
+static int hir__is_output(const hir_program *p, const hir_tv *tv) {
+  int i;
+  for (i = 0; i < p->ir.outputs.n; i++)
+    if (p->ir.outputs.items[i] == (const void *)tv) return 1;
+  return 0;
+}
+
 static int hir__mentions(const hir_scope *s, const hir_tv *tv) {
   int i, k, n = 0;
   for (i = 0; i < s->exprs.n; i++) {
@@ -14140,8 +14223,7 @@ static int hir__composite_run(const hir_program *p, const hir_scope *s, int from
       int q, inside = 0;
       if ((hir__ops[e->kind].flags & HIR__OP_BUFFER) || hir__unit_at(e, k)->composite_role == HIR__ROLE_OUT)
         continue;
-      for (q = 0; q < p->ir.outputs.n; q++)
-        if (p->ir.outputs.items[q] == (const void *)t) return -1;
+      if (hir__is_output(p, t)) return -1;
       for (q = from; q <= end; q++) { /* mentions in the run: its scope's exprs (a unit's ins and outs) */
         const hir_expr *x = (const hir_expr *)s->exprs.items[q];
         int m;
@@ -14161,6 +14243,10 @@ static int hir__composite_run(const hir_program *p, const hir_scope *s, int from
 typedef struct hir__fused_run {
   const hir_expr *x;               /* the expr reading x (its input 0); NULL: no run starts here */
   const hir_tv *weight, *bias, *out;
+  const hir_expr *allreduce, *add; /* a run from an Allreduce whose sum `add` adds to `residual`, giving the
+                                      rms_norm's x (hir_comm.allreduce_rms_norm); NULL: the norm alone */
+  const hir_tv *residual;
+  int center;                      /* 1: layer_norm (the mean taken out); 0: rms_norm */
   int span;                        /* the run's exprs after its first, Deallocates and Allocates included */
   int nred;                        /* the normalized axes: x's last */
   double eps;
@@ -14180,6 +14266,7 @@ static void hir__describe_run(const hir_scope *s, int from, int end, hir__fused_
       if (u->composite_role == HIR__ROLE_X) run->x = u;
       if (u->composite_role == HIR__ROLE_EPS) run->eps = u->scalar;
       if (u->composite_role == HIR__ROLE_OUT) run->out = u->out[0];
+      if (u->composite_role == HIR__ROLE_CENTER) run->center = 1;
       if (u->kind == HIR_EXPR_REDUCTION && !run->nred) /* the first mean's sum: the normalized axes, x's last */
         for (m = u->out[0]->ndims - 1; m >= 0 && u->out[0]->ids[m]->iter == HIR_REDUCTION; m--) run->nred++;
       if (u->composite_role == HIR__ROLE_WEIGHT || u->composite_role == HIR__ROLE_BIAS)
@@ -14196,13 +14283,56 @@ static void hir__describe_run(const hir_scope *s, int from, int end, hir__fused_
    on the views its primitives would read and write, then the run's
    Deallocates; *at moves to its last expr. Where the views are not dense,
    or the backend declines, the first expr runs as usual (the rest follow). */
+/* An Allreduce, its residual add and an rms_norm from s's expr *at as one
+   call of the communicator (hir__find_allreduce_norm), on dense copies
+   where the views are not, then the run's Deallocates; *at moves to its
+   last expr. Where the communicator declines, the Allreduce runs as usual
+   (the rest follow). */
+static int hir__exec_allreduce_norm(hir_evaluator *ev, const hir_scope *s, int *at) {
+  const hir_expr *e = (const hir_expr *)s->exprs.items[*at];
+  const hir__fused_run *run = &ev->fused[e->name];
+  const hir_tensor *t[5];
+  hir_tensor d[5];
+  const hir_expr *slot_of[5];
+  int64_t cols = 1, rows;
+  int k;
+  hir_status st;
+  slot_of[0] = e, slot_of[1] = run->add, slot_of[2] = run->x, slot_of[3] = run->add, slot_of[4] = run->x;
+  if (!(t[0] = hir__get(ev, e->in[0], e)) || !(t[1] = hir__get(ev, run->residual, run->add)) ||
+      (run->weight && !(t[2] = hir__get(ev, run->weight, run->x))) || !(t[3] = hir__get_out(ev, run->add->out[0])) ||
+      !(t[4] = hir__get_out(ev, run->out)))
+    return 0;
+  if (!run->weight) t[2] = NULL;
+  for (k = t[3]->ndims - run->nred; k < t[3]->ndims && k >= 0; k++) cols *= t[3]->sizes[k];
+  rows = cols ? hir__numel(t[3]->ndims, t[3]->sizes) / cols : 0;
+  for (k = 0; k < 5; k++) /* one shape: the program's (every rank's alike); else the three apart */
+    if (t[k] && hir__numel(t[k]->ndims, t[k]->sizes) != (k == 2 ? cols : rows * cols)) return hir__exec(ev, e);
+  for (k = 0; k < 5; k++) /* staged through the slots of exprs the call stands for (the sizes match: the program checked them) */
+    if (t[k] && !hir__contiguous_buffer(ev, t[k], slot_of[k], k < 3, &d[k])) return 0;
+  ev->started_comm = 1;
+  hir__comm_what(ev, e->in[0], t[0]);
+  st = ev->comm->allreduce_rms_norm(ev->comm, ev->team[e->name], d[0].data, d[1].data, t[2] ? d[2].data : NULL, d[3].data, d[4].data,
+                                    (size_t)rows, (size_t)cols, t[3]->dtype, run->eps, ev->current);
+  if (st == HIR_ERR_UNSUPPORTED) return hir__exec(ev, e);
+  if (st != HIR_OK) return hir__ev_fail(ev, st, "hir_run: %s %d (with the add and rms_norm after it): %s", hir__ops[e->kind].name,
+                                        e->name, ev->comm->error);
+  for (k = 3; k < 5; k++)
+    if (d[k].data != t[k]->data && !hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, t[k], &d[k]), e)) return 0;
+  for (k = *at + 1; k <= *at + run->span; k++)
+    if (((const hir_expr *)s->exprs.items[k])->kind == HIR_EXPR_DEALLOCATE && !hir__exec(ev, (const hir_expr *)s->exprs.items[k]))
+      return 0;
+  *at += run->span;
+  return 1;
+}
+
 static int hir__exec_fused(hir_evaluator *ev, const hir_scope *s, int *at) {
   const hir_expr *first = (const hir_expr *)s->exprs.items[*at];
   const hir__fused_run *run = &ev->fused[first->name];
   const hir_tensor *xv, *ov, *w = NULL, *bias = NULL;
   int i, k, dense;
   int64_t cols = 1;
-  hir_status st;
+  hir_status st = HIR_ERR_UNSUPPORTED;
+  if (run->allreduce) return hir__exec_allreduce_norm(ev, s, at);
   if (!(xv = hir__get(ev, run->x->in[0], run->x)) || !(ov = hir__get_out(ev, run->out)) ||
       (run->weight && !(w = hir__get(ev, run->weight, run->x))) || (run->bias && !(bias = hir__get(ev, run->bias, run->x))))
     return 0;
@@ -14211,8 +14341,10 @@ static int hir__exec_fused(hir_evaluator *ev, const hir_scope *s, int *at) {
           !memcmp(ov->sizes, xv->sizes, (size_t)xv->ndims * sizeof(int64_t));
   dense = dense && (!w || (hir__is_contiguous(w) && hir__numel(w->ndims, w->sizes) == cols));
   dense = dense && (!bias || (hir__is_contiguous(bias) && hir__numel(bias->ndims, bias->sizes) == cols));
-  if (!dense || (st = ev->b->layer_norm(ev->b, ev->current, ov, xv, w, bias, run->nred, run->eps)) == HIR_ERR_UNSUPPORTED)
-    return hir__exec(ev, first);
+  if (dense)
+    st = run->center ? ev->b->layer_norm(ev->b, ev->current, ov, xv, w, bias, run->nred, run->eps)
+                     : ev->b->rms_norm(ev->b, ev->current, ov, xv, w, run->nred, run->eps);
+  if (!dense || st == HIR_ERR_UNSUPPORTED) return hir__exec(ev, first);
   if (!hir__ev_backend(ev, st, first)) return 0;
   for (i = *at + 1; i < *at + run->span; i++)
     if (((const hir_expr *)s->exprs.items[i])->kind == HIR_EXPR_DEALLOCATE && !hir__exec(ev, (const hir_expr *)s->exprs.items[i]))
@@ -14230,7 +14362,8 @@ static int hir__exec_scope(hir_evaluator *ev, const hir_scope *s) {
     hir__span *gpu = NULL;
     int ok;
     if (ev->recording && ev->gpu_spans && !(gpu = hir__gpu_span_begin(ev, e)) && ev->status != HIR_OK) return 0;
-    HIR__RANGE_PUSH(ev->fused[e->name].x ? "LayerNorm" : hir__ops[e->kind].name);
+    HIR__RANGE_PUSH(!ev->fused[e->name].x ? hir__ops[e->kind].name : ev->fused[e->name].allreduce ? "AllreduceRMSNorm"
+                    : ev->fused[e->name].center ? "LayerNorm" : "RMSNorm");
     ok = ev->fused[e->name].x ? hir__exec_fused(ev, s, &i) : hir__exec(ev, e);
     HIR__RANGE_POP();
     if (!ok) return 0;
@@ -14305,18 +14438,16 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
    The plan says so. */
 static void hir__find_epilogues(hir_evaluator *ev, const hir_scope *s) {
   hir_program *p = (hir_program *)ev->p; /* the plan is the program's note to its reader */
-  int i, k;
+  int i;
   for (i = 0; i < s->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i], *u = i + 1 < s->exprs.n ? (const hir_expr *)s->exprs.items[i + 1] : NULL;
-    int output = 0;
     hir__find_epilogues(ev, &e->body);
     hir__find_epilogues(ev, &e->orelse);
     if (e->kind != HIR_EXPR_MATMUL || !(e->flags & HIR__MATMUL_LINEAR) || e->nin != 3 || !u || u->kind != HIR_EXPR_UNARY ||
         (u->sub != HIR_UNARY_RELU && u->sub != HIR_UNARY_GELU_TANH) || u->val || u->in[0] != e->out[0] ||
         u->out[0]->dtype != e->out[0]->dtype)
       continue;
-    for (k = 0; k < p->ir.outputs.n; k++) output |= p->ir.outputs.items[k] == (void *)e->out[0];
-    if (output || hir__mentions(&p->top, e->out[0]) != 2) continue;
+    if (hir__is_output(p, e->out[0]) || hir__mentions(&p->top, e->out[0]) != 2) continue;
     ev->epilogue[e->name] = u;
     ev->epilogue[u->name] = e;
     if (!strstr(p->plan, "epilogue")) {
@@ -14327,13 +14458,14 @@ static void hir__find_epilogues(hir_evaluator *ev, const hir_scope *s) {
   }
 }
 
-/* Composites (hir_layer_norm's primitives) the backend runs in one call
-   (hir_backend.layer_norm), where their run is whole and alone
+/* Composites (hir_layer_norm's and hir_rms_norm's primitives) the backend
+   runs in one call (hir_backend.layer_norm, rms_norm), where their run is whole and alone
    (hir__composite_run): the first expr's entry describes the run. Elsewhere
    (a normalized axis sharded, say: a collective among them) the
    primitives run. The plan says so. */
 static void hir__find_fused(hir_evaluator *ev, const hir_scope *s) {
   hir_program *p = (hir_program *)ev->p; /* the plan is the program's note to its reader */
+  hir__fused_run run;
   int i, k, end;
   for (i = 0; i < s->exprs.n; i++) {
     const hir_expr *e = (const hir_expr *)s->exprs.items[i], *x = NULL;
@@ -14341,14 +14473,68 @@ static void hir__find_fused(hir_evaluator *ev, const hir_scope *s) {
     hir__find_fused(ev, &e->orelse);
     for (k = 0; k < hir__unit_size(e); k++)
       if (hir__unit_at(e, k)->composite_role == HIR__ROLE_X) x = hir__unit_at(e, k);
-    if (!x || !ev->b->layer_norm || (end = hir__composite_run(p, s, i, x->composite)) < 0) continue;
-    hir__describe_run(s, i, end, &ev->fused[e->name]);
+    if (!x || (end = hir__composite_run(p, s, i, x->composite)) < 0) continue;
+    hir__describe_run(s, i, end, &run);
+    if (!(run.center ? ev->b->layer_norm != NULL : ev->b->rms_norm != NULL)) continue;
+    ev->fused[e->name] = run;
     if (!strstr(p->plan, "fused:")) {
       size_t n = strlen(p->plan);
-      snprintf(p->plan + n, sizeof p->plan - n, "%sfused: the layer_norm of T%d in one call (%s)", n ? "; " : "", x->in[0]->name,
-               ev->b->name);
+      snprintf(p->plan + n, sizeof p->plan - n, "%sfused: the %s of T%d in one call (%s)", n ? "; " : "",
+               run.center ? "layer_norm" : "rms_norm", x->in[0]->name, ev->b->name);
     }
     i = end;
+  }
+}
+
+/* An Allreduce whose sum only an add reads, with a residual of its dtype,
+   the add's output then the x of an rms_norm the backend runs in one call
+   (hir__find_fused), nothing but a Wait and Deallocates between: the
+   communicator runs the three in one call where it offers to
+   (hir_comm.allreduce_rms_norm), the entry of the Allreduce describing
+   them. The plan says so. */
+static void hir__find_allreduce_norm(hir_evaluator *ev, const hir_scope *s) {
+  hir_program *p = (hir_program *)ev->p; /* the plan is the program's note to its reader */
+  int i, j, k, alike;
+  for (i = 0; i < s->exprs.n; i++) {
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i], *u = NULL, *x;
+    const hir_tv *y;
+    hir__fused_run *run;
+    hir__find_allreduce_norm(ev, &e->body);
+    hir__find_allreduce_norm(ev, &e->orelse);
+    if (!ev->comm || !ev->comm->allreduce_rms_norm || e->kind != HIR_EXPR_COMMUNICATION || e->sub != HIR_COLL_ALLREDUCE ||
+        !ev->team[e->name])
+      continue;
+    y = e->out[0];
+    for (j = i + 1; j < s->exprs.n; j++) { /* past the Wait and Deallocates, the add */
+      const hir_expr *n = (const hir_expr *)s->exprs.items[j];
+      if (n->kind == HIR_EXPR_DEALLOCATE || (n->kind == HIR_EXPR_WAIT && n->target == e)) continue;
+      if (n->kind == HIR_EXPR_BINARY && n->sub == HIR_BINARY_ADD && (n->in[0] == y) != (n->in[1] == y) &&
+          n->in[n->in[0] == y]->dtype == y->dtype && n->out[0]->dtype == y->dtype)
+        u = n;
+      break;
+    }
+    for (k = j + 1; u && k < s->exprs.n && ((const hir_expr *)s->exprs.items[k])->kind == HIR_EXPR_DEALLOCATE; k++) {}
+    if (!u || k >= s->exprs.n || !(x = ev->fused[((const hir_expr *)s->exprs.items[k])->name].x) ||
+        ev->fused[((const hir_expr *)s->exprs.items[k])->name].center || ev->fused[((const hir_expr *)s->exprs.items[k])->name].allreduce ||
+        x->in[0] != u->out[0] || hir__mentions(&p->top, y) != 2 || hir__is_output(p, y))
+      continue;
+    run = &ev->fused[e->name];
+    *run = ev->fused[((const hir_expr *)s->exprs.items[k])->name];
+    run->allreduce = e, run->add = u, run->residual = u->in[u->in[0] == y];
+    for (j = 0, alike = !run->weight || run->weight->dtype == y->dtype; alike && j < e->team_size; j++) /* every member decides so */
+      alike = hir__in_mesh(u->out[0], e->team[j]) && hir__in_mesh(run->out, e->team[j]) && hir__in_mesh(run->residual, e->team[j]) &&
+              (!run->weight || hir__in_mesh(run->weight, e->team[j]));
+    if (!alike) {
+      memset(run, 0, sizeof *run);
+      continue;
+    }
+    run->span += k - i;
+    {
+      size_t n = strlen(p->plan);
+      snprintf(p->plan + n, sizeof p->plan - n, "%sfused: %s %d, the add of T%d and the rms_norm after it in one call of the "
+               "communicator where it takes them", n ? "; " : "", hir__ops[e->kind].name, e->name, run->residual->name);
+    }
+    i += run->span;
   }
 }
 
@@ -14479,6 +14665,7 @@ static hir_status hir__evaluator_create(hir_evaluator *ev, const hir_program *p,
   hir__walk(&p->top, hir__setup_expr, ev);
   hir__find_epilogues(ev, &p->top);
   hir__find_fused(ev, &p->top);
+  hir__find_allreduce_norm(ev, &p->top);
   hir__permutes_into(ev); /* after the epilogues: a fused op writes no strides */
   return ev->status;
 }

@@ -1667,6 +1667,8 @@ enum {
   HIR_NCCL__KC_CLASSES = 11          /* sizes the choice is made for (hir_nccl__kc_class_bytes) */
 };
 enum { HIR_NCCL__AR_ONE, HIR_NCCL__AR_TWO, HIR_NCCL__RS, HIR_NCCL__AG, HIR_NCCL__KC_KINDS };
+/* The kernels: those of the kinds, then the all-reduce's with the rms_norm after it (hir_comm.allreduce_rms_norm). */
+enum { HIR_NCCL__AR_RMS_ONE = HIR_NCCL__KC_KINDS, HIR_NCCL__AR_RMS_TWO, HIR_NCCL__KC_KERNELS };
 /* The sizes (bytes: an all-reduce's buffer, a reduce-scatter's input, an
    all-gather's output) the path is chosen for; a call takes the choice of
    the smallest not under its size (the last past them). */
@@ -1683,6 +1685,10 @@ typedef struct hir_nccl__kargs {
   const unsigned *stop;
   unsigned *error;
   int n, me;
+  const void *residual, *weight;
+  void *h;
+  unsigned long long cols;
+  double eps;
 } hir_nccl__kargs;
 
 typedef struct hir_nccl__kc {
@@ -1692,7 +1698,7 @@ typedef struct hir_nccl__kc {
   unsigned char *ws[HIR_NCCL__KC_RANKS]; /* every rank's, as mapped here; [me] is `mine` */
   int opened[HIR_NCCL__KC_RANKS];    /* mapped by cudaIpcOpenMemHandle (processes) */
   void *library;                     /* cudaLibrary_t; NULL where borrowed from the world's (a team's) */
-  cudaKernel_t kernel[HIR_NCCL__KC_KINDS][3]; /* by dtype: f32, f16, bf16 (all-gather: [0], bytes) */
+  cudaKernel_t kernel[HIR_NCCL__KC_KERNELS][3]; /* by dtype: f32, f16, bf16 (all-gather: [0], bytes) */
   cudaKernel_t fill;                 /* hir_fill_sentinel: a new workspace's halves */
   const unsigned *stop;              /* device addresses of the host block's words */
   unsigned *error;
@@ -1729,6 +1735,10 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "  const unsigned *stop;           /* host memory: nonzero once a rank of the host aborted */\n"
     "  unsigned *error;                /* host memory: 1 this rank's kernel passed its deadline, 2 it was stopped */\n"
     "  int n, me;\n"
+    "  const unsigned char *res, *wt;  /* the all-reduce's rms_norm after it: the residual, the weight (or NULL) */\n"
+    "  unsigned char *h;               /* where h = sum + residual goes */\n"
+    "  u64 cols;                       /* elements a row */\n"
+    "  double eps;\n"
     "};\n"
     "\n"
     "__device__ __forceinline__ unsigned hir_ld_acquire(const unsigned *p) {\n"
@@ -2116,6 +2126,85 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "  hir_end(a, seq);\n"
     "}\n"
     "\n"
+    "/* The all-reduce then, row by row, h = sum + residual and out = h *\n"
+    "   rsqrt(mean(h^2) + eps) * weight (a.h, a.out; a.res, a.wt; rows of\n"
+    "   a.cols, whole 16-byte vectors): whole rows to a block, every gridDim.x-th\n"
+    "   from blockIdx.x, pushes and sums alike, so a block meets (f32) the\n"
+    "   namesakes that pushed its rows. One shot: every rank sums every row;\n"
+    "   two shots: rank s the rows of segment s, whose h and out it pushes to\n"
+    "   every rank's gathered region (h, then out a segment's bytes after).\n"
+    "   The sum is rounded to the dtype before the add and h before the norm,\n"
+    "   as the ops apart round them. */\n"
+    "__device__ float hir_block_sum(float v, float *part) {\n"
+    "  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "  __syncthreads();\n"
+    "  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;\n"
+    "  __syncthreads();\n"
+    "  v = (threadIdx.x & 31) < blockDim.x / 32 ? part[threadIdx.x & 31] : 0.f;\n"
+    "  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "  return v;\n"
+    "}\n",
+    "template <int K, bool LANDING, bool TWO> __device__ void hir_allreduce_rms(const hir_coll_args &a) {\n"
+    "  typedef hir_lanes<K> L;\n"
+    "  __shared__ unsigned seq_s;\n"
+    "  __shared__ hir_wait w;\n"
+    "  __shared__ float part[32];\n"
+    "  const int es = L::ES;\n"
+    "  u64 row = a.cols * es, nvec = row / 16, total = a.count * es, rows = a.count / a.cols;\n"
+    "  u64 per = TWO ? (rows + a.n - 1) / a.n : rows, seg = per * row;\n"
+    "  unsigned seq = hir_begin(a, &seq_s, &w);\n"
+    "  for (int i = 1; i < (TWO ? a.n : 2); i++) { /* one shot: our rows to every peer; two: segment s's to rank s */\n"
+    "    int s = (a.me + i) % a.n;\n"
+    "    u64 lo = TWO ? s * seg : 0, len = lo < total ? (total - lo < seg ? total - lo : seg) : 0;\n"
+    "    for (u64 j = blockIdx.x; j * row < len; j += gridDim.x)\n"
+    "      hir_push<LANDING>(a.in + lo, len, j * nvec, (j + 1) * nvec, es, a, [&](int p) {\n"
+    "        return (TWO ? p == s : p != a.me) ? hir_slot(a, p, a.me, seq, 0) : (unsigned char *)0;\n"
+    "      });\n"
+    "  }\n"
+    "  if (!LANDING && !hir_meet(a, 0, seq, &w)) return;\n"
+    "  u64 lo = TWO ? a.me * seg : 0, len = lo < total ? (total - lo < seg ? total - lo : seg) : 0;\n"
+    "  for (u64 j = blockIdx.x; j * row < len; j += gridDim.x) {\n"
+    "    float sq = 0.f;\n"
+    "    hir_reduce<K, LANDING>(a, seq, j * nvec, (j + 1) * nvec, a.in + lo, len, &w, [&](u64 v, const uint4 &sum) {\n"
+    "      float x[L::N];\n"
+    "      for (int q = 0; q < L::N; q++) x[q] = 0.f;\n"
+    "      L::add(x, sum);\n"
+    "      L::add(x, hir_load(a.res + lo + v * 16, 16, es));\n"
+    "      uint4 h = L::pack(x);\n"
+    "      if (LANDING) h = hir_unneg(h);\n"
+    "      for (int q = 0; q < L::N; q++) x[q] = 0.f;\n"
+    "      L::add(x, h);\n"
+    "      for (int q = 0; q < L::N; q++) sq += x[q] * x[q];\n"
+    "      hir_store(a.h + lo + v * 16, h, 16, es);\n"
+    "      for (int i = 1; TWO && i < a.n; i++) *(uint4 *)(hir_slot(a, (a.me + i) % a.n, a.me, seq, 1) + v * 16) = h;\n"
+    "    });\n"
+    "    float rstd = rsqrtf(hir_block_sum(sq, part) / (float)a.cols + (float)a.eps);\n" /* its barriers: every thread's h written, any failure seen */
+    "    if (*(volatile int *)&w.failed) return;\n"
+    "    for (u64 v = j * nvec + threadIdx.x; v < (j + 1) * nvec; v += blockDim.x) {\n"
+    "      float x[L::N], g[L::N];\n"
+    "      for (int q = 0; q < L::N; q++) x[q] = g[q] = 0.f;\n"
+    "      L::add(x, hir_load(a.h + lo + v * 16, 16, es));\n"
+    "      if (a.wt) L::add(g, hir_load(a.wt + (v - j * nvec) * 16, 16, es));\n"
+    "      for (int q = 0; q < L::N; q++) x[q] = a.wt ? x[q] * rstd * g[q] : x[q] * rstd;\n"
+    "      uint4 o = L::pack(x);\n"
+    "      if (LANDING) o = hir_unneg(o);\n"
+    "      hir_store(a.out + lo + v * 16, o, 16, es);\n"
+    "      for (int i = 1; TWO && i < a.n; i++) *(uint4 *)(hir_slot(a, (a.me + i) % a.n, a.me, seq, 1) + seg + v * 16) = o;\n"
+    "    }\n"
+    "  }\n"
+    "  if (TWO) {\n"
+    "    if (!LANDING && !hir_meet(a, 1, seq, &w)) return;\n"
+    "    for (int s = 0; s < a.n; s++) {\n"
+    "      u64 at = s * seg, n = at < total ? (total - at < seg ? total - at : seg) : 0;\n"
+    "      unsigned char *from = hir_slot(a, a.me, s, seq, 1);\n"
+    "      for (u64 j = blockIdx.x; s != a.me && j * row < n; j += gridDim.x)\n"
+    "        if (!hir_copy_out<LANDING>(a, a.h + at, from, n, j * nvec, (j + 1) * nvec, es, &w) ||\n"
+    "            !hir_copy_out<LANDING>(a, a.out + at, from + seg, n, j * nvec, (j + 1) * nvec, es, &w))\n"
+    "          return;\n"
+    "    }\n"
+    "  }\n"
+    "  hir_end(a, seq);\n"
+    "}\n",
     "/* The workspace's halves at their start: the sentinel everywhere. */\n"
     "extern \"C\" __global__ void hir_fill_sentinel(unsigned char *p, u64 vectors) {\n"
     "  for (u64 v = blockIdx.x * (u64)blockDim.x + threadIdx.x; v < vectors; v += (u64)gridDim.x * blockDim.x) hir_clear(p + v * 16);\n"
@@ -2131,7 +2220,13 @@ static const char *const hir_nccl__kc_source[] = { /* pieces under C's 4095-char
     "HIR_COLL(hir_reduce_scatter_f32, (hir_reduce_scatter<0, false>(a)))\n"
     "HIR_COLL(hir_reduce_scatter_f16, (hir_reduce_scatter<1, true>(a)))\n"
     "HIR_COLL(hir_reduce_scatter_bf16, (hir_reduce_scatter<2, true>(a)))\n"
-    "HIR_COLL(hir_allgather_bytes, hir_allgather(a))\n"};
+    "HIR_COLL(hir_allgather_bytes, hir_allgather(a))\n"
+    "HIR_COLL(hir_allreduce_rms_one_f32, (hir_allreduce_rms<0, false, false>(a)))\n"
+    "HIR_COLL(hir_allreduce_rms_one_f16, (hir_allreduce_rms<1, true, false>(a)))\n"
+    "HIR_COLL(hir_allreduce_rms_one_bf16, (hir_allreduce_rms<2, true, false>(a)))\n"
+    "HIR_COLL(hir_allreduce_rms_two_f32, (hir_allreduce_rms<0, false, true>(a)))\n"
+    "HIR_COLL(hir_allreduce_rms_two_f16, (hir_allreduce_rms<1, true, true>(a)))\n"
+    "HIR_COLL(hir_allreduce_rms_two_bf16, (hir_allreduce_rms<2, true, true>(a)))\n"};
 
 static char *hir_nccl__kc_text(void) {
   size_t i, n = 1;
@@ -2166,8 +2261,9 @@ static int hir_nccl__kc_workspace(hir_nccl__kc *kc, char *err, size_t cap) {
 
 /* This rank's part of the setup: the kernels, and a workspace. */
 static int hir_nccl__kc_prepare(hir_nccl__kc *kc, int device, char *err, size_t cap) {
-  static const char *const kinds[HIR_NCCL__KC_KINDS] = {"hir_allreduce_one_", "hir_allreduce_two_", "hir_reduce_scatter_",
-                                                         "hir_allgather_bytes"};
+  static const char *const kinds[HIR_NCCL__KC_KERNELS + 1] = {"hir_allreduce_one_", "hir_allreduce_two_", "hir_reduce_scatter_",
+                                                               "hir_allgather_bytes", "hir_allreduce_rms_one_", "hir_allreduce_rms_two_",
+                                                               "hir_fill_sentinel"};
   static const char *const types[3] = {"f32", "f16", "bf16"};
   char *text = hir_nccl__kc_text(), name[64];
   hir_status s;
@@ -2179,10 +2275,11 @@ static int hir_nccl__kc_prepare(hir_nccl__kc *kc, int device, char *err, size_t 
   s = hir_cuda_library_load(device, text, "hostir_nccl's collectives", &kc->library, err, cap);
   free(text);
   if (s != HIR_OK) return 0;
-  for (k = 0; k <= HIR_NCCL__KC_KINDS; k++)
-    for (t = 0; t < (k >= HIR_NCCL__AG ? 1 : 3); t++) {
-      snprintf(name, sizeof name, "%s%s", k == HIR_NCCL__KC_KINDS ? "hir_fill_sentinel" : kinds[k], k >= HIR_NCCL__AG ? "" : types[t]);
-      if (cudaLibraryGetKernel(k == HIR_NCCL__KC_KINDS ? &kc->fill : &kc->kernel[k][t], (cudaLibrary_t)kc->library, name) !=
+  for (k = 0; k <= HIR_NCCL__KC_KERNELS; k++)
+    for (t = 0; t < (k == HIR_NCCL__AG || k == HIR_NCCL__KC_KERNELS ? 1 : 3); t++) {
+      int bytes = k == HIR_NCCL__AG || k == HIR_NCCL__KC_KERNELS;
+      snprintf(name, sizeof name, "%s%s", kinds[k], bytes ? "" : types[t]);
+      if (cudaLibraryGetKernel(k == HIR_NCCL__KC_KERNELS ? &kc->fill : &kc->kernel[k][t], (cudaLibrary_t)kc->library, name) !=
           cudaSuccess) {
         cudaGetLastError();
         snprintf(err, cap, "the collectives' library lacks %s", name);
@@ -2299,6 +2396,36 @@ static hir_status hir_nccl__kc_allreduce(hir_nccl__kc *kc, int two, int ctas, co
     a.timeout_ns = timeout_ns;
     s = hir_nccl__kc_launch(kc, two ? HIR_NCCL__AR_TWO : HIR_NCCL__AR_ONE, dt, &a, two ? seg_vectors : (part * es + 15) / 16,
                             ctas, stream, err, cap);
+  }
+  return s;
+}
+
+/* An all-reduce of `rows` rows of `cols` elements (whole 16-byte vectors)
+   with the rms_norm after it (hir_comm.allreduce_rms_norm): as many whole
+   rows a call as its slots take (one shot: all of them, a slot; two
+   shots: a rank's segment of h and of out, a slot), a block a row. */
+static hir_status hir_nccl__kc_allreduce_rms(hir_nccl__kc *kc, int two, int ctas, const void *send, const void *residual,
+                                             const void *weight, void *h, void *out, size_t rows, size_t cols, hir_dtype dt, double eps,
+                                             unsigned long long timeout_ns, cudaStream_t stream, char *err, size_t cap) {
+  size_t row = cols * hir_dtype_size(dt), slot = hir_nccl__kc_slot(kc->n), most = two ? slot / 2 / row * (size_t)kc->n : slot / row;
+  size_t done, at;
+  hir_status s = HIR_OK;
+  for (done = 0; done < rows && s == HIR_OK; done += most) {
+    hir_nccl__kargs a;
+    size_t part = rows - done < most ? rows - done : most, per = two ? (part + (size_t)kc->n - 1) / (size_t)kc->n : part;
+    memset(&a, 0, sizeof a);
+    at = done * row;
+    a.in = (const unsigned char *)send + at;
+    a.out = (unsigned char *)out + at;
+    a.residual = (const unsigned char *)residual + at;
+    a.weight = weight;
+    a.h = (unsigned char *)h + at;
+    a.count = part * cols;
+    a.cols = cols;
+    a.eps = eps;
+    a.timeout_ns = timeout_ns;
+    s = hir_nccl__kc_launch(kc, two ? HIR_NCCL__AR_RMS_TWO : HIR_NCCL__AR_RMS_ONE, dt, &a, per * HIR_NCCL__KC_THREADS, ctas, stream,
+                            err, cap);
   }
   return s;
 }
@@ -3393,6 +3520,26 @@ static hir_status hir_nccl__allreduce(hir_comm *c, void *team, const void *send,
   return HIR_NCCL__DATA(c, ncclAllReduce(send, recv, count, hir_nccl__type(dt), ncclSum, hir_nccl__data(t), (cudaStream_t)stream));
 }
 
+/* hir_comm.allreduce_rms_norm: on the all-reduce's kernel where it takes
+   one (the same choice, so every rank decides alike) and each row is whole
+   16-byte vectors that fit a slot twice over; else HIR_ERR_UNSUPPORTED. */
+static hir_status hir_nccl__allreduce_rms_norm(hir_comm *c, void *team, const void *send, const void *residual, const void *weight,
+                                               void *h, void *out, size_t rows, size_t cols, hir_dtype dt, double eps, void *stream) {
+  hir_nccl__team *t = (hir_nccl__team *)team;
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  size_t row = cols * hir_dtype_size(dt);
+  hir_status s;
+  int kind, ctas;
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
+  if ((s = hir_nccl__kc_failed(c)) != HIR_OK) return s;
+  if (!rows || !row || row % 16 || (kind = hir_nccl__kc_pick(nc, t, HIR_NCCL__AR_ONE, dt, rows * row, &ctas)) < 0 ||
+      row > hir_nccl__kc_slot(hir_nccl__kc_of(nc, t)->n) / 2)
+    return HIR_ERR_UNSUPPORTED;
+  return hir_nccl__kc_done(c, hir_nccl__kc_allreduce_rms(hir_nccl__kc_of(nc, t), kind == HIR_NCCL__AR_TWO, ctas, send, residual, weight, h,
+                                                         out, rows, cols, dt, eps, hir_nccl__kc_deadline_ns(nc), (cudaStream_t)stream,
+                                                         c->error, sizeof c->error), "an all-reduce kernel with its rms_norm");
+}
+
 static hir_status hir_nccl__reduce_scatter(hir_comm *c, void *team, const void *send, void *recv, size_t count, hir_dtype dt,
                                            void *stream) {
   hir_nccl__team *t = (hir_nccl__team *)team;
@@ -3999,6 +4146,7 @@ static void hir_nccl__init(hir_nccl__rank *nc, int rank, int size, int device) {
   c->collective_path = hir_nccl__collective_path;
   c->collective_choice = hir_nccl__choice_text;
   c->set_collective_choice = hir_nccl__set_choice;
+  c->allreduce_rms_norm = hir_nccl__allreduce_rms_norm;
 }
 
 static void hir_nccl__release(hir_nccl__rank *nc) {

@@ -162,7 +162,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case 3: t = hir_permute(x.f, a, perm); break;
       case 4: t = hir_div(x.f, a, b); break;
       case 5: t = hir_mean(x.f, a, 1 + fz_take(&z, 2), axes); break;
-      case 6: t = hir_layer_norm(x.f, a, fz_take(&z, 3), fz_take(&z, 2) ? b : NULL, NULL, 1e-5); break;
+      case 6:
+        t = fz_take(&z, 2) ? hir_layer_norm(x.f, a, fz_take(&z, 3), fz_take(&z, 2) ? b : NULL, NULL, 1e-5)
+                           : hir_rms_norm(x.f, a, fz_take(&z, 3), fz_take(&z, 2) ? b : NULL, 1e-5);
+        break;
       case 7: t = hir_select(x.f, a, axes[0], fz_take(&z, 4)); break;
       case 8: /* hir_slice's bounds, or Python's (signed, the end, a step) */
         t = fz_take(&z, 2) ? hir_slice(x.f, a, axes[0], fz_take(&z, 3), fz_take(&z, 5) - 1)

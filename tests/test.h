@@ -417,9 +417,9 @@ static int compare(const hir_tensor *got, const hir_tensor *want, double tol, ch
   return 1;
 }
 
-/* A backend's layer_norm calls that succeed, counted (count_layer_norm
-   wraps it; one backend at a time): whether the evaluator ran a layer_norm's
-   primitives as one call. */
+/* A backend's layer_norm and rms_norm calls that succeed, counted
+   (count_layer_norm wraps them; one backend at a time): whether the
+   evaluator ran a norm's primitives as one call. */
 static hir_status (*counted_layer_norm)(hir_backend *, void *, const hir_tensor *, const hir_tensor *, const hir_tensor *,
                                         const hir_tensor *, int, double);
 static int layer_norm_calls;
@@ -429,10 +429,20 @@ static hir_status counting_layer_norm(hir_backend *b, void *s, const hir_tensor 
   layer_norm_calls += st == HIR_OK;
   return st;
 }
-static void count_layer_norm(hir_backend *b) {
+static hir_status (*counted_rms_norm)(hir_backend *, void *, const hir_tensor *, const hir_tensor *, const hir_tensor *, int, double);
+static int rms_norm_calls;
+static hir_status counting_rms_norm(hir_backend *b, void *s, const hir_tensor *d, const hir_tensor *x, const hir_tensor *w, int naxes,
+                                    double eps) {
+  hir_status st = counted_rms_norm(b, s, d, x, w, naxes, eps);
+  rms_norm_calls += st == HIR_OK;
+  return st;
+}
+static void count_layer_norm(hir_backend *b) { /* and its rms_norm */
   counted_layer_norm = b->layer_norm;
   b->layer_norm = counting_layer_norm;
-  layer_norm_calls = 0;
+  counted_rms_norm = b->rms_norm;
+  b->rms_norm = counting_rms_norm;
+  layer_norm_calls = rms_norm_calls = 0;
 }
 
 /* Set by a test around its cases: called on each rank right before each

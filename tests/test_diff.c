@@ -397,20 +397,22 @@ static int diff_spread(const diff_tv *a) {
   return 1;
 }
 
-/* t = hir_layer_norm of a over its last axis, times a weight (one in two:
-   an earlier 1-D tensor of that size, where there is one): the backend's
-   fused call where its primitives stay together, else the primitives (a
-   sharded last axis: a collective among them). */
+/* t = hir_layer_norm of a over its last axis (every other such seed:
+   hir_rms_norm), times a weight (one in two: an earlier 1-D tensor of that
+   size, where there is one): the backend's fused call where its primitives
+   stay together, else the primitives (a sharded last axis: a collective
+   among them). */
 static diff_tv *diff_layer_norm(diff_rng *r, diff_prog *p, diff_tv *a) {
   int64_t C = a->sizes[a->nd - 1], rows = diff_numel(a->nd - 1, a->sizes), m, k;
   diff_tv *w = NULL, *t;
-  int i;
+  int i, rms = p->seed / 11 % 2;
   for (i = 0; i < p->ntv && diff_next(r, 2); i++)
     if (p->t[i].nd == 1 && p->t[i].sizes[0] == C && &p->t[i] != a) w = &p->t[i];
-  t = diff_new(p, hir_layer_norm(p->f, a->tv, 1, w ? w->tv : NULL, NULL, 1e-5), a->nd, a->sizes);
+  t = diff_new(p, rms ? hir_rms_norm(p->f, a->tv, 1, w ? w->tv : NULL, 1e-5) : hir_layer_norm(p->f, a->tv, 1, w ? w->tv : NULL, NULL, 1e-5),
+               a->nd, a->sizes);
   for (m = 0; m < rows; m++) {
     double mean = 0, var = 0;
-    for (k = 0; k < C; k++) mean += a->v[m * C + k] / (double)C;
+    for (k = 0; !rms && k < C; k++) mean += a->v[m * C + k] / (double)C;
     for (k = 0; k < C; k++) var += (a->v[m * C + k] - mean) * (a->v[m * C + k] - mean) / (double)C;
     for (k = 0; k < C; k++) t->v[m * C + k] = (a->v[m * C + k] - mean) / sqrt(var + 1e-5) * (w ? w->v[k] : 1);
   }

@@ -157,16 +157,17 @@ TEST(test_ops_binary_scalar, "ops/binary_scalar", TEST_CPU | TEST_GPU_WORLDS) {
 
 /* layer_norm over the last axes, with weight and bias, in every dtype:
    rows split across devices (no communication), and the normalized axes
-   split (the means become allreduces). Mirrors nvFuser's
+   split (the means become allreduces); rms_norm alike, with a weight or
+   none. Mirrors nvFuser's
    DistributedTransformerTest's layer norms and MultiDeviceReductionTest
    (a reduction over a DIDx axis). */
-static hir_tensor ref_layer_norm(const hir_tensor *x, int64_t rows, int64_t cols, const hir_tensor *w, const hir_tensor *b,
-                                 double eps) {
+static hir_tensor ref_norm(const hir_tensor *x, int64_t rows, int64_t cols, const hir_tensor *w, const hir_tensor *b, double eps,
+                           int center) {
   hir_tensor y = tn(x->dtype, x->ndims, x->sizes);
   int64_t r, j;
   for (r = 0; r < rows; r++) {
     double mean = 0, var = 0;
-    for (j = 0; j < cols; j++) mean += tget(x, r * cols + j);
+    for (j = 0; center && j < cols; j++) mean += tget(x, r * cols + j);
     mean /= (double)cols;
     for (j = 0; j < cols; j++) var += (tget(x, r * cols + j) - mean) * (tget(x, r * cols + j) - mean);
     var /= (double)cols;
@@ -273,10 +274,11 @@ TEST(test_ops_random, "ops/random", TEST_CPU | TEST_GPU_WORLDS) {
 }
 
 TEST(test_ops_layer_norm, "ops/layer_norm", TEST_CPU | TEST_GPU_WORLDS) {
-  int wi, split_hidden;
+  int wi, split_hidden, rms;
+  for (rms = 0; rms < 2; rms++)
   for (wi = 0; wi < 5; wi++)
     for (split_hidden = 0; split_hidden < 2; split_hidden++) {
-      int D = worlds[wi], affine = (wi + split_hidden) % 3;
+      int D = worlds[wi], affine = rms ? (wi + split_hidden) % 2 : (wi + split_hidden) % 3;
       hir_dtype dt = all_dtypes[(wi + split_hidden) % 4];
       /* [D, 5, 8] rows split; or [5, D, 8] normalized over (D, 8), D split */
       int64_t sx[3] = {D, 5, 8}, sh[3] = {5, D, 8}, sw[2] = {D, 8}, sw1[1] = {8};
@@ -284,7 +286,7 @@ TEST(test_ops_layer_norm, "ops/layer_norm", TEST_CPU | TEST_GPU_WORLDS) {
       hir_fusion *f = hir_fusion_create();
       int nw = split_hidden ? 2 : 1;
       hir_tv *x = hir_input(f, dt, 3), *w = affine >= 1 ? hir_input(f, dt, nw) : NULL, *b = affine >= 2 ? hir_input(f, dt, nw) : NULL;
-      hir_tv *y = hir_layer_norm(f, x, nw, w, b, 1e-5);
+      hir_tv *y = rms ? hir_rms_norm(f, x, nw, w, 1e-5) : hir_layer_norm(f, x, nw, w, b, 1e-5);
       hir_output(f, y);
       hir_set_mesh(x, D, iota_mesh);
       hir_parallelize(x, split_hidden ? 1 : 0, HIR_DIDX);
@@ -297,11 +299,12 @@ TEST(test_ops_layer_norm, "ops/layer_norm", TEST_CPU | TEST_GPU_WORLDS) {
       c.in[0] = trand(dt, 3, split_hidden ? sh : sx);
       if (w) c.in[1] = trand(dt, nw, split_hidden ? sw : sw1);
       if (b) c.in[2] = trand(dt, nw, split_hidden ? sw : sw1);
-      c.out[0] = split_hidden ? ref_layer_norm(&c.in[0], 5, D * 8, w ? &c.in[1] : NULL, b ? &c.in[2] : NULL, 1e-5)
-                              : ref_layer_norm(&c.in[0], D * 5, 8, w ? &c.in[1] : NULL, b ? &c.in[2] : NULL, 1e-5);
+      c.out[0] = split_hidden ? ref_norm(&c.in[0], 5, D * 8, w ? &c.in[1] : NULL, b ? &c.in[2] : NULL, 1e-5, !rms)
+                              : ref_norm(&c.in[0], D * 5, 8, w ? &c.in[1] : NULL, b ? &c.in[2] : NULL, 1e-5, !rms);
       c.tol = dt == HIR_F64 ? 1e-10 : dt == HIR_F32 ? 1e-5 : op_tol(dt) * 2;
       c.prealloc = split_hidden;
-      RUN_CASE(&c, split_hidden ? "layer_norm_split_hidden" : "layer_norm_split_rows");
+      RUN_CASE(&c, rms ? split_hidden ? "rms_norm_split_hidden" : "rms_norm_split_rows"
+                       : split_hidden ? "layer_norm_split_hidden" : "layer_norm_split_rows");
       hir_fusion_free(f);
     }
 }
@@ -310,15 +313,18 @@ TEST(test_ops_layer_norm, "ops/layer_norm", TEST_CPU | TEST_GPU_WORLDS) {
    counted) where they stay together, on one rank: a plain one. Where they
    do not, the primitives, the plan silent: x's rows a Stream axis (stream
    lowering loops over the chunks of some primitives, not all); the value
-   before the bias an output too (the primitives must write it). The numbers
-   against the reference each time. */
+   before the bias (rms_norm: the weight) an output too (the primitives must
+   write it). The numbers against the reference each time; then rms_norm
+   the same three ways (hir_backend.rms_norm). */
 TEST(test_ops_layer_norm_one_call, "ops/layer_norm_one_call", TEST_CPU) {
-  int mode;
-  for (mode = 0; mode < 3; mode++) {
+  int round;
+  for (round = 0; round < 6; round++) {
     int64_t sx[2] = {6, 10}, sw[1] = {10};
+    int mode = round % 3, rms = round >= 3;
     hir_fusion *f = hir_fusion_create();
     hir_tv *x = hir_input(f, HIR_F32, 2), *w = hir_input(f, HIR_F32, 1), *b = hir_input(f, HIR_F32, 1);
-    hir_tv *y = hir_layer_norm(f, x, 1, w, b, 1e-5), *scaled = hir_expr_input(hir_tv_definition(y), 0);
+    hir_tv *y = rms ? hir_rms_norm(f, x, 1, w, 1e-5) : hir_layer_norm(f, x, 1, w, b, 1e-5);
+    hir_tv *scaled = hir_expr_input(hir_tv_definition(y), 0);
     hir_backend *be = hir_backend_cpu_create();
     hir_lower_desc ld;
     hir_eval_desc ed;
@@ -339,20 +345,21 @@ TEST(test_ops_layer_norm_one_call, "ops/layer_norm_one_call", TEST_CPU) {
     in[0] = trand(HIR_F32, 2, sx), in[1] = trand(HIR_F32, 1, sw), in[2] = trand(HIR_F32, 1, sw);
     CHECK(hir_lower(f, &ld, &p) == HIR_OK && hir_evaluator_create(p, &ed, &ev) == HIR_OK);
     if (ev && hir_run(ev, in, 3, out, nout) == HIR_OK && hir_evaluator_sync(ev) == HIR_OK) {
-      fused = strstr(hir_program_plan(p), "fused: the layer_norm") != NULL;
-      want = ref_layer_norm(&in[0], 6, 10, &in[1], &in[2], 1e-5);
-      if (!compare(&out[0], &want, 1e-5, err, sizeof err, "layer_norm")) printf("  mode %d: %s\n", mode, err), hir_test_failures++;
+      fused = strstr(hir_program_plan(p), rms ? "fused: the rms_norm" : "fused: the layer_norm") != NULL;
+      want = ref_norm(&in[0], 6, 10, &in[1], rms ? NULL : &in[2], 1e-5, !rms);
+      if (!compare(&out[0], &want, 1e-5, err, sizeof err, "the norm")) printf("  round %d: %s\n", round, err), hir_test_failures++;
       if (mode == 2) {
-        want_scaled = ref_layer_norm(&in[0], 6, 10, &in[1], NULL, 1e-5);
+        want_scaled = ref_norm(&in[0], 6, 10, rms ? NULL : &in[1], NULL, 1e-5, !rms);
         if (!compare(&out[1], &want_scaled, 1e-5, err, sizeof err, "its value before the bias"))
-          printf("  mode %d: %s\n", mode, err), hir_test_failures++;
+          printf("  round %d: %s\n", round, err), hir_test_failures++;
       }
     } else {
-      printf("  mode %d: %s\n", mode, ev ? hir_evaluator_error(ev) : hir_program_error(p));
+      printf("  round %d: %s\n", round, ev ? hir_evaluator_error(ev) : hir_program_error(p));
       hir_test_failures++;
     }
     CHECK(fused == (mode == 0));
-    CHECK(layer_norm_calls == (mode == 0));
+    CHECK(layer_norm_calls == (mode == 0 && !rms));
+    CHECK(rms_norm_calls == (mode == 0 && rms));
     tfree(&want);
     tfree(&want_scaled);
     for (k = 0; k < 3; k++) tfree(&in[k]);
@@ -361,6 +368,168 @@ TEST(test_ops_layer_norm_one_call, "ops/layer_norm_one_call", TEST_CPU) {
     hir_backend_free(be);
     hir_fusion_free(f);
   }
+}
+
+/* The row-parallel linear of tensor parallelism, then a residual add and an
+   RMSNorm, as a decode step writes them: A [D, M, K] and W [D, K, N] split
+   on D, the partial products summed over D (an Allreduce), h = that + r,
+   out = rms_norm(h) * g, h and out the outputs. The communicator's fused
+   call (hir_comm.allreduce_rms_norm) takes the three where it offers to;
+   the numbers are the plain reference's either way. Forms: r + y, no
+   weight, out first; the sum an output too (never fused); rows of 12 (not
+   whole 16-byte vectors of bf16). */
+static spmd_case *arn_case(spmd_case *c, hir_fusion **pf, int D, int form, hir_dtype dt) {
+  const int64_t M = 3, K = 4, N = form == 3 ? 12 : 16;
+  int64_t sa[3] = {D, M, K}, sw[3] = {D, K, N}, sr[2] = {M, N}, sg[1] = {N}, d, m, n, k;
+  int axis0 = 0, t;
+  hir_fusion *f = *pf = hir_fusion_create();
+  hir_tv *a = hir_input(f, dt, 3), *w = hir_input(f, dt, 3), *r = hir_input(f, dt, 2), *g = form == 1 ? NULL : hir_input(f, dt, 1);
+  hir_tv *y = hir_sum(f, hir_matmul(f, a, w), 1, &axis0), *h = form == 1 ? hir_add(f, r, y) : hir_add(f, y, r);
+  hir_tv *o = hir_rms_norm(f, h, 1, g, 1e-6), *mesh_of[5];
+  hir_tensor part, sum;
+  if (form == 1) hir_output(f, o), hir_output(f, h);
+  else hir_output(f, h), hir_output(f, o);
+  if (form == 2) hir_output(f, y);
+  mesh_of[0] = a, mesh_of[1] = w, mesh_of[2] = r, mesh_of[3] = y, mesh_of[4] = g;
+  for (t = 0; t < 5; t++)
+    if (mesh_of[t]) hir_set_mesh(mesh_of[t], D, iota_mesh);
+  hir_parallelize(a, 0, HIR_DIDX);
+  hir_parallelize(w, 0, HIR_DIDX);
+  case_lowered(c, D, f, g ? 4 : 3, form == 2 ? 3 : 2);
+  c->in[0] = trand(dt, 3, sa), c->in[1] = trand(dt, 3, sw), c->in[2] = trand(dt, 2, sr);
+  if (g) c->in[3] = trand(dt, 1, sg);
+  part = tn(dt, 2, sr), sum = tn(dt, 2, sr);
+  c->out[form == 1] = tn(dt, 2, sr), c->out[form != 1] = tn(dt, 2, sr);
+  for (m = 0; m < M; m++) {
+    double ms = 0;
+    for (n = 0; n < N; n++) {
+      double y_mn = 0;
+      for (d = 0; d < D; d++) { /* each rank's partial product in dt, then their sum in dt */
+        double acc = 0;
+        for (k = 0; k < K; k++) acc += tget(&c->in[0], (d * M + m) * K + k) * tget(&c->in[1], (d * K + k) * N + n);
+        tset(&part, m * N + n, acc);
+        y_mn += tget(&part, m * N + n);
+      }
+      tset(&sum, m * N + n, y_mn);
+      tset(&c->out[form == 1], m * N + n, tget(&sum, m * N + n) + tget(&c->in[2], m * N + n));
+      ms += tget(&c->out[form == 1], m * N + n) * tget(&c->out[form == 1], m * N + n) / (double)N;
+    }
+    for (n = 0; n < N; n++)
+      tset(&c->out[form != 1], m * N + n, tget(&c->out[form == 1], m * N + n) / sqrt(ms + 1e-6) * (g ? tget(&c->in[3], n) : 1));
+  }
+  if (form == 2) c->out[2] = sum;
+  else tfree(&sum);
+  tfree(&part);
+  c->tol = dt == HIR_F32 ? 1e-5 : op_tol(dt) * 4;
+  return c;
+}
+
+TEST(test_ops_allreduce_rms_norm, "ops/allreduce_rms_norm", TEST_CPU | TEST_GPU_WORLDS) {
+  static const hir_dtype dts[3] = {HIR_BF16, HIR_F32, HIR_F16};
+  int wi, form;
+  for (wi = 0; wi < 5; wi++)
+    for (form = 0; form < 4; form++) {
+      spmd_case c;
+      hir_fusion *f;
+      char name[64];
+      snprintf(name, sizeof name, "allreduce_rms_norm form %d, %s", form, hir_dtype_name(dts[(wi + form) % 3]));
+      RUN_CASE(arn_case(&c, &f, worlds[wi], form, dts[(wi + form) % 3]), name);
+      hir_fusion_free(f);
+    }
+}
+
+/* The same programs on 2 and 3 CPU ranks, the communicator's fused call
+   counted: taken where the plan says (every form but the one whose sum is
+   an output), the numbers bit for bit those of the three ops apart (the
+   same communicator without the call). */
+typedef struct arn_comm {
+  hir_comm comm; /* first: the evaluator's handle; the local world's, its fused call counted or dropped */
+  int calls;
+} arn_comm;
+static hir_status arn_counting(hir_comm *c, void *t, const void *s, const void *r, const void *w, void *h, void *o, size_t rows,
+                               size_t cols, hir_dtype dt, double eps, void *st) {
+  ((arn_comm *)c)->calls++;
+  return hir__lw_allreduce_rms_norm(c, t, s, r, w, h, o, rows, cols, dt, eps, st);
+}
+typedef struct arn_run {
+  spmd_case *c;
+  hir_local_world *w;
+  int fused; /* 1: the call offered */
+  int calls[MAXR], planned[MAXR];
+  hir_tensor out[2][MAXR][3]; /* [fused][rank] */
+  char err[MAXR][600];
+} arn_run;
+static hir_status arn_rank(int rank, void *user) {
+  arn_run *x = (arn_run *)user;
+  spmd_case *c = x->c;
+  arn_comm comm;
+  hir_lower_desc ld;
+  hir_eval_desc ed;
+  hir_program *p = NULL;
+  hir_evaluator *ev = NULL;
+  hir_tensor in[4];
+  hir_status s;
+  int i;
+  comm.comm = *hir_local_comm(x->w, rank);
+  comm.comm.allreduce_rms_norm = x->fused ? arn_counting : NULL;
+  comm.calls = 0;
+  memset(&ld, 0, sizeof ld);
+  memset(&ed, 0, sizeof ed);
+  ld.my_device = rank;
+  ed.comm = &comm.comm;
+  memset(in, 0, sizeof in);
+  s = hir_lower((hir_fusion *)c->user, &ld, &p);
+  for (i = 0; s == HIR_OK && i < c->nin; i++) in[i] = shard(&c->in[i], hir_program_input(p, i), rank);
+  for (i = 0; i < c->nout; i++) { /* the caller's, poisoned */
+    int64_t k;
+    x->out[x->fused][rank][i] = tn(c->out[i].dtype, c->out[i].ndims, c->out[i].sizes);
+    for (k = 0; k < tnumel(&c->out[i]); k++) tset(&x->out[x->fused][rank][i], k, 1e30);
+  }
+  if (s == HIR_OK) s = hir_evaluator_create(p, &ed, &ev);
+  if (s == HIR_OK) s = hir_run(ev, in, c->nin, x->out[x->fused][rank], c->nout);
+  if (s == HIR_OK) s = hir_evaluator_sync(ev);
+  if (s != HIR_OK) snprintf(x->err[rank], sizeof x->err[rank], "%s", ev ? hir_evaluator_error(ev) : hir_program_error(p));
+  x->planned[rank] = p && strstr(hir_program_plan(p), "the add of T2 and the rms_norm after it in one call") != NULL;
+  x->calls[rank] = comm.calls;
+  for (i = 0; i < c->nin; i++) tfree(&in[i]);
+  hir_evaluator_free(ev);
+  hir_program_free(p);
+  return s;
+}
+TEST(test_ops_allreduce_rms_norm_fused, "ops/allreduce_rms_norm_fused", TEST_CPU) {
+  int D, form, fused, r, k;
+  for (D = 2; D <= 3; D++)
+    for (form = 0; form < 4; form++) {
+      spmd_case c;
+      hir_fusion *f;
+      arn_run x;
+      memset(&x, 0, sizeof x);
+      x.c = arn_case(&c, &f, D, form, form == 1 ? HIR_F32 : HIR_BF16);
+      x.w = hir_local_world_create(D);
+      for (fused = 0; fused < 2; fused++) {
+        x.fused = fused;
+        hir_spmd(D, arn_rank, &x);
+        for (r = 0; r < D; r++) {
+          if (x.err[r][0]) printf("  D %d form %d fused %d rank %d: %s\n", D, form, fused, r, x.err[r]), hir_test_failures++;
+          CHECK(x.planned[r] == (fused && form != 2));
+          CHECK(x.calls[r] == (fused && form != 2));
+        }
+      }
+      for (r = 0; r < D; r++)
+        for (k = 0; k < c.nout; k++) {
+          char err[300];
+          if (!compare(&x.out[1][r][k], &x.out[0][r][k], 0, err, sizeof err, "fused against apart"))
+            printf("  D %d form %d rank %d output %d: %s\n", D, form, r, k, err), hir_test_failures++;
+          if (!compare(&x.out[1][r][k], &c.out[k], c.tol, err, sizeof err, "fused against the reference"))
+            printf("  D %d form %d rank %d output %d: %s\n", D, form, r, k, err), hir_test_failures++;
+          tfree(&x.out[0][r][k]);
+          tfree(&x.out[1][r][k]);
+        }
+      for (k = 0; k < c.nin; k++) tfree(&c.in[k]);
+      for (k = 0; k < c.nout; k++) tfree(&c.out[k]);
+      hir_local_world_free(x.w);
+      hir_fusion_free(f);
+    }
 }
 
 /* A sum over the DIDx axis and a local one (lowered as a local sum, then an

@@ -104,7 +104,7 @@ def _load():
         "hir_div": (p, [p, p, p]), "hir_unary": (p, [p, i, p]), "hir_cast": (p, [p, p, i]),
         "hir_binary_scalar": (p, [p, i, p, ctypes.c_double]), "hir_scalar_binary": (p, [p, i, ctypes.c_double, p]),
         "hir_permute": (p, [p, p, ctypes.POINTER(ctypes.c_int)]), "hir_mean": (p, [p, p, i, ctypes.POINTER(ctypes.c_int)]),
-        "hir_layer_norm": (p, [p, p, i, p, p, ctypes.c_double]), "hir_linear": (p, [p, p, p, p]),
+        "hir_layer_norm": (p, [p, p, i, p, p, ctypes.c_double]), "hir_rms_norm": (p, [p, p, i, p, ctypes.c_double]), "hir_linear": (p, [p, p, p, p]),
         "hir_scaled_linear": (p, [p, p, p, p, p, i]),
         "hir_select": (p, [p, p, i, _CheckedInt64]), "hir_slice_step": (p, [p, p, i, _CheckedInt64, _CheckedInt64, _CheckedInt64]),
         "hir_reshape": (p, [p, p, i, ctypes.POINTER(ctypes.c_int64)]),
@@ -450,6 +450,10 @@ class Fusion:
     def layer_norm(self, a, naxes, weight=None, bias=None, eps=1e-5):
         return self._tv(_lib.hir_layer_norm(self._of(), a._h, naxes, weight._h if weight else None,
                                             bias._h if bias else None, eps))
+
+    def rms_norm(self, a, naxes, weight=None, eps=1e-5):
+        """a / sqrt(mean(a^2) + eps) * weight over the last naxes axes (torch.nn.functional.rms_norm)."""
+        return self._tv(_lib.hir_rms_norm(self._of(), a._h, naxes, weight._h if weight else None, eps))
 
     def __str__(self):
         return _text(_lib.hir_fusion_snprint, self._of())

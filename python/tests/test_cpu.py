@@ -90,6 +90,17 @@ class CpuTests(unittest.TestCase):
         for r in range(D):
             self.assertEqual(outs[r][0].dtype, np.float64)
             np.testing.assert_allclose(outs[r][0], want, rtol=1e-5, atol=1e-5, err_msg="rank %d" % r)
+        f = hostir.Fusion()  # rms_norm with a weight, the hidden axis split the same way
+        x, w = f.input("float32", 3), f.input("float32", 2)
+        f.output(f.rms_norm(x, 2, w))
+        for t in (x, w):
+            t.mesh(range(D))
+            t.parallelize(t is x and 1 or 0, "DIDx")
+        W = rng.standard_normal((D, h)).astype(np.float32)
+        outs = hostir.run(f, [[X[:, r:r + 1], W[r:r + 1]] for r in range(D)])
+        want = x64 / np.sqrt((x64 * x64).mean(1, keepdims=True) + 1e-5) * W.astype(np.float64).reshape(D * h)
+        for r in range(D):
+            np.testing.assert_allclose(outs[r][0], want.reshape(rows, D, h)[:, r:r + 1], rtol=1e-5, atol=1e-5, err_msg="rank %d" % r)
         g = hostir.Fusion()  # select, slice, reshape of a split tensor: the last gathers it first
         x = g.input("float32", 3)
         outs3 = [g.output(g.select(x, 2, 1)), g.output(g.slice(x, 2, 1, 3)), g.output(g.reshape(x, [-1, h])),

@@ -301,34 +301,36 @@ TEST(test_gpu_batches_fold, "gpu/batches_fold", TEST_GPU) {
 /* hir_layer_norm as one kernel (hir_backend.layer_norm, counted) against the
    CPU backend's, in every dtype: rows of 4096 (a block of 256 threads), of
    1000 and 96 (fewer threads, a row's tail), two normalized axes, rows
-   longer than a block's pass, weight and bias of other dtypes or none. */
+   longer than a block's pass, weight and bias of other dtypes or none; then
+   hir_rms_norm alike (hir_backend.rms_norm, no bias). */
 TEST(test_gpu_layer_norm, "gpu/layer_norm", TEST_GPU) {
-  static const struct { hir_dtype x, w, b; int nd, naxes; int64_t sizes[3]; } cases[] = {
+  static const struct ln_case { hir_dtype x, w, b; int nd, naxes; int64_t sizes[3]; } cases[] = {
       {HIR_BF16, HIR_BF16, HIR_BF16, 2, 1, {333, 4096}},
       {HIR_F32, HIR_DTYPE_COUNT, HIR_DTYPE_COUNT, 2, 1, {7, 1000}},
       {HIR_F16, HIR_F32, HIR_F32, 2, 1, {64, 96}},
       {HIR_F64, HIR_F64, HIR_F64, 3, 2, {5, 3, 40}},
       {HIR_BF16, HIR_F32, HIR_DTYPE_COUNT, 2, 1, {3, 100003}},
   };
-  int k;
+  int k, ncases = (int)(sizeof cases / sizeof cases[0]);
   hir_backend *be = hir_backend_cuda_create(0);
   CHECK(be != NULL);
   if (!be) return;
   count_layer_norm(be);
-  for (k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
+  for (k = 0; k < 2 * ncases; k++) {
     hir_fusion *f = hir_fusion_create();
-    int nd = cases[k].nd, nw = cases[k].naxes, n = 1, i;
-    hir_tv *x = hir_input(f, cases[k].x, nd), *w = NULL, *b = NULL;
+    const struct ln_case *c = &cases[k % ncases];
+    int nd = c->nd, nw = c->naxes, n = 1, i, rms = k >= ncases;
+    hir_tv *x = hir_input(f, c->x, nd), *w = NULL, *b = NULL;
     hir_tensor in[3];
     char what[96];
-    in[0] = trand(cases[k].x, nd, cases[k].sizes);
-    if (cases[k].w != HIR_DTYPE_COUNT) w = hir_input(f, cases[k].w, nw), in[n++] = trand(cases[k].w, nw, cases[k].sizes + nd - nw);
-    if (cases[k].b != HIR_DTYPE_COUNT) b = hir_input(f, cases[k].b, nw), in[n++] = trand(cases[k].b, nw, cases[k].sizes + nd - nw);
-    hir_output(f, hir_layer_norm(f, x, nw, w, b, 1e-5));
-    snprintf(what, sizeof what, "%s layer_norm, case %d", hir_dtype_name(cases[k].x), k);
-    layer_norm_calls = 0;
-    gpu_against_cpu(f, be, n, in, dtype_tol(cases[k].x), what);
-    CHECK(layer_norm_calls == 1); /* one kernel, not the primitives */
+    in[0] = trand(c->x, nd, c->sizes);
+    if (c->w != HIR_DTYPE_COUNT) w = hir_input(f, c->w, nw), in[n++] = trand(c->w, nw, c->sizes + nd - nw);
+    if (c->b != HIR_DTYPE_COUNT && !rms) b = hir_input(f, c->b, nw), in[n++] = trand(c->b, nw, c->sizes + nd - nw);
+    hir_output(f, rms ? hir_rms_norm(f, x, nw, w, 1e-5) : hir_layer_norm(f, x, nw, w, b, 1e-5));
+    snprintf(what, sizeof what, "%s %s, case %d", hir_dtype_name(c->x), rms ? "rms_norm" : "layer_norm", k % ncases);
+    layer_norm_calls = rms_norm_calls = 0;
+    gpu_against_cpu(f, be, n, in, dtype_tol(c->x), what);
+    CHECK((rms ? rms_norm_calls : layer_norm_calls) == 1); /* one kernel, not the primitives */
     for (i = 0; i < n; i++) tfree(&in[i]);
     hir_fusion_free(f);
   }
