@@ -13,13 +13,21 @@
    choice over the fastest of NCCL and those. Every row's result is checked
    against NCCL's (err: the largest difference over the largest value).
 
-     build/bench-collectives [--sizes 8K,1M,...] [--ctas N] [--only ar|rs|ag] [--torch FILE] [--beside BYTES]
+     build/bench-collectives [--sizes 8K,1M,...] [--ctas N] [--only ar|rs|ag] [--torch FILE] [--beside BYTES] [--rms H]
      torchrun --nproc-per-node 2 --no-python build/bench-collectives --processes ...
 
    --beside BYTES measures, instead of the tables, how much a cuBLAS GEMM
    (bf16, 8192 x 8192 x 8192) slows while all-reduces of BYTES run beside
    it on another stream, back to back from the GEMM's start, on hostir's
    kernel (--ctas N of them) and on NCCL; and how much the all-reduces slow.
+
+   --rms H measures, instead, a decode step's all-reduce followed by a
+   residual add and an RMSNorm (bf16 rows of H, 1 to 1024 tokens): NCCL's
+   all-reduce then the CUDA backend's add and rms_norm, hostir's kernel
+   all-reduce (the measured choice) then the same two, and the three in one
+   call (hir_comm.allreduce_rms_norm), beside the floor (the all-reduce's
+   bytes received over the peer bandwidth); err: the fused call's h and out
+   against the kernel-then-ops result.
 
    One process with a thread per GPU, or (--processes) one process per GPU
    under torchrun, mpirun or srun. */
@@ -50,6 +58,8 @@ typedef struct torch_row { int kind, graph; size_t bytes; char who[32]; double u
 typedef struct bench {
   int D, procs, me, ctas, only;
   size_t beside;                     /* --beside: the all-reduce's bytes */
+  int rms_hidden;                    /* --rms: the rows' elements */
+  double rms_us[8][3][2], rms_err[8]; /* by token count, form (NCCL apart, kernel apart, fused), eager/graph; NaN: declined */
   double beside_ms[2][4];            /* by path (kernel, NCCL): GEMM alone, GEMM beside, a call alone, a call beside (us) */
   size_t sizes[MAXSIZES];
   int nsizes;
@@ -111,9 +121,23 @@ static hir_status call(hir_comm *c, void *team, int kind, const void *in, void *
   return c->allgather(c, team, in, out, bytes / (size_t)B.D, s);
 }
 
-/* Per-call microseconds of CALLS calls, ITERS times: eager, or one graph of CALLS calls. */
-static hir_status time_row(hir_comm *c, void *team, int kind, const void *in, void *out, size_t bytes, int graph, cudaStream_t s,
-                           double *times) {
+/* One call of what a row times, on stream s. */
+typedef struct row_call {
+  hir_status (*run)(const struct row_call *r, cudaStream_t s);
+  hir_comm *c;
+  void *team;
+  int kind;                          /* a collective's (call), or the --rms form */
+  const void *in;
+  void *out;
+  size_t bytes;
+  hir_backend *b;                    /* --rms: the add's and the norm's */
+  hir_tensor t[5];                   /* --rms: the partial sums, residual, weight, h, out */
+} row_call;
+static hir_status call_row(const row_call *r, cudaStream_t s) { return call(r->c, r->team, r->kind, r->in, r->out, r->bytes, s); }
+
+/* Per-call microseconds of CALLS calls of r, ITERS times: eager, or one graph of CALLS calls. */
+static hir_status time_calls(const row_call *r, int graph, cudaStream_t s, double *times) {
+  hir_comm *c = r->c;
   cudaEvent_t e0, e1;
   cudaGraph_t g = NULL;
   cudaGraphExec_t exec = NULL;
@@ -121,10 +145,10 @@ static hir_status time_row(hir_comm *c, void *team, int kind, const void *in, vo
   int i, k;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  for (i = 0; i < 3 && st == HIR_OK; i++) st = call(c, team, kind, in, out, bytes, s);
+  for (i = 0; i < 3 && st == HIR_OK; i++) st = r->run(r, s);
   if (st == HIR_OK && graph) {
     cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
-    for (k = 0; k < CALLS && st == HIR_OK; k++) st = call(c, team, kind, in, out, bytes, s);
+    for (k = 0; k < CALLS && st == HIR_OK; k++) st = r->run(r, s);
     if (cudaStreamEndCapture(s, &g) != cudaSuccess || st != HIR_OK || cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) {
       if (st == HIR_OK) snprintf(c->error, sizeof c->error, "capture failed: %s", cudaGetErrorString(cudaGetLastError()));
       st = st == HIR_OK ? HIR_ERR_BACKEND : st;
@@ -138,7 +162,7 @@ static hir_status time_row(hir_comm *c, void *team, int kind, const void *in, vo
     cudaEventRecord(e0, s);
     if (graph) cudaGraphLaunch(exec, s);
     else
-      for (k = 0; k < CALLS && st == HIR_OK; k++) st = call(c, team, kind, in, out, bytes, s);
+      for (k = 0; k < CALLS && st == HIR_OK; k++) st = r->run(r, s);
     cudaEventRecord(e1, s);
     if (cudaStreamSynchronize(s) != cudaSuccess && st == HIR_OK) st = HIR_ERR_BACKEND;
     cudaEventElapsedTime(&ms, e0, e1);
@@ -236,6 +260,108 @@ static hir_status beside_rank(hir_comm *c, void *team, cudaStream_t s, int rank,
   return st;
 }
 
+/* --rms: form 0 NCCL's all-reduce, then the CUDA backend's add and
+   rms_norm; 1 the kernel's all-reduce (the measured choice), then the
+   same; 2 the three in one call (HIR_ERR_UNSUPPORTED where it declines). */
+enum { RMS_TOKENS = 5, RMS_FORMS = 3 };
+static const int rms_tokens[RMS_TOKENS] = {1, 16, 64, 256, 1024};
+static hir_status rms_run(const row_call *r, cudaStream_t s) {
+  hir_comm *c = r->c;
+  size_t rows = (size_t)r->t[3].sizes[0], cols = (size_t)r->t[3].sizes[1];
+  hir_status st;
+  if (r->kind == 2)
+    return c->allreduce_rms_norm(c, r->team, r->t[0].data, r->t[1].data, r->t[2].data, r->t[3].data, r->t[4].data, rows, cols, HIR_BF16,
+                                 1e-6, s);
+  if ((st = c->allreduce(c, r->team, r->t[0].data, r->t[3].data, rows * cols, HIR_BF16, s)) != HIR_OK) return st;
+  if ((st = r->b->binary(r->b, s, HIR_BINARY_ADD, &r->t[3], &r->t[3], &r->t[1])) != HIR_OK ||
+      (st = r->b->rms_norm(r->b, s, &r->t[4], &r->t[3], &r->t[2], 1, 1e-6)) != HIR_OK)
+    snprintf(c->error, sizeof c->error, "%s", r->b->error);
+  return st;
+}
+
+static hir_status rms_rank(hir_comm *c, void *team, cudaStream_t s, int rank, int device) {
+  size_t H = (size_t)B.rms_hidden, most = (size_t)rms_tokens[RMS_TOKENS - 1] * H, k;
+  unsigned short *host = (unsigned short *)malloc(most * 2 * 2);
+  void *buf[7] = {0};
+  double all[MAXR * ITERS], mine[ITERS];
+  hir_status st = HIR_OK;
+  row_call r;
+  int i, z, form, g;
+  unsigned seed;
+  memset(&r, 0, sizeof r);
+  r.run = rms_run, r.c = c, r.team = team;
+  if (!host || !(r.b = hir_backend_cuda_create(device))) {
+    snprintf(B.msg[rank], sizeof B.msg[rank], "--rms: out of memory, or no CUDA backend");
+    return HIR_ERR_NOMEM;
+  }
+  for (i = 0; i < 7; i++)
+    if (cudaMalloc(&buf[i], i == 2 ? H * 2 : most * 2) != cudaSuccess) {
+      snprintf(B.msg[rank], sizeof B.msg[rank], "--rms: out of device memory");
+      return HIR_ERR_NOMEM;
+    }
+  for (i = 0; i < 3; i++) { /* the partial sums (this rank's), the residual and the weight (every rank's the same): [-1, 1) */
+    for (k = 0, seed = i == 0 ? 99u + (unsigned)c->rank : 7u + (unsigned)i; k < (i == 2 ? H : most); k++) {
+      seed ^= seed << 13, seed ^= seed >> 17, seed ^= seed << 5;
+      host[k] = bf16_of((float)(seed >> 8) / (1 << 24) * 2 - 1);
+    }
+    cudaMemcpy(buf[i], host, (i == 2 ? H : most) * 2, cudaMemcpyHostToDevice);
+  }
+  cudaDeviceSynchronize();
+  for (z = 0; z < RMS_TOKENS && st == HIR_OK; z++) {
+    size_t M = (size_t)rms_tokens[z];
+    for (i = 0; i < 5; i++) {
+      memset(&r.t[i], 0, sizeof r.t[i]);
+      r.t[i].data = buf[i], r.t[i].dtype = HIR_BF16, r.t[i].ndims = i == 2 ? 1 : 2;
+      r.t[i].sizes[0] = i == 2 ? (int64_t)H : (int64_t)M, r.t[i].sizes[1] = (int64_t)H;
+      hir__contiguous_strides(&r.t[i]);
+    }
+    for (form = 0; form < RMS_FORMS && st == HIR_OK; form++) {
+      r.kind = form;
+      if ((st = hir_nccl_comm_set_path(c, form == 0 ? HIR_NCCL_PATH_NCCL : HIR_NCCL_PATH_AUTO, B.ctas)) == HIR_ERR_UNSUPPORTED) {
+        st = HIR_OK; /* no kernels here: NCCL's row only */
+        for (g = 0; g < 2 && rank == 0; g++) B.rms_us[z][form][g] = NAN;
+        continue;
+      }
+      cudaMemsetAsync(buf[3], 0xff, M * H * 2, s), cudaMemsetAsync(buf[4], 0xff, M * H * 2, s); /* NaN where nothing is written */
+      if (st == HIR_OK && (st = rms_run(&r, s)) == HIR_ERR_UNSUPPORTED) {
+        st = HIR_OK;
+        for (g = 0; g < 2 && rank == 0; g++) B.rms_us[z][form][g] = NAN;
+        continue;
+      }
+      if (st == HIR_OK && (cudaStreamSynchronize(s) != cudaSuccess || (st = c->poll(c)) != HIR_OK)) st = st ? st : HIR_ERR_BACKEND;
+      if (st == HIR_OK && form == 1) /* the kernel then the ops: the reference */
+        cudaMemcpy(buf[5], buf[3], M * H * 2, cudaMemcpyDeviceToDevice), cudaMemcpy(buf[6], buf[4], M * H * 2, cudaMemcpyDeviceToDevice);
+      if (st == HIR_OK && form == 2) { /* the largest difference from it, over its largest value */
+        double top = 0, diff = 0;
+        for (i = 0; i < 2; i++) {
+          cudaMemcpy(host, buf[3 + i], M * H * 2, cudaMemcpyDeviceToHost);
+          cudaMemcpy(host + most, buf[5 + i], M * H * 2, cudaMemcpyDeviceToHost);
+          for (k = 0; k < M * H; k++) {
+            double a = float_of_bf16(host[k]), b = float_of_bf16(host[most + k]);
+            top = fabs(b) > top ? fabs(b) : top;
+            diff = !(fabs(a - b) <= diff) ? fabs(a - b) : diff;
+          }
+        }
+        B.err[rank] = top > 0 ? diff / top : diff;
+      }
+      for (g = 0; g < 2 && st == HIR_OK; g++) {
+        if ((st = time_calls(&r, g, s, mine)) != HIR_OK) break;
+        hir_nccl_comm_set_path(c, HIR_NCCL_PATH_NCCL, 0);
+        if ((st = share(c, team, s, mine, all, ITERS)) == HIR_OK && rank == 0) B.rms_us[z][form][g] = slowest(all);
+        hir_nccl_comm_set_path(c, form == 0 ? HIR_NCCL_PATH_NCCL : HIR_NCCL_PATH_AUTO, B.ctas);
+      }
+    }
+    hir_nccl_comm_set_path(c, HIR_NCCL_PATH_NCCL, 0);
+    if (st == HIR_OK && (st = share(c, team, s, &B.err[rank], all, 1)) == HIR_OK && rank == 0)
+      for (B.rms_err[z] = 0, i = 0; i < B.D; i++) B.rms_err[z] = all[i] > B.rms_err[z] || all[i] != all[i] ? all[i] : B.rms_err[z];
+  }
+  if (st != HIR_OK && !B.msg[rank][0]) snprintf(B.msg[rank], sizeof B.msg[rank], "%s", c->error);
+  for (i = 0; i < 7; i++) cudaFree(buf[i]);
+  hir_backend_free(r.b);
+  free(host);
+  return st;
+}
+
 static hir_status rank_main(int rank, void *user) {
   hir_comm *c = B.procs ? B.pcomm : hir_nccl_world_comm(B.world, rank);
   int world[MAXR], i, z, p, g, kind, device = B.procs ? -1 : rank;
@@ -289,7 +415,8 @@ static hir_status rank_main(int rank, void *user) {
     }
   }
   if (B.beside && (st = beside_rank(c, team, s, rank, in, out)) != HIR_OK) return st;
-  for (kind = 0; kind < NKINDS && !B.beside; kind++) {
+  if (B.rms_hidden && (st = rms_rank(c, team, s, rank, device)) != HIR_OK) return st;
+  for (kind = 0; kind < NKINDS && !B.beside && !B.rms_hidden; kind++) {
     if (B.only >= 0 && kind != B.only) continue;
     for (z = 0; z < B.nsizes; z++) {
       size_t bytes = B.sizes[z] / (2 * (size_t)B.D) * 2 * (size_t)B.D; /* whole bf16 elements a rank */
@@ -327,7 +454,10 @@ static hir_status rank_main(int rank, void *user) {
           B.err[rank] = top > 0 ? diff / top : diff;
         }
         for (g = 0; g < 2; g++) {
-          if ((st = time_row(c, team, kind, in, out, bytes, g, s, mine)) != HIR_OK) {
+          row_call r;
+          memset(&r, 0, sizeof r);
+          r.run = call_row, r.c = c, r.team = team, r.kind = kind, r.in = in, r.out = out, r.bytes = bytes;
+          if ((st = time_calls(&r, g, s, mine)) != HIR_OK) {
             snprintf(B.msg[rank], sizeof B.msg[rank], "%s", c->error);
             return st;
           }
@@ -427,6 +557,37 @@ static void print_beside(void) {
   printf("the all-reduces' calls, back to back, begin with the GEMM and outlast it)\n");
 }
 
+static void print_rms(void) {
+  int z, g, f;
+  for (g = 1; g >= 0; g--) {
+    printf("all-reduce, residual add and rms_norm, bf16 rows of %d, %d ranks (%s), %s, us a call (slowest rank, median of %d)\n",
+           B.rms_hidden, B.D, B.procs ? "a process per GPU" : "threads of one process", g ? "CUDA graphs of 20 calls" : "eager, 20 calls",
+           ITERS);
+    printf("%7s %8s %11s %11s %9s %9s %12s %11s %8s\n", "tokens", "bytes", "NCCL, ops", "kernel, ops", "fused", "floor", "fused/apart",
+           "fused/floor", "err");
+    for (z = 0; z < RMS_TOKENS; z++) {
+      size_t bytes = (size_t)rms_tokens[z] * (size_t)B.rms_hidden * 2;
+      double floor_us = B.peer_gbs > 0 ? 2.0 * (B.D - 1) / B.D * (double)bytes / (B.peer_gbs * 1e3) : 0, apart = 0;
+      char sz[32];
+      size_text(bytes, sz, sizeof sz);
+      printf("%7d %8s", rms_tokens[z], sz);
+      for (f = 0; f < RMS_FORMS; f++) {
+        double us = B.rms_us[z][f][g];
+        if (us == us) printf(" %*.1f", f == 2 ? 9 : 11, us);
+        else printf(" %*s", f == 2 ? 9 : 11, "-");
+        if (f < 2 && us == us && (apart == 0 || us < apart)) apart = us;
+      }
+      printf(" %9.1f", floor_us);
+      if (B.rms_us[z][2][g] == B.rms_us[z][2][g] && apart > 0)
+        printf(" %12.2f %11.2f %8.1e\n", B.rms_us[z][2][g] / apart, floor_us > 0 ? B.rms_us[z][2][g] / floor_us : 0, B.rms_err[z]);
+      else printf(" %12s %11s %8s\n", "-", "-", "-");
+    }
+    printf("\n");
+  }
+  printf("(apart: the faster of the two rows before it; the floor: the all-reduce's 2(D-1)/D of the bytes received over the peer "
+         "bandwidth)\n");
+}
+
 static void read_torch(const char *path) {
   FILE *f = fopen(path, "r");
   char kind[8], mode[8], who[32];
@@ -459,13 +620,15 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--ctas") && i + 1 < argc) B.ctas = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--torch") && i + 1 < argc) torch = argv[++i];
     else if (!strcmp(argv[i], "--beside") && i + 1 < argc) B.beside = parse_size(argv[++i]);
+    else if (!strcmp(argv[i], "--rms") && i + 1 < argc && atoi(argv[i + 1]) > 0) B.rms_hidden = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
       for (B.only = 0; B.only < NKINDS && strcmp(kind_keys[B.only], argv[i + 1]); B.only++) {}
       if (B.only == NKINDS) B.only = -2;
       i++;
     } else B.only = -2;
     if (B.only == -2) {
-      fprintf(stderr, "usage: %s [--processes] [--sizes 8K,1M,...] [--ctas N] [--only ar|rs|ag] [--torch FILE] [--beside BYTES]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--processes] [--sizes 8K,1M,...] [--ctas N] [--only ar|rs|ag] [--torch FILE] [--beside BYTES] [--rms H]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -513,6 +676,7 @@ int main(int argc, char **argv) {
   }
   printf("peer bandwidth: %.0f GB/s (256 MiB to the next rank while receiving from the previous, copy engines)\n\n", B.peer_gbs);
   if (B.beside) print_beside();
+  else if (B.rms_hidden) print_rms();
   else print_tables();
   if (B.procs) hir_nccl_comm_free(B.pcomm);
   else hir_nccl_world_free(B.world);

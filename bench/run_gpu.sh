@@ -8,7 +8,8 @@
 # RUN_GPU_SETS="large decode collectives" (the default) picks the tables:
 # "decode" alone runs the decode-size ones, for a machine where all outlast
 # one sitting; "collectives" runs bench/torch_collectives.py, then
-# build/bench-collectives in both modes with PyTorch's columns beside.
+# build/bench-collectives in both modes with PyTorch's columns beside, and
+# its all-reduce with the residual add and RMSNorm (--rms) in both modes.
 # A stage that fails (bench-overlap ends a run whose row hangs, --hang-s)
 # says so, and the next stage runs.
 set -e
@@ -38,6 +39,11 @@ echo "== collectives: one process, a thread per GPU"
 if command -v torchrun >/dev/null; then
   echo "== collectives: a process per GPU"
   torchrun --standalone --nproc-per-node "$ngpu" --no-python ./build/bench-collectives --processes --torch "$torch_file" || echo "(exit status $?)"
+fi
+echo "== the all-reduce with the residual add and RMSNorm: threads, then a process per GPU"
+./build/bench-collectives --rms 8192 || echo "(exit status $?)"
+if command -v torchrun >/dev/null; then
+  torchrun --standalone --nproc-per-node "$ngpu" --no-python ./build/bench-collectives --processes --rms 8192 || echo "(exit status $?)"
 fi
 rm -f "$torch_file";; esac
 case " $sets " in *" decode "*) ;; *) exit 0;; esac
