@@ -24,7 +24,8 @@ import threading
 import numpy as np
 
 __version__ = "0.23"  # hostir.h's HOSTIR_VERSION: CI checks they agree
-__all__ = ["Error", "Fusion", "Tensor", "Program", "run", "ag_matmul_fusion", "matmul_rs_fusion", "matmul_ar_fusion"]
+__all__ = ["Error", "Fusion", "Tensor", "Program", "run", "ag_matmul_fusion", "matmul_rs_fusion", "matmul_ar_fusion",
+           "ar_rms_norm_fusion"]
 
 _MAX_DIMS = 8
 
@@ -602,6 +603,25 @@ def matmul_ar_fusion(world, dtype="float32"):
     a.split(1, world)
     a.parallelize(1, "DIDx")
     b.parallelize(0, "DIDx")
+    return f
+
+
+def ar_rms_norm_fusion(world, dtype="float32", weighted=True, eps=1e-6):
+    """A decode step's all-reduce, residual add and RMSNorm: each device's
+    partial sums X [M, N] (X [D, M, N], DIDx on D) summed, h = that +
+    residual, out = rms_norm(h) * weight (weighted), h and out whole on
+    every device. The evaluator runs the three as one call of the
+    communicator where it offers one (the plan says so)."""
+    f = Fusion()
+    x, r = f.input(dtype, 3), f.input(dtype, 2)
+    w = f.input(dtype, 1) if weighted else None
+    y = f.sum(x, [0])
+    h = f.output(f.add(y, r))
+    f.output(f.rms_norm(h, 1, w, eps))
+    for t in (x, r, w, y):
+        if t is not None:
+            t.mesh(range(world))
+    x.parallelize(0, "DIDx")
     return f
 
 

@@ -38,11 +38,11 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import (Error, _HirTensor, _lib, _status, ag_matmul_fusion, ag_scaled_fusion, matmul_ar_fusion, matmul_rs_fusion,
-               scaled_rs_fusion)
+from . import (Error, _HirTensor, _lib, _status, ag_matmul_fusion, ag_scaled_fusion, ar_rms_norm_fusion, matmul_ar_fusion,
+               matmul_rs_fusion, scaled_rs_fusion)
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter", "run",
-           "set_options", "plan", "shutdown"]
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce_rms_norm", "all_gather_scaled_matmul",
+           "scaled_matmul_reduce_scatter", "run", "set_options", "plan", "shutdown"]
 
 _DTYPES_OF = {0: torch.float32, 1: torch.float64, 2: torch.float16, 3: torch.bfloat16,  # by hir_dtype
               4: torch.float8_e4m3fn, 5: torch.float8_e5m2}  # fp8: run() and the scaled op only
@@ -887,6 +887,61 @@ def matmul_all_reduce(a, b, reduce_op="sum", group=None):
     if _direct(a, b):
         return _matmul_all_reduce(a, b, reduce_op, _group_name(group))
     return torch.ops.hostir.matmul_all_reduce(a, b, reduce_op, _group_name(group))
+
+
+def _all_reduce_rms_norm(x, residual, weight, eps, group_name):
+    """The ranks' x summed, plus residual, then RMSNorm'd: (h, out)."""
+    what = ("all_reduce_rms_norm", "x")
+    _check(what, x, x.dtype, x.device)
+    _check((what[0], "residual"), residual, x.dtype, x.device)
+    if weight is not None:
+        _check((what[0], "weight"), weight, x.dtype, x.device)
+    if x.dim() < 1 or residual.shape != x.shape or (weight is not None and list(weight.shape) != [x.shape[-1]]):
+        _fail("hostir.torch.all_reduce_rms_norm: x is %s, residual %s and weight %s; residual must be x's shape and weight [%d]"
+              % (list(x.shape), list(residual.shape), list(weight.shape) if weight is not None else None, x.shape[-1]))
+    if not eps >= 0:
+        _fail("hostir.torch.all_reduce_rms_norm: eps is %r; give a number >= 0" % (eps,))
+    x2, r2 = x.reshape(1, -1, x.shape[-1]), residual.reshape(-1, x.shape[-1])
+    g = _group_state(group_name, x.device)
+    D, (_, rows, N), dt = g.size, x2.shape, x.dtype
+    key = ("arn", dt, (weight is not None, float(eps)), x2.shape, x2.stride(), r2.stride(),
+           weight.stride() if weight is not None else None)
+
+    def views():
+        ins = [_view((1, rows, N), x2.stride(), dt), _view((rows, N), r2.stride(), dt)]
+        if weight is not None:
+            ins.append(_view((N,), weight.stride(), dt))
+        return ins, [_view((rows, N), (N, 1), dt), _view((rows, N), (N, 1), dt)]
+
+    plan = g.plan_for(key, lambda: ar_rms_norm_fusion(D, _NAMES[dt], weight is not None, float(eps)), views)
+    h, out = torch.empty((rows, N), dtype=dt, device=x.device), torch.empty((rows, N), dtype=dt, device=x.device)
+    plan.run([x2, r2] + ([weight] if weight is not None else []), [h, out])
+    return h.reshape(x.shape), out.reshape(x.shape)
+
+
+_ops.define("all_reduce_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps, str group_name) -> (Tensor, Tensor)")
+for _key in ("CPU", "CUDA"):
+    _ops.impl("all_reduce_rms_norm", _all_reduce_rms_norm, _key)
+
+
+@torch.library.register_fake("hostir::all_reduce_rms_norm")
+def _(x, residual, weight, eps, group_name):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def all_reduce_rms_norm(x, residual, weight=None, eps=1e-6, group=None):
+    """A decode step's all-reduce, residual add and RMSNorm through hostir:
+    each rank passes its partial sums x [..., N], the residual (x's shape,
+    the same on every rank) and the norm's weight [N] (or None), and gets
+    h = (the ranks' x summed) + residual and out = h / sqrt(mean(h^2) + eps)
+    * weight, both whole on every rank. One kernel where hostir's kernel
+    collectives take the all-reduce (the sum rounded to x's dtype before the
+    add, h before the norm); the three apart elsewhere, with the same
+    numbers. A torch.library op (torch.ops.hostir.all_reduce_rms_norm),
+    forward only: it runs under torch.compile and in CUDA graphs."""
+    if _direct(x, residual):
+        return _all_reduce_rms_norm(x, residual, weight, eps, _group_name(group))
+    return torch.ops.hostir.all_reduce_rms_norm(x, residual, weight, eps, _group_name(group))
 
 
 class _Borrowed:

@@ -150,6 +150,25 @@ def ar_forward_backward():
 
 
 @case
+def ar_rms_norm():
+    """hostir.torch.all_reduce_rms_norm: each rank's partial sums, the residual added, RMSNorm'd, whole on every rank."""
+    for dtype in (torch.float32, torch.bfloat16):
+        for lead, weighted in (([5], True), ([2, 3], False)):
+            N = 64
+            X = draw(W.size, *(lead + [N]), dtype=dtype, seed=20)
+            R, G = draw(*(lead + [N]), dtype=dtype, seed=21), draw(N, dtype=dtype, seed=22)
+            x, r = X[W.rank].to(W.dev), R.to(W.dev)
+            h, out = ht.all_reduce_rms_norm(x, r, G.to(W.dev) if weighted else None, 1e-6)
+            s = X.double().sum(0) + R.double()
+            want = s / (s.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * (G.double() if weighted else 1)
+            what = "all_reduce_rms_norm %s %s weighted %s" % (dtype, lead, weighted)
+            close(h, s, dtype, what + " h")
+            close(out, want, dtype, what + " out")
+            if not torch.equal(x, X[W.rank].to(W.dev)):
+                raise AssertionError(what + ": x was written")
+
+
+@case
 def pipelines():
     """The same with every plan the P2P ring pipeline (hostir's cost model
     picks serial at these sizes), its programs checked to exchange by P2P."""
@@ -492,8 +511,8 @@ def refusals():
 
 def rank_main(rank, size, dev):
     W.rank, W.size, W.dev, W.results = rank, size, dev, []
-    for test in (ag_forward_backward, rs_forward_backward, ar_forward_backward, pipelines, compiled, cuda_graph, seen_before, general_fusion, fp8_fusion,
-                 fp8_fused, fp8_rs, shutdown_and_again, refusals):
+    for test in (ag_forward_backward, rs_forward_backward, ar_forward_backward, ar_rms_norm, pipelines, compiled, cuda_graph, seen_before,
+                 general_fusion, fp8_fusion, fp8_fused, fp8_rs, shutdown_and_again, refusals):
         test()
     for name, err in W.results:
         print("rank%d: %s %s" % (rank, "FAIL" if err else "ok  ", name))
