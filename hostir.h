@@ -14146,8 +14146,6 @@ static hir__span *hir__gpu_span_begin(hir_evaluator *ev, const hir_expr *e) {
   return hir__ev_backend(ev, ev->b->event_record(ev->b, sp->start, ev->current), e) ? sp : NULL;
 }
 
-/* How many exprs of the program name tv (reads and writes; Allocate and
-   Deallocate do not count). */
 /* Whether tv is one of the program's outputs. */
 static int hir__is_output(const hir_program *p, const hir_tv *tv) {
   int i;
@@ -14156,6 +14154,8 @@ static int hir__is_output(const hir_program *p, const hir_tv *tv) {
   return 0;
 }
 
+/* How many exprs of the program name tv (reads and writes; Allocate and
+   Deallocate do not count). */
 static int hir__mentions(const hir_scope *s, const hir_tv *tv) {
   int i, k, n = 0;
   for (i = 0; i < s->exprs.n; i++) {
@@ -14279,10 +14279,6 @@ static void hir__describe_run(const hir_scope *s, int from, int end, hir__fused_
   }
 }
 
-/* A composite's run from s's expr *at (hir__find_fused): one backend call
-   on the views its primitives would read and write, then the run's
-   Deallocates; *at moves to its last expr. Where the views are not dense,
-   or the backend declines, the first expr runs as usual (the rest follow). */
 /* An Allreduce, its residual add and an rms_norm from s's expr *at as one
    call of the communicator (hir__find_allreduce_norm), on dense copies
    where the views are not, then the run's Deallocates; *at moves to its
@@ -14314,8 +14310,7 @@ static int hir__exec_allreduce_norm(hir_evaluator *ev, const hir_scope *s, int *
   st = ev->comm->allreduce_rms_norm(ev->comm, ev->team[e->name], d[0].data, d[1].data, t[2] ? d[2].data : NULL, d[3].data, d[4].data,
                                     (size_t)rows, (size_t)cols, t[3]->dtype, run->eps, ev->current);
   if (st == HIR_ERR_UNSUPPORTED) return hir__exec(ev, e);
-  if (st != HIR_OK) return hir__ev_fail(ev, st, "hir_run: %s %d (with the add and rms_norm after it): %s", hir__ops[e->kind].name,
-                                        e->name, ev->comm->error);
+  if (!hir__ev_comm(ev, st, e) || !hir__ev_backend(ev, ev->b->event_record(ev->b, ev->done[e->name], ev->current), e)) return 0;
   for (k = 3; k < 5; k++)
     if (d[k].data != t[k]->data && !hir__ev_backend(ev, ev->b->copy(ev->b, ev->current, t[k], &d[k]), e)) return 0;
   for (k = *at + 1; k <= *at + run->span; k++)
@@ -14325,6 +14320,10 @@ static int hir__exec_allreduce_norm(hir_evaluator *ev, const hir_scope *s, int *
   return 1;
 }
 
+/* A composite's run from s's expr *at (hir__find_fused): one backend call
+   on the views its primitives would read and write, then the run's
+   Deallocates; *at moves to its last expr. Where the views are not dense,
+   or the backend declines, the first expr runs as usual (the rest follow). */
 static int hir__exec_fused(hir_evaluator *ev, const hir_scope *s, int *at) {
   const hir_expr *first = (const hir_expr *)s->exprs.items[*at];
   const hir__fused_run *run = &ev->fused[first->name];

@@ -444,19 +444,24 @@ TEST(test_ops_allreduce_rms_norm, "ops/allreduce_rms_norm", TEST_CPU | TEST_GPU_
    same communicator without the call). */
 typedef struct arn_comm {
   hir_comm comm; /* first: the evaluator's handle; the local world's, its fused call counted or dropped */
-  int calls;
+  int calls, fail; /* fail: the call fails on rank 1, which aborts */
 } arn_comm;
 static hir_status arn_counting(hir_comm *c, void *t, const void *s, const void *r, const void *w, void *h, void *o, size_t rows,
                                size_t cols, hir_dtype dt, double eps, void *st) {
   ((arn_comm *)c)->calls++;
+  if (((arn_comm *)c)->fail && c->rank == 1) {
+    snprintf(c->error, sizeof c->error, "rank 1's fused call fails (a test)");
+    c->abort(c);
+    return HIR_ERR_COMM;
+  }
   return hir__lw_allreduce_rms_norm(c, t, s, r, w, h, o, rows, cols, dt, eps, st);
 }
 typedef struct arn_run {
   spmd_case *c;
   hir_local_world *w;
-  int fused; /* 1: the call offered */
+  int fused; /* 1: the call offered; 2: offered, failing on rank 1 */
   int calls[MAXR], planned[MAXR];
-  hir_tensor out[2][MAXR][3]; /* [fused][rank] */
+  hir_tensor out[3][MAXR][3]; /* [fused][rank] */
   char err[MAXR][600];
 } arn_run;
 static hir_status arn_rank(int rank, void *user) {
@@ -473,6 +478,7 @@ static hir_status arn_rank(int rank, void *user) {
   comm.comm = *hir_local_comm(x->w, rank);
   comm.comm.allreduce_rms_norm = x->fused ? arn_counting : NULL;
   comm.calls = 0;
+  comm.fail = x->fused == 2;
   memset(&ld, 0, sizeof ld);
   memset(&ed, 0, sizeof ed);
   ld.my_device = rank;
@@ -513,6 +519,17 @@ TEST(test_ops_allreduce_rms_norm_fused, "ops/allreduce_rms_norm_fused", TEST_CPU
           if (x.err[r][0]) printf("  D %d form %d fused %d rank %d: %s\n", D, form, fused, r, x.err[r]), hir_test_failures++;
           CHECK(x.planned[r] == (fused && form != 2));
           CHECK(x.calls[r] == (fused && form != 2));
+        }
+      }
+      if (form == 0) { /* the call fails on rank 1: every rank's run fails, naming it */
+        hir_local_world_free(x.w);
+        x.w = hir_local_world_create(D);
+        x.fused = 2;
+        hir_spmd(D, arn_rank, &x);
+        for (r = 0; r < D; r++) {
+          if (!strstr(x.err[r], "rank 1's fused call fails")) printf("  D %d rank %d: %s\n", D, r, x.err[r]);
+          CHECK(strstr(x.err[r], "rank 1's fused call fails") != NULL);
+          for (k = 0; k < c.nout; k++) tfree(&x.out[2][r][k]);
         }
       }
       for (r = 0; r < D; r++)
