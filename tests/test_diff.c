@@ -1,6 +1,8 @@
 /* The differential check: random fusions - sets, binary ops (with broadcast
    axes), elementwise and tensor-scalar ops, random numbers, sums over one or two axes,
-   selects, slices, reshapes, matmuls, split axes - on random meshes (1-D,
+   selects, slices, reshapes, matmuls, layer_norm and rms_norm (one seed in
+   71: a sum over a split axis, a residual added, an rms_norm, which the
+   local world's fused call takes where the placements allow), split axes - on random meshes (1-D,
    and 2-D for one seed in seven) with random DIDx, DIDy and Stream axes and
    stream options, maybe an intermediate returned beside the result, lowered
    for every rank of a local world (by the seed, tuned by hir_tuner) and run
@@ -402,10 +404,10 @@ static int diff_spread(const diff_tv *a) {
    size, where there is one): the backend's fused call where its primitives
    stay together, else the primitives (a sharded last axis: a collective
    among them). */
-static diff_tv *diff_layer_norm(diff_rng *r, diff_prog *p, diff_tv *a) {
+static diff_tv *diff_layer_norm(diff_rng *r, diff_prog *p, diff_tv *a, int rms) {
   int64_t C = a->sizes[a->nd - 1], rows = diff_numel(a->nd - 1, a->sizes), m, k;
   diff_tv *w = NULL, *t;
-  int i, rms = p->seed / 11 % 2;
+  int i;
   for (i = 0; i < p->ntv && diff_next(r, 2); i++)
     if (p->t[i].nd == 1 && p->t[i].sizes[0] == C && &p->t[i] != a) w = &p->t[i];
   t = diff_new(p, rms ? hir_rms_norm(p->f, a->tv, 1, w ? w->tv : NULL, 1e-5) : hir_layer_norm(p->f, a->tv, 1, w ? w->tv : NULL, NULL, 1e-5),
@@ -655,7 +657,34 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     diff_place(r, p, t, meshless);
     p->nin++;
   }
-  if (!diff_int(p) && diff_next(r, 2)) { /* a matmul on the first input: B is [K, N] or [batch, K, N] */
+  if (!diff_int(p) && p->seed % 71 == 35 && p->t[0].nd >= 2 && p->ntv < p->max_tvs - 6) {
+    /* by the seed: a row-parallel linear's tail on the first input, its sum over its split axis (an Allreduce; else
+       over axis 0, split where it can be) plus a residual input, then an rms_norm: the communicator's fused call where
+       the placements allow */
+    diff_tv *a = &p->t[0], *t[4];
+    int64_t n, rs[HIR_MAX_DIMS];
+    int whole = !p->rows && diff_next(r, 4), nmesh = 0, ax = 0, data = 0; /* mostly all on a's mesh, whole: the fusion's case */
+    const int *mesh = hir_tv_mesh(a->tv, &nmesh);
+    for (i = 0; i < hir_tv_ndims(a->tv); i++) { /* its split axis, as a data axis */
+      if (hir_tv_iter_type(a->tv, i) == HIR_REDUCTION) continue;
+      if (hir_tv_ptype(a->tv, i) == HIR_DIDX) ax = data;
+      data++;
+    }
+    for (i = 0, j = whole && nmesh > 1 && a->sizes[0] == nmesh; j && i < hir_tv_ndims(a->tv); i++) j = hir_tv_ptype(a->tv, i) == HIR_SERIAL;
+    if (j) hir_parallelize(a->tv, 0, HIR_DIDX);
+    for (i = 0, j = 0; i < a->nd; i++)
+      if (i != ax) rs[j++] = a->sizes[i];
+    t[0] = diff_new(p, hir_input(p->f, p->dt, a->nd - 1), a->nd - 1, rs); /* the residual */
+    for (n = 0; n < diff_numel(t[0]->nd, t[0]->sizes); n++) t[0]->v[n] = diff_input_value(r, p);
+    t[0]->bound = diff_max_abs(t[0]);
+    p->nin++;
+    t[1] = diff_sum(p, a, ax);
+    t[2] = diff_binary(p, 0, t[1], t[0], -1);
+    t[3] = (!diff_low(p) || !t[2]->inexact) && diff_spread(t[2]) ? diff_layer_norm(r, p, t[2], 1) : NULL;
+    for (i = 0; i < 4 && t[i]; i++)
+      if (whole && nmesh) hir_set_mesh(t[i]->tv, nmesh, mesh);
+      else diff_place(r, p, t[i], meshless);
+  } else if (!diff_int(p) && diff_next(r, 2)) { /* a matmul on the first input: B is [K, N] or [batch, K, N] */
     diff_tv *a = &p->t[0], *b;
     int64_t bs[3], n;
     if (a->nd >= 2 && p->ntv < p->max_tvs - 5 && p->seed % 5 == 3) { /* by the seed: the programs of other seeds stay */
@@ -680,7 +709,7 @@ static int diff_build(diff_rng *r, diff_prog *p) {
     switch (diff_next(r, 5)) {
     case 3: /* an elementwise op; by the seed, a layer_norm (the programs of other seeds stay) */
       t = diff_int(p) ? (a->nd >= 2 && diff_next(r, 2) ? diff_permute(r, p, a) : diff_unary(p, diff_next(r, 3), a))
-          : p->seed % 11 == 4 && p->ntv < p->max_tvs - 4 && (!diff_low(p) || !a->inexact) && diff_spread(a) ? diff_layer_norm(r, p, a)
+          : p->seed % 11 == 4 && p->ntv < p->max_tvs - 4 && (!diff_low(p) || !a->inexact) && diff_spread(a) ? diff_layer_norm(r, p, a, p->seed / 11 % 2)
           : (p->seed % 19 == 10 || p->seed % 89 == 44) && a->nd >= 2 ? diff_permute(r, p, a)
           : p->seed % 31 == 15 && a - p->t < p->nin && p->ntv < p->max_tvs - 3 && p->dt == HIR_F32 ? diff_bf16_trip(r, p, a, meshless)
           : (p->seed % 61 == 30 || p->seed % 67 == 33) && p->ntv < p->max_tvs - 4 ? diff_divide(r, p, a, p->seed % 67 == 33, meshless)
