@@ -138,9 +138,10 @@ HIRDEF int        hir_nccl_comm_blocking(hir_comm *c);
    communicator is made, the same on every rank (hir_nccl_comm_describe
    says it; HOSTIR_MEASURE_COLLECTIVES=0 on any rank: a fixed rule
    instead); a team of fewer ranks than the world takes the fixed rule for
-   its size, and a workspace of its own (64 MiB on each member's GPU). A path other than AUTO forces one for every size (for
-   benchmarks and tests; ONE_SHOT and TWO_SHOT name the all-reduce's, the
-   others take their kernel either way); ctas > 0 caps the CTAs a kernel
+   its size, and a workspace of its own (64 MiB on each member's GPU). A
+   path other than AUTO forces one for every size (for benchmarks and
+   tests; ONE_SHOT and TWO_SHOT name the all-reduce's, the others take
+   their kernel either way); ctas > 0 caps the CTAs a kernel
    collective takes (1 to 128; a forced path takes exactly that many), so a
    GEMM beside keeps the other SMs; 0: as measured. Set it on every rank
    alike, while no rank runs a program: HIR_ERR_UNSUPPORTED where a kernel

@@ -649,7 +649,7 @@ static int kc1_gone(kc1_world *w, kc1_host *h, kc_case *k, int stop) {
 static int kc1_rms(kc1_world *w, kc1_host *h, kc_case *k, hir_dtype dt, size_t rows, size_t cols, int two, int ctas, int weighted,
                    unsigned salt) {
   size_t es = hir_dtype_size(dt), n = rows * cols, i, r, c;
-  unsigned char *host = (unsigned char *)malloc((2 + 2 * MAXR) * n * es + cols * es), *din[MAXR], *dh[MAXR], *dout[MAXR], *dres, *dw;
+  unsigned char *host = (unsigned char *)malloc((4 * n + cols) * es), *din[MAXR], *dh[MAXR], *dout[MAXR], *dres, *dw;
   unsigned char *hres = host, *hw = host + n * es, *hin = hw + cols * es, *got = hin + n * es;
   double *want_h = (double *)malloc(n * sizeof(double));
   int q, ok = host && want_h, bad = 0;
