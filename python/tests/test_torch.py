@@ -166,6 +166,29 @@ def ar_rms_norm():
             close(out, want, dtype, what + " out")
             if not torch.equal(x, X[W.rank].to(W.dev)):
                 raise AssertionError(what + ": x was written")
+    if W.dev.type == "cuda":  # captured in a CUDA graph, replayed on new partial sums
+        R, G = draw(4, 64, seed=31), draw(64, seed=32)
+        sx, r, g = draw(W.size, 4, 64, seed=30)[W.rank].to(W.dev).clone(), R.to(W.dev), G.to(W.dev)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up, as torch.cuda.graph asks
+            for _ in range(2):
+                ht.all_reduce_rms_norm(sx, r, g)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            h, out = ht.all_reduce_rms_norm(sx, r, g)
+        for step in range(3):
+            X = draw(W.size, 4, 64, seed=40 + step)
+            sx.copy_(X[W.rank])
+            h.fill_(float("nan"))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            s = X.double().sum(0) + R.double()
+            close(h, s, torch.float32, "all_reduce_rms_norm replay %d h" % step)
+            close(out, s / (s.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * G.double(), torch.float32,
+                  "all_reduce_rms_norm replay %d out" % step)
 
 
 @case
