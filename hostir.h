@@ -14495,7 +14495,8 @@ static void hir__find_allreduce_norm(hir_evaluator *ev, const hir_scope *s) {
   hir_program *p = (hir_program *)ev->p; /* the plan is the program's note to its reader */
   int i, j, k, alike;
   for (i = 0; i < s->exprs.n; i++) {
-    const hir_expr *e = (const hir_expr *)s->exprs.items[i], *u = NULL, *x;
+    const hir_expr *e = (const hir_expr *)s->exprs.items[i], *u = NULL;
+    const hir__fused_run *norm;
     const hir_tv *y;
     hir__fused_run *run;
     hir__find_allreduce_norm(ev, &e->body);
@@ -14513,12 +14514,13 @@ static void hir__find_allreduce_norm(hir_evaluator *ev, const hir_scope *s) {
       break;
     }
     for (k = j + 1; u && k < s->exprs.n && ((const hir_expr *)s->exprs.items[k])->kind == HIR_EXPR_DEALLOCATE; k++) {}
-    if (!u || k >= s->exprs.n || !(x = ev->fused[((const hir_expr *)s->exprs.items[k])->name].x) ||
-        ev->fused[((const hir_expr *)s->exprs.items[k])->name].center || ev->fused[((const hir_expr *)s->exprs.items[k])->name].allreduce ||
-        x->in[0] != u->out[0] || hir__mentions(&p->top, y) != 2 || hir__is_output(p, y))
+    if (!u || k >= s->exprs.n) continue;
+    norm = &ev->fused[((const hir_expr *)s->exprs.items[k])->name]; /* an rms_norm of the add's output, alone */
+    if (!norm->x || norm->center || norm->allreduce || norm->x->in[0] != u->out[0] || hir__mentions(&p->top, y) != 2 ||
+        hir__is_output(p, y))
       continue;
     run = &ev->fused[e->name];
-    *run = ev->fused[((const hir_expr *)s->exprs.items[k])->name];
+    *run = *norm;
     run->allreduce = e, run->add = u, run->residual = u->in[u->in[0] == y];
     for (j = 0, alike = !run->weight || run->weight->dtype == y->dtype; alike && j < e->team_size; j++) /* every member decides so */
       alike = hir__in_mesh(u->out[0], e->team[j]) && hir__in_mesh(run->out, e->team[j]) && hir__in_mesh(run->residual, e->team[j]) &&
@@ -14528,7 +14530,7 @@ static void hir__find_allreduce_norm(hir_evaluator *ev, const hir_scope *s) {
       continue;
     }
     run->span += k - i;
-    {
+    if (!strstr(p->plan, "the rms_norm after it")) { /* the first such run, as the other fusions' notes */
       size_t n = strlen(p->plan);
       snprintf(p->plan + n, sizeof p->plan - n, "%sfused: %s %d, the add of T%d and the rms_norm after it in one call of the "
                "communicator where it takes them", n ? "; " : "", hir__ops[e->kind].name, e->name, run->residual->name);

@@ -2294,8 +2294,6 @@ static int hir_nccl__kc_prepare(hir_nccl__kc *kc, int device, char *err, size_t 
 static int hir_nccl__kc_borrow(hir_nccl__kc *kc, const hir_nccl__kc *from, char *err, size_t cap) {
   memcpy(kc->kernel, from->kernel, sizeof kc->kernel);
   kc->fill = from->fill;
-  kc->stop = from->stop;
-  kc->error = from->error;
   return hir_nccl__kc_workspace(kc, err, cap);
 }
 
@@ -3061,9 +3059,9 @@ static void hir_nccl__free_team_ids(hir_nccl_world *w) {
    world's or another team's. Every member agrees, or the team keeps
    NCCL's collectives; an error only where the exchange failed. */
 static hir_status hir_nccl__team_kc(hir_comm *c, hir_nccl__team *t) {
-  typedef struct { cudaIpcMemHandle_t handle; unsigned long long at; int ok; } hir_nccl__kc_hello;
+  typedef struct { cudaIpcMemHandle_t handle; unsigned long long at; int ok; } hir_nccl__team_hello;
   hir_nccl__rank *nc = hir_nccl__of(c);
-  hir_nccl__kc_hello me, *all = NULL;
+  hir_nccl__team_hello me, *all = NULL;
   hir_nccl__kc *kc = NULL;
   char why[200];
   hir_status s;
@@ -3074,7 +3072,7 @@ static hir_status hir_nccl__team_kc(hir_comm *c, hir_nccl__team *t) {
     me.at = (unsigned long long)(uintptr_t)kc->mine;
     me.ok = nc->shared || cudaIpcGetMemHandle(&me.handle, kc->mine) == cudaSuccess || (cudaGetLastError(), 0);
   }
-  if (!(all = (hir_nccl__kc_hello *)calloc((size_t)t->n, sizeof *all))) {
+  if (!(all = (hir_nccl__team_hello *)calloc((size_t)t->n, sizeof *all))) {
     if (kc) hir_nccl__kc_free(kc);
     free(kc);
     snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
