@@ -1011,10 +1011,11 @@ HIRDEF hir_backend     *hir_backend_cuda_create(int device);
 HIRDEF hir_status       hir_backend_cuda_open(int device, hir_backend **out, char *error, size_t cap);
 HIRDEF void             hir_backend_cuda_set_stream(hir_backend *b, void *cuda_stream);
 HIRDEF void             hir_backend_cuda_set_tf32(hir_backend *b, int enable);
-/* CUDA C++ `source` compiled by NVRTC for `device`'s architecture (through
-   the kernel cache, as the backend's own kernels) and loaded: *library is a
-   cudaLibrary_t, for code that launches kernels of its own (hostir_nccl.h's
-   collectives). `name` names it in messages. */
+/* CUDA C++ `source` compiled by NVRTC for `device`'s architecture (sm_90a
+   on a 9.0 GPU: wgmma and setmaxnreg may be used; through the kernel cache,
+   as the backend's own kernels) and loaded: *library is a cudaLibrary_t,
+   for code that launches kernels of its own (hostir_nccl.h's collectives).
+   `name` names it in messages. */
 HIRDEF hir_status       hir_cuda_library_load(int device, const char *source, const char *name, void **library, char *error,
                                               size_t cap);
 #endif
@@ -10646,7 +10647,8 @@ static void hir__map_prepare(hir__map_build *m, int device) {
   char options[80];
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  snprintf(m->arch, sizeof m->arch, "sm_%d%d", major, minor);
+  /* 9.0's "a" target: the same chip, plus the instructions only it has (wgmma, setmaxnreg) */
+  snprintf(m->arch, sizeof m->arch, "sm_%d%d%s", major, minor, major == 9 && minor == 0 ? "a" : "");
   snprintf(options, sizeof options, "%.16s", m->arch); /* a copy: -Wrestrict cannot tell m's fields apart */
   snprintf(m->option, sizeof m->option, "--gpu-architecture=%.16s", options);
   snprintf(options, sizeof options, "%s --std=c++14", m->option);
