@@ -137,8 +137,10 @@ HIRDEF int        hir_nccl_comm_blocking(hir_comm *c);
    on how many CTAs (32 or 128), is measured for each size class when the
    communicator is made, the same on every rank (hir_nccl_comm_describe
    says it; HOSTIR_MEASURE_COLLECTIVES=0 on any rank: a fixed rule
-   instead); a team of fewer ranks than the world takes the fixed rule for
-   its size, and a workspace of its own (64 MiB on each member's GPU). A
+   instead); a team of fewer ranks than the world measures its own when it
+   is made (tens of milliseconds; plans saved by hir_tuner_save keep the
+   world's only), and has a workspace of its own (64 MiB on each member's
+   GPU). A
    path other than AUTO forces one for every size (for benchmarks and
    tests; ONE_SHOT and TWO_SHOT name the all-reduce's, the others take
    their kernel either way); ctas > 0 caps the CTAs a kernel
@@ -3052,111 +3054,6 @@ static void hir_nccl__free_team_ids(hir_nccl_world *w) {
   }
 }
 
-/* A team other than the world, where the world has kernel collectives
-   (every rank on this host): a workspace of its own on the world's
-   kernels, mapped by every member (threads: its address; processes: CUDA
-   IPC), so that its calls count their own sequence and never meet the
-   world's or another team's. Every member agrees, or the team keeps
-   NCCL's collectives; an error only where the exchange failed. */
-static hir_status hir_nccl__team_kc(hir_comm *c, hir_nccl__team *t) {
-  typedef struct { cudaIpcMemHandle_t handle; unsigned long long at; int ok; } hir_nccl__team_hello;
-  hir_nccl__rank *nc = hir_nccl__of(c);
-  hir_nccl__team_hello me, *all = NULL;
-  hir_nccl__kc *kc = NULL;
-  char why[200];
-  hir_status s;
-  int i, every = 1, round;
-  if (!nc->kc.on || t->n < 2) return HIR_OK;
-  memset(&me, 0, sizeof me);
-  if ((kc = (hir_nccl__kc *)calloc(1, sizeof *kc)) && hir_nccl__kc_borrow(kc, &nc->kc, why, sizeof why)) {
-    me.at = (unsigned long long)(uintptr_t)kc->mine;
-    me.ok = nc->shared || cudaIpcGetMemHandle(&me.handle, kc->mine) == cudaSuccess || (cudaGetLastError(), 0);
-  }
-  if (!(all = (hir_nccl__team_hello *)calloc((size_t)t->n, sizeof *all))) {
-    if (kc) hir_nccl__kc_free(kc);
-    free(kc);
-    snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
-    return HIR_ERR_NOMEM;
-  }
-  for (round = 0, s = HIR_OK; round < 2 && s == HIR_OK; round++) { /* the handles, then whether every member mapped them */
-    if ((s = hir_nccl__exchange_on(c, t->comm, t->n, t->me, &me, all, sizeof me, -1, NULL, 0)) != HIR_OK) break;
-    for (i = 0; i < t->n; i++) every &= all[i].ok;
-    for (i = 0; !round && every && i < t->n; i++) {
-      void *base = NULL;
-      if (i == t->me) kc->ws[i] = kc->mine;
-      else if (nc->shared) kc->ws[i] = (unsigned char *)(uintptr_t)all[i].at;
-      else if (cudaIpcOpenMemHandle(&base, all[i].handle, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess)
-        kc->ws[i] = (unsigned char *)base, kc->opened[i] = 1;
-      else every = 0, cudaGetLastError();
-    }
-    me.ok = every;
-  }
-  free(all);
-  if (s != HIR_OK || !every) {
-    if (kc) hir_nccl__kc_free(kc);
-    free(kc);
-    return s;
-  }
-  kc->n = t->n;
-  kc->me = t->me;
-  hir_nccl__kc_words(kc, &nc->ce);
-  kc->on = 1;
-  t->kc = kc;
-  return HIR_OK;
-}
-
-static hir_status hir_nccl__make_team(hir_comm *c, const int *devices, int n, void **out) {
-  hir_nccl__rank *nc = hir_nccl__of(c);
-  hir_nccl__team *t;
-  ncclUniqueId id;
-  hir_status s;
-  int i, me = -1, whole = n == c->size;
-  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
-  for (i = 0; i < n; i++) {
-    if (devices[i] < 0 || devices[i] >= c->size) {
-      snprintf(c->error, sizeof c->error, "hostir_nccl: device %d of a team is outside the world of %d ranks", devices[i], c->size);
-      return HIR_ERR_INVALID;
-    }
-    if (devices[i] == c->rank) me = i;
-    whole &= devices[i] == i;
-  }
-  if (me < 0) {
-    snprintf(c->error, sizeof c->error, "hostir_nccl: rank %d asked for a team it is not in", c->rank);
-    return HIR_ERR_INVALID;
-  }
-  if (whole) { /* the world itself, in rank order */
-    *out = &nc->world_team;
-    return HIR_OK;
-  }
-  for (t = nc->teams; t; t = t->next)
-    if (t->n == n && memcmp(t->devices, devices, (size_t)n * sizeof(int)) == 0) {
-      *out = t;
-      return HIR_OK;
-    }
-  if ((s = hir_nccl__team_id_of(nc, devices, n, &id)) != HIR_OK) return s;
-  if (!(t = (hir_nccl__team *)calloc(1, sizeof *t)) || !(t->devices = (int *)malloc((size_t)n * sizeof(int)))) {
-    free(t);
-    snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
-    return HIR_ERR_NOMEM;
-  }
-  memcpy(t->devices, devices, (size_t)n * sizeof(int));
-  t->n = n;
-  t->me = me;
-  cudaSetDevice(nc->device);
-  if ((s = hir_nccl__init_comm(c, &t->comm, n, id, me)) == HIR_OK && (s = hir_nccl__twin(c, t->comm, me, &t->fast)) != HIR_OK)
-    ncclCommAbort(t->comm); /* made, but its twin failed */
-  if (s != HIR_OK) {
-    free(t->devices);
-    free(t);
-    return s;
-  }
-  t->next = nc->teams;
-  nc->teams = t;
-  if ((s = hir_nccl__team_kc(c, t)) != HIR_OK) return s; /* the team stays listed: the release frees it */
-  *out = t;
-  return HIR_OK;
-}
-
 static hir_status hir_nccl__root(hir_comm *c, const hir_nccl__team *t, int root, int *index) {
   if ((*index = hir_team_index(t->devices, t->n, root)) >= 0) return HIR_OK;
   snprintf(c->error, sizeof c->error, "hostir_nccl: the root %d is not in the team", root);
@@ -3326,24 +3223,26 @@ static int hir_nccl__kc_say(const hir_nccl__kc *kc, int kind, char *buf, size_t 
   return at;
 }
 
-/* The choice, measured at creation, for this machine: every path of every
-   collective at each size class, timed on this rank (bf16 calls captured in
-   a CUDA graph and replayed between two events, so the device's time is
-   measured, not the host's launches; eager calls where capture fails; the
-   forms in turns, each its fastest of HIR_NCCL__KC_ROUNDS rounds), the times
-   summed over the ranks (the setup's exchange: every rank decides from the
-   same numbers), then per class the fastest: a kernel only where it beats
-   NCCL's by 2%, on all of HIR_NCCL__KC_CTAS CTAs only where they beat
-   HIR_NCCL__KC_FEW by 5% (fewer leave a GEMM beside more SMs). It takes
-   tens of milliseconds and 128 MiB of the GPU's memory for that long;
-   where a rank cannot spare it, or has HOSTIR_MEASURE_COLLECTIVES=0 (a
-   faster start, the same paths from run to run), every rank keeps the
-   fixed rule of hir_nccl__kc_words (so does a failure, which also fails the
-   communicator's creation, and so do choices that differ, checked before
-   any is kept). */
+/* The choice, measured at creation, for this machine and team (the world,
+   when the communicator is made; a team smaller than the world, when it is
+   made): every path of every collective at each size class, timed on this
+   rank (bf16 calls captured in a CUDA graph and replayed between two
+   events, so the device's time is measured, not the host's launches; eager
+   calls where capture fails; the forms in turns, each its fastest of
+   HIR_NCCL__KC_ROUNDS rounds), the times summed over the team's ranks (the
+   setup's exchange: every rank decides from the same numbers), then per
+   class the fastest: a kernel only where it beats NCCL's by 2%, on all of
+   HIR_NCCL__KC_CTAS CTAs only where they beat HIR_NCCL__KC_FEW by 5% (fewer
+   leave a GEMM beside more SMs). It takes tens of milliseconds and 128 MiB
+   of the GPU's memory for that long; where a rank cannot spare it, or has
+   HOSTIR_MEASURE_COLLECTIVES=0 (a faster start, the same paths from run to
+   run), every rank keeps the fixed rule of hir_nccl__kc_words (so does a
+   failure, which also fails the communicator's or the team's creation, and
+   so do choices that differ, checked before any is kept). The caller's
+   path and CTA cap come back after. */
 enum { HIR_NCCL__KC_WARM = 2, HIR_NCCL__KC_TRIES = 6, HIR_NCCL__KC_ROUNDS = 3, HIR_NCCL__KC_FORMS = 5 };
-static hir_status hir_nccl__kc_calls(hir_comm *c, int kind, size_t bytes, void *in, void *out, cudaStream_t st, int calls) {
-  hir_nccl__team *t = &hir_nccl__of(c)->world_team;
+static hir_status hir_nccl__kc_calls(hir_comm *c, hir_nccl__team *t, int kind, size_t bytes, void *in, void *out, cudaStream_t st,
+                                     int calls) {
   hir_status s = HIR_OK;
   int i;
   for (i = 0; i < calls && s == HIR_OK; i++)
@@ -3354,13 +3253,13 @@ static hir_status hir_nccl__kc_calls(hir_comm *c, int kind, size_t bytes, void *
 }
 /* The form the communicator's path now takes, warmed up and captured in
    *exec (NULL where capture failed: the form is then timed eagerly). */
-static hir_status hir_nccl__kc_capture(hir_comm *c, int kind, size_t bytes, void *in, void *out, cudaStream_t st,
+static hir_status hir_nccl__kc_capture(hir_comm *c, hir_nccl__team *t, int kind, size_t bytes, void *in, void *out, cudaStream_t st,
                                        cudaGraphExec_t *exec) {
   cudaGraph_t g = NULL;
-  hir_status s = hir_nccl__kc_calls(c, kind, bytes, in, out, st, HIR_NCCL__KC_WARM), captured = HIR_ERR_BACKEND;
+  hir_status s = hir_nccl__kc_calls(c, t, kind, bytes, in, out, st, HIR_NCCL__KC_WARM), captured = HIR_ERR_BACKEND;
   *exec = NULL;
   if (s == HIR_OK && cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
-    captured = hir_nccl__kc_calls(c, kind, bytes, in, out, st, HIR_NCCL__KC_TRIES);
+    captured = hir_nccl__kc_calls(c, t, kind, bytes, in, out, st, HIR_NCCL__KC_TRIES);
     if (cudaStreamEndCapture(st, &g) != cudaSuccess || captured != HIR_OK || cudaGraphInstantiate(exec, g, 0) != cudaSuccess)
       *exec = NULL;
     if (g) cudaGraphDestroy(g);
@@ -3371,12 +3270,12 @@ static hir_status hir_nccl__kc_capture(hir_comm *c, int kind, size_t bytes, void
   if (s == HIR_OK && (s = hir_nccl__setup_wait(c, st, "measuring the collectives")) == HIR_OK) s = hir_nccl__kc_failed(c);
   return s;
 }
-static hir_status hir_nccl__kc_time(hir_comm *c, int kind, size_t bytes, void *in, void *out, cudaStream_t st, cudaGraphExec_t exec,
-                                    cudaEvent_t *e, double *us) {
+static hir_status hir_nccl__kc_time(hir_comm *c, hir_nccl__team *t, int kind, size_t bytes, void *in, void *out, cudaStream_t st,
+                                    cudaGraphExec_t exec, cudaEvent_t *e, double *us) {
   hir_status s = HIR_OK;
   float ms = 0;
   cudaEventRecord(e[0], st);
-  if (!exec) s = hir_nccl__kc_calls(c, kind, bytes, in, out, st, HIR_NCCL__KC_TRIES);
+  if (!exec) s = hir_nccl__kc_calls(c, t, kind, bytes, in, out, st, HIR_NCCL__KC_TRIES);
   else if (cudaGraphLaunch(exec, st) != cudaSuccess) {
     snprintf(c->error, sizeof c->error, "measuring the collectives on rank %d: %s", c->rank, cudaGetErrorString(cudaGetLastError()));
     s = HIR_ERR_BACKEND;
@@ -3387,10 +3286,10 @@ static hir_status hir_nccl__kc_time(hir_comm *c, int kind, size_t bytes, void *i
   *us = ms * 1e3 / HIR_NCCL__KC_TRIES;
   return s;
 }
-/* vals[0..count) summed over the ranks, in place: the setup's exchange,
-   then sums in rank order, so every rank gets the same bits. */
-static hir_status hir_nccl__kc_sum(hir_comm *c, double *vals, size_t count) {
-  double *all = (double *)malloc(count * (size_t)c->size * sizeof *all);
+/* vals[0..count) summed over the team's ranks, in place: the setup's
+   exchange, then sums in rank order, so every rank gets the same bits. */
+static hir_status hir_nccl__kc_sum(hir_comm *c, hir_nccl__team *t, double *vals, size_t count) {
+  double *all = (double *)malloc(count * (size_t)t->n * sizeof *all);
   size_t i;
   int r;
   hir_status s;
@@ -3398,19 +3297,21 @@ static hir_status hir_nccl__kc_sum(hir_comm *c, double *vals, size_t count) {
     snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
     return HIR_ERR_NOMEM; /* the other ranks' exchange ends at their deadline */
   }
-  if ((s = hir_nccl__exchange(c, vals, all, count * sizeof *vals, -1, NULL, 0)) == HIR_OK)
+  if ((s = hir_nccl__exchange_on(c, t->comm, t->n, t->me, vals, all, count * sizeof *vals, -1, NULL, 0)) == HIR_OK)
     for (i = 0; i < count; i++)
-      for (vals[i] = 0, r = 0; r < c->size; r++) vals[i] += all[(size_t)r * count + i];
+      for (vals[i] = 0, r = 0; r < t->n; r++) vals[i] += all[(size_t)r * count + i];
   free(all);
   return s;
 }
-static hir_status hir_nccl__kc_measure(hir_comm *c) {
+static hir_status hir_nccl__kc_measure(hir_comm *c, hir_nccl__team *t) {
   static const int ctas_tried[2] = {HIR_NCCL__KC_FEW, HIR_NCCL__KC_CTAS};
   hir_nccl__rank *nc = hir_nccl__of(c);
-  hir_nccl__kc *kc = &nc->kc;
+  hir_nccl__kc *kc = hir_nccl__kc_of(nc, t);
+  hir_nccl_path path = nc->path; /* the forms are timed on forced paths and CTAs; the caller's come back after */
+  int cap = nc->kc.cap;
   size_t top = hir_nccl__kc_class_bytes[HIR_NCCL__KC_CLASSES - 1];
   /* [collective: AR_ONE (all-reduce), RS, AG][class][NCCL, kernel on few, on many, (all-reduce) two shots on few, on many] */
-  double us[3][HIR_NCCL__KC_CLASSES][HIR_NCCL__KC_FORMS], every;
+  double us[3][HIR_NCCL__KC_CLASSES][HIR_NCCL__KC_FORMS], every, us_now;
   signed char use[HIR_NCCL__KC_KINDS][HIR_NCCL__KC_CLASSES];
   unsigned char ctas[HIR_NCCL__KC_KINDS][HIR_NCCL__KC_CLASSES];
   void *in = NULL, *out = NULL;
@@ -3430,7 +3331,7 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
           cudaMemsetAsync(in, 0x3c, top, st) == cudaSuccess && /* 0x3c3c: bf16 0.0115 */
           cudaEventCreate(&e[0]) == cudaSuccess && cudaEventCreate(&e[1]) == cudaSuccess;
   cudaGetLastError();
-  if (s == HIR_OK && (s = hir_nccl__kc_sum(c, &every, 1)) == HIR_OK && every == (double)c->size) { /* every rank able */
+  if (s == HIR_OK && (s = hir_nccl__kc_sum(c, t, &every, 1)) == HIR_OK && every == (double)t->n) { /* every rank able */
     for (coll = 0; coll < 3 && s == HIR_OK; coll++)
       for (z = 0; z < HIR_NCCL__KC_CLASSES && s == HIR_OK; z++) {
         size_t bytes = hir_nccl__kc_class_bytes[z];
@@ -3438,23 +3339,23 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
         cudaGraphExec_t exec[HIR_NCCL__KC_FORMS] = {NULL, NULL, NULL, NULL, NULL};
         for (round = -1; round < HIR_NCCL__KC_ROUNDS && s == HIR_OK; round++) /* each form captured, then timed in turns */
           for (f = 0; f < forms && s == HIR_OK; f++) {
-            double t = 0;
+            us_now = 0;
             if (coll == 0 && (f == 1 || f == 2) && bytes > ((size_t)8 << 20)) continue; /* one shot past 8 MiB: never */
             nc->path = f == 0 ? HIR_NCCL_PATH_NCCL : f <= 2 && coll == 0 ? HIR_NCCL_PATH_ONE_SHOT : HIR_NCCL_PATH_TWO_SHOT;
-            kc->cap = f == 0 ? 0 : ctas_tried[(f - 1) % 2];
+            nc->kc.cap = f == 0 ? 0 : ctas_tried[(f - 1) % 2]; /* the world's cap bounds every team's calls */
             if (round < 0) {
-              s = hir_nccl__kc_capture(c, kind, bytes, in, out, st, &exec[f]);
+              s = hir_nccl__kc_capture(c, t, kind, bytes, in, out, st, &exec[f]);
               continue;
             }
-            s = hir_nccl__kc_time(c, kind, bytes, in, out, st, exec[f], e, &t);
-            if (!round || t < us[coll][z][f]) us[coll][z][f] = t;
+            s = hir_nccl__kc_time(c, t, kind, bytes, in, out, st, exec[f], e, &us_now);
+            if (!round || us_now < us[coll][z][f]) us[coll][z][f] = us_now;
           }
         for (f = 0; f < forms; f++)
           if (exec[f]) cudaGraphExecDestroy(exec[f]);
       }
-    nc->path = HIR_NCCL_PATH_AUTO;
-    kc->cap = 0;
-    if (s == HIR_OK) s = hir_nccl__kc_sum(c, &us[0][0][0], sizeof us / sizeof(double));
+    nc->path = path;
+    nc->kc.cap = cap;
+    if (s == HIR_OK) s = hir_nccl__kc_sum(c, t, &us[0][0][0], sizeof us / sizeof(double));
     for (coll = 0; coll < 3 && s == HIR_OK; coll++)
       for (z = 0; z < HIR_NCCL__KC_CLASSES; z++) {
         double *t = us[coll][z], best = t[0] * 0.98;
@@ -3471,9 +3372,9 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
     if (s == HIR_OK) { /* the same sums give every rank the same choice; a choice that differs anyway would hang a
                           collective or mix its data, so the ranks check, and keep the fixed rule unless all agree */
       double mine = (double)(hir_nccl__hash(use, sizeof use, hir_nccl__hash(ctas, sizeof ctas, 0)) & 0xffffffffu), all = mine;
-      if ((s = hir_nccl__kc_sum(c, &all, 1)) == HIR_OK) {
-        every = all == mine * c->size;
-        if ((s = hir_nccl__kc_sum(c, &every, 1)) == HIR_OK && every == (double)c->size) {
+      if ((s = hir_nccl__kc_sum(c, t, &all, 1)) == HIR_OK) {
+        every = all == mine * t->n;
+        if ((s = hir_nccl__kc_sum(c, t, &every, 1)) == HIR_OK && every == (double)t->n) {
           memcpy(kc->use, use, sizeof use);
           memcpy(kc->ctas, ctas, sizeof ctas);
           kc->measured = 1;
@@ -3481,14 +3382,122 @@ static hir_status hir_nccl__kc_measure(hir_comm *c) {
       }
     }
   }
-  nc->path = HIR_NCCL_PATH_AUTO;
-  kc->cap = 0;
+  nc->path = path;
+  nc->kc.cap = cap;
   if (st) cudaStreamDestroy(st);
   if (e[0]) cudaEventDestroy(e[0]);
   if (e[1]) cudaEventDestroy(e[1]);
   cudaFree(in), cudaFree(out);
   cudaGetLastError();
   return s;
+}
+
+/* A team other than the world, where the world has kernel collectives
+   (every rank on this host): a workspace of its own on the world's
+   kernels, mapped by every member (threads: its address; processes: CUDA
+   IPC), so that its calls count their own sequence and never meet the
+   world's or another team's, and, for a team smaller than the world, its
+   own choice of path measured (hir_nccl__kc_measure). Every member agrees,
+   or the team keeps NCCL's collectives; an error only where an exchange
+   or the measurement failed. */
+static hir_status hir_nccl__team_kc(hir_comm *c, hir_nccl__team *t) {
+  typedef struct { cudaIpcMemHandle_t handle; unsigned long long at; int ok; } hir_nccl__team_hello;
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__team_hello me, *all = NULL;
+  hir_nccl__kc *kc = NULL;
+  char why[200];
+  hir_status s;
+  int i, every = 1, round;
+  if (!nc->kc.on || t->n < 2) return HIR_OK;
+  memset(&me, 0, sizeof me);
+  if ((kc = (hir_nccl__kc *)calloc(1, sizeof *kc)) && hir_nccl__kc_borrow(kc, &nc->kc, why, sizeof why)) {
+    me.at = (unsigned long long)(uintptr_t)kc->mine;
+    me.ok = nc->shared || cudaIpcGetMemHandle(&me.handle, kc->mine) == cudaSuccess || (cudaGetLastError(), 0);
+  }
+  if (!(all = (hir_nccl__team_hello *)calloc((size_t)t->n, sizeof *all))) {
+    if (kc) hir_nccl__kc_free(kc);
+    free(kc);
+    snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
+    return HIR_ERR_NOMEM;
+  }
+  for (round = 0, s = HIR_OK; round < 2 && s == HIR_OK; round++) { /* the handles, then whether every member mapped them */
+    if ((s = hir_nccl__exchange_on(c, t->comm, t->n, t->me, &me, all, sizeof me, -1, NULL, 0)) != HIR_OK) break;
+    for (i = 0; i < t->n; i++) every &= all[i].ok;
+    for (i = 0; !round && every && i < t->n; i++) {
+      void *base = NULL;
+      if (i == t->me) kc->ws[i] = kc->mine;
+      else if (nc->shared) kc->ws[i] = (unsigned char *)(uintptr_t)all[i].at;
+      else if (cudaIpcOpenMemHandle(&base, all[i].handle, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess)
+        kc->ws[i] = (unsigned char *)base, kc->opened[i] = 1;
+      else every = 0, cudaGetLastError();
+    }
+    me.ok = every;
+  }
+  free(all);
+  if (s != HIR_OK || !every) {
+    if (kc) hir_nccl__kc_free(kc);
+    free(kc);
+    return s;
+  }
+  kc->n = t->n;
+  kc->me = t->me;
+  hir_nccl__kc_words(kc, &nc->ce);
+  kc->on = 1;
+  t->kc = kc;
+  /* a team of the world's size takes the world's choice; a smaller one measures its own, as the world does */
+  return t->n == c->size ? HIR_OK : hir_nccl__kc_measure(c, t);
+}
+
+static hir_status hir_nccl__make_team(hir_comm *c, const int *devices, int n, void **out) {
+  hir_nccl__rank *nc = hir_nccl__of(c);
+  hir_nccl__team *t;
+  ncclUniqueId id;
+  hir_status s;
+  int i, me = -1, whole = n == c->size;
+  if (hir_nccl__ended(c)) return HIR_ERR_COMM;
+  for (i = 0; i < n; i++) {
+    if (devices[i] < 0 || devices[i] >= c->size) {
+      snprintf(c->error, sizeof c->error, "hostir_nccl: device %d of a team is outside the world of %d ranks", devices[i], c->size);
+      return HIR_ERR_INVALID;
+    }
+    if (devices[i] == c->rank) me = i;
+    whole &= devices[i] == i;
+  }
+  if (me < 0) {
+    snprintf(c->error, sizeof c->error, "hostir_nccl: rank %d asked for a team it is not in", c->rank);
+    return HIR_ERR_INVALID;
+  }
+  if (whole) { /* the world itself, in rank order */
+    *out = &nc->world_team;
+    return HIR_OK;
+  }
+  for (t = nc->teams; t; t = t->next)
+    if (t->n == n && memcmp(t->devices, devices, (size_t)n * sizeof(int)) == 0) {
+      *out = t;
+      return HIR_OK;
+    }
+  if ((s = hir_nccl__team_id_of(nc, devices, n, &id)) != HIR_OK) return s;
+  if (!(t = (hir_nccl__team *)calloc(1, sizeof *t)) || !(t->devices = (int *)malloc((size_t)n * sizeof(int)))) {
+    free(t);
+    snprintf(c->error, sizeof c->error, "hostir_nccl: out of memory");
+    return HIR_ERR_NOMEM;
+  }
+  memcpy(t->devices, devices, (size_t)n * sizeof(int));
+  t->n = n;
+  t->me = me;
+  cudaSetDevice(nc->device);
+  if ((s = hir_nccl__init_comm(c, &t->comm, n, id, me)) == HIR_OK && (s = hir_nccl__twin(c, t->comm, me, &t->fast)) != HIR_OK)
+    ncclCommAbort(t->comm); /* made, but its twin failed */
+  if (s != HIR_OK) {
+    free(t->devices);
+    free(t);
+    return s;
+  }
+  t->next = nc->teams;
+  nc->teams = t;
+  if ((s = hir_nccl__team_kc(c, t)) != HIR_OK) return s; /* the team stays listed: the release frees it */
+  *out = t;
+  return HIR_OK;
 }
 
 static hir_status hir_nccl__allgather(hir_comm *c, void *team, const void *send, void *recv, size_t bytes, void *stream) {
@@ -4287,7 +4296,7 @@ static hir_status hir_nccl__kc_join(hir_nccl__rank *nc) {
 static hir_status hir_nccl__kc_measure_rank(int rank, void *user) {
   hir_nccl_world *w = (hir_nccl_world *)user;
   cudaSetDevice(rank);
-  return hir_nccl__kc_measure(&w->ranks[rank].comm);
+  return hir_nccl__kc_measure(&w->ranks[rank].comm, &w->ranks[rank].world_team);
 }
 
 /* Threads: every rank's kernels and workspace, each GPU's access to the
@@ -4414,7 +4423,7 @@ static hir_status hir_nccl__join(hir_nccl__rank *nc) {
   if (nlocal == c->size && (s = hir_nccl__kc_join(nc)) != HIR_OK) return s; /* every rank alike: one host, its block on */
   for (i = 0; i < nlocal; i++) /* each peer's process learnt now, while it lives: one first looked at once gone is not watched */
     if (i != nc->ce.me) hir_nccl__peer_ended(&nc->ce, i, 1);
-  return nc->kc.on ? hir_nccl__kc_measure(c) : HIR_OK;
+  return nc->kc.on ? hir_nccl__kc_measure(c, &nc->world_team) : HIR_OK;
 }
 
 /* ncclCommInitAll, but nonblocking like every communicator of ours (a
