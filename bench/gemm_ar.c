@@ -13,7 +13,7 @@
              tile each rank sums its tiles' slots in rank order: a one-shot
              all-reduce whose pushes overlap the tiles still to come
 
-     build/bench-gemm_ar [--shapes M,K,N:M,K,N...] [--iters 30] [--reps 20]
+     build/bench-gemm_ar [--shapes M,K,N:M,K,N...] [--ag-shapes M,K,N:...] [--iters 30] [--reps 20]
 
    First every kernel is checked on random data: against cuBLAS (norm-
    relative error, the output poisoned first), and the fused kernel with two
@@ -26,8 +26,11 @@
    graphs of `reps` calls over 4 input sets (more than the L2 holds), median
    of `iters`. Waits are bounded (1 s for the peers and the split sums, 2 s
    for a shared-memory stage). B is [K, N] as hostir's matmul takes it, or
-   [N, K] as nn.Linear keeps it. Without CUDA or a 9.0 GPU it says so and
-   exits 0. */
+   [N, K] as nn.Linear keeps it. Last, AG+GEMM with the gather in the GEMM's
+   k-loop, two ranks emulated on GPU 0 (ag_case; --ag-shapes, default
+   256,8192,4096:1024,8192,4096): checked bit for bit with the copies held
+   back 2 ms, then timed beside the GEMM on the whole A and the copies then
+   the GEMM. Without CUDA or a 9.0 GPU it says so and exits 0. */
 #define _POSIX_C_SOURCE 200809L
 #define HOSTIR_IMPLEMENTATION
 #include "../hostir.h"
@@ -69,6 +72,9 @@ static const char *const gemm_head[] = {
     "  u64 timeout_ns;\n"
     "  float *partial;    /* SK > 1: [tiles][SK - 1][BM x BN] f32, the later k-ranges' sums */\n"
     "  u32 *arrived;      /* SK > 1: [tiles], how many of them are in; the tile's first CTA sets it back to 0 */\n"
+    "  const u32 *landed; /* the gather in the k-loop: chunks of each rank's rows landed, counted over every call; NULL: none */\n"
+    "  int rows, chunk_k, chunks; /* rows a rank (rank me's from map_own, the others' from map_a: [chunks][ranks x rows][chunk_k],\n"
+    "                                each chunk whole, as it lands); a chunk: chunk_k of k; chunks a call */\n"
     "};\n"
     "__device__ __forceinline__ u32 smem(const void *p) { return (u32)__cvta_generic_to_shared(p); }\n"
     "__device__ __forceinline__ u64 now_ns(void) { u64 t; asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); return t; }\n"
@@ -94,6 +100,11 @@ static const char *const gemm_head[] = {
     "  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\"\n"
     "               ::\"r\"(smem(dst)), \"l\"((u64)m), \"r\"(smem(b)), \"r\"(x), \"r\"(y) : \"memory\");\n"
     "}\n"
+    "__device__ __forceinline__ void tma_3d(void *dst, const tensor_map *m, u64 *b, int x, int y, int z) {\n"
+    "  asm volatile(\"cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\"\n"
+    ,
+    "               ::\"r\"(smem(dst)), \"l\"((u64)m), \"r\"(smem(b)), \"r\"(x), \"r\"(y), \"r\"(z) : \"memory\");\n"
+    "}\n"
     "/* the same box into every CTA of the cluster, at the same offsets, each CTA's barrier told */\n"
     "__device__ __forceinline__ void tma_2d_all(void *dst, const tensor_map *m, u64 *b, int x, int y) {\n"
     "  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster\"\n"
@@ -102,7 +113,6 @@ static const char *const gemm_head[] = {
     "}\n"
     "/* an arrival on CTA cta's barrier at b's offset */\n"
     "__device__ __forceinline__ void bar_arrive_at(u64 *b, u32 cta) {\n"
-    ,
     "  asm volatile(\"{\\n .reg .b32 r;\\n mapa.shared::cluster.u32 r, %0, %1;\\n mbarrier.arrive.shared::cluster.b64 _, [r];\\n}\"\n"
     "               ::\"r\"(smem(b)), \"r\"(cta) : \"memory\");\n"
     "}\n"
@@ -168,7 +178,33 @@ static const char *const gemm_body[] = {
     "  return true;\n"
     "}\n"
     "\n"
+    "/* Until *landed reaches want (bounded: a chunk that never lands ends the kernel with an error); then the async proxy\n"
+    "   (TMA) reads what the copy engine wrote. What it read back: the caller skips the load while that covers its want. */\n"
+    "__device__ __forceinline__ u32 wait_landed(const u32 *landed, u32 want, const gemm_args &a) {\n"
+    "  u32 n, spins = 0;\n"
+    "  u64 start = 0;\n"
+    "  for (;;) {\n"
+    "    asm volatile(\"ld.acquire.gpu.global.u32 %0, [%1];\" : \"=r\"(n) : \"l\"(landed) : \"memory\");\n"
+    "    if ((int)(n - want) >= 0) break;\n"
+    "    if (!start) start = now_ns();\n"
+    "    else if ((++spins & 63) == 0 && now_ns() - start > a.timeout_ns) { *(volatile u32 *)a.error = 1; asm volatile(\"trap;\"); }\n"
+    "  }\n"
+    "  asm volatile(\"fence.proxy.async;\" ::: \"memory\");\n"
+    "  return n;\n"
+    "}\n"
+    "/* One chunk landed: after the copies before it on its stream. */\n"
+    "extern \"C\" __global__ void gemm_landed(u32 *landed) {\n"
+    "  __threadfence();\n"
+    "  atomicAdd(landed, 1u);\n"
+    "}\n"
+    "/* Holds its stream for ns nanoseconds: copies held back, so that a GEMM that did not wait would read the poison. */\n"
+    "extern \"C\" __global__ void gemm_hold(u64 ns) {\n"
+    "  u64 start = now_ns();\n"
+    "  while (now_ns() - start < ns) __nanosleep(1000);\n"
+    "}\n"
+    "\n"
     "extern \"C\" __global__ void gemm_fill(u32 *p, u64 words) {\n"
+    ,
     "  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < words; i += (u64)gridDim.x * blockDim.x) p[i] = SENTINEL;\n"
     "}\n"
     "\n"
@@ -182,11 +218,11 @@ static const char *const gemm_body[] = {
     "   rank sums its tiles' slots in rank order (its own partial from its\n"
     "   registers for its last tile, from its own slot for earlier ones). */\n"
     "extern \"C\" __global__ void __launch_bounds__(THREADS, 1)\n"
-    "gemm_ar(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b, const __grid_constant__ gemm_args a) {\n"
+    "gemm_ar(const __grid_constant__ tensor_map map_a, const __grid_constant__ tensor_map map_b, const __grid_constant__ tensor_map map_own,\n"
+    "        const __grid_constant__ gemm_args a) {\n"
     "  extern __shared__ unsigned char raw[];\n"
     "  unsigned char *base = raw + ((1024 - (smem(raw) & 1023)) & 1023);\n"
     "  float *red = (float *)(base + STAGES * STAGE_BYTES);\n"
-    ,
     "  u64 *full = (u64 *)(base + STAGES * STAGE_BYTES + RED_BYTES), *empty = full + STAGES;\n"
     "  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;\n"
     "  const int tiles_m = a.M / BM, tiles = tiles_m * (a.N / BN), nk = a.K / BK / SK, kb0 = (int)(blockIdx.x % SK) * nk;\n"
@@ -201,28 +237,36 @@ static const char *const gemm_body[] = {
     "    asm volatile(\"setmaxnreg.dec.sync.aligned.u32 40;\");\n"
     "    if (t == 0) {\n"
     "      int s = 0, cr = (int)cluster_rank();\n"
-    "      u32 phase = 0;\n"
+    "      u32 phase = 0, call = a.landed ? a.calls[blockIdx.x] : 0, seen[8] = {0, 0, 0, 0, 0, 0, 0, 0};\n"
     "      (void)cr;\n"
     "      for (int tile = first; tile < tiles; tile += stride) {\n"
-    "        int m0 = tile % tiles_m * BM, n0 = tile / tiles_m * BN;\n"
+    "        int m0 = tile % tiles_m * BM, n0 = tile / tiles_m * BN, from = a.landed ? m0 / a.rows : -1;\n"
     "        for (int kb = 0; kb < nk; kb++) {\n"
     "          unsigned char *sa = base + s * STAGE_BYTES, *sb = sa + A_BYTES;\n"
     "          bar_wait(&empty[s], phase ^ 1);\n"
     "          bar_expect(&full[s], STAGE_BYTES);\n"
-    "          tma_2d(sa, &map_a, &full[s], (kb0 + kb) * BK, m0);\n"
+    "          if (from >= 0 && from != a.me) { /* another rank's rows: once their chunk of k has landed (read again only past it) */\n"
+    "            u32 want = call * a.chunks + (kb0 + kb) * BK / a.chunk_k + 1;\n"
+    "            if ((int)(seen[from & 7] - want) < 0) seen[from & 7] = wait_landed(&a.landed[from], want, a);\n"
+    "          }\n"
+    "          if (from == a.me) tma_2d(sa, &map_own, &full[s], (kb0 + kb) * BK, m0 - a.me * a.rows);\n"
+    "          else if (from >= 0) tma_3d(sa, &map_a, &full[s], (kb0 + kb) * BK % a.chunk_k, m0, (kb0 + kb) * BK / a.chunk_k);\n"
+    "          else tma_2d(sa, &map_a, &full[s], (kb0 + kb) * BK, m0);\n"
     "#if CM == 1 && BT\n"
     "          tma_2d(sb, &map_b, &full[s], (kb0 + kb) * BK, n0);\n"
     "#elif CM == 1\n"
     "          for (int j = 0; j < BN / 64; j++) tma_2d(sb + j * BK * 128, &map_b, &full[s], n0 + 64 * j, (kb0 + kb) * BK);\n"
     "#elif BT /* this CTA's rows of the tile: BN / CM of its n */\n"
-    "          tma_2d_all(sb + cr * (BN / CM) * 128, &map_b, &full[s], kb * BK, n0 + cr * (BN / CM));\n"
+    "          tma_2d_all(sb + cr * (BN / CM) * 128, &map_b, &full[s], (kb0 + kb) * BK, n0 + cr * (BN / CM));\n"
+    ,
     "#else /* BK / CM of each box's k rows */\n"
     "          for (int j = 0; j < BN / 64; j++)\n"
-    "            tma_2d_all(sb + j * BK * 128 + cr * (BK / CM) * 128, &map_b, &full[s], n0 + 64 * j, kb * BK + cr * (BK / CM));\n"
+    "            tma_2d_all(sb + j * BK * 128 + cr * (BK / CM) * 128, &map_b, &full[s], n0 + 64 * j, (kb0 + kb) * BK + cr * (BK / CM));\n"
     "#endif\n"
     "          if (++s == STAGES) s = 0, phase ^= 1;\n"
     "        }\n"
     "      }\n"
+    "      if (a.landed) a.calls[blockIdx.x] = call + 1;\n"
     "      /* every stage's last use, in every CTA of the cluster, is over before this CTA's shared memory goes */\n"
     "      for (int i = 0; CM > 1 && i < STAGES; i++) {\n"
     "        bar_wait(&empty[s], phase ^ 1);\n"
@@ -259,7 +303,6 @@ static const char *const gemm_body[] = {
     "        if (prev >= 0) release(&empty[prev], t);\n"
     "        prev = s;\n"
     "      }\n"
-    ,
     "      if (++s == STAGES) s = 0, phase ^= 1;\n"
     "    }\n"
     "    asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n"
@@ -296,6 +339,7 @@ static const char *const gemm_body[] = {
     "      u32 top = unneg(pack2(d[4 * j], d[4 * j + 1])), bottom = unneg(pack2(d[4 * j + 2], d[4 * j + 3]));\n"
     "      if (KEEP) own[KEEP ? 2 * j : 0] = top, own[KEEP ? 2 * j + 1 : 0] = bottom;\n"
     "      for (int r = 0; r < a.ranks; r++)\n"
+    ,
     "        if (r != a.me || !keep) *(u32 *)(a.slot[r] + mine + 8 * j) = top, *(u32 *)(a.slot[r] + mine + 8 * a.N + 8 * j) = bottom;\n"
     "    }\n"
     "  }\n"
@@ -337,7 +381,6 @@ static const char *const gemm_body[] = {
     "        for (int i = 0; i < CH; i++) sum[i][0] += lo_f(v[i]), sum[i][1] += hi_f(v[i]);\n"
     "      }\n"
     "#pragma unroll\n"
-    ,
     "      for (int i = 0; i < CH; i++) *(u32 *)(a.c + at + ((c0 + i) & 1) * 8 * a.N + ((c0 + i) >> 1) * 8) = pack2(sum[i][0], sum[i][1]);\n"
     "    }\n"
     "  }\n"
@@ -358,6 +401,8 @@ typedef struct gemm_args { /* the kernel's, field for field */
   unsigned long long timeout_ns;
   float *partial;
   unsigned *arrived;
+  const unsigned *landed;
+  int rows, chunk_k, chunks;
 } gemm_args;
 /* A tile of bm x bn; ks warpgroups alternate a row block's k-blocks; a
    cluster of cm CTAs (tiles of one column block) shares each B tile */
@@ -365,7 +410,7 @@ typedef struct config { int bm, bn, ks, stages, bt, cm, sk; } config; /* sk: CTA
 typedef struct kernel {
   config cfg;
   void *library;
-  cudaKernel_t fn, fill;
+  cudaKernel_t fn, fill, landed, hold;
   size_t smem;
   char error[300];
 } kernel;
@@ -416,6 +461,8 @@ static int kernel_load(kernel *k, const config *c) {
   free(src);
   if (cudaLibraryGetKernel(&k->fn, (cudaLibrary_t)k->library, "gemm_ar") != cudaSuccess ||
       cudaLibraryGetKernel(&k->fill, (cudaLibrary_t)k->library, "gemm_fill") != cudaSuccess ||
+      cudaLibraryGetKernel(&k->landed, (cudaLibrary_t)k->library, "gemm_landed") != cudaSuccess ||
+      cudaLibraryGetKernel(&k->hold, (cudaLibrary_t)k->library, "gemm_hold") != cudaSuccess ||
       cudaKernelSetAttributeForDevice(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k->smem, 0) != cudaSuccess ||
       (devices > 1 && cudaKernelSetAttributeForDevice(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k->smem, 1) != cudaSuccess))
     return snprintf(k->error, sizeof k->error, "%s: %s", name, cudaGetErrorString(cudaGetLastError())), 0;
@@ -435,6 +482,8 @@ static int make_map(CUtensorMap *m, const void *p, int rows, int cols, int box_r
 typedef struct operands { /* one input set: A [M, K], B [K, N] and its transpose [N, K] */
   uint16_t *a, *b, *bt;
   int M, K, N;
+  uint16_t *own; /* the gather in the k-loop: this rank's rows of A, [rows, K]; A then holds every rank's rows */
+  int rows, chunk_k; /* chunk-major, [K / chunk_k][M][chunk_k]: each chunk whole as it lands */
 } operands;
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -466,21 +515,32 @@ static int operands_make(operands *o, int M, int K, int N) {
   cudaMemcpy(o->bt, ht, (size_t)K * N * 2, cudaMemcpyHostToDevice);
   free(h), free(ht);
   o->M = M, o->K = K, o->N = N;
-  return 1;
+  /* a copy from pageable memory can return once staged, and the streams here do not wait for the legacy one */
+  return cuda_ok(cudaDeviceSynchronize(), "the operands' copies");
 }
 
 static void operands_free(operands *o) { cudaFree(o->a), cudaFree(o->b), cudaFree(o->bt); }
 
 static int gemm_launch(const kernel *k, const operands *o, const gemm_args *a, int grid, cudaStream_t s) {
   const config *c = &k->cfg;
-  CUtensorMap map_a, map_b; /* B's boxes: BN / CM rows of B^T, or 64 / CM rows of K of B */
-  void *argv[3];
+  CUtensorMap map_a, map_b, map_own; /* B's boxes: BN / CM rows of B^T, or 64 / CM rows of K of B */
+  void *argv[4];
   cudaLaunchConfig_t lc;
   cudaLaunchAttribute cluster;
-  if (!make_map(&map_a, o->a, o->M, o->K, c->bm) ||
+  if (o->own) { /* A chunk-major: a 3-D map, boxes of bm rows of 64 of one chunk */
+    cuuint64_t dim[3] = {(cuuint64_t)o->chunk_k, (cuuint64_t)o->M, (cuuint64_t)(o->K / o->chunk_k)};
+    cuuint64_t stride[2] = {(cuuint64_t)o->chunk_k * 2, (cuuint64_t)o->M * o->chunk_k * 2};
+    cuuint32_t box[3] = {64, (cuuint32_t)c->bm, 1}, es[3] = {1, 1, 1};
+    CUresult r = encode(&map_a, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, o->a, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return snprintf(failure, sizeof failure, "cuTensorMapEncodeTiled (3-D): %d", (int)r), 0;
+  }
+  if ((!o->own && !make_map(&map_a, o->a, o->M, o->K, c->bm)) ||
       !(c->bt ? make_map(&map_b, o->bt, o->N, o->K, c->bn / c->cm) : make_map(&map_b, o->b, o->K, o->N, 64 / c->cm)))
     return 0;
-  argv[0] = &map_a, argv[1] = &map_b, argv[2] = (void *)a;
+  map_own = map_a;
+  if (o->own && !make_map(&map_own, o->own, o->rows, o->K, c->bm)) return 0;
+  argv[0] = &map_a, argv[1] = &map_b, argv[2] = &map_own, argv[3] = (void *)a;
   memset(&lc, 0, sizeof lc);
   lc.gridDim.x = (unsigned)grid, lc.gridDim.y = lc.gridDim.z = 1;
   lc.blockDim.x = (unsigned)(128 * (c->bm / 64 * c->ks + 1)), lc.blockDim.y = lc.blockDim.z = 1;
@@ -583,6 +643,10 @@ static int call_blas(void *x, int set, cudaStream_t s) {
   run_ctx *r = (run_ctx *)x;
   (void)s;
   return blas_gemm(r->blas, &r->sets[set], r->c, r->M, r->K, r->N);
+}
+static int call_blas_one(void *x, int set, cudaStream_t s) {
+  (void)set;
+  return call_blas(x, 0, s);
 }
 static int call_ours(void *x, int set, cudaStream_t s) {
   run_ctx *r = (run_ctx *)x;
@@ -699,6 +763,118 @@ static int fused_pair(const kernel *k, const shape *sh, int reps, int iters, dou
   return ok;
 }
 
+/* AG+GEMM with the gather in the GEMM's k-loop, two ranks emulated on GPU 0:
+   rank 0's GEMM over A = [its rows; rank 1's rows], rank 1's rows copied
+   from its buffer in `chunks` chunks of k (copy engine, each chunk one
+   contiguous block in both buffers, chunk-major; a landed count after each)
+   on a second stream while the GEMM runs, its loading warp waiting for each
+   chunk before its TMA loads of those rows. The GEMM leaves two SMs free: a
+   count is a kernel of one thread, which a GEMM holding every SM while it
+   waits would never let run. Checked bit for bit against the same kernel on
+   the whole A (the gathered buffer poisoned, the copies held back 2 ms);
+   then timed (us[0..3]): that GEMM on the whole A, the copies then the GEMM
+   (serial), the gather in the k-loop, and cuBLAS on the whole A (the decode
+   tables' floor). */
+typedef struct ag_ctx {
+  const kernel *k;
+  operands *whole, *split;
+  uint16_t *sender; /* rank 1's rows, chunk-major [chunks][rows][chunk_k] */
+  gemm_args plain, ag;
+  unsigned *landed; /* [2]: chunks of each rank's rows landed; rank 1's are the ones copied */
+  cudaStream_t copy;
+  cudaEvent_t fork, join;
+  int grid, chunks, variant; /* 0 floor, 1 serial, 2 in the k-loop */
+  unsigned long long hold_ns; /* > 0: the copies held back this long (the check) */
+} ag_ctx;
+static int ag_call(void *x, int set, cudaStream_t s) {
+  ag_ctx *g = (ag_ctx *)x;
+  const operands *o = g->split;
+  int j, rows = o->rows, ck = o->K / g->chunks, ok = 1;
+  cudaStream_t cs = g->variant == 2 ? g->copy : s;
+  unsigned *peer = g->landed + 1;
+  void *argv[1];
+  dim3 one = {1, 1, 1};
+  (void)set;
+  if (g->variant == 0) return gemm_launch(g->k, g->whole, &g->plain, g->grid, s);
+  argv[0] = &peer;
+  if (g->variant == 2) ok = cuda_ok(cudaEventRecord(g->fork, s), "fork") && cuda_ok(cudaStreamWaitEvent(g->copy, g->fork, 0), "fork");
+  if (ok && g->hold_ns) {
+    void *hold_argv[1];
+    hold_argv[0] = &g->hold_ns;
+    ok = cuda_ok(cudaLaunchKernel((const void *)g->k->hold, one, one, hold_argv, 0, cs), "the hold");
+  }
+  for (j = 0; ok && j < g->chunks; j++) /* the peer's rows [rows, 2 rows), k in [j ck, (j + 1) ck) */
+    ok = cuda_ok(cudaMemcpyAsync(o->a + ((size_t)j * o->M + rows) * ck, g->sender + (size_t)j * rows * ck, (size_t)rows * ck * 2,
+                                 cudaMemcpyDeviceToDevice, cs), "a chunk's copy") &&
+         cuda_ok(cudaLaunchKernel((const void *)g->k->landed, one, one, argv, 0, cs), "a chunk's count");
+  if (ok && g->variant == 2) ok = cuda_ok(cudaEventRecord(g->join, g->copy), "join");
+  ok = ok && gemm_launch(g->k, o, &g->ag, g->grid, s);
+  if (ok && g->variant == 2) ok = cuda_ok(cudaStreamWaitEvent(s, g->join, 0), "join");
+  return ok;
+}
+static int ag_case(const kernel *k, const shape *sh, int chunks, cudaStream_t st[2], cublasHandle_t blas, int reps, int iters,
+                   double us[4]) {
+  int M = sh->M, K = sh->K, N = sh->N, v, ok;
+  size_t n = (size_t)M * N, i, bad = 0;
+  operands whole, split;
+  ag_ctx g;
+  uint16_t *want = (uint16_t *)malloc(n * 2), *got = (uint16_t *)malloc(n * 2);
+  memset(&g, 0, sizeof g);
+  us[0] = us[1] = us[2] = us[3] = -1;
+  ok = want && got && operands_make(&whole, M, K, N);
+  if (!ok) return free(want), free(got), 0;
+  split = whole;
+  split.own = whole.a, split.rows = M / 2, split.chunk_k = K / chunks;
+  ok = cuda_ok(cudaMalloc((void **)&split.a, (size_t)M * K * 2), "cudaMalloc") &&
+       cuda_ok(cudaMalloc((void **)&g.sender, (size_t)(M / 2) * K * 2), "cudaMalloc") &&
+       cuda_ok(cudaMalloc((void **)&g.plain.c, n * 2), "cudaMalloc") && cuda_ok(cudaMalloc((void **)&g.landed, 8), "cudaMalloc") &&
+       cuda_ok(cudaMemset(g.landed, 0, 8), "cudaMemset") && cuda_ok(cudaMalloc((void **)&g.ag.calls, 4096), "cudaMalloc") &&
+       cuda_ok(cudaMemset(g.ag.calls, 0, 4096), "cudaMemset") &&
+       cuda_ok(cudaEventCreateWithFlags(&g.fork, cudaEventDisableTiming), "event") &&
+       cuda_ok(cudaEventCreateWithFlags(&g.join, cudaEventDisableTiming), "event");
+  g.k = k, g.whole = &whole, g.split = &split, g.copy = st[1], g.chunks = chunks, g.grid = grid_of(k, M, N, sms - 2);
+  for (v = 0; ok && v < chunks; v++) /* the sender's rows, chunk-major */
+    ok = cuda_ok(cudaMemcpy2D(g.sender + (size_t)v * (M / 2) * (K / chunks), (size_t)(K / chunks) * 2,
+                              whole.a + (size_t)(M / 2) * K + (size_t)v * (K / chunks), (size_t)K * 2, (size_t)(K / chunks) * 2,
+                              (size_t)(M / 2), cudaMemcpyDeviceToDevice), "the sender's rows");
+  ok = ok && cuda_ok(cudaDeviceSynchronize(), "the sender's rows");
+  g.plain.M = M, g.plain.N = N, g.plain.K = K, g.plain.error = error_word, g.plain.timeout_ns = 1000000000ull;
+  g.ag = (gemm_args){.M = M, .N = N, .K = K, .c = g.plain.c, .calls = g.ag.calls, .error = error_word, .timeout_ns = 1000000000ull,
+                     .landed = g.landed, .rows = M / 2, .chunk_k = K / chunks, .chunks = chunks};
+  ok = ok && split_alloc(k, M, N, &g.plain) && split_alloc(k, M, N, &g.ag);
+  for (v = 0; ok && v < 3; v++) { /* each variant once, checked: the floor's output is the reference */
+    g.variant = v;
+    g.hold_ns = v == 2 ? 2000000 : 0; /* 2 ms: a tile that did not wait for its chunk reads the poison */
+    ok = cuda_ok(cudaMemsetAsync(g.plain.c, 0xff, n * 2, st[0]), "poison") &&
+         cuda_ok(cudaMemsetAsync(split.a, 0xff, (size_t)M * K * 2, st[0]), "poison") && ag_call(&g, 0, st[0]) &&
+         cuda_ok(cudaStreamSynchronize(st[0]), "an AG+GEMM call") &&
+         cuda_ok(cudaMemcpy(v ? got : want, g.plain.c, n * 2, cudaMemcpyDeviceToHost), "copy");
+    if (ok && *error_word) ok = 0, snprintf(failure, sizeof failure, "a chunk never landed");
+    for (i = 0, bad = 0; ok && v && i < n; i++) bad += got[i] != want[i];
+    if (ok && bad)
+      ok = 0, snprintf(failure, sizeof failure, "AG+GEMM variant %d: %zu of %zu differ from the GEMM on the whole A", v, bad, n);
+  }
+  g.hold_ns = 0;
+  for (v = 0; ok && v < 3; v++) {
+    g.variant = v;
+    if ((us[v] = time_calls(ag_call, &g, st[0], reps, iters)) < 0)
+      ok = 0, snprintf(failure + strlen(failure), sizeof failure - strlen(failure), " (timing variant %d)", v);
+  }
+  if (ok) {
+    run_ctx x;
+    memset(&x, 0, sizeof x);
+    x.sets = &whole, x.blas = blas, x.c = g.plain.c, x.M = M, x.K = K, x.N = N; /* one input set, as the rows above */
+    us[3] = time_calls(call_blas_one, &x, st[0], reps, iters);
+  }
+  split_free(&g.plain), split_free(&g.ag);
+  operands_free(&whole);
+  cudaFree(split.a), cudaFree(g.sender), cudaFree(g.plain.c), cudaFree(g.landed), cudaFree(g.ag.calls);
+  if (g.fork) cudaEventDestroy(g.fork);
+  if (g.join) cudaEventDestroy(g.join);
+  free(want), free(got);
+  return ok;
+}
+
 static int parse_shapes(const char *s, shape *out) {
   int n = 0;
   while (*s && n < MAXSHAPES) {
@@ -736,7 +912,8 @@ int main(int argc, char **argv) {
                                    {128, 256, 1, 4, 0, 1, 4}, {128, 128, 1, 6, 1, 1, 2}, {128, 256, 1, 4, 1, 1, 4}};
   enum { NCONFIGS = sizeof configs / sizeof *configs };
   shape shapes[MAXSHAPES] = {{256, 4096, 4096}, {1024, 4096, 4096}, {256, 2048, 4096}, {1024, 2048, 4096}, {4096, 4096, 4096}};
-  int nshapes = 5, iters = 30, reps = 20, i, j, major = 0;
+  shape ag_shapes[MAXSHAPES] = {{256, 8192, 4096}, {1024, 8192, 4096}};
+  int nshapes = 5, n_ag = 2, iters = 30, reps = 20, i, j, major = 0;
   kernel kernels[NCONFIGS];
   int loaded[NCONFIGS];
   cudaStream_t st[2];
@@ -745,12 +922,14 @@ int main(int argc, char **argv) {
   for (i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
       if (!(nshapes = parse_shapes(argv[++i], shapes))) return fprintf(stderr, "bench-gemm_ar: --shapes M,K,N[:M,K,N...]\n"), 2;
+    } else if (!strcmp(argv[i], "--ag-shapes") && i + 1 < argc) {
+      if (!(n_ag = parse_shapes(argv[++i], ag_shapes))) return fprintf(stderr, "bench-gemm_ar: --ag-shapes M,K,N[:M,K,N...]\n"), 2;
     } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
       reps = atoi(argv[++i]);
     } else {
-      fprintf(stderr, "usage: build/bench-gemm_ar [--shapes M,K,N:...] [--iters 30] [--reps 20]\n");
+      fprintf(stderr, "usage: build/bench-gemm_ar [--shapes M,K,N:...] [--ag-shapes M,K,N:...] [--iters 30] [--reps 20]\n");
       return 2;
     }
   }
@@ -765,7 +944,8 @@ int main(int argc, char **argv) {
     cudaDeviceCanAccessPeer(&can, 0, 1);
     devices = other == 9 && can ? 2 : 1;
     for (i = 0; i < devices; i++)
-      if (cudaSetDevice(i) != cudaSuccess || (cudaDeviceEnablePeerAccess(1 - i, 0) != cudaSuccess && cudaGetLastError() != cudaErrorPeerAccessAlreadyEnabled))
+      if (cudaSetDevice(i) != cudaSuccess ||
+          (cudaDeviceEnablePeerAccess(1 - i, 0) != cudaSuccess && cudaGetLastError() != cudaErrorPeerAccessAlreadyEnabled))
         devices = 1;
     cudaSetDevice(0);
   }
@@ -889,6 +1069,20 @@ int main(int argc, char **argv) {
     for (i = 0; i < SETS; i++) operands_free(&sets[i]);
     cudaFree(x.c), cudaFree(slot), cudaFree(calls);
   }
+  printf("\nAG+GEMM, the gather in the k-loop (two ranks emulated on GPU 0: the peer's M/2 rows copied in 8 chunks of k):\n"
+         "| M, K, N | cuBLAS, whole A us | tile | GEMM, whole A us | copies, then GEMM us | in the k-loop us | x GEMM | x cuBLAS |\n"
+         "|---|---|---|---|---|---|---|---|\n");
+  for (j = 0; j < n_ag; j++)
+    for (i = 0; i < NCONFIGS; i++) {
+      double us[4];
+      shape sh = ag_shapes[j];
+      if (!loaded[i] || !fits(&kernels[i], &sh) || sh.M % 2 || (sh.M / 2) % kernels[i].cfg.bm || sh.K % (8 * 64) || kernels[i].cfg.cm > 1)
+        continue;
+      if (!ag_case(&kernels[i], &sh, 8, st, blas, reps, iters, us)) printf("  (%s: %s)\n", tile_name(&kernels[i].cfg), failure), *error_word = 0;
+      else
+        printf("| %d, %d, %d | %.1f | %s%s | %.1f | %.1f | %.1f | %.2f | %.2f |\n", sh.M, sh.K, sh.N, us[3], tile_name(&kernels[i].cfg),
+               kernels[i].cfg.bt ? " B^T" : "", us[0], us[1], us[2], us[2] / us[0], us[2] / us[3]);
+    }
   return 0;
 }
 #endif
