@@ -192,15 +192,7 @@ static int ranks = 2;             /* --gemm-only: 1, the GEMM rows on GPU 0 alon
 static write_value_fn write_value;
 static int scatter;              /* --rs: a reduce-scatter (GPU r keeps rows [r M/2, (r+1) M/2)), not an all-reduce */
 static int signal_by_kernel = 1; /* --signal memop: flags raised by cuStreamWriteValue32 (about 5 us each in a graph) */
-static char failure[1200];
 static size_t half_bytes;
-
-static int cuda_ok(cudaError_t e, const char *what) {
-  if (e == cudaSuccess) return 1;
-  snprintf(failure, sizeof failure, "%s: %s", what, cudaGetErrorString(e));
-  cudaGetLastError();
-  return 0;
-}
 
 /* Part `part` of `parts` of C = A x W on GPU d's stream: its columns (W's
    and C's, ld = N), or by_rows its rows (A's and C's). Row-major: cuBLAS

@@ -421,17 +421,9 @@ typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, vo
                               const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
                               CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 static encode_fn encode;
-static char failure[600];
 static int sms, devices = 1;           /* devices: 2 where two GPUs can map each other's memory */
 static cudaStream_t rank_stream[2];   /* the ranks' streams, on their GPUs */
 static unsigned *error_word; /* managed: the kernels' deadline flag */
-
-static int cuda_ok(cudaError_t e, const char *what) {
-  if (e == cudaSuccess) return 1;
-  snprintf(failure, sizeof failure, "%s: %s", what, cudaGetErrorString(e));
-  cudaGetLastError();
-  return 0;
-}
 
 static char *kernel_source(const config *c) {
   size_t cap = 64 << 10, at = 0, i;

@@ -67,13 +67,6 @@ typedef struct gpu {
 static int rs;              /* 0: AG+GEMM, 1: GEMM+RS */
 static int64_t M, K, N, KL; /* KL: the GEMM's inner size, K (ag) or K/2 (rs) */
 static gpu gpus[2];
-static char failure[256];
-
-static int cuda_ok(cudaError_t e, const char *what) {
-  if (e == cudaSuccess) return 1;
-  snprintf(failure, sizeof failure, "%s: %s", what, cudaGetErrorString(e));
-  return 0;
-}
 
 static int blas_ok(cublasStatus_t s, const char *what) {
   if (s == CUBLAS_STATUS_SUCCESS) return 1;
